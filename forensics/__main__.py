@@ -1,0 +1,5 @@
+"""``python -m forensics``."""
+from .cli import main
+
+if __name__ == "__main__":
+    main()
