@@ -1,0 +1,214 @@
+"""Read an x86-64 Linux ELF core file without gdb.
+
+:func:`open_core` turns a core into a :class:`~forensics.model.CoreFile`: the
+threads and their registers (NT_PRSTATUS), the signal (NT_SIGINFO), the command
+line (NT_PRPSINFO), the executable (NT_AUXV, NT_FILE), every mapping (PT_LOAD +
+NT_FILE), every mapped ELF object with its build-id checked against the file
+that would be used to read it, the NVML library, and glibc's abort message.
+:class:`CoreMemory` reads the process's memory for later stages; it maps the
+file and never reads it whole.  :func:`resolve_file` finds the file for an
+object the core names (with a sysroot) for the gdb layer.
+
+Submodules: :mod:`.elf` (pure note parsers), :mod:`.memory` (the reader),
+:mod:`.image` (an ELF object in memory or on disk), :mod:`.buildid`,
+:mod:`.files` (sysroot resolution), :mod:`.libc` (abort message), :mod:`.nvml`.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Sequence
+
+from forensics.core import elf
+from forensics.core.buildid import read_build_id_from_file, read_build_id_in_memory
+from forensics.core.files import classify_library, resolve_file
+from forensics.core.libc import find_abort_message
+from forensics.core.memory import CoreLayout, CoreMemory, MemoryNotInCore
+from forensics.core.nvml import find_nvml
+from forensics.errors import CoreReadError, InputNotFound
+from forensics.model import CoreFile, CoreThread, Library, Mapping, SigInfo
+
+__all__ = [
+    "open_core",
+    "CoreMemory",
+    "MemoryNotInCore",
+    "resolve_file",
+    "read_build_id_from_file",
+    "read_build_id_in_memory",
+]
+
+_MAX_EXECFN = 4096
+
+
+def open_core(path: str, *, sysroot: str | None = None, exe: str | None = None) -> CoreFile:
+    """Read what a core file says about the crashed process.
+
+    The file is opened once and memory-mapped; only the notes, the first page of
+    each mapped object and the few words needed are read.  A truncated core is
+    read as far as it goes (``truncated=True``).
+
+    :param path: the core file
+    :param sysroot: the crashed machine's filesystem, unpacked here; objects are
+        looked up under it (see :func:`resolve_file`)
+    :param exe: the executable file to use instead of the one the core names
+    :return: the :class:`~forensics.model.CoreFile`
+    :raises InputNotFound: when ``path``, ``sysroot`` or ``exe`` does not exist
+    :raises NotACoreFile: when ``path`` is a directory, empty, compressed, text, or an ELF program
+    :raises UnsupportedTarget: when it is the core of another machine or of a 32-bit process
+    :raises CoreReadError: when it cannot be read or ends before its notes
+    """
+    path = os.fspath(path)
+    if sysroot is not None and not os.path.isdir(sysroot):
+        raise InputNotFound(os.fspath(sysroot))
+    if exe is not None and not os.path.isfile(exe):
+        raise InputNotFound(os.fspath(exe))
+    with CoreMemory.open(path) as mem:
+        layout = mem.layout
+        assert layout is not None
+        return _build(path, mem, layout, sysroot=sysroot, exe=exe)
+
+
+def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | None, exe: str | None) -> CoreFile:
+    threads: list[CoreThread] = []
+    psinfo: elf.PsInfo | None = None
+    siginfo: SigInfo | None = None
+    auxv: dict[int, int] = {}
+    for note in layout.notes:
+        if note.name != b"CORE":
+            continue
+        try:
+            if note.type == elf.NT_PRSTATUS:
+                threads.append(elf.parse_prstatus(note.desc))
+            elif note.type == elf.NT_PRPSINFO and psinfo is None:
+                psinfo = elf.parse_prpsinfo(note.desc)
+            elif note.type == elf.NT_SIGINFO and siginfo is None:
+                siginfo = elf.parse_siginfo(note.desc)
+            elif note.type == elf.NT_AUXV and not auxv:
+                auxv = elf.parse_auxv(note.desc)
+        except ValueError as e:
+            raise CoreReadError(path, f"malformed note: {e}") from e
+
+    mappings = _mappings(layout)
+    exe_path = _executable_path(mem, layout, auxv)
+    libraries = _libraries(mem, layout, exe_path, sysroot=sysroot, exe=exe)
+    exe_lib = next((lib for lib in libraries if lib.path == exe_path), None)
+    pid = psinfo.pid if psinfo is not None else (threads[0].tid if threads else 0)
+    return CoreFile(
+        path=path,
+        size=layout.size,
+        pid=pid,
+        command=psinfo.command if psinfo is not None else "",
+        args=psinfo.args if psinfo is not None else "",
+        executable=exe_path,
+        build_id=exe_lib.build_id if exe_lib is not None else None,
+        signal=siginfo,
+        threads=tuple(threads),
+        mappings=mappings,
+        libraries=libraries,
+        nvml=find_nvml(mem, mappings, libraries),
+        abort_message=find_abort_message(mem, libraries, layout.page_size),
+        truncated=layout.truncated,
+        expected_size=layout.expected_size,
+    )
+
+
+def _mappings(layout: CoreLayout) -> tuple[Mapping, ...]:
+    files = sorted(layout.file_mappings, key=lambda f: f.start)
+    starts = [f.start for f in files]
+    out = []
+    for p in layout.phdrs:
+        if p.type != elf.PT_LOAD:
+            continue
+        i = bisect.bisect_right(starts, p.vaddr) - 1
+        backing = files[i] if i >= 0 and files[i].contains(p.vaddr) else None
+        out.append(
+            Mapping(
+                start=p.vaddr,
+                end=p.vaddr + p.memsz,
+                offset=backing.offset + (p.vaddr - backing.start) if backing else 0,
+                perms=elf.format_perms(p.flags),
+                path=backing.path if backing else None,
+                in_core=max(0, min(p.filesz, layout.size - p.offset)),
+            )
+        )
+    return tuple(out)
+
+
+def _executable_path(mem: CoreMemory, layout: CoreLayout, auxv: dict[int, int]) -> str | None:
+    """The main program: the NT_FILE mapping holding AT_PHDR / AT_ENTRY, else AT_EXECFN, else the first file."""
+    for key in (elf.AT_PHDR, elf.AT_ENTRY):
+        addr = auxv.get(key)
+        if addr:
+            for f in layout.file_mappings:
+                if f.contains(addr):
+                    return f.path
+    execfn = auxv.get(elf.AT_EXECFN)
+    if execfn:
+        try:
+            name = mem.read_cstring(execfn, _MAX_EXECFN)
+        except MemoryNotInCore:
+            name = b""
+        if name:
+            return name.decode("utf-8", errors="surrogateescape")
+    return layout.file_mappings[0].path if layout.file_mappings else None
+
+
+def _object_bases(layout: CoreLayout) -> dict[str, tuple[int, Sequence[elf.FileMapping]]]:
+    """path -> (lowest start of a mapping at file offset 0, all its mappings), in address order."""
+    by_path: dict[str, list[elf.FileMapping]] = {}
+    for f in layout.file_mappings:
+        by_path.setdefault(f.path, []).append(f)
+    out = {}
+    for p, maps in by_path.items():
+        zero = [f.start for f in maps if f.offset == 0]
+        if zero:
+            out[p] = (min(zero), maps)
+    return dict(sorted(out.items(), key=lambda kv: kv[1][0]))
+
+
+def _is_elf_object(mem: CoreMemory, base: int) -> bool | None:
+    """Whether the object at ``base`` is ELF; None when its first bytes are not in the core."""
+    try:
+        return mem.read(base, 4) == elf.ELF_MAGIC
+    except MemoryNotInCore:
+        return None
+
+
+def _libraries(
+    mem: CoreMemory, layout: CoreLayout, exe_path: str | None, *, sysroot: str | None, exe: str | None
+) -> tuple[Library, ...]:
+    exe_first: list[Library] = []
+    rest: list[Library] = []
+    for obj_path, (base, maps) in _object_bases(layout).items():
+        is_elf = _is_elf_object(mem, base)
+        if is_elf is False:
+            continue
+        build_id = read_build_id_in_memory(mem, base, layout.page_size) if is_elf else None
+        if obj_path == exe_path and exe is not None:
+            file_path, file_id = exe, read_build_id_from_file(exe)
+        else:
+            file_path, file_id = resolve_file(obj_path, sysroot, build_id)
+        if is_elf is None and not _unknown_is_elf(file_path, layout, maps):
+            continue
+        lib = Library(
+            path=obj_path,
+            base=base,
+            build_id=build_id,
+            file_path=file_path,
+            file_build_id=file_id,
+            status=classify_library(build_id, file_path, file_id),
+        )
+        (exe_first if obj_path == exe_path else rest).append(lib)
+    return tuple(exe_first + rest)
+
+
+def _unknown_is_elf(file_path: str | None, layout: CoreLayout, maps: Sequence[elf.FileMapping]) -> bool:
+    """For an object whose first page is not in the core: ELF if its file says so, or if it was mapped executable."""
+    if file_path is not None:
+        try:
+            with open(file_path, "rb") as f:
+                return f.read(4) == elf.ELF_MAGIC
+        except OSError:
+            pass
+    executable = [p.vaddr for p in layout.phdrs if p.type == elf.PT_LOAD and p.flags & elf.PF_X]
+    return any(f.contains(addr) for f in maps for addr in executable)

@@ -1,0 +1,319 @@
+"""Open a core file once and read the crashed process's memory from it.
+
+:meth:`CoreMemory.open` checks the file (missing, a directory, compressed, not a
+core, another machine), maps it with :mod:`mmap` and parses the ELF header,
+program headers and notes; it never reads the whole file, so a 2 GB core costs
+only the pages that are touched.  :class:`CoreMemory` then reads virtual
+addresses through the PT_LOAD segments.
+
+What is readable:
+
+* the bytes of a segment that the kernel wrote (``p_filesz``) and that are
+  still in the file: a core cut short by the size limit or a full disk ends
+  early, and the bytes past its end are not readable;
+* the rest of a segment (up to ``p_memsz``) only for anonymous memory of a
+  complete core, as zeros, which is how gdb reads such memory.  The undumped
+  part of a file-backed mapping (a library's text) is in the file, not in the
+  core, and is not readable here.
+
+Addresses that are not readable raise :class:`MemoryNotInCore`.
+"""
+from __future__ import annotations
+
+import bisect
+import errno
+import mmap
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from forensics.core import elf
+from forensics.errors import CoreReadError, InputNotFound, NotACoreFile
+
+__all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory"]
+
+_HEAD_SIZE = 4096
+
+
+class MemoryNotInCore(LookupError):
+    """An address range the core does not hold (internal to forensics.core and its callers)."""
+
+    def __init__(self, addr: int, size: int = 1) -> None:
+        super().__init__(f"0x{addr:x} (+{size}) is not in the core")
+        self.addr = addr
+        self.size = size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    """A PT_LOAD segment as the reader uses it."""
+
+    vaddr: int
+    memsz: int
+    offset: int  # where the segment's bytes start in the core file
+    present: int  # bytes of it actually in the file (<= p_filesz; less when the core is truncated)
+    zero_fill: bool  # whether the bytes past ``present`` read as zeros
+    flags: int
+
+    @property
+    def end(self) -> int:
+        return self.vaddr + self.memsz
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoreLayout:
+    """What the ELF structure of a core file says, before any memory is read."""
+
+    size: int
+    expected_size: int  # max(p_offset + p_filesz): what a complete core would measure
+    phdrs: tuple[elf.ProgramHeader, ...]
+    notes: tuple[elf.Note, ...]
+    file_mappings: tuple[elf.FileMapping, ...]
+    page_size: int
+
+    @property
+    def truncated(self) -> bool:
+        return self.size < self.expected_size
+
+
+class CoreMemory:
+    """Memory of the crashed process, read from a memory-mapped core file.
+
+    Use :meth:`open` and a ``with`` block::
+
+        with CoreMemory.open("core") as mem:
+            mem.read_u64(0x7F00_0000_1000)
+
+    The constructor takes any buffer plus the segments; tests may pass bytes.
+    """
+
+    def __init__(
+        self,
+        buffer: bytes | mmap.mmap,
+        segments: Sequence[Segment],
+        *,
+        path: str = "",
+        layout: CoreLayout | None = None,
+    ) -> None:
+        self._buf = buffer
+        self._segments = tuple(sorted(segments, key=lambda s: s.vaddr))
+        self._starts = [s.vaddr for s in self._segments]
+        self.path = path
+        self.layout: CoreLayout | None = layout
+
+    # -- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str) -> CoreMemory:
+        """Check and map a core file.
+
+        :raises InputNotFound: when the path does not exist
+        :raises NotACoreFile: when it is a directory, empty, compressed, text or another ELF type
+        :raises UnsupportedTarget: when it is a core of another machine or a 32-bit core
+        :raises CoreReadError: when it cannot be read, or is cut short before its notes
+        """
+        path = os.fspath(path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError as e:
+            raise InputNotFound(path) from e
+        except NotADirectoryError as e:
+            raise InputNotFound(path) from e
+        except OSError as e:
+            raise CoreReadError(path, e.strerror or str(e)) from e
+        if stat.S_ISDIR(st.st_mode):
+            raise NotACoreFile(path, "a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise NotACoreFile(path, "not a regular file (a pipe, socket or device)")
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_HEAD_SIZE)
+                if head[:4] != elf.ELF_MAGIC:
+                    what, hint = elf.identify_non_elf(head, path)
+                    raise NotACoreFile(path, what, hint)
+                try:
+                    header = elf.parse_elf_header(head)
+                except ValueError as e:
+                    raise CoreReadError(path, f"truncated inside the ELF header ({len(head)} bytes)") from e
+                elf.check_core_header(header, path)
+                size = os.fstat(f.fileno()).st_size
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            if isinstance(e, (NotACoreFile, CoreReadError)):
+                raise
+            if e.errno == errno.ENOENT:
+                raise InputNotFound(path) from e
+            raise CoreReadError(path, e.strerror or str(e)) from e
+        try:
+            layout = _read_layout(path, mm, header, size)
+        except BaseException:
+            mm.close()
+            raise
+        segments = _segments(layout)
+        return cls(mm, segments, path=path, layout=layout)
+
+    def close(self) -> None:
+        if isinstance(self._buf, mmap.mmap):
+            self._buf.close()
+
+    def __enter__(self) -> CoreMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return self._segments
+
+    def read(self, addr: int, size: int) -> bytes:
+        """Read ``size`` bytes at virtual address ``addr``.
+
+        :raises MemoryNotInCore: when any byte of the range is not in the core
+        """
+        return self._read(addr, size, partial=False)
+
+    def read_prefix(self, addr: int, size: int) -> bytes:
+        """Read up to ``size`` bytes at ``addr``, stopping at the first byte not in the core."""
+        return self._read(addr, size, partial=True)
+
+    def _read(self, addr: int, size: int, *, partial: bool) -> bytes:
+        if size <= 0:
+            return b""
+        out = []
+        pos, left = addr, size
+        while left:
+            i = bisect.bisect_right(self._starts, pos) - 1
+            if i < 0 or pos >= self._segments[i].end:
+                break
+            seg = self._segments[i]
+            rel = pos - seg.vaddr
+            n = min(left, seg.end - pos)
+            if rel < seg.present:
+                n = min(n, seg.present - rel)
+                start = seg.offset + rel
+                out.append(self._buf[start : start + n])
+            elif seg.zero_fill:
+                out.append(bytes(n))
+            else:
+                break
+            pos += n
+            left -= n
+        if left and not partial:
+            raise MemoryNotInCore(addr, size)
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def is_readable(self, addr: int, size: int) -> bool:
+        """Whether :meth:`read` of this range would succeed."""
+        try:
+            self.read(addr, size)
+        except MemoryNotInCore:
+            return False
+        return True
+
+    def read_u64(self, addr: int) -> int:
+        """Read a little-endian 64-bit unsigned integer."""
+        return int.from_bytes(self.read(addr, 8), "little")
+
+    def read_u32(self, addr: int) -> int:
+        """Read a little-endian 32-bit unsigned integer."""
+        return int.from_bytes(self.read(addr, 4), "little")
+
+    def read_cstring(self, addr: int, limit: int = 4096) -> bytes:
+        """Read a NUL-terminated string (without the NUL), at most ``limit`` bytes.
+
+        Reading stops at the NUL, at ``limit``, or where readable memory ends.
+
+        :raises MemoryNotInCore: when the first byte is not readable
+        """
+        chunks = []
+        pos, left = addr, limit
+        while left > 0:
+            n = min(left, 4096 - (pos & 4095))
+            chunk = self.read_prefix(pos, n)
+            if not chunk and pos == addr:
+                raise MemoryNotInCore(addr, 1)
+            nul = chunk.find(b"\x00")
+            if nul >= 0:
+                chunks.append(chunk[:nul])
+                break
+            chunks.append(chunk)
+            if len(chunk) < n:
+                break
+            pos += n
+            left -= n
+        return b"".join(chunks)
+
+
+def _read_layout(path: str, mm: mmap.mmap, header: elf.ElfHeader, size: int) -> CoreLayout:
+    phnum = header.phnum
+    if phnum == elf.PN_XNUM:
+        if header.shoff + elf.SHDR64_SIZE > size:
+            raise CoreReadError(path, "truncated before the notes (no section header with the segment count)")
+        phnum = elf.parse_xnum_phnum(mm[header.shoff : header.shoff + elf.SHDR64_SIZE])
+    ph_end = header.phoff + phnum * elf.PHDR64_SIZE
+    if ph_end > size:
+        raise CoreReadError(path, f"truncated before the notes: {size} bytes, program headers end at {ph_end}")
+    phdrs = elf.parse_program_headers(mm[header.phoff : ph_end], phnum)
+    note_phdrs = [p for p in phdrs if p.type == elf.PT_NOTE]
+    if not note_phdrs:
+        raise CoreReadError(path, "no PT_NOTE segment: the core holds no threads or registers")
+    expected = max((p.offset + p.filesz for p in phdrs if p.type in (elf.PT_LOAD, elf.PT_NOTE)), default=ph_end)
+    expected = max(expected, ph_end)
+    if note_phdrs[0].offset >= size:
+        raise CoreReadError(
+            path, f"truncated before the notes: {size} of {expected} bytes, notes start at {note_phdrs[0].offset}"
+        )
+    notes: list[elf.Note] = []
+    for p in note_phdrs:
+        notes.extend(elf.iter_notes(mm[p.offset : min(p.offset + p.filesz, size)]))
+    file_mappings: tuple[elf.FileMapping, ...] = ()
+    page_size = 4096
+    for n in notes:
+        if n.type == elf.NT_FILE and n.name == b"CORE":
+            try:
+                file_mappings = elf.parse_nt_file(n.desc)
+            except ValueError as e:
+                raise CoreReadError(path, f"malformed NT_FILE note: {e}") from e
+            page_size = elf.parse_nt_file_page_size(n.desc)
+            break
+    return CoreLayout(
+        size=size,
+        expected_size=expected,
+        phdrs=phdrs,
+        notes=tuple(notes),
+        file_mappings=file_mappings,
+        page_size=page_size,
+    )
+
+
+def _segments(layout: CoreLayout) -> list[Segment]:
+    complete = not layout.truncated
+    files = sorted((m.start, m.end) for m in layout.file_mappings)
+    starts = [s for s, _ in files]
+
+    def file_backed(lo: int, hi: int) -> bool:
+        i = bisect.bisect_right(starts, lo) - 1
+        if i >= 0 and files[i][1] > lo:
+            return True
+        return i + 1 < len(files) and files[i + 1][0] < hi
+
+    out = []
+    for p in layout.phdrs:
+        if p.type != elf.PT_LOAD or p.memsz == 0:
+            continue
+        present = max(0, min(p.filesz, layout.size - p.offset))
+        out.append(
+            Segment(
+                vaddr=p.vaddr,
+                memsz=p.memsz,
+                offset=p.offset,
+                present=present,
+                zero_fill=complete and bool(p.flags & elf.PF_R) and not file_backed(p.vaddr, p.vaddr + p.memsz),
+                flags=p.flags,
+            )
+        )
+    return out

@@ -1,0 +1,56 @@
+"""A crash sample shaped like a GPU metrics exporter (works on CPython 3.8+).
+
+usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv} [READY_FIFO]
+
+The main thread scrapes ``collect -> device_metrics -> nvlink_throughput ->
+query_nvlink_throughput_counters``, which calls into a native library that
+corrupts the heap (glibc aborts) or writes through a bad pointer (SIGSEGV),
+while a second thread named "metrics-server" sleeps in ``serve_forever``.
+"""
+import ctypes
+import sys
+import threading
+import time
+
+LIB = ctypes.CDLL(sys.argv[1])
+SCENARIO = sys.argv[2]
+_serving = threading.Event()
+
+
+def serve_forever():
+    _serving.set()
+    while True:
+        time.sleep(3600)
+
+
+def query_nvlink_throughput_counters():
+    if SCENARIO == "segv":
+        return LIB.forensics_bad_write(0)
+    return LIB.forensics_heap_overflow(0 if SCENARIO == "heap-prev" else 1)
+
+
+def nvlink_throughput():
+    return query_nvlink_throughput_counters()
+
+
+def device_metrics():
+    return nvlink_throughput()
+
+
+def collect():
+    return device_metrics()
+
+
+def main():
+    server = threading.Thread(target=serve_forever, name="metrics-server", daemon=True)
+    server.start()
+    _serving.wait()
+    time.sleep(0.05)  # let serve_forever reach time.sleep
+    if len(sys.argv) > 3:
+        with open(sys.argv[3], "w") as fifo:
+            fifo.write("ready\n")
+    collect()
+
+
+if __name__ == "__main__":
+    main()

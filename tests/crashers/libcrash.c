@@ -1,0 +1,42 @@
+/* A small native library that fails the way a buggy driver library does.
+ *
+ * Built by the tests (never committed as a binary) and called through ctypes
+ * from tests/crashers/exporter.py.  Each entry point really corrupts the heap
+ * or really writes through a bad pointer: glibc's own checks and the kernel
+ * produce the abort / SIGSEGV and the core.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+
+#define BIG 0x500 /* above the tcache and fastbin sizes: free() takes _int_free's checks */
+
+static void *volatile keep;
+static void *volatile keep_buf;
+
+/* Overflow a heap buffer by 16 bytes into the next chunk's header, then free it.
+ * mode 0: the next chunk's size loses PREV_INUSE -> "double free or corruption (!prev)"
+ * mode 1: the next chunk's size becomes "AAAAAAAA" -> "free(): invalid next size (normal)"
+ */
+int forensics_heap_overflow(int mode)
+{
+    unsigned char *buf = malloc(BIG);
+    unsigned char *guard = malloc(BIG); /* the chunk whose header we trample */
+    size_t header[2];
+    keep = guard;
+    keep_buf = buf; /* escape both so the compiler cannot elide the allocations */
+    memset(buf, 0x41, BIG);
+    header[0] = 0x4141414141414141ULL;             /* prev_size, as a run of "A"s would */
+    header[1] = mode == 0 ? (BIG + 0x10) : 0x4141414141414141ULL; /* next size: !PREV_INUSE, or huge */
+    memcpy(buf + BIG, header, sizeof header);       /* the 16-byte overflow */
+    free(keep_buf);
+    return 0; /* not reached: glibc aborts in free() */
+}
+
+/* Write through a pointer that was never valid: SIGSEGV with si_addr near NULL. */
+int forensics_bad_write(int offset)
+{
+    volatile uint32_t *p = (volatile uint32_t *)(uintptr_t)(0x10 + offset);
+    *p = 0xdeadbeef;
+    return 0;
+}

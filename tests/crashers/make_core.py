@@ -1,0 +1,181 @@
+"""Make real core files from the crash samples (no pytest dependency).
+
+``make_core(directory, python, scenario)`` builds ``libcrash.so`` from
+``libcrash.c`` (once per directory), runs ``exporter.py`` under ``python`` with
+RLIMIT_CORE raised, waits for it to die, and returns the core the kernel wrote in
+the process's working directory.  It needs ``kernel.core_pattern`` to be a plain
+file name (``core``, ``core.%p``): :func:`core_pattern_problem` says why not
+otherwise, and :func:`make_core` raises :class:`CoresUnavailable` with that
+reason (a test should skip).  When the process dies but no core appears,
+:class:`CoreNotWritten` says so (a test should fail).
+
+Usable from a shell, too::
+
+    python tests/crashers/make_core.py OUT_DIR /path/to/python3 heap-prev
+"""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "SCENARIOS",
+    "CoresUnavailable",
+    "CoreNotWritten",
+    "core_pattern_problem",
+    "find_pythons",
+    "build_libcrash",
+    "make_core",
+]
+
+HERE = Path(__file__).resolve().parent
+LIBCRASH_C = HERE / "libcrash.c"
+EXPORTER = HERE / "exporter.py"
+SCENARIOS = ("heap-prev", "heap-next-size", "segv")
+_CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
+
+
+class CoresUnavailable(RuntimeError):
+    """This machine cannot write cores where the helper can find them."""
+
+
+class CoreNotWritten(RuntimeError):
+    """The sample crashed (or did not) but no core file appeared."""
+
+
+def core_pattern_problem() -> str | None:
+    """Why cores cannot be collected from the process's cwd here, or None when they can."""
+    try:
+        pattern = _CORE_PATTERN.read_text().strip()
+    except OSError as e:
+        return f"cannot read {_CORE_PATTERN}: {e}"
+    if pattern.startswith("|"):
+        return f"kernel.core_pattern pipes cores to a program ({pattern.split()[0]}), not to a file"
+    if not pattern or "/" in pattern:
+        return f"kernel.core_pattern is {pattern!r}, not a plain file name in the process's cwd"
+    return None
+
+
+def find_pythons() -> list[Path]:
+    """pyenv CPython 3 interpreters built with a shared libpython, oldest first."""
+    root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    if shutil.which("pyenv"):
+        try:
+            root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=10).stdout.strip() or root
+        except (OSError, subprocess.SubprocessError):
+            pass
+    found = []
+    for version_dir in Path(root, "versions").glob("3.*"):
+        m = re.fullmatch(r"3\.(\d+)\.(\d+)", version_dir.name)
+        python = version_dir / "bin" / "python3"
+        if m and python.exists() and list((version_dir / "lib").glob("libpython3*.so.1.0")):
+            found.append((int(m.group(1)), int(m.group(2)), python))
+    return [p for _, _, p in sorted(found)]
+
+
+def build_libcrash(directory: Path, *, cflags: Sequence[str] = (), name: str = "libcrash.so") -> Path:
+    """Build ``libcrash.so`` into ``directory`` unless it is already there.
+
+    :param cflags: extra compiler flags (a different set makes a different build-id)
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / name
+    if out.exists():
+        return out
+    cc = os.environ.get("CC", "gcc")
+    tmp = directory / f".{name}.tmp{os.getpid()}"
+    cmd = [cc, "-shared", "-fPIC", "-g", "-O2", "-w", *cflags, "-o", str(tmp), str(LIBCRASH_C)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building {name} failed: {' '.join(cmd)}\n{proc.stderr}")
+    tmp.replace(out)  # atomic: a concurrent builder sees a whole file or none
+    return out
+
+
+def _child_setup(coredump_filter: int | None):
+    def setup() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        if coredump_filter is not None:
+            with open("/proc/self/coredump_filter", "w") as f:
+                f.write(f"0x{coredump_filter:x}")
+
+    return setup
+
+
+def make_core(
+    directory: Path,
+    python: str | os.PathLike[str],
+    scenario: str,
+    *,
+    preload: Sequence[str | os.PathLike[str]] = (),
+    coredump_filter: int | None = None,
+    libcrash: Path | None = None,
+    timeout: float = 60.0,
+) -> Path:
+    """Crash ``exporter.py`` and return the path of its core.
+
+    :param directory: where libcrash.so is built (once) and the run directory is made
+    :param python: the interpreter to run the sample with
+    :param scenario: one of :data:`SCENARIOS`
+    :param preload: extra shared objects to map into the process (``LD_PRELOAD``)
+    :param coredump_filter: a value for ``/proc/self/coredump_filter`` (default: inherited, 0x33)
+    :param libcrash: a prebuilt libcrash.so to use instead of building one
+    :raises CoresUnavailable: when kernel.core_pattern does not write to the cwd
+    :raises CoreNotWritten: when the process did not die of a signal or left no core
+    """
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    problem = core_pattern_problem()
+    if problem:
+        raise CoresUnavailable(problem)
+    directory = Path(directory)
+    lib = Path(libcrash) if libcrash is not None else build_libcrash(directory)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"run-{scenario}-", dir=directory))
+    env = dict(os.environ)
+    env.pop("PYTHONHOME", None)
+    if preload:
+        env["LD_PRELOAD"] = " ".join(str(p) for p in preload)
+    proc = subprocess.Popen(
+        [os.fspath(python), str(EXPORTER), str(lib), scenario],
+        cwd=run_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_child_setup(coredump_filter),
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    cores = sorted(p for p in run_dir.iterdir() if p.is_file())  # the run directory starts empty
+    if proc.returncode >= 0:
+        raise CoreNotWritten(
+            f"{python} exporter.py {scenario} exited with status {proc.returncode} instead of dying of a signal:\n"
+            + err.decode(errors="replace")[-2000:]
+        )
+    if not cores:
+        sig = signal.Signals(-proc.returncode).name
+        raise CoreNotWritten(
+            f"{python} exporter.py {scenario} died of {sig} but no core appeared in {run_dir} "
+            f"(core_pattern {_CORE_PATTERN.read_text().strip()!r}; check RLIMIT_CORE, free disk, and that "
+            "the directory is writable)"
+        )
+    return cores[0]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit("usage: make_core.py OUT_DIR PYTHON SCENARIO")
+    print(make_core(Path(sys.argv[1]), sys.argv[2], sys.argv[3]))
