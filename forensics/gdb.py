@@ -1,0 +1,270 @@
+"""The gdb session: native and Python stacks of a core, through GDB/MI (pygdbmi).
+
+gdb runs with ``-nx`` (no user init files), batch-like over MI, with
+auto-loading and debuginfod off unless asked.  It is pointed only at files
+whose build-id the core reader checked: a private directory of links, one per
+library, goes to ``solib-search-path`` and the sysroot is an empty directory,
+so gdb can never pick up a different build of a library from this machine.
+
+Our GDB scripts (``gdb_scripts/``) print stage markers and one JSON line each;
+this module parses them and raises an error naming the last stage reached.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import GdbError, GdbNotFound, GdbTimeout
+from .model import CoreFile, LibraryStatus
+
+__all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm"]
+
+NATIVE_MARKER = "FORENSICS-NATIVE-JSON: "
+PYTHON_MARKER = "FORENSICS-PYTHON-JSON: "
+DEFAULT_TIMEOUT = 120.0
+
+
+def find_gdb_scripts() -> Path:
+    """The directory holding forensics_native.py and forensics_python.py.
+
+    In a checkout it is ``gdb_scripts/`` beside the package; in a wheel it is
+    installed inside the package as ``forensics/gdb_scripts``.
+    """
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "gdb_scripts", here.parent / "gdb_scripts"):
+        if (candidate / "forensics_native.py").is_file():
+            return candidate
+    raise GdbError("loading scripts", f"gdb_scripts not found beside {here}")
+
+
+@dataclass(frozen=True, slots=True)
+class GdbResult:
+    """The raw, parsed output of our two scripts for one core."""
+
+    native: dict
+    python: dict | None
+    log: tuple[str, ...]
+
+
+def parse_marker_json(text: str, marker: str) -> dict | None:
+    """Find the line starting with ``marker`` in gdb's console output and decode its JSON.
+
+    >>> parse_marker_json('noise\\nFORENSICS-NATIVE-JSON: {"threads": []}\\n', NATIVE_MARKER)
+    {'threads': []}
+    """
+    for line in text.splitlines():
+        if line.startswith(marker):
+            return json.loads(line[len(marker):])
+    return None
+
+
+class GdbSession:
+    """One gdb process, reusable for several cores of the same or different executables."""
+
+    def __init__(self, gdb: str = "gdb", *, timeout: float = DEFAULT_TIMEOUT, debuginfod: str | None = None):
+        path = shutil.which(gdb)
+        if path is None:
+            raise GdbNotFound(gdb)
+        from pygdbmi.gdbcontroller import GdbController
+
+        self.timeout = timeout
+        self._token = 0
+        self._log: list[str] = []
+        self._farm: Path | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._exe: str | None = None
+        self._stage = "starting"
+        try:
+            self._gdb = GdbController(
+                command=[path, "-nx", "--quiet", "--interpreter=mi3"],
+                time_to_check_for_additional_output_sec=0.0,
+            )
+        except (OSError, ValueError) as e:
+            raise GdbError("to start", str(e)) from e
+        self._scripts = find_gdb_scripts()
+        self._stage = "configuring"
+        settings = [
+            "set pagination off",
+            "set width 0",
+            "set confirm off",
+            "set auto-load off",
+            "set print thread-events off",
+            "set max-value-size unlimited",
+        ]
+        if debuginfod:
+            settings += [f"set debuginfod urls {debuginfod}", "set debuginfod enabled on"]
+        else:
+            settings.append("set debuginfod enabled off")
+        for cmd in settings:
+            self.console(cmd, check=False)
+        self._stage = "loading scripts"
+        out = self.console(f"source {self._scripts / 'forensics_native.py'}")
+        if "FORENSICS: native script loaded" not in out:
+            raise GdbError("loading scripts", _last(out) or "forensics_native.py did not load")
+        out = self.console(f"source {self._scripts / 'forensics_python.py'}")
+        if "FORENSICS: python script loaded" not in out:
+            raise GdbError("loading scripts", _last(out) or "forensics_python.py did not load")
+        self._stage = "ready"
+
+    # -- MI plumbing -------------------------------------------------------------------------
+
+    def _command(self, mi: str, timeout: float | None = None) -> tuple[str, list[str], dict]:
+        """Send one MI command; return (console text, error lines, result record)."""
+        from pygdbmi.constants import GdbTimeoutError
+
+        self._token += 1
+        token = self._token
+        deadline = time.monotonic() + (timeout or self.timeout)
+        try:
+            self._gdb.write(f"{token}{mi}", read_response=False)
+        except (OSError, ValueError, GdbTimeoutError) as e:
+            raise GdbError(self._stage, f"cannot write to gdb: {e}") from e
+        console: list[str] = []
+        errors: list[str] = []
+        while True:
+            if time.monotonic() > deadline:
+                self.close()
+                raise GdbTimeout(self._stage, timeout or self.timeout)
+            try:
+                # Wait for output ourselves, then let pygdbmi parse whatever is there: its own
+                # waiting loop costs a fixed delay per command.
+                remaining = max(0.0, min(1.0, deadline - time.monotonic()))
+                select.select(self._gdb.io_manager.read_list, [], [], remaining)
+                responses = self._gdb.get_gdb_response(timeout_sec=0, raise_error_on_timeout=False)
+            except (OSError, ValueError) as e:
+                raise GdbError(self._stage, f"gdb exited: {e}") from e
+            for r in responses:
+                kind, payload = r.get("type"), r.get("payload")
+                if kind == "console" and isinstance(payload, str):
+                    console.append(payload)
+                elif kind == "log" and isinstance(payload, str):
+                    errors.append(payload)
+                    self._log.append(payload.rstrip("\n"))
+                elif kind == "result" and r.get("token") == token:
+                    return "".join(console), errors, r
+            if self._gdb.gdb_process is not None and self._gdb.gdb_process.poll() is not None and not responses:
+                raise GdbError(self._stage, f"gdb exited with status {self._gdb.gdb_process.returncode}")
+
+    def console(self, command: str, *, check: bool = True, timeout: float | None = None) -> str:
+        """Run a CLI command and return what it printed."""
+        escaped = command.replace("\\", "\\\\").replace('"', '\\"')
+        text, errors, result = self._command(f'-interpreter-exec console "{escaped}"', timeout)
+        if check and result.get("message") == "error":
+            msg = (result.get("payload") or {}).get("msg") or "".join(errors).strip()
+            raise GdbError(self._stage, f"{command}: {msg}")
+        return text
+
+    # -- the job ----------------------------------------------------------------------------------
+
+    def analyze(self, core: CoreFile, exe_file: str | None) -> GdbResult:
+        """Load ``core`` with ``exe_file`` and run both scripts; return their JSON.
+
+        The executable stays loaded between calls with the same ``exe_file``, and the
+        library links are kept, so a batch of cores of one program reads symbols once.
+        """
+        self._log.clear()
+        if self._farm is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="forensics-gdb-")
+            self._farm = Path(self._tmp.name) / "libs"
+            self._farm.mkdir()
+            empty_root = Path(self._tmp.name) / "sysroot"
+            empty_root.mkdir()
+            self._stage = "configuring"
+            self.console(f"set sysroot {empty_root}")
+            self.console(f"set solib-search-path {self._farm}")
+        update_link_farm(core, self._farm)
+        if exe_file != self._exe:
+            self._stage = "loading the executable"
+            self.console(f"file {_quote(exe_file)}" if exe_file else "file", check=bool(exe_file))
+            self._exe = exe_file
+        self._stage = "loading the core"
+        self.console(f"core-file {_quote(core.path)}")
+        self._stage = "reading native stacks"
+        native = parse_marker_json(self.console("forensics-native"), NATIVE_MARKER)
+        if native is None:
+            raise GdbError(self._stage, "forensics-native printed no result")
+        self._stage = "reading Python stacks"
+        python = parse_marker_json(self.console("forensics-python", check=False), PYTHON_MARKER)
+        self._stage = "unloading"
+        self.console("core-file", check=False)
+        self._stage = "ready"
+        return GdbResult(native=native, python=python, log=tuple(self._log))
+
+    @property
+    def closed(self) -> bool:
+        return getattr(self, "_gdb", None) is None
+
+    def close(self) -> None:
+        gdb = getattr(self, "_gdb", None)
+        if gdb is not None:
+            try:
+                gdb.exit()
+            except Exception:  # noqa: BLE001 - closing must never raise
+                pass
+            self._gdb = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+            self._farm = None
+
+    def __enter__(self) -> "GdbSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_gdb(core: CoreFile, exe_file: str | None, *, gdb: str = "gdb", timeout: float = DEFAULT_TIMEOUT,
+            debuginfod: str | None = None) -> GdbResult:
+    """Start gdb, analyze one core, stop gdb."""
+    with GdbSession(gdb, timeout=timeout, debuginfod=debuginfod) as session:
+        return session.analyze(core, exe_file)
+
+
+def update_link_farm(core: CoreFile, farm: Path) -> None:
+    """Point the links in ``farm`` (by basename) at every library file whose build-id checked out.
+
+    Libraries that are missing or of another build get no link on purpose: gdb then
+    shows their frames as unnamed rather than naming them from a wrong file.  A link
+    left from an earlier core of the same session is replaced when its target differs.
+    """
+    wanted: dict[str, str] = {}
+    for lib in core.libraries:
+        if lib.file_path is None or lib.status not in (LibraryStatus.OK, LibraryStatus.UNVERIFIED):
+            continue
+        target = os.path.abspath(lib.file_path)
+        # gdb looks a library up by the name the dynamic loader used (link_map), which can
+        # be a symlink name such as libffi.so.8 for the file libffi.so.8.1.2.
+        for name in (lib.name, *_soname_aliases(lib.name)):
+            wanted.setdefault(name, target)  # two libraries of one name: the first mapped wins
+    for entry in os.scandir(farm):
+        if entry.name not in wanted or os.readlink(entry.path) != wanted[entry.name]:
+            os.unlink(entry.path)
+    for name, target in wanted.items():
+        link = farm / name
+        if not os.path.islink(link):
+            os.symlink(target, link)
+
+
+def _soname_aliases(name: str) -> list[str]:
+    """``libffi.so.8.1.2`` -> ``["libffi.so.8.1", "libffi.so.8"]``."""
+    if ".so." not in name:
+        return []
+    head, _, version = name.partition(".so.")
+    parts = version.split(".")
+    return [f"{head}.so." + ".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
+def _quote(path: str) -> str:
+    return path if " " not in path else f'"{path}"'
+
+
+def _last(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
