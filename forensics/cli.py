@@ -1,0 +1,155 @@
+"""The ``forensics`` command line: the only module that prints, prompts or exits.
+
+Each command checks its arguments, calls one library function and renders the
+result.  A :class:`~forensics.errors.ForensicsError` becomes one line on stderr
+(plus its fix) and its exit code; no traceback reaches the user.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable
+
+import click
+
+from . import __version__
+from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError, OutputExists
+from .options import force_option, json_option, output_option, verbose_option
+
+__all__ = ["main", "cli"]
+
+
+class _Group(click.Group):
+    """Turns ForensicsError (and unexpected errors) into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ForensicsError as e:
+            click.echo(f"forensics: error: {e}", err=True)
+            if e.help_text:
+                click.echo(f"forensics: hint: {e.help_text}", err=True)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("forensics: interrupted", err=True)
+            ctx.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback for users
+            if os.environ.get("FORENSICS_DEBUG"):
+                raise
+            click.echo(f"forensics: internal error: {type(e).__name__}: {e} (set FORENSICS_DEBUG=1 for details)",
+                       err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="forensics")
+def cli() -> None:
+    """Crash forensics for native-heap failures in Python processes."""
+
+
+def _emit(lines: Iterable[str], output: str | None, force: bool) -> None:
+    text = "\n".join(lines) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    _write_new(output, text, force)
+    click.echo(f"Wrote {output}", err=True)
+
+
+def _write_new(path: str, text: str, force: bool) -> None:
+    """Write a file; without ``force`` never replace an existing one (O_EXCL, no race)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError as e:
+        raise OutputExists(path) from e
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.option("--sysroot", type=click.Path(file_okay=False), help="Directory holding the crashed process's files at the paths the core names (an unpacked image, /proc/PID/root).")
+@click.option("--exe", type=click.Path(dir_okay=False), help="The executable, when it is not at the path the core names.")
+@click.option("--native", "merged", is_flag=True, help="Merged view: Python frames placed where their evaluation-loop native frames stand.")
+@click.option("--gdb", "gdb_path", default="gdb", show_default=True, help="gdb to run.")
+@click.option("--debuginfod", metavar="URL", default=None, help="Let gdb fetch debug info from this debuginfod server (off by default).")
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds gdb may take per core.")
+@click.option("-j", "--jobs", type=int, default=0, help="Worker processes for several cores (0: one per CPU).")
+@json_option
+@output_option
+@force_option
+@verbose_option
+def analyze(inputs, sysroot, exe, merged, gdb_path, debuginfod, timeout, jobs, as_json, output, force, verbose):
+    """Analyze a core: signal, abort message, every thread's native and Python stack.
+
+    INPUTS is one core, or several cores / directories of cores for batch triage
+    (a table of distinct crashes by fingerprint).
+
+    \b
+    Exit codes: 0 analysed; 1 error (bad input, see the message); 2 usage;
+    3 batch with unreadable cores; 4 partial result (no gdb, no CPython
+    debug symbols, or a truncated core).
+    """
+    from .analyze.batch import find_cores
+
+    paths = find_cores(inputs)
+    single = len(inputs) == 1 and not os.path.isdir(inputs[0])
+    options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod)
+    if single:
+        from .analyze import analyze_core
+        from .format import analysis_payload, format_analysis, json_document
+
+        analysis = analyze_core(paths[0], **options)
+        for w in analysis.snapshot.warnings:
+            if verbose or as_json or output:
+                click.echo(f"forensics: warning: {w}", err=True)
+        if as_json:
+            _emit([json_document("analyze", {"analysis": analysis_payload(analysis, merged=merged)})], output, force)
+        else:
+            _emit(format_analysis(analysis, merged=merged), output, force)
+        sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
+    _analyze_batch(paths, options, jobs, as_json, output, force)
+
+
+def _analyze_batch(paths, options, jobs, as_json, output, force):
+    from .analyze.batch import analyze_many
+    from .format import format_batch, json_document, signature
+
+    if not paths:
+        raise ForensicsError("no core files found in the given directories")
+    show_bar = sys.stderr.isatty() and not as_json
+    if show_bar:
+        with click.progressbar(length=len(paths), label="Analyzing cores", file=sys.stderr) as bar:
+            result, entries = analyze_many(paths, jobs=jobs, progress=lambda e: bar.update(1), **options)
+    else:
+        result, entries = analyze_many(paths, jobs=jobs, **options)
+    if as_json:
+        payload = {
+            "batch": result,
+            "cores": [
+                {
+                    "path": e.path,
+                    "mtime": e.mtime,
+                    "error": e.error,
+                    "fingerprint": e.analysis.fingerprint if e.analysis else None,
+                    "signature": signature(e.analysis) if e.analysis else None,
+                    "complete": e.analysis.snapshot.is_complete if e.analysis else False,
+                }
+                for e in entries
+            ],
+        }
+        _emit([json_document("analyze-batch", payload)], output, force)
+    else:
+        _emit(format_batch(result), output, force)
+    sys.exit(EXIT_FINDINGS if result.failed else EXIT_OK)
+
+
+def main() -> None:
+    cli(prog_name="forensics")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Render analyses for people (lines of text) and for programs (JSON documents).
+
+Formatters yield lines and never print; only the CLI writes them out.  The
+JSON document is the contract (``SCHEMA_VERSION``); the text may change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import json
+from pathlib import PurePath
+from typing import Any, Iterable, Iterator
+
+from .analyze.stacks import merge_frames, meaningful_native_frames
+from .model import Analysis, BatchResult, FrameKind, NativeFrame, PyFrame, Thread
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "signature",
+    "format_analysis",
+    "format_thread",
+    "format_batch",
+    "to_jsonable",
+    "json_document",
+]
+
+SCHEMA_VERSION = 1
+_MAX_LINE = 200
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, enums and paths as plain JSON values (addresses stay integers)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    return obj
+
+
+def json_document(command: str, payload: dict) -> str:
+    """One JSON document: ``schema_version`` and ``command`` first-class, keys sorted."""
+    doc = {"schema_version": SCHEMA_VERSION, "command": command, **payload}
+    return json.dumps(to_jsonable(doc), sort_keys=True, indent=2)
+
+
+def analysis_payload(analysis: Analysis, *, merged: bool = False) -> dict:
+    """The ``analysis`` object of ``forensics analyze --json``."""
+    data = to_jsonable(analysis)
+    data["signature"] = signature(analysis)
+    if merged:
+        for t_json, thread in zip(data["snapshot"]["threads"], analysis.snapshot.threads):
+            t_json["merged"] = [
+                {"kind": kind.value, **to_jsonable(frame)} for kind, frame in merge_frames(thread)
+            ]
+    return data
+
+
+def _short(path: str | None) -> str:
+    return (path or "?").rsplit("/", 1)[-1]
+
+
+def _pyframe(p: PyFrame) -> str:
+    return f"{p.function} ({_short(p.file)}:{p.line if p.line is not None else '?'})"
+
+
+def _thread_label(t: Thread) -> str:
+    name = f'"{t.name}" ' if t.name else ""
+    return f"{name}tid {t.tid}"
+
+
+def signature(analysis: Analysis) -> str:
+    """The one line that says what happened.
+
+    Signal, abort message or fault, crashing thread, top Python frame, top native
+    frame outside libc.
+    """
+    crash = analysis.crash
+    snap = analysis.snapshot
+    parts = [crash.signal_name or "no signal"]
+    if crash.abort_message:
+        parts.append(f'"{crash.abort_message}"')
+    elif crash.fault_address is not None:
+        fk = crash.fault_kind.value if crash.fault_kind else "?"
+        parts.append(f"at 0x{crash.fault_address:x} ({fk})")
+    parts.append(f"[{crash.kind.value}]")
+    crashed = snap.crashed_thread
+    if crashed is not None:
+        parts.append(f"in thread {_thread_label(crashed)}")
+        if crashed.py_frames:
+            parts.append(f"at {_pyframe(crashed.py_frames[0])}")
+        native = next(
+            (f for f in meaningful_native_frames(crashed) if f.symbol and not f.is_libc), None
+        )
+        if native is not None:
+            parts.append(f"via {native.symbol} ({native.library_name or '?'})")
+    elif crash.tid is not None:
+        parts.append(f"in tid {crash.tid}")
+    return " ".join(parts)
+
+
+def _native_line(f: NativeFrame) -> str:
+    sym = f.symbol or "??"
+    off = f"+{f.offset}" if f.offset else ""
+    where = f" at {f.file}:{f.line}" if f.file and f.line else ""
+    return f"#{f.index:<3} 0x{f.pc:016x} {sym}{off} ({f.library_name or '?'}){where}"
+
+
+def format_thread(thread: Thread, *, merged: bool = False, native: bool = True) -> Iterator[str]:
+    """Lines for one thread: its header, its Python stack, then (or merged with) its native stack."""
+    flags = []
+    if thread.is_crashed:
+        flags.append("crashed")
+    if thread.holds_gil:
+        flags.append("holds the GIL")
+    flag = f"  [{', '.join(flags)}]" if flags else ""
+    yield f"Thread {_thread_label(thread)}{flag}"
+    if merged:
+        for kind, frame in merge_frames(thread):
+            if kind is FrameKind.PYTHON:
+                yield f"    (Python) {_pyframe(frame)}"
+            else:
+                yield f"    {_native_line(frame)}"
+    else:
+        if thread.py_frames:
+            yield "  Python stack (most recent call first):"
+            for p in thread.py_frames:
+                yield f"    {_pyframe(p)}"
+        if native:
+            yield "  Native stack:"
+            for f in thread.native_frames:
+                yield f"    {_native_line(f)}"
+    if thread.native_error:
+        yield f"    ({thread.native_error})"
+
+
+def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool = True) -> Iterator[str]:
+    """The human summary: signature first, then the crash, findings, threads and libraries."""
+    snap = analysis.snapshot
+    core = snap.core
+    crash = analysis.crash
+    yield signature(analysis)
+    yield ""
+    yield f"Core:        {core.path} ({core.size:,} bytes{', TRUNCATED' if core.truncated else ''})"
+    yield f"Process:     pid {core.pid}, {core.executable or core.command}"
+    if core.args:
+        yield f"Command:     {core.args[:_MAX_LINE]}"
+    yield f"Signal:      {crash.signal_name or 'none'}" + (
+        f" (si_code {core.signal.code})" if core.signal else ""
+    )
+    if crash.abort_message:
+        yield f"Abort:       {crash.abort_message}"
+    if crash.fault_address is not None:
+        fk = crash.fault_kind.value if crash.fault_kind else "?"
+        yield f"Fault:       0x{crash.fault_address:x} ({fk})"
+    yield f"Crash class: {crash.kind.value}"
+    yield f"Fingerprint: {analysis.fingerprint}"
+    if snap.python_version:
+        yield f"Python:      {snap.python_version}"
+    yield f"Stacks:      {snap.method}; Python: {snap.python_stack_status}"
+    if core.nvml is not None:
+        n = core.nvml
+        yield f"NVML:        {n.path} driver {n.driver_version or '?'} build-id {n.build_id or '?'}"
+    for w in snap.warnings:
+        yield f"warning: {w}"
+    if analysis.findings:
+        yield ""
+        yield "Findings:"
+        for f in analysis.findings:
+            yield f"  [{f.severity.value}] {f.rule}: {f.summary}"
+    for thread in snap.threads:
+        yield ""
+        yield from format_thread(thread, merged=merged)
+    if libraries:
+        yield ""
+        yield "Mapped libraries:"
+        for lib in core.libraries:
+            yield f"  {lib.status.value:<17} {lib.build_id or '-':<40} {lib.path}"
+
+
+def _ts(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def format_batch(result: BatchResult) -> Iterable[str]:
+    """The fingerprint table of a batch: distinct crashes, most frequent first."""
+    yield f"{result.total} cores, {len(result.groups)} distinct crashes, {len(result.failed)} unreadable"
+    yield ""
+    yield f"{'COUNT':>5}  {'FINGERPRINT':<12}  {'FIRST SEEN':<20}  {'LAST SEEN':<20}  SIGNATURE"
+    for g in result.groups:
+        yield f"{g.count:>5}  {g.fingerprint:<12}  {_ts(g.first_seen):<20}  {_ts(g.last_seen):<20}  {g.signature}"
+        yield f"{'':>5}  example: {g.example}"
+    if result.failed:
+        yield ""
+        yield "Unreadable:"
+        for e in result.failed:
+            yield f"  {e.path}: {e.error}"
