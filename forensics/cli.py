@@ -16,7 +16,7 @@ from . import __version__
 from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError, OutputExists
 from .options import force_option, json_option, output_option, verbose_option
 
-__all__ = ["main", "cli"]
+__all__ = ["main", "cli", "analyze"]
 
 
 class _Group(click.Group):

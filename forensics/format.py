@@ -21,6 +21,7 @@ __all__ = [
     "format_analysis",
     "format_thread",
     "format_batch",
+    "analysis_payload",
     "to_jsonable",
     "json_document",
 ]

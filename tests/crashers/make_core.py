@@ -16,9 +16,7 @@ Usable from a shell, too::
 from __future__ import annotations
 
 import os
-import re
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +29,6 @@ __all__ = [
     "CoresUnavailable",
     "CoreNotWritten",
     "core_pattern_problem",
-    "find_pythons",
     "build_libcrash",
     "make_core",
 ]
@@ -64,29 +61,12 @@ def core_pattern_problem() -> str | None:
     return None
 
 
-def find_pythons() -> list[Path]:
-    """pyenv CPython 3 interpreters built with a shared libpython, oldest first."""
-    root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
-    if shutil.which("pyenv"):
-        try:
-            root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=10).stdout.strip() or root
-        except (OSError, subprocess.SubprocessError):
-            pass
-    found = []
-    for version_dir in Path(root, "versions").glob("3.*"):
-        m = re.fullmatch(r"3\.(\d+)\.(\d+)", version_dir.name)
-        python = version_dir / "bin" / "python3"
-        if m and python.exists() and list((version_dir / "lib").glob("libpython3*.so.1.0")):
-            found.append((int(m.group(1)), int(m.group(2)), python))
-    return [p for _, _, p in sorted(found)]
-
-
 def build_libcrash(directory: Path, *, cflags: Sequence[str] = (), name: str = "libcrash.so") -> Path:
     """Build ``libcrash.so`` into ``directory`` unless it is already there.
 
     :param cflags: extra compiler flags (a different set makes a different build-id)
     """
-    directory = Path(directory)
+    directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / name
     if out.exists():
@@ -137,7 +117,7 @@ def make_core(
     problem = core_pattern_problem()
     if problem:
         raise CoresUnavailable(problem)
-    directory = Path(directory)
+    directory = Path(directory).resolve()
     lib = Path(libcrash) if libcrash is not None else build_libcrash(directory)
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-{scenario}-", dir=directory))
     env = dict(os.environ)

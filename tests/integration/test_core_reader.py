@@ -21,11 +21,13 @@ from forensics.core import CoreMemory, MemoryNotInCore, open_core, resolve_file
 from forensics.errors import CoreReadError, InputNotFound, NotACoreFile, UnsupportedTarget
 from forensics.model import LibraryStatus
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "crashers"))
-from make_core import CoresUnavailable, build_libcrash, find_pythons, make_core  # noqa: E402
+from tests.crashers.make_core import CoresUnavailable, build_libcrash, make_core
+from tests.pythons import discover_pythons
 
-PYTHONS = [p for p in find_pythons() if tuple(map(int, p.parent.parent.name.split(".")[:2])) >= (3, 8)]
-PYTHON = next((p for p in PYTHONS if p.parent.parent.name.startswith("3.12.")), PYTHONS[-1] if PYTHONS else None)
+_FOUND = discover_pythons()  # {"3.12": path}, 3.8-3.13
+_MINOR = {Path(p): v for v, p in _FOUND.items()}
+PYTHONS = [Path(_FOUND[v]) for v in sorted(_FOUND, key=lambda v: tuple(map(int, v.split("."))))]
+PYTHON = Path(_FOUND["3.12"]) if "3.12" in _FOUND else (PYTHONS[-1] if PYTHONS else None)
 pytestmark = pytest.mark.skipif(PYTHON is None, reason="no pyenv CPython 3.8+ with a shared libpython")
 
 NVML_C = r"""
@@ -35,7 +37,7 @@ int nvmlInit_v2(void) { return nvml_banner[0]; }
 
 
 def minor(python: Path) -> str:
-    return ".".join(python.parent.parent.name.split(".")[:2])
+    return _MINOR[python]
 
 
 def file_build_id(path) -> str | None:
@@ -57,7 +59,7 @@ def crash(directory: Path, python: Path, scenario: str, **kwargs) -> Path:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(tmp_path_factory, core_pattern) -> Path:
     return tmp_path_factory.mktemp("cores")
 
 

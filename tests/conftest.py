@@ -1,0 +1,97 @@
+"""Session-wide checks and real-core fixtures.
+
+Cores are made by the kernel from real crashing processes (tests/crashers), once
+per (CPython version, scenario) and shared by every test of the session.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.pythons import WANTED, discover_pythons  # noqa: E402
+
+PYTHONS = discover_pythons()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    problems = []
+    for tool, fix in (("gdb", "apt-get install -y gdb"), ("gcc", "apt-get install -y gcc")):
+        if shutil.which(tool) is None:
+            problems.append(f"{tool} is missing: {fix} (or run: bash .ci/setup)")
+    if problems:
+        pytest.exit("; ".join(problems), returncode=1)
+
+
+def python_params(versions=WANTED):
+    """pytest params for each wanted CPython; a missing one is skipped with its reason."""
+    out = []
+    for v in versions:
+        if v in PYTHONS:
+            out.append(pytest.param(v, id=f"python={v}"))
+        else:
+            out.append(
+                pytest.param(v, id=f"python={v}", marks=pytest.mark.skip(reason=f"CPython {v} not found on this machine"))
+            )
+    return out
+
+
+class CoreFactory:
+    """Makes real kernel cores on demand and caches them for the session."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self._cache: dict[tuple[str, str, int], Path] = {}
+
+    def get(self, version: str, scenario: str, copy: int = 0) -> Path:
+        from tests.crashers.make_core import make_core
+
+        key = (version, scenario, copy)
+        if key not in self._cache:
+            # one directory: libcrash.so is built once, each crash gets its own run directory
+            self._cache[key] = make_core(self.base, PYTHONS[version], scenario)
+        return self._cache[key]
+
+
+@pytest.fixture(scope="session")
+def core_pattern():
+    """Cores land in the crashing process's cwd.
+
+    When kernel.core_pattern pipes cores elsewhere (systemd-coredump, apport) and we
+    are root, set it to ``core`` for the session and restore the old value after;
+    otherwise skip the tests that need real cores, saying why.
+    """
+    from tests.crashers.make_core import core_pattern_problem
+
+    problem = core_pattern_problem()
+    if not problem:
+        yield
+        return
+    path = Path("/proc/sys/kernel/core_pattern")
+    if os.geteuid() != 0:
+        pytest.skip(f"{problem}; run as root to let the tests set it to 'core' for the session")
+    old = path.read_text()
+    path.write_text("core")
+    try:
+        yield
+    finally:
+        path.write_text(old)
+
+
+@pytest.fixture(scope="session")
+def cores(tmp_path_factory: pytest.TempPathFactory, core_pattern) -> CoreFactory:
+    return CoreFactory(tmp_path_factory.mktemp("cores"))
+
+
+@pytest.fixture(scope="session")
+def newest_python() -> str:
+    for v in reversed(WANTED):
+        if v in PYTHONS:
+            return v
+    pytest.skip("no CPython 3.8-3.13 found on this machine")

@@ -1,0 +1,143 @@
+"""`forensics analyze` on real kernel cores of every CPython 3.8-3.13 found here."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from forensics.analyze import analyze_core
+from forensics.model import CrashKind, FaultKind, FrameKind, LibraryStatus
+from forensics.analyze.stacks import merge_frames
+from tests.conftest import python_params
+
+EXPORTER = Path(__file__).resolve().parents[1] / "crashers" / "exporter.py"
+SOURCE = EXPORTER.read_text().splitlines()
+
+
+def line_of(text: str) -> int:
+    hits = [i + 1 for i, ln in enumerate(SOURCE) if ln.strip() == text]
+    assert len(hits) == 1, f"{text!r} found {len(hits)} times in exporter.py"
+    return hits[0]
+
+
+def expected_main_stack(scenario: str) -> list[tuple[str, int]]:
+    culprit = (
+        "return LIB.forensics_bad_write(0)"
+        if scenario == "segv"
+        else 'return LIB.forensics_heap_overflow(0 if SCENARIO == "heap-prev" else 1)'
+    )
+    return [
+        ("query_nvlink_throughput_counters", line_of(culprit)),
+        ("nvlink_throughput", line_of("return query_nvlink_throughput_counters()")),
+        ("device_metrics", line_of("return nvlink_throughput()")),
+        ("collect", line_of("return device_metrics()")),
+        ("main", line_of("collect()")),
+        ("<module>", line_of("main()")),
+    ]
+
+
+@pytest.fixture(scope="module", params=python_params())
+def heap_analysis(request, cores):
+    return request.param, analyze_core(str(cores.get(request.param, "heap-prev")))
+
+
+@pytest.fixture(scope="module", params=python_params())
+def segv_analysis(request, cores):
+    return request.param, analyze_core(str(cores.get(request.param, "segv")))
+
+
+def test_heap_corruption_is_classified_with_glibc_message(heap_analysis):
+    # GIVEN a core of a process that overflowed a heap buffer and freed it
+    version, a = heap_analysis
+    # THEN the signal, glibc's abort message and the class are right
+    assert a.crash.signal_name == "SIGABRT"
+    assert a.crash.abort_message == "double free or corruption (!prev)"
+    assert a.crash.kind is CrashKind.HEAP_CORRUPTION
+    assert a.snapshot.is_complete, a.snapshot.warnings
+    assert a.snapshot.python_version.startswith(version + ".")
+
+
+def test_python_stacks_of_both_threads(heap_analysis):
+    version, a = heap_analysis
+    threads = a.snapshot.threads
+    assert len(threads) == 2
+    main, server = threads
+    # The crashed thread comes first and is the main thread, named by the threading module.
+    assert main.is_crashed and not server.is_crashed
+    assert main.name == "MainThread"
+    assert main.tid == a.snapshot.core.crashed_tid == a.crash.tid
+    got = [(f.function, f.line) for f in main.py_frames]
+    assert got == expected_main_stack("heap-prev")
+    assert all(f.file == str(EXPORTER) for f in main.py_frames)
+    # The sleeping thread: its name, its own frame at the sleep line, then threading's frames.
+    assert server.name == "metrics-server"
+    assert (server.py_frames[0].function, server.py_frames[0].line) == ("serve_forever", line_of("time.sleep(3600)"))
+    # CPython 3.11+ code objects carry a qualified name, which is what we show
+    prefix = "Thread." if tuple(map(int, version.split("."))) >= (3, 11) else ""
+    assert [f.function for f in server.py_frames[1:]] == [prefix + n for n in ("run", "_bootstrap_inner", "_bootstrap")]
+    assert all(f.file.endswith("threading.py") for f in server.py_frames[1:])
+
+
+def test_native_stack_names_libc_and_the_culprit_library(heap_analysis):
+    _, a = heap_analysis
+    crashed = a.snapshot.crashed_thread
+    symbols = [f.symbol for f in crashed.native_frames]
+    assert "malloc_printerr" in symbols
+    culprit = next(f for f in crashed.native_frames if f.symbol == "forensics_heap_overflow")
+    assert culprit.library_name == "libcrash.so"
+    assert culprit.file.endswith("libcrash.c") and culprit.line
+    # malloc_printerr comes before (inside) the culprit frame
+    assert symbols.index("malloc_printerr") < symbols.index("forensics_heap_overflow")
+    # the sleeping thread's native stack reaches the sleep syscall wrapper
+    server = a.snapshot.threads[1]
+    assert any("sleep" in (f.symbol or "") for f in server.native_frames[:3])
+
+
+def test_mapped_libraries_with_build_ids(heap_analysis):
+    version, a = heap_analysis
+    libs = {lib.name: lib for lib in a.snapshot.core.libraries}
+    for name in (f"libpython{version}.so.1.0", "libc.so.6", "libcrash.so"):
+        assert name in libs, sorted(libs)
+        assert libs[name].status is LibraryStatus.OK
+        assert libs[name].build_id and libs[name].build_id == libs[name].file_build_id
+
+
+def test_segv_fault_address(segv_analysis):
+    version, a = segv_analysis
+    assert a.crash.signal_name == "SIGSEGV"
+    assert a.crash.kind is CrashKind.SEGV
+    assert a.crash.fault_address == 0x10
+    assert a.crash.fault_kind is FaultKind.NEAR_NULL
+    crashed = a.snapshot.crashed_thread
+    assert crashed.native_frames[0].symbol == "forensics_bad_write"
+    assert [(f.function, f.line) for f in crashed.py_frames] == expected_main_stack("segv")
+
+
+def test_merged_view_places_python_frames_at_eval_frames(heap_analysis):
+    _, a = heap_analysis
+    crashed = a.snapshot.crashed_thread
+    merged = list(merge_frames(crashed))
+    kinds = [k for k, _ in merged]
+    py_in_merged = [f for k, f in merged if k is FrameKind.PYTHON]
+    # every Python frame appears once, in order, and after the native culprit frame
+    assert py_in_merged == list(crashed.py_frames)
+    first_py = kinds.index(FrameKind.PYTHON)
+    natives_before = [f.symbol for k, f in merged[:first_py] if k is FrameKind.NATIVE]
+    assert "forensics_heap_overflow" in natives_before
+    # the eval loop frames that carried Python frames were replaced by them
+    n_eval = sum(1 for f in crashed.native_frames if f.is_eval_frame)
+    n_eval_left = sum(1 for k, f in merged if k is FrameKind.NATIVE and f.is_eval_frame)
+    assert n_eval_left < n_eval
+
+
+@pytest.mark.parametrize("version", python_params())
+def test_fingerprints_fold_same_bug_and_split_different_bugs(cores, version):
+    a1 = analyze_core(str(cores.get(version, "heap-prev", 0)))
+    a2 = analyze_core(str(cores.get(version, "heap-prev", 1)))
+    b = analyze_core(str(cores.get(version, "segv")))
+    c = analyze_core(str(cores.get(version, "heap-next-size")))
+    assert a1.fingerprint == a2.fingerprint
+    assert len({a1.fingerprint, b.fingerprint, c.fingerprint}) == 3
+    assert c.crash.abort_message == "free(): invalid next size (normal)"
+    assert c.crash.kind is CrashKind.HEAP_CORRUPTION

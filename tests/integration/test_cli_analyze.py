@@ -1,0 +1,215 @@
+"""The `forensics analyze` command line on real cores: JSON, text, batch and bad input."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL
+
+
+def run(*args: str) -> "click.testing.Result":
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def one_error_line(result) -> str:
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("forensics: error:")]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def heap_core(cores, newest_python) -> Path:
+    return cores.get(newest_python, "heap-prev")
+
+
+def test_json_document(heap_core):
+    # WHEN analyze --json runs on a real heap-corruption core
+    r = run("analyze", "--json", str(heap_core))
+    # THEN stdout is one JSON document with the schema header and the facts
+    assert r.exit_code == EXIT_OK, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1 and doc["command"] == "analyze"
+    a = doc["analysis"]
+    assert a["crash"]["kind"] == "heap-corruption"
+    assert a["crash"]["abort_message"] == "double free or corruption (!prev)"
+    assert a["signature"].startswith('SIGABRT "double free or corruption (!prev)" [heap-corruption] in thread "MainThread"')
+    assert "query_nvlink_throughput_counters" in a["signature"] and "forensics_heap_overflow (libcrash.so)" in a["signature"]
+    threads = a["snapshot"]["threads"]
+    assert [t["name"] for t in threads] == ["MainThread", "metrics-server"]
+    assert len(a["fingerprint"]) == 12
+
+
+def test_text_summary_signature_first_and_merged(heap_core):
+    r = run("analyze", "--native", str(heap_core))
+    assert r.exit_code == EXIT_OK, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith('SIGABRT "double free or corruption (!prev)"')
+    assert any(ln.strip().startswith("(Python) query_nvlink_throughput_counters (exporter.py:") for ln in lines)
+    assert "Mapped libraries:" in lines
+
+
+def test_output_file_is_never_overwritten(heap_core, tmp_path):
+    out = tmp_path / "a.json"
+    r = run("analyze", "--json", "-o", str(out), str(heap_core))
+    assert r.exit_code == EXIT_OK and f"Wrote {out}" in r.stderr
+    before = out.read_bytes()
+    r = run("analyze", "--json", "-o", str(out), str(heap_core))
+    assert r.exit_code == EXIT_ERROR and "already exists" in one_error_line(r)
+    assert out.read_bytes() == before
+    assert run("analyze", "--json", "--force", "-o", str(out), str(heap_core)).exit_code == EXIT_OK
+
+
+def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
+    # GIVEN a directory with 3 cores of one bug, 2 of another, and a file that is not a core
+    d = tmp_path / "cores"
+    d.mkdir()
+    for i in range(3):
+        shutil.copy(cores.get(newest_python, "heap-prev", i), d / f"core.heap.{i}")
+    for i in range(2):
+        shutil.copy(cores.get(newest_python, "segv", i), d / f"core.segv.{i}")
+    (d / "notes.txt").write_text("not a core\n")
+    # WHEN the directory is analyzed as a batch
+    r = run("analyze", "--json", str(d))
+    # THEN two distinct crashes, counted, with an example each
+    assert r.exit_code == EXIT_OK, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["command"] == "analyze-batch"
+    groups = doc["batch"]["groups"]
+    assert [g["count"] for g in groups] == [3, 2]
+    assert groups[0]["signature"].startswith("SIGABRT") and groups[1]["signature"].startswith("SIGSEGV")
+    assert all(Path(g["example"]).parent == d for g in groups)
+    assert doc["batch"]["total"] == 5 and not doc["batch"]["failed"]
+    # and the text table lists the same
+    r = run("analyze", str(d))
+    assert "5 cores, 2 distinct crashes, 0 unreadable" in r.stdout
+
+
+def test_batch_with_an_unreadable_core_exits_3(cores, newest_python, tmp_path):
+    bad = tmp_path / "core.bad"
+    bad.write_bytes(b"\x7fELF" + b"\x00" * 10)
+    r = run("analyze", "--json", str(cores.get(newest_python, "segv")), str(bad))
+    assert r.exit_code == EXIT_FINDINGS
+    doc = json.loads(r.stdout)
+    assert len(doc["batch"]["failed"]) == 1 and doc["batch"]["failed"][0]["path"] == str(bad)
+
+
+# -- bad input: one clear line, a documented exit code, no traceback ------------------------------
+
+
+def test_not_a_file(tmp_path):
+    r = run("analyze", str(tmp_path / "nope"))
+    assert r.exit_code == EXIT_ERROR
+    assert "no such file" in one_error_line(r)
+
+
+def test_not_elf_gzip(tmp_path):
+    p = tmp_path / "core.gz"
+    p.write_bytes(gzip.compress(b"x" * 100))
+    r = run("analyze", str(p))
+    assert r.exit_code == EXIT_ERROR
+    assert "gzip" in one_error_line(r)
+
+
+def test_elf_but_not_a_core():
+    r = run("analyze", sys.executable)
+    assert r.exit_code == EXIT_ERROR
+    line = one_error_line(r)
+    assert "not a core" in line and "--exe" in line
+
+
+def test_core_of_another_architecture(heap_core, tmp_path):
+    p = tmp_path / "core.arm64"
+    data = bytearray(heap_core.read_bytes()[:1 << 20])
+    data[18:20] = (183).to_bytes(2, "little")  # e_machine = EM_AARCH64
+    p.write_bytes(data)
+    r = run("analyze", str(p))
+    assert r.exit_code == EXIT_ERROR
+    assert "AArch64" in one_error_line(r)
+
+
+def test_truncated_core_is_partial_but_readable(heap_core, tmp_path):
+    # GIVEN a core cut short, as the kernel leaves it at the size limit or on a full disk
+    p = tmp_path / "core.trunc"
+    with open(heap_core, "rb") as src:
+        p.write_bytes(src.read(os.path.getsize(heap_core) // 3))
+    # THEN what is readable is reported, the core is called truncated, and the exit code says partial
+    r = run("analyze", "--json", str(p))
+    assert r.exit_code == EXIT_PARTIAL, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["analysis"]["snapshot"]["core"]["truncated"] is True
+    assert doc["analysis"]["crash"]["signal_name"] == "SIGABRT"
+    assert "truncated" in r.stderr
+
+
+def test_gdb_not_installed_still_reports_the_core(heap_core):
+    r = run("analyze", "--json", "--gdb", "/nonexistent/gdb", str(heap_core))
+    assert r.exit_code == EXIT_PARTIAL
+    doc = json.loads(r.stdout)
+    a = doc["analysis"]
+    assert a["crash"]["abort_message"] == "double free or corruption (!prev)"
+    assert a["snapshot"]["method"] == "none"
+    assert "gdb not found" in r.stderr and "apt-get install -y gdb" in r.stderr
+
+
+def _sysroot_copy(tmp_path: Path, files: list[str]) -> Path:
+    root = tmp_path / "sysroot"
+    for f in files:
+        dst = root / f.lstrip("/")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dst)
+    return root
+
+
+def test_python_without_debug_symbols_says_what_to_install(heap_core, tmp_path):
+    # GIVEN a sysroot whose interpreter and libpython are stripped of debug info
+    from forensics.core import open_core
+
+    core = open_core(str(heap_core))
+    py_files = [lib.path for lib in core.libraries if lib.name.startswith(("python", "libpython"))]
+    root = _sysroot_copy(tmp_path, py_files)
+    for f in py_files:
+        subprocess.run(["strip", "--strip-debug", str(root / f.lstrip("/"))], check=True)
+    # WHEN analyzed against it
+    r = run("analyze", "--json", "--sysroot", str(root), str(heap_core))
+    # THEN native stacks still come, and the Python stack's absence is explained
+    assert r.exit_code == EXIT_PARTIAL, r.stderr
+    doc = json.loads(r.stdout)
+    status = doc["analysis"]["snapshot"]["python_stack_status"]
+    assert status.startswith("no CPython debug symbols") and "-dbg" in status
+    crashed = doc["analysis"]["snapshot"]["threads"][0]
+    assert any(f["symbol"] == "forensics_heap_overflow" for f in crashed["native_frames"])
+
+
+def test_executable_with_another_build_id_is_flagged(heap_core, tmp_path):
+    # GIVEN --exe pointing at a different program than the one that crashed
+    other = shutil.which("gdb")
+    r = run("analyze", "--json", "--exe", other, str(heap_core))
+    doc = json.loads(r.stdout)
+    exe = doc["analysis"]["snapshot"]["core"]["libraries"][0]
+    assert exe["status"] == "build-id-mismatch"
+    assert any("build" in w for w in doc["analysis"]["snapshot"]["warnings"])
+
+
+def test_missing_executable_under_sysroot(heap_core, tmp_path):
+    # A sysroot with nothing in it: the exe falls back to this machine's copy only on a build-id match
+    root = tmp_path / "empty-root"
+    root.mkdir()
+    r = run("analyze", "--json", "--sysroot", str(root), str(heap_core))
+    assert r.exit_code == EXIT_OK, r.stderr
+    libs = json.loads(r.stdout)["analysis"]["snapshot"]["core"]["libraries"]
+    assert all(lib["status"] == "ok" for lib in libs if lib["path"] != "[vdso]")
+
+
+def test_python_dash_m_help():
+    r = subprocess.run([sys.executable, "-m", "forensics", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "analyze" in r.stdout

@@ -1,0 +1,141 @@
+"""Pure functions on hand-built records: classification, fingerprints, merging, formatting."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forensics.analyze import analyze_snapshot
+from forensics.analyze.classify import classify_fault_address, is_heap_message, normalize_message
+from forensics.analyze.fingerprint import fingerprint, fingerprint_basis
+from forensics.analyze.stacks import build_threads, merge_frames
+from forensics.format import analysis_payload, format_analysis, json_document, signature
+from forensics.gdb import NATIVE_MARKER, _soname_aliases, parse_marker_json
+from forensics.model import (
+    CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, ProcessSnapshot, PyFrame, SigInfo,
+    Source, Thread,
+)
+
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+
+
+def make_core(signo=6, code=-6, addr=None, abort=None, mappings=()):
+    return CoreFile(
+        path="/cores/core.1", size=100, pid=1, command="python3", args="python3 x.py", executable="/usr/bin/python3",
+        build_id="aa", signal=SigInfo(signo=signo, code=code, errno=0, name={6: "SIGABRT", 11: "SIGSEGV"}[signo], addr=addr),
+        threads=(CoreThread(tid=7, signal=signo, pc=0x401000, sp=0x7ff0),), mappings=tuple(mappings), libraries=(),
+        nvml=None, abort_message=abort, truncated=False, expected_size=100,
+    )
+
+
+def nf(i, sym, lib=LIBC):
+    return NativeFrame(index=i, pc=0x1000 + i, symbol=sym, offset=1, library=lib)
+
+
+@pytest.mark.parametrize(
+    "msg,heap",
+    [
+        ("double free or corruption (!prev)", True),
+        ("free(): invalid next size (normal)", True),
+        ("malloc(): unsorted double linked list corrupted", True),
+        ("corrupted size vs. prev_size", True),
+        ("python3: x.c:1: f: Assertion `0' failed.", False),
+        (None, False),
+    ],
+)
+def test_is_heap_message(msg, heap):
+    assert is_heap_message(msg) is heap
+
+
+def test_normalize_message_blanks_addresses():
+    assert normalize_message("munmap_chunk(): invalid pointer 0x55d0c0ffee00") == "munmap_chunk(): invalid pointer <hex>"
+
+
+@pytest.mark.parametrize(
+    "addr,code,perms,want",
+    [
+        (0x10, 1, None, FaultKind.NEAR_NULL),
+        (0x7000_0000, 1, None, FaultKind.UNMAPPED),
+        (0x5000, 2, "r--p", FaultKind.NEAR_NULL),
+        (0x60_0010, 2, "r--p", FaultKind.NOT_WRITABLE),
+        (0x60_0010, 2, "rw-p", FaultKind.MAPPED),
+        (0, 0x80, None, FaultKind.UNKNOWN),
+    ],
+)
+def test_classify_fault_address(addr, code, perms, want):
+    maps = [Mapping(start=0x60_0000, end=0x60_1000, offset=0, perms=perms, path=None)] if perms else []
+    core = make_core(signo=11, code=code, addr=addr, mappings=maps)
+    assert classify_fault_address(core, addr, code, pc=0x401000) is want
+
+
+def test_merge_frames_groups_python_frames_by_entry():
+    # GIVEN a 3.11-style stack: one eval call running two Python frames, another running one
+    t = Thread(
+        tid=1, name=None, is_crashed=True, holds_gil=False,
+        native_frames=(nf(0, "free"), nf(1, "_PyEval_EvalFrameDefault", "/x/libpython3.11.so"), nf(2, "call"),
+                       nf(3, "_PyEval_EvalFrameDefault", "/x/libpython3.11.so"), nf(4, "main", "/usr/bin/python3")),
+        py_frames=(PyFrame(function="inner", file="a.py", line=3, is_entry=False),
+                   PyFrame(function="outer", file="a.py", line=9, is_entry=True),
+                   PyFrame(function="<module>", file="a.py", line=12, is_entry=True)),
+    )
+    got = [(k, getattr(f, "symbol", None) or getattr(f, "function")) for k, f in merge_frames(t)]
+    assert got == [
+        (FrameKind.NATIVE, "free"), (FrameKind.PYTHON, "inner"), (FrameKind.PYTHON, "outer"),
+        (FrameKind.NATIVE, "call"), (FrameKind.PYTHON, "<module>"), (FrameKind.NATIVE, "main"),
+    ]
+
+
+def test_build_threads_matches_python_threads_by_native_id():
+    core = make_core()
+    native = {"threads": [{"num": 2, "lwp": 8, "frames": []}, {"num": 1, "lwp": 7, "frames": [{"pc": 1, "function": "f"}]}]}
+    python = {"status": "ok", "gil_holder_native_id": 8, "threads": [
+        {"native_thread_id": 8, "name": "worker", "frames": [{"function": "w", "file": "w.py", "line": 1}]},
+        {"native_thread_id": 7, "name": "MainThread", "frames": []},
+    ]}
+    threads = build_threads(core, native, python)
+    assert [t.tid for t in threads] == [7, 8]  # crashed first
+    assert threads[0].is_crashed and threads[0].name == "MainThread"
+    assert threads[1].holds_gil and threads[1].py_frames[0].function == "w"
+
+
+def _analysis(abort="double free or corruption (!prev)", py_line=5):
+    core = make_core(abort=abort)
+    t = Thread(
+        tid=7, name="MainThread", is_crashed=True, holds_gil=False,
+        native_frames=(nf(0, "raise"), nf(1, "abort"), nf(2, "malloc_printerr"), nf(3, "_int_free"),
+                       nf(4, "nvmlDeviceGetFieldValues", "/usr/lib/libnvidia-ml.so.580.126.09")),
+        py_frames=(PyFrame(function="nvlink_throughput", file="/app/nvitop/api/device.py", line=py_line),),
+    )
+    snap = ProcessSnapshot(source=Source.CORE, core=core, threads=(t,), python_version="3.12.1",
+                           python_stack_status="ok", method="gdb", sysroot=None)
+    return analyze_snapshot(snap)
+
+
+def test_fingerprint_ignores_lines_and_addresses_but_not_the_bug():
+    a, b = _analysis(py_line=5), _analysis(py_line=50)
+    assert a.fingerprint == b.fingerprint
+    assert a.crash.kind is CrashKind.HEAP_CORRUPTION
+    assert "native:libnvidia-ml.so!nvmlDeviceGetFieldValues" in a.fingerprint_basis
+    assert "native:libc.so!malloc_printerr" not in a.fingerprint_basis  # abort machinery is skipped
+    c = _analysis(abort="free(): invalid next size (normal)")
+    assert c.fingerprint != a.fingerprint
+    assert fingerprint(fingerprint_basis(a.crash, a.snapshot.crashed_thread)) == a.fingerprint
+
+
+def test_signature_and_json_document():
+    a = _analysis()
+    sig = signature(a)
+    assert sig == ('SIGABRT "double free or corruption (!prev)" [heap-corruption] in thread "MainThread" tid 7 '
+                   "at nvlink_throughput (device.py:5) via nvmlDeviceGetFieldValues (libnvidia-ml.so.580.126.09)")
+    lines = list(format_analysis(a))
+    assert lines[0] == sig
+    doc = json.loads(json_document("analyze", {"analysis": analysis_payload(a, merged=True)}))
+    assert doc["schema_version"] == 1 and doc["analysis"]["crash"]["kind"] == "heap-corruption"
+    assert doc["analysis"]["snapshot"]["threads"][0]["merged"][0]["kind"] == "native"
+
+
+def test_parse_marker_json_and_soname_aliases():
+    assert parse_marker_json("x\n" + NATIVE_MARKER + '{"threads": [1]}\n', NATIVE_MARKER) == {"threads": [1]}
+    assert parse_marker_json("nothing", NATIVE_MARKER) is None
+    assert _soname_aliases("libffi.so.8.1.2") == ["libffi.so.8.1", "libffi.so.8"]
+    assert _soname_aliases("libc.so.6") == []
