@@ -56,7 +56,8 @@ def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
     """Threads ordered crashed first, then as gdb numbers them; Python threads matched by LWP."""
     py_by_tid: dict[int, dict] = {}
     gil_tid = None
-    if python and python.get("status") == "ok":
+    # "error" still carries the threads read before the walk stopped (a corrupted interpreter state)
+    if python and python.get("status") in ("ok", "error"):
         for t in python.get("threads", []):
             if t.get("native_thread_id") is not None:
                 py_by_tid[int(t["native_thread_id"])] = t
