@@ -1,6 +1,9 @@
 """A crash sample shaped like a GPU metrics exporter (works on CPython 3.8+).
 
-usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv} [READY_FIFO]
+usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv,py-abort} [READY_FIFO]
+
+EXPORTER_BALLAST_MB=N (default 0) keeps N MiB of written Python heap alive
+before the crash, so the core is at least that big (for bench/analyze.py).
 
 The main thread scrapes ``collect -> device_metrics -> nvlink_throughput ->
 query_nvlink_throughput_counters``, which calls into a native library that
@@ -8,6 +11,7 @@ corrupts the heap (glibc aborts) or writes through a bad pointer (SIGSEGV),
 while a second thread named "metrics-server" sleeps in ``serve_forever``.
 """
 import ctypes
+import os
 import sys
 import threading
 import time
@@ -15,6 +19,7 @@ import time
 LIB = ctypes.CDLL(sys.argv[1])
 SCENARIO = sys.argv[2]
 _serving = threading.Event()
+_ballast = []
 
 
 def serve_forever():
@@ -26,6 +31,8 @@ def serve_forever():
 def query_nvlink_throughput_counters():
     if SCENARIO == "segv":
         return LIB.forensics_bad_write(0)
+    if SCENARIO == "py-abort":
+        return os.abort()  # from Python, holding the GIL: an abort that is not heap corruption
     return LIB.forensics_heap_overflow(0 if SCENARIO == "heap-prev" else 1)
 
 
@@ -45,6 +52,10 @@ def main():
     server = threading.Thread(target=serve_forever, name="metrics-server", daemon=True)
     server.start()
     _serving.wait()
+    ballast_mb = int(os.environ.get("EXPORTER_BALLAST_MB") or 0)
+    if ballast_mb > 0:
+        # every byte written, so each page is present and lands in the core
+        _ballast.append(bytearray(b"\x01") * (ballast_mb << 20))
     time.sleep(0.05)  # let serve_forever reach time.sleep
     if len(sys.argv) > 3:
         with open(sys.argv[3], "w") as fifo:

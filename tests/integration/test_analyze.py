@@ -141,3 +141,15 @@ def test_fingerprints_fold_same_bug_and_split_different_bugs(cores, version):
     assert len({a1.fingerprint, b.fingerprint, c.fingerprint}) == 3
     assert c.crash.abort_message == "free(): invalid next size (normal)"
     assert c.crash.kind is CrashKind.HEAP_CORRUPTION
+
+
+@pytest.mark.parametrize("version", python_params())
+def test_abort_from_python_holds_the_gil(cores, version):
+    # GIVEN os.abort() called from Python code (the GIL is held, unlike a ctypes call)
+    a = analyze_core(str(cores.get(version, "py-abort")))
+    # THEN it is an abort, not heap corruption, and the crashed thread is the GIL holder
+    assert a.crash.kind is CrashKind.ABORT and a.crash.abort_message is None
+    crashed = a.snapshot.crashed_thread
+    assert crashed.holds_gil and not any(t.holds_gil for t in a.snapshot.threads if t is not crashed)
+    assert crashed.py_frames[0].function == "query_nvlink_throughput_counters"
+    assert crashed.py_frames[0].line == line_of("return os.abort()  # from Python, holding the GIL: an abort that is not heap corruption")
