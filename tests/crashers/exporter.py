@@ -1,6 +1,6 @@
 """A crash sample shaped like a GPU metrics exporter (works on CPython 3.8+).
 
-usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv,py-abort} [READY_FIFO]
+usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv,py-abort,fpe,ill,bus} [READY_FIFO]
 
 EXPORTER_BALLAST_MB=N (default 0) keeps N MiB of written Python heap alive
 before the crash, so the core is at least that big (for bench/analyze.py).
@@ -19,6 +19,11 @@ import time
 LIB = ctypes.CDLL(sys.argv[1])
 SCENARIO = sys.argv[2]
 _serving = threading.Event()
+_OTHER_FAULTS = {
+    "fpe": lambda: LIB.forensics_divide(0),
+    "ill": lambda: LIB.forensics_trap(),
+    "bus": lambda: LIB.forensics_bus(),
+}
 _ballast = []
 
 
@@ -31,6 +36,8 @@ def serve_forever():
 def query_nvlink_throughput_counters():
     if SCENARIO == "segv":
         return LIB.forensics_bad_write(0)
+    if SCENARIO in _OTHER_FAULTS:
+        return _OTHER_FAULTS[SCENARIO]()
     if SCENARIO == "py-abort":
         return os.abort()  # from Python, holding the GIL: an abort that is not heap corruption
     return LIB.forensics_heap_overflow(0 if SCENARIO == "heap-prev" else 1)

@@ -40,3 +40,38 @@ int forensics_bad_write(int offset)
     *p = 0xdeadbeef;
     return 0;
 }
+
+/* Integer division by zero: SIGFPE (FPE_INTDIV) with si_addr at the faulting instruction. */
+int forensics_divide(int divisor)
+{
+    volatile int n = 42;
+    return n / divisor;
+}
+
+/* An undefined instruction (ud2): SIGILL. */
+int forensics_trap(void)
+{
+    __builtin_trap();
+}
+
+/* Touch a file mapping past the end of its file: SIGBUS (BUS_ADRERR). */
+#include <sys/mman.h>
+#include <unistd.h>
+#include <fcntl.h>
+#include <stdio.h>
+int forensics_bus(void)
+{
+    char path[] = "/tmp/forensics-busXXXXXX";
+    int fd = mkstemp(path);
+    volatile char *p;
+    if (fd < 0)
+        return -1;
+    unlink(path);
+    if (ftruncate(fd, 4096) != 0)
+        return -1;
+    p = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    p[4096] = 1; /* the second page has no file behind it */
+    return 0;
+}

@@ -153,3 +153,22 @@ def test_abort_from_python_holds_the_gil(cores, version):
     assert crashed.holds_gil and not any(t.holds_gil for t in a.snapshot.threads if t is not crashed)
     assert crashed.py_frames[0].function == "query_nvlink_throughput_counters"
     assert crashed.py_frames[0].line == line_of("return os.abort()  # from Python, holding the GIL: an abort that is not heap corruption")
+
+
+@pytest.mark.parametrize(
+    "scenario,kind,symbol",
+    [("fpe", CrashKind.FPE, "forensics_divide"), ("ill", CrashKind.ILL, "forensics_trap"),
+     ("bus", CrashKind.BUS, "forensics_bus")],
+    ids=lambda v: getattr(v, "value", v),
+)
+def test_other_signals_are_classified(cores, newest_python, scenario, kind, symbol):
+    a = analyze_core(str(cores.get(newest_python, scenario)))
+    assert a.crash.kind is kind
+    assert a.snapshot.crashed_thread.native_frames[0].symbol == symbol
+    assert a.crash.fault_address is not None
+    if kind is CrashKind.BUS:
+        # the address is inside the file mapping, past the file's end
+        assert a.crash.fault_kind is FaultKind.MAPPED
+    else:
+        # SIGFPE/SIGILL report the faulting instruction, which is in libcrash.so's text
+        assert a.crash.fault_address == a.snapshot.core.threads[0].pc
