@@ -16,7 +16,7 @@ from . import __version__
 from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError, OutputExists
 from .options import force_option, json_option, output_option, verbose_option
 
-__all__ = ["main", "cli", "analyze"]
+__all__ = ["main", "cli", "analyze", "report"]
 
 
 class _Group(click.Group):
@@ -145,6 +145,66 @@ def _analyze_batch(paths, options, jobs, as_json, output, force):
     else:
         _emit(format_batch(result), output, force)
     sys.exit(EXIT_FINDINGS if result.failed else EXIT_OK)
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.option("--template", type=click.Choice(["nvitop", "nvml", "runbook"]), default="nvitop", show_default=True,
+              help="nvitop: a GitHub issue for nvitop/nvitop-exporter; nvml: a report for NVIDIA; runbook: an incident record.")
+@click.option("--redact-hosts", is_flag=True, help="Also replace host names, IPs, node and pod names (consistently: node-1, node-2...).")
+@click.option("--check", is_flag=True, help="Exit 3 when a required field is unfilled or the Markdown would render wrong.")
+@json_option
+@output_option
+@force_option
+def report(inputs, template, redact_hosts, check, as_json, output, force):
+    """Write an upstream-ready defect report (Markdown) from forensics evidence.
+
+    INPUTS: any mix of `analyze --json`, `verify-imports --json`, `reproduce --json` and
+    `fleet --json` documents and capture bundle directories. Secrets are always redacted.
+
+    \b
+    Exit codes: 0 written; 1 error; 2 usage; 3 --check found problems.
+    """
+    from . import __version__ as version
+    from .format import json_document
+    from .report import make_report
+
+    rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version,
+                      reproducer_sources=_reproducer_sources())
+    attachment_path = None
+    if rep.attachment is not None:
+        base = output or f"forensics-report-{template}"
+        attachment_path = f"{base}.full.md"
+        _write_new(attachment_path, rep.attachment, force)
+        click.echo(f"Wrote {attachment_path} (the whole report; the issue body is shortened)", err=True)
+    if as_json:
+        payload = {"report": {"template": template, "title": rep.context.title, "markdown": rep.markdown,
+                              "attachment": attachment_path, "problems": list(rep.problems),
+                              "missing_fields": rep.context.missing, "redactions": rep.context.redactions,
+                              "known_issues": rep.context.known_issues}}
+        _emit([json_document("report", payload)], output, force)
+    else:
+        _emit([rep.markdown.rstrip("\n")], output, force)
+    for p in rep.problems:
+        click.echo(f"forensics: check: {p}", err=True)
+    sys.exit(EXIT_FINDINGS if check and rep.problems else EXIT_OK)
+
+
+def _reproducer_sources() -> dict[str, str] | None:
+    try:
+        from .simnvml import find_reproducers
+    except ImportError:
+        return None
+    try:
+        root = find_reproducers()
+    except ForensicsError:
+        return None
+    out = {}
+    for lang, name in (("python", "nvml_nvlink_fieldvalues.py"), ("c", "nvml_nvlink_fieldvalues.c")):
+        f = root / name
+        if f.is_file():
+            out[lang] = f.read_text(errors="replace")[:200_000]
+    return out or None
 
 
 def main() -> None:

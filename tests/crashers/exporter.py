@@ -2,6 +2,7 @@
 
 usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv,py-abort,fpe,ill,bus} [READY_FIFO]
 
+EXPORTER_THREAD_NAME sets the sleeping thread's name (default "metrics-server").
 EXPORTER_BALLAST_MB=N (default 0) keeps N MiB of written Python heap alive
 before the crash, so the core is at least that big (for bench/analyze.py).
 
@@ -56,7 +57,8 @@ def collect():
 
 
 def main():
-    server = threading.Thread(target=serve_forever, name="metrics-server", daemon=True)
+    name = os.environ.get("EXPORTER_THREAD_NAME", "metrics-server")  # tests plant hostile names here
+    server = threading.Thread(target=serve_forever, name=name, daemon=True)
     server.start()
     _serving.wait()
     ballast_mb = int(os.environ.get("EXPORTER_BALLAST_MB") or 0)

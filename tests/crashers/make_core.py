@@ -100,6 +100,7 @@ def make_core(
     coredump_filter: int | None = None,
     libcrash: Path | None = None,
     timeout: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> Path:
     """Crash ``exporter.py`` and return the path of its core.
 
@@ -109,6 +110,7 @@ def make_core(
     :param preload: extra shared objects to map into the process (``LD_PRELOAD``)
     :param coredump_filter: a value for ``/proc/self/coredump_filter`` (default: inherited, 0x33)
     :param libcrash: a prebuilt libcrash.so to use instead of building one
+    :param env: extra environment variables for the crashing process
     :raises CoresUnavailable: when kernel.core_pattern does not write to the cwd
     :raises CoreNotWritten: when the process did not die of a signal or left no core
     """
@@ -120,8 +122,10 @@ def make_core(
     directory = Path(directory).resolve()
     lib = Path(libcrash) if libcrash is not None else build_libcrash(directory)
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-{scenario}-", dir=directory))
+    extra_env = env or {}
     env = dict(os.environ)
     env.pop("PYTHONHOME", None)
+    env.update(extra_env)
     if preload:
         env["LD_PRELOAD"] = " ".join(str(p) for p in preload)
     proc = subprocess.Popen(

@@ -1,0 +1,300 @@
+"""Shape evidence into the context a report template renders.
+
+Pure: evidence documents in, :class:`ReportContext` out.  Templates only loop
+and branch over this context; every value here is already redacted.  A value
+the evidence does not hold is :data:`UNKNOWN`, never an empty cell.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from .evidence import Evidence
+from .redact import Redactor, redact_tree
+
+__all__ = ["UNKNOWN", "ReportContext", "build_context", "TEMPLATES", "REQUIRED_FIELDS"]
+
+UNKNOWN = "unknown (not in the evidence)"
+OPEN = "OPEN: not determined yet"
+TEMPLATES = ("nvitop", "nvml", "runbook")
+NATIVE_SHOWN = 12
+
+# The fields each template must have filled (or explicitly unknown) for --check.
+REQUIRED_FIELDS = {
+    "nvitop": ("title", "nvitop_version", "os", "driver", "python_env", "description", "reproduce", "traceback"),
+    "nvml": ("title", "gpus", "driver", "nvml_library", "description", "reproduce", "native_top"),
+    "runbook": ("title", "signature", "first_seen", "affected", "versions", "reproduction", "diagnostics",
+                "mitigation", "recovery", "conclusion", "recurrence"),
+}
+
+
+@dataclass
+class ReportContext:
+    """Everything a template may show; built by :func:`build_context`."""
+
+    template: str
+    title: str
+    generated_at: str
+    tool_version: str
+    signature: str
+    crash: dict[str, str]
+    environment: list[tuple[str, str]]
+    nvitop_version: str
+    os: str
+    driver: str
+    cuda: str
+    nvidia_smi: str
+    gpus: str
+    nvml_library: str
+    python_env: str
+    description: str
+    traceback: str
+    native_top: list[str]
+    native_rest: list[str]
+    other_threads: list[tuple[str, str]]
+    frequency: list[str]
+    ruled_out: list[str]
+    reproduce: dict[str, Any]
+    workaround: list[str]
+    known_issues: list[dict[str, str]]
+    evidence: list[dict[str, str]]
+    redactions: list[str]
+    runbook: dict[str, str]
+    missing: list[str] = field(default_factory=list)
+
+    # attribute-style access for the runbook's fields in REQUIRED_FIELDS
+    def value(self, name: str) -> Any:
+        if hasattr(self, name):
+            return getattr(self, name)
+        return self.runbook.get(name)
+
+
+def _get(doc: Any, *path: str, default: Any = None) -> Any:
+    cur = doc
+    for p in path:
+        if not isinstance(cur, dict) or p not in cur:
+            return default
+        cur = cur[p]
+    return cur if cur not in (None, "", [], {}) else default
+
+
+def _analysis(ev: Evidence) -> dict | None:
+    doc = ev.first("analyze")
+    if doc:
+        return doc.get("analysis")
+    cap = ev.first("capture")
+    return _get(cap, "analysis")
+
+
+def _pytb(py_frames: list[dict]) -> str:
+    """The crashing thread's Python stack in traceback form (most recent call last)."""
+    if not py_frames:
+        return ""
+    lines = ["Traceback (most recent call last):"]
+    for f in reversed(py_frames):
+        lines.append(f'  File "{f.get("file")}", line {f.get("line") if f.get("line") is not None else "?"}, in {f.get("function")}')
+    return "\n".join(lines)
+
+
+def _native_line(f: dict) -> str:
+    lib = (f.get("library") or "?").rsplit("/", 1)[-1]
+    where = f" at {f['file']}:{f['line']}" if f.get("file") and f.get("line") else ""
+    off = f"+{f['offset']}" if f.get("offset") else ""
+    return f"#{f.get('index', 0):<3} {f.get('symbol') or '??'}{off} ({lib}){where}"
+
+
+def _imports(ev: Evidence) -> dict[str, dict]:
+    """module -> what verify-imports found for it (version, file, verdict)."""
+    out: dict[str, dict] = {}
+    for doc in ev.all("verify-imports"):
+        for m in _get(doc, "result", "modules", default=None) or doc.get("modules") or []:
+            if isinstance(m, dict) and m.get("module"):
+                out.setdefault(str(m["module"]), m)
+    return out
+
+
+def _module_line(mods: dict[str, dict], name: str, dist: str) -> str:
+    m = mods.get(name)
+    if not m:
+        return f"{dist}: {UNKNOWN} (run forensics verify-imports on the image)"
+    version = m.get("version") or m.get("module_version") or m.get("dist_version") or "?"
+    file = m.get("file") or m.get("resolved") or "?"
+    verdict = m.get("verdict") or m.get("status") or "?"
+    return f"{dist} {version} imported from {file} ({verdict})"
+
+
+def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_version: str,
+                  now: _dt.datetime | None = None, reproducer_sources: dict[str, str] | None = None) -> ReportContext:
+    """Build the redacted context for ``template`` from the evidence.
+
+    :param reproducer_sources: ``{"python": source, "c": source}`` of the minimal reproducers
+    """
+    if template not in TEMPLATES:
+        raise ValueError(template)
+    # Redact the whole evidence tree once, before anything is picked out of it.
+    docs = {k: [redact_tree(d, redactor) for d in v] for k, v in ev.docs.items()}
+    ev = Evidence(docs=docs, items=ev.items)
+    a = _analysis(ev) or {}
+    snap = a.get("snapshot") or {}
+    core = snap.get("core") or {}
+    crash = a.get("crash") or {}
+    threads = snap.get("threads") or []
+    crashed = next((t for t in threads if t.get("is_crashed")), threads[0] if threads else {})
+    nvml = core.get("nvml") or {}
+    cap = ev.first("capture") or {}
+    repro = ev.first("reproduce") or {}
+    mods = _imports(ev)
+
+    driver = nvml.get("driver_version") or _get(cap, "node", "driver_version") or _get(repro, "environment", "driver") or UNKNOWN
+    cuda = _get(repro, "environment", "cuda") or _get(cap, "node", "cuda_version") or UNKNOWN
+    gpu_names = _get(repro, "environment", "gpus") or _get(cap, "node", "gpus")
+    gpus = (", ".join(f"{n}x {name}" for name, n in _count(gpu_names).items()) if isinstance(gpu_names, list)
+            else (str(gpu_names) if gpu_names else UNKNOWN))
+    nvml_library = (f"{nvml.get('path')} (build-id {nvml.get('build_id') or '?'}, driver {nvml.get('driver_version') or '?'}"
+                    + (f", from {_get(cap, 'nvml', 'origin')}" if _get(cap, 'nvml', 'origin') else "") + ")") if nvml else UNKNOWN
+    kernel = _get(cap, "node", "kernel") or _get(repro, "environment", "kernel") or UNKNOWN
+    python_version = snap.get("python_version") or _get(repro, "environment", "python") or UNKNOWN
+    nvitop_line = _module_line(mods, "nvitop", "nvitop")
+    exporter_line = _module_line(mods, "nvitop_exporter", "nvitop-exporter")
+    pynvml_line = _module_line(mods, "pynvml", "nvidia-ml-py")
+    image = _get(cap, "container", "image_digest") or _get(ev.first("verify-imports"), "image", "digest") or UNKNOWN
+
+    signature = a.get("signature") or UNKNOWN
+    thread_name = crashed.get("name") or "unnamed"
+    top_py = (crashed.get("py_frames") or [{}])[0].get("function") if crashed.get("py_frames") else None
+    msg = crash.get("abort_message")
+    what = f'aborts with "{msg}"' if msg else f"dies of {crash.get('signal_name') or 'a signal'}"
+    title_core = f"exporter {what}" + (f" in {top_py}" if top_py else "") + (f" on driver {driver}" if driver != UNKNOWN else "")
+    title = ("[BUG] " if template == "nvitop" else "") + title_core
+
+    native = crashed.get("native_frames") or []
+    fault = (f"0x{crash['fault_address']:x} ({crash.get('fault_kind')})" if isinstance(crash.get("fault_address"), int) else "none")
+    crash_rows = {
+        "signal": crash.get("signal_name") or UNKNOWN,
+        "class": crash.get("kind") or UNKNOWN,
+        "abort message": msg or "none",
+        "fault address": fault,
+        "crashing thread": f"{thread_name} (tid {crashed.get('tid', '?')})" if crashed else UNKNOWN,
+        "fingerprint": a.get("fingerprint") or UNKNOWN,
+    }
+    description = (
+        f"The process {core.get('args') or core.get('command') or '?'} (pid {core.get('pid', '?')}) died: {signature}."
+        if a else UNKNOWN
+    )
+    frequency = _frequency(ev)
+    ruled_out = _ruled_out(ev, mods, cap)
+    environment = [
+        ("GPUs", gpus), ("NVIDIA driver", driver), ("CUDA", str(cuda)), ("libnvidia-ml.so", nvml_library),
+        ("Kernel", str(kernel)), ("Container image", str(image)), ("Python", str(python_version)),
+        ("nvitop", nvitop_line), ("nvitop-exporter", exporter_line), ("nvidia-ml-py", pynvml_line),
+    ]
+    reproduce = {
+        "sources": reproducer_sources or {},
+        "observed": _reproduce_observed(repro),
+    }
+    workaround = [
+        "Turn off the NVLink throughput query until fixed: `forensics guard --target "
+        "nvitop.api.device:Device.nvlink_throughput --returns '[]' --env FORENSICS_GUARD_NVLINK`",
+        "or pin the node group to a driver branch without the crash (see how often and where).",
+    ] if top_py and "nvlink" in top_py.lower() else ["None known yet."]
+    evidence = [{"path": i.path, "kind": i.kind, "sha256": i.sha256, "size": str(i.size)} for i in ev.items]
+    other = [
+        (f"{t.get('name') or 'unnamed'} (tid {t.get('tid')})", _pytb(t.get("py_frames") or []) or "\n".join(_native_line(f) for f in (t.get("native_frames") or [])[:8]))
+        for t in threads if t is not crashed
+    ]
+    runbook = {
+        "signature": signature,
+        "first_seen": _first_seen(ev) or UNKNOWN,
+        "affected": "; ".join(frequency) if frequency else UNKNOWN,
+        "versions": f"driver {driver}, CUDA {cuda}, GPUs {gpus}; {nvitop_line}; {pynvml_line}",
+        "reproduction": reproduce["observed"] or OPEN,
+        "diagnostics": "; ".join(sorted({f"forensics {i.kind}" for i in ev.items})),
+        "mitigation": workaround[0] if workaround[0] != "None known yet." else OPEN,
+        "recovery": OPEN + " (verify with forensics canary after the mitigation)",
+        "conclusion": OPEN,
+        "recurrence": OPEN + " (suggested: any new core with fingerprint " + (a.get("fingerprint") or "?") + ")",
+    }
+    ctx = ReportContext(
+        template=template, title=title, generated_at=(now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
+        tool_version=tool_version, signature=signature, crash=crash_rows, environment=environment,
+        nvitop_version=nvitop_line, os=str(kernel), driver=driver, cuda=str(cuda), gpus=gpus, nvml_library=nvml_library,
+        nvidia_smi=str(_get(cap, "node", "nvidia_smi") or _get(repro, "environment", "nvidia_smi")
+                       or "not captured: no nvidia-smi output in the evidence"),
+        python_env=f"Python {python_version}; {nvitop_line}; {exporter_line}; {pynvml_line}",
+        description=description, traceback=_pytb(crashed.get("py_frames") or []) or UNKNOWN,
+        native_top=[_native_line(f) for f in native[:NATIVE_SHOWN]] or [UNKNOWN],
+        native_rest=[_native_line(f) for f in native[NATIVE_SHOWN:]], other_threads=other,
+        frequency=frequency, ruled_out=ruled_out, reproduce=reproduce, workaround=workaround,
+        known_issues=[], evidence=evidence, redactions=redactor.summary(), runbook=runbook,
+    )
+    ctx.missing = [f for f in REQUIRED_FIELDS[template] if _is_unknown(ctx.value(f))]
+    return ctx
+
+
+def _is_unknown(v: Any) -> bool:
+    if isinstance(v, list):
+        return not v or v == [UNKNOWN]
+    if isinstance(v, dict):
+        return not any(v.values())
+    return v in (None, "", UNKNOWN)
+
+
+def _count(names: list) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in names:
+        out[str(n)] = out.get(str(n), 0) + 1
+    return out
+
+
+def _frequency(ev: Evidence) -> list[str]:
+    out = []
+    for doc in ev.all("analyze-batch"):
+        for g in _get(doc, "batch", "groups", default=[]) or []:
+            out.append(f"{g.get('count')} cores with fingerprint {g.get('fingerprint')}: {g.get('signature')}")
+    for doc in ev.all("fleet"):
+        for g in doc.get("groups") or []:
+            if isinstance(g, dict):
+                out.append(
+                    f"{g.get('group') or g.get('name')}: {g.get('pods_with_restarts', '?')} of {g.get('pods', '?')} pods "
+                    f"restarted, {g.get('total_restarts', '?')} restarts"
+                )
+    return out
+
+
+def _first_seen(ev: Evidence) -> str | None:
+    times = [g.get("first_seen") for doc in ev.all("analyze-batch") for g in (_get(doc, "batch", "groups", default=[]) or [])]
+    times = [t for t in times if isinstance(t, (int, float))]
+    if not times:
+        return None
+    return _dt.datetime.fromtimestamp(min(times), _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ruled_out(ev: Evidence, mods: dict[str, dict], cap: dict) -> list[str]:
+    out = []
+    if mods:
+        bad = {k: v for k, v in mods.items() if str(v.get("verdict", "")).upper() not in ("OK",)}
+        if bad:
+            out.append("Source shadowing: NOT ruled out — " + "; ".join(f"{k}: {v.get('verdict')}" for k, v in bad.items()))
+        else:
+            out.append("Source shadowing: ruled out (forensics verify-imports: every module OK)")
+    else:
+        out.append("Source shadowing: not checked (run forensics verify-imports on the image)")
+    host = _get(cap, "nvml", "is_host_driver")
+    if host is True:
+        out.append("Stale libnvidia-ml.so in the image: ruled out (the mapped library is the host driver's)")
+    elif host is False:
+        out.append("Stale libnvidia-ml.so: NOT ruled out — the mapped library is not the host driver's")
+    else:
+        out.append("Stale libnvidia-ml.so: not checked (capture the pod with forensics capture)")
+    return out
+
+
+def _reproduce_observed(repro: dict) -> str:
+    if not repro:
+        return ""
+    parts = []
+    for r in repro.get("runs") or []:
+        if isinstance(r, dict):
+            parts.append(f"{r.get('name')}: {r.get('outcome')}" + (f" ({r.get('signature')})" if r.get("signature") else ""))
+    return "; ".join(parts)

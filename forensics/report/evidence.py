@@ -1,0 +1,109 @@
+"""Load report inputs: JSON documents written by other forensics commands, and capture bundles.
+
+Each input is recognised by its ``command`` field (``analyze``, ``analyze-batch``,
+``verify-imports``, ``reproduce``, ``fleet``) or, for a directory, by its
+bundle manifest.  Every file read is listed with its sha256 for the report's
+evidence section.  Reading is bounded: a file larger than MAX_INPUT_BYTES is refused.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ForensicsError, InputNotFound
+
+__all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES"]
+
+MAX_INPUT_BYTES = 256 * 1024 * 1024
+KINDS = ("analyze", "analyze-batch", "verify-imports", "reproduce", "fleet", "capture")
+
+
+class ReportInputError(ForensicsError, ValueError):
+    help_text = ("Pass JSON written by `forensics analyze|verify-imports|reproduce|fleet --json`, "
+                 "or a capture bundle directory.")
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: not report evidence: {reason}", path=path, reason=reason)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvidenceItem:
+    path: str
+    kind: str
+    sha256: str
+    size: int
+
+
+@dataclass
+class Evidence:
+    """The documents a report is made from, by kind, in the order given."""
+
+    docs: dict[str, list[dict]] = field(default_factory=dict)
+    items: list[EvidenceItem] = field(default_factory=list)
+
+    def first(self, kind: str) -> dict | None:
+        docs = self.docs.get(kind)
+        return docs[0] if docs else None
+
+    def all(self, kind: str) -> list[dict]:
+        return self.docs.get(kind, [])
+
+
+def _sha256(path: str) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def _read_json(path: str) -> dict:
+    size = os.path.getsize(path)
+    if size > MAX_INPUT_BYTES:
+        raise ReportInputError(path, f"{size} bytes is over the {MAX_INPUT_BYTES} byte limit")
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ReportInputError(path, f"not JSON ({e.__class__.__name__})") from e
+    if not isinstance(doc, dict):
+        raise ReportInputError(path, "a JSON document must be an object")
+    return doc
+
+
+def load_evidence(paths: list[str]) -> Evidence:
+    """Read every input; raise :class:`ReportInputError` for one that is not evidence."""
+    ev = Evidence()
+    for p in paths:
+        if not os.path.lexists(p):
+            raise InputNotFound(p)
+        if os.path.isdir(p):
+            manifest = Path(p) / "manifest.json"
+            if not manifest.is_file():
+                raise ReportInputError(p, "a directory without a capture bundle manifest.json")
+            doc = _read_json(str(manifest))
+            doc.setdefault("command", "capture")
+            doc["_bundle_dir"] = str(Path(p).resolve())
+            kind = "capture"
+            digest, size = _sha256(str(manifest))
+            ev.items.append(EvidenceItem(path=str(manifest), kind=kind, sha256=digest, size=size))
+            for item in doc.get("items", []) if isinstance(doc.get("items"), list) else []:
+                if isinstance(item, dict) and item.get("path") and item.get("sha256"):
+                    ev.items.append(EvidenceItem(path=os.path.join(p, str(item["path"])), kind="capture",
+                                                 sha256=str(item["sha256"]), size=int(item.get("size") or 0)))
+        else:
+            doc = _read_json(p)
+            kind = doc.get("command")
+            if kind not in KINDS:
+                raise ReportInputError(p, f"unknown document kind {kind!r} (expected one of {', '.join(KINDS)})")
+            digest, size = _sha256(p)
+            ev.items.append(EvidenceItem(path=p, kind=kind, sha256=digest, size=size))
+        ev.docs.setdefault(kind, []).append(doc)
+    if not ev.items:
+        raise ForensicsError("no evidence given")
+    return ev
