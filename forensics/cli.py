@@ -16,7 +16,7 @@ from . import __version__
 from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError, OutputExists
 from .options import force_option, json_option, output_option, verbose_option
 
-__all__ = ["main", "cli", "analyze", "report"]
+__all__ = ["main", "cli", "analyze", "report", "fleet"]
 
 
 class _Group(click.Group):
@@ -188,6 +188,75 @@ def report(inputs, template, redact_hosts, check, as_json, output, force):
     for p in rep.problems:
         click.echo(f"forensics: check: {p}", err=True)
     sys.exit(EXIT_FINDINGS if check and rep.problems else EXIT_OK)
+
+
+@cli.command()
+@click.option("-n", "--namespace", default=None, help="Namespace of the pods (default: all namespaces).")
+@click.option("-l", "--selector", default=None, help="Label selector of the pods, e.g. app=nvitop-exporter.")
+@click.option("--group-by", "group_by", multiple=True, metavar="LABEL",
+              help="Node label to group by (repeatable; default: GPU product and driver version, else instance type).")
+@click.option("--from", "pods_file", type=click.Path(exists=True, dir_okay=False), help="Saved `kubectl get pods -o json`.")
+@click.option("--nodes", "nodes_file", type=click.Path(exists=True, dir_okay=False), help="Saved `kubectl get nodes -o json`.")
+@click.option("--since", default=None, metavar="TIME|SNAPSHOT",
+              help="Count restarts since an ISO time, or since a saved `forensics fleet --json` snapshot.")
+@click.option("--kubeconfig", default=None, help="kubeconfig for kubectl.")
+@click.option("--context", "kube_context", default=None, help="kubectl context.")
+@json_option
+@output_option
+@force_option
+def fleet(namespace, selector, group_by, pods_file, nodes_file, since, kubeconfig, kube_context, as_json, output, force):
+    """Cross-compare restarts and exit codes of pods by node group, and name the boundary.
+
+    \b
+    Exit codes: 0 printed; 1 error (kubectl failed, bad input); 2 usage.
+    """
+    import datetime as dt
+    import json as _json
+
+    from .fleet import DEFAULT_GROUP_LABELS, format_fleet, read_kubectl, summarize_fleet
+    from .format import json_document
+
+    if bool(pods_file) != bool(nodes_file):
+        raise click.UsageError("--from and --nodes go together")
+    if pods_file:
+        pods_doc, nodes_doc = _load_json(pods_file), _load_json(nodes_file)
+    else:
+        kw = dict(kubeconfig=kubeconfig, context=kube_context)
+        pods_doc = read_kubectl("pods", namespace=namespace, selector=selector, **kw)
+        nodes_doc = read_kubectl("nodes", **kw)
+    baseline = since_time = None
+    if since:
+        if os.path.isfile(since):
+            baseline = _load_json(since)
+            if baseline.get("command") != "fleet":
+                raise ForensicsError(f"{since}: not a `forensics fleet --json` snapshot")
+        else:
+            try:
+                since_time = dt.datetime.fromisoformat(since.replace("Z", "+00:00"))
+            except ValueError as e:
+                raise click.BadParameter(f"{since!r} is neither a file nor an ISO time", param_hint="--since") from e
+            if since_time.tzinfo is None:
+                since_time = since_time.replace(tzinfo=dt.timezone.utc)
+    summary = summarize_fleet(pods_doc, nodes_doc, group_by=tuple(group_by) or DEFAULT_GROUP_LABELS,
+                              baseline=baseline, since=since_time)
+    if as_json:
+        _emit([json_document("fleet", {"fleet": summary})], output, force)
+    else:
+        _emit(format_fleet(summary), output, force)
+    sys.exit(EXIT_OK)
+
+
+def _load_json(path: str) -> dict:
+    import json as _json
+
+    try:
+        with open(path, "rb") as f:
+            doc = _json.loads(f.read())
+    except (OSError, ValueError) as e:
+        raise ForensicsError(f"{path}: cannot read JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ForensicsError(f"{path}: expected a JSON object")
+    return doc
 
 
 def _reproducer_sources() -> dict[str, str] | None:

@@ -93,10 +93,4 @@ def _hosts_in(ev: Evidence) -> dict[str, str]:
         host = doc.get("hostname")
         if isinstance(host, str) and host:
             out[host] = "host"
-    for doc in ev.all("fleet"):
-        for pod in doc.get("pods") or []:
-            if isinstance(pod, dict):
-                for key, kind in (("node", "node"), ("name", "pod")):
-                    if isinstance(pod.get(key), str):
-                        out[pod[key]] = kind
     return out

@@ -253,12 +253,15 @@ def _frequency(ev: Evidence) -> list[str]:
         for g in _get(doc, "batch", "groups", default=[]) or []:
             out.append(f"{g.get('count')} cores with fingerprint {g.get('fingerprint')}: {g.get('signature')}")
     for doc in ev.all("fleet"):
-        for g in doc.get("groups") or []:
+        for g in _get(doc, "fleet", "groups", default=[]) or []:
             if isinstance(g, dict):
+                name = ", ".join(str(kv[1]) for kv in g.get("key") or [] if isinstance(kv, list) and len(kv) == 2)
                 out.append(
-                    f"{g.get('group') or g.get('name')}: {g.get('pods_with_restarts', '?')} of {g.get('pods', '?')} pods "
-                    f"restarted, {g.get('total_restarts', '?')} restarts"
+                    f"{name or '(no labels)'}: {g.get('pods_with_restarts', '?')} of {g.get('pods', '?')} pods "
+                    f"restarted, {g.get('total_restarts', '?')} restarts, exit codes {g.get('exit_codes') or {}}"
                 )
+        for b in _get(doc, "fleet", "boundary", default=[]) or []:
+            out.append(f"boundary: {b}")
     return out
 
 

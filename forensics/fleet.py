@@ -1,0 +1,334 @@
+"""``forensics fleet``: restarts and exit codes of a DaemonSet's pods, cross-compared by node group.
+
+Pure functions over ``kubectl get -o json`` documents (:func:`summarize_fleet`);
+:func:`read_kubectl` is the only I/O (the real kubectl, honouring kubeconfig,
+context and namespace).  It names the boundary: the node groups where crashes
+concentrate and the node label values that separate them from clean groups.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+from .errors import ForensicsError
+
+__all__ = [
+    "DEFAULT_GROUP_LABELS",
+    "FleetGroup",
+    "FleetSummary",
+    "PodRecord",
+    "KubectlError",
+    "read_kubectl",
+    "parse_pods",
+    "summarize_fleet",
+    "format_fleet",
+]
+
+# GPU feature discovery labels, then the cloud instance type when those are absent.
+DEFAULT_GROUP_LABELS = ("nvidia.com/gpu.product", "nvidia.com/cuda.driver-version.full")
+_DRIVER_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev")
+_FALLBACK_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+CRASHY_SHARE = 0.2  # a group with at least this share of pods restarting is where crashes concentrate
+MAX_PODS = 1_000_000
+
+
+class KubectlError(ForensicsError, RuntimeError):
+    help_text = "Check kubectl, its kubeconfig/context, and that the API server is reachable."
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(f"kubectl {what} failed: {detail}", what=what, detail=detail)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodRecord:
+    uid: str
+    namespace: str
+    name: str
+    node: str | None
+    restarts: int
+    last_exit_code: int | None
+    last_reason: str | None
+    last_finished: str | None
+    waiting_reason: str | None
+    image_ids: tuple[str, ...]
+    started: str | None
+
+    @property
+    def crash_looping(self) -> bool:
+        return self.waiting_reason == "CrashLoopBackOff"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetGroup:
+    key: tuple[tuple[str, str], ...]  # (label, value) pairs that define the group
+    nodes: int
+    pods: int
+    pods_with_restarts: int
+    total_restarts: int
+    max_restarts: int
+    exit_codes: dict[str, int]  # "139", "134", "137", "other" -> pods whose last exit had it
+    reasons: dict[str, int]
+    crash_loop: int
+    images: dict[str, int]  # image digest -> pods running it
+
+    @property
+    def name(self) -> str:
+        return ", ".join(f"{v}" for _, v in self.key) or "(no labels)"
+
+    @property
+    def crash_share(self) -> float:
+        return self.pods_with_restarts / self.pods if self.pods else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetSummary:
+    group_by: tuple[str, ...]
+    groups: tuple[FleetGroup, ...]
+    pods: int
+    nodes: int
+    crashing_groups: tuple[str, ...]
+    clean_groups: tuple[str, ...]
+    boundary: tuple[str, ...]  # "label=value only on crashing nodes" lines
+    baseline: str | None = None
+    mixed_images: bool = False
+    pod_restarts: dict[str, int] = field(default_factory=dict)  # uid -> restarts (a snapshot for --since)
+
+
+def read_kubectl(kind: str, *, namespace: str | None = None, selector: str | None = None,
+                 kubeconfig: str | None = None, context: str | None = None, kubectl: str = "kubectl",
+                 timeout: float = 60.0) -> dict:
+    """``kubectl get KIND -o json`` through the real kubectl."""
+    exe = shutil.which(kubectl)
+    if exe is None:
+        raise KubectlError(f"get {kind}", f"{kubectl!r} not found (install kubectl, or pass --from/--nodes files)")
+    cmd = [exe, "get", kind, "-o", "json"]
+    if kubeconfig:
+        cmd[1:1] = ["--kubeconfig", kubeconfig]
+    if context:
+        cmd[1:1] = ["--context", context]
+    if kind == "pods":
+        cmd += ["-n", namespace] if namespace else ["--all-namespaces"]
+        if selector:
+            cmd += ["-l", selector]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise KubectlError(f"get {kind}", f"no answer in {timeout:g}s") from e
+    if r.returncode != 0:
+        raise KubectlError(f"get {kind}", (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1])
+    try:
+        return json.loads(r.stdout)
+    except json.JSONDecodeError as e:
+        raise KubectlError(f"get {kind}", "output is not JSON") from e
+
+
+def parse_pods(doc: dict) -> list[PodRecord]:
+    """Pod records from a ``kubectl get pods -o json`` document (a List or a single Pod)."""
+    items = doc.get("items") if isinstance(doc.get("items"), list) else [doc]
+    out = []
+    for pod in items[:MAX_PODS]:
+        if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+            continue
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        restarts = 0
+        exit_code = reason = finished = waiting = None
+        images = []
+        for cs in status.get("containerStatuses") or []:
+            restarts += int(cs.get("restartCount") or 0)
+            term = (cs.get("lastState") or {}).get("terminated") or {}
+            if term and (finished is None or str(term.get("finishedAt") or "") > finished):
+                exit_code = term.get("exitCode")
+                reason = term.get("reason") or (f"signal {term['signal']}" if term.get("signal") else None)
+                finished = str(term.get("finishedAt") or "")
+            w = (cs.get("state") or {}).get("waiting") or {}
+            if w.get("reason"):
+                waiting = w["reason"]
+            if cs.get("imageID"):
+                images.append(str(cs["imageID"]).split("://", 1)[-1])
+        out.append(
+            PodRecord(
+                uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"),
+                namespace=str(meta.get("namespace") or ""),
+                name=str(meta.get("name") or ""),
+                node=spec.get("nodeName"),
+                restarts=restarts,
+                last_exit_code=exit_code if isinstance(exit_code, int) else None,
+                last_reason=reason,
+                last_finished=finished or None,
+                waiting_reason=waiting,
+                image_ids=tuple(images),
+                started=status.get("startTime"),
+            )
+        )
+    return out
+
+
+def _node_labels(nodes_doc: dict) -> dict[str, dict[str, str]]:
+    out = {}
+    for n in nodes_doc.get("items") or []:
+        meta = (n or {}).get("metadata") or {}
+        if meta.get("name"):
+            out[meta["name"]] = dict(meta.get("labels") or {})
+    return out
+
+
+def _group_values(labels: dict[str, str], group_by: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    key = []
+    for label in group_by:
+        value = labels.get(label)
+        if value is None and label == "nvidia.com/cuda.driver-version.full" and all(p in labels for p in _DRIVER_PARTS):
+            value = ".".join(labels[p] for p in _DRIVER_PARTS)
+        if value is not None:
+            key.append((label, value))
+    if not key and group_by == DEFAULT_GROUP_LABELS:
+        for label in _FALLBACK_LABELS:
+            if label in labels:
+                return ((label, labels[label]),)
+    return tuple(key)
+
+
+def _exit_bucket(code: int | None) -> str | None:
+    if code is None:
+        return None
+    return str(code) if code in (139, 134, 137) else "other"
+
+
+def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...] = DEFAULT_GROUP_LABELS,
+                    baseline: dict | None = None, since: _dt.datetime | None = None) -> FleetSummary:
+    """Cross-compare restarts by node group.
+
+    :param baseline: a previous ``forensics fleet --json`` document: restarts are counted since it
+    :param since: count only restarts after this time (pods started before it count their last
+        termination after it as one restart: a lower bound)
+    """
+    pods = parse_pods(pods_doc)
+    labels = _node_labels(nodes_doc)
+    base = (baseline or {}).get("fleet", {}).get("pod_restarts") if baseline else None
+    groups: dict[tuple, dict] = {}
+    node_is_crashy: dict[str, bool] = {}
+    pod_restarts = {}
+    for p in pods:
+        pod_restarts[p.uid] = p.restarts
+        restarts = p.restarts
+        if base is not None:
+            restarts = max(0, p.restarts - int(base.get(p.uid, 0)))
+        elif since is not None:
+            started = _parse_time(p.started)
+            if started is None or started < since:
+                finished = _parse_time(p.last_finished)
+                restarts = 1 if (finished is not None and finished >= since and p.restarts) else 0
+        key = _group_values(labels.get(p.node or "", {}), group_by)
+        g = groups.setdefault(key, {"nodes": set(), "pods": 0, "with": 0, "total": 0, "max": 0, "codes": {},
+                                    "reasons": {}, "loop": 0, "images": {}})
+        if p.node:
+            g["nodes"].add(p.node)
+            node_is_crashy[p.node] = node_is_crashy.get(p.node, False) or restarts > 0
+        g["pods"] += 1
+        g["with"] += restarts > 0
+        g["total"] += restarts
+        g["max"] = max(g["max"], restarts)
+        b = _exit_bucket(p.last_exit_code) if restarts else None
+        if b:
+            g["codes"][b] = g["codes"].get(b, 0) + 1
+        if restarts and p.last_reason:
+            g["reasons"][p.last_reason] = g["reasons"].get(p.last_reason, 0) + 1
+        g["loop"] += p.crash_looping
+        for img in set(p.image_ids):
+            g["images"][img] = g["images"].get(img, 0) + 1
+    rows = [
+        FleetGroup(key=k, nodes=len(v["nodes"]), pods=v["pods"], pods_with_restarts=v["with"],
+                   total_restarts=v["total"], max_restarts=v["max"], exit_codes=v["codes"], reasons=v["reasons"],
+                   crash_loop=v["loop"], images=v["images"])
+        for k, v in groups.items()
+    ]
+    rows.sort(key=lambda g: (-g.total_restarts, -g.pods, g.name))
+    crashing = tuple(g.name for g in rows if g.crash_share >= CRASHY_SHARE)
+    clean = tuple(g.name for g in rows if g.pods_with_restarts == 0)
+    all_images = {img for g in rows for img in g.images}
+    return FleetSummary(
+        group_by=group_by, groups=tuple(rows), pods=len(pods), nodes=len({p.node for p in pods if p.node}),
+        crashing_groups=crashing, clean_groups=clean, boundary=tuple(_boundary(labels, node_is_crashy)),
+        baseline="snapshot" if base is not None else (since.isoformat() if since else None),
+        mixed_images=len(all_images) > 1, pod_restarts=pod_restarts,
+    )
+
+
+_BOUNDARY_SKIP = ("kubernetes.io/hostname", "feature.node.kubernetes.io/")
+
+
+def _boundary(labels: dict[str, dict[str, str]], crashy: dict[str, bool]) -> list[str]:
+    """Label values whose nodes mostly crash, against values of the same label whose nodes never do.
+
+    For each node label, nodes are counted per value; a label is a boundary when some of its
+    values have at least half their nodes crashing, the others none, and the crashing values
+    cover at least 90% of all crashing nodes.
+    """
+    total_bad = sum(crashy.values())
+    if not total_bad or total_bad == len(crashy):
+        return []
+    per: dict[str, dict[str, list[int]]] = {}
+    for node, bad in crashy.items():
+        for k, v in labels.get(node, {}).items():
+            if any(k.startswith(p) for p in _BOUNDARY_SKIP):
+                continue
+            c = per.setdefault(k, {}).setdefault(v, [0, 0])
+            c[0] += 1
+            c[1] += bad
+    out = []
+    for k in sorted(per):
+        vals = per[k]
+        if len(vals) > 16:
+            continue  # a per-node label (serial numbers, names): not a group boundary
+        hot = {v: c for v, c in vals.items() if c[1] * 2 >= c[0]}
+        cold = {v: c for v, c in vals.items() if c[1] == 0}
+        if not hot or not cold or len(hot) + len(cold) != len(vals):
+            continue
+        covered = sum(c[1] for c in hot.values())
+        if covered * 10 < total_bad * 9:
+            continue
+        hot_s = ", ".join(f"{v} ({c[1]} of {c[0]} nodes crashing)" for v, c in sorted(hot.items()))
+        cold_s = ", ".join(f"{v} ({c[0]} nodes, none crashing)" for v, c in sorted(cold.items()))
+        out.append(f"{k}: {hot_s} vs {cold_s}")
+    return out
+
+
+def _parse_time(s: str | None) -> _dt.datetime | None:
+    if not s:
+        return None
+    try:
+        return _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def format_fleet(s: FleetSummary) -> list[str]:
+    """The Markdown table and the boundary lines."""
+    lines = [
+        f"{s.pods} pods on {s.nodes} nodes, grouped by {', '.join(s.group_by)}"
+        + (f"; restarts since {s.baseline}" if s.baseline else ""),
+        "",
+        "| Node group | Nodes | Pods | Pods restarting | Restarts | Max | Exit 139 | Exit 134 | Exit 137 | Other | CrashLoopBackOff | Images |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for g in s.groups:
+        c = g.exit_codes
+        images = ", ".join(f"{d.split('@')[-1][:19]} ({n})" for d, n in sorted(g.images.items(), key=lambda x: -x[1]))
+        lines.append(
+            f"| {g.name} | {g.nodes} | {g.pods} | {g.pods_with_restarts} | {g.total_restarts:,} | {g.max_restarts} | "
+            f"{c.get('139', 0)} | {c.get('134', 0)} | {c.get('137', 0)} | {c.get('other', 0)} | {g.crash_loop} | {images or '-'} |"
+        )
+    lines.append("")
+    if s.crashing_groups:
+        lines.append("Crashes concentrate in: " + "; ".join(s.crashing_groups))
+    if s.clean_groups:
+        lines.append("Clean: " + "; ".join(s.clean_groups))
+    for b in s.boundary:
+        lines.append(f"Boundary: {b}")
+    if s.mixed_images:
+        lines.append("Mixed rollout: more than one image digest is running")
+    return lines

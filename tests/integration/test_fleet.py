@@ -1,0 +1,101 @@
+"""`forensics fleet` on saved kubectl output of a fleet shaped like the incident's, and on 10,000 pods."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.fleet import summarize_fleet
+from tests.fleetgen import big_fleet, incident_fleet
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    pods, nodes = incident_fleet()
+    p, n = tmp_path / "pods.json", tmp_path / "nodes.json"
+    p.write_text(json.dumps(pods))
+    n.write_text(json.dumps(nodes))
+    return p, n
+
+
+def test_incident_fleet_cross_comparison(saved):
+    p, n = saved
+    r = run("fleet", "--json", "--from", str(p), "--nodes", str(n))
+    assert r.exit_code == 0, r.stderr
+    f = json.loads(r.stdout)["fleet"]
+    groups = {", ".join(v for _, v in g["key"]): g for g in f["groups"]}
+    h20 = groups["NVIDIA-H20, 580.126.09"]
+    ada = groups["NVIDIA-RTX-6000-Ada-Generation, 570.172.08"]
+    assert (h20["pods"], h20["pods_with_restarts"], h20["total_restarts"]) == (108, 106, 11648)
+    assert (ada["pods"], ada["pods_with_restarts"], ada["total_restarts"]) == (99, 0, 0)
+    assert h20["exit_codes"] == {"134": 79, "139": 27} and h20["crash_loop"] == 36
+    assert f["crashing_groups"] == ["NVIDIA-H20, 580.126.09"]
+    assert f["clean_groups"] == ["NVIDIA-RTX-6000-Ada-Generation, 570.172.08"]
+    assert any(b.startswith("nvidia.com/cuda.driver.major: 580 (106 of 108") for b in f["boundary"])
+    assert f["mixed_images"] is True and len(h20["images"]) == 2
+    # the Markdown table carries the same figures
+    md = run("fleet", "--from", str(p), "--nodes", str(n)).stdout
+    assert "| NVIDIA-H20, 580.126.09 | 108 | 108 | 106 | 11,648 |" in md
+
+
+def test_group_by_and_fallback_to_instance_type(saved):
+    p, n = saved
+    r = run("fleet", "--json", "--from", str(p), "--nodes", str(n), "--group-by", "node.kubernetes.io/instance-type")
+    names = [", ".join(v for _, v in g["key"]) for g in json.loads(r.stdout)["fleet"]["groups"]]
+    assert names == ["gpu-h20-8x", "gpu-ada-8x"]
+    # nodes without GPU feature discovery labels fall back to the instance type
+    pods, nodes = incident_fleet()
+    for node in nodes["items"]:
+        for k in list(node["metadata"]["labels"]):
+            if k.startswith("nvidia.com/"):
+                del node["metadata"]["labels"][k]
+    s = summarize_fleet(pods, nodes)
+    assert sorted(g.name for g in s.groups) == ["gpu-ada-8x", "gpu-h20-8x"]
+
+
+def test_since_a_saved_snapshot_counts_new_restarts_only(saved, tmp_path):
+    p, n = saved
+    snap = tmp_path / "baseline.json"
+    assert run("fleet", "--json", "-o", str(snap), "--from", str(p), "--nodes", str(n)).exit_code == 0
+    # GIVEN three more restarts of one pod after the baseline
+    pods = json.loads(p.read_text())
+    pods["items"][150]["status"]["containerStatuses"][0]["restartCount"] += 3
+    p2 = tmp_path / "pods2.json"
+    p2.write_text(json.dumps(pods))
+    f = json.loads(run("fleet", "--json", "--from", str(p2), "--nodes", str(n), "--since", str(snap)).stdout)["fleet"]
+    assert f["baseline"] == "snapshot"
+    assert sum(g["total_restarts"] for g in f["groups"]) == 3
+    assert sum(g["pods_with_restarts"] for g in f["groups"]) == 1
+
+
+def test_since_a_time(saved):
+    p, n = saved
+    f = json.loads(run("fleet", "--json", "--from", str(p), "--nodes", str(n), "--since", "2026-11-20T15:00:00Z").stdout)["fleet"]
+    # pods started before the time count one restart when their last termination is after it
+    h20 = [g for g in f["groups"] if g["key"][0][1] == "NVIDIA-H20"][0]
+    assert 0 < h20["pods_with_restarts"] < 106 and h20["total_restarts"] == h20["pods_with_restarts"]
+
+
+def test_ten_thousand_pods(tmp_path):
+    pods, nodes = big_fleet(10_000)
+    s = summarize_fleet(pods, nodes)
+    assert s.pods == 10_000 and sum(g.pods for g in s.groups) == 10_000
+    assert s.crashing_groups and s.clean_groups
+
+
+def test_bad_input(tmp_path, saved):
+    p, n = saved
+    r = run("fleet", "--from", str(p))
+    assert r.exit_code == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    r = run("fleet", "--from", str(bad), "--nodes", str(n))
+    assert r.exit_code == 1 and "expected a JSON object" in r.stderr
+    r = run("fleet", "--kubeconfig", str(tmp_path / "none"), "-n", "x")
+    assert r.exit_code == 1 and "kubectl get pods failed" in r.stderr and "Traceback" not in r.stderr
