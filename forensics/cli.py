@@ -16,7 +16,7 @@ from . import __version__
 from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError, OutputExists
 from .options import force_option, json_option, output_option, verbose_option
 
-__all__ = ["main", "cli", "analyze", "report", "fleet"]
+__all__ = ["main", "cli", "analyze", "report", "fleet", "guard", "canary"]
 
 
 class _Group(click.Group):
@@ -244,6 +244,133 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, kubeconfi
     else:
         _emit(format_fleet(summary), output, force)
     sys.exit(EXIT_OK)
+
+
+@cli.command()
+@click.option("--target", required=True, metavar="MODULE:ATTR", help="The callable to switch off, e.g. nvitop.api.device:Device.nvlink_throughput.")
+@click.option("--returns", "returns", required=True, metavar="JSON", help="What it returns instead, as JSON, e.g. '[]'.")
+@click.option("--env", "env", required=True, metavar="NAME", help="Environment switch: NAME=0 turns the guard off (it is on by default).")
+@click.option("--removes", default=None, help="What the guard's start-up log line says is removed.")
+@click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False), help="Directory to write the guard into (site-packages, or an image layer's).")
+@json_option
+@force_option
+def guard(target, returns, env, removes, out_dir, as_json, force):
+    """Generate a startup guard (.pth + module) that makes one callable return a fixed value.
+
+    \b
+    Exit codes: 0 written; 1 error (bad target/JSON, files exist); 2 usage.
+    """
+    from .format import json_document
+    from .guard import parse_target, write_guard
+
+    spec = parse_target(target, returns, env, removes)
+    written = write_guard(spec, out_dir, force=force)
+    if as_json:
+        click.echo(json_document("guard", {"guard": spec, "files": written}))
+    else:
+        for w in written:
+            click.echo(f"Wrote {w}")
+        click.echo(f"Drop both files into site-packages; {env}=0 turns the guard off.")
+    sys.exit(EXIT_OK)
+
+
+@cli.command()
+@click.argument("url")
+@click.option("--requests", "n_requests", type=int, default=1000, show_default=True, help="Scrapes to make (at most).")
+@click.option("--concurrency", type=int, default=10, show_default=True, help="Scrapes in flight at once.")
+@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds the soak may run (at most).")
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds one scrape may take.")
+@click.option("--pid", type=int, default=None, help="Watch this local process for an exit and new cores in its cwd.")
+@click.option("--pod", default=None, help="Watch this pod's restarts and exit codes through kubectl.")
+@click.option("-n", "--namespace", default=None, help="Namespace of --pod.")
+@click.option("--core-dir", "core_dirs", multiple=True, type=click.Path(file_okay=False), help="Also watch this directory for new cores.")
+@click.option("--min-success", type=float, default=1.0, show_default=True, help="Fail below this success rate.")
+@click.option("--max-p99", type=float, default=None, metavar="MS", help="Fail when the p99 latency is above MS milliseconds.")
+@click.option("--expect", multiple=True, metavar="FAMILY", help="Metric family that must be present (repeatable).")
+@click.option("--fleet", "fleet_file", type=click.Path(exists=True, dir_okay=False), help="`forensics fleet --json` output: hint when the run is too short for the crash rate seen there.")
+@json_option
+@output_option
+@force_option
+def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace, core_dirs, min_success, max_p99,
+           expect, fleet_file, as_json, output, force):
+    """Soak a Prometheus endpoint and pass or fail it: success, latency, format, families, crashes.
+
+    \b
+    Exit codes: 0 PASS; 1 error; 2 usage; 3 FAIL (a threshold was missed or the process crashed).
+    """
+    from .canary import Thresholds, expected_crashes, run_canary
+    from .format import json_document
+
+    if pid is not None and pod is not None:
+        raise click.UsageError("--pid and --pod are exclusive")
+    before = _pod_state(pod, namespace) if pod else None
+    result = run_canary(url, requests=n_requests, concurrency=concurrency, duration=duration, timeout=timeout,
+                        pid=pid, core_dirs=tuple(core_dirs),
+                        thresholds=Thresholds(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None,
+                                              expect=tuple(expect)))
+    if pod:
+        after = _pod_state(pod, namespace)
+        if after["restarts"] > before["restarts"]:
+            result.process_events.append(
+                f"pod {pod} restarted {after['restarts'] - before['restarts']} times during the run "
+                f"(last exit code {after['exit_code']}, {after['reason']})")
+            from .canary import Thresholds as _T, judge
+            judge(result, _T(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None, expect=tuple(expect)))
+    if fleet_file:
+        exp = expected_crashes(_load_json(fleet_file), result.elapsed)
+        if exp is not None:
+            rate, n = exp
+            if n < 3:
+                need = 3 / rate * 3600 if rate else float("inf")
+                result.hint = (f"the fleet crashes {rate:.2f} times per pod-hour; this {result.elapsed:.0f}s run expected "
+                               f"{n:.2f} crashes of one pod: run at least {need / 60:.0f} minutes to expect 3")
+    if as_json:
+        payload = {"canary": result, "summary": {
+            "verdict": result.verdict, "success_rate": result.success_rate, "rate_per_s": result.rate,
+            "p50": result.percentile(50), "p95": result.percentile(95), "p99": result.percentile(99),
+            "max": max(result.latencies) if result.latencies else None}}
+        data = json_document("canary", payload)
+        import json as _json
+
+        doc = _json.loads(data)
+        doc["canary"].pop("latencies", None)  # the percentiles stand for them
+        _emit([_json.dumps(doc, sort_keys=True, indent=2)], output, force)
+    else:
+        _emit(_format_canary(result), output, force)
+    sys.exit(EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)
+
+
+def _pod_state(pod: str, namespace: str | None) -> dict:
+    from .fleet import parse_pods, read_kubectl
+
+    recs = parse_pods(read_kubectl(f"pod/{pod}", namespace=namespace))
+    if not recs:
+        raise ForensicsError(f"pod {pod} not found")
+    r = recs[0]
+    return {"restarts": r.restarts, "exit_code": r.last_exit_code, "reason": r.last_reason}
+
+
+def _format_canary(r) -> list[str]:
+    def ms(x):
+        return "-" if x is None else f"{x * 1000:.1f} ms"
+
+    lines = [
+        f"{r.verdict}: {r.url}: {r.requests} scrapes in {r.elapsed:.1f}s ({r.rate:.0f}/s, concurrency {r.concurrency}), "
+        f"success {r.success_rate:.2%}",
+        f"latency p50 {ms(r.percentile(50))}, p95 {ms(r.percentile(95))}, p99 {ms(r.percentile(99))}, "
+        f"max {ms(max(r.latencies) if r.latencies else None)}",
+        f"body {r.body_min}-{r.body_max} bytes; {r.parsed_bodies} distinct bodies parsed, {r.invalid_bodies} invalid; "
+        f"{len(r.families)} metric families",
+    ]
+    if r.errors:
+        lines.append("errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())))
+    if r.nan_samples:
+        lines.append("NaN samples: " + ", ".join(f"{k}: {v}" for k, v in sorted(r.nan_samples.items())))
+    for reason in r.reasons:
+        lines.append(f"FAIL because {reason}")
+    if r.hint:
+        lines.append(f"hint: {r.hint}")
+    return lines
 
 
 def _load_json(path: str) -> dict:

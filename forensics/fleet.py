@@ -94,6 +94,8 @@ class FleetSummary:
     boundary: tuple[str, ...]  # "label=value only on crashing nodes" lines
     baseline: str | None = None
     mixed_images: bool = False
+    taken_at: str = ""  # when this summary was made (ISO, UTC)
+    observed_hours: float | None = None  # mean hours each pod was watched (since start, or the baseline)
     pod_restarts: dict[str, int] = field(default_factory=dict)  # uid -> restarts (a snapshot for --since)
 
 
@@ -113,6 +115,8 @@ def read_kubectl(kind: str, *, namespace: str | None = None, selector: str | Non
         cmd += ["-n", namespace] if namespace else ["--all-namespaces"]
         if selector:
             cmd += ["-l", selector]
+    elif kind != "nodes" and namespace:
+        cmd += ["-n", namespace]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
@@ -199,7 +203,8 @@ def _exit_bucket(code: int | None) -> str | None:
 
 
 def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...] = DEFAULT_GROUP_LABELS,
-                    baseline: dict | None = None, since: _dt.datetime | None = None) -> FleetSummary:
+                    baseline: dict | None = None, since: _dt.datetime | None = None,
+                    now: _dt.datetime | None = None) -> FleetSummary:
     """Cross-compare restarts by node group.
 
     :param baseline: a previous ``forensics fleet --json`` document: restarts are counted since it
@@ -208,7 +213,10 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
     """
     pods = parse_pods(pods_doc)
     labels = _node_labels(nodes_doc)
+    now = now or _dt.datetime.now(_dt.timezone.utc)
     base = (baseline or {}).get("fleet", {}).get("pod_restarts") if baseline else None
+    base_time = _parse_time((baseline or {}).get("fleet", {}).get("taken_at")) if baseline else None
+    watched: list[float] = []
     groups: dict[tuple, dict] = {}
     node_is_crashy: dict[str, bool] = {}
     pod_restarts = {}
@@ -222,6 +230,9 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
             if started is None or started < since:
                 finished = _parse_time(p.last_finished)
                 restarts = 1 if (finished is not None and finished >= since and p.restarts) else 0
+        start = base_time or since or _parse_time(p.started)
+        if start is not None:
+            watched.append(max(0.0, (now - start).total_seconds() / 3600))
         key = _group_values(labels.get(p.node or "", {}), group_by)
         g = groups.setdefault(key, {"nodes": set(), "pods": 0, "with": 0, "total": 0, "max": 0, "codes": {},
                                     "reasons": {}, "loop": 0, "images": {}})
@@ -255,6 +266,7 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
         crashing_groups=crashing, clean_groups=clean, boundary=tuple(_boundary(labels, node_is_crashy)),
         baseline="snapshot" if base is not None else (since.isoformat() if since else None),
         mixed_images=len(all_images) > 1, pod_restarts=pod_restarts,
+        taken_at=now.isoformat(), observed_hours=(sum(watched) / len(watched)) if watched else None,
     )
 
 

@@ -1,0 +1,330 @@
+"""``forensics canary``: a bounded scrape soak of a Prometheus endpoint, with pass/fail.
+
+An asyncio HTTP/1.1 client (keep-alive when the server allows it) runs
+``concurrency`` workers until ``requests`` scrapes are done or ``duration``
+has passed, whichever is first — both are bounded.  Bodies are validated with
+prometheus_client's exposition parser (every distinct body up to a budget per
+second, so validation never throttles the soak; the result says how many were
+parsed).  With a pid or a pod it also watches for exits, restarts and new cores.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import os
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import ForensicsError
+
+__all__ = [
+    "CanaryError",
+    "CanaryResult",
+    "Thresholds",
+    "parse_exposition",
+    "run_canary",
+    "judge",
+    "expected_crashes",
+    "MAX_REQUESTS",
+]
+
+MAX_REQUESTS = 10_000_000
+MAX_BODY = 64 * 1024 * 1024
+PARSE_BUDGET_PER_S = 20  # distinct bodies parsed per second of soak, at most
+
+
+class CanaryError(ForensicsError, ValueError):
+    help_text = "The URL must be http://HOST:PORT/PATH; the canary only speaks plain HTTP."
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"canary: {what}", what=what)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Thresholds:
+    min_success: float = 1.0
+    max_p99: float | None = None  # seconds
+    expect: tuple[str, ...] = ()  # metric families that must be present
+
+
+@dataclass
+class CanaryResult:
+    url: str
+    requests: int = 0
+    ok: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)
+    body_min: int = 0
+    body_max: int = 0
+    body_total: int = 0
+    elapsed: float = 0.0
+    concurrency: int = 1
+    parsed_bodies: int = 0
+    invalid_bodies: int = 0
+    invalid_example: str | None = None
+    families: dict[str, int] = field(default_factory=dict)  # family -> samples in the last parsed body
+    nan_samples: dict[str, int] = field(default_factory=dict)  # family -> NaN samples in the last parsed body
+    missing_families: list[str] = field(default_factory=list)
+    process_events: list[str] = field(default_factory=list)  # exits, restarts, new cores
+    new_cores: list[str] = field(default_factory=list)
+    verdict: str = ""
+    reasons: list[str] = field(default_factory=list)
+    hint: str | None = None
+
+    @property
+    def success_rate(self) -> float:
+        return self.ok / self.requests if self.requests else 0.0
+
+    def percentile(self, p: float) -> float | None:
+        if not self.latencies:
+            return None
+        xs = sorted(self.latencies)
+        k = min(len(xs) - 1, max(0, math.ceil(p / 100 * len(xs)) - 1))
+        return xs[k]
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.elapsed if self.elapsed else 0.0
+
+
+def parse_exposition(body: str) -> tuple[dict[str, int], dict[str, int]]:
+    """(samples per family, NaN samples per family) of a Prometheus text exposition.
+
+    :raises ValueError: when the text is not valid exposition format
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, int] = {}
+    nans: dict[str, int] = {}
+    for fam in text_string_to_metric_families(body):
+        families[fam.name] = families.get(fam.name, 0) + len(fam.samples)
+        n = sum(1 for s in fam.samples if isinstance(s.value, float) and math.isnan(s.value))
+        if n:
+            nans[fam.name] = nans.get(fam.name, 0) + n
+    return families, nans
+
+
+def _split_url(url: str) -> tuple[str, int, str]:
+    u = urllib.parse.urlsplit(url)
+    if u.scheme != "http" or not u.hostname:
+        raise CanaryError(f"{url!r} is not an http:// URL")
+    return u.hostname, u.port or 80, (u.path or "/") + (f"?{u.query}" if u.query else "")
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """(status, body, keep-alive) of one HTTP/1.x response."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    status = int(parts[1])
+    headers = {}
+    for ln in lines[1:]:
+        if ":" in ln:
+            k, v = ln.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    keep = parts[0] == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        chunks = []
+        total = 0
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                break
+            total += size
+            if total > MAX_BODY:
+                raise ValueError("body over the size limit")
+            chunks.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        return status, b"".join(chunks), keep
+    if "content-length" in headers:
+        n = int(headers["content-length"])
+        if n > MAX_BODY:
+            raise ValueError("body over the size limit")
+        return status, await reader.readexactly(n), keep
+    body = await reader.read(MAX_BODY)
+    return status, body, False
+
+
+async def _soak(url: str, requests: int, concurrency: int, duration: float, timeout: float,
+                result: CanaryResult, on_body: Callable[[bytes], None]) -> None:
+    host, port, path = _split_url(url)
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/plain\r\nUser-Agent: forensics-canary\r\n\r\n".encode()
+    deadline = time.monotonic() + duration
+    issued = 0
+
+    async def worker() -> None:
+        nonlocal issued
+        reader = writer = None
+        while issued < requests and time.monotonic() < deadline:
+            issued += 1
+            t0 = time.perf_counter()
+            try:
+                if writer is None:
+                    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+                writer.write(request)
+                status, body, keep = await asyncio.wait_for(_read_response(reader), timeout)
+                dt = time.perf_counter() - t0
+                result.requests += 1
+                result.latencies.append(dt)
+                if status == 200:
+                    result.ok += 1
+                    n = len(body)
+                    result.body_total += n
+                    result.body_min = n if result.body_min == 0 else min(result.body_min, n)
+                    result.body_max = max(result.body_max, n)
+                    on_body(body)
+                else:
+                    key = f"HTTP {status}"
+                    result.errors[key] = result.errors.get(key, 0) + 1
+                if not keep:
+                    writer.close()
+                    reader = writer = None
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+                result.requests += 1
+                result.latencies.append(time.perf_counter() - t0)
+                key = type(e).__name__ if not isinstance(e, OSError) or not e.strerror else e.strerror
+                result.errors[key] = result.errors.get(key, 0) + 1
+                if writer is not None:
+                    writer.close()
+                reader = writer = None
+                await asyncio.sleep(0.001)  # a refused connection must not spin
+        if writer is not None:
+            writer.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+class _Watch:
+    """Watches a local process (pid) for exit and new core files in its working directory."""
+
+    def __init__(self, pid: int | None, core_dirs: list[str]) -> None:
+        self.pid = pid
+        self.core_dirs = list(core_dirs)
+        if pid is not None:
+            try:
+                self.core_dirs.append(os.readlink(f"/proc/{pid}/cwd"))
+            except OSError as e:
+                raise CanaryError(f"pid {pid} is not running ({e.strerror})") from e
+        self.before = self._cores()
+        self.alive = True
+
+    def _cores(self) -> set[str]:
+        out = set()
+        for d in self.core_dirs:
+            try:
+                for name in os.listdir(d):
+                    if name == "core" or name.startswith("core."):
+                        p = os.path.join(d, name)
+                        out.add(f"{p}@{os.stat(p).st_mtime_ns}")
+            except OSError:
+                pass
+        return out
+
+    def poll(self, result: CanaryResult) -> None:
+        if self.pid is not None and self.alive and not os.path.exists(f"/proc/{self.pid}"):
+            self.alive = False
+            result.process_events.append(f"pid {self.pid} exited during the run")
+        if self.pid is not None and self.alive:
+            try:
+                with open(f"/proc/{self.pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        self.alive = False
+                        result.process_events.append(f"pid {self.pid} died during the run (zombie)")
+            except OSError:
+                pass
+
+    def finish(self, result: CanaryResult) -> None:
+        self.poll(result)
+        new = sorted(self._cores() - self.before)
+        result.new_cores = [c.rsplit("@", 1)[0] for c in new]
+        for c in result.new_cores:
+            result.process_events.append(f"new core: {c}")
+
+
+def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duration: float = 60.0,
+               timeout: float = 10.0, pid: int | None = None, core_dirs: tuple[str, ...] = (),
+               thresholds: Thresholds = Thresholds()) -> CanaryResult:
+    """Soak ``url`` and judge the result against ``thresholds``."""
+    if not (1 <= requests <= MAX_REQUESTS):
+        raise CanaryError(f"--requests must be between 1 and {MAX_REQUESTS}")
+    if not (1 <= concurrency <= 10_000):
+        raise CanaryError("--concurrency must be between 1 and 10000")
+    if not (0 < duration <= 7 * 86400):
+        raise CanaryError("--duration must be between 0 and 7 days")
+    _split_url(url)
+    result = CanaryResult(url=url, concurrency=concurrency)
+    watch = _Watch(pid, list(core_dirs)) if (pid is not None or core_dirs) else None
+    seen: set[bytes] = set()
+    budget = {"t": time.monotonic(), "n": 0}
+
+    def on_body(body: bytes) -> None:
+        digest = hashlib.blake2b(body, digest_size=16).digest()
+        if digest in seen:
+            return
+        now = time.monotonic()
+        if budget["n"] >= PARSE_BUDGET_PER_S * max(1.0, now - budget["t"]) and result.parsed_bodies > 0:
+            return
+        seen.add(digest)
+        budget["n"] += 1
+        result.parsed_bodies += 1
+        try:
+            fams, nans = parse_exposition(body.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            result.invalid_bodies += 1
+            result.invalid_example = result.invalid_example or f"{type(e).__name__}: {e}"[:200]
+            return
+        result.families, result.nan_samples = fams, nans
+
+    async def main() -> None:
+        task = asyncio.ensure_future(_soak(url, requests, concurrency, duration, timeout, result, on_body))
+        while not task.done():
+            if watch is not None:
+                watch.poll(result)
+            await asyncio.wait([task], timeout=0.2)
+        task.result()
+
+    t0 = time.perf_counter()
+    asyncio.run(main())
+    result.elapsed = time.perf_counter() - t0
+    if watch is not None:
+        watch.finish(result)
+    return judge(result, thresholds)
+
+
+def judge(result: CanaryResult, t: Thresholds) -> CanaryResult:
+    """Fill the verdict (PASS/FAIL) and its reasons."""
+    reasons = []
+    if result.success_rate < t.min_success:
+        reasons.append(f"success rate {result.success_rate:.4f} < {t.min_success}")
+    p99 = result.percentile(99)
+    if t.max_p99 is not None and p99 is not None and p99 > t.max_p99:
+        reasons.append(f"p99 latency {p99 * 1000:.1f} ms > {t.max_p99 * 1000:.1f} ms")
+    if result.invalid_bodies:
+        reasons.append(f"{result.invalid_bodies} bodies are not valid exposition format")
+    result.missing_families = [f for f in t.expect if f not in result.families]
+    if result.missing_families:
+        reasons.append("missing metric families: " + ", ".join(result.missing_families))
+    if result.process_events:
+        reasons.append("process: " + "; ".join(result.process_events))
+    if result.requests == 0:
+        reasons.append("no request completed")
+    result.reasons = reasons
+    result.verdict = "FAIL" if reasons else "PASS"
+    return result
+
+
+def expected_crashes(fleet_doc: dict, duration_s: float) -> tuple[float, float] | None:
+    """(crashes per pod-hour in the crashing groups, crashes expected for one pod in ``duration_s``)."""
+    f = fleet_doc.get("fleet") or {}
+    hours = f.get("observed_hours")
+    groups = [g for g in f.get("groups") or [] if g.get("pods_with_restarts")]
+    if not hours or not groups:
+        return None
+    pods = sum(g["pods"] for g in groups)
+    restarts = sum(g["total_restarts"] for g in groups)
+    rate = restarts / (pods * hours)
+    return rate, rate * duration_s / 3600

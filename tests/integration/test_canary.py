@@ -1,0 +1,136 @@
+"""`forensics canary` against real HTTP servers on 127.0.0.1 (the nvitop-exporter cases live with the simulated NVML)."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.errors import EXIT_FINDINGS, EXIT_OK
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+class Server:
+    def __init__(self, tmp: Path, *flags: str, core_ok: bool = False) -> None:
+        self.port_file = tmp / f"port-{len(list(tmp.iterdir()))}"
+        self.cwd = tmp
+
+        def limits():
+            if core_ok:
+                resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.expo_server", str(self.port_file), *flags],
+                                     cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=limits)
+        deadline = time.monotonic() + 30
+        while not self.port_file.exists():
+            assert time.monotonic() < deadline and self.proc.poll() is None, "server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port_file.read_text()}/metrics"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    servers = []
+
+    def start(*flags, core_ok=False):
+        s = Server(tmp_path, *flags, core_ok=core_ok)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+def test_healthy_endpoint_passes_with_figures(server):
+    s = server("--nan")
+    r = run("canary", s.url, "--json", "--requests", "300", "--concurrency", "20", "--expect", "nvitop_gpu_utilization")
+    assert r.exit_code == EXIT_OK, r.stdout
+    doc = json.loads(r.stdout)
+    c, summary = doc["canary"], doc["summary"]
+    assert summary["verdict"] == "PASS" and c["requests"] == 300 and c["ok"] == 300
+    assert summary["p50"] <= summary["p95"] <= summary["p99"] <= summary["max"]
+    assert c["families"]["nvitop_gpu_utilization"] == 8
+    # NaN samples are counted per family: the guard's missing NVLink metrics show up like this
+    assert c["nan_samples"] == {"nvitop_nvlink_throughput": 8}
+    assert c["body_min"] == c["body_max"] > 0
+
+
+def test_missing_family_and_http_errors_fail(server):
+    s = server("--status", "500")
+    r = run("canary", s.url, "--requests", "50")
+    assert r.exit_code == EXIT_FINDINGS
+    assert "FAIL because success rate 0.0000 < 1.0" in r.stdout and "HTTP 500: 50" in r.stdout
+    s2 = server()
+    r = run("canary", s2.url, "--requests", "50", "--expect", "nvitop_nvlink_throughput")
+    assert r.exit_code == EXIT_FINDINGS and "missing metric families: nvitop_nvlink_throughput" in r.stdout
+
+
+def test_invalid_exposition_fails(server):
+    s = server("--garbage")
+    r = run("canary", s.url, "--requests", "20")
+    assert r.exit_code == EXIT_FINDINGS and "not valid exposition format" in r.stdout
+
+
+def test_p99_threshold(server):
+    s = server()
+    r = run("canary", s.url, "--requests", "50", "--max-p99", "0.0001")
+    assert r.exit_code == EXIT_FINDINGS and "p99 latency" in r.stdout
+
+
+def test_crash_of_the_watched_process_fails_the_run_and_names_the_core(server, core_pattern):
+    # GIVEN a server whose process dies of SIGSEGV (with cores on) in the middle of the soak
+    s = server(core_ok=True)
+    timer = threading.Timer(0.5, lambda: os.kill(s.proc.pid, signal.SIGSEGV))
+    timer.start()
+    try:
+        r = run("canary", s.url, "--json", "--requests", "1000000", "--duration", "3", "--pid", str(s.proc.pid))
+    finally:
+        timer.cancel()
+        s.proc.wait()
+    # THEN the run fails, says the process exited, and names the new core in its cwd
+    assert r.exit_code == EXIT_FINDINGS
+    c = json.loads(r.stdout)["canary"]
+    assert any("exited" in e or "died" in e for e in c["process_events"])
+    assert c["new_cores"] and Path(c["new_cores"][0]).parent == s.cwd
+    assert c["errors"]  # scrapes after the crash were refused
+
+
+def test_too_short_hint_from_fleet_data(server, tmp_path):
+    from tests.fleetgen import incident_fleet
+
+    pods, nodes = incident_fleet()
+    (tmp_path / "p.json").write_text(json.dumps(pods))
+    (tmp_path / "n.json").write_text(json.dumps(nodes))
+    fleet_json = tmp_path / "fleet.json"
+    assert run("fleet", "--json", "-o", str(fleet_json), "--from", str(tmp_path / "p.json"),
+               "--nodes", str(tmp_path / "n.json")).exit_code == 0
+    s = server()
+    r = run("canary", s.url, "--requests", "20", "--fleet", str(fleet_json))
+    assert "hint: the fleet crashes" in r.stdout and "run at least" in r.stdout
+
+
+def test_bad_arguments():
+    r = run("canary", "ftp://127.0.0.1/x")
+    assert r.exit_code == 1 and "not an http:// URL" in r.stderr
+    r = run("canary", "http://127.0.0.1:9/metrics", "--requests", "0")
+    assert r.exit_code == 1 and "--requests" in r.stderr
