@@ -23,7 +23,7 @@ from pathlib import Path
 from .errors import GdbError, GdbNotFound, GdbTimeout
 from .model import CoreFile, LibraryStatus
 
-__all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm"]
+__all__ = ["GdbResult", "GdbSession", "cache_dir", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm"]
 
 NATIVE_MARKER = "FORENSICS-NATIVE-JSON: "
 PYTHON_MARKER = "FORENSICS-PYTHON-JSON: "
@@ -97,6 +97,11 @@ class GdbSession:
             "set print thread-events off",
             "set max-value-size unlimited",
         ]
+        cache = _index_cache_dir()
+        if cache is not None:
+            # gdb keeps the DWARF index of each build-id it has read: the second core of the
+            # same libpython (a batch, a crash loop) skips re-indexing its debug info.
+            settings += [f"set index-cache directory {cache}", "set index-cache enabled on"]
         if debuginfod:
             settings += [f"set debuginfod urls {debuginfod}", "set debuginfod enabled on"]
         else:
@@ -218,6 +223,24 @@ class GdbSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def cache_dir() -> Path:
+    """forensics' cache directory: $FORENSICS_CACHE, else $XDG_CACHE_HOME/forensics, else ~/.cache/forensics."""
+    env = os.environ.get("FORENSICS_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "forensics"
+
+
+def _index_cache_dir() -> Path | None:
+    d = cache_dir() / "gdb-index"
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return None
+    return d if os.access(d, os.W_OK) else None
 
 
 def run_gdb(core: CoreFile, exe_file: str | None, *, gdb: str = "gdb", timeout: float = DEFAULT_TIMEOUT,

@@ -21,6 +21,9 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     request_queue_size = 256
 
+    def handle_error(self, request, client_address):
+        pass  # clients closing kept-alive connections at the end of a soak are not errors
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()

@@ -1,0 +1,541 @@
+"""Benchmark ``forensics analyze`` against pystack and gdb on real cores; prints ratios, asserts nothing.
+
+What it measures
+----------------
+* Cores: ``tests/crashers/exporter.py`` crashed under every CPython that
+  ``tests/pythons.py`` finds, once aborting in glibc (``heap-prev``) and once on
+  SIGSEGV (``segv``), plus one big core (``--big-mb``, default 2048 MiB of
+  written Python heap via ``EXPORTER_BALLAST_MB``) from the newest CPython.
+  Cores live in ``--workdir`` (default /tmp/forensics-bench) and are reused
+  between runs, keyed by interpreter path, scenario and ballast.
+* Tools, run alternately on the same core (the order rotates per repetition;
+  each core file is read once beforehand so all three find it in the page cache):
+
+  - ``forensics analyze CORE`` (this repository's .venv; it runs gdb itself)
+  - ``pystack core --native CORE PYTHON`` (pystack==1.7.2, installed into
+    bench/.venv when missing)
+  - ``gdb -nx -batch -q`` with the CPython helper ``$(dirname PYTHON)/python3.X-gdb.py``
+    sourced, then ``thread apply all py-bt`` and ``thread apply all bt``
+    (debuginfod off, python-scripts auto-load off: the helper is sourced explicitly)
+
+* Wall time: ``time.perf_counter`` from spawn to exit (reaped with ``wait4``),
+  median of ``--repeat`` runs.
+* Peak memory: a sampler thread sums the RSS of the whole process tree every
+  ~10 ms (forensics' gdb, pystack, gdb) and keeps the maximum ("tree"); the
+  largest single process ("single") is the larger of the sampled value and the
+  kernel's ``ru_maxrss`` from ``wait4``.  Shared pages count once per process
+  in the tree sum, so "tree" is an upper bound.  MB here means MiB.
+* A run counts as ok when the tool exits 0 and its output names the crashing
+  Python function (``query_nvlink_throughput_counters``).
+* Batch: ``--batch`` (default 200) hard links of the small cores above, mixed
+  versions and scenarios in one directory, analyzed by
+  ``forensics analyze --json DIR``; prints cores per second and peak memory.
+
+Goals (from the issue; printed as PASS/MISS, never asserted): forensics wall time
+at most 1.5x the gdb run on every core; peak memory under 150 MB for the big
+core; a 200-core batch at 5 or more cores per second.
+
+Usage, from the repository root::
+
+    .venv/bin/python bench/analyze.py            # full run (~20 min on 2 CPUs)
+    .venv/bin/python bench/analyze.py --quick    # newest CPython, no big core, 20-core batch
+    .venv/bin/python bench/analyze.py --json     # one JSON document on stdout
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.crashers.make_core import build_libcrash, core_pattern_problem, make_core  # noqa: E402
+from tests.pythons import discover_pythons  # noqa: E402
+
+__all__ = ["Measurement", "CoreCase", "measure", "main"]
+
+BENCH_VENV = REPO / "bench" / ".venv"
+PYSTACK_SPEC = "pystack==1.7.2"
+SCENARIOS = ("heap-prev", "segv")  # glibc abort, SIGSEGV
+BIG_SCENARIO = "heap-prev"
+EXPECT = b"query_nvlink_throughput_counters"
+TOOLS = ("forensics", "pystack", "gdb")
+SAMPLE_S = 0.010
+MiB = 1 << 20
+
+GOAL_WALL_RATIO = 1.5
+GOAL_BIG_PEAK_MB = 150.0
+GOAL_BATCH_RATE = 5.0
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- measuring one command ---------------------------------------------------------------------
+
+@dataclass
+class Measurement:
+    wall_s: float
+    peak_tree_mb: float
+    peak_single_mb: float
+    rc: int | None
+    ok: bool
+    note: str = ""
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def measure(cmd: list[str], *, timeout: float, out_path: Path, expect: bytes | None = EXPECT) -> Measurement:
+    """Run ``cmd`` once (stdout+stderr to ``out_path``); wall time and peak RSS of its process tree.
+
+    The command runs in its own session; whatever of it is left when it ends or
+    times out is killed by process-group id and by the pids seen while sampling.
+    """
+    peak = {"tree": 0, "single": 0}
+    seen: dict[int, psutil.Process] = {}
+    done = threading.Event()
+    timed_out = threading.Event()
+
+    with open(out_path, "wb") as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        root = psutil.Process(proc.pid)
+        seen[proc.pid] = root
+    except psutil.NoSuchProcess:
+        root = None
+
+    def sample() -> None:
+        deadline = start + timeout
+        while not done.is_set():
+            if root is not None:
+                try:
+                    procs = [root, *root.children(recursive=True)]
+                except psutil.Error:
+                    procs = []
+                total = 0
+                for p in procs:
+                    seen.setdefault(p.pid, p)
+                    try:
+                        rss = p.memory_info().rss
+                    except psutil.Error:
+                        continue
+                    total += rss
+                    peak["single"] = max(peak["single"], rss)
+                peak["tree"] = max(peak["tree"], total)
+            if time.perf_counter() > deadline:
+                timed_out.set()
+                _kill_group(proc.pid)
+                return
+            done.wait(SAMPLE_S)
+
+    sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
+    sampler.start()
+    status = None
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        done.set()
+        sampler.join(timeout=5)
+        if status is None:  # interrupted: the child was not reaped
+            _kill_group(proc.pid)
+            proc.wait()
+        _kill_group(proc.pid)  # anything of it still in its group
+        for p in seen.values():  # and any descendant that left the group
+            try:
+                if p.pid != proc.pid and p.is_running():
+                    p.kill()
+            except psutil.Error:
+                pass
+    single = max(peak["single"], usage.ru_maxrss * 1024)
+    note = ""
+    if timed_out.is_set():
+        note = f"timed out after {timeout:.0f}s"
+    elif proc.returncode != 0:
+        note = f"exit status {proc.returncode}"
+    ok = not note
+    if ok and expect is not None:
+        with open(out_path, "rb") as f:
+            if expect not in f.read():
+                ok, note = False, f"output lacks {expect.decode()}"
+    return Measurement(wall_s=wall, peak_tree_mb=peak["tree"] / MiB, peak_single_mb=single / MiB,
+                       rc=proc.returncode, ok=ok, note=note)
+
+
+# -- the bench environment ---------------------------------------------------------------------
+
+def ensure_pystack() -> tuple[str | None, str]:
+    """The pystack executable in bench/.venv (installed there when missing), or None and why."""
+    exe = BENCH_VENV / "bin" / "pystack"
+    py = BENCH_VENV / "bin" / "python"
+    try:
+        if not py.exists():
+            log(f"creating {BENCH_VENV.relative_to(REPO)}")
+            subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True, timeout=300,
+                           capture_output=True)
+        have = subprocess.run([str(py), "-c", "import pystack, importlib.metadata as m; print(m.version('pystack'))"],
+                              capture_output=True, text=True, timeout=60).stdout.strip()
+        if have != PYSTACK_SPEC.split("==")[1] or not exe.exists():
+            log(f"installing {PYSTACK_SPEC} into {BENCH_VENV.relative_to(REPO)}")
+            proc = subprocess.run([str(py), "-m", "pip", "install", "-q", PYSTACK_SPEC], capture_output=True,
+                                  text=True, timeout=600)
+            if proc.returncode != 0 or not exe.exists():
+                return None, f"pip install {PYSTACK_SPEC} failed: {proc.stderr.strip()[-300:]}"
+        version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+        return str(exe), (version.stdout or version.stderr).strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"cannot set up {BENCH_VENV}: {e}"
+
+
+def forensics_exe() -> str:
+    here = Path(sys.executable).parent / "forensics"
+    return str(here if here.exists() else REPO / ".venv" / "bin" / "forensics")
+
+
+def gdb_helper(python: str) -> Path | None:
+    m = re.search(r"python(3\.\d+)", os.path.realpath(python))
+    if not m:
+        return None
+    helper = Path(python).parent / f"python{m.group(1)}-gdb.py"
+    return helper if helper.exists() else None
+
+
+def tool_commands(core: Path, python: str, pystack: str | None, gdb: str) -> dict[str, list[str] | None]:
+    helper = gdb_helper(python)
+    gdb_cmd = [gdb, "-nx", "-batch", "-q", "-iex", "set debuginfod enabled off",
+               "-iex", "set auto-load python-scripts off"]
+    if helper:
+        gdb_cmd += ["-ex", f"source {helper}", "-ex", "thread apply all py-bt"]
+    gdb_cmd += ["-ex", "thread apply all bt", python, str(core)]
+    return {
+        "forensics": [forensics_exe(), "analyze", str(core)],
+        "pystack": [pystack, "core", "--native", str(core), python] if pystack else None,
+        "gdb": gdb_cmd,
+    }
+
+
+# -- cores -------------------------------------------------------------------------------------
+
+@dataclass
+class CoreCase:
+    version: str
+    python: str
+    scenario: str
+    ballast_mb: int
+    path: str
+    size: int
+    results: dict[str, list[Measurement]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.version} {self.scenario}" + (f" +{self.ballast_mb}M" if self.ballast_mb else "")
+
+
+def _full_version(python: str, minor: str) -> str:
+    m = re.search(r"/versions/(\d+\.\d+\.\d+)/", python)
+    return m.group(1) if m else minor
+
+
+def get_core(workdir: Path, lib: Path, python: str, version: str, scenario: str, ballast_mb: int) -> CoreCase:
+    """The cached core for (python, scenario, ballast), made with make_core when missing."""
+    key = hashlib.sha1(f"{os.path.realpath(python)}\0{scenario}\0{ballast_mb}".encode()).hexdigest()[:10]
+    name = f"{version}-{scenario}" + (f"-big{ballast_mb}" if ballast_mb else "") + f"-{key}"
+    cores = workdir / "cores"
+    cores.mkdir(parents=True, exist_ok=True)
+    dest, meta = cores / f"{name}.core", cores / f"{name}.json"
+    if dest.exists() and meta.exists() and json.loads(meta.read_text()).get("size") == dest.stat().st_size:
+        log(f"reusing {dest}")
+    else:
+        log(f"making core: {version} {scenario}" + (f" with {ballast_mb} MiB ballast" if ballast_mb else ""))
+        old = os.environ.get("EXPORTER_BALLAST_MB")
+        os.environ["EXPORTER_BALLAST_MB"] = str(ballast_mb)
+        (workdir / "make").mkdir(exist_ok=True)
+        try:
+            core = make_core(workdir / "make", python, scenario, libcrash=lib,
+                             timeout=600.0 if ballast_mb else 60.0)
+        finally:
+            if old is None:
+                os.environ.pop("EXPORTER_BALLAST_MB", None)
+            else:
+                os.environ["EXPORTER_BALLAST_MB"] = old
+        os.replace(core, dest)
+        shutil.rmtree(core.parent, ignore_errors=True)
+        meta.write_text(json.dumps({"python": python, "scenario": scenario, "ballast_mb": ballast_mb,
+                                    "size": dest.stat().st_size}))
+    return CoreCase(version=version, python=python, scenario=scenario, ballast_mb=ballast_mb, path=str(dest),
+                    size=dest.stat().st_size)
+
+
+def prepare_cores(workdir: Path, pythons: dict[str, str], big_mb: int | None) -> list[CoreCase]:
+    lib_dir = workdir / "lib"
+    if not (lib_dir / "libcrash.so").exists() and (workdir / "cores").exists():
+        shutil.rmtree(workdir / "cores")  # the cached cores name a libcrash.so that is gone
+    lib = build_libcrash(lib_dir)
+    cases = []
+    for minor, python in pythons.items():
+        for scenario in SCENARIOS:
+            cases.append(get_core(workdir, lib, python, _full_version(python, minor), scenario, 0))
+    if big_mb:
+        minor, python = list(pythons.items())[-1]
+        free = shutil.disk_usage(workdir).free
+        if free < (big_mb + 1024) * MiB:
+            log(f"skipping the big core: {free // MiB} MiB free in {workdir}, need {big_mb + 1024}")
+        else:
+            cases.append(get_core(workdir, lib, python, _full_version(python, minor), BIG_SCENARIO, big_mb))
+    return cases
+
+
+def read_through(path: str) -> None:
+    """Read the file once so every tool finds it in the page cache."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 * MiB):
+            pass
+
+
+# -- runs --------------------------------------------------------------------------------------
+
+def bench_core(case: CoreCase, cmds: dict[str, list[str] | None], repeat: int, timeout: float,
+               workdir: Path) -> None:
+    read_through(case.path)
+    tools = [t for t in TOOLS if cmds[t]]
+    out = workdir / "out"
+    out.mkdir(exist_ok=True)
+    for rep in range(repeat):
+        order = tools[rep % len(tools):] + tools[:rep % len(tools)]
+        for tool in order:
+            m = measure(cmds[tool], timeout=timeout, out_path=out / f"{tool}.txt")
+            case.results.setdefault(tool, []).append(m)
+            if not m.ok:
+                shutil.copy(out / f"{tool}.txt", out / f"{tool}-{Path(case.path).stem}.failed.txt")
+            log(f"  {case.label:<28} {tool:<9} {m.wall_s:7.3f}s {m.peak_tree_mb:7.1f} MB"
+                + ("" if m.ok else f"  NOT OK: {m.note}"))
+
+
+def summarize(ms: list[Measurement]) -> dict:
+    return {
+        "wall_s": statistics.median(m.wall_s for m in ms),
+        "walls_s": [round(m.wall_s, 4) for m in ms],
+        "peak_tree_mb": max(m.peak_tree_mb for m in ms),
+        "peak_single_mb": max(m.peak_single_mb for m in ms),
+        "ok": all(m.ok for m in ms),
+        "notes": sorted({m.note for m in ms if m.note}),
+    }
+
+
+def run_batch(workdir: Path, cases: list[CoreCase], n: int, timeout: float) -> dict:
+    small = [c for c in cases if not c.ballast_mb]
+    bdir = workdir / f"batch-{n}"
+    shutil.rmtree(bdir, ignore_errors=True)
+    bdir.mkdir(parents=True)
+    for i in range(n):
+        src = small[i % len(small)].path
+        dst = bdir / f"core.{i:04d}"
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copyfile(src, dst)
+    read_through(small[0].path)
+    for c in small:
+        read_through(c.path)
+    log(f"batch: forensics analyze --json {bdir} ({n} cores, {len(small)} distinct)")
+    out = workdir / "out" / "batch.json"
+    m = measure([forensics_exe(), "analyze", "--json", str(bdir)], timeout=timeout, out_path=out, expect=None)
+    analyzed = complete = 0
+    note = m.note
+    try:
+        doc = json.loads(out.read_bytes())
+        analyzed = doc["batch"]["total"] - len(doc["batch"]["failed"])
+        complete = sum(1 for c in doc["cores"] if c.get("complete"))
+    except (ValueError, KeyError, TypeError) as e:
+        note = note or f"unreadable JSON: {e}"
+    return {
+        "cores": n, "distinct": len(small), "analyzed": analyzed, "complete": complete,
+        "wall_s": m.wall_s, "cores_per_s": n / m.wall_s, "peak_tree_mb": m.peak_tree_mb,
+        "peak_single_mb": m.peak_single_mb, "rc": m.rc, "note": note,
+    }
+
+
+# -- report ------------------------------------------------------------------------------------
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x]
+    return statistics.geometric_mean(xs) if xs else None
+
+
+def build_report(cases: list[CoreCase], batch: dict | None, settings: dict) -> dict:
+    rows = []
+    for c in cases:
+        tools = {t: summarize(ms) for t, ms in c.results.items()}
+        f = tools.get("forensics")
+        ratios = {}
+        for peer in ("gdb", "pystack"):
+            p = tools.get(peer)
+            ratios[peer] = {
+                "wall": _ratio(f and f["wall_s"], p and p["wall_s"]),
+                "peak_tree": _ratio(f and f["peak_tree_mb"], p and p["peak_tree_mb"]),
+            }
+        rows.append({"version": c.version, "python": c.python, "scenario": c.scenario,
+                     "ballast_mb": c.ballast_mb, "core": c.path, "core_mb": c.size / MiB,
+                     "tools": tools, "ratios": ratios})
+    summary = {}
+    for peer in ("gdb", "pystack"):
+        walls = [r["ratios"][peer]["wall"] for r in rows if r["ratios"][peer]["wall"]]
+        mems = [r["ratios"][peer]["peak_tree"] for r in rows if r["ratios"][peer]["peak_tree"]]
+        summary[peer] = {"wall_geomean": _geomean(walls), "wall_max": max(walls, default=None),
+                         "peak_geomean": _geomean(mems), "peak_max": max(mems, default=None)}
+    goals = []
+    worst = max(rows, key=lambda r: r["ratios"]["gdb"]["wall"] or 0, default=None)
+    if worst and worst["ratios"]["gdb"]["wall"]:
+        w = worst["ratios"]["gdb"]["wall"]
+        goals.append({"goal": f"wall <= {GOAL_WALL_RATIO}x gdb on every core", "value": round(w, 3),
+                      "detail": f"worst {w:.2f}x ({worst['version']} {worst['scenario']}"
+                                + (f" +{worst['ballast_mb']}M" if worst["ballast_mb"] else "") + ")",
+                      "pass": w <= GOAL_WALL_RATIO})
+    big = [r for r in rows if r["ballast_mb"]]
+    if big and "forensics" in big[0]["tools"]:
+        t = big[0]["tools"]["forensics"]
+        goals.append({"goal": f"peak < {GOAL_BIG_PEAK_MB:.0f} MB on the {big[0]['core_mb']:.0f} MB core",
+                      "value": round(t["peak_tree_mb"], 1),
+                      "detail": f"tree {t['peak_tree_mb']:.1f} MB, largest process {t['peak_single_mb']:.1f} MB",
+                      "pass": t["peak_tree_mb"] < GOAL_BIG_PEAK_MB})
+    if batch:
+        goals.append({"goal": f"batch >= {GOAL_BATCH_RATE:g} cores/s", "value": round(batch["cores_per_s"], 2),
+                      "detail": f"{batch['cores']} cores in {batch['wall_s']:.1f}s",
+                      "pass": batch["cores_per_s"] >= GOAL_BATCH_RATE and batch["analyzed"] == batch["cores"]})
+    return {"schema_version": 1, "settings": settings, "cores": rows, "summary": summary, "batch": batch,
+            "goals": goals}
+
+
+def _f(x: float | None, spec: str) -> str:
+    return format(x, spec) if x is not None else "-"
+
+
+def print_report(rep: dict) -> None:
+    s = rep["settings"]
+    print(f"forensics analyze vs pystack vs gdb+py-bt  ({s['machine']}; median of {s['repeat']}, MB = MiB)")
+    print(f"pystack: {s['pystack']}   gdb: {s['gdb_version']}")
+    hdr = f"{'python':<8} {'scenario':<10} {'core MB':>8} |"
+    print("\nWall time, seconds (median)")
+    print(hdr + f" {'forensics':>9} {'pystack':>8} {'gdb':>8} | {'f/gdb':>6} {'f/pystack':>9}")
+    for r in rep["cores"]:
+        t = r["tools"]
+        w = {k: t[k]["wall_s"] if k in t else None for k in TOOLS}
+        flag = "" if all(v["ok"] for v in t.values()) else "  !" + ",".join(k for k, v in t.items() if not v["ok"])
+        print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {_f(w['forensics'], '9.3f')} "
+              f"{_f(w['pystack'], '8.3f')} {_f(w['gdb'], '8.3f')} | {_f(r['ratios']['gdb']['wall'], '6.2f')} "
+              f"{_f(r['ratios']['pystack']['wall'], '9.2f')}{flag}")
+    print("\nPeak memory, MB: process tree summed (largest single process)")
+    print(hdr + f" {'forensics':>15} {'pystack':>15} {'gdb':>15} | {'f/gdb':>6} {'f/pystack':>9}")
+    for r in rep["cores"]:
+        t = r["tools"]
+        cells = []
+        for k in TOOLS:
+            cells.append(f"{t[k]['peak_tree_mb']:6.1f} ({t[k]['peak_single_mb']:6.1f})" if k in t else f"{'-':>15}")
+        print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {' '.join(cells)} | "
+              f"{_f(r['ratios']['gdb']['peak_tree'], '6.2f')} {_f(r['ratios']['pystack']['peak_tree'], '9.2f')}")
+    print("\nRatios forensics/peer over all cores: geomean (worst)")
+    for peer, v in rep["summary"].items():
+        print(f"  /{peer:<8} wall {_f(v['wall_geomean'], '.2f')}x ({_f(v['wall_max'], '.2f')}x)   "
+              f"peak {_f(v['peak_geomean'], '.2f')}x ({_f(v['peak_max'], '.2f')}x)")
+    b = rep["batch"]
+    if b:
+        print(f"\nBatch: forensics analyze --json DIR, {b['cores']} cores ({b['distinct']} distinct, hard links)")
+        print(f"  {b['wall_s']:.1f}s, {b['cores_per_s']:.2f} cores/s, analyzed {b['analyzed']}/{b['cores']} "
+              f"(complete {b['complete']}), peak {b['peak_tree_mb']:.1f} MB tree ({b['peak_single_mb']:.1f} MB "
+              f"largest process)" + (f"  NOTE: {b['note']}" if b["note"] else ""))
+    print("\nGoals")
+    for g in rep["goals"]:
+        print(f"  {'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {g['detail']}")
+
+
+# -- main --------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/forensics-bench"), help="cores and outputs (reused)")
+    ap.add_argument("--repeat", type=int, default=None, help="runs per tool per core (default 3; --quick 1)")
+    ap.add_argument("--no-big", action="store_true", help="skip the big core")
+    ap.add_argument("--big-mb", type=int, default=2048, help="Python heap ballast of the big core, MiB")
+    ap.add_argument("--batch", type=int, default=None, help="cores in the batch (default 200; --quick 20; 0: none)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per command")
+    ap.add_argument("--gdb", default="gdb", help="gdb for the reference run")
+    ap.add_argument("--python", action="append", metavar="X.Y", help="only these CPython versions (repeatable)")
+    ap.add_argument("--quick", action="store_true", help="newest CPython only, no big core, 20-core batch")
+    ap.add_argument("--json", action="store_true", help="write the figures as one JSON document to stdout")
+    args = ap.parse_args(argv)
+    repeat = args.repeat or (1 if args.quick else 3)
+    batch_n = args.batch if args.batch is not None else (20 if args.quick else 200)
+
+    problem = core_pattern_problem()
+    if problem:
+        log(f"cannot make cores here: {problem}")
+        return 1
+    pythons = discover_pythons()
+    if args.python:
+        pythons = {k: v for k, v in pythons.items() if k in args.python}
+    if args.quick:
+        pythons = dict(list(pythons.items())[-1:])
+    if not pythons:
+        log("no CPython interpreters found (tests/pythons.py)")
+        return 1
+    gdb = shutil.which(args.gdb)
+    if not gdb:
+        log(f"{args.gdb} not found")
+        return 1
+    pystack, pystack_info = ensure_pystack()
+    if not pystack:
+        log(f"pystack unavailable, continuing without it: {pystack_info}")
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    cases = prepare_cores(args.workdir, pythons, None if (args.no_big or args.quick) else args.big_mb)
+    for c in cases:
+        log(f"{c.label}: {c.path} ({c.size / MiB:.0f} MB)")
+        bench_core(c, tool_commands(Path(c.path), c.python, pystack, gdb), repeat, args.timeout, args.workdir)
+    batch = run_batch(args.workdir, cases, batch_n, max(args.timeout, 10.0 * batch_n)) if batch_n else None
+
+    gdb_version = subprocess.run([gdb, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
+    settings = {
+        "machine": f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / (1 << 30):.0f} GiB, {platform.machine()}",
+        "repeat": repeat, "workdir": str(args.workdir), "timeout_s": args.timeout,
+        "forensics": forensics_exe(), "pystack": pystack_info if pystack else f"unavailable ({pystack_info})",
+        "gdb": gdb, "gdb_version": gdb_version, "pythons": pythons,
+    }
+    rep = build_report(cases, batch, settings)
+    if args.json:
+        json.dump(rep, sys.stdout, indent=2, default=lambda o: asdict(o))
+        print()
+    else:
+        print_report(rep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
