@@ -23,6 +23,7 @@ __all__ = [
     "GdbError",
     "GdbTimeout",
     "OutputExists",
+    "BuildError",
 ]
 
 EXIT_OK = 0
@@ -109,3 +110,182 @@ class OutputExists(ForensicsError, FileExistsError):
 
     def __init__(self, path: str) -> None:
         super().__init__(f"{path}: already exists (not overwritten)", path=path)
+
+
+class BuildError(ForensicsError, RuntimeError):
+    """A build step forensics runs itself failed: gcc for the simulated NVML or a
+    reproducer, or pip for a cached test stack; ``what`` names the artifact."""
+
+    help_text = "Install gcc (Debian/Ubuntu: apt-get install -y gcc) and check network access to PyPI for stack venvs."
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(f"cannot build {what}: {detail}", what=what, detail=detail)
+
+
+# -- capture (forensics capture, core-handler, agent) -------------------------------------------
+
+
+class ProcessGone(ForensicsError, ProcessLookupError):
+    help_text = "The process exited (or never existed); check the PID with ps, or capture its core instead."
+
+    def __init__(self, pid: int, detail: str = "") -> None:
+        msg = f"process {pid} does not exist" + (f" ({detail})" if detail else "")
+        super().__init__(msg, pid=pid, detail=detail)
+
+
+class NotRoot(ForensicsError, PermissionError):
+    help_text = "Run as root (sudo), or on Kubernetes use forensics capture --pod, which runs a privileged agent."
+
+    def __init__(self, action: str) -> None:
+        super().__init__(f"{action} needs root (effective uid {_geteuid()})", action=action)
+
+
+class UnsafeContainerPath(ForensicsError, PermissionError):
+    """A path inside a container's root could not be resolved without leaving that root."""
+
+    help_text = "A symlink in the container's filesystem points elsewhere; forensics never follows it out of the container root."
+
+    def __init__(self, root: str, path: str, reason: str) -> None:
+        super().__init__(f"{path} (in {root}): {reason}", root=root, path=path, reason=reason)
+
+
+class CoreDirectoryError(ForensicsError, OSError):
+    help_text = "Choose a --core-dir on a local filesystem with free space, writable by root."
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"core directory {path}: {reason}", path=path, reason=reason)
+
+
+class KubectlNotFound(ForensicsError, FileNotFoundError):
+    help_text = "Install kubectl (https://kubernetes.io/docs/tasks/tools/) or pass --kubectl PATH."
+
+    def __init__(self, kubectl: str) -> None:
+        super().__init__(f"kubectl not found: {kubectl!r} is not an executable on PATH", kubectl=kubectl)
+
+
+class KubeError(ForensicsError, RuntimeError):
+    help_text = "Check the kubeconfig, context and namespace (kubectl config current-context)."
+
+    def __init__(self, action: str, detail: str) -> None:
+        super().__init__(f"kubectl {action} failed: {detail}", action=action, detail=detail)
+
+
+class PodNotFound(KubeError, LookupError):
+    help_text = "Check the pod name and namespace: kubectl get pods -n NAMESPACE."
+
+    def __init__(self, pod: str, namespace: str) -> None:
+        ForensicsError.__init__(self, f"pod {namespace}/{pod} not found", pod=pod, namespace=namespace,
+                                action="get pod", detail="not found")
+
+
+class ContainerNotRunning(ForensicsError, RuntimeError):
+    help_text = "Capture arms a running container; for one that already crashed, read the cores the core handler kept (forensics agent manifest)."
+
+    def __init__(self, pod: str, container: str, state: str) -> None:
+        super().__init__(f"container {container!r} of pod {pod} is not running ({state})",
+                         pod=pod, container=container, state=state)
+
+
+class NodeUnreachable(ForensicsError, ConnectionError):
+    help_text = "The node is not Ready or its kubelet does not answer; check kubectl describe node."
+
+    def __init__(self, node: str, detail: str) -> None:
+        super().__init__(f"node {node} unreachable: {detail}", node=node, detail=detail)
+
+
+class AgentFailed(ForensicsError, RuntimeError):
+    help_text = "Check the agent image (--agent-image) and the pod's events; the agent pod was deleted."
+
+    def __init__(self, pod: str, detail: str) -> None:
+        super().__init__(f"agent pod {pod} failed: {detail}", pod=pod, detail=detail)
+
+
+__all__ += [
+    "ProcessGone",
+    "NotRoot",
+    "UnsafeContainerPath",
+    "CoreDirectoryError",
+    "KubectlNotFound",
+    "KubeError",
+    "PodNotFound",
+    "ContainerNotRunning",
+    "NodeUnreachable",
+    "AgentFailed",
+]
+
+
+def _geteuid() -> int:
+    import os
+
+    return os.geteuid()
+
+
+# -- verify-imports (forensics/imports) -----------------------------------------------------------
+
+
+class ImageRefError(ForensicsError, ValueError):
+    """The image reference names nothing readable: no such layout/archive, no such tag, no such platform."""
+
+    help_text = ("Name the image the way skopeo does: oci:DIR[:TAG], docker-archive:FILE.tar, dir:ROOTFS, "
+                 "HOST[:PORT]/REPO:TAG or docker://...; pass --platform for multi-platform images.")
+
+    def __init__(self, ref: str, reason: str) -> None:
+        super().__init__(f"{ref}: {reason}", ref=ref, reason=reason)
+
+
+class ImageFormatError(ForensicsError, ValueError):
+    """A manifest, config or layout file is malformed, or a blob does not match its digest."""
+
+    help_text = "The image is damaged or not an image; re-pull it (skopeo copy) and check it with skopeo inspect."
+
+    def __init__(self, ref: str, what: str, reason: str) -> None:
+        super().__init__(f"{ref}: {what}: {reason}", ref=ref, what=what, reason=reason)
+
+
+class LayerRejected(ForensicsError, ValueError):
+    """A layer tries to write outside the root, or breaks a bound; nothing of it was written."""
+
+    help_text = ("The layer is hostile or damaged (a path outside the image root, a link through or to "
+                 "outside, a device node, or beyond the size bounds); do not deploy this image.")
+
+    def __init__(self, layer: str, member: str, reason: str) -> None:
+        super().__init__(f"layer {layer}: {member!r}: {reason}", layer=layer, member=member, reason=reason)
+
+
+class LayerLimitExceeded(LayerRejected):
+    help_text = ("The image exceeds the bounds set for reading it (--max-size, --max-files, the compression "
+                 "ratio bound); raise them only for an image you trust.")
+
+
+class SkopeoNotFound(ForensicsError, FileNotFoundError):
+    help_text = "Install skopeo (Debian/Ubuntu: apt-get install -y skopeo), or export the image with skopeo/docker save and pass oci:DIR or docker-archive:FILE."
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(f"{ref}: reading a registry or daemon image needs skopeo, which is not on PATH", ref=ref)
+
+
+class SkopeoError(ForensicsError, RuntimeError):
+    help_text = "Check the reference, --creds/--authfile and --tls-verify=false for a plain-HTTP registry (skopeo's message above)."
+
+    def __init__(self, ref: str, action: str, detail: str) -> None:
+        super().__init__(f"{ref}: skopeo {action} failed: {detail}", ref=ref, action=action, detail=detail)
+
+
+class ExecuteError(ForensicsError, RuntimeError):
+    """--execute could not run the image's interpreter (no sandbox tool, the interpreter failed)."""
+
+    help_text = "--execute needs bubblewrap (apt-get install -y bubblewrap) for images and nsenter (util-linux) plus root for --pid."
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(f"--execute: {what}: {detail}", what=what, detail=detail)
+
+
+__all__ += [
+    "ImageRefError",
+    "ImageFormatError",
+    "LayerRejected",
+    "LayerLimitExceeded",
+    "SkopeoNotFound",
+    "SkopeoError",
+    "ExecuteError",
+]

@@ -1,0 +1,294 @@
+"""The simulated NVML and the NVML reproducers: building them, running them, test stacks.
+
+``reproducers/simnvml/*.c`` is a simulated ``libnvidia-ml.so.1``: a node of GPUs
+(8 x "NVIDIA H20", driver 580.126.09 by default) on which the real nvidia-ml-py,
+nvitop and nvitop-exporter run unchanged on a CPU-only machine, with faults
+switched on by environment (:data:`SIM_ENV`).  :func:`build_simnvml` compiles it
+into the layout of a real driver install (``libnvidia-ml.so.<driver>`` plus the
+``libnvidia-ml.so.1`` link), so a core names the versioned file.
+
+``reproducers/nvml_nvlink_fieldvalues.{py,c}`` are the minimal reproducers an
+upstream maintainer runs on a real GPU node; :func:`build_c_reproducer` compiles
+the C one.  :func:`ensure_stack_venv` installs the PyPI stacks of the incident and
+of today into cached virtual environments.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import BuildError
+
+__all__ = [
+    "DEFAULT_DRIVER",
+    "FAULTS",
+    "SIM_ENV",
+    "STACKS",
+    "build_c_reproducer",
+    "build_simnvml",
+    "default_cache_dir",
+    "ensure_stack_venv",
+    "find_reproducers",
+    "sim_environment",
+]
+
+DEFAULT_DRIVER = "580.126.09"
+
+#: The faults ``FORENSICS_SIMNVML_FAULT`` accepts.
+FAULTS = ("none", "heap", "heap-delayed", "segv", "use-after-shutdown")
+
+#: Every environment variable the simulated library reads (at ``nvmlInit``), with its
+#: default and meaning.
+SIM_ENV: dict[str, tuple[str, str]] = {
+    "FORENSICS_SIMNVML_GPUS": ("8", "number of GPUs (0-64)"),
+    "FORENSICS_SIMNVML_NAME": ("NVIDIA H20", "product name of every GPU"),
+    "FORENSICS_SIMNVML_DRIVER": (DEFAULT_DRIVER, "driver version (nvmlSystemGetDriverVersion)"),
+    "FORENSICS_SIMNVML_NVML_VERSION": ("13.580.126", "NVML version (nvmlSystemGetNVMLVersion)"),
+    "FORENSICS_SIMNVML_CUDA": ("13000", "CUDA driver version as an int (13000 = 13.0)"),
+    "FORENSICS_SIMNVML_FAULT": (
+        "none",
+        "none | heap (glibc aborts inside nvmlDeviceGetFieldValues) | heap-delayed (writes past the "
+        "caller's field-value array; glibc aborts at the caller's later free) | segv (bad pointer "
+        "write) | use-after-shutdown (a query racing nvmlShutdown crashes with SIGSEGV)",
+    ),
+    "FORENSICS_SIMNVML_FAULT_AFTER": ("0", "eligible nvmlDeviceGetFieldValues calls that succeed before the fault"),
+    "FORENSICS_SIMNVML_HEAP_MESSAGE": (
+        "prev",
+        "prev -> 'double free or corruption (!prev)'; next-size -> 'free(): invalid next size (normal)'",
+    ),
+    "FORENSICS_SIMNVML_FAULT_THREAD": ("any", "any | non-main: fault only in calls from threads other than the main one"),
+}
+
+#: pip install steps of the PyPI stacks, in order (nvitop 1.5.0 declares
+#: nvidia-ml-py < 12.571, so the incident's binding goes in over it, as it did in production).
+STACKS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "incident": (("nvitop==1.5.0", "nvitop-exporter==1.5.0"), ("nvidia-ml-py==12.575.51",)),
+    "current": (("nvitop==1.7.2", "nvitop-exporter==1.7.2", "nvidia-ml-py==13.580.126"),),
+}
+
+_C_REPRODUCER = "nvml_nvlink_fieldvalues.c"
+
+
+def find_reproducers() -> Path:
+    """The ``reproducers`` directory: ``forensics/reproducers`` in a wheel, ``<repo>/reproducers`` in a checkout.
+
+    :raises BuildError: when neither exists.
+    """
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "reproducers", here.parent / "reproducers"):
+        if (candidate / "simnvml").is_dir():
+            return candidate
+    raise BuildError("the NVML reproducers", f"no reproducers/ directory beside {here}")
+
+
+def _gcc() -> str:
+    gcc = shutil.which(os.environ.get("CC") or "gcc")
+    if gcc is None:
+        raise BuildError("the simulated NVML", "gcc not found on PATH")
+    return gcc
+
+
+def _newest_mtime(paths: list[Path]) -> float:
+    return max(p.stat().st_mtime for p in paths)
+
+
+def _compile(what: str, cmd: list[str], target: Path) -> None:
+    """Run gcc writing ``cmd``'s output to a temporary name, then rename it onto ``target``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run(cmd + ["-o", tmp], capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:300])
+            raise BuildError(what, f"gcc exited {proc.returncode}: {first}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    except OSError as e:
+        raise BuildError(what, str(e)) from e
+    except subprocess.TimeoutExpired as e:
+        raise BuildError(what, "gcc timed out") from e
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _replace_symlink(link: Path, target_name: str) -> None:
+    if link.is_symlink() and os.readlink(link) == target_name:
+        return
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target_name, tmp)
+    os.replace(tmp, link)
+
+
+def build_simnvml(out_dir: str | Path, *, force: bool = False) -> Path:
+    """Compile the simulated NVML into ``out_dir`` and return that directory (for LD_LIBRARY_PATH).
+
+    The library is ``out_dir/libnvidia-ml.so.<driver>`` (driver from
+    ``FORENSICS_SIMNVML_DRIVER``, default 580.126.09) with soname ``libnvidia-ml.so.1``
+    and the link ``out_dir/libnvidia-ml.so.1`` to it, as a driver install lays them out.
+    It is rebuilt only when a source is newer than it (or ``force``), atomically.
+
+    :param out_dir: directory to build into; created if missing.
+    :param force: rebuild even when up to date.
+    :return: ``out_dir`` as an absolute path.
+    :raises BuildError: when gcc is missing or fails.
+
+    >>> lib_dir = build_simnvml("/tmp/simnvml")           # doctest: +SKIP
+    >>> sorted(p.name for p in lib_dir.iterdir())         # doctest: +SKIP
+    ['libnvidia-ml.so.1', 'libnvidia-ml.so.580.126.09']
+    """
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    src_dir = find_reproducers() / "simnvml"
+    sources = sorted(src_dir.glob("*.c"))
+    if not sources:
+        raise BuildError("the simulated NVML", f"no C sources in {src_dir}")
+    driver = os.environ.get("FORENSICS_SIMNVML_DRIVER") or DEFAULT_DRIVER
+    target = out / f"libnvidia-ml.so.{driver}"
+    deps = sources + sorted(src_dir.glob("*.h"))
+    if force or not target.exists() or target.stat().st_mtime < _newest_mtime(deps):
+        cmd = [_gcc(), "-O1", "-g", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden",
+               "-Wl,-soname,libnvidia-ml.so.1", *map(str, sources), "-lm", "-lpthread"]
+        _compile("the simulated NVML (libnvidia-ml.so.1)", cmd, target)
+    _replace_symlink(out / "libnvidia-ml.so.1", target.name)
+    return out
+
+
+def build_c_reproducer(out_dir: str | Path, nvml_dir: str | Path | None = None) -> Path:
+    """Compile ``reproducers/nvml_nvlink_fieldvalues.c`` into ``out_dir`` and return the binary.
+
+    The binary ``dlopen``\\ s ``libnvidia-ml.so.1`` at run time, so it uses whatever the
+    loader finds (LD_LIBRARY_PATH first).  ``nvml_dir`` is recorded as a DT_RUNPATH, a
+    fallback that LD_LIBRARY_PATH still overrides.
+
+    :param out_dir: directory to build into; created if missing.
+    :param nvml_dir: optional fallback directory holding libnvidia-ml.so.1.
+    :return: path of the ``nvml_nvlink_fieldvalues`` executable.
+    :raises BuildError: when gcc is missing or fails.
+    """
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    src = find_reproducers() / _C_REPRODUCER
+    target = out / "nvml_nvlink_fieldvalues"
+    stamp = out / ".nvml_nvlink_fieldvalues.runpath"
+    runpath = str(Path(nvml_dir).resolve()) if nvml_dir else ""
+    stale = not target.exists() or target.stat().st_mtime < src.stat().st_mtime
+    if stale or not stamp.exists() or stamp.read_text() != runpath:
+        cmd = [_gcc(), "-O1", "-g", "-Wall", str(src), "-ldl", "-lpthread"]
+        if runpath:
+            cmd.append(f"-Wl,--enable-new-dtags,-rpath,{runpath}")
+        _compile("the C reproducer (nvml_nvlink_fieldvalues)", cmd, target)
+        stamp.write_text(runpath)
+    return target
+
+
+def sim_environment(
+    lib_dir: str | Path,
+    *,
+    fault: str = "none",
+    fault_after: int = 0,
+    heap_message: str = "prev",
+    fault_thread: str = "any",
+    gpus: int | None = None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """An environment that runs a process on the simulated node.
+
+    ``lib_dir`` goes first on LD_LIBRARY_PATH; every ``FORENSICS_SIMNVML_*`` not given is
+    removed, so the library's defaults apply.
+
+    :param lib_dir: the directory :func:`build_simnvml` returned.
+    :param base: environment to start from (default: ``os.environ``).
+    :raises ValueError: for an unknown fault, heap message or thread filter.
+
+    >>> sim_environment("/tmp/sim", fault="heap", base={})["FORENSICS_SIMNVML_FAULT"]
+    'heap'
+    """
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
+    if heap_message not in ("prev", "next-size"):
+        raise ValueError(f"unknown heap message {heap_message!r}; choose prev or next-size")
+    if fault_thread not in ("any", "non-main"):
+        raise ValueError(f"unknown fault thread {fault_thread!r}; choose any or non-main")
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("FORENSICS_SIMNVML_")}
+    old = env.get("LD_LIBRARY_PATH")
+    env["LD_LIBRARY_PATH"] = str(lib_dir) + (os.pathsep + old if old else "")
+    env["FORENSICS_SIMNVML_FAULT"] = fault
+    env["FORENSICS_SIMNVML_FAULT_AFTER"] = str(fault_after)
+    env["FORENSICS_SIMNVML_HEAP_MESSAGE"] = heap_message
+    env["FORENSICS_SIMNVML_FAULT_THREAD"] = fault_thread
+    if gpus is not None:
+        env["FORENSICS_SIMNVML_GPUS"] = str(gpus)
+    return env
+
+
+def default_cache_dir() -> Path:
+    """``$FORENSICS_CACHE``, else ``$XDG_CACHE_HOME/forensics``, else ``~/.cache/forensics``."""
+    if os.environ.get("FORENSICS_CACHE"):
+        return Path(os.environ["FORENSICS_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "forensics"
+
+
+def ensure_stack_venv(name: str, cache_dir: str | Path | None = None) -> Path:
+    """Create (once) a virtual environment holding one PyPI stack and return its python.
+
+    ``incident``: nvitop 1.5.0 + nvitop-exporter 1.5.0, then nvidia-ml-py 12.575.51 over
+    them.  ``current``: nvitop 1.7.2 + nvitop-exporter 1.7.2 + nvidia-ml-py 13.580.126.
+    The venv lives in ``<cache>/venvs/<name>``; it is complete once its
+    ``forensics-stack.json`` records the pins, and is rebuilt when the pins change.
+
+    :param name: ``"incident"`` or ``"current"``.
+    :param cache_dir: default :func:`default_cache_dir`.
+    :return: path of the venv's ``bin/python``.
+    :raises ValueError: for an unknown stack name.
+    :raises BuildError: when the venv or pip fails (for instance with no access to PyPI).
+    """
+    if name not in STACKS:
+        raise ValueError(f"unknown stack {name!r}; choose one of {', '.join(STACKS)}")
+    steps = STACKS[name]
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    venvs = root / "venvs"
+    venvs.mkdir(parents=True, exist_ok=True)
+    venv = venvs / name
+    python = venv / "bin" / "python"
+    marker = venv / "forensics-stack.json"
+    wanted = {"stack": name, "steps": [list(s) for s in steps]}
+    with open(venvs / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if marker.exists() and json.loads(marker.read_text()) == wanted and python.exists():
+                return python
+        except (OSError, ValueError):
+            pass
+        if venv.exists():
+            shutil.rmtree(venv)
+        what = f"the {name} stack venv ({venv})"
+        _run_build(what, [_base_python(), "-m", "venv", str(venv)])
+        for step in steps:
+            _run_build(what, [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *step])
+        marker.write_text(json.dumps(wanted, indent=1) + "\n")
+    return python
+
+
+def _base_python() -> str:
+    """An interpreter to make venvs with: this one (``-m venv`` from a venv uses its base)."""
+    return sys.executable or shutil.which("python3") or "python3"
+
+
+def _run_build(what: str, cmd: list[str]) -> None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(what, f"{cmd[0]}: {e}") from e
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")] or proc.stderr.splitlines()[-1:]
+        raise BuildError(what, f"{' '.join(cmd[1:4])} exited {proc.returncode}: {' '.join(lines)[:400]}")
