@@ -74,6 +74,9 @@ def _write_new(path: str, text: str, force: bool) -> None:
 @click.option("--sysroot", type=click.Path(file_okay=False), help="Directory holding the crashed process's files at the paths the core names (an unpacked image, /proc/PID/root).")
 @click.option("--exe", type=click.Path(dir_okay=False), help="The executable, when it is not at the path the core names.")
 @click.option("--native", "merged", is_flag=True, help="Merged view: Python frames placed where their evaluation-loop native frames stand.")
+@click.option("--method", type=click.Choice(["auto", "gdb", "direct", "both"]), default="auto", show_default=True,
+              help="Python stacks: direct (our reader: no gdb, no debug symbols), gdb (CPython debug symbols), "
+                   "both (compared frame for frame), auto (native by gdb, Python by direct, gdb as fallback).")
 @click.option("--gdb", "gdb_path", default="gdb", show_default=True, help="gdb to run.")
 @click.option("--debuginfod", metavar="URL", default=None, help="Let gdb fetch debug info from this debuginfod server (off by default).")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds gdb may take per core.")
@@ -82,7 +85,7 @@ def _write_new(path: str, text: str, force: bool) -> None:
 @output_option
 @force_option
 @verbose_option
-def analyze(inputs, sysroot, exe, merged, gdb_path, debuginfod, timeout, jobs, as_json, output, force, verbose):
+def analyze(inputs, sysroot, exe, merged, method, gdb_path, debuginfod, timeout, jobs, as_json, output, force, verbose):
     """Analyze a core: signal, abort message, every thread's native and Python stack.
 
     INPUTS is one core, or several cores / directories of cores for batch triage
@@ -90,14 +93,14 @@ def analyze(inputs, sysroot, exe, merged, gdb_path, debuginfod, timeout, jobs, a
 
     \b
     Exit codes: 0 analysed; 1 error (bad input, see the message); 2 usage;
-    3 batch with unreadable cores; 4 partial result (no gdb, no CPython
-    debug symbols, or a truncated core).
+    3 batch with unreadable cores; 4 partial result (no gdb, no Python
+    stacks, a truncated core, or --method both found a disagreement).
     """
     from .analyze.batch import find_cores
 
     paths = find_cores(inputs)
     single = len(inputs) == 1 and not os.path.isdir(inputs[0])
-    options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod)
+    options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method)
     if single:
         from .analyze import analyze_core
         from .format import analysis_payload, format_analysis, json_document

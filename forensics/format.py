@@ -164,7 +164,8 @@ def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool
     yield f"Fingerprint: {analysis.fingerprint}"
     if snap.python_version:
         yield f"Python:      {snap.python_version}"
-    yield f"Stacks:      {snap.method}; Python: {snap.python_stack_status}"
+    yield (f"Stacks:      native by {snap.native_method}; Python by {snap.python_method}: "
+           f"{snap.python_stack_status}")
     if core.nvml is not None:
         n = core.nvml
         yield f"NVML:        {n.path} driver {n.driver_version or '?'} build-id {n.build_id or '?'}"

@@ -167,7 +167,7 @@ class GdbSession:
 
     # -- the job ----------------------------------------------------------------------------------
 
-    def analyze(self, core: CoreFile, exe_file: str | None) -> GdbResult:
+    def analyze(self, core: CoreFile, exe_file: str | None, *, python: bool = True) -> GdbResult:
         """Load ``core`` with ``exe_file`` and run both scripts; return their JSON.
 
         The executable stays loaded between calls with the same ``exe_file``, and the
@@ -194,12 +194,14 @@ class GdbSession:
         native = parse_marker_json(self.console("forensics-native"), NATIVE_MARKER)
         if native is None:
             raise GdbError(self._stage, "forensics-native printed no result")
-        self._stage = "reading Python stacks"
-        python = parse_marker_json(self.console("forensics-python", check=False), PYTHON_MARKER)
+        py_doc = None
+        if python:
+            self._stage = "reading Python stacks"
+            py_doc = parse_marker_json(self.console("forensics-python", check=False), PYTHON_MARKER)
         self._stage = "unloading"
         self.console("core-file", check=False)
         self._stage = "ready"
-        return GdbResult(native=native, python=python, log=tuple(self._log))
+        return GdbResult(native=native, python=py_doc, log=tuple(self._log))
 
     @property
     def closed(self) -> bool:
@@ -244,10 +246,10 @@ def _index_cache_dir() -> Path | None:
 
 
 def run_gdb(core: CoreFile, exe_file: str | None, *, gdb: str = "gdb", timeout: float = DEFAULT_TIMEOUT,
-            debuginfod: str | None = None) -> GdbResult:
-    """Start gdb, analyze one core, stop gdb."""
+            debuginfod: str | None = None, python: bool = True) -> GdbResult:
+    """Start gdb, analyze one core (Python stacks too unless ``python`` is false), stop gdb."""
     with GdbSession(gdb, timeout=timeout, debuginfod=debuginfod) as session:
-        return session.analyze(core, exe_file)
+        return session.analyze(core, exe_file, python=python)
 
 
 def update_link_farm(core: CoreFile, farm: Path) -> None:

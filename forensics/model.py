@@ -261,8 +261,11 @@ class ProcessSnapshot:
     threads: tuple[Thread, ...]
     python_version: str | None
     python_stack_status: str  # "ok", or why Python stacks are missing and how to get them
-    method: str  # what produced the stacks: "gdb" or "none"
+    native_method: str  # what produced the native stacks: "gdb", or "registers" (program counters only)
+    python_method: str  # what produced the Python stacks: "gdb", "direct" or "none"
     sysroot: str | None
+    requested_method: str = "auto"  # --method as asked
+    method_disagreements: tuple[str, ...] = ()  # --method both: where gdb and direct differ
     warnings: tuple[str, ...] = ()
 
     @property
@@ -275,11 +278,13 @@ class ProcessSnapshot:
 
     @property
     def is_complete(self) -> bool:
-        """False when stacks are missing (no gdb, no CPython symbols) or the core is truncated."""
+        """False when stacks are missing (no gdb, no CPython symbols), the methods disagree, or the core is truncated."""
+        native_ok = self.native_method == "gdb" or self.requested_method == "direct"
         return (
-            self.method != "none"
+            native_ok
             and self.python_stack_status in ("ok", "not a Python process")
             and not self.core.truncated
+            and not self.method_disagreements
         )
 
     @property

@@ -9,7 +9,7 @@ import re
 
 from ..core import open_core
 from ..errors import GdbError, GdbNotFound
-from ..gdb import GdbResult, GdbSession, run_gdb
+from ..gdb import GdbSession, run_gdb
 from ..model import (
     Analysis,
     CoreFile,
@@ -25,7 +25,7 @@ from .classify import classify_crash
 from .fingerprint import fingerprint, fingerprint_basis
 from .stacks import build_threads
 
-__all__ = ["analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot", "is_python_process"]
+__all__ = ["METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot", "compare_python_docs", "is_python_process", "registers_only"]
 
 _LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
 
@@ -53,37 +53,75 @@ def _python_symbols_hint(core: CoreFile) -> str:
     )
 
 
-def build_snapshot(core: CoreFile, result: GdbResult | None, *, sysroot: str | None,
-                   gdb_problem: str | None = None) -> ProcessSnapshot:
-    """Join the core reader's facts with gdb's stacks into one snapshot."""
-    warnings: list[str] = []
-    python_version = None
-    if result is None:
-        threads = ()
-        status = f"no stacks: {gdb_problem}" if gdb_problem else "no stacks"
-        method = "none"
-        if gdb_problem:
-            warnings.append(gdb_problem)
+METHODS = ("auto", "gdb", "direct", "both")
+
+
+def registers_only(core: CoreFile) -> dict:
+    """A native-stack document with each thread's program counter only (no unwinding without gdb)."""
+    return {"threads": [
+        {"num": i + 1, "lwp": t.tid, "frames": [{"pc": t.pc}], "error": "native stack needs gdb: program counter only"}
+        for i, t in enumerate(core.threads)
+    ]}
+
+
+def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
+    """Where two Python-state documents (gdb walker, direct reader) disagree, frame for frame.
+
+    >>> compare_python_docs({"status": "ok", "threads": []}, {"status": "ok", "threads": []})
+    []
+    """
+    if not a or not b:
+        return ["one method gave no result"]
+    if a.get("status") != b.get("status"):
+        return [f"status {a.get('status')} (gdb) vs {b.get('status')} (direct)"]
+    out = []
+    ta = {t.get("native_thread_id"): t for t in a.get("threads", [])}
+    tb = {t.get("native_thread_id"): t for t in b.get("threads", [])}
+    for tid in sorted(set(ta) | set(tb), key=lambda x: (x is None, x or 0)):
+        if tid not in ta or tid not in tb:
+            out.append(f"thread {tid} only in {'gdb' if tid in ta else 'direct'}")
+            continue
+        fa = [(f.get("function"), f.get("file"), f.get("line")) for f in ta[tid].get("frames", [])]
+        fb = [(f.get("function"), f.get("file"), f.get("line")) for f in tb[tid].get("frames", [])]
+        if ta[tid].get("name") != tb[tid].get("name"):
+            out.append(f"thread {tid}: name {ta[tid].get('name')!r} vs {tb[tid].get('name')!r}")
+        for i, (x, y) in enumerate(zip(fa, fb)):
+            if x != y:
+                out.append(f"thread {tid} frame {i}: {x} (gdb) vs {y} (direct)")
+                break
+        if len(fa) != len(fb):
+            out.append(f"thread {tid}: {len(fa)} frames (gdb) vs {len(fb)} (direct)")
+    return out
+
+
+def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, sysroot: str | None,
+                   native_method: str, python_method: str, requested: str = "auto",
+                   problems: tuple[str, ...] = (), disagreements: tuple[str, ...] = ()) -> ProcessSnapshot:
+    """Join the core reader's facts with the native and Python stacks into one snapshot."""
+    warnings: list[str] = list(problems)
+    python_version = python.get("python_version") if python else None
+    threads = build_threads(core, native or registers_only(core), python)
+    py_status = python.get("status") if python else None
+    if not is_python_process(core) and py_status != "ok":
+        status = "not a Python process"
+    elif python is None:
+        status = "Python stacks unavailable: no method gave a result"
+        warnings.append(status)
+    elif py_status == "ok":
+        status = "ok"
+    elif py_status == "no-python-symbols":
+        status = "no CPython debug symbols: " + _python_symbols_hint(core)
+        if python.get("detail"):
+            status += f" ({python['detail']})"
+        warnings.append(status)
+    elif py_status == "error" and python.get("threads"):
+        status = f"partial: {python.get('detail') or 'the interpreter state is damaged'}"
+        warnings.append(f"Python stacks are partial: {python.get('detail')}")
     else:
-        threads = build_threads(core, result.native, result.python)
-        method = "gdb"
-        py = result.python
-        if not is_python_process(core):
-            status = "not a Python process"
-        elif py is None:
-            status = "Python stacks unavailable: the gdb script printed no result"
-            warnings.append(status)
-        elif py.get("status") == "ok":
-            status = "ok"
-            python_version = py.get("python_version")
-        elif py.get("status") == "no-python-symbols":
-            python_version = py.get("python_version")
-            status = "no CPython debug symbols: " + _python_symbols_hint(core)
-            warnings.append(status)
-        else:
-            python_version = py.get("python_version")
-            status = f"Python stacks unavailable: {py.get('detail') or py.get('status')}"
-            warnings.append(status)
+        status = f"Python stacks unavailable: {python.get('detail') or py_status}"
+        warnings.append(status)
+    for d in disagreements:
+        warnings.append(f"methods disagree: {d}")
     if core.truncated:
         warnings.append(
             f"core is truncated: {core.size} of {core.expected_size} bytes were written "
@@ -103,7 +141,10 @@ def build_snapshot(core: CoreFile, result: GdbResult | None, *, sysroot: str | N
         threads=threads,
         python_version=python_version,
         python_stack_status=status,
-        method=method,
+        native_method=native_method,
+        python_method=python_method if python else "none",
+        requested_method=requested,
+        method_disagreements=tuple(disagreements),
         sysroot=sysroot,
         warnings=tuple(warnings),
     )
@@ -153,6 +194,15 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
                     evidence=(f"core build-id {lib.build_id}", f"file {lib.file_path} build-id {lib.file_build_id}"),
                 )
             )
+    if snapshot.method_disagreements:
+        out.append(
+            Finding(
+                rule="python-methods-disagree",
+                severity=Severity.ERROR,
+                summary="the gdb walker and the direct reader give different Python stacks",
+                evidence=snapshot.method_disagreements,
+            )
+        )
     if core.truncated:
         out.append(
             Finding(
@@ -178,30 +228,65 @@ def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
 
 
 def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = None, gdb: str = "gdb",
-                 timeout: float = 120.0, debuginfod: str | None = None,
+                 timeout: float = 120.0, debuginfod: str | None = None, method: str = "auto",
                  session: GdbSession | None = None) -> Analysis:
     """Analyze one core file.
 
     :param sysroot: a directory holding the crashed process's files at the paths the core names
     :param exe: the executable, when it is not at the path the core names
+    :param method: how Python stacks are read — ``direct`` (our reader of the interpreter
+        state: no gdb, no debug symbols; native stacks are then program counters only),
+        ``gdb`` (gdb with CPython's debug symbols), ``both`` (both, compared frame for
+        frame), ``auto`` (native stacks from gdb when it is installed; Python stacks from
+        the direct reader, falling back to gdb's walker when the direct reader cannot)
     :param session: a running :class:`GdbSession` to reuse (batch mode)
     :raises ForensicsError: when the input is not a readable x86-64 core
-    :return: the analysis; when gdb is missing or fails, one without stacks whose
-        ``snapshot.method`` is ``"none"`` and whose warnings say why
+    :return: the analysis; a missing gdb or missing symbols leave a partial one whose
+        warnings say why
     """
+    if method not in METHODS:
+        raise ValueError(method)
     core = open_core(path, sysroot=sysroot, exe=exe)
     exe_lib = core.libraries[0] if core.libraries else None
     usable = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
     exe_file = exe_lib.file_path if exe_lib is not None and exe_lib.status in usable else None
-    result = problem = None
-    try:
-        if session is not None:
-            result = session.analyze(core, exe_file)
-        else:
-            result = run_gdb(core, exe_file, gdb=gdb, timeout=timeout, debuginfod=debuginfod)
-    except GdbNotFound as e:
-        problem = f"{e}; native and Python stacks need gdb ({e.help_text})"
-    except GdbError as e:
-        problem = str(e)
-    snapshot = build_snapshot(core, result, sysroot=sysroot, gdb_problem=problem)
+
+    direct = None
+    if method in ("direct", "both", "auto"):
+        from ..pyread import read_python_state
+
+        direct = read_python_state(core, sysroot=sysroot)
+    want_gdb_python = method in ("gdb", "both") or (method == "auto" and (direct or {}).get("status") != "ok")
+    result = None
+    problems: list[str] = []
+    if method != "direct":
+        try:
+            if session is not None:
+                result = session.analyze(core, exe_file, python=want_gdb_python)
+            else:
+                result = run_gdb(core, exe_file, gdb=gdb, timeout=timeout, debuginfod=debuginfod,
+                                 python=want_gdb_python)
+        except GdbNotFound as e:
+            problems.append(f"{e}; native stacks need gdb ({e.help_text})")
+        except GdbError as e:
+            problems.append(str(e))
+    gdb_python = result.python if result is not None else None
+    disagreements: tuple[str, ...] = ()
+    if method == "both":
+        disagreements = tuple(compare_python_docs(gdb_python, direct))
+    # Choose the Python document: the requested method's, or for auto the direct reader's when it worked.
+    if method == "gdb":
+        python, py_method = gdb_python, "gdb"
+    elif method == "direct":
+        python, py_method = direct, "direct"
+    elif (direct or {}).get("status") == "ok" or gdb_python is None:
+        python, py_method = direct, "direct"
+    else:
+        python, py_method = gdb_python, "gdb"
+    native_method = "gdb" if result is not None else "registers"
+    snapshot = build_snapshot(
+        core, result.native if result is not None else None, python, sysroot=sysroot,
+        native_method=native_method, python_method=py_method, requested=method,
+        problems=tuple(problems), disagreements=disagreements,
+    )
     return analyze_snapshot(snapshot)

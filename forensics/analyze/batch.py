@@ -87,6 +87,7 @@ def _analyze_one(path: str) -> BatchEntry:
         analysis = analyze_core(
             path, sysroot=_OPTIONS.get("sysroot"), exe=_OPTIONS.get("exe"), gdb=_OPTIONS.get("gdb", "gdb"),
             timeout=_OPTIONS.get("timeout", 120.0), debuginfod=_OPTIONS.get("debuginfod"), session=_SESSION,
+            method=_OPTIONS.get("method", "auto"),
         )
         return BatchEntry(path=path, mtime=mtime, analysis=analysis, error=None)
     except ForensicsError as e:

@@ -37,14 +37,16 @@ def expected_main_stack(scenario: str) -> list[tuple[str, int]]:
     ]
 
 
+# method="both": the gdb walker and the direct reader both run and must agree frame for frame
+# (a disagreement makes the snapshot incomplete, which the first test asserts against).
 @pytest.fixture(scope="module", params=python_params())
 def heap_analysis(request, cores):
-    return request.param, analyze_core(str(cores.get(request.param, "heap-prev")))
+    return request.param, analyze_core(str(cores.get(request.param, "heap-prev")), method="both")
 
 
 @pytest.fixture(scope="module", params=python_params())
 def segv_analysis(request, cores):
-    return request.param, analyze_core(str(cores.get(request.param, "segv")))
+    return request.param, analyze_core(str(cores.get(request.param, "segv")), method="both")
 
 
 def test_heap_corruption_is_classified_with_glibc_message(heap_analysis):
@@ -55,6 +57,7 @@ def test_heap_corruption_is_classified_with_glibc_message(heap_analysis):
     assert a.crash.abort_message == "double free or corruption (!prev)"
     assert a.crash.kind is CrashKind.HEAP_CORRUPTION
     assert a.snapshot.is_complete, a.snapshot.warnings
+    assert a.snapshot.method_disagreements == ()
     assert a.snapshot.python_version.startswith(version + ".")
 
 

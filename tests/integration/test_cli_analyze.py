@@ -157,8 +157,25 @@ def test_gdb_not_installed_still_reports_the_core(heap_core):
     doc = json.loads(r.stdout)
     a = doc["analysis"]
     assert a["crash"]["abort_message"] == "double free or corruption (!prev)"
-    assert a["snapshot"]["method"] == "none"
+    # native stacks need gdb (program counters only); Python stacks come from the direct reader
+    assert a["snapshot"]["native_method"] == "registers" and a["snapshot"]["python_method"] == "direct"
+    assert a["snapshot"]["threads"][0]["py_frames"][0]["function"] == "query_nvlink_throughput_counters"
     assert "gdb not found" in r.stderr and "apt-get install -y gdb" in r.stderr
+
+
+def test_method_direct_needs_no_gdb_and_is_complete(heap_core):
+    r = run("analyze", "--json", "--method", "direct", "--gdb", "/nonexistent/gdb", str(heap_core))
+    assert r.exit_code == EXIT_OK, r.stderr
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["python_method"] == "direct" and snap["native_method"] == "registers"
+    assert [t["name"] for t in snap["threads"]] == ["MainThread", "metrics-server"]
+
+
+def test_method_both_agrees(heap_core):
+    r = run("analyze", "--json", "--method", "both", str(heap_core))
+    assert r.exit_code == EXIT_OK, r.stderr
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["method_disagreements"] == [] and snap["native_method"] == "gdb"
 
 
 def _sysroot_copy(tmp_path: Path, files: list[str]) -> Path:
@@ -179,8 +196,8 @@ def test_python_without_debug_symbols_says_what_to_install(heap_core, tmp_path):
     root = _sysroot_copy(tmp_path, py_files)
     for f in py_files:
         subprocess.run(["strip", "--strip-debug", str(root / f.lstrip("/"))], check=True)
-    # WHEN analyzed against it
-    r = run("analyze", "--json", "--sysroot", str(root), str(heap_core))
+    # WHEN analyzed against it with the gdb method
+    r = run("analyze", "--json", "--method", "gdb", "--sysroot", str(root), str(heap_core))
     # THEN native stacks still come, and the Python stack's absence is explained
     assert r.exit_code == EXIT_PARTIAL, r.stderr
     doc = json.loads(r.stdout)
@@ -188,6 +205,11 @@ def test_python_without_debug_symbols_says_what_to_install(heap_core, tmp_path):
     assert status.startswith("no CPython debug symbols") and "-dbg" in status
     crashed = doc["analysis"]["snapshot"]["threads"][0]
     assert any(f["symbol"] == "forensics_heap_overflow" for f in crashed["native_frames"])
+    # and the default method reads the Python stacks anyway, without symbols
+    r = run("analyze", "--json", "--sysroot", str(root), str(heap_core))
+    assert r.exit_code == EXIT_OK, r.stderr
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["python_method"] == "direct" and snap["threads"][0]["py_frames"]
 
 
 def test_executable_with_another_build_id_is_flagged(heap_core, tmp_path):

@@ -107,7 +107,7 @@ def _analysis(abort="double free or corruption (!prev)", py_line=5):
         py_frames=(PyFrame(function="nvlink_throughput", file="/app/nvitop/api/device.py", line=py_line),),
     )
     snap = ProcessSnapshot(source=Source.CORE, core=core, threads=(t,), python_version="3.12.1",
-                           python_stack_status="ok", method="gdb", sysroot=None)
+                           python_stack_status="ok", native_method="gdb", python_method="gdb", sysroot=None)
     return analyze_snapshot(snap)
 
 
