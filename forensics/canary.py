@@ -247,8 +247,11 @@ class _Watch:
 
 def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duration: float = 60.0,
                timeout: float = 10.0, pid: int | None = None, core_dirs: tuple[str, ...] = (),
-               thresholds: Thresholds = Thresholds()) -> CanaryResult:
-    """Soak ``url`` and judge the result against ``thresholds``."""
+               thresholds: Thresholds = Thresholds(), stop_on_exit: bool = True) -> CanaryResult:
+    """Soak ``url`` and judge the result against ``thresholds``.
+
+    :param stop_on_exit: end the soak as soon as the watched ``pid`` dies
+    """
     if not (1 <= requests <= MAX_REQUESTS):
         raise CanaryError(f"--requests must be between 1 and {MAX_REQUESTS}")
     if not (1 <= concurrency <= 10_000):
@@ -284,8 +287,14 @@ def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duratio
         while not task.done():
             if watch is not None:
                 watch.poll(result)
-            await asyncio.wait([task], timeout=0.2)
-        task.result()
+                if stop_on_exit and not watch.alive:
+                    task.cancel()  # the watched process died: the soak has its answer
+                    break
+            await asyncio.wait([task], timeout=0.1)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
 
     t0 = time.perf_counter()
     asyncio.run(main())

@@ -20,10 +20,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import cache_dir
 from .errors import GdbError, GdbNotFound, GdbTimeout
 from .model import CoreFile, LibraryStatus
 
-__all__ = ["GdbResult", "GdbSession", "cache_dir", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm"]
+__all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm"]
 
 NATIVE_MARKER = "FORENSICS-NATIVE-JSON: "
 PYTHON_MARKER = "FORENSICS-PYTHON-JSON: "
@@ -227,15 +228,6 @@ class GdbSession:
         self.close()
 
 
-def cache_dir() -> Path:
-    """forensics' cache directory: $FORENSICS_CACHE, else $XDG_CACHE_HOME/forensics, else ~/.cache/forensics."""
-    env = os.environ.get("FORENSICS_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "forensics"
-
-
 def _index_cache_dir() -> Path | None:
     d = cache_dir() / "gdb-index"
     try:
@@ -265,8 +257,9 @@ def update_link_farm(core: CoreFile, farm: Path) -> None:
             continue
         target = os.path.abspath(lib.file_path)
         # gdb looks a library up by the name the dynamic loader used (link_map), which can
-        # be a symlink name such as libffi.so.8 for the file libffi.so.8.1.2.
-        for name in (lib.name, *_soname_aliases(lib.name)):
+        # be a symlink name such as libffi.so.8 for the file libffi.so.8.1.2, or the
+        # soname (libnvidia-ml.so.1 for libnvidia-ml.so.580.126.09).
+        for name in (lib.name, *_soname_aliases(lib.name), *_soname(target)):
             wanted.setdefault(name, target)  # two libraries of one name: the first mapped wins
     for entry in os.scandir(farm):
         if entry.name not in wanted or os.readlink(entry.path) != wanted[entry.name]:
@@ -275,6 +268,14 @@ def update_link_farm(core: CoreFile, farm: Path) -> None:
         link = farm / name
         if not os.path.islink(link):
             os.symlink(target, link)
+
+
+def _soname(path: str) -> list[str]:
+    from .core.image import ElfImage
+
+    image = ElfImage.from_file(path)
+    name = image.soname() if image is not None else None
+    return [name] if name and "/" not in name else []
 
 
 def _soname_aliases(name: str) -> list[str]:

@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .cache import cache_dir
 from .errors import BuildError
 
 __all__ = [
@@ -231,11 +232,8 @@ def sim_environment(
 
 
 def default_cache_dir() -> Path:
-    """``$FORENSICS_CACHE``, else ``$XDG_CACHE_HOME/forensics``, else ``~/.cache/forensics``."""
-    if os.environ.get("FORENSICS_CACHE"):
-        return Path(os.environ["FORENSICS_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "forensics"
+    """forensics' cache directory (see :func:`forensics.cache.cache_dir`)."""
+    return cache_dir()
 
 
 def ensure_stack_venv(name: str, cache_dir: str | Path | None = None) -> Path:

@@ -100,7 +100,7 @@ def _frames(thread, libcache):
             pc = frame.pc()
             # For caller frames, pc is a return address: look up pc - 1 so that a call that is
             # the last instruction of a function is attributed to that function.
-            lookup = pc if index == 0 or frame.type() != gdb.NORMAL_FRAME else pc - 1
+            lookup = pc if index == 0 or frame.type() != gdb.NORMAL_FRAME or pc == 0 else pc - 1
             name, offset = _symbol_offset(frame, lookup)
             if offset is not None and lookup != pc:
                 offset += 1
@@ -121,7 +121,8 @@ def _frames(thread, libcache):
             )
             index += 1
             frame = frame.older()
-        except gdb.error as e:
+        except (gdb.error, ValueError, OverflowError, TypeError) as e:
+            # a damaged stack can yield absurd frames: stop this thread, keep what was read
             error = "unwinding stopped at frame %d: %s" % (index, e)
             break
     if frame is not None and index >= MAX_FRAMES:

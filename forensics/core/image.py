@@ -24,6 +24,7 @@ _MAX_PHNUM = 512
 _MAX_CHAIN = 1 << 16
 
 DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_SYMENT, DT_GNU_HASH = 4, 5, 6, 10, 11, 0x6FFFFEF5
+DT_SONAME = 14
 _SYM = struct.Struct("<IBBHQQ")
 
 
@@ -180,6 +181,18 @@ class ElfImage:
                 except _Unreadable:
                     return None
         return None
+
+    def soname(self) -> str | None:
+        """DT_SONAME (e.g. ``libnvidia-ml.so.1`` for ``libnvidia-ml.so.580.126.09``), or None."""
+        dyn = self.dynamic()
+        if not dyn or DT_SONAME not in dyn or DT_STRTAB not in dyn:
+            return None
+        try:
+            raw = self._read(self._link_addr(dyn[DT_STRTAB]) + dyn[DT_SONAME], 256)
+        except _Unreadable:
+            return None
+        name = raw.split(b"\0", 1)[0]
+        return name.decode("utf-8", "replace") if name else None
 
     def _link_addr(self, value: int) -> int:
         # In memory, ld.so may have relocated DT_* pointers in place (glibc does on x86-64).

@@ -148,7 +148,7 @@ def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_versi
 
     driver = nvml.get("driver_version") or _get(cap, "node", "driver_version") or _get(repro, "environment", "driver") or UNKNOWN
     cuda = _get(repro, "environment", "cuda") or _get(cap, "node", "cuda_version") or UNKNOWN
-    gpu_names = _get(repro, "environment", "gpus") or _get(cap, "node", "gpus")
+    gpu_names = _get(repro, "environment", "gpus") or _get(cap, "node", "gpus")  # "8 x NVIDIA H20" or a list
     gpus = (", ".join(f"{n}x {name}" for name, n in _count(gpu_names).items()) if isinstance(gpu_names, list)
             else (str(gpu_names) if gpu_names else UNKNOWN))
     nvml_library = (f"{nvml.get('path')} (build-id {nvml.get('build_id') or '?'}, driver {nvml.get('driver_version') or '?'}"
@@ -162,7 +162,7 @@ def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_versi
 
     signature = a.get("signature") or UNKNOWN
     thread_name = crashed.get("name") or "unnamed"
-    top_py = (crashed.get("py_frames") or [{}])[0].get("function") if crashed.get("py_frames") else None
+    top_py = _title_frame(crashed.get("py_frames") or [])
     msg = crash.get("abort_message")
     what = f'aborts with "{msg}"' if msg else f"dies of {crash.get('signal_name') or 'a signal'}"
     title_core = f"exporter {what}" + (f" in {top_py}" if top_py else "") + (f" on driver {driver}" if driver != UNKNOWN else "")
@@ -230,6 +230,17 @@ def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_versi
     )
     ctx.missing = [f for f in REQUIRED_FIELDS[template] if _is_unknown(ctx.value(f))]
     return ctx
+
+
+_BINDING_FILES = ("pynvml.py", "/api/libnvml.py")
+
+
+def _title_frame(py_frames: list[dict]) -> str | None:
+    """The innermost Python frame above the NVML binding's wrappers: the caller that matters."""
+    for f in py_frames:
+        if not str(f.get("file") or "").endswith(_BINDING_FILES):
+            return f.get("function")
+    return py_frames[0].get("function") if py_frames else None
 
 
 def _is_unknown(v: Any) -> bool:

@@ -25,7 +25,7 @@ def escape(text: object) -> str:
     s = s.replace("\r", " ").replace("\n", " ")
     s = _SPECIAL.sub(r"\\\1", s)
     # a leading '#', '+', '-' or '1.' would make a heading or a list item
-    return re.sub(r"^(\s*)([#+-]|\d+\.)", r"\1\\\2", s)
+    return re.sub(r"^(\s*)(#|[+-](?=\s)|\d+[.)](?=\s))", r"\1\\\2", s)
 
 
 def fence(text: object, lang: str = "") -> str:

@@ -1,0 +1,225 @@
+"""``forensics demo``: the incident, end to end, on a CPU-only machine.
+
+The real nvitop-exporter of the incident's stack (nvitop 1.5.0 with nvidia-ml-py
+12.575.51 installed over it) runs on 127.0.0.1 against the simulated 8-GPU H20
+node (driver 580.126.09) with the heap fault on.  forensics raises its core limit,
+scrapes /metrics until it dies, analyzes the core, runs both minimal reproducers
+under the same fault, and writes the reports.  Each step prints a timeline line;
+the paths of everything written are printed at the end.  Nothing earlier is
+overwritten: each run writes a new directory unless ``--out`` names an empty one.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import ForensicsError
+
+__all__ = ["DemoResult", "DemoError", "run_demo"]
+
+HOSTNAME = "demo-node"  # what the exporter labels its metrics with (never a real address)
+
+
+class DemoError(ForensicsError, RuntimeError):
+    help_text = "Re-run with -v; the exporter's log is in the demo directory."
+
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(f"demo failed at '{step}': {detail}", step=step, detail=detail)
+
+
+@dataclass
+class DemoResult:
+    out_dir: str
+    timeline: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # what -> path
+    signature: str | None = None
+    fingerprint: str | None = None
+    python_frames: list[str] = field(default_factory=list)
+    reproduce_conclusion: str | None = None
+    ok: bool = False
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _enable_cores(pid: int) -> str:
+    """Raise the live process's RLIMIT_CORE to unlimited and read it back from /proc."""
+    import psutil
+
+    try:
+        psutil.Process(pid).rlimit(psutil.RLIMIT_CORE, (psutil.RLIM_INFINITY, psutil.RLIM_INFINITY))
+    except (psutil.Error, OSError) as e:
+        raise DemoError("enable cores", f"prlimit({pid}, RLIMIT_CORE): {e}") from e
+    with open(f"/proc/{pid}/limits") as f:
+        line = next((ln for ln in f if ln.startswith("Max core file size")), "")
+    return " ".join(line.split())
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoError("start exporter", f"nvitop-exporter exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise DemoError("start exporter", f"nothing listens on 127.0.0.1:{port} after {timeout:g}s")
+
+
+def _new_dir(base: Path) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    for i in range(1000):
+        d = base / (stamp if i == 0 else f"{stamp}-{i}")
+        try:
+            d.mkdir(parents=True)
+            return d
+        except FileExistsError:
+            continue
+    raise DemoError("prepare", f"cannot make a new directory under {base}")
+
+
+def run_demo(*, out: str | None = None, work: str | None = None, fault_after: int = 40,
+             timeout: float = 90.0, reproduce: bool = True, log: Callable[[str], None] = lambda s: None) -> DemoResult:
+    """Run the demo incident; return what happened and where it was written.
+
+    :param out: directory for the outputs (must be empty or absent); default a new
+        timestamped directory under ``./forensics-demo``
+    :param work: where the simulated NVML and scratch files go (default ``<out>/work``)
+    :param fault_after: NVLink field-value calls that succeed before the heap corruption
+    """
+    from . import __version__
+    from .analyze import analyze_core
+    from .canary import Thresholds, run_canary
+    from .format import analysis_payload, format_analysis, json_document, signature
+    from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
+
+    t0 = time.perf_counter()
+
+    def step(text: str) -> None:
+        line = f"[{time.perf_counter() - t0:6.1f}s] {text}"
+        result.timeline.append(line)
+        log(line)
+
+    if out:
+        out_dir = Path(out).resolve()
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise DemoError("prepare", f"{out_dir} is not empty (the demo never overwrites earlier output)")
+        out_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        out_dir = _new_dir(Path("forensics-demo").resolve())
+    result = DemoResult(out_dir=str(out_dir))
+    work_dir = Path(work).resolve() if work else out_dir / "work"
+    work_dir.mkdir(parents=True, exist_ok=True)
+
+    step("build the simulated NVML: 8 x NVIDIA H20, driver 580.126.09, NVML 13.580.126, CUDA 13.0")
+    lib_dir = build_simnvml(work_dir / "simnvml")
+    step("get the incident's stack: nvitop 1.5.0 + nvitop-exporter 1.5.0, then nvidia-ml-py 12.575.51 over them")
+    python = ensure_stack_venv("incident")
+    env = sim_environment(lib_dir, fault="heap", fault_after=fault_after, heap_message="prev")
+    run_dir = out_dir / "exporter"
+    run_dir.mkdir()
+    port = _free_port()
+    cmd = [str(python), "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", str(port),
+           "--interval", "0.5", "--hostname", HOSTNAME]
+    step(f"start nvitop-exporter on 127.0.0.1:{port} with the heap fault after {fault_after} NVLink queries")
+    with open(run_dir / "exporter.log", "wb") as logf:
+        proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                start_new_session=True)
+    try:
+        limits = _enable_cores(proc.pid)
+        step(f"forensics raised the exporter's core limit: {limits}")
+        _wait_port(port, proc, 30)
+        step("scrape /metrics until the exporter dies (forensics canary, watching the pid)")
+        canary = run_canary(f"http://127.0.0.1:{port}/metrics", requests=1_000_000, concurrency=4,
+                            duration=min(timeout, 60.0), pid=proc.pid, thresholds=Thresholds())
+        try:
+            rc = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired as e:
+            raise DemoError("wait for the crash", "the exporter did not die within the soak") from e
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    canary_file = out_dir / "canary.json"
+    canary_file.write_text(_canary_json(canary))
+    result.files["canary (scrapes until the crash)"] = str(canary_file)
+    step(f"exporter died: exit status {rc} after {canary.requests} scrapes ({canary.ok} answered); "
+         f"canary verdict {canary.verdict}")
+    core = next((p for p in sorted(run_dir.glob("core*")) if p.is_file()), None)
+    if core is None:
+        pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
+        raise DemoError("find the core", f"no core in {run_dir} (kernel.core_pattern is {pattern!r})")
+    step(f"the kernel wrote {core} ({core.stat().st_size:,} bytes)")
+
+    analysis = analyze_core(str(core))
+    result.signature, result.fingerprint = signature(analysis), analysis.fingerprint
+    crashed = analysis.snapshot.crashed_thread
+    result.python_frames = [f"{p.function} ({Path(p.file).name}:{p.line})" for p in (crashed.py_frames if crashed else ())]
+    a_json = out_dir / "analysis.json"
+    a_json.write_text(json_document("analyze", {"analysis": analysis_payload(analysis)}) + "\n")
+    a_txt = out_dir / "analysis.txt"
+    a_txt.write_text("\n".join(format_analysis(analysis, merged=True)) + "\n")
+    result.files["analysis (text, merged stacks)"] = str(a_txt)
+    result.files["analysis (JSON)"] = str(a_json)
+    step(f"forensics analyze: {result.signature}")
+
+    evidence = [str(a_json)]
+    if reproduce:
+        from .reproduce import run_reproducers
+
+        step("forensics reproduce: the Python and the C reproducer on the same node and fault")
+        rep = run_reproducers(workdir=work_dir, python=str(python), nvml_dir=None, env=env, iterations=200,
+                              threads=2, timeout=120)
+        result.reproduce_conclusion = rep.conclusion
+        r_json = out_dir / "reproduce.json"
+        h = rep.environment
+        r_json.write_text(json_document("reproduce", {
+            "reproduce": rep,
+            "environment": {"gpus": h.get("gpu"), "driver": h.get("driver"), "cuda": h.get("cuda driver"),
+                            "nvml": h.get("nvml"), "libnvidia_ml": h.get("libnvidia-ml"), "kernel": h.get("kernel"),
+                            "python": h.get("python"), "binding": h.get("binding")},
+            "runs": [{"name": r.name, "outcome": r.outcome, "signature": r.signature, "fingerprint": r.fingerprint,
+                      "core": r.core, "verdict": r.verdict} for r in rep.runs],
+            "conclusion": rep.conclusion}) + "\n")
+        result.files["reproduce (both reproducers)"] = str(r_json)
+        evidence.append(str(r_json))
+        step("reproduce: " + "; ".join(f"{r.name} {r.outcome}" for r in rep.runs) + f" -> {rep.conclusion}")
+
+    from .cli import _reproducer_sources
+    from .report import make_report
+
+    for template in ("nvitop", "nvml", "runbook"):
+        rep_md = make_report(evidence, template=template, tool_version=__version__,
+                             reproducer_sources=_reproducer_sources())
+        path = out_dir / f"report-{template}.md"
+        path.write_text(rep_md.markdown)
+        result.files[f"report ({template})"] = str(path)
+    step("forensics report: nvitop issue, NVIDIA report and incident runbook written (secrets redacted)")
+    nvlink = [f for f in result.python_frames if "nvlink" in f.lower()]
+    result.ok = bool(nvlink)
+    step("done: " + (f"nvitop's NVLink throughput query is on the crashing stack: {nvlink[0]}" if nvlink
+                     else "the NVLink query is not on the crashing stack"))
+    (out_dir / "timeline.txt").write_text("\n".join(result.timeline) + "\n")
+    result.files["timeline"] = str(out_dir / "timeline.txt")
+    return result
+
+
+def _canary_json(c) -> str:
+    from .format import json_document
+
+    doc = json.loads(json_document("canary", {"canary": c, "summary": {
+        "verdict": c.verdict, "success_rate": c.success_rate, "p50": c.percentile(50), "p99": c.percentile(99)}}))
+    doc["canary"].pop("latencies", None)
+    return json.dumps(doc, sort_keys=True, indent=2) + "\n"

@@ -1,0 +1,84 @@
+"""`forensics reproduce` and `forensics demo` on the simulated NVML with the real PyPI stacks."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.errors import EXIT_FINDINGS, EXIT_OK
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, core_pattern):
+    return tmp_path_factory.mktemp("reproduce")
+
+
+def test_clean_node_reproduces_nothing(workdir):
+    r = run("reproduce", "--json", "--sim", "--iterations", "20", "--workdir", str(workdir))
+    assert r.exit_code == EXIT_OK, r.stderr
+    doc = json.loads(r.stdout)
+    assert [x["outcome"] for x in doc["runs"]] == ["clean", "clean"]
+    assert doc["environment"]["gpus"] == "8 x NVIDIA H20" and doc["environment"]["driver"] == "580.126.09"
+    assert doc["conclusion"].startswith("neither")
+
+
+def test_fault_only_the_python_pattern_triggers_is_blamed_on_the_binding(workdir):
+    # GIVEN a sim fault keyed to calls from non-main threads: only the Python reproducer makes such calls
+    r = run("reproduce", "--json", "--sim", "--sim-fault", "heap", "--sim-fault-thread", "non-main",
+            "--iterations", "20", "--workdir", str(workdir))
+    assert r.exit_code == EXIT_FINDINGS, r.stderr
+    doc = json.loads(r.stdout)
+    runs = {x["name"]: x for x in doc["runs"]}
+    # THEN the report names the Python reproducer, with its core analysed, and not the C one
+    assert runs["python"]["outcome"] == "crashed (SIGABRT)" and runs["c"]["outcome"] == "clean"
+    assert doc["conclusion"].startswith("only the Python reproducer failed")
+    assert Path(runs["python"]["core"]).is_file()
+    sig = runs["python"]["signature"]
+    assert sig.startswith('SIGABRT "double free or corruption (!prev)"')
+    # the simulated library is found by its soname (libnvidia-ml.so.1) and its frames are named
+    assert "via nvlink_scratch_overflow (libnvidia-ml.so.580.126.09)" in sig
+
+
+def test_fault_in_the_driver_crashes_both(workdir):
+    r = run("reproduce", "--json", "--sim", "--sim-fault", "segv", "--iterations", "20", "--workdir", str(workdir))
+    assert r.exit_code == EXIT_FINDINGS
+    doc = json.loads(r.stdout)
+    assert [x["outcome"] for x in doc["runs"]] == ["crashed (SIGSEGV)", "crashed (SIGSEGV)"]
+    assert doc["conclusion"].startswith("both reproducers failed") and "driver" in doc["conclusion"]
+
+
+def test_nvml_path_must_exist(tmp_path):
+    r = run("reproduce", "--nvml", str(tmp_path / "nope.so"), "--workdir", str(tmp_path))
+    assert r.exit_code == 1 and "no such file" in r.stderr
+
+
+def test_demo_incident_end_to_end(tmp_path, core_pattern):
+    # WHEN the demo runs the incident's exporter on the simulated node with the heap fault
+    out = tmp_path / "demo"
+    r = run("demo", "--json", "--out", str(out))
+    assert r.exit_code == EXIT_OK, r.stderr
+    demo = json.loads(r.stdout)["demo"]
+    # THEN the crash was caught, and nvitop's NVLink throughput query is on the crashing Python stack
+    assert demo["ok"] and demo["signature"].startswith('SIGABRT "double free or corruption (!prev)"')
+    assert any("Device.nvlink_throughput" in f for f in demo["python_frames"])
+    analysis = json.loads((out / "analysis.json").read_text())["analysis"]
+    assert analysis["snapshot"]["core"]["nvml"]["driver_version"] == "580.126.09"
+    canary = json.loads((out / "canary.json").read_text())
+    assert canary["summary"]["verdict"] == "FAIL" and canary["canary"]["process_events"]
+    report = (out / "report-nvitop.md").read_text()
+    assert "query\\_nvlink\\_throughput\\_counters" in report and analysis["fingerprint"] in report
+    # and the timeline says each step
+    timeline = (out / "timeline.txt").read_text()
+    for step in ("simulated NVML", "incident's stack", "core limit", "kernel wrote", "forensics analyze",
+                 "forensics report"):
+        assert step in timeline
+    # a second run never overwrites the first
+    r2 = run("demo", "--out", str(out))
+    assert r2.exit_code == 1 and "not empty" in r2.stderr
