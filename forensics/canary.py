@@ -150,7 +150,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
 
 
 async def _soak(url: str, requests: int, concurrency: int, duration: float, timeout: float,
-                result: CanaryResult, on_body: Callable[[bytes], None]) -> None:
+                result: CanaryResult, on_body: Callable[[bytes], None], stop: dict | None = None) -> None:
     host, port, path = _split_url(url)
     request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/plain\r\nUser-Agent: forensics-canary\r\n\r\n".encode()
     deadline = time.monotonic() + duration
@@ -159,7 +159,9 @@ async def _soak(url: str, requests: int, concurrency: int, duration: float, time
     async def worker() -> None:
         nonlocal issued
         reader = writer = None
-        while issued < requests and time.monotonic() < deadline:
+        # A flag as well as cancellation: asyncio.wait_for can swallow a cancel that races a
+        # finished connect (3.11), and a refused connect finishes at once.
+        while issued < requests and time.monotonic() < deadline and not (stop and stop["now"]):
             issued += 1
             t0 = time.perf_counter()
             try:
@@ -282,13 +284,16 @@ def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duratio
             return
         result.families, result.nan_samples = fams, nans
 
+    stop = {"now": False}
+
     async def main() -> None:
-        task = asyncio.ensure_future(_soak(url, requests, concurrency, duration, timeout, result, on_body))
+        task = asyncio.ensure_future(_soak(url, requests, concurrency, duration, timeout, result, on_body, stop))
         while not task.done():
             if watch is not None:
                 watch.poll(result)
                 if stop_on_exit and not watch.alive:
-                    task.cancel()  # the watched process died: the soak has its answer
+                    stop["now"] = True  # the watched process died: the soak has its answer
+                    task.cancel()
                     break
             await asyncio.wait([task], timeout=0.1)
         try:
