@@ -18,7 +18,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import ForensicsError
+from .errors import ForensicsError, ProcessGone
 
 __all__ = [
     "CanaryError",
@@ -210,7 +210,7 @@ class _Watch:
             try:
                 self.core_dirs.append(os.readlink(f"/proc/{pid}/cwd"))
             except OSError as e:
-                raise CanaryError(f"pid {pid} is not running ({e.strerror})") from e
+                raise ProcessGone(pid, e.strerror or "") from e
         self.before = self._cores()
         self.alive = True
 
