@@ -93,8 +93,9 @@ def _write_new(path: str, text: str, force: bool) -> None:
 def analyze(inputs, sysroot, exe, merged, method, gdb_path, debuginfod, timeout, jobs, as_json, output, force, verbose):
     """Analyze a core: signal, abort message, every thread's native and Python stack.
 
-    INPUTS is one core, or several cores / directories of cores for batch triage
-    (a table of distinct crashes by fingerprint).
+    INPUTS is one core or capture bundle, or several cores / bundles / directories of
+    them (a core handler's directory) for batch triage: a table of distinct crashes by
+    fingerprint.
 
     \b
     Exit codes: 0 analysed; 1 error (bad input, see the message); 2 usage;
@@ -103,8 +104,10 @@ def analyze(inputs, sysroot, exe, merged, method, gdb_path, debuginfod, timeout,
     """
     from .analyze.batch import find_cores
 
+    from .analyze.batch import is_bundle
+
     paths = find_cores(inputs)
-    single = len(inputs) == 1 and not os.path.isdir(inputs[0])
+    single = len(inputs) == 1 and (not os.path.isdir(inputs[0]) or is_bundle(inputs[0]))
     options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method)
     if single:
         from .analyze import analyze_core
@@ -528,6 +531,16 @@ def _reproducer_sources() -> dict[str, str] | None:
         if f.is_file():
             out[lang] = f.read_text(errors="replace")[:200_000]
     return out or None
+
+
+def _register_capture() -> None:
+    from .capture.cli_commands import agent_group, capture_command, core_handler_command
+
+    for command in (capture_command, core_handler_command, agent_group):
+        cli.add_command(command)
+
+
+_register_capture()
 
 
 def main() -> None:

@@ -289,3 +289,15 @@ __all__ += [
     "SkopeoError",
     "ExecuteError",
 ]
+
+
+class LimitNotRaised(ForensicsError, PermissionError):
+    help_text = ("Raising a hard limit needs CAP_SYS_RESOURCE: run as real root (not a capability-reduced container), "
+                 "or start the process with a non-zero hard RLIMIT_CORE (ulimit -Hc unlimited).")
+
+    def __init__(self, pid: int, hard: str, detail: str) -> None:
+        super().__init__(f"process {pid}: RLIMIT_CORE not raised: hard limit {hard}; {detail}", pid=pid, hard=hard,
+                         detail=detail)
+
+
+__all__ += ["LimitNotRaised"]

@@ -232,6 +232,7 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
                  session: GdbSession | None = None) -> Analysis:
     """Analyze one core file.
 
+    :param path: a core file, or a capture bundle directory (its stored objects are the sysroot)
     :param sysroot: a directory holding the crashed process's files at the paths the core names
     :param exe: the executable, when it is not at the path the core names
     :param method: how Python stacks are read — ``direct`` (our reader of the interpreter
@@ -246,6 +247,15 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     """
     if method not in METHODS:
         raise ValueError(method)
+    from .batch import is_bundle
+
+    if is_bundle(path):
+        # A capture bundle carries its core and every mapped object, keyed by build-id:
+        # the bundle is its own sysroot, so it analyzes on any machine.
+        from ..capture.bundle import bundle_sysroot
+
+        path, bundle_root = bundle_sysroot(path)
+        sysroot = sysroot or bundle_root
     core = open_core(path, sysroot=sysroot, exe=exe)
     exe_lib = core.libraries[0] if core.libraries else None
     usable = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)

@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 from ..errors import ForensicsError, GdbError, InputNotFound
 from ..model import Analysis, BatchEntry, BatchGroup, BatchResult
 
-__all__ = ["find_cores", "analyze_many", "group_entries", "MAX_INPUTS"]
+__all__ = ["find_cores", "is_bundle", "analyze_many", "group_entries", "MAX_INPUTS"]
 
 MAX_INPUTS = 100_000
 _ELF_CORE_HEAD = b"\x7fELF"
@@ -29,26 +29,42 @@ def _is_core(path: str) -> bool:
     return len(head) == 18 and head[:4] == _ELF_CORE_HEAD and head[16:18] == b"\x04\x00"
 
 
+def is_bundle(path: str) -> bool:
+    """A capture bundle: a directory with its MANIFEST.json and a core (``50-core/`` or at its top)."""
+    from ..capture.bundle import MANIFEST, find_core_in_bundle
+
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, MANIFEST)):
+        return False
+    return find_core_in_bundle(path) is not None
+
+
 def find_cores(inputs: Iterable[str]) -> list[str]:
-    """Expand files and directories into core file paths (directories: ELF cores inside, sorted).
+    """Expand files and directories into cores and capture bundles (sorted; symlinks not followed).
 
     Files named explicitly are kept whatever they are, so a bad one gets its own error row.
-    Symlinks inside directories are not followed.
+    A directory that is itself a bundle stands for its core; inside a directory, ELF cores
+    and bundles (a core handler's ``crashes/<id>``) are found.
     """
     out: list[str] = []
     for item in inputs:
         if not os.path.lexists(item):
             raise InputNotFound(item)
-        if os.path.isdir(item):
+        if is_bundle(item):
+            out.append(item)
+        elif os.path.isdir(item):
             found = []
             for root, dirs, files in os.walk(item, followlinks=False):
-                dirs.sort()
+                if is_bundle(root):
+                    found.append(root)
+                    dirs[:] = []  # the bundle's own files (its decompressed core) are not separate inputs
+                    continue
+                dirs[:] = sorted(d for d in dirs if d not in ("objects", ".sysroot"))
                 for name in sorted(files):
                     p = os.path.join(root, name)
                     if not os.path.islink(p) and _is_core(p):
                         found.append(p)
-                    if len(out) + len(found) >= MAX_INPUTS:
-                        break
+                if len(out) + len(found) >= MAX_INPUTS:
+                    break
             out.extend(found)
         else:
             out.append(item)

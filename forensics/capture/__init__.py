@@ -1,0 +1,23 @@
+"""Capture: arm a live process for a useful core, collect cores and their context on the node.
+
+Submodules, one per step of a capture:
+
+- :mod:`.procfs`: read ``/proc/PID`` (maps, limits, mountinfo, cgroup, environ redacted) and
+  resolve paths inside a container's root without following a symlink out of it
+- :mod:`.identity`: pod, container and runtime from a cgroup path (v1 and v2; containerd,
+  CRI-O, Docker naming)
+- :mod:`.pattern`: ``kernel.core_pattern`` read with core(5) semantics; where this process's
+  core will go; install and uninstall of the pipe handler
+- :mod:`.arm`: ``forensics capture --pid``: raise RLIMIT_CORE, set ``coredump_filter``
+- :mod:`.store`: the build-id keyed object store shared by every core in a directory
+- :mod:`.handler`: ``forensics core-handler``, the program the kernel pipes cores to
+- :mod:`.snapshot`: the process snapshot (NVML library and its origin, interpreter, libpython,
+  nvitop / nvidia-ml-py files)
+- :mod:`.bundle`: the evidence bundle (ordered items, sha256 manifest) and its sysroot
+- :mod:`.kube`: ``forensics capture --pod`` through kubectl, the agent pod and DaemonSet manifests
+
+Importing this package imports none of them: the core handler must start fast.
+"""
+from __future__ import annotations
+
+__all__: list[str] = []

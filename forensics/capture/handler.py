@@ -1,0 +1,679 @@
+"""``forensics core-handler``: the program the kernel pipes a core to.
+
+``kernel.core_pattern = |/…/forensics core-handler DIR %P %I %s %t %c``.  The kernel runs it
+as root, on the host, with no environment, and writes the core to its stdin; the dying
+process waits until stdin is read to the end.  The handler:
+
+1. reads ``/proc/PID`` while the process still exists (the process exists until the core
+   is fully read) and opens every mapped ELF object through ``/proc/PID/map_files``;
+2. decides, under a lock on DIR, whether to keep the core: RLIMIT_CORE (``%c``) below one
+   page keeps metadata only (as systemd-coredump does); so does the crash-loop limit (the
+   first N cores per container image and signal per hour) and the minimum free space;
+3. streams stdin through zstd (constant memory) to ``50-core/.core.zst.tmp``, cutting it at
+   the maximum core size (or ``%c``), while a thread copies the mapped objects into the
+   build-id store; on a full disk it releases a reserve made at the start, ends the zstd
+   frame and keeps the metadata;
+4. renames the core into place (``core.zst`` whole, ``core.truncated.zst`` cut,
+   ``core.partial.zst`` when even the frame end did not fit), writes the metadata and the
+   manifest, then deletes the oldest cores beyond the directory's budget (metadata stays,
+   and the newest core of each fingerprint stays).
+
+Whatever fails, stdin is drained to the end (the kernel never waits on us) and the failure
+goes to the kernel log (``/dev/kmsg``) and syslog.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", "drain", "log_kernel",
+           "parse_core_head", "enforce_budget"]
+
+PAGE = 4096
+_CHUNK = 1 << 20
+_HEAD = 4 << 20
+_RESERVE = 1 << 20
+_F_SETPIPE_SZ = 1031
+
+
+@dataclass
+class HandlerConfig:
+    """Bounds of a core directory (``DIR/handler.json`` ``config``; command-line options override)."""
+
+    max_core_size: int = 32 << 30  # uncompressed bytes kept of one core; the rest is drained
+    budget: int = 0  # total bytes of DIR; 0: no budget
+    min_free: int = 1 << 30  # keep at least this much free on DIR's filesystem
+    loop_limit: int = 5  # cores per (container image, signal) per hour; metadata for all
+    loop_window: int = 3600
+    level: int = 1  # zstd level
+    threads: int = 1  # zstd worker threads: 1 overlaps compression with reading the pipe (0: same thread)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HandlerConfig:
+        c = cls()
+        for k, v in d.items():
+            if hasattr(c, k) and v is not None:
+                setattr(c, k, int(v))
+        return c
+
+
+@dataclass
+class HandlerResult:
+    crash_dir: str | None = None
+    core_path: str | None = None
+    core_state: str = "none"  # "kept", "truncated", "partial", "metadata-only", "failed"
+    reasons: list[str] = field(default_factory=list)
+    bytes_in: int = 0
+    bytes_kept: int = 0
+    bytes_out: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def log_kernel(message: str, *, level: int = 3) -> None:
+    """One line to the kernel log (``/dev/kmsg``) and to syslog; never raises."""
+    line = f"forensics-core-handler[{os.getpid()}]: {message}"
+    try:
+        fd = os.open("/dev/kmsg", os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, f"<{level}>{line}\n".encode(errors="replace")[:1000])
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            s.settimeout(0.5)
+            s.connect("/dev/log")
+            s.send(f"<{24 + level}>{line}".encode(errors="replace")[:2000])  # facility daemon
+        finally:
+            s.close()
+    except OSError:
+        pass
+
+
+def drain(fd: int) -> int:
+    """Read ``fd`` to the end, discarding; bytes read (errors end it)."""
+    n = 0
+    buf = bytearray(_CHUNK)
+    while True:
+        try:
+            k = os.readv(fd, [buf])
+        except InterruptedError:
+            continue
+        except OSError:
+            return n
+        if k <= 0:
+            return n
+        n += k
+
+
+def load_config(core_dir: str) -> HandlerConfig:
+    try:
+        with open(os.path.join(core_dir, "handler.json")) as f:
+            return HandlerConfig.from_dict(json.load(f).get("config") or {})
+    except (OSError, ValueError, AttributeError):
+        return HandlerConfig()
+
+
+def parse_core_head(head: bytes) -> dict:
+    """From the first bytes of a core: signal, crashing thread's pc and the file it is in.
+
+    :return: ``{"signal", "pc", "module", "module_offset"}`` (values None when not found)
+    """
+    from ..core import elf
+
+    out = {"signal": None, "pc": None, "module": None, "module_offset": None}
+    try:
+        hdr = elf.parse_elf_header(head[: elf.EHDR64_SIZE])
+        phdrs = elf.parse_program_headers(head[hdr.phoff : hdr.phoff + hdr.phnum * elf.PHDR64_SIZE], hdr.phnum)
+    except (ValueError, struct.error, IndexError):
+        return out
+    files = ()
+    for p in phdrs:
+        if p.type != elf.PT_NOTE or p.offset + p.filesz > len(head):
+            continue
+        for note in elf.iter_notes(head[p.offset : p.offset + p.filesz]):
+            try:
+                if note.type == elf.NT_PRSTATUS and out["pc"] is None:
+                    t = elf.parse_prstatus(note.desc)
+                    out["pc"], out["signal"] = t.pc, t.signal
+                elif note.type == elf.NT_FILE and not files:
+                    files = elf.parse_nt_file(note.desc)
+            except (ValueError, struct.error):
+                continue
+    if out["pc"] is not None:
+        for fm in files:
+            if fm.start <= out["pc"] < fm.end:
+                base = min((f.start for f in files if f.path == fm.path and f.offset == 0), default=fm.start)
+                out["module"], out["module_offset"] = fm.path, out["pc"] - base
+                break
+    return out
+
+
+def _fingerprint(key: str, signo: int, head_info: dict) -> str:
+    module = (head_info.get("module") or "?").rsplit("/", 1)[-1]
+    basis = f"{key}|{signo}|{module}|{head_info.get('module_offset')}"
+    return hashlib.sha256(basis.encode()).hexdigest()[:12]
+
+
+class _Lock:
+    def __init__(self, core_dir: str) -> None:
+        self.fd = os.open(os.path.join(core_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+
+    def __enter__(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _read_index(core_dir: str) -> list[dict]:
+    out = []
+    try:
+        with open(os.path.join(core_dir, "index.jsonl"), "rb") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return out
+
+
+def _append_index(core_dir: str, entry: dict) -> None:
+    fd = os.open(os.path.join(core_dir, "index.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _du(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def enforce_budget(core_dir: str, budget: int) -> list[str]:
+    """Delete the oldest cores until DIR fits ``budget``; the newest of each fingerprint stays.
+
+    Call with the directory lock held.  Metadata stays; each deleted core's record says so.
+    :return: the crash ids whose core was deleted
+    """
+    if budget <= 0:
+        return []
+    total = _du(core_dir)
+    if total <= budget:
+        return []
+    entries = [e for e in _read_index(core_dir) if e.get("core")]
+    newest: dict[str, str] = {}
+    for e in entries:  # the index is in time order: the last of each fingerprint wins
+        newest[e.get("fingerprint") or e["id"]] = e["id"]
+    keep = set(newest.values())
+    deleted = []
+    for e in entries:
+        if total <= budget:
+            break
+        if e["id"] in keep:
+            continue
+        core = os.path.join(core_dir, "crashes", e["id"], "50-core", e["core"])
+        try:
+            size = os.lstat(core).st_blocks * 512
+            os.unlink(core)
+        except OSError:
+            continue
+        total -= size
+        deleted.append(e["id"])
+        _mark_core_deleted(os.path.join(core_dir, "crashes", e["id"]))
+    if deleted:
+        _append_index(core_dir, {"event": "budget", "deleted": deleted, "time": time.time()})
+    return deleted
+
+
+def _mark_core_deleted(crash_dir: str) -> None:
+    from .store import write_atomic
+
+    p = os.path.join(crash_dir, "metadata.json")
+    try:
+        with open(p) as f:
+            meta = json.load(f)
+        meta["core"]["state"] = "deleted-for-budget"
+        meta["core"]["deleted_at"] = time.time()
+        write_atomic(p, json.dumps(meta, indent=2, sort_keys=True).encode())
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+
+
+class _Compressor:
+    """stdin -> zstd -> file, counting bytes; knows exactly what reached the disk."""
+
+    def __init__(self, out_fd: int, level: int, threads: int, reserve_path: str | None) -> None:
+        import zstandard
+
+        params = zstandard.ZstdCompressionParameters.from_level(level, threads=threads, write_checksum=1)
+        self.cobj = zstandard.ZstdCompressor(compression_params=params).compressobj()
+        self.fd = out_fd
+        self.out = 0
+        self.sha = hashlib.sha256()
+        self.disk_full = False
+        self.reserve_path = reserve_path
+        self.pending = b""  # output not yet on disk when the disk filled up
+
+    def _write(self, data) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.fd, view)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                self.disk_full = True
+                self.pending = bytes(view)
+                return
+            self.sha.update(view[:n])
+            self.out += n
+            view = view[n:]
+
+    def feed(self, chunk) -> bool:
+        """Compress ``chunk``; False once the disk is full (stop feeding)."""
+        self._write(self.cobj.compress(chunk))
+        return not self.disk_full
+
+    def finish(self) -> bool:
+        """End the frame; True when the file is a whole zstd frame."""
+        import zstandard
+
+        if self.disk_full:
+            self._release_reserve()
+            self.disk_full = False
+            pending, self.pending = self.pending, b""
+            self._write(pending)
+            if self.disk_full:
+                return False
+        self._write(self.cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
+        if self.disk_full:
+            self._release_reserve()
+            return False
+        return True
+
+    def _release_reserve(self) -> None:
+        if self.reserve_path:
+            try:
+                os.unlink(self.reserve_path)
+            except OSError:
+                pass
+            self.reserve_path = None
+
+
+def _make_reserve(path: str) -> str | None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return None
+    try:
+        os.posix_fallocate(fd, 0, _RESERVE)
+        return path
+    except OSError:
+        os.close(fd)
+        fd = -1
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _crash_dir(core_dir: str, t: float, pid: int, signame: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
+    parent = os.path.join(core_dir, "crashes")
+    os.makedirs(parent, exist_ok=True)
+    base = f"{stamp}-{pid}-{signame}"
+    for i in range(1, 100000):
+        p = os.path.join(parent, base if i == 1 else f"{base}.{i}")
+        try:
+            os.mkdir(p, 0o750)
+            return p
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, f"too many crashes named {base}")
+
+
+def _copy_objects(store, fds, keys: dict, warnings: list) -> None:
+    from .store import key_of_fd
+
+    for entry, fd in fds:
+        try:
+            key = key_of_fd(fd)
+            keys[entry.path] = key
+            store.add_from_fd(fd, key)
+        except OSError as e:
+            warnings.append(f"object {entry.path}: {e.strerror or e}")
+
+
+def run_core_handler(
+    core_dir: str,
+    pid: int,
+    tid: int,
+    signo: int,
+    timestamp: float,
+    rlimit_core: int | None,
+    *,
+    stdin_fd: int = 0,
+    config: HandlerConfig | None = None,
+    host_root: str = "/",
+) -> HandlerResult:
+    """Handle one core.  Never raises for a problem with the crash; always drains ``stdin_fd``.
+
+    :param rlimit_core: ``%c`` (None: unlimited / not given)
+    """
+    result = HandlerResult()
+    object_fds: list = []
+    try:
+        _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config, host_root, result, object_fds)
+    except BaseException as e:  # noqa: BLE001 - the dying process must never wait on us
+        result.warnings.append(f"handler failed: {type(e).__name__}: {e}")
+        log_kernel(f"pid {pid} signal {signo}: handler failed: {type(e).__name__}: {e}"
+                   + (f" (what was saved is in {result.crash_dir})" if result.crash_dir else ""))
+        if result.core_state in ("none",):
+            result.core_state = "failed"
+    finally:
+        result.bytes_in += drain(stdin_fd)
+        for _, fd in object_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    return result
+
+
+def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config, host_root, result, object_fds):
+    from ..core.elf import signal_name
+    from .bundle import BundleWriter
+    from .snapshot import open_mapped_objects, read_snapshot, snapshot_payload, RawProcFiles
+    from .procfs import parse_maps, read_proc_text
+    from .store import ObjectStore, write_atomic
+
+    try:  # a bigger pipe: fewer wake-ups of the dying process
+        fcntl.fcntl(stdin_fd, _F_SETPIPE_SZ, _CHUNK)
+    except OSError:
+        pass
+    cfg = config or load_config(core_dir)
+    signame = signal_name(signo) if signo else "SIG0"
+    os.makedirs(core_dir, exist_ok=True)
+    crash_dir = _crash_dir(core_dir, timestamp, pid, signame)
+    result.crash_dir = crash_dir
+    crash_id = os.path.basename(crash_dir)
+    reserve = _make_reserve(os.path.join(crash_dir, ".reserve"))
+    bundle = BundleWriter(crash_dir)
+    warnings = result.warnings
+
+    # 1. /proc/PID while it exists
+    raw = RawProcFiles()
+    snapshot = None
+    try:
+        maps = parse_maps(read_proc_text(pid, "maps"))  # type: ignore[arg-type]
+        object_fds.extend(open_mapped_objects(pid, maps))
+        snapshot = read_snapshot(pid, host_root=host_root, object_fds=object_fds, raw=raw)
+    except Exception as e:  # noqa: BLE001 - metadata is best effort; the core still matters
+        warnings.append(f"/proc/{pid}: {type(e).__name__}: {e}")
+    identity = snapshot.identity if snapshot else None
+    image_key = (snapshot.image if snapshot and snapshot.image else None)
+    if image_key is None and snapshot is not None:
+        exe_obj = next((o for o in snapshot.objects if o.path == snapshot.exe), None)
+        image_key = f"exe:{exe_obj.build_id}" if exe_obj and exe_obj.build_id else f"exe:{snapshot.exe}"
+    image_key = image_key or "unknown"
+    record = {
+        "schema_version": 1,
+        "crash_id": crash_id,
+        "pid": pid,
+        "tid": tid,
+        "signal": signo,
+        "signal_name": signame,
+        "time": timestamp,
+        "rlimit_core": rlimit_core,
+        "node": socket.gethostname(),
+        "image_key": image_key,
+        "identity": snapshot_payload(snapshot)["identity"] if snapshot else None,
+        "state": "in-progress",
+        "core": {"state": "pending"},
+        "objects": {},
+        "config": cfg.__dict__,
+        "warnings": warnings,
+    }
+    bundle.add_json("00-identity.json", {
+        "crash_id": crash_id, "node": record["node"], "pid": pid, "tid": tid, "signal": signame,
+        "time": timestamp, "comm": snapshot.comm if snapshot else None, "exe": snapshot.exe if snapshot else None,
+        "image": snapshot.image if snapshot else None,
+        "pod_uid": identity.pod_uid if identity else None, "container_id": identity.container_id if identity else None,
+        "runtime": identity.runtime if identity else None,
+    }, "who crashed: node, pid, signal, pod UID, container ID, image, time")
+    if snapshot is not None:
+        bundle.add_json("40-process/snapshot.json", snapshot_payload(snapshot),
+                        "process snapshot at crash time: limits, cgroup identity, mapped objects with build-ids, NVML origin")
+        for name, data in raw.files.items():
+            bundle.add_bytes(f"40-process/{name}", data, f"/proc/PID/{name} as read at crash time")
+    write_atomic(os.path.join(crash_dir, "metadata.json"), json.dumps(record, indent=2, sort_keys=True, default=str).encode())
+
+    # 2. keep the core?
+    keep, why = True, []
+    if rlimit_core is not None and rlimit_core < PAGE:
+        keep = False
+        why.append(f"RLIMIT_CORE {rlimit_core} < one page: metadata only (the process was not opted in)")
+    store = ObjectStore(core_dir)
+    with _Lock(core_dir):
+        if keep and cfg.loop_limit >= 0:
+            since = timestamp - cfg.loop_window
+            n = sum(1 for e in _read_index(core_dir)
+                    if e.get("key") == image_key and e.get("signal") == signo and e.get("core")
+                    and (e.get("time") or 0) >= since)
+            if n >= cfg.loop_limit:
+                keep = False
+                why.append(f"crash loop: {n} cores of {image_key} {signame} in the last {cfg.loop_window}s "
+                           f"(limit {cfg.loop_limit}): metadata only")
+        if keep and cfg.min_free > 0:
+            free = _free_bytes(core_dir)
+            if free < cfg.min_free:
+                keep = False
+                why.append(f"{free} bytes free on {core_dir}, below the minimum {cfg.min_free}: metadata only")
+    result.reasons.extend(why)
+
+    # 3. stream
+    limit = cfg.max_core_size
+    if rlimit_core is not None and rlimit_core >= PAGE:
+        limit = min(limit, rlimit_core)
+    copier = None
+    keys: dict[str, str] = {}
+    if keep and object_fds:
+        copier = threading.Thread(target=_copy_objects, args=(store, object_fds, keys, warnings), daemon=True)
+        copier.start()
+    head = bytearray()
+    core_dir_sub = os.path.join(crash_dir, "50-core")
+    os.makedirs(core_dir_sub, exist_ok=True)
+    tmp = os.path.join(core_dir_sub, ".core.zst.tmp")
+    comp = None
+    out_fd = -1
+    if keep:
+        out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        comp = _Compressor(out_fd, cfg.level, cfg.threads, reserve)
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    cut = False
+    try:
+        while True:
+            try:
+                k = os.readv(stdin_fd, [buf])
+            except InterruptedError:
+                continue
+            if k <= 0:
+                break
+            result.bytes_in += k
+            if len(head) < _HEAD:
+                head += view[: min(k, _HEAD - len(head))]
+            if comp is None or cut:
+                continue
+            take = min(k, limit - result.bytes_kept)
+            if take > 0:
+                if not comp.feed(view[:take]):
+                    cut = True
+                    why.append(f"the disk filled up after {result.bytes_kept + take} bytes of core")
+                result.bytes_kept += take
+            if take < k and not cut:
+                cut = True
+                why.append(f"core cut at {limit} bytes (maximum core size"
+                           + (" / RLIMIT_CORE" if limit == rlimit_core else "") + ")")
+        head_info = parse_core_head(bytes(head))
+        fingerprint = _fingerprint(image_key, signo, head_info)
+        core_name = None
+        if comp is not None:
+            whole_frame = comp.finish()
+            try:
+                os.fsync(out_fd)
+            except OSError:
+                pass
+            os.close(out_fd)
+            out_fd = -1
+            if not whole_frame:
+                core_name, state = "core.partial.zst", "partial"
+            elif cut:
+                core_name, state = "core.truncated.zst", "truncated"
+            else:
+                core_name, state = "core.zst", "kept"
+            os.rename(tmp, os.path.join(core_dir_sub, core_name))
+            result.bytes_out = comp.out
+            result.core_path = os.path.join(core_dir_sub, core_name)
+            result.core_state = state
+            bundle.note_file(f"50-core/{core_name}", f"the core, zstd-compressed ({state})")
+        else:
+            result.core_state = "metadata-only"
+    finally:
+        if out_fd >= 0:
+            os.close(out_fd)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    if comp is not None and comp.reserve_path:
+        comp._release_reserve()
+    elif reserve and os.path.exists(reserve):
+        os.unlink(reserve)
+    if copier is not None:
+        copier.join(timeout=300)
+
+    # 4. the record, the manifest, the index, the budget
+    record.update({
+        "state": "done",
+        "fingerprint": fingerprint,
+        "crash_pc": head_info,
+        "objects": keys or ({o.path: o.build_id for o in snapshot.objects if o.build_id} if snapshot else {}),
+        "core": {
+            "state": result.core_state, "file": core_name, "bytes_in": result.bytes_in,
+            "bytes_kept": result.bytes_kept, "bytes_compressed": result.bytes_out,
+            "sha256_compressed": comp.sha.hexdigest() if comp is not None and core_name else None,
+            "reasons": why,
+        },
+    })
+    def write_record():
+        write_atomic(os.path.join(crash_dir, "metadata.json"),
+                     json.dumps(record, indent=2, sort_keys=True, default=str).encode())
+
+    _with_room(write_record, result, record)
+    bundle.note_file("metadata.json", "the handler's record: decision, sizes, fingerprint, objects by build-id")
+    for rel in [r for r in bundle.items if r.startswith("50-core/")]:
+        del bundle.items[rel]
+    if result.core_path:  # the name may have changed to make room for the metadata
+        bundle.note_file(f"50-core/{os.path.basename(result.core_path)}", f"the core, zstd-compressed ({result.core_state})")
+    try:
+        _with_room(lambda: bundle.write_manifest({"crash_id": crash_id}), result, record, write_record)
+    except OSError as e:
+        warnings.append(f"manifest: {e}")
+    entry = {"id": crash_id, "time": timestamp, "pid": pid, "signal": signo, "key": image_key,
+             "fingerprint": fingerprint, "core": record["core"]["file"], "state": result.core_state,
+             "pod_uid": identity.pod_uid if identity else None,
+             "container_id": identity.container_id if identity else None}
+    with _Lock(core_dir):
+        _with_room(lambda: _append_index(core_dir, entry), result, record, write_record)
+        deleted = enforce_budget(core_dir, cfg.budget)
+    if deleted:
+        result.reasons.append(f"budget: deleted the cores of {', '.join(deleted)}")
+    log_kernel(f"pid {pid} ({snapshot.comm if snapshot else '?'}) {signame}: core {result.core_state}"
+               f" in {crash_dir}" + (f" ({'; '.join(why)})" if why else ""), level=6)
+
+
+_SHRINK = 256 << 10
+
+
+def _with_room(fn, result: HandlerResult, record: dict, rewrite=None) -> None:
+    """Run ``fn``; on a full disk, shorten the saved core (marking it partial) to make room, and retry.
+
+    Metadata is worth more than the last bytes of a core that the disk could not hold anyway.
+    """
+    for _ in range(64):
+        try:
+            return fn()
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not result.core_path:
+                raise
+        path = result.core_path
+        size = os.path.getsize(path)
+        if size == 0:
+            raise OSError(errno.ENOSPC, "no space left for the crash's metadata")
+        os.truncate(path, max(0, size - _SHRINK))
+        if not path.endswith("core.partial.zst"):
+            new = os.path.join(os.path.dirname(path), "core.partial.zst")
+            os.rename(path, new)
+            result.core_path = path = new
+        result.core_state = "partial"
+        core = record["core"]
+        core.update(state="partial", file="core.partial.zst", bytes_compressed=os.path.getsize(path),
+                    sha256_compressed=None)
+        if "shortened to make room for the metadata" not in " ".join(core["reasons"]):
+            core["reasons"].append("the disk filled up: the saved core was shortened to make room for the metadata")
+        if rewrite is not None:
+            rewrite()
+    return fn()
+
+
+def main_argv(argv: list[str]) -> int:
+    """``core-handler DIR PID TID SIGNAL TIME LIMIT`` as the kernel passes it (for ``python -m``)."""
+    core_dir, pid, tid, sig, t, lim = argv[:6]
+    r = run_core_handler(core_dir, int(pid), int(tid), int(sig), float(t), _parse_limit(lim))
+    return 0 if r.core_state != "failed" else 1
+
+
+def _parse_limit(value: str | None) -> int | None:
+    if value in (None, "", "-1", "unlimited", str(2**64 - 1)):
+        return None
+    try:
+        v = int(value)
+    except ValueError:
+        return None
+    return None if v < 0 or v >= 2**63 else v
+
+
+if __name__ == "__main__":
+    sys.exit(main_argv(sys.argv[1:]))

@@ -1,0 +1,266 @@
+"""``forensics capture --pid PID``: arm a live process on this node and write the capture bundle.
+
+Arming: RLIMIT_CORE of the process raised to unlimited (``prlimit``) and read back from
+``/proc/PID/limits``; ``/proc/PID/coredump_filter`` set (``--full`` adds file-backed
+mappings); kernel.core_pattern explained for this process (:mod:`.pattern`).  The bundle
+holds, in on-call order, identity, the node's kubelet / runtime / device-plugin lines, the
+kernel's NVRM / Xid lines and nvidia-smi output when present, and the process snapshot.
+"""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+
+from ..errors import ForensicsError, LimitNotRaised, NotRoot, ProcessGone
+
+__all__ = [
+    "DEFAULT_FILTER",
+    "FULL_FILTER",
+    "ArmResult",
+    "arm_process",
+    "capture_pid",
+    "read_kernel_log",
+    "read_node_logs",
+    "read_nvidia_smi",
+    "find_container_pids",
+]
+
+#: coredump_filter bits (core(5)): 0 anon private, 1 anon shared, 2 file private, 3 file shared,
+#: 4 ELF headers, 5 private huge, 6 shared huge.  0x33 is the kernel's default.
+DEFAULT_FILTER = 0x33
+FULL_FILTER = DEFAULT_FILTER | 0x4 | 0x8
+_KERNEL_LINE = re.compile(r"NVRM|Xid|nvidia|segfault at|general protection|forensics-core-handler", re.I)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArmResult:
+    pid: int
+    rlimit_core_before: tuple[str, str]
+    rlimit_core_after: tuple[str, str]  # read back from /proc/PID/limits
+    coredump_filter_before: str | None
+    coredump_filter_after: str | None
+    core_pattern: str
+    destination: object  # pattern.Destination
+    snapshot: object  # snapshot.Snapshot
+    bundle: str | None
+
+
+def _limits_core(pid: int) -> tuple[str, str]:
+    from .procfs import parse_limits, read_proc_text
+
+    return parse_limits(read_proc_text(pid, "limits")).get("Max core file size", ("?", "?"))  # type: ignore[arg-type]
+
+
+def arm_process(pid: int, *, coredump_filter: int = DEFAULT_FILTER) -> tuple[tuple[str, str], tuple[str, str], str | None, str | None]:
+    """Raise RLIMIT_CORE to unlimited and set coredump_filter; the before / after values read back.
+
+    Without CAP_SYS_RESOURCE the hard limit cannot go up: the soft limit is raised to it.
+
+    :raises NotRoot: when not root (raising another process's hard limit needs CAP_SYS_RESOURCE)
+    :raises ProcessGone: when the process does not exist
+    :raises LimitNotRaised: when the hard limit is 0 and cannot be raised
+    :raises ForensicsError: when the limit reads back as anything but soft == hard > 0
+    """
+    if os.geteuid() != 0:
+        raise NotRoot(f"raising RLIMIT_CORE of process {pid}")
+    if not os.path.isdir(f"/proc/{pid}"):
+        raise ProcessGone(pid)
+    before = _limits_core(pid)
+    inf = resource.RLIM_INFINITY
+    try:
+        resource.prlimit(pid, resource.RLIMIT_CORE, (inf, inf))
+    except ProcessLookupError as e:
+        raise ProcessGone(pid, "exited before its limit was raised") from e
+    except PermissionError as e:
+        # no CAP_SYS_RESOURCE: the soft limit can still go up to the hard one
+        try:
+            _, hard = resource.prlimit(pid, resource.RLIMIT_CORE)
+            if hard == 0:
+                raise LimitNotRaised(pid, before[1], "raising it needs CAP_SYS_RESOURCE, which this process lacks") from e
+            resource.prlimit(pid, resource.RLIMIT_CORE, (hard, hard))
+        except ProcessLookupError as e2:
+            raise ProcessGone(pid, "exited before its limit was raised") from e2
+    after = _limits_core(pid)
+    if after[0] != after[1] or after[0] == "0":
+        raise ForensicsError(f"process {pid}: RLIMIT_CORE reads back as {after[0]}/{after[1]}")
+    fpath = f"/proc/{pid}/coredump_filter"
+    try:
+        with open(fpath) as f:
+            f_before = f.read().strip()
+        with open(fpath, "w") as f:
+            f.write(f"0x{coredump_filter:x}")
+        with open(fpath) as f:
+            f_after = f.read().strip()
+    except FileNotFoundError as e:
+        raise ProcessGone(pid, "exited while armed") from e
+    if int(f_after, 16) != coredump_filter:
+        raise ForensicsError(f"process {pid}: coredump_filter reads back as {f_after}, not 0x{coredump_filter:x}")
+    return before, after, f_before, f_after
+
+
+def read_kernel_log(limit: int = 400) -> list[str]:
+    """Kernel log lines about NVIDIA (NVRM, Xid), segfaults and the core handler, newest last."""
+    lines: list[str] = []
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return _dmesg_fallback(limit)
+    try:
+        while True:
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno == 32:  # EPIPE: a record was overwritten; go on
+                    continue
+                break
+            if not rec:
+                break
+            text = rec.decode(errors="replace")
+            _, _, msg = text.partition(";")
+            msg = msg.split("\n", 1)[0]
+            if _KERNEL_LINE.search(msg):
+                lines.append(msg)
+    finally:
+        os.close(fd)
+    return lines[-limit:]
+
+
+def _dmesg_fallback(limit: int) -> list[str]:
+    if not shutil.which("dmesg"):
+        return []
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [x for x in out.splitlines() if _KERNEL_LINE.search(x)][-limit:]
+
+
+def read_node_logs(ids: list[str], limit: int = 400) -> dict[str, str]:
+    """kubelet, container runtime and NVIDIA device-plugin lines this node offers (journald, /var/log)."""
+    out: dict[str, str] = {}
+    ids = [i for i in ids if i]
+    if shutil.which("journalctl"):
+        for unit in ("kubelet", "containerd", "crio", "docker"):
+            try:
+                p = subprocess.run(["journalctl", "-u", unit, "--since", "-2h", "--no-pager", "-o", "short-iso", "-n", "5000"],
+                                   capture_output=True, text=True, timeout=20)
+            except (OSError, subprocess.SubprocessError):
+                continue
+            text = [x for x in p.stdout.splitlines() if not x.startswith("-- ")]
+            if not text:
+                continue
+            hits = [x for x in text if any(i in x for i in ids) or "nvidia" in x.lower()] if ids else text
+            out[f"{unit}.log"] = "\n".join((hits or text)[-limit:]) + "\n"
+    logdir = "/var/log/containers"
+    if os.path.isdir(logdir):
+        for name in sorted(os.listdir(logdir)):
+            if "nvidia-device-plugin" in name or "gpu-operator" in name:
+                try:
+                    with open(os.path.join(logdir, name), "rb") as f:
+                        f.seek(max(0, os.fstat(f.fileno()).st_size - (256 << 10)))
+                        out[f"device-plugin-{name}"] = f.read().decode(errors="replace")
+                except OSError:
+                    continue
+    return out
+
+
+def read_nvidia_smi(timeout: float = 20.0) -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        p = subprocess.run([exe, "-q"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"nvidia-smi failed: {e}\n"
+    return p.stdout + (f"\n[stderr]\n{p.stderr}" if p.stderr else "")
+
+
+def find_container_pids(container_id: str, proc: str = "/proc") -> list[int]:
+    """The PIDs whose cgroup names ``container_id`` (full or a 12+ hex prefix), oldest first.
+
+    Never by hostname: a container's processes are found by the runtime's cgroup names.
+    """
+    from .identity import parse_cgroup
+
+    cid = container_id.split("://")[-1].lower()
+    found = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/cgroup") as f:
+                ident = parse_cgroup(f.read())
+        except OSError:
+            continue
+        if ident.container_id and len(cid) >= 12 and ident.container_id.startswith(cid):
+            found.append(int(name))
+    return sorted(found)
+
+
+def capture_pid(
+    pid: int,
+    *,
+    core_dir: str,
+    full: bool = False,
+    coredump_filter: int | None = None,
+    bundle_parent: str | None = None,
+    host_root: str = "/",
+    extra_items: dict | None = None,
+) -> ArmResult:
+    """Arm process ``pid`` and write its capture bundle under ``bundle_parent`` (default ``CORE_DIR/bundles``).
+
+    :raises NotRoot, ProcessGone: see :func:`arm_process`
+    :raises CoreDirectoryError: when the bundle cannot be written
+    """
+    from .bundle import BundleWriter, new_bundle_dir
+    from .pattern import explain_destination, read_core_pattern
+    from .snapshot import RawProcFiles, read_snapshot, snapshot_payload
+
+    filt = coredump_filter if coredump_filter is not None else (FULL_FILTER if full else DEFAULT_FILTER)
+    before, after, f_before, f_after = arm_process(pid, coredump_filter=filt)
+    raw = RawProcFiles()
+    snap = read_snapshot(pid, host_root=host_root, raw=raw)
+    pattern = read_core_pattern()
+    dest = explain_destination(pattern, snap)
+    parent = bundle_parent or os.path.join(core_dir, "bundles")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    bdir = new_bundle_dir(parent, f"{stamp}-pid{pid}")
+    w = BundleWriter(bdir)
+    ident = snap.identity
+    w.add_json("00-identity.json", {
+        "kind": "capture", "node": socket.gethostname(), "pid": pid, "captured_at": time.time(),
+        "comm": snap.comm, "exe": snap.exe, "pod_uid": ident.pod_uid, "container_id": ident.container_id,
+        "runtime": ident.runtime, "qos_class": ident.qos_class, "image": snap.image, "core_dir": os.path.abspath(core_dir),
+    }, "who was captured: node, pid, pod UID, container ID, image, time")
+    for rel, (obj, what) in (extra_items or {}).items():
+        w.add_json(rel, obj, what)
+    for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""]).items():
+        w.add_bytes(f"20-node/{name}", text.encode(), f"node log lines ({name})")
+    w.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(read_kernel_log()) + "\n").encode(),
+                "kernel log lines: NVRM / Xid, segfaults, core handler")
+    smi = read_nvidia_smi()
+    if smi is not None:
+        w.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q")
+    w.add_json("40-process/arming.json", {
+        "rlimit_core_before": before, "rlimit_core_after": after,
+        "coredump_filter_before": f_before, "coredump_filter_after": f_after,
+        "core_pattern": pattern, "destination": {
+            "kind": dest.kind, "will_dump": dest.will_dump, "handler": dest.handler,
+            "handler_is_forensics": dest.handler_is_forensics, "path_in_process": dest.path_in_process,
+            "host_path": dest.host_path, "persistent": dest.persistent, "reasons": list(dest.reasons)},
+    }, "arming: RLIMIT_CORE and coredump_filter before/after (read back), core_pattern and where the core goes")
+    w.add_json("40-process/snapshot.json", snapshot_payload(snap),
+               "process snapshot: limits, cgroup identity, mapped objects with build-ids, NVML origin, Python")
+    for name, data in raw.files.items():
+        w.add_bytes(f"40-process/{name}", data, f"/proc/PID/{name} as read")
+    w.write_manifest()
+    return ArmResult(pid=pid, rlimit_core_before=before, rlimit_core_after=after, coredump_filter_before=f_before,
+                     coredump_filter_after=f_after, core_pattern=pattern, destination=dest, snapshot=snap, bundle=bdir)

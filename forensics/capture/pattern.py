@@ -1,0 +1,311 @@
+"""``kernel.core_pattern`` read with core(5) semantics, and the pipe handler's install / uninstall.
+
+core(5), as the kernel implements it (fs/coredump.c):
+
+- A pattern that starts with ``|`` is a pipe: the kernel runs the program in the *initial*
+  namespaces (on the host, as root) and writes the core to its stdin.  RLIMIT_CORE is not
+  enforced for a pipe (core(5)), with one exception in the kernel's code: a limit of exactly
+  1 byte skips the dump (the guard against a handler that crashes itself).  The program
+  gets the limit as ``%c`` and must honour it itself.
+- A pattern that starts with ``@`` (Linux 6.16+) sends the core to a unix socket on the host.
+- Any other pattern is a file path, expanded and opened by the crashing process's own
+  kernel context: a relative path in its cwd, an absolute one from its root, both in *its*
+  mount namespace.  In a container the core lands in the container's filesystem (and dies
+  with the container) unless a volume is mounted there.  The core is not written when
+  RLIMIT_CORE is below one page, and is cut at RLIMIT_CORE otherwise.  When the pattern
+  has no ``%p`` and ``kernel.core_uses_pid`` is 1, ``.PID`` is appended.
+- The whole pattern holds at most 128 bytes (CORENAME_MAX_SIZE).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+
+from ..errors import CoreDirectoryError, ForensicsError, NotRoot
+
+__all__ = [
+    "CORE_PATTERN",
+    "CORENAME_MAX_SIZE",
+    "Destination",
+    "read_core_pattern",
+    "expand_pattern",
+    "explain_destination",
+    "handler_pattern",
+    "install_handler",
+    "uninstall_handler",
+]
+
+CORE_PATTERN = "/proc/sys/kernel/core_pattern"
+CORE_USES_PID = "/proc/sys/kernel/core_uses_pid"
+CORENAME_MAX_SIZE = 128
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+HANDLER_STATE = "handler.json"
+_SPEC = re.compile(r"%(.)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Destination:
+    """Whether, and where, a process's core will be written."""
+
+    pattern: str
+    kind: str  # "pipe", "socket", "file"
+    will_dump: bool
+    handler: str | None  # the pipe program (host path)
+    handler_is_forensics: bool
+    path_in_process: str | None  # the expanded file path, as the process sees it
+    host_path: str | None  # where that file is on the host, when a host mount holds it
+    persistent: bool | None  # survives the container (a volume / host path) or not
+    reasons: tuple[str, ...]  # core(5) facts that decided it, in order
+
+    def describe(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def read_core_pattern(proc: str = "/proc") -> str:
+    with open(os.path.join(proc, "sys/kernel/core_pattern")) as f:
+        return f.read().rstrip("\n")
+
+
+def _read_int(path: str, default: int) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return default
+
+
+def expand_pattern(pattern: str, values: dict[str, str]) -> str:
+    """Expand ``%x`` specifiers that are known; unknown ones stay as ``%x``.
+
+    >>> expand_pattern("core.%e.%p.%%", {"e": "python3", "p": "42"})
+    'core.python3.42.%'
+    """
+
+    def sub(m: re.Match) -> str:
+        c = m.group(1)
+        if c == "%":
+            return "%"
+        return values.get(c, m.group(0))
+
+    return _SPEC.sub(sub, pattern)
+
+
+def _limit_bytes(value: str) -> int | None:
+    return None if value == "unlimited" else int(value)
+
+
+def explain_destination(pattern: str, snapshot, *, core_uses_pid: int | None = None) -> Destination:
+    """Tell from core(5) semantics whether and where ``snapshot``'s process will dump core.
+
+    :param pattern: kernel.core_pattern
+    :param snapshot: a :class:`~forensics.capture.snapshot.Snapshot` of the process
+    """
+    from .procfs import find_mount, host_path_of_mount, parse_mountinfo
+
+    reasons: list[str] = []
+    soft = snapshot.limits.get("Max core file size", ("0", "0"))[0]
+    limit = _limit_bytes(soft)
+    if pattern.startswith("|"):
+        argv = pattern[1:].split()
+        prog = argv[0] if argv else ""
+        ours = prog.endswith("/forensics") and "core-handler" in argv
+        will = limit != 1
+        reasons.append(f"core_pattern pipes the core to {prog!r}, run by the kernel on the host (initial namespaces) as root")
+        reasons.append("RLIMIT_CORE is not enforced for a pipe (core(5)); the kernel skips the dump only when it is exactly 1")
+        if ours:
+            if limit is not None and limit < PAGE_SIZE:
+                reasons.append(f"forensics core-handler honours %c: RLIMIT_CORE {soft} < one page, so it keeps metadata only")
+            else:
+                reasons.append(f"forensics core-handler honours %c: RLIMIT_CORE {soft}, the core is kept")
+        if not os.path.isfile(prog):
+            reasons.append(f"the handler {prog} does not exist: the kernel will log 'core_pattern ... failed' and no core is written")
+            will = False
+        return Destination(pattern=pattern, kind="pipe", will_dump=will, handler=prog, handler_is_forensics=ours,
+                           path_in_process=None, host_path=None, persistent=True if will else None,
+                           reasons=tuple(reasons))
+    if pattern.startswith("@"):
+        reasons.append(f"core_pattern sends the core to the unix socket {pattern.lstrip('@')!r} on the host (Linux 6.16+)")
+        return Destination(pattern=pattern, kind="socket", will_dump=True, handler=pattern.lstrip("@"),
+                           handler_is_forensics=False, path_in_process=None, host_path=None, persistent=True,
+                           reasons=tuple(reasons))
+    # a file path, resolved in the crashing process's mount namespace and cwd
+    values = {"p": str(snapshot.status.get("NSpid", str(snapshot.pid)).split()[-1]),
+              "P": str(snapshot.pid), "e": (snapshot.comm or "")[:15].replace("/", "!"),
+              "u": snapshot.status.get("Uid", "0").split()[0], "g": snapshot.status.get("Gid", "0").split()[0]}
+    expanded = expand_pattern(pattern, values)
+    if core_uses_pid is None:
+        core_uses_pid = _read_int(CORE_USES_PID, 0)
+    if "%p" not in pattern and core_uses_pid:
+        expanded += f".{values['p']}"
+        reasons.append("kernel.core_uses_pid=1 and the pattern has no %p: '.PID' is appended")
+    if not expanded.startswith("/"):
+        base = snapshot.cwd or "?"
+        path = os.path.normpath(os.path.join(base, expanded))
+        reasons.append(f"core_pattern {pattern!r} is a relative file name: written in the process's cwd {base}")
+    else:
+        path = expanded
+        reasons.append(f"core_pattern {pattern!r} is an absolute path: resolved from the process's own root")
+    will = True
+    if limit is not None and limit < PAGE_SIZE:
+        will = False
+        reasons.append(f"RLIMIT_CORE is {soft} bytes, below one page: the kernel writes no core file")
+    elif limit is not None:
+        reasons.append(f"RLIMIT_CORE is {soft} bytes: the core file is cut there")
+    else:
+        reasons.append("RLIMIT_CORE is unlimited")
+    host_path = None
+    persistent = None
+    if snapshot.in_container_namespace:
+        mounts = parse_mountinfo(_read_text(f"/proc/{snapshot.pid}/mountinfo"))
+        host_mounts = parse_mountinfo(_read_text("/proc/1/mountinfo") or _read_text("/proc/self/mountinfo"))
+        m = find_mount(mounts, path)
+        if m is not None:
+            hp = host_path_of_mount(m, path, host_mounts)
+            if m.mount_point == "/" or hp is None:
+                persistent = False
+                reasons.append(
+                    f"the process is in its own mount namespace (a container): {path} is on its root filesystem "
+                    f"({m.fstype} {m.source}), which dies with the container; mount a volume there to keep cores")
+            else:
+                host_path, persistent = hp, True
+                reasons.append(f"in the container, {m.mount_point} is a mount of the host's {hp.rsplit(path[len(m.mount_point):], 1)[0] or '/'} ({m.fstype}): the core reaches the host at {hp}")
+    else:
+        host_path, persistent = path, True
+        reasons.append("the process shares the host's mount namespace: the path is the host's")
+    d = os.path.dirname(path)
+    root = getattr(snapshot, "root", None) or f"/proc/{snapshot.pid}/root"
+    if not _dir_exists_in_root(root, d):
+        will = False
+        reasons.append(f"the directory {d} does not exist in the process's filesystem: no core is written")
+    return Destination(pattern=pattern, kind="file", will_dump=will, handler=None, handler_is_forensics=False,
+                       path_in_process=path, host_path=host_path, persistent=persistent, reasons=tuple(reasons))
+
+
+def _dir_exists_in_root(root: str, path: str) -> bool:
+    from .procfs import open_in_root
+
+    try:
+        fd = open_in_root(root, path, os.O_RDONLY | os.O_DIRECTORY)
+    except (OSError, ForensicsError):
+        return False
+    os.close(fd)
+    return True
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def handler_pattern(core_dir: str, program: str | None = None) -> str:
+    """The ``|`` pattern that runs ``forensics core-handler`` (at most 128 bytes).
+
+    ``%P`` (PID on the host), ``%I`` (TID on the host), ``%s`` (signal), ``%t`` (time), ``%c`` (RLIMIT_CORE).
+
+    :raises ForensicsError: when the program or directory path makes it longer than 128 bytes
+    """
+    program = program or _forensics_program()
+    pattern = f"|{program} core-handler {core_dir} %P %I %s %t %c"
+    if len(pattern.encode()) > CORENAME_MAX_SIZE - 1:
+        raise ForensicsError(
+            f"core_pattern would be {len(pattern.encode())} bytes; the kernel keeps {CORENAME_MAX_SIZE} with the NUL: "
+            f"{pattern}", help_text="Install forensics (or its venv) and the core directory at shorter paths.")
+    if any(c.isspace() for c in program + core_dir):
+        raise ForensicsError(f"the handler path and core directory may not contain spaces: {program} {core_dir}")
+    return pattern
+
+
+def _forensics_program() -> str:
+    """The absolute path of the ``forensics`` script of this installation (the kernel runs it with no PATH)."""
+    import shutil
+    import sys
+
+    here = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "forensics")
+    if os.access(here, os.X_OK):
+        return here
+    found = shutil.which("forensics")
+    if found:
+        return os.path.abspath(found)
+    raise ForensicsError("cannot find the forensics script next to the interpreter or on PATH",
+                         help_text="Install forensics (pip install .) so that the kernel can run its script.")
+
+
+def install_handler(core_dir: str, *, program: str | None = None, config: dict | None = None,
+                    proc: str = "/proc") -> dict:
+    """Point kernel.core_pattern at ``forensics core-handler`` and record the previous pattern.
+
+    The previous pattern is kept in ``CORE_DIR/handler.json`` (not overwritten by a second
+    install, so uninstall restores the pattern from before forensics).
+
+    :return: ``{"previous": ..., "pattern": ..., "state": path}``
+    :raises NotRoot: when not root
+    :raises CoreDirectoryError: when the directory cannot be made or written
+    """
+    if os.geteuid() != 0:
+        raise NotRoot("installing the core handler (writing kernel.core_pattern)")
+    core_dir = os.path.abspath(core_dir)
+    try:
+        os.makedirs(core_dir, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise CoreDirectoryError(core_dir, e.strerror or str(e)) from e
+    pattern = handler_pattern(core_dir, program)
+    current = read_core_pattern(proc)
+    state_path = os.path.join(core_dir, HANDLER_STATE)
+    state = _load_state(state_path)
+    if not current.startswith(f"|{pattern[1:].split()[0]} core-handler"):
+        state["previous_pattern"] = current
+    state["pattern"] = pattern
+    if config:
+        state.setdefault("config", {}).update(config)
+    from .store import write_atomic
+
+    try:
+        write_atomic(state_path, json.dumps(state, indent=2, sort_keys=True).encode())
+    except OSError as e:
+        raise CoreDirectoryError(core_dir, e.strerror or str(e)) from e
+    with open(os.path.join(proc, "sys/kernel/core_pattern"), "w") as f:
+        f.write(pattern)
+    return {"previous": state.get("previous_pattern", current), "pattern": pattern, "state": state_path}
+
+
+def uninstall_handler(core_dir: str, *, proc: str = "/proc") -> dict:
+    """Restore the core_pattern recorded by :func:`install_handler`.
+
+    :raises ForensicsError: when nothing was recorded in the directory
+    """
+    if os.geteuid() != 0:
+        raise NotRoot("uninstalling the core handler (writing kernel.core_pattern)")
+    state_path = os.path.join(os.path.abspath(core_dir), HANDLER_STATE)
+    state = _load_state(state_path)
+    if "previous_pattern" not in state:
+        raise ForensicsError(f"{state_path}: no recorded previous core_pattern",
+                             help_text="Pass the --core-dir used with --install-handler.")
+    previous = state["previous_pattern"]
+    current = read_core_pattern(proc)
+    with open(os.path.join(proc, "sys/kernel/core_pattern"), "w") as f:
+        f.write(previous)
+    state.pop("pattern", None)
+    state.pop("previous_pattern", None)
+    from .store import write_atomic
+
+    write_atomic(state_path, json.dumps(state, indent=2, sort_keys=True).encode())
+    return {"restored": previous, "replaced": current}
+
+
+def _load_state(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def quote(s: str) -> str:
+    return shlex.quote(s)

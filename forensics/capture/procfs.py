@@ -1,0 +1,302 @@
+"""Read ``/proc/PID`` of a live (or dying) process, and resolve paths inside its root safely.
+
+Parsers (``parse_*``) take text and return records; readers (``read_*``) do the I/O.
+Paths inside a container are resolved by :func:`open_in_root`, which walks the path one
+component at a time from a descriptor of ``/proc/PID/root``, reads symlinks itself and
+re-roots them (an absolute target starts again at the container's root, ``..`` stops at
+it), the way ``openat2(RESOLVE_IN_ROOT)`` does: a symlink planted by the container can
+never lead the reader to a file of the host.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+
+from ..errors import ProcessGone, UnsafeContainerPath
+
+__all__ = [
+    "MapEntry",
+    "MountEntry",
+    "parse_maps",
+    "parse_limits",
+    "parse_mountinfo",
+    "parse_status",
+    "parse_environ",
+    "redact_environ",
+    "read_proc_text",
+    "open_in_root",
+    "read_in_root",
+    "find_mount",
+    "host_path_of_mount",
+    "proc_dir",
+]
+
+_MAX_SYMLINKS = 40
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MapEntry:
+    """One line of ``/proc/PID/maps``."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    dev: str  # "fd:01" (major:minor, hex)
+    inode: int
+    path: str | None  # None for anonymous memory; "[heap]" style names kept
+
+    @property
+    def is_file(self) -> bool:
+        return self.inode != 0 and self.path is not None and self.path.startswith("/")
+
+    @property
+    def deleted(self) -> bool:
+        return bool(self.path and self.path.endswith(" (deleted)"))
+
+    @property
+    def range(self) -> str:
+        """The name of this mapping under ``/proc/PID/map_files``."""
+        return f"{self.start:x}-{self.end:x}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MountEntry:
+    """One line of ``/proc/PID/mountinfo`` (proc(5))."""
+
+    mount_id: int
+    parent_id: int
+    dev: str  # "major:minor" (decimal)
+    root: str  # the path inside the filesystem that is mounted here (a bind source)
+    mount_point: str
+    fstype: str
+    source: str
+    options: str
+
+    @property
+    def is_bind_of_subtree(self) -> bool:
+        return self.root != "/"
+
+
+def proc_dir(pid: int) -> str:
+    return f"/proc/{int(pid)}"
+
+
+def read_proc_text(pid: int, name: str, *, binary: bool = False) -> str | bytes:
+    """``/proc/PID/NAME``; :class:`ProcessGone` when the process no longer exists.
+
+    :raises ProcessGone: when /proc/PID is gone
+    :raises OSError: for other failures (permission, a file the kernel does not offer)
+    """
+    path = f"{proc_dir(pid)}/{name}"
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as e:
+        if not os.path.exists(proc_dir(pid)):
+            raise ProcessGone(pid) from e
+        raise
+    except ProcessLookupError as e:  # ESRCH: the process exited while we read
+        raise ProcessGone(pid, "exited while being read") from e
+    return data if binary else data.decode("utf-8", errors="surrogateescape")
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and len(field[i + 1 : i + 4]) == 3 and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_maps(text: str) -> tuple[MapEntry, ...]:
+    """Parse ``/proc/PID/maps``.
+
+    >>> parse_maps("7f00-7f10 r-xp 00001000 fd:01 42 /usr/lib/libc.so.6\\n")[0].path
+    '/usr/lib/libc.so.6'
+    """
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        lo, hi = parts[0].split("-")
+        path = parts[5] if len(parts) > 5 else None
+        out.append(
+            MapEntry(
+                start=int(lo, 16), end=int(hi, 16), perms=parts[1], offset=int(parts[2], 16),
+                dev=parts[3], inode=int(parts[4]), path=path,
+            )
+        )
+    return tuple(out)
+
+
+def parse_limits(text: str) -> dict[str, tuple[str, str]]:
+    """``/proc/PID/limits`` as ``{name: (soft, hard)}``, values as the kernel prints them.
+
+    >>> parse_limits("Limit  Soft Limit  Hard Limit  Units\\nMax core file size  unlimited  unlimited  bytes\\n")
+    {'Max core file size': ('unlimited', 'unlimited')}
+    """
+    out = {}
+    for line in text.splitlines()[1:]:
+        # columns are fixed width: name (26), soft (21), hard (21), units
+        name = line[:26].strip()
+        rest = line[26:].split()
+        if name and len(rest) >= 2:
+            out[name] = (rest[0], rest[1])
+    return out
+
+
+def parse_mountinfo(text: str) -> tuple[MountEntry, ...]:
+    out = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        f = left.split()
+        r = right.split()
+        if len(f) < 6 or len(r) < 2:
+            continue
+        out.append(
+            MountEntry(
+                mount_id=int(f[0]), parent_id=int(f[1]), dev=f[2], root=_unescape(f[3]),
+                mount_point=_unescape(f[4]), options=f[5], fstype=r[0], source=_unescape(r[1]),
+            )
+        )
+    return tuple(out)
+
+
+def parse_status(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition(":")
+        if sep:
+            out[k.strip()] = v.strip()
+    return out
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    out = {}
+    for item in data.split(b"\0"):
+        if not item:
+            continue
+        k, _, v = item.partition(b"=")
+        out[k.decode(errors="replace")] = v.decode(errors="replace")
+    return out
+
+
+def redact_environ(env: dict[str, str]) -> dict[str, str]:
+    """The environment with secret-like names' values (and secrets inside values) masked."""
+    from ..report.redact import Redactor
+
+    r = Redactor()
+    return {k: r.env_value(k, v) for k, v in env.items()}
+
+
+def find_mount(mounts: tuple[MountEntry, ...], path: str) -> MountEntry | None:
+    """The mount that covers ``path`` (the last mounted on the longest matching prefix)."""
+    best: MountEntry | None = None
+    for m in mounts:
+        mp = m.mount_point.rstrip("/") or "/"
+        if path == mp or mp == "/" or path.startswith(mp + "/"):
+            if best is None or len(mp) >= len(best.mount_point.rstrip("/") or "/"):
+                best = m
+    return best
+
+
+def host_path_of_mount(mount: MountEntry, path: str, host_mounts: tuple[MountEntry, ...]) -> str | None:
+    """Where ``path`` (inside the mount namespace of ``mount``) lives in the host's namespace.
+
+    A bind mount's ``root`` is the path inside its filesystem; the host mount of the same
+    device whose root is a prefix of it gives the host path.  None when the filesystem is
+    not mounted on the host (an overlay of the container image, a tmpfs of its own).
+    """
+    mp = mount.mount_point.rstrip("/") or "/"
+    rel = path[len(mp):] if mp != "/" else path
+    inner = (mount.root.rstrip("/") + rel) if rel else mount.root
+    inner = inner or "/"
+    best = None
+    for h in host_mounts:
+        if h.dev != mount.dev:
+            continue
+        hroot = h.root.rstrip("/")
+        if inner == h.root or inner.startswith(hroot + "/") or h.root == "/":
+            if best is None or len(h.root) > len(best.root):
+                best = h
+    if best is None:
+        return None
+    tail = inner[len(best.root.rstrip("/")):] if best.root != "/" else inner
+    base = best.mount_point.rstrip("/")
+    return (base + tail) or "/"
+
+
+def open_in_root(root: str, path: str, flags: int = os.O_RDONLY) -> int:
+    """Open ``path`` as the process whose root is ``root`` would, never leaving ``root``.
+
+    ``root`` is usually ``/proc/PID/root``.  Each component is opened with ``O_NOFOLLOW``
+    relative to its parent's descriptor; a symlink is read and resolved by this function:
+    an absolute target restarts at ``root``, ``..`` is resolved on the path walked so far
+    and stops at ``root`` (it is never opened, so a directory moved out of the root does
+    not lead out).  Returns a descriptor the caller closes.
+
+    :raises UnsafeContainerPath: on too many symlinks, or a non-directory in the middle
+    :raises FileNotFoundError: when a component does not exist inside the root
+    """
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    stack = [root_fd]  # descriptors of the directories walked, stack[0] is the root
+    pending = [c for c in path.split("/") if c not in ("", ".")]
+    pending.reverse()
+    links = 0
+    try:
+        while pending:
+            name = pending.pop()
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                continue
+            last = not pending
+            try:
+                st = os.stat(name, dir_fd=stack[-1], follow_symlinks=False)
+            except FileNotFoundError:
+                raise FileNotFoundError(errno.ENOENT, f"{path}: no such file inside {root}") from None
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > _MAX_SYMLINKS:
+                    raise UnsafeContainerPath(root, path, "too many levels of symbolic links")
+                target = os.readlink(name, dir_fd=stack[-1])
+                if target.startswith("/"):
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                parts = [c for c in target.split("/") if c not in ("", ".")]
+                pending.extend(reversed(parts))
+                continue
+            if last:
+                return os.open(name, flags | os.O_NOFOLLOW, dir_fd=stack[-1])
+            if not stat.S_ISDIR(st.st_mode):
+                raise UnsafeContainerPath(root, path, f"{name} is not a directory")
+            stack.append(os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=stack[-1]))
+        # the path named the root itself (or resolved to it)
+        return os.open(".", flags | os.O_DIRECTORY, dir_fd=stack[-1]) if flags == os.O_RDONLY else os.dup(stack[-1])
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def read_in_root(root: str, path: str, limit: int = 1 << 20) -> bytes:
+    """The first ``limit`` bytes of a regular file inside ``root`` (see :func:`open_in_root`)."""
+    fd = open_in_root(root, path)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeContainerPath(root, path, "not a regular file")
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)

@@ -1,0 +1,476 @@
+"""The process snapshot, taken when a process is armed and again when it crashes.
+
+Read from ``/proc/PID`` while the process exists: identity (cgroup), namespaces, limits,
+status, cmdline and environment (secrets redacted), cwd, every mapped ELF object with its
+build-id and where it comes from (the mount that holds it: a bind mount from the host, as
+the NVIDIA container toolkit injects the driver's libraries, or a file of the image), the
+libnvidia-ml.so that is mapped compared with the host driver, the interpreter, libpython
+and the nvitop / nvidia-ml-py files the interpreter would import.
+
+Mapped objects are opened through ``/proc/PID/map_files/<range>`` (the file the process
+really mapped, whatever its path now names); other files inside the container through
+:func:`~forensics.capture.procfs.open_in_root`, never following a symlink out of its root.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field
+
+from ..core.buildid import read_build_id_from_file
+from ..errors import ProcessGone, UnsafeContainerPath
+from .identity import ContainerIdentity, find_container_identity, read_image_name
+from .procfs import (
+    MapEntry,
+    MountEntry,
+    find_mount,
+    host_path_of_mount,
+    open_in_root,
+    parse_environ,
+    parse_limits,
+    parse_maps,
+    parse_mountinfo,
+    parse_status,
+    read_proc_text,
+    redact_environ,
+)
+
+__all__ = [
+    "MappedObject",
+    "NvmlInfo",
+    "PythonInfo",
+    "Snapshot",
+    "RawProcFiles",
+    "read_snapshot",
+    "open_mapped_objects",
+    "read_host_driver_version",
+    "snapshot_payload",
+]
+
+_ELF_MAGIC = b"\x7fELF"
+_LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
+_PYEXE = re.compile(r"python(\d+\.\d+)?$")
+_HOST_NVML_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64")
+_PROC_FILES = ("maps", "mountinfo", "cgroup", "status", "limits", "coredump_filter")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MappedObject:
+    """One ELF file mapped by the process."""
+
+    path: str  # as /proc/PID/maps names it (inside the process's mount namespace)
+    dev: str
+    inode: int
+    size: int | None
+    build_id: str | None
+    mount_point: str | None  # the mount (in the process's namespace) that holds the file
+    fstype: str | None
+    bind_source: str | None  # the host path when that mount is a bind mount of a host file or directory
+    injected: bool  # a file or directory bind-mounted into the container (not part of its image)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NvmlInfo:
+    """The libnvidia-ml.so the process mapped and whether it is the host driver's own."""
+
+    path: str
+    inode: int
+    build_id: str | None
+    version: str | None
+    version_source: str | None  # "file-name" or "version-string"
+    origin: str  # "injected-from-host" (bind mount) or "image" (a file of the container image) or "host" (no container)
+    bind_source: str | None
+    host_driver_version: str | None  # /proc/driver/nvidia/version
+    host_library: str | None
+    host_library_build_id: str | None
+    matches_host: bool | None  # None when there is nothing to compare with
+    verdict: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PythonInfo:
+    interpreter: str | None
+    interpreter_build_id: str | None
+    libpython: str | None
+    libpython_build_id: str | None
+    version: str | None
+    modules: tuple[dict, ...]  # nvitop / nvidia-ml-py: {name, path, sha256, version, how}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """What /proc said about a process at one moment."""
+
+    pid: int
+    taken_at: float
+    comm: str | None
+    exe: str | None
+    cmdline: tuple[str, ...]
+    cwd: str | None
+    environ: dict[str, str]  # redacted
+    status: dict[str, str]
+    limits: dict[str, tuple[str, str]]
+    coredump_filter: str | None
+    identity: ContainerIdentity
+    image: str | None
+    in_container_namespace: bool  # its mount namespace differs from PID 1's
+    namespaces: dict[str, str]
+    objects: tuple[MappedObject, ...]
+    nvml: NvmlInfo | None
+    python: PythonInfo | None
+    warnings: tuple[str, ...] = field(default=())
+
+
+@dataclass
+class RawProcFiles:
+    """The /proc files as read, kept verbatim in the bundle."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _map_entries_by_file(maps: tuple[MapEntry, ...]) -> list[MapEntry]:
+    """The first mapping of each mapped file (by device and inode)."""
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for m in maps:
+        if not m.is_file:
+            continue
+        key = (m.dev, m.inode)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(m)
+    return out
+
+
+def open_mapped_objects(pid: int, maps: tuple[MapEntry, ...]) -> list[tuple[MapEntry, int]]:
+    """Open every mapped ELF file through ``/proc/PID/map_files``: ``[(entry, fd)]``.
+
+    Holding the descriptors keeps the files readable after the process is gone.  Files
+    that are not ELF (locale archives, fonts) are skipped.
+    """
+    out = []
+    for m in _map_entries_by_file(maps):
+        try:
+            fd = os.open(f"/proc/{pid}/map_files/{m.range}", os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if os.pread(fd, 4, 0) != _ELF_MAGIC:
+                os.close(fd)
+                continue
+        except OSError:
+            os.close(fd)
+            continue
+        out.append((m, fd))
+    return out
+
+
+def read_host_driver_version(host_proc: str = "/proc") -> str | None:
+    """The kernel module's version from ``/proc/driver/nvidia/version``, or None without a driver."""
+    try:
+        with open(os.path.join(host_proc, "driver/nvidia/version"), "rb") as f:
+            text = f.read(4096).decode(errors="replace")
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module(?: for [^ ]+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    return m.group(1) if m else None
+
+
+def _nvml_version_of_fd(fd: int, path: str) -> tuple[str | None, str | None]:
+    from ..core.nvml import find_driver_version_string, parse_driver_version_from_name
+
+    v = parse_driver_version_from_name(path)
+    if v:
+        return v, "file-name"
+    import mmap
+
+    try:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+            v = find_driver_version_string(mm)
+    except (OSError, ValueError):
+        v = None
+    return (v, "version-string") if v else (None, None)
+
+
+def _find_host_nvml(host_root: str, bind_source: str | None) -> str | None:
+    candidates = []
+    if bind_source:
+        candidates.append(bind_source)
+    for d in _HOST_NVML_DIRS:
+        candidates.append(os.path.join(d, "libnvidia-ml.so.1"))
+    for c in candidates:
+        p = os.path.join(host_root, c.lstrip("/"))
+        if os.path.isfile(p):
+            return c
+    return None
+
+
+def _nvml_info(obj: MappedObject, fd: int | None, host_root: str, in_container: bool) -> NvmlInfo:
+    version, source = (None, None)
+    if fd is not None:
+        version, source = _nvml_version_of_fd(fd, obj.path)
+    host_version = read_host_driver_version(os.path.join(host_root, "proc"))
+    host_lib = _find_host_nvml(host_root, obj.bind_source)
+    host_bid = read_build_id_from_file(os.path.join(host_root, host_lib.lstrip("/"))) if host_lib else None
+    if not in_container:
+        origin = "host"
+    else:
+        origin = "injected-from-host" if obj.injected else "image"
+    matches: bool | None = None
+    reasons = []
+    if host_version and version:
+        matches = host_version == version
+        reasons.append(f"library {version} vs kernel module {host_version}")
+    if host_bid and obj.build_id:
+        same = host_bid == obj.build_id
+        matches = same if matches is None else (matches and same)
+        reasons.append(f"build-id {'equals' if same else 'differs from'} the host's {host_lib}")
+    if origin == "image":
+        verdict = "a copy shipped in the container image, not injected from the host: it may not match the host driver"
+    elif origin == "injected-from-host":
+        verdict = f"bind-mounted from the host ({obj.bind_source}), as the NVIDIA container toolkit injects it"
+    else:
+        verdict = "the host's own library (the process runs in the host's mount namespace)"
+    if matches is False:
+        verdict += "; DOES NOT match the host driver (" + "; ".join(reasons) + ")"
+    elif matches:
+        verdict += "; matches the host driver (" + "; ".join(reasons) + ")"
+    else:
+        verdict += "; no host driver to compare with (no /proc/driver/nvidia/version, no host library)"
+    return NvmlInfo(
+        path=obj.path, inode=obj.inode, build_id=obj.build_id, version=version, version_source=source,
+        origin=origin, bind_source=obj.bind_source, host_driver_version=host_version, host_library=host_lib,
+        host_library_build_id=host_bid, matches_host=matches, verdict=verdict,
+    )
+
+
+def _site_dirs(exe: str | None, version: str | None, env: dict[str, str], cwd: str | None) -> list[str]:
+    dirs = []
+    for p in (env.get("PYTHONPATH") or "").split(":"):
+        if p.startswith("/"):
+            dirs.append(p)
+    if version:
+        prefixes = []
+        if env.get("VIRTUAL_ENV"):
+            prefixes.append(env["VIRTUAL_ENV"])
+        if exe and exe.startswith("/"):
+            prefixes.append(os.path.dirname(os.path.dirname(exe)))
+        prefixes += ["/usr/local", "/usr", "/opt/conda"]
+        for pre in prefixes:
+            for sub in ("site-packages", "dist-packages"):
+                dirs.append(f"{pre}/lib/python{version}/{sub}")
+            dirs.append(f"{pre}/lib/python3/dist-packages")
+    if cwd:
+        dirs.append(cwd)
+    seen, out = set(), []
+    for d in dirs:
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def _dist_version(root: str, site: str, dist: str) -> str | None:
+    try:
+        fd = open_in_root(root, site, os.O_RDONLY | os.O_DIRECTORY)
+    except (OSError, UnsafeContainerPath):
+        return None
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
+    norm = dist.replace("-", "_").lower()
+    for n in names:
+        if n.lower().startswith(norm + "-") and n.endswith(".dist-info"):
+            return n[len(norm) + 1 : -len(".dist-info")]
+    return None
+
+
+def _python_modules(root: str, sites: list[str], warnings: list[str]) -> tuple[dict, ...]:
+    wanted = (("pynvml", "nvidia-ml-py", ("pynvml.py", "pynvml/__init__.py")),
+              ("nvitop", "nvitop", ("nvitop/__init__.py",)),
+              ("nvitop_exporter", "nvitop-exporter", ("nvitop_exporter/__init__.py",)))
+    out = []
+    for module, dist, rels in wanted:
+        for site in sites:
+            hit = None
+            for rel in rels:
+                path = f"{site.rstrip('/')}/{rel}"
+                try:
+                    fd = open_in_root(root, path)
+                except FileNotFoundError:
+                    continue
+                except (OSError, UnsafeContainerPath) as e:
+                    warnings.append(f"{path}: {e}")
+                    continue
+                try:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        continue
+                    h = hashlib.sha256()
+                    while chunk := os.read(fd, 1 << 20):
+                        h.update(chunk)
+                finally:
+                    os.close(fd)
+                hit = {"module": module, "distribution": dist, "path": path, "sha256": h.hexdigest(),
+                       "version": _dist_version(root, site, dist), "how": "resolved on the interpreter's sys.path"}
+                break
+            if hit:
+                out.append(hit)
+                break
+    return tuple(out)
+
+
+def _python_info(objects: tuple[MappedObject, ...], exe: str | None, env: dict[str, str], cwd: str | None,
+                 root: str, warnings: list[str]) -> PythonInfo | None:
+    libpy = next((o for o in objects if _LIBPYTHON.search(o.path.rsplit("/", 1)[-1])), None)
+    exe_obj = next((o for o in objects if o.path == exe), None)
+    version = None
+    if libpy:
+        version = _LIBPYTHON.search(libpy.path.rsplit("/", 1)[-1]).group(1)
+    elif exe and _PYEXE.search(exe):
+        version = _PYEXE.search(exe).group(1)
+    if libpy is None and not (exe and "python" in exe.rsplit("/", 1)[-1]):
+        return None
+    sites = _site_dirs(exe, version, env, cwd)
+    return PythonInfo(
+        interpreter=exe, interpreter_build_id=exe_obj.build_id if exe_obj else None,
+        libpython=libpy.path if libpy else None, libpython_build_id=libpy.build_id if libpy else None,
+        version=version, modules=_python_modules(root, sites, warnings),
+    )
+
+
+def read_snapshot(
+    pid: int,
+    *,
+    host_root: str = "/",
+    object_fds: list[tuple[MapEntry, int]] | None = None,
+    raw: RawProcFiles | None = None,
+) -> Snapshot:
+    """Read the snapshot of process ``pid``.
+
+    :param host_root: the host's filesystem as this process sees it (``/`` on the node)
+    :param object_fds: descriptors from :func:`open_mapped_objects` (opened here when None,
+        and closed again)
+    :param raw: filled with the /proc files as read, for the bundle
+    :raises ProcessGone: when the process does not exist
+    """
+    if not os.path.isdir(f"/proc/{pid}"):
+        raise ProcessGone(pid)
+    warnings: list[str] = []
+    texts: dict[str, str] = {}
+    for name in _PROC_FILES:
+        try:
+            texts[name] = read_proc_text(pid, name)  # type: ignore[assignment]
+        except ProcessGone:
+            raise
+        except OSError as e:
+            warnings.append(f"/proc/{pid}/{name}: {e.strerror or e}")
+            texts[name] = ""
+    try:
+        cmdline_raw = read_proc_text(pid, "cmdline", binary=True)
+        environ_raw = read_proc_text(pid, "environ", binary=True)
+    except OSError as e:
+        if isinstance(e, ProcessGone):
+            raise
+        cmdline_raw, environ_raw = b"", b""
+        warnings.append(f"/proc/{pid}/cmdline or environ: {e}")
+    if raw is not None:
+        for k, v in texts.items():
+            raw.files[k] = v.encode(errors="surrogateescape")
+    comm = _read_small(f"/proc/{pid}/comm")
+    exe = _readlink(f"/proc/{pid}/exe")
+    cwd = _readlink(f"/proc/{pid}/cwd")
+    from ..report.redact import Redactor
+
+    red = Redactor()
+    cmdline = tuple(red.text(a.decode(errors="replace")) for a in cmdline_raw.split(b"\0") if a)
+    env_plain = parse_environ(environ_raw)
+    environ = redact_environ(env_plain)
+    ns = {n: _readlink(f"/proc/{pid}/ns/{n}") or "" for n in ("mnt", "pid", "net", "cgroup", "user")}
+    # the host's mount namespace: PID 1's (hostPID agent pods see the node's), else our own
+    host_ns = _readlink("/proc/1/ns/mnt") or _readlink("/proc/self/ns/mnt")
+    in_container = bool(ns["mnt"]) and ns["mnt"] != host_ns
+    identity = find_container_identity(pid)
+    image = read_image_name(identity.container_id, host_root) if identity.container_id else None
+
+    maps = parse_maps(texts["maps"])
+    mounts = parse_mountinfo(texts["mountinfo"])
+    host_mounts = parse_mountinfo(_read_small("/proc/1/mountinfo", 4 << 20) or _read_small("/proc/self/mountinfo", 4 << 20) or "")
+    own_fds = object_fds is None
+    fds = open_mapped_objects(pid, maps) if own_fds else object_fds
+    try:
+        objects, nvml_pair = _objects(fds, mounts, host_mounts, in_container)
+        nvml = None
+        if nvml_pair is not None:
+            nvml = _nvml_info(nvml_pair[0], nvml_pair[1], host_root, in_container)
+    finally:
+        if own_fds:
+            for _, fd in fds:
+                os.close(fd)
+    python = _python_info(objects, exe, env_plain, cwd, f"/proc/{pid}/root", warnings)
+    return Snapshot(
+        pid=pid, taken_at=time.time(), comm=comm, exe=exe, cmdline=cmdline, cwd=cwd, environ=environ,
+        status=parse_status(texts["status"]), limits=parse_limits(texts["limits"]),
+        coredump_filter=texts["coredump_filter"].strip() or None, identity=identity, image=image,
+        in_container_namespace=in_container, namespaces=ns, objects=objects, nvml=nvml, python=python,
+        warnings=tuple(warnings),
+    )
+
+
+def _objects(fds, mounts, host_mounts, in_container):
+    from ..core.nvml import is_nvml
+
+    objects = []
+    nvml_pair = None
+    for m, fd in fds:
+        path = m.path[: -len(" (deleted)")] if m.deleted else m.path
+        try:
+            size = os.fstat(fd).st_size
+        except OSError:
+            size = None
+        bid = read_build_id_from_file(f"/proc/self/fd/{fd}")
+        mount: MountEntry | None = find_mount(mounts, path) if mounts else None
+        bind_source = None
+        injected = False
+        if mount is not None and in_container:
+            # a mount other than the container's root filesystem that the host also has: a bind mount
+            host = host_path_of_mount(mount, path, host_mounts)
+            if mount.mount_point != "/" and host is not None:
+                bind_source, injected = host, True
+        elif mount is not None and mount.is_bind_of_subtree:
+            bind_source = host_path_of_mount(mount, path, host_mounts)
+            injected = bind_source is not None and bind_source != path
+        obj = MappedObject(
+            path=path, dev=m.dev, inode=m.inode, size=size, build_id=bid,
+            mount_point=mount.mount_point if mount else None, fstype=mount.fstype if mount else None,
+            bind_source=bind_source, injected=injected,
+        )
+        objects.append(obj)
+        if nvml_pair is None and is_nvml(path):
+            nvml_pair = (obj, fd)
+    return tuple(objects), nvml_pair
+
+
+def _read_small(path: str, limit: int = 65536) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def snapshot_payload(s: Snapshot) -> dict:
+    """The snapshot as plain JSON values."""
+    return dataclasses.asdict(s)

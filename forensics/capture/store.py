@@ -1,0 +1,130 @@
+"""The object store: one copy of each mapped ELF object, keyed by build-id, shared by every core.
+
+Layout under the core directory: ``objects/<key[:2]>/<key[2:]>`` where the key is the GNU
+build-id in hex, or ``sha256-<hex>`` for an object without one.  Two hundred cores of one
+crash-looping container keep one copy of libpython, libc and libnvidia-ml.  Objects are
+written atomically (temporary name, fsync, rename), so a reader never sees half a file and
+two handlers storing the same object at once both succeed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+from ..core.buildid import read_build_id_from_file
+
+__all__ = ["ObjectStore", "key_of_fd", "write_atomic", "fsync_dir"]
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` through a temporary name, fsync, rename, fsync the directory."""
+    d = os.path.dirname(path) or "."
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+    fsync_dir(d)
+
+
+def key_of_fd(fd: int) -> str:
+    """The store key of an open ELF object: its build-id, else ``sha256-`` of its bytes."""
+    bid = read_build_id_from_file(f"/proc/self/fd/{fd}")
+    if bid:
+        return bid
+    h = hashlib.sha256()
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            break
+        h.update(chunk)
+        offset += len(chunk)
+    return "sha256-" + h.hexdigest()
+
+
+class ObjectStore:
+    """The ``objects/`` directory of a core directory."""
+
+    def __init__(self, core_dir: str) -> None:
+        self.root = os.path.join(core_dir, "objects")
+
+    def path_of(self, key: str) -> str:
+        return os.path.join(self.root, key[:2], key[2:])
+
+    def has(self, key: str) -> bool:
+        return os.path.exists(self.path_of(key))
+
+    def add_from_fd(self, fd: int, key: str) -> int:
+        """Copy the file open at ``fd`` in under ``key`` unless it is there; bytes written."""
+        dest = self.path_of(key)
+        if os.path.exists(dest):
+            return 0
+        d = os.path.dirname(dest)
+        os.makedirs(d, exist_ok=True)
+        tmp = f"{dest}.tmp{os.getpid()}.{id(self):x}"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
+        total = 0
+        try:
+            size = os.fstat(fd).st_size
+            while total < size:
+                try:
+                    n = os.copy_file_range(fd, out, min(size - total, 8 << 20), total, total)
+                except OSError:
+                    n = 0
+                if n == 0:  # copy_file_range across filesystems or from procfs links: fall back
+                    chunk = os.pread(fd, min(size - total, 1 << 20), total)
+                    if not chunk:
+                        break
+                    n = os.pwrite(out, chunk, total)
+                total += n
+            os.fsync(out)
+        except BaseException:
+            os.close(out)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        os.close(out)
+        os.rename(tmp, dest)
+        return total
+
+    def add_file(self, path: str, key: str | None = None) -> tuple[str, int]:
+        """Store the file at ``path``; ``(key, bytes written)``."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            key = key or key_of_fd(fd)
+            return key, self.add_from_fd(fd, key)
+        finally:
+            os.close(fd)
+
+    def size(self) -> int:
+        total = 0
+        for dirpath, _, files in os.walk(self.root):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+                except OSError:
+                    pass
+        return total

@@ -1,0 +1,355 @@
+"""forensics core-handler on real kernel cores: fed as the kernel feeds it, and installed for real.
+
+Cores come from real crashing processes: ``tests/crashers/exporter.py`` (Python + libcrash.so)
+and a small C program compiled here (``crasher.c`` below: small cores, fast to make many).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from forensics.capture.bundle import bundle_sysroot, verify_manifest
+from forensics.capture.handler import HandlerConfig, run_core_handler
+from forensics.core import open_core
+from forensics.model import LibraryStatus
+
+ROOT = Path(__file__).resolve().parents[2]
+FORENSICS = Path(sys.executable).parent / "forensics"
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the core handler reads /proc/PID of other processes as root")
+
+CRASHER_C = r"""
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <fcntl.h>
+/* usage: crasher MODE [FIFO]   MODE: segv | abort | sleep | random-segv (8 MiB of random heap first) */
+int main(int argc, char **argv) {
+    if (argc > 2) { int fd = open(argv[2], O_WRONLY); write(fd, "ready\n", 6); close(fd); }
+    if (!strcmp(argv[1], "sleep")) { for (;;) pause(); }
+    if (!strcmp(argv[1], "random-segv")) {
+        size_t n = 8u << 20; unsigned char *b = malloc(n); int r = open("/dev/urandom", O_RDONLY);
+        size_t got = 0; while (got < n) { ssize_t k = read(r, b + got, n - got); if (k <= 0) break; got += k; }
+        fprintf(stderr, "%d\n", b[n / 2]);
+    }
+    if (!strcmp(argv[1], "abort")) abort();
+    *(volatile int *)16 = 1;
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def crasher(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("crasher")
+    (d / "crasher.c").write_text(CRASHER_C)
+    subprocess.run(["gcc", "-g", "-O1", "-o", str(d / "crasher"), str(d / "crasher.c")], check=True)
+    return d / "crasher"
+
+
+def _core_of(crasher: Path, mode: str, directory: Path) -> Path:
+    """A real kernel core of the C crasher (core_pattern must be a plain name: the session fixture)."""
+    run = Path(tempfile.mkdtemp(prefix=f"core-{mode}-", dir=directory))
+
+    def setup():
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+    p = subprocess.run([str(crasher), mode], cwd=run, preexec_fn=setup, capture_output=True, timeout=60)
+    assert p.returncode < 0, p
+    cores = list(run.iterdir())
+    assert cores, f"no core in {run}"
+    return cores[0]
+
+
+@pytest.fixture(scope="module")
+def small_cores(crasher, tmp_path_factory, core_pattern) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("small-cores")
+    return {m: _core_of(crasher, m, d) for m in ("segv", "abort")}
+
+
+@pytest.fixture
+def live(crasher):
+    """A live process whose /proc the handler reads (the kernel keeps the dying one alive the same way)."""
+    p = subprocess.Popen([str(crasher), "sleep"])
+    try:
+        time.sleep(0.05)
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _handler_cli(core_dir: Path, pid: int, sig: int, core: Path, limit: str = "18446744073709551615", *extra: str):
+    """Run the handler as the kernel does: absolute path, no environment, cwd /, core on stdin."""
+    cmd = [str(FORENSICS), "core-handler", str(core_dir), str(pid), str(pid), str(sig), str(int(time.time())), limit, *extra]
+    if not _registered():
+        cmd = [sys.executable, "-c", "from forensics.capture.cli_commands import core_handler_command as c; c()", *cmd[2:]]
+    with open(core, "rb") as f:
+        return subprocess.run(cmd, stdin=f, capture_output=True, text=True, env={}, cwd="/", timeout=120)
+
+
+@functools.lru_cache(maxsize=None)
+def _registered() -> bool:
+    """Whether the installed ``forensics`` script has ``core-handler`` (the lead registers it in forensics.cli).
+
+    Asked of the script itself: other test modules add the command to this process's ``cli``.
+    """
+    p = subprocess.run([str(FORENSICS), "core-handler", "--help"], capture_output=True, text=True)
+    return p.returncode == 0
+
+
+def _crashes(core_dir: Path) -> list[Path]:
+    return sorted((core_dir / "crashes").iterdir())
+
+
+def _decompress(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read()
+
+
+def test_handler_fed_a_real_core_like_the_kernel(cores, newest_python, tmp_path, live):
+    # GIVEN a real kernel core of the Python exporter and a live process for /proc
+    core = cores.get(newest_python, "heap-prev")
+    # WHEN the handler runs as the kernel runs it
+    p = _handler_cli(tmp_path, live.pid, signal.SIGABRT, core)
+    # THEN the core is kept whole, compressed, byte for byte
+    assert p.returncode == 0, p.stderr
+    (crash,) = _crashes(tmp_path)
+    meta = json.loads((crash / "metadata.json").read_text())
+    assert meta["state"] == "done" and meta["core"]["state"] == "kept"
+    assert _decompress(crash / "50-core" / "core.zst") == core.read_bytes()
+    assert meta["core"]["bytes_compressed"] < core.stat().st_size / 4
+    # the process snapshot came from /proc of the live process, objects are in the store by build-id
+    snap = json.loads((crash / "40-process" / "snapshot.json").read_text())
+    assert snap["pid"] == live.pid
+    assert snap["limits"]["Max core file size"]
+    for path, key in meta["objects"].items():
+        assert (tmp_path / "objects" / key[:2] / key[2:]).is_file(), path
+    # the crash's pc is named from the core's own notes
+    assert meta["crash_pc"]["signal"] == signal.SIGABRT and meta["crash_pc"]["module"].endswith("libc.so.6")
+    assert verify_manifest(str(crash)) == []
+    assert not list((crash / "50-core").glob(".*tmp*")) and not (crash / ".reserve").exists()
+
+
+def test_handler_honours_rlimit_core_below_a_page(small_cores, tmp_path, live):
+    for limit in ("0", "4095"):
+        p = _handler_cli(tmp_path, live.pid, signal.SIGSEGV, small_cores["segv"], limit)
+        assert p.returncode == 0, p.stderr
+    for crash in _crashes(tmp_path):
+        meta = json.loads((crash / "metadata.json").read_text())
+        assert meta["core"]["state"] == "metadata-only"
+        assert "RLIMIT_CORE" in meta["core"]["reasons"][0]
+        assert meta["core"]["bytes_in"] == small_cores["segv"].stat().st_size  # stdin drained
+        assert not list((crash / "50-core").iterdir())
+
+
+def test_handler_cuts_at_the_maximum_size_and_at_rlimit_core(small_cores, tmp_path, live):
+    core = small_cores["segv"]
+    p = _handler_cli(tmp_path, live.pid, signal.SIGSEGV, core, "18446744073709551615", "--max-core-size", "64K")
+    assert p.returncode == 0, p.stderr
+    p = _handler_cli(tmp_path, live.pid, signal.SIGSEGV, core, "12288")
+    assert p.returncode == 0, p.stderr
+    a, b = _crashes(tmp_path)
+    for crash, size in ((a, 65536), (b, 12288)):
+        meta = json.loads((crash / "metadata.json").read_text())
+        assert meta["core"]["state"] == "truncated"
+        assert meta["core"]["bytes_in"] == core.stat().st_size
+        assert _decompress(crash / "50-core" / "core.truncated.zst") == core.read_bytes()[:size]
+
+
+def test_crash_loop_of_200_bounded_disk_one_copy_of_each_library(small_cores, tmp_path, live):
+    # GIVEN a budget that holds the metadata of 200 crashes, the objects and a few cores
+    segv, abrt = small_cores["segv"], small_cores["abort"]
+    probe = tmp_path / "probe"
+    run_core_handler(str(probe), live.pid, live.pid, 11, time.time(), None, stdin_fd=os.open(segv, os.O_RDONLY),
+                     config=HandlerConfig(min_free=0))
+    one_core = (next((probe / "crashes").iterdir()) / "50-core" / "core.zst").stat().st_size
+    budget = 4 << 20
+    cfg = HandlerConfig(budget=budget, min_free=0, loop_limit=5)
+    d = tmp_path / "cores"
+    # WHEN 200 crashes (two crash kinds) arrive within the hour
+    for i in range(200):
+        src = segv if i % 2 else abrt
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            run_core_handler(str(d), live.pid, live.pid, 11 if i % 2 else 6, time.time(), None, stdin_fd=fd, config=cfg)
+        finally:
+            os.close(fd)
+    # THEN every crash has its metadata, only the first 5 of each kind per hour have a core,
+    crashes = _crashes(d)
+    assert len(crashes) == 200
+    metas = [json.loads((c / "metadata.json").read_text()) for c in crashes]
+    assert all(m["state"] == "done" for m in metas)
+    kept = [m for m in metas if m["core"]["file"]]
+    assert len(kept) == 10
+    assert sum("crash loop" in " ".join(m["core"]["reasons"]) for m in metas) == 190
+    # one copy of each library in the store,
+    objects = [p for p in (d / "objects").rglob("*") if p.is_file()]
+    mapped = {k for m in metas for k in m["objects"].values()}
+    assert len(objects) == len(mapped) <= 5
+    # and the directory stays near its budget: the oldest cores went, the newest of each fingerprint stayed
+    total = sum(p.stat().st_blocks * 512 for p in d.rglob("*") if p.is_file())
+    on_disk = [c for c in crashes if list((c / "50-core").glob("core*.zst"))]
+    if total > budget:
+        assert len(on_disk) == len({m["fingerprint"] for m in metas}), (total, budget, one_core)
+    newest = {}
+    for m in metas:
+        if m["core"]["file"]:
+            newest[m["fingerprint"]] = m["crash_id"]
+    for cid in newest.values():
+        assert list((d / "crashes" / cid / "50-core").glob("core*.zst")), cid
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_filesystem_keeps_metadata_and_marks_the_partial_core(crasher, tmp_path, tiny_fs, live, core_pattern):
+    # GIVEN a real core of 8 MiB random heap (incompressible) and a 3 MiB filesystem
+    core = _core_of(crasher, "random-segv", tmp_path)
+    # WHEN the handler streams it there
+    fd = os.open(core, os.O_RDONLY)
+    try:
+        r = run_core_handler(str(tiny_fs / "cores"), live.pid, live.pid, 11, time.time(), None, stdin_fd=fd,
+                             config=HandlerConfig(min_free=0))
+    finally:
+        os.close(fd)
+    # THEN the metadata is whole, the core is marked as cut by the full disk, and what is kept is a prefix
+    (crash,) = _crashes(tiny_fs / "cores")
+    meta = json.loads((crash / "metadata.json").read_text())
+    assert meta["state"] == "done"
+    assert meta["core"]["state"] in ("truncated", "partial"), meta["core"]
+    assert "disk filled up" in " ".join(meta["core"]["reasons"])
+    assert meta["core"]["bytes_in"] == core.stat().st_size
+    kept = crash / "50-core" / meta["core"]["file"]
+    data = b""
+    with open(kept, "rb") as f:
+        reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+        try:
+            while chunk := reader.read(1 << 16):
+                data += chunk
+        except zstandard.ZstdError:
+            assert meta["core"]["state"] == "partial"
+    assert len(data) > 0 and core.read_bytes().startswith(data)
+    assert r.core_state == meta["core"]["state"]
+
+
+def _forensics_program(tmp_path: Path) -> str:
+    """The program the kernel runs: the installed script once the lead registered the command."""
+    if _registered():
+        return str(FORENSICS)
+    wrapper = tmp_path / "forensics"  # same code path, reached without forensics.cli's registration
+    wrapper.write_text(f"#!{sys.executable}\nfrom forensics.cli import cli, main\n"
+                       "from forensics.capture.cli_commands import core_handler_command as c\ncli.add_command(c)\nmain()\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_installed_into_the_kernel_for_real(cores, newest_python, tmp_path, core_pattern):
+    """The shortest window: both crashers wait on a FIFO, the pattern is set, they crash, it is restored."""
+    from tests.crashers.make_core import EXPORTER, build_libcrash
+    from forensics.capture.pattern import install_handler, read_core_pattern, uninstall_handler
+
+    lib = build_libcrash(tmp_path)
+    core_dir = Path(tempfile.mkdtemp(prefix="fc", dir="/tmp"))  # short: core_pattern holds 128 bytes
+    fifos, procs = [], []
+    from tests.conftest import PYTHONS
+
+    python = PYTHONS[newest_python]
+    for limit in (resource.RLIM_INFINITY, 0):  # opted in by a raised limit / not opted in
+        fifo = tmp_path / f"ready-{limit}"
+        os.mkfifo(fifo)
+
+        def setup(limit=limit):
+            resource.setrlimit(resource.RLIMIT_CORE, (limit, resource.RLIM_INFINITY))
+
+        procs.append(subprocess.Popen([python, str(EXPORTER), str(lib), "heap-prev", str(fifo)], cwd=tmp_path,
+                                      preexec_fn=setup, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        fifos.append(fifo)
+    before = read_core_pattern()
+    program = _forensics_program(tmp_path)
+    try:
+        install_handler(str(core_dir), program=program, config={"min_free": 0})
+        for fifo in fifos:
+            with open(fifo) as f:
+                assert f.read() == "ready\n"
+        for p in procs:
+            p.wait(timeout=60)
+    finally:
+        if read_core_pattern() != before:
+            uninstall_handler(str(core_dir))
+    assert read_core_pattern() == before
+    for p in procs:
+        assert p.returncode == -signal.SIGABRT
+    # the handler may still be writing after the process is reaped: wait for both records
+    deadline = time.time() + 60
+    metas = []
+    while time.time() < deadline:
+        metas = [json.loads(m.read_text()) for m in core_dir.glob("crashes/*/metadata.json")]
+        if len(metas) == 2 and all(m["state"] == "done" for m in metas):
+            break
+        time.sleep(0.2)
+    by_pid = {m["pid"]: m for m in metas}
+    assert set(by_pid) == {p.pid for p in procs}, metas
+    opted, not_opted = by_pid[procs[0].pid], by_pid[procs[1].pid]
+    assert opted["core"]["state"] == "kept" and opted["rlimit_core"] is None
+    assert not_opted["core"]["state"] == "metadata-only" and not_opted["rlimit_core"] == 0
+    # the bundle analyzes with its stored objects as sysroot, libcrash.so included
+    crash = core_dir / "crashes" / opted["crash_id"]
+    assert any(p.endswith("libcrash.so") for p in opted["objects"])
+    core, sysroot = bundle_sysroot(str(crash))
+    cf = open_core(core, sysroot=sysroot)
+    assert cf.pid == procs[0].pid
+    libs = {lib.name: lib.status for lib in cf.libraries}
+    assert libs["libcrash.so"] == LibraryStatus.OK
+    assert all(s == LibraryStatus.OK for s in libs.values()), libs
+
+
+def test_analyze_takes_a_bundle_and_uses_its_stored_objects(cores, newest_python, tmp_path, live):
+    # GIVEN the handler's crash record of a real core
+    core = cores.get(newest_python, "heap-prev")
+    assert _handler_cli(tmp_path, live.pid, signal.SIGABRT, core).returncode == 0
+    (crash,) = _crashes(tmp_path)
+    # WHEN forensics analyze is given the bundle directory itself
+    from click.testing import CliRunner
+
+    from forensics.cli import cli
+
+    r = CliRunner().invoke(cli, ["analyze", "--json", str(crash)], catch_exceptions=False)
+    # THEN the core is analysed with the bundle's own objects as sysroot
+    assert r.exit_code == 0, r.stderr
+    a = json.loads(r.stdout)["analysis"]
+    assert a["crash"]["abort_message"] == "double free or corruption (!prev)"
+    assert a["snapshot"]["sysroot"].startswith(str(crash))
+    libs = [lib for lib in a["snapshot"]["core"]["libraries"] if lib["path"] != "[vdso]"]
+    assert libs and all(lib["status"] == "ok" for lib in libs)
+    # objects the store holds (those the live process for /proc shares with the core, libc at least)
+    # are read from the bundle's sysroot, not from this machine
+    libc = next(lib for lib in libs if lib["path"].endswith("/libc.so.6"))
+    assert libc["file_path"].startswith(str(crash / ".sysroot"))
+    assert a["snapshot"]["threads"][0]["py_frames"][0]["function"] == "query_nvlink_throughput_counters"
+    # and a directory of crash records is a batch
+    r = CliRunner().invoke(cli, ["analyze", "--json", str(tmp_path)], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["batch"]["total"] == 1

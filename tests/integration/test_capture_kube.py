@@ -1,0 +1,194 @@
+"""forensics capture --pod: the real kubectl against the API stand-in (tests/kube_standin.py).
+
+The pod's container is a real process on this machine in a cgroup named as kubelet +
+containerd name it; the stand-in "kubelet" runs the agent pod's command here, so the agent
+finds the process by container ID in /proc/*/cgroup, arms it and sends its bundle back
+through the pod log.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.capture.bundle import verify_manifest
+from forensics.capture.cli_commands import agent_group, capture_command, core_handler_command
+from forensics.capture.handler import HandlerConfig, run_core_handler
+from forensics.cli import cli
+from tests.kube_standin import StandIn, make_event, make_node, make_pod, write_kubeconfig
+
+for _c in (capture_command, core_handler_command, agent_group):
+    if _c.name not in cli.commands:
+        cli.add_command(_c)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
+    pytest.mark.skipif(os.geteuid() != 0 or not CGROUP_ROOT.is_dir(),
+                       reason="needs root and a cgroup v1 pids hierarchy to place the container's process"),
+]
+NS = "monitoring"
+
+
+@pytest.fixture
+def pod_process(tmp_path):
+    """A running process in the cgroup of a pod's container (systemd driver, containerd)."""
+    pod_uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(120)"])
+    cg = (CGROUP_ROOT / "kubepods.slice" / "kubepods-burstable.slice" /
+          f"kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice" / f"cri-containerd-{cid}.scope")
+    try:
+        with open(fifo) as f:
+            f.read()
+        cg.mkdir(parents=True)
+        (cg / "cgroup.procs").write_text(str(p.pid))
+        yield {"pid": p.pid, "pod_uid": pod_uid, "cid": cid}
+    finally:
+        p.kill()
+        p.wait()
+        time.sleep(0.05)
+        for d in [cg, *cg.parents]:
+            if d == CGROUP_ROOT:
+                break
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch, pod_process):
+    # the "image": a forensics on PATH (the installed script once the lead registered the commands)
+    bindir = tmp_path / "image-bin"
+    bindir.mkdir()
+    (bindir / "forensics").write_text(
+        f"#!{sys.executable}\nfrom forensics.cli import cli, main\n"
+        "from forensics.capture.cli_commands import agent_group, capture_command, core_handler_command\n"
+        "for c in (capture_command, core_handler_command, agent_group):\n"
+        "    cli.commands.get(c.name) or cli.add_command(c)\nmain()\n")
+    (bindir / "forensics").chmod(0o755)
+    monkeypatch.setenv("HOME", str(tmp_path))  # kubectl's discovery cache
+    node = socket.gethostname()
+    with StandIn(path_env=f"{bindir}:/usr/local/bin:/usr/bin:/bin") as s:
+        s.nodes[node] = make_node(node)
+        s.nodes["gone"] = make_node("gone", ready=False)
+        s.pods[(NS, "exporter-7d9f")] = make_pod(name="exporter-7d9f", namespace=NS, uid=pod_process["pod_uid"], node=node,
+                                                 container_id=pod_process["cid"], restarts=3, last_exit=134)
+        s.pods[(NS, "exporter-crashloop")] = make_pod(name="exporter-crashloop", namespace=NS, uid=str(uuid.uuid4()),
+                                                      node=node, container_id="cd" * 32, running=False, last_exit=139)
+        s.pods[(NS, "exporter-on-gone-node")] = make_pod(name="exporter-on-gone-node", namespace=NS,
+                                                         uid=str(uuid.uuid4()), node="gone", container_id="ef" * 32)
+        s.events += [
+            make_event(namespace=NS, pod="exporter-7d9f", uid=pod_process["pod_uid"], reason="BackOff",
+                       message="Back-off restarting failed container exporter", time="2025-01-01T00:02:00Z"),
+            make_event(namespace=NS, pod="exporter-7d9f", uid=pod_process["pod_uid"], reason="Started",
+                       message="Started container exporter", time="2025-01-01T00:01:30Z", kind="Normal"),
+            make_event(namespace=NS, pod="other", uid="x", reason="Other", message="not ours", time="2025-01-01T00:00:00Z"),
+        ]
+        kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), s.url, namespace="default")
+        yield s, kubeconfig
+
+
+def _capture(kubeconfig, core_dir, out, *args):
+    return CliRunner().invoke(cli, ["capture", "--kubeconfig", kubeconfig, "--core-dir", str(core_dir), "-o", str(out),
+                                    "-n", NS, *args])
+
+
+def test_capture_pod_end_to_end(cluster, pod_process, tmp_path):
+    standin, kubeconfig = cluster
+    core_dir = tmp_path / "cores"
+    # GIVEN an earlier crash of this container kept by the core handler on the node
+    core = Path(__file__).resolve()  # any bytes: the record, not the core's content, is what travels here
+    fd = os.open(core, os.O_RDONLY)
+    try:
+        earlier = run_core_handler(str(core_dir), pod_process["pid"], pod_process["pid"], 6, time.time(), None,
+                                   stdin_fd=fd, config=HandlerConfig(min_free=0))
+    finally:
+        os.close(fd)
+    # WHEN the pod is captured from the "workstation"
+    r = _capture(kubeconfig, core_dir, tmp_path / "out", "--pod", "exporter-7d9f", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    bundle = Path(doc["bundle"])
+    # THEN the bundle is in on-call order, complete and verified
+    ident = json.loads((bundle / "00-identity.json").read_text())
+    assert ident["pod_uid"] == pod_process["pod_uid"] and ident["node_uid"] == f"node-uid-{socket.gethostname()}"
+    assert ident["owners"][0]["kind"] == "DaemonSet"
+    events = json.loads((bundle / "10-kubernetes/events.json").read_text())
+    assert [e["reason"] for e in events] == ["Started", "BackOff"]
+    sched = json.loads((bundle / "10-kubernetes/scheduling.json").read_text())
+    c = sched["pod"]["containers"][0]
+    assert c["restart_count"] == 3 and c["last_terminated"]["exit_code"] == 134 and c["last_terminated"]["signal"] == 6
+    assert sched["node"]["gpu_labels"]["nvidia.com/gpu.product"] == "NVIDIA-H20"
+    assert sched["node"]["kernel"] and sched["node"]["container_runtime"].startswith("containerd")
+    snap = json.loads((bundle / "40-process/snapshot.json").read_text())
+    assert snap["pid"] == pod_process["pid"] and snap["identity"]["container_id"] == pod_process["cid"]
+    arming = json.loads((bundle / "40-process/arming.json").read_text())
+    assert arming["rlimit_core_after"][0] == arming["rlimit_core_after"][1] != "0"
+    crash_id = os.path.basename(earlier.crash_dir)
+    assert (bundle / "50-core" / crash_id / "metadata.json").is_file()
+    assert verify_manifest(str(bundle)) == []
+    # the agent pod was pinned to the node, privileged with hostPID, and deleted
+    assert standin.created and standin.deleted == standin.created
+    # a second capture never overwrites the first bundle
+    r2 = _capture(kubeconfig, core_dir, tmp_path / "out", "--pod", "exporter-7d9f", "--json")
+    assert json.loads(r2.output)["bundle"] != doc["bundle"]
+
+
+def test_dry_run_prints_the_agent_pod(cluster, pod_process, tmp_path):
+    standin, kubeconfig = cluster
+    r = _capture(kubeconfig, "/var/lib/forensics/cores", tmp_path, "--pod", "exporter-7d9f", "--dry-run",
+                 "--agent-image", "registry.local/forensics:1")
+    assert r.exit_code == 0, r.output
+    for needle in ("hostPID: true", f"nodeName: \"{socket.gethostname()}\"", "privileged: true",
+                   "path: \"/var/lib/forensics/cores\"", "registry.local/forensics:1", pod_process["cid"]):
+        assert needle in r.output
+    assert not standin.created
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        pytest.param(["--pod", "nope"], f"pod {NS}/nope not found", id="pod-not-found"),
+        pytest.param(["--pod", "exporter-crashloop"], "is not running (waiting: CrashLoopBackOff)", id="not-running"),
+        pytest.param(["--pod", "exporter-on-gone-node"], "node gone unreachable", id="node-unreachable"),
+        pytest.param(["--pod", "exporter-7d9f", "--kubectl", "/nonexistent/kubectl"], "kubectl not found", id="no-kubectl"),
+        pytest.param(["--pod", "exporter-7d9f", "--container", "sidecar"], "has no container 'sidecar'", id="no-container"),
+    ],
+)
+def test_pod_mode_errors(cluster, tmp_path, args, message):
+    standin, kubeconfig = cluster
+    r = _capture(kubeconfig, tmp_path / "cores", tmp_path / "out", *args)
+    assert r.exit_code == 1 and message in r.output, r.output
+    assert standin.deleted == standin.created
+
+
+def test_unreachable_api_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = write_kubeconfig(str(tmp_path / "kc"), f"http://127.0.0.1:{port}")
+    r = CliRunner().invoke(cli, ["capture", "--kubeconfig", kubeconfig, "--pod", "x", "--core-dir", str(tmp_path)])
+    assert r.exit_code == 1 and "kubectl get pod failed" in r.output, r.output
+
+
+def test_agent_manifest_daemonset():
+    r = CliRunner().invoke(cli, ["agent", "manifest", "--core-dir", "/var/lib/forensics/cores"])
+    assert r.exit_code == 0
+    out = r.output
+    for needle in ("kind: \"DaemonSet\"", "nodeSelector:", "nvidia.com/gpu.present: \"true\"", "tolerations:",
+                   "--install-handler", "--uninstall-handler", "hostPID: true", "path: \"/var/lib/forensics/cores\""):
+        assert needle in out, needle
+    assert "privileged: true" in out and "preStop:" in out

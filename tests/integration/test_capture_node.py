@@ -1,0 +1,203 @@
+"""forensics capture --pid on real processes: a plain one and a container-like one.
+
+The container-like process is made with ``unshare`` (its own mount and PID namespaces);
+the simulated libnvidia-ml.so (forensics.simnvml) is bind-mounted into it from a "host"
+directory, as the NVIDIA container toolkit injects the driver's library, and it is moved
+into a cgroup named the way kubelet + containerd (systemd driver) name a pod's container.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.capture.bundle import read_manifest, verify_manifest
+from forensics.capture.cli_commands import agent_group, capture_command, core_handler_command
+from forensics.capture.node import find_container_pids
+from forensics.cli import cli
+
+for _c in (capture_command, core_handler_command, agent_group):
+    if _c.name not in cli.commands:
+        cli.add_command(_c)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="capture --pid arms other processes as root")
+CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
+
+
+def _wait_ready(fifo: Path) -> None:
+    with open(fifo) as f:
+        assert f.read().startswith("ready")
+
+
+def _has_cap_sys_resource() -> bool:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> 24 & 1)
+    return False
+
+
+def _sleeper(tmp_path, hard):
+    fifo = tmp_path / f"ready-{hard}"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(120)"],
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, hard)))
+    _wait_ready(fifo)
+    return p
+
+
+@pytest.fixture
+def sleeper(tmp_path):
+    """A process with RLIMIT_CORE 0 (soft), as most container runtimes start them."""
+    p = _sleeper(tmp_path, resource.RLIM_INFINITY)
+    try:
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_capture_a_hard_limit_of_zero(tmp_path):
+    p = _sleeper(tmp_path, 0)
+    try:
+        r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
+        if _has_cap_sys_resource():
+            assert json.loads(r.output)["rlimit_core_after"] == ["unlimited", "unlimited"]
+        else:  # e.g. this VM's root lacks CAP_SYS_RESOURCE: say so, and how to fix it
+            assert r.exit_code == 1 and "hard limit 0" in r.output and "CAP_SYS_RESOURCE" in r.output
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_capture_raises_rlimit_core_and_sets_the_filter(sleeper, tmp_path):
+    # GIVEN a process with RLIMIT_CORE 0/unlimited
+    # WHEN it is captured with --full
+    r = CliRunner().invoke(cli, ["capture", "--pid", str(sleeper.pid), "--core-dir", str(tmp_path / "cores"), "--full",
+                                 "--json"])
+    # THEN the limit reads back unlimited from /proc/PID/limits and file-backed mappings are dumped
+    assert r.exit_code in (0, 4), r.output
+    doc = json.loads(r.output)
+    assert doc["command"] == "capture"
+    assert doc["rlimit_core_before"] == ["0", "unlimited"]
+    assert doc["rlimit_core_after"] == ["unlimited", "unlimited"]
+    assert "Max core file size" in Path(f"/proc/{sleeper.pid}/limits").read_text()
+    assert Path(f"/proc/{sleeper.pid}/coredump_filter").read_text().strip() == "0000003f"
+    assert doc["core_pattern"] == Path("/proc/sys/kernel/core_pattern").read_text().strip()
+    assert doc["destination"]["reasons"]
+    bundle = Path(doc["bundle"])
+    assert verify_manifest(str(bundle)) == []
+    paths = [i["path"] for i in read_manifest(str(bundle))["items"]]
+    assert paths == sorted(paths) and paths[0] == "00-identity.json"
+    # a second capture makes a second bundle, never overwriting the first
+    r2 = CliRunner().invoke(cli, ["capture", "--pid", str(sleeper.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
+    assert json.loads(r2.output)["bundle"] != doc["bundle"] and bundle.is_dir()
+
+
+def test_capture_errors_are_clear(tmp_path):
+    # PID gone
+    p = subprocess.Popen(["true"])
+    p.wait()
+    r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path)])
+    assert r.exit_code == 1 and "does not exist" in r.output
+    # not root (effective uid nobody; the saved uid 0 lets the test come back)
+    os.seteuid(65534)
+    try:
+        r = CliRunner().invoke(cli, ["capture", "--pid", str(os.getpid()), "--core-dir", str(tmp_path)])
+    finally:
+        os.seteuid(0)
+    assert r.exit_code == 1 and "needs root" in r.output, r.output
+    # bad usage
+    r = CliRunner().invoke(cli, ["capture", "--core-dir", str(tmp_path)])
+    assert r.exit_code == 2
+
+
+@pytest.fixture
+def container(tmp_path):
+    """A process in its own mount + PID namespace, NVML bind-mounted from the host dir, in a kubepods cgroup."""
+    from forensics.simnvml import build_simnvml
+
+    host = build_simnvml(tmp_path / "host")  # libnvidia-ml.so.580.126.09 + the .so.1 link
+    real = next(p for p in host.iterdir() if p.name.startswith("libnvidia-ml.so.5"))
+    ctr = tmp_path / "ctr"
+    (ctr / "usr/lib").mkdir(parents=True)
+    target = ctr / "usr/lib/libnvidia-ml.so.1"
+    target.write_bytes(b"")  # the mount point the toolkit creates in the image
+    site = ctr / "site"
+    (site / "nvidia_ml_py-12.575.51.dist-info").mkdir(parents=True)
+    (site / "pynvml.py").write_text("# the binding\n")
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    script = (f"import ctypes, time; ctypes.CDLL({str(target)!r}); open({str(fifo)!r}, 'w').write('ready'); time.sleep(120)")
+    inner = f"mount --bind {real} {target} && cd {ctr} && exec {sys.executable} -c \"{script}\""
+    env = dict(os.environ, PYTHONPATH=str(site), API_TOKEN="hunter2-secret")
+    outer = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c", inner],
+                             env=env)
+    pod_uid = str(uuid.uuid4())
+    cid = uuid.uuid4().hex + uuid.uuid4().hex
+    cg = (CGROUP_ROOT / "kubepods.slice" / "kubepods-burstable.slice" /
+          f"kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice" / f"cri-containerd-{cid}.scope")
+    try:
+        _wait_ready(fifo)
+        pid = int(Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()[0])
+        if CGROUP_ROOT.is_dir():
+            cg.mkdir(parents=True)
+            (cg / "cgroup.procs").write_text(str(pid))
+        yield {"pid": pid, "real": real, "target": target, "pod_uid": pod_uid, "cid": cid, "site": site}
+    finally:
+        outer.kill()
+        outer.wait()
+        time.sleep(0.1)
+        for d in [cg, *cg.parents]:
+            if d == CGROUP_ROOT:
+                break
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def test_capture_names_the_bind_source_of_nvml_in_a_container(container, tmp_path):
+    # WHEN the container's process is captured
+    r = CliRunner().invoke(cli, ["capture", "--pid", str(container["pid"]), "--core-dir", str(tmp_path / "cores"), "--json"])
+    assert r.exit_code in (0, 4), r.output
+    doc = json.loads(r.output)
+    snap = doc["snapshot"]
+    # THEN the mapped libnvidia-ml is named with its path in the container and its bind source on the host
+    nvml = snap["nvml"]
+    assert nvml["path"] == str(container["target"])
+    assert nvml["bind_source"] == str(container["real"])
+    assert nvml["origin"] == "injected-from-host"
+    assert nvml["inode"] == container["real"].stat().st_ino
+    assert nvml["version"] == "580.126.09" and nvml["build_id"]
+    assert snap["in_container_namespace"] is True
+    # the host library is found by the bind source and compared by build-id
+    assert nvml["host_library"] == str(container["real"]) and nvml["matches_host"] is True
+    # the interpreter, libpython and the nvidia-ml-py files it would import
+    py = snap["python"]
+    assert py["interpreter"] and py["version"]
+    (mod,) = [m for m in py["modules"] if m["module"] == "pynvml"]
+    assert mod["path"] == str(container["site"] / "pynvml.py") and mod["version"] == "12.575.51"
+    # secrets in the environment are redacted
+    assert snap["environ"]["API_TOKEN"] != "hunter2-secret"
+    # a file pattern in a container: on its root filesystem the core dies with it
+    if not doc["core_pattern"].startswith("|"):
+        assert doc["destination"]["persistent"] is False
+        assert r.exit_code == 4
+    # pod and container identity from the cgroup path, and the container's processes found by ID
+    if CGROUP_ROOT.is_dir():
+        ident = snap["identity"]
+        assert ident["pod_uid"] == container["pod_uid"] and ident["container_id"] == container["cid"]
+        assert ident["runtime"] == "containerd" and ident["qos_class"] == "burstable"
+        assert find_container_pids(container["cid"]) == [container["pid"]]
+        assert find_container_pids("containerd://" + container["cid"][:12]) == [container["pid"]]
+    # the text output says the same for a human
+    t = CliRunner().invoke(cli, ["capture", "--pid", str(container["pid"]), "--core-dir", str(tmp_path / "cores")])
+    assert str(container["real"]) in t.output and "NVIDIA container toolkit" in t.output

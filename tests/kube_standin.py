@@ -1,0 +1,234 @@
+"""A small stand-in for the Kubernetes API server (and one kubelet), for the real kubectl.
+
+It serves, on 127.0.0.1 over plain HTTP, only what ``forensics capture --pod`` reads and
+writes: legacy discovery (``/api``, ``/apis``, ``/api/v1``), pods (get, create, delete,
+log), nodes (get) and events (list, with an ``involvedObject.uid`` field selector).  Objects
+are the JSON the real API returns (fields kept to those read).  A created pod is "run" the
+way a kubelet on this machine would: its container's command is executed here (the image
+is taken to be this machine's filesystem, with the given ``PATH``), its phase follows the
+process, and its log is the process's output.  Unknown paths answer 404 ``Status`` objects
+like the real server.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+__all__ = ["StandIn", "make_pod", "make_node", "make_event", "write_kubeconfig"]
+
+RESOURCES = [
+    {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
+     "verbs": ["create", "delete", "get", "list"], "shortNames": ["po"]},
+    {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
+    {"name": "nodes", "singularName": "node", "namespaced": False, "kind": "Node", "verbs": ["get", "list"],
+     "shortNames": ["no"]},
+    {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event", "verbs": ["list"],
+     "shortNames": ["ev"]},
+]
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+class StandIn:
+    def __init__(self, *, path_env: str) -> None:
+        self.pods: dict[tuple[str, str], dict] = {}
+        self.nodes: dict[str, dict] = {}
+        self.events: list[dict] = []
+        self.procs: dict[tuple[str, str], tuple[subprocess.Popen, list[bytes]]] = {}
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+        self.path_env = path_env
+        self.lock = threading.Lock()
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code: int, obj, ctype="application/json"):
+                body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                standin._get(self)
+
+            def do_POST(self):
+                standin._post(self)
+
+            def do_DELETE(self):
+                standin._delete(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        for p, _ in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    # -- routes ----------------------------------------------------------------------------------
+
+    def _get(self, h):
+        u = urlparse(h.path)
+        parts = [p for p in u.path.split("/") if p]
+        q = parse_qs(u.query)
+        if parts == ["api"]:
+            return h._send(200, {"kind": "APIVersions", "versions": ["v1"],
+                                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
+        if parts == ["apis"]:
+            return h._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+        if parts == ["api", "v1"]:
+            return h._send(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": RESOURCES})
+        if parts == ["version"]:
+            return h._send(200, {"major": "1", "minor": "32", "gitVersion": "v1.32.0-standin"})
+        if len(parts) == 4 and parts[:3] == ["api", "v1", "nodes"]:
+            node = self.nodes.get(parts[3])
+            return h._send(200, node) if node else h._send(404, _status(404, "NotFound", f'nodes "{parts[3]}" not found'))
+        if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
+            items = [e for e in self.events if e["metadata"]["namespace"] == parts[3]]
+            for sel in q.get("fieldSelector", []):
+                for clause in sel.split(","):
+                    k, _, v = clause.partition("=")
+                    if k == "involvedObject.uid":
+                        items = [e for e in items if e["involvedObject"].get("uid") == v]
+                    elif k == "involvedObject.name":
+                        items = [e for e in items if e["involvedObject"].get("name") == v]
+            return h._send(200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items})
+        if len(parts) >= 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+            key = (parts[3], parts[5])
+            with self.lock:
+                pod = self.pods.get(key)
+                if pod is None:
+                    return h._send(404, _status(404, "NotFound", f'pods "{parts[5]}" not found'))
+                self._refresh(key)
+                if len(parts) == 7 and parts[6] == "log":
+                    out = b"".join(self.procs[key][1]) if key in self.procs else b""
+                    return h._send(200, out, "text/plain")
+                return h._send(200, pod)
+        return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+    def _post(self, h):
+        u = urlparse(h.path)
+        parts = [p for p in u.path.split("/") if p]
+        body = json.loads(h.rfile.read(int(h.headers.get("Content-Length", 0))) or b"{}")
+        if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+            ns, name = parts[3], body["metadata"]["name"]
+            body["metadata"].update({"namespace": ns, "uid": f"agent-{name}"})
+            body["status"] = {"phase": "Pending"}
+            with self.lock:
+                if (ns, name) in self.pods:
+                    return h._send(409, _status(409, "AlreadyExists", f'pods "{name}" already exists'))
+                self.pods[(ns, name)] = body
+                self.created.append(name)
+                if body["spec"].get("nodeName") in self.nodes:
+                    self._start(ns, name, body)
+            return h._send(201, body)
+        return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+    def _delete(self, h):
+        parts = [p for p in urlparse(h.path).path.split("/") if p]
+        if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+            key = (parts[3], parts[5])
+            with self.lock:
+                pod = self.pods.pop(key, None)
+                if pod is None:
+                    return h._send(404, _status(404, "NotFound", f'pods "{parts[5]}" not found'))
+                self.deleted.append(parts[5])
+                if key in self.procs and self.procs[key][0].poll() is None:
+                    self.procs[key][0].kill()
+            return h._send(200, pod)
+        return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+    # -- the kubelet stand-in ------------------------------------------------------------------
+
+    def _start(self, ns, name, pod):
+        c = pod["spec"]["containers"][0]
+        argv = list(c.get("command", [])) + list(c.get("args", []))
+        env = {"PATH": self.path_env, "HOME": "/root"}
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/")
+        out: list[bytes] = []
+
+        def pump():
+            for chunk in iter(lambda: proc.stdout.read(65536), b""):
+                out.append(chunk)
+
+        threading.Thread(target=pump, daemon=True).start()
+        self.procs[(ns, name)] = (proc, out)
+        pod["status"] = {"phase": "Running", "containerStatuses": [{"name": c["name"], "state": {"running": {}}}]}
+
+    def _refresh(self, key):
+        pod = self.pods[key]
+        if key not in self.procs:
+            return
+        proc = self.procs[key][0]
+        rc = proc.poll()
+        if rc is not None:
+            proc.wait()
+            phase = "Succeeded" if rc == 0 else "Failed"
+            pod["status"] = {"phase": phase, "containerStatuses": [
+                {"name": pod["spec"]["containers"][0]["name"], "state": {"terminated": {"exitCode": rc}}}]}
+
+
+def make_pod(*, name, namespace, uid, node, container_id, running=True, restarts=0, last_exit=None) -> dict:
+    cs = {"name": "exporter", "containerID": f"containerd://{container_id}", "image": "nvcr.io/nvidia/exporter:1.5.0",
+          "imageID": "sha256:" + "ab" * 32, "restartCount": restarts, "ready": running,
+          "state": {"running": {"startedAt": "2025-01-01T00:00:00Z"}} if running else
+          {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s restarting failed container"}}}
+    if last_exit is not None:
+        cs["lastState"] = {"terminated": {"exitCode": last_exit, "reason": "Error",
+                                          "startedAt": "2025-01-01T00:00:00Z", "finishedAt": "2025-01-01T00:01:00Z"}}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid,
+                         "ownerReferences": [{"kind": "DaemonSet", "name": "exporter", "uid": "ds-uid-1"}]},
+            "spec": {"nodeName": node, "containers": [{"name": "exporter", "image": "nvcr.io/nvidia/exporter:1.5.0"}]},
+            "status": {"phase": "Running", "qosClass": "Burstable", "hostIP": "10.0.0.5", "podIP": "10.1.0.7",
+                       "containerStatuses": [cs]}}
+
+
+def make_node(name: str, *, ready: bool = True) -> dict:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": f"node-uid-{name}",
+                         "labels": {"nvidia.com/gpu.product": "NVIDIA-H20", "nvidia.com/gpu.present": "true",
+                                    "nvidia.com/cuda.driver-version.full": "580.126.09", "kubernetes.io/hostname": name}},
+            "spec": {},
+            "status": {"nodeInfo": {"kernelVersion": "6.8.0-1017-nvidia", "containerRuntimeVersion": "containerd://1.7.22",
+                                    "kubeletVersion": "v1.32.0", "osImage": "Ubuntu 24.04.1 LTS"},
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "Unknown",
+                                       "reason": "KubeletReady" if ready else "NodeStatusUnknown"}],
+                       "allocatable": {"nvidia.com/gpu": "8"}}}
+
+
+def make_event(*, namespace, pod, uid, reason, message, time, kind="Warning") -> dict:
+    return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{pod}.{reason}", "namespace": namespace},
+            "involvedObject": {"kind": "Pod", "name": pod, "namespace": namespace, "uid": uid},
+            "reason": reason, "message": message, "type": kind, "count": 1, "lastTimestamp": time,
+            "source": {"component": "kubelet"}}
+
+
+def write_kubeconfig(path: str, url: str, *, namespace: str = "default", context: str = "standin") -> str:
+    cfg = {"apiVersion": "v1", "kind": "Config", "current-context": context,
+           "clusters": [{"name": "standin", "cluster": {"server": url}}],
+           "users": [{"name": "standin", "user": {"token": "standin-token"}}],
+           "contexts": [{"name": context, "context": {"cluster": "standin", "user": "standin", "namespace": namespace}}]}
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path

@@ -1,0 +1,141 @@
+"""Pure parts of capture: cgroup identity, /proc parsers, core_pattern rules, safe paths in a root."""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from forensics.capture.identity import parse_cgroup
+from forensics.capture.pattern import PAGE_SIZE, expand_pattern, explain_destination, handler_pattern
+from forensics.capture.procfs import (
+    find_mount,
+    host_path_of_mount,
+    open_in_root,
+    parse_limits,
+    parse_maps,
+    parse_mountinfo,
+)
+from forensics.errors import ForensicsError, UnsafeContainerPath
+
+CID = "3f" * 32
+UID = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
+
+
+@pytest.mark.parametrize(
+    "text, runtime, version, qos",
+    [
+        pytest.param(f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
+                     "containerd", 2, "burstable", id="v2,systemd,containerd"),
+        pytest.param(f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope\n",
+                     "cri-o", 2, "guaranteed", id="v2,systemd,cri-o"),
+        pytest.param(f"12:pids:/kubepods/besteffort/pod{UID}/{CID}\n11:memory:/kubepods/besteffort/pod{UID}/{CID}\n0::/\n",
+                     None, 1, "besteffort", id="v1,cgroupfs"),
+        pytest.param(f"4:memory:/kubepods/burstable/pod{UID}/docker-{CID}.scope\n", "docker", 1, "burstable",
+                     id="v1,docker-scope"),
+    ],
+)
+def test_pod_and_container_from_cgroup(text, runtime, version, qos):
+    ident = parse_cgroup(text)
+    assert ident.container_id == CID and ident.pod_uid == UID
+    assert ident.runtime == runtime and ident.cgroup_version == version and ident.qos_class == qos
+
+
+def test_plain_docker_and_no_container():
+    ident = parse_cgroup(f"0::/system.slice/docker-{CID}.scope\n")
+    assert ident.container_id == CID and ident.runtime == "docker" and ident.pod_uid is None
+    assert parse_cgroup(f"5:cpu:/docker/{CID}\n").runtime == "docker"
+    none = parse_cgroup("0::/user.slice/user-0.slice/session-1.scope\n")
+    assert not none.in_container and none.cgroup_path.startswith("/user.slice")
+
+
+def test_proc_parsers():
+    maps = parse_maps("55d0-55d1 r--p 00000000 fd:01 1234 /usr/bin/python3.11\n7ffd-7ffe rw-p 00000000 00:00 0 [stack]\n")
+    assert maps[0].is_file and maps[0].range == "55d0-55d1" and not maps[1].is_file
+    limits = parse_limits("Limit                     Soft Limit           Hard Limit           Units     \n"
+                          "Max core file size        0                    unlimited            bytes     \n")
+    assert limits["Max core file size"] == ("0", "unlimited")
+
+
+MOUNTINFO = """\
+800 700 0:99 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u
+801 800 253:1 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 ro,nosuid - ext4 /dev/vda1 rw
+802 800 253:1 /var/lib/kubelet/pods/x/volumes/kubernetes.io~empty-dir/cores /cores rw - ext4 /dev/vda1 rw
+"""
+HOST = """\
+22 1 253:1 / / rw,relatime - ext4 /dev/vda1 rw
+"""
+
+
+def test_bind_source_on_the_host():
+    mounts, host = parse_mountinfo(MOUNTINFO), parse_mountinfo(HOST)
+    lib = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    m = find_mount(mounts, lib)
+    assert m.mount_id == 801
+    assert host_path_of_mount(m, lib, host) == "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09"
+    core = find_mount(mounts, "/cores/core.1")
+    assert host_path_of_mount(core, "/cores/core.1", host) == "/var/lib/kubelet/pods/x/volumes/kubernetes.io~empty-dir/cores/core.1"
+    root = find_mount(mounts, "/app/core")
+    assert root.mount_point == "/" and host_path_of_mount(root, "/app/core", host) is None
+
+
+def test_open_in_root_never_leaves_the_root(tmp_path):
+    # GIVEN a container root with symlinks planted to the host's files
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/hostname").write_text("container\n")
+    (tmp_path / "secret").write_text("host secret\n")
+    os.symlink("/etc/hostname", root / "abs")  # absolute: means the container's /etc/hostname
+    os.symlink("../../../../../../secret", root / "up")  # .. stops at the root
+    os.symlink(str(tmp_path / "secret"), root / "hostpath")  # a host path: not inside the root
+    os.symlink("loop", root / "loop")
+
+    def read(p):
+        fd = open_in_root(str(root), p)
+        try:
+            return os.read(fd, 100)
+        finally:
+            os.close(fd)
+
+    assert read("/abs") == b"container\n"
+    assert read("/etc/../etc/./hostname") == b"container\n"
+    with pytest.raises(FileNotFoundError):
+        read("/up")  # resolves to <root>/secret, which does not exist
+    with pytest.raises(FileNotFoundError):
+        read("/hostpath")
+    with pytest.raises(UnsafeContainerPath, match="symbolic links"):
+        read("/loop")
+    with pytest.raises(UnsafeContainerPath, match="not a directory"):
+        read("/etc/hostname/x")
+
+
+def _snap(limit: str, *, cwd="/work", in_ns=False):
+    return SimpleNamespace(pid=4242, root="/", comm="python3", cwd=cwd, status={"NSpid": "4242 7", "Uid": "0 0 0 0", "Gid": "0"},
+                           limits={"Max core file size": (limit, "unlimited")}, in_container_namespace=in_ns)
+
+
+def test_pipe_pattern_rules():
+    prog = "/usr/bin/true"  # exists on every machine; the rule does not depend on the program
+    d = explain_destination(f"|{prog} %P", _snap("0"))
+    assert d.kind == "pipe" and d.will_dump  # RLIMIT_CORE is not enforced for a pipe...
+    assert not explain_destination(f"|{prog} %P", _snap("1")).will_dump  # ...except a limit of exactly 1
+    ours = explain_destination(f"|/opt/x/forensics core-handler /c %P %I %s %t %c", _snap("0"))
+    assert ours.handler_is_forensics and any("metadata only" in r for r in ours.reasons)
+    assert not ours.will_dump  # /opt/x/forensics does not exist here
+    d = explain_destination("|/nonexistent/handler", _snap("unlimited"))
+    assert not d.will_dump and "does not exist" in d.describe()
+
+
+def test_file_pattern_rules():
+    d = explain_destination("core", _snap("0", cwd="/"), core_uses_pid=1)
+    assert not d.will_dump and d.path_in_process == "/core.7"  # %p is the PID in its namespace
+    assert any("below one page" in r for r in d.reasons)
+    d = explain_destination("/tmp/core.%e.%p", _snap(str(PAGE_SIZE * 4), cwd="/"), core_uses_pid=1)
+    assert d.will_dump and d.path_in_process == "/tmp/core.python3.7" and any("cut there" in r for r in d.reasons)
+    assert expand_pattern("%%-%h-%p", {"p": "1"}) == "%-%h-1"
+
+
+def test_handler_pattern_fits_128_bytes():
+    assert handler_pattern("/var/lib/forensics/cores", "/usr/local/bin/forensics").endswith("%P %i %s %t %c".replace("%i", "%I"))
+    with pytest.raises(ForensicsError, match="128"):
+        handler_pattern("/" + "x" * 100, "/usr/local/bin/forensics")
