@@ -66,6 +66,7 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
     from .known import match_known_issues
 
     ev: Evidence = load_evidence(paths)
+    _analyze_bundles(ev)
     redactor = Redactor(hosts=redact_hosts, known_hosts=dict(known_hosts or {}))
     if redact_hosts:
         redactor.known_hosts.update(_hosts_in(ev))
@@ -82,15 +83,34 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
     return Report(markdown=body, attachment=attachment, context=ctx, problems=tuple(problems))
 
 
+def _analyze_bundles(ev: Evidence) -> None:
+    """A bundle with a core and no analysis among the inputs is analysed (its objects are its sysroot)."""
+    if ev.all("analyze"):
+        return
+    from ..analyze import analyze_core
+    from ..analyze.batch import is_bundle
+    from ..errors import ForensicsError
+    from ..format import analysis_payload, to_jsonable
+
+    for doc in ev.all("capture"):
+        bundle = doc.get("_bundle_dir")
+        if bundle and is_bundle(bundle):
+            try:
+                a = analyze_core(bundle)
+            except ForensicsError:
+                continue
+            ev.docs.setdefault("analyze", []).append(to_jsonable({"command": "analyze", "analysis": analysis_payload(a)}))
+            return
+
+
 def _hosts_in(ev: Evidence) -> dict[str, str]:
     """Node, pod and host names the evidence itself names, to be replaced consistently."""
     out: dict[str, str] = {}
     for doc in ev.all("capture"):
-        for key, kind in (("node", "node"), ("pod", "pod")):
-            name = doc.get(key, {}).get("name") if isinstance(doc.get(key), dict) else doc.get(key)
+        sched = doc.get("scheduling") or {}
+        for name, kind in ((((sched.get("node") or {}).get("name")), "node"), (((sched.get("pod") or {}).get("name")), "pod"),
+                           ((doc.get("record") or {}).get("node"), "node"), ((doc.get("identity") or {}).get("node"), "node"),
+                           ((doc.get("identity") or {}).get("pod_name"), "pod"), ((doc.get("identity") or {}).get("hostname"), "host")):
             if isinstance(name, str) and name:
-                out[name] = kind
-        host = doc.get("hostname")
-        if isinstance(host, str) and host:
-            out[host] = "host"
+                out.setdefault(name, kind)
     return out

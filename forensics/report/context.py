@@ -104,13 +104,31 @@ def _native_line(f: dict) -> str:
     return f"#{f.get('index', 0):<3} {f.get('symbol') or '??'}{off} ({lib}){where}"
 
 
+def _label_driver(labels: dict) -> str | None:
+    parts = [labels.get(f"nvidia.com/cuda.driver.{p}") for p in ("major", "minor", "rev")]
+    return ".".join(parts) if all(parts) else labels.get("nvidia.com/cuda.driver-version.full")
+
+
+def _image_of(cap: dict) -> str | None:
+    pod = _get(cap, "scheduling", "pod") or {}
+    for c in pod.get("containers") or []:
+        if isinstance(c, dict) and c.get("image_id"):
+            return str(c["image_id"])
+    return _get(cap, "record", "image") or _get(cap, "identity", "image")
+
+
 def _imports(ev: Evidence) -> dict[str, dict]:
-    """module -> what verify-imports found for it (version, file, verdict)."""
+    """module -> what verify-imports (first) or a capture's live resolution found for it (version, file, verdict)."""
     out: dict[str, dict] = {}
     for doc in ev.all("verify-imports"):
         for m in _get(doc, "result", "modules", default=None) or doc.get("modules") or []:
             if isinstance(m, dict) and m.get("module"):
                 out.setdefault(str(m["module"]), m)
+    for doc in ev.all("capture"):
+        for m in _get(doc, "snapshot", "python", "modules", default=[]) or []:
+            if isinstance(m, dict) and m.get("module"):
+                out.setdefault(str(m["module"]), {"module": m["module"], "version": m.get("version"),
+                                                  "file": m.get("path"), "verdict": "resolved at capture"})
     return out
 
 
@@ -146,19 +164,31 @@ def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_versi
     repro = ev.first("reproduce") or {}
     mods = _imports(ev)
 
-    driver = nvml.get("driver_version") or _get(cap, "node", "driver_version") or _get(repro, "environment", "driver") or UNKNOWN
-    cuda = _get(repro, "environment", "cuda") or _get(cap, "node", "cuda_version") or UNKNOWN
-    gpu_names = _get(repro, "environment", "gpus") or _get(cap, "node", "gpus")  # "8 x NVIDIA H20" or a list
+    cap_nvml = _get(cap, "snapshot", "nvml") or {}
+    gpu_labels = _get(cap, "scheduling", "node", "gpu_labels") or {}
+    driver = (nvml.get("driver_version") or cap_nvml.get("version") or _get(repro, "environment", "driver")
+              or _label_driver(gpu_labels) or UNKNOWN)
+    cuda = _get(repro, "environment", "cuda") or gpu_labels.get("nvidia.com/cuda.runtime.major") or UNKNOWN
+    gpu_names = (_get(repro, "environment", "gpus")  # "8 x NVIDIA H20"
+                 or (f"{gpu_labels.get('nvidia.com/gpu.count', '?')} x {gpu_labels['nvidia.com/gpu.product']}"
+                     if gpu_labels.get("nvidia.com/gpu.product") else None))
     gpus = (", ".join(f"{n}x {name}" for name, n in _count(gpu_names).items()) if isinstance(gpu_names, list)
             else (str(gpu_names) if gpu_names else UNKNOWN))
-    nvml_library = (f"{nvml.get('path')} (build-id {nvml.get('build_id') or '?'}, driver {nvml.get('driver_version') or '?'}"
-                    + (f", from {_get(cap, 'nvml', 'origin')}" if _get(cap, 'nvml', 'origin') else "") + ")") if nvml else UNKNOWN
-    kernel = _get(cap, "node", "kernel") or _get(repro, "environment", "kernel") or UNKNOWN
+    origin = cap_nvml.get("origin")
+    if origin and cap_nvml.get("bind_source"):
+        origin += f", bind source {cap_nvml['bind_source']}"
+    nvml_path = nvml.get("path") or cap_nvml.get("path")
+    nvml_library = (f"{nvml_path} (build-id {nvml.get('build_id') or cap_nvml.get('build_id') or '?'}, driver "
+                    f"{nvml.get('driver_version') or cap_nvml.get('version') or '?'}"
+                    + (f"; {origin}" if origin else "") + ")") if nvml_path else UNKNOWN
+    kernel = (_get(cap, "scheduling", "node", "kernel") or _get(cap, "snapshot", "kernel")
+              or _get(repro, "environment", "kernel") or UNKNOWN)
     python_version = snap.get("python_version") or _get(repro, "environment", "python") or UNKNOWN
     nvitop_line = _module_line(mods, "nvitop", "nvitop")
     exporter_line = _module_line(mods, "nvitop_exporter", "nvitop-exporter")
     pynvml_line = _module_line(mods, "pynvml", "nvidia-ml-py")
-    image = _get(cap, "container", "image_digest") or _get(ev.first("verify-imports"), "image", "digest") or UNKNOWN
+    image = (_image_of(cap) or _get(ev.first("verify-imports"), "result", "image", "digest")
+             or _get(ev.first("verify-imports"), "image", "digest") or UNKNOWN)
 
     signature = a.get("signature") or UNKNOWN
     thread_name = crashed.get("name") or "unnamed"
@@ -219,7 +249,7 @@ def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_versi
         template=template, title=title, generated_at=(now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
         tool_version=tool_version, signature=signature, crash=crash_rows, environment=environment,
         nvitop_version=nvitop_line, os=str(kernel), driver=driver, cuda=str(cuda), gpus=gpus, nvml_library=nvml_library,
-        nvidia_smi=str(_get(cap, "node", "nvidia_smi") or _get(repro, "environment", "nvidia_smi")
+        nvidia_smi=str(cap.get("nvidia_smi") or _get(repro, "environment", "nvidia_smi")
                        or "not captured: no nvidia-smi output in the evidence"),
         python_env=f"Python {python_version}; {nvitop_line}; {exporter_line}; {pynvml_line}",
         description=description, traceback=_pytb(crashed.get("py_frames") or []) or UNKNOWN,
@@ -294,7 +324,7 @@ def _ruled_out(ev: Evidence, mods: dict[str, dict], cap: dict) -> list[str]:
             out.append("Source shadowing: ruled out (forensics verify-imports: every module OK)")
     else:
         out.append("Source shadowing: not checked (run forensics verify-imports on the image)")
-    host = _get(cap, "nvml", "is_host_driver")
+    host = _get(cap, "snapshot", "nvml", "matches_host")
     if host is True:
         out.append("Stale libnvidia-ml.so in the image: ruled out (the mapped library is the host driver's)")
     elif host is False:

@@ -76,6 +76,44 @@ def _read_json(path: str) -> dict:
     return doc
 
 
+_BUNDLE_JSON = (
+    ("identity", "00-identity.json"),
+    ("scheduling", "10-kubernetes/scheduling.json"),
+    ("events", "10-kubernetes/events.json"),
+    ("snapshot", "40-process/snapshot.json"),
+    ("record", "metadata.json"),
+)
+_BUNDLE_TEXT = (("kernel_log", "30-kernel/kernel-nvidia.log"), ("nvidia_smi", "30-kernel/nvidia-smi.txt"))
+MAX_TEXT = 64 * 1024
+
+
+def _load_bundle(p: str, ev: Evidence) -> dict:
+    """A capture bundle (``forensics capture``, the core handler) as one evidence document."""
+    from ..capture.bundle import MANIFEST
+
+    root = Path(p)
+    manifest = root / MANIFEST
+    if not manifest.is_file():
+        raise ReportInputError(p, f"a directory without a capture bundle {MANIFEST}")
+    doc: dict = {"command": "capture", "_bundle_dir": str(root.resolve()), "manifest": _read_json(str(manifest))}
+    for key, rel in _BUNDLE_JSON:
+        f = root / rel
+        if f.is_file():
+            doc[key] = _read_json(str(f)) if f.suffix == ".json" else None
+    for key, rel in _BUNDLE_TEXT:
+        f = root / rel
+        if f.is_file():
+            with open(f, "rb") as fh:
+                doc[key] = fh.read(MAX_TEXT).decode("utf-8", "replace")
+    for item in doc["manifest"].get("items") or []:
+        if isinstance(item, dict) and item.get("path") and item.get("sha256"):
+            ev.items.append(EvidenceItem(path=str(root / str(item["path"])), kind="capture",
+                                         sha256=str(item["sha256"]), size=int(item.get("size") or 0)))
+    digest, size = _sha256(str(manifest))
+    ev.items.append(EvidenceItem(path=str(manifest), kind="capture", sha256=digest, size=size))
+    return doc
+
+
 def load_evidence(paths: list[str]) -> Evidence:
     """Read every input; raise :class:`ReportInputError` for one that is not evidence."""
     ev = Evidence()
@@ -83,19 +121,8 @@ def load_evidence(paths: list[str]) -> Evidence:
         if not os.path.lexists(p):
             raise InputNotFound(p)
         if os.path.isdir(p):
-            manifest = Path(p) / "manifest.json"
-            if not manifest.is_file():
-                raise ReportInputError(p, "a directory without a capture bundle manifest.json")
-            doc = _read_json(str(manifest))
-            doc.setdefault("command", "capture")
-            doc["_bundle_dir"] = str(Path(p).resolve())
+            doc = _load_bundle(p, ev)
             kind = "capture"
-            digest, size = _sha256(str(manifest))
-            ev.items.append(EvidenceItem(path=str(manifest), kind=kind, sha256=digest, size=size))
-            for item in doc.get("items", []) if isinstance(doc.get("items"), list) else []:
-                if isinstance(item, dict) and item.get("path") and item.get("sha256"):
-                    ev.items.append(EvidenceItem(path=os.path.join(p, str(item["path"])), kind="capture",
-                                                 sha256=str(item["sha256"]), size=int(item.get("size") or 0)))
         else:
             doc = _read_json(p)
             kind = doc.get("command")

@@ -126,3 +126,51 @@ def test_overlong_report_moves_details_to_an_attachment(evidence, tmp_path):
     assert len(body) < 65_536 and "attached" in body
     full = Path(str(out) + ".full.md").read_text()
     assert len(full) > 65_536 and check_markdown(body) == []
+
+
+def test_report_from_a_real_capture_and_its_core(tmp_path, core_pattern, newest_python):
+    # GIVEN a live exporter-shaped process with secrets in its environment and arguments, captured for real
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.crashers.make_core import EXPORTER, build_libcrash
+
+    lib = build_libcrash(tmp_path)
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    env = {**os.environ, "NVIDIA_API_KEY": "nv-secret-123456", "EXPORTER_THREAD_NAME": "metrics-server"}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = subprocess.Popen([PYTHONS[newest_python], str(EXPORTER), str(lib), "segv", str(fifo)], cwd=run_dir, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY)))
+    try:
+        # the sample blocks opening the FIFO until we read it, then crashes: capture it before that.
+        # It starts with cores off (RLIMIT_CORE 0): capture is what turns them on.
+        time.sleep(0.5)
+        r = CliRunner().invoke(cli, ["capture", "--pid", str(proc.pid), "--core-dir", str(tmp_path / "cores"),
+                                     "-o", str(tmp_path / "bundles"), "--json"], catch_exceptions=False)
+        assert r.exit_code in (0, 4), r.output
+        with open(fifo) as f:
+            assert f.read().strip() == "ready"
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (bundle,) = [p for p in (tmp_path / "bundles").iterdir() if p.is_dir()]
+    core = next(run_dir.glob("core*"))  # written only because capture raised the limit from 0
+    analysis = tmp_path / "analysis.json"
+    assert run("analyze", "--json", "-o", str(analysis), str(core)).exit_code == 0
+    # WHEN a report is made from the bundle and the analysis
+    r = run("report", "--template", "runbook", str(bundle), str(analysis))
+    assert r.exit_code == 0, r.stderr
+    md = r.stdout
+    # THEN the secret is absent, the capture's files are listed with their sha256, and the crash is there
+    assert "nv-secret-123456" not in md
+    assert "00-identity.json" in md and "40-process/snapshot.json" in md
+    assert "SIGSEGV" in md and check_markdown(md) == []
