@@ -19,7 +19,7 @@ IMAGE_NEW = "registry.local/monitoring/nvitop-exporter@sha256:" + "b" * 64
 
 
 def _node(name: str, labels: dict) -> dict:
-    return {"kind": "Node", "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name}}}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name}}}
 
 
 def _pod(i: int, node: str, restarts: int, code: int | None, image: str, loop: bool) -> dict:
@@ -29,7 +29,8 @@ def _pod(i: int, node: str, restarts: int, code: int | None, image: str, loop: b
     if code is not None:
         cs["lastState"] = {"terminated": {"exitCode": code, "reason": "Error", "finishedAt": f"2026-11-20T{10 + i % 10:02d}:00:00Z",
                                           "signal": {134: 6, 139: 11}.get(code)}}
-    return {"kind": "Pod", "metadata": {"name": f"nvitop-exporter-{i:05d}", "namespace": "monitoring", "uid": f"uid-{i:05d}"},
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"nvitop-exporter-{i:05d}", "namespace": "monitoring", "uid": f"uid-{i:05d}",
+                                        "labels": {"app": "nvitop-exporter"}},
             "spec": {"nodeName": node}, "status": {"startTime": "2026-11-19T00:00:00Z", "containerStatuses": [cs]}}
 
 

@@ -1,8 +1,9 @@
 """A small stand-in for the Kubernetes API server (and one kubelet), for the real kubectl.
 
 It serves, on 127.0.0.1 over plain HTTP, only what ``forensics capture --pod`` reads and
-writes: legacy discovery (``/api``, ``/apis``, ``/api/v1``), pods (get, create, delete,
-log), nodes (get) and events (list, with an ``involvedObject.uid`` field selector).  Objects
+writes, and what ``forensics fleet`` lists: legacy discovery (``/api``, ``/apis``, ``/api/v1``),
+pods (get, list with an equality label selector, create, delete, log), nodes (get, list) and
+events (list, with an ``involvedObject.uid`` field selector).  Objects
 are the JSON the real API returns (fields kept to those read).  A created pod is "run" the
 way a kubelet on this machine would: its container's command is executed here (the image
 is taken to be this machine's filesystem, with the given ``PATH``), its phase follows the
@@ -21,7 +22,7 @@ from urllib.parse import parse_qs, urlparse
 __all__ = ["StandIn", "make_pod", "make_node", "make_event", "write_kubeconfig"]
 
 RESOURCES = [
-    {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
+    {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",  # list: fleet
      "verbs": ["create", "delete", "get", "list"], "shortNames": ["po"]},
     {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
     {"name": "nodes", "singularName": "node", "namespaced": False, "kind": "Node", "verbs": ["get", "list"],
@@ -100,6 +101,17 @@ class StandIn:
             return h._send(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": RESOURCES})
         if parts == ["version"]:
             return h._send(200, {"major": "1", "minor": "32", "gitVersion": "v1.32.0-standin"})
+        if parts == ["api", "v1", "nodes"]:
+            return h._send(200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": list(self.nodes.values())})
+        if parts == ["api", "v1", "pods"] or (len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"]
+                                              and parts[4] == "pods"):
+            with self.lock:
+                items = [p for (ns, _), p in self.pods.items() if len(parts) == 3 or ns == parts[3]]
+            for sel in q.get("labelSelector", []):
+                for clause in sel.split(","):
+                    k, _, v = clause.partition("=")
+                    items = [p for p in items if (p["metadata"].get("labels") or {}).get(k) == v.lstrip("=")]
+            return h._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
         if len(parts) == 4 and parts[:3] == ["api", "v1", "nodes"]:
             node = self.nodes.get(parts[3])
             return h._send(200, node) if node else h._send(404, _status(404, "NotFound", f'nodes "{parts[3]}" not found'))

@@ -99,3 +99,29 @@ def test_bad_input(tmp_path, saved):
     assert r.exit_code == 1 and "expected a JSON object" in r.stderr
     r = run("fleet", "--kubeconfig", str(tmp_path / "none"), "-n", "x")
     assert r.exit_code == 1 and "kubectl get pods failed" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_real_kubectl_against_the_api_stand_in(tmp_path):
+    import shutil
+
+    from tests.kube_standin import StandIn, write_kubeconfig
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    pods, nodes = incident_fleet()
+    with StandIn(path_env="/usr/bin:/bin") as api:
+        for p in pods["items"]:
+            api.pods[(p["metadata"]["namespace"], p["metadata"]["name"])] = p
+        # a pod of another app in the same namespace must be left out by the selector
+        other = json.loads(json.dumps(pods["items"][0]))
+        other["metadata"].update(name="other", uid="uid-other", labels={"app": "other"})
+        api.pods[("monitoring", "other")] = other
+        for n in nodes["items"]:
+            api.nodes[n["metadata"]["name"]] = n
+        kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), api.url, namespace="monitoring")
+        r = run("fleet", "--json", "--kubeconfig", kubeconfig, "-n", "monitoring", "-l", "app=nvitop-exporter")
+    assert r.exit_code == 0, r.stderr
+    f = json.loads(r.stdout)["fleet"]
+    assert f["pods"] == 207
+    h20 = [g for g in f["groups"] if g["key"][0][1] == "NVIDIA-H20"][0]
+    assert (h20["pods_with_restarts"], h20["total_restarts"]) == (106, 11648)
