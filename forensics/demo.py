@@ -137,10 +137,18 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
     with open(run_dir / "exporter.log", "wb") as logf:
         proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                 start_new_session=True)
+    bundle = None
     try:
-        limits = _enable_cores(proc.pid)
-        step(f"forensics raised the exporter's core limit: {limits}")
         _wait_port(port, proc, 30)
+        try:
+            from .capture.node import capture_pid
+
+            armed = capture_pid(proc.pid, core_dir=str(work_dir / "cores"), bundle_parent=str(out_dir / "capture"))
+            bundle = armed.bundle
+            step(f"forensics capture --pid {proc.pid}: core limit {armed.rlimit_core_before[0]} -> "
+                 f"{armed.rlimit_core_after[0]} (read back from /proc), evidence bundle written")
+        except ForensicsError as e:  # not root: raise our own child's soft limit instead
+            step(f"forensics capture --pid needs root ({e}); raising the child's core limit: {_enable_cores(proc.pid)}")
         step("scrape /metrics until the exporter dies (forensics canary, watching the pid)")
         canary = run_canary(f"http://127.0.0.1:{port}/metrics", requests=1_000_000, concurrency=4,
                             duration=min(timeout, 60.0), pid=proc.pid, thresholds=Thresholds())
@@ -175,7 +183,9 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
     result.files["analysis (JSON)"] = str(a_json)
     step(f"forensics analyze: {result.signature}")
 
-    evidence = [str(a_json)]
+    evidence = [str(a_json)] + ([bundle] if bundle else [])
+    if bundle:
+        result.files["capture bundle (before the crash)"] = bundle
     if reproduce:
         from .reproduce import run_reproducers
 

@@ -324,11 +324,14 @@ def _ruled_out(ev: Evidence, mods: dict[str, dict], cap: dict) -> list[str]:
             out.append("Source shadowing: ruled out (forensics verify-imports: every module OK)")
     else:
         out.append("Source shadowing: not checked (run forensics verify-imports on the image)")
-    host = _get(cap, "snapshot", "nvml", "matches_host")
+    nv = _get(cap, "snapshot", "nvml") or {}
+    host = nv.get("matches_host")
     if host is True:
         out.append("Stale libnvidia-ml.so in the image: ruled out (the mapped library is the host driver's)")
     elif host is False:
         out.append("Stale libnvidia-ml.so: NOT ruled out — the mapped library is not the host driver's")
+    elif nv.get("verdict"):
+        out.append(f"Which libnvidia-ml.so: {nv['verdict']}")
     else:
         out.append("Stale libnvidia-ml.so: not checked (capture the pod with forensics capture)")
     return out

@@ -1,7 +1,7 @@
 """Match evidence against the knowledge file of known crashes (each entry with its source link).
 
-Criteria (all optional; an entry matches when at least one holds, and the report
-says how many of its criteria held):
+Criteria (all optional; ``signal`` and ``kind``, when given, must hold; then an entry
+matches when at least one criterion holds, and the report says how many held):
 ``signal`` (signal names), ``kind`` (crash classes), ``package_below`` (an imported
 package's version lower than the fix), ``frames_any`` (substrings of the crashing
 thread's native symbols/libraries or Python files/functions), ``driver_prefix``.
@@ -88,6 +88,10 @@ def match_known_issues(ev: Evidence) -> list[dict[str, str]]:
             total += 1
             if facts["driver"] and any(facts["driver"].startswith(p) for p in crit["driver_prefix"]):
                 held.append(f"driver {facts['driver']}")
+        gates = [g for g in ("signal", "kind") if g in crit]
+        gate_held = {"signal": facts["signal"] in crit.get("signal", ()), "kind": facts["kind"] in crit.get("kind", ())}
+        if any(not gate_held[g] for g in gates):
+            continue  # the crash class or signal of an entry is a gate, not one criterion among others
         if held:
             strength = "strong" if len(held) == total else "partial"
             out.append({"title": e["title"], "source": e["source"],
