@@ -533,14 +533,15 @@ def _reproducer_sources() -> dict[str, str] | None:
     return out or None
 
 
-def _register_capture() -> None:
+def _register_subpackage_commands() -> None:
     from .capture.cli_commands import agent_group, capture_command, core_handler_command
+    from .imports.cli_command import verify_imports_command
 
-    for command in (capture_command, core_handler_command, agent_group):
+    for command in (capture_command, core_handler_command, agent_group, verify_imports_command):
         cli.add_command(command)
 
 
-_register_capture()
+_register_subpackage_commands()
 
 
 def main() -> None:

@@ -1,0 +1,107 @@
+"""The ``forensics verify-imports`` command (registered in forensics/cli.py with ``cli.add_command``).
+
+Thin: check the arguments, call :func:`~forensics.imports.verify.verify_image` or
+:func:`~forensics.imports.verify.verify_pid`, render.  Exit 0 when every module
+is OK (and --execute agrees), 3 when not, 1 on errors, 2 on usage.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..options import force_option, json_option, output_option, verbose_option
+
+__all__ = ["verify_imports_command"]
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().rstrip("ib").rstrip("b")
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+@click.command("verify-imports")
+@click.argument("ref", required=False)
+@click.option("--pid", type=int, default=None, help="Verify a live process through /proc/PID instead of an image.")
+@click.option("-m", "--module", "modules", multiple=True, metavar="M",
+              help="Also check module M (repeatable); nvitop, nvitop_exporter, pynvml and what the entrypoint runs are always checked.")
+@click.option("--only", "only_modules", is_flag=True, help="Check only the --module names.")
+@click.option("--entrypoint", default=None, metavar="CMD",
+              help='The command line to analyse instead of the image\'s Entrypoint+Cmd, e.g. "python -m nvitop_exporter".')
+@click.option("--workdir", default=None, metavar="DIR", help="Working directory instead of the image's WorkingDir (e.g. a Kubernetes workingDir).")
+@click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable added to the image's Env (repeatable).")
+@click.option("--platform", default="linux/amd64", show_default=True, help="Platform to pick from an image index.")
+@click.option("--execute", is_flag=True, help="Also run the image's interpreter in a sandbox (bubblewrap; nsenter for --pid) and compare.")
+@click.option("--driver", default=None, metavar="VERSION", help="NVIDIA driver version (e.g. 580.126.09) for the known-issue checks.")
+@click.option("--bundle", default=None, type=click.Path(file_okay=False),
+              help="A capture bundle (forensics capture) to take the driver version from, when --driver is not given.")
+@click.option("--creds", default=None, metavar="USER[:PASS]", help="Registry credentials, passed to skopeo.")
+@click.option("--authfile", default=None, type=click.Path(dir_okay=False), help="Registry auth file, passed to skopeo.")
+@click.option("--tls-verify", "tls_verify", type=click.BOOL, default=True, show_default=True, metavar="BOOL",
+              help="Verify registry TLS (--tls-verify=false for a plain-HTTP or self-signed registry), passed to skopeo.")
+@click.option("--max-size", default="64G", show_default=True, help="Bound on the image's uncompressed bytes.")
+@click.option("--max-files", default=2_000_000, show_default=True, help="Bound on the image's layer entries.")
+@click.option("--strict", is_flag=True, help="Also exit 3 on requirement conflicts, known issues and delivery warnings.")
+@json_option
+@output_option
+@force_option
+@verbose_option
+def verify_imports_command(ref, pid, modules, only_modules, entrypoint, workdir, env, platform, execute, driver,
+                           bundle, creds, authfile, tls_verify, max_size, max_files, strict, as_json, output, force, verbose):
+    """Check which files Python really imports in an image (or a live process).
+
+    REF names the image the way skopeo does: oci:DIR[:TAG], docker-archive:FILE.tar,
+    dir:ROOTFS, or a registry reference HOST[:PORT]/REPO:TAG, docker://...,
+    docker-daemon:..., containers-storage:... (fetched with skopeo).
+
+    \b
+    Verdicts: OK, SHADOWED, UNMANAGED, MISSING, VERSION-MISMATCH.
+    Exit codes: 0 every module OK; 3 a module not OK (or --execute disagrees;
+    with --strict also requirement conflicts, known issues, delivery warnings);
+    1 error; 2 usage.
+    """
+    from ..format import json_document
+    from ..cli import _emit
+    from .format import format_report, report_payload
+    from .layers import LayerLimits
+    from .sources import SkopeoOptions, parse_platform
+    from .verify import VerifyOptions, verify_image, verify_pid
+
+    if (ref is None) == (pid is None):
+        raise click.UsageError("give an image REF or --pid PID (one of them)")
+    if only_modules and not modules:
+        raise click.UsageError("--only needs at least one --module")
+    pairs = []
+    for item in env:
+        if "=" not in item:
+            raise click.UsageError(f"--env {item!r}: expected KEY=VALUE")
+        k, _, v = item.partition("=")
+        pairs.append((k, v))
+    if driver is None and bundle is not None:
+        from .driver import read_bundle_driver
+
+        driver = read_bundle_driver(bundle)
+        if driver is None:
+            click.echo(f"forensics: warning: no driver version recorded in {bundle}; driver checks skipped", err=True)
+    try:
+        limits = LayerLimits(max_bytes=_size(max_size), max_files=max_files)
+    except ValueError:
+        raise click.UsageError(f"--max-size {max_size!r}: expected a size like 64G") from None
+    options = VerifyOptions(modules=tuple(modules), only_modules=only_modules, entrypoint=entrypoint, workdir=workdir,
+                            env=tuple(pairs), platform=parse_platform(platform), execute=execute, driver=driver,
+                            skopeo=SkopeoOptions(creds=creds, authfile=authfile, tls_verify=tls_verify), limits=limits)
+    report = verify_pid(pid, options) if pid is not None else verify_image(ref, options)
+    for w in report.image.warnings:
+        click.echo(f"forensics: warning: {w}", err=True)
+    if as_json:
+        _emit([json_document("verify-imports", {"result": report_payload(report)})], output, force)
+    else:
+        _emit(format_report(report, verbose=verbose), output, force)
+    failed = not report.ok
+    if strict and (report.requirement_problems or report.known_issues or report.image.warnings):
+        failed = True
+    sys.exit(EXIT_FINDINGS if failed else EXIT_OK)

@@ -1,0 +1,66 @@
+"""The NVIDIA driver version for the known-issue checks, read from a capture bundle.
+
+A bundle (``forensics capture``) records it in ``40-process/snapshot.json``
+(``host_driver_version``, the library's version) and in ``30-kernel/nvidia-smi.txt``
+(``Driver Version``).  :func:`find_driver_version` is pure over the parsed files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from ..errors import InputNotFound
+
+__all__ = ["find_driver_version", "read_bundle_driver"]
+
+_VERSION = re.compile(r"^\d{3}\.\d+(?:\.\d+)?$")
+_KEYS = ("host_driver_version", "driver_version")
+
+
+def find_driver_version(doc, smi_text: str | None = None) -> str | None:
+    """The first driver version in a snapshot document (by key, depth first) or nvidia-smi text.
+
+    >>> find_driver_version({"nvml": {"library": {"host_driver_version": "580.126.09"}}})
+    '580.126.09'
+    >>> find_driver_version({}, "Driver Version                            : 575.57.08")
+    '575.57.08'
+    """
+    stack = [doc]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, dict):
+            for k in _KEYS:
+                v = cur.get(k)
+                if isinstance(v, str) and _VERSION.match(v):
+                    return v
+            stack.extend(reversed(list(cur.values())))
+        elif isinstance(cur, list):
+            stack.extend(reversed(cur))
+    if smi_text:
+        m = re.search(r"Driver Version\s*:\s*(\d{3}\.\d+(?:\.\d+)?)", smi_text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def read_bundle_driver(bundle: str) -> str | None:
+    """The driver version a capture bundle recorded, or None.
+
+    :raises InputNotFound: when ``bundle`` is not a directory
+    """
+    if not os.path.isdir(bundle):
+        raise InputNotFound(bundle)
+    doc = {}
+    try:
+        with open(os.path.join(bundle, "40-process", "snapshot.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        pass
+    smi = None
+    try:
+        with open(os.path.join(bundle, "30-kernel", "nvidia-smi.txt"), encoding="utf-8", errors="replace") as f:
+            smi = f.read(1 << 20)
+    except OSError:
+        pass
+    return find_driver_version(doc, smi)

@@ -1,0 +1,121 @@
+"""Render an :class:`~forensics.imports.model.ImportReport` as lines of text or as the JSON payload."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from .model import ImportReport
+
+__all__ = ["format_report", "report_payload"]
+
+
+def report_payload(report: ImportReport) -> dict:
+    """The ``result`` object of ``forensics verify-imports --json`` (plus ``ok`` and a verdict summary)."""
+    from ..format import to_jsonable
+
+    data = to_jsonable(report)
+    data["ok"] = report.ok
+    data["verdicts"] = {c.module: c.verdict.value for c in report.modules}
+    for c_json, c in zip(data["modules"], report.modules):
+        c_json["effective_version"] = c.effective_version
+        c_json["fails"] = c.fails
+        # flat conveniences for readers of the evidence (forensics report): the version that imports, its file
+        c_json["version"] = c.effective_version
+        c_json["file"] = c.resolved.file if c.resolved else None
+    data["image"]["digest"] = report.image.manifest_digest
+    if report.execute is not None:
+        data["execute"]["agrees"] = report.execute.agrees
+    return data
+
+
+def format_report(report: ImportReport, *, verbose: int = 0) -> Iterator[str]:
+    """Lines for people; JSON (report_payload) is the contract."""
+    img = report.image
+    yield f"verify-imports {img.ref}"
+    kind = img.manifest_kind.value
+    extra = []
+    if img.platform:
+        extra.append(img.platform)
+    if img.manifest_digest:
+        extra.append(img.manifest_digest[:19])
+    if img.layers:
+        extra.append(f"{img.layers} layers")
+    yield f"  image:       {kind}" + (f" ({', '.join(extra)})" if extra else "")
+    py = report.python
+    if py is not None:
+        e = py.entrypoint
+        yield f"  command:     {' '.join(e.argv) or '(none)'}"
+        interp = e.interpreter or "(not found)"
+        if e.interpreter_real and e.interpreter_real != e.interpreter:
+            interp += f" -> {e.interpreter_real}"
+        yield f"  interpreter: {interp} (Python {e.version or '?'}, mode {e.mode}" + (
+            f" {e.target}" if e.target and e.mode != "command" else "") + ")"
+        yield f"  workdir:     {py.working_dir}" + ("  (PYTHONSAFEPATH/-P: no sys.path[0])" if py.safe_path else "")
+        yield "  sys.path:"
+        for i, p in enumerate(py.sys_path):
+            if not p.exists and verbose == 0:
+                continue
+            note = f" - {p.note}" if p.note else ""
+            yield f"    [{i}] {p.path}  ({p.origin.value}{'' if p.exists else ', missing'}){note}"
+        for pth in py.pth_files:
+            if pth.paths or pth.imports:
+                yield f"    .pth {pth.path}: adds {', '.join(pth.paths) or 'nothing'}" + (
+                    f"; {len(pth.imports)} import line(s)" if pth.imports else "")
+        for n in py.notes:
+            yield f"  note: {n}"
+    yield ""
+    width = max([len(c.module) for c in report.modules] + [6])
+    for c in report.modules:
+        ver = c.effective_version or "-"
+        role = f"  ({c.role})" if c.role != "default" else ""
+        yield f"  {c.module:<{width}}  {c.verdict.value:<16} {ver}{role}"
+        yield f"      {c.reason}"
+        if c.loaded_file:
+            yield f"      loaded: {c.loaded_file}"
+        if c.fails and c.fix:
+            yield f"      fix: {c.fix}"
+    if report.requirement_problems:
+        yield ""
+        yield "  requirements (pip check):"
+        for p in report.requirement_problems:
+            yield f"    {p.message}"
+    if report.known_issues:
+        yield ""
+        yield "  known issues" + (f" (driver {report.driver})" if report.driver else "") + ":"
+        for k in report.known_issues:
+            yield f"    [{k.severity.value}] {k.summary} ({', '.join(k.matched)})"
+            if verbose:
+                yield f"        {k.detail}"
+            if k.fix:
+                yield f"        fix: {k.fix}"
+            for s in k.sources:
+                yield f"        source: {s}"
+    if report.execute is not None:
+        x = report.execute
+        yield ""
+        yield f"  --execute ({x.method}): " + ("agrees with the static analysis" if x.agrees
+                                              else "DISAGREES with the static analysis")
+        for m in x.modules:
+            mark = "=" if m.agrees else "!"
+            yield f"    {mark} {m.module}: {m.file or '-'} {m.version or ''}".rstrip() + (
+                f"  (import error: {m.error})" if m.error else "")
+            if not m.agrees:
+                yield f"        static: {m.static_file or '-'} {m.static_version or ''}"
+        for n in x.notes:
+            yield f"    note: {n}"
+    for g in report.guards:
+        yield ""
+        yield (f"  guard active: {g.file} (loaded by {g.pth}) replaces {g.target} with {g.returns}; "
+               f"turn off with {g.env}=0")
+    if report.warnings:
+        yield ""
+        for w in report.warnings:
+            yield f"  warning: {w}"
+    yield ""
+    bad = [c for c in report.modules if c.fails]
+    if not bad and (report.execute is None or report.execute.agrees):
+        yield "  result: OK"
+    else:
+        parts = [f"{c.module} {c.verdict.value}" for c in bad]
+        if report.execute is not None and not report.execute.agrees:
+            parts.append("--execute disagrees")
+        yield "  result: NOT OK (" + "; ".join(parts) + ")"

@@ -1,0 +1,645 @@
+"""Read image layers in order, whiteouts applied, without trusting them.
+
+One streaming pass over each layer builds a merged index of the image's file
+system (:class:`LayerFS`): headers only, plus the bytes of the few small files
+the analysis reads (``.pth``, dist-info metadata, ``__init__.py``/``version.py``,
+``pyvenv.cfg``, ``/etc/passwd``).  Files the analysis asks for later are
+fetched by a second, targeted pass (:meth:`LayerFS.fetch`).
+
+Every member is checked before it enters the index: no absolute paths, no
+``..``, no parent that is a symlink, no hard link to a path outside the image
+or not in it, no device nodes; setuid/setgid bits are dropped; the number of
+entries, the uncompressed bytes and the compression ratio are bounded.  A
+hostile layer raises :class:`~forensics.errors.LayerRejected` before anything
+is written; :meth:`LayerFS.extract` (for ``--execute``) only ever writes the
+validated index, creating directories first and links last, with
+``O_NOFOLLOW | O_EXCL``.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+import stat
+import tarfile
+import zlib
+from dataclasses import dataclass
+from typing import BinaryIO, Callable, Iterable
+
+from ..errors import ImageFormatError, LayerLimitExceeded, LayerRejected
+from .rootfs import Node, RootFS
+
+__all__ = ["LayerLimits", "LayerBlob", "LayerFS", "read_layers", "default_capture"]
+
+_WH = ".wh."
+_OPAQUE = ".wh..wh..opq"
+_CHUNK = 1 << 20
+_MAX_READ = 64 << 20  # pax/GNU long-name headers (read whole by tarfile) bigger than this are refused
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerLimits:
+    """Bounds on what reading an image may cost; exceeding one is a :class:`LayerLimitExceeded`."""
+
+    max_bytes: int = 64 << 30  # uncompressed tar bytes over all layers
+    max_files: int = 2_000_000  # tar members over all layers
+    max_ratio: int = 200  # uncompressed : compressed, enforced once a layer passes ratio_floor
+    ratio_floor: int = 256 << 20
+    max_capture: int = 2 << 20  # one file kept in memory
+    max_capture_total: int = 96 << 20  # all files kept in memory
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerBlob:
+    """One layer: how to open its bytes and what they must hash to."""
+
+    name: str  # for messages: the digest or the path in the archive
+    open: Callable[[], BinaryIO]
+    digest: str | None = None  # "sha256:..." of the blob as stored (compressed)
+    diff_id: str | None = None  # "sha256:..." of the uncompressed tar (checked when no digest is given)
+
+
+class _Entry:
+    __slots__ = ("kind", "size", "mode", "target", "content", "layer", "ordinal", "link")
+
+    def __init__(self, kind, size, mode, target, layer, ordinal, link=None):
+        self.kind = kind
+        self.size = size
+        self.mode = mode
+        self.target = target
+        self.content = None
+        self.layer = layer
+        self.ordinal = ordinal
+        self.link = link  # a hard link: the in-root path of the file it shares data with
+
+
+def default_capture(modules: Iterable[str] = ()) -> Callable[[str, int], bool]:
+    """The predicate choosing which files' bytes the first pass keeps: what the resolver reads.
+
+    >>> keep = default_capture(["nvitop"])
+    >>> keep("/app/nvitop/version.py", 900), keep("/usr/lib/x/big.py", 900), keep("/s/a.pth", 10)
+    (True, False, True)
+    """
+    names = {m.split(".")[0] for m in modules}
+    meta = {"RECORD", "METADATA", "top_level.txt", "INSTALLER", "PKG-INFO", "installed-files.txt", "direct_url.json"}
+    versionish = {"__init__.py", "version.py", "_version.py", "__version__.py", "__about__.py", "_about.py"}
+    fixed = {"/etc/passwd", "/etc/group"}
+
+    def keep(path: str, size: int) -> bool:
+        base = path.rsplit("/", 1)[-1]
+        if base.endswith(".pth") or base == "pyvenv.cfg" or path in fixed or base.startswith("forensics_guard_"):
+            return True
+        parent = path[: len(path) - len(base) - 1]
+        if base in meta and (parent.endswith(".dist-info") or parent.endswith(".egg-info")):
+            return True
+        if base.endswith(".egg-info"):
+            return True
+        if base in versionish and size <= 256 << 10:
+            return True
+        if base.endswith(".py") and base[:-3] in names:
+            return True
+        return False
+
+    return keep
+
+
+class _Stream:
+    """A layer blob as a readable stream: decompressed, hashed, bounded."""
+
+    def __init__(self, raw: BinaryIO, blob: LayerBlob, limits: LayerLimits, shared: "_Shared") -> None:
+        self.raw = raw
+        self.blob = blob
+        self.limits = limits
+        self.shared = shared  # uncompressed bytes over all layers, the abort flag
+        self.blob_hash = hashlib.sha256() if blob.digest else None
+        self.tar_hash = hashlib.sha256() if (blob.diff_id and not blob.digest) else None
+        self.compressed = 0
+        self.out = 0
+        self.buf = b""
+        self.bpos = 0
+        self.position = 0
+        self.eof = False
+        head = raw.read(_CHUNK)
+        self._count_in(head)
+        self.pending = head
+        if head[:2] == b"\x1f\x8b":
+            self.kind = "gzip"
+            self.dec = zlib.decompressobj(wbits=31)
+        elif head[:4] == b"\x28\xb5\x2f\xfd":
+            self.kind = "zstd"
+            self.dec = _zstd_decompressor(blob.name)
+        else:
+            self.kind = "tar"
+            self.dec = None
+
+    def _count_in(self, data: bytes) -> None:
+        self.compressed += len(data)
+        if self.blob_hash is not None:
+            self.blob_hash.update(data)
+
+    def _next_input(self) -> bytes:
+        if self.pending is not None:
+            data, self.pending = self.pending, None
+            return data
+        data = self.raw.read(_CHUNK)
+        self._count_in(data)
+        return data
+
+    def _produce(self) -> None:
+        while not self.buf and not self.eof:
+            if self.kind == "tar":
+                data = self._next_input()
+                if not data:
+                    self.eof = True
+                    break
+                self._emit(data)
+                continue
+            if self.kind == "gzip":
+                if self.dec.eof:  # concatenated gzip members
+                    data = self.dec.unused_data or self._next_input()
+                    if not data:
+                        self.eof = True
+                        break
+                    self.dec = zlib.decompressobj(wbits=31)
+                elif self.dec.unconsumed_tail:
+                    data = self.dec.unconsumed_tail
+                else:
+                    data = self._next_input()
+                    if not data:
+                        self.eof = True
+                        raise ImageFormatError(self.blob.name, "layer", "truncated gzip stream")
+                try:
+                    out = self.dec.decompress(data, _CHUNK * 8)
+                except zlib.error as e:
+                    raise ImageFormatError(self.blob.name, "layer", f"bad gzip data: {e}") from e
+            else:
+                data = self._next_input()
+                if not data:
+                    self.eof = True
+                    break
+                out = self.dec.decompress(data)
+            self._emit(out)
+
+    def _emit(self, out: bytes) -> None:
+        if not out:
+            return
+        self.out += len(out)
+        total = self.shared.add_out(len(out))
+        if self.tar_hash is not None:
+            self.tar_hash.update(out)
+        lim = self.limits
+        if self.shared.abort:
+            raise LayerRejected(self.blob.name, "(stream)", "reading stopped: another layer was refused")
+        if total > lim.max_bytes:
+            raise LayerLimitExceeded(self.blob.name, "(stream)",
+                                     f"more than {lim.max_bytes} uncompressed bytes in the image (--max-size)")
+        if self.kind != "tar" and self.out > lim.ratio_floor and self.out > lim.max_ratio * max(self.compressed, 1):
+            raise LayerLimitExceeded(self.blob.name, "(stream)",
+                                     f"decompression bomb: {self.out} bytes from {self.compressed} compressed "
+                                     f"(ratio over {lim.max_ratio}:1)")
+        self.buf = out
+        self.bpos = 0
+
+    # a forward-only file: tarfile's random-access mode ("r:") seeks past member data, which
+    # here means decompressing and dropping it without copying it through Python objects
+    def _fill(self) -> bool:
+        if self.bpos >= len(self.buf):
+            self.buf = b""
+            self.bpos = 0
+            self._produce()
+        return self.bpos < len(self.buf)
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0 or n > _MAX_READ:  # tarfile reads headers whole: a 10 GB pax header must not land in memory
+            raise LayerRejected(self.blob.name, "(header)", f"a tar header or read larger than {_MAX_READ} bytes")
+        parts = []
+        while n != 0 and self._fill():
+            avail = len(self.buf) - self.bpos
+            take = avail if n < 0 or n >= avail else n
+            parts.append(self.buf[self.bpos:self.bpos + take] if (self.bpos or take != avail) else self.buf)
+            self.bpos += take
+            self.position += take
+            if n > 0:
+                n -= take
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if whence == 1:
+            pos += self.position
+        if whence == 2 or pos < self.position:
+            raise io.UnsupportedOperation("layer streams only seek forward")
+        skip = pos - self.position
+        while skip > 0 and self._fill():
+            take = min(skip, len(self.buf) - self.bpos)
+            self.bpos += take
+            self.position += take
+            skip -= take
+        return self.position
+
+    def seekable(self) -> bool:
+        return True
+
+    def finish(self) -> None:
+        """Drain to EOF (tar padding after the end marker) and check the digest."""
+        while self._fill():
+            self.position += len(self.buf) - self.bpos
+            self.bpos = len(self.buf)
+        if self.blob_hash is not None:
+            got = "sha256:" + self.blob_hash.hexdigest()
+            if self.blob.digest.startswith("sha256:") and got != self.blob.digest:
+                raise ImageFormatError(self.blob.name, "layer", f"digest mismatch: blob hashes to {got}")
+        if self.tar_hash is not None:
+            got = "sha256:" + self.tar_hash.hexdigest()
+            if self.blob.diff_id.startswith("sha256:") and got != self.blob.diff_id:
+                raise ImageFormatError(self.blob.name, "layer", f"diff_id mismatch: tar hashes to {got}")
+
+
+def _zstd_decompressor(name: str):
+    try:
+        import zstandard  # type: ignore
+
+        return zstandard.ZstdDecompressor().decompressobj()
+    except ImportError:
+        pass
+    try:
+        from compression import zstd  # type: ignore  # Python 3.14
+
+        return zstd.ZstdDecompressor()
+    except ImportError:
+        raise ImageFormatError(name, "layer", "zstd-compressed layer; install the 'zstandard' module to read it") from None
+
+
+def _clean_name(layer: str, name: str) -> str:
+    """The member's in-root path, or raise for absolute paths and ``..``."""
+    if "\x00" in name:
+        raise LayerRejected(layer, name, "NUL in path")
+    if name.startswith("/"):
+        raise LayerRejected(layer, name, "absolute path in layer (would land outside the image root)")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise LayerRejected(layer, name, "path traversal ('..') in layer")
+    return "/" + "/".join(parts)
+
+
+class LayerFS(RootFS):
+    """The merged file system of an image's layers, built by :func:`read_layers`."""
+
+    def __init__(self, blobs: tuple[LayerBlob, ...], limits: LayerLimits, description: str) -> None:
+        self.blobs = blobs
+        self.limits = limits
+        self.description = description
+        self.entries: dict[str, _Entry] = {"/": _Entry("dir", 0, 0o755, None, -1, -1)}
+        self.children: dict[str, set[str]] = {"/": set()}
+        self.misses: set[str] = set()
+        self.captured = 0
+        self.members = 0
+        self.uncompressed = 0
+        self.compressed = 0
+        self.warnings: list[str] = []
+        self._setid_dropped = 0
+        self._skipped_special = 0
+
+    # -- RootFS ---------------------------------------------------------------------------
+    def lstat(self, path: str) -> Node | None:
+        e = self.entries.get(path)
+        if e is None:
+            return None
+        return Node(e.kind, e.size, e.mode, e.target)
+
+    def _listdir(self, path: str) -> list[str]:
+        return list(self.children.get(path, ()))
+
+    def _read(self, path: str, limit: int) -> bytes | None:
+        e = self.entries.get(path)
+        if e is None:
+            return None
+        if e.content is None and e.size:
+            self.misses.add(path)
+            return None
+        return e.content if e.content is not None else b""
+
+    # -- building ---------------------------------------------------------------------------
+    def _remove(self, path: str) -> None:
+        e = self.entries.pop(path, None)
+        if e is None:
+            return
+        for child in list(self.children.pop(path, ())):
+            self._remove(path.rstrip("/") + "/" + child)
+        parent, _, base = path.rpartition("/")
+        self.children.get(parent or "/", set()).discard(base)
+
+    def _check_parents(self, layer: str, name: str, path: str, pending: dict[str, _Entry]) -> None:
+        parent = path.rpartition("/")[0]
+        while parent:
+            e = pending.get(parent) or self.entries.get(parent)
+            if e is not None:
+                if e.kind == "symlink":
+                    raise LayerRejected(layer, name, f"parent {parent} is a symlink (-> {e.target}); "
+                                                     "writing through it could leave the image root")
+                if e.kind != "dir":
+                    raise LayerRejected(layer, name, f"parent {parent} is not a directory")
+            parent = parent.rpartition("/")[0]
+
+    def _iter_members(self, blob: LayerBlob, stream: "_Stream"):
+        """(ordinal, TarInfo, TarFile) for each member; tarfile's random-access mode over a forward-only stream."""
+        try:
+            tf = tarfile.open(fileobj=stream, mode="r:")  # noqa: SIM115 - closed below
+        except tarfile.TarError as e:
+            raise ImageFormatError(blob.name, "layer", f"not a tar archive: {e}") from e
+        ordinal = -1
+        try:
+            while True:
+                try:
+                    m = tf.next()
+                except tarfile.TarError as e:
+                    raise ImageFormatError(blob.name, "layer", f"bad tar: {e}") from e
+                if m is None:
+                    break
+                tf.members = []  # the index keeps what it needs; TarInfo objects would pile up
+                ordinal += 1
+                yield ordinal, m, tf
+        finally:
+            tf.close()
+
+    def _scan_layer(self, index: int, blob: LayerBlob, keep: Callable[[str, int], bool], shared: "_Shared") -> "_Scan":
+        """Read one layer (in a worker thread): check every member on its own, keep wanted bytes."""
+        lim = self.limits
+        scan = _Scan()
+        with blob.open() as raw:
+            stream = _Stream(raw, blob, lim, shared)
+            for ordinal, m, tf in self._iter_members(blob, stream):
+                scan.members += 1
+                if scan.members > lim.max_files:
+                    raise LayerLimitExceeded(blob.name, m.name, f"more than {lim.max_files} entries (--max-files)")
+                self._scan_member(blob.name, index, ordinal, m, tf, keep, scan, shared)
+            stream.finish()
+            scan.compressed = stream.compressed
+        return scan
+
+    def _scan_member(self, layer: str, index: int, ordinal: int, m: tarfile.TarInfo, tf: tarfile.TarFile,
+                     keep, scan: "_Scan", shared: "_Shared") -> None:
+        lim = self.limits
+        path = _clean_name(layer, m.name)
+        if path == "/":
+            return
+        parent, _, base = path.rpartition("/")
+        parent = parent or "/"
+        if base.startswith(_WH):
+            if base == _OPAQUE:
+                scan.records.append((2, parent, None, None, m.name))
+            else:
+                hidden = base[len(_WH):]
+                if not hidden or hidden in (".", ".."):
+                    raise LayerRejected(layer, m.name, "malformed whiteout")
+                scan.records.append((1, parent.rstrip("/") + "/" + hidden, None, None, m.name))
+            return
+        mode = m.mode & 0o7777
+        if mode & (stat.S_ISUID | stat.S_ISGID):
+            mode &= ~(stat.S_ISUID | stat.S_ISGID)
+            scan.setid += 1
+        link = None
+        if m.isdir():
+            e = _Entry("dir", 0, mode, None, index, ordinal)
+        elif m.issym():
+            e = _Entry("symlink", 0, mode, m.linkname, index, ordinal)
+        elif m.islnk():
+            target = m.linkname
+            if target.startswith("/"):
+                raise LayerRejected(layer, m.name, f"hard link to absolute path {target} (outside the image root)")
+            tparts = [p for p in target.split("/") if p not in ("", ".")]
+            if ".." in tparts:
+                raise LayerRejected(layer, m.name, f"hard link to {target} escapes the image root")
+            link = "/" + "/".join(tparts)
+            e = _Entry("file", 0, mode, None, index, ordinal)
+        elif m.isreg():
+            e = _Entry("file", m.size, mode, None, index, ordinal)
+            if m.size <= lim.max_capture and keep(path, m.size) and shared.reserve(m.size, lim.max_capture_total):
+                f = tf.extractfile(m)
+                e.content = f.read() if f is not None else b""
+        elif m.ischr() or m.isblk():
+            raise LayerRejected(layer, m.name, "device node in layer (images must not carry devices)")
+        else:  # FIFOs: harmless, but nothing the analysis needs and nothing extract() creates
+            scan.special += 1
+            e = _Entry("other", 0, mode, None, index, ordinal)
+        scan.records.append((0, path, e, link, m.name))
+
+    def _merge_layer(self, index: int, blob: LayerBlob, scan: "_Scan") -> None:
+        """Apply one scanned layer on top of the index: parents, hard links, whiteouts (in layer order)."""
+        self.members += scan.members
+        if self.members > self.limits.max_files:
+            raise LayerLimitExceeded(blob.name, "(image)", f"more than {self.limits.max_files} entries (--max-files)")
+        self.compressed += scan.compressed
+        self._setid_dropped += scan.setid
+        self._skipped_special += scan.special
+        pending: dict[str, _Entry] = {}
+        names: dict[str, str] = {}
+        links: dict[str, str] = {}
+        whiteouts: list[tuple[str, bool]] = []
+        for kind, path, e, link, name in scan.records:
+            if kind == 0:
+                pending[path] = e
+                names[path] = name
+                if link is not None:
+                    links[path] = link
+                else:
+                    links.pop(path, None)
+            else:
+                whiteouts.append((path, kind == 2))
+                # the marker lives in its parent directory (an opaque marker: in the directory itself)
+                self._check_parents(blob.name, name, path.rstrip("/") + "/x" if kind == 2 else path, pending)
+        for path in pending:
+            self._check_parents(blob.name, names[path], path, pending)
+        for path, target in links.items():
+            t = pending.get(target) or self.entries.get(target)
+            if t is None:
+                raise LayerRejected(blob.name, names[path], f"hard link to {target[1:]}, which is not in the image")
+            if t.kind != "file":
+                raise LayerRejected(blob.name, names[path], f"hard link to {target[1:]}, which is a {t.kind}")
+            self._check_parents(blob.name, target[1:], target, pending)
+            e = pending[path]
+            e.size, e.content, e.link = t.size, t.content, t.link or target
+        # whiteouts hide what the layers below hold, never what this layer adds
+        for path, opaque in whiteouts:
+            if opaque:
+                for child in list(self.children.get(path, ())):
+                    self._remove(path.rstrip("/") + "/" + child)
+            else:
+                self._remove(path)
+        for path, e in pending.items():
+            old = self.entries.get(path)
+            if old is not None and not (old.kind == "dir" and e.kind == "dir"):
+                self._remove(path)
+            self.entries[path] = e
+            parent, _, base = path.rpartition("/")
+            parent = parent or "/"
+            if parent not in self.entries:  # implicit parent directories
+                self._mkdirs(parent, index)
+            self.children.setdefault(parent, set()).add(base)
+            if e.kind == "dir":
+                self.children.setdefault(path, set())
+
+    def _fetch_layer(self, index: int, only: dict[int, str]) -> None:
+        blob = self.blobs[index]
+        with blob.open() as raw:
+            stream = _Stream(raw, blob, self.limits, _Shared())
+            for ordinal, m, tf in self._iter_members(blob, stream):
+                path = only.get(ordinal)
+                if path is not None and m.isreg():
+                    e = self.entries.get(path)
+                    f = tf.extractfile(m)
+                    if e is not None and f is not None and m.size <= self.limits.max_capture:
+                        e.content = f.read()
+
+    def _mkdirs(self, path: str, layer: int) -> None:
+        while path not in self.entries:
+            self.entries[path] = _Entry("dir", 0, 0o755, None, layer, -1)
+            self.children.setdefault(path, set())
+            parent, _, base = path.rpartition("/")
+            parent = parent or "/"
+            self.children.setdefault(parent, set()).add(base)
+            path = parent
+
+    def fetch(self, paths: Iterable[str]) -> int:
+        """Second, targeted pass: read the bytes of ``paths`` (in-root, resolved) that the first pass skipped."""
+        want: dict[int, dict[int, str]] = {}
+        for p in paths:
+            e = self.entries.get(p)
+            if e is None or e.kind != "file" or e.content is not None:
+                continue
+            src = e.link or p
+            se = self.entries.get(src, e)
+            want.setdefault(se.layer, {})[se.ordinal] = p
+        for index, only in sorted(want.items()):
+            self._fetch_layer(index, only)
+        # a hard link's data was read under the link's first path; share it
+        for p in paths:
+            e = self.entries.get(p)
+            if e is not None and e.content is None and e.link and self.entries.get(e.link) is not None:
+                e.content = self.entries[e.link].content
+        self.misses.difference_update(paths)
+        return sum(len(v) for v in want.values())
+
+    def finish(self) -> None:
+        if self._setid_dropped:
+            self.warnings.append(f"{self._setid_dropped} setuid/setgid bits dropped")
+        if self._skipped_special:
+            self.warnings.append(f"{self._skipped_special} FIFOs/sockets in layers ignored")
+
+    # -- extraction for --execute -------------------------------------------------------------
+    def extract(self, dest: str) -> None:
+        """Write the validated, merged file system under ``dest`` (an empty directory).
+
+        Directories first, then regular files (``O_EXCL|O_NOFOLLOW``), then hard links and
+        symlinks, then directory modes: nothing is ever written through a link.
+        """
+        dest = os.path.realpath(dest)
+        dirs = sorted(p for p, e in self.entries.items() if e.kind == "dir" and p != "/")
+        for p in dirs:
+            os.mkdir(dest + p, 0o700)
+        by_layer: dict[int, dict[int, str]] = {}
+        for p, e in self.entries.items():
+            if e.kind == "file" and e.link is None:
+                by_layer.setdefault(e.layer, {})[e.ordinal] = p
+        for index, only in sorted(by_layer.items()):
+            self._extract_layer(index, only, dest)
+        for p, e in self.entries.items():
+            if e.kind == "file" and e.link is not None:
+                os.link(dest + e.link, dest + p, follow_symlinks=False)
+                os.chmod(dest + p, e.mode & 0o777, follow_symlinks=False)
+            elif e.kind == "symlink":
+                os.symlink(e.target, dest + p)
+        for p in reversed(dirs):
+            os.chmod(dest + p, (self.entries[p].mode & 0o1777) | 0o700)
+
+    def _extract_layer(self, index: int, only: dict[int, str], dest: str) -> None:
+        blob = self.blobs[index]
+        with blob.open() as raw:
+            stream = _Stream(raw, blob, self.limits, _Shared())
+            for ordinal, m, tf in self._iter_members(blob, stream):
+                path = only.get(ordinal)
+                if path is None or not m.isreg():
+                    continue
+                e = self.entries[path]
+                fd = os.open(dest + path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             e.mode & 0o777)
+                with os.fdopen(fd, "wb") as out:
+                    src = tf.extractfile(m)
+                    while src is not None:
+                        chunk = src.read(_CHUNK)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                os.chmod(dest + path, e.mode & 0o777)
+
+
+class _Scan:
+    """One layer's members, checked on their own, in tar order (merged later, in layer order)."""
+
+    __slots__ = ("records", "members", "compressed", "setid", "special")
+
+    def __init__(self) -> None:
+        self.records: list[tuple] = []  # (0 entry | 1 whiteout | 2 opaque, path, _Entry, hard link target, tar name)
+        self.members = 0
+        self.compressed = 0
+        self.setid = 0
+        self.special = 0
+
+
+class _Shared:
+    """Counters shared by the layer workers: uncompressed bytes, captured bytes, abort flag."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.uncompressed = 0
+        self.captured = 0
+        self.abort = False
+
+    def add_out(self, n: int) -> int:
+        with self.lock:
+            self.uncompressed += n
+            return self.uncompressed
+
+    def reserve(self, n: int, limit: int) -> bool:
+        with self.lock:
+            if self.captured + n > limit:
+                return False
+            self.captured += n
+            return True
+
+
+def read_layers(blobs: Iterable[LayerBlob], *, limits: LayerLimits | None = None,
+                capture: Callable[[str, int], bool] | None = None, description: str = "image") -> LayerFS:
+    """Index the layers, lowest first, into a :class:`LayerFS`.
+
+    :param blobs: the layers in manifest order (the base first)
+    :param limits: bounds on entries, bytes and compression ratio
+    :param capture: which files' bytes to keep in the first pass (see :func:`default_capture`)
+    :raises LayerRejected: a member would land outside the root, links out, or is a device node
+    :raises LayerLimitExceeded: the image is bigger than ``limits`` allow
+    :raises ImageFormatError: a layer is not a tar (gzip, zstd) or does not match its digest
+    """
+    blobs = tuple(blobs)
+    fs = LayerFS(blobs, limits or LayerLimits(), description)
+    keep = capture or default_capture()
+    shared = _Shared()
+    workers = max(1, min(len(blobs), os.cpu_count() or 1, 4))
+    # decompression and hashing release the GIL: layers are scanned in parallel, merged in order
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="forensics-layer")
+    try:
+        futures = [pool.submit(fs._scan_layer, i, b, keep, shared) for i, b in enumerate(blobs)]
+        for index, (blob, fut) in enumerate(zip(blobs, futures)):
+            fs._merge_layer(index, blob, fut.result())
+    except BaseException:
+        shared.abort = True
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    fs.uncompressed = shared.uncompressed
+    fs.captured = shared.captured
+    fs.finish()
+    return fs

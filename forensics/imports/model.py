@@ -1,0 +1,337 @@
+"""Records of ``verify-imports``: image references, manifests, the Python set-up, verdicts.
+
+Every record is frozen; derived facts are properties.  This module imports
+nothing from forensics, so every other module of the subpackage can import it.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Transport",
+    "ManifestKind",
+    "Verdict",
+    "PathOrigin",
+    "ModuleKind",
+    "Severity",
+    "ImageRef",
+    "Platform",
+    "ImageConfig",
+    "ImageInfo",
+    "Entrypoint",
+    "PathEntry",
+    "PthFile",
+    "PythonSetup",
+    "Distribution",
+    "Resolution",
+    "ModuleCheck",
+    "RequirementProblem",
+    "KnownIssueHit",
+    "ExecutedModule",
+    "ExecuteResult",
+    "Guard",
+    "ImportReport",
+]
+
+
+class Transport(enum.Enum):
+    """How an image (or a process) is reached; named the way skopeo names its transports."""
+
+    OCI = "oci"  # an OCI image layout directory, read directly
+    DOCKER_ARCHIVE = "docker-archive"  # `docker save` output, read directly
+    DIR = "dir"  # an unpacked root file system (or a skopeo `dir:` copy, detected)
+    DOCKER = "docker"  # a registry reference, fetched by skopeo
+    DOCKER_DAEMON = "docker-daemon"  # fetched by skopeo
+    CONTAINERS_STORAGE = "containers-storage"  # fetched by skopeo
+    PID = "pid"  # a live process through /proc/PID
+
+
+class ManifestKind(enum.Enum):
+    """What the reference points at, before platform resolution."""
+
+    DOCKER_V2 = "docker-schema2-manifest"
+    DOCKER_MANIFEST_LIST = "docker-manifest-list"
+    OCI_MANIFEST = "oci-manifest"
+    OCI_INDEX = "oci-index"
+    OCI_INDEX_WITH_ATTESTATIONS = "oci-index-with-attestations"
+    DOCKER_ARCHIVE = "docker-archive"  # docker save's manifest.json (no registry manifest involved)
+    NONE = "none"  # an unpacked root or a process: no manifest at all
+
+
+class Verdict(enum.Enum):
+    OK = "OK"
+    SHADOWED = "SHADOWED"
+    UNMANAGED = "UNMANAGED"
+    MISSING = "MISSING"
+    VERSION_MISMATCH = "VERSION-MISMATCH"
+
+
+class PathOrigin(enum.Enum):
+    """Why an entry is on sys.path."""
+
+    WORKDIR = "working-directory"  # sys.path[0] for -m, -c, the REPL
+    SCRIPT_DIR = "script-directory"  # sys.path[0] for `python script.py`
+    PYTHONPATH = "PYTHONPATH"
+    STDLIB = "stdlib"
+    SITE = "site-packages"
+    USER_SITE = "user-site-packages"
+    PTH = "pth"  # a path line of a .pth file
+    PTH_IMPORT = "pth-import"  # added by an `import` line of a .pth file (evaluated statically)
+
+
+class ModuleKind(enum.Enum):
+    PACKAGE = "package"
+    MODULE = "module"
+    EXTENSION = "extension"
+    BYTECODE = "bytecode"
+    NAMESPACE = "namespace"
+
+
+class Severity(enum.Enum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageRef:
+    """A parsed image reference: ``oci:DIR[:TAG]``, ``docker-archive:FILE[:REF]``, ``dir:ROOT``, ``HOST/REPO:TAG``."""
+
+    transport: Transport
+    path: str  # the directory / file for local transports, the reference for the others
+    tag: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.transport.value}:{self.path}" + (f":{self.tag}" if self.tag else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Platform:
+    os: str = "linux"
+    architecture: str = "amd64"
+    variant: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.os}/{self.architecture}" + (f"/{self.variant}" if self.variant else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageConfig:
+    """The parts of the image config (or a process's state) that decide what Python imports."""
+
+    working_dir: str = "/"
+    env: tuple[tuple[str, str], ...] = ()
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    user: str = ""
+
+    def getenv(self, name: str) -> str | None:
+        for k, v in self.env:
+            if k == name:
+                return v
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageInfo:
+    """Where the image came from and what kind of manifest delivered it."""
+
+    ref: str
+    transport: Transport
+    manifest_kind: ManifestKind
+    manifest_digest: str | None = None  # the platform manifest that was read
+    platform: str | None = None
+    layers: int = 0
+    index_platforms: tuple[str, ...] = ()  # platforms listed by an index
+    attestations: int = 0  # attestation manifests in the index
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Entrypoint:
+    """The Python command line the image runs, as CPython will see it."""
+
+    argv: tuple[str, ...]  # the full command line (Entrypoint + Cmd, or --entrypoint, or /proc/PID/cmdline)
+    interpreter: str | None  # the interpreter path inside the root (after PATH and shebang lookup)
+    interpreter_real: str | None  # the same with symlinks resolved inside the root
+    version: str | None  # "3.11"
+    mode: str  # "module", "script", "command", "interactive", "not-python"
+    target: str | None  # the module for -m, the script path, the -c code
+    flags: tuple[str, ...] = ()  # interpreter options seen (-I, -P, -E, -s, -S, -B, ...)
+    via_shebang: str | None = None  # the script whose #! line named the interpreter
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PathEntry:
+    path: str
+    origin: PathOrigin
+    exists: bool
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PthFile:
+    path: str
+    paths: tuple[str, ...] = ()  # directories its path lines added
+    imports: tuple[str, ...] = ()  # its `import` lines, executed by site at start-up
+    unevaluated: tuple[str, ...] = ()  # import lines whose effect on sys.path could not be decided statically
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PythonSetup:
+    """sys.path and everything that went into it."""
+
+    entrypoint: Entrypoint
+    prefix: str | None
+    working_dir: str
+    safe_path: bool  # no sys.path[0] (PYTHONSAFEPATH on 3.11+, -P, -I)
+    sys_path: tuple[PathEntry, ...]
+    pth_files: tuple[PthFile, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Distribution:
+    """An installed distribution (dist-info / egg-info) found on sys.path."""
+
+    name: str
+    version: str
+    metadata_dir: str
+    location: str  # the sys.path entry holding it
+    top_level: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # Requires-Dist lines
+    installer: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolution:
+    """Where one module resolves on one sys.path entry (or overall)."""
+
+    module: str
+    kind: ModuleKind
+    file: str | None  # None for a namespace package
+    path_entry: str
+    path_index: int
+    search_locations: tuple[str, ...] = ()  # a package's / namespace package's directories
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModuleCheck:
+    """The verdict on one module."""
+
+    module: str
+    verdict: Verdict
+    resolved: Resolution | None
+    origin: PathOrigin | None = None  # why the winning sys.path entry is there
+    static_version: str | None = None  # __version__ read with ast, never imported
+    distribution: Distribution | None = None  # the distribution that installed the resolved file
+    installed_file: bool = False  # the resolved file is in that distribution's RECORD
+    record_hash_ok: bool | None = None  # its sha256 matches the RECORD (None: no hash to compare)
+    expected: Resolution | None = None  # what a managed install would have given (for SHADOWED)
+    expected_distribution: Distribution | None = None
+    expected_version: str | None = None
+    loaded_file: str | None = None  # --pid: the file /proc/PID/maps shows loaded (extension modules)
+    role: str = "default"  # why it is checked: default, requested (--module), entrypoint, loaded (--pid maps)
+    reason: str = ""
+    fix: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.OK
+
+    @property
+    def fails(self) -> bool:
+        """Not OK, and it matters: the application's own unpackaged code (the entrypoint's modules, or
+        extension modules found loaded) may be UNMANAGED without failing the check."""
+        if self.verdict is Verdict.OK:
+            return False
+        return not (self.role in ("entrypoint", "loaded") and self.verdict is Verdict.UNMANAGED)
+
+    @property
+    def effective_version(self) -> str | None:
+        """The version that runs: the module's own ``__version__``, else its distribution's."""
+        if self.static_version:
+            return self.static_version
+        return self.distribution.version if self.distribution else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequirementProblem:
+    """A declared requirement that the installed (or the effectively imported) versions break."""
+
+    dist: str
+    dist_version: str
+    requirement: str
+    found: str | None  # "nvidia-ml-py 12.575.51", or None when not installed
+    effective: bool = False  # judged against the version that imports, not the one installed
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnownIssueHit:
+    id: str
+    severity: Severity
+    summary: str
+    detail: str
+    fix: str
+    sources: tuple[str, ...]
+    matched: tuple[str, ...]  # the facts it matched: "nvitop 1.5.0", "driver 580.126.09"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutedModule:
+    module: str
+    file: str | None
+    version: str | None
+    error: str | None = None
+    agrees: bool = True
+    static_file: str | None = None
+    static_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecuteResult:
+    """Ground truth: what the image's own interpreter imported, run as the runtime would."""
+
+    method: str  # "bubblewrap", "nsenter"
+    command: tuple[str, ...]
+    sys_path: tuple[str, ...]
+    modules: tuple[ExecutedModule, ...]
+    sys_path_agrees: bool = True
+    notes: tuple[str, ...] = ()
+
+    @property
+    def agrees(self) -> bool:
+        return self.sys_path_agrees and all(m.agrees for m in self.modules)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Guard:
+    """A ``forensics guard`` found active: a .pth import line loading a module with a FORENSICS_GUARD dict."""
+
+    pth: str
+    file: str
+    target: str  # module:attr it replaces
+    env: str  # the switch that turns it off
+    returns: str  # the JSON value the replacement returns
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImportReport:
+    image: ImageInfo
+    config: ImageConfig
+    python: PythonSetup | None
+    modules: tuple[ModuleCheck, ...]
+    distributions: tuple[Distribution, ...] = ()
+    requirement_problems: tuple[RequirementProblem, ...] = ()
+    known_issues: tuple[KnownIssueHit, ...] = ()
+    driver: str | None = None
+    execute: ExecuteResult | None = None
+    guards: tuple[Guard, ...] = ()
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        """All modules OK and, when --execute ran, the ground truth agrees."""
+        return not any(m.fails for m in self.modules) and (self.execute is None or self.execute.agrees)

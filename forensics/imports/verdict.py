@@ -1,0 +1,163 @@
+"""Judge each module: OK, SHADOWED, UNMANAGED, MISSING, VERSION-MISMATCH, with the fix; match known issues.
+
+Pure functions over the records the other stages produced (plus a ``read``
+callable over the root for the module's own ``__version__``).
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from .dists import InstalledFiles, record_hash_matches
+from .model import (Distribution, KnownIssueHit, ModuleCheck, ModuleKind, PathOrigin, PythonSetup, Resolution,
+                    Severity, Verdict)
+from .versions import find_static_version, normalize_name, specifier_contains, version_key
+
+__all__ = ["classify_module", "load_known_issues", "check_known_issues", "DIST_OF_MODULE", "fix_hint"]
+
+# the distributions of the modules checked by default (when no installed metadata says otherwise)
+DIST_OF_MODULE = {"nvitop": "nvitop", "nvitop_exporter": "nvitop-exporter", "pynvml": "nvidia-ml-py"}
+
+_SITE = (PathOrigin.SITE, PathOrigin.USER_SITE)
+
+
+def _claimed_by(res: Resolution, files: InstalledFiles):
+    if res.file:
+        return files.claim(res.file)
+    return None
+
+
+def _module_dists(name: str, dists: list[Distribution]) -> list[Distribution]:
+    top = name.split(".")[0]
+    return [d for d in dists if top in d.top_level]
+
+
+def fix_hint(module: str, winner: Resolution, origin: PathOrigin | None, setup: PythonSetup, stale: str) -> str:
+    """What to change so that the managed install wins."""
+    top = module.split(".")[0]
+    if origin is PathOrigin.WORKDIR:
+        ver = setup.entrypoint.version or "3"
+        safe = ("set ENV PYTHONSAFEPATH=1 (Python >= 3.11)" if version_key(ver) and version_key(ver) >= version_key("3.11")
+                else f"upgrade to Python >= 3.11 and set PYTHONSAFEPATH=1 (this is {ver})")
+        return (f"set WORKDIR to a directory without a {top}/ tree, remove the stale tree {stale} from the image, "
+                f"or {safe}")
+    if origin is PathOrigin.SCRIPT_DIR:
+        return f"remove the stale tree {stale} next to the entrypoint script, or move the script; or run with -P/-I"
+    if origin is PathOrigin.PYTHONPATH:
+        return f"remove {winner.path_entry} from PYTHONPATH, or remove the stale tree {stale}"
+    if origin in (PathOrigin.PTH, PathOrigin.PTH_IMPORT):
+        pth = next((e.note for e in setup.sys_path if e.path == winner.path_entry), "") or "the .pth file"
+        return f"remove {pth} (it puts {winner.path_entry} on sys.path), or remove the stale tree {stale}"
+    return f"remove the stale tree {stale}, or reinstall with pip so that one distribution owns {top}"
+
+
+def classify_module(module: str, winner: Resolution | None, candidates: list[Resolution], setup: PythonSetup,
+                    dists: list[Distribution], files: InstalledFiles, read: Callable[[str], str | None],
+                    read_bytes: Callable[[str], bytes | None]) -> ModuleCheck:
+    """The verdict on ``module`` given its resolution and every sys.path entry's candidate."""
+    top = module.split(".")[0]
+    origin_of = {i: e.origin for i, e in enumerate(setup.sys_path)}
+    owning = _module_dists(module, dists)
+    if winner is None:
+        dist = owning[0].name if owning else DIST_OF_MODULE.get(top, top)
+        return ModuleCheck(module=module, verdict=Verdict.MISSING, resolved=None,
+                           reason=f"{module} is not importable on this sys.path",
+                           fix=f"install it into the image (pip install {dist})")
+    origin = origin_of.get(winner.path_index)
+    locs = winner.search_locations or ((winner.file.rsplit("/", 1)[0],) if winner.file else ())
+    static_version = None
+    if winner.file and winner.file.endswith(".py"):
+        static_version = find_static_version(read, winner.file, module, locs)
+    claim = _claimed_by(winner, files)
+    dist, rhash = claim if claim else (None, None)
+    hash_ok = None
+    if dist is not None and winner.file:
+        data = read_bytes(winner.file)
+        if data is not None:
+            hash_ok = record_hash_matches(data, rhash)
+    # the managed install a site-packages directory holds for this module, if it is not the winner
+    managed: tuple[Resolution, Distribution] | None = None
+    for c in candidates:
+        if c is winner or c.file == winner.file or c.kind is ModuleKind.NAMESPACE:
+            continue
+        cc = _claimed_by(c, files)
+        if cc is not None and origin_of.get(c.path_index) in _SITE:
+            managed = (c, cc[0])
+            break
+    common = dict(module=module, resolved=winner, origin=origin, static_version=static_version, distribution=dist,
+                  installed_file=dist is not None, record_hash_ok=hash_ok)
+    where = f"{winner.file or winner.path_entry}"
+    if winner.kind is ModuleKind.NAMESPACE:
+        where = f"namespace package over {', '.join(winner.search_locations)}"
+    idx = f"sys.path[{winner.path_index}] = {winner.path_entry} ({origin.value if origin else '?'})"
+    if managed is not None and (dist is None or origin not in _SITE):
+        c, cd = managed
+        exp_ver = cd.version
+        ver = static_version or (dist.version if dist else None) or "unknown version"
+        by = f"{dist.name} {dist.version}" if dist else "no distribution (unmanaged)"
+        stale = winner.search_locations[0] if winner.kind is ModuleKind.PACKAGE else where
+        return ModuleCheck(
+            verdict=Verdict.SHADOWED, expected=c, expected_distribution=cd, expected_version=exp_ver,
+            reason=(f"{module} {ver} from {where} [{by}; {idx}] shadows {cd.name} {exp_ver} installed at {c.file}"),
+            fix=fix_hint(module, winner, origin, setup, stale), **common)
+    if dist is None and origin is PathOrigin.STDLIB:
+        return ModuleCheck(verdict=Verdict.OK, reason=f"standard library: {where} ({idx})", **common)
+    if dist is None:
+        claimers = [d for d in owning if d.location == winner.path_entry]
+        if claimers:
+            reason = (f"{where} is not in the RECORD of {claimers[0].name} {claimers[0].version}, which is installed "
+                      f"in {winner.path_entry}: a file left behind or copied in")
+        else:
+            reason = f"no installed distribution claims {where} ({idx})"
+        return ModuleCheck(verdict=Verdict.UNMANAGED, reason=reason,
+                           fix=f"install {module} with pip (so its version is recorded) or remove {where}", **common)
+    if hash_ok is False:
+        return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
+                           reason=f"{winner.file} differs from the file {dist.name} {dist.version} installed "
+                                  "(RECORD sha256 mismatch): modified or overwritten after install",
+                           fix=f"reinstall {dist.name} (pip install --force-reinstall {dist.name}=={dist.version})",
+                           **common)
+    if static_version and version_key(static_version) and version_key(dist.version) and \
+            version_key(static_version) != version_key(dist.version):
+        return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
+                           reason=f"{module}.__version__ is {static_version} but {dist.name} metadata says {dist.version}",
+                           fix=f"reinstall {dist.name} so that its files and metadata agree", **common)
+    return ModuleCheck(verdict=Verdict.OK,
+                       reason=f"{dist.name} {dist.version} from {where} ({idx})", **common)
+
+
+@lru_cache(maxsize=1)
+def load_known_issues() -> tuple[dict, ...]:
+    """The known version facts shipped in ``forensics/data/known_issues.json``."""
+    path = Path(__file__).resolve().parent.parent / "data" / "known_issues.json"
+    return tuple(json.loads(path.read_text(encoding="utf-8"))["issues"])
+
+
+def check_known_issues(versions: dict[str, str], driver: str | None,
+                       issues: tuple[dict, ...] | None = None) -> list[KnownIssueHit]:
+    """The known issues whose conditions the versions (normalized dist name -> version) and driver meet.
+
+    An issue with a ``driver`` condition matches only when the driver version is known.
+    """
+    hits = []
+    for issue in issues if issues is not None else load_known_issues():
+        matched = []
+        ok = True
+        for name, spec in issue.get("when", {}).items():
+            have = versions.get(normalize_name(name))
+            if have is None or not specifier_contains(spec, have):
+                ok = False
+                break
+            matched.append(f"{name} {have}")
+        if ok and issue.get("driver"):
+            if driver is None or not specifier_contains(issue["driver"], driver):
+                ok = False
+            else:
+                matched.append(f"driver {driver}")
+        if ok:
+            hits.append(KnownIssueHit(id=issue["id"], severity=Severity(issue["severity"]), summary=issue["summary"],
+                                      detail=issue.get("detail", ""), fix=issue.get("fix", ""),
+                                      sources=tuple(issue.get("sources", ())), matched=tuple(matched)))
+    return hits

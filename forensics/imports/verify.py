@@ -1,0 +1,343 @@
+"""verify-imports end to end: an image or a process -> :class:`~forensics.imports.model.ImportReport`.
+
+:func:`verify_image` and :func:`verify_pid` do the I/O (open the image, read the
+layers, read /proc); :func:`analyze_root` is the static analysis over any
+:class:`~forensics.imports.rootfs.RootFS`.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+
+from ..errors import ExecuteError, ImageRefError
+from .dists import check_requirements, find_distributions
+from .execute import compare, run_probe_bwrap, run_probe_nsenter
+from .layers import LayerFS, LayerLimits, default_capture, read_layers
+from .model import (Guard, ImageConfig, ImageInfo, ImportReport, ManifestKind, ModuleCheck, Platform, PythonSetup,
+                    Transport, Verdict)
+from .procfs import read_process
+from .pyenv import command_line, compute_python_setup, describe_command, runtime_env
+from .resolve import find_module
+from .rootfs import DirFS, RootFS, join, norm
+from .sources import SkopeoOptions, open_image, parse_image_ref
+from .verdict import DIST_OF_MODULE, check_known_issues, classify_module
+from .versions import normalize_name
+
+__all__ = ["DEFAULT_MODULES", "VerifyOptions", "verify_image", "verify_pid", "analyze_root", "lookup_user",
+           "find_guards"]
+
+DEFAULT_MODULES = ("nvitop", "nvitop_exporter", "pynvml")
+_TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu", "ppc64le": "powerpc64le-linux-gnu",
+             "s390x": "s390x-linux-gnu"}
+_MACHINES = {"amd64": "x86_64", "arm64": "aarch64", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerifyOptions:
+    modules: tuple[str, ...] = ()  # checked in addition to DEFAULT_MODULES (and what the entrypoint runs)
+    only_modules: bool = False  # check exactly ``modules``
+    entrypoint: str | None = None  # the whole command line, replacing Entrypoint + Cmd
+    workdir: str | None = None
+    env: tuple[tuple[str, str], ...] = ()  # added to / overriding the image's Env
+    platform: Platform = field(default_factory=Platform)
+    execute: bool = False
+    driver: str | None = None
+    skopeo: SkopeoOptions = field(default_factory=SkopeoOptions)
+    limits: LayerLimits = field(default_factory=LayerLimits)
+
+
+def lookup_user(fs: RootFS, user: str) -> tuple[int, int, str | None]:
+    """(uid, gid, home) of an image's ``User`` (``name``, ``uid``, ``name:group``, ``uid:gid``)."""
+    name, _, group = (user or "root").partition(":")
+    uid, gid, home = None, None, None
+    passwd = fs.read_text("/etc/passwd", 4 << 20) or ""
+    for line in passwd.splitlines():
+        f = line.split(":")
+        if len(f) >= 7 and (f[0] == name or (name.isdigit() and f[2] == name)):
+            uid, gid, home = int(f[2]), int(f[3]), f[5]
+            break
+    if uid is None:
+        uid = int(name) if name.isdigit() else 0
+        gid = uid if name.isdigit() else 0
+    if group:
+        if group.isdigit():
+            gid = int(group)
+        else:
+            for line in (fs.read_text("/etc/group", 4 << 20) or "").splitlines():
+                f = line.split(":")
+                if len(f) >= 3 and f[0] == group:
+                    gid = int(f[2])
+    return uid, gid, home
+
+
+def _script_imports(fs: RootFS, path: str) -> list[str]:
+    """Top-level names a script imports (absolute imports, not the stdlib)."""
+    text = fs.read_text(path, 1 << 20)
+    if text is None:
+        return []
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    names = []
+    stdlib = set(getattr(sys, "stdlib_module_names", ()))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.split(".")[0])
+    return [n for n in dict.fromkeys(names) if n not in stdlib and n != "__future__"]
+
+
+def _module_for_extension(path: str, sys_path: list[str]) -> str | None:
+    for entry in sorted(sys_path, key=len, reverse=True):
+        prefix = entry.rstrip("/") + "/"
+        if path.startswith(prefix):
+            rel = path[len(prefix):]
+            stem = rel.rsplit("/", 1)[-1].split(".", 1)[0]
+            parts = rel.split("/")[:-1] + [stem]
+            if all(p.isidentifier() for p in parts):
+                return ".".join(parts)
+    return None
+
+
+def find_guards(fs: RootFS, setup: PythonSetup) -> list[Guard]:
+    """``forensics guard`` modules that .pth import lines load (a ``FORENSICS_GUARD`` dict at module level)."""
+    import json as _json
+    import re as _re
+
+    from ..guard import GUARD_MARKER
+
+    out = []
+    for pth in setup.pth_files:
+        sitedir = pth.path.rsplit("/", 1)[0]
+        for line in pth.imports:
+            for name in _re.findall(r"import\s+([A-Za-z_][\w]*)", line):
+                path = f"{sitedir}/{name}.py"
+                text = fs.read_text(path, 1 << 20)
+                if not text or GUARD_MARKER not in text:
+                    continue
+                try:
+                    tree = ast.parse(text)
+                except SyntaxError:
+                    continue
+                for node in tree.body:
+                    if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == GUARD_MARKER
+                                                             for t in node.targets)):
+                        value = node.value
+                        spec = None
+                        if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Constant):
+                            try:
+                                spec = _json.loads(value.args[0].value)
+                            except (TypeError, ValueError):
+                                spec = None
+                        elif isinstance(value, ast.Dict):
+                            try:
+                                spec = ast.literal_eval(value)
+                            except ValueError:
+                                spec = None
+                        if isinstance(spec, dict):
+                            out.append(Guard(pth=pth.path, file=path,
+                                             target=f"{spec.get('module', '?')}:{spec.get('attr', '?')}",
+                                             env=str(spec.get("env", "")), returns=_json.dumps(spec.get("returns"))))
+    return out
+
+
+def analyze_root(fs: RootFS, config: ImageConfig, info: ImageInfo, options: VerifyOptions, *,
+                 argv: tuple[str, ...] | None = None, workdir: str | None = None,
+                 env: dict[str, str] | None = None, interpreter: str | None = None,
+                 loaded_extensions: tuple[str, ...] = ()) -> tuple[ImportReport, dict[str, str], tuple[int, int]]:
+    """Static verdicts for ``fs``; returns (report, the runtime environment, (uid, gid)).
+
+    ``argv``/``workdir``/``env``/``interpreter`` are given for a live process; for an image
+    they come from the config (and ``options``).
+    """
+    for _attempt in range(3):
+        report, run_env, ids = _analyze_once(fs, config, info, options, argv, workdir, env, interpreter,
+                                             loaded_extensions)
+        if isinstance(fs, LayerFS) and fs.misses:
+            fs.fetch(sorted(fs.misses))  # files the first pass did not keep: one targeted pass, then again
+            continue
+        return report, run_env, ids
+    return report, run_env, ids
+
+
+def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, loaded_extensions):
+    warnings = list(info.warnings)
+    if isinstance(fs, LayerFS):
+        warnings += fs.warnings
+    uid, gid, home = lookup_user(fs, config.user)
+    if argv is None:
+        cfg = config
+        if options.env:
+            merged = dict(config.env)
+            merged.update(dict(options.env))
+            cfg = replace(config, env=tuple(merged.items()))
+        argv, extra, notes = command_line(cfg, options.entrypoint)
+        run_env = runtime_env(cfg, extra, home)
+    else:
+        notes = []
+        run_env = dict(env or {})
+    wd = norm(options.workdir or workdir or config.working_dir or "/")
+    entry, more = describe_command(fs, argv, run_env, wd)
+    notes += more
+    if interpreter is not None:
+        # a live process: the executable it runs is the truth; argv[0] is kept when it leads to the same
+        # file (CPython finds a venv's pyvenv.cfg from argv[0], not from the resolved binary)
+        real = fs.resolve(interpreter) or interpreter
+        if entry.interpreter is None or fs.resolve(entry.interpreter) != real:
+            entry = replace(entry, interpreter=interpreter, interpreter_real=real)
+    triplet = _TRIPLETS.get(options.platform.architecture, "x86_64-linux-gnu")
+    setup = compute_python_setup(fs, entry, run_env, wd, arch_triplet=triplet)
+    setup = replace(setup, notes=tuple(notes) + setup.notes)
+    roles: dict[str, str] = {} if options.only_modules else {m: "default" for m in DEFAULT_MODULES}
+    for m in options.modules:
+        roles.setdefault(m, "requested")
+    if entry.mode == "module" and entry.target:
+        roles.setdefault(entry.target, "entrypoint")
+    if entry.mode == "script" and entry.target:
+        for name in _script_imports(fs, join(wd, entry.target)):
+            roles.setdefault(name, "entrypoint")
+    loaded: dict[str, str] = {}
+    for path in loaded_extensions:
+        name = _module_for_extension(path, [e.path for e in setup.sys_path])
+        if name and name not in loaded:
+            loaded[name] = path
+            roles.setdefault(name, "loaded")
+    modules = list(roles)
+    checks: list[ModuleCheck] = []
+    dists, files, dnotes = ([], None, []) if not setup.sys_path else find_distributions(fs, setup.sys_path)
+    if files is not None:
+        for m in modules:
+            winner, cands = find_module(fs, setup.sys_path, m, entry.version, triplet)
+            check = replace(classify_module(m, winner, cands, setup, dists, files,
+                                            lambda p: fs.read_text(p), lambda p: fs.read(p)), role=roles[m])
+            if m in loaded:
+                lf = loaded[m]
+                check = replace(check, loaded_file=lf)
+                if check.resolved is None or (fs.resolve(check.resolved.file or "") or "") != (fs.resolve(lf) or lf):
+                    check = replace(check, verdict=Verdict.VERSION_MISMATCH,
+                                    reason=f"the process has {lf} loaded, but a fresh start would import "
+                                           f"{check.resolved.file if check.resolved else 'nothing'}: "
+                                           "the files changed since it started",
+                                    fix="restart the process after checking the image")
+            checks.append(check)
+    else:
+        warnings.append("no Python interpreter: module checks skipped")
+    warnings += dnotes
+    # the versions that will run: a shadowing copy's own __version__ wins over what pip recorded
+    versions: dict[str, str] = {}
+    for d in dists:
+        versions.setdefault(normalize_name(d.name), d.version)
+    effective: dict[str, tuple[str, str]] = {}
+    for c in checks:
+        top = c.module.split(".")[0]
+        dname = (c.distribution.name if c.distribution else
+                 c.expected_distribution.name if c.expected_distribution else DIST_OF_MODULE.get(top))
+        ver = c.effective_version
+        if dname and ver and c.resolved is not None and c.module == top:
+            n = normalize_name(dname)
+            if versions.get(n) != ver:
+                effective[n] = (ver, c.resolved.file or c.resolved.path_entry)
+            versions[n] = ver
+    arch = options.platform.architecture
+    marker_env = {"python_version": entry.version or "", "python_full_version": (entry.version or "") + ".0",
+                  "platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
+                  "platform_machine": _MACHINES.get(arch, arch), "implementation_name": "cpython",
+                  "platform_python_implementation": "CPython"}
+    problems = check_requirements(dists, marker_env, effective) if dists else []
+    hits = check_known_issues(versions, options.driver)
+    guards = find_guards(fs, setup)
+    report = ImportReport(image=info, config=config, python=setup, modules=tuple(checks), guards=tuple(guards),
+                          distributions=tuple(dists), requirement_problems=tuple(problems), known_issues=tuple(hits),
+                          driver=options.driver, warnings=tuple(warnings))
+    return report, run_env, (uid, gid)
+
+
+def verify_image(ref: str, options: VerifyOptions | None = None) -> ImportReport:
+    """Verify what Python imports in image ``ref`` (see :func:`~forensics.imports.sources.parse_image_ref`).
+
+    :raises ImageRefError, ImageFormatError, LayerRejected, SkopeoNotFound, SkopeoError, ExecuteError:
+        see :mod:`forensics.errors`
+    """
+    options = options or VerifyOptions()
+    image_ref = parse_image_ref(ref)
+    with open_image(image_ref, platform=options.platform, skopeo=options.skopeo) as opened:
+        if opened.rootfs_dir is not None:
+            fs: RootFS = DirFS(os.path.abspath(opened.rootfs_dir))
+        else:
+            keep = default_capture(DEFAULT_MODULES + tuple(options.modules))
+            fs = read_layers(opened.blobs, limits=options.limits, capture=keep, description=str(image_ref))
+        report, run_env, (uid, gid) = analyze_root(fs, opened.config, opened.info, options)
+        if not options.execute:
+            return report
+        return replace(report, execute=_execute_image(fs, report, run_env, uid, gid))
+
+
+def _execute_image(fs: RootFS, report: ImportReport, env: dict[str, str], uid: int, gid: int):
+    setup = report.python
+    if setup is None or setup.entrypoint.interpreter is None:
+        raise ExecuteError("interpreter", "no Python interpreter in the image to run")
+    names = [c.module for c in report.modules]
+    if isinstance(fs, DirFS):
+        if not fs.is_dir(setup.working_dir):
+            raise ExecuteError("workdir", f"{setup.working_dir} does not exist in {fs.root}")
+        probe, cmd, notes = run_probe_bwrap(fs.root, setup, env, uid, gid, names)
+        return compare(fs, setup, report.modules, probe, "bubblewrap", cmd, notes)
+    tmp = tempfile.mkdtemp(prefix="forensics-rootfs-")
+    try:
+        root = os.path.join(tmp, "root")
+        os.mkdir(root, 0o755)
+        fs.extract(root)
+        for d in ("proc", "dev", "tmp", setup.working_dir.strip("/")):
+            if d and not os.path.lexists(os.path.join(root, d)):
+                os.makedirs(os.path.join(root, d), 0o755, exist_ok=True)  # the runtime creates these (WORKDIR too)
+        probe, cmd, notes = run_probe_bwrap(root, setup, env, uid, gid, names)
+        return compare(fs, setup, report.modules, probe, "bubblewrap", cmd, notes)
+    finally:
+        _rmtree(tmp)
+
+
+def _rmtree(path: str) -> None:
+    def onerror(func, p, exc):  # read-only directories from the image's modes
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    for dirpath, dirnames, _ in os.walk(path):
+        for d in dirnames:
+            full = os.path.join(dirpath, d)
+            if not os.path.islink(full):
+                try:
+                    os.chmod(full, 0o700)
+                except OSError:
+                    pass
+    shutil.rmtree(path, onerror=onerror)
+
+
+def verify_pid(pid: int, options: VerifyOptions | None = None) -> ImportReport:
+    """Verify what the live process ``pid`` imports, through /proc/PID (and, with execute, nsenter)."""
+    options = options or VerifyOptions()
+    proc = read_process(pid)
+    fs = DirFS(proc.root)
+    info = ImageInfo(ref=f"pid:{pid}", transport=Transport.PID, manifest_kind=ManifestKind.NONE)
+    config = ImageConfig(working_dir=proc.cwd, env=proc.env, cmd=proc.argv, user=str(proc.uid))
+    argv = proc.argv
+    if options.entrypoint is not None:
+        raise ImageRefError(f"pid:{pid}", "--entrypoint does not apply to a live process (its cmdline is used)")
+    report, run_env, _ = analyze_root(fs, config, info, options, argv=argv, workdir=proc.cwd, env=dict(proc.env),
+                                      interpreter=proc.exe, loaded_extensions=proc.extensions)
+    if not options.execute:
+        return report
+    setup = report.python
+    if setup is None or setup.entrypoint.interpreter is None:
+        raise ExecuteError("interpreter", f"process {pid} does not run a Python interpreter")
+    probe, cmd, notes = run_probe_nsenter(pid, setup.entrypoint.interpreter, setup, run_env, proc.uid, proc.gid,
+                                          [c.module for c in report.modules])
+    return replace(report, execute=compare(fs, setup, report.modules, probe, "nsenter", cmd, notes))
