@@ -149,6 +149,9 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
                  f"{armed.rlimit_core_after[0]} (read back from /proc), evidence bundle written")
         except ForensicsError as e:  # not root: raise our own child's soft limit instead
             step(f"forensics capture --pid needs root ({e}); raising the child's core limit: {_enable_cores(proc.pid)}")
+        imports_file = _verify_imports(proc.pid, out_dir, step)
+        if imports_file:
+            result.files["verify-imports (what the exporter imports)"] = imports_file
         step("scrape /metrics until the exporter dies (forensics canary, watching the pid)")
         canary = run_canary(f"http://127.0.0.1:{port}/metrics", requests=1_000_000, concurrency=4,
                             duration=min(timeout, 60.0), pid=proc.pid, thresholds=Thresholds())
@@ -183,7 +186,7 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
     result.files["analysis (JSON)"] = str(a_json)
     step(f"forensics analyze: {result.signature}")
 
-    evidence = [str(a_json)] + ([bundle] if bundle else [])
+    evidence = [str(a_json)] + ([bundle] if bundle else []) + ([imports_file] if imports_file else [])
     if bundle:
         result.files["capture bundle (before the crash)"] = bundle
     if reproduce:
@@ -224,6 +227,24 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
     (out_dir / "timeline.txt").write_text("\n".join(result.timeline) + "\n")
     result.files["timeline"] = str(out_dir / "timeline.txt")
     return result
+
+
+def _verify_imports(pid: int, out_dir: Path, step: Callable[[str], None]) -> str | None:
+    """verify-imports --pid on the live exporter: which nvitop / nvidia-ml-py files it really imports."""
+    from .format import json_document
+    from .imports.format import report_payload
+    from .imports.verify import VerifyOptions, verify_pid
+
+    try:
+        report = verify_pid(pid, VerifyOptions(driver="580.126.09"))
+    except ForensicsError as e:
+        step(f"forensics verify-imports --pid {pid}: {e}")
+        return None
+    path = out_dir / "verify-imports.json"
+    path.write_text(json_document("verify-imports", {"result": report_payload(report)}) + "\n")
+    found = ", ".join(f"{c.module} {c.effective_version or '?'} ({c.verdict.value})" for c in report.modules)
+    step(f"forensics verify-imports --pid {pid}: {found}")
+    return str(path)
 
 
 def _canary_json(c) -> str:

@@ -97,6 +97,19 @@ def match_known_issues(ev: Evidence) -> list[dict[str, str]]:
             out.append({"title": e["title"], "source": e["source"],
                         "match": f"{strength} match ({len(held)} of {total} criteria: {'; '.join(held)})",
                         "_score": len(held) / max(total, 1)})
+    # version facts that verify-imports matched (forensics/data/known_issues.json): one knowledge file
+    # per kind of fact, both listed here
+    seen = {d["title"] for d in out}
+    for doc in ev.all("verify-imports"):
+        for k in (doc.get("result") or {}).get("known_issues") or []:
+            if not isinstance(k, dict) or not k.get("summary") or k["summary"] in seen:
+                continue
+            seen.add(k["summary"])
+            sources = k.get("sources") or []
+            out.append({"title": f"{k['summary']} — fix: {k.get('fix') or 'see source'}",
+                        "source": sources[0] if sources else "",
+                        "match": f"matched by verify-imports ({k.get('severity', '?')}: {', '.join(k.get('matched') or [])})",
+                        "_score": 1.0 if k.get("severity") == "error" else 0.5})
     out.sort(key=lambda d: -d["_score"])
     for d in out:
         d.pop("_score")
