@@ -13,7 +13,7 @@ import click
 from ..errors import EXIT_OK
 from ..options import json_option
 
-__all__ = ["capture_command", "core_handler_command", "agent_group"]
+__all__ = ["capture_command", "core_handler_command", "agent_group", "agent_manifest", "agent_run"]
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", "drain", "log_kernel",
-           "parse_core_head", "enforce_budget"]
+           "parse_core_head", "enforce_budget", "main_argv"]
 
 PAGE = 4096
 _CHUNK = 1 << 20

@@ -242,11 +242,10 @@ def _hostile_image(kind: str, out: Path, sentinel: str, fmt: str) -> str:
     return write_docker_archive(out / f"{kind}.tar", blobs, cfg)
 
 
-@pytest.mark.parametrize("kind", HOSTILE)
-@pytest.mark.parametrize("fmt", ["oci", "docker-archive"])
+# docker save writes uncompressed layers: no decompression bomb can exist there, so that pair is not made
+@pytest.mark.parametrize("kind,fmt", [(k, f) for k in HOSTILE for f in ("oci", "docker-archive")
+                                      if not (k == "bomb" and f == "docker-archive")])
 def test_hostile_layers_are_refused_and_nothing_is_written(kind, fmt, tmp_path):
-    if kind == "bomb" and fmt == "docker-archive":
-        pytest.skip("docker save layers are uncompressed: no decompression bomb possible")
     sentinel = f"/tmp/forensics-hostile-{uuid.uuid4().hex}"
     ref = _hostile_image(kind, tmp_path, sentinel, fmt)
     for extra in ([], ["--execute"]):
