@@ -28,6 +28,7 @@ __all__ = [
     "run_canary",
     "judge",
     "expected_crashes",
+    "canary_document",
     "MAX_REQUESTS",
 ]
 
@@ -342,3 +343,17 @@ def expected_crashes(fleet_doc: dict, duration_s: float) -> tuple[float, float] 
     restarts = sum(g["total_restarts"] for g in groups)
     rate = restarts / (pods * hours)
     return rate, rate * duration_s / 3600
+
+
+def canary_document(result: CanaryResult) -> str:
+    """``forensics canary --json``: the result with a summary; the raw latencies stand as percentiles."""
+    import json
+
+    from .format import json_document
+
+    doc = json.loads(json_document("canary", {"canary": result, "summary": {
+        "verdict": result.verdict, "success_rate": result.success_rate, "rate_per_s": result.rate,
+        "p50": result.percentile(50), "p95": result.percentile(95), "p99": result.percentile(99),
+        "max": max(result.latencies) if result.latencies else None}}))
+    doc["canary"].pop("latencies", None)
+    return json.dumps(doc, sort_keys=True, indent=2)

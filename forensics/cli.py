@@ -309,7 +309,7 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
     \b
     Exit codes: 0 PASS; 1 error; 2 usage; 3 FAIL (a threshold was missed or the process crashed).
     """
-    from .canary import Thresholds, expected_crashes, run_canary
+    from .canary import Thresholds, canary_document, expected_crashes, run_canary
     from .format import json_document
 
     if pid is not None and pod is not None:
@@ -336,16 +336,7 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
                 result.hint = (f"the fleet crashes {rate:.2f} times per pod-hour; this {result.elapsed:.0f}s run expected "
                                f"{n:.2f} crashes of one pod: run at least {need / 60:.0f} minutes to expect 3")
     if as_json:
-        payload = {"canary": result, "summary": {
-            "verdict": result.verdict, "success_rate": result.success_rate, "rate_per_s": result.rate,
-            "p50": result.percentile(50), "p95": result.percentile(95), "p99": result.percentile(99),
-            "max": max(result.latencies) if result.latencies else None}}
-        data = json_document("canary", payload)
-        import json as _json
-
-        doc = _json.loads(data)
-        doc["canary"].pop("latencies", None)  # the percentiles stand for them
-        _emit([_json.dumps(doc, sort_keys=True, indent=2)], output, force)
+        _emit([canary_document(result)], output, force)
     else:
         _emit(_format_canary(result), output, force)
     sys.exit(EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)
@@ -415,7 +406,7 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
     from pathlib import Path
 
     from .format import json_document
-    from .reproduce import nvml_dir_for, run_reproducers
+    from .reproduce import nvml_dir_for, reproduce_payload, run_reproducers
     from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
 
     if nvml_path and sim:
@@ -443,16 +434,7 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
 
         result = dataclasses.replace(result, nvml=nvml_label)
     if as_json:
-        h = result.environment
-        payload = {
-            "reproduce": result,
-            "environment": {"gpus": h.get("gpu"), "driver": h.get("driver"), "cuda": h.get("cuda driver"),
-                            "nvml": h.get("nvml"), "libnvidia_ml": h.get("libnvidia-ml"), "kernel": h.get("kernel"),
-                            "python": h.get("python"), "binding": h.get("binding")},
-            "runs": [{"name": r.name, "outcome": r.outcome, "signature": r.signature, "fingerprint": r.fingerprint,
-                      "core": r.core, "verdict": r.verdict} for r in result.runs],
-            "conclusion": result.conclusion,
-        }
+        payload = reproduce_payload(result)
         _emit([json_document("reproduce", payload)], output, force)
     else:
         lines = []

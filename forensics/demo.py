@@ -11,7 +11,6 @@ overwritten: each run writes a new directory unless ``--out`` names an empty one
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import socket
 import subprocess
@@ -101,7 +100,7 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
     """
     from . import __version__
     from .analyze import analyze_core
-    from .canary import Thresholds, run_canary
+    from .canary import Thresholds, canary_document, run_canary
     from .format import analysis_payload, format_analysis, json_document, signature
     from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
 
@@ -164,7 +163,7 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
             proc.kill()
             proc.wait()
     canary_file = out_dir / "canary.json"
-    canary_file.write_text(_canary_json(canary))
+    canary_file.write_text(canary_document(canary) + "\n")
     result.files["canary (scrapes until the crash)"] = str(canary_file)
     step(f"exporter died: exit status {rc} after {canary.requests} scrapes ({canary.ok} answered); "
          f"canary verdict {canary.verdict}")
@@ -190,22 +189,14 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
     if bundle:
         result.files["capture bundle (before the crash)"] = bundle
     if reproduce:
-        from .reproduce import run_reproducers
+        from .reproduce import reproduce_payload, run_reproducers
 
         step("forensics reproduce: the Python and the C reproducer on the same node and fault")
         rep = run_reproducers(workdir=work_dir, python=str(python), nvml_dir=None, env=env, iterations=200,
                               threads=2, timeout=120)
         result.reproduce_conclusion = rep.conclusion
         r_json = out_dir / "reproduce.json"
-        h = rep.environment
-        r_json.write_text(json_document("reproduce", {
-            "reproduce": rep,
-            "environment": {"gpus": h.get("gpu"), "driver": h.get("driver"), "cuda": h.get("cuda driver"),
-                            "nvml": h.get("nvml"), "libnvidia_ml": h.get("libnvidia-ml"), "kernel": h.get("kernel"),
-                            "python": h.get("python"), "binding": h.get("binding")},
-            "runs": [{"name": r.name, "outcome": r.outcome, "signature": r.signature, "fingerprint": r.fingerprint,
-                      "core": r.core, "verdict": r.verdict} for r in rep.runs],
-            "conclusion": rep.conclusion}) + "\n")
+        r_json.write_text(json_document("reproduce", reproduce_payload(rep)) + "\n")
         result.files["reproduce (both reproducers)"] = str(r_json)
         evidence.append(str(r_json))
         step("reproduce: " + "; ".join(f"{r.name} {r.outcome}" for r in rep.runs) + f" -> {rep.conclusion}")
@@ -245,12 +236,3 @@ def _verify_imports(pid: int, out_dir: Path, step: Callable[[str], None]) -> str
     found = ", ".join(f"{c.module} {c.effective_version or '?'} ({c.verdict.value})" for c in report.modules)
     step(f"forensics verify-imports --pid {pid}: {found}")
     return str(path)
-
-
-def _canary_json(c) -> str:
-    from .format import json_document
-
-    doc = json.loads(json_document("canary", {"canary": c, "summary": {
-        "verdict": c.verdict, "success_rate": c.success_rate, "p50": c.percentile(50), "p99": c.percentile(99)}}))
-    doc["canary"].pop("latencies", None)
-    return json.dumps(doc, sort_keys=True, indent=2) + "\n"

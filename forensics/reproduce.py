@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .errors import ForensicsError, InputNotFound
 
-__all__ = ["ReproRun", "ReproduceResult", "parse_header", "conclude", "run_reproducers", "nvml_dir_for"]
+__all__ = ["ReproRun", "ReproduceResult", "parse_header", "conclude", "run_reproducers", "nvml_dir_for",
+           "reproduce_payload"]
 
 OUTPUT_LIMIT = 1 << 20  # bytes of a reproducer's stdout/stderr kept
 
@@ -217,3 +218,17 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
         runs=tuple(runs.values()), conclusion=conclude(runs.get("python"), runs.get("c")), environment=header,
         nvml=nvml_dir or "the loader's default", sim=dict(sim or {}),
     )
+
+
+def reproduce_payload(result: ReproduceResult) -> dict:
+    """The body of ``forensics reproduce --json`` (what ``forensics report`` reads)."""
+    h = result.environment
+    return {
+        "reproduce": result,
+        "environment": {"gpus": h.get("gpu"), "driver": h.get("driver"), "cuda": h.get("cuda driver"),
+                        "nvml": h.get("nvml"), "libnvidia_ml": h.get("libnvidia-ml"), "kernel": h.get("kernel"),
+                        "python": h.get("python"), "binding": h.get("binding")},
+        "runs": [{"name": r.name, "outcome": r.outcome, "signature": r.signature, "fingerprint": r.fingerprint,
+                  "core": r.core, "verdict": r.verdict} for r in result.runs],
+        "conclusion": result.conclusion,
+    }

@@ -211,90 +211,28 @@ class Record:
 # Line tables
 # ---------------------------------------------------------------------------
 
-def line_from_lnotab(table, firstlineno, lasti_bytes):
-    """3.8/3.9: co_lnotab (byte increment, signed line increment) pairs."""
-    line = firstlineno
-    addr = 0
-    for i in range(0, len(table) - 1, 2):
-        addr += table[i]
-        if addr > lasti_bytes:
-            break
-        delta = table[i + 1]
-        line += delta - 256 if delta >= 128 else delta
-    return line
+def _load_linetable():
+    """forensics.pyread.linetable, loaded by path: one decoder of each version's line table
+    serves both the gdb walker and the direct reader (checkout: ../forensics/pyread; wheel:
+    ../pyread, as gdb_scripts is installed inside the forensics package)."""
+    import importlib.util
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "..", "forensics", "pyread", "linetable.py"),
+                      os.path.join(here, "..", "pyread", "linetable.py")):
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("forensics_linetable", candidate)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    raise ImportError("forensics/pyread/linetable.py not found beside " + here)
 
 
-def line_from_linetable_310(table, firstlineno, addrq):
-    """3.10: co_linetable (byte delta, signed line delta or -128) pairs."""
-    line = firstlineno
-    start = 0
-    for i in range(0, len(table) - 1, 2):
-        end = start + table[i]
-        ldelta = table[i + 1]
-        if ldelta == 128:  # -128: no line for this range
-            cur = None
-        else:
-            line += ldelta - 256 if ldelta > 128 else ldelta
-            cur = line
-        if start <= addrq < end:
-            return cur
-        start = end
-    return None
-
-
-def _varint(table, i):
-    byte = table[i]
-    i += 1
-    val = byte & 63
-    shift = 0
-    while byte & 64:
-        byte = table[i]
-        i += 1
-        shift += 6
-        val |= (byte & 63) << shift
-    return val, i
-
-
-def _svarint(table, i):
-    val, i = _varint(table, i)
-    return (-(val >> 1) if val & 1 else val >> 1), i
-
-
-def line_from_locations(table, firstlineno, index):
-    """3.11+: the location table (PEP 657); ``index`` counts code units."""
-    line = firstlineno
-    addr = 0
-    i = 0
-    n = len(table)
-    while i < n:
-        first = table[i]
-        i += 1
-        code = (first >> 3) & 15
-        length = (first & 7) + 1
-        if code == 15:  # no location
-            cur = None
-        elif code == 14:  # long form
-            delta, i = _svarint(table, i)
-            _, i = _varint(table, i)  # end line delta
-            _, i = _varint(table, i)  # column
-            _, i = _varint(table, i)  # end column
-            line += delta
-            cur = line
-        elif code == 13:  # no column
-            delta, i = _svarint(table, i)
-            line += delta
-            cur = line
-        elif code >= 10:  # one-line forms
-            line += code - 10
-            i += 2
-            cur = line
-        else:  # short forms
-            i += 1
-            cur = line
-        if addr <= index < addr + length:
-            return cur
-        addr += length
-    return None
+_linetable = _load_linetable()
+line_from_lnotab = _linetable.line_from_lnotab
+line_from_linetable_310 = _linetable.line_from_linetable_310
+line_from_locations = _linetable.line_from_locations
 
 
 # ---------------------------------------------------------------------------

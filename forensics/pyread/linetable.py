@@ -5,7 +5,8 @@
 - 3.10: ``co_linetable``, (byte length, signed line delta or -128 for "no line") pairs;
 - 3.11+: the location table of PEP 657 (varint-coded entries), indexed in code units.
 
-They match ``gdb_scripts/forensics_python.py`` line for line, so both methods agree.
+``gdb_scripts/forensics_python.py`` loads this very module (by path, inside gdb), so the
+gdb walker and the direct reader decode lines with the same code.
 """
 from __future__ import annotations
 
