@@ -281,3 +281,21 @@ def test_an_active_guard_is_reported(images):
     nv = module(doc, "nvitop")
     assert nv["version"] == "1.7.1" and nv["file"].endswith("site-packages/nvitop/__init__.py")
     assert doc["result"]["image"]["digest"].startswith("sha256:")
+
+
+def test_report_from_a_shadowed_image_says_shadowing_was_not_ruled_out(images, tmp_path):
+    # GIVEN verify-imports evidence of the incident's image (WORKDIR /app shadows site-packages)
+    out = tmp_path / "imports.json"
+    r = CliRunner().invoke(cli, ["verify-imports", "--json", "--driver", "580.126.09", "-o", str(out),
+                                 images.get("incident")], catch_exceptions=False)
+    assert r.exit_code == 3 and out.is_file()
+    # WHEN a report is written from it
+    r = CliRunner().invoke(cli, ["report", "--json", str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    rep = json.loads(r.stdout)["report"]
+    md = rep["markdown"].replace("\\_", "_")
+    # THEN the versions are the ones that really import, and shadowing is named, not ruled out
+    assert "nvitop 1.5.0 imported from /app/nvitop/__init__.py (SHADOWED)" in md
+    assert "Source shadowing: NOT ruled out — nvitop: SHADOWED" in md
+    # and verify-imports' version facts are among the known issues
+    assert any("nvitop 1.5.0" in k["match"] or "nvitop 1.5.0" in k["title"] for k in rep["known_issues"])
