@@ -17,7 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from ..errors import ForensicsError, LimitNotRaised, NotRoot, ProcessGone
+from ..errors import CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoot, ProcessGone
 
 __all__ = [
     "DEFAULT_FILTER",
@@ -232,35 +232,46 @@ def capture_pid(
     dest = explain_destination(pattern, snap)
     parent = bundle_parent or os.path.join(core_dir, "bundles")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    bdir = new_bundle_dir(parent, f"{stamp}-pid{pid}")
-    w = BundleWriter(bdir)
-    ident = snap.identity
-    w.add_json("00-identity.json", {
-        "kind": "capture", "node": socket.gethostname(), "pid": pid, "captured_at": time.time(),
-        "comm": snap.comm, "exe": snap.exe, "pod_uid": ident.pod_uid, "container_id": ident.container_id,
-        "runtime": ident.runtime, "qos_class": ident.qos_class, "image": snap.image, "core_dir": os.path.abspath(core_dir),
-    }, "who was captured: node, pid, pod UID, container ID, image, time")
-    for rel, (obj, what) in (extra_items or {}).items():
-        w.add_json(rel, obj, what)
-    for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""]).items():
-        w.add_bytes(f"20-node/{name}", text.encode(), f"node log lines ({name})")
-    w.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(read_kernel_log()) + "\n").encode(),
-                "kernel log lines: NVRM / Xid, segfaults, core handler")
-    smi = read_nvidia_smi()
-    if smi is not None:
-        w.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q")
-    w.add_json("40-process/arming.json", {
-        "rlimit_core_before": before, "rlimit_core_after": after,
-        "coredump_filter_before": f_before, "coredump_filter_after": f_after,
-        "core_pattern": pattern, "destination": {
-            "kind": dest.kind, "will_dump": dest.will_dump, "handler": dest.handler,
-            "handler_is_forensics": dest.handler_is_forensics, "path_in_process": dest.path_in_process,
-            "host_path": dest.host_path, "persistent": dest.persistent, "reasons": list(dest.reasons)},
-    }, "arming: RLIMIT_CORE and coredump_filter before/after (read back), core_pattern and where the core goes")
-    w.add_json("40-process/snapshot.json", snapshot_payload(snap),
-               "process snapshot: limits, cgroup identity, mapped objects with build-ids, NVML origin, Python")
-    for name, data in raw.files.items():
-        w.add_bytes(f"40-process/{name}", data, f"/proc/PID/{name} as read")
-    w.write_manifest()
+    bdir = None
+    try:
+        bdir = new_bundle_dir(parent, f"{stamp}-pid{pid}")
+        w = BundleWriter(bdir)
+        ident = snap.identity
+        w.add_json("00-identity.json", {
+            "kind": "capture", "node": socket.gethostname(), "pid": pid, "captured_at": time.time(),
+            "comm": snap.comm, "exe": snap.exe, "pod_uid": ident.pod_uid, "container_id": ident.container_id,
+            "runtime": ident.runtime, "qos_class": ident.qos_class, "image": snap.image, "core_dir": os.path.abspath(core_dir),
+        }, "who was captured: node, pid, pod UID, container ID, image, time")
+        for rel, (obj, what) in (extra_items or {}).items():
+            w.add_json(rel, obj, what)
+        for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""]).items():
+            w.add_bytes(f"20-node/{name}", text.encode(), f"node log lines ({name})")
+        w.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(read_kernel_log()) + "\n").encode(),
+                    "kernel log lines: NVRM / Xid, segfaults, core handler")
+        smi = read_nvidia_smi()
+        if smi is not None:
+            w.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q")
+        w.add_json("40-process/arming.json", {
+            "rlimit_core_before": before, "rlimit_core_after": after,
+            "coredump_filter_before": f_before, "coredump_filter_after": f_after,
+            "core_pattern": pattern, "destination": {
+                "kind": dest.kind, "will_dump": dest.will_dump, "handler": dest.handler,
+                "handler_is_forensics": dest.handler_is_forensics, "path_in_process": dest.path_in_process,
+                "host_path": dest.host_path, "persistent": dest.persistent, "reasons": list(dest.reasons)},
+        }, "arming: RLIMIT_CORE and coredump_filter before/after (read back), core_pattern and where the core goes")
+        w.add_json("40-process/snapshot.json", snapshot_payload(snap),
+                   "process snapshot: limits, cgroup identity, mapped objects with build-ids, NVML origin, Python")
+        for name, data in raw.files.items():
+            w.add_bytes(f"40-process/{name}", data, f"/proc/PID/{name} as read")
+        w.write_manifest()
+    except CoreDirectoryError:
+        raise
+    except OSError as e:
+        # The process IS armed (its limit was raised and read back); what was written stays.
+        raise CoreDirectoryError(
+            bdir or parent,
+            f"writing the capture bundle failed ({e.strerror or e}); the process is armed "
+            f"(core limit {after[0]}), and the items written so far stay",
+        ) from e
     return ArmResult(pid=pid, rlimit_core_before=before, rlimit_core_after=after, coredump_filter_before=f_before,
                      coredump_filter_after=f_after, core_pattern=pattern, destination=dest, snapshot=snap, bundle=bdir)

@@ -201,3 +201,34 @@ def test_capture_names_the_bind_source_of_nvml_in_a_container(container, tmp_pat
     # the text output says the same for a human
     t = CliRunner().invoke(cli, ["capture", "--pid", str(container["pid"]), "--core-dir", str(tmp_path / "cores")])
     assert str(container["real"]) in t.output and "NVIDIA container toolkit" in t.output
+
+
+def test_capture_on_a_full_disk_is_a_clear_error_and_the_process_stays_armed(tmp_path):
+    # GIVEN a bundle directory on a tiny filesystem that is already full
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    proc = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY)))
+    try:
+        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass  # ENOSPC: full
+        finally:
+            os.close(fd)
+        # WHEN the process is captured with its bundle on that filesystem
+        res = CliRunner().invoke(cli, ["capture", "--pid", str(proc.pid), "--core-dir", str(tmp_path / "cores"),
+                                       "-o", str(mnt)])
+        # THEN one clear line, exit 1, no traceback, and the process was armed all the same
+        assert res.exit_code == 1, res.output
+        assert "writing the capture bundle failed" in res.stderr and "Traceback" not in res.output + res.stderr
+        limits = open(f"/proc/{proc.pid}/limits").read()
+        assert "unlimited" in [ln for ln in limits.splitlines() if ln.startswith("Max core file size")][0]
+    finally:
+        proc.kill()
+        proc.wait()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
