@@ -35,6 +35,7 @@ __all__ = [
     "decompress_core",
     "bundle_sysroot",
     "CORE_NAMES",
+    "sha256_file",
 ]
 
 #: Core file names in ``50-core``, whole first: a truncated core is a valid zstd stream of the
@@ -43,7 +44,8 @@ CORE_NAMES = ("core.zst", "core.truncated.zst", "core.partial.zst")
 MANIFEST = "MANIFEST.json"
 
 
-def _sha256_file(path: str) -> tuple[str, int]:
+def sha256_file(path: str) -> tuple[str, int]:
+    """(hex sha256, size) of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     n = 0
     with open(path, "rb") as f:
@@ -107,7 +109,7 @@ class BundleWriter:
             p = os.path.join(self.path, rel)
             if not os.path.isfile(p):
                 continue
-            digest, size = _sha256_file(p)
+            digest, size = sha256_file(p)
             entries.append({"path": rel, "size": size, "sha256": digest, "what": self.items[rel]})
         doc = {"schema_version": 1, "written_at": time.time(), "items": entries, **(extra or {})}
         return self.add_bytes_raw(MANIFEST, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
@@ -136,7 +138,7 @@ def verify_manifest(bundle_dir: str) -> list[str]:
         if not os.path.isfile(p):
             bad.append(f"{item['path']}: missing")
             continue
-        digest, size = _sha256_file(p)
+        digest, size = sha256_file(p)
         if digest != item["sha256"] or size != item["size"]:
             bad.append(f"{item['path']}: changed")
     return bad

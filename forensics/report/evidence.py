@@ -7,7 +7,6 @@ evidence section.  Reading is bounded: a file larger than MAX_INPUT_BYTES is ref
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -53,13 +52,9 @@ class Evidence:
 
 
 def _sha256(path: str) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
+    from ..capture.bundle import sha256_file
+
+    return sha256_file(path)
 
 
 def _read_json(path: str) -> dict:
