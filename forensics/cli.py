@@ -222,7 +222,6 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, kubeconfi
     Exit codes: 0 printed; 1 error (kubectl failed, bad input); 2 usage.
     """
     import datetime as dt
-    import json as _json
 
     from .fleet import DEFAULT_GROUP_LABELS, format_fleet, read_kubectl, summarize_fleet
     from .format import json_document
@@ -310,7 +309,6 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
     Exit codes: 0 PASS; 1 error; 2 usage; 3 FAIL (a threshold was missed or the process crashed).
     """
     from .canary import Thresholds, canary_document, expected_crashes, run_canary
-    from .format import json_document
 
     if pid is not None and pod is not None:
         raise click.UsageError("--pid and --pod are exclusive")

@@ -11,7 +11,6 @@ overwritten: each run writes a new directory unless ``--out`` names an empty one
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import socket
 import subprocess
 import time

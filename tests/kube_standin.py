@@ -13,7 +13,6 @@ like the real server.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

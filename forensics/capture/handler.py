@@ -35,6 +35,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index
+
 __all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", "drain", "log_kernel",
            "parse_core_head", "enforce_budget", "main_argv"]
 
@@ -164,108 +166,6 @@ def _fingerprint(key: str, signo: int, head_info: dict) -> str:
     module = (head_info.get("module") or "?").rsplit("/", 1)[-1]
     basis = f"{key}|{signo}|{module}|{head_info.get('module_offset')}"
     return hashlib.sha256(basis.encode()).hexdigest()[:12]
-
-
-class _Lock:
-    def __init__(self, core_dir: str) -> None:
-        self.fd = os.open(os.path.join(core_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-
-    def __enter__(self):
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-
-
-def _read_index(core_dir: str) -> list[dict]:
-    out = []
-    try:
-        with open(os.path.join(core_dir, "index.jsonl"), "rb") as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    except OSError:
-        pass
-    return out
-
-
-def _append_index(core_dir: str, entry: dict) -> None:
-    fd = os.open(os.path.join(core_dir, "index.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _free_bytes(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def _du(path: str) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-            except OSError:
-                pass
-    return total
-
-
-def enforce_budget(core_dir: str, budget: int) -> list[str]:
-    """Delete the oldest cores until DIR fits ``budget``; the newest of each fingerprint stays.
-
-    Call with the directory lock held.  Metadata stays; each deleted core's record says so.
-    :return: the crash ids whose core was deleted
-    """
-    if budget <= 0:
-        return []
-    total = _du(core_dir)
-    if total <= budget:
-        return []
-    entries = [e for e in _read_index(core_dir) if e.get("core")]
-    newest: dict[str, str] = {}
-    for e in entries:  # the index is in time order: the last of each fingerprint wins
-        newest[e.get("fingerprint") or e["id"]] = e["id"]
-    keep = set(newest.values())
-    deleted = []
-    for e in entries:
-        if total <= budget:
-            break
-        if e["id"] in keep:
-            continue
-        core = os.path.join(core_dir, "crashes", e["id"], "50-core", e["core"])
-        try:
-            size = os.lstat(core).st_blocks * 512
-            os.unlink(core)
-        except OSError:
-            continue
-        total -= size
-        deleted.append(e["id"])
-        _mark_core_deleted(os.path.join(core_dir, "crashes", e["id"]))
-    if deleted:
-        _append_index(core_dir, {"event": "budget", "deleted": deleted, "time": time.time()})
-    return deleted
-
-
-def _mark_core_deleted(crash_dir: str) -> None:
-    from .store import write_atomic
-
-    p = os.path.join(crash_dir, "metadata.json")
-    try:
-        with open(p) as f:
-            meta = json.load(f)
-        meta["core"]["state"] = "deleted-for-budget"
-        meta["core"]["deleted_at"] = time.time()
-        write_atomic(p, json.dumps(meta, indent=2, sort_keys=True).encode())
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
 
 
 class _Compressor:
@@ -487,10 +387,10 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
         keep = False
         why.append(f"RLIMIT_CORE {rlimit_core} < one page: metadata only (the process was not opted in)")
     store = ObjectStore(core_dir)
-    with _Lock(core_dir):
+    with DirLock(core_dir):
         if keep and cfg.loop_limit >= 0:
             since = timestamp - cfg.loop_window
-            n = sum(1 for e in _read_index(core_dir)
+            n = sum(1 for e in read_index(core_dir)
                     if e.get("key") == image_key and e.get("signal") == signo and e.get("core")
                     and (e.get("time") or 0) >= since)
             if n >= cfg.loop_limit:
@@ -498,7 +398,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
                 why.append(f"crash loop: {n} cores of {image_key} {signame} in the last {cfg.loop_window}s "
                            f"(limit {cfg.loop_limit}): metadata only")
         if keep and cfg.min_free > 0:
-            free = _free_bytes(core_dir)
+            free = free_bytes(core_dir)
             if free < cfg.min_free:
                 keep = False
                 why.append(f"{free} bytes free on {core_dir}, below the minimum {cfg.min_free}: metadata only")
@@ -615,8 +515,8 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
              "fingerprint": fingerprint, "core": record["core"]["file"], "state": result.core_state,
              "pod_uid": identity.pod_uid if identity else None,
              "container_id": identity.container_id if identity else None}
-    with _Lock(core_dir):
-        _with_room(lambda: _append_index(core_dir, entry), result, record, write_record)
+    with DirLock(core_dir):
+        _with_room(lambda: append_index(core_dir, entry), result, record, write_record)
         deleted = enforce_budget(core_dir, cfg.budget)
     if deleted:
         result.reasons.append(f"budget: deleted the cores of {', '.join(deleted)}")

@@ -472,9 +472,9 @@ def agent_main(*, container_id: str, core_dir: str, host_root: str | None, cored
 
 def _add_earlier_crashes(bundle_dir: str, core_dir: str, container_id: str) -> None:
     """Copy the core handler's records of this container (and their objects) into the bundle."""
-    from .handler import _read_index
+    from .budget import read_index
 
-    for e in _read_index(core_dir):
+    for e in read_index(core_dir):
         if not e.get("id") or e.get("container_id") != container_id:
             continue
         src = os.path.join(core_dir, "crashes", e["id"])

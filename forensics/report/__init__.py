@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 from .context import REQUIRED_FIELDS, TEMPLATES, UNKNOWN, ReportContext, build_context
 from .evidence import Evidence, load_evidence

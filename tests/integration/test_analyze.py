@@ -1,7 +1,6 @@
 """`forensics analyze` on real kernel cores of every CPython 3.8-3.13 found here."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

@@ -16,7 +16,7 @@ from forensics.cli import cli
 from forensics.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL
 
 
-def run(*args: str) -> "click.testing.Result":
+def run(*args: str):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 

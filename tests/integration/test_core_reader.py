@@ -10,7 +10,6 @@ import shutil
 import statistics
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -6,7 +6,6 @@ import os
 import resource
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 

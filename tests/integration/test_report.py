@@ -132,9 +132,7 @@ def test_report_from_a_real_capture_and_its_core(tmp_path, core_pattern, newest_
     # GIVEN a live exporter-shaped process with secrets in its environment and arguments, captured for real
     import os
     import resource
-    import signal
     import subprocess
-    import sys
     import time
 
     from tests.crashers.make_core import EXPORTER, build_libcrash

@@ -119,7 +119,7 @@ def test_pipe_pattern_rules():
     d = explain_destination(f"|{prog} %P", _snap("0"))
     assert d.kind == "pipe" and d.will_dump  # RLIMIT_CORE is not enforced for a pipe...
     assert not explain_destination(f"|{prog} %P", _snap("1")).will_dump  # ...except a limit of exactly 1
-    ours = explain_destination(f"|/opt/x/forensics core-handler /c %P %I %s %t %c", _snap("0"))
+    ours = explain_destination("|/opt/x/forensics core-handler /c %P %I %s %t %c", _snap("0"))
     assert ours.handler_is_forensics and any("metadata only" in r for r in ours.reasons)
     assert not ours.will_dump  # /opt/x/forensics does not exist here
     d = explain_destination("|/nonexistent/handler", _snap("unlimited"))

@@ -1,0 +1,117 @@
+"""The core directory's crash index and its disk budget (used by the core handler).
+
+``DIR/index.jsonl`` lists every crash the handler saw (appended under a lock);
+:func:`enforce_budget` deletes the oldest cores when the directory is over its
+budget, keeping all metadata and the newest core of each fingerprint.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+
+__all__ = ["enforce_budget", "read_index", "append_index", "free_bytes", "DirLock"]
+
+
+class DirLock:
+    def __init__(self, core_dir: str) -> None:
+        self.fd = os.open(os.path.join(core_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+
+    def __enter__(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def read_index(core_dir: str) -> list[dict]:
+    out = []
+    try:
+        with open(os.path.join(core_dir, "index.jsonl"), "rb") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return out
+
+
+def append_index(core_dir: str, entry: dict) -> None:
+    fd = os.open(os.path.join(core_dir, "index.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _du(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def enforce_budget(core_dir: str, budget: int) -> list[str]:
+    """Delete the oldest cores until DIR fits ``budget``; the newest of each fingerprint stays.
+
+    Call with the directory lock held.  Metadata stays; each deleted core's record says so.
+    :return: the crash ids whose core was deleted
+    """
+    if budget <= 0:
+        return []
+    total = _du(core_dir)
+    if total <= budget:
+        return []
+    entries = [e for e in read_index(core_dir) if e.get("core")]
+    newest: dict[str, str] = {}
+    for e in entries:  # the index is in time order: the last of each fingerprint wins
+        newest[e.get("fingerprint") or e["id"]] = e["id"]
+    keep = set(newest.values())
+    deleted = []
+    for e in entries:
+        if total <= budget:
+            break
+        if e["id"] in keep:
+            continue
+        core = os.path.join(core_dir, "crashes", e["id"], "50-core", e["core"])
+        try:
+            size = os.lstat(core).st_blocks * 512
+            os.unlink(core)
+        except OSError:
+            continue
+        total -= size
+        deleted.append(e["id"])
+        _mark_core_deleted(os.path.join(core_dir, "crashes", e["id"]))
+    if deleted:
+        append_index(core_dir, {"event": "budget", "deleted": deleted, "time": time.time()})
+    return deleted
+
+
+def _mark_core_deleted(crash_dir: str) -> None:
+    from .store import write_atomic
+
+    p = os.path.join(crash_dir, "metadata.json")
+    try:
+        with open(p) as f:
+            meta = json.load(f)
+        meta["core"]["state"] = "deleted-for-budget"
+        meta["core"]["deleted_at"] = time.time()
+        write_atomic(p, json.dumps(meta, indent=2, sort_keys=True).encode())
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+
