@@ -11,6 +11,7 @@ this module parses them and raises an error naming the last stage reached.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -271,11 +272,22 @@ def update_link_farm(core: CoreFile, farm: Path) -> None:
 
 
 def _soname(path: str) -> list[str]:
+    """The file's DT_SONAME, read once per file version (a batch links the same libraries per core)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    name = _soname_of(path, st.st_mtime_ns, st.st_size)
+    return [name] if name else []
+
+
+@functools.lru_cache(maxsize=4096)
+def _soname_of(path: str, mtime_ns: int, size: int) -> str | None:
     from .core.image import ElfImage
 
     image = ElfImage.from_file(path)
     name = image.soname() if image is not None else None
-    return [name] if name and "/" not in name else []
+    return name if name and "/" not in name else None
 
 
 def _soname_aliases(name: str) -> list[str]:

@@ -11,6 +11,8 @@ import json
 import os
 import time
 
+from .store import disk_usage, write_atomic
+
 __all__ = ["enforce_budget", "read_index", "append_index", "free_bytes", "DirLock"]
 
 
@@ -55,16 +57,6 @@ def free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _du(path: str) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-            except OSError:
-                pass
-    return total
-
 
 def enforce_budget(core_dir: str, budget: int) -> list[str]:
     """Delete the oldest cores until DIR fits ``budget``; the newest of each fingerprint stays.
@@ -74,7 +66,7 @@ def enforce_budget(core_dir: str, budget: int) -> list[str]:
     """
     if budget <= 0:
         return []
-    total = _du(core_dir)
+    total = disk_usage(core_dir)
     if total <= budget:
         return []
     entries = [e for e in read_index(core_dir) if e.get("core")]
@@ -103,7 +95,6 @@ def enforce_budget(core_dir: str, budget: int) -> list[str]:
 
 
 def _mark_core_deleted(crash_dir: str) -> None:
-    from .store import write_atomic
 
     p = os.path.join(crash_dir, "metadata.json")
     try:

@@ -251,18 +251,11 @@ def _make_reserve(path: str) -> str | None:
 
 
 def _crash_dir(core_dir: str, t: float, pid: int, signame: str) -> str:
+    """A new directory for this crash under ``DIR/crashes`` (never an existing one)."""
+    from .bundle import new_bundle_dir
+
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
-    parent = os.path.join(core_dir, "crashes")
-    os.makedirs(parent, exist_ok=True)
-    base = f"{stamp}-{pid}-{signame}"
-    for i in range(1, 100000):
-        p = os.path.join(parent, base if i == 1 else f"{base}.{i}")
-        try:
-            os.mkdir(p, 0o750)
-            return p
-        except FileExistsError:
-            continue
-    raise OSError(errno.EEXIST, f"too many crashes named {base}")
+    return new_bundle_dir(os.path.join(core_dir, "crashes"), f"{stamp}-{pid}-{signame}")
 
 
 def _copy_objects(store, fds, keys: dict, warnings: list) -> None:

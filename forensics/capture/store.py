@@ -13,7 +13,7 @@ import os
 
 from ..core.buildid import read_build_id_from_file
 
-__all__ = ["ObjectStore", "key_of_fd", "write_atomic", "fsync_dir"]
+__all__ = ["ObjectStore", "key_of_fd", "write_atomic", "fsync_dir", "disk_usage"]
 
 
 def fsync_dir(path: str) -> None:
@@ -120,11 +120,16 @@ class ObjectStore:
             os.close(fd)
 
     def size(self) -> int:
-        total = 0
-        for dirpath, _, files in os.walk(self.root):
-            for f in files:
-                try:
-                    total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-                except OSError:
-                    pass
-        return total
+        return disk_usage(self.root)
+
+
+def disk_usage(path: str) -> int:
+    """Bytes of disk the files under ``path`` take (allocated blocks, links not followed)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total

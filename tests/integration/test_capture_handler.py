@@ -5,7 +5,6 @@ and a small C program compiled here (``crasher.c`` below: small cores, fast to m
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import resource
@@ -94,20 +93,8 @@ def live(crasher):
 def _handler_cli(core_dir: Path, pid: int, sig: int, core: Path, limit: str = "18446744073709551615", *extra: str):
     """Run the handler as the kernel does: absolute path, no environment, cwd /, core on stdin."""
     cmd = [str(FORENSICS), "core-handler", str(core_dir), str(pid), str(pid), str(sig), str(int(time.time())), limit, *extra]
-    if not _registered():
-        cmd = [sys.executable, "-c", "from forensics.capture.cli_commands import core_handler_command as c; c()", *cmd[2:]]
     with open(core, "rb") as f:
         return subprocess.run(cmd, stdin=f, capture_output=True, text=True, env={}, cwd="/", timeout=120)
-
-
-@functools.lru_cache(maxsize=None)
-def _registered() -> bool:
-    """Whether the installed ``forensics`` script has ``core-handler`` (the lead registers it in forensics.cli).
-
-    Asked of the script itself: other test modules add the command to this process's ``cli``.
-    """
-    p = subprocess.run([str(FORENSICS), "core-handler", "--help"], capture_output=True, text=True)
-    return p.returncode == 0
 
 
 def _crashes(core_dir: Path) -> list[Path]:
@@ -255,17 +242,6 @@ def test_full_filesystem_keeps_metadata_and_marks_the_partial_core(crasher, tmp_
     assert r.core_state == meta["core"]["state"]
 
 
-def _forensics_program(tmp_path: Path) -> str:
-    """The program the kernel runs: the installed script once the lead registered the command."""
-    if _registered():
-        return str(FORENSICS)
-    wrapper = tmp_path / "forensics"  # same code path, reached without forensics.cli's registration
-    wrapper.write_text(f"#!{sys.executable}\nfrom forensics.cli import cli, main\n"
-                       "from forensics.capture.cli_commands import core_handler_command as c\ncli.add_command(c)\nmain()\n")
-    wrapper.chmod(0o755)
-    return str(wrapper)
-
-
 def test_installed_into_the_kernel_for_real(cores, newest_python, tmp_path, core_pattern):
     """The shortest window: both crashers wait on a FIFO, the pattern is set, they crash, it is restored."""
     from tests.crashers.make_core import EXPORTER, build_libcrash
@@ -288,7 +264,7 @@ def test_installed_into_the_kernel_for_real(cores, newest_python, tmp_path, core
                                       preexec_fn=setup, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         fifos.append(fifo)
     before = read_core_pattern()
-    program = _forensics_program(tmp_path)
+    program = str(FORENSICS)  # the installed script, as the kernel runs it
     try:
         install_handler(str(core_dir), program=program, config={"min_free": 0})
         for fifo in fifos:

@@ -21,16 +21,12 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.capture.bundle import verify_manifest
-from forensics.capture.cli_commands import agent_group, capture_command, core_handler_command
 from forensics.capture.handler import HandlerConfig, run_core_handler
 from forensics.cli import cli
+from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
 from tests.kube_standin import StandIn, make_event, make_node, make_pod, write_kubeconfig
 
-for _c in (capture_command, core_handler_command, agent_group):
-    if _c.name not in cli.commands:
-        cli.add_command(_c)
 
-CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
 pytestmark = [
     pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
     pytest.mark.skipif(os.geteuid() != 0 or not CGROUP_ROOT.is_dir(),
@@ -46,8 +42,7 @@ def pod_process(tmp_path):
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
     p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(120)"])
-    cg = (CGROUP_ROOT / "kubepods.slice" / "kubepods-burstable.slice" /
-          f"kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice" / f"cri-containerd-{cid}.scope")
+    cg = pod_cgroup(pod_uid, cid)
     try:
         with open(fifo) as f:
             f.read()
@@ -58,13 +53,7 @@ def pod_process(tmp_path):
         p.kill()
         p.wait()
         time.sleep(0.05)
-        for d in [cg, *cg.parents]:
-            if d == CGROUP_ROOT:
-                break
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+        remove_cgroup(cg)
 
 
 @pytest.fixture

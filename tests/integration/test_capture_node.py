@@ -20,16 +20,12 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.capture.bundle import read_manifest, verify_manifest
-from forensics.capture.cli_commands import agent_group, capture_command, core_handler_command
 from forensics.capture.node import find_container_pids
 from forensics.cli import cli
+from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
 
-for _c in (capture_command, core_handler_command, agent_group):
-    if _c.name not in cli.commands:
-        cli.add_command(_c)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="capture --pid arms other processes as root")
-CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
 
 
 def _wait_ready(fifo: Path) -> None:
@@ -142,8 +138,7 @@ def container(tmp_path):
                              env=env)
     pod_uid = str(uuid.uuid4())
     cid = uuid.uuid4().hex + uuid.uuid4().hex
-    cg = (CGROUP_ROOT / "kubepods.slice" / "kubepods-burstable.slice" /
-          f"kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice" / f"cri-containerd-{cid}.scope")
+    cg = pod_cgroup(pod_uid, cid)
     try:
         _wait_ready(fifo)
         pid = int(Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()[0])
@@ -155,13 +150,7 @@ def container(tmp_path):
         outer.kill()
         outer.wait()
         time.sleep(0.1)
-        for d in [cg, *cg.parents]:
-            if d == CGROUP_ROOT:
-                break
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+        remove_cgroup(cg)
 
 
 def test_capture_names_the_bind_source_of_nvml_in_a_container(container, tmp_path):
