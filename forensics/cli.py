@@ -180,8 +180,7 @@ def report(inputs, template, redact_hosts, check, as_json, output, force):
     from .format import json_document
     from .report import make_report
 
-    rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version,
-                      reproducer_sources=_reproducer_sources())
+    rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version)
     attachment_path = None
     if rep.attachment is not None:
         base = output or f"forensics-report-{template}"
@@ -494,23 +493,6 @@ def _load_json(path: str) -> dict:
     if not isinstance(doc, dict):
         raise ForensicsError(f"{path}: expected a JSON object")
     return doc
-
-
-def _reproducer_sources() -> dict[str, str] | None:
-    try:
-        from .simnvml import find_reproducers
-    except ImportError:
-        return None
-    try:
-        root = find_reproducers()
-    except ForensicsError:
-        return None
-    out = {}
-    for lang, name in (("python", "nvml_nvlink_fieldvalues.py"), ("c", "nvml_nvlink_fieldvalues.c")):
-        f = root / name
-        if f.is_file():
-            out[lang] = f.read_text(errors="replace")[:200_000]
-    return out or None
 
 
 def _register_subpackage_commands() -> None:

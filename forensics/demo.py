@@ -200,12 +200,10 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
         evidence.append(str(r_json))
         step("reproduce: " + "; ".join(f"{r.name} {r.outcome}" for r in rep.runs) + f" -> {rep.conclusion}")
 
-    from .cli import _reproducer_sources
     from .report import make_report
 
     for template in ("nvitop", "nvml", "runbook"):
-        rep_md = make_report(evidence, template=template, tool_version=__version__,
-                             reproducer_sources=_reproducer_sources())
+        rep_md = make_report(evidence, template=template, tool_version=__version__)
         path = out_dir / f"report-{template}.md"
         path.write_text(rep_md.markdown)
         result.files[f"report ({template})"] = str(path)

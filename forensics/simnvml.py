@@ -36,6 +36,7 @@ __all__ = [
     "default_cache_dir",
     "ensure_stack_venv",
     "find_reproducers",
+    "reproducer_sources",
     "sim_environment",
 ]
 
@@ -86,6 +87,17 @@ def find_reproducers() -> Path:
         if (candidate / "simnvml").is_dir():
             return candidate
     raise BuildError("the NVML reproducers", f"no reproducers/ directory beside {here}")
+
+
+def reproducer_sources() -> dict[str, str]:
+    """``{"python": source, "c": source}`` of the minimal reproducers, for reports (bounded to 200 kB each)."""
+    root = find_reproducers()
+    out = {}
+    for lang, name in (("python", "nvml_nvlink_fieldvalues.py"), ("c", _C_REPRODUCER)):
+        f = root / name
+        if f.is_file():
+            out[lang] = f.read_text(errors="replace")[:200_000]
+    return out
 
 
 def _gcc() -> str:

@@ -59,6 +59,7 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
                 reproducer_sources: dict[str, str] | None = None) -> Report:
     """Read the evidence, redact it, render the template, and check the result.
 
+    ``reproducer_sources`` defaults to the minimal reproducers shipped with forensics.
     When the report is longer than GitHub's issue limit, the issue body is the
     compact rendering and the whole report is returned as ``attachment``.
     """
@@ -69,6 +70,14 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
     redactor = Redactor(hosts=redact_hosts, known_hosts=dict(known_hosts or {}))
     if redact_hosts:
         redactor.known_hosts.update(_hosts_in(ev))
+    if reproducer_sources is None:
+        from ..errors import ForensicsError
+        from ..simnvml import reproducer_sources as shipped_sources
+
+        try:
+            reproducer_sources = shipped_sources()
+        except ForensicsError:
+            reproducer_sources = {}
     ctx = build_context(ev, template, redactor, tool_version=tool_version, reproducer_sources=reproducer_sources)
     ctx.known_issues = match_known_issues(ev)
     full = render(ctx)
