@@ -167,7 +167,7 @@ class CoreFile:
     size: int
     pid: int
     command: str  # pr_fname (15 chars)
-    args: str  # pr_psargs (80 chars)
+    args: str  # the command line: argv from the stack, else pr_psargs (80 chars)
     executable: str | None  # AT_EXECFN / the first NT_FILE mapping of the main program
     build_id: str | None  # the executable's build-id from the core's memory
     signal: SigInfo | None

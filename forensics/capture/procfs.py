@@ -143,8 +143,9 @@ def parse_maps(text: str) -> tuple[MapEntry, ...]:
 def parse_limits(text: str) -> dict[str, tuple[str, str]]:
     """``/proc/PID/limits`` as ``{name: (soft, hard)}``, values as the kernel prints them.
 
-    >>> parse_limits("Limit  Soft Limit  Hard Limit  Units\\nMax core file size  unlimited  unlimited  bytes\\n")
-    {'Max core file size': ('unlimited', 'unlimited')}
+    >>> head = f"{'Limit':26}{'Soft Limit':21}{'Hard Limit':21}Units\\n"
+    >>> parse_limits(head + f"{'Max core file size':26}{'0':21}{'unlimited':21}bytes\\n")
+    {'Max core file size': ('0', 'unlimited')}
     """
     out = {}
     for line in text.splitlines()[1:]:

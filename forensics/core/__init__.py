@@ -20,6 +20,7 @@ import os
 from collections.abc import Sequence
 
 from forensics.core import elf
+from forensics.core.argv import read_argv
 from forensics.core.buildid import read_build_id_from_file, read_build_id_in_memory
 from forensics.core.files import classify_library, resolve_file
 from forensics.core.libc import find_abort_message
@@ -73,6 +74,7 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
     psinfo: elf.PsInfo | None = None
     siginfo: SigInfo | None = None
     auxv: dict[int, int] = {}
+    auxv_raw = b""
     for note in layout.notes:
         if note.name != b"CORE":
             continue
@@ -85,6 +87,7 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
                 siginfo = elf.parse_siginfo(note.desc)
             elif note.type == elf.NT_AUXV and not auxv:
                 auxv = elf.parse_auxv(note.desc)
+                auxv_raw = elf.auxv_vector(note.desc)
         except ValueError as e:
             raise CoreReadError(path, f"malformed note: {e}") from e
 
@@ -98,7 +101,7 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
         size=layout.size,
         pid=pid,
         command=psinfo.command if psinfo is not None else "",
-        args=psinfo.args if psinfo is not None else "",
+        args=_command_line(mem, auxv, auxv_raw, psinfo),
         executable=exe_path,
         build_id=exe_lib.build_id if exe_lib is not None else None,
         signal=siginfo,
@@ -110,6 +113,18 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
         truncated=layout.truncated,
         expected_size=layout.expected_size,
     )
+
+
+def _command_line(mem: CoreMemory, auxv: dict[int, int], auxv_raw: bytes, psinfo: elf.PsInfo | None) -> str:
+    """The whole command line from the stack; NT_PRPSINFO's first 80 bytes when the stack does not hold it."""
+    short = psinfo.args if psinfo is not None else ""
+    execfn = auxv.get(elf.AT_EXECFN)
+    argv = read_argv(mem, auxv_raw, execfn) if execfn else None
+    if not argv:
+        return short
+    full = " ".join(argv)
+    # the stack is the process's own memory; keep it only when it agrees with the kernel's copy
+    return full if full.startswith(short) or short.startswith(full) else short
 
 
 def _mappings(layout: CoreLayout) -> tuple[Mapping, ...]:

@@ -57,6 +57,7 @@ __all__ = [
     "parse_prpsinfo",
     "parse_siginfo",
     "parse_auxv",
+    "auxv_vector",
     "parse_nt_file",
     "parse_nt_file_page_size",
     "parse_build_id",
@@ -443,6 +444,19 @@ def parse_auxv(desc: bytes) -> dict[int, int]:
             break
         out.setdefault(a_type, a_val)
     return out
+
+
+def auxv_vector(desc: bytes) -> bytes:
+    """The NT_AUXV note's bytes up to and including the AT_NULL entry (the note may be padded past it).
+
+    >>> import struct
+    >>> len(auxv_vector(struct.pack("<8Q", 6, 4096, 0, 0, 0, 0, 0, 0)))
+    32
+    """
+    for i in range(len(desc) // 16):
+        if struct.unpack_from("<Q", desc, i * 16)[0] == AT_NULL:
+            return desc[: i * 16 + 16]
+    return desc[: len(desc) // 16 * 16]
 
 
 def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
+from forensics.core import elf
 from forensics.core import CoreMemory, MemoryNotInCore, open_core, resolve_file
 from forensics.errors import CoreReadError, InputNotFound, NotACoreFile, UnsupportedTarget
 from forensics.model import LibraryStatus
@@ -146,9 +147,32 @@ def test_threads_and_registers_match_gdb(heap_prev):
 def test_process_identity(heap_prev):
     core = open_core(str(heap_prev))
     assert core.command == "python3"
-    assert core.args.startswith(f"{PYTHON} ") and "exporter.py" in core.args
+    # the whole argv (make_core runs: PYTHON exporter.py libcrash.so SCENARIO), not NT_PRPSINFO's 80 bytes
+    argv = core.args.split(" ")
+    assert argv[0] == str(PYTHON) and argv[1].endswith("/tests/crashers/exporter.py")
+    assert argv[2].endswith("/libcrash.so") and argv[3] == "heap-prev" and len(argv) == 4
     assert core.executable == os.path.realpath(PYTHON)
     assert core.build_id == file_build_id(core.executable)
+
+
+def test_long_command_line_is_read_whole_from_the_stack(workdir, tmp_path):
+    """pr_psargs keeps 80 bytes; the argv strings on the initial stack keep everything (bounded)."""
+    from tests.crashers.make_core import _child_setup
+
+    long_arg = "--config=" + "/very/long/path" * 400  # 6 KB, longer than one page
+    argv = [str(PYTHON), "-c", "import os; os.abort()", long_arg, "ünïcödé", "two words", "--last"]
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = subprocess.run(argv, cwd=run, preexec_fn=_child_setup(None), capture_output=True, timeout=60)
+    assert proc.returncode < 0
+    (core_path,) = run.iterdir()
+    core = open_core(str(core_path))
+    assert core.args == " ".join(argv)
+    # the kernel's own copy is the first 80 bytes of the same line
+    with CoreMemory.open(str(core_path)) as mem:
+        (note,) = [n for n in mem.layout.notes if n.name == b"CORE" and n.type == elf.NT_PRPSINFO]
+    psargs = elf.parse_prpsinfo(note.desc).args
+    assert len(psargs) < 80 and core.args.startswith(psargs)
 
 
 def test_libraries_ok_with_real_build_ids(heap_prev, workdir):
@@ -334,7 +358,9 @@ def test_truncated_core_is_read_as_far_as_it_goes(heap_prev, tmp_path):
     assert (core.size, core.expected_size) == (n, full.size)
     assert core.threads == full.threads
     assert core.signal == full.signal
-    assert (core.pid, core.command, core.args, core.executable) == (full.pid, full.command, full.args, full.executable)
+    assert (core.pid, core.command, core.executable) == (full.pid, full.command, full.executable)
+    # the stack (at the top of the address space) is cut off: the command line is NT_PRPSINFO's first 80 bytes
+    assert full.args.startswith(core.args) and 0 < len(core.args) <= 80 < len(full.args)
     assert len(core.mappings) == len(full.mappings)
     assert sum(m.in_core for m in core.mappings) < sum(m.in_core for m in full.mappings)
     assert [x.path for x in core.libraries if x.build_id] != []
