@@ -16,7 +16,8 @@ process waits until stdin is read to the end.  The handler:
 4. renames the core into place (``core.zst`` whole, ``core.truncated.zst`` cut,
    ``core.partial.zst`` when even the frame end did not fit), writes the metadata and the
    manifest, then deletes the oldest cores beyond the directory's budget (metadata stays,
-   and the newest core of each fingerprint stays).
+   and the newest core of each fingerprint stays).  Before the record it adds the node's
+   side at crash time: NVRM / Xid kernel log lines, and ``nvidia-smi -q`` for a kept core.
 
 Whatever fails, stdin is drained to the end (the kernel never waits on us) and the failure
 goes to the kernel log (``/dev/kmsg``) and syslog.
@@ -476,6 +477,8 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
         os.unlink(reserve)
     if copier is not None:
         copier.join(timeout=300)
+    # the node's side at crash time; the core is in, so the dying process no longer waits on this
+    _node_evidence(bundle, warnings, nvidia_smi=result.core_path is not None)
 
     # 4. the record, the manifest, the index, the budget
     record.update({
@@ -517,6 +520,30 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
                f" in {crash_dir}" + (f" ({'; '.join(why)})" if why else ""), level=6)
 
 
+def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool) -> None:
+    """NVRM / Xid kernel log lines (always: a cheap non-blocking read), ``nvidia-smi -q`` for kept cores.
+
+    nvidia-smi is skipped for metadata-only crashes so that a crash loop does not run it hundreds of times.
+    """
+    from .node import read_kernel_log, read_nvidia_smi
+
+    try:
+        lines = read_kernel_log()
+        bundle.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(lines) + "\n").encode(),
+                         "kernel log lines at crash time: NVRM / Xid, segfaults, core handler")
+    except Exception as e:  # noqa: BLE001 - evidence is best effort; the core and record matter more
+        warnings.append(f"kernel log: {type(e).__name__}: {e}")
+    if not nvidia_smi:
+        return
+    try:
+        smi = read_nvidia_smi(timeout=_SMI_TIMEOUT)
+        if smi is not None:
+            bundle.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q at crash time")
+    except Exception as e:  # noqa: BLE001
+        warnings.append(f"nvidia-smi: {type(e).__name__}: {e}")
+
+
+_SMI_TIMEOUT = 15.0
 _SHRINK = 256 << 10
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,29 @@ def test_handler_fed_a_real_core_like_the_kernel(cores, newest_python, tmp_path,
     assert meta["crash_pc"]["signal"] == signal.SIGABRT and meta["crash_pc"]["module"].endswith("libc.so.6")
     assert verify_manifest(str(crash)) == []
     assert not list((crash / "50-core").glob(".*tmp*")) and not (crash / ".reserve").exists()
+
+
+def test_handler_keeps_the_kernel_log_lines_of_the_crash(small_cores, tmp_path, live):
+    # GIVEN an NVRM Xid line in the kernel log (written as the driver would, marked as a test line)
+    marker = f"NVRM: Xid (PCI:0000:3b:00): 79, pid={live.pid}, name=python3, GPU has fallen off the bus. " \
+             f"[forensics test {uuid.uuid4().hex}]"
+    try:
+        with open("/dev/kmsg", "w") as k:
+            k.write(marker + "\n")
+    except OSError as e:
+        pytest.skip(f"cannot write the kernel log here (/dev/kmsg: {e.strerror}); CI runs as root")
+    # WHEN the handler takes a crash, kept and not kept
+    for limit in ("18446744073709551615", "0"):
+        assert _handler_cli(tmp_path, live.pid, signal.SIGSEGV, small_cores["segv"], limit).returncode == 0
+    # THEN each bundle holds the line, listed with its digest in the manifest
+    crashes = _crashes(tmp_path)
+    assert len(crashes) == 2
+    for crash in crashes:
+        log = (crash / "30-kernel" / "kernel-nvidia.log").read_text()
+        assert marker in log.splitlines()
+        items = {i["path"] for i in json.loads((crash / "MANIFEST.json").read_text())["items"]}
+        assert "30-kernel/kernel-nvidia.log" in items
+        assert verify_manifest(str(crash)) == []
 
 
 def test_handler_honours_rlimit_core_below_a_page(small_cores, tmp_path, live):
