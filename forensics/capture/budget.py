@@ -2,7 +2,8 @@
 
 ``DIR/index.jsonl`` lists every crash the handler saw (appended under a lock);
 :func:`enforce_budget` deletes the oldest cores when the directory is over its
-budget, keeping all metadata and the newest core of each fingerprint.
+budget, keeping all metadata and the newest core of each fingerprint, then the stored
+objects that no remaining core uses.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 
 from .store import disk_usage, write_atomic
 
-__all__ = ["enforce_budget", "read_index", "append_index", "free_bytes", "DirLock"]
+__all__ = ["enforce_budget", "collect_objects", "read_index", "append_index", "free_bytes", "DirLock"]
 
 
 class DirLock:
@@ -58,10 +59,12 @@ def free_bytes(path: str) -> int:
 
 
 
-def enforce_budget(core_dir: str, budget: int) -> list[str]:
+def enforce_budget(core_dir: str, budget: int, *, object_grace: float = 3600.0) -> list[str]:
     """Delete the oldest cores until DIR fits ``budget``; the newest of each fingerprint stays.
 
-    Call with the directory lock held.  Metadata stays; each deleted core's record says so.
+    Then, if DIR is still over budget, delete the stored objects that no remaining core uses
+    (see :func:`collect_objects`).  Call with the directory lock held.  Metadata stays; each
+    deleted core's record says so.
     :return: the crash ids whose core was deleted
     """
     if budget <= 0:
@@ -69,6 +72,58 @@ def enforce_budget(core_dir: str, budget: int) -> list[str]:
     total = disk_usage(core_dir)
     if total <= budget:
         return []
+    deleted = _delete_cores(core_dir, budget, total)
+    freed = 0
+    if disk_usage(core_dir) > budget:
+        freed = collect_objects(core_dir, grace=object_grace)
+    if deleted or freed:
+        append_index(core_dir, {"event": "budget", "deleted": deleted, "objects_deleted": freed, "time": time.time()})
+    return deleted
+
+
+def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None = None) -> int:
+    """Delete stored objects that no crash with a core on disk names, unused for ``grace`` seconds.
+
+    A handler copies objects before it writes its record, so a young unnamed object may belong
+    to a crash still streaming: an object's mtime is refreshed whenever a crash uses it, and
+    only objects older than ``grace`` go.  Leftover temporary copies older than ``grace`` go too.
+    :return: the number of files deleted
+    """
+    now = time.time() if now is None else now
+    used: set[str] = set()
+    crashes = os.path.join(core_dir, "crashes")
+    try:
+        names = os.listdir(crashes)
+    except OSError:
+        names = []
+    for name in names:
+        d = os.path.join(crashes, name)
+        try:
+            with open(os.path.join(d, "metadata.json")) as f:
+                meta = json.load(f)
+            if not (meta.get("core") or {}).get("file") or meta["core"].get("state") == "deleted-for-budget":
+                continue
+            used.update(v for v in (meta.get("objects") or {}).values() if isinstance(v, str))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    root = os.path.join(core_dir, "objects")
+    gone = 0
+    for dirpath, _, files in os.walk(root):
+        prefix = os.path.basename(dirpath)
+        for f in files:
+            p = os.path.join(dirpath, f)
+            key = prefix + f
+            try:
+                if key in used or now - os.lstat(p).st_mtime < grace:
+                    continue
+                os.unlink(p)
+                gone += 1
+            except OSError:
+                continue
+    return gone
+
+
+def _delete_cores(core_dir: str, budget: int, total: int) -> list[str]:
     entries = [e for e in read_index(core_dir) if e.get("core")]
     newest: dict[str, str] = {}
     for e in entries:  # the index is in time order: the last of each fingerprint wins
@@ -89,8 +144,6 @@ def enforce_budget(core_dir: str, budget: int) -> list[str]:
         total -= size
         deleted.append(e["id"])
         _mark_core_deleted(os.path.join(core_dir, "crashes", e["id"]))
-    if deleted:
-        append_index(core_dir, {"event": "budget", "deleted": deleted, "time": time.time()})
     return deleted
 
 

@@ -59,6 +59,7 @@ class HandlerConfig:
     loop_window: int = 3600
     level: int = 1  # zstd level
     threads: int = 1  # zstd worker threads: 1 overlaps compression with reading the pipe (0: same thread)
+    object_grace: int = 3600  # an object no core uses may go (over budget) once unused this long
 
     @classmethod
     def from_dict(cls, d: dict) -> HandlerConfig:
@@ -513,7 +514,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
              "container_id": identity.container_id if identity else None}
     with DirLock(core_dir):
         _with_room(lambda: append_index(core_dir, entry), result, record, write_record)
-        deleted = enforce_budget(core_dir, cfg.budget)
+        deleted = enforce_budget(core_dir, cfg.budget, object_grace=cfg.object_grace)
     if deleted:
         result.reasons.append(f"budget: deleted the cores of {', '.join(deleted)}")
     log_kernel(f"pid {pid} ({snapshot.comm if snapshot else '?'}) {signame}: core {result.core_state}"

@@ -223,6 +223,64 @@ def test_crash_loop_of_200_bounded_disk_one_copy_of_each_library(small_cores, tm
         assert list((d / "crashes" / cid / "50-core").glob("core*.zst")), cid
 
 
+def test_budget_collects_objects_no_remaining_core_uses(crasher, small_cores, tmp_path):
+    """A library upgrade: the old cores go for the budget, and the old library's stored copy with them."""
+    # GIVEN a library only the first process maps (the "old driver"), with its own build-id
+    old_lib = tmp_path / "libolddriver.so"
+    (tmp_path / "old.c").write_text("int old_driver_version(void) { return 570; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", str(old_lib), str(tmp_path / "old.c")], check=True)
+    d = tmp_path / "cores"
+    cfg = HandlerConfig(budget=1, min_free=0, loop_limit=100, object_grace=0)
+
+    def crash_with(env):
+        live = subprocess.Popen([str(crasher), "sleep"], env=env)
+        try:
+            time.sleep(0.05)
+            fd = os.open(small_cores["segv"], os.O_RDONLY)
+            try:
+                return run_core_handler(str(d), live.pid, live.pid, 11, time.time(), None, stdin_fd=fd, config=cfg)
+            finally:
+                os.close(fd)
+        finally:
+            live.kill()
+            live.wait()
+
+    # WHEN the same crash happens first with the old library mapped, then without it
+    first = crash_with({"LD_PRELOAD": str(old_lib)})
+    first_meta = json.loads((Path(first.crash_dir) / "metadata.json").read_text())
+    old_key = first_meta["objects"][str(old_lib)]
+    assert (d / "objects" / old_key[:2] / old_key[2:]).is_file()
+    second = crash_with({})
+    # THEN the first core went for the budget (the second is the newest of the fingerprint),
+    meta1 = json.loads((Path(first.crash_dir) / "metadata.json").read_text())
+    meta2 = json.loads((Path(second.crash_dir) / "metadata.json").read_text())
+    assert meta1["fingerprint"] == meta2["fingerprint"]
+    assert meta1["core"]["state"] == "deleted-for-budget" and meta2["core"]["state"] == "kept"
+    # the old library's copy went with it, and every object the remaining core uses stayed
+    assert not (d / "objects" / old_key[:2] / old_key[2:]).exists()
+    assert str(old_lib) not in meta2["objects"] and meta2["objects"]
+    for key in meta2["objects"].values():
+        assert (d / "objects" / key[:2] / key[2:]).is_file(), key
+    events = [e for e in map(json.loads, (d / "index.jsonl").read_text().splitlines()) if e.get("event") == "budget"]
+    assert events[-1]["deleted"] == [Path(first.crash_dir).name] and events[-1]["objects_deleted"] == 1
+
+
+def test_budget_spares_young_objects_a_streaming_crash_may_use(tmp_path):
+    """An object not yet named by any record (its crash still streams) stays within the grace time."""
+    from forensics.capture.budget import collect_objects
+    from forensics.capture.store import ObjectStore
+
+    store = ObjectStore(str(tmp_path))
+    key, _ = store.add_file(sys.executable)
+    assert collect_objects(str(tmp_path), grace=3600) == 0 and store.has(key)
+    # used again later: the copy is refreshed, not rewritten, and its age restarts
+    old = time.time() - 7200
+    os.utime(store.path_of(key), (old, old))
+    assert store.add_file(sys.executable) == (key, 0)
+    assert collect_objects(str(tmp_path), grace=3600) == 0 and store.has(key)
+    assert collect_objects(str(tmp_path), grace=3600, now=time.time() + 3601) == 1 and not store.has(key)
+
+
 @pytest.fixture
 def tiny_fs(tmp_path):
     mnt = tmp_path / "tiny"
