@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import base64
 import csv
+import dataclasses
 import hashlib
 import io
+import json
+import urllib.parse
 from dataclasses import dataclass
 from email.parser import HeaderParser
 
@@ -17,7 +20,7 @@ from .model import Distribution, PathEntry, RequirementProblem
 from .rootfs import RootFS, join
 from .versions import evaluate_marker, normalize_name, parse_requirement, specifier_contains
 
-__all__ = ["parse_metadata", "parse_record", "InstalledFiles", "find_distributions", "check_requirements",
+__all__ = ["parse_metadata", "parse_record", "editable_source", "InstalledFiles", "find_distributions", "check_requirements",
            "record_hash_matches"]
 
 
@@ -35,6 +38,29 @@ def parse_record(text: str) -> list[tuple[str, str | None]]:
         if row and row[0]:
             out.append((row[0], row[1] if len(row) > 1 and row[1] else None))
     return out
+
+
+def editable_source(direct_url: str | None) -> str | None:
+    """The source directory of an editable install, from its ``direct_url.json`` (PEP 610); else None.
+
+    >>> editable_source('{"dir_info": {"editable": true}, "url": "file:///src/nvitop%20old"}')
+    '/src/nvitop old'
+    >>> editable_source('{"dir_info": {}, "url": "file:///src/nvitop"}') is None
+    True
+    """
+    if not direct_url:
+        return None
+    try:
+        doc = json.loads(direct_url)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("dir_info"), dict) or not doc["dir_info"].get("editable"):
+        return None
+    url = doc.get("url")
+    if not isinstance(url, str) or not url.startswith("file://"):
+        return None
+    path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+    return path.rstrip("/") or "/"
 
 
 def _requires_txt(text: str) -> tuple[str, ...]:
@@ -81,7 +107,8 @@ def find_distributions(fs: RootFS, sys_path: tuple[PathEntry, ...]) -> tuple[lis
                 dist = Distribution(name=dname or name[:-10].rsplit("-", 1)[0], version=version, metadata_dir=mdir,
                                     location=entry.path,
                                     top_level=tuple(t.strip() for t in (top or "").splitlines() if t.strip()),
-                                    requires=requires, installer=(installer or "").strip() or None)
+                                    requires=requires, installer=(installer or "").strip() or None,
+                                    editable=editable_source(fs.read_text(mdir + "/direct_url.json", 1 << 16)))
                 record = fs.read_text(mdir + "/RECORD")
                 rows = parse_record(record) if record else []
                 if not rows:
@@ -117,8 +144,7 @@ def find_distributions(fs: RootFS, sys_path: tuple[PathEntry, ...]) -> tuple[lis
 def _with_tops(dist: Distribution, tops: set[str], owner) -> Distribution:
     if set(dist.top_level) == tops:
         return dist
-    new = Distribution(name=dist.name, version=dist.version, metadata_dir=dist.metadata_dir, location=dist.location,
-                       top_level=tuple(sorted(tops)), requires=dist.requires, installer=dist.installer)
+    new = dataclasses.replace(dist, top_level=tuple(sorted(tops)))
     for path, (d, h) in list(owner.items()):
         if d is dist:
             owner[path] = (new, h)

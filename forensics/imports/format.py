@@ -60,6 +60,9 @@ def format_report(report: ImportReport, *, verbose: int = 0) -> Iterator[str]:
             if pth.paths or pth.imports:
                 yield f"    .pth {pth.path}: adds {', '.join(pth.paths) or 'nothing'}" + (
                     f"; {len(pth.imports)} import line(s)" if pth.imports else "")
+        for f in py.finders:
+            maps = ", ".join(f"{k} -> {v}" for k, v in f.mapping[:8]) + (" ..." if len(f.mapping) > 8 else "")
+            yield f"    editable finder {f.module_file} (from {f.pth}, on sys.meta_path): {maps}"
         for n in py.notes:
             yield f"  note: {n}"
     yield ""

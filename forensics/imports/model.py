@@ -78,6 +78,7 @@ class PathOrigin(enum.Enum):
     USER_SITE = "user-site-packages"
     PTH = "pth"  # a path line of a .pth file
     PTH_IMPORT = "pth-import"  # added by an `import` line of a .pth file (evaluated statically)
+    EDITABLE = "editable-finder"  # not on sys.path: an editable install's finder on sys.meta_path maps it
 
 
 class ModuleKind(enum.Enum):
@@ -179,6 +180,17 @@ class PthFile:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EditableFinder:
+    """A finder an editable install's .pth ``import`` line appends to ``sys.meta_path``."""
+
+    style: str  # "setuptools" (MAPPING name -> source dir or module stem) or "editables" (name -> file)
+    pth: str  # the .pth file whose import line installs it
+    module_file: str  # the finder module, in the site directory
+    mapping: tuple[tuple[str, str], ...]  # top-level name -> where it is taken from
+    path_placeholder: str | None = None  # setuptools appends this to sys.path when it maps namespaces
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PythonSetup:
     """sys.path and everything that went into it."""
 
@@ -189,6 +201,7 @@ class PythonSetup:
     sys_path: tuple[PathEntry, ...]
     pth_files: tuple[PthFile, ...] = ()
     notes: tuple[str, ...] = ()
+    finders: tuple[EditableFinder, ...] = ()  # editable installs' meta-path finders, in sys.meta_path order
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +215,7 @@ class Distribution:
     top_level: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()  # Requires-Dist lines
     installer: str | None = None
+    editable: str | None = None  # an editable install: its source directory (direct_url.json)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -214,6 +228,7 @@ class Resolution:
     path_entry: str
     path_index: int
     search_locations: tuple[str, ...] = ()  # a package's / namespace package's directories
+    finder: str | None = None  # found by an editable install's finder: the .pth that installs it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

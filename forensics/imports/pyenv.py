@@ -8,14 +8,16 @@ shebangs and symlinks, inside the root only) and reads its options;
 ``site`` do: sys.path[0] (the working directory for ``-m``/``-c``, the script's
 directory for a script, none under PYTHONSAFEPATH/-P/-I), PYTHONPATH, the
 stdlib, site-packages (venv, user site, Debian's dist-packages) and ``.pth``
-files, including the ``import`` lines whose effect can be read statically.
+files, including the ``import`` lines whose effect can be read statically and the
+finders that editable installs' import lines put on ``sys.meta_path``.
 """
 from __future__ import annotations
 
 import re
 import shlex
 
-from .model import Entrypoint, ImageConfig, PathEntry, PathOrigin, PthFile, PythonSetup
+from .finders import imported_module, parse_finder_module
+from .model import EditableFinder, Entrypoint, ImageConfig, PathEntry, PathOrigin, PthFile, PythonSetup
 from .rootfs import RootFS, join, norm
 
 __all__ = [
@@ -399,6 +401,7 @@ def compute_python_setup(fs: RootFS, entry: Entrypoint, env: dict[str, str], wor
     path = [e[0] for e in entries]
     origins = {e[0]: (e[1], e[2]) for e in entries}
     pths: list[PthFile] = []
+    finders: list[EditableFinder] = []
     if not no_site:
         site_dirs: list[tuple[str, PathOrigin]] = []
         prefixes: list[str] = []
@@ -456,6 +459,11 @@ def compute_python_setup(fs: RootFS, entry: Entrypoint, env: dict[str, str], wor
                         before = list(path)
                         if not apply_pth_imports(item, path, state):
                             unevaluated.append(item)
+                        finder = _editable_finder(fs, sitedir, pth_path, item)
+                        if finder is not None:
+                            finders.append(finder)
+                            if finder.path_placeholder and finder.path_placeholder not in path:
+                                path.append(finder.path_placeholder)
                         for p in path:
                             if p not in before and p not in origins:
                                 origins[p] = (PathOrigin.PTH_IMPORT, pth_path)
@@ -483,4 +491,19 @@ def compute_python_setup(fs: RootFS, entry: Entrypoint, env: dict[str, str], wor
         origin, note = (first_origin if (i == 0 and not safe_path) else origins.get(p, (PathOrigin.PTH_IMPORT, "")))
         out.append(PathEntry(path=p, origin=origin, exists=fs.exists(p), note=note))
     return PythonSetup(entrypoint=entry, prefix=prefix, working_dir=workdir, safe_path=safe_path,
-                       sys_path=tuple(out), pth_files=tuple(pths), notes=tuple(notes))
+                       sys_path=tuple(out), pth_files=tuple(pths), notes=tuple(notes), finders=tuple(finders))
+
+
+def _editable_finder(fs: RootFS, sitedir: str, pth_path: str, line: str) -> EditableFinder | None:
+    """The meta-path finder a .pth import line installs (an editable install), read from its module."""
+    module = imported_module(line)
+    if module is None:
+        return None
+    module_file = f"{sitedir}/{module}.py"
+    source = fs.read_text(module_file, 1 << 20)
+    if source is None:
+        return None
+    finder = parse_finder_module(source, pth=pth_path, module_file=module_file)
+    if finder is None or (finder.style == "setuptools" and f"{module}.install()" not in line):
+        return None
+    return finder

@@ -79,15 +79,22 @@ def _pick(cands: list[Resolution], name: str) -> Resolution | None:
 
 
 def find_module(fs: RootFS, sys_path: tuple[PathEntry, ...], name: str, version: str,
-                triplet: str = "x86_64-linux-gnu") -> tuple[Resolution | None, list[Resolution]]:
+                triplet: str = "x86_64-linux-gnu", finders: tuple = ()) -> tuple[Resolution | None, list[Resolution]]:
     """The resolution of dotted ``name`` and, for its top-level part, every sys.path entry's candidate.
 
-    Submodules are searched in the parent package's directories, as ``__path__`` directs.
+    Submodules are searched in the parent package's directories, as ``__path__`` directs.  A
+    top-level name that no sys.path entry holds goes to the editable installs' ``finders``
+    (:class:`~forensics.imports.model.EditableFinder`, after the path finder on sys.meta_path);
+    a namespace portion on sys.path is found first and hides them, as in CPython.
     """
+    from .finders import find_in_finders
+
     parts = name.split(".")
     locations = [(i, e.path) for i, e in enumerate(sys_path) if e.exists]
     cands = find_candidates(fs, locations, parts[0], parts[0], version, triplet)
     current = _pick(cands, parts[0])
+    if finders and current is None:
+        current = find_in_finders(fs, finders, parts[0], version, triplet)
     for depth in range(1, len(parts)):
         if current is None or not current.search_locations:
             return None, cands

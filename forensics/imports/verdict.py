@@ -65,13 +65,15 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
         return ModuleCheck(module=module, verdict=Verdict.MISSING, resolved=None,
                            reason=f"{module} is not importable on this sys.path",
                            fix=f"install it into the image (pip install {dist})")
-    origin = origin_of.get(winner.path_index)
+    origin = PathOrigin.EDITABLE if winner.finder else origin_of.get(winner.path_index)
     locs = winner.search_locations or ((winner.file.rsplit("/", 1)[0],) if winner.file else ())
     static_version = None
     if winner.file and winner.file.endswith(".py"):
         static_version = find_static_version(read, winner.file, module, locs)
     claim = _claimed_by(winner, files)
     dist, rhash = claim if claim else (None, None)
+    editable = None if dist is not None else _editable_owner(top, winner, dists)
+    dist = dist or editable
     hash_ok = None
     if dist is not None and winner.file:
         data = read_bytes(winner.file)
@@ -87,11 +89,13 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
             managed = (c, cc[0])
             break
     common = dict(module=module, resolved=winner, origin=origin, static_version=static_version, distribution=dist,
-                  installed_file=dist is not None, record_hash_ok=hash_ok)
+                  installed_file=claim is not None, record_hash_ok=hash_ok)
     where = f"{winner.file or winner.path_entry}"
     if winner.kind is ModuleKind.NAMESPACE:
         where = f"namespace package over {', '.join(winner.search_locations)}"
     idx = f"sys.path[{winner.path_index}] = {winner.path_entry} ({origin.value if origin else '?'})"
+    if winner.finder:
+        idx = f"not on sys.path: the editable-install finder {winner.path_entry}, installed by {winner.finder}"
     if managed is not None and (dist is None or origin not in _SITE):
         c, cd = managed
         exp_ver = cd.version
@@ -121,11 +125,34 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
                            **common)
     if static_version and version_key(static_version) and version_key(dist.version) and \
             version_key(static_version) != version_key(dist.version):
+        if editable is not None:
+            return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
+                               reason=(f"{module}.__version__ is {static_version} but {dist.name} metadata says "
+                                       f"{dist.version}: an editable install from {editable.editable} ({idx}) runs "
+                                       "whatever that tree holds now, and pip show reports the version it had "
+                                       "when installed"),
+                               fix=f"install {dist.name} from a wheel (pip install {dist.name}=={dist.version}), "
+                                   "not editable (-e), in images", **common)
         return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
                            reason=f"{module}.__version__ is {static_version} but {dist.name} metadata says {dist.version}",
                            fix=f"reinstall {dist.name} so that its files and metadata agree", **common)
+    if editable is not None:
+        return ModuleCheck(verdict=Verdict.OK,
+                           reason=(f"{dist.name} {dist.version}, an editable install: {where} from the source tree "
+                                   f"{editable.editable} ({idx}); its code is whatever that tree holds"), **common)
     return ModuleCheck(verdict=Verdict.OK,
                        reason=f"{dist.name} {dist.version} from {where} ({idx})", **common)
+
+
+def _editable_owner(top: str, winner: Resolution, dists: list[Distribution]) -> Distribution | None:
+    """The editable install (direct_url.json) whose source tree holds the resolved file, naming ``top``."""
+    where = winner.file or (winner.search_locations[0] if winner.search_locations else None)
+    if not where:
+        return None
+    for d in dists:
+        if d.editable and where.startswith(d.editable.rstrip("/") + "/") and (not d.top_level or top in d.top_level):
+            return d
+    return None
 
 
 @lru_cache(maxsize=1)

@@ -213,7 +213,7 @@ def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, lo
     dists, files, dnotes = ([], None, []) if not setup.sys_path else find_distributions(fs, setup.sys_path)
     if files is not None:
         for m in modules:
-            winner, cands = find_module(fs, setup.sys_path, m, entry.version, triplet)
+            winner, cands = find_module(fs, setup.sys_path, m, entry.version, triplet, setup.finders)
             check = replace(classify_module(m, winner, cands, setup, dists, files,
                                             lambda p: fs.read_text(p), lambda p: fs.read(p)), role=roles[m])
             if m in loaded:

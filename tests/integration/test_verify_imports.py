@@ -65,6 +65,7 @@ EXPECT = {
     "console-script": (3, "SHADOWED", "1.5.0", "script-directory"),
     "conflict": (0, "OK", "1.5.0", "site-packages"),
     "guard": (0, "OK", "1.7.1", "site-packages"),
+    "editable": (3, "VERSION-MISMATCH", "1.5.0", "editable-finder"),
 }
 CASES = [pytest.param(s, "oci", id=f"source=oci,image={s}") for s in EXPECT] + [
     pytest.param(s, "docker-archive", id=f"source=docker-archive,image={s}") for s in ("clean", "incident", "whiteout")]
@@ -88,6 +89,13 @@ def test_verdicts(images, scenario, fmt):
         assert nv["expected_distribution"]["name"] == "nvitop" and nv["expected_version"] == "1.7.1"
         assert "1.5.0" in nv["reason"] and "1.7.1" in nv["reason"]
         assert nv["distribution"] is None  # the stale tree belongs to no distribution
+    elif origin == "editable-finder":
+        # pip's metadata says 1.7.1 (pip show lies); the checkout the finder maps to holds 1.5.0
+        assert nv["distribution"]["name"] == "nvitop" and nv["distribution"]["version"] == "1.7.1"
+        assert nv["resolved"]["file"] == nv["distribution"]["editable"] + "/nvitop/__init__.py"
+        assert nv["installed_file"] is False and "editable install" in nv["reason"] and "-e" in nv["fix"]
+        (finder,) = doc["result"]["python"]["finders"]
+        assert finder["style"] == "setuptools" and finder["pth"].endswith(".pth")
     else:
         assert nv["installed_file"] and nv["record_hash_ok"] is True
 

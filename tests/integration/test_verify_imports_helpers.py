@@ -388,6 +388,56 @@ def write_docker_archive(path: Path, blobs: list[Blob], config: dict, repotag: s
     return f"docker-archive:{path}"
 
 
+# -- an editable install, made by pip itself ---------------------------------------------------------
+
+EDITABLE_PYPROJECT = """[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "nvitop"
+version = "1.7.1"
+
+[tool.setuptools.packages.find]
+include = ["nvitop*"]
+"""
+
+
+def editable_nvitop() -> tuple[Path, dict[str, bytes]]:
+    """``pip install -e`` of a flat-layout checkout whose pyproject says 1.7.1 and whose code is 1.5.0's.
+
+    Real pip and setuptools write the editable files (a ``__editable__`` .pth, its finder module with the
+    MAPPING to the checkout, the dist-info with direct_url.json): the checkout stays at its path in the
+    cache and the image holds it at the same path.  Returns (checkout, {site-packages relative path: bytes}).
+    """
+    base = CACHE / "images" / f"editable-nvitop-{BUILDER_VERSION}"
+    proj, venv, done = base / "src" / "nvitop", base / "venv", base / "done.json"
+    if not done.exists():
+        if base.exists():
+            shutil.rmtree(base)
+        proj.mkdir(parents=True)
+        with zipfile.ZipFile(wheel("nvitop", "1.5.0")) as z:
+            for n in z.namelist():
+                if n.startswith("nvitop/") and not n.endswith("/"):
+                    (proj / n).parent.mkdir(parents=True, exist_ok=True)
+                    (proj / n).write_bytes(z.read(n))
+        (proj / "pyproject.toml").write_text(EDITABLE_PYPROJECT)
+        subprocess.run([host_python(), "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+        p = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "-e", str(proj)],
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, f"pip install -e failed:\n{p.stdout}\n{p.stderr}"
+        done.write_text("{}")
+    site = venv / "lib" / f"python{PY_VERSION}" / "site-packages"
+    files: dict[str, bytes] = {}
+    for path in sorted(site.rglob("*")):
+        rel = path.relative_to(site).as_posix()
+        if path.is_file() and "__pycache__" not in rel and (
+                rel.startswith(("__editable__", "nvitop-1.7.1.dist-info/"))):
+            files[rel] = path.read_bytes()
+    assert any(r.endswith("_finder.py") for r in files), f"setuptools wrote no editable finder: {sorted(files)}"
+    return proj, files
+
+
 # -- the scenarios ----------------------------------------------------------------------------------
 
 STACK_171 = (("nvitop", "1.7.1"), ("nvitop-exporter", "1.7.1"), ("nvidia-ml-py", "13.580.126"))
@@ -415,6 +465,7 @@ SCENARIOS = {
     "console-script": "a script entrypoint /app/bin/run-exporter with a stale nvitop tree next to it",
     "conflict": "nvitop 1.5.0 + nvitop-exporter 1.5.0 with nvidia-ml-py 12.575.51 (pip check fails)",
     "guard": "the clean image plus a `forensics guard` (.pth + module) in site-packages",
+    "editable": "nvitop installed with pip install -e from a checkout: metadata 1.7.1, code 1.5.0",
 }
 
 
@@ -465,6 +516,11 @@ def build_scenario(name: str, out: Path, fmt: str = "oci") -> str:
         for fname, text in files.items():
             guard.file(f"{SITE}/{fname}", text)
         layers.append(guard)
+    elif name == "editable":
+        proj, files = editable_nvitop()
+        layers = [site_layer(STACK_171[1:]), Layer().dir("/srv").tree(proj, str(proj))]
+        for rel, data in files.items():
+            layers[1].file(f"{SITE}/{rel}", data)
     elif name == "conflict":
         layers = [site_layer((("nvitop", "1.5.0"), ("nvitop-exporter", "1.5.0"), ("nvidia-ml-py", "12.575.51"))),
                   Layer().dir("/srv")]
