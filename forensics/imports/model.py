@@ -13,6 +13,7 @@ __all__ = [
     "ManifestKind",
     "Verdict",
     "PathOrigin",
+    "EditableFinder",
     "ModuleKind",
     "Severity",
     "ImageRef",
