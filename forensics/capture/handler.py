@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index
 
 __all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", "drain", "log_kernel",
-           "parse_core_head", "enforce_budget", "main_argv"]
+           "parse_core_head", "enforce_budget", "main_argv", "release_pipe"]
 
 PAGE = 4096
 _CHUNK = 1 << 20
@@ -60,6 +60,7 @@ class HandlerConfig:
     level: int = 1  # zstd level
     threads: int = 1  # zstd worker threads: 1 overlaps compression with reading the pipe (0: same thread)
     object_grace: int = 3600  # an object no core uses may go (over budget) once unused this long
+    smi_timeout: int = 15  # seconds for nvidia-smi -q at crash time (kept cores only)
 
     @classmethod
     def from_dict(cls, d: dict) -> HandlerConfig:
@@ -119,6 +120,25 @@ def drain(fd: int) -> int:
         if k <= 0:
             return n
         n += k
+
+
+def release_pipe(fd: int) -> None:
+    """Close our end of the kernel's pipe (``fd`` then reads /dev/null): the core is in.
+
+    With ``kernel.core_pipe_limit`` > 0 the kernel holds the dying process until every reader of the
+    pipe has closed it, so this lets the process go while the handler still writes its record (and
+    no child the handler starts inherits the pipe).
+    """
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(null, fd)
+    except OSError:
+        pass
+    finally:
+        os.close(null)
 
 
 def load_config(core_dir: str) -> HandlerConfig:
@@ -300,6 +320,7 @@ def run_core_handler(
             result.core_state = "failed"
     finally:
         result.bytes_in += drain(stdin_fd)
+        release_pipe(stdin_fd)
         for _, fd in object_fds:
             try:
                 os.close(fd)
@@ -315,10 +336,6 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     from .procfs import parse_maps, read_proc_text
     from .store import ObjectStore, write_atomic
 
-    try:  # a bigger pipe: fewer wake-ups of the dying process
-        fcntl.fcntl(stdin_fd, _F_SETPIPE_SZ, _CHUNK)
-    except OSError:
-        pass
     cfg = config or load_config(core_dir)
     signame = signal_name(signo) if signo else "SIG0"
     os.makedirs(core_dir, exist_ok=True)
@@ -417,6 +434,12 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     if keep:
         out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
         comp = _Compressor(out_fd, cfg.level, cfg.threads, reserve)
+    # a bigger pipe: fewer wake-ups of the dying process (only now: /proc/PID has been read, and a
+    # core smaller than the pipe would let the process go before that)
+    try:
+        fcntl.fcntl(stdin_fd, _F_SETPIPE_SZ, _CHUNK)
+    except OSError:
+        pass
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
     cut = False
@@ -427,6 +450,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
             except InterruptedError:
                 continue
             if k <= 0:
+                release_pipe(stdin_fd)
                 break
             result.bytes_in += k
             if len(head) < _HEAD:
@@ -479,7 +503,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     if copier is not None:
         copier.join(timeout=300)
     # the node's side at crash time; the core is in, so the dying process no longer waits on this
-    _node_evidence(bundle, warnings, nvidia_smi=result.core_path is not None)
+    _node_evidence(bundle, warnings, nvidia_smi=result.core_path is not None, smi_timeout=cfg.smi_timeout)
 
     # 4. the record, the manifest, the index, the budget
     record.update({
@@ -521,7 +545,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
                f" in {crash_dir}" + (f" ({'; '.join(why)})" if why else ""), level=6)
 
 
-def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool) -> None:
+def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: float) -> None:
     """NVRM / Xid kernel log lines (always: a cheap non-blocking read), ``nvidia-smi -q`` for kept cores.
 
     nvidia-smi is skipped for metadata-only crashes so that a crash loop does not run it hundreds of times.
@@ -537,14 +561,13 @@ def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool) -> None:
     if not nvidia_smi:
         return
     try:
-        smi = read_nvidia_smi(timeout=_SMI_TIMEOUT)
+        smi = read_nvidia_smi(timeout=smi_timeout)
         if smi is not None:
             bundle.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q at crash time")
     except Exception as e:  # noqa: BLE001
         warnings.append(f"nvidia-smi: {type(e).__name__}: {e}")
 
 
-_SMI_TIMEOUT = 15.0
 _SHRINK = 256 << 10
 
 

@@ -12,6 +12,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -151,7 +152,7 @@ def read_node_logs(ids: list[str], limit: int = 400) -> dict[str, str]:
         for unit in ("kubelet", "containerd", "crio", "docker"):
             try:
                 p = subprocess.run(["journalctl", "-u", unit, "--since", "-2h", "--no-pager", "-o", "short-iso", "-n", "5000"],
-                                   capture_output=True, text=True, timeout=20)
+                                   stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
             except (OSError, subprocess.SubprocessError):
                 continue
             text = [x for x in p.stdout.splitlines() if not x.startswith("-- ")]
@@ -173,14 +174,32 @@ def read_node_logs(ids: list[str], limit: int = 400) -> dict[str, str]:
 
 
 def read_nvidia_smi(timeout: float = 20.0) -> str | None:
+    """``nvidia-smi -q``, or a line saying why not; None when there is no nvidia-smi.
+
+    Never waits past ``timeout`` (+2 s): on a node in trouble nvidia-smi can hang in the driver, where
+    even SIGKILL takes no effect, and ``subprocess.run`` would then wait for it forever.
+    """
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
     try:
-        p = subprocess.run([exe, "-q"], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError) as e:
+        p = subprocess.Popen([exe, "-q"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, errors="replace", start_new_session=True)
+    except OSError as e:
         return f"nvidia-smi failed: {e}\n"
-    return p.stdout + (f"\n[stderr]\n{p.stderr}" if p.stderr else "")
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:  # its own session: the whole group, so no child keeps the output pipe open
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            p.kill()
+        try:
+            out, _ = p.communicate(timeout=2)
+        except subprocess.TimeoutExpired:
+            return f"nvidia-smi -q did not finish in {timeout:g} s and did not stop when killed (stuck in the driver?)\n"
+        return f"nvidia-smi -q did not finish in {timeout:g} s (killed); its output so far:\n{out or ''}"
+    return out + (f"\n[stderr]\n{err}" if err else "")
 
 
 def find_container_pids(container_id: str, proc: str = "/proc") -> list[int]:

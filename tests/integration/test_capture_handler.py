@@ -154,6 +154,75 @@ def test_handler_keeps_the_kernel_log_lines_of_the_crash(small_cores, tmp_path, 
         assert verify_manifest(str(crash)) == []
 
 
+FAKE_SMI = """#!/bin/sh
+# a stand-in for the driver's nvidia-smi (no GPU here): slow, and says what its stdin is
+sleep {delay}
+echo "Driver Version                            : 580.126.09"
+echo "stdin: $(readlink /proc/self/fd/0)"
+"""
+
+
+def _fake_nvidia_smi(directory: Path, delay: float) -> str:
+    bindir = directory / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "nvidia-smi").write_text(FAKE_SMI.format(delay=delay))
+    (bindir / "nvidia-smi").chmod(0o755)
+    return f"{bindir}:/usr/bin:/bin"
+
+
+def _handler_on_a_pipe(core_dir: Path, pid: int, core: Path, path_env: str):
+    """The handler reading a pipe, as from the kernel; (process, when it let go of the pipe)."""
+    cmd = [str(FORENSICS), "core-handler", str(core_dir), str(pid), str(pid), "11", str(int(time.time())),
+           "18446744073709551615"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={"PATH": path_env}, cwd="/")
+    proc.stdin.write(core.read_bytes())
+    proc.stdin.close()
+    released = None
+    while proc.poll() is None:
+        try:
+            if os.readlink(f"/proc/{proc.pid}/fd/0") == "/dev/null":
+                released = time.monotonic()
+                break
+        except OSError:
+            pass
+        time.sleep(0.01)
+    return proc, released
+
+
+def test_handler_lets_go_of_the_pipe_before_its_slow_work(small_cores, tmp_path, live):
+    """With kernel.core_pipe_limit > 0 the kernel holds the dying process until the handler closes the pipe."""
+    path_env = _fake_nvidia_smi(tmp_path, 2)
+    proc, released = _handler_on_a_pipe(tmp_path / "cores", live.pid, small_cores["segv"], path_env)
+    proc.wait(timeout=60)
+    done = time.monotonic()
+    err = proc.stderr.read().decode(errors="replace")
+    assert proc.returncode == 0, err
+    # the pipe was let go of once the core was in, seconds before the handler finished
+    assert released is not None and done - released > 1.5
+    (crash,) = _crashes(tmp_path / "cores")
+    assert _decompress(crash / "50-core" / "core.zst") == small_cores["segv"].read_bytes()
+    smi = (crash / "30-kernel" / "nvidia-smi.txt").read_text()
+    # nvidia-smi ran at crash time, without the kernel's pipe as its stdin
+    assert "580.126.09" in smi and "stdin: /dev/null" in smi
+
+
+def test_handler_does_not_wait_for_a_hung_nvidia_smi(small_cores, tmp_path, live):
+    core_dir = tmp_path / "cores"
+    core_dir.mkdir()
+    (core_dir / "handler.json").write_text(json.dumps({"config": {"smi_timeout": 1, "min_free": 0}}))
+    path_env = _fake_nvidia_smi(tmp_path, 60)
+    t = time.monotonic()
+    proc, released = _handler_on_a_pipe(core_dir, live.pid, small_cores["segv"], path_env)
+    proc.wait(timeout=60)
+    err = proc.stderr.read().decode(errors="replace")
+    assert proc.returncode == 0, err
+    assert time.monotonic() - t < 20 and released is not None
+    (crash,) = _crashes(core_dir)
+    assert "did not finish in 1 s (killed)" in (crash / "30-kernel" / "nvidia-smi.txt").read_text()
+    assert json.loads((crash / "metadata.json").read_text())["core"]["state"] == "kept"
+
+
 def test_handler_honours_rlimit_core_below_a_page(small_cores, tmp_path, live):
     for limit in ("0", "4095"):
         p = _handler_cli(tmp_path, live.pid, signal.SIGSEGV, small_cores["segv"], limit)
