@@ -141,9 +141,12 @@ def summarize_node(node: dict) -> dict:
 
 
 def agent_pod_manifest(*, name: str, namespace: str, node: str, container_id: str, core_dir: str, image: str,
-                       timeout: float = 300.0, coredump_filter: int | None = None, full: bool = False) -> dict:
+                       timeout: float = 300.0, coredump_filter: int | None = None, full: bool = False,
+                       pod_uid: str | None = None) -> dict:
     """The short-lived privileged agent pod: pinned to ``node``, hostPID, the core directory as a hostPath."""
     args = ["agent", "run", "--container-id", container_id, "--core-dir", core_dir]
+    if pod_uid:  # the crashes of earlier containers of the pod (a restart gets a new container ID)
+        args += ["--pod-uid", pod_uid]
     if coredump_filter is not None:
         args += ["--coredump-filter", f"0x{coredump_filter:x}"]
     if full:
@@ -175,17 +178,22 @@ def agent_pod_manifest(*, name: str, namespace: str, node: str, container_id: st
     }
 
 
-def daemonset_manifest(*, core_dir: str, image: str, namespace: str, gpu_label: str, host_prefix: str) -> str:
+def daemonset_manifest(*, core_dir: str, image: str, namespace: str, gpu_label: str, host_prefix: str,
+                       bounds: dict[str, int] | None = None) -> str:
     """A DaemonSet that installs ``forensics core-handler`` as kernel.core_pattern on every GPU node.
 
     The kernel runs the handler on the host, so the init container copies the image's
     self-contained installation (``/opt/forensics``: its interpreter and venv) to the host's
     ``host_prefix``; the container installs the pattern (recording the previous one) and
-    restores it when the pod stops (preStop).
+    restores it when the pod stops (preStop).  ``bounds`` (``max_core_size``, ``budget``, ``min_free``,
+    ``loop_limit``) are passed to ``--install-handler``, which records them in the core directory.
     """
     key, _, value = gpu_label.partition("=")
     handler = f"{host_prefix}/bin/forensics"
     install = f"{handler} capture --install-handler --core-dir {core_dir}"
+    for name, v in sorted((bounds or {}).items()):
+        if v is not None:
+            install += f" --{name.replace('_', '-')} {int(v)}"
     ds = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -304,7 +312,8 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
     image = agent_image or "ghcr.io/forensics/forensics:latest"
     agent_name = f"forensics-agent-{uuid.uuid4().hex[:8]}"
     manifest = agent_pod_manifest(name=agent_name, namespace=ns, node=node_name, container_id=chosen["container_id"],
-                                  core_dir=core_dir, image=image, timeout=timeout, coredump_filter=coredump_filter, full=full)
+                                  core_dir=core_dir, image=image, timeout=timeout, coredump_filter=coredump_filter, full=full,
+                                  pod_uid=summary["uid"])
     if dry_run:
         return {"manifest": to_yaml(manifest)}
     node = _get_json(opts, "get node", ["get", "node", node_name], namespaced=False)
@@ -410,6 +419,12 @@ def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, 
              + (f", last exit {chosen['last_terminated']['exit_code']} signal {chosen['last_terminated']['signal']}"
                 if chosen["last_terminated"] else ""),
              f"Wrote {bdir}"]
+    left_path = os.path.join(bdir, LEFT_ON_NODE)
+    if os.path.isfile(left_path):
+        with open(left_path) as f:
+            left = json.load(f).get("files") or []
+        lines.append(f"{len(left)} file(s), {sum(x.get('size', 0) for x in left):,} bytes, too big for the pod log, "
+                     f"stay on node {summary['node']} (listed in {LEFT_ON_NODE})")
     return {"bundle": bdir, "pod": summary, "node": node_summary, "agent_pod": agent_name, "lines": lines}
 
 
@@ -425,8 +440,13 @@ def _host_root() -> str:
 
 
 def agent_main(*, container_id: str, core_dir: str, host_root: str | None, coredump_filter: int | None, full: bool,
-               max_inline: int) -> int:
-    """Arm the container's processes, write the node bundle, print it (base64 tar.gz) between markers."""
+               max_inline: int, pod_uid: str | None = None) -> int:
+    """Arm the container's processes, write the node bundle, print it (base64 tar.gz) between markers.
+
+    The bundle travels through the pod log, which the kubelet rotates (10 MiB by default) and a rotated
+    log loses its start: the metadata always goes, then stored objects and cores while they fit in
+    ``max_inline`` bytes; what does not fit stays on the node, listed in ``left-on-node.json``.
+    """
     import sys
 
     from .node import arm_process, capture_pid, find_container_pids, DEFAULT_FILTER, FULL_FILTER
@@ -448,20 +468,19 @@ def agent_main(*, container_id: str, core_dir: str, host_root: str | None, cored
         print(f"forensics agent: {e}", file=sys.stderr)
         return 1
     cid = container_id.split("://")[-1]
-    _add_earlier_crashes(r.bundle, core_dir, cid)
+    _add_earlier_crashes(r.bundle, core_dir, cid, pod_uid)
+    take, left = plan_inline(r.bundle, max_inline)
+    if left:
+        with open(os.path.join(r.bundle, LEFT_ON_NODE), "w") as f:
+            json.dump({"node_bundle": r.bundle, "max_inline": max_inline, "files": left}, f, indent=2, sort_keys=True)
+        take.append(LEFT_ON_NODE)
+        for item in left:
+            print(f"forensics agent: {item['path']} ({item['size']} bytes) left on the node at {item['node_path']}",
+                  file=sys.stderr)
     buf = io.BytesIO()
-    size = 0
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for dirpath, _, files in os.walk(r.bundle):
-            for f in sorted(files):
-                p = os.path.join(dirpath, f)
-                rel = os.path.relpath(p, r.bundle)
-                st = os.stat(p)
-                if rel.startswith("50-core") and f.endswith(".zst") and size + st.st_size > max_inline:
-                    print(f"forensics agent: {rel} ({st.st_size} bytes) left on the node at {p}", file=sys.stderr)
-                    continue
-                size += st.st_size
-                tar.add(p, arcname=rel)
+        for rel in take:
+            tar.add(os.path.join(r.bundle, rel), arcname=rel)
     data = base64.b64encode(buf.getvalue()).decode()
     sys.stderr.flush()
     sys.stdout.write("\n".join([BEGIN, *(data[i : i + 76] for i in range(0, len(data), 76)), END]) + "\n")
@@ -470,12 +489,46 @@ def agent_main(*, container_id: str, core_dir: str, host_root: str | None, cored
     return 0
 
 
-def _add_earlier_crashes(bundle_dir: str, core_dir: str, container_id: str) -> None:
-    """Copy the core handler's records of this container (and their objects) into the bundle."""
+LEFT_ON_NODE = "left-on-node.json"
+
+
+def plan_inline(bundle_dir: str, max_inline: int) -> tuple[list[str], list[dict]]:
+    """Which files of a node bundle go through the pod log, and which stay on the node.
+
+    Everything but stored objects and cores goes (metadata, logs: small and bounded where they are
+    made); then objects, then cores, smallest first, while the running total stays within ``max_inline``.
+    :return: (relative paths to send, ``[{path, size, node_path}]`` left on the node)
+    """
+    files = []
+    for dirpath, _, names in os.walk(bundle_dir):
+        for f in names:
+            p = os.path.join(dirpath, f)
+            rel = os.path.relpath(p, bundle_dir)
+            if rel == LEFT_ON_NODE:
+                continue
+            rank = 2 if f.endswith(".zst") and "50-core" in rel.split(os.sep)[0] else 1 if rel.startswith("objects" + os.sep) else 0
+            files.append((rank, os.lstat(p).st_size, rel))
+    take, left, total = [], [], 0
+    for rank, size, rel in sorted(files):
+        if rank and total + size > max_inline:
+            left.append({"path": rel, "size": size, "node_path": os.path.join(bundle_dir, rel)})
+            continue
+        total += size
+        take.append(rel)
+    return sorted(take), left
+
+
+def _same_pod(a: str | None, b: str | None) -> bool:
+    """Pod UIDs as the API server (dashes) and a systemd cgroup path (underscores) write them."""
+    return bool(a and b) and a.replace("_", "-").lower() == b.replace("_", "-").lower()
+
+
+def _add_earlier_crashes(bundle_dir: str, core_dir: str, container_id: str, pod_uid: str | None = None) -> None:
+    """Copy the core handler's records of this container, or of any earlier container of the pod, into the bundle."""
     from .budget import read_index
 
     for e in read_index(core_dir):
-        if not e.get("id") or e.get("container_id") != container_id:
+        if not e.get("id") or not (e.get("container_id") == container_id or _same_pod(e.get("pod_uid"), pod_uid)):
             continue
         src = os.path.join(core_dir, "crashes", e["id"])
         dest = os.path.join(bundle_dir, "50-core", e["id"])

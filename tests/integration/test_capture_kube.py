@@ -105,6 +105,25 @@ def test_capture_pod_end_to_end(cluster, pod_process, tmp_path):
                                    stdin_fd=fd, config=HandlerConfig(min_free=0))
     finally:
         os.close(fd)
+    # and one of the pod's previous container (a restart gets a new container ID; the pod UID stays)
+    previous_cid = uuid.uuid4().hex * 2
+    cg = pod_cgroup(pod_process["pod_uid"], previous_cid)
+    prev = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        cg.mkdir(parents=True)
+        (cg / "cgroup.procs").write_text(str(prev.pid))
+        fd = os.open(core, os.O_RDONLY)
+        try:
+            previous = run_core_handler(str(core_dir), prev.pid, prev.pid, 11, time.time(), None,
+                                        stdin_fd=fd, config=HandlerConfig(min_free=0))
+        finally:
+            os.close(fd)
+    finally:
+        prev.kill()
+        prev.wait()
+        time.sleep(0.05)
+        remove_cgroup(cg)
+    assert json.loads((Path(previous.crash_dir) / "metadata.json").read_text())["identity"]["container_id"] == previous_cid
     # WHEN the pod is captured from the "workstation"
     r = _capture(kubeconfig, core_dir, tmp_path / "out", "--pod", "exporter-7d9f", "--json")
     assert r.exit_code == 0, r.output
@@ -125,8 +144,8 @@ def test_capture_pod_end_to_end(cluster, pod_process, tmp_path):
     assert snap["pid"] == pod_process["pid"] and snap["identity"]["container_id"] == pod_process["cid"]
     arming = json.loads((bundle / "40-process/arming.json").read_text())
     assert arming["rlimit_core_after"][0] == arming["rlimit_core_after"][1] != "0"
-    crash_id = os.path.basename(earlier.crash_dir)
-    assert (bundle / "50-core" / crash_id / "metadata.json").is_file()
+    for crash in (earlier, previous):
+        assert (bundle / "50-core" / os.path.basename(crash.crash_dir) / "metadata.json").is_file()
     assert verify_manifest(str(bundle)) == []
     # the agent pod was pinned to the node, privileged with hostPID, and deleted
     assert standin.created and standin.deleted == standin.created
@@ -160,7 +179,55 @@ def test_pod_mode_errors(cluster, tmp_path, args, message):
     standin, kubeconfig = cluster
     r = _capture(kubeconfig, tmp_path / "cores", tmp_path / "out", *args)
     assert r.exit_code == 1 and message in r.output, r.output
-    assert standin.deleted == standin.created
+    assert standin.created == []  # each is found before any agent pod is made
+
+
+def test_a_failing_agent_is_reported_and_its_pod_deleted(cluster, tmp_path):
+    standin, kubeconfig = cluster
+    node = socket.gethostname()
+    standin.pods[(NS, "exporter-elsewhere")] = make_pod(name="exporter-elsewhere", namespace=NS, uid=str(uuid.uuid4()),
+                                                       node=node, container_id="ab" * 32)
+    r = _capture(kubeconfig, tmp_path / "cores", tmp_path / "out", "--pod", "exporter-elsewhere")
+    assert r.exit_code == 1 and "no process of container" in r.output, r.output
+    assert len(standin.created) == 1 and standin.deleted == standin.created
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_agent_keeps_big_files_on_the_node_within_its_log_budget(pod_process, tmp_path):
+    """The pod log is rotated by the kubelet: metadata always travels, objects and cores while they fit."""
+    import base64
+    import io
+    import tarfile
+
+    from forensics.capture.kube import BEGIN, END
+
+    core_dir = tmp_path / "cores"
+    core = Path(sys.executable).resolve()  # some MB of bytes as "the core" of an earlier crash
+    fd = os.open(core, os.O_RDONLY)
+    try:
+        earlier = run_core_handler(str(core_dir), pod_process["pid"], pod_process["pid"], 6, time.time(), None,
+                                   stdin_fd=fd, config=HandlerConfig(min_free=0))
+    finally:
+        os.close(fd)
+    r = CliRunner().invoke(cli, ["agent", "run", "--container-id", f"containerd://{pod_process['cid']}",
+                                 "--core-dir", str(core_dir), "--max-inline", "64K"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    data = base64.b64decode("".join(lines[lines.index(BEGIN) + 1: lines.index(END)]))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        sizes = {m.name: m.size for m in tar.getmembers() if m.isfile()}
+        left = json.load(tar.extractfile("left-on-node.json"))
+    crash = os.path.basename(earlier.crash_dir)
+    # the metadata travelled; the core and the big objects stayed, each listed with where it is on the node
+    assert "00-identity.json" in sizes and "40-process/snapshot.json" in sizes
+    assert f"50-core/{crash}/metadata.json" in sizes
+    assert f"50-core/{crash}/50-core/core.zst" not in sizes
+    kept = {x["path"] for x in left["files"]}
+    assert f"50-core/{crash}/50-core/core.zst" in kept
+    assert all(Path(x["node_path"]).is_file() and Path(x["node_path"]).stat().st_size == x["size"] for x in left["files"])
+    sent_big = sum(size for name, size in sizes.items() if name.startswith("objects/") or name.endswith(".zst"))
+    assert sent_big <= 64 << 10
+    assert not kept & set(sizes)
 
 
 def test_unreachable_api_server(tmp_path, monkeypatch):
@@ -181,3 +248,20 @@ def test_agent_manifest_daemonset():
                    "--install-handler", "--uninstall-handler", "hostPID: true", "path: \"/var/lib/forensics/cores\""):
         assert needle in out, needle
     assert "privileged: true" in out and "preStop:" in out
+
+
+def test_agent_manifest_passes_the_disk_bounds_to_the_installed_handler():
+    """The DaemonSet's install command is one the capture command accepts, with the bounds asked for."""
+    import re
+    import shlex
+
+    from forensics.capture.cli_commands import capture_command
+
+    r = CliRunner().invoke(cli, ["agent", "manifest", "--budget", "50G", "--loop-limit", "3"])
+    assert r.exit_code == 0, r.output
+    (cmd,) = {m for m in re.findall(r"/[^\s\"]*/bin/forensics capture --install-handler[^\"\\;&]*", r.output)}
+    argv = shlex.split(cmd)[2:]
+    ctx = capture_command.make_context("capture", argv)
+    assert ctx.params["install_handler"] and ctx.params["core_dir"] == "/var/lib/forensics/cores"
+    assert (ctx.params["budget"], ctx.params["max_core_size"], ctx.params["loop_limit"]) == (50 << 30, 8 << 30, 3)
+    assert ctx.params["min_free"] is None  # not asked: the handler's default
