@@ -55,6 +55,7 @@ class PodRecord:
     waiting_reason: str | None
     image_ids: tuple[str, ...]
     started: str | None
+    container_images: tuple[tuple[str, str], ...] = ()  # (container name, image digest)
 
     @property
     def crash_looping(self) -> bool:
@@ -141,7 +142,7 @@ def parse_pods(doc: dict) -> list[PodRecord]:
         status = pod.get("status") or {}
         restarts = 0
         exit_code = reason = finished = waiting = None
-        images = []
+        images, named = [], []
         for cs in status.get("containerStatuses") or []:
             restarts += int(cs.get("restartCount") or 0)
             term = (cs.get("lastState") or {}).get("terminated") or {}
@@ -154,6 +155,7 @@ def parse_pods(doc: dict) -> list[PodRecord]:
                 waiting = w["reason"]
             if cs.get("imageID"):
                 images.append(str(cs["imageID"]).split("://", 1)[-1])
+                named.append((str(cs.get("name") or ""), images[-1]))
         out.append(
             PodRecord(
                 uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"),
@@ -167,6 +169,7 @@ def parse_pods(doc: dict) -> list[PodRecord]:
                 waiting_reason=waiting,
                 image_ids=tuple(images),
                 started=status.get("startTime"),
+                container_images=tuple(named),
             )
         )
     return out
@@ -260,12 +263,16 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
     rows.sort(key=lambda g: (-g.total_restarts, -g.pods, g.name))
     crashing = tuple(g.name for g in rows if g.crash_share >= CRASHY_SHARE)
     clean = tuple(g.name for g in rows if g.pods_with_restarts == 0)
-    all_images = {img for g in rows for img in g.images}
+    # a rollout is mixed when one container (by name) runs more than one digest; a sidecar's image is not a mix
+    per_container: dict[str, set[str]] = {}
+    for p in pods:
+        for cname, img in p.container_images:
+            per_container.setdefault(cname, set()).add(img)
     return FleetSummary(
         group_by=group_by, groups=tuple(rows), pods=len(pods), nodes=len({p.node for p in pods if p.node}),
         crashing_groups=crashing, clean_groups=clean, boundary=tuple(_boundary(labels, node_is_crashy)),
         baseline="snapshot" if base is not None else (since.isoformat() if since else None),
-        mixed_images=len(all_images) > 1, pod_restarts=pod_restarts,
+        mixed_images=any(len(v) > 1 for v in per_container.values()), pod_restarts=pod_restarts,
         taken_at=now.isoformat(), observed_hours=(sum(watched) / len(watched)) if watched else None,
     )
 
@@ -342,5 +349,5 @@ def format_fleet(s: FleetSummary) -> list[str]:
     for b in s.boundary:
         lines.append(f"Boundary: {b}")
     if s.mixed_images:
-        lines.append("Mixed rollout: more than one image digest is running")
+        lines.append("Mixed rollout: a container runs more than one image digest across pods")
     return lines

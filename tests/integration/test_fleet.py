@@ -44,6 +44,22 @@ def test_incident_fleet_cross_comparison(saved):
     assert "| NVIDIA-H20, 580.126.09 | 108 | 108 | 106 | 11,648 |" in md
 
 
+def test_a_sidecar_is_not_a_mixed_rollout():
+    """Each container name is judged on its own: one exporter digest plus a sidecar's digest is one rollout."""
+    from tests.fleetgen import IMAGE_OLD
+
+    pods, nodes = incident_fleet()
+    for pod in pods["items"]:
+        cs = pod["status"]["containerStatuses"]
+        cs[0]["imageID"] = "docker-pullable://" + IMAGE_OLD  # the exporter: one digest everywhere
+        cs.append({"name": "log-shipper", "restartCount": 0, "imageID": "docker-pullable://registry.local/fluent-bit@sha256:"
+                   + "c" * 64, "state": {"running": {}}, "lastState": {}})
+    assert summarize_fleet(pods, nodes).mixed_images is False
+    # one exporter on another digest is a mixed rollout again
+    pods["items"][150]["status"]["containerStatuses"][0]["imageID"] = "docker-pullable://registry.local/x@sha256:" + "d" * 64
+    assert summarize_fleet(pods, nodes).mixed_images is True
+
+
 def test_group_by_and_fallback_to_instance_type(saved):
     p, n = saved
     r = run("fleet", "--json", "--from", str(p), "--nodes", str(n), "--group-by", "node.kubernetes.io/instance-type")
