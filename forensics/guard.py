@@ -18,7 +18,9 @@ from pathlib import Path
 
 from .errors import ForensicsError, OutputExists
 
-__all__ = ["GuardSpec", "GuardError", "parse_target", "render_guard", "write_guard", "GUARD_MARKER"]
+__all__ = ["GuardSpec", "GuardError", "parse_target", "render_guard", "write_guard", "GUARD_MARKER", "SWITCHED_OFF"]
+
+SWITCHED_OFF = ("0", "false", "off", "no")  # values of a guard's switch that turn it off
 
 GUARD_MARKER = "FORENSICS_GUARD"  # the module-level dict verify-imports looks for
 _TARGET = re.compile(r"^(?P<module>[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*):(?P<attr>[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)$")
@@ -82,7 +84,7 @@ import os as _os
 import sys as _sys
 
 {marker} = _json.loads({spec_json})
-_OFF = ("0", "false", "off", "no")
+_OFF = {off!r}
 
 
 def _active():
@@ -149,7 +151,7 @@ def render_guard(spec: GuardSpec) -> dict[str, str]:
             "removes": spec.removes, "generator": "forensics guard"}
     body = _TEMPLATE.format(
         target=spec.target, returns_text=json.dumps(spec.returns), env=spec.env, pth=pth, marker=GUARD_MARKER,
-        spec_json=repr(json.dumps(data, sort_keys=True)),
+        spec_json=repr(json.dumps(data, sort_keys=True)), off=SWITCHED_OFF,
     )
     return {f"{mod}.py": body, pth: f"import {mod}\n"}
 

@@ -107,8 +107,12 @@ def format_report(report: ImportReport, *, verbose: int = 0) -> Iterator[str]:
             yield f"    note: {n}"
     for g in report.guards:
         yield ""
-        yield (f"  guard active: {g.file} (loaded by {g.pth}) replaces {g.target} with {g.returns}; "
-               f"turn off with {g.env}=0")
+        if g.active:
+            yield (f"  guard active: {g.file} (loaded by {g.pth}) replaces {g.target} with {g.returns}; "
+                   f"turn off with {g.env}=0")
+        else:
+            yield (f"  guard installed but switched off ({g.env} is set off): {g.file} (loaded by {g.pth}) "
+                   f"would replace {g.target}")
     if report.warnings:
         yield ""
         for w in report.warnings:

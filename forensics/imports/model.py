@@ -324,13 +324,14 @@ class ExecuteResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Guard:
-    """A ``forensics guard`` found active: a .pth import line loading a module with a FORENSICS_GUARD dict."""
+    """A ``forensics guard`` found installed: a .pth import line loading a module with a FORENSICS_GUARD dict."""
 
     pth: str
     file: str
     target: str  # module:attr it replaces
     env: str  # the switch that turns it off
     returns: str  # the JSON value the replacement returns
+    active: bool = True  # False when the run environment sets the switch to 0/false/off/no
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

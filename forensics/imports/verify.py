@@ -105,12 +105,15 @@ def _module_for_extension(path: str, sys_path: list[str]) -> str | None:
     return None
 
 
-def find_guards(fs: RootFS, setup: PythonSetup) -> list[Guard]:
-    """``forensics guard`` modules that .pth import lines load (a ``FORENSICS_GUARD`` dict at module level)."""
+def find_guards(fs: RootFS, setup: PythonSetup, env: dict[str, str] | None = None) -> list[Guard]:
+    """``forensics guard`` modules that .pth import lines load (a ``FORENSICS_GUARD`` dict at module level).
+
+    A guard is active unless ``env`` (the image's or the process's environment) sets its switch off.
+    """
     import json as _json
     import re as _re
 
-    from ..guard import GUARD_MARKER
+    from ..guard import GUARD_MARKER, SWITCHED_OFF
 
     out = []
     for pth in setup.pth_files:
@@ -141,9 +144,11 @@ def find_guards(fs: RootFS, setup: PythonSetup) -> list[Guard]:
                             except ValueError:
                                 spec = None
                         if isinstance(spec, dict):
+                            switch = str(spec.get("env", ""))
+                            off = (env or {}).get(switch, "1").strip().lower() in SWITCHED_OFF
                             out.append(Guard(pth=pth.path, file=path,
                                              target=f"{spec.get('module', '?')}:{spec.get('attr', '?')}",
-                                             env=str(spec.get("env", "")), returns=_json.dumps(spec.get("returns"))))
+                                             env=switch, returns=_json.dumps(spec.get("returns")), active=not off))
     return out
 
 
@@ -251,7 +256,7 @@ def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, lo
                   "platform_python_implementation": "CPython"}
     problems = check_requirements(dists, marker_env, effective) if dists else []
     hits = check_known_issues(versions, options.driver)
-    guards = find_guards(fs, setup)
+    guards = find_guards(fs, setup, run_env)
     report = ImportReport(image=info, config=config, python=setup, modules=tuple(checks), guards=tuple(guards),
                           distributions=tuple(dists), requirement_problems=tuple(problems), known_issues=tuple(hits),
                           driver=options.driver, warnings=tuple(warnings))

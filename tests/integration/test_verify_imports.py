@@ -280,8 +280,14 @@ def test_an_active_guard_is_reported(images):
     assert code == 0 and len(guards) == 1
     assert guards[0]["target"] == "nvitop.api.device:Device.nvlink_throughput"
     assert guards[0]["env"] == "FORENSICS_GUARD_NVLINK" and guards[0]["returns"] == "[]"
+    assert guards[0]["active"] is True
     code, _, text = run(images.get("guard"))
     assert "guard active" in text
+    # the same image with the switch set off in its Env: installed, but not active
+    code, doc, _ = run(images.get("guard-off"), "--json")
+    (g,) = doc["result"]["guards"]
+    assert g["active"] is False and g["target"] == "nvitop.api.device:Device.nvlink_throughput"
+    assert "switched off" in run(images.get("guard-off"))[2]
     # flat fields for forensics report
     nv = module(doc, "nvitop")
     assert nv["version"] == "1.7.1" and nv["file"].endswith("site-packages/nvitop/__init__.py")

@@ -465,6 +465,7 @@ SCENARIOS = {
     "console-script": "a script entrypoint /app/bin/run-exporter with a stale nvitop tree next to it",
     "conflict": "nvitop 1.5.0 + nvitop-exporter 1.5.0 with nvidia-ml-py 12.575.51 (pip check fails)",
     "guard": "the clean image plus a `forensics guard` (.pth + module) in site-packages",
+    "guard-off": "the guard image with the guard's switch set off in the image's Env",
     "editable": "nvitop installed with pip install -e from a checkout: metadata 1.7.1, code 1.5.0",
 }
 
@@ -508,7 +509,9 @@ def build_scenario(name: str, out: Path, fmt: str = "oci") -> str:
                   "if __name__ == '__main__':\n    sys.exit(main())\n")
         layers.append(Layer().dir("/app").dir("/app/bin").file("/app/bin/run-exporter", script, 0o755)
                       .source_tree(wheel("nvitop", "1.5.0"), "nvitop", "/app/bin").dir("/srv"))
-    elif name == "guard":
+    elif name in ("guard", "guard-off"):
+        if name == "guard-off":
+            env = ["FORENSICS_GUARD_NVLINK=off"]
         from forensics.guard import parse_target, render_guard
 
         files = render_guard(parse_target("nvitop.api.device:Device.nvlink_throughput", "[]", "FORENSICS_GUARD_NVLINK"))
