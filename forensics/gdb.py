@@ -192,6 +192,7 @@ class GdbSession:
             self._exe = exe_file
         self._stage = "loading the core"
         self.console(f"core-file {_quote(core.path)}")
+        added = self._add_library_symbols(core) if exe_file is None else 0
         self._stage = "reading native stacks"
         native = parse_marker_json(self.console("forensics-native"), NATIVE_MARKER)
         if native is None:
@@ -202,8 +203,24 @@ class GdbSession:
             py_doc = parse_marker_json(self.console("forensics-python", check=False), PYTHON_MARKER)
         self._stage = "unloading"
         self.console("core-file", check=False)
+        if added:
+            self.console("symbol-file", check=False)  # the next core's libraries may sit elsewhere
         self._stage = "ready"
         return GdbResult(native=native, python=py_doc, log=tuple(self._log))
+
+    def _add_library_symbols(self, core: CoreFile) -> int:
+        """Without the executable gdb cannot list the shared libraries (it finds them through the
+        executable's dynamic section), so every library whose build-id checked out is loaded at the
+        address the core maps it: its symbols and unwind tables name and walk the frames.
+        :return: how many were loaded
+        """
+        n = 0
+        for lib in core.libraries:
+            if lib.path == core.executable or lib.status is not LibraryStatus.OK or not lib.file_path:
+                continue
+            self.console(f"add-symbol-file {_quote(lib.file_path)} -o {lib.base:#x}", check=False)
+            n += 1
+        return n
 
     @property
     def closed(self) -> bool:
