@@ -211,8 +211,8 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
         runs["python"] = _run_one("python", cmd, base_env, runs_dir / "python", timeout, analyze)
     if "c" in which:
         binary = build_c_reproducer(workdir / "bin")
-        runs["c"] = _run_one("c", [str(binary), "--iterations", str(iterations)], base_env, runs_dir / "c",
-                             timeout, analyze)
+        cmd = [str(binary), "--iterations", str(iterations)] + (["--duration", str(duration)] if duration else [])
+        runs["c"] = _run_one("c", cmd, base_env, runs_dir / "c", timeout, analyze)
     header = next((r.environment for r in runs.values() if r.environment), {})
     return ReproduceResult(
         runs=tuple(runs.values()), conclusion=conclude(runs.get("python"), runs.get("c")), environment=header,

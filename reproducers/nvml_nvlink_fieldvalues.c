@@ -1,14 +1,16 @@
 /* nvml_nvlink_fieldvalues: the NVLink field-value queries of nvitop, in C, no Python.
  *
  * Build:  gcc -O1 -g -o nvml_nvlink_fieldvalues nvml_nvlink_fieldvalues.c -ldl
- * Run:    ./nvml_nvlink_fieldvalues [--iterations N]
+ * Run:    ./nvml_nvlink_fieldvalues [--iterations N] [--duration S]
  *
  * It dlopen()s "libnvidia-ml.so.1" -- whatever the dynamic loader finds, as nvidia-ml-py
  * does -- initializes NVML, and on every GPU queries NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
  * and _RX for every link (one nvmlDeviceGetFieldValues call of 2 x links fields per GPU,
  * into a malloc'd array, as the Python binding allocates one), N times, from the main
  * thread only.  The previous sample of each GPU is kept and freed when replaced, as an
- * exporter computing rates does.
+ * exporter computing rates does.  --duration S stops after S seconds even if iterations
+ * remain (as the Python reproducer's --duration).  The main thread only, on purpose: a fault
+ * that needs the binding's calling pattern (background threads) shows in Python alone.
  *
  * Run it next to reproducers/nvml_nvlink_fieldvalues.py on the same node: if Python
  * crashes and this does not, suspect the binding or the calling pattern (threads); if
@@ -24,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
@@ -77,16 +80,28 @@ static void *sym(void *lib, const char *a, const char *b)
 
 static const char *err(nvmlReturn_t r) { return p_error ? p_error(r) : "?"; }
 
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 int main(int argc, char **argv)
 {
     long iterations = 1000;
+    double duration = 0; /* seconds; 0: no limit */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iterations") && i + 1 < argc)
             iterations = strtol(argv[++i], NULL, 10);
         else if (!strncmp(argv[i], "--iterations=", 13))
             iterations = strtol(argv[i] + 13, NULL, 10);
+        else if (!strcmp(argv[i], "--duration") && i + 1 < argc)
+            duration = strtod(argv[++i], NULL);
+        else if (!strncmp(argv[i], "--duration=", 11))
+            duration = strtod(argv[i] + 11, NULL);
         else {
-            fprintf(stderr, "usage: %s [--iterations N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--iterations N] [--duration S]\n", argv[0]);
             return 2;
         }
     }
@@ -163,11 +178,17 @@ int main(int argc, char **argv)
     printf("  glibc:          %s\n", gnu_get_libc_version());
     printf("  kernel:         %s %s %s\n", u.sysname, u.release, u.machine);
     printf("  calling thread: main\n");
-    printf("  iterations:     %ld\n", iterations);
+    if (duration > 0)
+        printf("  iterations:     %ld, duration %gs\n", iterations, duration);
+    else
+        printf("  iterations:     %ld\n", iterations);
 
     nvmlFieldValue_t *previous[MAX_GPUS] = {0};
-    long calls = 0, field_errors = 0;
-    for (long it = 0; it < iterations; it++) {
+    long calls = 0, field_errors = 0, done = 0;
+    double deadline = duration > 0 ? now() + duration : 0;
+    for (long it = 0; it < iterations; it++, done++) {
+        if (deadline && now() >= deadline)
+            break;
         for (unsigned int i = 0; i < count; i++) {
             unsigned int n = 2 * links[i];
             if (n == 0)
@@ -203,9 +224,9 @@ int main(int argc, char **argv)
         printf("VERDICT: error: nvmlShutdown returned %s (%d)\n", err(r), r);
     else if (field_errors)
         printf("VERDICT: errors: %u GPUs x %u links x %ld iterations, no crash, %ld field values returned an error\n",
-               count, max_links, iterations, field_errors);
+               count, max_links, done, field_errors);
     else
         printf("VERDICT: clean: %u GPUs x %u links x %ld iterations, no crash (%ld calls, main thread)\n", count,
-               max_links, iterations, calls);
+               max_links, done, calls);
     return r ? 1 : 0;
 }

@@ -54,6 +54,15 @@ def test_fault_in_the_driver_crashes_both(workdir):
     assert doc["conclusion"].startswith("both reproducers failed") and "driver" in doc["conclusion"]
 
 
+def test_duration_bounds_both_reproducers(workdir):
+    r = run("reproduce", "--json", "--sim", "--iterations", "100000000", "--duration", "1", "--workdir", str(workdir))
+    assert r.exit_code == EXIT_OK, r.stderr
+    doc = json.loads(r.stdout)
+    assert [x["outcome"] for x in doc["runs"]] == ["clean", "clean"]
+    for x in doc["reproduce"]["runs"]:
+        assert "--duration" in x["command"], x["command"]
+
+
 def test_nvml_path_must_exist(tmp_path):
     r = run("reproduce", "--nvml", str(tmp_path / "nope.so"), "--workdir", str(tmp_path))
     assert r.exit_code == 1 and "no such file" in r.stderr

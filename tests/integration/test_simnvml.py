@@ -217,6 +217,16 @@ def test_c_reproducer_is_clean_without_a_fault(sim_dir, c_repro, tmp_path):
     assert "libnvidia-ml.so.580.126.09" in proc.stdout
 
 
+def test_c_reproducer_stops_after_its_duration(sim_dir, c_repro, tmp_path):
+    t = time.monotonic()
+    proc = run([c_repro, "--iterations", "100000000", "--duration", "0.5"], sim_environment(sim_dir), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - t < 30
+    m = re.match(r"VERDICT: clean: 8 GPUs x 18 links x (\d+) iterations", verdict(proc.stdout))
+    assert m and 0 < int(m.group(1)) < 100000000
+    assert "duration 0.5s" in proc.stdout
+
+
 FAULTS = [
     pytest.param("heap", "prev", signal.SIGABRT, "double free or corruption (!prev)", id="fault=heap,message=prev"),
     pytest.param("heap", "next-size", signal.SIGABRT, "free(): invalid next size (normal)", id="fault=heap,message=next-size"),
