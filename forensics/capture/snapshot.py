@@ -98,7 +98,7 @@ class PythonInfo:
     libpython: str | None
     libpython_build_id: str | None
     version: str | None
-    modules: tuple[dict, ...]  # nvitop / nvidia-ml-py: {name, path, sha256, version, how}
+    modules: tuple[dict, ...]  # nvitop / nvidia-ml-py: {module, distribution, path, sha256, version, verdict, origin, how}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -316,15 +316,13 @@ def _python_modules(root: str, sites: list[str], warnings: list[str]) -> tuple[d
                     warnings.append(f"{path}: {e}")
                     continue
                 try:
-                    if not stat.S_ISREG(os.fstat(fd).st_mode):
-                        continue
-                    h = hashlib.sha256()
-                    while chunk := os.read(fd, 1 << 20):
-                        h.update(chunk)
+                    regular = stat.S_ISREG(os.fstat(fd).st_mode)
                 finally:
                     os.close(fd)
-                hit = {"module": module, "distribution": dist, "path": path, "sha256": h.hexdigest(),
-                       "version": _dist_version(root, site, dist), "how": "resolved on the interpreter's sys.path"}
+                if not regular:
+                    continue
+                hit = {"module": module, "distribution": dist, "path": path, "sha256": _hash_in_root(root, path, warnings),
+                       "version": _dist_version(root, site, dist), "how": "found in site-packages (import resolution failed)"}
                 break
             if hit:
                 out.append(hit)
@@ -332,8 +330,53 @@ def _python_modules(root: str, sites: list[str], warnings: list[str]) -> tuple[d
     return tuple(out)
 
 
+def _hash_in_root(root: str, path: str, warnings: list[str]) -> str | None:
+    try:
+        fd = open_in_root(root, path)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnsafeContainerPath) as e:
+        warnings.append(f"{path}: {e}")
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        h = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _resolved_modules(pid: int, root: str, sites: list[str], warnings: list[str]) -> tuple[dict, ...] | None:
+    """nvitop / nvitop-exporter / nvidia-ml-py as this process would import them (verify-imports' live mode:
+    sys.path[0], PYTHONPATH, .pth files, editable installs), with the verdict against pip's metadata.
+    None when that resolution fails (the caller falls back to looking in site-packages)."""
+    try:
+        from ..imports.verify import verify_pid
+
+        report = verify_pid(pid)
+    except Exception as e:  # noqa: BLE001 - a snapshot is best effort; the fallback still names files
+        warnings.append(f"import resolution of pid {pid} failed ({type(e).__name__}: {e}); site-packages searched instead")
+        return None
+    dist_of = {"pynvml": "nvidia-ml-py", "nvitop": "nvitop", "nvitop_exporter": "nvitop-exporter"}
+    out = []
+    for c in report.modules:
+        if c.module not in dist_of or c.resolved is None or not c.resolved.file:
+            continue
+        dist = c.distribution.name if c.distribution else dist_of[c.module]
+        version = c.effective_version or next(
+            (v for v in (_dist_version(root, site, dist) for site in sites) if v), None)
+        out.append({"module": c.module, "distribution": dist, "path": c.resolved.file,
+                    "sha256": _hash_in_root(root, c.resolved.file, warnings), "version": version,
+                    "verdict": c.verdict.value, "origin": c.origin.value if c.origin else None, "reason": c.reason,
+                    "how": "resolved as CPython does for this process (verify-imports)"})
+    return tuple(out)
+
+
 def _python_info(objects: tuple[MappedObject, ...], exe: str | None, env: dict[str, str], cwd: str | None,
-                 root: str, warnings: list[str]) -> PythonInfo | None:
+                 root: str, warnings: list[str], pid: int | None = None) -> PythonInfo | None:
     libpy = next((o for o in objects if _LIBPYTHON.search(o.path.rsplit("/", 1)[-1])), None)
     exe_obj = next((o for o in objects if o.path == exe), None)
     version = None
@@ -347,7 +390,9 @@ def _python_info(objects: tuple[MappedObject, ...], exe: str | None, env: dict[s
     return PythonInfo(
         interpreter=exe, interpreter_build_id=exe_obj.build_id if exe_obj else None,
         libpython=libpy.path if libpy else None, libpython_build_id=libpy.build_id if libpy else None,
-        version=version, modules=_python_modules(root, sites, warnings),
+        version=version,
+        modules=(_resolved_modules(pid, root, sites, warnings) if pid is not None else None)
+        or _python_modules(root, sites, warnings),
     )
 
 
@@ -419,7 +464,7 @@ def read_snapshot(
         if own_fds:
             for _, fd in fds:
                 os.close(fd)
-    python = _python_info(objects, exe, env_plain, cwd, f"/proc/{pid}/root", warnings)
+    python = _python_info(objects, exe, env_plain, cwd, f"/proc/{pid}/root", warnings, pid)
     return Snapshot(
         pid=pid, taken_at=time.time(), comm=comm, exe=exe, cmdline=cmdline, cwd=cwd, environ=environ,
         status=parse_status(texts["status"]), limits=parse_limits(texts["limits"]),

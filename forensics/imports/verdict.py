@@ -85,7 +85,7 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
         if c is winner or c.file == winner.file or c.kind is ModuleKind.NAMESPACE:
             continue
         cc = _claimed_by(c, files)
-        if cc is not None and origin_of.get(c.path_index) in _SITE:
+        if cc is not None:  # installed by pip (RECORD): site-packages, or a --target directory on PYTHONPATH
             managed = (c, cc[0])
             break
     common = dict(module=module, resolved=winner, origin=origin, static_version=static_version, distribution=dist,

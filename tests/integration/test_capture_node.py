@@ -221,3 +221,31 @@ def test_capture_on_a_full_disk_is_a_clear_error_and_the_process_stays_armed(tmp
         proc.kill()
         proc.wait()
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_capture_names_the_binding_the_process_really_imports(tmp_path):
+    """The incident's trap: a stale copy in the working directory shadows the installed binding (pip show lies)."""
+    from tests.integration.test_verify_imports_helpers import wheel
+
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                    str(wheel("nvidia-ml-py", "12.575.51"))], check=True, capture_output=True, timeout=300)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "pynvml.py").write_text('__version__ = "11.495.46"\n')  # an old copy left in the working directory
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(60)"],
+                         cwd=work, env=dict(os.environ, PYTHONPATH=str(site)))
+    try:
+        _wait_ready(fifo)
+        r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
+    finally:
+        p.kill()
+        p.wait()
+    assert r.exit_code in (0, 4), r.output
+    (mod,) = [m for m in json.loads(r.output)["snapshot"]["python"]["modules"] if m["module"] == "pynvml"]
+    # python -c puts the working directory first: the stale copy is what imports, and it is named as such
+    assert mod["path"] == str(work / "pynvml.py") and mod["version"] == "11.495.46"
+    assert mod["verdict"] == "SHADOWED" and mod["origin"] == "working-directory"
+    assert "12.575.51" in mod["reason"]
