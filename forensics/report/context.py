@@ -150,7 +150,10 @@ def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_versi
     """
     if template not in TEMPLATES:
         raise ValueError(template)
-    # Redact the whole evidence tree once, before anything is picked out of it.
+    # Redact the whole evidence tree once, before anything is picked out of it; first learn every
+    # secret value in it (and in the evidence paths), so that each is masked wherever it appears.
+    paths = [i.path for i in ev.items]
+    redactor.learn({"docs": ev.docs, "paths": paths})
     docs = {k: [redact_tree(d, redactor) for d in v] for k, v in ev.docs.items()}
     ev = Evidence(docs=docs, items=ev.items)
     a = _analysis(ev) or {}
@@ -228,7 +231,8 @@ def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_versi
         "nvitop.api.device:Device.nvlink_throughput --returns '[]' --env FORENSICS_GUARD_NVLINK`",
         "or pin the node group to a driver branch without the crash (see how often and where).",
     ] if top_py and "nvlink" in top_py.lower() else ["None known yet."]
-    evidence = [{"path": i.path, "kind": i.kind, "sha256": i.sha256, "size": str(i.size)} for i in ev.items]
+    # bundle directory names embed the pod name (<stamp>-<namespace>-<pod>): paths are evidence text too
+    evidence = [{"path": redactor.text(i.path), "kind": i.kind, "sha256": i.sha256, "size": str(i.size)} for i in ev.items]
     other = [
         (f"{t.get('name') or 'unnamed'} (tid {t.get('tid')})", _pytb(t.get("py_frames") or []) or "\n".join(_native_line(f) for f in (t.get("native_frames") or [])[:8]))
         for t in threads if t is not crashed

@@ -2,7 +2,9 @@
 
 Pure functions.  Everything from a crashed process — arguments, environment,
 paths, thread names — passes through :class:`Redactor` before a report is
-rendered, and the report states what was redacted.
+rendered, and the report states what was redacted.  A secret value found once
+(``NVIDIA_API_KEY=...``, ``--token ...``) is masked wherever else it appears,
+once :meth:`Redactor.learn` has seen the whole evidence.
 """
 from __future__ import annotations
 
@@ -10,12 +12,37 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Redactor", "SECRET_NAME", "redact_tree"]
+__all__ = ["Redactor", "SECRET_NAME", "MASK", "MIN_SECRET_LEN", "redact_tree"]
 
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH|_KEY$|^KEY$)", re.I)
-_ENV_PAIR = re.compile(r"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)=(?P<value>[^\s'\"]+)")
-_OPTION_PAIR = re.compile(r"(?P<opt>--?[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>[= ])(?P<value>[^\s'\"]+)")
-_BEARER = re.compile(r"(?i)\b(bearer|token)\s+[A-Za-z0-9._~+/=-]{8,}")
+# Word edges inside a variable or option name: start, end, or one of _ - . (case-insensitive).
+_W0, _W1 = r"(?<![A-Za-z0-9])", r"(?![A-Za-z0-9])"
+SECRET_NAME = re.compile(
+    r"TOKEN(?!IZ)"  # GITHUB_TOKEN, AUTHTOKEN; not TOKENIZERS_PARALLELISM
+    r"|SECRET|PASSW(?:OR)?D|PASSPHRASE|CREDENTIAL"
+    r"|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY"
+    rf"|{_W0}KEYS?{_W1}"  # KEY, --key, SIGNING_KEY_PEM, SSH_KEYS; not KEYBOARD, MONKEY
+    rf"|{_W0}CREDS{_W1}"
+    rf"|(?<!BY)(?<!COM)(?<!SUR)(?<!MULTI)PASS{_W1}"  # DB_PASS, PGPASS, --pass; not BYPASS, COMPASS
+    rf"|(?<=[_.-])PWD{_W1}"  # MYSQL_PWD; not PWD, OLDPWD (working directories)
+    r"|AUTH(?!OR(?!I[SZ]))"  # AUTH_TOKEN, OAUTH, AUTHORIZATION; not AUTHOR, AUTHORITY
+    r"|(?-i:(?<=[a-z0-9])(?:Key|Token|Secret|Pass|Pwd)s?(?![a-z]))",  # camelCase: accountKey, dbPass
+    re.I,
+)
+MASK = "[REDACTED]"
+MIN_SECRET_LEN = 6  # a secret value this long is masked wherever else it appears
+_VALUE = r"(?:\"[^\"\n]*\"|'[^'\n]*'|[^\s'\"]+)"  # "x y", 'x y' or a bare word
+_ENV_PAIR = re.compile(rf"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)=(?P<value>{_VALUE})")
+_OPTION_PAIR = re.compile(rf"(?<![A-Za-z0-9_-])(?P<opt>--?[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>=|\s+)(?P<value>{_VALUE})")
+_USER_OPTION = re.compile(  # curl -u admin:pw, --user 'admin:p w', --proxy-user=a:b
+    r"(?<![A-Za-z0-9_-])(?P<opt>-u|--user|--proxy-user)(?P<sep>=|\s+|(?<=-u))"
+    r"(?:(?P<q>[\"'])(?P<quser>[^:'\"\n]*):(?P<qpw>[^'\"\n]+)(?P=q)|(?P<user>[^\s:'\"]+):(?P<pw>[^\s'\"]+))"
+)
+_AUTH_HEADER = re.compile(  # Authorization: Basic ..., Proxy-Authorization, X-Api-Key:, PRIVATE-TOKEN:
+    r"(?i)\b(?P<name>(?:proxy-)?authorization|x-[a-z0-9-]*(?:token|key|secret|auth)[a-z0-9-]*|private-token)"
+    r"(?P<sep>[\"']?\s*:\s*[\"']?)"
+    r"(?P<scheme>(?:basic|bearer|token|digest|negotiate|ntlm|aws4-hmac-sha256)\s+)?(?P<value>[^\s'\",;]+)"
+)
+_BEARER = re.compile(r"(?i)\b(bearer|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{8,})")
 _BASIC_URL = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]+):(?P<pw>[^@/\s]+)@")
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.S)
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{5,}")
@@ -23,7 +50,18 @@ _KNOWN_TOKENS = re.compile(r"\b(ghp_[A-Za-z0-9]{20,}|gh[osu]_[A-Za-z0-9]{20,}|xo
 _IPV4 = re.compile(r"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)\b")
 _IPV6 = re.compile(r"\b(?:[0-9a-fA-F]{1,4}:){2,7}[0-9a-fA-F]{1,4}\b")
 _HOSTNAME = re.compile(r"\b(?=[a-z0-9-]*[a-z])[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+\b")
-MASK = "[REDACTED]"
+# A known node/pod/host name is replaced only as a whole name: not inside an identifier or a file name
+# (a node "vm" must leave nvmlDeviceGetFieldValues and pynvml.py alone), and not as a later label of
+# another dotted name.  "-" separates: bundle directories and static pods join names with it
+# (<stamp>-<namespace>-<pod>, <pod>-2, kube-proxy-<node>).
+_NAME_BEFORE, _NAME_AFTER = r"(?<![A-Za-z0-9_.])", r"(?![A-Za-z0-9_])"
+
+
+def _unquote(v: str) -> tuple[str, str]:
+    """(quote, inner) of a value as matched by ``_VALUE``: ``'"x y"'`` -> ``('"', 'x y')``."""
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+        return v[0], v[1:-1]
+    return "", v
 
 
 @dataclass
@@ -35,16 +73,30 @@ class Redactor:
     >>> r = Redactor()
     >>> r.text("python -m exporter --token=abc123def456 NVIDIA_API_KEY=s3cr3t")
     'python -m exporter --token=[REDACTED] NVIDIA_API_KEY=[REDACTED]'
+    >>> r.text('PASSWORD="x y" curl -u admin:pw -H "Authorization: Basic dXNlcjpwYXNz"')
+    'PASSWORD="[REDACTED]" curl -u admin:[REDACTED] -H "Authorization: Basic [REDACTED]"'
+    >>> r.text("thread abc123def456-worker")  # a value seen once is masked everywhere after
+    'thread [REDACTED]-worker'
+    >>> Redactor(hosts=True, known_hosts={"vm": "node"}).text("node=vm, pynvml.py nvmlInit vm:")
+    'node=node-1, pynvml.py nvmlInit node-1:'
     """
 
     hosts: bool = False
     known_hosts: dict[str, str] = field(default_factory=dict)  # name -> kind ("node", "pod", "host")
     counts: dict[str, int] = field(default_factory=dict)
+    secrets: set[str] = field(default_factory=set, repr=False)  # values masked once: masked everywhere
     _mapping: dict[str, str] = field(default_factory=dict)
     _per_kind: dict[str, int] = field(default_factory=dict)
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
+
+    def _secret(self, what: str, value: str) -> str:
+        """Count a masked ``value`` and remember it; returns :data:`MASK`."""
+        self._count(what)
+        if len(value) >= MIN_SECRET_LEN and MASK not in value and value not in MASK:
+            self.secrets.add(value)
+        return MASK
 
     def alias(self, value: str, kind: str) -> str:
         if value not in self._mapping:
@@ -56,47 +108,91 @@ class Redactor:
     def env_value(self, name: str, value: str) -> str:
         """One environment variable's value, as it may appear in a report."""
         if SECRET_NAME.search(name):
-            self._count("environment values with secret-like names")
-            return MASK
+            if value == MASK:
+                return MASK
+            return self._secret("environment values with secret-like names", value)
         return self.text(value)
+
+    def learn(self, tree: Any) -> None:
+        """Collect the secret values anywhere in ``tree`` without counting, so that :meth:`text` masks
+        them also where they appear before, or without, their name (an argument list, a thread name).
+
+        >>> r = Redactor()
+        >>> r.learn({"nvidia_smi": "python exporter.py nv-s3cr3t", "cmdline": ["exporter", "--api-key", "nv-s3cr3t"]})
+        >>> r.text("python exporter.py nv-s3cr3t"), r.counts
+        ('python exporter.py [REDACTED]', {'repeated secret values': 1})
+        """
+        scratch = Redactor(secrets=set(self.secrets))
+        redact_tree(tree, scratch)
+        for joined in _joined_string_lists(tree):  # argv lists: "--token", "value" in separate items
+            scratch.text(joined)
+        self.secrets |= scratch.secrets
 
     def text(self, s: str) -> str:
         if not s:
             return s
-        s = _PRIVATE_KEY.sub(lambda m: (self._count("private keys"), MASK)[1], s)
-        s = _BASIC_URL.sub(lambda m: (self._count("passwords in URLs"), f"{m['scheme']}{m['user']}:{MASK}@")[1], s)
-        s = _BEARER.sub(lambda m: (self._count("bearer tokens"), f"{m.group(1)} {MASK}")[1], s)
-        s = _JWT.sub(lambda m: (self._count("bearer tokens"), MASK)[1], s)
-        s = _KNOWN_TOKENS.sub(lambda m: (self._count("access tokens"), MASK)[1], s)
+        s = _PRIVATE_KEY.sub(lambda m: self._secret("private keys", m.group(0)), s)
+        s = _BASIC_URL.sub(lambda m: f"{m['scheme']}{m['user']}:{self._secret('passwords in URLs', m['pw'])}@", s)
+        s = _AUTH_HEADER.sub(self._header, s)
+        s = _USER_OPTION.sub(self._user_option, s)
+        s = _BEARER.sub(lambda m: f"{m.group(1)} {self._secret('bearer tokens', m['value'])}", s)
+        s = _JWT.sub(lambda m: self._secret("bearer tokens", m.group(0)), s)
+        s = _KNOWN_TOKENS.sub(lambda m: self._secret("access tokens", m.group(0)), s)
 
         def pair(m: re.Match) -> str:
-            if SECRET_NAME.search(m["name"]) and m["value"] != MASK:
-                self._count("secret-like NAME=value pairs")
-                return f"{m['name']}={MASK}"
+            q, value = _unquote(m["value"])
+            if SECRET_NAME.search(m["name"]) and value != MASK:
+                return f"{m['name']}={q}{self._secret('secret-like NAME=value pairs', value)}{q}"
             return m.group(0)
 
         def option(m: re.Match) -> str:
-            if SECRET_NAME.search(m["opt"].lstrip("-").replace("-", "_")) and m["value"] != MASK and not m["value"].startswith("-"):
-                self._count("secret-like command-line options")
-                return f"{m['opt']}{m['sep']}{MASK}"
+            q, value = _unquote(m["value"])
+            if (SECRET_NAME.search(m["opt"].lstrip("-").replace("-", "_")) and value != MASK
+                    and not (m["value"].startswith("-") and not q)):
+                return f"{m['opt']}{m['sep']}{q}{self._secret('secret-like command-line options', value)}{q}"
             return m.group(0)
 
         s = _ENV_PAIR.sub(pair, s)
         s = _OPTION_PAIR.sub(option, s)
+        s = self._known_secrets(s)
         if self.hosts:
             s = self._hosts(s)
         return s
 
+    def _header(self, m: re.Match) -> str:
+        if m["value"] == MASK:
+            return m.group(0)
+        return f"{m['name']}{m['sep']}{m['scheme'] or ''}{self._secret('authorization headers', m['value'])}"
+
+    def _user_option(self, m: re.Match) -> str:
+        q = m["q"] or ""
+        user, pw = (m["quser"], m["qpw"]) if q else (m["user"], m["pw"])
+        if pw == MASK:
+            return m.group(0)
+        return f"{m['opt']}{m['sep']}{q}{user}:{self._secret('user:password options', pw)}{q}"
+
+    def _known_secrets(self, s: str) -> str:
+        """Mask every secret value already found elsewhere (longest first)."""
+        for value in sorted(self.secrets, key=len, reverse=True):
+            if value in s:
+                self.counts["repeated secret values"] = self.counts.get("repeated secret values", 0) + s.count(value)
+                s = s.replace(value, MASK)
+        return s
+
     def _hosts(self, s: str) -> str:
-        for name in sorted(self.known_hosts, key=len, reverse=True):
-            if name and name in s:
-                kind = self.known_hosts[name]
-                self._count(f"{kind} names")
-                s = s.replace(name, self.alias(name, kind))
+        names = [n for n in self.known_hosts if n]
+        if names:
+            s = _names_pattern(tuple(sorted(names, key=len, reverse=True))).sub(self._known_host, s)
         s = _IPV4.sub(lambda m: m.group(0) if m.group(0).startswith("127.") else (self._count("IP addresses"), self.alias(m.group(0), "ip"))[1], s)
         s = _IPV6.sub(lambda m: (self._count("IP addresses"), self.alias(m.group(0), "ip"))[1], s)
         s = _HOSTNAME.sub(self._hostname, s)
         return s
+
+    def _known_host(self, m: re.Match) -> str:
+        name = m.group(0)
+        kind = self.known_hosts[name]
+        self._count(f"{kind} names")
+        return self.alias(name, kind)
 
     def _hostname(self, m: re.Match) -> str:
         name = m.group(0)
@@ -121,13 +217,39 @@ _DOMAIN_SUFFIXES = frozenset(
 )
 
 
+def _names_pattern(names: tuple[str, ...]) -> re.Pattern:
+    """One pattern for whole known names, longest first (one pass: an alias is never replaced again)."""
+    return re.compile(_NAME_BEFORE + "(?:" + "|".join(re.escape(n) for n in names) + ")" + _NAME_AFTER)
+
+
+def _joined_string_lists(value: Any):
+    """Every list of strings in a JSON-like tree, joined by spaces (argument vectors)."""
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _joined_string_lists(v)
+    elif isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, str) for v in value):
+            yield " ".join(value)
+        else:
+            for v in value:
+                yield from _joined_string_lists(v)
+
+
 def redact_tree(value: Any, r: Redactor, *, key: str | None = None) -> Any:
-    """Apply ``r`` to every string in a JSON-like tree; env-like dicts by their variable names."""
+    """Apply ``r`` to every string in a JSON-like tree; env-like dicts by their variable names.
+
+    Kubernetes-style ``{"name": ..., "value": ...}`` entries are judged by their name, too.
+
+    >>> redact_tree({"env": [{"name": "DB_PASS", "value": "hunter2"}], "environ": {"PATH": "/bin"}}, Redactor())
+    {'env': [{'name': 'DB_PASS', 'value': '[REDACTED]'}], 'environ': {'PATH': '/bin'}}
+    """
     if isinstance(value, str):
         if key is not None and SECRET_NAME.search(key):
             return r.env_value(key, value)
         return r.text(value)
     if isinstance(value, dict):
+        if isinstance(value.get("name"), str) and isinstance(value.get("value"), str) and SECRET_NAME.search(value["name"]):
+            return {k: (r.env_value(value["name"], v) if k == "value" else redact_tree(v, r)) for k, v in value.items()}
         return {k: redact_tree(v, r, key=k if key in ("environ", "env", "environment") or _is_env_name(k) else None)
                 for k, v in value.items()}
     if isinstance(value, list):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -128,8 +129,18 @@ def test_overlong_report_moves_details_to_an_attachment(evidence, tmp_path):
     assert len(full) > 65_536 and check_markdown(body) == []
 
 
+# Secrets planted where capture does not mask them: separate argv items, NAME forms and a header capture's
+# rules missed, a thread name, and the bundle's text files.  Each must be in the raw evidence and in no report.
+TOKEN = "tok3n-9f8e7d6c5b"
+DB_PW = "dbp4ss-7a6b5c"
+CURL_PW = "curlpw-4d3c2b"
+BASIC = "YWRtaW46c2VjcmV0LWJhc2ljLXB3"
+NV_KEY = "nv-secret-123456"
+PLANTED = (TOKEN, DB_PW, CURL_PW, BASIC, NV_KEY)
+
+
 def test_report_from_a_real_capture_and_its_core(tmp_path, core_pattern, newest_python):
-    # GIVEN a live exporter-shaped process with secrets in its environment and arguments, captured for real
+    # GIVEN a live exporter-shaped process with secrets in its environment, arguments and thread name, captured
     import os
     import resource
     import subprocess
@@ -140,11 +151,13 @@ def test_report_from_a_real_capture_and_its_core(tmp_path, core_pattern, newest_
     lib = build_libcrash(tmp_path)
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
-    env = {**os.environ, "NVIDIA_API_KEY": "nv-secret-123456", "EXPORTER_THREAD_NAME": "metrics-server"}
+    env = {**os.environ, "NVIDIA_API_KEY": NV_KEY, "EXPORTER_THREAD_NAME": f"metrics-{TOKEN}"}
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    proc = subprocess.Popen([PYTHONS[newest_python], str(EXPORTER), str(lib), "segv", str(fifo)], cwd=run_dir, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    # exporter.py ignores arguments after the FIFO: they are there for the core's and /proc's command line
+    argv = [PYTHONS[newest_python], str(EXPORTER), str(lib), "segv", str(fifo),
+            "--token", TOKEN, f"DB_PASS={DB_PW}", "-u", f"admin:{CURL_PW}", f"Authorization: Basic {BASIC}"]
+    proc = subprocess.Popen(argv, cwd=run_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY)))
     try:
         # the sample blocks opening the FIFO until we read it, then crashes: capture it before that.
@@ -161,14 +174,81 @@ def test_report_from_a_real_capture_and_its_core(tmp_path, core_pattern, newest_
             proc.kill()
             proc.wait()
     (bundle,) = [p for p in (tmp_path / "bundles").iterdir() if p.is_dir()]
+    # the node's text files in the bundle: a kernel log line that names the key, nvidia-smi text that does not
+    kernel = bundle / "30-kernel"
+    kernel.mkdir(exist_ok=True)
+    (kernel / "kernel-nvidia.log").write_text(f"NVRM: Xid 79, pid=4242, exporter NVIDIA_API_KEY={NV_KEY}\n")
+    (kernel / "nvidia-smi.txt").write_text(
+        f"Driver Version : 580.126.09\n    Process ID : 4242\n        Name : python {NV_KEY} {TOKEN}\n")
     core = next(run_dir.glob("core*"))  # written only because capture raised the limit from 0
     analysis = tmp_path / "analysis.json"
     assert run("analyze", "--json", "-o", str(analysis), str(core)).exit_code == 0
-    # WHEN a report is made from the bundle and the analysis
-    r = run("report", "--template", "runbook", str(bundle), str(analysis))
-    assert r.exit_code == 0, r.stderr
-    md = r.stdout
-    # THEN the secret is absent, the capture's files are listed with their sha256, and the crash is there
-    assert "nv-secret-123456" not in md
+    raw = analysis.read_text() + "".join(p.read_text(errors="replace") for p in bundle.rglob("*") if p.suffix in (".json", ".log", ".txt"))
+    for secret in PLANTED:
+        assert secret in raw, f"{secret} is not in the raw evidence: the test would prove nothing"
+    # WHEN reports are made from the bundle and the analysis, with every template, as Markdown and as JSON
+    outputs = {}
+    for template in ("nvitop", "nvml", "runbook"):
+        for extra in ((), ("--redact-hosts",), ("--json",)):
+            r = run("report", "--template", template, *extra, str(bundle), str(analysis))
+            assert r.exit_code == 0, r.stderr
+            outputs[(template, *extra)] = r.stdout
+    # THEN no planted secret is anywhere, and the reports say what was redacted
+    for key, out in outputs.items():
+        leaked = [s for s in PLANTED if s in out]
+        assert not leaked, f"{key}: {leaked}"
+    md = outputs[("runbook",)]
+    nvitop = outputs[("nvitop",)].replace("\\", "")
+    assert "authorization headers" in nvitop and "user:password options" in nvitop and "repeated secret values" in nvitop
+    assert "Driver Version : 580.126.09" in nvitop and "Name : python [REDACTED] [REDACTED]" in nvitop
+    # the capture's files are listed with their sha256, and the crash is there
     assert "00-identity.json" in md and "40-process/snapshot.json" in md
     assert "SIGSEGV" in md and check_markdown(md) == []
+
+
+def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str) -> Path:
+    """A pod capture bundle as `forensics capture --pod` writes it (its directory name embeds the pod name)."""
+    from forensics.capture.bundle import BundleWriter, new_bundle_dir
+    from forensics.capture.kube import summarize_node, summarize_pod
+
+    pod_obj = {"metadata": {"name": pod, "namespace": namespace, "uid": "0b8e-pod-uid"},
+               "spec": {"nodeName": node}, "status": {"phase": "Running", "hostIP": "10.20.30.40", "containerStatuses": [
+                   {"name": "exporter", "containerID": "containerd://abc", "image": "nvitop-exporter:1.4",
+                    "imageID": "registry.example.com/nvitop-exporter@sha256:" + "a" * 64, "restartCount": 3}]}}
+    node_obj = {"metadata": {"name": node, "uid": "0b8e-node-uid", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-H20", "nvidia.com/gpu.count": "8", "kubernetes.io/hostname": node}},
+        "status": {"nodeInfo": {"kernelVersion": "6.8.0-45-generic"}}}
+    summary, node_summary = summarize_pod(pod_obj), summarize_node(node_obj)
+    w = BundleWriter(new_bundle_dir(str(parent), f"20250101T000000Z-{namespace}-{pod}"))
+    w.add_json("00-identity.json", {"pod": pod, "namespace": namespace, "node": node}, "who")
+    w.add_json("10-kubernetes/scheduling.json", {"pod": summary, "node": node_summary}, "scheduling")
+    w.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q")
+    w.write_manifest({"pod": f"{namespace}/{pod}"})
+    return Path(w.path)
+
+
+def test_pod_bundle_hosts_are_replaced_as_whole_names_everywhere(tmp_path):
+    # GIVEN a pod bundle from a node named "vm" (inside "nvml"), kept under a directory whose name holds a token
+    token = "ghp_" + "Q" * 36
+    smi = ("Driver Version : 580.126.09\nnvmlDeviceGetFieldValues failed in pynvml.py\n"
+           "mount /var/lib/kubelet/pods/exporter-7x9k2/volumes on node=vm, vm: ok\n"
+           "PASSWORD=\"two words\" --api-key 'k3y k3y'\n")
+    parent = tmp_path / f"upload-{token}"
+    bundle = _pod_bundle(parent, node="vm", pod="exporter-7x9k2", namespace="gpu-jobs", smi=smi)
+    assert "exporter-7x9k2" in bundle.name and token in str(bundle)
+    # WHEN a report is made with --redact-hosts
+    r = run("report", "--template", "nvitop", "--redact-hosts", str(bundle))
+    assert r.exit_code == EXIT_OK, r.stderr
+    md = r.stdout.replace("\\", "")
+    # THEN the pod and node are gone from the evidence table and the nvidia-smi text, as whole names
+    assert "exporter-7x9k2" not in md and token not in md
+    assert "20250101T000000Z-gpu-jobs-pod-1/" in md and "upload-[REDACTED]" in md
+    assert "/var/lib/kubelet/pods/pod-1/volumes on node=node-1, node-1: ok" in md
+    assert not re.search(r"(?<![A-Za-z0-9_.])vm(?![A-Za-z0-9_])", md)
+    # and the identifiers and file names that merely contain "vm" are intact
+    assert "nvmlDeviceGetFieldValues failed in pynvml.py" in md and "nnode" not in md
+    assert "two words" not in md and "k3y k3y" not in md
+    # WHEN it is made without --redact-hosts THEN hosts stay, and secrets still go (the path too)
+    r = run("report", "--template", "nvitop", "--json", str(bundle))
+    assert r.exit_code == EXIT_OK, r.stderr
+    assert "exporter-7x9k2" in r.stdout and token not in r.stdout and "two words" not in r.stdout

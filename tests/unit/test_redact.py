@@ -49,3 +49,89 @@ def test_hosts_consistent_aliases():
     assert a == "pod pod-1 on node-1 (ip-1), host-1"
     assert b == "node-1 again, ip-1 again, host-1 again"
     assert r.text("127.0.0.1:8000") == "127.0.0.1:8000"
+
+
+@pytest.mark.parametrize(
+    "text,secret",
+    [
+        ('PASSWORD="x y z" exporter', "x y z"),
+        ("PASSWORD='x y z' exporter", "x y z"),
+        ('exporter --token "abc123def" --port 8000', "abc123def"),
+        ("exporter --password 'p w q' --port 8000", "p w q"),
+        ("curl -H 'Authorization: Basic dXNlcjpwYXNz' https://registry", "dXNlcjpwYXNz"),
+        ("Authorization: Bearer abc", "abc"),
+        ('{"Proxy-Authorization": "Basic dXNlcjpwYXNz"}', "dXNlcjpwYXNz"),
+        ("X-Api-Key: k3yk3yk3y", "k3yk3yk3y"),
+        ("curl -u admin:pw9 https://registry", "pw9"),
+        ("curl --user 'admin:p w9' https://registry", "p w9"),
+        ("curl --proxy-user=admin:pw9 https://registry", "pw9"),
+        ("SIGNING_KEY_PEM=MIIEvQIBADANBg", "MIIEvQIBADANBg"),
+        ("DB_PASS=hunter2 PGPASS=hunter3 MYSQL_PWD=hunter4", "hunter"),
+        ("exporter --db-pass=hunter2", "hunter2"),
+        ("accountKey=Zm9vYmFy", "Zm9vYmFy"),
+    ],
+)
+def test_more_secret_forms_are_masked(text, secret):
+    r = Redactor()
+    out = r.text(text)
+    assert secret not in out and MASK in out, out
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["KEYBOARD", "MONKEY", "PATH", "HOSTNAME", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "PWD", "OLDPWD",
+     "GIT_AUTHOR_NAME", "TOKENIZERS_PARALLELISM", "BYPASS_PROXY", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"],
+)
+def test_harmless_names_are_not_secrets(name):
+    r = Redactor()
+    assert r.env_value(name, "value-123456") == "value-123456"
+    assert r.text(f"{name}=value-123456 --{name.lower().replace('_', '-')} value-123456") == (
+        f"{name}=value-123456 --{name.lower().replace('_', '-')} value-123456")
+    assert r.summary() == ["nothing matched the redaction rules"]
+
+
+def test_known_names_are_replaced_whole_only():
+    # GIVEN a node named "vm" (a substring of nvml) and a pod whose name is in a bundle directory name
+    r = Redactor(hosts=True, known_hosts={"vm": "node", "exporter-7x9k2": "pod"})
+    s = ("nvmlDeviceGetFieldValues in pynvml.py; /var/lib/kubelet/pods/exporter-7x9k2/volumes node=vm, vm: "
+         "/bundles/20250101T000000Z-gpu-jobs-exporter-7x9k2-2/MANIFEST.json vm.cluster.local libvm.so vm_stat x.vm")
+    # THEN whole names are replaced, and identifiers and file names that only contain them are not
+    assert r.text(s) == (
+        "nvmlDeviceGetFieldValues in pynvml.py; /var/lib/kubelet/pods/pod-1/volumes node=node-1, node-1: "
+        "/bundles/20250101T000000Z-gpu-jobs-pod-1-2/MANIFEST.json host-1 libvm.so vm_stat x.vm"
+    )
+    # a name that is a prefix of another known name does not break the longer one
+    r = Redactor(hosts=True, known_hosts={"gpu-node-1": "node", "gpu-node-17": "node"})
+    assert r.text("gpu-node-17 gpu-node-1 gpu-node-17") == "node-1 node-2 node-1"
+
+
+def test_a_secret_value_is_masked_wherever_it_appears():
+    r = Redactor()
+    assert r.text("NVIDIA_API_KEY=s3cr3tvalue123") == f"NVIDIA_API_KEY={MASK}"
+    # the same value elsewhere, without its name: kernel log, nvidia-smi, a thread name
+    assert r.text("NVRM: Xid 79 pid 4242 s3cr3tvalue123") == f"NVRM: Xid 79 pid 4242 {MASK}"
+    assert r.text("metrics-s3cr3tvalue123") == f"metrics-{MASK}"
+    assert "2 repeated secret values" in r.summary()
+    # a short value is not chased through the evidence (it would mangle unrelated text)
+    r = Redactor()
+    r.text("PASSWORD=abcde")
+    assert r.text("abcde in a log line") == "abcde in a log line"
+
+
+def test_learn_masks_values_that_appear_before_their_name():
+    # GIVEN evidence where the bare value comes first, and an argv whose option and value are separate items
+    tree = {"threads": [{"name": "metrics-s3cr3tvalue123"}], "args": "exporter --api-key s3cr3tvalue123",
+            "cmdline": ["exporter", "--token", "tok3n-value-9"], "log": "token was tok3n-value-9"}
+    plain = redact_tree(tree, Redactor())
+    assert plain["threads"][0]["name"] == "metrics-s3cr3tvalue123"  # one pass alone cannot know yet
+    r = Redactor()
+    r.learn(tree)
+    out = redact_tree(tree, r)
+    assert "s3cr3tvalue123" not in repr(out) and "tok3n-value-9" not in repr(out)
+    assert out["cmdline"] == ["exporter", "--token", MASK]
+
+
+def test_kubernetes_env_entries_are_judged_by_name():
+    r = Redactor()
+    out = redact_tree({"env": [{"name": "DB_PASS", "value": "hunter2"}, {"name": "PORT", "value": "8000"}]}, r)
+    assert out == {"env": [{"name": "DB_PASS", "value": MASK}, {"name": "PORT", "value": "8000"}]}
