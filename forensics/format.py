@@ -128,11 +128,15 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True) 
                 yield f"    (Python) {_pyframe(frame)}"
             else:
                 yield f"    {_native_line(frame)}"
+        if thread.python_error:
+            yield f"    (Python stack incomplete: {thread.python_error})"
     else:
-        if thread.py_frames:
+        if thread.py_frames or thread.python_error:
             yield "  Python stack (most recent call first):"
             for p in thread.py_frames:
                 yield f"    {_pyframe(p)}"
+            if thread.python_error:
+                yield f"    (Python stack incomplete: {thread.python_error})"
         if native:
             yield "  Native stack:"
             for f in thread.native_frames:

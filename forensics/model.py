@@ -237,7 +237,8 @@ class Thread:
     holds_gil: bool
     native_frames: tuple[NativeFrame, ...]
     py_frames: tuple[PyFrame, ...]  # innermost first
-    native_error: str | None = None
+    native_error: str | None = None  # why the native stack is missing or short (gdb's error, no native thread)
+    python_error: str | None = None  # why the Python stack stopped short (a frame pointer that leaves the core)
 
     @property
     def is_python(self) -> bool:
@@ -278,11 +279,13 @@ class ProcessSnapshot:
 
     @property
     def is_complete(self) -> bool:
-        """False when stacks are missing (no gdb, no CPython symbols), the methods disagree, or the core is truncated."""
+        """False when stacks are missing or cut short (no gdb, no CPython symbols, a broken frame chain),
+        the methods disagree, or the core is truncated."""
         native_ok = self.native_method == "gdb" or self.requested_method == "direct"
         return (
             native_ok
             and self.python_stack_status in ("ok", "not a Python process")
+            and not any(t.python_error for t in self.threads)
             and not self.core.truncated
             and not self.method_disagreements
         )

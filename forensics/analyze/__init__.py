@@ -21,11 +21,13 @@ from ..model import (
     Severity,
     Source,
 )
+from ..pyread.walk import thread_label
 from .classify import classify_crash
 from .fingerprint import fingerprint, fingerprint_basis
 from .stacks import build_threads
 
-__all__ = ["METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot", "compare_python_docs", "is_python_process", "registers_only"]
+__all__ = ["METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot", "compare_python_docs",
+           "flag_thread_errors", "choose_python_doc", "is_python_process", "registers_only"]
 
 _LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
 
@@ -64,11 +66,76 @@ def registers_only(core: CoreFile) -> dict:
     ]}
 
 
+def flag_thread_errors(doc: dict | None) -> dict | None:
+    """``doc`` as a partial result when one of its threads' Python stacks stopped short.
+
+    A thread ``error`` (a frame pointer that leaves the core, a frame cycle) means that
+    thread's stack is incomplete, so the document cannot be ``ok``: its ``status``
+    becomes ``error`` and its ``detail`` names each such thread (once; the direct
+    reader names them already, gdb's walker does not).  Pure: a new dict, or ``doc``
+    itself when there is nothing to flag.
+
+    >>> doc = {"status": "ok", "detail": "", "threads": [
+    ...     {"native_thread_id": 7, "frames": [], "error": "frame 0x41: not in the core"}]}
+    >>> flagged = flag_thread_errors(doc)
+    >>> flagged["status"], flagged["detail"]
+    ('error', 'partial result: tid 7: frame 0x41: not in the core')
+    >>> flag_thread_errors(flagged) == flagged and doc["status"] == "ok"
+    True
+    """
+    if not doc or doc.get("status") not in ("ok", "error"):
+        return doc
+    detail = doc.get("detail") or ""
+    problems = [
+        f"{thread_label(t.get('native_thread_id'), t.get('thread_id'))}: {t['error']}"
+        for t in doc.get("threads", []) if t.get("error") and t["error"] not in detail
+    ]
+    if not problems:
+        return doc
+    if detail:
+        detail = f"{detail}; {'; '.join(problems)}"
+    else:
+        detail = "partial result: " + "; ".join(problems)
+    return {**doc, "status": "error", "detail": detail}
+
+
+def choose_python_doc(direct: dict | None, gdb: dict | None) -> tuple[dict | None, str]:
+    """The Python document ``auto`` (and ``both``) shows, and the method that made it.
+
+    The direct reader's when it is whole; else gdb's walker's when that one is whole;
+    else the direct reader's partial stacks; else gdb's (whose detail explains what
+    is missing, e.g. the debug symbols); the direct reader's when gdb gave nothing.
+
+    >>> choose_python_doc({"status": "ok", "threads": []}, None)[1]
+    'direct'
+    >>> partial = {"status": "error", "threads": [{"frames": []}]}
+    >>> choose_python_doc(partial, {"status": "ok", "threads": []})[1]
+    'gdb'
+    >>> choose_python_doc(partial, {"status": "no-python-symbols", "threads": []})[1]
+    'direct'
+    """
+    if (direct or {}).get("status") == "ok" or gdb is None:
+        return direct, "direct"
+    if gdb.get("status") == "ok":
+        return gdb, "gdb"
+    if (direct or {}).get("status") == "error" and (direct or {}).get("threads"):
+        return direct, "direct"
+    return gdb, "gdb"
+
+
 def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
-    """Where two Python-state documents (gdb walker, direct reader) disagree, frame for frame.
+    """Where two Python-state documents (gdb walker ``a``, direct reader ``b``) disagree.
+
+    Thread by thread (matched by LWP): its name, whether it holds the GIL, and its
+    frames (function, file, line), frame for frame.
 
     >>> compare_python_docs({"status": "ok", "threads": []}, {"status": "ok", "threads": []})
     []
+    >>> t = {"native_thread_id": 7, "name": "MainThread", "holds_gil": True,
+    ...      "frames": [{"function": "main", "file": "a.py", "line": 3}]}
+    >>> compare_python_docs({"status": "ok", "threads": [t]},
+    ...                     {"status": "ok", "threads": [{**t, "holds_gil": False}]})
+    ['thread 7: holds the GIL True (gdb) vs False (direct)']
     """
     if not a or not b:
         return ["one method gave no result"]
@@ -84,7 +151,10 @@ def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
         fa = [(f.get("function"), f.get("file"), f.get("line")) for f in ta[tid].get("frames", [])]
         fb = [(f.get("function"), f.get("file"), f.get("line")) for f in tb[tid].get("frames", [])]
         if ta[tid].get("name") != tb[tid].get("name"):
-            out.append(f"thread {tid}: name {ta[tid].get('name')!r} vs {tb[tid].get('name')!r}")
+            out.append(f"thread {tid}: name {ta[tid].get('name')!r} (gdb) vs {tb[tid].get('name')!r} (direct)")
+        if bool(ta[tid].get("holds_gil")) != bool(tb[tid].get("holds_gil")):
+            out.append(f"thread {tid}: holds the GIL {bool(ta[tid].get('holds_gil'))} (gdb) "
+                       f"vs {bool(tb[tid].get('holds_gil'))} (direct)")
         for i, (x, y) in enumerate(zip(fa, fb)):
             if x != y:
                 out.append(f"thread {tid} frame {i}: {x} (gdb) vs {y} (direct)")
@@ -97,8 +167,13 @@ def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
 def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, sysroot: str | None,
                    native_method: str, python_method: str, requested: str = "auto",
                    problems: tuple[str, ...] = (), disagreements: tuple[str, ...] = ()) -> ProcessSnapshot:
-    """Join the core reader's facts with the native and Python stacks into one snapshot."""
+    """Join the core reader's facts with the native and Python stacks into one snapshot.
+
+    A Python document with a thread whose stack stopped short is a partial result
+    (:func:`flag_thread_errors`), whichever method made it.
+    """
     warnings: list[str] = list(problems)
+    python = flag_thread_errors(python)
     python_version = python.get("python_version") if python else None
     threads = build_threads(core, native or registers_only(core), python)
     py_status = python.get("status") if python else None
@@ -115,8 +190,9 @@ def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, 
             status += f" ({python['detail']})"
         warnings.append(status)
     elif py_status == "error" and python.get("threads"):
-        status = f"partial: {python.get('detail') or 'the interpreter state is damaged'}"
-        warnings.append(f"Python stacks are partial: {python.get('detail')}")
+        detail = (python.get("detail") or "").removeprefix("partial result: ") or "the interpreter state is damaged"
+        status = f"partial: {detail}"
+        warnings.append(f"Python stacks are partial: {detail}")
     else:
         status = f"Python stacks unavailable: {python.get('detail') or py_status}"
         warnings.append(status)
@@ -265,7 +341,8 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     if method in ("direct", "both", "auto"):
         from ..pyread import read_python_state
 
-        direct = read_python_state(core, sysroot=sysroot)
+        direct = flag_thread_errors(read_python_state(core, sysroot=sysroot))
+    # auto: gdb's walker reads the Python stacks too when the direct reader's are not whole
     want_gdb_python = method in ("gdb", "both") or (method == "auto" and (direct or {}).get("status") != "ok")
     result = None
     problems: list[str] = []
@@ -280,19 +357,17 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
             problems.append(f"{e}; native stacks need gdb ({e.help_text})")
         except GdbError as e:
             problems.append(str(e))
-    gdb_python = result.python if result is not None else None
+    gdb_python = flag_thread_errors(result.python) if result is not None else None
     disagreements: tuple[str, ...] = ()
     if method == "both":
         disagreements = tuple(compare_python_docs(gdb_python, direct))
-    # Choose the Python document: the requested method's, or for auto the direct reader's when it worked.
+    # Choose the Python document: the requested method's, or for auto/both the best whole one.
     if method == "gdb":
         python, py_method = gdb_python, "gdb"
     elif method == "direct":
         python, py_method = direct, "direct"
-    elif (direct or {}).get("status") == "ok" or gdb_python is None:
-        python, py_method = direct, "direct"
     else:
-        python, py_method = gdb_python, "gdb"
+        python, py_method = choose_python_doc(direct, gdb_python)
     native_method = "gdb" if result is not None else "registers"
     snapshot = build_snapshot(
         core, result.native if result is not None else None, python, sysroot=sysroot,

@@ -53,7 +53,10 @@ def parse_py_frames(frames: list[dict]) -> tuple[PyFrame, ...]:
 
 
 def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
-    """Threads ordered crashed first, then as gdb numbers them; Python threads matched by LWP."""
+    """Threads ordered crashed first, then as gdb numbers them; Python threads matched by LWP.
+
+    A Python thread's ``error`` (its stack stopped short) becomes the thread's ``python_error``.
+    """
     py_by_tid: dict[int, dict] = {}
     gil_tid = None
     # "error" still carries the threads read before the walk stopped (a corrupted interpreter state)
@@ -78,6 +81,7 @@ def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
                 native_frames=parse_native_frames(core, t.get("frames", [])),
                 py_frames=parse_py_frames(py.get("frames", [])),
                 native_error=t.get("error"),
+                python_error=py.get("error") or None,
             )
         )
     # A Python thread state with no native thread (it exited, or gdb lost it) is still shown.
@@ -88,6 +92,7 @@ def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
                     tid=tid, name=py.get("name"), is_crashed=tid == crashed, holds_gil=bool(py.get("holds_gil")),
                     native_frames=(), py_frames=parse_py_frames(py.get("frames", [])),
                     native_error="no native thread with this id in the core",
+                    python_error=py.get("error") or None,
                 )
             )
     threads.sort(key=lambda th: (not th.is_crashed,))

@@ -20,7 +20,8 @@ stopped); ``no-interpreter`` (the runtime has no interpreter yet or any more);
 ``no-python-symbols`` (no ``_PyRuntime``: not a CPython process, or its symbol
 table is neither on disk nor in the core; or a version the reader does not know).
 A thread whose frame chain breaks keeps the frames read before the break and
-names the address in its ``error``.
+names the address in its ``error``; the document is then a partial result too
+(``status`` ``error``, ``detail`` naming the thread), never ``ok``.
 """
 from __future__ import annotations
 

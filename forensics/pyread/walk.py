@@ -4,7 +4,9 @@ The walkers mirror ``gdb_scripts/forensics_python.py`` (same families, same
 entry-frame rules, same caps) so both methods give the same stacks.  A pointer
 that leaves the core, a cycle, or a chain past its cap ends that walk with an
 ``error`` naming the address; the frames read so far are kept and the other
-threads are still read.
+threads are still read.  A thread's ``error`` is also one of the document's
+problems, so the document is a partial result (``status`` ``error``) whose
+``detail`` names the thread.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from forensics.pyread.layouts import Layout
 from forensics.pyread.objects import BadObject, CodeCache, Objects, Reader
 
 __all__ = ["MAX_INTERPRETERS", "MAX_THREADS", "MAX_FRAMES", "walk_frame_objects", "walk_interpreter_frames",
-           "first_frame", "NativeIds", "thread_names", "read_gil", "walk_runtime"]
+           "first_frame", "NativeIds", "thread_names", "read_gil", "thread_label", "walk_runtime"]
 
 MAX_INTERPRETERS = 64
 MAX_THREADS = 4096
@@ -269,6 +271,17 @@ def walk_runtime(doc: dict, layout: Layout, rd: Reader, objects: Objects, core: 
         doc["detail"] = "partial result: " + "; ".join(problems)
 
 
+def thread_label(native: int | None, ident: int | None) -> str:
+    """How a problem names a thread: its LWP when known, else its ``threading`` ident.
+
+    >>> thread_label(4242, 139872)
+    'tid 4242'
+    >>> thread_label(None, 139872)
+    'thread ident 139872'
+    """
+    return f"tid {native}" if native is not None else f"thread ident {ident}"
+
+
 def _walk_threads(doc: dict, layout: Layout, rd: Reader, codes: CodeCache, tstate_addr: int, names: dict,
                   classic_ids: NativeIds | None, locked: bool | None, holder: int | None,
                   problems: list[str]) -> None:
@@ -297,4 +310,6 @@ def _walk_threads(doc: dict, layout: Layout, rd: Reader, codes: CodeCache, tstat
         frames, error = _thread_frames(layout, rd, codes, ts)
         doc["threads"].append({"native_thread_id": native, "thread_id": ident, "name": name,
                                "holds_gil": holds, "frames": frames, "error": error})
+        if error:  # a stack that stopped short is a partial result, not an "ok" one
+            problems.append(f"{thread_label(native, ident)}: {error}")
         tstate_addr = ts["next"]

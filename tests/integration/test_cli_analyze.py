@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from forensics.cli import cli
 from forensics.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL
+from tests.conftest import python_params
 
 
 def run(*args: str):
@@ -235,3 +236,82 @@ def test_missing_executable_under_sysroot(heap_core, tmp_path):
 def test_python_dash_m_help():
     r = subprocess.run([sys.executable, "-m", "forensics", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "analyze" in r.stdout
+
+
+# -- a corrupted frame pointer: a partial Python stack, said so --------------------------------------
+
+
+def broken_frame_core(cores, version: str, tmp_path: Path) -> tuple[str, str]:
+    """A copy of a segv core whose crashed (main) thread's current-frame pointer is garbage, and that garbage."""
+    from tests.integration.test_pyread import GARBAGE, main_thread_slots, patched_copy
+
+    src = str(cores.get(version, "segv"))
+    path = patched_copy(src, tmp_path / "core.broken-frame", {main_thread_slots(src)["frame_slot"]: GARBAGE})
+    return path, f"0x{GARBAGE:x}"
+
+
+def split_threads(snap: dict) -> tuple[dict, dict]:
+    main = next(t for t in snap["threads"] if t["name"] == "MainThread")
+    server = next(t for t in snap["threads"] if t["name"] == "metrics-server")
+    return main, server
+
+
+@pytest.mark.parametrize("version", python_params())
+def test_broken_frame_pointer_is_a_partial_result(cores, version, tmp_path, monkeypatch):
+    # GIVEN a real core whose main thread's frame pointer was overwritten
+    import forensics.analyze
+
+    path, garbage = broken_frame_core(cores, version, tmp_path)
+    real_run_gdb, asked = forensics.analyze.run_gdb, []
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("python"))
+        return real_run_gdb(*args, **kwargs)
+
+    monkeypatch.setattr(forensics.analyze, "run_gdb", spy)
+    # WHEN it is analyzed with the default method
+    r = run("analyze", "--json", path)
+    # THEN gdb's walker was tried for the Python stacks, the result is partial (exit 4) and warned about,
+    assert asked == [True]
+    assert r.exit_code == EXIT_PARTIAL, r.stderr
+    assert "warning: Python stacks are partial" in r.stderr and garbage in r.stderr
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["python_method"] == "direct"
+    assert snap["python_stack_status"].startswith("partial:") and garbage in snap["python_stack_status"]
+    # and the main thread carries the reason its Python stack is empty; the other thread is whole
+    main, server = split_threads(snap)
+    assert main["py_frames"] == [] and garbage in main["python_error"]
+    assert server["py_frames"] and server["python_error"] is None
+    # WHEN gdb's walker alone reads it (it reports the broken thread, with status "ok")
+    r = run("analyze", "--json", "--method", "gdb", path)
+    # THEN that is partial too, with the same reason on the same thread
+    assert r.exit_code == EXIT_PARTIAL, r.stderr
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["python_method"] == "gdb" and snap["python_stack_status"].startswith("partial:")
+    main, server = split_threads(snap)
+    assert main["py_frames"] == [] and garbage in main["python_error"]
+    assert server["py_frames"] and server["python_error"] is None
+
+
+def test_broken_frame_pointer_in_text_and_with_both_methods(cores, newest_python, tmp_path):
+    # GIVEN the same corrupted core
+    path, garbage = broken_frame_core(cores, newest_python, tmp_path)
+    # WHEN the text summary is printed
+    r = run("analyze", path)
+    # THEN the Stacks line says partial, a warning says why, and the reason stands under the thread
+    assert r.exit_code == EXIT_PARTIAL, r.stderr
+    lines = r.stdout.splitlines()
+    stacks = next(ln for ln in lines if ln.startswith("Stacks:"))
+    assert "Python by direct: partial:" in stacks and garbage in stacks
+    assert any(ln.startswith("warning: Python stacks are partial") and garbage in ln for ln in lines)
+    at = next(i for i, ln in enumerate(lines) if ln.startswith('Thread "MainThread"'))
+    end = next((i for i, ln in enumerate(lines) if i > at and ln.startswith("Thread ")), len(lines))
+    block = lines[at:end]
+    assert "  Python stack (most recent call first):" in block
+    assert any(ln.strip().startswith("(Python stack incomplete: frame " + garbage) for ln in block), block
+    # and --method both: the two methods agree on the broken stack, which is still partial
+    r = run("analyze", "--json", "--method", "both", path)
+    assert r.exit_code == EXIT_PARTIAL, r.stderr
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["method_disagreements"] == []
+    assert garbage in split_threads(snap)[0]["python_error"]

@@ -36,10 +36,12 @@ _analyses: dict[tuple[str, str], object] = {}
 
 
 def gdb_analysis(cores, version: str, scenario: str):
-    """analyze_core (the gdb method) of one core, once per session."""
+    """analyze_core with the gdb method (never the direct reader under test) of one core, once per session."""
     key = (version, scenario)
     if key not in _analyses:
-        _analyses[key] = analyze_core(str(cores.get(version, scenario)))
+        analysis = analyze_core(str(cores.get(version, scenario)), method="gdb")
+        assert analysis.snapshot.python_method == "gdb", analysis.snapshot.python_stack_status
+        _analyses[key] = analysis
     return _analyses[key]
 
 
@@ -47,6 +49,7 @@ def assert_same_stacks(doc: dict, analysis) -> None:
     """Each Python thread of the gdb analysis has the same name, GIL flag and frames in ``doc``."""
     assert doc["status"] == "ok", doc["detail"]
     snap = analysis.snapshot
+    assert snap.python_method == "gdb" and snap.python_stack_status == "ok", snap.python_stack_status
     assert doc["python_version"] == snap.python_version
     by_tid = {t["native_thread_id"]: t for t in doc["threads"]}
     gdb_threads = [t for t in snap.threads if t.py_frames]
@@ -131,7 +134,7 @@ def test_from_core_memory_alone(cores, version, tmp_path):
 
     path = str(make_core(tmp_path, PYTHONS[version], "segv", coredump_filter=0x37))
     core = open_core(path)
-    analysis = analyze_core(path)
+    analysis = analyze_core(path, method="gdb")
     missing = tuple(dataclasses.replace(lib, file_path=None, file_build_id=None, status=LibraryStatus.MISSING)
                     for lib in core.libraries)
     # WHEN it is read with the symbol table and version taken from the core's memory
@@ -251,6 +254,9 @@ def test_overwritten_frame_pointer_gives_flagged_partial_stack(cores, version, t
     main = next(t for t in doc["threads"] if t["name"] == "MainThread")
     assert main["frames"] == []
     assert main["error"] and f"0x{GARBAGE:x}" in main["error"]
+    # and the document is a partial result naming that thread, not "ok"
+    assert doc["status"] == "error"
+    assert f"tid {main['native_thread_id']}: {main['error']}" in doc["detail"]
     other = [t for t in doc["threads"] if t["name"] != "MainThread"]
     assert other == [t for t in good["threads"] if t["name"] != "MainThread"]
 
@@ -270,6 +276,7 @@ def test_overwritten_back_pointer_keeps_the_frames_before_it(cores, version, tmp
     assert [f["function"] for f in main["frames"]] == [good_main["frames"][0]["function"]]
     assert main["frames"][0]["line"] == good_main["frames"][0]["line"]
     assert f"frame 0x{GARBAGE:x}" in main["error"]
+    assert doc["status"] == "error" and main["error"] in doc["detail"]
 
 
 @pytest.mark.parametrize("version", python_params())
@@ -285,6 +292,7 @@ def test_frame_cycle_is_detected(cores, version, tmp_path):
     main = next(t for t in doc["threads"] if t["name"] == "MainThread")
     assert len(main["frames"]) == 1
     assert main["error"] == f"frame cycle at 0x{slots['frame']:x}"
+    assert doc["status"] == "error" and main["error"] in doc["detail"]
 
 
 @pytest.mark.parametrize("version", python_params(("3.8", "3.12", "3.13")))
