@@ -118,7 +118,8 @@ def _hosts_in(ev: Evidence) -> dict[str, str]:
         sched = doc.get("scheduling") or {}
         for name, kind in ((((sched.get("node") or {}).get("name")), "node"), (((sched.get("pod") or {}).get("name")), "pod"),
                            ((doc.get("record") or {}).get("node"), "node"), ((doc.get("identity") or {}).get("node"), "node"),
-                           ((doc.get("identity") or {}).get("pod_name"), "pod"), ((doc.get("identity") or {}).get("hostname"), "host")):
+                           ((doc.get("identity") or {}).get("pod"), "pod"), ((doc.get("identity") or {}).get("agent_pod"), "pod"),
+                           ((doc.get("identity") or {}).get("hostname"), "host")):
             if isinstance(name, str) and name:
                 out.setdefault(name, kind)
     return out

@@ -206,7 +206,7 @@ def test_report_from_a_real_capture_and_its_core(tmp_path, core_pattern, newest_
     assert "SIGSEGV" in md and check_markdown(md) == []
 
 
-def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str) -> Path:
+def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str, scheduling: bool = True) -> Path:
     """A pod capture bundle as `forensics capture --pod` writes it (its directory name embeds the pod name)."""
     from forensics.capture.bundle import BundleWriter, new_bundle_dir
     from forensics.capture.kube import summarize_node, summarize_pod
@@ -221,10 +221,22 @@ def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str) 
     summary, node_summary = summarize_pod(pod_obj), summarize_node(node_obj)
     w = BundleWriter(new_bundle_dir(str(parent), f"20250101T000000Z-{namespace}-{pod}"))
     w.add_json("00-identity.json", {"pod": pod, "namespace": namespace, "node": node}, "who")
-    w.add_json("10-kubernetes/scheduling.json", {"pod": summary, "node": node_summary}, "scheduling")
+    if scheduling:
+        w.add_json("10-kubernetes/scheduling.json", {"pod": summary, "node": node_summary}, "scheduling")
     w.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q")
     w.write_manifest({"pod": f"{namespace}/{pod}"})
     return Path(w.path)
+
+
+def test_pod_and_node_names_from_the_identity_alone_are_replaced(tmp_path):
+    """A bundle without the Kubernetes documents still names its pod and node in 00-identity.json."""
+    smi = "Driver Version : 580.126.09\nnode=gpu-node-17 pod=exporter-4k2lm\n"
+    bundle = _pod_bundle(tmp_path, node="gpu-node-17", pod="exporter-4k2lm", namespace="gpu-jobs", smi=smi,
+                         scheduling=False)
+    r = run("report", "--template", "nvitop", "--redact-hosts", str(bundle))
+    assert r.exit_code == EXIT_OK, r.stderr
+    assert "exporter-4k2lm" not in r.stdout and "gpu-node-17" not in r.stdout
+    assert "node=node-1 pod=pod-1" in r.stdout
 
 
 def test_pod_bundle_hosts_are_replaced_as_whole_names_everywhere(tmp_path):
