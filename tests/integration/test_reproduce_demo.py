@@ -54,6 +54,28 @@ def test_fault_in_the_driver_crashes_both(workdir):
     assert doc["conclusion"].startswith("both reproducers failed") and "driver" in doc["conclusion"]
 
 
+def test_delayed_corruption_crashes_a_victim_stack_outside_nvml(workdir):
+    """The realistic case: the overflow happens in NVML, glibc notices at the caller's later free()."""
+    r = run("reproduce", "--json", "--sim", "--sim-fault", "heap-delayed", "--iterations", "20",
+            "--workdir", str(workdir))
+    assert r.exit_code == EXIT_FINDINGS, r.stderr
+    runs = {x["name"]: x for x in json.loads(r.stdout)["runs"]}
+    for name in ("python", "c"):
+        assert runs[name]["outcome"] == "crashed (SIGABRT)", runs[name]
+        a = run("analyze", "--json", runs[name]["core"])
+        doc = json.loads(a.stdout)["analysis"]
+        crashed = next(t for t in doc["snapshot"]["threads"] if t["is_crashed"])
+        libs = [f["library"] or "" for f in crashed["native_frames"]]
+        symbols = [f["symbol"] or "" for f in crashed["native_frames"]]
+        # THEN the crashing stack is glibc's free() called from outside NVML: the victim, not the culprit
+        assert doc["crash"]["kind"] == "heap-corruption" and "malloc_printerr" in symbols
+        first_free = next(i for i, s in enumerate(symbols) if "free" in s)
+        caller = next(lib for lib in libs[first_free:] if "libc.so" not in lib)
+        assert "libnvidia-ml" not in caller, list(zip(symbols, libs))
+        assert not any("libnvidia-ml" in lib for lib in libs[:first_free + 1])
+        assert "heap-corruption-detected-late" in [f["rule"] for f in doc["findings"]]
+
+
 def test_duration_bounds_both_reproducers(workdir):
     r = run("reproduce", "--json", "--sim", "--iterations", "100000000", "--duration", "1", "--workdir", str(workdir))
     assert r.exit_code == EXIT_OK, r.stderr
