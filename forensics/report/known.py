@@ -48,12 +48,18 @@ def _facts(ev: Evidence) -> dict:
         words += [f.get("symbol") or "", f.get("library") or ""]
     for f in crashed.get("py_frames") or []:
         words += [f.get("file") or "", f.get("function") or ""]
-    versions = {}
+    versions: dict[str, str] = {}
+    # what the crashed process imported (a capture's snapshot resolves it as CPython does), then what an
+    # image or process check found
+    for doc in ev.all("capture"):
+        for m in ((doc.get("snapshot") or {}).get("python") or {}).get("modules") or []:
+            if isinstance(m, dict) and m.get("module") and m.get("version"):
+                versions.setdefault(str(m["module"]), str(m["version"]))
     for doc in ev.all("verify-imports"):
         mods = ((doc.get("result") or {}).get("modules")) or doc.get("modules") or []
         for m in mods:
             if isinstance(m, dict) and m.get("module") and (m.get("version") or m.get("module_version")):
-                versions[str(m["module"])] = str(m.get("version") or m.get("module_version"))
+                versions.setdefault(str(m["module"]), str(m.get("version") or m.get("module_version")))
     nvml = ((a.get("snapshot") or {}).get("core") or {}).get("nvml") or {}
     return {"signal": crash.get("signal_name"), "kind": crash.get("kind"), "words": words, "versions": versions,
             "driver": nvml.get("driver_version")}

@@ -76,6 +76,45 @@ def test_delayed_corruption_crashes_a_victim_stack_outside_nvml(workdir):
         assert "heap-corruption-detected-late" in [f["rule"] for f in doc["findings"]]
 
 
+def test_report_matches_the_nvitop_shutdown_race_from_a_core_and_a_capture(workdir, tmp_path):
+    """nvitop < 1.7.1's exit-time race, end to end: a real SIGSEGV core of a query racing nvmlShutdown, and a
+    capture of a process whose interpreter imports nvitop 1.5.0; the report names the known issue."""
+    import subprocess
+
+    from forensics.simnvml import ensure_stack_venv
+
+    # a query racing nvmlShutdown in the (simulated) driver: SIGSEGV, its core analysed
+    r = run("reproduce", "--json", "--sim", "--sim-fault", "use-after-shutdown", "--shutdown-race",
+            "--iterations", "40", "--workdir", str(workdir))
+    runs = {x["name"]: x for x in json.loads(r.stdout)["runs"]}
+    assert runs["python"]["outcome"] == "crashed (SIGSEGV)", runs["python"]
+    analysis = tmp_path / "analysis.json"
+    assert run("analyze", "--json", "-o", str(analysis), runs["python"]["core"]).exit_code == EXIT_OK
+    # a capture of a process of the incident's stack (nvitop 1.5.0 on its sys.path)
+    python = ensure_stack_venv("incident")
+    p = subprocess.Popen([str(python), "-c", "import nvitop, sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        c = run("capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "-o", str(tmp_path / "out"), "--json")
+    finally:
+        p.kill()
+        p.wait()
+    assert c.exit_code in (0, 4), c.output
+    bundle = json.loads(c.stdout)["bundle"]
+    modules = {m["module"]: m for m in json.loads(c.stdout)["snapshot"]["python"]["modules"]}
+    assert modules["nvitop"]["version"] == "1.5.0"
+    # THEN the report matches the shutdown race on all its criteria
+    doc = json.loads(run("report", "--json", str(analysis), bundle).stdout)
+    hits = {k["title"]: k["match"] for k in doc["report"]["known_issues"]}
+    race = next(m for t, m in hits.items() if "nvmlShutdown" in t)
+    assert race.startswith("strong match (3 of 3") and "nvitop 1.5.0 < 1.7.1" in race
+    # without the capture the package criterion cannot hold: a partial match
+    doc = json.loads(run("report", "--json", str(analysis)).stdout)
+    race = next(k["match"] for k in doc["report"]["known_issues"] if "nvmlShutdown" in k["title"])
+    assert race.startswith("partial match (2 of 3")
+
+
 def test_duration_bounds_both_reproducers(workdir):
     r = run("reproduce", "--json", "--sim", "--iterations", "100000000", "--duration", "1", "--workdir", str(workdir))
     assert r.exit_code == EXIT_OK, r.stderr
