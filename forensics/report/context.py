@@ -240,7 +240,7 @@ def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_versi
     runbook = {
         "signature": signature,
         "first_seen": _first_seen(ev) or UNKNOWN,
-        "affected": "; ".join(frequency) if frequency else UNKNOWN,
+        "affected": "; ".join(_affected(ev) + frequency) or UNKNOWN,
         "versions": f"driver {driver}, CUDA {cuda}, GPUs {gpus}; {nvitop_line}; {pynvml_line}",
         "reproduction": reproduce["observed"] or OPEN,
         "diagnostics": "; ".join(sorted({f"forensics {i.kind}" for i in ev.items})),
@@ -310,12 +310,53 @@ def _frequency(ev: Evidence) -> list[str]:
     return out
 
 
+def _affected(ev: Evidence) -> list[str]:
+    """Who crashed, as the captures say: node (GPUs), pod and container restarts, the handler's crash records."""
+    out = []
+    for doc in ev.all("capture"):
+        node = _get(doc, "scheduling", "node", default={}) or {}
+        labels = node.get("gpu_labels") or {}
+        gpus = labels.get("nvidia.com/gpu.product")
+        count = labels.get("nvidia.com/gpu.count")
+        name = node.get("name") or _get(doc, "identity", "node") or _get(doc, "record", "node")
+        where = f"node {name}" if name else ""
+        if where and gpus:
+            where += f" ({count + ' x ' if count else ''}{gpus})"
+        pod = _get(doc, "scheduling", "pod", default={}) or {}
+        if pod.get("name"):
+            restarts = sum(int(c.get("restart_count") or 0) for c in pod.get("containers") or [] if isinstance(c, dict))
+            where += f"{', ' if where else ''}pod {pod.get('namespace')}/{pod['name']} ({restarts} container restarts)"
+        elif _get(doc, "identity", "pod_uid"):
+            where += f"{', ' if where else ''}pod uid {_get(doc, 'identity', 'pod_uid')}"
+        if where and where not in out:
+            out.append(where)
+    return out
+
+
 def _first_seen(ev: Evidence) -> str | None:
-    times = [g.get("first_seen") for doc in ev.all("analyze-batch") for g in (_get(doc, "batch", "groups", default=[]) or [])]
-    times = [t for t in times if isinstance(t, (int, float))]
+    """The earliest crash the evidence dates: a batch's oldest core, a core handler's record, a pod's last
+    terminated container (the source is named)."""
+    times: list[tuple[float, str]] = []
+    for doc in ev.all("analyze-batch"):
+        for g in _get(doc, "batch", "groups", default=[]) or []:
+            if isinstance(g.get("first_seen"), (int, float)):
+                times.append((float(g["first_seen"]), "oldest core of the batch"))
+    for doc in ev.all("capture"):
+        t = _get(doc, "record", "time")
+        if isinstance(t, (int, float)) and _get(doc, "record", "signal"):
+            times.append((float(t), "core handler record"))
+        for c in _get(doc, "scheduling", "pod", "containers", default=[]) or []:
+            finished = _get(c, "last_terminated", "finished_at")
+            if isinstance(finished, str):
+                try:
+                    when = _dt.datetime.fromisoformat(finished.replace("Z", "+00:00"))
+                except ValueError:
+                    continue
+                times.append((when.timestamp(), "the pod's last terminated container (earlier crashes are not dated)"))
     if not times:
         return None
-    return _dt.datetime.fromtimestamp(min(times), _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    t, source = min(times)
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") + f" ({source})"
 
 
 def _ruled_out(ev: Evidence, mods: dict[str, dict], cap: dict) -> list[str]:

@@ -206,7 +206,8 @@ def test_report_from_a_real_capture_and_its_core(tmp_path, core_pattern, newest_
     assert "SIGSEGV" in md and check_markdown(md) == []
 
 
-def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str, scheduling: bool = True) -> Path:
+def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str, scheduling: bool = True,
+                last_finished: str | None = None) -> Path:
     """A pod capture bundle as `forensics capture --pod` writes it (its directory name embeds the pod name)."""
     from forensics.capture.bundle import BundleWriter, new_bundle_dir
     from forensics.capture.kube import summarize_node, summarize_pod
@@ -215,6 +216,9 @@ def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str, 
                "spec": {"nodeName": node}, "status": {"phase": "Running", "hostIP": "10.20.30.40", "containerStatuses": [
                    {"name": "exporter", "containerID": "containerd://abc", "image": "nvitop-exporter:1.4",
                     "imageID": "registry.example.com/nvitop-exporter@sha256:" + "a" * 64, "restartCount": 3}]}}
+    if last_finished:
+        pod_obj["status"]["containerStatuses"][0]["lastState"] = {"terminated": {
+            "exitCode": 134, "reason": "Error", "finishedAt": last_finished}}
     node_obj = {"metadata": {"name": node, "uid": "0b8e-node-uid", "labels": {
         "nvidia.com/gpu.product": "NVIDIA-H20", "nvidia.com/gpu.count": "8", "kubernetes.io/hostname": node}},
         "status": {"nodeInfo": {"kernelVersion": "6.8.0-45-generic"}}}
@@ -226,6 +230,18 @@ def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str, 
     w.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q")
     w.write_manifest({"pod": f"{namespace}/{pod}"})
     return Path(w.path)
+
+
+def test_runbook_dates_and_places_the_crash_from_a_pod_capture(tmp_path):
+    bundle = _pod_bundle(tmp_path, node="gpu-node-17", pod="exporter-4k2lm", namespace="gpu-jobs",
+                         smi="Driver Version : 580.126.09\n", last_finished="2026-11-20T10:41:07Z")
+    r = run("report", "--template", "runbook", str(bundle))
+    assert r.exit_code == EXIT_OK, r.stderr
+    md = r.stdout.replace("\\", "")
+    first = next(line for line in md.splitlines() if line.startswith("| First seen"))
+    assert "2026-11-20 10:41:07 UTC" in first and "last terminated container" in first
+    affected = next(line for line in md.splitlines() if line.startswith("| Affected"))
+    assert "node gpu-node-17 (8 x NVIDIA-H20)" in affected and "pod gpu-jobs/exporter-4k2lm (3 container restarts)" in affected
 
 
 def test_pod_and_node_names_from_the_identity_alone_are_replaced(tmp_path):
