@@ -5,6 +5,7 @@ per (CPython version, scenario) and shared by every test of the session.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -59,19 +60,60 @@ class CoreFactory:
         return self._cache[key]
 
 
+class CorePatternLock:
+    """kernel.core_pattern is one per machine: test sessions share it through a lock file.
+
+    Every session holds the lock shared from its start; a test that points core_pattern
+    at a handler for a moment holds it exclusive for that window (:meth:`exclusive`), so
+    another session on the machine never crashes a process into it, nor saves and later
+    "restores" that momentary pattern.  CI runs one session; this is for a developer's
+    machine running two.
+    """
+
+    PATH = "/tmp/forensics-tests-core-pattern.lock"
+
+    def __init__(self) -> None:
+        import fcntl
+
+        self._fcntl = fcntl
+        self.fd = os.open(self.PATH, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        self._fcntl.flock(self.fd, self._fcntl.LOCK_EX)  # waits for the other sessions to end
+        try:
+            yield
+        finally:
+            self._fcntl.flock(self.fd, self._fcntl.LOCK_SH)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def core_pattern_lock():
+    lock = CorePatternLock()
+    try:
+        yield lock
+    finally:
+        lock.close()
+
+
 @pytest.fixture(scope="session")
-def core_pattern():
+def core_pattern(core_pattern_lock):
     """Cores land in the crashing process's cwd.
 
     When kernel.core_pattern pipes cores elsewhere (systemd-coredump, apport) and we
     are root, set it to ``core`` for the session and restore the old value after;
-    otherwise skip the tests that need real cores, saying why.
+    otherwise skip the tests that need real cores, saying why.  The value is the
+    machine-wide :class:`CorePatternLock`.
     """
     from tests.crashers.make_core import core_pattern_problem
 
     problem = core_pattern_problem()
     if not problem:
-        yield
+        yield core_pattern_lock
         return
     path = Path("/proc/sys/kernel/core_pattern")
     if os.geteuid() != 0:
@@ -79,7 +121,7 @@ def core_pattern():
     old = path.read_text()
     path.write_text("core")
     try:
-        yield
+        yield core_pattern_lock
     finally:
         path.write_text(old)
 

@@ -43,6 +43,8 @@ __all__ = [
     "agent_pod_manifest",
     "daemonset_manifest",
     "agent_main",
+    "plan_inline",
+    "LEFT_ON_NODE",
     "to_yaml",
     "summarize_pod",
     "BEGIN",

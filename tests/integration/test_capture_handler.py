@@ -414,19 +414,20 @@ def test_installed_into_the_kernel_for_real(cores, newest_python, tmp_path, core
         procs.append(subprocess.Popen([python, str(EXPORTER), str(lib), "heap-prev", str(fifo)], cwd=tmp_path,
                                       preexec_fn=setup, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         fifos.append(fifo)
-    before = read_core_pattern()
     program = str(FORENSICS)  # the installed script, as the kernel runs it
-    try:
-        install_handler(str(core_dir), program=program, config={"min_free": 0})
-        for fifo in fifos:
-            with open(fifo) as f:
-                assert f.read() == "ready\n"
-        for p in procs:
-            p.wait(timeout=60)
-    finally:
-        if read_core_pattern() != before:
-            uninstall_handler(str(core_dir))
-    assert read_core_pattern() == before
+    with core_pattern.exclusive():  # no other test session on this machine sees the pattern meanwhile
+        before = read_core_pattern()
+        try:
+            install_handler(str(core_dir), program=program, config={"min_free": 0})
+            for fifo in fifos:
+                with open(fifo) as f:
+                    assert f.read() == "ready\n"
+            for p in procs:
+                p.wait(timeout=60)
+        finally:
+            if read_core_pattern() != before:
+                uninstall_handler(str(core_dir))
+        assert read_core_pattern() == before
     for p in procs:
         assert p.returncode == -signal.SIGABRT
     # the handler may still be writing after the process is reaped: wait for both records
