@@ -178,6 +178,7 @@ class CoreFile:
     abort_message: str | None
     truncated: bool
     expected_size: int  # what the program headers promise; > size when truncated
+    mtime: float | None = None  # when the core file was last written (the kernel writes it at the crash)
 
     @property
     def crashed_tid(self) -> int | None:

@@ -112,7 +112,15 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
         abort_message=find_abort_message(mem, libraries, layout.page_size),
         truncated=layout.truncated,
         expected_size=layout.expected_size,
+        mtime=_mtime(path),
     )
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 def _command_line(mem: CoreMemory, auxv: dict[int, int], auxv_raw: bytes, psinfo: elf.PsInfo | None) -> str:

@@ -334,13 +334,17 @@ def _affected(ev: Evidence) -> list[str]:
 
 
 def _first_seen(ev: Evidence) -> str | None:
-    """The earliest crash the evidence dates: a batch's oldest core, a core handler's record, a pod's last
-    terminated container (the source is named)."""
+    """The earliest crash the evidence dates: a batch's oldest core, an analysed core's write time, a core
+    handler's record, a pod's last terminated container (the source is named)."""
     times: list[tuple[float, str]] = []
     for doc in ev.all("analyze-batch"):
         for g in _get(doc, "batch", "groups", default=[]) or []:
             if isinstance(g.get("first_seen"), (int, float)):
                 times.append((float(g["first_seen"]), "oldest core of the batch"))
+    for doc in ev.all("analyze"):
+        t = _get(doc, "analysis", "snapshot", "core", "mtime")
+        if isinstance(t, (int, float)):
+            times.append((float(t), "the core file's write time"))
     for doc in ev.all("capture"):
         t = _get(doc, "record", "time")
         if isinstance(t, (int, float)) and _get(doc, "record", "signal"):

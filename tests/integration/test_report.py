@@ -35,6 +35,19 @@ def evidence(tmp_path_factory, core_pattern, newest_python):
     return d, out
 
 
+def test_runbook_first_seen_is_the_core_write_time(evidence):
+    import datetime as dt
+    import os
+
+    _, analysis = evidence
+    core = json.loads(analysis.read_text())["analysis"]["snapshot"]["core"]
+    assert core["mtime"] == os.stat(core["path"]).st_mtime
+    md = run("report", "--template", "runbook", str(analysis)).stdout
+    first = next(line for line in md.splitlines() if line.startswith("| First seen"))
+    when = dt.datetime.fromtimestamp(core["mtime"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert when in first and "the core file's write time" in first
+
+
 def md_tokens(md: str):
     return MarkdownIt("commonmark").enable("table").parse(md)
 
