@@ -21,6 +21,7 @@ from typing import Callable
 from .errors import ForensicsError, ProcessGone
 
 __all__ = [
+    "describe_wait_status",
     "CanaryError",
     "CanaryResult",
     "Thresholds",
@@ -201,6 +202,24 @@ async def _soak(url: str, requests: int, concurrency: int, duration: float, time
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+def describe_wait_status(status: int) -> str:
+    """A wait(2) status as a person reads it (``/proc/PID/stat`` field 52 of a zombie holds it).
+
+    >>> describe_wait_status(6 | 0x80), describe_wait_status(11), describe_wait_status(3 << 8)
+    ('killed by SIGABRT (core dumped), exit status 134', 'killed by SIGSEGV, exit status 139', 'exited with status 3')
+    """
+    import signal as _signal
+
+    sig = status & 0x7F
+    if sig:
+        try:
+            name = _signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"killed by {name}{' (core dumped)' if status & 0x80 else ''}, exit status {128 + sig}"
+    return f"exited with status {(status >> 8) & 0xFF}"
+
+
 class _Watch:
     """Watches a local process (pid) for exit and new core files in its working directory."""
 
@@ -234,10 +253,12 @@ class _Watch:
         if self.pid is not None and self.alive:
             try:
                 with open(f"/proc/{self.pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        self.alive = False
-                        result.process_events.append(f"pid {self.pid} died during the run (zombie)")
-            except OSError:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[0] == "Z":
+                    self.alive = False
+                    how = describe_wait_status(int(fields[49])) if len(fields) > 49 else "its status is gone"
+                    result.process_events.append(f"pid {self.pid} died during the run: {how}")
+            except (OSError, ValueError, IndexError):
                 pass
 
     def finish(self, result: CanaryResult) -> None:

@@ -292,6 +292,8 @@ def guard(target, returns, env, removes, out_dir, as_json, force):
 @click.option("--pid", type=int, default=None, help="Watch this local process for an exit and new cores in its cwd.")
 @click.option("--pod", default=None, help="Watch this pod's restarts and exit codes through kubectl.")
 @click.option("-n", "--namespace", default=None, help="Namespace of --pod.")
+@click.option("--kubeconfig", default=None, help="kubeconfig for kubectl (with --pod).")
+@click.option("--context", "kube_context", default=None, help="kubectl context (with --pod).")
 @click.option("--core-dir", "core_dirs", multiple=True, type=click.Path(file_okay=False), help="Also watch this directory for new cores.")
 @click.option("--min-success", type=float, default=1.0, show_default=True, help="Fail below this success rate.")
 @click.option("--max-p99", type=float, default=None, metavar="MS", help="Fail when the p99 latency is above MS milliseconds.")
@@ -300,8 +302,8 @@ def guard(target, returns, env, removes, out_dir, as_json, force):
 @json_option
 @output_option
 @force_option
-def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace, core_dirs, min_success, max_p99,
-           expect, fleet_file, as_json, output, force):
+def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace, kubeconfig, kube_context, core_dirs,
+           min_success, max_p99, expect, fleet_file, as_json, output, force):
     """Soak a Prometheus endpoint and pass or fail it: success, latency, format, families, crashes.
 
     \b
@@ -311,13 +313,14 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
 
     if pid is not None and pod is not None:
         raise click.UsageError("--pid and --pod are exclusive")
-    before = _pod_state(pod, namespace) if pod else None
+    kube = dict(namespace=namespace, kubeconfig=kubeconfig, context=kube_context)
+    before = _pod_state(pod, **kube) if pod else None
     result = run_canary(url, requests=n_requests, concurrency=concurrency, duration=duration, timeout=timeout,
                         pid=pid, core_dirs=tuple(core_dirs),
                         thresholds=Thresholds(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None,
                                               expect=tuple(expect)))
     if pod:
-        after = _pod_state(pod, namespace)
+        after = _pod_state(pod, **kube)
         if after["restarts"] > before["restarts"]:
             result.process_events.append(
                 f"pod {pod} restarted {after['restarts'] - before['restarts']} times during the run "
@@ -339,10 +342,10 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
     sys.exit(EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)
 
 
-def _pod_state(pod: str, namespace: str | None) -> dict:
+def _pod_state(pod: str, *, namespace: str | None, kubeconfig: str | None, context: str | None) -> dict:
     from .fleet import parse_pods, read_kubectl
 
-    recs = parse_pods(read_kubectl(f"pod/{pod}", namespace=namespace))
+    recs = parse_pods(read_kubectl(f"pod/{pod}", namespace=namespace, kubeconfig=kubeconfig, context=context))
     if not recs:
         raise ForensicsError(f"pod {pod} not found")
     r = recs[0]

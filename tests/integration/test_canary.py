@@ -134,3 +134,39 @@ def test_bad_arguments():
     assert r.exit_code == 1 and "not an http:// URL" in r.stderr
     r = run("canary", "http://127.0.0.1:9/metrics", "--requests", "0")
     assert r.exit_code == 1 and "--requests" in r.stderr
+
+
+@pytest.mark.skipif(__import__("shutil").which("kubectl") is None, reason="kubectl is not installed")
+def test_canary_watches_a_pod_through_kubectl(server, tmp_path, monkeypatch):
+    """--pod: the real kubectl against the API stand-in; a restart during the run fails it, with the exit code."""
+    from tests.kube_standin import StandIn, make_pod, write_kubeconfig
+
+    s = server()
+    monkeypatch.setenv("HOME", str(tmp_path))  # kubectl's discovery cache
+    with StandIn(path_env=os.environ["PATH"]) as api:
+        api.pods[("monitoring", "exporter-x1")] = make_pod(name="exporter-x1", namespace="monitoring", uid="u1",
+                                                         node="n1", container_id="ab" * 32, restarts=3, last_exit=134)
+        kubeconfig = write_kubeconfig(str(tmp_path / "kc"), api.url, context="standin")
+        args = ("canary", s.url, "--json", "--requests", "1000000", "--duration", "3", "--concurrency", "2",
+                "--pod", "exporter-x1", "-n", "monitoring", "--kubeconfig", kubeconfig, "--context", "standin")
+        # a quiet pod: PASS
+        r = run(*args)
+        assert r.exit_code == EXIT_OK, r.output
+        # WHEN the pod's container restarts during the run (the kubelet's status changes)
+        def restart():
+            time.sleep(1.0)
+            with api.lock:
+                cs = api.pods[("monitoring", "exporter-x1")]["status"]["containerStatuses"][0]
+                cs["restartCount"] = 4
+                cs["lastState"] = {"terminated": {"exitCode": 139, "reason": "Error", "signal": 11,
+                                                  "finishedAt": "2026-11-30T00:00:01Z"}}
+
+        t = threading.Thread(target=restart)
+        t.start()
+        r = run(*args)
+        t.join()
+    # THEN it fails, naming the restart and the exit code
+    assert r.exit_code == EXIT_FINDINGS, r.output
+    c = json.loads(r.stdout)["canary"]
+    assert any("pod exporter-x1 restarted 1 times during the run (last exit code 139" in e for e in c["process_events"])
+    assert c["verdict"] == "FAIL"
