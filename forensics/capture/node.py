@@ -18,7 +18,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from ..errors import CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoot, ProcessGone
+from ..errors import CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoot, ProcessGone, UnsafeContainerPath
+from .procfs import open_in_root
 
 __all__ = [
     "DEFAULT_FILTER",
@@ -144,15 +145,30 @@ def _dmesg_fallback(limit: int) -> list[str]:
     return [x for x in out.splitlines() if _KERNEL_LINE.search(x)][-limit:]
 
 
-def read_node_logs(ids: list[str], limit: int = 400) -> dict[str, str]:
-    """kubelet, container runtime and NVIDIA device-plugin lines this node offers (journald, /var/log)."""
+_DEVICE_PLUGIN_LOGS = ("nvidia-device-plugin", "gpu-operator", "nvidia-driver", "dcgm")
+_MAX_LOG_TAIL = 256 << 10
+_MAX_LOG_FILES = 32
+
+
+def read_node_logs(ids: list[str], limit: int = 400, *, host_root: str = "/") -> dict[str, str]:
+    """kubelet, container runtime and NVIDIA device-plugin lines this node offers (journald, /var/log/containers).
+
+    :param host_root: the node's filesystem as seen here (``/``, or ``/proc/1/root`` in the agent pod):
+        journald is read from its journal directory, container logs through it with their symlinks
+        resolved inside it (they point at ``/var/log/pods/...`` on the node)
+    """
     out: dict[str, str] = {}
     ids = [i for i in ids if i]
-    if shutil.which("journalctl"):
+    on_node = host_root in ("", "/")
+    journal_dirs = [] if on_node else [d for d in (f"{host_root}/var/log/journal", f"{host_root}/run/log/journal")
+                                        if os.path.isdir(d)]
+    if shutil.which("journalctl") and (on_node or journal_dirs):
         for unit in ("kubelet", "containerd", "crio", "docker"):
+            cmd = ["journalctl", "-u", unit, "--since", "-2h", "--no-pager", "-o", "short-iso", "-n", "5000"]
+            for d in journal_dirs:
+                cmd += ["-D", d]
             try:
-                p = subprocess.run(["journalctl", "-u", unit, "--since", "-2h", "--no-pager", "-o", "short-iso", "-n", "5000"],
-                                   stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+                p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
             except (OSError, subprocess.SubprocessError):
                 continue
             text = [x for x in p.stdout.splitlines() if not x.startswith("-- ")]
@@ -160,16 +176,30 @@ def read_node_logs(ids: list[str], limit: int = 400) -> dict[str, str]:
                 continue
             hits = [x for x in text if any(i in x for i in ids) or "nvidia" in x.lower()] if ids else text
             out[f"{unit}.log"] = "\n".join((hits or text)[-limit:]) + "\n"
-    logdir = "/var/log/containers"
-    if os.path.isdir(logdir):
-        for name in sorted(os.listdir(logdir)):
-            if "nvidia-device-plugin" in name or "gpu-operator" in name:
-                try:
-                    with open(os.path.join(logdir, name), "rb") as f:
-                        f.seek(max(0, os.fstat(f.fileno()).st_size - (256 << 10)))
-                        out[f"device-plugin-{name}"] = f.read().decode(errors="replace")
-                except OSError:
-                    continue
+    root = "/" if on_node else host_root
+    try:
+        fd = open_in_root(root, "/var/log/containers", os.O_RDONLY | os.O_DIRECTORY)
+    except (OSError, UnsafeContainerPath):
+        return out
+    try:
+        names = sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+    wanted = [n for n in names if any(k in n for k in _DEVICE_PLUGIN_LOGS) or any(i and i in n for i in ids)]
+    for name in wanted[:_MAX_LOG_FILES]:
+        try:
+            fd = open_in_root(root, f"/var/log/containers/{name}")
+        except (OSError, UnsafeContainerPath):
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, _MAX_LOG_TAIL, max(0, size - _MAX_LOG_TAIL))
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        kind = "device-plugin" if any(k in name for k in _DEVICE_PLUGIN_LOGS) else "container"
+        out[f"{kind}-{name}"] = data.decode(errors="replace")
     return out
 
 
@@ -263,7 +293,7 @@ def capture_pid(
         }, "who was captured: node, pid, pod UID, container ID, image, time")
         for rel, (obj, what) in (extra_items or {}).items():
             w.add_json(rel, obj, what)
-        for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""]).items():
+        for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""], host_root=host_root).items():
             w.add_bytes(f"20-node/{name}", text.encode(), f"node log lines ({name})")
         w.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(read_kernel_log()) + "\n").encode(),
                     "kernel log lines: NVRM / Xid, segfaults, core handler")

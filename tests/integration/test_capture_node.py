@@ -249,3 +249,31 @@ def test_capture_names_the_binding_the_process_really_imports(tmp_path):
     assert mod["path"] == str(work / "pynvml.py") and mod["version"] == "11.495.46"
     assert mod["verdict"] == "SHADOWED" and mod["origin"] == "working-directory"
     assert "12.575.51" in mod["reason"]
+
+
+def test_node_logs_are_read_through_the_host_root(tmp_path):
+    """In the agent pod the node is /proc/1/root: container logs are symlinks to /var/log/pods on the node."""
+    from forensics.capture.node import read_node_logs
+
+    host = tmp_path / "host"
+    pods = host / "var/log/pods/kube-system_nvidia-device-plugin-x_1/nvidia-device-plugin-ctr"
+    pods.mkdir(parents=True)
+    (pods / "0.log").write_text("2026-11-30T00:00:00Z stderr F NVML: Xid 79 on GPU 3\n")
+    mine = host / "var/log/pods/monitoring_exporter-x1_u1/exporter"
+    mine.mkdir(parents=True)
+    (mine / "0.log").write_text("x" * 300_000 + "\nfree(): invalid next size (normal)\n")
+    (host / "var/log/containers").mkdir(parents=True)
+    cid = "ab" * 32
+    (host / "var/log/containers" / "nvidia-device-plugin-x_kube-system_nvidia-device-plugin-ctr-1.log").symlink_to(
+        "/var/log/pods/kube-system_nvidia-device-plugin-x_1/nvidia-device-plugin-ctr/0.log")  # absolute, as on a node
+    (host / "var/log/containers" / f"exporter-x1_monitoring_exporter-{cid}.log").symlink_to(
+        "/var/log/pods/monitoring_exporter-x1_u1/exporter/0.log")
+    (host / "var/log/containers" / "other_default_app-1.log").symlink_to("/etc/shadow")  # not ours: not read
+    (host / "var/log/containers" / f"escape-{cid}.log").symlink_to("../../../../../../etc/hostname")  # stays inside
+    logs = read_node_logs(["u1", cid], host_root=str(host))
+    plugin = logs["device-plugin-nvidia-device-plugin-x_kube-system_nvidia-device-plugin-ctr-1.log"]
+    assert "Xid 79" in plugin
+    mine_log = logs[f"container-exporter-x1_monitoring_exporter-{cid}.log"]
+    assert mine_log.endswith("free(): invalid next size (normal)\n") and len(mine_log) <= 256 << 10  # the tail
+    assert not any("other_default" in k for k in logs)
+    assert f"container-escape-{cid}.log" not in logs  # resolved inside the host root, where it does not exist
