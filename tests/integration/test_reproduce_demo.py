@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,14 @@ def test_demo_incident_end_to_end(tmp_path, core_pattern):
     assert canary["summary"]["verdict"] == "FAIL" and canary["canary"]["process_events"]
     report = (out / "report-nvitop.md").read_text()
     assert "query\\_nvlink\\_throughput\\_counters" in report and analysis["fingerprint"] in report
+    # the NVIDIA report's environment is the evidence's: GPUs, driver, CUDA, the mapped library and its build-id, kernel
+    nvml = analysis["snapshot"]["core"]["nvml"]
+    rows = dict(line.strip("|").split("|", 1) for line in (out / "report-nvml.md").read_text().splitlines()
+                if line.startswith("| ") and line.count("|") == 3)
+    rows = {k.strip(): v.strip().replace("\\", "") for k, v in rows.items()}
+    assert rows["GPUs"] == "8 x NVIDIA H20" and rows["NVIDIA driver"] == "580.126.09" and rows["CUDA"] == "13.0"
+    assert rows["libnvidia-ml.so"].startswith(nvml["path"]) and nvml["build_id"] in rows["libnvidia-ml.so"]
+    assert rows["Kernel"].startswith(os.uname().release)
     # and the timeline says each step
     timeline = (out / "timeline.txt").read_text()
     for step in ("simulated NVML", "incident's stack", "core limit", "kernel wrote", "forensics analyze",
