@@ -79,6 +79,9 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     for i in range(2):
         shutil.copy(cores.get(newest_python, "segv", i), d / f"core.segv.{i}")
     (d / "notes.txt").write_text("not a core\n")
+    when = {f"core.heap.{i}": 1_700_000_000 + 3600 * i for i in range(3)} | {f"core.segv.{i}": 1_700_100_000 + i for i in range(2)}
+    for name, t in when.items():
+        os.utime(d / name, (t, t))
     # WHEN the directory is analyzed as a batch
     r = run("analyze", "--json", str(d))
     # THEN two distinct crashes, counted, with an example each
@@ -90,6 +93,15 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     assert groups[0]["signature"].startswith("SIGABRT") and groups[1]["signature"].startswith("SIGSEGV")
     assert all(Path(g["example"]).parent == d for g in groups)
     assert doc["batch"]["total"] == 5 and not doc["batch"]["failed"]
+    # first and last seen: the oldest and newest core of each crash (the kernel's write times)
+    assert (groups[0]["first_seen"], groups[0]["last_seen"]) == (1_700_000_000, 1_700_007_200)
+    assert (groups[1]["first_seen"], groups[1]["last_seen"]) == (1_700_100_000, 1_700_100_001)
+    # the progress callback (the bar on a terminal) hears of every core once
+    from forensics.analyze.batch import analyze_many
+
+    seen, paths = [], sorted(str(p) for p in d.iterdir() if p.name.startswith("core"))
+    analyze_many(paths, jobs=1, progress=lambda e: seen.append(e.path))
+    assert seen == paths
     # and the text table lists the same
     r = run("analyze", str(d))
     assert "5 cores, 2 distinct crashes, 0 unreadable" in r.stdout
