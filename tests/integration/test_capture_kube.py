@@ -89,6 +89,16 @@ def cluster(tmp_path, monkeypatch, pod_process):
         yield s, kubeconfig
 
 
+def _handled_crash(core_dir: Path, pid: int, signo: int, core: Path):
+    """The core handler's record of a crash of ``pid`` on the node, fed ``core`` as the kernel would."""
+    fd = os.open(core, os.O_RDONLY)
+    try:
+        return run_core_handler(str(core_dir), pid, pid, signo, time.time(), None, stdin_fd=fd,
+                                config=HandlerConfig(min_free=0))
+    finally:
+        os.close(fd)
+
+
 def _capture(kubeconfig, core_dir, out, *args):
     return CliRunner().invoke(cli, ["capture", "--kubeconfig", kubeconfig, "--core-dir", str(core_dir), "-o", str(out),
                                     "-n", NS, *args])
@@ -99,12 +109,7 @@ def test_capture_pod_end_to_end(cluster, pod_process, tmp_path):
     core_dir = tmp_path / "cores"
     # GIVEN an earlier crash of this container kept by the core handler on the node
     core = Path(__file__).resolve()  # any bytes: the record, not the core's content, is what travels here
-    fd = os.open(core, os.O_RDONLY)
-    try:
-        earlier = run_core_handler(str(core_dir), pod_process["pid"], pod_process["pid"], 6, time.time(), None,
-                                   stdin_fd=fd, config=HandlerConfig(min_free=0))
-    finally:
-        os.close(fd)
+    earlier = _handled_crash(core_dir, pod_process["pid"], 6, core)
     # and one of the pod's previous container (a restart gets a new container ID; the pod UID stays)
     previous_cid = uuid.uuid4().hex * 2
     cg = pod_cgroup(pod_process["pod_uid"], previous_cid)
@@ -112,12 +117,7 @@ def test_capture_pod_end_to_end(cluster, pod_process, tmp_path):
     try:
         cg.mkdir(parents=True)
         (cg / "cgroup.procs").write_text(str(prev.pid))
-        fd = os.open(core, os.O_RDONLY)
-        try:
-            previous = run_core_handler(str(core_dir), prev.pid, prev.pid, 11, time.time(), None,
-                                        stdin_fd=fd, config=HandlerConfig(min_free=0))
-        finally:
-            os.close(fd)
+        previous = _handled_crash(core_dir, prev.pid, 11, core)
     finally:
         prev.kill()
         prev.wait()
@@ -203,12 +203,7 @@ def test_agent_keeps_big_files_on_the_node_within_its_log_budget(pod_process, tm
 
     core_dir = tmp_path / "cores"
     core = Path(sys.executable).resolve()  # some MB of bytes as "the core" of an earlier crash
-    fd = os.open(core, os.O_RDONLY)
-    try:
-        earlier = run_core_handler(str(core_dir), pod_process["pid"], pod_process["pid"], 6, time.time(), None,
-                                   stdin_fd=fd, config=HandlerConfig(min_free=0))
-    finally:
-        os.close(fd)
+    earlier = _handled_crash(core_dir, pod_process["pid"], 6, core)
     r = CliRunner().invoke(cli, ["agent", "run", "--container-id", f"containerd://{pod_process['cid']}",
                                  "--core-dir", str(core_dir), "--max-inline", "64K"])
     assert r.exit_code == 0, r.output
