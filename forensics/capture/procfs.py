@@ -24,7 +24,6 @@ __all__ = [
     "parse_mountinfo",
     "parse_status",
     "parse_environ",
-    "redact_environ",
     "read_proc_text",
     "open_in_root",
     "read_in_root",
@@ -193,14 +192,6 @@ def parse_environ(data: bytes) -> dict[str, str]:
         k, _, v = item.partition(b"=")
         out[k.decode(errors="replace")] = v.decode(errors="replace")
     return out
-
-
-def redact_environ(env: dict[str, str]) -> dict[str, str]:
-    """The environment with secret-like names' values (and secrets inside values) masked."""
-    from ..report.redact import Redactor
-
-    r = Redactor()
-    return {k: r.env_value(k, v) for k, v in env.items()}
 
 
 def find_mount(mounts: tuple[MountEntry, ...], path: str) -> MountEntry | None:

@@ -36,7 +36,6 @@ from .procfs import (
     parse_mountinfo,
     parse_status,
     read_proc_text,
-    redact_environ,
 )
 
 __all__ = [
@@ -440,9 +439,13 @@ def read_snapshot(
     from ..report.redact import Redactor
 
     red = Redactor()
-    cmdline = tuple(red.text(a.decode(errors="replace")) for a in cmdline_raw.split(b"\0") if a)
+    args = [a.decode(errors="replace") for a in cmdline_raw.split(b"\0") if a]
     env_plain = parse_environ(environ_raw)
-    environ = redact_environ(env_plain)
+    # secret values first, from the whole argv (``--token VALUE`` is two items) and the environment:
+    # then each item is masked wherever such a value appears
+    red.learn({"cmdline": args, "environ": env_plain})
+    cmdline = tuple(red.text(a) for a in args)
+    environ = {k: red.env_value(k, v) for k, v in env_plain.items()}
     ns = {n: _readlink(f"/proc/{pid}/ns/{n}") or "" for n in ("mnt", "pid", "net", "cgroup", "user")}
     # the host's mount namespace: PID 1's (hostPID agent pods see the node's), else our own
     host_ns = _readlink("/proc/1/ns/mnt") or _readlink("/proc/self/ns/mnt")

@@ -277,3 +277,27 @@ def test_node_logs_are_read_through_the_host_root(tmp_path):
     assert mine_log.endswith("free(): invalid next size (normal)\n") and len(mine_log) <= 256 << 10  # the tail
     assert not any("other_default" in k for k in logs)
     assert f"container-escape-{cid}.log" not in logs  # resolved inside the host root, where it does not exist
+
+
+def test_capture_masks_secrets_given_as_separate_arguments(tmp_path):
+    """`--token VALUE` is two argv items; the value goes wherever it appears (argv and environment)."""
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    secret, other = "s3cr3t-token-value-42", "hunter2-password-77"
+    p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(60)",
+                          "--token", secret, "--password", other, "--verbose"],
+                         env=dict(os.environ, EXPORTER_OPTS=f"--token {secret}"))
+    try:
+        _wait_ready(fifo)
+        r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
+    finally:
+        p.kill()
+        p.wait()
+    assert r.exit_code in (0, 4), r.output
+    doc = json.loads(r.output)
+    bundle = Path(doc["bundle"])
+    on_disk = "".join(f.read_text(errors="replace") for f in bundle.rglob("*") if f.is_file())
+    assert secret not in r.output and other not in r.output and secret not in on_disk and other not in on_disk
+    cmdline = doc["snapshot"]["cmdline"]
+    assert cmdline[-5:] == ["--token", "[REDACTED]", "--password", "[REDACTED]", "--verbose"]
+    assert doc["snapshot"]["environ"]["EXPORTER_OPTS"] == "--token [REDACTED]"
