@@ -125,6 +125,20 @@ def test_duration_bounds_both_reproducers(workdir):
         assert "--duration" in x["command"], x["command"]
 
 
+def test_nvml_path_names_the_library_both_reproducers_load(workdir, tmp_path):
+    """--nvml FILE: a driver's library outside the loader's path (here: the simulated one, built apart)."""
+    from forensics.simnvml import build_simnvml
+
+    lib = build_simnvml(tmp_path / "driver") / "libnvidia-ml.so.580.126.09"
+    r = run("reproduce", "--json", "--nvml", str(lib), "--iterations", "5", "--workdir", str(workdir))
+    assert r.exit_code == EXIT_OK, r.stderr
+    doc = json.loads(r.stdout)
+    assert [x["outcome"] for x in doc["runs"]] == ["clean", "clean"]
+    assert doc["environment"]["libnvidia_ml"] == str(lib)
+    for x in doc["reproduce"]["runs"]:
+        assert x["environment"].get("libnvidia-ml") == str(lib), x["environment"]
+
+
 def test_nvml_path_must_exist(tmp_path):
     r = run("reproduce", "--nvml", str(tmp_path / "nope.so"), "--workdir", str(tmp_path))
     assert r.exit_code == 1 and "no such file" in r.stderr
