@@ -17,48 +17,20 @@ validated index, creating directories first and links last, with
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 import stat
 import tarfile
-import zlib
-from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable
+from typing import Callable, Iterable
 
 from ..errors import ImageFormatError, LayerLimitExceeded, LayerRejected
+from .layerstream import _CHUNK, LayerBlob, LayerLimits, _Shared, _Stream
 from .rootfs import Node, RootFS
 
 __all__ = ["LayerLimits", "LayerBlob", "LayerFS", "read_layers", "default_capture"]
 
 _WH = ".wh."
 _OPAQUE = ".wh..wh..opq"
-_CHUNK = 1 << 20
-_MAX_READ = 64 << 20  # pax/GNU long-name headers (read whole by tarfile) bigger than this are refused
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayerLimits:
-    """Bounds on what reading an image may cost; exceeding one is a :class:`LayerLimitExceeded`."""
-
-    max_bytes: int = 64 << 30  # uncompressed tar bytes over all layers
-    max_files: int = 2_000_000  # tar members over all layers
-    max_ratio: int = 200  # uncompressed : compressed, enforced once a layer passes ratio_floor
-    ratio_floor: int = 256 << 20
-    max_capture: int = 2 << 20  # one file kept in memory
-    max_capture_total: int = 96 << 20  # all files kept in memory
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayerBlob:
-    """One layer: how to open its bytes and what they must hash to."""
-
-    name: str  # for messages: the digest or the path in the archive
-    open: Callable[[], BinaryIO]
-    digest: str | None = None  # "sha256:..." of the blob as stored (compressed)
-    diff_id: str | None = None  # "sha256:..." of the uncompressed tar (checked when no digest is given)
 
 
 class _Entry:
@@ -103,175 +75,6 @@ def default_capture(modules: Iterable[str] = ()) -> Callable[[str, int], bool]:
         return False
 
     return keep
-
-
-class _Stream:
-    """A layer blob as a readable stream: decompressed, hashed, bounded."""
-
-    def __init__(self, raw: BinaryIO, blob: LayerBlob, limits: LayerLimits, shared: "_Shared") -> None:
-        self.raw = raw
-        self.blob = blob
-        self.limits = limits
-        self.shared = shared  # uncompressed bytes over all layers, the abort flag
-        self.blob_hash = hashlib.sha256() if blob.digest else None
-        self.tar_hash = hashlib.sha256() if (blob.diff_id and not blob.digest) else None
-        self.compressed = 0
-        self.out = 0
-        self.buf = b""
-        self.bpos = 0
-        self.position = 0
-        self.eof = False
-        head = raw.read(_CHUNK)
-        self._count_in(head)
-        self.pending = head
-        if head[:2] == b"\x1f\x8b":
-            self.kind = "gzip"
-            self.dec = zlib.decompressobj(wbits=31)
-        elif head[:4] == b"\x28\xb5\x2f\xfd":
-            self.kind = "zstd"
-            self.dec = _zstd_decompressor(blob.name)
-        else:
-            self.kind = "tar"
-            self.dec = None
-
-    def _count_in(self, data: bytes) -> None:
-        self.compressed += len(data)
-        if self.blob_hash is not None:
-            self.blob_hash.update(data)
-
-    def _next_input(self) -> bytes:
-        if self.pending is not None:
-            data, self.pending = self.pending, None
-            return data
-        data = self.raw.read(_CHUNK)
-        self._count_in(data)
-        return data
-
-    def _produce(self) -> None:
-        while not self.buf and not self.eof:
-            if self.kind == "tar":
-                data = self._next_input()
-                if not data:
-                    self.eof = True
-                    break
-                self._emit(data)
-                continue
-            if self.kind == "gzip":
-                if self.dec.eof:  # concatenated gzip members
-                    data = self.dec.unused_data or self._next_input()
-                    if not data:
-                        self.eof = True
-                        break
-                    self.dec = zlib.decompressobj(wbits=31)
-                elif self.dec.unconsumed_tail:
-                    data = self.dec.unconsumed_tail
-                else:
-                    data = self._next_input()
-                    if not data:
-                        self.eof = True
-                        raise ImageFormatError(self.blob.name, "layer", "truncated gzip stream")
-                try:
-                    out = self.dec.decompress(data, _CHUNK * 8)
-                except zlib.error as e:
-                    raise ImageFormatError(self.blob.name, "layer", f"bad gzip data: {e}") from e
-            else:
-                data = self._next_input()
-                if not data:
-                    self.eof = True
-                    break
-                out = self.dec.decompress(data)
-            self._emit(out)
-
-    def _emit(self, out: bytes) -> None:
-        if not out:
-            return
-        self.out += len(out)
-        total = self.shared.add_out(len(out))
-        if self.tar_hash is not None:
-            self.tar_hash.update(out)
-        lim = self.limits
-        if self.shared.abort:
-            raise LayerRejected(self.blob.name, "(stream)", "reading stopped: another layer was refused")
-        if total > lim.max_bytes:
-            raise LayerLimitExceeded(self.blob.name, "(stream)",
-                                     f"more than {lim.max_bytes} uncompressed bytes in the image (--max-size)")
-        if self.kind != "tar" and self.out > lim.ratio_floor and self.out > lim.max_ratio * max(self.compressed, 1):
-            raise LayerLimitExceeded(self.blob.name, "(stream)",
-                                     f"decompression bomb: {self.out} bytes from {self.compressed} compressed "
-                                     f"(ratio over {lim.max_ratio}:1)")
-        self.buf = out
-        self.bpos = 0
-
-    # a forward-only file: tarfile's random-access mode ("r:") seeks past member data, which
-    # here means decompressing and dropping it without copying it through Python objects
-    def _fill(self) -> bool:
-        if self.bpos >= len(self.buf):
-            self.buf = b""
-            self.bpos = 0
-            self._produce()
-        return self.bpos < len(self.buf)
-
-    def read(self, n: int = -1) -> bytes:
-        if n < 0 or n > _MAX_READ:  # tarfile reads headers whole: a 10 GB pax header must not land in memory
-            raise LayerRejected(self.blob.name, "(header)", f"a tar header or read larger than {_MAX_READ} bytes")
-        parts = []
-        while n != 0 and self._fill():
-            avail = len(self.buf) - self.bpos
-            take = avail if n < 0 or n >= avail else n
-            parts.append(self.buf[self.bpos:self.bpos + take] if (self.bpos or take != avail) else self.buf)
-            self.bpos += take
-            self.position += take
-            if n > 0:
-                n -= take
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def tell(self) -> int:
-        return self.position
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        if whence == 1:
-            pos += self.position
-        if whence == 2 or pos < self.position:
-            raise io.UnsupportedOperation("layer streams only seek forward")
-        skip = pos - self.position
-        while skip > 0 and self._fill():
-            take = min(skip, len(self.buf) - self.bpos)
-            self.bpos += take
-            self.position += take
-            skip -= take
-        return self.position
-
-    def seekable(self) -> bool:
-        return True
-
-    def finish(self) -> None:
-        """Drain to EOF (tar padding after the end marker) and check the digest."""
-        while self._fill():
-            self.position += len(self.buf) - self.bpos
-            self.bpos = len(self.buf)
-        if self.blob_hash is not None:
-            got = "sha256:" + self.blob_hash.hexdigest()
-            if self.blob.digest.startswith("sha256:") and got != self.blob.digest:
-                raise ImageFormatError(self.blob.name, "layer", f"digest mismatch: blob hashes to {got}")
-        if self.tar_hash is not None:
-            got = "sha256:" + self.tar_hash.hexdigest()
-            if self.blob.diff_id.startswith("sha256:") and got != self.blob.diff_id:
-                raise ImageFormatError(self.blob.name, "layer", f"diff_id mismatch: tar hashes to {got}")
-
-
-def _zstd_decompressor(name: str):
-    try:
-        import zstandard  # type: ignore
-
-        return zstandard.ZstdDecompressor().decompressobj()
-    except ImportError:
-        pass
-    try:
-        from compression import zstd  # type: ignore  # Python 3.14
-
-        return zstd.ZstdDecompressor()
-    except ImportError:
-        raise ImageFormatError(name, "layer", "zstd-compressed layer; install the 'zstandard' module to read it") from None
 
 
 def _clean_name(layer: str, name: str) -> str:
@@ -588,28 +391,6 @@ class _Scan:
         self.compressed = 0
         self.setid = 0
         self.special = 0
-
-
-class _Shared:
-    """Counters shared by the layer workers: uncompressed bytes, captured bytes, abort flag."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.uncompressed = 0
-        self.captured = 0
-        self.abort = False
-
-    def add_out(self, n: int) -> int:
-        with self.lock:
-            self.uncompressed += n
-            return self.uncompressed
-
-    def reserve(self, n: int, limit: int) -> bool:
-        with self.lock:
-            if self.captured + n > limit:
-                return False
-            self.captured += n
-            return True
 
 
 def read_layers(blobs: Iterable[LayerBlob], *, limits: LayerLimits | None = None,
