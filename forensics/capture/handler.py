@@ -11,7 +11,7 @@ process waits until stdin is read to the end.  The handler:
    first N cores per container image and signal per hour) and the minimum free space;
 3. streams stdin through zstd (constant memory) to ``50-core/.core.zst.tmp``, cutting it at
    the maximum core size (or ``%c``), while a thread copies the mapped objects into the
-   build-id store; on a full disk it releases a reserve made at the start, ends the zstd
+   build-id store (:mod:`.spool`); on a full disk it releases a reserve made at the start, ends the zstd
    frame and keeps the metadata;
 4. renames the core into place (``core.zst`` whole, ``core.truncated.zst`` cut,
    ``core.partial.zst`` when even the frame end did not fit), writes the metadata and the
@@ -24,7 +24,6 @@ goes to the kernel log (``/dev/kmsg``) and syslog.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -37,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 
 from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index
+from .spool import Compressor, make_reserve, with_room
 
 __all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", "drain", "log_kernel",
            "parse_core_head", "enforce_budget", "main_argv", "release_pipe"]
@@ -44,7 +44,6 @@ __all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", 
 PAGE = 4096
 _CHUNK = 1 << 20
 _HEAD = 4 << 20
-_RESERVE = 1 << 20
 _F_SETPIPE_SZ = 1031
 
 
@@ -190,88 +189,6 @@ def _fingerprint(key: str, signo: int, head_info: dict) -> str:
     return hashlib.sha256(basis.encode()).hexdigest()[:12]
 
 
-class _Compressor:
-    """stdin -> zstd -> file, counting bytes; knows exactly what reached the disk."""
-
-    def __init__(self, out_fd: int, level: int, threads: int, reserve_path: str | None) -> None:
-        import zstandard
-
-        params = zstandard.ZstdCompressionParameters.from_level(level, threads=threads, write_checksum=1)
-        self.cobj = zstandard.ZstdCompressor(compression_params=params).compressobj()
-        self.fd = out_fd
-        self.out = 0
-        self.sha = hashlib.sha256()
-        self.disk_full = False
-        self.reserve_path = reserve_path
-        self.pending = b""  # output not yet on disk when the disk filled up
-
-    def _write(self, data) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                n = os.write(self.fd, view)
-            except OSError as e:
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                self.disk_full = True
-                self.pending = bytes(view)
-                return
-            self.sha.update(view[:n])
-            self.out += n
-            view = view[n:]
-
-    def feed(self, chunk) -> bool:
-        """Compress ``chunk``; False once the disk is full (stop feeding)."""
-        self._write(self.cobj.compress(chunk))
-        return not self.disk_full
-
-    def finish(self) -> bool:
-        """End the frame; True when the file is a whole zstd frame."""
-        import zstandard
-
-        if self.disk_full:
-            self._release_reserve()
-            self.disk_full = False
-            pending, self.pending = self.pending, b""
-            self._write(pending)
-            if self.disk_full:
-                return False
-        self._write(self.cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
-        if self.disk_full:
-            self._release_reserve()
-            return False
-        return True
-
-    def _release_reserve(self) -> None:
-        if self.reserve_path:
-            try:
-                os.unlink(self.reserve_path)
-            except OSError:
-                pass
-            self.reserve_path = None
-
-
-def _make_reserve(path: str) -> str | None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError:
-        return None
-    try:
-        os.posix_fallocate(fd, 0, _RESERVE)
-        return path
-    except OSError:
-        os.close(fd)
-        fd = -1
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        return None
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
 def _crash_dir(core_dir: str, t: float, pid: int, signame: str) -> str:
     """A new directory for this crash under ``DIR/crashes`` (never an existing one)."""
     from .bundle import new_bundle_dir
@@ -342,7 +259,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     crash_dir = _crash_dir(core_dir, timestamp, pid, signame)
     result.crash_dir = crash_dir
     crash_id = os.path.basename(crash_dir)
-    reserve = _make_reserve(os.path.join(crash_dir, ".reserve"))
+    reserve = make_reserve(os.path.join(crash_dir, ".reserve"))
     bundle = BundleWriter(crash_dir)
     warnings = result.warnings
 
@@ -433,7 +350,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     out_fd = -1
     if keep:
         out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-        comp = _Compressor(out_fd, cfg.level, cfg.threads, reserve)
+        comp = Compressor(out_fd, cfg.level, cfg.threads, reserve)
     # a bigger pipe: fewer wake-ups of the dying process (only now: /proc/PID has been read, and a
     # core smaller than the pipe would let the process go before that)
     try:
@@ -522,14 +439,14 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
         write_atomic(os.path.join(crash_dir, "metadata.json"),
                      json.dumps(record, indent=2, sort_keys=True, default=str).encode())
 
-    _with_room(write_record, result, record)
+    with_room(write_record, result, record)
     bundle.note_file("metadata.json", "the handler's record: decision, sizes, fingerprint, objects by build-id")
     for rel in [r for r in bundle.items if r.startswith("50-core/")]:
         del bundle.items[rel]
     if result.core_path:  # the name may have changed to make room for the metadata
         bundle.note_file(f"50-core/{os.path.basename(result.core_path)}", f"the core, zstd-compressed ({result.core_state})")
     try:
-        _with_room(lambda: bundle.write_manifest({"crash_id": crash_id}), result, record, write_record)
+        with_room(lambda: bundle.write_manifest({"crash_id": crash_id}), result, record, write_record)
     except OSError as e:
         warnings.append(f"manifest: {e}")
     entry = {"id": crash_id, "time": timestamp, "pid": pid, "signal": signo, "key": image_key,
@@ -537,7 +454,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
              "pod_uid": identity.pod_uid if identity else None,
              "container_id": identity.container_id if identity else None}
     with DirLock(core_dir):
-        _with_room(lambda: append_index(core_dir, entry), result, record, write_record)
+        with_room(lambda: append_index(core_dir, entry), result, record, write_record)
         deleted = enforce_budget(core_dir, cfg.budget, object_grace=cfg.object_grace)
     if deleted:
         result.reasons.append(f"budget: deleted the cores of {', '.join(deleted)}")
@@ -566,40 +483,6 @@ def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: flo
             bundle.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q at crash time")
     except Exception as e:  # noqa: BLE001
         warnings.append(f"nvidia-smi: {type(e).__name__}: {e}")
-
-
-_SHRINK = 256 << 10
-
-
-def _with_room(fn, result: HandlerResult, record: dict, rewrite=None) -> None:
-    """Run ``fn``; on a full disk, shorten the saved core (marking it partial) to make room, and retry.
-
-    Metadata is worth more than the last bytes of a core that the disk could not hold anyway.
-    """
-    for _ in range(64):
-        try:
-            return fn()
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not result.core_path:
-                raise
-        path = result.core_path
-        size = os.path.getsize(path)
-        if size == 0:
-            raise OSError(errno.ENOSPC, "no space left for the crash's metadata")
-        os.truncate(path, max(0, size - _SHRINK))
-        if not path.endswith("core.partial.zst"):
-            new = os.path.join(os.path.dirname(path), "core.partial.zst")
-            os.rename(path, new)
-            result.core_path = path = new
-        result.core_state = "partial"
-        core = record["core"]
-        core.update(state="partial", file="core.partial.zst", bytes_compressed=os.path.getsize(path),
-                    sha256_compressed=None)
-        if "shortened to make room for the metadata" not in " ".join(core["reasons"]):
-            core["reasons"].append("the disk filled up: the saved core was shortened to make room for the metadata")
-        if rewrite is not None:
-            rewrite()
-    return fn()
 
 
 def main_argv(argv: list[str]) -> int:
