@@ -5,7 +5,17 @@ from pathlib import Path
 
 __all__ = ["CGROUP_ROOT", "pod_cgroup", "remove_cgroup"]
 
-CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
+def _root() -> Path:
+    """cgroup v1's pids hierarchy, else the unified (v2) hierarchy; a path that does not exist when neither."""
+    v1 = Path("/sys/fs/cgroup/pids")
+    if v1.is_dir():
+        return v1
+    if (Path("/sys/fs/cgroup") / "cgroup.controllers").is_file():  # cgroup2 mounted at /sys/fs/cgroup
+        return Path("/sys/fs/cgroup")
+    return v1
+
+
+CGROUP_ROOT = _root()
 
 
 def pod_cgroup(pod_uid: str, container_id: str) -> Path:

@@ -30,7 +30,7 @@ from tests.kube_standin import StandIn, make_event, make_node, make_pod, write_k
 pytestmark = [
     pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
     pytest.mark.skipif(os.geteuid() != 0 or not CGROUP_ROOT.is_dir(),
-                       reason="needs root and a cgroup v1 pids hierarchy to place the container's process"),
+                       reason="needs root and a cgroup hierarchy (v1 pids or v2) to place the container's process"),
 ]
 NS = "monitoring"
 
