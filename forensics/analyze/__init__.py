@@ -126,8 +126,9 @@ def choose_python_doc(direct: dict | None, gdb: dict | None) -> tuple[dict | Non
 def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
     """Where two Python-state documents (gdb walker ``a``, direct reader ``b``) disagree.
 
-    Thread by thread (matched by LWP): its name, whether it holds the GIL, and its
-    frames (function, file, line), frame for frame.
+    Thread by thread (matched by LWP): its name, whether it holds the GIL, whether its
+    stack was cut short, and its frames (function, file, line), frame for frame; a
+    differing status is said and the threads are still compared.
 
     >>> compare_python_docs({"status": "ok", "threads": []}, {"status": "ok", "threads": []})
     []
@@ -139,9 +140,9 @@ def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
     """
     if not a or not b:
         return ["one method gave no result"]
-    if a.get("status") != b.get("status"):
-        return [f"status {a.get('status')} (gdb) vs {b.get('status')} (direct)"]
     out = []
+    if a.get("status") != b.get("status"):  # said, and the threads are still compared
+        out.append(f"status {a.get('status')} (gdb) vs {b.get('status')} (direct)")
     ta = {t.get("native_thread_id"): t for t in a.get("threads", [])}
     tb = {t.get("native_thread_id"): t for t in b.get("threads", [])}
     for tid in sorted(set(ta) | set(tb), key=lambda x: (x is None, x or 0)):
@@ -155,6 +156,9 @@ def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
         if bool(ta[tid].get("holds_gil")) != bool(tb[tid].get("holds_gil")):
             out.append(f"thread {tid}: holds the GIL {bool(ta[tid].get('holds_gil'))} (gdb) "
                        f"vs {bool(tb[tid].get('holds_gil'))} (direct)")
+        if bool(ta[tid].get("error")) != bool(tb[tid].get("error")):
+            side, err = ("gdb", ta[tid]["error"]) if ta[tid].get("error") else ("direct", tb[tid]["error"])
+            out.append(f"thread {tid}: stack cut short by {side} only ({err})")
         for i, (x, y) in enumerate(zip(fa, fb)):
             if x != y:
                 out.append(f"thread {tid} frame {i}: {x} (gdb) vs {y} (direct)")

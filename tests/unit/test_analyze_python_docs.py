@@ -71,6 +71,20 @@ def test_gil_holder_alone_is_a_disagreement():
     ]
 
 
+def test_a_differing_status_still_compares_the_threads():
+    # GIVEN one method that stopped short in the main thread (and said so in its status) and one that did not
+    gdb, direct = python_doc(), python_doc()
+    direct.update(status="error", detail="partial result: tid 7: " + BROKEN)
+    direct["threads"][0].update(error=BROKEN, frames=direct["threads"][0]["frames"][:1])
+    direct["threads"][1]["name"] = "Thread-1"
+    got = compare_python_docs(gdb, direct)
+    # THEN the status, the cut-short stack and the other thread's difference are all reported
+    assert got[0] == "status ok (gdb) vs error (direct)"
+    assert f"thread 7: stack cut short by direct only ({BROKEN})" in got
+    assert "thread 7: 3 frames (gdb) vs 1 (direct)" in got
+    assert "thread 8: name 'metrics-server' (gdb) vs 'Thread-1' (direct)" in got
+
+
 # -- a thread whose Python stack stopped short ---------------------------------------------------------
 
 
