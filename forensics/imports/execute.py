@@ -86,10 +86,13 @@ def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
            "--ro-bind", root, "/"]
     for mnt, opt in (("/proc", "--proc"), ("/dev", "--dev"), ("/tmp", "--tmpfs")):
-        if os.path.isdir(root + mnt) and not os.path.islink(root + mnt):
-            cmd += [opt, mnt]
-        else:
+        if not os.path.isdir(root + mnt) or os.path.islink(root + mnt):
             notes.append(f"{mnt} absent in the image: not mounted in the sandbox")
+        elif mnt == "/tmp" and os.listdir(root + mnt):
+            # a runtime shows the image's /tmp as it is (code can live there): keep it, read-only
+            notes.append("/tmp holds files in the image: kept as it is (read-only), not replaced by a tmpfs")
+        else:
+            cmd += [opt, mnt]
     cmd += ["--chdir", setup.working_dir, "--clearenv"]
     for k, v in sorted(env.items()):
         cmd += ["--setenv", k, v]

@@ -58,6 +58,7 @@ EXPECT = {
     "incident": (3, "SHADOWED", "1.5.0", "working-directory"),
     "safepath": (0, "OK", "1.7.1", "site-packages"),
     "pythonpath": (3, "SHADOWED", "1.5.0", "PYTHONPATH"),
+    "tmp-pythonpath": (3, "SHADOWED", "1.5.0", "PYTHONPATH"),  # the image's /tmp is the runtime's /tmp
     "pth": (3, "SHADOWED", "1.5.0", "pth-import"),
     "whiteout": (0, "OK", "1.7.1", "site-packages"),
     "opaque": (0, "OK", "1.7.1", "site-packages"),

@@ -458,6 +458,7 @@ SCENARIOS = {
     "incident": "WORKDIR /app holds nvitop 1.5.0 source; python -m nvitop_exporter",
     "safepath": "the incident image with ENV PYTHONSAFEPATH=1",
     "pythonpath": "nvitop 1.5.0 tree in /opt/legacy, ENV PYTHONPATH=/opt/legacy",
+    "tmp-pythonpath": "nvitop 1.5.0 tree in the image's /tmp/legacy, ENV PYTHONPATH=/tmp/legacy",
     "pth": "a .pth import line puts /opt/legacy (nvitop 1.5.0) first",
     "whiteout": "the stale /app/nvitop deleted by a whiteout in an upper layer",
     "opaque": "the stale /app made opaque by an upper layer",
@@ -486,9 +487,10 @@ def build_scenario(name: str, out: Path, fmt: str = "oci") -> str:
         layers.append(stale.dir("/app").file("/app/README.md", "old checkout\n"))
         if name == "safepath":
             env = ["PYTHONSAFEPATH=1"]
-    elif name == "pythonpath":
-        layers.append(Layer().source_tree(wheel("nvitop", "1.5.0"), "nvitop", "/opt/legacy").dir("/srv"))
-        env = ["PYTHONPATH=/opt/legacy"]
+    elif name in ("pythonpath", "tmp-pythonpath"):
+        legacy = "/opt/legacy" if name == "pythonpath" else "/tmp/legacy"
+        layers.append(Layer().source_tree(wheel("nvitop", "1.5.0"), "nvitop", legacy).dir("/srv"))
+        env = [f"PYTHONPATH={legacy}"]
     elif name == "pth":
         layers.append(Layer().source_tree(wheel("nvitop", "1.5.0"), "nvitop", "/opt/legacy").dir("/srv")
                       .file(f"{SITE}/legacy-paths.pth", "# vendored tools\nimport sys; sys.path.insert(0, '/opt/legacy')\n"))
