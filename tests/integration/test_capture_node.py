@@ -223,6 +223,22 @@ def test_capture_on_a_full_disk_is_a_clear_error_and_the_process_stays_armed(tmp
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def _capture_sleeping_python(tmp_path, *args, cwd=None, env=None):
+    """`forensics capture --pid` of a Python process (``python -c ... ARGS``) waiting in a sleep."""
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(60)",
+                          *args], cwd=cwd, env=env)
+    try:
+        _wait_ready(fifo)
+        r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
+    finally:
+        p.kill()
+        p.wait()
+    assert r.exit_code in (0, 4), r.output
+    return r
+
+
 def test_capture_names_the_binding_the_process_really_imports(tmp_path):
     """The incident's trap: a stale copy in the working directory shadows the installed binding (pip show lies)."""
     from tests.integration.test_verify_imports_helpers import wheel
@@ -233,17 +249,7 @@ def test_capture_names_the_binding_the_process_really_imports(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "pynvml.py").write_text('__version__ = "11.495.46"\n')  # an old copy left in the working directory
-    fifo = tmp_path / "ready"
-    os.mkfifo(fifo)
-    p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(60)"],
-                         cwd=work, env=dict(os.environ, PYTHONPATH=str(site)))
-    try:
-        _wait_ready(fifo)
-        r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
-    finally:
-        p.kill()
-        p.wait()
-    assert r.exit_code in (0, 4), r.output
+    r = _capture_sleeping_python(tmp_path, cwd=work, env=dict(os.environ, PYTHONPATH=str(site)))
     (mod,) = [m for m in json.loads(r.output)["snapshot"]["python"]["modules"] if m["module"] == "pynvml"]
     # python -c puts the working directory first: the stale copy is what imports, and it is named as such
     assert mod["path"] == str(work / "pynvml.py") and mod["version"] == "11.495.46"
@@ -281,19 +287,9 @@ def test_node_logs_are_read_through_the_host_root(tmp_path):
 
 def test_capture_masks_secrets_given_as_separate_arguments(tmp_path):
     """`--token VALUE` is two argv items; the value goes wherever it appears (argv and environment)."""
-    fifo = tmp_path / "ready"
-    os.mkfifo(fifo)
     secret, other = "s3cr3t-token-value-42", "hunter2-password-77"
-    p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(60)",
-                          "--token", secret, "--password", other, "--verbose"],
-                         env=dict(os.environ, EXPORTER_OPTS=f"--token {secret}"))
-    try:
-        _wait_ready(fifo)
-        r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
-    finally:
-        p.kill()
-        p.wait()
-    assert r.exit_code in (0, 4), r.output
+    r = _capture_sleeping_python(tmp_path, "--token", secret, "--password", other, "--verbose",
+                                 env=dict(os.environ, EXPORTER_OPTS=f"--token {secret}"))
     doc = json.loads(r.output)
     bundle = Path(doc["bundle"])
     on_disk = "".join(f.read_text(errors="replace") for f in bundle.rglob("*") if f.is_file())
