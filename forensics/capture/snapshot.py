@@ -307,20 +307,10 @@ def _python_modules(root: str, sites: list[str], warnings: list[str]) -> tuple[d
             hit = None
             for rel in rels:
                 path = f"{site.rstrip('/')}/{rel}"
-                try:
-                    fd = open_in_root(root, path)
-                except FileNotFoundError:
+                digest = _hash_in_root(root, path, warnings)  # None: not there, or not a regular file
+                if digest is None:
                     continue
-                except (OSError, UnsafeContainerPath) as e:
-                    warnings.append(f"{path}: {e}")
-                    continue
-                try:
-                    regular = stat.S_ISREG(os.fstat(fd).st_mode)
-                finally:
-                    os.close(fd)
-                if not regular:
-                    continue
-                hit = {"module": module, "distribution": dist, "path": path, "sha256": _hash_in_root(root, path, warnings),
+                hit = {"module": module, "distribution": dist, "path": path, "sha256": digest,
                        "version": _dist_version(root, site, dist), "how": "found in site-packages (import resolution failed)"}
                 break
             if hit:
@@ -359,12 +349,13 @@ def _resolved_modules(pid: int, root: str, sites: list[str], warnings: list[str]
     except Exception as e:  # noqa: BLE001 - a snapshot is best effort; the fallback still names files
         warnings.append(f"import resolution of pid {pid} failed ({type(e).__name__}: {e}); site-packages searched instead")
         return None
-    dist_of = {"pynvml": "nvidia-ml-py", "nvitop": "nvitop", "nvitop_exporter": "nvitop-exporter"}
+    from ..imports.verdict import DIST_OF_MODULE
+
     out = []
     for c in report.modules:
-        if c.module not in dist_of or c.resolved is None or not c.resolved.file:
+        if c.module not in DIST_OF_MODULE or c.resolved is None or not c.resolved.file:
             continue
-        dist = c.distribution.name if c.distribution else dist_of[c.module]
+        dist = c.distribution.name if c.distribution else DIST_OF_MODULE[c.module]
         version = c.effective_version or next(
             (v for v in (_dist_version(root, site, dist) for site in sites) if v), None)
         out.append({"module": c.module, "distribution": dist, "path": c.resolved.file,
