@@ -397,6 +397,9 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
             out_fd = -1
             if not whole_frame:
                 core_name, state = "core.partial.zst", "partial"
+                if not any("disk filled up" in w for w in why):  # the compressor held its output until the end
+                    why.append(f"the disk filled up while the core was written ({comp.out} compressed bytes on "
+                               "disk): the zstd frame could not be ended")
             elif cut:
                 core_name, state = "core.truncated.zst", "truncated"
             else:
