@@ -352,15 +352,10 @@ def test_budget_spares_young_objects_a_streaming_crash_may_use(tmp_path):
 
 @pytest.fixture
 def tiny_fs(tmp_path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
-    try:
+    from tests.helpers import tmpfs
+
+    with tmpfs(tmp_path / "tiny", "3m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_full_filesystem_keeps_metadata_and_marks_the_partial_core(crasher, tmp_path, tiny_fs, live, core_pattern):

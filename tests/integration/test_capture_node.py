@@ -194,11 +194,13 @@ def test_capture_names_the_bind_source_of_nvml_in_a_container(container, tmp_pat
 
 def test_capture_on_a_full_disk_is_a_clear_error_and_the_process_stays_armed(tmp_path):
     # GIVEN a bundle directory on a tiny filesystem that is already full
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    from tests.helpers import tmpfs
+
+    with tmpfs(tmp_path / "full", "64k") as mnt:
+        _capture_onto_a_full_filesystem(mnt, tmp_path)
+
+
+def _capture_onto_a_full_filesystem(mnt, tmp_path):
     proc = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY)))
     try:
         fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
@@ -220,7 +222,6 @@ def test_capture_on_a_full_disk_is_a_clear_error_and_the_process_stays_armed(tmp
     finally:
         proc.kill()
         proc.wait()
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _capture_sleeping_python(tmp_path, *args, cwd=None, env=None):

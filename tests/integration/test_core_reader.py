@@ -21,6 +21,7 @@ from forensics.core import CoreMemory, MemoryNotInCore, open_core, resolve_file
 from forensics.errors import CoreReadError, InputNotFound, NotACoreFile, UnsupportedTarget
 from forensics.model import LibraryStatus
 
+from tests.helpers import pyelftools_build_id
 from tests.crashers.make_core import CoresUnavailable, build_libcrash, make_core
 from tests.pythons import discover_pythons
 
@@ -40,15 +41,7 @@ def minor(python: Path) -> str:
     return _MINOR[python]
 
 
-def file_build_id(path) -> str | None:
-    """The build-id as pyelftools reads it from a file: the independent oracle."""
-    with open(path, "rb") as f:
-        for section in ELFFile(f).iter_sections():
-            if section.header.sh_type == "SHT_NOTE":
-                for n in section.iter_notes():
-                    if n["n_type"] == "NT_GNU_BUILD_ID":
-                        return n["n_desc"]
-    return None
+file_build_id = pyelftools_build_id  # the independent oracle
 
 
 def crash(directory: Path, python: Path, scenario: str, **kwargs) -> Path:

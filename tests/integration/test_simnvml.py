@@ -90,6 +90,17 @@ def stop(proc: subprocess.Popen) -> tuple[str, str]:
     return proc.communicate()
 
 
+def exporter_abort_message(python: Path, env: dict[str, str], cwd: Path) -> str:
+    """Start the exporter, let it run until it dies (90 s at most), assert SIGABRT; its stderr."""
+    proc, _port = start_exporter(python, env, cwd)
+    try:
+        proc.wait(90)
+    finally:
+        _out, err = stop(proc)
+    assert proc.returncode == -signal.SIGABRT, err[-2000:]
+    return err
+
+
 def scrape_until(port: int, proc: subprocess.Popen, ready, timeout: float = 60.0) -> str:
     deadline = time.monotonic() + timeout
     text = ""
@@ -169,29 +180,14 @@ def test_exporter_serves_every_gpu_and_nvlink_from_the_sim(stack, sim_dir, tmp_p
 )
 def test_exporter_dies_with_the_glibc_message_under_the_heap_fault(stack, heap_message, glibc, sim_dir, tmp_path):
     # GIVEN the exporter on a node whose NVML corrupts the heap in nvmlDeviceGetFieldValues
-    python = stack_python(stack)
     env = sim_environment(sim_dir, fault="heap", heap_message=heap_message, fault_after=2)
-    proc, _port = start_exporter(python, env, tmp_path)
-    # WHEN it scrapes
-    try:
-        proc.wait(90)
-    finally:
-        _out, err = stop(proc)
-    # THEN glibc aborts it with the message
-    assert proc.returncode == -signal.SIGABRT, err[-2000:]
-    assert glibc in err
+    # WHEN it scrapes THEN glibc aborts it with the message
+    assert glibc in exporter_abort_message(stack_python(stack), env, tmp_path)
 
 
 def test_exporter_dies_at_a_later_free_under_the_delayed_fault(sim_dir, tmp_path):
-    python = stack_python("incident")
     env = sim_environment(sim_dir, fault="heap-delayed", heap_message="next-size")
-    proc, _port = start_exporter(python, env, tmp_path)
-    try:
-        proc.wait(90)
-    finally:
-        _out, err = stop(proc)
-    assert proc.returncode == -signal.SIGABRT, err[-2000:]
-    assert "free(): invalid next size (normal)" in err
+    assert "free(): invalid next size (normal)" in exporter_abort_message(stack_python("incident"), env, tmp_path)
 
 
 def test_python_reproducer_is_clean_without_a_fault(sim_dir, tmp_path):

@@ -7,6 +7,8 @@ import os
 import pytest
 from elftools.elf.elffile import ELFFile
 
+from tests.helpers import pyelftools_build_id
+
 from forensics.core.buildid import read_build_id_from_file
 from forensics.core.image import ElfImage, gnu_hash, sysv_hash
 
@@ -14,14 +16,6 @@ LIBC = next((p for p in glob.glob("/lib/x86_64-linux-gnu/libc.so.6") + glob.glob
 needs_libc = pytest.mark.skipif(LIBC is None, reason="no x86-64 libc.so.6 on this machine")
 
 
-def pyelftools_build_id(path):
-    with open(path, "rb") as f:
-        for section in ELFFile(f).iter_sections():
-            if section.header.sh_type == "SHT_NOTE":
-                for n in section.iter_notes():
-                    if n["n_type"] == "NT_GNU_BUILD_ID":
-                        return n["n_desc"]
-    return None
 
 
 def pyelftools_dynsym(path, name):
