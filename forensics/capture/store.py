@@ -8,6 +8,7 @@ two handlers storing the same object at once both succeed.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 
@@ -24,16 +25,12 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, data: bytes, *, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` through a temporary name, fsync, rename, fsync the directory."""
-    d = os.path.dirname(path) or "."
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp{os.getpid()}")
+@contextlib.contextmanager
+def _replacing(path: str, tmp: str, mode: int):
+    """A descriptor on ``tmp``; when the block ends well: fsync, rename onto ``path``; else ``tmp`` is removed."""
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        yield fd
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -44,6 +41,16 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o644) -> None:
         raise
     os.close(fd)
     os.rename(tmp, path)
+
+
+def write_atomic(path: str, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` through a temporary name, fsync, rename, fsync the directory."""
+    d = os.path.dirname(path) or "."
+    with _replacing(path, os.path.join(d, f".{os.path.basename(path)}.tmp{os.getpid()}"), mode) as fd:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
     fsync_dir(d)
 
 
@@ -86,10 +93,8 @@ class ObjectStore:
             return 0
         d = os.path.dirname(dest)
         os.makedirs(d, exist_ok=True)
-        tmp = f"{dest}.tmp{os.getpid()}.{id(self):x}"
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
         total = 0
-        try:
+        with _replacing(dest, f"{dest}.tmp{os.getpid()}.{id(self):x}", 0o444) as out:
             size = os.fstat(fd).st_size
             while total < size:
                 try:
@@ -102,16 +107,6 @@ class ObjectStore:
                         break
                     n = os.pwrite(out, chunk, total)
                 total += n
-            os.fsync(out)
-        except BaseException:
-            os.close(out)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        os.close(out)
-        os.rename(tmp, dest)
         return total
 
     def add_file(self, path: str, key: str | None = None) -> tuple[str, int]:
