@@ -137,3 +137,19 @@ def newest_python() -> str:
         if v in PYTHONS:
             return v
     pytest.skip("no CPython 3.8-3.13 found on this machine")
+
+
+#: the Debian unstable root the tests crash CPython 3.13-3.15 in (tests/roots.py); 3.13 is Debian's build of it
+SID_PACKAGES = ("python3.13", "python3.13-dbg", "python3.14", "python3.14-dbg", "python3.15", "python3.15-dbg",
+                "libc6-dbg")
+
+
+@pytest.fixture(scope="session")
+def sid_root() -> Path:
+    """A cached Debian unstable root with CPython 3.13-3.15 (release and -dbg) and glibc's debug files."""
+    from tests.roots import RootUnavailable, build_root
+
+    try:
+        return build_root("sid", SID_PACKAGES)
+    except RootUnavailable as e:
+        pytest.skip(f"no Debian unstable root: {e}")

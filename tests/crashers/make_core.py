@@ -101,6 +101,7 @@ def make_core(
     libcrash: Path | None = None,
     timeout: float = 60.0,
     env: dict[str, str] | None = None,
+    root: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Crash ``exporter.py`` and return the path of its core.
 
@@ -111,6 +112,8 @@ def make_core(
     :param coredump_filter: a value for ``/proc/self/coredump_filter`` (default: inherited, 0x33)
     :param libcrash: a prebuilt libcrash.so to use instead of building one
     :param env: extra environment variables for the crashing process
+    :param root: a root filesystem (tests/roots.py) to run ``python`` in, a path inside it; the
+        run directory, exporter.py and libcrash.so are bound at their host paths
     :raises CoresUnavailable: when kernel.core_pattern does not write to the cwd
     :raises CoreNotWritten: when the process did not die of a signal or left no core
     """
@@ -128,8 +131,13 @@ def make_core(
     env.update(extra_env)
     if preload:
         env["LD_PRELOAD"] = " ".join(str(p) for p in preload)
+    argv = [os.fspath(python), str(EXPORTER), str(lib), scenario]
+    if root is not None:
+        from tests.roots import sandbox_command
+
+        argv = sandbox_command(Path(root), argv, cwd=run_dir, binds=(EXPORTER, lib))
     proc = subprocess.Popen(
-        [os.fspath(python), str(EXPORTER), str(lib), scenario],
+        argv,
         cwd=run_dir,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -144,13 +152,16 @@ def make_core(
             proc.kill()
             proc.wait()
     cores = sorted(p for p in run_dir.iterdir() if p.is_file())  # the run directory starts empty
-    if proc.returncode >= 0:
+    signo = -proc.returncode
+    if root is not None and proc.returncode > 128:  # bwrap exits 128 + the signal its child died of
+        signo = proc.returncode - 128
+    if signo <= 0:
         raise CoreNotWritten(
             f"{python} exporter.py {scenario} exited with status {proc.returncode} instead of dying of a signal:\n"
             + err.decode(errors="replace")[-2000:]
         )
     if not cores:
-        sig = signal.Signals(-proc.returncode).name
+        sig = signal.Signals(signo).name
         raise CoreNotWritten(
             f"{python} exporter.py {scenario} died of {sig} but no core appeared in {run_dir} "
             f"(core_pattern {_CORE_PATTERN.read_text().strip()!r}; check RLIMIT_CORE, free disk, and that "
