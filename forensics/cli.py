@@ -389,7 +389,7 @@ def _format_canary(r) -> list[str]:
 @click.option("--threads", type=int, default=2, show_default=True, help="Querying threads of the Python reproducer (0: main thread).")
 @click.option("--duration", type=float, default=None, help="Stop each reproducer after S seconds.")
 @click.option("--shutdown-race", is_flag=True, help="Call nvmlShutdown while threads still query (Python reproducer).")
-@click.option("--malloc-check", is_flag=True, help="Python reproducer under glibc's checking allocator: names the culprit call.")
+@click.option("--malloc-check", is_flag=True, help="Both reproducers under glibc's checking allocator: they stop at the culprit call.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Where runs go (default: ./forensics-reproduce).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds each reproducer may run.")
 @json_option
@@ -400,13 +400,14 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
     """Run the Python and the C NVML reproducers with cores on, and say which crashed.
 
     \b
-    Exit codes: 0 neither failed; 1 error; 2 usage; 3 at least one reproducer crashed or
-    detected heap corruption.
+    Exit codes: 0 neither failed; 1 error, or a reproducer could not start (no
+    libnvidia-ml.so.1 to load: use --nvml FILE or --sim); 2 usage; 3 at least one
+    reproducer crashed or detected heap corruption.
     """
     from pathlib import Path
 
     from .format import json_document
-    from .reproduce import nvml_dir_for, reproduce_payload, run_reproducers
+    from .reproduce import ReproducerNotStarted, nvml_dir_for, reproduce_payload, run_reproducers
     from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
 
     if nvml_path and sim:
@@ -440,20 +441,22 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
         lines = []
         for r in result.runs:
             lines.append(f"{r.name:>6}: {r.outcome} in {r.seconds:.1f}s  ({r.run_dir})")
-            if r.verdict:
+            if r.verdict and r.verdict != r.outcome:
                 lines.append(f"        VERDICT: {r.verdict}")
             if r.signature:
                 lines.append(f"        core {r.core}: {r.signature}")
             elif r.core_note:
                 lines.append(f"        {r.core_note}")
         h = result.environment
-        if h:
+        if h.get("driver"):
             lines.insert(0, f"NVML {h.get('nvml', '?')}, driver {h.get('driver', '?')}, {h.get('gpu', '?')} "
                             f"({h.get('libnvidia-ml', nvml_label or 'loader default')})")
         lines.append(f"conclusion: {result.conclusion}")
         _emit(lines, output, force)
-    failed = any(r.crashed or (r.verdict and not r.verdict.startswith("clean")) for r in result.runs)
-    sys.exit(EXIT_FINDINGS if failed else EXIT_OK)
+    if result.not_started:
+        raise ReproducerNotStarted([f"the {'Python' if r.name == 'python' else 'C'} reproducer {r.outcome}"
+                                    for r in result.not_started])
+    sys.exit(EXIT_FINDINGS if any(r.failed for r in result.runs) else EXIT_OK)
 
 
 @cli.command()

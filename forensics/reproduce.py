@@ -2,15 +2,20 @@
 
 Both run with core dumps on, in fresh run directories, against the same
 ``libnvidia-ml.so.1`` (the loader's, ``--nvml PATH``, or the simulated one).
-Each run's outcome is read from its exit status, its ``VERDICT:`` line and,
-when it crashed, the analysis of its core.  The conclusion says which crashed:
-both -> the driver library; only the Python one -> the binding or the calling
-pattern; neither -> no reproduction.
+Each run's :class:`Outcome` is read from its exit status and its ``VERDICT:`` line
+(the C reproducer prints one even when it crashes: the call in progress, the GPU,
+the time to crash and the crash rate) and, when it crashed, the analysis of its core.
+The conclusion says which crashed: both -> the driver library; only the Python one ->
+the binding or the calling pattern; neither -> no reproduction.  A reproducer that
+could not start (no libnvidia-ml.so.1 to load, NVML initialization failed, no
+NVLinks) is not a crash and supports no conclusion: :class:`ReproducerNotStarted`.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import enum
 import os
+import re
 import resource
 import signal as _signal
 import subprocess
@@ -20,10 +25,31 @@ from pathlib import Path
 
 from .errors import ForensicsError, InputNotFound
 
-__all__ = ["ReproRun", "ReproduceResult", "parse_header", "conclude", "run_reproducers", "nvml_dir_for",
-           "reproduce_payload"]
+__all__ = ["Outcome", "ReproRun", "ReproduceResult", "ReproducerNotStarted", "parse_header", "parse_crash_verdict",
+           "conclude", "run_reproducers", "nvml_dir_for", "reproduce_payload", "NvmlLibraryNotFound"]
 
-OUTPUT_LIMIT = 1 << 20  # bytes of a reproducer's stdout/stderr kept
+OUTPUT_LIMIT = 1 << 20  # bytes of a reproducer's stdout kept from its start (the header) and from its end
+_FATAL = (_signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL)
+
+
+class Outcome(enum.Enum):
+    CLEAN = "clean"
+    CRASHED = "crashed"
+    DETECTED = "heap corruption detected"  # --malloc-check stopped it at the culprit call
+    ERRORS = "NVML errors"  # ran to the end; some calls or fields returned an error
+    NOT_STARTED = "could not start"  # library not loadable, NVML init failed, nothing to query
+    FAILED = "failed"  # any other exit (a timeout, an unexpected status)
+
+
+class ReproducerNotStarted(ForensicsError, RuntimeError):
+    """A reproducer did not get to make its queries: no evidence about the driver or the binding."""
+
+    help_text = ("Point the reproducers at the driver's library with --nvml FILE (e.g. "
+                 "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<driver>, or the directory holding "
+                 "libnvidia-ml.so.1), or use --sim for the simulated NVML.")
+
+    def __init__(self, runs: list[str]) -> None:
+        super().__init__("no conclusion: " + "; ".join(runs), runs=runs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,18 +66,46 @@ class ReproRun:
     signature: str | None
     fingerprint: str | None
     environment: dict[str, str]
-    seconds: float
+    seconds: float  # from the process's start to its end
     stderr_tail: str
+    calls_to_crash: int | None = None  # the field-value call in progress (the C reproducer's crash verdict)
+    seconds_to_crash: float | None = None  # from the first query to the crash (the C reproducer's crash verdict)
+
+    @property
+    def status(self) -> Outcome:
+        v = self.verdict or ""
+        if v.startswith("heap corruption detected"):
+            return Outcome.DETECTED
+        if self.crashed:
+            return Outcome.CRASHED
+        if v.startswith("error: could not start"):
+            return Outcome.NOT_STARTED
+        if v.startswith("clean") and self.exit_code == 0:
+            return Outcome.CLEAN
+        if v.startswith("errors"):
+            return Outcome.ERRORS
+        return Outcome.FAILED
 
     @property
     def outcome(self) -> str:
-        if self.crashed:
+        """One phrase: ``crashed (SIGABRT)``, ``heap corruption detected at ...``, ``could not start: ...``."""
+        s = self.status
+        if s is Outcome.CRASHED:
             return f"crashed ({self.signal})"
-        if self.verdict and not self.verdict.startswith("clean"):
-            return f"detected: {self.verdict}"
-        if self.exit_code == 0:
+        if s is Outcome.DETECTED:
+            return self.verdict or s.value
+        if s is Outcome.NOT_STARTED:
+            return (self.verdict or "").removeprefix("error: ")
+        if s is Outcome.CLEAN:
             return "clean"
-        return f"failed (exit {self.exit_code})"
+        if s is Outcome.ERRORS:
+            return f"ran, with NVML errors: {self.verdict}"
+        return f"failed (exit {self.exit_code})" + (f": {self.verdict}" if self.verdict else "")
+
+    @property
+    def failed(self) -> bool:
+        """Crashed or detected heap corruption: evidence of a fault."""
+        return self.status in (Outcome.CRASHED, Outcome.DETECTED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,21 +116,41 @@ class ReproduceResult:
     nvml: str  # what was on LD_LIBRARY_PATH, or "the loader's default"
     sim: dict[str, str] = field(default_factory=dict)  # simulated-NVML settings, when --sim
 
+    @property
+    def not_started(self) -> list[ReproRun]:
+        return [r for r in self.runs if r.status is Outcome.NOT_STARTED]
+
 
 def parse_header(stdout: str) -> dict[str, str]:
-    """``key: value`` lines of a reproducer's environment header.
+    """``key: value`` lines of a reproducer's environment header (indented by exactly two spaces).
 
-    >>> parse_header("x\\n  GPU:            8 x NVIDIA H20\\n  driver:  580.126.09\\nVERDICT: clean\\n")
+    >>> parse_header("x\\n  GPU:            8 x NVIDIA H20\\n    GPU 0: 18 NVLinks\\n  driver:  580.126.09\\nVERDICT: clean\\n")
     {'gpu': '8 x NVIDIA H20', 'driver': '580.126.09'}
     """
     out = {}
     for line in stdout.splitlines():
         if line.startswith("VERDICT: "):
             break
-        if line.startswith("  ") and ":" in line:
+        if line.startswith("  ") and not line.startswith("   ") and ":" in line:
             k, _, v = line.strip().partition(":")
             out[k.strip().lower()] = v.strip()
     return out
+
+
+_CRASH_CALL = re.compile(r"call #(\d+)")
+_CRASH_TIME = re.compile(r"time to crash (\d+(?:\.\d+)?) s")
+
+
+def parse_crash_verdict(verdict: str | None) -> tuple[int | None, float | None]:
+    """(call number, seconds since the first query) from the C reproducer's crash verdict.
+
+    >>> parse_crash_verdict("crashed: SIGABRT inside call #41 (...) on GPU 1 (...); time to crash 0.021 s after the first query; crash rate 1 in 41 calls")
+    (41, 0.021)
+    """
+    if not verdict or not verdict.startswith(("crashed", "heap corruption detected")):
+        return None, None
+    call, when = _CRASH_CALL.search(verdict), _CRASH_TIME.search(verdict)
+    return (int(call.group(1)) if call else None), (float(when.group(1)) if when else None)
 
 
 def _verdict(stdout: str) -> str | None:
@@ -87,27 +161,41 @@ def _verdict(stdout: str) -> str | None:
 
 
 def conclude(python: ReproRun | None, c: ReproRun | None) -> str:
-    """Which layer the evidence points at, from the two outcomes."""
-    def bad(r: ReproRun | None) -> bool:
-        return r is not None and (r.crashed or (r.verdict is not None and not r.verdict.startswith("clean")))
+    """Which layer the evidence points at, from the two outcomes.
 
-    if bad(python) and bad(c):
+    A run that could not start makes no claim: the conclusion says so instead of blaming anything.
+    """
+    idle = [r for r in (python, c) if r is not None and r.status is Outcome.NOT_STARTED]
+    if idle:
+        return "no conclusion: " + "; ".join(f"the {_label(r)} reproducer {r.outcome}" for r in idle)
+    py_bad, c_bad = bool(python and python.failed), bool(c and c.failed)
+    if py_bad and c_bad:
         return ("both reproducers failed, the C one without Python: suspect the driver library "
                 "(libnvidia-ml.so) — report to NVIDIA with the C reproducer")
-    if bad(python):
+    if py_bad:
         return ("only the Python reproducer failed: the driver survives the same queries from C; suspect the "
                 "binding (nvidia-ml-py) or the calling pattern (threads, shutdown) — report upstream with the "
                 "Python reproducer, and note the C result")
-    if bad(c):
+    if c_bad:
         return "only the C reproducer failed: suspect the driver library; the Python run may need more iterations"
     return "neither reproducer failed: no reproduction under these conditions (try more iterations or threads)"
+
+
+def _label(r: ReproRun) -> str:
+    return "Python" if r.name == "python" else "C"
+
+
+class NvmlLibraryNotFound(InputNotFound):
+    help_text = ("--nvml takes the driver's libnvidia-ml.so.<driver> (on Debian/Ubuntu under "
+                 "/usr/lib/x86_64-linux-gnu/, in a container where the NVIDIA toolkit mounts it) or its directory; "
+                 "--sim runs on the simulated NVML.")
 
 
 def nvml_dir_for(path: str, workdir: Path) -> str:
     """A directory to put first on LD_LIBRARY_PATH so that ``libnvidia-ml.so.1`` is ``path``."""
     p = Path(path)
     if not p.exists():
-        raise InputNotFound(path)
+        raise NvmlLibraryNotFound(path)
     if p.is_dir():
         if not (p / "libnvidia-ml.so.1").exists():
             raise ForensicsError(f"{path}: no libnvidia-ml.so.1 in this directory")
@@ -139,6 +227,19 @@ def _core_note() -> str:
     return f"no core in the run directory (kernel.core_pattern is {pattern!r})"
 
 
+def _read_ends(path: Path) -> tuple[str, str]:
+    """The first and the last OUTPUT_LIMIT bytes of a file (the header and the verdict), decoded."""
+    with open(path, "rb") as f:
+        head = f.read(OUTPUT_LIMIT)
+        size = os.fstat(f.fileno()).st_size
+        if size <= OUTPUT_LIMIT:
+            tail = head
+        else:
+            f.seek(max(OUTPUT_LIMIT, size - OUTPUT_LIMIT))
+            tail = f.read(OUTPUT_LIMIT)
+    return head.decode(errors="replace"), tail.decode(errors="replace")
+
+
 def _run_one(name: str, cmd: list[str], env: dict[str, str], run_dir: Path, timeout: float,
              analyze: bool) -> ReproRun:
     run_dir.mkdir(parents=True, exist_ok=False)
@@ -156,9 +257,9 @@ def _run_one(name: str, cmd: list[str], env: dict[str, str], run_dir: Path, time
             proc.kill()
             rc = proc.wait()
     seconds = time.perf_counter() - t0
-    stdout = (run_dir / "stdout.txt").read_bytes()[:OUTPUT_LIMIT].decode(errors="replace")
-    stderr = (run_dir / "stderr.txt").read_bytes()[-OUTPUT_LIMIT:].decode(errors="replace")
-    crashed = rc < 0 and -rc in (_signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL)
+    head, tail = _read_ends(run_dir / "stdout.txt")
+    _, stderr = _read_ends(run_dir / "stderr.txt")
+    crashed = rc < 0 and -rc in _FATAL
     sig = _signal.Signals(-rc).name if rc < 0 else None
     core = _core_in(run_dir, proc.pid) if crashed else None
     signature = fingerprint = None
@@ -171,11 +272,13 @@ def _run_one(name: str, cmd: list[str], env: dict[str, str], run_dir: Path, time
             signature, fingerprint = _sig(a), a.fingerprint
         except ForensicsError as e:
             signature = f"core not analysed: {e}"
+    verdict = _verdict(tail)
+    calls, to_crash = parse_crash_verdict(verdict)
     return ReproRun(
         name=name, command=tuple(cmd), run_dir=str(run_dir), exit_code=rc if rc >= 0 else None, signal=sig,
-        verdict=_verdict(stdout), crashed=crashed, core=core, core_note=None if core or not crashed else _core_note(),
-        signature=signature, fingerprint=fingerprint, environment=parse_header(stdout), seconds=seconds,
-        stderr_tail="\n".join(stderr.splitlines()[-20:]),
+        verdict=verdict, crashed=crashed, core=core, core_note=None if core or not crashed else _core_note(),
+        signature=signature, fingerprint=fingerprint, environment=parse_header(head), seconds=seconds,
+        stderr_tail="\n".join(stderr.splitlines()[-20:]), calls_to_crash=calls, seconds_to_crash=to_crash,
     )
 
 
@@ -189,6 +292,7 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
     :param python: the interpreter whose nvidia-ml-py the Python reproducer uses
     :param nvml_dir: put first on LD_LIBRARY_PATH (None: whatever the loader finds)
     :param env: the environment to run in (default: this one)
+    :param malloc_check: both reproducers under glibc's checking allocator (stop at the culprit call)
     """
     from .simnvml import build_c_reproducer, find_reproducers
 
@@ -212,8 +316,11 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
     if "c" in which:
         binary = build_c_reproducer(workdir / "bin")
         cmd = [str(binary), "--iterations", str(iterations)] + (["--duration", str(duration)] if duration else [])
+        if malloc_check:
+            cmd.append("--malloc-check")
         runs["c"] = _run_one("c", cmd, base_env, runs_dir / "c", timeout, analyze)
-    header = next((r.environment for r in runs.values() if r.environment), {})
+    header = next((r.environment for r in runs.values() if r.environment.get("driver")),
+                  next((r.environment for r in runs.values() if r.environment), {}))
     return ReproduceResult(
         runs=tuple(runs.values()), conclusion=conclude(runs.get("python"), runs.get("c")), environment=header,
         nvml=nvml_dir or "the loader's default", sim=dict(sim or {}),
@@ -227,8 +334,18 @@ def reproduce_payload(result: ReproduceResult) -> dict:
         "reproduce": result,
         "environment": {"gpus": h.get("gpu"), "driver": h.get("driver"), "cuda": h.get("cuda driver"),
                         "nvml": h.get("nvml"), "libnvidia_ml": h.get("libnvidia-ml"), "kernel": h.get("kernel"),
-                        "python": h.get("python"), "binding": h.get("binding")},
-        "runs": [{"name": r.name, "outcome": r.outcome, "signature": r.signature, "fingerprint": r.fingerprint,
-                  "core": r.core, "verdict": r.verdict} for r in result.runs],
+                        "python": h.get("python"), "binding": h.get("binding"), "glibc": h.get("glibc"),
+                        "call": h.get("call")},
+        "runs": [{"name": r.name, "status": r.status.value, "outcome": r.outcome, "signature": r.signature,
+                  "fingerprint": r.fingerprint, "core": r.core, "verdict": r.verdict, "seconds": round(r.seconds, 3),
+                  "calls_to_crash": r.calls_to_crash, "seconds_to_crash": r.seconds_to_crash,
+                  "command": list(r.command), "gpus": _gpu_lines(r.environment)}
+                 for r in result.runs],
         "conclusion": result.conclusion,
     }
+
+
+def _gpu_lines(header: dict[str, str]) -> list[str]:
+    """``GPU 0: NVIDIA H20, GPU-<uuid>, PCI bus 00000000:18:00.0`` lines of a header, in index order."""
+    keys = sorted((k for k in header if re.fullmatch(r"gpu \d+", k)), key=lambda k: int(k.split()[1]))
+    return [f"GPU {k.split()[1]}: {header[k]}" for k in keys]

@@ -65,6 +65,7 @@ SIM_ENV: dict[str, tuple[str, str]] = {
         "prev -> 'double free or corruption (!prev)'; next-size -> 'free(): invalid next size (normal)'",
     ),
     "FORENSICS_SIMNVML_FAULT_THREAD": ("any", "any | non-main: fault only in calls from threads other than the main one"),
+    "FORENSICS_SIMNVML_NVLINKS": ("18", "NVLinks per GPU (NVML_FI_DEV_NVLINK_LINK_COUNT, 0-18), or 'error': that field fails"),
 }
 
 #: pip install steps of the PyPI stacks, in order (nvitop 1.5.0 declares
@@ -211,6 +212,7 @@ def sim_environment(
     heap_message: str = "prev",
     fault_thread: str = "any",
     gpus: int | None = None,
+    nvlinks: str | None = None,
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """An environment that runs a process on the simulated node.
@@ -219,6 +221,7 @@ def sim_environment(
     removed, so the library's defaults apply.
 
     :param lib_dir: the directory :func:`build_simnvml` returned.
+    :param nvlinks: what NVML_FI_DEV_NVLINK_LINK_COUNT reports (``"0"``-``"18"``, or ``"error"``)
     :param base: environment to start from (default: ``os.environ``).
     :raises ValueError: for an unknown fault, heap message or thread filter.
 
@@ -240,6 +243,8 @@ def sim_environment(
     env["FORENSICS_SIMNVML_FAULT_THREAD"] = fault_thread
     if gpus is not None:
         env["FORENSICS_SIMNVML_GPUS"] = str(gpus)
+    if nvlinks is not None:
+        env["FORENSICS_SIMNVML_NVLINKS"] = str(nvlinks)
     return env
 
 

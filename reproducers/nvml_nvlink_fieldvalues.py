@@ -6,20 +6,18 @@ Needs only nvidia-ml-py (``import pynvml``) and the standard library; Python 3.8
     python nvml_nvlink_fieldvalues.py [--iterations N] [--threads T] [--duration S]
                                       [--shutdown-race] [--malloc-check] [--json]
 
-It initializes NVML and, from T background threads (0 = the main thread), queries
-NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX and _RX on every link of every GPU with one
-``nvmlDeviceGetFieldValues`` call per GPU -- the query nvitop and nvitop-exporter make
--- N times or for S seconds, keeping each GPU's previous sample until the next one
-replaces it (as a rate computation does).  ``--shutdown-race`` calls ``nvmlShutdown``
-from the main thread while the threads are still querying.
+It initializes NVML and, from T background threads (0 = the main thread), makes the call
+nvitop's ``Device.nvlink_throughput()`` makes (nvitop/api/device.py): on every GPU, one
+``nvmlDeviceGetFieldValues`` call of NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (138) x scopeId
+0..links-1 followed by NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX (139) x scopeId 0..links-1 --
+N times or for S seconds, keeping each GPU's previous sample until the next one replaces it
+(as a rate computation does).  nvitop's link-count rule: a GPU whose
+NVML_FI_DEV_NVLINK_LINK_COUNT (91) query fails, or reports 0 links, is skipped.
+``--shutdown-race`` calls ``nvmlShutdown`` from the main thread while the threads are
+still querying.
 
-``--malloc-check`` re-runs the test in a child under glibc's checking allocator
-(GLIBC_TUNABLES=glibc.malloc.check=3, LD_PRELOAD=libc_malloc_debug.so.0) and frees
-every result array right after its call, so a heap corruption is caught at the call
-that caused it, not at some later, unrelated free(); the parent then names that call.
-
-Output: an environment header for the upstream report, then one line starting with
-``VERDICT: ``.  A crash without ``--malloc-check`` prints no verdict: the exit signal
+Output: an environment header for the upstream report (each GPU with its index, UUID and
+PCI bus id), then one line starting with ``VERDICT: ``.  A crash without ``--malloc-check`` prints no verdict: the exit signal
 and the core are the result.  Run ``nvml_nvlink_fieldvalues.c`` on the same node too:
 if only this one crashes, suspect the binding or the threads; if both do, the driver.
 """
@@ -101,9 +99,19 @@ def collect_header(pynvml, handles):
 
     cuda = q(pynvml.nvmlSystemGetCudaDriverVersion)
     names = [_text(q(pynvml.nvmlDeviceGetName, h)) for h in handles]
+    devices = []
+    for index, h in enumerate(handles):
+        pci = q(pynvml.nvmlDeviceGetPciInfo, h)
+        devices.append({
+            "index": index,
+            "name": names[index],
+            "uuid": _text(q(pynvml.nvmlDeviceGetUUID, h)),
+            "bus_id": _text(pci.busId) if hasattr(pci, "busId") else str(pci),
+        })
     return {
         "gpu_count": len(handles),
         "gpus": sorted(set(names)),
+        "devices": devices,
         "driver": _text(q(pynvml.nvmlSystemGetDriverVersion)),
         "nvml": _text(q(pynvml.nvmlSystemGetNVMLVersion)),
         "cuda_driver": "{}.{}".format(cuda // 1000, cuda % 1000 // 10) if isinstance(cuda, int) else cuda,
@@ -130,6 +138,12 @@ def format_header(h, args):
         ("kernel", "kernel"),
     ):
         yield "  {:<15} {}".format(label + ":", h[key])
+    for d in h.get("devices") or ():
+        yield "  GPU {}:{}{}, {}, PCI bus {}".format(d["index"], " " * (10 if d["index"] < 10 else 9), d["name"],
+                                                     d["uuid"], d["bus_id"])
+    yield ("  call:           nvmlDeviceGetFieldValues(device, 2 x links, values): fieldId {} "
+           "(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX) x scopeId 0..links-1, then fieldId {} "
+           "(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) x scopeId 0..links-1; one call per GPU per iteration".format(138, 139))
     yield "  calling thread: {}".format("main" if args.threads == 0 else "{} background thread(s)".format(args.threads))
     yield "  iterations:     {}{}{}".format(
         args.iterations,
@@ -236,13 +250,14 @@ def run_test(args):
     try:
         import pynvml
     except ImportError:
-        return {"verdict": "error: nvidia-ml-py is not installed (pip install nvidia-ml-py)", "status": "error"}
+        return {"verdict": "error: could not start: nvidia-ml-py is not installed (pip install nvidia-ml-py)",
+                "status": "not-started"}
     crumbs = Breadcrumbs(os.environ.get(_CHILD_ENV))
     try:
         pynvml.nvmlInit()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     except pynvml.NVMLError as e:
-        return {"verdict": "error: NVML initialization failed: {}".format(e), "status": "error"}
+        return {"verdict": "error: could not start: NVML initialization failed: {}".format(e), "status": "not-started"}
     header = collect_header(pynvml, handles)
     crumbs.write("H " + json.dumps(header))
     if not args.json:
@@ -250,22 +265,38 @@ def run_test(args):
             print(line)
         sys.stdout.flush()
     devices = []
+    skipped = []
     for index, handle in enumerate(handles):
-        links = pynvml.NVML_NVLINK_MAX_LINKS
+        # nvitop's rule (Device.nvlink_link_count): the field's value when the call and the field
+        # succeed, else 0 -- and a GPU with 0 links gets no NVLink throughput call at all
+        links, why = 0, "0 NVLinks"
         tid = threading.get_ident()
         crumbs.write("B {}|MainThread|nvmlDeviceGetFieldValues(gpu {}, NVLINK_LINK_COUNT)".format(tid, index))
         try:
             (count,) = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])
             if count.nvmlReturn == 0:
                 links = count.value.uiVal
-        except pynvml.NVMLError:
-            pass
+            else:
+                why = "the link count field returned {}".format(count.nvmlReturn)
+        except pynvml.NVMLError as e:
+            why = "the link count query failed: {}".format(e)
         crumbs.write("E {}".format(tid))
+        if links == 0:
+            skipped.append("GPU {}: {}".format(index, why))
         fields = [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, l) for l in range(links)]
         fields += [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, l) for l in range(links)]
         if fields:
             devices.append((index, handle, fields))
     max_links = max([len(f) // 2 for _i, _h, f in devices] or [0])
+    if not args.json:
+        for line in skipped:
+            print("    {} -> skipped, as nvitop does".format(line))
+        sys.stdout.flush()
+    if not devices:
+        pynvml.nvmlShutdown()
+        return {"header": header, "status": "not-started",
+                "verdict": "error: could not start: no GPU reports NVLinks, nothing to query "
+                           "(nvitop makes no NVLink throughput call here)"}
 
     deadline = time.monotonic() + args.duration if args.duration else None
     halfway = threading.Semaphore(0)
@@ -446,7 +477,7 @@ def main(argv=None):
         print(json.dumps(doc, sort_keys=True))
     else:
         print("VERDICT: " + result["verdict"])
-    return {"clean": 0, "errors": 3, "error": 2}.get(result.get("status"), 1)
+    return {"clean": 0, "errors": 3, "error": 2, "not-started": 2}.get(result.get("status"), 1)
 
 
 if __name__ == "__main__":

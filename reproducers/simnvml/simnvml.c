@@ -16,6 +16,8 @@
  *   FORENSICS_SIMNVML_FAULT_AFTER   eligible nvmlDeviceGetFieldValues calls before the fault (0)
  *   FORENSICS_SIMNVML_HEAP_MESSAGE  prev | next-size: which glibc check fires
  *   FORENSICS_SIMNVML_FAULT_THREAD  any | non-main: fault only off the process's main thread
+ *   FORENSICS_SIMNVML_NVLINKS       NVLinks per GPU that NVML_FI_DEV_NVLINK_LINK_COUNT reports (18, 0..18),
+ *                                   or "error": that field answers NVML_ERROR_NOT_SUPPORTED
  *
  * Faults (all inside nvmlDeviceGetFieldValues unless said otherwise):
  *   heap          overflows a scratch buffer into the next chunk's header and frees it:
@@ -133,6 +135,7 @@ static enum fault g_fault = F_NONE;
 static long g_fault_after;
 static int g_heap_next_size;         /* 0: "(!prev)", 1: "invalid next size (normal)" */
 static int g_fault_non_main;
+static int g_links = NVLINK_LINKS;   /* what NVML_FI_DEV_NVLINK_LINK_COUNT says; -1: the field fails */
 static long g_eligible_calls;        /* atomic */
 
 static const unsigned char BUSES[8] = {0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb};
@@ -160,6 +163,10 @@ static void read_config(void)
     g_fault_after = strtol(env_or("FORENSICS_SIMNVML_FAULT_AFTER", "0"), NULL, 10);
     g_heap_next_size = !strcmp(env_or("FORENSICS_SIMNVML_HEAP_MESSAGE", "prev"), "next-size");
     g_fault_non_main = !strcmp(env_or("FORENSICS_SIMNVML_FAULT_THREAD", "any"), "non-main");
+    const char *links = env_or("FORENSICS_SIMNVML_NVLINKS", "18");
+    g_links = !strcmp(links, "error") ? -1 : atoi(links);
+    if (g_links > NVLINK_LINKS)
+        g_links = NVLINK_LINKS;
 }
 
 static void fill_device(struct sim_device *d, unsigned int i)
@@ -769,10 +776,13 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldVa
         v->nvmlReturn = NVML_SUCCESS;
         if (id == FI_DEV_NVLINK_LINK_COUNT) {
             v->valueType = VT_UINT;
-            v->value.uiVal = NVLINK_LINKS;
+            if (g_links < 0)
+                v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            else
+                v->value.uiVal = (unsigned int)g_links;
         } else if (is_nvlink_throughput(id)) {
             nvlink_query = 1;
-            if (v->scopeId >= NVLINK_LINKS) {
+            if (v->scopeId >= (unsigned int)(g_links < 0 ? NVLINK_LINKS : g_links)) {
                 v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
                 continue;
             }
