@@ -272,6 +272,13 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
         snapshot = read_snapshot(pid, host_root=host_root, object_fds=object_fds, raw=raw)
     except Exception as e:  # noqa: BLE001 - metadata is best effort; the core still matters
         warnings.append(f"/proc/{pid}: {type(e).__name__}: {e}")
+    image_os = None
+    try:
+        from .node import read_os_release
+
+        image_os = read_os_release(f"/proc/{pid}/root")  # the image's distribution, while the process exists
+    except Exception as e:  # noqa: BLE001
+        warnings.append(f"/proc/{pid}/root/etc/os-release: {type(e).__name__}: {e}")
     identity = snapshot.identity if snapshot else None
     image_key = (snapshot.image if snapshot and snapshot.image else None)
     if image_key is None and snapshot is not None:
@@ -308,6 +315,9 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
                         "process snapshot at crash time: limits, cgroup identity, mapped objects with build-ids, NVML origin")
         for name, data in raw.files.items():
             bundle.add_bytes(f"40-process/{name}", data, f"/proc/PID/{name} as read at crash time")
+    if image_os is not None:
+        bundle.add_bytes("40-process/os-release", image_os.encode(),
+                         "the process's /etc/os-release (its image's distribution), read inside its root")
     write_atomic(os.path.join(crash_dir, "metadata.json"), json.dumps(record, indent=2, sort_keys=True, default=str).encode())
 
     # 2. keep the core?
@@ -423,7 +433,8 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     if copier is not None:
         copier.join(timeout=300)
     # the node's side at crash time; the core is in, so the dying process no longer waits on this
-    _node_evidence(bundle, warnings, nvidia_smi=result.core_path is not None, smi_timeout=cfg.smi_timeout)
+    _node_evidence(bundle, warnings, nvidia_smi=result.core_path is not None, smi_timeout=cfg.smi_timeout,
+                   pid=pid, host_root=host_root)
 
     # 4. the record, the manifest, the index, the budget
     record.update({
@@ -465,17 +476,27 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
                f" in {crash_dir}" + (f" ({'; '.join(why)})" if why else ""), level=6)
 
 
-def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: float) -> None:
-    """NVRM / Xid kernel log lines (always: a cheap non-blocking read), ``nvidia-smi -q`` for kept cores.
+def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: float, pid: int | None = None,
+                   host_root: str = "/") -> None:
+    """The node's os-release and the driver's kernel log lines (always: cheap, non-blocking reads),
+    ``nvidia-smi -q`` for kept cores.
 
-    nvidia-smi is skipped for metadata-only crashes so that a crash loop does not run it hundreds of times.
+    nvidia-smi is skipped for metadata-only crashes so that a crash loop does not run it hundreds of times;
+    nvidia-bug-report.sh (minutes) is left to ``capture --pid`` / ``--pod``, which do not run in the
+    kernel's crash path.
     """
-    from .node import read_kernel_log, read_nvidia_smi
+    from .node import read_kernel_log, read_nvidia_smi, read_os_release
 
     try:
-        lines = read_kernel_log()
+        node_os = read_os_release(host_root)
+        if node_os is not None:
+            bundle.add_bytes("20-node/os-release", node_os.encode(), "the node's /etc/os-release")
+    except Exception as e:  # noqa: BLE001 - evidence is best effort; the core and record matter more
+        warnings.append(f"os-release: {type(e).__name__}: {e}")
+    try:
+        lines = read_kernel_log(pid=pid)
         bundle.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(lines) + "\n").encode(),
-                         "kernel log lines at crash time: NVRM / Xid, segfaults, core handler")
+                         "kernel log lines at crash time: the NVIDIA driver's (NVRM, Xid, its modules), this process's fault")
     except Exception as e:  # noqa: BLE001 - evidence is best effort; the core and record matter more
         warnings.append(f"kernel log: {type(e).__name__}: {e}")
     if not nvidia_smi:

@@ -30,6 +30,9 @@ __all__ = [
     "read_kernel_log",
     "read_node_logs",
     "read_nvidia_smi",
+    "read_os_release",
+    "run_nvidia_bug_report",
+    "is_driver_line",
     "find_container_pids",
 ]
 
@@ -37,7 +40,31 @@ __all__ = [
 #: 4 ELF headers, 5 private huge, 6 shared huge.  0x33 is the kernel's default.
 DEFAULT_FILTER = 0x33
 FULL_FILTER = DEFAULT_FILTER | 0x4 | 0x8
-_KERNEL_LINE = re.compile(r"NVRM|Xid|nvidia|segfault at|general protection|forensics-core-handler", re.I)
+# The NVIDIA driver's own kernel lines: NVRM (with its Xid reports), NVSwitch SXid, and the lines of its
+# modules and devices ("nvidia-nvlink: ...", "nvidia-modeset: ...", "nvidia 0000:18:00.0: ...",
+# "nvidia_uvm: ...").  Nothing else: other processes' segfaults and our own handler's lines are noise
+# in an upstream report (issue #19: 332 of 400 lines were).
+_DRIVER_LINE = re.compile(r"^\s*(?:NVRM\b|S?Xid\b|nvidia(?:[-_][a-z0-9]+)*(?=[:\s\[(])|nv_peer_mem\b)"
+                          r"|\bNVRM:|\bS?Xid \(", re.I)
+
+
+def is_driver_line(msg: str, pid: int | None = None) -> bool:
+    """A kernel log message from the NVIDIA driver, or (with ``pid``) the kernel's fault line for that process.
+
+    >>> is_driver_line("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.")
+    True
+    >>> is_driver_line("nvidia-nvlink: Nvlink Core is being initialized, major device number 234")
+    True
+    >>> is_driver_line("python[8753]: segfault at 7f8a37720000 ip 00007f8a377287e2 sp 00007ffd error 6")
+    False
+    >>> is_driver_line("python[8753]: segfault at 10 ip 00007f8a377287e2 sp 00007ffd error 6", pid=8753)
+    True
+    >>> is_driver_line("forensics-core-handler[7859]: pid 8522 (crasher) SIGABRT: core kept")
+    False
+    """
+    if _DRIVER_LINE.search(msg):
+        return True
+    return pid is not None and bool(re.search(rf"\[{pid}\]: (?:segfault at|general protection|trap )|traps: \S+\[{pid}\]", msg))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,13 +133,14 @@ def arm_process(pid: int, *, coredump_filter: int = DEFAULT_FILTER) -> tuple[tup
     return before, after, f_before, f_after
 
 
-def read_kernel_log(limit: int = 400) -> list[str]:
-    """Kernel log lines about NVIDIA (NVRM, Xid), segfaults and the core handler, newest last."""
+def read_kernel_log(limit: int = 400, *, pid: int | None = None) -> list[str]:
+    """The NVIDIA driver's kernel log lines (NVRM, Xid, its modules), newest last; with ``pid``, also that
+    process's own fault line (``segfault at``, ``general protection``, ``traps:``)."""
     lines: list[str] = []
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return _dmesg_fallback(limit)
+        return _dmesg_fallback(limit, pid)
     try:
         while True:
             try:
@@ -128,21 +156,22 @@ def read_kernel_log(limit: int = 400) -> list[str]:
             text = rec.decode(errors="replace")
             _, _, msg = text.partition(";")
             msg = msg.split("\n", 1)[0]
-            if _KERNEL_LINE.search(msg):
+            if is_driver_line(msg, pid):
                 lines.append(msg)
     finally:
         os.close(fd)
     return lines[-limit:]
 
 
-def _dmesg_fallback(limit: int) -> list[str]:
+def _dmesg_fallback(limit: int, pid: int | None = None) -> list[str]:
     if not shutil.which("dmesg"):
         return []
     try:
         out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [x for x in out.splitlines() if _KERNEL_LINE.search(x)][-limit:]
+    # dmesg prefixes "[  12.345678] ": judge the message after it
+    return [x for x in out.splitlines() if is_driver_line(re.sub(r"^\[[\s\d.]+\]\s*", "", x), pid)][-limit:]
 
 
 _DEVICE_PLUGIN_LOGS = ("nvidia-device-plugin", "gpu-operator", "nvidia-driver", "dcgm")
@@ -232,6 +261,91 @@ def read_nvidia_smi(timeout: float = 20.0) -> str | None:
     return out + (f"\n[stderr]\n{err}" if err else "")
 
 
+OS_RELEASE_MAX = 16 << 10
+
+
+def read_os_release(root: str) -> str | None:
+    """``/etc/os-release`` (else ``/usr/lib/os-release``) as the root ``root`` sees it, bounded; None when absent.
+
+    ``root`` is ``/`` (this node), ``/proc/1/root`` (the node from the agent pod) or ``/proc/PID/root`` (a
+    container's image): the file is opened inside it one component at a time, its symlinks resolved there.
+    """
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        try:
+            fd = open_in_root(root, path)
+        except (OSError, UnsafeContainerPath):
+            continue
+        try:
+            if not os.path.isfile(f"/proc/self/fd/{fd}"):
+                continue
+            data = os.read(fd, OS_RELEASE_MAX)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        return data.decode("utf-8", "replace")
+    return None
+
+
+BUG_REPORT_TIMEOUT = 180.0  # NVIDIA: "typically quick", rarely up to an hour; a capture does not wait that long
+BUG_REPORT_MAX = 64 << 20  # bytes of nvidia-bug-report.log.gz kept
+
+
+def run_nvidia_bug_report(out_dir: str, *, timeout: float = BUG_REPORT_TIMEOUT,
+                          max_bytes: int = BUG_REPORT_MAX) -> tuple[str | None, str]:
+    """Run ``nvidia-bug-report.sh --safe-mode`` when the node has it; bounded in time and size.
+
+    The script writes ``nvidia-bug-report.log.gz`` into ``out_dir`` (its working directory is a
+    private directory there).  It runs in its own session and is killed, with everything it started,
+    at ``timeout``; an output over ``max_bytes`` is not kept.
+
+    :return: (path of the kept ``.gz`` or None, a line saying what happened)
+    """
+    exe = shutil.which("nvidia-bug-report.sh")
+    if not exe:
+        return None, "nvidia-bug-report.sh is not installed on this node"
+    work = os.path.join(out_dir, ".nvidia-bug-report")
+    os.makedirs(work, exist_ok=True)
+    target = os.path.join(work, "nvidia-bug-report.log")
+    try:
+        p = subprocess.Popen([exe, "--safe-mode", "--output-file", target], cwd=work, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as e:
+        shutil.rmtree(work, ignore_errors=True)
+        return None, f"nvidia-bug-report.sh failed to start: {e.strerror or e}"
+    note = ""
+    try:
+        p.wait(timeout=timeout)
+        note = f"nvidia-bug-report.sh --safe-mode exited {p.returncode}"
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            p.kill()
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the driver: it is left; its output, if any, is not trusted as whole
+        note = f"nvidia-bug-report.sh --safe-mode did not finish in {timeout:g} s (killed)"
+    produced = next((os.path.join(work, n) for n in ("nvidia-bug-report.log.gz", "nvidia-bug-report.log")
+                     if os.path.isfile(os.path.join(work, n))), None)
+    kept = None
+    if produced is None:
+        note += "; it wrote no report"
+    elif note.endswith("(killed)"):
+        note += "; its partial output is not kept"
+    else:
+        size = os.path.getsize(produced)
+        if size > max_bytes:
+            note += f"; its report ({size} bytes) is over the {max_bytes} byte limit and is not kept"
+        else:
+            kept = os.path.join(out_dir, os.path.basename(produced))
+            os.replace(produced, kept)
+            note += f"; report kept ({size} bytes)"
+    shutil.rmtree(work, ignore_errors=True)
+    return kept, note
+
+
 def find_container_pids(container_id: str, proc: str = "/proc") -> list[int]:
     """The PIDs whose cgroup names ``container_id`` (full or a 12+ hex prefix), oldest first.
 
@@ -263,8 +377,13 @@ def capture_pid(
     bundle_parent: str | None = None,
     host_root: str = "/",
     extra_items: dict | None = None,
+    bug_report: bool = True,
 ) -> ArmResult:
     """Arm process ``pid`` and write its capture bundle under ``bundle_parent`` (default ``CORE_DIR/bundles``).
+
+    The bundle holds the node's and the process's os-release, the driver's kernel log lines,
+    ``nvidia-smi -q`` and (``bug_report``, when the node has it) ``nvidia-bug-report.sh --safe-mode``'s
+    report, each bounded in time and size.
 
     :raises NotRoot, ProcessGone: see :func:`arm_process`
     :raises CoreDirectoryError: when the bundle cannot be written
@@ -295,11 +414,23 @@ def capture_pid(
             w.add_json(rel, obj, what)
         for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""], host_root=host_root).items():
             w.add_bytes(f"20-node/{name}", text.encode(), f"node log lines ({name})")
-        w.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(read_kernel_log()) + "\n").encode(),
-                    "kernel log lines: NVRM / Xid, segfaults, core handler")
+        node_os = read_os_release(host_root)
+        if node_os is not None:
+            w.add_bytes("20-node/os-release", node_os.encode(), "the node's /etc/os-release")
+        w.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(read_kernel_log(pid=pid)) + "\n").encode(),
+                    "kernel log lines of the NVIDIA driver (NVRM, Xid, its modules) and of this process's faults")
         smi = read_nvidia_smi()
         if smi is not None:
             w.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q")
+        if bug_report:
+            kept, note = run_nvidia_bug_report(os.path.join(bdir, "30-kernel"))
+            if kept:
+                w.note_file(f"30-kernel/{os.path.basename(kept)}", f"NVIDIA's bug report: {note} (not redacted)")
+            w.add_bytes("30-kernel/nvidia-bug-report.txt", (note + "\n").encode(), "what nvidia-bug-report.sh did")
+        image_os = read_os_release(f"/proc/{pid}/root")
+        if image_os is not None:
+            w.add_bytes("40-process/os-release", image_os.encode(),
+                        "the process's /etc/os-release (its image's distribution), read inside its root")
         w.add_json("40-process/arming.json", {
             "rlimit_core_before": before, "rlimit_core_after": after,
             "coredump_filter_before": f_before, "coredump_filter_after": f_after,
