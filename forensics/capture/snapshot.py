@@ -427,7 +427,7 @@ def read_snapshot(
     comm = _read_small(f"/proc/{pid}/comm")
     exe = _readlink(f"/proc/{pid}/exe")
     cwd = _readlink(f"/proc/{pid}/cwd")
-    from ..report.redact import Redactor
+    from ..redact import Redactor
 
     red = Redactor()
     args = [a.decode(errors="replace") for a in cmdline_raw.split(b"\0") if a]

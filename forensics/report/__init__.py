@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .context import REQUIRED_FIELDS, TEMPLATES, UNKNOWN, ReportContext, build_context
 from .evidence import Evidence, load_evidence
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown, escape, fence
-from .redact import Redactor
+from ..redact import Redactor
 
 __all__ = ["Report", "make_report", "render", "environment", "TEMPLATES"]
 

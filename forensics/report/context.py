@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .evidence import Evidence
-from .redact import Redactor, redact_tree
+from ..redact import Redactor, redact_tree
 
 __all__ = ["UNKNOWN", "ReportContext", "build_context", "TEMPLATES", "REQUIRED_FIELDS"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from forensics.report.redact import MASK, Redactor, redact_tree
+from forensics.redact import MASK, Redactor, redact_tree
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"
 
