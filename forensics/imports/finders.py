@@ -17,8 +17,8 @@ import ast
 import re
 
 from .model import EditableFinder, ModuleKind, Resolution
-from .resolve import extension_suffixes
 from .rootfs import RootFS, norm
+from .suffixes import all_suffixes
 
 __all__ = ["imported_module", "parse_finder_module", "find_in_finders"]
 
@@ -112,11 +112,6 @@ def _string_sum(node: ast.expr | None) -> str | None:
     return None
 
 
-def _module_suffixes(version: str, triplet: str) -> tuple[str, ...]:
-    """``importlib.machinery.all_suffixes()``: source, bytecode, extensions."""
-    return (".py", ".pyc") + extension_suffixes(version, triplet)
-
-
 def _with_suffix(path: str, suffix: str) -> str:
     """``pathlib.Path.with_suffix``: the last dot of the name, if any, is replaced."""
     head, _, name = path.rpartition("/")
@@ -136,7 +131,7 @@ def find_in_finders(fs: RootFS, finders: tuple[EditableFinder, ...], name: str, 
                 continue
             files = [target]
         else:  # setuptools' _find_spec: DIR/__init__.py, then DIR with each module suffix
-            files = [f"{target.rstrip('/')}/__init__.py"] + [_with_suffix(target, s) for s in _module_suffixes(version, triplet)]
+            files = [f"{target.rstrip('/')}/__init__.py"] + [_with_suffix(target, s) for s in all_suffixes(version, triplet)]
         for f in files:
             f = norm(f)
             if not fs.is_file(f):

@@ -7,19 +7,12 @@ namespace portion, used only when no entry holds a regular package or module.
 """
 from __future__ import annotations
 
+from .finders import find_in_finders
 from .model import ModuleKind, PathEntry, Resolution
 from .rootfs import RootFS
+from .suffixes import extension_suffixes
 
-__all__ = ["extension_suffixes", "find_candidates", "find_module"]
-
-
-def extension_suffixes(version: str, triplet: str = "x86_64-linux-gnu") -> tuple[str, ...]:
-    """``importlib.machinery.EXTENSION_SUFFIXES`` of CPython ``version`` on Linux.
-
-    >>> extension_suffixes("3.11")
-    ('.cpython-311-x86_64-linux-gnu.so', '.abi3.so', '.so')
-    """
-    return (f".cpython-{version.replace('.', '')}-{triplet}.so", ".abi3.so", ".so")
+__all__ = ["find_candidates", "find_module"]
 
 
 def _suffixes(version: str, triplet: str) -> tuple[tuple[str, ModuleKind], ...]:
@@ -87,8 +80,6 @@ def find_module(fs: RootFS, sys_path: tuple[PathEntry, ...], name: str, version:
     (:class:`~forensics.imports.model.EditableFinder`, after the path finder on sys.meta_path);
     a namespace portion on sys.path is found first and hides them, as in CPython.
     """
-    from .finders import find_in_finders
-
     parts = name.split(".")
     locations = [(i, e.path) for i, e in enumerate(sys_path) if e.exists]
     cands = find_candidates(fs, locations, parts[0], parts[0], version, triplet)
