@@ -24,6 +24,7 @@ from pathlib import Path
 from .cache import cache_dir
 from .errors import GdbError, GdbNotFound, GdbTimeout
 from .model import CoreFile, LibraryStatus
+from .resources import find_shipped
 
 __all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm"]
 
@@ -38,11 +39,10 @@ def find_gdb_scripts() -> Path:
     In a checkout it is ``gdb_scripts/`` beside the package; in a wheel it is
     installed inside the package as ``forensics/gdb_scripts``.
     """
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "gdb_scripts", here.parent / "gdb_scripts"):
-        if (candidate / "forensics_native.py").is_file():
-            return candidate
-    raise GdbError("loading scripts", f"gdb_scripts not found beside {here}")
+    found = find_shipped("gdb_scripts", "forensics_native.py")
+    if found is None:
+        raise GdbError("loading scripts", f"gdb_scripts not found beside {Path(__file__).resolve().parent}")
+    return found
 
 
 @dataclass(frozen=True, slots=True)

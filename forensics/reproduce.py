@@ -294,7 +294,8 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
     :param env: the environment to run in (default: this one)
     :param malloc_check: both reproducers under glibc's checking allocator (stop at the culprit call)
     """
-    from .simnvml import build_c_reproducer, find_reproducers
+    from .resources import find_reproducers
+    from .simnvml import build_c_reproducer
 
     base_env = dict(os.environ if env is None else env)
     if nvml_dir:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .cache import cache_dir
 from .errors import BuildError
+from .resources import REPRODUCER_FILES, find_reproducers
 
 __all__ = [
     "DEFAULT_DRIVER",
@@ -35,8 +36,6 @@ __all__ = [
     "build_simnvml",
     "default_cache_dir",
     "ensure_stack_venv",
-    "find_reproducers",
-    "reproducer_sources",
     "sim_environment",
 ]
 
@@ -74,32 +73,6 @@ STACKS: dict[str, tuple[tuple[str, ...], ...]] = {
     "incident": (("nvitop==1.5.0", "nvitop-exporter==1.5.0"), ("nvidia-ml-py==12.575.51",)),
     "current": (("nvitop==1.7.2", "nvitop-exporter==1.7.2", "nvidia-ml-py==13.580.126"),),
 }
-
-_C_REPRODUCER = "nvml_nvlink_fieldvalues.c"
-
-
-def find_reproducers() -> Path:
-    """The ``reproducers`` directory: ``forensics/reproducers`` in a wheel, ``<repo>/reproducers`` in a checkout.
-
-    :raises BuildError: when neither exists.
-    """
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "reproducers", here.parent / "reproducers"):
-        if (candidate / "simnvml").is_dir():
-            return candidate
-    raise BuildError("the NVML reproducers", f"no reproducers/ directory beside {here}")
-
-
-def reproducer_sources() -> dict[str, str]:
-    """``{"python": source, "c": source}`` of the minimal reproducers, for reports (bounded to 200 kB each)."""
-    root = find_reproducers()
-    out = {}
-    for lang, name in (("python", "nvml_nvlink_fieldvalues.py"), ("c", _C_REPRODUCER)):
-        f = root / name
-        if f.is_file():
-            out[lang] = f.read_text(errors="replace")[:200_000]
-    return out
-
 
 def _gcc() -> str:
     gcc = shutil.which(os.environ.get("CC") or "gcc")
@@ -190,7 +163,7 @@ def build_c_reproducer(out_dir: str | Path, nvml_dir: str | Path | None = None) 
     """
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    src = find_reproducers() / _C_REPRODUCER
+    src = find_reproducers() / REPRODUCER_FILES["c"]
     target = out / "nvml_nvlink_fieldvalues"
     stamp = out / ".nvml_nvlink_fieldvalues.runpath"
     runpath = str(Path(nvml_dir).resolve()) if nvml_dir else ""

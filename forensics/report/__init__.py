@@ -72,7 +72,7 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
         redactor.known_hosts.update(_hosts_in(ev))
     if reproducer_sources is None:
         from ..errors import ForensicsError
-        from ..simnvml import reproducer_sources as shipped_sources
+        from ..resources import reproducer_sources as shipped_sources
 
         try:
             reproducer_sources = shipped_sources()

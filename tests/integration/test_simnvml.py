@@ -19,13 +19,8 @@ from pathlib import Path
 import pytest
 
 from forensics.errors import BuildError
-from forensics.simnvml import (
-    build_c_reproducer,
-    build_simnvml,
-    ensure_stack_venv,
-    find_reproducers,
-    sim_environment,
-)
+from forensics.resources import find_reproducers
+from forensics.simnvml import build_c_reproducer, build_simnvml, ensure_stack_venv, sim_environment
 
 REPRO_PY = find_reproducers() / "nvml_nvlink_fieldvalues.py"
 GPUS, LINKS = 8, 18

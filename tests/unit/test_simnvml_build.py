@@ -7,7 +7,8 @@ import subprocess
 import pytest
 
 from forensics.errors import BuildError, ForensicsError
-from forensics.simnvml import SIM_ENV, build_c_reproducer, build_simnvml, find_reproducers, sim_environment
+from forensics.resources import find_reproducers
+from forensics.simnvml import SIM_ENV, build_c_reproducer, build_simnvml, sim_environment
 
 
 def test_build_lays_out_a_driver_install(tmp_path):
