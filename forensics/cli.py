@@ -103,8 +103,7 @@ def analyze(inputs, sysroot, exe, merged, method, gdb_path, debuginfod, timeout,
     stacks, a truncated core, or --method both found a disagreement).
     """
     from .analyze.batch import find_cores
-
-    from .analyze.batch import is_bundle
+    from .bundle import is_bundle
 
     paths = find_cores(inputs)
     single = len(inputs) == 1 and (not os.path.isdir(inputs[0]) or is_bundle(inputs[0]))

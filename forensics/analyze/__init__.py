@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from ..bundle import bundle_sysroot, is_bundle
 from ..core import open_core
 from ..errors import GdbError, GdbNotFound
 from ..gdb import GdbSession, run_gdb
@@ -327,13 +328,9 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     """
     if method not in METHODS:
         raise ValueError(method)
-    from .batch import is_bundle
-
     if is_bundle(path):
         # A capture bundle carries its core and every mapped object, keyed by build-id:
         # the bundle is its own sysroot, so it analyzes on any machine.
-        from ..capture.bundle import bundle_sysroot
-
         path, bundle_root = bundle_sysroot(path)
         sysroot = sysroot or bundle_root
     core = open_core(path, sysroot=sysroot, exe=exe)

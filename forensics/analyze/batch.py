@@ -10,10 +10,11 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterable
 
+from ..bundle import is_bundle
 from ..errors import ForensicsError, GdbError, InputNotFound
 from ..model import Analysis, BatchEntry, BatchGroup, BatchResult
 
-__all__ = ["find_cores", "is_bundle", "analyze_many", "group_entries", "MAX_INPUTS"]
+__all__ = ["find_cores", "analyze_many", "group_entries", "MAX_INPUTS"]
 
 MAX_INPUTS = 100_000
 _ELF_CORE_HEAD = b"\x7fELF"
@@ -27,15 +28,6 @@ def _is_core(path: str) -> bool:
         return False
     # e_ident[EI_DATA] == little endian; e_type (offset 16) == ET_CORE (4)
     return len(head) == 18 and head[:4] == _ELF_CORE_HEAD and head[16:18] == b"\x04\x00"
-
-
-def is_bundle(path: str) -> bool:
-    """A capture bundle: a directory with its MANIFEST.json and a core (``50-core/`` or at its top)."""
-    from ..capture.bundle import MANIFEST, find_core_in_bundle
-
-    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, MANIFEST)):
-        return False
-    return find_core_in_bundle(path) is not None
 
 
 def find_cores(inputs: Iterable[str]) -> list[str]:

@@ -96,7 +96,7 @@ def _analyze_bundles(ev: Evidence) -> None:
     if ev.all("analyze"):
         return
     from ..analyze import analyze_core
-    from ..analyze.batch import is_bundle
+    from ..bundle import is_bundle
     from ..errors import ForensicsError
     from ..format import analysis_payload, to_jsonable
 

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..bundle import MANIFEST, sha256_file
 from ..errors import ForensicsError, InputNotFound
 
 __all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES"]
@@ -51,12 +52,6 @@ class Evidence:
         return self.docs.get(kind, [])
 
 
-def _sha256(path: str) -> tuple[str, int]:
-    from ..capture.bundle import sha256_file
-
-    return sha256_file(path)
-
-
 def _read_json(path: str) -> dict:
     size = os.path.getsize(path)
     if size > MAX_INPUT_BYTES:
@@ -84,8 +79,6 @@ MAX_TEXT = 64 * 1024
 
 def _load_bundle(p: str, ev: Evidence) -> dict:
     """A capture bundle (``forensics capture``, the core handler) as one evidence document."""
-    from ..capture.bundle import MANIFEST
-
     root = Path(p)
     manifest = root / MANIFEST
     if not manifest.is_file():
@@ -104,7 +97,7 @@ def _load_bundle(p: str, ev: Evidence) -> dict:
         if isinstance(item, dict) and item.get("path") and item.get("sha256"):
             ev.items.append(EvidenceItem(path=str(root / str(item["path"])), kind="capture",
                                          sha256=str(item["sha256"]), size=int(item.get("size") or 0)))
-    digest, size = _sha256(str(manifest))
+    digest, size = sha256_file(str(manifest))
     ev.items.append(EvidenceItem(path=str(manifest), kind="capture", sha256=digest, size=size))
     return doc
 
@@ -123,7 +116,7 @@ def load_evidence(paths: list[str]) -> Evidence:
             kind = doc.get("command")
             if kind not in KINDS:
                 raise ReportInputError(p, f"unknown document kind {kind!r} (expected one of {', '.join(KINDS)})")
-            digest, size = _sha256(p)
+            digest, size = sha256_file(p)
             ev.items.append(EvidenceItem(path=p, kind=kind, sha256=digest, size=size))
         ev.docs.setdefault(kind, []).append(doc)
     if not ev.items:

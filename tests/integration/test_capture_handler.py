@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from forensics.capture.bundle import bundle_sysroot, verify_manifest
+from forensics.bundle import bundle_sysroot, verify_manifest
 from forensics.capture.handler import HandlerConfig, run_core_handler
 from forensics.core import open_core
 from forensics.model import LibraryStatus

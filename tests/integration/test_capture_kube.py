@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from forensics.capture.bundle import verify_manifest
+from forensics.bundle import verify_manifest
 from forensics.capture.handler import HandlerConfig, run_core_handler
 from forensics.cli import cli
 from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
@@ -58,14 +58,11 @@ def pod_process(tmp_path):
 
 @pytest.fixture
 def cluster(tmp_path, monkeypatch, pod_process):
-    # the "image": a forensics on PATH (the installed script once the lead registered the commands)
+    # the "image": a forensics on PATH, as the installed console script runs it
     bindir = tmp_path / "image-bin"
     bindir.mkdir()
     (bindir / "forensics").write_text(
-        f"#!{sys.executable}\nfrom forensics.cli import cli, main\n"
-        "from forensics.capture.cli_commands import agent_group, capture_command, core_handler_command\n"
-        "for c in (capture_command, core_handler_command, agent_group):\n"
-        "    cli.commands.get(c.name) or cli.add_command(c)\nmain()\n")
+        f"#!{sys.executable}\nfrom forensics.cli import main\nmain()\n")
     (bindir / "forensics").chmod(0o755)
     monkeypatch.setenv("HOME", str(tmp_path))  # kubectl's discovery cache
     node = socket.gethostname()
@@ -250,13 +247,13 @@ def test_agent_manifest_passes_the_disk_bounds_to_the_installed_handler():
     import re
     import shlex
 
-    from forensics.capture.cli_commands import capture_command
+    from forensics.commands.capture import capture
 
     r = CliRunner().invoke(cli, ["agent", "manifest", "--budget", "50G", "--loop-limit", "3"])
     assert r.exit_code == 0, r.output
     (cmd,) = {m for m in re.findall(r"/[^\s\"]*/bin/forensics capture --install-handler[^\"\\;&]*", r.output)}
     argv = shlex.split(cmd)[2:]
-    ctx = capture_command.make_context("capture", argv)
+    ctx = capture.make_context("capture", argv)
     assert ctx.params["install_handler"] and ctx.params["core_dir"] == "/var/lib/forensics/cores"
     assert (ctx.params["budget"], ctx.params["max_core_size"], ctx.params["loop_limit"]) == (50 << 30, 8 << 30, 3)
     assert ctx.params["min_free"] is None  # not asked: the handler's default

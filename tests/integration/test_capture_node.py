@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from forensics.capture.bundle import read_manifest, verify_manifest
+from forensics.bundle import read_manifest, verify_manifest
 from forensics.capture.node import find_container_pids
 from forensics.cli import cli
 from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
