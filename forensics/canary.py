@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import os
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .errors import ForensicsError, ProcessGone
+from .output import json_document
 
 __all__ = [
     "describe_wait_status",
@@ -368,10 +370,6 @@ def expected_crashes(fleet_doc: dict, duration_s: float) -> tuple[float, float] 
 
 def canary_document(result: CanaryResult) -> str:
     """``forensics canary --json``: the result with a summary; the raw latencies stand as percentiles."""
-    import json
-
-    from .format import json_document
-
     doc = json.loads(json_document("canary", {"canary": result, "summary": {
         "verdict": result.verdict, "success_rate": result.success_rate, "rate_per_s": result.rate,
         "p50": result.percentile(50), "p95": result.percentile(95), "p99": result.percentile(99),

@@ -13,8 +13,9 @@ from typing import Iterable
 import click
 
 from . import __version__
-from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError, OutputExists
+from .errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError
 from .options import force_option, json_option, output_option, verbose_option
+from .output import write_new
 
 __all__ = ["main", "cli", "analyze", "report", "fleet", "guard", "canary", "reproduce", "demo"]
 
@@ -59,19 +60,8 @@ def _emit(lines: Iterable[str], output: str | None, force: bool) -> None:
     if output is None:
         click.echo(text, nl=False)
         return
-    _write_new(output, text, force)
+    write_new(output, text, force)
     click.echo(f"Wrote {output}", err=True)
-
-
-def _write_new(path: str, text: str, force: bool) -> None:
-    """Write a file; without ``force`` never replace an existing one (O_EXCL, no race)."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except FileExistsError as e:
-        raise OutputExists(path) from e
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 @cli.command()
@@ -110,7 +100,8 @@ def analyze(inputs, sysroot, exe, merged, method, gdb_path, debuginfod, timeout,
     options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method)
     if single:
         from .analyze import analyze_core
-        from .format import analysis_payload, format_analysis, json_document
+        from .format import analysis_payload, format_analysis
+        from .output import json_document
 
         analysis = analyze_core(paths[0], **options)
         for w in analysis.snapshot.warnings:
@@ -126,7 +117,8 @@ def analyze(inputs, sysroot, exe, merged, method, gdb_path, debuginfod, timeout,
 
 def _analyze_batch(paths, options, jobs, as_json, output, force):
     from .analyze.batch import analyze_many
-    from .format import format_batch, json_document, signature
+    from .format import format_batch, signature
+    from .output import json_document
 
     if not paths:
         raise ForensicsError("no core files found in the given directories")
@@ -176,7 +168,7 @@ def report(inputs, template, redact_hosts, check, as_json, output, force):
     Exit codes: 0 written; 1 error; 2 usage; 3 --check found problems.
     """
     from . import __version__ as version
-    from .format import json_document
+    from .output import json_document
     from .report import make_report
 
     rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version)
@@ -184,7 +176,7 @@ def report(inputs, template, redact_hosts, check, as_json, output, force):
     if rep.attachment is not None:
         base = output or f"forensics-report-{template}"
         attachment_path = f"{base}.full.md"
-        _write_new(attachment_path, rep.attachment, force)
+        write_new(attachment_path, rep.attachment, force)
         click.echo(f"Wrote {attachment_path} (the whole report; the issue body is shortened)", err=True)
     if as_json:
         payload = {"report": {"template": template, "title": rep.context.title, "markdown": rep.markdown,
@@ -222,7 +214,7 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, kubeconfi
     import datetime as dt
 
     from .fleet import DEFAULT_GROUP_LABELS, format_fleet, read_kubectl, summarize_fleet
-    from .format import json_document
+    from .output import json_document
 
     if bool(pods_file) != bool(nodes_file):
         raise click.UsageError("--from and --nodes go together")
@@ -268,7 +260,7 @@ def guard(target, returns, env, removes, out_dir, as_json, force):
     \b
     Exit codes: 0 written; 1 error (bad target/JSON, files exist); 2 usage.
     """
-    from .format import json_document
+    from .output import json_document
     from .guard import parse_target, write_guard
 
     spec = parse_target(target, returns, env, removes)
@@ -405,7 +397,7 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
     """
     from pathlib import Path
 
-    from .format import json_document
+    from .output import json_document
     from .reproduce import ReproducerNotStarted, nvml_dir_for, reproduce_payload, run_reproducers
     from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
 
@@ -473,7 +465,7 @@ def demo(out, work, fault_after, no_reproduce, as_json):
     the NVLink query is not on the crashing Python stack.
     """
     from .demo import run_demo
-    from .format import json_document
+    from .output import json_document
 
     result = run_demo(out=out, work=work, fault_after=fault_after, reproduce=not no_reproduce,
                       log=(lambda s: click.echo(s, err=True)) if as_json else click.echo)

@@ -100,7 +100,8 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
     from . import __version__
     from .analyze import analyze_core
     from .canary import Thresholds, canary_document, run_canary
-    from .format import analysis_payload, format_analysis, json_document, signature
+    from .format import analysis_payload, format_analysis, signature
+    from .output import json_document
     from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
 
     t0 = time.perf_counter()
@@ -219,8 +220,8 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
 
 def _verify_imports(pid: int, out_dir: Path, step: Callable[[str], None]) -> str | None:
     """verify-imports --pid on the live exporter: which nvitop / nvidia-ml-py files it really imports."""
-    from .format import json_document
     from .imports.format import report_payload
+    from .output import json_document
     from .imports.verify import VerifyOptions, verify_pid
 
     try:

@@ -1,54 +1,26 @@
-"""Render analyses for people (lines of text) and for programs (JSON documents).
+"""Render analyses for people (lines of text) and for programs (the ``analysis`` JSON object).
 
-Formatters yield lines and never print; only the CLI writes them out.  The
-JSON document is the contract (``SCHEMA_VERSION``); the text may change.
+Formatters yield lines and never print; only the CLI writes them out.  The JSON
+document (:func:`forensics.output.json_document`) is the contract; the text may change.
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
-import enum
-import json
-from pathlib import PurePath
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from .analyze.stacks import merge_frames, meaningful_native_frames
 from .model import Analysis, BatchResult, FrameKind, NativeFrame, PyFrame, Thread
+from .output import to_jsonable
 
 __all__ = [
-    "SCHEMA_VERSION",
     "signature",
     "format_analysis",
     "format_thread",
     "format_batch",
     "analysis_payload",
-    "to_jsonable",
-    "json_document",
 ]
 
-SCHEMA_VERSION = 1
 _MAX_LINE = 200
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, enums and paths as plain JSON values (addresses stay integers)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, PurePath):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    return obj
-
-
-def json_document(command: str, payload: dict) -> str:
-    """One JSON document: ``schema_version`` and ``command`` first-class, keys sorted."""
-    doc = {"schema_version": SCHEMA_VERSION, "command": command, **payload}
-    return json.dumps(to_jsonable(doc), sort_keys=True, indent=2)
 
 
 def analysis_payload(analysis: Analysis, *, merged: bool = False) -> dict:

@@ -161,7 +161,7 @@ def capture_command(pid, core_dir, full, coredump_filter, install_handler, unins
 
 def _render(command: str, payload: dict, as_json: bool, lines: list[str]) -> None:
     if as_json:
-        from ..format import json_document
+        from ..output import json_document
 
         click.echo(json_document(command, payload))
     else:

@@ -64,7 +64,7 @@ def verify_imports_command(ref, pid, modules, only_modules, entrypoint, workdir,
     with --strict also requirement conflicts, known issues, delivery warnings);
     1 error; 2 usage.
     """
-    from ..format import json_document
+    from ..output import json_document
     from ..cli import _emit
     from .format import format_report, report_payload
     from .layers import LayerLimits

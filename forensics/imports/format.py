@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ..output import to_jsonable
 from .model import ImportReport
 
 __all__ = ["format_report", "report_payload"]
@@ -10,8 +11,6 @@ __all__ = ["format_report", "report_payload"]
 
 def report_payload(report: ImportReport) -> dict:
     """The ``result`` object of ``forensics verify-imports --json`` (plus ``ok`` and a verdict summary)."""
-    from ..format import to_jsonable
-
     data = to_jsonable(report)
     data["ok"] = report.ok
     data["verdicts"] = {c.module: c.verdict.value for c in report.modules}

@@ -98,7 +98,8 @@ def _analyze_bundles(ev: Evidence) -> None:
     from ..analyze import analyze_core
     from ..bundle import is_bundle
     from ..errors import ForensicsError
-    from ..format import analysis_payload, to_jsonable
+    from ..format import analysis_payload
+    from ..output import to_jsonable
 
     for doc in ev.all("capture"):
         bundle = doc.get("_bundle_dir")

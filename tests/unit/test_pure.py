@@ -9,12 +9,13 @@ from forensics.analyze import analyze_snapshot
 from forensics.analyze.classify import classify_fault_address, is_heap_message, normalize_message
 from forensics.analyze.fingerprint import fingerprint, fingerprint_basis
 from forensics.analyze.stacks import build_threads, merge_frames
-from forensics.format import analysis_payload, format_analysis, json_document, signature
+from forensics.format import analysis_payload, format_analysis, signature
 from forensics.gdb import NATIVE_MARKER, _soname_aliases, parse_marker_json
 from forensics.model import (
     CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, ProcessSnapshot, PyFrame, SigInfo,
     Source, Thread,
 )
+from forensics.output import json_document
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 
