@@ -117,7 +117,8 @@ def analyze(inputs, sysroot, exe, merged, method, gdb_path, debuginfod, timeout,
 
 def _analyze_batch(paths, options, jobs, as_json, output, force):
     from .analyze.batch import analyze_many
-    from .format import format_batch, signature
+    from .analyze.signature import signature
+    from .format import format_batch
     from .output import json_document
 
     if not paths:

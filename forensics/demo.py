@@ -100,7 +100,8 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
     from . import __version__
     from .analyze import analyze_core
     from .canary import Thresholds, canary_document, run_canary
-    from .format import analysis_payload, format_analysis, signature
+    from .analyze.signature import signature
+    from .format import analysis_payload, format_analysis
     from .output import json_document
     from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
 

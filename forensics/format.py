@@ -8,12 +8,12 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Iterable, Iterator
 
-from .analyze.stacks import merge_frames, meaningful_native_frames
-from .model import Analysis, BatchResult, FrameKind, NativeFrame, PyFrame, Thread
+from .analyze.signature import describe_pyframe, describe_thread, signature
+from .analyze.stacks import merge_frames
+from .model import Analysis, BatchResult, FrameKind, NativeFrame, Thread
 from .output import to_jsonable
 
 __all__ = [
-    "signature",
     "format_analysis",
     "format_thread",
     "format_batch",
@@ -35,49 +35,6 @@ def analysis_payload(analysis: Analysis, *, merged: bool = False) -> dict:
     return data
 
 
-def _short(path: str | None) -> str:
-    return (path or "?").rsplit("/", 1)[-1]
-
-
-def _pyframe(p: PyFrame) -> str:
-    return f"{p.function} ({_short(p.file)}:{p.line if p.line is not None else '?'})"
-
-
-def _thread_label(t: Thread) -> str:
-    name = f'"{t.name}" ' if t.name else ""
-    return f"{name}tid {t.tid}"
-
-
-def signature(analysis: Analysis) -> str:
-    """The one line that says what happened.
-
-    Signal, abort message or fault, crashing thread, top Python frame, top native
-    frame outside libc.
-    """
-    crash = analysis.crash
-    snap = analysis.snapshot
-    parts = [crash.signal_name or "no signal"]
-    if crash.abort_message:
-        parts.append(f'"{crash.abort_message}"')
-    elif crash.fault_address is not None:
-        fk = crash.fault_kind.value if crash.fault_kind else "?"
-        parts.append(f"at 0x{crash.fault_address:x} ({fk})")
-    parts.append(f"[{crash.kind.value}]")
-    crashed = snap.crashed_thread
-    if crashed is not None:
-        parts.append(f"in thread {_thread_label(crashed)}")
-        if crashed.py_frames:
-            parts.append(f"at {_pyframe(crashed.py_frames[0])}")
-        native = next(
-            (f for f in meaningful_native_frames(crashed) if f.symbol and not f.is_libc), None
-        )
-        if native is not None:
-            parts.append(f"via {native.symbol} ({native.library_name or '?'})")
-    elif crash.tid is not None:
-        parts.append(f"in tid {crash.tid}")
-    return " ".join(parts)
-
-
 def _native_line(f: NativeFrame) -> str:
     sym = f.symbol or "??"
     off = f"+{f.offset}" if f.offset else ""
@@ -93,11 +50,11 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True) 
     if thread.holds_gil:
         flags.append("holds the GIL")
     flag = f"  [{', '.join(flags)}]" if flags else ""
-    yield f"Thread {_thread_label(thread)}{flag}"
+    yield f"Thread {describe_thread(thread)}{flag}"
     if merged:
         for kind, frame in merge_frames(thread):
             if kind is FrameKind.PYTHON:
-                yield f"    (Python) {_pyframe(frame)}"
+                yield f"    (Python) {describe_pyframe(frame)}"
             else:
                 yield f"    {_native_line(frame)}"
         if thread.python_error:
@@ -106,7 +63,7 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True) 
         if thread.py_frames or thread.python_error:
             yield "  Python stack (most recent call first):"
             for p in thread.py_frames:
-                yield f"    {_pyframe(p)}"
+                yield f"    {describe_pyframe(p)}"
             if thread.python_error:
                 yield f"    (Python stack incomplete: {thread.python_error})"
         if native:

@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 from ..bundle import is_bundle
 from ..errors import ForensicsError, GdbError, InputNotFound
 from ..model import Analysis, BatchEntry, BatchGroup, BatchResult
+from .signature import signature
 
 __all__ = ["find_cores", "analyze_many", "group_entries", "MAX_INPUTS"]
 
@@ -140,8 +141,6 @@ def _close_session() -> None:
 
 def group_entries(entries: list[BatchEntry]) -> BatchResult:
     """Fold analyzed cores by fingerprint, most frequent first (ties: earliest first seen)."""
-    from ..format import signature
-
     groups: dict[str, list[tuple[BatchEntry, Analysis]]] = {}
     failed = []
     for e in entries:

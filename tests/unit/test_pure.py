@@ -8,8 +8,9 @@ import pytest
 from forensics.analyze import analyze_snapshot
 from forensics.analyze.classify import classify_fault_address, is_heap_message, normalize_message
 from forensics.analyze.fingerprint import fingerprint, fingerprint_basis
+from forensics.analyze.signature import signature
 from forensics.analyze.stacks import build_threads, merge_frames
-from forensics.format import analysis_payload, format_analysis, signature
+from forensics.format import analysis_payload, format_analysis
 from forensics.gdb import NATIVE_MARKER, _soname_aliases, parse_marker_json
 from forensics.model import (
     CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, ProcessSnapshot, PyFrame, SigInfo,
