@@ -43,8 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 FORENSICS = Path(sys.executable).parent / "forensics"
-HANDLER_CODE = ("from forensics.cli import cli, main\nfrom forensics.capture.cli_commands import core_handler_command as c\n"
-                "cli.commands.get(c.name) or cli.add_command(c)\nmain()\n")
+HANDLER_CODE = "from forensics.cli import main\nmain()\n"
 
 
 def make_core(workdir: Path, mb: int) -> Path:

@@ -48,9 +48,6 @@ from tests.integration.test_verify_imports_helpers import (CACHE, Blob, Layer, b
 RUNNER = """
 import sys
 from forensics.cli import cli
-from forensics.imports.cli_command import verify_imports_command
-if "verify-imports" not in cli.commands:
-    cli.add_command(verify_imports_command)
 cli(sys.argv[1:], prog_name="forensics")
 """
 

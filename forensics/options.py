@@ -1,9 +1,9 @@
-"""Shared click options: --json, -o/--output, --force, -v."""
+"""Shared click options and parameter types: --json, -o/--output, --force, -v; sizes; coredump_filter."""
 from __future__ import annotations
 
 import click
 
-__all__ = ["json_option", "output_option", "force_option", "verbose_option"]
+__all__ = ["json_option", "output_option", "force_option", "verbose_option", "SIZE", "parse_coredump_filter"]
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Write one JSON document to stdout (logs go to stderr).")
 output_option = click.option(
@@ -12,3 +12,42 @@ output_option = click.option(
 )
 force_option = click.option("--force", is_flag=True, help="Allow --output to replace an existing file.")
 verbose_option = click.option("-v", "--verbose", count=True, help="More detail on stderr (gdb's messages with -vv).")
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class _Size(click.ParamType):
+    """A byte count: ``4096``, ``512M``, ``20G``."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        s = str(value).strip().lower()
+        for suffix in ("ib", "b"):
+            if s.endswith(suffix) and len(s) > len(suffix):
+                s = s[: -len(suffix)]
+                break
+        unit = s[-1] if s and s[-1] in _SIZE_UNITS else ""
+        num = s[:-1] if unit else s
+        try:
+            return int(float(num) * _SIZE_UNITS[unit])
+        except ValueError:
+            self.fail(f"{value!r} is not a size (e.g. 4096, 512M, 20G)", param, ctx)
+
+
+SIZE = _Size()
+
+
+def parse_coredump_filter(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """click callback: ``/proc/PID/coredump_filter`` given in hexadecimal (9 bits)."""
+    if value is None:
+        return None
+    try:
+        v = int(value, 16)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not hexadecimal (e.g. 0x33)") from None
+    if not 0 <= v <= 0x1FF:
+        raise click.BadParameter("coredump_filter has 9 bits (0x0-0x1ff)")
+    return v

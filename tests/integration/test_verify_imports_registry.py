@@ -16,12 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from forensics.imports.cli_command import verify_imports_command
 
 from .test_verify_imports_helpers import ImageFactory, host_python, missing_tool
-
-if "verify-imports" not in cli.commands:
-    cli.add_command(verify_imports_command)
 
 pytestmark = [
     pytest.mark.skipif(host_python() is None, reason="CPython 3.11 (pyenv) not found"),

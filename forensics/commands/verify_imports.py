@@ -1,4 +1,4 @@
-"""The ``forensics verify-imports`` command (registered in forensics/cli.py with ``cli.add_command``).
+"""forensics verify-imports: which files Python really imports in an image or a live process.
 
 Thin: check the arguments, call :func:`~forensics.imports.verify.verify_image` or
 :func:`~forensics.imports.verify.verify_pid`, render.  Exit 0 when every module
@@ -12,8 +12,9 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..options import force_option, json_option, output_option, verbose_option
+from . import emit
 
-__all__ = ["verify_imports_command"]
+__all__ = ["verify_imports"]
 
 
 def _size(text: str) -> int:
@@ -50,7 +51,7 @@ def _size(text: str) -> int:
 @output_option
 @force_option
 @verbose_option
-def verify_imports_command(ref, pid, modules, only_modules, entrypoint, workdir, env, platform, execute, driver,
+def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, platform, execute, driver,
                            bundle, creds, authfile, tls_verify, max_size, max_files, strict, as_json, output, force, verbose):
     """Check which files Python really imports in an image (or a live process).
 
@@ -64,12 +65,11 @@ def verify_imports_command(ref, pid, modules, only_modules, entrypoint, workdir,
     with --strict also requirement conflicts, known issues, delivery warnings);
     1 error; 2 usage.
     """
+    from ..imports.format import format_report, report_payload
+    from ..imports.layers import LayerLimits
+    from ..imports.sources import SkopeoOptions, parse_platform
+    from ..imports.verify import VerifyOptions, verify_image, verify_pid
     from ..output import json_document
-    from ..cli import _emit
-    from .format import format_report, report_payload
-    from .layers import LayerLimits
-    from .sources import SkopeoOptions, parse_platform
-    from .verify import VerifyOptions, verify_image, verify_pid
 
     if (ref is None) == (pid is None):
         raise click.UsageError("give an image REF or --pid PID (one of them)")
@@ -82,7 +82,7 @@ def verify_imports_command(ref, pid, modules, only_modules, entrypoint, workdir,
         k, _, v = item.partition("=")
         pairs.append((k, v))
     if driver is None and bundle is not None:
-        from .driver import read_bundle_driver
+        from ..imports.driver import read_bundle_driver
 
         driver = read_bundle_driver(bundle)
         if driver is None:
@@ -98,9 +98,9 @@ def verify_imports_command(ref, pid, modules, only_modules, entrypoint, workdir,
     for w in report.image.warnings:
         click.echo(f"forensics: warning: {w}", err=True)
     if as_json:
-        _emit([json_document("verify-imports", {"result": report_payload(report)})], output, force)
+        emit([json_document("verify-imports", {"result": report_payload(report)})], output, force)
     else:
-        _emit(format_report(report, verbose=verbose), output, force)
+        emit(format_report(report, verbose=verbose), output, force)
     failed = not report.ok
     if strict and (report.requirement_problems or report.known_issues or report.image.warnings):
         failed = True

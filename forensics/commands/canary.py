@@ -1,0 +1,104 @@
+"""forensics canary: soak a Prometheus endpoint and pass or fail it."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import EXIT_FINDINGS, EXIT_OK, ForensicsError
+from ..options import force_option, json_option, output_option
+from . import emit, read_json_object
+
+__all__ = ["canary"]
+
+
+@click.command("canary")
+@click.argument("url")
+@click.option("--requests", "n_requests", type=int, default=1000, show_default=True, help="Scrapes to make (at most).")
+@click.option("--concurrency", type=int, default=10, show_default=True, help="Scrapes in flight at once.")
+@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds the soak may run (at most).")
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds one scrape may take.")
+@click.option("--pid", type=int, default=None, help="Watch this local process for an exit and new cores in its cwd.")
+@click.option("--pod", default=None, help="Watch this pod's restarts and exit codes through kubectl.")
+@click.option("-n", "--namespace", default=None, help="Namespace of --pod.")
+@click.option("--kubeconfig", default=None, help="kubeconfig for kubectl (with --pod).")
+@click.option("--context", "kube_context", default=None, help="kubectl context (with --pod).")
+@click.option("--core-dir", "core_dirs", multiple=True, type=click.Path(file_okay=False), help="Also watch this directory for new cores.")
+@click.option("--min-success", type=float, default=1.0, show_default=True, help="Fail below this success rate.")
+@click.option("--max-p99", type=float, default=None, metavar="MS", help="Fail when the p99 latency is above MS milliseconds.")
+@click.option("--expect", multiple=True, metavar="FAMILY", help="Metric family that must be present (repeatable).")
+@click.option("--fleet", "fleet_file", type=click.Path(exists=True, dir_okay=False), help="`forensics fleet --json` output: hint when the run is too short for the crash rate seen there.")
+@json_option
+@output_option
+@force_option
+def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace, kubeconfig, kube_context, core_dirs,
+           min_success, max_p99, expect, fleet_file, as_json, output, force):
+    """Soak a Prometheus endpoint and pass or fail it: success, latency, format, families, crashes.
+
+    \b
+    Exit codes: 0 PASS; 1 error; 2 usage; 3 FAIL (a threshold was missed or the process crashed).
+    """
+    from ..canary import Thresholds, canary_document, expected_crashes, run_canary
+
+    if pid is not None and pod is not None:
+        raise click.UsageError("--pid and --pod are exclusive")
+    kube = dict(namespace=namespace, kubeconfig=kubeconfig, context=kube_context)
+    before = _pod_state(pod, **kube) if pod else None
+    result = run_canary(url, requests=n_requests, concurrency=concurrency, duration=duration, timeout=timeout,
+                        pid=pid, core_dirs=tuple(core_dirs),
+                        thresholds=Thresholds(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None,
+                                              expect=tuple(expect)))
+    if pod:
+        after = _pod_state(pod, **kube)
+        if after["restarts"] > before["restarts"]:
+            result.process_events.append(
+                f"pod {pod} restarted {after['restarts'] - before['restarts']} times during the run "
+                f"(last exit code {after['exit_code']}, {after['reason']})")
+            from ..canary import Thresholds as _T, judge
+            judge(result, _T(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None, expect=tuple(expect)))
+    if fleet_file:
+        exp = expected_crashes(read_json_object(fleet_file), result.elapsed)
+        if exp is not None:
+            rate, n = exp
+            if n < 3:
+                need = 3 / rate * 3600 if rate else float("inf")
+                result.hint = (f"the fleet crashes {rate:.2f} times per pod-hour; this {result.elapsed:.0f}s run expected "
+                               f"{n:.2f} crashes of one pod: run at least {need / 60:.0f} minutes to expect 3")
+    if as_json:
+        emit([canary_document(result)], output, force)
+    else:
+        emit(_format_canary(result), output, force)
+    sys.exit(EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)
+
+
+def _pod_state(pod: str, *, namespace: str | None, kubeconfig: str | None, context: str | None) -> dict:
+    from ..fleet import parse_pods, read_kubectl
+
+    recs = parse_pods(read_kubectl(f"pod/{pod}", namespace=namespace, kubeconfig=kubeconfig, context=context))
+    if not recs:
+        raise ForensicsError(f"pod {pod} not found")
+    r = recs[0]
+    return {"restarts": r.restarts, "exit_code": r.last_exit_code, "reason": r.last_reason}
+
+
+def _format_canary(r) -> list[str]:
+    def ms(x):
+        return "-" if x is None else f"{x * 1000:.1f} ms"
+
+    lines = [
+        f"{r.verdict}: {r.url}: {r.requests} scrapes in {r.elapsed:.1f}s ({r.rate:.0f}/s, concurrency {r.concurrency}), "
+        f"success {r.success_rate:.2%}",
+        f"latency p50 {ms(r.percentile(50))}, p95 {ms(r.percentile(95))}, p99 {ms(r.percentile(99))}, "
+        f"max {ms(max(r.latencies) if r.latencies else None)}",
+        f"body {r.body_min}-{r.body_max} bytes; {r.parsed_bodies} distinct bodies parsed, {r.invalid_bodies} invalid; "
+        f"{len(r.families)} metric families",
+    ]
+    if r.errors:
+        lines.append("errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())))
+    if r.nan_samples:
+        lines.append("NaN samples: " + ", ".join(f"{k}: {v}" for k, v in sorted(r.nan_samples.items())))
+    for reason in r.reasons:
+        lines.append(f"FAIL because {reason}")
+    if r.hint:
+        lines.append(f"hint: {r.hint}")
+    return lines

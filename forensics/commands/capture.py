@@ -1,0 +1,125 @@
+"""forensics capture: arm a process (or a pod's container) for a useful core; install the core handler."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..options import SIZE, json_option, parse_coredump_filter
+
+__all__ = ["capture"]
+
+
+@click.command("capture")
+@click.option("--pid", type=int, help="Node mode (root): arm this process on this machine.")
+@click.option("--core-dir", type=click.Path(file_okay=False), default="/var/lib/forensics/cores", show_default=True,
+              help="Where cores, objects and bundles go.")
+@click.option("--full", is_flag=True, help="coredump_filter also dumps file-backed mappings (0x3f).")
+@click.option("--coredump-filter", "coredump_filter", callback=parse_coredump_filter, metavar="HEX",
+              help="Set /proc/PID/coredump_filter to this value (default 0x33, the kernel's).")
+@click.option("--install-handler", is_flag=True, help="Point kernel.core_pattern at forensics core-handler (records the previous pattern).")
+@click.option("--uninstall-handler", is_flag=True, help="Restore the core_pattern recorded by --install-handler.")
+@click.option("--max-core-size", type=SIZE, default=None, help="With --install-handler: cut cores at this size.")
+@click.option("--budget", type=SIZE, default=None, help="With --install-handler: total size of the core directory.")
+@click.option("--min-free", type=SIZE, default=None, help="With --install-handler: free space to leave on its filesystem.")
+@click.option("--loop-limit", type=int, default=None, help="With --install-handler: cores per image and signal per hour.")
+@click.option("--pod", help="Workstation mode: capture this pod's container through kubectl.")
+@click.option("-n", "--namespace", default=None, help="The pod's namespace (default: the context's).")
+@click.option("--container", default=None, help="The pod's container (default: the only / first one).")
+@click.option("--context", default=None, help="kubeconfig context.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="kubeconfig file.")
+@click.option("--kubectl", "kubectl", default="kubectl", show_default=True, help="kubectl to run.")
+@click.option("--agent-image", default=None, help="Image of the agent pod (forensics installed, with its 'forensics' on PATH).")
+@click.option("--dry-run", is_flag=True, help="With --pod: print the agent pod manifest and do nothing.")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds the agent pod may take.")
+@click.option("-o", "--output", "output", type=click.Path(file_okay=False), default=None,
+              help="Directory to create the bundle in (pod mode: default ./forensics-bundles).")
+@json_option
+def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_handler, max_core_size, budget,
+                    min_free, loop_limit, pod, namespace, container, context, kubeconfig, kubectl, agent_image, dry_run,
+                    timeout, output, as_json):
+    """Arm a process for a useful core and collect the evidence around it.
+
+    \b
+    forensics capture --pid 4242 --core-dir /var/lib/forensics/cores     # node mode, as root
+    forensics capture --install-handler --core-dir /var/lib/forensics/cores
+    forensics capture --uninstall-handler --core-dir /var/lib/forensics/cores
+    forensics capture --pod exporter-abc -n monitoring [--container exporter]
+    forensics capture --pod exporter-abc --dry-run                         # print the agent pod
+
+    \b
+    Exit codes: 0 armed / done; 1 error; 2 usage; 4 armed, but the kernel
+    will not write this process's core where it survives (see the reasons).
+    """
+    modes = [bool(pid is not None), bool(install_handler), bool(uninstall_handler), bool(pod)]
+    if sum(modes) != 1:
+        raise click.UsageError("give exactly one of --pid, --pod, --install-handler, --uninstall-handler")
+    if dry_run and not pod:
+        raise click.UsageError("--dry-run goes with --pod")
+    if install_handler:
+        from ..capture.pattern import install_handler as install
+
+        config = {k: v for k, v in dict(max_core_size=max_core_size, budget=budget, min_free=min_free,
+                                         loop_limit=loop_limit).items() if v is not None}
+        r = install(core_dir, config=config)
+        _render("capture-install-handler", r, as_json,
+                [f"core_pattern: {r['pattern']}", f"previous:     {r['previous']}", f"recorded in:  {r['state']}"])
+        return
+    if uninstall_handler:
+        from ..capture.pattern import uninstall_handler as uninstall
+
+        r = uninstall(core_dir)
+        _render("capture-uninstall-handler", r, as_json, [f"core_pattern restored: {r['restored']}"])
+        return
+    if pod:
+        from ..capture.kube import KubeOptions, capture_pod
+
+        opts = KubeOptions(kubectl=kubectl, kubeconfig=kubeconfig, context=context, namespace=namespace)
+        r = capture_pod(pod, container=container, opts=opts, core_dir=core_dir, agent_image=agent_image,
+                        dry_run=dry_run, output=output or "forensics-bundles", timeout=timeout,
+                        coredump_filter=coredump_filter, full=full)
+        if dry_run:
+            click.echo(r["manifest"], nl=False)
+            return
+        _render("capture-pod", r, as_json, r.get("lines", []))
+        return
+    from ..capture.node import capture_pid
+
+    r = capture_pid(pid, core_dir=core_dir, full=full, coredump_filter=coredump_filter, bundle_parent=output)
+    dest = r.destination
+    lines = [
+        f"process {r.pid} ({r.snapshot.comm}) armed",
+        f"RLIMIT_CORE:     {r.rlimit_core_before[0]}/{r.rlimit_core_before[1]} -> {r.rlimit_core_after[0]}/{r.rlimit_core_after[1]} (read back from /proc/{r.pid}/limits)",
+        f"coredump_filter: {r.coredump_filter_before} -> {r.coredump_filter_after}",
+        f"core_pattern:    {r.core_pattern}",
+        f"core:            {'WILL' if dest.will_dump else 'will NOT'} be written"
+        + (f" to {dest.path_in_process}" if dest.path_in_process else "")
+        + (f" (host: {dest.host_path})" if dest.host_path and dest.host_path != dest.path_in_process else "")
+        + ("" if dest.persistent is not False else " -- LOST with the container"),
+    ]
+    lines += [f"  - {x}" for x in dest.reasons]
+    ident = r.snapshot.identity
+    if ident.container_id:
+        lines.append(f"container:       {ident.container_id[:12]} ({ident.runtime or 'runtime ?'}) pod {ident.pod_uid or '-'}")
+    if r.snapshot.nvml:
+        n = r.snapshot.nvml
+        lines.append(f"NVML:            {n.path} (inode {n.inode}, build-id {n.build_id or '?'}, version {n.version or '?'})")
+        lines.append(f"                 {n.verdict}")
+    lines.append(f"Wrote {r.bundle}")
+    payload = {"pid": r.pid, "rlimit_core_before": r.rlimit_core_before, "rlimit_core_after": r.rlimit_core_after,
+               "coredump_filter_before": r.coredump_filter_before, "coredump_filter_after": r.coredump_filter_after,
+               "core_pattern": r.core_pattern, "destination": dest, "snapshot": r.snapshot, "bundle": r.bundle}
+    _render("capture", payload, as_json, lines)
+    ok = dest.will_dump and dest.persistent is not False
+    if not ok:
+        sys.exit(4)
+
+
+def _render(command: str, payload: dict, as_json: bool, lines: list[str]) -> None:
+    if as_json:
+        from ..output import json_document
+
+        click.echo(json_document(command, payload))
+    else:
+        for line in lines:
+            click.echo(line)
