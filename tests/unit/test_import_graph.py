@@ -1,0 +1,95 @@
+"""The package's structure: no import cycle, every arrow points down, only the CLI layer speaks click,
+and the CLI loads a command's code only when that command runs."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from tests.import_graph import PACKAGE_DIR, find_cycles, read_graph, unit_of
+
+# The package's units by floor: a unit imports only units on a lower line (and itself).
+# A new module joins its unit; a new unit takes the line its imports put it on.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "model", "cache", "redact", "options"),  # records, errors, pure helpers
+    ("output", "resources", "guard", "fleet"),  # shared formats, shipped files
+    ("core",),  # reading cores
+    ("gdb", "pyread", "bundle"),  # stacks by gdb / by our reader; reading capture bundles
+    ("analyze", "imports"),  # analyze's pipeline; verify-imports' library
+    ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
+    ("report", "reproduce"),
+    ("demo",),
+    ("commands",),  # one module per command
+    ("cli",),  # the group, its error handler, main
+    ("__main__",),
+)
+FLOOR = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+CLI_LAYER = ("forensics.cli", "forensics.commands", "forensics.options")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return read_graph()
+
+
+def test_no_import_cycle(graph):
+    # lazy imports (inside functions) are arrows too: a lazy import that hides a cycle is a cycle
+    assert find_cycles(graph) == []
+
+
+def test_every_module_belongs_to_a_unit_with_a_floor(graph):
+    assert sorted({unit_of(m) for m in graph} - set(FLOOR)) == []
+
+
+def test_every_arrow_points_down(graph):
+    upward = sorted(
+        f"{a} -> {b}" for a, targets in graph.items() for b in targets
+        if unit_of(a) != unit_of(b) and FLOOR[unit_of(b)] >= FLOOR[unit_of(a)]
+    )
+    assert upward == [], "what two units share belongs in a neutral module below both"
+
+
+def test_only_the_cli_layer_imports_click():
+    speaking = []
+    for path in PACKAGE_DIR.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts).removesuffix(".__init__")
+        if module.startswith(CLI_LAYER):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "click" or n.startswith("click.") for n in names):
+                speaking.append(module)
+    assert speaking == []
+
+
+def _loaded_after(code: str) -> list[str]:
+    probe = code + ("\nimport sys\n"
+                    "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'forensics')), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stderr.split()
+
+
+def test_importing_the_cli_loads_no_command():
+    assert _loaded_after("import forensics.cli") == ["forensics", "forensics.cli", "forensics.errors"]
+
+
+def test_help_loads_the_commands_but_none_of_their_work():
+    # GIVEN `forensics --help` and `forensics analyze --help`
+    for argv in (["--help"], ["analyze", "--help"]):
+        loaded = _loaded_after(
+            "from forensics.cli import cli\n"
+            f"try:\n    cli({argv!r}, prog_name='forensics')\nexcept SystemExit:\n    pass")
+        # THEN only the command layer and the shared output helpers were imported
+        assert [m for m in loaded if not m.startswith(CLI_LAYER + ("forensics.errors", "forensics.output"))] \
+            == ["forensics"], argv
+
+
+def test_a_command_loads_only_its_own_module():
+    loaded = _loaded_after(
+        "from forensics.cli import cli\n"
+        "try:\n    cli(['guard', '--help'], prog_name='forensics')\nexcept SystemExit:\n    pass")
+    assert [m for m in loaded if m.startswith("forensics.commands.")] == ["forensics.commands.guard"]
