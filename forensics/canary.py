@@ -26,6 +26,7 @@ __all__ = [
     "describe_wait_status",
     "CanaryError",
     "CanaryResult",
+    "PodWatch",
     "Thresholds",
     "parse_exposition",
     "run_canary",
@@ -74,6 +75,8 @@ class CanaryResult:
     missing_families: list[str] = field(default_factory=list)
     process_events: list[str] = field(default_factory=list)  # exits, restarts, new cores
     new_cores: list[str] = field(default_factory=list)
+    stopped_early: str | None = None  # why the soak ended before its requests / duration were done
+    interrupted: bool = False  # Ctrl-C: the figures are those of the scrapes made until then
     verdict: str = ""
     reasons: list[str] = field(default_factory=list)
     hint: str | None = None
@@ -154,7 +157,8 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
 
 
 async def _soak(url: str, requests: int, concurrency: int, duration: float, timeout: float,
-                result: CanaryResult, on_body: Callable[[bytes], None], stop: dict | None = None) -> None:
+                result: CanaryResult, on_body: Callable[[bytes], None], stop: dict | None = None,
+                on_failure: Callable[[], None] | None = None) -> None:
     host, port, path = _split_url(url)
     request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/plain\r\nUser-Agent: forensics-canary\r\n\r\n".encode()
     deadline = time.monotonic() + duration
@@ -197,6 +201,8 @@ async def _soak(url: str, requests: int, concurrency: int, duration: float, time
                 if writer is not None:
                     writer.close()
                 reader = writer = None
+                if on_failure is not None:
+                    on_failure()  # a failed scrape is the first sign of a dead target: look now, not at the next tick
                 await asyncio.sleep(0.001)  # a refused connection must not spin
         if writer is not None:
             writer.close()
@@ -227,6 +233,7 @@ class _Watch:
 
     def __init__(self, pid: int | None, core_dirs: list[str]) -> None:
         self.pid = pid
+        self.name = f"pid {pid}"
         self.core_dirs = list(core_dirs)
         if pid is not None:
             try:
@@ -265,18 +272,82 @@ class _Watch:
 
     def finish(self, result: CanaryResult) -> None:
         self.poll(result)
+        if self.pid is None and not self.core_dirs:
+            return
         new = sorted(self._cores() - self.before)
         result.new_cores = [c.rsplit("@", 1)[0] for c in new]
         for c in result.new_cores:
             result.process_events.append(f"new core: {c}")
 
 
+class PodWatch:
+    """Watches a pod through ``probe`` (a kubectl read: ``{"restarts", "exit_code", "reason", "running"}``).
+
+    The probe runs in a thread, at most once per ``interval`` seconds and at once after a failed
+    scrape, so a slow API server never stalls the soak.  The pod is dead for the soak once its
+    restarts went up or its container stopped running.
+    """
+
+    def __init__(self, name: str, probe: Callable[[], dict], *, interval: float = 2.0) -> None:
+        import threading
+
+        self.pid = None
+        self.name = f"pod {name}"
+        self.probe = probe
+        self.interval = interval
+        self.before = probe()
+        self.last = self.before
+        self.alive = True
+        self._thread: threading.Thread | None = None
+        self._t = time.monotonic()
+        self._threading = threading
+
+    def _run(self) -> None:
+        try:
+            self.last = self.probe()
+        except ForensicsError:
+            pass  # the API server did not answer this time: the next probe tells
+
+    def poll(self, result: CanaryResult, *, now: bool = False) -> None:
+        if self._thread is not None and not self._thread.is_alive():
+            self._thread = None
+            self._judge(result)
+        if self._thread is None and self.alive and (now or time.monotonic() - self._t >= self.interval):
+            self._t = time.monotonic()
+            self._thread = self._threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def _judge(self, result: CanaryResult) -> None:
+        if not self.alive:
+            return
+        b, a = self.before, self.last
+        if a["restarts"] > b["restarts"]:
+            self.alive = False
+            result.process_events.append(
+                f"{self.name} restarted {a['restarts'] - b['restarts']} times during the run "
+                f"(last exit code {a['exit_code']}, {a['reason']})")
+        elif not a.get("running", True):
+            self.alive = False
+            result.process_events.append(f"{self.name}: its container stopped running during the run ({a['reason']})")
+
+    def finish(self, result: CanaryResult) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        if self.alive:
+            self._run()
+        self._judge(result)
+
+
 def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duration: float = 60.0,
                timeout: float = 10.0, pid: int | None = None, core_dirs: tuple[str, ...] = (),
-               thresholds: Thresholds = Thresholds(), stop_on_exit: bool = True) -> CanaryResult:
+               thresholds: Thresholds = Thresholds(), stop_on_exit: bool = True,
+               pod_watch: PodWatch | None = None) -> CanaryResult:
     """Soak ``url`` and judge the result against ``thresholds``.
 
-    :param stop_on_exit: end the soak as soon as the watched ``pid`` dies
+    :param stop_on_exit: end the soak as soon as the watched ``pid`` (or pod) dies: scrapes of a dead
+        target only add connection failures
+    :param pod_watch: watch a pod's restarts (``--pod``) instead of a local process
     """
     if not (1 <= requests <= MAX_REQUESTS):
         raise CanaryError(f"--requests must be between 1 and {MAX_REQUESTS}")
@@ -286,7 +357,7 @@ def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duratio
         raise CanaryError("--duration must be between 0 and 7 days")
     _split_url(url)
     result = CanaryResult(url=url, concurrency=concurrency)
-    watch = _Watch(pid, list(core_dirs)) if (pid is not None or core_dirs) else None
+    watch = pod_watch if pod_watch is not None else _Watch(pid, list(core_dirs)) if (pid is not None or core_dirs) else None
     seen: set[bytes] = set()
     budget = {"t": time.monotonic(), "n": 0}
 
@@ -310,23 +381,54 @@ def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duratio
 
     stop = {"now": False}
 
+    def check_watch(failed: bool = False) -> None:
+        if watch is None or stop["now"]:
+            return
+        if isinstance(watch, PodWatch):
+            watch.poll(result, now=failed)
+        else:
+            watch.poll(result)
+        if stop_on_exit and not watch.alive:
+            stop["now"] = True  # the watched process died: the soak has its answer
+            result.stopped_early = result.stopped_early or f"{watch.name} died: scraping stopped"
+
     async def main() -> None:
-        task = asyncio.ensure_future(_soak(url, requests, concurrency, duration, timeout, result, on_body, stop))
+        task = asyncio.ensure_future(_soak(url, requests, concurrency, duration, timeout, result, on_body, stop,
+                                           (lambda: check_watch(True)) if watch is not None else None))
         while not task.done():
-            if watch is not None:
-                watch.poll(result)
-                if stop_on_exit and not watch.alive:
-                    stop["now"] = True  # the watched process died: the soak has its answer
-                    task.cancel()
-                    break
+            check_watch()
+            if stop["now"]:
+                task.cancel()
+                break
             await asyncio.wait([task], timeout=0.1)
         try:
             await task
         except asyncio.CancelledError:
             pass
 
+    def on_sigint(signum, frame) -> None:
+        if result.interrupted:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        # Ctrl-C: the scrapes made so far are still a result; the caller prints it and exits 130
+        result.interrupted = True
+        result.stopped_early = "interrupted (Ctrl-C)"
+        stop["now"] = True
+
+    import signal
+    import threading
+
+    old_int = None
+    if threading.current_thread() is threading.main_thread():
+        old_int = signal.signal(signal.SIGINT, on_sigint)
     t0 = time.perf_counter()
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        result.interrupted = True
+        result.stopped_early = "interrupted (Ctrl-C)"
+    finally:
+        if old_int is not None:
+            signal.signal(signal.SIGINT, old_int)
     result.elapsed = time.perf_counter() - t0
     if watch is not None:
         watch.finish(result)
@@ -351,7 +453,7 @@ def judge(result: CanaryResult, t: Thresholds) -> CanaryResult:
     if result.requests == 0:
         reasons.append("no request completed")
     result.reasons = reasons
-    result.verdict = "FAIL" if reasons else "PASS"
+    result.verdict = "INTERRUPTED" if result.interrupted else "FAIL" if reasons else "PASS"
     return result
 
 

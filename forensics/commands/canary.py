@@ -36,26 +36,19 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
     """Soak a Prometheus endpoint and pass or fail it: success, latency, format, families, crashes.
 
     \b
-    Exit codes: 0 PASS; 1 error; 2 usage; 3 FAIL (a threshold was missed or the process crashed).
+    Exit codes: 0 PASS; 1 error; 2 usage; 3 FAIL (a threshold was missed or the process crashed);
+    130 interrupted (Ctrl-C: the summary of the scrapes made so far is printed first).
     """
-    from ..canary import Thresholds, canary_document, expected_crashes, run_canary
+    from ..canary import PodWatch, Thresholds, canary_document, expected_crashes, run_canary
 
     if pid is not None and pod is not None:
         raise click.UsageError("--pid and --pod are exclusive")
     kube = dict(namespace=namespace, kubeconfig=kubeconfig, context=kube_context)
-    before = _pod_state(pod, **kube) if pod else None
+    pod_watch = PodWatch(pod, lambda: _pod_state(pod, **kube)) if pod else None
     result = run_canary(url, requests=n_requests, concurrency=concurrency, duration=duration, timeout=timeout,
-                        pid=pid, core_dirs=tuple(core_dirs),
+                        pid=pid, core_dirs=tuple(core_dirs), pod_watch=pod_watch,
                         thresholds=Thresholds(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None,
                                               expect=tuple(expect)))
-    if pod:
-        after = _pod_state(pod, **kube)
-        if after["restarts"] > before["restarts"]:
-            result.process_events.append(
-                f"pod {pod} restarted {after['restarts'] - before['restarts']} times during the run "
-                f"(last exit code {after['exit_code']}, {after['reason']})")
-            from ..canary import Thresholds as _T, judge
-            judge(result, _T(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None, expect=tuple(expect)))
     if fleet_file:
         exp = expected_crashes(read_json_object(fleet_file), result.elapsed)
         if exp is not None:
@@ -68,7 +61,7 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
         emit([canary_document(result)], output, force)
     else:
         emit(_format_canary(result), output, force)
-    sys.exit(EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)
+    sys.exit(130 if result.interrupted else EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)
 
 
 def _pod_state(pod: str, *, namespace: str | None, kubeconfig: str | None, context: str | None) -> dict:
@@ -78,7 +71,8 @@ def _pod_state(pod: str, *, namespace: str | None, kubeconfig: str | None, conte
     if not recs:
         raise ForensicsError(f"pod {pod} not found")
     r = recs[0]
-    return {"restarts": r.restarts, "exit_code": r.last_exit_code, "reason": r.last_reason}
+    return {"restarts": r.restarts, "exit_code": r.last_exit_code, "reason": r.last_reason or r.waiting_reason,
+            "running": r.waiting_reason is None}
 
 
 def _format_canary(r) -> list[str]:
@@ -97,8 +91,10 @@ def _format_canary(r) -> list[str]:
         lines.append("errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())))
     if r.nan_samples:
         lines.append("NaN samples: " + ", ".join(f"{k}: {v}" for k, v in sorted(r.nan_samples.items())))
+    if r.stopped_early:
+        lines.append(f"stopped early: {r.stopped_early}")
     for reason in r.reasons:
-        lines.append(f"FAIL because {reason}")
+        lines.append(f"so far: {reason}" if r.interrupted else f"FAIL because {reason}")
     if r.hint:
         lines.append(f"hint: {r.hint}")
     return lines

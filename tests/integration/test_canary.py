@@ -170,3 +170,48 @@ def test_canary_watches_a_pod_through_kubectl(server, tmp_path, monkeypatch):
     c = json.loads(r.stdout)["canary"]
     assert any("pod exporter-x1 restarted 1 times during the run (last exit code 139" in e for e in c["process_events"])
     assert c["verdict"] == "FAIL"
+
+
+def test_the_soak_stops_as_soon_as_the_watched_process_dies(server):
+    """#20.9: scrapes of a dead process are not a soak; they were 248 connection failures."""
+    # GIVEN 50 scrapers on a server that is killed half a second in
+    s = server()
+    timer = threading.Timer(0.5, lambda: os.kill(s.proc.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        r = run("canary", s.url, "--json", "--requests", "10000000", "--duration", "20", "--concurrency", "50",
+                "--pid", str(s.proc.pid))
+    finally:
+        timer.cancel()
+        s.proc.wait()
+    # THEN it stops at the first failed scrape: about one failure per scraper in flight (the scrapes cut by the
+    # kill, a refused one or two while the kernel ends the process), not a failure per scraper per poll; and says why
+    c = json.loads(r.stdout)["canary"]
+    assert r.exit_code == EXIT_FINDINGS
+    assert sum(c["errors"].values()) <= 50 + 10, c["errors"]
+    assert c["elapsed"] < 5
+    assert c["stopped_early"] == f"pid {s.proc.pid} died: scraping stopped"
+    assert any("killed by SIGKILL" in e for e in c["process_events"])
+
+
+def test_ctrl_c_prints_the_partial_summary_and_exits_130(server):
+    # GIVEN a long soak in its own process
+    s = server()
+    p = subprocess.Popen([sys.executable, "-m", "forensics", "canary", s.url, "--requests", "10000000", "--duration", "60",
+                          "--concurrency", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        time.sleep(2.0)
+        # WHEN the user presses Ctrl-C
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    # THEN the figures of the scrapes made so far are printed, marked, and the exit status is 130
+    assert p.returncode == 130, (out, err)
+    first = out.splitlines()[0]
+    assert first.startswith(f"INTERRUPTED: {s.url}: ") and "success 100.00%" in first, out
+    assert "stopped early: interrupted (Ctrl-C)" in out
+    assert "Traceback" not in err
