@@ -21,7 +21,9 @@ __all__ = [
     "FleetSummary",
     "PodRecord",
     "KubectlError",
+    "FleetInputError",
     "read_kubectl",
+    "check_documents",
     "parse_pods",
     "summarize_fleet",
     "format_fleet",
@@ -40,6 +42,15 @@ class KubectlError(ForensicsError, RuntimeError):
 
     def __init__(self, what: str, detail: str) -> None:
         super().__init__(f"kubectl {what} failed: {detail}", what=what, detail=detail)
+
+
+class FleetInputError(ForensicsError, ValueError):
+    help_text = "Pass `kubectl get pods -o json` with --from and `kubectl get nodes -o json` with --nodes."
+
+    def __init__(self, message: str, *, help_text: str | None = None) -> None:
+        super().__init__(message)
+        if help_text:
+            self.help_text = help_text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +139,53 @@ def read_kubectl(kind: str, *, namespace: str | None = None, selector: str | Non
         return json.loads(r.stdout)
     except json.JSONDecodeError as e:
         raise KubectlError(f"get {kind}", "output is not JSON") from e
+
+
+def _item_kind(item) -> str | None:
+    """``Pod`` / ``Node`` / another kind of one list item; by its fields when ``kind`` is missing."""
+    if not isinstance(item, dict):
+        return None
+    if isinstance(item.get("kind"), str):
+        return item["kind"]
+    spec, status = item.get("spec") or {}, item.get("status") or {}
+    if not isinstance(spec, dict) or not isinstance(status, dict):
+        return None
+    if "containers" in spec or "nodeName" in spec or "containerStatuses" in status:
+        return "Pod"
+    if "nodeInfo" in status or "podCIDR" in spec or "providerID" in spec:
+        return "Node"
+    return None
+
+
+def _kinds(doc: dict) -> dict[str, int]:
+    items = doc.get("items") if isinstance(doc.get("items"), list) else [doc]
+    out: dict[str, int] = {}
+    for item in items[:MAX_PODS]:
+        k = _item_kind(item) or "unknown"
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def check_documents(pods_doc: dict, nodes_doc: dict, *, pods_from: str = "the pods", nodes_from: str = "the nodes") -> None:
+    """Refuse pod and node documents that cannot be what they claim (swapped files, another kind, empty).
+
+    A fleet table of "0 pods on 0 nodes" from swapped ``--from`` / ``--nodes`` files says nothing; this
+    says which file holds what.
+
+    :raises FleetInputError: when ``pods_doc`` holds no pods, or ``nodes_doc`` holds pods or no nodes
+    """
+    pk, nk = _kinds(pods_doc), _kinds(nodes_doc)
+    if not pk.get("Pod") and nk.get("Pod") and pk.get("Node"):
+        raise FleetInputError(f"{pods_from} holds {pk['Node']} Node objects and {nodes_from} holds {nk['Pod']} pods: "
+                              "the two files are swapped", help_text="Pass the pods with --from and the nodes with --nodes.")
+    if not pk.get("Pod"):
+        what = ", ".join(f"{n} {k}" for k, n in sorted(pk.items()) if n) or "nothing"
+        raise FleetInputError(f"{pods_from} holds no pods ({what})",
+                              help_text="Save the pods with `kubectl get pods -n NS -l SELECTOR -o json`; check -n/-l.")
+    if nk.get("Pod") or not nk.get("Node"):
+        what = ", ".join(f"{n} {k}" for k, n in sorted(nk.items()) if n) or "nothing"
+        raise FleetInputError(f"{nodes_from} holds no nodes ({what})",
+                              help_text="Save the nodes with `kubectl get nodes -o json`.")
 
 
 def parse_pods(doc: dict) -> list[PodRecord]:

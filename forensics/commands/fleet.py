@@ -31,21 +31,25 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, kubeconfi
     """Cross-compare restarts and exit codes of pods by node group, and name the boundary.
 
     \b
-    Exit codes: 0 printed; 1 error (kubectl failed, bad input); 2 usage.
+    Exit codes: 0 printed; 1 error (kubectl failed, bad input: files swapped, no pods, no nodes); 2 usage.
     """
     import datetime as dt
 
-    from ..fleet import DEFAULT_GROUP_LABELS, format_fleet, read_kubectl, summarize_fleet
+    from ..fleet import DEFAULT_GROUP_LABELS, check_documents, format_fleet, read_kubectl, summarize_fleet
     from ..output import json_document
 
     if bool(pods_file) != bool(nodes_file):
         raise click.UsageError("--from and --nodes go together")
     if pods_file:
         pods_doc, nodes_doc = read_json_object(pods_file), read_json_object(nodes_file)
+        check_documents(pods_doc, nodes_doc, pods_from=f"--from {pods_file}", nodes_from=f"--nodes {nodes_file}")
     else:
         kw = dict(kubeconfig=kubeconfig, context=kube_context)
         pods_doc = read_kubectl("pods", namespace=namespace, selector=selector, **kw)
         nodes_doc = read_kubectl("nodes", **kw)
+        where = " ".join(x for x in (f"-n {namespace}" if namespace else "--all-namespaces",
+                                     f"-l {selector}" if selector else "") if x)
+        check_documents(pods_doc, nodes_doc, pods_from=f"kubectl get pods {where}", nodes_from="kubectl get nodes")
     baseline = since_time = None
     if since:
         if os.path.isfile(since):

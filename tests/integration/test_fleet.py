@@ -141,3 +141,20 @@ def test_real_kubectl_against_the_api_stand_in(tmp_path):
     assert f["pods"] == 207
     h20 = [g for g in f["groups"] if g["key"][0][1] == "NVIDIA-H20"][0]
     assert (h20["pods_with_restarts"], h20["total_restarts"]) == (106, 11648)
+
+
+@pytest.mark.parametrize("case", ["swapped", "no-pods", "nodes-are-pods"])
+def test_files_that_cannot_be_a_fleet_are_refused(saved, tmp_path, case):
+    """#20.9: swapped --from / --nodes printed "0 pods on 0 nodes", rc 0."""
+    p, n = saved
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": []}))
+    args = {"swapped": (n, p), "no-pods": (empty, n), "nodes-are-pods": (p, p)}[case]
+    r = CliRunner().invoke(cli, ["fleet", "--from", str(args[0]), "--nodes", str(args[1])])
+    assert r.exit_code == 1, r.output
+    message = r.stderr.splitlines()[0]
+    expected = {"swapped": f"--from {n} holds 207 Node objects and --nodes {p} holds 207 pods: the two files are swapped",
+                "no-pods": f"--from {empty} holds no pods (nothing)",
+                "nodes-are-pods": f"--nodes {p} holds no nodes (207 Pod)"}[case]
+    assert expected in message, r.stderr
+    assert "0 pods on 0 nodes" not in r.output
