@@ -194,13 +194,19 @@ class CoreFile:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NativeFrame:
+    """One native frame.  An inlined frame shares its pc with the frame it was inlined into
+    (the next one out) and has no offset of its own; a tail-call frame is one gdb reconstructed
+    from DWARF call-site records, with no return address of its own on the stack."""
+
     index: int
     pc: int
-    symbol: str | None  # None when gdb could not name it ("??")
-    offset: int | None  # pc - symbol start, when known
+    symbol: str | None  # the function (DWARF name, else the ELF symbol); None when unnamed ("??")
+    offset: int | None  # pc - start of its ELF symbol, when that symbol starts where the function does
     library: str | None  # path of the object the pc is in
     file: str | None = None
     line: int | None = None
+    inlined: bool = False
+    tailcall: bool = False
 
     @property
     def library_name(self) -> str | None:

@@ -37,7 +37,9 @@ def fingerprint_basis(crash: Crash, crashed: Thread | None) -> tuple[str, ...]:
     if crash.fault_kind is not None:
         basis.append(f"fault:{crash.fault_kind.value}")
     if crashed is not None:
-        named = [f for f in meaningful_native_frames(crashed) if f.symbol]
+        # gdb's reconstructed tail-call frames are left out: libdw does not make them, and a crash
+        # must fingerprint the same whichever unwinder read it
+        named = [f for f in meaningful_native_frames(crashed) if f.symbol and not f.tailcall]
         for f in named[:NATIVE_DEPTH]:
             basis.append(f"native:{_lib(f.library)}!{f.symbol}")
         for p in crashed.py_frames[:PYTHON_DEPTH]:

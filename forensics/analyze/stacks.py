@@ -20,11 +20,12 @@ _ABORT_MACHINERY = frozenset(
 
 
 def parse_native_frames(core: CoreFile, frames: list[dict]) -> tuple[NativeFrame, ...]:
-    """Native frames from forensics-native JSON; the library is named as the core names it."""
+    """Native frames from a native-stack document (libdw's or forensics-native's JSON); the library is
+    named as the core names it."""
     out = []
     for i, f in enumerate(frames):
         pc = int(f.get("pc") or 0)
-        mapping = core.find_mapping(pc - 1 if i else pc)
+        mapping = core.find_mapping(pc - 1 if i and pc else pc)
         library = mapping.path if mapping is not None and mapping.path else f.get("library")
         out.append(
             NativeFrame(
@@ -35,6 +36,8 @@ def parse_native_frames(core: CoreFile, frames: list[dict]) -> tuple[NativeFrame
                 library=library,
                 file=f.get("file"),
                 line=f.get("line"),
+                inlined=bool(f.get("inlined")),
+                tailcall=bool(f.get("tailcall")),
             )
         )
     return tuple(out)

@@ -1,6 +1,6 @@
 """A crash sample shaped like a GPU metrics exporter (works on CPython 3.8+).
 
-usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv,py-abort,fpe,ill,bus} [READY_FIFO]
+usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv,py-abort,fpe,ill,bus,qsort-abort} [READY_FIFO]
 
 EXPORTER_THREAD_NAME sets the sleeping thread's name (default "metrics-server").
 EXPORTER_BALLAST_MB=N (default 0) keeps N MiB of written Python heap alive
@@ -10,6 +10,8 @@ The main thread scrapes ``collect -> device_metrics -> nvlink_throughput ->
 query_nvlink_throughput_counters``, which calls into a native library that
 corrupts the heap (glibc aborts) or writes through a bad pointer (SIGSEGV),
 while a second thread named "metrics-server" sleeps in ``serve_forever``.
+``qsort-abort`` sorts through glibc's ``qsort`` with a Python comparison that
+aborts: C and Python frames interleave, with glibc's inlined sort frames between.
 """
 import ctypes
 import os
@@ -28,6 +30,21 @@ _OTHER_FAULTS = {
 _ballast = []
 
 
+def _sort_with_callback():
+    libc = ctypes.CDLL(None)
+    compare_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
+    calls = []
+
+    def compare(a, b):
+        calls.append(1)
+        if len(calls) == 5:
+            os.abort()
+        return a[0] - b[0]
+
+    values = (ctypes.c_int * 64)(*range(64, 0, -1))
+    libc.qsort(values, len(values), ctypes.sizeof(ctypes.c_int), compare_type(compare))
+
+
 def serve_forever():
     _serving.set()
     while True:
@@ -39,6 +56,8 @@ def query_nvlink_throughput_counters():
         return LIB.forensics_bad_write(0)
     if SCENARIO in _OTHER_FAULTS:
         return _OTHER_FAULTS[SCENARIO]()
+    if SCENARIO == "qsort-abort":
+        return _sort_with_callback()
     if SCENARIO == "py-abort":
         return os.abort()  # from Python, holding the GIL: an abort that is not heap corruption
     return LIB.forensics_heap_overflow(0 if SCENARIO == "heap-prev" else 1)

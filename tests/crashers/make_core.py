@@ -36,7 +36,7 @@ __all__ = [
 HERE = Path(__file__).resolve().parent
 LIBCRASH_C = HERE / "libcrash.c"
 EXPORTER = HERE / "exporter.py"
-SCENARIOS = ("heap-prev", "heap-next-size", "segv", "py-abort", "fpe", "ill", "bus")
+SCENARIOS = ("heap-prev", "heap-next-size", "segv", "py-abort", "fpe", "ill", "bus", "qsort-abort")
 _CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 
 

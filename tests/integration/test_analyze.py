@@ -174,3 +174,37 @@ def test_other_signals_are_classified(cores, newest_python, scenario, kind, symb
     else:
         # SIGFPE/SIGILL report the faulting instruction, which is in libcrash.so's text
         assert a.crash.fault_address == a.snapshot.core.threads[0].pc
+
+
+def info_symbol(python: str, core: str, pc: int) -> tuple[str, int]:
+    """gdb's own ``info symbol`` for an address of the core (the oracle for a frame's symbol+offset)."""
+    import subprocess
+
+    out = subprocess.run(["gdb", "-nx", "-batch", "-q", "-iex", "set debuginfod enabled off", "-ex",
+                          f"info symbol {pc:#x}", python, core], capture_output=True, text=True, timeout=120).stdout
+    head = out.strip().splitlines()[-1].split(" in section ")[0]
+    name, _, offset = head.rpartition(" + ")
+    return (name, int(offset)) if name else (head, 0)
+
+
+def test_inlined_frames_share_the_pc_and_have_no_offset_of_their_own(cores, newest_python):
+    # GIVEN a core where glibc's qsort (its merge sort inlined into it) called back into Python, which aborted
+    from tests.conftest import PYTHONS
+
+    path = str(cores.get(newest_python, "qsort-abort"))
+    a = analyze_core(path)
+    frames = a.snapshot.crashed_thread.native_frames
+    sort = [f for f in frames if (f.symbol or "").startswith(("msort", "__GI___qsort", "qsort"))]
+    assert sort, [f.symbol for f in frames]
+    inlined = [f for f in frames if f.inlined]
+    assert inlined and all(f.offset is None for f in inlined)
+    for f in inlined:
+        # THEN an inlined frame stands at the pc of the frame it was inlined into, the next one out
+        outer = frames[f.index + 1]
+        assert outer.pc == f.pc and outer.library == f.library
+    # and each physical frame's offset is the pc's offset into its ELF symbol, as gdb's info symbol says
+    physical = [f for f in frames if not f.inlined and not f.tailcall and f.offset is not None]
+    called = next(f for f in physical if f.index > 0 and (f.symbol or "").endswith("qsort_r"))
+    name, offset = info_symbol(PYTHONS[newest_python], path, called.pc - 1)
+    assert name.endswith("qsort_r") and called.offset == offset + 1
+    assert frames[called.index - 1].inlined and frames[called.index - 1].symbol.startswith("msort")
