@@ -22,6 +22,7 @@ __all__ = [
     "GdbNotFound",
     "GdbError",
     "GdbTimeout",
+    "UnwinderUnavailable",
     "OutputExists",
     "BuildError",
 ]
@@ -103,6 +104,16 @@ class GdbTimeout(GdbError, TimeoutError):
         ForensicsError.__init__(
             self, f"gdb timed out after {seconds:g}s {stage}", stage=stage, detail="timeout", seconds=seconds
         )
+
+
+class UnwinderUnavailable(ForensicsError, OSError):
+    """The libdw unwinder cannot run here: elfutils' libdw.so.1 (or libelf.so.1) is not installed."""
+
+    help_text = ("Install elfutils' libraries (Debian/Ubuntu: apt-get install -y libdw1), "
+                 "or pass --native-method gdb.")
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"libdw unwinder unavailable: {detail}", detail=detail)
 
 
 class OutputExists(ForensicsError, FileExistsError):

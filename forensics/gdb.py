@@ -49,7 +49,7 @@ def find_gdb_scripts() -> Path:
 class GdbResult:
     """The raw, parsed output of our two scripts for one core."""
 
-    native: dict
+    native: dict | None  # None when native stacks were not asked for
     python: dict | None
     log: tuple[str, ...]
 
@@ -67,24 +67,35 @@ def parse_marker_json(text: str, marker: str) -> dict | None:
 
 
 class GdbSession:
-    """One gdb process, reusable for several cores of the same or different executables."""
+    """One gdb process, reusable for several cores of the same or different executables.
+
+    gdb starts on the first :meth:`analyze`, not here: a batch keeps one session per worker
+    and most cores never need gdb (the libdw unwinder and the direct reader do the work).
+    """
 
     def __init__(self, gdb: str = "gdb", *, timeout: float = DEFAULT_TIMEOUT, debuginfod: str | None = None):
         path = shutil.which(gdb)
         if path is None:
             raise GdbNotFound(gdb)
-        from pygdbmi.gdbcontroller import GdbController
-
+        self._path = path
+        self._debuginfod = debuginfod
         self.timeout = timeout
         self._token = 0
         self._log: list[str] = []
         self._farm: Path | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._exe: str | None = None
+        self._gdb = None
+        self._started = False
         self._stage = "starting"
+
+    def _start(self) -> None:
+        from pygdbmi.gdbcontroller import GdbController
+
+        self._started = True
         try:
             self._gdb = GdbController(
-                command=[path, "-nx", "--quiet", "--interpreter=mi3"],
+                command=[self._path, "-nx", "--quiet", "--interpreter=mi3"],
                 time_to_check_for_additional_output_sec=0.0,
             )
         except (OSError, ValueError) as e:
@@ -104,8 +115,8 @@ class GdbSession:
             # gdb keeps the DWARF index of each build-id it has read: the second core of the
             # same libpython (a batch, a crash loop) skips re-indexing its debug info.
             settings += [f"set index-cache directory {cache}", "set index-cache enabled on"]
-        if debuginfod:
-            settings += [f"set debuginfod urls {debuginfod}", "set debuginfod enabled on"]
+        if self._debuginfod:
+            settings += [f"set debuginfod urls {self._debuginfod}", "set debuginfod enabled on"]
         else:
             settings.append("set debuginfod enabled off")
         for cmd in settings:
@@ -169,12 +180,16 @@ class GdbSession:
 
     # -- the job ----------------------------------------------------------------------------------
 
-    def analyze(self, core: CoreFile, exe_file: str | None, *, python: bool = True) -> GdbResult:
-        """Load ``core`` with ``exe_file`` and run both scripts; return their JSON.
+    def analyze(self, core: CoreFile, exe_file: str | None, *, python: bool = True, native: bool = True) -> GdbResult:
+        """Load ``core`` with ``exe_file`` and run the scripts asked for; return their JSON.
 
         The executable stays loaded between calls with the same ``exe_file``, and the
         library links are kept, so a batch of cores of one program reads symbols once.
         """
+        if not self._started:
+            self._start()
+        elif self._gdb is None:
+            raise GdbError(self._stage, "the gdb session was closed")
         self._log.clear()
         if self._farm is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="forensics-gdb-")
@@ -193,10 +208,12 @@ class GdbSession:
         self._stage = "loading the core"
         self.console(f"core-file {_quote(core.path)}")
         added = self._add_library_symbols(core) if exe_file is None else 0
-        self._stage = "reading native stacks"
-        native = parse_marker_json(self.console("forensics-native"), NATIVE_MARKER)
-        if native is None:
-            raise GdbError(self._stage, "forensics-native printed no result")
+        native_doc = None
+        if native:
+            self._stage = "reading native stacks"
+            native_doc = parse_marker_json(self.console("forensics-native"), NATIVE_MARKER)
+            if native_doc is None:
+                raise GdbError(self._stage, "forensics-native printed no result")
         py_doc = None
         if python:
             self._stage = "reading Python stacks"
@@ -206,7 +223,7 @@ class GdbSession:
         if added:
             self.console("symbol-file", check=False)  # the next core's libraries may sit elsewhere
         self._stage = "ready"
-        return GdbResult(native=native, python=py_doc, log=tuple(self._log))
+        return GdbResult(native=native_doc, python=py_doc, log=tuple(self._log))
 
     def _add_library_symbols(self, core: CoreFile) -> int:
         """Without the executable gdb cannot list the shared libraries (it finds them through the
@@ -224,7 +241,8 @@ class GdbSession:
 
     @property
     def closed(self) -> bool:
-        return getattr(self, "_gdb", None) is None
+        """True once gdb was started and has exited (closed, or killed at a timeout)."""
+        return self._started and self._gdb is None
 
     def close(self) -> None:
         gdb = getattr(self, "_gdb", None)
@@ -256,10 +274,10 @@ def _index_cache_dir() -> Path | None:
 
 
 def run_gdb(core: CoreFile, exe_file: str | None, *, gdb: str = "gdb", timeout: float = DEFAULT_TIMEOUT,
-            debuginfod: str | None = None, python: bool = True) -> GdbResult:
-    """Start gdb, analyze one core (Python stacks too unless ``python`` is false), stop gdb."""
+            debuginfod: str | None = None, python: bool = True, native: bool = True) -> GdbResult:
+    """Start gdb, analyze one core (native and Python stacks, each unless switched off), stop gdb."""
     with GdbSession(gdb, timeout=timeout, debuginfod=debuginfod) as session:
-        return session.analyze(core, exe_file, python=python)
+        return session.analyze(core, exe_file, python=python, native=native)
 
 
 def update_link_farm(core: CoreFile, farm: Path) -> None:

@@ -244,7 +244,8 @@ class Thread:
     holds_gil: bool
     native_frames: tuple[NativeFrame, ...]
     py_frames: tuple[PyFrame, ...]  # innermost first
-    native_error: str | None = None  # why the native stack is missing or short (gdb's error, no native thread)
+    native_error: str | None = None  # why the native stack is missing or short (the unwinder's error, no native thread)
+    native_method: str | None = None  # what unwound this thread: "libdw", "gdb", or None (program counter only)
     python_error: str | None = None  # why the Python stack stopped short (a frame pointer that leaves the core)
 
     @property
@@ -269,12 +270,15 @@ class ProcessSnapshot:
     threads: tuple[Thread, ...]
     python_version: str | None
     python_stack_status: str  # "ok", or why Python stacks are missing and how to get them
-    native_method: str  # what produced the native stacks: "gdb", or "registers" (program counters only)
+    native_method: str  # what produced the native stacks: "libdw", "gdb", "libdw+gdb" (gdb for the threads
+    # libdw could not unwind), or "registers" (program counters only)
     python_method: str  # what produced the Python stacks: "gdb", "direct" or "none"
     sysroot: str | None
     requested_method: str = "auto"  # --method as asked
     method_disagreements: tuple[str, ...] = ()  # --method both: where gdb and direct differ
     warnings: tuple[str, ...] = ()
+    requested_native_method: str = "auto"  # --native-method as asked
+    native_disagreements: tuple[str, ...] = ()  # --native-method both: where libdw and gdb differ
 
     @property
     def pid(self) -> int:
@@ -286,15 +290,17 @@ class ProcessSnapshot:
 
     @property
     def is_complete(self) -> bool:
-        """False when stacks are missing or cut short (no gdb, no CPython symbols, a broken frame chain),
+        """False when stacks are missing or cut short (no unwinder, no CPython symbols, a broken frame chain),
         the methods disagree, or the core is truncated."""
-        native_ok = self.native_method == "gdb" or self.requested_method == "direct"
+        native_ok = (self.native_method != "registers" or self.requested_native_method == "none"
+                     or (self.requested_native_method == "auto" and self.requested_method == "direct"))
         return (
             native_ok
             and self.python_stack_status in ("ok", "not a Python process")
             and not any(t.python_error for t in self.threads)
             and not self.core.truncated
             and not self.method_disagreements
+            and not self.native_disagreements
         )
 
     @property

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import re
 
+import threading
+
 from ..bundle import bundle_sysroot, is_bundle
 from ..core import open_core
-from ..errors import GdbError, GdbNotFound
+from ..errors import GdbError, GdbNotFound, UnwinderUnavailable
 from ..gdb import GdbSession, run_gdb
 from ..model import (
     Analysis,
@@ -25,9 +27,10 @@ from ..model import (
 from ..pyread.walk import thread_label
 from .classify import classify_crash
 from .fingerprint import fingerprint, fingerprint_basis
+from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
 from .stacks import build_threads
 
-__all__ = ["METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot", "compare_python_docs",
+__all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot", "compare_python_docs",
            "flag_thread_errors", "choose_python_doc", "is_python_process", "registers_only"]
 
 _LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
@@ -59,10 +62,10 @@ def _python_symbols_hint(core: CoreFile) -> str:
 METHODS = ("auto", "gdb", "direct", "both")
 
 
-def registers_only(core: CoreFile) -> dict:
-    """A native-stack document with each thread's program counter only (no unwinding without gdb)."""
+def registers_only(core: CoreFile, reason: str = "native stack not unwound: program counter only") -> dict:
+    """A native-stack document with each thread's program counter only (no unwinder ran, or none could)."""
     return {"threads": [
-        {"num": i + 1, "lwp": t.tid, "frames": [{"pc": t.pc}], "error": "native stack needs gdb: program counter only"}
+        {"num": i + 1, "lwp": t.tid, "frames": [{"pc": t.pc}], "error": reason, "method": None}
         for i, t in enumerate(core.threads)
     ]}
 
@@ -171,7 +174,8 @@ def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
 
 def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, sysroot: str | None,
                    native_method: str, python_method: str, requested: str = "auto",
-                   problems: tuple[str, ...] = (), disagreements: tuple[str, ...] = ()) -> ProcessSnapshot:
+                   problems: tuple[str, ...] = (), disagreements: tuple[str, ...] = (),
+                   requested_native: str = "auto", native_disagreements: tuple[str, ...] = ()) -> ProcessSnapshot:
     """Join the core reader's facts with the native and Python stacks into one snapshot.
 
     A Python document with a thread whose stack stopped short is a partial result
@@ -203,6 +207,8 @@ def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, 
         warnings.append(status)
     for d in disagreements:
         warnings.append(f"methods disagree: {d}")
+    for d in native_disagreements:
+        warnings.append(f"native unwinders disagree: {d}")
     if core.truncated:
         warnings.append(
             f"core is truncated: {core.size} of {core.expected_size} bytes were written "
@@ -228,6 +234,8 @@ def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, 
         method_disagreements=tuple(disagreements),
         sysroot=sysroot,
         warnings=tuple(warnings),
+        requested_native_method=requested_native,
+        native_disagreements=tuple(native_disagreements),
     )
 
 
@@ -275,6 +283,15 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
                     evidence=(f"core build-id {lib.build_id}", f"file {lib.file_path} build-id {lib.file_build_id}"),
                 )
             )
+    if snapshot.native_disagreements:
+        out.append(
+            Finding(
+                rule="native-methods-disagree",
+                severity=Severity.ERROR,
+                summary="libdw and gdb give different native stacks",
+                evidence=snapshot.native_disagreements,
+            )
+        )
     if snapshot.method_disagreements:
         out.append(
             Finding(
@@ -308,26 +325,55 @@ def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
     )
 
 
+class _InBackground:
+    """Run a function in a thread and keep its result or error (the libdw unwinder spends most of its
+    time inside libdw, which runs without the GIL, so it overlaps the direct Python reader)."""
+
+    def __init__(self, fn) -> None:
+        self._fn = fn
+        self.result = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="forensics-unwind", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller in join()
+            self.error = e
+
+    def join(self):
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = None, gdb: str = "gdb",
                  timeout: float = 120.0, debuginfod: str | None = None, method: str = "auto",
-                 session: GdbSession | None = None) -> Analysis:
+                 native_method: str = "auto", session: GdbSession | None = None) -> Analysis:
     """Analyze one core file.
 
     :param path: a core file, or a capture bundle directory (its stored objects are the sysroot)
     :param sysroot: a directory holding the crashed process's files at the paths the core names
     :param exe: the executable, when it is not at the path the core names
     :param method: how Python stacks are read — ``direct`` (our reader of the interpreter
-        state: no gdb, no debug symbols; native stacks are then program counters only),
-        ``gdb`` (gdb with CPython's debug symbols), ``both`` (both, compared frame for
-        frame), ``auto`` (native stacks from gdb when it is installed; Python stacks from
-        the direct reader, falling back to gdb's walker when the direct reader cannot)
-    :param session: a running :class:`GdbSession` to reuse (batch mode)
+        state: no gdb, no debug symbols; native stacks are then program counters only unless
+        ``native_method`` names an unwinder), ``gdb`` (gdb with CPython's debug symbols),
+        ``both`` (both, compared frame for frame), ``auto`` (the direct reader, falling back
+        to gdb's walker when the direct reader cannot)
+    :param native_method: how native stacks are unwound — ``libdw`` (elfutils, in-process;
+        gdb only for a thread libdw could not unwind), ``gdb``, ``both`` (both, compared frame
+        for frame), ``none`` (program counters only), ``auto`` (libdw; none with
+        ``method="direct"``; gdb with ``debuginfod``)
+    :param session: a :class:`GdbSession` to reuse (batch mode); gdb starts only if needed
     :raises ForensicsError: when the input is not a readable x86-64 core
-    :return: the analysis; a missing gdb or missing symbols leave a partial one whose
+    :return: the analysis; a missing unwinder or missing symbols leave a partial one whose
         warnings say why
     """
     if method not in METHODS:
         raise ValueError(method)
+    plan = plan_native(native_method, method, debuginfod)
     if is_bundle(path):
         # A capture bundle carries its core and every mapped object, keyed by build-id:
         # the bundle is its own sysroot, so it analyzes on any machine.
@@ -337,28 +383,51 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     exe_lib = core.libraries[0] if core.libraries else None
     usable = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
     exe_file = exe_lib.file_path if exe_lib is not None and exe_lib.status in usable else None
-
-    direct = None
-    if method in ("direct", "both", "auto"):
-        from ..pyread import read_python_state
-
-        direct = flag_thread_errors(read_python_state(core, sysroot=sysroot))
-    # auto: gdb's walker reads the Python stacks too when the direct reader's are not whole
-    want_gdb_python = method in ("gdb", "both") or (method == "auto" and (direct or {}).get("status") != "ok")
-    result = None
     problems: list[str] = []
-    if method != "direct":
+
+    # libdw unwinds in the background while the direct reader walks the interpreter state
+    unwinding = None
+    if plan in ("libdw", "both"):
+        from ..unwind import unwind_core
+
+        unwinding = _InBackground(lambda: unwind_core(core, sysroot=sysroot))
+    direct = None
+    try:
+        if method in ("direct", "both", "auto"):
+            from ..pyread import read_python_state
+
+            direct = flag_thread_errors(read_python_state(core, sysroot=sysroot))
+    finally:
+        libdw_doc = None
+        if unwinding is not None:
+            try:
+                libdw_doc = unwinding.join()
+            except UnwinderUnavailable as e:
+                problems.append(f"{e}; {e.help_text}" if plan == "both" else f"{e}; native stacks by gdb")
+
+    # gdb: for the Python stacks when asked (or when the direct reader's are not whole), for the native
+    # stacks when asked, and for the threads libdw could not unwind
+    want_gdb_python = method in ("gdb", "both") or (method == "auto" and (direct or {}).get("status") != "ok")
+    want_gdb_native = plan in ("gdb", "both") or (plan == "libdw" and (libdw_doc is None or failed_threads(libdw_doc)))
+    result = None
+    if want_gdb_python or want_gdb_native:
         try:
             if session is not None:
-                result = session.analyze(core, exe_file, python=want_gdb_python)
+                result = session.analyze(core, exe_file, python=want_gdb_python, native=want_gdb_native)
             else:
                 result = run_gdb(core, exe_file, gdb=gdb, timeout=timeout, debuginfod=debuginfod,
-                                 python=want_gdb_python)
+                                 python=want_gdb_python, native=want_gdb_native)
         except GdbNotFound as e:
-            problems.append(f"{e}; native stacks need gdb ({e.help_text})")
+            if want_gdb_python or plan == "gdb" or libdw_doc is None:
+                problems.append(f"{e}; {'native stacks need' if libdw_doc is None else 'it is needed'} "
+                                f"gdb ({e.help_text})")
         except GdbError as e:
             problems.append(str(e))
+    gdb_native = result.native if result is not None else None
     gdb_python = flag_thread_errors(result.python) if result is not None else None
+
+    native, native_notes, native_disagreements = _choose_native(plan, libdw_doc, gdb_native)
+    problems.extend(native_notes)
     disagreements: tuple[str, ...] = ()
     if method == "both":
         disagreements = tuple(compare_python_docs(gdb_python, direct))
@@ -369,10 +438,26 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
         python, py_method = direct, "direct"
     else:
         python, py_method = choose_python_doc(direct, gdb_python)
-    native_method = "gdb" if result is not None else "registers"
     snapshot = build_snapshot(
-        core, result.native if result is not None else None, python, sysroot=sysroot,
-        native_method=native_method, python_method=py_method, requested=method,
+        core, native, python, sysroot=sysroot,
+        native_method=native_label(native), python_method=py_method, requested=method,
         problems=tuple(problems), disagreements=disagreements,
+        requested_native=native_method, native_disagreements=tuple(native_disagreements),
     )
     return analyze_snapshot(snapshot)
+
+
+def _choose_native(plan: str, libdw: dict | None, gdb: dict | None) -> tuple[dict | None, list[str], list[str]]:
+    """The native document to show, notes on where it came from, and (``both``) the disagreements."""
+    if plan == "none":
+        return None, [], []
+    if plan == "gdb":
+        return gdb, [], []
+    if plan == "both":
+        if libdw is None or gdb is None:
+            return libdw or gdb, [], []
+        return libdw, [], compare_native_docs(libdw, gdb)
+    if libdw is None:
+        return gdb, [], []
+    doc, notes = with_gdb_fallback(libdw, gdb)
+    return doc, notes, []

@@ -11,7 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterable
 
 from ..bundle import is_bundle
-from ..errors import ForensicsError, GdbError, InputNotFound
+from ..errors import ForensicsError, GdbError, GdbNotFound, InputNotFound
 from ..model import Analysis, BatchEntry, BatchGroup, BatchResult
 from .signature import signature
 
@@ -88,15 +88,15 @@ def _analyze_one(path: str) -> BatchEntry:
         mtime = 0.0
     try:
         if _SESSION is None or _SESSION.closed:
-            try:
+            try:  # gdb starts only when a core needs it
                 _SESSION = GdbSession(_OPTIONS.get("gdb", "gdb"), timeout=_OPTIONS.get("timeout", 120.0),
                                       debuginfod=_OPTIONS.get("debuginfod"))
-            except GdbError:
+            except (GdbError, GdbNotFound):
                 _SESSION = None  # analyze_core reports the gdb problem in the analysis
         analysis = analyze_core(
             path, sysroot=_OPTIONS.get("sysroot"), exe=_OPTIONS.get("exe"), gdb=_OPTIONS.get("gdb", "gdb"),
             timeout=_OPTIONS.get("timeout", 120.0), debuginfod=_OPTIONS.get("debuginfod"), session=_SESSION,
-            method=_OPTIONS.get("method", "auto"),
+            method=_OPTIONS.get("method", "auto"), native_method=_OPTIONS.get("native_method", "auto"),
         )
         return BatchEntry(path=path, mtime=mtime, analysis=analysis, error=None)
     except ForensicsError as e:

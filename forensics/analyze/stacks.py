@@ -84,6 +84,7 @@ def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
                 native_frames=parse_native_frames(core, t.get("frames", [])),
                 py_frames=parse_py_frames(py.get("frames", [])),
                 native_error=t.get("error"),
+                native_method=t.get("method"),
                 python_error=py.get("error") or None,
             )
         )

@@ -20,7 +20,12 @@ __all__ = ["analyze"]
 @click.option("--native", "merged", is_flag=True, help="Merged view: Python frames placed where their evaluation-loop native frames stand.")
 @click.option("--method", type=click.Choice(["auto", "gdb", "direct", "both"]), default="auto", show_default=True,
               help="Python stacks: direct (our reader: no gdb, no debug symbols), gdb (CPython debug symbols), "
-                   "both (compared frame for frame), auto (native by gdb, Python by direct, gdb as fallback).")
+                   "both (compared frame for frame), auto (direct, gdb's walker as fallback).")
+@click.option("--native-method", type=click.Choice(["auto", "libdw", "gdb", "both", "none"]), default="auto",
+              show_default=True,
+              help="Native stacks: libdw (elfutils, no gdb; gdb only for a thread libdw cannot unwind), gdb, "
+                   "both (compared frame for frame), none (program counters only), auto (libdw; none with "
+                   "--method direct; gdb with --debuginfod).")
 @click.option("--gdb", "gdb_path", default="gdb", show_default=True, help="gdb to run.")
 @click.option("--debuginfod", metavar="URL", default=None, help="Let gdb fetch debug info from this debuginfod server (off by default).")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds gdb may take per core.")
@@ -29,7 +34,8 @@ __all__ = ["analyze"]
 @output_option
 @force_option
 @verbose_option
-def analyze(inputs, sysroot, exe, merged, method, gdb_path, debuginfod, timeout, jobs, as_json, output, force, verbose):
+def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, jobs, as_json, output,
+            force, verbose):
     """Analyze a core: signal, abort message, every thread's native and Python stack.
 
     INPUTS is one core or capture bundle, or several cores / bundles / directories of
@@ -38,15 +44,17 @@ def analyze(inputs, sysroot, exe, merged, method, gdb_path, debuginfod, timeout,
 
     \b
     Exit codes: 0 analysed; 1 error (bad input, see the message); 2 usage;
-    3 batch with unreadable cores; 4 partial result (no gdb, no Python
-    stacks, a truncated core, or --method both found a disagreement).
+    3 batch with unreadable cores; 4 partial result (no native unwinder, no
+    Python stacks, a truncated core, or --method / --native-method both
+    found a disagreement).
     """
     from ..analyze.batch import find_cores
     from ..bundle import is_bundle
 
     paths = find_cores(inputs)
     single = len(inputs) == 1 and (not os.path.isdir(inputs[0]) or is_bundle(inputs[0]))
-    options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method)
+    options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method,
+                   native_method=native_method)
     if single:
         from ..analyze import analyze_core
         from ..format import analysis_payload, format_analysis

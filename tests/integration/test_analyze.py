@@ -187,12 +187,13 @@ def info_symbol(python: str, core: str, pc: int) -> tuple[str, int]:
     return (name, int(offset)) if name else (head, 0)
 
 
-def test_inlined_frames_share_the_pc_and_have_no_offset_of_their_own(cores, newest_python):
+@pytest.mark.parametrize("native_method", ["gdb", "libdw"])
+def test_inlined_frames_share_the_pc_and_have_no_offset_of_their_own(cores, newest_python, native_method):
     # GIVEN a core where glibc's qsort (its merge sort inlined into it) called back into Python, which aborted
     from tests.conftest import PYTHONS
 
     path = str(cores.get(newest_python, "qsort-abort"))
-    a = analyze_core(path)
+    a = analyze_core(path, native_method=native_method)
     frames = a.snapshot.crashed_thread.native_frames
     sort = [f for f in frames if (f.symbol or "").startswith(("msort", "__GI___qsort", "qsort"))]
     assert sort, [f.symbol for f in frames]

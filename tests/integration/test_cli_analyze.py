@@ -165,12 +165,24 @@ def test_truncated_core_is_partial_but_readable(heap_core, tmp_path):
 
 
 def test_gdb_not_installed_still_reports_the_core(heap_core):
+    # GIVEN no gdb at all
+    # WHEN analyzed with the defaults: native stacks by libdw, Python stacks by the direct reader
     r = run("analyze", "--json", "--gdb", "/nonexistent/gdb", str(heap_core))
-    assert r.exit_code == EXIT_PARTIAL
-    doc = json.loads(r.stdout)
-    a = doc["analysis"]
+    # THEN the analysis is whole without gdb
+    assert r.exit_code == EXIT_OK, r.stderr
+    a = json.loads(r.stdout)["analysis"]
     assert a["crash"]["abort_message"] == "double free or corruption (!prev)"
-    # native stacks need gdb (program counters only); Python stacks come from the direct reader
+    assert a["snapshot"]["native_method"] == "libdw" and a["snapshot"]["python_method"] == "direct"
+    crashed = a["snapshot"]["threads"][0]
+    assert crashed["native_method"] == "libdw"
+    assert any(f["symbol"] == "forensics_heap_overflow" for f in crashed["native_frames"])
+    assert crashed["py_frames"][0]["function"] == "query_nvlink_throughput_counters"
+    # WHEN gdb is asked for the native stacks
+    r = run("analyze", "--json", "--native-method", "gdb", "--gdb", "/nonexistent/gdb", str(heap_core))
+    # THEN the core is still reported, partial: program counters only, and the fix is said
+    assert r.exit_code == EXIT_PARTIAL
+    a = json.loads(r.stdout)["analysis"]
+    assert a["crash"]["abort_message"] == "double free or corruption (!prev)"
     assert a["snapshot"]["native_method"] == "registers" and a["snapshot"]["python_method"] == "direct"
     assert a["snapshot"]["threads"][0]["py_frames"][0]["function"] == "query_nvlink_throughput_counters"
     assert "gdb not found" in r.stderr and "apt-get install -y gdb" in r.stderr
@@ -185,10 +197,12 @@ def test_method_direct_needs_no_gdb_and_is_complete(heap_core):
 
 
 def test_method_both_agrees(heap_core):
-    r = run("analyze", "--json", "--method", "both", str(heap_core))
+    # both Python methods (gdb's walker, the direct reader) and both native unwinders (libdw, gdb), compared
+    r = run("analyze", "--json", "--method", "both", "--native-method", "both", str(heap_core))
     assert r.exit_code == EXIT_OK, r.stderr
     snap = json.loads(r.stdout)["analysis"]["snapshot"]
-    assert snap["method_disagreements"] == [] and snap["native_method"] == "gdb"
+    assert snap["method_disagreements"] == [] and snap["native_disagreements"] == []
+    assert snap["native_method"] == "libdw" and snap["requested_native_method"] == "both"
 
 
 def _sysroot_copy(tmp_path: Path, files: list[str]) -> Path:

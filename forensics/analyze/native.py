@@ -1,0 +1,153 @@
+"""Native stacks for ``analyze``: which unwinder runs, gdb for the threads libdw could not unwind,
+and the frame-for-frame comparison of the two (``--native-method both``).
+
+Pure functions over native-stack documents (``{"threads": [{"num", "lwp", "frames", "error",
+"method"}]}``), the shape both :func:`forensics.unwind.unwind_core` and the gdb script
+``forensics-native`` produce.
+"""
+from __future__ import annotations
+
+__all__ = ["NATIVE_METHODS", "plan_native", "failed_threads", "with_gdb_fallback", "compare_native_docs",
+           "native_label"]
+
+NATIVE_METHODS = ("auto", "libdw", "gdb", "both", "none")
+
+
+def plan_native(native_method: str, method: str, debuginfod: str | None) -> str:
+    """The unwinder to run for ``--native-method``: ``libdw`` (gdb only for the threads it cannot
+    unwind), ``gdb``, ``both`` or ``none``.
+
+    ``auto`` is libdw, except with ``--method direct`` (program counters only: the cheapest
+    analysis, no unwinding) and with ``--debuginfod`` (gdb fetches the debug info).
+
+    >>> plan_native("auto", "auto", None), plan_native("auto", "direct", None), plan_native("auto", "gdb", "http://x")
+    ('libdw', 'none', 'gdb')
+    """
+    if native_method not in NATIVE_METHODS:
+        raise ValueError(native_method)
+    if native_method != "auto":
+        return native_method
+    if method == "direct":
+        return "none"
+    if debuginfod:
+        return "gdb"
+    return "libdw"
+
+
+def failed_threads(doc: dict) -> set[int]:
+    """The threads (LWPs) whose stack libdw could not unwind: none at all, or cut short by an error in
+    an object whose file it had.  Reaching the frame limit, or an object whose file was withheld
+    (missing, another build), is not a failure gdb would mend: it has no more to go on.
+
+    >>> failed_threads({"threads": [{"lwp": 1, "frames": [{}], "error": None},
+    ...                             {"lwp": 2, "frames": [], "error": None},
+    ...                             {"lwp": 3, "frames": [{}], "error": "unwinding stopped at frame 1: x"},
+    ...                             {"lwp": 4, "frames": [{}], "error": "y", "stopped_in_withheld": True}]})
+    {2, 3}
+    """
+    out = set()
+    for t in doc.get("threads", []):
+        error = t.get("error") or ""
+        if not t.get("frames") or (error and not error.startswith("stopped after")
+                                   and not t.get("stopped_in_withheld")):
+            out.add(int(t["lwp"]))
+    return out
+
+
+def _better(gdb: dict, libdw: dict) -> bool:
+    """Whether gdb's stack of a thread is the better one: it goes further than libdw's, and agrees with
+    libdw's physical frames as far as libdw got (so its extra frames continue the same stack)."""
+    mine = [f.get("pc") for f in libdw.get("frames", []) if not f.get("inlined")]
+    theirs = [f.get("pc") for f in gdb.get("frames", []) if not f.get("inlined") and not f.get("tailcall")]
+    if len(theirs) <= len(mine) and (gdb.get("error") or not libdw.get("error")):
+        return False
+    return theirs[: len(mine)] == mine
+
+
+def with_gdb_fallback(libdw: dict, gdb: dict | None) -> tuple[dict, list[str]]:
+    """libdw's document, with each thread libdw could not unwind taken from gdb when gdb did better.
+
+    :return: the document (each thread's ``method`` says who unwound it) and one line per thread
+        taken from gdb, saying why
+    """
+    failed = failed_threads(libdw)
+    if not failed or gdb is None:
+        return libdw, []
+    by_tid = {int(t["lwp"]): t for t in gdb.get("threads", [])}
+    threads, notes = [], []
+    for t in libdw.get("threads", []):
+        tid = int(t["lwp"])
+        other = by_tid.get(tid)
+        if tid in failed and other is not None and _better(other, t):
+            threads.append({**other, "num": t["num"], "method": "gdb"})
+            notes.append(f"tid {tid}: libdw: {t.get('error') or 'no frames'}; native stack by gdb")
+        else:
+            threads.append(t)
+    return {**libdw, "threads": threads}, notes
+
+
+def native_label(doc: dict | None) -> str:
+    """What produced a document's native stacks, for the snapshot: ``libdw``, ``gdb``, ``libdw+gdb``
+    or ``registers``.
+
+    >>> native_label({"threads": [{"method": "libdw"}, {"method": "gdb"}]})
+    'libdw+gdb'
+    """
+    if doc is None:
+        return "registers"
+    methods = {t.get("method") or "gdb" for t in doc.get("threads", [])}
+    if not methods:
+        return "libdw" if doc.get("method") == "libdw" else "gdb"
+    return "+".join(m for m in ("libdw", "gdb") if m in methods) or "registers"
+
+
+def _same_frame(a: dict, b: dict) -> bool:
+    """One frame as two unwinders describe it: same pc, place and inlined mark, and the same function
+    (or, for two ELF symbols at one address such as ``clone3`` and ``__clone3``, the same offset)."""
+    if a.get("pc") != b.get("pc") or bool(a.get("inlined")) != bool(b.get("inlined")):
+        return False
+    if (a.get("file"), a.get("line")) != (b.get("file"), b.get("line")):
+        return False
+    if a.get("function") == b.get("function"):
+        return True
+    return a.get("offset") is not None and a.get("offset") == b.get("offset")
+
+
+def _describe(f: dict) -> str:
+    name = f.get("function") or "??"
+    where = f" {f['file']}:{f['line']}" if f.get("file") else ""
+    return f"{name}{' [inlined]' if f.get('inlined') else ''} at {int(f.get('pc') or 0):#x}{where}"
+
+
+def compare_native_docs(libdw: dict | None, gdb: dict | None) -> list[str]:
+    """Where libdw's and gdb's native stacks differ, thread by thread (matched by LWP), frame for frame.
+
+    gdb's tail-call frames (reconstructed from DWARF call-site records; no return address of theirs is
+    on the stack, and libdw, like eu-stack and pystack, shows the stack as it is) are left out.
+
+    >>> f = {"pc": 16, "function": "main", "offset": 4, "file": "a.c", "line": 3, "inlined": False}
+    >>> compare_native_docs({"threads": [{"lwp": 7, "frames": [f]}]},
+    ...                     {"threads": [{"lwp": 7, "frames": [f, {**f, "tailcall": True}]}]})
+    []
+    >>> compare_native_docs({"threads": [{"lwp": 7, "frames": [f]}]},
+    ...                     {"threads": [{"lwp": 7, "frames": [{**f, "line": 4}]}]})
+    ['thread 7 frame 0: main at 0x10 a.c:3 (libdw) vs main at 0x10 a.c:4 (gdb)']
+    """
+    if not libdw or not gdb:
+        return ["one method gave no result"]
+    out = []
+    ta = {int(t["lwp"]): t for t in libdw.get("threads", [])}
+    tb = {int(t["lwp"]): t for t in gdb.get("threads", [])}
+    for tid in sorted(set(ta) | set(tb)):
+        if tid not in ta or tid not in tb:
+            out.append(f"thread {tid} only in {'libdw' if tid in ta else 'gdb'}")
+            continue
+        fa = ta[tid].get("frames", [])
+        fb = [f for f in tb[tid].get("frames", []) if not f.get("tailcall")]
+        for i, (x, y) in enumerate(zip(fa, fb)):
+            if not _same_frame(x, y):
+                out.append(f"thread {tid} frame {i}: {_describe(x)} (libdw) vs {_describe(y)} (gdb)")
+                break
+        if len(fa) != len(fb):
+            out.append(f"thread {tid}: {len(fa)} frames (libdw) vs {len(fb)} (gdb, tail-call frames left out)")
+    return out

@@ -1,0 +1,419 @@
+"""Native stacks of a core without gdb: elfutils' libdwfl, called in-process through ctypes.
+
+:func:`unwind_core` returns every thread's native frames as the same document
+the gdb method's ``forensics-native`` prints (``{"threads": [{"num", "lwp",
+"frames", "error", "method"}]}``), so the two methods are interchangeable
+thread by thread.
+
+Which files libdwfl reads is decided here, never by libdwfl: each object the
+core maps is reported at the address the core maps it, and when libdwfl asks for
+its ELF file the answer is the file the core reader found and build-id checked
+(``--sysroot``, a bundle's objects, this machine on an equal build-id); a
+library that is missing or of another build gets no file, so its frames stay
+unnamed rather than misnamed.  Separate debug files come from
+:func:`forensics.core.debugfiles.find_debug_file` (by build-id).  libdwfl's own
+lookups (paths read from the core, debuginfod) are never reached: both of its
+finder callbacks are ours.
+
+A frame is named as gdb names it: by its DWARF function (inlined functions
+become frames of their own that share the physical frame's pc, marked
+``inlined``, with no offset), else by its ELF symbol.  The physical frame's
+offset is the pc's offset into its ELF symbol (what ``info symbol`` says), given
+only when that symbol starts where the DWARF function does.  For a caller frame
+the lookup address is ``pc - 1`` (the call instruction), as gdb and eu-stack do.
+
+Symbolization results are cached per process by (build-id, address relative to
+the object), so a batch of cores of one crash loop reads each library's DWARF
+once.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+import threading
+from collections import OrderedDict
+from ctypes import byref, c_bool, c_int, c_size_t, c_uint32, c_uint64, c_void_p
+
+from ..core.debugfiles import find_debug_file
+from ..errors import UnwinderUnavailable
+from ..model import CoreFile, Library, LibraryStatus
+from . import libdw as L
+from .debugcache import decompressed_debug_file
+
+__all__ = ["MAX_FRAMES", "MAX_THREADS", "unwind_core", "clear_symbol_cache"]
+
+MAX_FRAMES = 512  # per thread, physical frames
+MAX_THREADS = 4096
+_MAX_SYMBOL_CACHE = 1 << 16
+_USABLE = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
+_FUNCTION_TAGS = (L.DW_TAG_subprogram, L.DW_TAG_inlined_subroutine, L.DW_TAG_entry_point)
+_MAX_VDSO = 1 << 20
+
+# (build-id, debug file, address relative to the object's base, is activation) -> frame templates
+_symbols: OrderedDict[tuple, tuple[dict, ...]] = OrderedDict()
+_symbols_lock = threading.Lock()
+
+
+def clear_symbol_cache() -> None:
+    """Forget every cached symbolization (tests; a long-lived process that swaps files)."""
+    with _symbols_lock:
+        _symbols.clear()
+
+
+def _open_regular(path: str, *, nofollow: bool) -> int | None:
+    """A read-only descriptor of the regular file at ``path``, or None.
+
+    Non-blocking (a FIFO put where a library was expected cannot hang us), checked
+    regular after opening (what is opened is what is checked).
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK | (os.O_NOFOLLOW if nofollow else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+class _Unwinder:
+    """One core's libdwfl session: modules, callbacks, threads.  Not reusable."""
+
+    def __init__(self, lib: L.Lib, core: CoreFile, sysroot: str | None) -> None:
+        self.lib = lib
+        self.core = core
+        self.sysroot = sysroot
+        self.modules: dict[int, Library] = {}  # Dwfl_Module* -> the library it stands for
+        self.given: set[int] = set()  # the modules whose file libdwfl was given
+        self._keys: dict[int, tuple] = {}
+        self.debug_files: dict[int, str | None] = {}  # Dwfl_Module* -> debug file handed to libdwfl
+        # keep the ctypes callbacks alive as long as libdwfl may call them
+        self._find_elf = L.FIND_ELF(self._on_find_elf)
+        self._find_debuginfo = L.FIND_DEBUGINFO(self._on_find_debuginfo)
+        self.callbacks = L.DwflCallbacks(self._find_elf, self._find_debuginfo, lib.offline_section_address, None)
+
+    # -- libdwfl's callbacks (never raise: an exception would be lost inside C) --------------
+
+    def _on_find_elf(self, mod, userdata, modname, base, file_name, elfp) -> int:
+        try:
+            library = self.modules.get(mod or 0)
+            if library is None:
+                return -1
+            if library.path == "[vdso]":
+                fd = self._vdso_fd(library)
+            elif library.status in _USABLE and library.file_path:
+                fd = _open_regular(library.file_path, nofollow=self.sysroot is not None)
+            else:
+                return -1  # missing, or another build: withheld, its frames stay unnamed
+            if fd is None:
+                return -1
+            elf = self.lib.elf_begin(fd, L.ELF_C_READ_MMAP, None)
+            if not elf:
+                os.close(fd)
+                return -1
+            if library.build_id and self._elf_build_id(elf) not in (None, library.build_id):
+                # the file changed between the core reader's check and this open
+                self.lib.elf_end(elf)
+                os.close(fd)
+                return -1
+            elfp[0] = elf
+            self.given.add(mod)
+            return fd
+        except Exception:  # noqa: BLE001 - a C callback must return, not raise
+            return -1
+
+    def _on_find_debuginfo(self, mod, userdata, modname, base, file_name, debuglink, crc, debug_name) -> int:
+        try:
+            library = self.modules.get(mod or 0)
+            build_id = library and (library.build_id or library.file_build_id)
+            path = find_debug_file(build_id, self.sysroot) if build_id else None
+            if path is None:
+                self.debug_files[mod] = None
+                return -1
+            path = decompressed_debug_file(path, build_id.lower())
+            self.debug_files[mod] = path
+            fd = _open_regular(path, nofollow=False)
+            return -1 if fd is None else fd
+        except Exception:  # noqa: BLE001
+            return -1
+
+    def _elf_build_id(self, elf: int) -> str | None:
+        ptr = c_void_p()
+        n = self.lib.dwelf_elf_gnu_build_id(elf, byref(ptr))
+        return ctypes.string_at(ptr.value, n).hex() if n > 0 and ptr.value else None
+
+    def _vdso_fd(self, library: Library) -> int | None:
+        """The vDSO as the core holds it (the kernel dumps it whole), in a memory file."""
+        from ..core.memory import CoreMemory, MemoryNotInCore
+
+        end = self._module_end(library)
+        if not 0 < end - library.base <= _MAX_VDSO:
+            return None
+        try:
+            with CoreMemory.open(self.core.path) as mem:
+                data = mem.read(library.base, end - library.base)
+        except (MemoryNotInCore, OSError, ValueError):
+            return None
+        fd = os.memfd_create("forensics-vdso", os.MFD_CLOEXEC)
+        os.write(fd, data)
+        return fd
+
+    # -- the job --------------------------------------------------------------------------------
+
+    def _module_end(self, library: Library) -> int:
+        bases = sorted(lib.base for lib in self.core.libraries)
+        later = [b for b in bases if b > library.base]
+        limit = later[0] if later else 1 << 64
+        ends = [m.end for m in self.core.mappings if m.path == library.path and library.base <= m.start < limit]
+        return max(ends, default=library.base)
+
+    def _report(self, dwfl: int) -> None:
+        lib = self.lib
+        lib.dwfl_report_begin(dwfl)
+        for library in sorted(self.core.libraries, key=lambda x: x.base):
+            end = self._module_end(library)
+            if end <= library.base:
+                continue
+            mod = lib.dwfl_report_module(dwfl, library.path.encode("utf-8", "surrogateescape"), library.base, end)
+            if mod:
+                self.modules[mod] = library
+        lib.dwfl_report_end(dwfl, None, None)
+
+    def _thread_pcs(self, dwfl: int, thread: int) -> tuple[list[tuple[int, bool]], str | None, bool]:
+        """The thread's (pc, is activation) list, why it stopped short (None: it reached its outermost
+        frame), and whether it stopped in an object whose file was withheld (missing, another build)."""
+        lib = self.lib
+        pcs: list[tuple[int, bool]] = []
+
+        def on_frame(frame, arg) -> int:
+            pc, activation = c_uint64(), c_bool()
+            if not lib.dwfl_frame_pc(frame, byref(pc), byref(activation)):
+                return -1
+            pcs.append((pc.value, activation.value))
+            return L.DWARF_CB_ABORT if len(pcs) >= MAX_FRAMES else L.DWARF_CB_OK
+
+        callback = L.FRAME_CALLBACK(on_frame)
+        rc = lib.dwfl_thread_getframes(thread, callback, None)
+        if rc == L.DWARF_CB_ABORT and len(pcs) >= MAX_FRAMES:
+            return pcs, f"stopped after {MAX_FRAMES} frames", False
+        if rc != -1:
+            return pcs, None, False
+        reason = lib.errmsg()
+        if not pcs:
+            return pcs, f"no frame: {reason}", False
+        pc, activation = pcs[-1]
+        mod = lib.dwfl_addrmodule(dwfl, pc if activation or not pc else pc - 1)
+        library = self.modules.get(mod or 0)
+        if library is None:
+            return pcs, f"unwinding stopped at frame {len(pcs)}, at {pc:#x} outside every mapped object: {reason}", True
+        if mod not in self.given:
+            why = "its file is of another build" if library.status is LibraryStatus.MISMATCH else "its file was not found"
+            return pcs, (f"unwinding stopped at frame {len(pcs)} in {library.name}: {why}, so there is no unwind "
+                         f"table to go on (libdwfl: {reason})"), True
+        return pcs, f"unwinding stopped at frame {len(pcs)} in {library.name}: {reason}", False
+
+    def run(self) -> dict:
+        lib = self.lib
+        fd = os.open(self.core.path, os.O_RDONLY | os.O_CLOEXEC)
+        elf = dwfl = None
+        try:
+            elf = lib.elf_begin(fd, L.ELF_C_READ_MMAP, None)
+            if not elf:
+                raise UnwinderUnavailable(f"libelf cannot read {self.core.path}")
+            dwfl = lib.dwfl_begin(byref(self.callbacks))
+            if not dwfl:
+                raise UnwinderUnavailable(f"dwfl_begin: {lib.errmsg()}")
+            self._report(dwfl)
+            if lib.dwfl_core_file_attach(dwfl, elf) < 0:
+                raise UnwinderUnavailable(f"cannot read the core's threads: {lib.errmsg()}")
+            raw: list[tuple[int, list[tuple[int, bool]], str | None, bool]] = []
+
+            def on_thread(thread, arg) -> int:
+                try:
+                    pcs, error, withheld = self._thread_pcs(dwfl, thread)
+                except Exception as e:  # noqa: BLE001 - keep the other threads
+                    pcs, error, withheld = [], f"unwinding failed: {e}", False
+                raw.append((lib.dwfl_thread_tid(thread), pcs, error, withheld))
+                return L.DWARF_CB_ABORT if len(raw) >= MAX_THREADS else L.DWARF_CB_OK
+
+            callback = L.THREAD_CALLBACK(on_thread)
+            lib.dwfl_getthreads(dwfl, callback, None)
+            threads = []
+            for num, (tid, pcs, error, withheld) in enumerate(raw, 1):
+                frames = []
+                for pc, activation in pcs:
+                    frames.extend(self._symbolize(dwfl, pc, activation))
+                thread = {"num": num, "lwp": tid, "frames": frames, "error": error, "method": "libdw"}
+                if withheld:
+                    thread["stopped_in_withheld"] = True  # no file to unwind further with: gdb has none either
+                threads.append(thread)
+            return {"threads": threads}
+        finally:
+            if dwfl:
+                lib.dwfl_end(dwfl)
+            if elf:
+                lib.elf_end(elf)
+            os.close(fd)
+
+    # -- naming frames ----------------------------------------------------------------------------
+
+    def _symbolize(self, dwfl: int, pc: int, activation: bool) -> list[dict]:
+        addr = pc if activation or pc == 0 else pc - 1
+        mod = self.lib.dwfl_addrmodule(dwfl, addr)
+        library = self.modules.get(mod or 0)
+        mapping = self.core.find_mapping(addr)
+        where = mapping.path if mapping is not None and mapping.path else (library.path if library else None)
+        if not mod or library is None:
+            return [_frame(pc, None, None, where, None, None, False)]
+        key = (self._module_key(mod, library), addr - library.base, activation)
+        with _symbols_lock:
+            cached = _symbols.get(key)
+            if cached is not None:
+                _symbols.move_to_end(key)
+        if cached is None:
+            cached = tuple(self._describe(mod, addr, activation))
+            with _symbols_lock:
+                _symbols[key] = cached
+                if len(_symbols) > _MAX_SYMBOL_CACHE:
+                    _symbols.popitem(last=False)
+        return [{"pc": pc, **f, "library": where} for f in cached]
+
+    def _module_key(self, mod: int, library: Library) -> tuple:
+        """What a frame's description depends on besides its address: the object's build and the files
+        its symbols come from (a stripped copy and the full file of one build-id name frames differently)."""
+        key = self._keys.get(mod)
+        if key is None:
+            build_id = library.build_id or library.file_build_id
+            debug = find_debug_file(build_id, self.sysroot) if build_id else None
+            key = (build_id, library.status.value, _identity(library.file_path), _identity(debug))
+            self._keys[mod] = key
+        return key
+
+    def _describe(self, mod: int, addr: int, activation: bool) -> list[dict]:
+        """What a frame at ``addr`` is: the inlined functions there and the physical one, innermost first."""
+        lib = self.lib
+        offset, sym = c_uint64(), L.GElfSym()
+        raw_name = lib.dwfl_module_addrinfo(mod, addr, byref(offset), byref(sym), None, None, None)
+        elf_name = raw_name.decode("utf-8", "replace") if raw_name else None
+        elf_start = addr - offset.value if raw_name else None
+        file = line = None
+        src = lib.dwfl_module_getsrc(mod, addr)
+        if src:
+            lineno = c_int()
+            name = lib.dwfl_lineinfo(src, None, byref(lineno), None, None, None)
+            if name:
+                file, line = name.decode("utf-8", "replace"), (lineno.value or None)
+        chain = self._function_scopes(mod, addr)
+        adjust = 0 if activation else 1
+        if not chain:
+            off = offset.value + adjust if raw_name else None
+            return [{"function": elf_name, "offset": off, "file": file, "line": line, "inlined": False}]
+        out = []
+        for i, (tag, name, entry, call_file, call_line) in enumerate(chain):
+            physical = tag != L.DW_TAG_inlined_subroutine
+            off = None
+            if physical and raw_name and (entry is None or entry == elf_start):
+                off = offset.value + adjust
+            out.append({"function": name or (elf_name if physical else None), "offset": off, "file": file,
+                        "line": line, "inlined": not physical})
+            file, line = call_file, call_line  # where this function was called from, for the next frame out
+            if physical:
+                break
+        return out
+
+    def _function_scopes(self, mod: int, addr: int) -> list[tuple[int, str | None, int | None, str | None, int | None]]:
+        """(tag, name, entry pc, call file, call line) of each function scope holding ``addr``, innermost first,
+        up to and including the physical (non-inlined) function."""
+        lib = self.lib
+        bias = c_uint64()
+        cu = lib.dwfl_module_addrdie(mod, addr, byref(bias))
+        if not cu:
+            return []
+        # dwarf_getscopes finds the innermost function at addr; past an inlined instance it lists the scopes
+        # of its abstract definition, so the concrete callers come from dwarf_getscopes_die (as eu-stack does).
+        innermost = None
+        scopes = ctypes.POINTER(L.DwarfDie)()
+        n = lib.dwarf_getscopes(cu, addr - bias.value, byref(scopes))
+        try:
+            for i in range(max(n, 0)):
+                if lib.dwarf_tag(ctypes.pointer(scopes[i])) in _FUNCTION_TAGS:
+                    innermost = L.DwarfDie.from_buffer_copy(scopes[i])
+                    break
+        finally:
+            if n > 0:
+                lib.free(ctypes.cast(scopes, c_void_p))
+        if innermost is None:
+            return []
+        chain = ctypes.POINTER(L.DwarfDie)()
+        n = lib.dwarf_getscopes_die(byref(innermost), byref(chain))
+        if n <= 0:
+            return []
+        out = []
+        try:
+            files = c_void_p()
+            have_files = lib.dwarf_getsrcfiles(cu, byref(files), None) == 0
+            for i in range(n):
+                die = ctypes.pointer(chain[i])
+                tag = lib.dwarf_tag(die)
+                if tag not in _FUNCTION_TAGS:
+                    continue
+                entry = c_uint64()
+                entry_pc = entry.value + bias.value if lib.dwarf_entrypc(die, byref(entry)) == 0 else None
+                call_file = call_line = None
+                if tag == L.DW_TAG_inlined_subroutine:
+                    attr, value = L.DwarfAttribute(), c_uint64()
+                    if have_files and lib.dwarf_formudata(lib.dwarf_attr(die, L.DW_AT_call_file, byref(attr)),
+                                                          byref(value)) == 0:
+                        raw = lib.dwarf_filesrc(files, value.value, None, None)
+                        call_file = raw.decode("utf-8", "replace") if raw else None
+                    if lib.dwarf_formudata(lib.dwarf_attr(die, L.DW_AT_call_line, byref(attr)), byref(value)) == 0:
+                        call_line = value.value or None
+                out.append((tag, self._die_name(die), entry_pc, call_file, call_line))
+                if tag != L.DW_TAG_inlined_subroutine:
+                    break
+        finally:
+            lib.free(ctypes.cast(chain, c_void_p))
+        return out
+
+    def _die_name(self, die) -> str | None:
+        """The function's name as gdb shows it for C: its linkage name when it has one, else DW_AT_name
+        (both looked up through DW_AT_abstract_origin / DW_AT_specification)."""
+        lib = self.lib
+        attr = L.DwarfAttribute()
+        for code in (0x2007, 0x6E, L.DW_AT_name):  # DW_AT_MIPS_linkage_name, DW_AT_linkage_name, DW_AT_name
+            raw = lib.dwarf_formstring(lib.dwarf_attr_integrate(die, code, byref(attr)))
+            if raw:
+                return raw.decode("utf-8", "replace")
+        return None
+
+
+def _identity(path: str | None) -> tuple | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path,)
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _frame(pc, function, offset, library, file, line, inlined) -> dict:
+    return {"pc": pc, "function": function, "offset": offset, "library": library, "file": file, "line": line,
+            "inlined": inlined}
+
+
+def unwind_core(core: CoreFile, *, sysroot: str | None = None) -> dict:
+    """Every thread's native stack, unwound by libdwfl from the core and the files the core reader checked.
+
+    :param core: the core, as :func:`forensics.core.open_core` read it (its libraries' files are used)
+    :param sysroot: the crashed machine's root, searched for separate debug files
+    :return: ``{"threads": [{"num", "lwp", "frames": [...], "error", "method": "libdw"}]}``; each frame
+        ``{"pc", "function", "offset", "library", "file", "line", "inlined"}``, innermost first
+    :raises UnwinderUnavailable: when libdw cannot be loaded or cannot read the core
+    """
+    return _Unwinder(L.load(), core, sysroot).run()

@@ -1,0 +1,166 @@
+"""ctypes bindings to elfutils' libdw (libdwfl, libdw) and libelf: only what the unwinder calls.
+
+The libraries are opened by soname (``libdw.so.1``, ``libelf.so.1``; Debian:
+``libdw1``, ``libelf1``) on first use, never searched for with
+``ctypes.util.find_library`` (which runs ``ldconfig`` and ``gcc``).  The
+structures declared here are the public ABI of elfutils' headers
+(``elfutils/libdwfl.h``, ``elfutils/libdw.h``, ``gelf.h``); elfutils keeps them
+stable across releases (``Dwarf_Die`` carries its own padding for that).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    c_bool,
+    c_char_p,
+    c_int,
+    c_size_t,
+    c_ssize_t,
+    c_uint,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+
+from ..errors import UnwinderUnavailable
+
+__all__ = [
+    "Lib",
+    "load",
+    "DwarfDie",
+    "DwarfAttribute",
+    "GElfSym",
+    "DwflCallbacks",
+    "FIND_ELF",
+    "FIND_DEBUGINFO",
+    "FRAME_CALLBACK",
+    "THREAD_CALLBACK",
+    "DWARF_CB_OK",
+    "DWARF_CB_ABORT",
+    "ELF_C_READ_MMAP",
+    "DW_TAG_entry_point",
+    "DW_TAG_inlined_subroutine",
+    "DW_TAG_subprogram",
+    "DW_AT_name",
+    "DW_AT_call_file",
+    "DW_AT_call_line",
+]
+
+DWARF_CB_OK, DWARF_CB_ABORT = 0, 1
+EV_CURRENT = 1
+ELF_C_READ_MMAP = 8
+DW_TAG_entry_point, DW_TAG_inlined_subroutine, DW_TAG_subprogram = 0x03, 0x1D, 0x2E
+DW_AT_name, DW_AT_call_file, DW_AT_call_line = 0x03, 0x58, 0x59
+
+Dwarf_Addr = c_uint64
+Dwarf_Word = c_uint64
+
+
+class DwarfDie(Structure):
+    """``Dwarf_Die``: an opaque handle of four words (libdw.h)."""
+
+    _fields_ = [("addr", c_void_p), ("cu", c_void_p), ("abbrev", c_void_p), ("padding", ctypes.c_long)]
+
+
+class DwarfAttribute(Structure):
+    _fields_ = [("code", c_uint), ("form", c_uint), ("valp", c_void_p), ("cu", c_void_p)]
+
+
+class GElfSym(Structure):
+    """``GElf_Sym`` = ``Elf64_Sym``."""
+
+    _fields_ = [("st_name", c_uint32), ("st_info", c_uint8), ("st_other", c_uint8), ("st_shndx", c_uint16),
+                ("st_value", c_uint64), ("st_size", c_uint64)]
+
+
+# int (*find_elf) (Dwfl_Module *, void **userdata, const char *modname, Dwarf_Addr base,
+#                  char **file_name, Elf **elfp)
+FIND_ELF = CFUNCTYPE(c_int, c_void_p, c_void_p, c_char_p, Dwarf_Addr, c_void_p, POINTER(c_void_p))
+# int (*find_debuginfo) (Dwfl_Module *, void **, const char *modname, Dwarf_Addr base, const char *file_name,
+#                        const char *debuglink_file, GElf_Word debuglink_crc, char **debuginfo_file_name)
+FIND_DEBUGINFO = CFUNCTYPE(c_int, c_void_p, c_void_p, c_char_p, Dwarf_Addr, c_char_p, c_char_p, c_uint32, c_void_p)
+FRAME_CALLBACK = CFUNCTYPE(c_int, c_void_p, c_void_p)  # int (*) (Dwfl_Frame *, void *arg)
+THREAD_CALLBACK = CFUNCTYPE(c_int, c_void_p, c_void_p)  # int (*) (Dwfl_Thread *, void *arg)
+
+
+class DwflCallbacks(Structure):
+    _fields_ = [("find_elf", FIND_ELF), ("find_debuginfo", FIND_DEBUGINFO), ("section_address", c_void_p),
+                ("debuginfo_path", c_void_p)]
+
+
+# name: (restype, argtypes); the library each lives in is said by the table it is in
+_DW = {
+    "dwfl_begin": (c_void_p, [POINTER(DwflCallbacks)]),
+    "dwfl_end": (None, [c_void_p]),
+    "dwfl_errno": (c_int, []),
+    "dwfl_errmsg": (c_char_p, [c_int]),
+    "dwfl_report_begin": (None, [c_void_p]),
+    "dwfl_report_module": (c_void_p, [c_void_p, c_char_p, Dwarf_Addr, Dwarf_Addr]),
+    "dwfl_report_end": (c_int, [c_void_p, c_void_p, c_void_p]),
+    "dwfl_core_file_attach": (c_int, [c_void_p, c_void_p]),
+    "dwfl_getthreads": (c_int, [c_void_p, THREAD_CALLBACK, c_void_p]),
+    "dwfl_thread_tid": (c_int, [c_void_p]),
+    "dwfl_thread_getframes": (c_int, [c_void_p, FRAME_CALLBACK, c_void_p]),
+    "dwfl_frame_pc": (c_bool, [c_void_p, POINTER(Dwarf_Addr), POINTER(c_bool)]),
+    "dwfl_addrmodule": (c_void_p, [c_void_p, Dwarf_Addr]),
+    "dwfl_module_build_id": (c_int, [c_void_p, POINTER(c_void_p), POINTER(Dwarf_Addr)]),
+    "dwfl_module_addrinfo": (c_char_p, [c_void_p, Dwarf_Addr, POINTER(c_uint64), POINTER(GElfSym),
+                                        POINTER(c_uint32), POINTER(c_void_p), POINTER(Dwarf_Addr)]),
+    "dwfl_module_addrdie": (POINTER(DwarfDie), [c_void_p, Dwarf_Addr, POINTER(Dwarf_Addr)]),
+    "dwfl_module_getsrc": (c_void_p, [c_void_p, Dwarf_Addr]),
+    "dwfl_lineinfo": (c_char_p, [c_void_p, POINTER(Dwarf_Addr), POINTER(c_int), POINTER(c_int),
+                                 POINTER(Dwarf_Word), POINTER(Dwarf_Word)]),
+    "dwarf_getscopes": (c_int, [POINTER(DwarfDie), Dwarf_Addr, POINTER(POINTER(DwarfDie))]),
+    "dwarf_getscopes_die": (c_int, [POINTER(DwarfDie), POINTER(POINTER(DwarfDie))]),
+    "dwarf_tag": (c_int, [POINTER(DwarfDie)]),
+    "dwarf_attr": (POINTER(DwarfAttribute), [POINTER(DwarfDie), c_uint, POINTER(DwarfAttribute)]),
+    "dwarf_attr_integrate": (POINTER(DwarfAttribute), [POINTER(DwarfDie), c_uint, POINTER(DwarfAttribute)]),
+    "dwarf_formstring": (c_char_p, [POINTER(DwarfAttribute)]),
+    "dwarf_formudata": (c_int, [POINTER(DwarfAttribute), POINTER(Dwarf_Word)]),
+    "dwarf_entrypc": (c_int, [POINTER(DwarfDie), POINTER(Dwarf_Addr)]),
+    "dwarf_getsrcfiles": (c_int, [POINTER(DwarfDie), POINTER(c_void_p), POINTER(c_size_t)]),
+    "dwarf_filesrc": (c_char_p, [c_void_p, c_size_t, POINTER(Dwarf_Word), POINTER(Dwarf_Word)]),
+    "dwelf_elf_gnu_build_id": (c_ssize_t, [c_void_p, POINTER(c_void_p)]),
+}
+_ELF = {
+    "elf_version": (c_uint, [c_uint]),
+    "elf_begin": (c_void_p, [c_int, c_int, c_void_p]),
+    "elf_end": (c_int, [c_void_p]),
+}
+
+
+class Lib:
+    """The loaded functions, as attributes (``lib.dwfl_begin(...)``), plus libc's ``free``."""
+
+    def __init__(self, dw: ctypes.CDLL, elf: ctypes.CDLL, libc: ctypes.CDLL) -> None:
+        for table, so in ((_DW, dw), (_ELF, elf)):
+            for name, (restype, argtypes) in table.items():
+                fn = getattr(so, name)
+                fn.restype, fn.argtypes = restype, argtypes
+                setattr(self, name, fn)
+        self.free = libc.free
+        self.free.restype, self.free.argtypes = None, [c_void_p]
+        self.offline_section_address = ctypes.cast(dw.dwfl_offline_section_address, c_void_p).value
+        self.elf_version(EV_CURRENT)
+
+    def errmsg(self) -> str:
+        msg = self.dwfl_errmsg(-1)  # -1: the last error of this thread
+        return msg.decode("utf-8", "replace") if msg else "unknown libdwfl error"
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> Lib:
+    """The libdw, libelf and libc functions, loaded once.
+
+    :raises UnwinderUnavailable: when libdw.so.1 or libelf.so.1 cannot be loaded
+    """
+    try:
+        return Lib(ctypes.CDLL("libdw.so.1"), ctypes.CDLL("libelf.so.1"), ctypes.CDLL(None))
+    except (OSError, AttributeError) as e:
+        raise UnwinderUnavailable(str(e)) from e

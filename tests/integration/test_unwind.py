@@ -1,0 +1,241 @@
+"""The libdw unwinder (forensics.unwind) against gdb, frame for frame, on real kernel cores.
+
+Every core the suite makes for every CPython 3.8-3.13 found here, then the same cores read through
+a sysroot of stripped copies (debug info stripped; everything stripped), through a capture bundle's
+object store, and with a library of another build (withheld: unnamed, never misnamed).
+
+gdb's side is gdb itself: the forensics-native script walks ``gdb.Frame.older()`` as ``bt`` does
+and reports, per frame, gdb's function name, ``find_sal()`` file:line, ``info symbol`` offset,
+frame type (inlined, tail call) and ``solib_name``.  Compared per frame: pc, function (or, for two
+ELF symbols of one address such as ``clone3``/``__clone3``, the same offset into it), offset,
+library file, file:line and the inlined mark.  gdb's tail-call frames are left out: gdb
+reconstructs them from DWARF call-site records (no return address of theirs is on the stack);
+libdw, like eu-stack and pystack, shows the stack as it is.  That they are the only difference is
+what these tests assert.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from forensics.core import open_core
+from forensics.gdb import GdbSession
+from forensics.model import CoreFile, LibraryStatus
+from forensics.unwind import unwind_core
+from tests.conftest import python_params
+
+pytestmark = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed")
+
+SCENARIOS = ("heap-prev", "heap-next-size", "segv", "py-abort", "qsort-abort")
+NEWEST_ONLY = ("fpe", "ill", "bus")
+
+
+def gdb_frames(core: CoreFile) -> dict:
+    """gdb's native stacks of ``core``, each frame's library resolved to the file gdb read."""
+    exe = core.libraries[0] if core.libraries else None
+    exe_file = exe.file_path if exe is not None and exe.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED) else None
+    with GdbSession() as session:
+        doc = session.analyze(core, exe_file, python=False)
+        for t in doc.native["threads"]:
+            for f in t["frames"]:  # the link farm exists while the session does
+                f["file_read"] = os.path.realpath(f["library"]) if f.get("library") else None
+    return doc.native
+
+
+def library_file(core: CoreFile, path: str | None) -> str | None:
+    for lib in core.libraries:
+        if lib.path == path:
+            return os.path.realpath(lib.file_path) if lib.file_path and lib.status is not LibraryStatus.MISMATCH else None
+    return None
+
+
+@dataclasses.dataclass
+class Agreement:
+    frames: int = 0
+    inlined: int = 0
+    with_line: int = 0
+    named: int = 0
+    tailcalls_left_out: int = 0
+    guessed_by_gdb: int = 0  # gdb's frames past an object whose file was withheld
+
+
+def assert_same_as_gdb(core: CoreFile, sysroot: str | None = None) -> Agreement:
+    ours = unwind_core(core, sysroot=sysroot)
+    theirs = gdb_frames(core)
+    seen = Agreement()
+    assert [t["lwp"] for t in ours["threads"]] == [t["lwp"] for t in theirs["threads"]]
+    for mine, gdb in zip(ours["threads"], theirs["threads"]):
+        tid = mine["lwp"]
+        assert mine["method"] == "libdw"
+        gdb_list = [f for f in gdb["frames"] if not f["tailcall"]]
+        seen.tailcalls_left_out += len(gdb["frames"]) - len(gdb_list)
+        if mine.get("stopped_in_withheld") and len(gdb_list) > len(mine["frames"]):
+            # libdw stops where it has no file to unwind with; gdb guesses on, into frames it cannot name
+            # and a stack it calls corrupt itself
+            beyond = gdb_list[len(mine["frames"]):]
+            assert all(f["function"] is None and f["file"] is None for f in beyond), (tid, beyond)
+            assert gdb["error"], (tid, gdb)
+            seen.guessed_by_gdb += len(beyond)
+            gdb_list = gdb_list[: len(mine["frames"])]
+        else:
+            assert bool(mine["error"]) == bool(gdb["error"]), (tid, mine["error"], gdb["error"])
+        assert len(mine["frames"]) == len(gdb_list), (tid, [f["function"] for f in mine["frames"]],
+                                                      [f["function"] for f in gdb_list])
+        for i, (a, b) in enumerate(zip(mine["frames"], gdb_list)):
+            where = f"thread {tid} frame {i}: libdw {a} vs gdb {b}"
+            assert a["pc"] == b["pc"], where
+            assert a["inlined"] == b["inlined"], where
+            assert (a["file"], a["line"]) == (b["file"], b["line"]), where
+            assert a["offset"] == b["offset"], where
+            # the same function, or two ELF symbols of one address (the same offset from one start)
+            assert a["function"] == b["function"] or (a["offset"] is not None and not a["inlined"]), where
+            if a["library"] not in (None, "[vdso]") and b["file_read"] is not None:
+                assert library_file(core, a["library"]) == b["file_read"], where
+            seen.frames += 1
+            seen.inlined += a["inlined"]
+            seen.with_line += a["line"] is not None
+            seen.named += a["function"] is not None
+    return seen
+
+
+def cases():
+    out = [pytest.param(p.values[0], s, id=f"{p.id},scenario={s}", marks=p.marks)
+           for p in python_params() for s in SCENARIOS]
+    return out
+
+
+# -- the cores as they are ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version,scenario", cases())
+def test_same_frames_as_gdb(cores, version, scenario):
+    # GIVEN a real core of every CPython here, with its files in place
+    core = open_core(str(cores.get(version, scenario)))
+    # THEN libdw and gdb give the same frames, inlined ones included
+    seen = assert_same_as_gdb(core)
+    assert seen.frames >= 20 and seen.named >= 15 and seen.with_line >= 10, seen
+    assert seen.inlined or version in ("3.8",), seen  # pyenv's 3.9+ builds inline CPython's call helpers
+
+
+@pytest.mark.parametrize("scenario", NEWEST_ONLY)
+def test_same_frames_as_gdb_other_signals(cores, newest_python, scenario):
+    core = open_core(str(cores.get(newest_python, scenario)))
+    seen = assert_same_as_gdb(core)
+    assert seen.frames >= 20, seen
+
+
+# -- the same cores through a sysroot of stripped copies -----------------------------------------
+
+
+def stripped_sysroot(core: CoreFile, root: Path, mode: str) -> Path:
+    """Every object the core maps copied under ``root``; the interpreter, libpython and libcrash.so stripped."""
+    for lib in core.libraries:
+        if not lib.file_path or not lib.path.startswith("/"):
+            continue
+        dst = root / lib.path.lstrip("/")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if lib.path == core.executable or lib.name.startswith(("libpython", "libcrash")):
+            subprocess.run(["strip", f"--strip-{mode}", "-o", str(dst), os.path.realpath(lib.file_path)], check=True)
+        else:
+            shutil.copy(os.path.realpath(lib.file_path), dst)
+    return root
+
+
+@pytest.mark.parametrize("mode", ["debug", "all"])
+@pytest.mark.parametrize("version", python_params())
+def test_same_frames_as_gdb_from_stripped_files(cores, version, mode, tmp_path):
+    # GIVEN the core's files under a sysroot, the interpreter, libpython and the culprit library stripped
+    path = str(cores.get(version, "heap-prev"))
+    root = stripped_sysroot(open_core(path), tmp_path / "root", mode)
+    core = open_core(path, sysroot=str(root))
+    assert all(lib.file_path.startswith(str(root)) for lib in core.libraries if lib.status is LibraryStatus.OK
+               and lib.path.startswith("/"))
+    # THEN both read the stripped copies and agree: names from what is left (.symtab, .dynsym), no invented lines
+    seen = assert_same_as_gdb(core, str(root))
+    assert seen.frames >= 20, seen
+    crashed = unwind_core(core, sysroot=str(root))["threads"][0]["frames"]
+    culprit = next(f for f in crashed if f["function"] == "forensics_heap_overflow")  # exported: in .dynsym
+    assert culprit["file"] is None and culprit["line"] is None
+
+
+def test_a_stripped_library_is_named_from_its_debug_file_in_the_root(cores, newest_python, tmp_path):
+    # GIVEN libcrash.so stripped under a sysroot, with its separate debug file where Debian puts it
+    from forensics.core.debugfiles import build_id_debug_path
+
+    path = str(cores.get(newest_python, "heap-prev"))
+    full = open_core(path)
+    root = stripped_sysroot(full, tmp_path / "root", "debug")
+    lib = next(x for x in full.libraries if x.name == "libcrash.so")
+    debug = root / build_id_debug_path(lib.build_id).lstrip("/")
+    debug.parent.mkdir(parents=True)
+    subprocess.run(["objcopy", "--only-keep-debug", lib.file_path, str(debug)], check=True)
+    # WHEN the stacks are read through that root
+    frames = unwind_core(open_core(path, sysroot=str(root)), sysroot=str(root))["threads"][0]["frames"]
+    # THEN the culprit has its source line back, as it has with the unstripped file
+    culprit = next(f for f in frames if f["function"] == "forensics_heap_overflow")
+    want = next(f for f in unwind_core(full)["threads"][0]["frames"] if f["function"] == "forensics_heap_overflow")
+    assert (culprit["file"], culprit["line"]) == (want["file"], want["line"]) and want["line"]
+
+
+# -- a capture bundle: files from its object store, by build-id ----------------------------------
+
+
+def make_bundle(core_path: str, where: Path) -> Path:
+    from forensics.capture.bundle import BundleWriter
+
+    core = open_core(core_path)
+    bundle = where / "bundle"
+    bundle.mkdir(parents=True)
+    w = BundleWriter(str(bundle))
+    (bundle / "50-core").mkdir()
+    shutil.copy(core_path, bundle / "50-core" / "core")
+    w.note_file("50-core/core", "the core")
+    for lib in core.libraries:
+        if lib.build_id and lib.file_path:
+            dst = bundle / "objects" / lib.build_id[:2] / lib.build_id[2:]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(os.path.realpath(lib.file_path), dst)
+    w.write_manifest()
+    return bundle
+
+
+def test_same_frames_as_gdb_from_a_bundles_object_store(cores, newest_python, tmp_path):
+    from forensics.bundle import bundle_sysroot
+
+    bundle = make_bundle(str(cores.get(newest_python, "segv")), tmp_path)
+    path, root = bundle_sysroot(str(bundle))
+    core = open_core(path, sysroot=root)
+    used = [lib for lib in core.libraries if lib.status is LibraryStatus.OK and lib.path.startswith("/")]
+    assert used and all(lib.file_path.startswith(root) for lib in used)
+    seen = assert_same_as_gdb(core, root)
+    assert seen.frames >= 20 and seen.with_line >= 10, seen
+
+
+# -- a library of another build: withheld, its frames unnamed ------------------------------------
+
+
+def test_a_library_of_another_build_is_withheld_not_misnamed(cores, newest_python, tmp_path):
+    # GIVEN a sysroot whose libcrash.so is another build (other flags, same functions)
+    from tests.crashers.make_core import build_libcrash
+
+    path = str(cores.get(newest_python, "heap-prev"))
+    root = stripped_sysroot(open_core(path), tmp_path / "root", "debug")
+    lib = next(x for x in open_core(path).libraries if x.name == "libcrash.so")
+    other = build_libcrash(tmp_path / "other", cflags=["-O0", "-DOTHER_BUILD=1"])
+    shutil.copy(other, root / lib.path.lstrip("/"))
+    core = open_core(path, sysroot=str(root))
+    assert next(x for x in core.libraries if x.name == "libcrash.so").status is LibraryStatus.MISMATCH
+    # THEN the frame in it is unnamed (never named from the wrong file), and gdb agrees
+    frames = unwind_core(core, sysroot=str(root))["threads"][0]["frames"]
+    in_lib = [f for f in frames if f["library"] == lib.path]
+    assert in_lib and all(f["function"] is None and f["file"] is None for f in in_lib)
+    # and the unwinding stops there, saying why, where gdb guesses on through frames it cannot name
+    crashed = unwind_core(core, sysroot=str(root))["threads"][0]
+    assert crashed["stopped_in_withheld"] and "libcrash.so" in crashed["error"] and "another build" in crashed["error"]
+    seen = assert_same_as_gdb(core, str(root))
+    assert seen.guessed_by_gdb > 0, seen
