@@ -29,6 +29,20 @@ __all__ = [
     "ProcessSnapshot",
     "Crash",
     "Finding",
+    "ChunkState",
+    "OverflowVerdict",
+    "HeapChunk",
+    "HeapBin",
+    "HeapRegion",
+    "HeapArena",
+    "ThreadCache",
+    "HeapSummary",
+    "CtypesObject",
+    "PyLocal",
+    "BufferOwner",
+    "NativeCall",
+    "HeapCorruption",
+    "HeapReport",
     "Analysis",
     "BatchEntry",
     "BatchGroup",
@@ -340,6 +354,203 @@ class Finding:
     tid: int | None = None
 
 
+class ChunkState(enum.Enum):
+    """What a glibc heap chunk is, as its header and its neighbour's say."""
+
+    IN_USE = "in-use"
+    FREE = "free"  # in an unsorted/small/large bin: the next chunk's PREV_INUSE is clear
+    CACHED = "cached"  # in a tcache or fastbin list (glibc keeps these marked in use)
+    TOP = "top"  # the arena's top chunk (the wilderness)
+    MMAPPED = "mmapped"  # a chunk of its own mmap (IS_MMAPPED)
+    UNKNOWN = "unknown"  # its header or its neighbour's could not be read or trusted
+
+
+class OverflowVerdict(enum.Enum):
+    """Who wrote past the end of the buffer that overflowed, as the core shows it."""
+
+    DRIVER = "driver-wrote-past-buffer"  # the native callee wrote past a buffer sized for the count it got
+    BINDING = "binding-count-too-large"  # the caller passed a count larger than its buffer
+    UNDETERMINED = "undetermined"  # the core does not hold what decides it (the reason says what is missing)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeapChunk:
+    """One glibc malloc chunk: its header as read from the core."""
+
+    address: int  # the chunk header (the pointer malloc returned, minus 16)
+    size: int  # chunksize: the size field with its 3 flag bits cleared
+    flags: int  # PREV_INUSE (1), IS_MMAPPED (2), NON_MAIN_ARENA (4)
+    prev_size: int
+    state: ChunkState = ChunkState.UNKNOWN
+    arena: int | None = None
+
+    @property
+    def mem(self) -> int:
+        """The address malloc returned for this chunk."""
+        return self.address + 16
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeapBin:
+    """One glibc free list (a tcache bin, fastbin, or the unsorted/small/large bins), as walked."""
+
+    kind: str  # "tcache" | "fastbin" | "unsorted" | "small" | "large"
+    index: int
+    chunk_size: int | None  # the size class (None for the unsorted and large bins)
+    count: int  # entries walked before the list ended or broke
+    broken_at: int | None = None  # the address that broke the list
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeapRegion:
+    """One contiguous heap: the main arena's brk heap or one ``heap_info`` of a thread arena."""
+
+    start: int
+    end: int
+    first_chunk: int
+    chunks_in_use: int
+    bytes_in_use: int
+    chunks_free: int
+    bytes_free: int
+    walked_to: int  # where the chunk walk stopped (the top chunk, or the break)
+    broken_at: int | None = None  # the chunk whose header stopped the walk
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeapArena:
+    """A glibc arena (``struct malloc_state``) and its heaps."""
+
+    address: int
+    kind: str  # "main" | "thread"
+    top: int
+    top_size: int | None
+    system_mem: int
+    attached_threads: int
+    heaps: tuple[HeapRegion, ...]
+    bins: tuple[HeapBin, ...]  # the non-empty or broken fastbins and bins
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ThreadCache:
+    """A thread's tcache (``tcache_perthread_struct``)."""
+
+    tid: int
+    address: int | None
+    found_by: str  # how the thread's tcache pointer was found
+    arena: int | None  # the thread's arena (``thread_arena``), when found
+    bins: tuple[HeapBin, ...]  # non-empty or broken bins
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeapSummary:
+    """The glibc heap of the process: ``analyze --heap``."""
+
+    glibc_version: str | None
+    version_source: str
+    layout_source: str
+    main_arena: int | None
+    main_arena_source: str
+    sbrk_base: int | None
+    mmapped_chunks: int | None
+    mmapped_bytes: int | None
+    arenas: tuple[HeapArena, ...]
+    tcaches: tuple[ThreadCache, ...]
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CtypesObject:
+    """A ctypes instance (``CDataObject``) read from the core: what it is and where its buffer is."""
+
+    address: int
+    type_name: str  # e.g. "c_nvmlFieldValue_t_Array_36"
+    kind: str  # "array" | "structure" | "union" | "simple" | "pointer" | "function" | "other"
+    buffer: int  # b_ptr
+    size: int  # b_size: bytes of the buffer
+    length: int | None = None  # arrays: element count
+    element_type: str | None = None
+    element_size: int | None = None
+    value: int | None = None  # integer simple types (c_int, c_uint, c_size_t...): the value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PyLocal:
+    """One fast local of a Python frame."""
+
+    name: str
+    type_name: str
+    address: int
+    value: str | None = None  # a short rendering of ints, strs, None and sized containers
+    ctypes: CtypesObject | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BufferOwner:
+    """The Python object whose buffer is the chunk that overflowed."""
+
+    name: str  # the local's name
+    function: str  # the frame's function
+    file: str
+    line: int | None
+    object: CtypesObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NativeCall:
+    """A native call in progress on the crashing thread that was passed the overflowing buffer."""
+
+    function: str | None  # the native function the ctypes function pointer points at
+    library: str | None
+    caller: str  # the Python function making the call
+    file: str
+    line: int | None
+    arguments: tuple[str, ...]  # as found on the frame's value stack
+    buffer_argument: int  # index into arguments
+    count_argument: int | None  # index of the count, when one integer argument is there
+    count: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeapCorruption:
+    """The anatomy of a heap corruption glibc detected: which chunk, which buffer, how far, and who."""
+
+    message: str | None  # glibc's abort message
+    check: str  # what glibc's check looked at, in words
+    rejected: HeapChunk | None  # the chunk glibc was working on when it aborted
+    rejected_found_by: str | None  # "register rbx" / "stack at 0x... (sp+0x38)" / "bin walk"
+    damaged: HeapChunk | None  # the chunk whose header is inconsistent
+    inconsistencies: tuple[str, ...]
+    overflowed: HeapChunk | None  # the chunk right before the damaged header: the buffer that overflowed
+    usable_size: int | None  # of the chunk that overflowed
+    buffer_size: int | None  # of the buffer in it, when its owner says (a ctypes object's b_size)
+    overflow_length: int | None  # bytes written past the buffer's end (its usable size when the buffer is unknown)
+    overflow_past_usable: int | None  # bytes written past the chunk's usable size
+    overflow_exact: bool  # False: at least this many
+    overflow_basis: str  # how the length was measured
+    first_bytes: str  # hex of the first bytes past the buffer's end
+    owner: BufferOwner | None = None
+    call: NativeCall | None = None
+    verdict: OverflowVerdict = OverflowVerdict.UNDETERMINED
+    verdict_reason: str = ""
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeapReport:
+    """``Analysis.heap``: the corruption's anatomy (heap-corruption crashes) and the arena summary (--heap)."""
+
+    corruption: HeapCorruption | None = None
+    summary: HeapSummary | None = None
+    problems: tuple[str, ...] = ()  # why the heap could not be read (no libc, unknown glibc, no arena)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Analysis:
     snapshot: ProcessSnapshot
@@ -347,6 +558,7 @@ class Analysis:
     fingerprint: str
     fingerprint_basis: tuple[str, ...]  # the exact strings hashed, so a fingerprint can be explained
     findings: tuple[Finding, ...] = field(default_factory=tuple)
+    heap: HeapReport | None = None  # heap-corruption crashes, and any core with --heap
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

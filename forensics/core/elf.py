@@ -31,6 +31,8 @@ __all__ = [
     "PF_X",
     "PN_XNUM",
     "NT_PRSTATUS",
+    "REGISTER_NAMES",
+    "parse_prstatus_registers",
     "NT_PRPSINFO",
     "NT_AUXV",
     "NT_SIGINFO",
@@ -370,6 +372,24 @@ def parse_prstatus(desc: bytes) -> CoreThread:
     pid = struct.unpack_from("<i", desc, _PRSTATUS_PID)[0]
     regs = struct.unpack_from("<27Q", desc, _PRSTATUS_REGS)
     return CoreThread(tid=pid, signal=cursig, pc=regs[_REG_RIP], sp=regs[_REG_RSP], fs_base=regs[_REG_FS_BASE])
+
+
+#: x86-64 ``struct user_regs_struct``, the order of the registers in NT_PRSTATUS
+REGISTER_NAMES = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx",
+                  "rsi", "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base", "gs_base", "ds",
+                  "es", "fs", "gs")
+
+
+def parse_prstatus_registers(desc: bytes) -> tuple[int, dict[str, int]]:
+    """(tid, every general register by name) of an NT_PRSTATUS note.
+
+    :raises ValueError: when the note is shorter than the x86-64 layout
+    """
+    if len(desc) < PRSTATUS_SIZE:
+        raise ValueError(f"NT_PRSTATUS has {len(desc)} bytes, expected {PRSTATUS_SIZE} (x86-64)")
+    pid = struct.unpack_from("<i", desc, _PRSTATUS_PID)[0]
+    regs = struct.unpack_from("<27Q", desc, _PRSTATUS_REGS)
+    return pid, dict(zip(REGISTER_NAMES, regs))
 
 
 def _c_string(raw: bytes) -> str:

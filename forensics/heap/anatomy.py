@@ -1,0 +1,541 @@
+"""The anatomy of a heap corruption glibc aborted on: which chunk, which buffer overflowed, how far, and who.
+
+:func:`find_corruption` works in four steps, each from the core alone:
+
+1. :func:`find_rejected_chunk` -- the chunk glibc was checking.  glibc's message
+   names the check (``free(): invalid next size (normal)`` looks at the size of
+   the chunk after the one being freed); the chunk is one of the values the
+   crashing thread holds (its registers at the signal, then the words of its
+   stack from the stack pointer up: ``free()``'s argument and ``_int_free``'s
+   chunk pointer are there whichever native unwinder, if any, made the frames).
+   The first value whose chunk fails that very check is the one.  Checks on a
+   free list (``malloc(): unsorted double linked list corrupted``) walk the
+   lists instead; the entry that fails is the chunk.
+2. the damaged header -- the rejected chunk's own (its size), or its
+   neighbour's (``!prev``, ``invalid next size``), with what is inconsistent in it;
+3. :func:`find_chunk_before` -- the chunk whose end is that header: the buffer
+   that ran over it (the heap is walked from its start; glibc keeps no back links
+   for chunks in use);
+4. :func:`measure_overflow` -- its usable size and how far the write went past
+   it: the header words that cannot be glibc's, the slack after a buffer of known
+   size that calloc zeroed, and the run of the same bytes beyond them.
+
+A Python owner of the overflowing buffer (a ctypes object in a frame of the
+crashing thread) and the native call it was passed to are matched by
+:func:`decide`, which states who wrote past the end.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from forensics.core import elf
+from forensics.heap.arenas import Heap
+from forensics.heap.layout import FLAG_BITS, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, PREV_INUSE, SIZE_SZ
+from forensics.heap.walk import (
+    HeapValidationError,
+    Region,
+    for_each_chunk,
+    reveal,
+    validate_bin,
+    validate_chunk,
+    validate_fastbin,
+    validate_tcache_bin,
+)
+from forensics.model import (
+    BufferOwner,
+    ChunkState,
+    HeapChunk,
+    HeapCorruption,
+    NativeCall,
+    OverflowVerdict,
+)
+
+__all__ = ["Check", "CHECKS", "classify_message", "Candidate", "candidates", "find_rejected_chunk",
+           "find_chunk_before", "measure_overflow", "decide", "find_corruption", "STACK_WINDOW"]
+
+#: bytes of the crashing thread's stack searched for the rejected chunk, from its stack pointer up
+STACK_WINDOW = 64 << 10
+_FIRST_BYTES = 64
+_REGISTER_ORDER = ("rdi", "rsi", "rbx", "rbp", "r12", "r13", "r14", "r15", "rdx", "rcx", "r8", "r9", "rax",
+                   "r10", "r11")
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One of glibc's malloc checks: the message's text, what it tests, and what it tested."""
+
+    text: str
+    kind: str
+    looks_at: str
+
+
+#: longest text first: "corrupted size vs. prev_size while consolidating" before "corrupted size vs. prev_size"
+CHECKS = tuple(sorted((
+    Check("free(): invalid next size", "next-size", "the size of the chunk after the one being freed"),
+    Check("realloc(): invalid next size", "next-size", "the size of the chunk after the one being reallocated"),
+    Check("double free or corruption (!prev)", "next-prev-inuse",
+          "the PREV_INUSE bit of the chunk after the one being freed"),
+    Check("double free or corruption (out)", "out", "whether the chunk after the one being freed is in the arena"),
+    Check("double free or corruption (top)", "top", "whether the chunk being freed is the arena's top chunk"),
+    Check("double free or corruption (fasttop)", "fasttop",
+          "whether the chunk being freed is already first in its fastbin"),
+    Check("free(): invalid pointer", "invalid-pointer", "the freed pointer's alignment and the chunk's size"),
+    Check("realloc(): invalid pointer", "invalid-pointer", "the pointer's alignment and the chunk's size"),
+    Check("free(): invalid size", "invalid-size", "the size field of the chunk being freed"),
+    Check("realloc(): invalid old size", "invalid-size", "the size field of the chunk being reallocated"),
+    Check("munmap_chunk(): invalid pointer", "munmap", "the prev_size and size of an mmapped chunk"),
+    Check("free(): double free detected in tcache", "tcache-double", "the key of the chunk being freed"),
+    Check("free(): unaligned chunk detected in tcache", "tcache-list", "the entries of a tcache list"),
+    Check("free(): too many chunks detected in tcache", "tcache-list", "the length of a tcache list"),
+    Check("malloc(): unaligned tcache chunk detected", "tcache-list", "the entries of a tcache list"),
+    Check("tcache_thread_shutdown(): unaligned tcache chunk", "tcache-list", "the entries of a tcache list"),
+    Check("corrupted size vs. prev_size while consolidating", "consolidate-prev",
+          "the freed chunk's prev_size against the size of the chunk before it"),
+    Check("corrupted size vs. prev_size", "bins", "a free chunk's size against the next chunk's prev_size"),
+    Check("corrupted double-linked list", "bins", "a free chunk's fd/bk links"),
+    Check("malloc(): corrupted top size", "top-size", "the size of the arena's top chunk"),
+    Check("(unsorted)", "bins", "the chunks of the unsorted bin"),
+    Check("corrupted unsorted chunks", "bins", "the links of the unsorted bin"),
+    Check("double linked list corrupted", "bins", "the links of a bin"),
+    Check("malloc(): memory corruption (fast)", "fast-list", "the size of a fastbin's first chunk"),
+    Check("fastbin chunk detected", "fast-list", "the entries of a fastbin"),
+    Check("malloc_consolidate(): invalid chunk size", "fast-list", "the sizes of fastbin chunks"),
+    Check("invalid fastbin entry (free)", "fast-list", "the first chunk of a fastbin"),
+), key=lambda c: -len(c.text)))
+
+_OWN_HEADER = {"invalid-pointer", "invalid-size", "munmap", "out", "top", "consolidate-prev", "tcache-double",
+               "fasttop"}
+#: checks that catch a second free of the same chunk, not a write past a buffer
+_DOUBLE_FREE = {"top", "fasttop", "tcache-double"}
+
+
+def classify_message(message: str | None) -> Check | None:
+    """The check that produced glibc's message, or None for a message that is not malloc's.
+
+    >>> classify_message("free(): invalid next size (normal)").kind
+    'next-size'
+    >>> classify_message("corrupted size vs. prev_size while consolidating").kind
+    'consolidate-prev'
+    >>> classify_message("Fatal Python error: Segmentation fault") is None
+    True
+    """
+    if not message:
+        return None
+    for check in CHECKS:
+        if check.text in message:
+            return check
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A value the crashing thread held, and where."""
+
+    value: int
+    where: str
+
+
+def candidates(heap: Heap, tid: int | None) -> Iterator[Candidate]:
+    """The crashing thread's registers (NT_PRSTATUS), then its stack words from the stack pointer up."""
+    regs: dict[str, int] | None = None
+    layout = heap.hm.mem.layout
+    for note in layout.notes if layout is not None else ():
+        if note.name == b"CORE" and note.type == elf.NT_PRSTATUS:
+            try:
+                pid, r = elf.parse_prstatus_registers(note.desc)
+            except ValueError:
+                continue
+            if tid is None or pid == tid:
+                regs = r
+                break
+    if regs is None:
+        return
+    for name in _REGISTER_ORDER:
+        yield Candidate(regs[name], f"register {name}")
+    sp = regs["rsp"]
+    mapping = heap.core.find_mapping(sp)
+    end = min(sp + STACK_WINDOW, mapping.end if mapping else sp + STACK_WINDOW)
+    data = heap.hm.mem.read_prefix(sp, end - sp)
+    for i in range(0, len(data) - 7, 8):
+        yield Candidate(int.from_bytes(data[i:i + 8], "little"), f"stack at 0x{sp + i:x} (sp+0x{i:x})")
+
+
+def _chunk(heap: Heap, addr: int, region: Region | None, state: ChunkState = ChunkState.UNKNOWN) -> HeapChunk | None:
+    try:
+        prev_size, size_field = heap.hm.pair(addr)
+    except HeapValidationError:
+        return None
+    return HeapChunk(address=addr, size=size_field & ~FLAG_BITS, flags=size_field & FLAG_BITS, prev_size=prev_size,
+                     state=state, arena=region.arena if region else None)
+
+
+def _flags(f: int) -> str:
+    names = [n for bit, n in ((PREV_INUSE, "PREV_INUSE"), (IS_MMAPPED, "IS_MMAPPED"), (4, "NON_MAIN_ARENA"))
+             if f & bit]
+    return "|".join(names) or "no flags"
+
+
+def _is_linked_free(heap: Heap, c: HeapChunk) -> bool:
+    """Whether ``c`` is a free chunk properly linked in a bin (fd->bk == c and bk->fd == c)."""
+    try:
+        fd, bk = heap.hm.pair(c.address + 2 * SIZE_SZ)
+        if fd & 7 or bk & 7 or not fd or not bk:
+            return False
+        return heap.hm.u64(fd + 3 * SIZE_SZ) == c.address and heap.hm.u64(bk + 2 * SIZE_SZ) == c.address
+    except HeapValidationError:
+        return False
+
+
+def _arena_end(heap: Heap, region: Region) -> int:
+    arena = heap.arena(region.arena)
+    if arena is not None and region.top is not None and arena.top_size is not None:
+        return region.top + arena.top_size
+    return region.end
+
+
+def _system_mem(heap: Heap, region: Region) -> int:
+    arena = heap.arena(region.arena)
+    return arena.system_mem if arena is not None else 1 << 46
+
+
+def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str] | None:
+    """The inconsistencies of chunk ``c_addr`` that fail check ``kind``, or None when it passes it."""
+    c = _chunk(heap, c_addr, region)
+    if c is None:
+        return None
+    size_field = c.size | c.flags
+    if kind == "munmap":
+        if not c.flags & IS_MMAPPED or region is not None:
+            return None
+        page = 4096
+        total = c.prev_size + c.size + (heap.layout.mmap_overhead - SIZE_SZ if heap.layout.mmap_overhead == 8 else 0)
+        if ((c.address - c.prev_size) | total) & (page - 1):
+            return [f"size field 0x{size_field:x} has IS_MMAPPED set, but prev_size 0x{c.prev_size:x} and size "
+                    f"0x{c.size:x} do not describe a page-aligned mapping"]
+        return None
+    if region is None:
+        return None
+    if kind == "invalid-size":
+        if c.size < MINSIZE or c.size & (MALLOC_ALIGNMENT - 1):
+            return [f"size field 0x{size_field:x}: size 0x{c.size:x} is "
+                    + ("below the minimum chunk size 0x20" if c.size < MINSIZE else "not a multiple of 16")]
+        return None
+    if kind == "invalid-pointer":
+        if c.address + c.size >= 1 << 64 and not c.flags & IS_MMAPPED:
+            return [f"size field 0x{size_field:x}: size 0x{c.size:x} wraps past the end of the address space "
+                    f"from 0x{c.address:x}"]
+        return None
+    if kind == "top":
+        return ["the chunk being freed is the arena's top chunk (a double free, or a pointer into the wilderness)"] \
+            if region.top == c.address else None
+    if c.size < MINSIZE or c.size & (MALLOC_ALIGNMENT - 1):
+        return None
+    nxt_addr = c.address + c.size
+    if kind == "out":
+        end = _arena_end(heap, region)
+        if nxt_addr >= end:
+            return [f"size field 0x{size_field:x}: the next chunk would be at 0x{nxt_addr:x}, past the arena's "
+                    f"end 0x{end:x}"]
+        return None
+    if kind == "consolidate-prev":
+        if c.flags & PREV_INUSE:
+            return None
+        prev_addr = c.address - c.prev_size
+        p = _chunk(heap, prev_addr, region)
+        if p is None or p.size != c.prev_size:
+            return [f"size field 0x{size_field:x}: PREV_INUSE clear says the chunk before it is free, of "
+                    f"prev_size 0x{c.prev_size:x}; " + (f"the chunk at 0x{prev_addr:x} has size 0x{p.size:x}"
+                                                       if p else f"0x{prev_addr:x} is not in the core")]
+        return None
+    if nxt_addr + 2 * SIZE_SZ > region.end:
+        return None
+    nxt = _chunk(heap, nxt_addr, region)
+    if nxt is None:
+        return None
+    nxt_field = nxt.size | nxt.flags
+    if kind == "next-size":
+        if nxt.size <= 2 * SIZE_SZ or nxt.size >= _system_mem(heap, region):
+            return [f"the next chunk at 0x{nxt_addr:x} has size field 0x{nxt_field:x}: size 0x{nxt.size:x} is "
+                    + ("not above 0x10" if nxt.size <= 2 * SIZE_SZ else
+                       f"at least the arena's system_mem 0x{_system_mem(heap, region):x}")]
+        return None
+    if kind == "next-prev-inuse":
+        if nxt.flags & PREV_INUSE or _is_linked_free(heap, c):
+            return None
+        problems = [f"the next chunk at 0x{nxt_addr:x} has size field 0x{nxt_field:x}: PREV_INUSE clear says "
+                    f"0x{c.address:x} is free, but it was being freed (in use)"]
+        if nxt.prev_size != c.size:
+            problems.append(f"its prev_size 0x{nxt.prev_size:x} is not the size 0x{c.size:x} of the chunk before it")
+        return problems
+    return None
+
+
+def find_rejected_chunk(heap: Heap, kind: str, tid: int | None) -> tuple[HeapChunk, str, list[str]] | None:
+    """The chunk a free-path check rejected: (chunk, where its pointer was found, inconsistencies)."""
+    seen: set[int] = set()
+    for cand in candidates(heap, tid):
+        v = cand.value
+        if v < 0x10000 or v in seen:
+            continue
+        seen.add(v)
+        for c_addr in (v - 2 * SIZE_SZ, v):
+            if c_addr & (MALLOC_ALIGNMENT - 1) and kind != "invalid-pointer":
+                continue
+            region = heap.region_of(c_addr)
+            if kind == "invalid-pointer" and c_addr & (MALLOC_ALIGNMENT - 1):
+                if c_addr == v - 2 * SIZE_SZ and region is not None and region.first < v < region.end:
+                    chunk = _chunk(heap, c_addr & ~(MALLOC_ALIGNMENT - 1), region)
+                    if chunk is not None:
+                        return chunk, cand.where, [f"the pointer 0x{v:x} is not 16-byte aligned"]
+                continue
+            found = _test(heap, kind, c_addr, region)
+            if found:
+                chunk = _chunk(heap, c_addr, region, ChunkState.IN_USE)
+                assert chunk is not None
+                return chunk, cand.where, found
+    return None
+
+
+def _list_damage(heap: Heap, kind: str) -> tuple[HeapChunk, str, list[str]] | None:
+    """For checks on free lists: the first entry that fails its check, from walking every list."""
+    layout = heap.layout
+    for arena in heap.arenas:
+        regions = arena.regions
+        if kind == "top-size":
+            if arena.top_size is not None and arena.top_size > arena.system_mem:
+                c = _chunk(heap, arena.top, heap.region_of(arena.top), ChunkState.TOP)
+                if c is not None:
+                    return c, f"top of arena 0x{arena.address:x}", [
+                        f"top chunk size 0x{arena.top_size:x} exceeds the arena's system_mem 0x{arena.system_mem:x}"]
+            continue
+        bins = []
+        if kind == "fast-list" and layout.arena_fastbins is not None:
+            bins = [validate_fastbin(heap.hm, layout, arena.address, i, regions) for i in range(layout.nfastbins)]
+        elif kind == "bins":
+            bins = [validate_bin(heap.hm, layout, arena.address, i, regions) for i in range(1, layout.nbins)]
+        for b in bins:
+            if b.broken_at is not None:
+                addr = b.broken_at
+                c = _chunk(heap, addr & ~(MALLOC_ALIGNMENT - 1), heap.region_of(addr))
+                if c is not None:
+                    return c, f"{b.kind} bin {b.index} of arena 0x{arena.address:x}", [b.problem or "broken link"]
+    return None
+
+
+def _tcache_damage(heap: Heap, tcaches: Sequence[int]) -> tuple[HeapChunk, str, list[str]] | None:
+    regions = heap.regions()
+    for t in tcaches:
+        for i in range(heap.layout.tcache_bins):
+            b = validate_tcache_bin(heap.hm, heap.layout, t, i, regions)
+            if b.broken_at is not None:
+                c = _chunk(heap, (b.broken_at - 2 * SIZE_SZ) & ~(MALLOC_ALIGNMENT - 1), heap.region_of(b.broken_at))
+                if c is not None:
+                    return c, f"tcache 0x{t:x} bin {i}", [b.problem or "broken link"]
+    return None
+
+
+def find_chunk_before(heap: Heap, damaged: int) -> tuple[HeapChunk | None, str | None]:
+    """The chunk whose end is the header at ``damaged`` (walking its heap from the start), or why not."""
+    region = heap.region_of(damaged)
+    if region is None:
+        return None, f"0x{damaged:x} is in no heap of any arena"
+    last: HeapChunk | None = None
+    try:
+        for c in for_each_chunk(heap.hm, region):
+            if c.address >= damaged:
+                break
+            last = c
+            if c.end >= damaged:
+                break
+    except HeapValidationError as e:
+        if e.address != damaged:
+            return None, f"the walk of the heap at 0x{region.start:x} broke at 0x{e.address:x} ({e.reason}) " \
+                         f"before reaching 0x{damaged:x}"
+    if last is None:
+        return None, f"0x{damaged:x} is the first chunk of its heap"
+    if last.end != damaged:
+        return None, (f"no chunk ends at 0x{damaged:x}: the chunk at 0x{last.address:x} (size 0x{last.size:x}) "
+                      "spans it, so that address is not a chunk boundary")
+    return HeapChunk(address=last.address, size=last.size, flags=last.flags, prev_size=last.prev_size,
+                     state=ChunkState.IN_USE, arena=last.arena), None
+
+
+def measure_overflow(heap: Heap, overflowed: HeapChunk, damaged: HeapChunk, *, buffer_size: int | None,
+                     zero_filled: bool) -> tuple[int, int | None, int, bool, str, bytes]:
+    """How far a write ran past ``overflowed``: (usable size, length past the buffer, past usable, exact, basis,
+    the bytes from the buffer's end).
+
+    :param buffer_size: the size of the buffer in the chunk, when its owner says (else the usable size is its end)
+    :param zero_filled: whether the buffer's slack was zeroed at allocation (calloc): a non-zero byte there
+        was written past the buffer
+    """
+    mmapped = bool(overflowed.flags & IS_MMAPPED)
+    usable = overflowed.size - (heap.layout.mmap_overhead if mmapped else SIZE_SZ)
+    usable_end = overflowed.mem + usable  # == damaged.address + 8: the size word comes next
+    buf_end = overflowed.mem + buffer_size if buffer_size is not None and buffer_size <= usable else usable_end
+    reach = min(usable_end + 8 + 512, damaged.address + damaged.size if damaged.size < 1 << 20 else usable_end + 520)
+    data = heap.hm.mem.read_prefix(buf_end, max(0, reach - buf_end))
+    basis = []
+    written_from = None  # first byte known written
+    written_to = usable_end  # one past the last byte known written
+    if zero_filled and buf_end < usable_end:
+        slack = data[: usable_end - buf_end]
+        nz = [i for i, b in enumerate(slack) if b]
+        if nz:
+            written_from = buf_end + nz[0]
+            basis.append(f"{len(slack)} bytes of slack after the {buffer_size}-byte buffer, zeroed by calloc, "
+                         f"are not all zero")
+    # the size word of the damaged header is past the usable size: written
+    written_to = usable_end + 8
+    basis.append(f"the size word at 0x{usable_end:x} of the chunk after it is not glibc's")
+    if written_from is None:
+        written_from = usable_end
+    # the run of the same bytes beyond the header (a fill or repeated words) is the rest of the write
+    known = heap.hm.mem.read_prefix(written_from, written_to - written_from)
+    run_end = written_to
+    exact = False
+    if known:
+        if len(set(known)) == 1:
+            unit = known[:1]
+        elif len(known) % 8 == 0 and len({known[i:i + 8] for i in range(0, len(known), 8)}) == 1:
+            unit = known[:8]
+        else:
+            unit = None
+        if unit is not None:
+            step = len(unit)
+            while run_end + step <= reach and data[run_end - buf_end:run_end - buf_end + step] == unit:
+                run_end += step
+            if run_end + step <= reach:
+                exact = True
+                if run_end > written_to:
+                    basis.append(f"the same {'byte' if step == 1 else '8-byte word'} ({unit.hex()}) repeats "
+                                 f"{run_end - written_to} bytes further, then stops")
+    past_usable = run_end - usable_end
+    past_buffer = run_end - buf_end if buffer_size is not None else None
+    first = heap.hm.mem.read_prefix(buf_end, min(_FIRST_BYTES, max(run_end - buf_end, 8)))
+    return usable, past_buffer, past_usable, exact, "; ".join(basis), first
+
+
+def decide(owner: BufferOwner | None, call: NativeCall | None, past_buffer: int | None,
+           is_python: bool) -> tuple[OverflowVerdict, str]:
+    """Who wrote past the end: the native callee, the binding that passed the count, or undetermined (why)."""
+    if not is_python:
+        return OverflowVerdict.UNDETERMINED, "not a Python process: no binding to hold the buffer or the count"
+    if owner is None:
+        return OverflowVerdict.UNDETERMINED, ("the chunk that overflowed is not the buffer of a ctypes object in a "
+                                              "frame of the crashing thread")
+    obj = owner.object
+    if call is None:
+        return OverflowVerdict.UNDETERMINED, (
+            f"{owner.name} ({obj.type_name}) is not an argument of a native call in progress on the crashing "
+            "thread: the call that wrote it returned before glibc noticed, and the count it was passed is not "
+            "in the core")
+    if call.count is None:
+        return OverflowVerdict.UNDETERMINED, (
+            f"{call.function or 'the native call'} was passed {owner.name}, but not exactly one integer argument "
+            "that could be its count")
+    if obj.length is None:
+        return OverflowVerdict.UNDETERMINED, f"{owner.name} ({obj.type_name}) is not an array: no element count"
+    if call.count > obj.length:
+        return OverflowVerdict.BINDING, (
+            f"{call.caller} passed count={call.count} to {call.function or 'the native call'} for the "
+            f"{obj.length}-entry {owner.name} ({obj.type_name}): the callee wrote the "
+            f"{call.count - obj.length} extra entries the count asked for")
+    over = f"{past_buffer} bytes" if past_buffer is not None else "bytes"
+    return OverflowVerdict.DRIVER, (
+        f"{call.function or 'the native call'} wrote {over} past the end of the {obj.length}-entry {owner.name} "
+        f"({obj.type_name}, {obj.size} bytes) that {call.caller} passed with count={call.count}: "
+        "the buffer was large enough for the count")
+
+
+def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches: Sequence[int] = (),
+                    owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (),
+                    is_python: bool = False) -> HeapCorruption:
+    """The anatomy of the corruption behind glibc's ``message`` in the thread ``tid``."""
+    check = classify_message(message)
+    if check is None:
+        return HeapCorruption(message=message, check="not one of glibc malloc's checks", rejected=None,
+                              rejected_found_by=None, damaged=None, inconsistencies=(), overflowed=None,
+                              usable_size=None, buffer_size=None, overflow_length=None, overflow_past_usable=None,
+                              overflow_exact=False, overflow_basis="", first_bytes="",
+                              verdict_reason="glibc's message does not name a malloc check")
+    problems: list[str] = []
+    found = None
+    if check.kind in ("bins", "fast-list", "top-size"):
+        found = _list_damage(heap, check.kind)
+    elif check.kind == "tcache-list":
+        found = _tcache_damage(heap, tcaches)
+    else:
+        found = find_rejected_chunk(heap, check.kind, tid)
+    if found is None:
+        return HeapCorruption(message=message, check=check.looks_at, rejected=None, rejected_found_by=None,
+                              damaged=None, inconsistencies=(), overflowed=None, usable_size=None, buffer_size=None,
+                              overflow_length=None, overflow_past_usable=None, overflow_exact=False,
+                              overflow_basis="", first_bytes="",
+                              verdict_reason="the chunk glibc rejected was not found",
+                              problems=(f"no value the crashing thread holds (registers, {STACK_WINDOW >> 10} KiB "
+                                        "of stack) and no free list points at a chunk that fails this check",))
+    rejected, found_by, inconsistencies = found
+    if check.kind in _OWN_HEADER or check.kind in ("bins", "fast-list", "top-size", "tcache-list"):
+        damaged = rejected
+    else:
+        damaged = _chunk(heap, rejected.address + rejected.size, heap.region_of(rejected.address)) or rejected
+    overflowed: HeapChunk | None = None
+    why_not = None
+    if check.kind in _DOUBLE_FREE:
+        why_not = "this check catches a chunk freed twice, not a write past a buffer"
+    elif damaged.address != rejected.address and rejected.address + rejected.size == damaged.address:
+        overflowed = rejected
+    else:
+        overflowed, why_not = find_chunk_before(heap, damaged.address)
+    if why_not:
+        problems.append(why_not)
+    owner = call = None
+    usable = past_buffer = past_usable = None
+    exact = False
+    basis = ""
+    first = b""
+    buffer_size = None
+    if overflowed is not None:
+        for own, c in owners:
+            usable_guess = overflowed.size
+            if overflowed.mem <= own.object.buffer < overflowed.mem + usable_guess:
+                owner, call = own, c
+                break
+        if owner is not None and owner.object.buffer == overflowed.mem:
+            buffer_size = owner.object.size
+        usable, past_buffer, past_usable, exact, basis, first = measure_overflow(
+            heap, overflowed, damaged, buffer_size=buffer_size, zero_filled=owner is not None)
+        if call is not None and call.count is not None and owner is not None and owner.object.length \
+                and owner.object.element_size and call.count > owner.object.length:
+            implied = (call.count - owner.object.length) * owner.object.element_size
+            if past_buffer is None or implied > past_buffer:
+                basis += (f"; the count passed ({call.count}) asks for {call.count - owner.object.length} entries "
+                          f"of {owner.object.element_size} bytes past the end: {implied} bytes")
+                past_usable = (past_usable or 0) + implied - (past_buffer or 0)
+                past_buffer = implied
+                exact = True
+    verdict, reason = decide(owner, call, past_buffer, is_python)
+    if check.kind in _DOUBLE_FREE:
+        reason = f"glibc caught a second free of 0x{rejected.mem:x}, not a write past a buffer"
+    return HeapCorruption(
+        message=message, check=check.looks_at, rejected=rejected, rejected_found_by=found_by, damaged=damaged,
+        inconsistencies=tuple(inconsistencies), overflowed=overflowed, usable_size=usable, buffer_size=buffer_size,
+        overflow_length=past_buffer if past_buffer is not None else past_usable, overflow_past_usable=past_usable,
+        overflow_exact=exact, overflow_basis=basis, first_bytes=first.hex(), owner=owner, call=call,
+        verdict=verdict, verdict_reason=reason, problems=tuple(problems))
+
+
+def single_list_next(heap: Heap, pos: int) -> int:
+    """The revealed next pointer stored at ``pos`` (a tcache/fastbin link)."""
+    return reveal(heap.layout, pos, heap.hm.u64(pos))
+
+
+def chunk_at(heap: Heap, addr: int) -> HeapChunk | None:
+    """The validated chunk at ``addr`` in a heap region, or None."""
+    region = heap.region_of(addr)
+    try:
+        return validate_chunk(heap.hm, addr, region)
+    except HeapValidationError:
+        return None
