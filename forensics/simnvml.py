@@ -37,12 +37,17 @@ __all__ = [
     "default_cache_dir",
     "ensure_stack_venv",
     "sim_environment",
+    "seed_binding_fault",
+    "DETECT",
 ]
 
 DEFAULT_DRIVER = "580.126.09"
 
 #: The faults ``FORENSICS_SIMNVML_FAULT`` accepts.
-FAULTS = ("none", "heap", "heap-delayed", "segv", "use-after-shutdown")
+FAULTS = ("none", "heap", "heap-delayed", "overflow", "segv", "use-after-shutdown")
+
+#: When glibc gets to see a write past the caller's array (``FORENSICS_SIMNVML_DETECT``).
+DETECT = ("later", "call")
 
 #: Every environment variable the simulated library reads (at ``nvmlInit``), with its
 #: default and meaning.
@@ -54,9 +59,11 @@ SIM_ENV: dict[str, tuple[str, str]] = {
     "FORENSICS_SIMNVML_CUDA": ("13000", "CUDA driver version as an int (13000 = 13.0)"),
     "FORENSICS_SIMNVML_FAULT": (
         "none",
-        "none | heap (glibc aborts inside nvmlDeviceGetFieldValues) | heap-delayed (writes past the "
-        "caller's field-value array; glibc aborts at the caller's later free) | segv (bad pointer "
-        "write) | use-after-shutdown (a query racing nvmlShutdown crashes with SIGSEGV)",
+        "none | heap (glibc aborts inside nvmlDeviceGetFieldValues) | heap-delayed (writes over the "
+        "header of the caller's field-value array; glibc aborts at the caller's later free) | overflow "
+        "(writes FORENSICS_SIMNVML_OVERFLOW_BYTES of 'OVERRUN!' past the end of the caller's array, after "
+        "the count records it was asked for: the driver's bug) | segv (bad pointer write) | "
+        "use-after-shutdown (a query racing nvmlShutdown crashes with SIGSEGV)",
     ),
     "FORENSICS_SIMNVML_FAULT_AFTER": ("0", "eligible nvmlDeviceGetFieldValues calls that succeed before the fault"),
     "FORENSICS_SIMNVML_HEAP_MESSAGE": (
@@ -64,6 +71,13 @@ SIM_ENV: dict[str, tuple[str, str]] = {
         "prev -> 'double free or corruption (!prev)'; next-size -> 'free(): invalid next size (normal)'",
     ),
     "FORENSICS_SIMNVML_FAULT_THREAD": ("any", "any | non-main: fault only in calls from threads other than the main one"),
+    "FORENSICS_SIMNVML_OVERFLOW_BYTES": ("24", "the overflow fault: bytes written past the caller's array (1-4096)"),
+    "FORENSICS_SIMNVML_DETECT": (
+        "later",
+        "later: glibc notices a write past the caller's array when the caller frees it | call: before "
+        "returning, the library frees the chunk after the array, so glibc aborts while the call (and the "
+        "caller's frame with the array and the count) is on the stack",
+    ),
     "FORENSICS_SIMNVML_NVLINKS": ("18", "NVLinks per GPU (NVML_FI_DEV_NVLINK_LINK_COUNT, 0-18), or 'error': that field fails"),
 }
 
@@ -186,6 +200,8 @@ def sim_environment(
     fault_thread: str = "any",
     gpus: int | None = None,
     nvlinks: str | None = None,
+    overflow_bytes: int | None = None,
+    detect: str = "later",
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """An environment that runs a process on the simulated node.
@@ -195,8 +211,10 @@ def sim_environment(
 
     :param lib_dir: the directory :func:`build_simnvml` returned.
     :param nvlinks: what NVML_FI_DEV_NVLINK_LINK_COUNT reports (``"0"``-``"18"``, or ``"error"``)
+    :param overflow_bytes: the ``overflow`` fault's length past the caller's array (1-4096)
+    :param detect: ``later`` or ``call``: when glibc sees a write past the caller's array
     :param base: environment to start from (default: ``os.environ``).
-    :raises ValueError: for an unknown fault, heap message or thread filter.
+    :raises ValueError: for an unknown fault, heap message, thread filter or detection, or a bad length.
 
     >>> sim_environment("/tmp/sim", fault="heap", base={})["FORENSICS_SIMNVML_FAULT"]
     'heap'
@@ -207,6 +225,10 @@ def sim_environment(
         raise ValueError(f"unknown heap message {heap_message!r}; choose prev or next-size")
     if fault_thread not in ("any", "non-main"):
         raise ValueError(f"unknown fault thread {fault_thread!r}; choose any or non-main")
+    if detect not in DETECT:
+        raise ValueError(f"unknown detection {detect!r}; choose {' or '.join(DETECT)}")
+    if overflow_bytes is not None and not 1 <= overflow_bytes <= 4096:
+        raise ValueError(f"overflow_bytes {overflow_bytes} is outside 1-4096")
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("FORENSICS_SIMNVML_")}
     old = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = str(lib_dir) + (os.pathsep + old if old else "")
@@ -218,7 +240,55 @@ def sim_environment(
         env["FORENSICS_SIMNVML_GPUS"] = str(gpus)
     if nvlinks is not None:
         env["FORENSICS_SIMNVML_NVLINKS"] = str(nvlinks)
+    if overflow_bytes is not None:
+        env["FORENSICS_SIMNVML_OVERFLOW_BYTES"] = str(overflow_bytes)
+    env["FORENSICS_SIMNVML_DETECT"] = detect
     return env
+
+
+#: the line of nvidia-ml-py's nvmlDeviceGetFieldValues that passes the count (12.x and 13.x)
+_BINDING_COUNT_CALL = "ret = fn(handle, c_int32(len(fieldIds)), byref(values))"
+
+
+def seed_binding_fault(python: str | Path, out_dir: str | Path, excess: int) -> Path:
+    """A copy of the binding ``python`` imports (nvidia-ml-py's ``pynvml.py``) whose
+    ``nvmlDeviceGetFieldValues`` passes ``len(fieldIds) + excess`` as the count of an array of
+    ``len(fieldIds)`` entries -- the binding's bug, seeded into the real binding's code.
+
+    Put the returned directory first on PYTHONPATH: ``import pynvml`` then finds the copy,
+    nvitop and nvitop-exporter included; the library fills the count records it is asked for,
+    past the end of the array.
+
+    :param python: the interpreter (a stack venv's) whose ``pynvml`` is copied
+    :param out_dir: where ``pynvml.py`` is written
+    :param excess: entries the count claims beyond the array (1-64)
+    :return: ``out_dir``
+    :raises ValueError: for an excess outside 1-64
+    :raises BuildError: when the binding cannot be found or its count call is not the expected one
+    """
+    if not 1 <= excess <= 64:
+        raise ValueError(f"excess {excess} is outside 1-64")
+    what = "the seeded binding fault (pynvml.py)"
+    try:
+        proc = subprocess.run([str(python), "-c", "import pynvml; print(pynvml.__file__)"], capture_output=True,
+                              text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(what, f"{python}: {e}") from e
+    if proc.returncode != 0:
+        raise BuildError(what, f"{python} cannot import pynvml: {proc.stderr.strip()[-300:]}")
+    source = Path(proc.stdout.strip()).read_text()
+    start = source.find("\ndef nvmlDeviceGetFieldValues(")
+    end = source.find("\ndef ", start + 1)
+    if start < 0 or source.count(_BINDING_COUNT_CALL, start, end) != 1:
+        raise BuildError(what, f"{proc.stdout.strip()}: nvmlDeviceGetFieldValues does not pass the count as "
+                               f"{_BINDING_COUNT_CALL!r}")
+    body = source[start:end].replace(_BINDING_COUNT_CALL,
+                                     f"ret = fn(handle, c_int32(len(fieldIds) + {excess}), byref(values))")
+    seeded = source[:start] + body + source[end:]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pynvml.py").write_text(seeded)
+    return out
 
 
 def default_cache_dir() -> Path:

@@ -12,12 +12,14 @@
  *   FORENSICS_SIMNVML_DRIVER        driver version ("580.126.09")
  *   FORENSICS_SIMNVML_NVML_VERSION  NVML version ("13.580.126")
  *   FORENSICS_SIMNVML_CUDA          CUDA driver version as an int (13000)
- *   FORENSICS_SIMNVML_FAULT         none | heap | heap-delayed | segv | use-after-shutdown
+ *   FORENSICS_SIMNVML_FAULT         none | heap | heap-delayed | overflow | segv | use-after-shutdown
  *   FORENSICS_SIMNVML_FAULT_AFTER   eligible nvmlDeviceGetFieldValues calls before the fault (0)
  *   FORENSICS_SIMNVML_HEAP_MESSAGE  prev | next-size: which glibc check fires
  *   FORENSICS_SIMNVML_FAULT_THREAD  any | non-main: fault only off the process's main thread
  *   FORENSICS_SIMNVML_NVLINKS       NVLinks per GPU that NVML_FI_DEV_NVLINK_LINK_COUNT reports (18, 0..18),
  *                                   or "error": that field answers NVML_ERROR_NOT_SUPPORTED
+ *   FORENSICS_SIMNVML_OVERFLOW_BYTES  bytes the overflow fault writes past the caller's array (24, 1..4096)
+ *   FORENSICS_SIMNVML_DETECT        later | call: when glibc sees a write past the caller's array (later)
  *
  * Faults (all inside nvmlDeviceGetFieldValues unless said otherwise):
  *   heap          overflows a scratch buffer into the next chunk's header and frees it:
@@ -27,12 +29,29 @@
  *                 and inside it, and returns success.  glibc notices only when the caller
  *                 later frees that array (ctypes' dealloc, free() in C), outside NVML:
  *                 the crashing stack is the victim, not the culprit.
+ *   overflow      on an NVLink throughput query, fills the count records it was asked for and
+ *                 then writes FORENSICS_SIMNVML_OVERFLOW_BYTES more bytes of "OVERRUN!" past
+ *                 values[count-1]: the driver's bug, past a buffer sized for the count it got.
+ *                 (The binding's bug -- a count larger than the array -- needs no fault here:
+ *                 the library fills the count records it is asked for; see
+ *                 forensics.simnvml.seed_binding_fault.)
  *   segv          writes through a near-NULL pointer.
  *   use-after-shutdown
  *                 nvmlShutdown revokes the device table (PROT_NONE) and device queries
  *                 skip the "initialized?" check, so a query racing or following shutdown
  *                 through a stale handle dies with SIGSEGV.  Without the fault such a
  *                 query returns NVML_ERROR_UNINITIALIZED.
+ *
+ * Detection (FORENSICS_SIMNVML_DETECT), for any nvmlDeviceGetFieldValues call whose writes
+ * (the count records, plus an overflow) reach past the caller's array's malloc chunk:
+ *   later         nothing more: glibc notices when the caller frees the array, after the call
+ *                 returned (the realistic case: the culprit is gone from the stack).
+ *   call          before returning, the library hands the chunk after the caller's array to
+ *                 free(), as the process's next free of that chunk would: glibc checks its
+ *                 trampled header now, while the call -- and the caller's frame holding the
+ *                 array and the count -- are on the stack.
+ * Record timestamps are multiples of 16 us, so a timestamp written over a chunk's size word
+ * carries no flag bits and glibc's abort is always the same one.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -121,7 +140,7 @@ typedef struct sim_device *nvmlDevice_t;
 
 #define DEVICE_MAGIC 0x4e564d4cU /* "NVML" */
 
-enum fault { F_NONE, F_HEAP, F_HEAP_DELAYED, F_SEGV, F_USE_AFTER_SHUTDOWN };
+enum fault { F_NONE, F_HEAP, F_HEAP_DELAYED, F_OVERFLOW, F_SEGV, F_USE_AFTER_SHUTDOWN };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_refcount;               /* nvmlInit minus nvmlShutdown */
@@ -134,6 +153,8 @@ static int g_cuda = 13000;
 static enum fault g_fault = F_NONE;
 static long g_fault_after;
 static int g_heap_next_size;         /* 0: "(!prev)", 1: "invalid next size (normal)" */
+static long g_overflow_bytes = 24;   /* the overflow fault: bytes past the caller's array */
+static int g_detect_call;            /* 1: free the chunk after a trampled array before returning */
 static int g_fault_non_main;
 static int g_links = NVLINK_LINKS;   /* what NVML_FI_DEV_NVLINK_LINK_COUNT says; -1: the field fails */
 static long g_eligible_calls;        /* atomic */
@@ -157,11 +178,16 @@ static void read_config(void)
     const char *f = env_or("FORENSICS_SIMNVML_FAULT", "none");
     g_fault = !strcmp(f, "heap") ? F_HEAP
             : !strcmp(f, "heap-delayed") ? F_HEAP_DELAYED
+            : !strcmp(f, "overflow") ? F_OVERFLOW
             : !strcmp(f, "segv") ? F_SEGV
             : !strcmp(f, "use-after-shutdown") ? F_USE_AFTER_SHUTDOWN
             : F_NONE;
     g_fault_after = strtol(env_or("FORENSICS_SIMNVML_FAULT_AFTER", "0"), NULL, 10);
     g_heap_next_size = !strcmp(env_or("FORENSICS_SIMNVML_HEAP_MESSAGE", "prev"), "next-size");
+    g_overflow_bytes = strtol(env_or("FORENSICS_SIMNVML_OVERFLOW_BYTES", "24"), NULL, 10);
+    if (g_overflow_bytes < 1 || g_overflow_bytes > 4096)
+        g_overflow_bytes = 24;
+    g_detect_call = !strcmp(env_or("FORENSICS_SIMNVML_DETECT", "later"), "call");
     g_fault_non_main = !strcmp(env_or("FORENSICS_SIMNVML_FAULT_THREAD", "any"), "non-main");
     const char *links = env_or("FORENSICS_SIMNVML_NVLINKS", "18");
     g_links = !strcmp(links, "error") ? -1 : atoi(links);
@@ -740,6 +766,39 @@ static NOINLINE void nvlink_write_misplaced_record(nvmlFieldValue_t *values, int
     *hdr = FAKE | (*hdr & 7); /* keep PREV_INUSE and NON_MAIN_ARENA */
 }
 
+/* Overflow fault: after the count records, more bytes of "OVERRUN!" past the end of what the
+ * caller said its array holds -- the driver's bug. */
+static NOINLINE void nvlink_write_past_array(nvmlFieldValue_t *values, int count, long bytes)
+{
+    static const char pattern[8] = {'O', 'V', 'E', 'R', 'R', 'U', 'N', '!'};
+    volatile unsigned char *end = (volatile unsigned char *)(values + count);
+    for (long i = 0; i < bytes; i++)
+        end[i] = (unsigned char)pattern[i % 8];
+}
+
+/* The usable size of the heap chunk holding p, or 0 when p is not the start of a heap chunk
+ * whose header can be read (misaligned, mmapped, or an implausible size). */
+static size_t heap_usable(const void *p)
+{
+    const size_t *hdr = (const size_t *)p - 1;
+    size_t sz;
+    if ((uintptr_t)p & 15)
+        return 0;
+    sz = *hdr & ~(size_t)7;
+    if ((*hdr & 2) || sz < 32 || sz > ((size_t)1 << 26))
+        return 0;
+    return sz - 8;
+}
+
+/* FORENSICS_SIMNVML_DETECT=call: the writes reached the header of the chunk after the
+ * caller's array; hand that chunk to free() now, so glibc checks the trampled header while
+ * this call is on the stack (glibc aborts here). */
+static NOINLINE void free_chunk_after(nvmlFieldValue_t *values, size_t usable)
+{
+    void *volatile next_mem = (char *)values + usable + 8;
+    free(next_mem);
+}
+
 static NOINLINE void nvlink_bad_pointer_write(unsigned int link)
 {
     volatile unsigned long long *p = (volatile unsigned long long *)(uintptr_t)(0x10 + 8 * link);
@@ -751,7 +810,7 @@ static int fault_fires(int nvlink_query)
 {
     if (g_fault == F_NONE || g_fault == F_USE_AFTER_SHUTDOWN)
         return 0;
-    if (g_fault == F_HEAP_DELAYED && !nvlink_query)
+    if ((g_fault == F_HEAP_DELAYED || g_fault == F_OVERFLOW) && !nvlink_query)
         return 0;
     if (g_fault_non_main && is_main_thread())
         return 0;
@@ -766,8 +825,10 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldVa
     if (count < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     double t = now_s();
-    long long ts = now_us();
+    long long ts = now_us() & ~0xfLL; /* a multiple of 16: no flag bits if it lands on a size word */
     int nvlink_query = 0;
+    size_t usable = heap_usable(values); /* read before writing: only the caller's own header */
+    size_t written = (size_t)count * sizeof *values;
     for (int k = 0; k < count; k++) {
         nvmlFieldValue_t *v = &values[k];
         unsigned int id = v->fieldId;
@@ -800,6 +861,10 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldVa
         case F_HEAP_DELAYED:
             nvlink_write_misplaced_record(values, count, g_heap_next_size);
             break;
+        case F_OVERFLOW:
+            nvlink_write_past_array(values, count, g_overflow_bytes);
+            written += (size_t)g_overflow_bytes;
+            break;
         case F_SEGV:
             nvlink_bad_pointer_write(count > 0 ? values[0].scopeId : 0);
             break;
@@ -807,6 +872,9 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldVa
             break;
         }
     }
+    /* the size word of the next chunk starts 8 bytes past the usable size */
+    if (g_detect_call && usable && written > usable)
+        free_chunk_after(values, usable);
     return NVML_SUCCESS;
 }
 
