@@ -25,7 +25,8 @@ __all__ = ["read_heap"]
 
 def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None = None, tid: int | None = None,
               corruption: bool = True, summary: bool = False,
-              owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (), is_python: bool = False) -> HeapReport:
+              owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (), is_python: bool = False,
+              debug_info: bool = True) -> HeapReport:
     """Read glibc's heap from ``core``: the corruption's anatomy and/or the arena summary.
 
     Never raises for what the core holds: a heap that cannot be located gives a
@@ -38,6 +39,8 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
     :param owners: Python objects of the crashing thread that own heap buffers, with the native
         call each was passed to (from :func:`forensics.pyread.locals.buffer_owners`)
     :param is_python: whether the process is a CPython one (the verdict says so when not)
+    :param debug_info: use libc's debug file (symbols, DWARF) when there is one; False reads with
+        the layout table and finds ``main_arena`` by searching libc's data
     """
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
@@ -50,7 +53,7 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
     try:
         with CoreMemory.open(core.path) as mem:
             page = mem.layout.page_size if mem.layout is not None else 4096
-            glibc = find_glibc(core, mem, sysroot=sysroot, page_size=page)
+            glibc = find_glibc(core, mem, sysroot=sysroot, page_size=page, debug_info=debug_info)
             heap = read_arenas(HeapMemory(mem), glibc, core)
             tcaches = None
             found = None

@@ -35,7 +35,7 @@ from forensics.heap.layout import FLAG_BITS, IS_MMAPPED, MALLOC_ALIGNMENT, MINSI
 from forensics.heap.walk import (
     HeapValidationError,
     Region,
-    for_each_chunk,
+    for_each_chunk_resyncing,
     reveal,
     validate_bin,
     validate_chunk,
@@ -199,6 +199,41 @@ def _system_mem(heap: Heap, region: Region) -> int:
     return arena.system_mem if arena is not None else 1 << 46
 
 
+def _stack_mappings(heap: Heap) -> list:
+    """The mappings holding a thread's stack pointer (never an mmapped chunk's)."""
+    out = []
+    layout = heap.hm.mem.layout
+    for note in layout.notes if layout is not None else ():
+        if note.name == b"CORE" and note.type == elf.NT_PRSTATUS:
+            try:
+                _pid, regs = elf.parse_prstatus_registers(note.desc)
+            except ValueError:
+                continue
+            m = heap.core.find_mapping(regs["rsp"])
+            if m is not None:
+                out.append(m)
+    return out
+
+
+def _test_munmap(heap: Heap, c: HeapChunk, region: Region | None) -> list[str] | None:
+    size_field = c.size | c.flags
+    if not c.flags & IS_MMAPPED:
+        return None
+    if region is not None:
+        return [f"size field 0x{size_field:x} has IS_MMAPPED set on a chunk inside the heap of arena "
+                f"0x{region.arena:x}: glibc took it for a chunk of its own mapping"]
+    mapping = heap.core.find_mapping(c.address)
+    if mapping is None or mapping.path is not None or "w" not in mapping.perms or \
+            any(m.start == mapping.start for m in _stack_mappings(heap)):
+        return None  # an mmapped chunk lives in an anonymous, writable mapping that is no thread's stack
+    page = heap.core_page_size
+    total = c.prev_size + c.size + (SIZE_SZ if heap.layout.mmap_overhead == SIZE_SZ else 0)
+    if ((c.address - c.prev_size) | total) & (page - 1):
+        return [f"size field 0x{size_field:x} has IS_MMAPPED set, but prev_size 0x{c.prev_size:x} and size "
+                f"0x{c.size:x} do not describe a page-aligned mapping"]
+    return None
+
+
 def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str] | None:
     """The inconsistencies of chunk ``c_addr`` that fail check ``kind``, or None when it passes it."""
     c = _chunk(heap, c_addr, region)
@@ -206,14 +241,7 @@ def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str
         return None
     size_field = c.size | c.flags
     if kind == "munmap":
-        if not c.flags & IS_MMAPPED or region is not None:
-            return None
-        page = 4096
-        total = c.prev_size + c.size + (heap.layout.mmap_overhead - SIZE_SZ if heap.layout.mmap_overhead == 8 else 0)
-        if ((c.address - c.prev_size) | total) & (page - 1):
-            return [f"size field 0x{size_field:x} has IS_MMAPPED set, but prev_size 0x{c.prev_size:x} and size "
-                    f"0x{c.size:x} do not describe a page-aligned mapping"]
-        return None
+        return _test_munmap(heap, c, region)
     if region is None:
         return None
     if kind == "invalid-size":
@@ -271,29 +299,64 @@ def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str
     return None
 
 
+def _chunk_boundaries(heap: Heap, addrs: set[int]) -> set[int]:
+    """Which of ``addrs`` are chunk headers on the walk of their heap (a header that broke the walk counts)."""
+    by_region: dict[Region, set[int]] = {}
+    for a in addrs:
+        r = heap.region_of(a)
+        if r is not None:
+            by_region.setdefault(r, set()).add(a)
+    out: set[int] = set()
+    for region, want in by_region.items():
+        highest = max(want)
+        for item in for_each_chunk_resyncing(heap.hm, region):
+            if item.address in want:
+                out.add(item.address)
+            if item.address >= highest:
+                break
+    return out
+
+
 def find_rejected_chunk(heap: Heap, kind: str, tid: int | None) -> tuple[HeapChunk, str, list[str]] | None:
-    """The chunk a free-path check rejected: (chunk, where its pointer was found, inconsistencies)."""
+    """The chunk a free-path check rejected: (chunk, where its pointer was found, inconsistencies).
+
+    Tried in this order: chunks on the walk of their heap (every value the thread holds, in
+    order), other addresses inside a heap, then chunks of their own mapping
+    (``munmap_chunk()``'s check) -- so a pointer into the middle of a buffer, or into a stack,
+    is not taken for a chunk when a real one fails the check.
+    """
+    values: list[Candidate] = []
     seen: set[int] = set()
     for cand in candidates(heap, tid):
-        v = cand.value
-        if v < 0x10000 or v in seen:
-            continue
-        seen.add(v)
-        for c_addr in (v - 2 * SIZE_SZ, v):
-            if c_addr & (MALLOC_ALIGNMENT - 1) and kind != "invalid-pointer":
-                continue
-            region = heap.region_of(c_addr)
-            if kind == "invalid-pointer" and c_addr & (MALLOC_ALIGNMENT - 1):
-                if c_addr == v - 2 * SIZE_SZ and region is not None and region.first < v < region.end:
-                    chunk = _chunk(heap, c_addr & ~(MALLOC_ALIGNMENT - 1), region)
-                    if chunk is not None:
-                        return chunk, cand.where, [f"the pointer 0x{v:x} is not 16-byte aligned"]
-                continue
-            found = _test(heap, kind, c_addr, region)
-            if found:
-                chunk = _chunk(heap, c_addr, region, ChunkState.IN_USE)
-                assert chunk is not None
-                return chunk, cand.where, found
+        if cand.value >= 0x10000 and cand.value not in seen:
+            seen.add(cand.value)
+            values.append(cand)
+    addrs = {c for cand in values for c in (cand.value - 2 * SIZE_SZ, cand.value)
+             if not c & (MALLOC_ALIGNMENT - 1)}
+    boundaries = _chunk_boundaries(heap, addrs)
+    for tier in ("boundary", "in-heap", "own-mapping"):
+        for cand in values:
+            v = cand.value
+            for c_addr in (v - 2 * SIZE_SZ, v):
+                region = heap.region_of(c_addr)
+                if tier == "boundary" and c_addr not in boundaries:
+                    continue
+                if tier == "in-heap" and (region is None or c_addr in boundaries):
+                    continue
+                if tier == "own-mapping" and region is not None:
+                    continue
+                if c_addr & (MALLOC_ALIGNMENT - 1):
+                    if kind == "invalid-pointer" and tier == "in-heap" and c_addr == v - 2 * SIZE_SZ \
+                            and region is not None and region.first < v < region.end:
+                        chunk = _chunk(heap, c_addr & ~(MALLOC_ALIGNMENT - 1), region)
+                        if chunk is not None:
+                            return chunk, cand.where, [f"the pointer 0x{v:x} is not 16-byte aligned"]
+                    continue
+                found = _test(heap, kind, c_addr, region)
+                if found:
+                    chunk = _chunk(heap, c_addr, region, ChunkState.IN_USE)
+                    assert chunk is not None
+                    return chunk, cand.where, found
     return None
 
 
@@ -341,18 +404,23 @@ def find_chunk_before(heap: Heap, damaged: int) -> tuple[HeapChunk | None, str |
     if region is None:
         return None, f"0x{damaged:x} is in no heap of any arena"
     last: HeapChunk | None = None
-    try:
-        for c in for_each_chunk(heap.hm, region):
-            if c.address >= damaged:
+    earlier_break = None
+    for item in for_each_chunk_resyncing(heap.hm, region):
+        if isinstance(item, HeapValidationError):
+            if item.address == damaged:
                 break
-            last = c
-            if c.end >= damaged:
-                break
-    except HeapValidationError as e:
-        if e.address != damaged:
-            return None, f"the walk of the heap at 0x{region.start:x} broke at 0x{e.address:x} ({e.reason}) " \
-                         f"before reaching 0x{damaged:x}"
+            earlier_break = earlier_break or item
+            last = None  # what precedes a resynced walk is unknown
+            continue
+        if item.address >= damaged:
+            break
+        last = item
+        if item.end >= damaged:
+            break
     if last is None:
+        if earlier_break is not None:
+            return None, (f"the walk of the heap at 0x{region.start:x} broke at 0x{earlier_break.address:x} "
+                          f"({earlier_break.reason}) before reaching 0x{damaged:x}")
         return None, f"0x{damaged:x} is the first chunk of its heap"
     if last.end != damaged:
         return None, (f"no chunk ends at 0x{damaged:x}: the chunk at 0x{last.address:x} (size 0x{last.size:x}) "

@@ -48,6 +48,7 @@ class Heap:
     arenas: list[ArenaInfo]
     sbrk_base: int | None
     problems: list[str]
+    core_page_size: int = 4096
 
     @property
     def layout(self) -> MallocLayout:

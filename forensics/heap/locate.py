@@ -231,8 +231,10 @@ def _search_mp(hm: HeapMemory, layout: MallocLayout, ranges: list[tuple[int, int
 
 
 def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
-               page_size: int = 4096) -> Glibc:
+               page_size: int = 4096, debug_info: bool = True) -> Glibc:
     """Where glibc's heap bookkeeping is in this core.
+
+    :param debug_info: use libc's debug file when there is one (False: the table and the searches only)
 
     :raises HeapUnavailable: when the process has no libc, its version is outside
         2.31-2.43 with no debug file, or no arena can be found
@@ -244,7 +246,8 @@ def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
     bias = _bias(mem, libc, page_size)
     version, version_source = _version(libc)
     usable = libc.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
-    debug = find_debug_file(libc.build_id, sysroot=sysroot, library_file=libc.file_path if usable else None)
+    debug = find_debug_file(libc.build_id, sysroot=sysroot, library_file=libc.file_path if usable else None) \
+        if debug_info else None
     symbols = {}
     layout: MallocLayout | None = None
     problems = []

@@ -10,43 +10,20 @@ walked with the checks of :mod:`.walk`.  Everything is bounded: chunks per heap
 from __future__ import annotations
 
 from forensics.heap.arenas import ArenaInfo, Heap
-from forensics.heap.layout import MALLOC_ALIGNMENT, MINSIZE, SIZE_SZ
+from forensics.heap.layout import MALLOC_ALIGNMENT, SIZE_SZ
 from forensics.heap.locate import find_thread_tls
 from forensics.heap.walk import (
     MAX_CHUNKS,
     HeapValidationError,
     Region,
-    for_each_chunk,
+    for_each_chunk_resyncing,
     read_tcache,
     validate_bin,
-    validate_chunk,
     validate_fastbin,
 )
 from forensics.model import ChunkState, CoreFile, HeapArena, HeapBin, HeapRegion, HeapSummary, ThreadCache
 
-__all__ = ["summarize_heap", "walk_region", "find_tcaches", "RESYNC_WINDOW"]
-
-#: bytes searched past a broken header for the next two valid consecutive headers
-RESYNC_WINDOW = 1 << 20
-
-
-def _resync(heap: Heap, region: Region, after: int) -> int | None:
-    """The first address past ``after`` where a chunk and the one after it both validate, or None."""
-    addr = (after + MALLOC_ALIGNMENT) & ~(MALLOC_ALIGNMENT - 1)
-    end = min(region.end - MINSIZE, after + RESYNC_WINDOW)
-    while addr < end:
-        try:
-            c = validate_chunk(heap.hm, addr, region)
-            if region.top is not None and addr == region.top:
-                return addr
-            n = validate_chunk(heap.hm, addr + c.size, region)
-            if n.address == region.top or validate_chunk(heap.hm, n.address + n.size, region):
-                return addr
-        except HeapValidationError:
-            pass
-        addr += MALLOC_ALIGNMENT
-    return None
-
+__all__ = ["summarize_heap", "walk_region", "find_tcaches"]
 
 def walk_region(heap: Heap, region: Region, *, limit: int = MAX_CHUNKS) -> HeapRegion:
     """Count a heap's chunks in use and free; a broken header is recorded and stepped over."""
@@ -54,32 +31,26 @@ def walk_region(heap: Heap, region: Region, *, limit: int = MAX_CHUNKS) -> HeapR
     broken_at = None
     problem = None
     walked_to = region.first
-    start = region.first
-    budget = limit
-    while True:
-        sub = Region(start=region.start, first=start, end=region.end, arena=region.arena, top=region.top)
-        try:
-            for c in for_each_chunk(heap.hm, sub, limit=budget):
-                budget -= 1
-                walked_to = c.address
-                if c.state is ChunkState.FREE:
-                    free += 1
-                    b_free += c.size
-                elif c.state is ChunkState.IN_USE:
-                    in_use += 1
-                    b_in_use += c.size
-            break
-        except HeapValidationError as e:
+    chunks = 0
+    for item in for_each_chunk_resyncing(heap.hm, region, limit=limit):
+        if isinstance(item, HeapValidationError):
             if broken_at is None:
-                broken_at, problem = e.address, e.reason
-            if budget <= 0:
-                problem = f"{problem}; stopped after {limit:,} chunks"
-                break
-            nxt = _resync(heap, region, e.address)
-            if nxt is None:
-                break
-            problem = f"{problem}; the walk resumed at 0x{nxt:x}"
-            start = nxt
+                broken_at, problem = item.address, item.reason
+            else:
+                problem = f"{problem}; broken again at 0x{item.address:x}"
+            continue
+        chunks += 1
+        if broken_at is not None and walked_to < broken_at <= item.address and "resumed" not in problem:
+            problem = f"{problem}; the walk resumed at 0x{item.address:x}"
+        walked_to = item.address
+        if item.state is ChunkState.FREE:
+            free += 1
+            b_free += item.size
+        elif item.state is ChunkState.IN_USE:
+            in_use += 1
+            b_in_use += item.size
+    if chunks >= limit:
+        problem = (problem + "; " if problem else "") + f"stopped after {limit:,} chunks"
     return HeapRegion(start=region.start, end=region.end, first_chunk=region.first, chunks_in_use=in_use,
                       bytes_in_use=b_in_use, chunks_free=free, bytes_free=b_free, walked_to=walked_to,
                       broken_at=broken_at, problem=problem)

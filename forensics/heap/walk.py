@@ -42,6 +42,9 @@ __all__ = [
     "reveal",
     "validate_chunk",
     "for_each_chunk",
+    "for_each_chunk_resyncing",
+    "resync",
+    "RESYNC_WINDOW",
     "for_each_arena",
     "for_each_heap_of_arena",
     "validate_bin",
@@ -126,7 +129,9 @@ def reveal(layout: MallocLayout, pos: int, stored: int) -> int:
     """A single-list next pointer as stored at ``pos`` -> the pointer (safe-linking, 2.32+).
 
     >>> from forensics.heap.layout import layout_for_version
-    >>> hex(reveal(layout_for_version((2, 36)), 0x55550000a2b0, 0x55500000fa3a))
+    >>> hex(reveal(layout_for_version((2, 36)), 0x55550000a2b0, 0x55505550a2a0))
+    '0x55550000a2aa'
+    >>> hex(reveal(layout_for_version((2, 31)), 0x55550000a2b0, 0x55550000a2aa))
     '0x55550000a2aa'
     """
     return ((pos >> 12) ^ stored) if layout.safe_linking else stored
@@ -187,6 +192,53 @@ def for_each_chunk(hm: HeapMemory, region: Region, *, limit: int = MAX_CHUNKS) -
         if (next_field & ~FLAG_BITS) == 2 * SIZE_SZ and region.top is None:
             return  # a fencepost ends an old heap of a thread arena
         cur = validate_chunk(hm, nxt_addr, region)
+
+
+#: bytes searched past a broken header for the next two valid consecutive headers
+RESYNC_WINDOW = 1 << 20
+
+
+def resync(hm: HeapMemory, region: Region, after: int, *, window: int = RESYNC_WINDOW) -> int | None:
+    """The first 16-aligned address past ``after`` where a chunk and the one after it both validate
+    (or the top chunk starts), within ``window`` bytes; None when there is none."""
+    addr = (after + MALLOC_ALIGNMENT) & ~(MALLOC_ALIGNMENT - 1)
+    end = min(region.end - MINSIZE, after + window)
+    while addr < end:
+        if region.top is not None and addr == region.top:
+            return addr
+        try:
+            c = validate_chunk(hm, addr, region)
+            n = validate_chunk(hm, addr + c.size, region)
+            if n.address == region.top or validate_chunk(hm, n.address + n.size, region):
+                return addr
+        except HeapValidationError:
+            pass
+        addr += MALLOC_ALIGNMENT
+    return None
+
+
+def for_each_chunk_resyncing(hm: HeapMemory, region: Region, *,
+                             limit: int = MAX_CHUNKS) -> Iterator[HeapChunk | HeapValidationError]:
+    """:func:`for_each_chunk`, stepping over broken headers: yields each chunk, and each break as the
+    :class:`HeapValidationError` that stopped the walk there, then resumes at :func:`resync`'s address.
+    At most ``limit`` chunks in all."""
+    start = region.first
+    budget = limit
+    while budget > 0:
+        sub = Region(start=region.start, first=start, end=region.end, arena=region.arena, top=region.top)
+        try:
+            for c in for_each_chunk(hm, sub, limit=budget):
+                budget -= 1
+                yield c
+            return
+        except HeapValidationError as e:
+            yield e
+            if budget <= 0:
+                return
+            nxt = resync(hm, region, e.address)
+            if nxt is None:
+                return
+            start = nxt
 
 
 def for_each_arena(hm: HeapMemory, layout: MallocLayout, main_arena: int) -> Iterator[int]:

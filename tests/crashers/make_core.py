@@ -31,6 +31,7 @@ __all__ = [
     "core_pattern_problem",
     "build_libcrash",
     "make_core",
+    "crash_for_core",
 ]
 
 HERE = Path(__file__).resolve().parent
@@ -125,21 +126,53 @@ def make_core(
     directory = Path(directory).resolve()
     lib = Path(libcrash) if libcrash is not None else build_libcrash(directory)
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-{scenario}-", dir=directory))
-    extra_env = env or {}
-    env = dict(os.environ)
-    env.pop("PYTHONHOME", None)
-    env.update(extra_env)
+    extra_env = dict(env or {})
     if preload:
-        env["LD_PRELOAD"] = " ".join(str(p) for p in preload)
-    argv = [os.fspath(python), str(EXPORTER), str(lib), scenario]
+        extra_env["LD_PRELOAD"] = " ".join(str(p) for p in preload)
+    return crash_for_core([os.fspath(python), str(EXPORTER), str(lib), scenario], run_dir, env=extra_env,
+                          root=root, binds=(EXPORTER, lib), coredump_filter=coredump_filter, timeout=timeout,
+                          what=f"{python} exporter.py {scenario}")
+
+
+def crash_for_core(
+    argv: Sequence[str],
+    run_dir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    root: str | os.PathLike[str] | None = None,
+    binds: Sequence[Path] = (),
+    coredump_filter: int | None = None,
+    timeout: float = 60.0,
+    what: str | None = None,
+    outputs: Sequence[str] = (),
+) -> Path:
+    """Run ``argv`` in the empty directory ``run_dir`` with RLIMIT_CORE raised; return the core it leaves.
+
+    The core is the file the run leaves in ``run_dir`` that is not one of ``outputs`` (names the
+    program writes there itself).
+
+    :param env: extra environment variables (over this process's, without PYTHONHOME)
+    :param root: a root filesystem (tests/roots.py) to run it in; ``run_dir`` and ``binds`` are bound
+        at their host paths
+    :raises CoresUnavailable: when kernel.core_pattern does not write to the cwd
+    :raises CoreNotWritten: when the process did not die of a signal or left no core
+    """
+    problem = core_pattern_problem()
+    if problem:
+        raise CoresUnavailable(problem)
+    what = what or " ".join(argv)
+    full_env = dict(os.environ)
+    full_env.pop("PYTHONHOME", None)
+    full_env.update(env or {})
+    argv = list(argv)
     if root is not None:
         from tests.roots import sandbox_command
 
-        argv = sandbox_command(Path(root), argv, cwd=run_dir, binds=(EXPORTER, lib))
+        argv = sandbox_command(Path(root), argv, cwd=run_dir, binds=tuple(binds))
     proc = subprocess.Popen(
         argv,
         cwd=run_dir,
-        env=env,
+        env=full_env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -151,19 +184,19 @@ def make_core(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    cores = sorted(p for p in run_dir.iterdir() if p.is_file())  # the run directory starts empty
+    cores = sorted(p for p in run_dir.iterdir() if p.is_file() and p.name not in outputs)
     signo = -proc.returncode
     if root is not None and proc.returncode > 128:  # bwrap exits 128 + the signal its child died of
         signo = proc.returncode - 128
     if signo <= 0:
         raise CoreNotWritten(
-            f"{python} exporter.py {scenario} exited with status {proc.returncode} instead of dying of a signal:\n"
+            f"{what} exited with status {proc.returncode} instead of dying of a signal:\n"
             + err.decode(errors="replace")[-2000:]
         )
     if not cores:
         sig = signal.Signals(signo).name
         raise CoreNotWritten(
-            f"{python} exporter.py {scenario} died of {sig} but no core appeared in {run_dir} "
+            f"{what} died of {sig} but no core appeared in {run_dir} "
             f"(core_pattern {_CORE_PATTERN.read_text().strip()!r}; check RLIMIT_CORE, free disk, and that "
             "the directory is writable)"
         )
