@@ -2,9 +2,8 @@
 
 Debian's ``libc6-dbg`` (and every distribution's equivalent) ships libc's full
 symbol table and DWARF under ``/usr/lib/debug/.build-id/XX/YYYY.debug``, keyed by
-libc's GNU build-id.  :func:`find_debug_file` looks there (under the sysroot
-first, then on this machine: the build-id makes a wrong match impossible) and
-in the libc file itself when it was not stripped.
+libc's GNU build-id.  :func:`find_libc_debug_file` looks there (the one lookup of
+:mod:`forensics.core.debugfiles`) and in the libc file itself when it was not stripped.
 
 * :func:`read_symbols` reads ``main_arena``, ``mp_``, ``tcache`` (a TLS offset) and
   the like from ``.symtab`` with :mod:`struct` (pyelftools walks every symbol as an
@@ -26,8 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from forensics.core import elf
+from forensics.core.debugfiles import find_debug_file
 
-__all__ = ["DebugSymbol", "STRUCTS", "find_debug_file", "read_symbols", "read_struct_layouts", "DebugInfoError"]
+__all__ = ["DebugSymbol", "STRUCTS", "find_libc_debug_file", "read_symbols", "read_struct_layouts",
+           "DebugInfoError"]
 
 #: the structs (DWARF names) the heap reader takes from libc's debug information
 STRUCTS = ("malloc_state", "malloc_par", "_heap_info", "tcache_perthread_struct", "tcache_entry", "malloc_chunk")
@@ -55,25 +56,20 @@ class DebugSymbol:
     type: int  # STT_*
 
 
-def find_debug_file(build_id: str | None, *, sysroot: str | None = None, library_file: str | None = None) -> str | None:
+def find_libc_debug_file(build_id: str | None, *, sysroot: str | None = None,
+                         library_file: str | None = None) -> str | None:
     """The file holding libc's symbol table for this build, or None.
 
-    Looks for ``usr/lib/debug/.build-id/XX/YYYY.debug`` under ``sysroot``, then on
-    this machine, then at ``library_file`` itself when it has a ``.symtab``.
+    libc's separate debug file by build-id (:func:`forensics.core.debugfiles.find_debug_file`:
+    the sysroot first, then this machine), else ``library_file`` itself when it was not stripped.
 
     :param build_id: libc's GNU build-id (hex) as read from the core
     :param sysroot: the crashed machine's files, unpacked here
     :param library_file: the libc file that matched the core's build-id
     """
-    candidates = []
-    if build_id and len(build_id) > 2 and all(c in "0123456789abcdef" for c in build_id):
-        rel = os.path.join("usr/lib/debug/.build-id", build_id[:2], build_id[2:] + ".debug")
-        if sysroot:
-            candidates.append(os.path.join(sysroot, rel))
-        candidates.append(os.path.join("/", rel))
-    for path in candidates:
-        if os.path.isfile(path):
-            return path
+    found = find_debug_file(build_id, sysroot)
+    if found is not None:
+        return found
     if library_file and os.path.isfile(library_file) and _has_symtab(library_file):
         return library_file
     return None

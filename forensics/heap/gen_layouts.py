@@ -29,7 +29,7 @@ import json
 import os
 import sys
 
-from forensics.heap.debuginfo import DebugInfoError, find_debug_file, read_struct_layouts, read_symbols
+from forensics.heap.debuginfo import DebugInfoError, find_libc_debug_file, read_struct_layouts, read_symbols
 from forensics.heap.layout import NEWEST, OLDEST
 
 __all__ = ["model_structs", "generate", "main"]
@@ -123,7 +123,7 @@ def read_dwarf_entry(libc: str) -> tuple[tuple[int, int], dict, str]:
     version, banner = found
     build_id = read_build_id_from_file(libc)
     root = _root_of(libc)
-    debug = find_debug_file(build_id, sysroot=root if root not in (None, os.sep) else None)
+    debug = find_libc_debug_file(build_id, sysroot=root if root not in (None, os.sep) else None)
     if debug is None:
         raise DebugInfoError(f"{libc}: no debug file for build-id {build_id} (install libc6-dbg there)")
     syms = read_symbols(debug, _ANCHORS)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from forensics.core.image import ElfImage
 from forensics.core.libc import find_libc
 from forensics.core.memory import CoreMemory
-from forensics.heap.debuginfo import DebugInfoError, find_debug_file, read_struct_layouts, read_symbols
+from forensics.heap.debuginfo import DebugInfoError, find_libc_debug_file, read_struct_layouts, read_symbols
 from forensics.heap.layout import (
     MALLOC_ALIGNMENT,
     NEWEST,
@@ -246,7 +246,7 @@ def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
     bias = _bias(mem, libc, page_size)
     version, version_source = _version(libc)
     usable = libc.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
-    debug = find_debug_file(libc.build_id, sysroot=sysroot, library_file=libc.file_path if usable else None) \
+    debug = find_libc_debug_file(libc.build_id, sysroot=sysroot, library_file=libc.file_path if usable else None) \
         if debug_info else None
     symbols = {}
     layout: MallocLayout | None = None

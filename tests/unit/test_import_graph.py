@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "model", "cache", "redact", "options"),  # records, errors, pure helpers
     ("output", "resources", "guard", "fleet"),  # shared formats, shipped files
     ("core",),  # reading cores
-    ("gdb", "pyread", "bundle", "unwind"),  # stacks by gdb / by our reader / by libdw; reading capture bundles
+    ("gdb", "pyread", "bundle", "unwind", "heap"),  # stacks by gdb / our reader / libdw; capture bundles; glibc heap
     ("analyze", "imports"),  # analyze's pipeline; verify-imports' library
     ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
     ("report", "reproduce"),
