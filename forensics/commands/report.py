@@ -15,40 +15,70 @@ __all__ = ["report"]
 @click.command("report")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--template", type=click.Choice(["nvitop", "nvml", "runbook"]), default="nvitop", show_default=True,
-              help="nvitop: a GitHub issue for nvitop/nvitop-exporter; nvml: a report for NVIDIA; runbook: an incident record.")
-@click.option("--redact-hosts", is_flag=True, help="Also replace host names, IPs, node and pod names (consistently: node-1, node-2...).")
-@click.option("--check", is_flag=True, help="Exit 3 when a required field is unfilled or the Markdown would render wrong.")
+              help="nvitop: an issue in nvitop's bug report form; nvml: a defect report for NVIDIA; runbook: an incident record.")
+@click.option("--redact-hosts/--keep-hosts", default=None,
+              help="Replace host, node and pod names and IPs (host-1, node-1...). Default: replaced in the nvitop and "
+                   "nvml reports (with local paths), kept in the runbook.")
+@click.option("--issue-form", type=click.Path(dir_okay=False), default=None,
+              help="A newer copy of nvitop's .github/ISSUE_TEMPLATE/bug-report.yaml to follow (default: the shipped copy).")
+@click.option("--nvidia-link", default="", help="The URL of the NVIDIA report, for the nvitop issue to link.")
+@click.option("--check", is_flag=True, help="Exit 3 when a required field is unfilled, the title is not plain text, "
+              "the form is not followed or the Markdown would render wrong. Given report .md files, check those.")
 @json_option
 @output_option
 @force_option
-def report(inputs, template, redact_hosts, check, as_json, output, force):
+def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, as_json, output, force):
     """Write an upstream-ready defect report (Markdown) from forensics evidence.
 
     INPUTS: any mix of `analyze --json`, `verify-imports --json`, `reproduce --json` and
     `fleet --json` documents and capture bundle directories. Secrets are always redacted.
+    The report states the conclusion first and says where to file it; with -o FILE its
+    attachments (reproducers, every thread's stacks, nvidia-smi -q) go into FILE's stem +
+    ".files/" beside it.  `report --check REPORT.md ...` checks written reports.
 
     \b
-    Exit codes: 0 written; 1 error; 2 usage; 3 --check found problems.
+    Exit codes: 0 written (or checked clean); 1 error; 2 usage; 3 --check found problems.
     """
     from .. import __version__ as version
-    from ..output import json_document, write_new
-    from ..report import make_report
+    from ..output import json_document
+    from ..report import attachment_dir_for, check_report_file, make_report, write_report
 
-    rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version)
-    attachment_path = None
-    if rep.attachment is not None:
-        base = output or f"forensics-report-{template}"
-        attachment_path = f"{base}.full.md"
-        write_new(attachment_path, rep.attachment, force)
-        click.echo(f"Wrote {attachment_path} (the whole report; the issue body is shortened)", err=True)
+    if check and all(str(p).endswith(".md") for p in inputs):
+        results = [(p, *check_report_file(p, issue_form=issue_form)) for p in inputs]
+        if as_json:
+            emit([json_document("report-check", {"reports": [{"path": p, "template": t, "problems": pr}
+                                                              for p, t, pr in results]})], output, force)
+        else:
+            emit([f"{p}: " + ("OK" if not pr else f"{len(pr)} problem(s)\n" + "\n".join(f"  {x}" for x in pr))
+                  for p, _t, pr in results], output, force)
+        sys.exit(EXIT_FINDINGS if any(pr for _p, _t, pr in results) else EXIT_OK)
+    files_dir = attachment_dir_for(output).name if output else ""
+    rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version,
+                      issue_form=issue_form, nvidia_link=nvidia_link, attachment_dir=files_dir)
+    c = rep.context.conclusion
     if as_json:
-        payload = {"report": {"template": template, "title": rep.context.title, "markdown": rep.markdown,
-                              "attachment": attachment_path, "problems": list(rep.problems),
-                              "missing_fields": rep.context.missing, "redactions": rep.context.redactions,
-                              "known_issues": rep.context.known_issues}}
+        payload = {"report": {
+            "template": template, "title": rep.title, "markdown": rep.markdown, "body": rep.body,
+            "attachments": rep.attachments, "problems": list(rep.problems), "missing_fields": rep.context.missing,
+            "footer": rep.context.footer,
+            "conclusion": {"suspect": c.suspect.name.lower(), "statement": c.statement,
+                           "unsupported": list(c.unsupported), "upgrade": list(c.upgrade),
+                           "filings": [{"order": x.order, "where": x.where, "report": x.report, "action": x.action}
+                                       for x in c.filings]},
+            "known_issues": [{"id": k.id, "title": k.title, "matched_on": list(k.matched_on),
+                              "sources": [url for _label, url in k.sources]} for k in rep.context.known_issues]}}
         emit([json_document("report", payload)], output, force)
+    elif output:
+        for p in write_report(rep, output, force=force):
+            click.echo(f"Wrote {p}", err=True)
     else:
-        emit([rep.markdown.rstrip("\n")], output, force)
+        emit([rep.markdown.rstrip("\n")], None, force)
+        if rep.attachments:
+            click.echo(f"forensics: {len(rep.attachments)} attachments not written (pass -o FILE to write them "
+                       f"beside the report): {', '.join(sorted(rep.attachments))}", err=True)
+    click.echo(f"forensics: conclusion: {c.statement}", err=True)
+    for x in c.filings:
+        click.echo(f"forensics: file ({x.order}) the {x.report} report -> {x.where}: {x.action}", err=True)
     for p in rep.problems:
         click.echo(f"forensics: check: {p}", err=True)
     sys.exit(EXIT_FINDINGS if check and rep.problems else EXIT_OK)

@@ -1,27 +1,42 @@
-"""``forensics report``: evidence -> redacted context -> Markdown (jinja2 templates in the package).
+"""``forensics report``: evidence -> redacted facts -> the conclusion -> Markdown in the upstream's form.
 
-:func:`make_report` is the one entry point; templates live in
-``forensics/report/templates`` (a base with blocks, one child per report kind).
+:func:`make_report` is the one entry point; its stages are one function each:
+:func:`~.evidence.load_evidence` (read), redaction and localization of the evidence tree,
+:func:`~.facts.read_facts` (facts), :func:`~.known.match_known_issues`, :func:`~.verdict.decide`
+(the conclusion and which report to file where), :func:`~.context.build_context`, then the
+template (``forensics/report/templates``).  :func:`write_report` writes the Markdown and its
+attachments beside it; :func:`check_report_file` checks a written report against the form.
+
+A report file is YAML front matter (the plain-text title, where to file it, the attachments)
+followed by the body to paste.
 """
 from __future__ import annotations
 
 import functools
+import json
+import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
-from .context import REQUIRED_FIELDS, TEMPLATES, UNKNOWN, ReportContext, build_context
+from .context import REQUIRED_FIELDS, TEMPLATES, UNKNOWN, UPSTREAM, ReportContext, build_context
 from .evidence import Evidence, load_evidence
+from .form import IssueForm, check_form_body, load_shipped_form, read_issue_form
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown, escape, fence
-from ..redact import Redactor
+from ..redact import Redactor, redact_tree
 
-__all__ = ["Report", "make_report", "render", "environment", "TEMPLATES"]
+__all__ = ["Report", "make_report", "render", "environment", "write_report", "check_report_file",
+           "split_front_matter", "check_title", "attachment_dir_for", "TEMPLATES"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
-    markdown: str  # what goes into the issue tracker (under GitHub's limit)
-    attachment: str | None  # the whole report when the issue body had to be shortened
+    title: str  # plain text
+    body: str  # the Markdown to paste (under GitHub's limit)
+    markdown: str  # front matter + body: what `report` writes
+    attachments: dict[str, str]  # file name -> text, written beside the report
     context: ReportContext
-    problems: tuple[str, ...]  # --check findings: missing required fields, Markdown defects
+    problems: tuple[str, ...]  # --check findings
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,33 +58,148 @@ def environment():
     return env
 
 
-def render(ctx: ReportContext, *, compact: bool = False) -> str:
-    """Markdown for ``ctx``; ``compact`` drops the long details blocks (for the issue body)."""
+def render(ctx: ReportContext) -> str:
+    """The Markdown body of ``ctx``."""
     data = {k: getattr(ctx, k) for k in ctx.__dataclass_fields__}
-    if compact:
-        data.update(native_rest=[], other_threads=[], reproduce={**ctx.reproduce, "sources": {}})
     text = environment().get_template(f"{ctx.template}.md.j2").render(**data)
-    while "\n\n\n" in text:
-        text = text.replace("\n\n\n", "\n\n")
+    text = re.sub(r"\n{3,}", "\n\n", text)
     return text.strip() + "\n"
 
 
-def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bool = False,
+def _front_matter(ctx: ReportContext, attachment_dir: str) -> str:
+    """YAML front matter: the title and where to file this report (json.dumps strings are valid YAML)."""
+    filing = next((x for x in ctx.conclusion.filings if x.report == ctx.template), None)
+    if ctx.template == "nvitop" and ctx.form:
+        where = ctx.form.new_issue_url
+    elif ctx.template == "nvml":
+        from .verdict import NVIDIA_WHERE
+
+        where = NVIDIA_WHERE
+    else:
+        where = "the incident record (internal)"
+    lines = ["---", f"title: {json.dumps(ctx.title, ensure_ascii=False)}", f"file-at: {json.dumps(where)}"]
+    if filing:
+        lines.append(f"when: {json.dumps(f'{filing.order}. {filing.action}', ensure_ascii=False)}")
+    elif ctx.template in UPSTREAM:
+        lines.append(f"when: {json.dumps('not now: ' + '; '.join(x.action for x in ctx.conclusion.filings))}")
+    lines.append(f"conclusion: {json.dumps(ctx.conclusion.suspect.name.lower())}")
+    if ctx.template == "nvitop" and ctx.form:
+        lines.append(f"labels: {json.dumps(list(ctx.form.labels))}")
+        lines.append(f"form: {json.dumps(ctx.form.source)}")
+        lines.append("before-filing: \"tick the form's required checkboxes once you have done what they say\"")
+    if ctx.attachments:
+        lines.append("attachments:")
+        for name in sorted(ctx.attachments):
+            lines.append(f"  - {json.dumps(f'{attachment_dir}/{name}' if attachment_dir else name)}")
+    lines.append("---")
+    return "\n".join(lines) + "\n\n"
+
+
+def split_front_matter(text: str) -> tuple[dict, str]:
+    """(front matter, body) of a report file; ({}, text) when it has none."""
+    import yaml
+
+    if not text.startswith("---\n"):
+        return {}, text
+    end = text.find("\n---\n", 4)
+    if end < 0:
+        return {}, text
+    try:
+        meta = yaml.safe_load(text[4:end]) or {}
+    except yaml.YAMLError:
+        return {}, text
+    return (meta if isinstance(meta, dict) else {}), text[end + 5:].lstrip("\n")
+
+
+def check_title(title: str) -> list[str]:
+    """A GitHub title is plain text: no Markdown heading, no backslash escapes, one line, <= 256 characters."""
+    problems = []
+    if not title.strip():
+        problems.append("the title is empty")
+    if title.lstrip().startswith("#") or re.search(r"\\[\\`*_\[\]<>|~#]", title):
+        problems.append("the title has Markdown in it (GitHub titles are plain text)")
+    if "\n" in title or len(title) > 256:
+        problems.append("the title is not one line of at most 256 characters")
+    return problems
+
+
+def _check(body: str, ctx: ReportContext) -> list[str]:
+    problems = [f"required field {f!r} is not filled" for f in ctx.missing if f in REQUIRED_FIELDS[ctx.template]]
+    problems += check_title(ctx.title)
+    problems += check_markdown(body)
+    if ctx.template == "nvitop" and ctx.form:
+        problems += check_form_body(body, ctx.form)
+    return problems
+
+
+def _hosts_in(ev: Evidence) -> dict[str, str]:
+    """Node, pod and host names the evidence names, to be replaced consistently: the capture's identity and
+    scheduling, and the values of --hostname / --host / --node-name options in the command lines."""
+    out: dict[str, str] = {}
+    for doc in ev.all("capture"):
+        sched = doc.get("scheduling") or {}
+        for name, kind in ((((sched.get("node") or {}).get("name")), "node"), (((sched.get("pod") or {}).get("name")), "pod"),
+                           ((doc.get("record") or {}).get("node"), "node"), ((doc.get("identity") or {}).get("node"), "node"),
+                           ((doc.get("identity") or {}).get("pod"), "pod"), ((doc.get("identity") or {}).get("agent_pod"), "pod"),
+                           ((doc.get("identity") or {}).get("hostname"), "host")):
+            if isinstance(name, str) and name:
+                out.setdefault(name, kind)
+    texts = []
+    for doc in ev.all("analyze"):
+        texts.append(str((((doc.get("analysis") or {}).get("snapshot") or {}).get("core") or {}).get("args") or ""))
+    for doc in ev.all("capture"):
+        cmd = (doc.get("snapshot") or {}).get("cmdline")
+        texts.append(" ".join(cmd) if isinstance(cmd, list) else str(cmd or ""))
+    for doc in ev.all("verify-imports"):
+        argv = ((((doc.get("result") or {}).get("python") or {}).get("entrypoint") or {}).get("argv")) or []
+        texts.append(" ".join(str(a) for a in argv))
+    for t in texts:
+        for m in re.finditer(r"--(?:hostname|host|node-name|nodename)(?:=|\s+)([A-Za-z0-9][A-Za-z0-9.-]{0,252})", t):
+            if not re.fullmatch(r"[\d.]+", m.group(1)) and m.group(1) not in ("localhost",):
+                out.setdefault(m.group(1), "host")
+    return out
+
+
+def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bool | None = None,
                 known_hosts: dict[str, str] | None = None, tool_version: str = "",
-                reproducer_sources: dict[str, str] | None = None) -> Report:
-    """Read the evidence, redact it, render the template, and check the result.
+                reproducer_sources: dict[str, str] | None = None, issue_form: str | None = None,
+                nvidia_link: str = "", attachment_dir: str = "") -> Report:
+    """Read the evidence, redact it, decide, render the template, and check the result.
 
-    ``reproducer_sources`` defaults to the minimal reproducers shipped with forensics.
-    When the report is longer than GitHub's issue limit, the issue body is the
-    compact rendering and the whole report is returned as ``attachment``.
+    :param redact_hosts: replace host, node and pod names and IPs; None: yes for the upstream templates
+        (nvitop, nvml), no for the runbook.  Upstream templates also replace local paths.
+    :param issue_form: a newer copy of nvitop's issue form (YAML) to follow instead of the shipped one
+    :param nvidia_link: the NVIDIA report's URL, for the nvitop issue to link
+    :param attachment_dir: where the attachments will be written, as the report names it
     """
+    from .facts import read_facts
     from .known import match_known_issues
+    from .localize import PathLocalizer
+    from .verdict import decide
 
+    if template not in TEMPLATES:
+        raise ValueError(template)
+    upstream = template in UPSTREAM
+    hosts = upstream if redact_hosts is None else redact_hosts
+    form: IssueForm | None = None
+    if template == "nvitop":
+        form = read_issue_form(issue_form) if issue_form else load_shipped_form()
     ev: Evidence = load_evidence(paths)
     _analyze_bundles(ev)
-    redactor = Redactor(hosts=redact_hosts, known_hosts=dict(known_hosts or {}))
-    if redact_hosts:
+    redactor = Redactor(hosts=hosts, known_hosts=dict(known_hosts or {}))
+    if hosts:
         redactor.known_hosts.update(_hosts_in(ev))
+    # Redact the whole evidence tree once, before anything is picked out of it; first learn every secret
+    # value in it (and in the evidence paths), so that each is masked wherever it appears.
+    item_paths = [i.path for i in ev.items]
+    redactor.learn({"docs": ev.docs, "paths": item_paths})
+    docs = {k: [redact_tree(d, redactor) for d in v] for k, v in ev.docs.items()}
+    localizer = PathLocalizer()
+    if upstream:
+        docs = localizer.tree(docs)
+    facts = read_facts(Evidence(docs=docs, items=ev.items))
+    known = match_known_issues(facts)
+    conclusion = decide(facts, known)
     if reproducer_sources is None:
         from ..errors import ForensicsError
         from ..resources import reproducer_sources as shipped_sources
@@ -78,17 +208,63 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
             reproducer_sources = shipped_sources()
         except ForensicsError:
             reproducer_sources = {}
-    ctx = build_context(ev, template, redactor, tool_version=tool_version, reproducer_sources=reproducer_sources)
-    ctx.known_issues = match_known_issues(ev)
-    full = render(ctx)
-    body, attachment = full, None
-    if len(full) >= GITHUB_ISSUE_LIMIT:
-        body = render(ctx, compact=True)
-        body += "\nThe full report (all threads, all frames, reproducer sources) is attached.\n"
-        attachment = full
-    problems = [f"required field {f!r} is not filled" for f in ctx.missing if f in REQUIRED_FIELDS[template]]
-    problems += check_markdown(body)
-    return Report(markdown=body, attachment=attachment, context=ctx, problems=tuple(problems))
+    evidence = [{"path": redactor.text(i.path), "kind": i.kind, "sha256": i.sha256, "size": str(i.size)}
+                for i in ev.items]
+    heap = _heap_section(docs)
+    ctx = build_context(facts, template, conclusion, known, tool_version=tool_version, footer=[],
+                        evidence=evidence, reproducer_sources=reproducer_sources, form=form,
+                        nvidia_link=nvidia_link, heap=heap, attachment_dir=attachment_dir)
+    ctx.footer = _footer(redactor, localizer, upstream, hosts)
+    body = render(ctx)
+    if len(body) >= GITHUB_ISSUE_LIMIT:
+        ctx.attachments["full-report.md"] = body
+        body = body[: GITHUB_ISSUE_LIMIT - 200].rsplit("\n", 1)[0] + "\n\n(cut: the whole report is attached as full-report.md)\n"
+    problems = _check(body, ctx)
+    return Report(title=ctx.title, body=body, markdown=_front_matter(ctx, attachment_dir) + body,
+                  attachments=dict(ctx.attachments), context=ctx, problems=tuple(problems))
+
+
+_HOST_KINDS = {"host names": ("host name", "host names"), "IP addresses": ("IP address", "IP addresses"),
+               "node names": ("node name", "node names"), "pod names": ("pod name", "pod names")}
+
+
+def _count_phrase(what: str, n: int) -> str:
+    """``3 bearer tokens``, ``1 bearer token``: the redactor counts by plural phrases; the head noun is
+    the first word ending in s of the phrase's last part (``passwords in URLs`` -> ``password in URLs``)."""
+    one, many = _HOST_KINDS.get(what, (None, what))
+    if one is None:
+        words = what.split(" ")
+        cut = min([words.index(w) for w in ("in", "with") if w in words] or [len(words)])
+        for i in range(cut - 1, -1, -1):
+            if words[i].endswith("s") and not words[i].endswith("ss"):
+                words[i] = words[i][:-1]
+                break
+        one = " ".join(words)
+    return f"{n} {one if n == 1 else many}"
+
+
+def _footer(redactor: Redactor, localizer, upstream: bool, hosts: bool) -> list[str]:
+    """What was replaced in the evidence before this report was written, by kind."""
+    secrets = [_count_phrase(w, n) for w, n in sorted(redactor.counts.items()) if w not in _HOST_KINDS]
+    out = ["secrets: " + (", ".join(secrets) if secrets else
+                          "none found (URL credentials, NAME=value and option pairs with secret-like names, tokens, "
+                          "private keys)")]
+    if hosts:
+        names = [_count_phrase(w, n) for w, n in sorted(redactor.counts.items()) if w in _HOST_KINDS]
+        out.append("host, node and pod names and IPs: " + (", ".join(names) + " (now host-N, node-N, pod-N, ip-N)"
+                                                           if names else "none found"))
+    if upstream:
+        out.append("local paths: " + (", ".join(localizer.summary()) if localizer.summary() else "none found"))
+    return out
+
+
+def _heap_section(docs: dict) -> dict | None:
+    """What the core's heap says, when the analysis carries a heap reading (#21): {"summary", "lines"}."""
+    for doc in docs.get("analyze") or []:
+        heap = (doc.get("analysis") or {}).get("heap")
+        if isinstance(heap, dict) and heap.get("summary"):
+            return {"summary": str(heap["summary"]), "lines": [str(x) for x in heap.get("lines") or []]}
+    return None
 
 
 def _analyze_bundles(ev: Evidence) -> None:
@@ -112,15 +288,63 @@ def _analyze_bundles(ev: Evidence) -> None:
             return
 
 
-def _hosts_in(ev: Evidence) -> dict[str, str]:
-    """Node, pod and host names the evidence itself names, to be replaced consistently."""
-    out: dict[str, str] = {}
-    for doc in ev.all("capture"):
-        sched = doc.get("scheduling") or {}
-        for name, kind in ((((sched.get("node") or {}).get("name")), "node"), (((sched.get("pod") or {}).get("name")), "pod"),
-                           ((doc.get("record") or {}).get("node"), "node"), ((doc.get("identity") or {}).get("node"), "node"),
-                           ((doc.get("identity") or {}).get("pod"), "pod"), ((doc.get("identity") or {}).get("agent_pod"), "pod"),
-                           ((doc.get("identity") or {}).get("hostname"), "host")):
-            if isinstance(name, str) and name:
-                out.setdefault(name, kind)
-    return out
+def write_report(rep: Report, output: str, *, force: bool = False) -> list[str]:
+    """Write the report to ``output`` and its attachments into ``<output stem>.files/`` beside it.
+
+    :return: the paths written
+    :raises OutputExists: when a file exists and not ``force``
+    """
+    from ..errors import OutputExists
+    from ..output import write_new
+
+    out = Path(output)
+    files_dir = attachment_dir_for(output)
+    written = []
+    targets = [(out, rep.markdown)] + [(files_dir / name, text) for name, text in sorted(rep.attachments.items())]
+    if not force:
+        for p, _ in targets:
+            if p.exists():
+                raise OutputExists(str(p))
+    if rep.attachments:
+        files_dir.mkdir(parents=True, exist_ok=True)
+    for p, text in targets:
+        write_new(str(p), text, force)
+        written.append(str(p))
+    return written
+
+
+def attachment_dir_for(output: str) -> Path:
+    """``report-nvml.md`` -> ``report-nvml.files`` (beside it)."""
+    out = Path(output)
+    return out.with_name((out.stem if out.suffix == ".md" else out.name) + ".files")
+
+
+def check_report_file(path: str, *, issue_form: str | None = None) -> tuple[str, list[str]]:
+    """Check a written report: front matter and title, the Markdown, the form (nvitop), the attachments.
+
+    :return: (the template it was made with, or "" when unknown; the problems)
+    """
+    from ..errors import InputNotFound
+
+    if not os.path.isfile(path):
+        raise InputNotFound(path)
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    meta, body = split_front_matter(text)
+    problems = []
+    if not meta:
+        problems.append("no front matter (title, file-at) at the top")
+    title = str(meta.get("title") or "")
+    problems += check_title(title)
+    problems += check_markdown(body)
+    form_src = str(meta.get("form") or "")
+    template = "nvitop" if form_src else ("nvml" if "NVIDIA" in str(meta.get("file-at") or "") else "")
+    if template == "nvitop":
+        form = read_issue_form(issue_form) if issue_form else load_shipped_form()
+        problems += check_form_body(body, form)
+    base = Path(path).parent
+    for a in meta.get("attachments") or []:
+        if not (base / str(a)).is_file():
+            problems.append(f"attachment {a} is missing")
+    if len(text) >= GITHUB_ISSUE_LIMIT:
+        problems.append(f"{len(text)} characters: over GitHub's issue limit of {GITHUB_ISSUE_LIMIT}")
+    return template, problems

@@ -1,29 +1,44 @@
-"""Shape evidence into the context a report template renders.
+"""Stage 3 of a report: the context one template renders, and its attachments.
 
-Pure: evidence documents in, :class:`ReportContext` out.  Templates only loop
-and branch over this context; every value here is already redacted.  A value
-the evidence does not hold is :data:`UNKNOWN`, never an empty cell.
+Pure: :class:`~.facts.Facts`, the :class:`~.verdict.Conclusion` and the known-issue matches
+in, :class:`ReportContext` out.  Templates only loop and branch over it; every value is
+already redacted (and, for upstream templates, free of local paths and host names).  The
+long evidence -- every thread's stacks, the reproducers' sources and output, nvidia-smi -q,
+the driver's kernel log -- goes into :attr:`ReportContext.attachments`, written beside the
+report, and the body names them.
+
+The stages, each one function: :func:`~.facts.read_facts` (evidence -> facts),
+:func:`~.verdict.decide` (facts -> conclusion), :func:`build_context` (-> what a template
+shows).  #21's heap reading has its place here: :attr:`ReportContext.heap` ("what the core's
+heap says"), filled from an analysis that carries a ``heap`` section, shown by the NVIDIA report.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .evidence import Evidence
-from ..redact import Redactor, redact_tree
+from .facts import Facts, Phase, smi_facts, xid_summary
+from .form import IssueForm
+from .known import KnownMatch
+from .verdict import Conclusion, Suspect
 
-__all__ = ["UNKNOWN", "ReportContext", "build_context", "TEMPLATES", "REQUIRED_FIELDS"]
+__all__ = ["UNKNOWN", "OPEN", "TEMPLATES", "UPSTREAM", "REQUIRED_FIELDS", "ReportContext", "build_context",
+           "make_title"]
 
 UNKNOWN = "unknown (not in the evidence)"
 OPEN = "OPEN: not determined yet"
 TEMPLATES = ("nvitop", "nvml", "runbook")
-NATIVE_SHOWN = 12
+UPSTREAM = ("nvitop", "nvml")  # shared outside: local paths and host names replaced by default
+NATIVE_SHOWN = 14
+TITLE_MAX = 256  # GitHub's limit for an issue title
 
-# The fields each template must have filled (or explicitly unknown) for --check.
+# The fields each template must have filled for --check (nvitop: the form's required fields, too).
 REQUIRED_FIELDS = {
-    "nvitop": ("title", "nvitop_version", "os", "driver", "python_env", "description", "reproduce", "traceback"),
-    "nvml": ("title", "gpus", "driver", "nvml_library", "description", "reproduce", "native_top"),
+    "nvitop": ("title", "nvitop_version", "os", "driver", "crash_prose", "traceback"),
+    "nvml": ("title", "gpus", "driver", "nvml_library", "call", "native_top"),
     "runbook": ("title", "signature", "first_seen", "affected", "versions", "reproduction", "diagnostics",
                 "mitigation", "recovery", "conclusion", "recurrence"),
 }
@@ -35,246 +50,448 @@ class ReportContext:
 
     template: str
     title: str
+    conclusion: Conclusion
     generated_at: str
     tool_version: str
-    signature: str
-    crash: dict[str, str]
-    environment: list[tuple[str, str]]
+    # the environment
     nvitop_version: str
     os: str
+    os_image: str
+    os_node: str
     driver: str
+    nvml: str
     cuda: str
-    nvidia_smi: str
+    glibc: str
+    python: str
+    kernel: str
     gpus: str
+    gpu_lines: list[str]
     nvml_library: str
-    python_env: str
-    description: str
-    traceback: str
+    image: str
+    versions_prose: str
+    smi_excerpt: str
+    smi_captured: bool
+    system_facts: list[tuple[str, str]]
+    bug_report: str
+    pyenv: dict[str, Any]
+    # the crash
+    signature: str
+    crash_prose: str
+    crash_rows: list[tuple[str, str]]
+    process: str
+    call: str
     native_top: list[str]
-    native_rest: list[str]
-    other_threads: list[tuple[str, str]]
+    native_more: int
+    traceback: str
+    stack_label: str
+    logs: str
+    glibc_message: str
+    verdicts: list[str]  # the reproducers' VERDICT lines
+    # reproduction
+    snippet: str
+    commands: list[str]
+    observed: list[str]
+    rate: list[str]
+    # the rest
+    known_issues: list[KnownMatch]
+    unsupported: list[str]
     frequency: list[str]
     ruled_out: list[str]
-    reproduce: dict[str, Any]
     workaround: list[str]
-    known_issues: list[dict[str, str]]
-    evidence: list[dict[str, str]]
-    redactions: list[str]
+    attachments: dict[str, str]
+    attachment_dir: str
+    footer: list[str]
+    form: IssueForm | None
+    nvidia_link: str
     runbook: dict[str, str]
+    evidence: list[dict[str, str]]
+    heap: dict[str, Any] | None = None  # what the core's heap says (#21); None: no heap reading in the evidence
     missing: list[str] = field(default_factory=list)
 
-    # attribute-style access for the runbook's fields in REQUIRED_FIELDS
     def value(self, name: str) -> Any:
         if hasattr(self, name):
             return getattr(self, name)
         return self.runbook.get(name)
 
 
-def _get(doc: Any, *path: str, default: Any = None) -> Any:
-    cur = doc
-    for p in path:
-        if not isinstance(cur, dict) or p not in cur:
-            return default
-        cur = cur[p]
-    return cur if cur not in (None, "", [], {}) else default
+def _v(x: Any) -> str:
+    return str(x) if x not in (None, "") else UNKNOWN
 
 
-def _analysis(ev: Evidence) -> dict | None:
-    doc = ev.first("analyze")
-    if doc:
-        return doc.get("analysis")
-    cap = ev.first("capture")
-    return _get(cap, "analysis")
+def _plain(s: str) -> str:
+    """One line of plain text: control characters and newlines out, Markdown heading marks off the front."""
+    s = re.sub(r"[\x00-\x1f\x7f]+", " ", s)
+    s = re.sub(r"\s+", " ", s).strip()
+    return s.lstrip("#").strip()[:TITLE_MAX]
 
 
-def _pytb(py_frames: list[dict]) -> str:
-    """The crashing thread's Python stack in traceback form (most recent call last)."""
-    if not py_frames:
+def _process_name(f: Facts) -> str:
+    cmd = f.process or ""
+    if "nvitop_exporter" in cmd or "nvitop-exporter" in cmd:
+        return f"nvitop-exporter {f.exporter}" if f.exporter else "nvitop-exporter"
+    if "nvitop" in cmd:
+        return f"nvitop {f.nvitop}" if f.nvitop else "nvitop"
+    exe = cmd.split()[0].rsplit("/", 1)[-1] if cmd else ""
+    return exe or "the process"
+
+
+def _failure(f: Facts) -> str:
+    if f.kind == "heap-corruption" and f.abort_message:
+        return f'aborts with heap corruption ("{f.abort_message}")'
+    if f.abort_message:
+        return f'aborts ("{f.abort_message}")'
+    if f.signal:
+        return f"crashes with {f.signal}"
+    return "crashes"
+
+
+def make_title(template: str, f: Facts, c: Conclusion, form: IssueForm | None = None) -> str:
+    """A plain-text title naming the failing API and the versions.
+
+    >>> from forensics.report.facts import Facts
+    >>> from forensics.report.verdict import decide
+    >>> f = Facts(has_crash=True, signal="SIGSEGV", api="nvmlShutdown", driver="580.126.09")
+    >>> make_title("nvml", f, decide(f, []))
+    'nvmlShutdown crashes with SIGSEGV - driver 580.126.09'
+    """
+    api = f.api or (f"{f.caller}()" if f.caller else "an NVML call")
+    what = f" ({f.query.what}" + (f", fields {'/'.join(map(str, f.query.fields))}" if f.query.fields else "") + ")" \
+        if f.query and f.query.what else ""
+    if template == "nvml":
+        versions = ", ".join(x for x in (f"driver {f.driver}" if f.driver else "", f"NVML {f.nvml}" if f.nvml else "",
+                                          f.gpus or "") if x)
+        verb = ("corrupts the heap: glibc aborts with \"" + f.abort_message + "\""
+                if f.kind == "heap-corruption" and f.abort_message else _failure(f))
+        return _plain(f"{api}{what} {verb}" + (f" - {versions}" if versions else ""))
+    if template == "nvitop":
+        prefix = (form.title_prefix if form else "[BUG] ")
+        versions = ", ".join(x for x in (f"nvidia-ml-py {f.binding}" if f.binding else "",
+                                          f"driver {f.driver}" if f.driver else "") if x)
+        head = f"{_process_name(f)} {_failure(f)} in {api}{what}"
+        if c.suspect is Suspect.DRIVER:
+            head = f"{_process_name(f)} crashes in {api}{what} on driver {f.driver or '?'}, in C too"
+            return _plain(f"{prefix}{head}: please allow turning NVLink metrics off"
+                          if f.query and f.query.what == "NVLink throughput" else f"{prefix}{head}")
+        return _plain(f"{prefix}{head}" + (f" with {versions}" if versions else ""))
+    return _plain(f"{_process_name(f)} {_failure(f)} in {api}" + (f" on driver {f.driver}" if f.driver else ""))
+
+
+# ---- stacks ------------------------------------------------------------------------------
+
+_INTERPRETER = re.compile(r"libpython|/python\d|^python\d")
+
+
+def _native_line(i: int, fr: dict) -> str:
+    lib = str(fr.get("library") or "?").rsplit("/", 1)[-1]
+    src = str(fr.get("file") or "").rsplit("/", 1)[-1]
+    where = f" at {src}:{fr['line']}" if src and fr.get("line") else ""
+    off = f"+{fr['offset']}" if fr.get("offset") else ""
+    return f"#{fr.get('index', i):<3} {fr.get('symbol') or '??'}{off} ({lib}){where}"
+
+
+def _native_top(frames: tuple[dict, ...]) -> tuple[list[str], int]:
+    """The frames down to the interpreter (the part that matters), and how many interpreter frames follow."""
+    shown = []
+    for i, fr in enumerate(frames):
+        lib = str(fr.get("library") or "").rsplit("/", 1)[-1]
+        if _INTERPRETER.search(lib) and shown:
+            return shown, len(frames) - i
+        shown.append(_native_line(i, fr))
+        if len(shown) >= NATIVE_SHOWN:
+            return shown, len(frames) - i - 1
+    return shown, 0
+
+
+def _py_lines(py_frames) -> list[str]:
+    return [f'  File "{fr.get("file")}", line {fr.get("line") if fr.get("line") is not None else "?"}, '
+            f'in {fr.get("function")}' for fr in reversed(list(py_frames))]
+
+
+def _stacks_text(f: Facts) -> str:
+    """Every thread's stacks as read from the core (the attachment)."""
+    out = [f"Stacks of every thread, read from the core file of pid {f.pid} ({f.process or '?'}).", ""]
+    threads = [({"name": f.thread_name, "tid": f.tid, "native_frames": f.native_frames, "py_frames": f.py_frames},
+                True)] + [(t, False) for t in f.other_threads]
+    for t, crashed in threads:
+        out.append(f"Thread {t.get('name') or 'unnamed'} (tid {t.get('tid')})" + ("  [crashed]" if crashed else ""))
+        frames = t.get("native_frames") or []
+        if frames:
+            out.append("  native stack (innermost first):")
+            out += ["    " + _native_line(i, fr) for i, fr in enumerate(frames)]
+        py = t.get("py_frames") or []
+        if py:
+            out.append("  Python stack (most recent call last):")
+            out += ["  " + x for x in _py_lines(py)]
+        out.append("")
+    return "\n".join(out)
+
+
+# ---- reproduction ------------------------------------------------------------------------
+
+def _cmd(argv: list[str], name: str) -> str:
+    """A reproducer's command line as someone else runs it (the script or binary by its file name)."""
+    if not argv:
         return ""
-    lines = ["Traceback (most recent call last):"]
-    for f in reversed(py_frames):
-        lines.append(f'  File "{f.get("file")}", line {f.get("line") if f.get("line") is not None else "?"}, in {f.get("function")}')
-    return "\n".join(lines)
+    if name == "python":
+        rest = [a for a in argv[2:]]
+        return " ".join(["python3", "nvml_nvlink_fieldvalues.py", *rest])
+    return " ".join(["./nvml_nvlink_fieldvalues", *argv[1:]])
 
 
-def _native_line(f: dict) -> str:
-    lib = (f.get("library") or "?").rsplit("/", 1)[-1]
-    where = f" at {f['file']}:{f['line']}" if f.get("file") and f.get("line") else ""
-    off = f"+{f['offset']}" if f.get("offset") else ""
-    return f"#{f.get('index', 0):<3} {f.get('symbol') or '??'}{off} ({lib}){where}"
+def _repro_output(f: Facts) -> str:
+    out = []
+    for r in f.repro_runs:
+        who = "Python reproducer (nvidia-ml-py)" if r.get("name") == "python" else "C reproducer (no Python)"
+        out.append(f"== {who}")
+        out.append(f"$ {_cmd(list(r.get('command') or []), str(r.get('name')))}")
+        for k, v in (r.get("environment") or {}).items():
+            out.append(f"  {k}: {v}")
+        if r.get("verdict"):
+            out.append(f"VERDICT: {r['verdict']}")
+        if r.get("stderr_tail"):
+            out.append("stderr (last lines):")
+            out += ["  " + x for x in str(r["stderr_tail"]).splitlines()[-10:]]
+        status = r.get("status")
+        took = f" after {r['seconds']:.2f} s" if isinstance(r.get("seconds"), (int, float)) else ""
+        out.append(f"outcome: {r.get('outcome') or status}{took}" +
+                   (f"; core: {r.get('signature')}" if r.get("signature") else ""))
+        out.append("")
+    return "\n".join(out)
 
 
-def _label_driver(labels: dict) -> str | None:
-    parts = [labels.get(f"nvidia.com/cuda.driver.{p}") for p in ("major", "minor", "rev")]
-    return ".".join(parts) if all(parts) else labels.get("nvidia.com/cuda.driver-version.full")
-
-
-def _image_of(cap: dict) -> str | None:
-    pod = _get(cap, "scheduling", "pod") or {}
-    for c in pod.get("containers") or []:
-        if isinstance(c, dict) and c.get("image_id"):
-            return str(c["image_id"])
-    return _get(cap, "record", "image") or _get(cap, "identity", "image")
-
-
-def _imports(ev: Evidence) -> dict[str, dict]:
-    """module -> what verify-imports (first) or a capture's live resolution found for it (version, file, verdict)."""
-    out: dict[str, dict] = {}
-    for doc in ev.all("verify-imports"):
-        for m in _get(doc, "result", "modules", default=None) or doc.get("modules") or []:
-            if isinstance(m, dict) and m.get("module"):
-                out.setdefault(str(m["module"]), m)
-    for doc in ev.all("capture"):
-        for m in _get(doc, "snapshot", "python", "modules", default=[]) or []:
-            if isinstance(m, dict) and m.get("module"):
-                out.setdefault(str(m["module"]), {"module": m["module"], "version": m.get("version"),
-                                                  "file": m.get("path"), "verdict": "resolved at capture"})
+def _observed(f: Facts) -> list[str]:
+    out = []
+    for r in f.repro_runs:
+        who = "Python reproducer" if r.get("name") == "python" else "C reproducer"
+        line = f"{who}: {r.get('outcome') or r.get('status')}"
+        if r.get("status") == "crashed" and str(r.get("verdict") or "").startswith("crashed: "):
+            line = f"{who}: crashed: {str(r['verdict']).removeprefix('crashed: ')}"
+        out.append(line)
     return out
 
 
-def _module_line(mods: dict[str, dict], name: str, dist: str) -> str:
-    m = mods.get(name)
-    if not m:
-        return f"{dist}: {UNKNOWN} (run forensics verify-imports on the image)"
-    version = m.get("version") or m.get("module_version") or m.get("dist_version") or "?"
-    file = m.get("file") or m.get("resolved") or "?"
-    verdict = m.get("verdict") or m.get("status") or "?"
-    return f"{dist} {version} imported from {file} ({verdict})"
+def _rate(f: Facts) -> list[str]:
+    out = []
+    for r in f.repro_runs:
+        who = "C reproducer" if r.get("name") == "c" else "Python reproducer"
+        if r.get("status") not in ("crashed", "heap corruption detected"):
+            if r.get("status") == "clean":
+                out.append(f"{who}: no crash in its run ({r.get('verdict') or 'clean'})")
+            continue
+        if r.get("calls_to_crash"):
+            t = r.get("seconds_to_crash")
+            out.append(f"{who}: crashed in field-value call #{r['calls_to_crash']} (1 crash in {r['calls_to_crash']} "
+                       f"calls)" + (f", {t * 1000:.2f} ms after its first query" if isinstance(t, (int, float)) else "")
+                       + (f"; {r['seconds']:.2f} s from its start" if isinstance(r.get("seconds"), (int, float)) else ""))
+        elif isinstance(r.get("seconds"), (int, float)):
+            out.append(f"{who}: crashed {r['seconds']:.2f} s after it started (process start included), in 1 of 1 runs")
+    out += list(f.frequency)
+    return out
 
 
-def build_context(ev: Evidence, template: str, redactor: Redactor, *, tool_version: str,
-                  now: _dt.datetime | None = None, reproducer_sources: dict[str, str] | None = None) -> ReportContext:
-    """Build the redacted context for ``template`` from the evidence.
+def _snippet(f: Facts) -> str:
+    if f.query and f.query.what == "NVLink throughput":
+        return ("# what nvitop-exporter does on each scrape: nvitop's NVLink throughput of every GPU\n"
+                "import time\n"
+                "from nvitop import Device\n\n"
+                "devices = Device.all()\n"
+                "while True:\n"
+                "    for device in devices:\n"
+                "        device.nvlink_throughput()  # nvmlDeviceGetFieldValues(handle, [(138, link), ..., (139, link), ...])\n"
+                "    time.sleep(0.5)\n")
+    if f.caller or f.api:
+        return (f"# the call on the crashing stack: {f.caller or '?'} -> {f.api or '?'}\n"
+                "# (no minimal snippet known for it; the reproducer commands below run what crashed)\n")
+    return ""
 
-    :param reproducer_sources: ``{"python": source, "c": source}`` of the minimal reproducers
-    """
+
+# ---- the NVIDIA facts ----------------------------------------------------------------------
+
+def _system_facts(f: Facts) -> list[tuple[str, str]]:
+    smi = smi_facts(f.nvidia_smi)
+    rows = [("Distribution", _os_line(f).split(", kernel")[0]),
+            ("Kernel", _v(f.kernel))]
+    gpus = smi["gpus"]
+    if gpus:
+        rows.append(("PCI bus ids", ", ".join(g.get("bus_id", "?") for g in gpus)))
+        for key, label in (("VBIOS Version", "VBIOS"), ("Persistence Mode", "Persistence mode"), ("MIG Mode", "MIG mode"),
+                           ("Fabric State", "Fabric Manager state")):
+            vals = sorted({g.get(key) for g in gpus if g.get(key)})
+            rows.append((label, ", ".join(vals) if vals else "not in nvidia-smi -q"))
+    elif f.gpu_lines:
+        rows.append(("PCI bus ids", ", ".join(g.rsplit("PCI bus ", 1)[-1] for g in f.gpu_lines)))
+        rows.append(("VBIOS, persistence / MIG mode, Fabric Manager", "not captured (no nvidia-smi -q output)"))
+    else:
+        rows.append(("GPUs", _v(f.gpus)))
+    links = next((str(r["environment"]["nvlinks"]) for r in f.repro_runs if (r.get("environment") or {}).get("nvlinks")), None)
+    rows.append(("NVLink", f"{links}, as the reproducers read it" if links else "not in the evidence"))
+    if f.kernel_log is None:
+        rows.append(("Xid summary", "kernel log not captured"))
+    else:
+        xids = xid_summary(f.kernel_log)
+        rows.append(("Xid summary", "; ".join(xids) if xids else "no Xid in the driver's kernel log lines"))
+    return rows
+
+
+def _smi_excerpt(f: Facts) -> str:
+    smi = smi_facts(f.nvidia_smi)
+    if not f.nvidia_smi:
+        return ""
+    lines = [f"Driver Version: {smi.get('Driver Version', '?')}    CUDA Version: {smi.get('CUDA Version', '?')}"]
+    for g in smi["gpus"]:
+        lines.append(f"{g.get('bus_id')}  {g.get('Product Name', '?')}  persistence {g.get('Persistence Mode', '?')}"
+                     f"  MIG {g.get('MIG Mode', 'n/a')}  VBIOS {g.get('VBIOS Version', '?')}")
+    return "\n".join(lines)
+
+
+# ---- the context -------------------------------------------------------------------------
+
+def _os_line(f: Facts) -> str:
+    """The OS as the form asks for it: the container image's distribution and the node's, with the kernel."""
+    if not (f.os_image or f.os_node):
+        return UNKNOWN
+    kernel = f", kernel {f.kernel}" if f.kernel else ""
+    if f.in_container is False:
+        return f"{f.os_node or f.os_image} (on the node itself, no container){kernel}"
+    return f"{f.os_image or UNKNOWN} in the container; node: {f.os_node or UNKNOWN}{kernel}"
+
+
+def _pyenv(f: Facts) -> dict[str, Any]:
+    freeze = sorted(f"{n}=={v}" for n, v in f.distributions
+                    if any(w in f"{n}=={v}".lower() for w in ("nvi", "cuda", "nvml", "gpu")))
+    libs = ", ".join(x for x in (f"nvitop {f.nvitop}" if f.nvitop else "",
+                                 f"nvitop-exporter {f.exporter}" if f.exporter else "",
+                                 f"nvidia-ml-py {f.binding}" if f.binding else "") if x)
+    venv = any("virtual environment" in n for n in f.environment_notes)
+    return {
+        "install": (f"{f.installer or 'unknown installer'}" + (", in a virtual environment" if venv else "")
+                    if f.installer or venv else UNKNOWN),
+        "python": _v(f.python),
+        "libraries": libs or UNKNOWN,
+        "pip_check": list(f.requirement_problems),
+        "oneliner": ("\n".join([f"{f.python or '?'} linux"] + freeze) if freeze else ""),
+    }
+
+
+def _ruled_out(f: Facts) -> list[str]:
+    out = []
+    if f.imports_checked:
+        out.append("Old source shadowing the installed packages: " +
+                   ("NOT ruled out: " + "; ".join(f.shadowing) if f.shadowing else
+                    "ruled out (every module imports the installed distribution's files)"))
+    if f.nvml_origin:
+        out.append(f"Which libnvidia-ml.so: the mapped library comes from the {f.nvml_origin}")
+    return out
+
+
+def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[KnownMatch], *,
+                  tool_version: str, footer: list[str], evidence: list[dict[str, str]],
+                  reproducer_sources: dict[str, str], form: IssueForm | None = None, nvidia_link: str = "",
+                  heap: dict | None = None, now: _dt.datetime | None = None, attachment_dir: str = "") -> ReportContext:
+    """The context of ``template`` from the facts and the conclusion."""
     if template not in TEMPLATES:
         raise ValueError(template)
-    # Redact the whole evidence tree once, before anything is picked out of it; first learn every
-    # secret value in it (and in the evidence paths), so that each is masked wherever it appears.
-    paths = [i.path for i in ev.items]
-    redactor.learn({"docs": ev.docs, "paths": paths})
-    docs = {k: [redact_tree(d, redactor) for d in v] for k, v in ev.docs.items()}
-    ev = Evidence(docs=docs, items=ev.items)
-    a = _analysis(ev) or {}
-    snap = a.get("snapshot") or {}
-    core = snap.get("core") or {}
-    crash = a.get("crash") or {}
-    threads = snap.get("threads") or []
-    crashed = next((t for t in threads if t.get("is_crashed")), threads[0] if threads else {})
-    nvml = core.get("nvml") or {}
-    cap = ev.first("capture") or {}
-    repro = ev.first("reproduce") or {}
-    mods = _imports(ev)
-
-    cap_nvml = _get(cap, "snapshot", "nvml") or {}
-    gpu_labels = _get(cap, "scheduling", "node", "gpu_labels") or {}
-    driver = (nvml.get("driver_version") or cap_nvml.get("version") or _get(repro, "environment", "driver")
-              or _label_driver(gpu_labels) or UNKNOWN)
-    cuda = _get(repro, "environment", "cuda") or gpu_labels.get("nvidia.com/cuda.runtime.major") or UNKNOWN
-    gpu_names = (_get(repro, "environment", "gpus")  # "8 x NVIDIA H20"
-                 or (f"{gpu_labels.get('nvidia.com/gpu.count', '?')} x {gpu_labels['nvidia.com/gpu.product']}"
-                     if gpu_labels.get("nvidia.com/gpu.product") else None))
-    gpus = (", ".join(f"{n}x {name}" for name, n in _count(gpu_names).items()) if isinstance(gpu_names, list)
-            else (str(gpu_names) if gpu_names else UNKNOWN))
-    origin = cap_nvml.get("origin")
-    if origin and cap_nvml.get("bind_source"):
-        origin += f", bind source {cap_nvml['bind_source']}"
-    nvml_path = nvml.get("path") or cap_nvml.get("path")
-    nvml_library = (f"{nvml_path} (build-id {nvml.get('build_id') or cap_nvml.get('build_id') or '?'}, driver "
-                    f"{nvml.get('driver_version') or cap_nvml.get('version') or '?'}"
-                    + (f"; {origin}" if origin else "") + ")") if nvml_path else UNKNOWN
-    kernel = (_get(cap, "scheduling", "node", "kernel") or _get(cap, "snapshot", "kernel")
-              or _get(repro, "environment", "kernel") or UNKNOWN)
-    python_version = snap.get("python_version") or _get(repro, "environment", "python") or UNKNOWN
-    nvitop_line = _module_line(mods, "nvitop", "nvitop")
-    exporter_line = _module_line(mods, "nvitop_exporter", "nvitop-exporter")
-    pynvml_line = _module_line(mods, "pynvml", "nvidia-ml-py")
-    image = (_image_of(cap) or _get(ev.first("verify-imports"), "result", "image", "digest")
-             or _get(ev.first("verify-imports"), "image", "digest") or UNKNOWN)
-
-    signature = a.get("signature") or UNKNOWN
-    thread_name = crashed.get("name") or "unnamed"
-    top_py = _title_frame(crashed.get("py_frames") or [])
-    msg = crash.get("abort_message")
-    what = f'aborts with "{msg}"' if msg else f"dies of {crash.get('signal_name') or 'a signal'}"
-    title_core = f"exporter {what}" + (f" in {top_py}" if top_py else "") + (f" on driver {driver}" if driver != UNKNOWN else "")
-    title = ("[BUG] " if template == "nvitop" else "") + title_core
-
-    native = crashed.get("native_frames") or []
-    fault = (f"0x{crash['fault_address']:x} ({crash.get('fault_kind')})" if isinstance(crash.get("fault_address"), int) else "none")
-    crash_rows = {
-        "signal": crash.get("signal_name") or UNKNOWN,
-        "class": crash.get("kind") or UNKNOWN,
-        "abort message": msg or "none",
-        "fault address": fault,
-        "crashing thread": f"{thread_name} (tid {crashed.get('tid', '?')})" if crashed else UNKNOWN,
-        "fingerprint": a.get("fingerprint") or UNKNOWN,
-    }
-    description = (
-        f"The process {core.get('args') or core.get('command') or '?'} (pid {core.get('pid', '?')}) died: {signature}."
-        if a else UNKNOWN
+    native_top, native_more = _native_top(f.native_frames)
+    thread = f"{f.thread_name or 'unnamed'} (tid {f.tid})" if f.tid is not None else UNKNOWN
+    stack_label = (f"Python stack of thread {thread}, read from the core file: CPython printed no traceback "
+                   f"({'the process was aborted' if f.signal == 'SIGABRT' else 'the process was killed by ' + (f.signal or 'a signal')}). "
+                   "Most recent call last:")
+    traceback = "\n".join([stack_label] + _py_lines(f.py_frames)) if f.py_frames else UNKNOWN
+    call = f.query.detail if f.query else UNKNOWN
+    versions_prose = (
+        f"NVIDIA driver {_v(f.driver)} with NVML {_v(f.nvml)} and CUDA {_v(f.cuda)}; the process mapped "
+        f"{_v((f.nvml_library or '').rsplit('/', 1)[-1] or None)}" + (f" (build-id {f.nvml_build_id})" if f.nvml_build_id else "")
+        + f". glibc {_v(f.glibc)}, Python {_v(f.python)}, nvidia-ml-py {_v(f.binding)}; "
+        f"OS: {f.os_image or UNKNOWN} in the container, {f.os_node or UNKNOWN} on the node; kernel {_v(f.kernel)}."
     )
-    frequency = _frequency(ev)
-    ruled_out = _ruled_out(ev, mods, cap)
-    environment = [
-        ("GPUs", gpus), ("NVIDIA driver", driver), ("CUDA", str(cuda)), ("libnvidia-ml.so", nvml_library),
-        ("Kernel", str(kernel)), ("Container image", str(image)), ("Python", str(python_version)),
-        ("nvitop", nvitop_line), ("nvitop-exporter", exporter_line), ("nvidia-ml-py", pynvml_line),
-    ]
-    reproduce = {
-        "sources": reproducer_sources or {},
-        "observed": _reproduce_observed(repro),
-    }
-    workaround = [
-        "Turn off the NVLink throughput query until fixed: `forensics guard --target "
-        "nvitop.api.device:Device.nvlink_throughput --returns '[]' --env FORENSICS_GUARD_NVLINK`",
-        "or pin the node group to a driver branch without the crash (see how often and where).",
-    ] if top_py and "nvlink" in top_py.lower() else ["None known yet."]
-    # bundle directory names embed the pod name (<stamp>-<namespace>-<pod>): paths are evidence text too
-    evidence = [{"path": redactor.text(i.path), "kind": i.kind, "sha256": i.sha256, "size": str(i.size)} for i in ev.items]
-    other = [
-        (f"{t.get('name') or 'unnamed'} (tid {t.get('tid')})", _pytb(t.get("py_frames") or []) or "\n".join(_native_line(f) for f in (t.get("native_frames") or [])[:8]))
-        for t in threads if t is not crashed
-    ]
+    crash_prose = (f"{_process_name(f)} (pid {f.pid}) " + _failure(f) + (f" in thread {thread}" if f.tid is not None else "")
+                   + (f", in {f.api}" if f.api else "") + (" inside libnvidia-ml" if f.inside_nvml else "")
+                   + (f", called from {f.caller}" if f.caller else "")
+                   + (" while the interpreter was exiting" if f.phase is Phase.EXIT else "") + ".") if f.has_crash else UNKNOWN
+    crash_rows = [("Signal", _v(f.signal)), ("glibc message", f.abort_message or "none"),
+                  ("Fault address", f.fault or "none"), ("Crashing thread", thread),
+                  ("Failing call", _v(f.api)), ("Inside libnvidia-ml", "yes" if f.inside_nvml else "no")]
+    commands = []
+    binding = " ".join(x for x in (f"nvitop=={f.nvitop}" if f.nvitop else "", f"nvitop-exporter=={f.exporter}" if f.exporter else "",
+                                   f"nvidia-ml-py=={f.binding}" if f.binding else "") if x)
+    if binding:
+        commands.append(f"pip install {binding}")
+    for r in f.repro_runs:
+        line = _cmd(list(r.get("command") or []), str(r.get("name")))
+        if r.get("name") == "c" and line:
+            commands.append("gcc -O1 -g -o nvml_nvlink_fieldvalues nvml_nvlink_fieldvalues.c -ldl")
+        if line:
+            commands.append(line + f"   # {r.get('outcome') or r.get('status')}")
+    if f.process:
+        commands.append(f"{f.process}   # the process that crashed")
+    smi_excerpt = _smi_excerpt(f)
+    attachments: dict[str, str] = {}
+    src_names = {"python": "nvml_nvlink_fieldvalues.py", "c": "nvml_nvlink_fieldvalues.c"}
+    if template in UPSTREAM:
+        for lang in (("python", "c") if template == "nvml" else ("python", "c")):
+            if reproducer_sources.get(lang):
+                attachments[src_names[lang]] = reproducer_sources[lang]
+        if f.has_crash:
+            attachments["crash-stacks.txt"] = _stacks_text(f)
+        if f.repro_runs:
+            attachments["reproducer-output.txt"] = _repro_output(f)
+        if f.nvidia_smi:
+            attachments["nvidia-smi-q.txt"] = f.nvidia_smi
+        if template == "nvml" and f.kernel_log and f.kernel_log.strip():
+            attachments["kernel-nvidia.log"] = f.kernel_log
+    elif f.has_crash:  # the runbook: every thread's stacks, with the team's paths
+        attachments["crash-stacks.txt"] = _stacks_text(f)
+    bug_report = (f"captured: {os.path.basename(f.bug_report_file)} is in the capture bundle "
+                  "(NVIDIA's own file, not redacted: review it, then attach it)" if f.bug_report_file
+                  else (f"not captured: {f.bug_report.strip()}" if f.bug_report
+                        else "not captured: run `sudo nvidia-bug-report.sh` on the node and attach nvidia-bug-report.log.gz"))
+    workaround = []
+    if f.query and f.query.what == "NVLink throughput":
+        workaround.append("Stop the crashing call: nvitop-exporter has no option to skip NVLink metrics, so the "
+                          "NVLink throughput query has to be switched off in the deployed code (e.g. `forensics guard "
+                          "--target nvitop.api.device:Device.nvlink_throughput --returns '[]'`), or the node group "
+                          "moved to a driver branch without the crash.")
+    workaround += list(conclusion.upgrade)
     runbook = {
-        "signature": signature,
-        "first_seen": _first_seen(ev) or UNKNOWN,
-        "affected": "; ".join(_affected(ev) + frequency) or UNKNOWN,
-        "versions": f"driver {driver}, CUDA {cuda}, GPUs {gpus}; {nvitop_line}; {pynvml_line}",
-        "reproduction": reproduce["observed"] or OPEN,
-        "diagnostics": "; ".join(sorted({f"forensics {i.kind}" for i in ev.items})),
-        "mitigation": workaround[0] if workaround[0] != "None known yet." else OPEN,
+        "signature": _v(f.signature),
+        "first_seen": _v(f.first_seen),
+        "affected": "; ".join(list(f.affected) + list(f.frequency)) or UNKNOWN,
+        "versions": f"driver {_v(f.driver)}, NVML {_v(f.nvml)}, CUDA {_v(f.cuda)}, GPUs {_v(f.gpus)}; nvitop "
+                    f"{_v(f.nvitop)}, nvitop-exporter {_v(f.exporter)}, nvidia-ml-py {_v(f.binding)}, Python "
+                    f"{_v(f.python)}, glibc {_v(f.glibc)}",
+        "reproduction": "; ".join(_observed(f)) or OPEN,
+        "diagnostics": "; ".join(sorted({f"forensics {e['kind']}" for e in evidence})) or OPEN,
+        "mitigation": workaround[0] if workaround else OPEN,
         "recovery": OPEN + " (verify with forensics canary after the mitigation)",
-        "conclusion": OPEN,
-        "recurrence": OPEN + " (suggested: any new core with fingerprint " + (a.get("fingerprint") or "?") + ")",
+        "conclusion": conclusion.statement if conclusion.suspect is not Suspect.UNDETERMINED else OPEN + ": " + conclusion.statement,
+        "where_to_file": "; ".join(f"{x.order}. {x.report} report -> {x.where}: {x.action}" for x in conclusion.filings),
+        "recurrence": OPEN + " (suggested: any new core with fingerprint " + (f.fingerprint or "?") + ")",
     }
     ctx = ReportContext(
-        template=template, title=title, generated_at=(now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
-        tool_version=tool_version, signature=signature, crash=crash_rows, environment=environment,
-        nvitop_version=nvitop_line, os=str(kernel), driver=driver, cuda=str(cuda), gpus=gpus, nvml_library=nvml_library,
-        nvidia_smi=str(cap.get("nvidia_smi") or _get(repro, "environment", "nvidia_smi")
-                       or "not captured: no nvidia-smi output in the evidence"),
-        python_env=f"Python {python_version}; {nvitop_line}; {exporter_line}; {pynvml_line}",
-        description=description, traceback=_pytb(crashed.get("py_frames") or []) or UNKNOWN,
-        native_top=[_native_line(f) for f in native[:NATIVE_SHOWN]] or [UNKNOWN],
-        native_rest=[_native_line(f) for f in native[NATIVE_SHOWN:]], other_threads=other,
-        frequency=frequency, ruled_out=ruled_out, reproduce=reproduce, workaround=workaround,
-        known_issues=[], evidence=evidence, redactions=redactor.summary(), runbook=runbook,
+        template=template, title=make_title(template, f, conclusion, form), conclusion=conclusion,
+        generated_at=(now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
+        tool_version=tool_version,
+        nvitop_version=(f"{f.nvitop}" + (f" (nvitop-exporter {f.exporter})" if f.exporter else "")) if f.nvitop else UNKNOWN,
+        os=_os_line(f),
+        os_image=_v(f.os_image), os_node=_v(f.os_node), driver=_v(f.driver), nvml=_v(f.nvml), cuda=_v(f.cuda),
+        glibc=_v(f.glibc), python=_v(f.python), kernel=_v(f.kernel), gpus=_v(f.gpus), gpu_lines=list(f.gpu_lines),
+        nvml_library=(f"{f.nvml_library}" + (f" (build-id {f.nvml_build_id})" if f.nvml_build_id else "")
+                      if f.nvml_library else UNKNOWN),
+        image=_v(f.image), versions_prose=versions_prose, smi_excerpt=smi_excerpt, smi_captured=bool(f.nvidia_smi),
+        system_facts=_system_facts(f), bug_report=bug_report, pyenv=_pyenv(f),
+        signature=_v(f.signature), crash_prose=crash_prose, crash_rows=crash_rows, process=_v(f.process), call=call,
+        native_top=native_top or [UNKNOWN], native_more=native_more, traceback=traceback, stack_label=stack_label,
+        logs="\n".join(native_top), glibc_message=f.abort_message or "",
+        verdicts=[f"{'C' if r.get('name') == 'c' else 'Python'} reproducer: VERDICT: {r['verdict']}" if r.get("verdict")
+                  else f"{'C' if r.get('name') == 'c' else 'Python'} reproducer: {r.get('outcome') or r.get('status')}"
+                  for r in f.repro_runs],
+        snippet=_snippet(f), commands=commands, observed=_observed(f), rate=_rate(f),
+        known_issues=known, unsupported=list(conclusion.unsupported), frequency=list(f.frequency),
+        ruled_out=_ruled_out(f), workaround=workaround, attachments=attachments, attachment_dir=attachment_dir,
+        footer=footer, form=form, nvidia_link=nvidia_link, runbook=runbook, evidence=evidence, heap=heap,
     )
-    ctx.missing = [f for f in REQUIRED_FIELDS[template] if _is_unknown(ctx.value(f))]
+    ctx.missing = [name for name in REQUIRED_FIELDS[template] if _is_unknown(ctx.value(name))]
     return ctx
-
-
-_BINDING_FILES = ("pynvml.py", "/api/libnvml.py")
-
-
-def _title_frame(py_frames: list[dict]) -> str | None:
-    """The innermost Python frame above the NVML binding's wrappers: the caller that matters."""
-    for f in py_frames:
-        if not str(f.get("file") or "").endswith(_BINDING_FILES):
-            return f.get("function")
-    return py_frames[0].get("function") if py_frames else None
 
 
 def _is_unknown(v: Any) -> bool:
@@ -283,114 +500,3 @@ def _is_unknown(v: Any) -> bool:
     if isinstance(v, dict):
         return not any(v.values())
     return v in (None, "", UNKNOWN)
-
-
-def _count(names: list) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for n in names:
-        out[str(n)] = out.get(str(n), 0) + 1
-    return out
-
-
-def _frequency(ev: Evidence) -> list[str]:
-    out = []
-    for doc in ev.all("analyze-batch"):
-        for g in _get(doc, "batch", "groups", default=[]) or []:
-            out.append(f"{g.get('count')} cores with fingerprint {g.get('fingerprint')}: {g.get('signature')}")
-    for doc in ev.all("fleet"):
-        for g in _get(doc, "fleet", "groups", default=[]) or []:
-            if isinstance(g, dict):
-                name = ", ".join(str(kv[1]) for kv in g.get("key") or [] if isinstance(kv, list) and len(kv) == 2)
-                out.append(
-                    f"{name or '(no labels)'}: {g.get('pods_with_restarts', '?')} of {g.get('pods', '?')} pods "
-                    f"restarted, {g.get('total_restarts', '?')} restarts, exit codes {g.get('exit_codes') or {}}"
-                )
-        for b in _get(doc, "fleet", "boundary", default=[]) or []:
-            out.append(f"boundary: {b}")
-    return out
-
-
-def _affected(ev: Evidence) -> list[str]:
-    """Who crashed, as the captures say: node (GPUs), pod and container restarts, the handler's crash records."""
-    out = []
-    for doc in ev.all("capture"):
-        node = _get(doc, "scheduling", "node", default={}) or {}
-        labels = node.get("gpu_labels") or {}
-        gpus = labels.get("nvidia.com/gpu.product")
-        count = labels.get("nvidia.com/gpu.count")
-        name = node.get("name") or _get(doc, "identity", "node") or _get(doc, "record", "node")
-        where = f"node {name}" if name else ""
-        if where and gpus:
-            where += f" ({count + ' x ' if count else ''}{gpus})"
-        pod = _get(doc, "scheduling", "pod", default={}) or {}
-        if pod.get("name"):
-            restarts = sum(int(c.get("restart_count") or 0) for c in pod.get("containers") or [] if isinstance(c, dict))
-            where += f"{', ' if where else ''}pod {pod.get('namespace')}/{pod['name']} ({restarts} container restarts)"
-        elif _get(doc, "identity", "pod_uid"):
-            where += f"{', ' if where else ''}pod uid {_get(doc, 'identity', 'pod_uid')}"
-        if where and where not in out:
-            out.append(where)
-    return out
-
-
-def _first_seen(ev: Evidence) -> str | None:
-    """The earliest crash the evidence dates: a batch's oldest core, an analysed core's write time, a core
-    handler's record, a pod's last terminated container (the source is named)."""
-    times: list[tuple[float, str]] = []
-    for doc in ev.all("analyze-batch"):
-        for g in _get(doc, "batch", "groups", default=[]) or []:
-            if isinstance(g.get("first_seen"), (int, float)):
-                times.append((float(g["first_seen"]), "oldest core of the batch"))
-    for doc in ev.all("analyze"):
-        t = _get(doc, "analysis", "snapshot", "core", "mtime")
-        if isinstance(t, (int, float)):
-            times.append((float(t), "the core file's write time"))
-    for doc in ev.all("capture"):
-        t = _get(doc, "record", "time")
-        if isinstance(t, (int, float)) and _get(doc, "record", "signal"):
-            times.append((float(t), "core handler record"))
-        for c in _get(doc, "scheduling", "pod", "containers", default=[]) or []:
-            finished = _get(c, "last_terminated", "finished_at")
-            if isinstance(finished, str):
-                try:
-                    when = _dt.datetime.fromisoformat(finished.replace("Z", "+00:00"))
-                except ValueError:
-                    continue
-                times.append((when.timestamp(), "the pod's last terminated container (earlier crashes are not dated)"))
-    if not times:
-        return None
-    t, source = min(times)
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") + f" ({source})"
-
-
-def _ruled_out(ev: Evidence, mods: dict[str, dict], cap: dict) -> list[str]:
-    out = []
-    if mods:
-        bad = {k: v for k, v in mods.items() if str(v.get("verdict", "")).upper() not in ("OK",)}
-        if bad:
-            out.append("Source shadowing: NOT ruled out — " + "; ".join(f"{k}: {v.get('verdict')}" for k, v in bad.items()))
-        else:
-            out.append("Source shadowing: ruled out (forensics verify-imports: every module OK)")
-    else:
-        out.append("Source shadowing: not checked (run forensics verify-imports on the image)")
-    nv = _get(cap, "snapshot", "nvml") or {}
-    host = nv.get("matches_host")
-    if host is True:
-        out.append("Stale libnvidia-ml.so in the image: ruled out (the mapped library is the host driver's)")
-    elif host is False:
-        out.append("Stale libnvidia-ml.so: NOT ruled out — the mapped library is not the host driver's")
-    elif nv.get("verdict"):
-        out.append(f"Which libnvidia-ml.so: {nv['verdict']}")
-    else:
-        out.append("Stale libnvidia-ml.so: not checked (capture the pod with forensics capture)")
-    return out
-
-
-def _reproduce_observed(repro: dict) -> str:
-    if not repro:
-        return ""
-    parts = []
-    for r in repro.get("runs") or []:
-        if isinstance(r, dict):
-            parts.append(f"{r.get('name')}: {r.get('outcome')}" + (f" ({r.get('signature')})" if r.get("signature") else ""))
-    return "; ".join(parts)

@@ -73,7 +73,10 @@ _BUNDLE_JSON = (
     ("snapshot", "40-process/snapshot.json"),
     ("record", "metadata.json"),
 )
-_BUNDLE_TEXT = (("kernel_log", "30-kernel/kernel-nvidia.log"), ("nvidia_smi", "30-kernel/nvidia-smi.txt"))
+_BUNDLE_TEXT = (("kernel_log", "30-kernel/kernel-nvidia.log"), ("nvidia_smi", "30-kernel/nvidia-smi.txt"),
+                ("os_release_node", "20-node/os-release"), ("os_release_image", "40-process/os-release"),
+                ("bug_report_note", "30-kernel/nvidia-bug-report.txt"))
+_BUG_REPORT = ("30-kernel/nvidia-bug-report.log.gz", "30-kernel/nvidia-bug-report.log")
 MAX_TEXT = 64 * 1024
 
 
@@ -93,6 +96,10 @@ def _load_bundle(p: str, ev: Evidence) -> dict:
         if f.is_file():
             with open(f, "rb") as fh:
                 doc[key] = fh.read(MAX_TEXT).decode("utf-8", "replace")
+    for rel in _BUG_REPORT:
+        if (root / rel).is_file():
+            doc["bug_report_file"] = str(root / rel)  # NVIDIA's own file: attached as it is, after review
+            break
     for item in doc["manifest"].get("items") or []:
         if isinstance(item, dict) and item.get("path") and item.get("sha256"):
             ev.items.append(EvidenceItem(path=str(root / str(item["path"])), kind="capture",

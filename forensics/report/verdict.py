@@ -1,0 +1,177 @@
+"""Stage 2 of a report: the conclusion the evidence supports, and which report to file where.
+
+Pure: :class:`~.facts.Facts` and the known-issue matches in, :class:`Conclusion` out.
+
+- The reproducers decide binding vs driver: the C reproducer calls libnvidia-ml without Python
+  or nvidia-ml-py; if it crashes, the driver library is the suspect (whatever else is true);
+  if only the Python one crashes, the binding or the calling pattern is.
+- verify-imports decides whether the setup is supported: a pairing outside what a package
+  declares (``pip check`` fails, a ``support`` version fact) is the first thing a maintainer
+  answers ("upgrade and retry"), so it leads -- unless the C reproducer already took the
+  binding out of the question.
+- A known crash whose definition holds, with a fix released, means "upgrade", not "file".
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .facts import Facts
+from .known import KnownMatch, support_facts
+
+__all__ = ["Suspect", "Filing", "Conclusion", "decide", "NVIDIA_WHERE", "NVITOP_REPO"]
+
+NVITOP_REPO = "XuehaiPan/nvitop"
+NVIDIA_WHERE = ("NVIDIA: an NVIDIA Enterprise Support case, or the NVIDIA Developer Forums "
+                "(https://forums.developer.nvidia.com/) -- with the C reproducer and nvidia-bug-report.log.gz")
+
+
+class Suspect(enum.Enum):
+    DRIVER = "the driver library (libnvidia-ml.so)"
+    BINDING_OR_CALLER = "the binding (nvidia-ml-py) or the calling pattern (threads, shutdown)"
+    KNOWN = "a known issue, fixed in a later release"
+    UNDETERMINED = "not determined yet"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Filing:
+    order: int
+    where: str  # who gets it
+    report: str  # the template: nvml | nvitop | runbook
+    action: str  # what to do with it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Conclusion:
+    suspect: Suspect
+    statement: str  # the conclusion, in one paragraph, plain text, first in every report
+    evidence: tuple[str, ...]  # the facts it rests on, one line each
+    unsupported: tuple[str, ...]  # the setup outside what the packages declare (pip check, support facts)
+    upgrade: tuple[str, ...]  # what to upgrade to, from the support facts and known issues
+    filings: tuple[Filing, ...]
+    ask_nvitop: str  # what the nvitop issue asks for
+
+    @property
+    def driver_suspected(self) -> bool:
+        return self.suspect is Suspect.DRIVER
+
+
+def _run_phrase(r: dict) -> str:
+    """What one reproducer run did, as a clause: ``crashed (SIGABRT) in field-value call #41, 0.003 s after ...``."""
+    status = r.get("status")
+    if status == "crashed":
+        sig = str(r.get("outcome") or "").removeprefix("crashed").strip(" ()") or "a signal"
+        detail = f"crashed ({sig})"
+        if r.get("calls_to_crash"):
+            detail += f" in field-value call #{r['calls_to_crash']}"
+        if isinstance(r.get("seconds_to_crash"), (int, float)):
+            detail += f", {_seconds(r['seconds_to_crash'])} after its first query"
+        return detail
+    if status == "heap corruption detected":
+        return "stopped at the call that corrupted the heap, under glibc's checking allocator"
+    if status == "could not start":
+        return f"could not start ({str(r.get('outcome') or '').removeprefix('could not start: ')})"
+    if status == "clean":
+        return "ran clean"
+    return str(r.get("outcome") or status)
+
+
+def _sentence(s: str) -> str:
+    return s[:1].upper() + s[1:]
+
+
+def _seconds(t: float) -> str:
+    """``0.000412`` -> ``0.41 ms``; ``2.5`` -> ``2.50 s``."""
+    return f"{t * 1000:.2f} ms" if t < 1 else f"{t:.2f} s"
+
+
+def _who(r: dict) -> str:
+    return "the C reproducer" if r.get("name") == "c" else "the Python reproducer"
+
+
+def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
+    py, c = f.python_run, f.c_run
+    bad = ("crashed", "heap corruption detected")
+    py_bad = bool(py and py.get("status") in bad)
+    c_bad = bool(c and c.get("status") in bad)
+    idle = [r for r in (py, c) if r and r.get("status") == "could not start"]
+    evidence = [f"{_who(r)} {_run_phrase(r)}" for r in (py, c) if r]
+    support = support_facts(f)
+    unsupported = [p.rstrip(".") for p in f.requirement_problems]  # pip check, as pip says it
+    for s in support:  # a declared bound the knowledge file knows, unless pip check already said it
+        named = " ".join(s["summary"].split()[:2])  # "nvitop 1.5.0"
+        if s["severity"] == "error" and not any(u.startswith(named) for u in unsupported):
+            unsupported.append(s["summary"])
+    upgrade = list(dict.fromkeys(_sentence(s["fix"]) for s in support if s.get("fix")))
+    fixed = [k for k in known if k.fix]
+    upgrade += [_sentence(k.fix) for k in fixed if _sentence(k.fix) not in upgrade]
+    crash = _crash_phrase(f)
+
+    if c_bad:
+        suspect = Suspect.DRIVER
+        statement = (f"The evidence points at the NVIDIA driver library: {crash}. The C reproducer, which makes the "
+                     f"same NVML calls without Python or nvidia-ml-py, {_run_phrase(c)}"
+                     + (f"; the Python reproducer {_run_phrase(py)}" if py else "") + ".")
+        if unsupported:
+            statement += (" The Python setup is also outside what nvitop declares (" + "; ".join(unsupported) + "); "
+                          "fix that too, but the C reproducer's crash does not depend on it.")
+        filings = (
+            Filing(order=1, where=NVIDIA_WHERE, report="nvml",
+                   action="file first: the driver crashes in the C reproducer"),
+            Filing(order=2, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
+                   action="file after the NVIDIA report, linking it: ask for a way to switch the NVLink "
+                          "throughput metrics off until the driver is fixed"),
+        )
+        ask = ("nvitop cannot fix the driver, but it can avoid the crashing call: a switch (option or "
+               "environment variable) that turns the NVLink throughput metrics off, or skipping them on the "
+               "affected driver branch, would keep nvitop-exporter up until NVIDIA fixes the driver.")
+    elif py_bad:
+        suspect = Suspect.BINDING_OR_CALLER
+        statement = (f"The evidence points at the binding or the calling pattern: {crash}. The Python reproducer "
+                     f"{_run_phrase(py)}; the C reproducer, making the same queries without Python from one thread, "
+                     f"{_run_phrase(c) if c else 'did not run'}.")
+        if unsupported:
+            statement = ("The setup is unsupported: " + "; ".join(unsupported) + ". " + statement +
+                         " Make the setup supported and run the reproducers again before filing.")
+        filings = (
+            Filing(order=1, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
+                   action=("file once the setup is supported and it still crashes" if unsupported
+                           else "file: the crash needs the binding's calling pattern")),
+        )
+        ask = "Please look at how nvitop calls this NVML query from its threads: the same query from C does not crash."
+    elif fixed:
+        suspect = Suspect.KNOWN
+        k = fixed[0]
+        statement = (f"This is a known issue: {k.title} (matched on {'; '.join(k.matched_on)}). {k.fix[0].upper() + k.fix[1:]}"
+                     " before filing anything new.")
+        filings = (Filing(order=1, where=k.sources[0][1] if k.sources else "the known issue", report="runbook",
+                          action="upgrade; comment on the known issue only if the upgrade does not help"),)
+        ask = f"The crash matches {k.title}; it still happens after: {k.fix}."
+    else:
+        suspect = Suspect.UNDETERMINED
+        if idle:
+            why = "the reproducers could not run here (" + "; ".join(f"{_who(r)} {_run_phrase(r)}" for r in idle) + ")"
+        elif py or c:
+            why = "neither reproducer crashed under these conditions"
+        else:
+            why = "no reproducer ran on an affected node"
+        statement = (f"Driver or binding is not determined yet: {crash}, but {why}. Run `forensics reproduce` on an "
+                     "affected node (both reproducers, the same driver) before filing upstream.")
+        if unsupported:
+            statement = ("The setup is unsupported: " + "; ".join(unsupported) + ". Upgrade and retry first; "
+                         + statement[0].lower() + statement[1:])
+        filings = (Filing(order=1, where="nobody yet", report="runbook",
+                          action="reproduce on an affected node, then file where the reproducers point"),)
+        ask = "Driver or binding is not determined yet; the reproducers did not settle it."
+    return Conclusion(suspect=suspect, statement=statement, evidence=tuple(evidence), unsupported=tuple(unsupported),
+                      upgrade=tuple(upgrade), filings=filings, ask_nvitop=ask)
+
+
+def _crash_phrase(f: Facts) -> str:
+    if not f.has_crash:
+        return "the process crashed (no core analysed)"
+    what = f'glibc aborts the process with "{f.abort_message}"' if f.abort_message else f"the process dies of {f.signal}"
+    if f.api:
+        where = f" in {f.api}" + (f" ({f.query.what} query)" if f.query and f.query.what else "")
+        what += where + (" inside libnvidia-ml" if f.inside_nvml else "")
+    return what
