@@ -26,7 +26,7 @@ HOSTNAME = "demo-node"  # what the exporter labels its metrics with (never a rea
 
 
 class DemoError(ForensicsError, RuntimeError):
-    help_text = "Re-run with -v; the exporter's log is in the demo directory."
+    help_text = "The exporter's log is exporter/exporter.log in the demo directory; the timeline says which step failed."
 
     def __init__(self, step: str, detail: str) -> None:
         super().__init__(f"demo failed at '{step}': {detail}", step=step, detail=detail)
@@ -41,6 +41,8 @@ class DemoResult:
     fingerprint: str | None = None
     python_frames: list[str] = field(default_factory=list)
     reproduce_conclusion: str | None = None
+    conclusion: str | None = None  # the reports' conclusion
+    filings: list[str] = field(default_factory=list)  # which report to file where, in order
     ok: bool = False
 
 
@@ -88,7 +90,7 @@ def _new_dir(base: Path) -> Path:
     raise DemoError("prepare", f"cannot make a new directory under {base}")
 
 
-def run_demo(*, out: str | None = None, work: str | None = None, fault_after: int = 40,
+def run_demo(*, out: str | None = None, work: str | None = None, fault_after: int = 120,
              timeout: float = 90.0, reproduce: bool = True, log: Callable[[str], None] = lambda s: None) -> DemoResult:
     """Run the demo incident; return what happened and where it was written.
 
@@ -152,9 +154,16 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
         imports_file = _verify_imports(proc.pid, out_dir, step)
         if imports_file:
             result.files["verify-imports (what the exporter imports)"] = imports_file
-        step("scrape /metrics until the exporter dies (forensics canary, watching the pid)")
-        canary = run_canary(f"http://127.0.0.1:{port}/metrics", requests=1_000_000, concurrency=4,
-                            duration=min(timeout, 60.0), pid=proc.pid, thresholds=Thresholds())
+        canary = None
+        if proc.poll() is None:
+            step("scrape /metrics until the exporter dies (forensics canary, watching the pid)")
+            try:
+                canary = run_canary(f"http://127.0.0.1:{port}/metrics", requests=1_000_000, concurrency=4,
+                                    duration=min(timeout, 60.0), pid=proc.pid, thresholds=Thresholds())
+            except ForensicsError as e:  # it died as the soak started
+                step(f"forensics canary: {e}")
+        else:
+            step("the exporter died before the scrape soak started (a loaded machine: raise --fault-after)")
         try:
             rc = proc.wait(timeout=10)
         except subprocess.TimeoutExpired as e:
@@ -163,11 +172,14 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    canary_file = out_dir / "canary.json"
-    canary_file.write_text(canary_document(canary) + "\n")
-    result.files["canary (scrapes until the crash)"] = str(canary_file)
-    step(f"exporter died: exit status {rc} after {canary.requests} scrapes ({canary.ok} answered); "
-         f"canary verdict {canary.verdict}")
+    if canary is not None:
+        canary_file = out_dir / "canary.json"
+        canary_file.write_text(canary_document(canary) + "\n")
+        result.files["canary (scrapes until the crash)"] = str(canary_file)
+        step(f"exporter died: exit status {rc} after {canary.requests} scrapes ({canary.ok} answered); "
+             f"canary verdict {canary.verdict}")
+    else:
+        step(f"exporter died: exit status {rc}")
     core = next((p for p in sorted(run_dir.glob("core*")) if p.is_file()), None)
     if core is None:
         pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
@@ -202,14 +214,29 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
         evidence.append(str(r_json))
         step("reproduce: " + "; ".join(f"{r.name} {r.outcome}" for r in rep.runs) + f" -> {rep.conclusion}")
 
-    from .report import make_report
+    from .report import attachment_dir_for, make_report, write_report
 
-    for template in ("nvitop", "nvml", "runbook"):
-        rep_md = make_report(evidence, template=template, tool_version=__version__)
+    conclusion = None
+    for template in ("nvml", "nvitop", "runbook"):
         path = out_dir / f"report-{template}.md"
-        path.write_text(rep_md.markdown)
+        rep_md = make_report(evidence, template=template, tool_version=__version__,
+                             attachment_dir=attachment_dir_for(str(path)).name)
+        write_report(rep_md, str(path))
         result.files[f"report ({template})"] = str(path)
-    step("forensics report: nvitop issue, NVIDIA report and incident runbook written (secrets redacted)")
+        if rep_md.attachments:
+            result.files[f"report ({template}) attachments"] = str(attachment_dir_for(str(path)))
+        if rep_md.problems:
+            step(f"forensics report --check --template {template}: " + "; ".join(rep_md.problems))
+        conclusion = rep_md.context.conclusion
+    if conclusion is not None:
+        result.conclusion = conclusion.statement
+        result.filings = [f"{x.order}. the {x.report} report -> {x.where.split(' (')[0].split(':')[0]}: {x.action}"
+                          for x in conclusion.filings]
+        step("forensics report: " + conclusion.statement)
+        for line in result.filings:
+            step(f"  file {line}")
+    step("forensics report: the NVIDIA report, the nvitop issue and the incident runbook written, with their "
+         "attachments (secrets redacted; host names and local paths replaced in the two upstream reports)")
     nvlink = [f for f in result.python_frames if "nvlink" in f.lower()]
     result.ok = bool(nvlink)
     step("done: " + (f"nvitop's NVLink throughput query is on the crashing stack: {nvlink[0]}" if nvlink

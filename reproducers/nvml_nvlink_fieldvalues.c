@@ -191,13 +191,12 @@ static void on_fatal(int sig, siginfo_t *info, void *uc)
     if (g_started) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        long long ms = (ts.tv_sec - g_t0.tv_sec) * 1000LL + (ts.tv_nsec - g_t0.tv_nsec) / 1000000LL;
+        long long us = (ts.tv_sec - g_t0.tv_sec) * 1000000LL + (ts.tv_nsec - g_t0.tv_nsec) / 1000LL;
         put("; time to crash ");
-        put_num((unsigned long long)(ms / 1000));
+        put_num((unsigned long long)(us / 1000000));
         put(".");
-        put_num((unsigned long long)(ms % 1000 / 100));
-        put_num((unsigned long long)(ms % 100 / 10));
-        put_num((unsigned long long)(ms % 10));
+        for (long long d = 100000; d >= 1; d /= 10) /* six decimals, leading zeros kept */
+            put_num((unsigned long long)(us / d % 10));
         put(" s after the first query");
     }
     put("; crash rate 1 in ");
@@ -459,6 +458,17 @@ int main(int argc, char **argv)
             if (links[i] > max_links)
                 max_links = links[i];
         }
+    }
+    int same_links = 1;
+    for (unsigned int i = 1; i < count; i++)
+        same_links &= links[i] == links[0];
+    if (same_links)
+        printf("  NVLinks:        %u on each of %u GPUs (NVML_FI_DEV_NVLINK_LINK_COUNT)\n", links[0], count);
+    else {
+        printf("  NVLinks:        ");
+        for (unsigned int i = 0; i < count; i++)
+            printf("%sGPU %u: %u", i ? ", " : "", i, links[i]);
+        printf(" (NVML_FI_DEV_NVLINK_LINK_COUNT)\n");
     }
     if (with_links == 0) {
         r = p_shutdown();

@@ -288,9 +288,16 @@ def run_test(args):
         if fields:
             devices.append((index, handle, fields))
     max_links = max([len(f) // 2 for _i, _h, f in devices] or [0])
+    header["nvlinks"] = [len(f) // 2 for _i, _h, f in devices]
     if not args.json:
         for line in skipped:
             print("    {} -> skipped, as nvitop does".format(line))
+        counts = {len(f) // 2 for _i, _h, f in devices}
+        if len(counts) == 1 and len(devices) == len(handles):
+            print("  NVLinks:        {} on each of {} GPUs (NVML_FI_DEV_NVLINK_LINK_COUNT)".format(counts.pop(), len(handles)))
+        else:
+            print("  NVLinks:        {} (NVML_FI_DEV_NVLINK_LINK_COUNT)".format(
+                ", ".join("GPU {}: {}".format(i, len(f) // 2) for i, _h, f in devices) or "none"))
         sys.stdout.flush()
     if not devices:
         pynvml.nvmlShutdown()
