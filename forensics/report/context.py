@@ -186,7 +186,8 @@ def _native_line(i: int, fr: dict) -> str:
     src = str(fr.get("file") or "").rsplit("/", 1)[-1]
     where = f" at {src}:{fr['line']}" if src and fr.get("line") else ""
     off = f"+{fr['offset']}" if fr.get("offset") else ""
-    return f"#{fr.get('index', i):<3} {fr.get('symbol') or '??'}{off} ({lib}){where}"
+    mark = " [inlined]" if fr.get("inlined") else (" [tail call]" if fr.get("tailcall") else "")
+    return f"#{fr.get('index', i):<3} {fr.get('symbol') or '??'}{off}{mark} ({lib}){where}"
 
 
 def _native_top(frames: tuple[dict, ...]) -> tuple[list[str], int]:
