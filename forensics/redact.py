@@ -25,6 +25,7 @@ SECRET_NAME = re.compile(
     rf"|(?<!BY)(?<!COM)(?<!SUR)(?<!MULTI)PASS{_W1}"  # DB_PASS, PGPASS, --pass; not BYPASS, COMPASS
     rf"|(?<=[_.-])PWD{_W1}"  # MYSQL_PWD; not PWD, OLDPWD (working directories)
     r"|AUTH(?!OR(?!I[SZ]))"  # AUTH_TOKEN, OAUTH, AUTHORIZATION; not AUTHOR, AUTHORITY
+    r"|WEBHOOK|(?<![A-Z])DSN(?![A-Z])"  # SLACK_WEBHOOK_URL, SENTRY_DSN: the URL is the secret
     r"|(?-i:(?<=[a-z0-9])(?:Key|Token|Secret|Pass|Pwd)s?(?![a-z]))",  # camelCase: accountKey, dbPass
     re.I,
 )
@@ -43,10 +44,41 @@ _AUTH_HEADER = re.compile(  # Authorization: Basic ..., Proxy-Authorization, X-A
     r"(?P<scheme>(?:basic|bearer|token|digest|negotiate|ntlm|aws4-hmac-sha256)\s+)?(?P<value>[^\s'\",;]+)"
 )
 _BEARER = re.compile(r"(?i)\b(bearer|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{8,})")
-_BASIC_URL = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]+):(?P<pw>[^@/\s]+)@")
-_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.S)
+# URL userinfo: "scheme://user:password@host" with an empty user ("redis://:pw@host") or an "@" in the
+# password ("https://deploy:p@ss@host": the password runs to the last "@" before the host)
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^/\s]*)"
+                           r"@(?=[^@/\s]*(?:[/?#\s\"'),;]|$))")
+# a token as the whole userinfo: "https://<token>@github.com/...", "https://<key>@o0.ingest.sentry.io/1"
+_URL_TOKEN_USER = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[A-Za-z0-9_.~+=-]{16,})@")
+# a URL cut short inside its userinfo (the 80-byte command line of a core, a log line cut at its end):
+# "redis://alice:PASSW" -- no "@" follows, so the part after ":" may be a password (not a port)
+_URL_CUT = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>(?!\d+$)[^/\s@]+)$")
+# private-key blocks of any kind: PEM (RSA, EC, DSA, OPENSSH, ENCRYPTED, PKCS#8) and PGP, also cut short
+_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?"
+                          r"(-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)", re.S)
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{5,}")
-_KNOWN_TOKENS = re.compile(r"\b(ghp_[A-Za-z0-9]{20,}|gh[osu]_[A-Za-z0-9]{20,}|xox[abpr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|hf_[A-Za-z0-9]{20,}|glpat-[A-Za-z0-9_-]{20,})\b")
+# webhook URLs whose path is the secret: the host stays, the path goes
+_WEBHOOK = re.compile(r"(?P<base>https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)|"
+                      r"(?:[a-z]+\.)?discord(?:app)?\.com/api/webhooks|[a-z0-9-]+\.webhook\.office\.com/webhookb2)/)"
+                      r"(?P<secret>[A-Za-z0-9_@/.-]{8,})")
+# known token formats, wherever they stand (inside a path, after "_"): GitHub, Slack, Stripe, AWS,
+# Google, GitLab, Hugging Face, OpenAI/Anthropic-style "sk-", npm, PyPI, Docker Hub, SendGrid
+_KNOWN_TOKENS = re.compile(
+    r"(?<![A-Za-z0-9])(?:"
+    r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{22,}"
+    r"|xox[abposre]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"
+    r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}|whsec_[A-Za-z0-9]{16,}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}"
+    r"|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{20,}"
+    r"|sk-(?:proj-|ant-[a-z0-9]+-)?[A-Za-z0-9_-]{20,}"
+    r"|npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{40,}|dckr_pat_[A-Za-z0-9_-]{20,}"
+    r"|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
+    r")(?![A-Za-z0-9])")
+# "name": "value" in JSON (and Python reprs), name: value in YAML and logs -- judged by the name
+_JSON_PAIR = re.compile(r"(?P<q>[\"'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=q)\s*:\s*"
+                        r"(?P<vq>[\"'])(?P<value>(?:\\.|(?!(?P=vq))[^\\\n])*)(?P=vq)")
+_COLON_PAIR = re.compile(r"(?<![A-Za-z0-9_.-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*:\s+)"
+                         r"(?P<value>[^\s\"',;]+)")
 _IPV4 = re.compile(r"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)\b")
 # four or more groups, or a "::" -- not a PCI address (0000:3b:00, 00000000:18:00.0), which NVIDIA's
 # logs and reports are full of
@@ -135,12 +167,17 @@ class Redactor:
         if not s:
             return s
         s = _PRIVATE_KEY.sub(lambda m: self._secret("private keys", m.group(0)), s)
-        s = _BASIC_URL.sub(lambda m: f"{m['scheme']}{m['user']}:{self._secret('passwords in URLs', m['pw'])}@", s)
+        s = _WEBHOOK.sub(lambda m: m["base"] + self._secret("webhook URLs", m["secret"]), s)
+        s = _URL_USERINFO.sub(self._userinfo, s)
+        s = _URL_TOKEN_USER.sub(lambda m: m["scheme"] + self._secret("tokens in URLs", m["user"]) + "@", s)
+        s = _URL_CUT.sub(lambda m: f"{m['scheme']}{m['user']}:{self._secret('passwords in URLs cut short', m['pw'])}", s)
         s = _AUTH_HEADER.sub(self._header, s)
         s = _USER_OPTION.sub(self._user_option, s)
         s = _BEARER.sub(lambda m: f"{m.group(1)} {self._secret('bearer tokens', m['value'])}", s)
         s = _JWT.sub(lambda m: self._secret("bearer tokens", m.group(0)), s)
         s = _KNOWN_TOKENS.sub(lambda m: self._secret("access tokens", m.group(0)), s)
+        s = _JSON_PAIR.sub(self._json_pair, s)
+        s = _COLON_PAIR.sub(self._colon_pair, s)
 
         def pair(m: re.Match) -> str:
             q, value = _unquote(m["value"])
@@ -161,6 +198,23 @@ class Redactor:
         if self.hosts:
             s = self._hosts(s)
         return s
+
+    def _userinfo(self, m: re.Match) -> str:
+        if m["pw"] == MASK or not m["pw"]:
+            return m.group(0)
+        return f"{m['scheme']}{m['user']}:{self._secret('passwords in URLs', m['pw'])}@"
+
+    def _json_pair(self, m: re.Match) -> str:
+        if not SECRET_NAME.search(m["name"]) or m["value"] in ("", MASK):
+            return m.group(0)
+        q, vq = m["q"], m["vq"]
+        return f"{q}{m['name']}{q}: {vq}{self._secret('secret-like JSON keys', m['value'])}{vq}"
+
+    def _colon_pair(self, m: re.Match) -> str:
+        # "Authorization: Bearer x" is the header rule's; a value already masked stays
+        if not SECRET_NAME.search(m["name"]) or MASK in m["value"] or m["name"].lower() in ("authorization",):
+            return m.group(0)
+        return f"{m['name']}{m['sep']}{self._secret('secret-like name: value pairs', m['value'])}"
 
     def _header(self, m: re.Match) -> str:
         if m["value"] == MASK:

@@ -485,7 +485,7 @@ def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: flo
     nvidia-bug-report.sh (minutes) is left to ``capture --pid`` / ``--pod``, which do not run in the
     kernel's crash path.
     """
-    from .node import read_kernel_log, read_nvidia_smi, read_os_release
+    from .node import read_kernel_log, read_nvidia_smi, read_os_release, redacted
 
     try:
         node_os = read_os_release(host_root)
@@ -495,7 +495,7 @@ def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: flo
         warnings.append(f"os-release: {type(e).__name__}: {e}")
     try:
         lines = read_kernel_log(pid=pid)
-        bundle.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(lines) + "\n").encode(),
+        bundle.add_bytes("30-kernel/kernel-nvidia.log", redacted("\n".join(lines) + "\n"),
                          "kernel log lines at crash time: the NVIDIA driver's (NVRM, Xid, its modules), this process's fault")
     except Exception as e:  # noqa: BLE001 - evidence is best effort; the core and record matter more
         warnings.append(f"kernel log: {type(e).__name__}: {e}")
@@ -504,7 +504,7 @@ def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: flo
     try:
         smi = read_nvidia_smi(timeout=smi_timeout)
         if smi is not None:
-            bundle.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q at crash time")
+            bundle.add_bytes("30-kernel/nvidia-smi.txt", redacted(smi), "nvidia-smi -q at crash time, secrets masked")
     except Exception as e:  # noqa: BLE001
         warnings.append(f"nvidia-smi: {type(e).__name__}: {e}")
 

@@ -33,6 +33,7 @@ __all__ = [
     "read_os_release",
     "run_nvidia_bug_report",
     "is_driver_line",
+    "redacted",
     "find_container_pids",
 ]
 
@@ -264,6 +265,14 @@ def read_nvidia_smi(timeout: float = 20.0) -> str | None:
 OS_RELEASE_MAX = 16 << 10
 
 
+def redacted(text: str) -> bytes:
+    """``text`` with its secrets masked by their structure (URL credentials, tokens, key blocks, secret-like
+    names), as UTF-8: what the node's text evidence (logs, nvidia-smi) is written into a bundle as."""
+    from ..redact import Redactor
+
+    return Redactor().text(text).encode()  # whole: a private-key block spans lines
+
+
 def read_os_release(root: str) -> str | None:
     """``/etc/os-release`` (else ``/usr/lib/os-release``) as the root ``root`` sees it, bounded; None when absent.
 
@@ -413,15 +422,15 @@ def capture_pid(
         for rel, (obj, what) in (extra_items or {}).items():
             w.add_json(rel, obj, what)
         for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""], host_root=host_root).items():
-            w.add_bytes(f"20-node/{name}", text.encode(), f"node log lines ({name})")
+            w.add_bytes(f"20-node/{name}", redacted(text), f"node log lines ({name}), secrets masked")
         node_os = read_os_release(host_root)
         if node_os is not None:
             w.add_bytes("20-node/os-release", node_os.encode(), "the node's /etc/os-release")
-        w.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(read_kernel_log(pid=pid)) + "\n").encode(),
+        w.add_bytes("30-kernel/kernel-nvidia.log", redacted("\n".join(read_kernel_log(pid=pid)) + "\n"),
                     "kernel log lines of the NVIDIA driver (NVRM, Xid, its modules) and of this process's faults")
         smi = read_nvidia_smi()
         if smi is not None:
-            w.add_bytes("30-kernel/nvidia-smi.txt", smi.encode(), "nvidia-smi -q")
+            w.add_bytes("30-kernel/nvidia-smi.txt", redacted(smi), "nvidia-smi -q, secrets masked")
         if bug_report:
             kept, note = run_nvidia_bug_report(os.path.join(bdir, "30-kernel"))
             if kept:
