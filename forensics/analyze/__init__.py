@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import threading
@@ -19,6 +20,7 @@ from ..model import (
     Crash,
     CrashKind,
     Finding,
+    HeapReport,
     LibraryStatus,
     ProcessSnapshot,
     Severity,
@@ -31,7 +33,8 @@ from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_
 from .stacks import build_threads
 
 __all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot", "compare_python_docs",
-           "flag_thread_errors", "choose_python_doc", "is_python_process", "registers_only"]
+           "flag_thread_errors", "choose_python_doc", "is_python_process", "registers_only", "HEAP_MODES",
+           "with_heap", "heap_findings"]
 
 _LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
 
@@ -349,9 +352,12 @@ class _InBackground:
         return self.result
 
 
+HEAP_MODES = ("auto", "full", "off")
+
+
 def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = None, gdb: str = "gdb",
                  timeout: float = 120.0, debuginfod: str | None = None, method: str = "auto",
-                 native_method: str = "auto", session: GdbSession | None = None) -> Analysis:
+                 native_method: str = "auto", session: GdbSession | None = None, heap: str = "auto") -> Analysis:
     """Analyze one core file.
 
     :param path: a core file, or a capture bundle directory (its stored objects are the sysroot)
@@ -367,12 +373,17 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
         for frame), ``none`` (program counters only), ``auto`` (libdw; none with
         ``method="direct"``; gdb with ``debuginfod``)
     :param session: a :class:`GdbSession` to reuse (batch mode); gdb starts only if needed
+    :param heap: glibc's heap — ``auto`` (the corruption's anatomy, for a heap-corruption crash only:
+        other crashes pay nothing), ``full`` (that, plus every arena, heap, bin and tcache:
+        ``analyze --heap``), ``off``
     :raises ForensicsError: when the input is not a readable x86-64 core
     :return: the analysis; a missing unwinder or missing symbols leave a partial one whose
         warnings say why
     """
     if method not in METHODS:
         raise ValueError(method)
+    if heap not in HEAP_MODES:
+        raise ValueError(heap)
     plan = plan_native(native_method, method, debuginfod)
     if is_bundle(path):
         # A capture bundle carries its core and every mapped object, keyed by build-id:
@@ -444,7 +455,49 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
         problems=tuple(problems), disagreements=disagreements,
         requested_native=native_method, native_disagreements=tuple(native_disagreements),
     )
-    return analyze_snapshot(snapshot)
+    return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot)
+
+
+def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None) -> Analysis:
+    """``analysis`` with glibc's heap read (:func:`forensics.heap.read_heap`) as ``mode`` asks.
+
+    ``auto`` reads it only for a heap-corruption crash, so any other crash costs nothing here.
+    """
+    corruption = analysis.crash.kind is CrashKind.HEAP_CORRUPTION
+    if mode == "off" or (mode == "auto" and not corruption):
+        return analysis
+    from ..heap import read_heap
+
+    core = analysis.snapshot.core
+    report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
+                       corruption=corruption, summary=mode == "full", is_python=is_python_process(core))
+    findings = analysis.findings + heap_findings(report, analysis.crash.tid)
+    return dataclasses.replace(analysis, heap=report, findings=findings)
+
+
+def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:
+    """The heap's findings: the buffer that overflowed and who wrote past it; why the heap was not read."""
+    out = []
+    c = report.corruption
+    if c is not None and c.overflowed is not None:
+        where = f"the chunk at 0x{c.overflowed.address:x} (usable {c.usable_size} bytes)"
+        if c.owner is not None:
+            where = f"{c.owner.name} ({c.owner.object.type_name}, {c.owner.object.size} bytes) in {c.owner.function}"
+        length = f"{'' if c.overflow_exact else 'at least '}{c.overflow_length} bytes"
+        out.append(Finding(
+            rule="heap-buffer-overflow",
+            severity=Severity.ERROR,
+            summary=f"{where} was written {length} past its end, over the header glibc rejected",
+            evidence=(f"verdict: {c.verdict.value}: {c.verdict_reason}", *c.inconsistencies),
+            tid=tid,
+        ))
+    elif c is not None and c.rejected is not None:
+        out.append(Finding(rule="heap-chunk-rejected", severity=Severity.ERROR,
+                           summary=f"glibc rejected the chunk at 0x{c.rejected.address:x}: {c.check}",
+                           evidence=c.inconsistencies + c.problems, tid=tid))
+    for problem in report.problems:
+        out.append(Finding(rule="heap-unreadable", severity=Severity.WARNING, summary=problem))
+    return tuple(out)
 
 
 def _choose_native(plan: str, libdw: dict | None, gdb: dict | None) -> tuple[dict | None, list[str], list[str]]:

@@ -97,6 +97,7 @@ def _analyze_one(path: str) -> BatchEntry:
             path, sysroot=_OPTIONS.get("sysroot"), exe=_OPTIONS.get("exe"), gdb=_OPTIONS.get("gdb", "gdb"),
             timeout=_OPTIONS.get("timeout", 120.0), debuginfod=_OPTIONS.get("debuginfod"), session=_SESSION,
             method=_OPTIONS.get("method", "auto"), native_method=_OPTIONS.get("native_method", "auto"),
+            heap=_OPTIONS.get("heap", "off"),  # a fingerprint table shows no heap: read it only when asked
         )
         return BatchEntry(path=path, mtime=mtime, analysis=analysis, error=None)
     except ForensicsError as e:

@@ -29,13 +29,16 @@ __all__ = ["analyze"]
 @click.option("--gdb", "gdb_path", default="gdb", show_default=True, help="gdb to run.")
 @click.option("--debuginfod", metavar="URL", default=None, help="Let gdb fetch debug info from this debuginfod server (off by default).")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds gdb may take per core.")
+@click.option("--heap", "heap", is_flag=True,
+              help="Walk glibc's heap whatever the crash: every arena, heap, bin and tcache (a heap-corruption "
+                   "crash always gets the anatomy of the overflow; other crashes pay nothing without this).")
 @click.option("-j", "--jobs", type=int, default=0, help="Worker processes for several cores (0: one per CPU).")
 @json_option
 @output_option
 @force_option
 @verbose_option
-def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, jobs, as_json, output,
-            force, verbose):
+def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
+            output, force, verbose):
     """Analyze a core: signal, abort message, every thread's native and Python stack.
 
     INPUTS is one core or capture bundle, or several cores / bundles / directories of
@@ -54,7 +57,7 @@ def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debug
     paths = find_cores(inputs)
     single = len(inputs) == 1 and (not os.path.isdir(inputs[0]) or is_bundle(inputs[0]))
     options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method,
-                   native_method=native_method)
+                   native_method=native_method, heap="full" if heap else "auto")
     if single:
         from ..analyze import analyze_core
         from ..format import analysis_payload, format_analysis
@@ -69,6 +72,7 @@ def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debug
         else:
             emit(format_analysis(analysis, merged=merged), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
+    options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap
     _analyze_batch(paths, options, jobs, as_json, output, force)
 
 
