@@ -26,7 +26,7 @@ from .markdown import GITHUB_ISSUE_LIMIT, check_markdown, escape, fence
 from ..redact import Redactor, redact_tree
 
 __all__ = ["Report", "make_report", "render", "environment", "write_report", "check_report_file",
-           "split_front_matter", "check_title", "attachment_dir_for", "TEMPLATES"]
+           "split_front_matter", "check_title", "attachment_dir_for", "TEMPLATES", "heap_section"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -259,12 +259,79 @@ def _footer(redactor: Redactor, localizer, upstream: bool, hosts: bool) -> list[
 
 
 def _heap_section(docs: dict) -> dict | None:
-    """What the core's heap says, when the analysis carries a heap reading (#21): {"summary", "lines"}."""
+    """What the core's heap says (#21), when an analysis carries a heap reading: {"summary", "lines"}.
+
+    ``summary`` is one paragraph (which buffer overflowed, by how much, who wrote past it);
+    ``lines`` are the facts it rests on, one each.
+    """
     for doc in docs.get("analyze") or []:
         heap = (doc.get("analysis") or {}).get("heap")
-        if isinstance(heap, dict) and heap.get("summary"):
-            return {"summary": str(heap["summary"]), "lines": [str(x) for x in heap.get("lines") or []]}
+        if isinstance(heap, dict) and (heap.get("corruption") or heap.get("summary") or heap.get("problems")):
+            return heap_section(heap)
     return None
+
+
+def _hexaddr(v: object) -> str:
+    return f"0x{v:x}" if isinstance(v, int) else str(v)
+
+
+def heap_section(heap: dict) -> dict:
+    """The report's heap section from the ``heap`` object of ``analyze --json`` (pure).
+
+    >>> heap_section({"corruption": None, "summary": None, "problems": ["no libc mapped"]})["summary"]
+    "The core's heap could not be read: no libc mapped."
+    """
+    c = heap.get("corruption") or None
+    lines: list[str] = []
+    if c is None:
+        summary = ("The core's heap could not be read: " + "; ".join(map(str, heap.get("problems") or [])) + "."
+                   if heap.get("problems") else "The crash is not a heap corruption glibc detected.")
+    else:
+        rejected, over = c.get("rejected") or {}, c.get("overflowed") or {}
+        owner, call = c.get("owner") or None, c.get("call") or None
+        length = f"{'' if c.get('overflow_exact') else 'at least '}{c.get('overflow_length')} bytes"
+        if over:
+            what = f"the chunk at {_hexaddr(over.get('address'))} (usable size {c.get('usable_size')} bytes)"
+            if owner:
+                obj = owner.get("object") or {}
+                what = (f"`{owner.get('name')}` ({obj.get('type_name')}, {obj.get('size')} bytes) of "
+                        f"{owner.get('function')}, in the chunk at {_hexaddr(over.get('address'))}")
+            summary = (f"glibc rejected the chunk at {_hexaddr(rejected.get('address'))} ({c.get('check')}); "
+                       f"the buffer before that header, {what}, was written {length} past its end. "
+                       f"Verdict: {c.get('verdict')}: {c.get('verdict_reason')}.")
+        elif rejected:
+            summary = (f"glibc rejected the chunk at {_hexaddr(rejected.get('address'))} ({c.get('check')}); "
+                       f"{'; '.join(map(str, c.get('inconsistencies') or [])) or 'the overflowing buffer was not found'}.")
+        else:
+            summary = f"glibc's check ({c.get('check')}) names no chunk found in the core: " + \
+                "; ".join(map(str, c.get("problems") or [c.get("verdict_reason")]))
+        if rejected:
+            lines.append(f"rejected chunk {_hexaddr(rejected.get('address'))}, size {_hexaddr(rejected.get('size'))}, "
+                         f"found in {c.get('rejected_found_by')}")
+        lines += [f"inconsistent: {i}" for i in c.get("inconsistencies") or []]
+        if over:
+            lines.append(f"overflowed chunk {_hexaddr(over.get('address'))}, size {_hexaddr(over.get('size'))}, "
+                         f"usable {c.get('usable_size')} bytes")
+            lines.append(f"overflow: {length} past the "
+                         + (f"{c.get('buffer_size')}-byte buffer's end" if c.get("buffer_size") is not None
+                            else "chunk's usable size")
+                         + (f" (measured by: {c.get('overflow_basis')})" if c.get("overflow_basis") else ""))
+            raw = bytes.fromhex(c.get("first_bytes") or "")
+            if raw:
+                shown = "".join(chr(b) if 32 <= b < 127 else "." for b in raw)
+                lines.append(f"first bytes past the end: {raw.hex(' ')} ({shown})")
+        if call:
+            lines.append(f"native call in progress: {call.get('function')}({', '.join(call.get('arguments') or [])}) "
+                         f"from {call.get('caller')} ({call.get('file')}:{call.get('line')})")
+        lines += [f"note: {p}" for p in c.get("problems") or []]
+    s = heap.get("summary") or None
+    if s:
+        arenas = s.get("arenas") or []
+        heaps = sum(len(a.get("heaps") or []) for a in arenas)
+        broken = [p for a in arenas for p in a.get("problems") or []]
+        lines.append(f"glibc {s.get('glibc_version')}: {len(arenas)} arena(s), {heaps} heap(s)"
+                     + (f"; {len(broken)} problem(s): " + "; ".join(broken[:3]) if broken else ", every chain whole"))
+    return {"summary": summary, "lines": lines}
 
 
 def _analyze_bundles(ev: Evidence) -> None:

@@ -66,3 +66,24 @@ def test_no_heap_for_a_segv_without_asking(cores, newest_python):
     r = run("analyze", "--json", str(cores.get(newest_python, "segv")))
     assert r.exit_code == EXIT_OK, r.stderr
     assert json.loads(r.stdout)["analysis"]["heap"] is None
+
+
+def test_reports_carry_what_the_heap_says(cores, newest_python, tmp_path):
+    # GIVEN the analysis of a heap-corruption core, saved as `analyze --json` writes it
+    analysis = tmp_path / "analysis.json"
+    r = run("analyze", "--json", "-o", str(analysis), str(cores.get(newest_python, "heap-next-size")))
+    assert r.exit_code == EXIT_OK, r.stderr
+    texts = {}
+    for template in ("nvml", "nvitop", "runbook"):
+        out = tmp_path / f"{template}.md"
+        r = run("report", "--template", template, "-o", str(out), str(analysis))
+        texts[template] = out.read_text()
+    # THEN the NVIDIA report has the heap section, with the overflowed chunk and its bytes
+    nvml = texts["nvml"]
+    section = nvml.split("## What the core's heap says", 1)[1].split("\n## ", 1)[0]
+    assert "was written 8 bytes past its end" in section and "usable size 1288 bytes" in section
+    assert "first bytes past the end: 41 41 41 41 41 41 41 41 (AAAAAAAA)" in section
+    assert "Verdict: undetermined" in section
+    # and the other reports say it in a line
+    for template in ("nvitop", "runbook"):
+        assert "What the core's heap says: glibc rejected the chunk at 0x" in texts[template], template
