@@ -308,8 +308,13 @@ def _snippet(f: Facts) -> str:
 
 # ---- the NVIDIA facts ----------------------------------------------------------------------
 
+def _smi_text(f: Facts) -> str | None:
+    """nvidia-smi -q as captured, else the copy inside nvidia-bug-report's log."""
+    return f.nvidia_smi or f.bug_report_text
+
+
 def _system_facts(f: Facts) -> list[tuple[str, str]]:
-    smi = smi_facts(f.nvidia_smi)
+    smi = smi_facts(_smi_text(f))
     rows = [("Distribution", _os_line(f).split(", kernel")[0]),
             ("Kernel", _v(f.kernel))]
     gpus = smi["gpus"]
@@ -326,17 +331,17 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
         rows.append(("GPUs", _v(f.gpus)))
     links = next((str(r["environment"]["nvlinks"]) for r in f.repro_runs if (r.get("environment") or {}).get("nvlinks")), None)
     rows.append(("NVLink", f"{links}, as the reproducers read it" if links else "not in the evidence"))
-    if f.kernel_log is None:
+    if f.kernel_log is None and not f.bug_report_text:
         rows.append(("Xid summary", "kernel log not captured"))
     else:
-        xids = xid_summary(f.kernel_log)
+        xids = xid_summary((f.kernel_log or "") + "\n" + (f.bug_report_text or ""))
         rows.append(("Xid summary", "; ".join(xids) if xids else "no Xid in the driver's kernel log lines"))
     return rows
 
 
 def _smi_excerpt(f: Facts) -> str:
-    smi = smi_facts(f.nvidia_smi)
-    if not f.nvidia_smi:
+    smi = smi_facts(_smi_text(f))
+    if not smi["gpus"] and not smi.get("Driver Version"):
         return ""
     lines = [f"Driver Version: {smi.get('Driver Version', '?')}    CUDA Version: {smi.get('CUDA Version', '?')}"]
     for g in smi["gpus"]:
@@ -478,7 +483,7 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
         glibc=_v(f.glibc), python=_v(f.python), kernel=_v(f.kernel), gpus=_v(f.gpus), gpu_lines=list(f.gpu_lines),
         nvml_library=(f"{f.nvml_library}" + (f" (build-id {f.nvml_build_id})" if f.nvml_build_id else "")
                       if f.nvml_library else UNKNOWN),
-        image=_v(f.image), versions_prose=versions_prose, smi_excerpt=smi_excerpt, smi_captured=bool(f.nvidia_smi),
+        image=_v(f.image), versions_prose=versions_prose, smi_excerpt=smi_excerpt, smi_captured=bool(smi_excerpt),
         system_facts=_system_facts(f), bug_report=bug_report, pyenv=_pyenv(f),
         signature=_v(f.signature), crash_prose=crash_prose, crash_rows=crash_rows, process=_v(f.process), call=call,
         native_top=native_top or [UNKNOWN], native_more=native_more, traceback=traceback, stack_label=stack_label,

@@ -80,6 +80,27 @@ _BUG_REPORT = ("30-kernel/nvidia-bug-report.log.gz", "30-kernel/nvidia-bug-repor
 MAX_TEXT = 64 * 1024
 
 
+BUG_REPORT_READ = 4 << 20  # decompressed bytes of nvidia-bug-report.log(.gz) read for its facts
+
+
+def _read_bug_report(path: Path) -> str:
+    """The start of NVIDIA's bug report, decompressed as a stream and cut at BUG_REPORT_READ bytes (its
+    nvidia-smi -q and kernel log sections come early); "" when it cannot be read."""
+    import gzip
+    import zlib
+
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                data = f.read(BUG_REPORT_READ)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(BUG_REPORT_READ)
+    except (OSError, EOFError, zlib.error):
+        return ""
+    return data.decode("utf-8", "replace")
+
+
 def _load_bundle(p: str, ev: Evidence) -> dict:
     """A capture bundle (``forensics capture``, the core handler) as one evidence document."""
     root = Path(p)
@@ -99,6 +120,7 @@ def _load_bundle(p: str, ev: Evidence) -> dict:
     for rel in _BUG_REPORT:
         if (root / rel).is_file():
             doc["bug_report_file"] = str(root / rel)  # NVIDIA's own file: attached as it is, after review
+            doc["bug_report_text"] = _read_bug_report(root / rel)
             break
     for item in doc["manifest"].get("items") or []:
         if isinstance(item, dict) and item.get("path") and item.get("sha256"):

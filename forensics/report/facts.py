@@ -95,6 +95,7 @@ class Facts:
     nvidia_smi: str | None = None  # nvidia-smi -q text
     bug_report: str | None = None  # what nvidia-bug-report.sh did (the .gz stays in the bundle)
     bug_report_file: str | None = None
+    bug_report_text: str | None = None  # its first megabytes: nvidia-smi -q and kernel log sections
     kernel_log: str | None = None  # the driver's kernel log lines
     image: str | None = None
     # the setup
@@ -503,7 +504,8 @@ def read_facts(ev: Evidence) -> Facts:
         gpus=gpus, gpu_lines=gpu_lines, nvml_library=nvml.get("path") or cap_nvml.get("path") or rh.get("libnvidia_ml"),
         nvml_build_id=nvml.get("build_id") or cap_nvml.get("build_id"), nvml_origin=cap_nvml.get("origin"),
         nvidia_smi=smi if isinstance(smi, str) else None, bug_report=cap.get("bug_report_note"),
-        bug_report_file=cap.get("bug_report_file"), kernel_log=cap.get("kernel_log"), image=_image_of(ev, cap),
+        bug_report_file=cap.get("bug_report_file"), bug_report_text=cap.get("bug_report_text") or None,
+        kernel_log=cap.get("kernel_log"), image=_image_of(ev, cap),
         installer=", ".join(installers) or None, environment_notes=tuple(_get(vi, "python", "notes", default=[]) or []),
         distributions=dists,
         requirement_problems=tuple(str(p.get("message")) for p in vi.get("requirement_problems") or []

@@ -131,3 +131,58 @@ def test_nvidia_bug_report_is_bounded_in_time_and_size(tmp_path, monkeypatch):
     kept, note = run_nvidia_bug_report(str(tmp_path / "b"), max_bytes=4096)
     assert kept is None and "over the 4096 byte limit" in note
     assert list((tmp_path / "b").iterdir()) == []
+
+
+SMI_Q = """==============NVSMI LOG==============
+
+Driver Version                            : 580.126.09
+CUDA Version                              : 13.0
+
+Attached GPUs                             : 2
+GPU 00000000:18:00.0
+    Product Name                          : NVIDIA H20
+    VBIOS Version                         : 96.00.A5.00.01
+    Persistence Mode                      : Enabled
+    MIG Mode
+        Current                           : Disabled
+        Pending                           : Disabled
+    Fabric
+        State                             : Completed
+        Status                            : Success
+GPU 00000000:2A:00.0
+    Product Name                          : NVIDIA H20
+    VBIOS Version                         : 96.00.A5.00.01
+    Persistence Mode                      : Enabled
+    MIG Mode
+        Current                           : Disabled
+        Pending                           : Disabled
+    Fabric
+        State                             : Completed
+        Status                            : Success
+"""
+
+
+def test_the_nvidia_report_reads_the_bug_report_a_capture_kept(rooted, tmp_path, monkeypatch):
+    # GIVEN a node whose nvidia-bug-report.sh writes nvidia-smi -q and an Xid line (and 2 MB more), no nvidia-smi
+    (tmp_path / "smi.txt").write_text(SMI_Q)
+    fake_bug_report(tmp_path / "bin", f'while [ $# -gt 0 ]; do [ "$1" = --output-file ] && out=$2; shift; done\n'
+                                      f'{{ cat {tmp_path / "smi.txt"}; echo "[ 12.3] NVRM: Xid (PCI:0000:2a:00): 79, pid=9, GPU has fallen off the bus.";'
+                                      f' head -c 2000000 /dev/zero | tr "\\\\0" "x"; }} | gzip > "$out.gz"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    # WHEN the process is captured and an NVIDIA report made from the bundle
+    bundle = capture(rooted.pid, tmp_path)
+    assert (bundle / "30-kernel" / "nvidia-bug-report.log.gz").is_file()
+    t0 = time.monotonic()
+    r = CliRunner().invoke(cli, ["report", "--json", "--template", "nvml", str(bundle)], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    took = time.monotonic() - t0
+    body = json.loads(r.stdout)["report"]["body"].replace("\\", "")
+    # THEN the system facts NVIDIA asks for come from it, and the report says where the file is
+    system = body.split("## System information", 1)[1]
+    assert "| PCI bus ids | 00000000:18:00.0, 00000000:2A:00.0 |" in system
+    assert "| VBIOS | 96.00.A5.00.01 |" in system and "| Persistence mode | Enabled |" in system
+    assert "| MIG mode | Disabled |" in system and "| Fabric Manager state | Completed |" in system
+    xid = next(line for line in system.splitlines() if line.startswith("| Xid summary |"))
+    assert "Xid 79 on 0000:2a:00: 1 time" in xid
+    assert "nvidia-bug-report.log.gz is in the capture bundle" in system
+    assert took < 60, took  # 2 MB of bug report read and masked within reason
