@@ -48,15 +48,17 @@ class CoreFactory:
 
     def __init__(self, base: Path) -> None:
         self.base = base
-        self._cache: dict[tuple[str, str, int], Path] = {}
+        self._cache: dict[tuple[str, str, int, str | None], Path] = {}
 
-    def get(self, version: str, scenario: str, copy: int = 0) -> Path:
+    def get(self, version: str, scenario: str, copy: int = 0, handler: str | None = None) -> Path:
+        """A core of ``scenario`` under CPython ``version``; ``handler`` installs a crash reporter that
+        faults as the process dies (tests/crashers/make_core.py HANDLERS)."""
         from tests.crashers.make_core import make_core
 
-        key = (version, scenario, copy)
+        key = (version, scenario, copy, handler)
         if key not in self._cache:
             # one directory: libcrash.so is built once, each crash gets its own run directory
-            self._cache[key] = make_core(self.base, PYTHONS[version], scenario)
+            self._cache[key] = make_core(self.base, PYTHONS[version], scenario, handler=handler)
         return self._cache[key]
 
 

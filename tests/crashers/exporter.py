@@ -1,8 +1,16 @@
 """A crash sample shaped like a GPU metrics exporter (works on CPython 3.8+).
 
-usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv,py-abort,fpe,ill,bus,qsort-abort} [READY_FIFO]
+usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv,py-abort,fpe,ill,bus,qsort-abort,string-at,sleep} [READY_FIFO]
 
 EXPORTER_THREAD_NAME sets the sleeping thread's name (default "metrics-server").
+EXPORTER_HANDLER installs a crash reporter before the scrape, one whose own code faults while the
+process dies (the nested faults of issue #22): ``ctypes-abort`` (a ctypes callback as the SIGABRT
+handler, reading memory through a bad pointer), ``c-abort`` (libreporter.so's SIGABRT handler,
+dereferencing NULL), ``c-segv`` (libreporter.so's SIGSEGV handler, faulting again), ``faulthandler``
+(Python's faulthandler: it prints the traceback and re-raises the same signal).  LIBREPORTER names
+libreporter.so for the ``c-*`` handlers.
+The ``sleep`` scenario does not crash: it signals READY_FIFO and sleeps in the same call stack, for
+a gcore of a live process.
 EXPORTER_BALLAST_MB=N (default 0) keeps N MiB of written Python heap alive
 before the crash, so the core is at least that big (for bench/analyze.py).
 
@@ -52,12 +60,16 @@ def serve_forever():
 
 
 def query_nvlink_throughput_counters():
+    if SCENARIO == "sleep":
+        return time.sleep(3600)
     if SCENARIO == "segv":
         return LIB.forensics_bad_write(0)
     if SCENARIO in _OTHER_FAULTS:
         return _OTHER_FAULTS[SCENARIO]()
     if SCENARIO == "qsort-abort":
         return _sort_with_callback()
+    if SCENARIO == "string-at":
+        return ctypes.string_at(0x10, 8)  # the standard library's wrapper faults on the exporter's behalf
     if SCENARIO == "py-abort":
         return os.abort()  # from Python, holding the GIL: an abort that is not heap corruption
     return LIB.forensics_heap_overflow(0 if SCENARIO == "heap-prev" else 1)
@@ -75,7 +87,37 @@ def collect():
     return device_metrics()
 
 
+def install_handler(kind):
+    """A crash reporter that itself faults while the process dies (see the module docstring)."""
+    if kind == "faulthandler":
+        import faulthandler
+
+        faulthandler.enable()
+        return
+    if kind in ("c-abort", "c-segv"):
+        reporter = ctypes.CDLL(os.environ["LIBREPORTER"])
+        _ballast.append(reporter)
+        if (reporter.forensics_install_abort_handler if kind == "c-abort" else reporter.forensics_install_segv_handler)():
+            raise SystemExit("sigaction failed")
+        return
+    if kind != "ctypes-abort":
+        raise SystemExit(f"unknown EXPORTER_HANDLER {kind!r}")
+    handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
+
+    def on_abort(signum):
+        ctypes.string_at(0x10, 8)  # the reporter reads memory through a pointer the heap corruption broke
+
+    callback = handler_type(on_abort)
+    _ballast.append(callback)  # the callback lives as long as the process
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, handler_type)
+    libc.signal(6, callback)
+
+
 def main():
+    if os.environ.get("EXPORTER_HANDLER"):
+        install_handler(os.environ["EXPORTER_HANDLER"])
     name = os.environ.get("EXPORTER_THREAD_NAME", "metrics-server")  # tests plant hostile names here
     server = threading.Thread(target=serve_forever, name=name, daemon=True)
     server.start()

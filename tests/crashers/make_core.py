@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,14 +31,23 @@ __all__ = [
     "CoreNotWritten",
     "core_pattern_problem",
     "build_libcrash",
+    "build_libreporter",
     "make_core",
     "crash_for_core",
+    "make_gcore",
+    "EXPORTER",
+    "BARE",
+    "HANDLERS",
 ]
 
 HERE = Path(__file__).resolve().parent
 LIBCRASH_C = HERE / "libcrash.c"
+LIBREPORTER_C = HERE / "libreporter.c"
 EXPORTER = HERE / "exporter.py"
-SCENARIOS = ("heap-prev", "heap-next-size", "segv", "py-abort", "fpe", "ill", "bus", "qsort-abort")
+BARE = HERE / "bare.py"
+SCENARIOS = ("heap-prev", "heap-next-size", "segv", "py-abort", "fpe", "ill", "bus", "qsort-abort", "string-at")
+#: crash reporters exporter.py installs (EXPORTER_HANDLER), whose own code faults as the process dies
+HANDLERS = ("ctypes-abort", "c-abort", "c-segv", "faulthandler")
 _CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 
 
@@ -67,6 +77,15 @@ def build_libcrash(directory: Path, *, cflags: Sequence[str] = (), name: str = "
 
     :param cflags: extra compiler flags (a different set makes a different build-id)
     """
+    return _build_library(directory, LIBCRASH_C, cflags=cflags, name=name)
+
+
+def build_libreporter(directory: Path) -> Path:
+    """Build ``libreporter.so`` (C signal handlers that fault) into ``directory`` unless it is there."""
+    return _build_library(directory, LIBREPORTER_C, cflags=(), name="libreporter.so")
+
+
+def _build_library(directory: Path, source: Path, *, cflags: Sequence[str], name: str) -> Path:
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / name
@@ -74,7 +93,7 @@ def build_libcrash(directory: Path, *, cflags: Sequence[str] = (), name: str = "
         return out
     cc = os.environ.get("CC", "gcc")
     tmp = directory / f".{name}.tmp{os.getpid()}"
-    cmd = [cc, "-shared", "-fPIC", "-g", "-O2", "-w", *cflags, "-o", str(tmp), str(LIBCRASH_C)]
+    cmd = [cc, "-shared", "-fPIC", "-g", "-O2", "-w", *cflags, "-o", str(tmp), str(source)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"building {name} failed: {' '.join(cmd)}\n{proc.stderr}")
@@ -103,6 +122,7 @@ def make_core(
     timeout: float = 60.0,
     env: dict[str, str] | None = None,
     root: str | os.PathLike[str] | None = None,
+    handler: str | None = None,
 ) -> Path:
     """Crash ``exporter.py`` and return the path of its core.
 
@@ -115,6 +135,7 @@ def make_core(
     :param env: extra environment variables for the crashing process
     :param root: a root filesystem (tests/roots.py) to run ``python`` in, a path inside it; the
         run directory, exporter.py and libcrash.so are bound at their host paths
+    :param handler: one of :data:`HANDLERS`: a crash reporter that faults while the process dies
     :raises CoresUnavailable: when kernel.core_pattern does not write to the cwd
     :raises CoreNotWritten: when the process did not die of a signal or left no core
     """
@@ -125,13 +146,23 @@ def make_core(
         raise CoresUnavailable(problem)
     directory = Path(directory).resolve()
     lib = Path(libcrash) if libcrash is not None else build_libcrash(directory)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"run-{scenario}-", dir=directory))
+    label = scenario + (f"-{handler}" if handler else "")
+    run_dir = Path(tempfile.mkdtemp(prefix=f"run-{label}-", dir=directory))
     extra_env = dict(env or {})
     if preload:
         extra_env["LD_PRELOAD"] = " ".join(str(p) for p in preload)
+    binds: tuple[Path, ...] = (EXPORTER, lib)
+    if handler is not None:
+        if handler not in HANDLERS:
+            raise ValueError(f"unknown handler {handler!r}; choose from {', '.join(HANDLERS)}")
+        extra_env["EXPORTER_HANDLER"] = handler
+        if handler.startswith("c-"):
+            reporter = build_libreporter(directory)
+            extra_env["LIBREPORTER"] = str(reporter)
+            binds += (reporter,)
     return crash_for_core([os.fspath(python), str(EXPORTER), str(lib), scenario], run_dir, env=extra_env,
-                          root=root, binds=(EXPORTER, lib), coredump_filter=coredump_filter, timeout=timeout,
-                          what=f"{python} exporter.py {scenario}")
+                          root=root, binds=binds, coredump_filter=coredump_filter, timeout=timeout,
+                          what=f"{python} exporter.py {label}")
 
 
 def crash_for_core(
@@ -149,7 +180,8 @@ def crash_for_core(
     """Run ``argv`` in the empty directory ``run_dir`` with RLIMIT_CORE raised; return the core it leaves.
 
     The core is the file the run leaves in ``run_dir`` that is not one of ``outputs`` (names the
-    program writes there itself).
+    program writes there itself).  Beside it go ``.stderr`` (what the process said as it died:
+    faulthandler's traceback) and ``.signal`` (the signal it died of).
 
     :param env: extra environment variables (over this process's, without PYTHONHOME)
     :param root: a root filesystem (tests/roots.py) to run it in; ``run_dir`` and ``binds`` are bound
@@ -184,10 +216,12 @@ def crash_for_core(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    cores = sorted(p for p in run_dir.iterdir() if p.is_file() and p.name not in outputs)
     signo = -proc.returncode
     if root is not None and proc.returncode > 128:  # bwrap exits 128 + the signal its child died of
         signo = proc.returncode - 128
+    cores = sorted(p for p in run_dir.iterdir() if p.is_file() and p.name not in outputs)
+    (run_dir / ".stderr").write_bytes(err)
+    (run_dir / ".signal").write_text(f"{signo}\n")
     if signo <= 0:
         raise CoreNotWritten(
             f"{what} exited with status {proc.returncode} instead of dying of a signal:\n"
@@ -201,6 +235,54 @@ def crash_for_core(
             "the directory is writable)"
         )
     return cores[0]
+
+
+def _wait_ready(fifo: Path, proc: subprocess.Popen, timeout: float) -> None:
+    """Wait until the sample writes "ready" into ``fifo`` (never blocks on a sample that died)."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    got = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while b"ready" not in got:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.poll() is not None else ""
+                raise CoreNotWritten(f"the sleeping sample did not get ready (status {proc.poll()}): {err}")
+            try:
+                got += os.read(fd, 64)
+            except BlockingIOError:
+                pass
+            time.sleep(0.02)
+    finally:
+        os.close(fd)
+
+
+def make_gcore(directory: Path, python: str | os.PathLike[str], *, timeout: float = 60.0) -> Path:
+    """A core of a live process, made by gdb's ``gcore``: ``exporter.py`` in its ``sleep`` scenario
+    (same threads, same call stack as a crash, but sleeping), waited for through a FIFO, then
+    killed.  :raises CoreNotWritten: when gcore wrote nothing
+    """
+    directory = Path(directory).resolve()
+    lib = build_libcrash(directory)
+    run_dir = Path(tempfile.mkdtemp(prefix="run-gcore-", dir=directory))
+    fifo = run_dir / "ready"
+    os.mkfifo(fifo)
+    env = dict(os.environ)
+    env.pop("PYTHONHOME", None)
+    proc = subprocess.Popen([os.fspath(python), str(EXPORTER), str(lib), "sleep", str(fifo)], cwd=run_dir,
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_ready(fifo, proc, timeout)
+        time.sleep(0.1)  # let the main thread reach time.sleep
+        out = run_dir / "core"
+        gcore = subprocess.run(["gcore", "-o", str(out), str(proc.pid)], capture_output=True, text=True,
+                               timeout=timeout)
+        written = out.with_name(f"core.{proc.pid}")
+        if not written.is_file():
+            raise CoreNotWritten(f"gcore {proc.pid} wrote no core: {gcore.stdout[-1000:]} {gcore.stderr[-1000:]}")
+        return written
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == "__main__":
