@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Iterable, Iterator
 
-from .analyze.signature import describe_pyframe, describe_thread, signature
+from .analyze.signature import describe_later_fault, describe_pyframe, describe_thread, exit_explanation, signature
 from .analyze.stacks import merge_frames
 from .model import (
     Analysis,
@@ -42,6 +42,8 @@ def analysis_payload(analysis: Analysis, *, merged: bool = False) -> dict:
     """The ``analysis`` object of ``forensics analyze --json``."""
     data = to_jsonable(analysis)
     data["signature"] = signature(analysis)
+    data["crash"]["exit_status"] = analysis.crash.exit_status
+    data["exit_explanation"] = exit_explanation(analysis)
     if merged:
         for t_json, thread in zip(data["snapshot"]["threads"], analysis.snapshot.threads):
             t_json["merged"] = [
@@ -58,27 +60,48 @@ def _native_line(f: NativeFrame) -> str:
     return f"#{f.index:<3} 0x{f.pc:016x} {sym}{off}{mark} ({f.library_name or '?'}){where}"
 
 
-def format_thread(thread: Thread, *, merged: bool = False, native: bool = True) -> Iterator[str]:
-    """Lines for one thread: its header, its Python stack, then (or merged with) its native stack."""
+def _signal_line(sf) -> str:
+    how = {"siginfo": f"si_code {sf.signal.code}", "registers": "read from the interrupted registers",
+           "unknown": "signal unknown"}.get(sf.signal_source, sf.signal_source)
+    stack = ", on the alternate signal stack" if sf.alternate_stack else ""
+    return f"--- {sf.signal.name} ({how}) delivered here{stack}: above ran its handler, below was interrupted ---"
+
+
+def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
+                  first_fault: bool = False) -> Iterator[str]:
+    """Lines for one thread: its header, its Python stack, then (or merged with) its native stack; each
+    signal frame (a handler running on top of what it interrupted) is marked where it splits them."""
     flags = []
     if thread.is_crashed:
         flags.append("crashed")
+    if first_fault and not thread.is_crashed:
+        flags.append("first fault")
     if thread.holds_gil:
         flags.append("holds the GIL")
     flag = f"  [{', '.join(flags)}]" if flags else ""
     yield f"Thread {describe_thread(thread)}{flag}"
+    native_marks = {sf.native_index: sf for sf in thread.signal_frames if sf.native_index is not None}
+    py_marks = {sf.py_index: sf for sf in thread.signal_frames if sf.py_index}
+    if thread.signal_frames and not native_marks:
+        for sf in thread.signal_frames:
+            yield (f"  {_signal_line(sf)[4:-4]} (interrupted at 0x{sf.pc:x}; the native stack was not unwound, "
+                   "so the handler's frames are not told apart)")
     if merged:
         for kind, frame in merge_frames(thread):
             if kind is FrameKind.PYTHON:
                 yield f"    (Python) {describe_pyframe(frame)}"
             else:
                 yield f"    {_native_line(frame)}"
+                if frame.index in native_marks:
+                    yield f"    {_signal_line(native_marks[frame.index])}"
         if thread.python_error:
             yield f"    (Python stack incomplete: {thread.python_error})"
     else:
         if thread.py_frames or thread.python_error:
             yield "  Python stack (most recent call first):"
-            for p in thread.py_frames:
+            for i, p in enumerate(thread.py_frames):
+                if i in py_marks:
+                    yield f"    {_signal_line(py_marks[i])}"
                 yield f"    {describe_pyframe(p)}"
             if thread.python_error:
                 yield f"    (Python stack incomplete: {thread.python_error})"
@@ -86,6 +109,8 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True) 
             yield "  Native stack:"
             for f in thread.native_frames:
                 yield f"    {_native_line(f)}"
+                if f.index in native_marks:
+                    yield f"    {_signal_line(native_marks[f.index])}"
     if thread.native_error:
         yield f"    ({thread.native_error})"
 
@@ -101,16 +126,29 @@ def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool
     yield f"Process:     pid {core.pid}, {core.executable or core.command}"
     if core.args:
         yield f"Command:     {core.args[:_MAX_LINE]}"
-    yield f"Signal:      {crash.signal_name or 'none'}" + (
-        f" (si_code {core.signal.code})" if core.signal else ""
-    )
+    same = core.signal is not None and crash.then is None and crash.signal == core.signal.signo
+    yield f"Signal:      {crash.signal_name or 'none'}" + (f" (si_code {core.signal.code})" if same else "")
     if crash.abort_message:
         yield f"Abort:       {crash.abort_message}"
     if crash.fault_address is not None:
         fk = crash.fault_kind.value if crash.fault_kind else "?"
         yield f"Fault:       0x{crash.fault_address:x} ({fk})"
-    yield f"Crash class: {crash.kind.value}"
-    yield f"Fingerprint: {analysis.fingerprint}"
+    yield f"Crash class: {crash.kind.value}" + (" (a core of a live process: no crash)" if analysis.fingerprint is None
+                                                else "")
+    if crash.handler is not None:
+        label = crash.handler.label
+        kind = "" if crash.handler.kind.value == label else f" ({crash.handler.kind.value})"
+        yield f"Handler:     {crash.signal_name} handler {label}{kind}"
+    if crash.then is not None:
+        yield f"Then:        {describe_later_fault(analysis)}"
+    explanation = exit_explanation(analysis)
+    if explanation:
+        yield f"Exit:        {explanation}"
+    if analysis.fingerprint is None:
+        yield "Fingerprint: none (a snapshot is not a crash)"
+    else:
+        partial = f" (partial: {analysis.fingerprint_partial})" if analysis.fingerprint_partial else ""
+        yield f"Fingerprint: {analysis.fingerprint}{partial}"
     if snap.python_version:
         yield f"Python:      {snap.python_version}"
     yield (f"Stacks:      native by {snap.native_method}; Python by {snap.python_method}: "
@@ -130,7 +168,7 @@ def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool
         yield from format_heap(analysis.heap)
     for thread in snap.threads:
         yield ""
-        yield from format_thread(thread, merged=merged)
+        yield from format_thread(thread, merged=merged, first_fault=thread.tid == crash.tid)
     if libraries:
         yield ""
         yield "Mapped libraries:"

@@ -18,6 +18,10 @@ __all__ = [
     "LibraryStatus",
     "FrameKind",
     "SigInfo",
+    "SignalFrame",
+    "HandlerKind",
+    "SignalHandler",
+    "LaterFault",
     "CoreThread",
     "Mapping",
     "Library",
@@ -75,7 +79,9 @@ class CrashKind(enum.Enum):
     FPE = "fpe"
     ILL = "ill"
     OTHER_SIGNAL = "other-signal"
-    NO_SIGNAL = "no-signal"  # a core made by gcore or generate-core-file of a live process
+    # not a crash: a core of a live process (gdb's gcore / generate-core-file), whose "signal" is the
+    # stop gdb attached with (SIGSTOP), or none; no thread crashed, and it has no crash fingerprint
+    SNAPSHOT = "snapshot"
 
 
 class FaultKind(enum.Enum):
@@ -115,6 +121,68 @@ class SigInfo:
     name: str
     addr: int | None = None  # si_addr for SIGSEGV, SIGBUS, SIGFPE, SIGILL
     sender_pid: int | None = None  # si_pid for signals sent by kill()/abort()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalFrame:
+    """A signal frame on a thread's stack: the kernel delivered ``signal`` to a handler, which was still
+    running (or had not returned) when the core was written.
+
+    The kernel pushes an ``rt_sigframe`` (the handler's return address, the sigreturn trampoline
+    ``__restore_rt``; the interrupted context's registers; the siginfo) and runs the handler on top of
+    it.  Everything above the frame on the stack ran in the handler; everything below it was
+    interrupted.
+    """
+
+    address: int  # where the frame lies (its return-address slot), on the thread's stack or its signal stack
+    trampoline: int  # the sigreturn trampoline the handler returns to (__restore_rt)
+    signal: SigInfo  # the signal delivered: the siginfo the kernel pushed, or what the registers tell
+    signal_source: str  # "siginfo" (an SA_SIGINFO handler's), "registers" (inferred), "unknown" (signo 0)
+    pc: int  # the interrupted instruction pointer (uc_mcontext.rip)
+    sp: int  # the interrupted stack pointer (uc_mcontext.rsp)
+    alternate_stack: bool  # the handler ran on an alternate signal stack (sigaltstack, SA_ONSTACK)
+    native_index: int | None = None  # the trampoline's frame in the thread's native frames; None: not unwound
+    py_index: int | None = None  # how many of the thread's Python frames (innermost first) ran in the handler
+
+
+class HandlerKind(enum.Enum):
+    """What a signal handler is."""
+
+    NATIVE = "native"  # a C function (its symbol, or its library and offset)
+    PYTHON_CALLBACK = "python-callback"  # a Python callable called through ctypes or cffi
+    FAULTHANDLER = "faulthandler"  # Python's faulthandler: dumps the tracebacks and re-raises the signal
+    UNKNOWN = "unknown"  # the native stack was not unwound, or the handler's frame is unreadable
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalHandler:
+    """The handler of a signal, as far as the core names it."""
+
+    signal_name: str  # the signal it was handling (SIGABRT)
+    kind: HandlerKind
+    name: str | None  # the native symbol, the Python callable (its qualified name), or "faulthandler"
+    where: str | None = None  # its library (native) or its file and line (Python callable)
+
+    @property
+    def label(self) -> str:
+        """``on_abort (exporter.py:87)``, ``reporter_on_abort (libreporter.so)``, ``faulthandler``."""
+        if self.kind is HandlerKind.FAULTHANDLER:
+            return "faulthandler"
+        name = self.name or "(unnamed)"
+        return f"{name} ({self.where})" if self.where else name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaterFault:
+    """The fault that killed the process after the first one: raised inside a handler of the first
+    fault's signal (``handler`` set), or by another thread (``handler`` None)."""
+
+    signal: int
+    signal_name: str
+    fault_address: int | None
+    fault_kind: FaultKind | None
+    tid: int | None
+    handler: SignalHandler | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,6 +329,26 @@ class Thread:
     native_error: str | None = None  # why the native stack is missing or short (the unwinder's error, no native thread)
     native_method: str | None = None  # what unwound this thread: "libdw", "gdb", or None (program counter only)
     python_error: str | None = None  # why the Python stack stopped short (a frame pointer that leaves the core)
+    is_main: bool = False  # the process's main thread (its tid is the pid), named or not
+    signal_frames: tuple[SignalFrame, ...] = ()  # signal handlers running on this thread, innermost first
+
+    @property
+    def interrupted_native_frames(self) -> tuple[NativeFrame, ...]:
+        """The native frames below the outermost signal frame: what ran before any handler; all of them
+        when no handler ran, none when the frames were not unwound past the handler."""
+        if not self.signal_frames:
+            return self.native_frames
+        index = self.signal_frames[-1].native_index
+        return self.native_frames[index + 1:] if index is not None else ()
+
+    @property
+    def interrupted_py_frames(self) -> tuple[PyFrame, ...] | None:
+        """The Python frames that ran before any handler; None when the split is unknown (the native
+        stack, which tells handler and interrupted frames apart, was not unwound)."""
+        if not self.signal_frames:
+            return self.py_frames
+        index = self.signal_frames[-1].py_index
+        return self.py_frames[index:] if index is not None else None
 
     @property
     def is_python(self) -> bool:
@@ -327,6 +415,10 @@ class ProcessSnapshot:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Crash:
+    """What the crash is: the first fault (its signal, class, glibc's message, where it pointed, its
+    thread).  A crash reporter's handler that faulted afterwards, or another thread's fault that
+    killed the process, is ``then``; the handler that ran for the first fault is ``handler``."""
+
     kind: CrashKind
     signal: int | None
     signal_name: str | None
@@ -334,6 +426,21 @@ class Crash:
     fault_address: int | None
     fault_kind: FaultKind | None
     tid: int | None
+    handler: SignalHandler | None = None  # the handler that ran for the first fault (faulthandler, a reporter)
+    then: LaterFault | None = None  # the fault that killed the process, when it is not the first
+
+    @property
+    def fatal_signal(self) -> int | None:
+        """The signal the process died of (the core's)."""
+        return self.then.signal if self.then is not None else self.signal
+
+    @property
+    def exit_status(self) -> int | None:
+        """The status a shell or Kubernetes shows for the death: 128 + the fatal signal (139 = SIGSEGV,
+        134 = SIGABRT); None for a snapshot."""
+        if self.kind is CrashKind.SNAPSHOT or not self.fatal_signal:
+            return None
+        return 128 + self.fatal_signal
 
     @property
     def summary(self) -> str:
@@ -555,10 +662,11 @@ class HeapReport:
 class Analysis:
     snapshot: ProcessSnapshot
     crash: Crash
-    fingerprint: str
+    fingerprint: str | None  # None for a snapshot (no crash)
     fingerprint_basis: tuple[str, ...]  # the exact strings hashed, so a fingerprint can be explained
     findings: tuple[Finding, ...] = field(default_factory=tuple)
     heap: HeapReport | None = None  # heap-corruption crashes, and any core with --heap
+    fingerprint_partial: str | None = None  # why a part the definition uses was unavailable (then it differs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,22 +27,18 @@ from ..model import (
     Source,
 )
 from ..pyread.walk import thread_label
-from .classify import classify_crash
+from .classify import classify_crash, is_python_process
 from .fingerprint import fingerprint, fingerprint_basis
 from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
+from .sigframe import attach_signal_frames
 from .stacks import build_threads
 
-__all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot", "compare_python_docs",
+__all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot",
+           "check_nested_faults", "compare_python_docs", "python_doc_problem",
            "flag_thread_errors", "choose_python_doc", "is_python_process", "registers_only", "HEAP_MODES",
            "with_heap", "heap_findings"]
 
 _LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
-
-
-def is_python_process(core: CoreFile) -> bool:
-    names = [lib.name for lib in core.libraries]
-    exe = (core.executable or "").rsplit("/", 1)[-1]
-    return exe.startswith("python") or any(n.startswith("libpython") for n in names)
 
 
 def _python_symbols_hint(core: CoreFile) -> str:
@@ -130,6 +126,25 @@ def choose_python_doc(direct: dict | None, gdb: dict | None) -> tuple[dict | Non
     return gdb, "gdb"
 
 
+def python_doc_problem(doc: dict | None, method: str) -> str | None:
+    """Why a method's Python document holds no stacks to compare (it could not run, or read nothing),
+    or None when it read some.
+
+    >>> python_doc_problem({"status": "no-python-symbols", "detail": "no libpython3.11 symbols", "threads": []}, "gdb")
+    "gdb's walker could not read Python stacks: no-python-symbols (no libpython3.11 symbols)"
+    >>> python_doc_problem({"status": "ok", "threads": []}, "direct") is None
+    True
+    """
+    who = "gdb's walker" if method == "gdb" else "the direct reader"
+    if doc is None:
+        return f"{who} gave no result"
+    status = doc.get("status")
+    if status == "ok" or (status == "error" and doc.get("threads")):
+        return None
+    detail = doc.get("detail")
+    return f"{who} could not read Python stacks: {status}" + (f" ({detail})" if detail else "")
+
+
 def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
     """Where two Python-state documents (gdb walker ``a``, direct reader ``b``) disagree.
 
@@ -187,7 +202,7 @@ def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, 
     warnings: list[str] = list(problems)
     python = flag_thread_errors(python)
     python_version = python.get("python_version") if python else None
-    threads = build_threads(core, native or registers_only(core), python)
+    threads = attach_signal_frames(core, build_threads(core, native or registers_only(core), python))
     py_status = python.get("status") if python else None
     if not is_python_process(core) and py_status != "ok":
         status = "not a Python process"
@@ -258,6 +273,7 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
                 tid=crash.tid,
             )
         )
+    out.extend(check_nested_faults(snapshot, crash))
     if core.nvml is not None:
         out.append(
             Finding(
@@ -315,15 +331,62 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
     return tuple(out)
 
 
+def check_nested_faults(snapshot: ProcessSnapshot, crash: Crash) -> list[Finding]:
+    """Findings about a fault after the first one (a crash reporter's handler, another thread) and about
+    handlers that ran: why the exit status is what it is, and which thread came first."""
+    from .signature import describe_thread
+
+    out: list[Finding] = []
+    then = crash.then
+    frames = [sf for t in snapshot.threads for sf in t.signal_frames]
+    evidence = tuple(
+        f"tid {t.tid}: {sf.signal.name} delivered at 0x{sf.address:x} (interrupted at 0x{sf.pc:x}"
+        f"{', on the alternate signal stack' if sf.alternate_stack else ''}; signal from {sf.signal_source})"
+        for t in snapshot.threads for sf in t.signal_frames
+    )
+    if then is not None and then.handler is not None:
+        out.append(Finding(
+            rule="fault-in-signal-handler", severity=Severity.WARNING,
+            summary=(f"the {then.handler.signal_name} handler {then.handler.label} faulted ({then.signal_name}) "
+                     f"while the process was dying of its first fault ({crash.kind.value}): investigate the first "
+                     f"fault; the handler's fault turned exit status {128 + (crash.signal or 0)} into "
+                     f"{128 + then.signal}"),
+            evidence=evidence, tid=then.tid))
+    elif then is not None:
+        threads = {t.tid: t for t in snapshot.threads}
+        first = describe_thread(threads[crash.tid]) if crash.tid in threads else "a thread the core does not name"
+        late = describe_thread(threads[then.tid]) if then.tid in threads else f"tid {then.tid}"
+        out.append(Finding(
+            rule="fault-order", severity=Severity.WARNING,
+            summary=(f"{first} came first: glibc had written its heap-corruption message (the thread was in its "
+                     f"abort path) when {late} received the fatal {then.signal_name}"),
+            evidence=tuple(x for x in (crash.abort_message,) if x), tid=crash.tid))
+    elif crash.handler is not None:
+        out.append(Finding(
+            rule="signal-handler-ran", severity=Severity.INFO,
+            summary=(f"the {crash.handler.signal_name} handler {crash.handler.label} ran and re-raised "
+                     f"{crash.signal_name}: the crash is the first fault, unchanged"),
+            evidence=evidence, tid=crash.tid))
+    elif frames:
+        out.append(Finding(rule="signal-handler-running", severity=Severity.INFO,
+                           summary="a signal handler was running when the process died", evidence=evidence))
+    return out
+
+
 def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
-    crashed = snapshot.crashed_thread
-    crash = classify_crash(snapshot.core, crashed)
-    basis = fingerprint_basis(crash, crashed)
+    """Judge a snapshot: the crash (its first fault), its fingerprint, the findings."""
+    crash = classify_crash(snapshot.core, snapshot.threads, python_process=is_python_process(snapshot.core))
+    if crash.kind is CrashKind.SNAPSHOT:
+        basis, partial, fp = (), None, None
+    else:
+        basis, partial = fingerprint_basis(snapshot, crash)
+        fp = fingerprint(basis)
     return Analysis(
         snapshot=snapshot,
         crash=crash,
-        fingerprint=fingerprint(basis),
+        fingerprint=fp,
         fingerprint_basis=basis,
+        fingerprint_partial=partial,
         findings=check_snapshot(snapshot, crash),
     )
 
@@ -441,7 +504,13 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     problems.extend(native_notes)
     disagreements: tuple[str, ...] = ()
     if method == "both":
-        disagreements = tuple(compare_python_docs(gdb_python, direct))
+        # a method that could not run (no symbols, no gdb) is not a disagreement: it is said, and the
+        # analysis is partial only if the other method could not read the stacks either
+        unable = [p for p in (python_doc_problem(gdb_python, "gdb"), python_doc_problem(direct, "direct")) if p]
+        if unable:
+            problems.extend(f"--method both: {p}; nothing to compare" for p in unable)
+        else:
+            disagreements = tuple(compare_python_docs(gdb_python, direct))
     # Choose the Python document: the requested method's, or for auto/both the best whole one.
     if method == "gdb":
         python, py_method = gdb_python, "gdb"

@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 import signal as _signal
 
-from ..model import CoreFile, Crash, CrashKind, FaultKind, Thread
+from ..model import CoreFile, Crash, CrashKind, FaultKind, LaterFault, NativeFrame, SignalHandler, SigInfo, Thread
 
-__all__ = ["HEAP_MESSAGES", "classify_crash", "classify_fault_address", "is_heap_message", "normalize_message"]
+__all__ = ["HEAP_MESSAGES", "CORE_DUMPING_SIGNALS", "FAULT_SIGNALS", "classify_crash", "classify_fault_address",
+           "final_signal", "is_heap_message", "is_python_process", "is_reraise", "is_snapshot", "normalize_message"]
 
 # The texts glibc's malloc passes to malloc_printerr() before it aborts (glibc 2.26-2.40).
 HEAP_MESSAGES = (
@@ -34,6 +35,13 @@ NEAR_NULL_LIMIT = 0x10000
 SEGV_ACCERR = 2
 SI_KERNEL = 0x80
 _HEX = re.compile(r"0x[0-9a-fA-F]+|\b[0-9a-f]{8,}\b")
+
+
+def is_python_process(core: CoreFile) -> bool:
+    """Whether the core is of a CPython process: its executable is ``python*`` or it maps libpython."""
+    names = [lib.name for lib in core.libraries]
+    exe = (core.executable or "").rsplit("/", 1)[-1]
+    return exe.startswith("python") or any(n.startswith("libpython") for n in names)
 
 
 def is_heap_message(message: str | None) -> bool:
@@ -81,37 +89,116 @@ _KIND_BY_SIGNAL = {
     _signal.SIGFPE: CrashKind.FPE,
     _signal.SIGILL: CrashKind.ILL,
 }
+#: the signals whose default action writes a core (the kernel's SIG_KERNEL_COREDUMP_MASK); a core with
+#: any other signal (gdb's SIGSTOP) or none was not written by the kernel for a death: a snapshot
+CORE_DUMPING_SIGNALS = frozenset({
+    _signal.SIGQUIT, _signal.SIGILL, _signal.SIGTRAP, _signal.SIGABRT, _signal.SIGBUS, _signal.SIGFPE,
+    _signal.SIGSEGV, _signal.SIGSYS, _signal.SIGXCPU, _signal.SIGXFSZ,
+})
+#: signals that are a fault of the process itself (a first fault a handler can then crash in)
+FAULT_SIGNALS = frozenset({_signal.SIGABRT, *_KIND_BY_SIGNAL})
+_ABORT_PATH = frozenset({"abort", "__GI_abort", "__libc_message", "malloc_printerr", "__malloc_assert",
+                         "__libc_fatal", "__assert_fail", "__assert_fail_base"})
+SI_USER, SI_TKILL = 0, -6
 
 
-def classify_crash(core: CoreFile, crashed: Thread | None) -> Crash:
-    """Decide the crash class from the signal, glibc's abort message and the crashing stack."""
+def final_signal(core: CoreFile) -> int:
+    """The signal the core was written for (NT_SIGINFO, else the first thread's), 0 when none."""
+    if core.signal is not None:
+        return core.signal.signo
+    return core.threads[0].signal if core.threads else 0
+
+
+def is_snapshot(core: CoreFile) -> bool:
+    """A core of a live process (gdb's ``gcore``/``generate-core-file``): no signal, or one that never
+    makes the kernel write a core (SIGSTOP, the stop gdb attaches with).
+
+    >>> from forensics.model import SigInfo
+    >>> core = CoreFile(path="c", size=0, pid=1, command="", args="", executable=None, build_id=None,
+    ...     signal=SigInfo(signo=19, code=128, errno=0, name="SIGSTOP"), threads=(), mappings=(), libraries=(),
+    ...     nvml=None, abort_message=None, truncated=False, expected_size=0)
+    >>> is_snapshot(core)
+    True
+    """
+    return final_signal(core) not in CORE_DUMPING_SIGNALS
+
+
+def _kind_of(core: CoreFile, signo: int, code: int, addr: int | None, pc: int | None,
+             frames: tuple[NativeFrame, ...]) -> tuple[CrashKind, int | None, FaultKind | None]:
+    """(class, fault address, fault kind) of one signal, judged from the core and the stack it hit."""
+    if signo == _signal.SIGABRT:
+        in_printerr = any(f.symbol in _HEAP_FRAMES for f in frames)
+        heap = is_heap_message(core.abort_message) or in_printerr
+        return (CrashKind.HEAP_CORRUPTION if heap else CrashKind.ABORT), None, None
+    if signo in _KIND_BY_SIGNAL:
+        return _KIND_BY_SIGNAL[signo], addr, classify_fault_address(core, addr, code, pc)
+    return CrashKind.OTHER_SIGNAL, None, None
+
+
+def _later(sig: SigInfo | None, signo: int, core: CoreFile, pc: int | None, tid: int | None,
+           handler: SignalHandler | None) -> LaterFault:
+    addr = sig.addr if sig is not None else None
+    kind = classify_fault_address(core, addr, sig.code, pc) if sig is not None and signo in _KIND_BY_SIGNAL else None
+    return LaterFault(signal=signo, signal_name=sig.name if sig is not None else _signame(signo), fault_address=addr,
+                      fault_kind=kind, tid=tid, handler=handler)
+
+
+def is_reraise(first: SigInfo, final: SigInfo | None, pid: int) -> bool:
+    """Whether the fatal signal is the first one raised again by its handler (faulthandler, a reporter
+    that restores the default action and calls ``raise``): the same signal, sent by the process itself."""
+    return (final is not None and final.signo == first.signo and final.code in (SI_USER, SI_TKILL)
+            and final.sender_pid in (None, pid))
+
+
+def classify_crash(core: CoreFile, threads: tuple[Thread, ...] = (), *, python_process: bool = False) -> Crash:
+    """Decide the crash from its first fault: the signal, glibc's abort message and the stacks.
+
+    The kernel's signal (the core's) is the one the process died of.  When the dumping thread was
+    running a handler for an earlier fault (a signal frame for SIGABRT/SIGSEGV/... under it), that
+    earlier signal is the crash and the fatal one is ``then``, in that handler; a handler that raised
+    the same signal again (faulthandler) is no second fault.  When the process died of a memory fault
+    while glibc's heap-corruption message was already written (another thread was aborting), the heap
+    corruption is the crash and the fault is ``then``, in its own thread.  A core of a live process
+    is a :attr:`CrashKind.SNAPSHOT`.
+    """
     sig = core.signal
-    signo = sig.signo if sig else (core.threads[0].signal if core.threads else 0)
+    signo = final_signal(core)
     name = sig.name if sig else (_signame(signo) if signo else None)
+    if is_snapshot(core):
+        return Crash(kind=CrashKind.SNAPSHOT, signal=signo or None, signal_name=name, abort_message=None,
+                     fault_address=None, fault_kind=None, tid=None)
     tid = core.crashed_tid
-    fault_addr = fault_kind = None
+    crashed = next((t for t in threads if t.tid == tid), None)
+    pc = core.threads[0].pc if core.threads else None
+    first = next((f for f in reversed(crashed.signal_frames) if f.signal.signo in FAULT_SIGNALS), None) \
+        if crashed is not None else None
+    if first is not None:
+        from .sigframe import name_handler
+
+        handler = name_handler(crashed, first, python_process=python_process)
+        below = crashed.native_frames[first.native_index + 1:] if first.native_index is not None else ()
+        kind, addr, fkind = _kind_of(core, first.signal.signo, first.signal.code, first.signal.addr, first.pc, below)
+        then = None if is_reraise(first.signal, sig, core.pid) else _later(sig, signo, core, pc, tid, handler)
+        return Crash(kind=kind, signal=first.signal.signo, signal_name=first.signal.name,
+                     abort_message=core.abort_message, fault_address=addr, fault_kind=fkind, tid=tid,
+                     handler=handler, then=then)
+    if signo in _KIND_BY_SIGNAL and is_heap_message(core.abort_message):
+        # glibc had written its heap-corruption message, so a thread was aborting when this fault came
+        aborting = next((t for t in threads if t.tid != tid and any(f.symbol in _ABORT_PATH for f in t.native_frames)),
+                        None)
+        return Crash(kind=CrashKind.HEAP_CORRUPTION, signal=_signal.SIGABRT, signal_name="SIGABRT",
+                     abort_message=core.abort_message, fault_address=None, fault_kind=None,
+                     tid=aborting.tid if aborting is not None else None,
+                     then=_later(sig, signo, core, pc, tid, None))
+    frames = crashed.native_frames if crashed is not None else ()
     if not signo:
-        kind = CrashKind.NO_SIGNAL
-    elif signo == _signal.SIGABRT:
-        in_printerr = crashed is not None and any(f.symbol in _HEAP_FRAMES for f in crashed.native_frames)
-        kind = CrashKind.HEAP_CORRUPTION if is_heap_message(core.abort_message) or in_printerr else CrashKind.ABORT
-    elif signo in _KIND_BY_SIGNAL:
-        kind = _KIND_BY_SIGNAL[signo]
-        if sig is not None:
-            fault_addr = sig.addr
-            pc = core.threads[0].pc if core.threads else None
-            fault_kind = classify_fault_address(core, sig.addr, sig.code, pc)
+        kind, addr, fkind = CrashKind.OTHER_SIGNAL, None, None
     else:
-        kind = CrashKind.OTHER_SIGNAL
-    return Crash(
-        kind=kind,
-        signal=signo or None,
-        signal_name=name,
-        abort_message=core.abort_message,
-        fault_address=fault_addr,
-        fault_kind=fault_kind,
-        tid=tid,
-    )
+        kind, addr, fkind = _kind_of(core, signo, sig.code if sig else 0, sig.addr if sig else None, pc, frames)
+        if sig is None:
+            addr = fkind = None
+    return Crash(kind=kind, signal=signo or None, signal_name=name, abort_message=core.abort_message,
+                 fault_address=addr, fault_kind=fkind, tid=tid)
 
 
 def _signame(signo: int) -> str:

@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..model import CoreFile, FrameKind, NativeFrame, PyFrame, Thread
+from .classify import is_snapshot
 
-__all__ = ["parse_native_frames", "parse_py_frames", "build_threads", "merge_frames", "meaningful_native_frames"]
+__all__ = ["parse_native_frames", "parse_py_frames", "build_threads", "merge_frames", "meaningful_native_frames",
+           "skip_abort_machinery"]
 
 _ABORT_MACHINERY = frozenset(
     {
@@ -59,6 +61,8 @@ def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
     """Threads ordered crashed first, then as gdb numbers them; Python threads matched by LWP.
 
     A Python thread's ``error`` (its stack stopped short) becomes the thread's ``python_error``.
+    The thread whose tid is the pid is the main thread; in a snapshot (a core of a live process)
+    no thread crashed.
     """
     py_by_tid: dict[int, dict] = {}
     gil_tid = None
@@ -68,7 +72,7 @@ def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
             if t.get("native_thread_id") is not None:
                 py_by_tid[int(t["native_thread_id"])] = t
         gil_tid = python.get("gil_holder_native_id")
-    crashed = core.crashed_tid
+    crashed = None if is_snapshot(core) else core.crashed_tid
     threads = []
     seen = set()
     for t in native.get("threads", []):
@@ -86,6 +90,7 @@ def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
                 native_error=t.get("error"),
                 native_method=t.get("method"),
                 python_error=py.get("error") or None,
+                is_main=tid == core.pid,
             )
         )
     # A Python thread state with no native thread (it exited, or gdb lost it) is still shown.
@@ -96,7 +101,7 @@ def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
                     tid=tid, name=py.get("name"), is_crashed=tid == crashed, holds_gil=bool(py.get("holds_gil")),
                     native_frames=(), py_frames=parse_py_frames(py.get("frames", [])),
                     native_error="no native thread with this id in the core",
-                    python_error=py.get("error") or None,
+                    python_error=py.get("error") or None, is_main=tid == core.pid,
                 )
             )
     threads.sort(key=lambda th: (not th.is_crashed,))
@@ -129,7 +134,12 @@ def merge_frames(thread: Thread) -> Iterator[tuple[FrameKind, NativeFrame | PyFr
 
 def meaningful_native_frames(thread: Thread) -> list[NativeFrame]:
     """Native frames past the abort/raise machinery, the ones that say where it happened."""
-    frames = list(thread.native_frames)
+    return skip_abort_machinery(thread.native_frames)
+
+
+def skip_abort_machinery(native_frames: tuple[NativeFrame, ...]) -> list[NativeFrame]:
+    """``native_frames`` from the first one past the abort/raise machinery (raise, abort, malloc_printerr)."""
+    frames = list(native_frames)
     i = 0
     while i < len(frames) and frames[i].symbol in _ABORT_MACHINERY:
         i += 1

@@ -117,11 +117,14 @@ def test_fingerprint_ignores_lines_and_addresses_but_not_the_bug():
     a, b = _analysis(py_line=5), _analysis(py_line=50)
     assert a.fingerprint == b.fingerprint
     assert a.crash.kind is CrashKind.HEAP_CORRUPTION
-    assert "native:libnvidia-ml.so!nvmlDeviceGetFieldValues" in a.fingerprint_basis
-    assert "native:libc.so!malloc_printerr" not in a.fingerprint_basis  # abort machinery is skipped
+    # only what every method yields: the class, the message, the Python frames; never native frames,
+    # which --method direct does not unwind
+    assert a.fingerprint_basis == ("kind:heap-corruption", "signal:SIGABRT", "abort:double free or corruption (!prev)",
+                                   "python:device.py:nvlink_throughput")
+    assert a.fingerprint_partial is None
     c = _analysis(abort="free(): invalid next size (normal)")
     assert c.fingerprint != a.fingerprint
-    assert fingerprint(fingerprint_basis(a.crash, a.snapshot.crashed_thread)) == a.fingerprint
+    assert fingerprint(fingerprint_basis(a.snapshot, a.crash)[0]) == a.fingerprint
 
 
 def test_signature_and_json_document():
@@ -129,6 +132,7 @@ def test_signature_and_json_document():
     sig = signature(a)
     assert sig == ('SIGABRT "double free or corruption (!prev)" [heap-corruption] in thread "MainThread" tid 7 '
                    "at nvlink_throughput (device.py:5) via nvmlDeviceGetFieldValues (libnvidia-ml.so.580.126.09)")
+    assert a.crash.exit_status == 134
     lines = list(format_analysis(a))
     assert lines[0] == sig
     doc = json.loads(json_document("analyze", {"analysis": analysis_payload(a, merged=True)}))

@@ -1,0 +1,430 @@
+"""Signal frames: where a thread was running a signal handler, and what the handler interrupted.
+
+To run a handler, the x86-64 Linux kernel pushes an ``rt_sigframe`` below the interrupted
+stack pointer (or on the thread's alternate signal stack) and points the handler's return
+address at the sigreturn trampoline, glibc's ``__restore_rt`` (``mov $15,%rax; syscall``)::
+
+    +0    pretcode       the handler's return address: the trampoline
+    +8    struct ucontext   uc_flags, uc_link, uc_stack, uc_mcontext (the interrupted registers), uc_sigmask
+    +312  struct siginfo    the signal that was delivered (signo, code, address or sender)
+
+A handler that faults (a crash reporter reading through a bad pointer while glibc aborts)
+leaves that frame on the stack under its own frames: the core then holds both signals.
+:func:`find_signal_frames` finds the frames from the core alone, whichever unwinder made the
+native frames or none: the trampoline is known by its symbol in the unwound frames and by its
+bytes in the C library's text (so an unnamed ``__restore_rt`` counts), and each thread's stack
+is searched, from its stack pointer up, for a return address equal to a trampoline whose
+frame reads as a kernel signal frame.  When native frames were unwound, a frame is kept only
+where the unwinder saw the trampoline followed by the interrupted instruction (a stale copy
+of a frame long returned from never is); the frame's index there splits the native stack,
+and the evaluation-loop frames above it split the Python stack (:func:`split_python_frames`).
+:func:`name_handler` names what ran on top: a native symbol, the Python callable of a
+ctypes/cffi callback, or faulthandler.
+
+Pure over records plus bounded reads of the core (and of the C library's text); no gdb.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..core import elf
+from ..core.memory import CoreMemory, MemoryNotInCore
+from ..model import (
+    CoreFile,
+    HandlerKind,
+    Mapping,
+    NativeFrame,
+    SignalFrame,
+    SignalHandler,
+    SigInfo,
+    Thread,
+)
+
+__all__ = [
+    "SIGRETURN_TRAMPOLINE",
+    "MAX_NESTED",
+    "SCAN_LIMIT",
+    "find_trampolines",
+    "parse_signal_frame",
+    "signal_from_registers",
+    "find_signal_frames",
+    "attach_signal_frames",
+    "split_python_frames",
+    "name_handler",
+]
+
+#: ``mov $0xf,%rax; syscall``: rt_sigreturn, the body of glibc's (and musl's) ``__restore_rt``
+SIGRETURN_TRAMPOLINE = bytes.fromhex("48c7c00f0000000f05")
+TRAMPOLINE_SYMBOLS = frozenset({"__restore_rt", "restore_rt"})
+MAX_NESTED = 8  # signal frames per thread
+SCAN_LIMIT = 16 << 20  # bytes of one stack searched from the stack pointer up
+MAX_TEXT = 64 << 20  # bytes of one library's text searched for the trampoline
+MAX_TRAMPOLINES = 16
+
+_UC = 8  # struct ucontext, after the return address
+_UC_STACK = _UC + 16  # stack_t: ss_sp, ss_flags (+ padding), ss_size
+_MCONTEXT = _UC + 40  # struct sigcontext: r8-r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip, eflags, ...
+_RSP = 15 * 8
+_SIGINFO = _UC + 304  # after uc_mcontext (256 bytes) and uc_sigmask (8)
+FRAME_SIZE = _SIGINFO + 128
+_SS_ONSTACK, _SS_DISABLE = 1, 2
+_MAX_UC_FLAGS = 0x100  # UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS and room to grow
+
+_text_cache: dict[tuple, tuple[int, ...]] = {}
+
+
+def find_trampolines(core: CoreFile, mem: CoreMemory, threads: tuple[Thread, ...] = ()) -> tuple[int, ...]:
+    """The addresses of the sigreturn trampolines in the process.
+
+    From the unwound frames named ``__restore_rt``, and from the bytes of the C library's (and the
+    executable's, for a static program) executable mappings: read from the core where the kernel
+    dumped them, else from the library file the core reader checked (same build-id).
+    """
+    found: set[int] = set()
+    for t in threads:
+        for f in t.native_frames:
+            if f.symbol in TRAMPOLINE_SYMBOLS:
+                found.add(f.pc)
+    from ..core.libc import is_libc
+
+    text = TextReader(core, mem)
+    wanted = [lib for lib in core.libraries if is_libc(lib.path) or lib.path == core.executable]
+    for lib in wanted:
+        for m in core.mappings:
+            if m.path == lib.path and "x" in m.perms:
+                for offset in text.matches(m):
+                    found.add(m.start + offset)
+                    if len(found) >= MAX_TRAMPOLINES:
+                        return tuple(sorted(found))
+    return tuple(sorted(found))
+
+
+class TextReader:
+    """Reads code bytes of the process: from the core where the kernel dumped them, else from the object
+    file the core reader checked (a library's text is not in a core by default).  Bounded, cached."""
+
+    def __init__(self, core: CoreFile, mem: CoreMemory) -> None:
+        self.core = core
+        self.mem = mem
+        self._files = {lib.path: lib.file_path for lib in core.libraries}
+
+    def __call__(self, addr: int, size: int) -> bytes:
+        data = self.mem.read_prefix(addr, size)
+        if len(data) == size:
+            return data
+        m = self.core.find_mapping(addr)
+        if m is None or m.path is None or addr + size > m.end:
+            return b""
+        return _read_file(self._files.get(m.path), m.offset + (addr - m.start), size)
+
+    def matches(self, m: Mapping) -> tuple[int, ...]:
+        """Offsets of the sigreturn trampoline's bytes in mapping ``m``."""
+        size = min(m.size, MAX_TEXT)
+        data = self.mem.read_prefix(m.start, size)
+        if len(data) == size:
+            return _pattern_offsets(data)
+        path = self._files.get(m.path or "")
+        key = _file_key(path, m.offset, size)
+        if key is None:
+            return ()
+        if key not in _text_cache:
+            if len(_text_cache) > 64:
+                _text_cache.clear()
+            _text_cache[key] = _pattern_offsets(_read_file(path, m.offset, size))
+        return _text_cache[key]
+
+
+def _file_key(path: str | None, offset: int, size: int) -> tuple | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, offset, size)
+
+
+def _read_file(path: str | None, offset: int, size: int) -> bytes:
+    if path is None or offset < 0 or size <= 0:
+        return b""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+    except OSError:
+        return b""
+
+
+def _pattern_offsets(data: bytes) -> tuple[int, ...]:
+    out = []
+    i = data.find(SIGRETURN_TRAMPOLINE)
+    while i >= 0 and len(out) < MAX_TRAMPOLINES:
+        out.append(i)
+        i = data.find(SIGRETURN_TRAMPOLINE, i + 1)
+    return tuple(out)
+
+
+def parse_signal_frame(core: CoreFile, raw: bytes, address: int,
+                       text: Callable[[int, int], bytes] | None = None) -> SignalFrame | None:
+    """The signal frame whose bytes (``FRAME_SIZE`` of them, from its return-address slot) are ``raw``,
+    or None when they do not read as one the kernel pushed.
+
+    The kernel writes the siginfo only for an ``SA_SIGINFO`` handler; for any other (``signal()``,
+    faulthandler, a ctypes callback) that slot holds whatever the stack held, so the signal is then
+    read from the interrupted registers (:func:`signal_from_registers`).
+
+    :param text: reads code bytes at an address (to see whether the interrupted instruction follows
+        a ``syscall``); None: not known
+
+    >>> frame = bytearray(FRAME_SIZE)
+    >>> struct.pack_into("<Q", frame, 0, 0x7f0000001000)       # the trampoline
+    >>> struct.pack_into("<Q", frame, 8, 7)                    # uc_flags
+    >>> struct.pack_into("<QQ", frame, _MCONTEXT + _RSP, 0x7ffd00002000, 0x401000)  # rsp, rip
+    >>> struct.pack_into("<iiii", frame, _SIGINFO, 6, 0, -6, 0) # SIGABRT, SI_TKILL, from pid 1
+    >>> struct.pack_into("<i", frame, _SIGINFO + 16, 1)
+    >>> from forensics.model import Mapping
+    >>> core = CoreFile(path="core", size=0, pid=1, command="", args="", executable=None, build_id=None,
+    ...     signal=None, threads=(), libraries=(), nvml=None, abort_message=None, truncated=False,
+    ...     expected_size=0, mappings=(Mapping(start=0x400000, end=0x402000, offset=0, perms="r-xp", path="/a"),))
+    >>> f = parse_signal_frame(core, bytes(frame), 0x7ffd00001000)
+    >>> f.signal.name, f.signal_source, hex(f.pc), hex(f.sp)
+    ('SIGABRT', 'siginfo', '0x401000', '0x7ffd00002000')
+    """
+    if len(raw) < FRAME_SIZE:
+        return None
+    pretcode, uc_flags, uc_link = struct.unpack_from("<QQQ", raw, 0)
+    ss_sp, ss_flags, ss_size = struct.unpack_from("<QixxxxQ", raw, _UC_STACK)
+    regs = struct.unpack_from("<24Q", raw, _MCONTEXT)
+    rsp, rip, fpstate = regs[15], regs[16], regs[23]
+    if uc_flags >= _MAX_UC_FLAGS or uc_link != 0 or ss_flags & ~(_SS_ONSTACK | _SS_DISABLE | 0x80000000):
+        return None
+    if fpstate and not address < fpstate <= address + (1 << 20):
+        return None  # the kernel puts the FPU state just above the frame, or nowhere
+    if not rsp or not rip:
+        return None
+    where = core.find_mapping(rip)
+    if where is None or "x" not in where.perms:
+        return None  # the interrupted instruction must be in executable memory
+    info, source = _siginfo(core, raw[_SIGINFO:FRAME_SIZE])
+    if info is None:
+        info, source = signal_from_registers(core, regs, text)
+    on_alt = bool(ss_size) and not ss_flags & _SS_DISABLE and ss_sp <= address < ss_sp + ss_size
+    return SignalFrame(address=address, trampoline=pretcode, signal=info, signal_source=source, pc=rip, sp=rsp,
+                       alternate_stack=on_alt)
+
+
+_SI_CODES = frozenset({0, 0x80, -1, -2, -3, -4, -5, -6, -7})  # SI_USER, SI_KERNEL, SI_QUEUE ... SI_DETHREAD
+_MAX_PID = 1 << 22  # PID_MAX_LIMIT on 64-bit
+
+
+def _siginfo(core: CoreFile, raw: bytes) -> tuple[SigInfo | None, str]:
+    """The siginfo slot when it reads as one the kernel wrote (plausible signal, code, sender), else None."""
+    try:
+        info = elf.parse_siginfo(raw)
+    except ValueError:
+        return None, "unknown"
+    if not 1 <= info.signo <= 64 or info.errno:
+        return None, "unknown"
+    if info.code in _SI_CODES:
+        if info.sender_pid is not None and not 0 < info.sender_pid < _MAX_PID:
+            return None, "unknown"
+        return info, "siginfo"
+    if 1 <= info.code <= 16 and info.signo in _FAULT_CODES_FOR:
+        if info.addr is not None and info.signo == _SIGSEGV and core.find_mapping(info.addr) is None \
+                and info.addr >= (1 << 47):
+            return None, "unknown"  # not a user-space address
+        return info, "siginfo"
+    return None, "unknown"
+
+
+_SIGILL, _SIGTRAP, _SIGABRT, _SIGBUS, _SIGFPE, _SIGSEGV = 4, 5, 6, 7, 8, 11
+_FAULT_CODES_FOR = frozenset({_SIGILL, _SIGTRAP, _SIGBUS, _SIGFPE, _SIGSEGV, 17, 29, 31})  # + SIGCHLD, SIGPOLL, SIGSYS
+_TRAPS = {0: (_SIGFPE, 1), 6: (_SIGILL, 2), 13: (_SIGSEGV, 0x80), 17: (_SIGBUS, 1), 3: (_SIGTRAP, 1)}
+_SYSCALL = b"\x0f\x05"
+
+
+def signal_from_registers(core: CoreFile, regs: tuple[int, ...], text: Callable[[int, int], bytes] | None
+                          ) -> tuple[SigInfo, str]:
+    """The signal a non-``SA_SIGINFO`` handler got, read from the interrupted registers.
+
+    Interrupted right after a ``syscall`` that sent a signal to the process itself (glibc's
+    ``raise``/``abort`` end in ``tgkill(pid, tid, sig)``, ``kill``/``tkill`` take ``(pid, sig)``): that
+    signal.  Else the trap the CPU raised (``uc_mcontext.trapno``): a page fault at ``cr2`` is SIGSEGV
+    (SIGBUS where the address is mapped with the needed access: a file mapping past its end),
+    a divide error SIGFPE, an invalid opcode SIGILL, a general protection fault SIGSEGV.
+    """
+    rdi, rsi, rdx, rip = regs[8], regs[9], regs[12], regs[16]
+    err, trapno, cr2 = regs[19], regs[20], regs[22]
+    tids = {t.tid for t in core.threads} | {core.pid}
+    after_syscall = text is not None and text(rip - 2, 2) == _SYSCALL
+    if after_syscall:
+        if rdi == core.pid and rsi in tids and 1 <= rdx <= 64:
+            return _info(rdx, -6, sender=core.pid), "registers"
+        if rdi in tids and 1 <= rsi <= 64:
+            return _info(rsi, 0, sender=core.pid), "registers"
+    if trapno == 14 and cr2:
+        m = core.find_mapping(cr2)
+        writing = bool(err & 2)
+        if m is not None and m.path and (("w" in m.perms) if writing else ("r" in m.perms)):
+            return _info(_SIGBUS, 2, addr=cr2), "registers"  # BUS_ADRERR
+        return _info(_SIGSEGV, 2 if err & 1 else 1, addr=cr2), "registers"  # SEGV_ACCERR / SEGV_MAPERR
+    if trapno in _TRAPS and not after_syscall:
+        signo, code = _TRAPS[trapno]
+        return _info(signo, code, addr=None if code == 0x80 else rip), "registers"
+    return _info(0, 0), "unknown"
+
+
+def _info(signo: int, code: int, *, addr: int | None = None, sender: int | None = None) -> SigInfo:
+    return SigInfo(signo=signo, code=code, errno=0, name=elf.signal_name(signo) if signo else "unknown signal",
+                   addr=addr, sender_pid=sender)
+
+
+def _scan(core: CoreFile, mem: CoreMemory, sp: int, trampolines: tuple[int, ...]) -> list[SignalFrame]:
+    """Signal frames from ``sp`` up, innermost first: the lowest frame above ``sp``, then the lowest
+    above the stack pointer it interrupted, and so on."""
+    out: list[SignalFrame] = []
+    pos = sp & ~7
+    needles = [t.to_bytes(8, "little") for t in trampolines]
+    text = TextReader(core, mem)
+    while len(out) < MAX_NESTED:
+        m = core.find_mapping(pos)
+        if m is None:
+            break
+        data = mem.read_prefix(pos, min(m.end, pos + SCAN_LIMIT) - pos)
+        best: SignalFrame | None = None
+        for needle in needles:
+            i = data.find(needle)
+            while i >= 0 and (best is None or pos + i < best.address):
+                if i % 8 == 0:
+                    try:
+                        raw = mem.read(pos + i, FRAME_SIZE)
+                    except MemoryNotInCore:
+                        raw = b""
+                    frame = parse_signal_frame(core, raw, pos + i, text)
+                    if frame is not None:
+                        best = frame
+                        break
+                i = data.find(needle, i + 1)
+        if best is None:
+            break
+        out.append(best)
+        if best.sp <= best.address and core.find_mapping(best.sp) is m:
+            break  # an interrupted stack pointer below its own frame on the same stack: stop here
+        pos = best.sp & ~7
+    return out
+
+
+def _match_frames(found: list[SignalFrame], frames: tuple[NativeFrame, ...]) -> list[SignalFrame]:
+    """The frames the unwinder saw, each with the index of its trampoline frame: the trampoline's pc
+    followed by the interrupted instruction.  A frame found on the stack that the unwinder did not
+    pass through (a stale copy) is left out."""
+    out = []
+    start = 0
+    for sf in found:
+        for i in range(start, len(frames) - 1):
+            if frames[i].pc == sf.trampoline and frames[i + 1].pc == sf.pc:
+                out.append(replace(sf, native_index=i))
+                start = i + 1
+                break
+    return out
+
+
+def find_signal_frames(core: CoreFile, mem: CoreMemory, thread: Thread,
+                       trampolines: tuple[int, ...]) -> tuple[SignalFrame, ...]:
+    """The signal frames on ``thread``'s stack, innermost first (see the module docstring).
+
+    When the thread's native stack was unwound (more than its program counter), a frame is kept
+    only where the unwinder passed through it, with the index of its trampoline frame.
+    """
+    if not trampolines:
+        return ()
+    regs = next((t for t in core.threads if t.tid == thread.tid), None)
+    if regs is None or not regs.sp:
+        return ()
+    found = _scan(core, mem, regs.sp, trampolines)
+    if len(thread.native_frames) > 1:
+        found = _match_frames(found, thread.native_frames)
+    frames = tuple(found)
+    if frames and thread.py_frames and all(f.native_index is not None for f in frames):
+        frames = split_python_frames(thread, frames)
+    return frames
+
+
+def split_python_frames(thread: Thread, frames: tuple[SignalFrame, ...]) -> tuple[SignalFrame, ...]:
+    """Each signal frame with how many of the thread's Python frames ran above it (in its handler).
+
+    Each evaluation-loop native frame above a signal frame ran one group of Python frames: up to
+    and including the next entry frame (as :func:`forensics.analyze.stacks.merge_frames` places them).
+    """
+    out = []
+    for sf in frames:
+        evals = sum(1 for f in thread.native_frames[: sf.native_index] if f.is_eval_frame and not _inlined(f))
+        n = 0
+        groups = 0
+        while groups < evals and n < len(thread.py_frames):
+            while n < len(thread.py_frames):
+                n += 1
+                if thread.py_frames[n - 1].is_entry:
+                    break
+            groups += 1
+        out.append(replace(sf, py_index=n))
+    return tuple(out)
+
+
+def _inlined(f: NativeFrame) -> bool:
+    return bool(getattr(f, "inlined", False))
+
+
+def attach_signal_frames(core: CoreFile, threads: tuple[Thread, ...]) -> tuple[Thread, ...]:
+    """``threads`` with their signal frames (:func:`find_signal_frames`); the core is read once.
+
+    A core that cannot be reopened (it was removed meanwhile) leaves the threads as they are.
+    """
+    try:
+        mem = CoreMemory.open(core.path)
+    except Exception:  # noqa: BLE001 - the core was read a moment ago; without it there is nothing to add
+        return threads
+    with mem:
+        trampolines = find_trampolines(core, mem, threads)
+        if not trampolines:
+            return threads
+        return tuple(
+            replace(t, signal_frames=find_signal_frames(core, mem, t, trampolines)) for t in threads
+        )
+
+
+def name_handler(thread: Thread, frame: SignalFrame, *, python_process: bool = False) -> SignalHandler:
+    """What ran on top of ``frame``: the Python callable of a ctypes/cffi callback, faulthandler, or the
+    native function the kernel called (the frame just above the trampoline; unnamed: its library).
+
+    faulthandler is named by its frames (``faulthandler_*``), or, where it tail-called ``raise``
+    and left no frame of its own, by what it does: in a Python process, a handler on an alternate
+    signal stack (CPython's only ``SA_ONSTACK`` handler) whose only frames are libc's, re-raising.
+
+    :param python_process: whether the process runs CPython
+    """
+    name = frame.signal.name
+    if frame.native_index is None:
+        return SignalHandler(signal_name=name, kind=HandlerKind.UNKNOWN, name=None)
+    above = thread.native_frames[: frame.native_index]
+    if any((f.symbol or "").startswith("faulthandler_") for f in above):
+        return SignalHandler(signal_name=name, kind=HandlerKind.FAULTHANDLER, name="faulthandler")
+    inner = thread.signal_frames.index(frame) if frame in thread.signal_frames else 0
+    start = (thread.signal_frames[inner - 1].py_index or 0) if inner > 0 else 0
+    handler_frames = thread.py_frames[start:frame.py_index or 0]
+    if handler_frames:  # Python code ran in the handler: a ctypes/cffi callback (or a C handler calling Python)
+        from .pyframes import describe_pyframe_parts
+
+        qualified, where = describe_pyframe_parts(handler_frames[-1])  # the outermost: the callable itself
+        return SignalHandler(signal_name=name, kind=HandlerKind.PYTHON_CALLBACK, name=qualified, where=where)
+    if not above:
+        return SignalHandler(signal_name=name, kind=HandlerKind.UNKNOWN, name=None)
+    entry = above[-1]
+    if python_process and frame.alternate_stack and all(f.is_libc for f in above):
+        return SignalHandler(signal_name=name, kind=HandlerKind.FAULTHANDLER, name="faulthandler")
+    if entry.symbol:
+        return SignalHandler(signal_name=name, kind=HandlerKind.NATIVE, name=entry.symbol, where=entry.library_name)
+    return SignalHandler(signal_name=name, kind=HandlerKind.NATIVE, name=None, where=entry.library_name)

@@ -1,0 +1,158 @@
+"""Nested faults (issue #22): a crash reporter's signal handler that faults while the process dies.
+
+Real cores of exporter.py with a handler installed (tests/crashers: a ctypes callback, a C library's
+handlers, Python's faulthandler), each compared with the same crash without the handler: the class,
+the first part of the signature and the fingerprint are the first fault's; the fault in the handler
+follows "; then"; the exit status the kernel gave the real process is explained.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.analyze import analyze_core
+from forensics.analyze.signature import exit_explanation, signature
+from forensics.cli import cli
+from forensics.errors import EXIT_OK
+from forensics.model import CrashKind, FaultKind, HandlerKind
+from tests.conftest import python_params
+
+
+def died_of(core: Path) -> int:
+    """The signal the real process died of, as the crasher recorded it beside its core."""
+    return int((core.parent / ".signal").read_text())
+
+
+def same_tid(text: str) -> str:
+    return re.sub(r"tid \d+", "tid N", text)
+
+
+@pytest.fixture(scope="module")
+def plain_heap(cores, newest_python):
+    return analyze_core(str(cores.get(newest_python, "heap-prev")))
+
+
+@pytest.fixture(scope="module")
+def plain_segv(cores, newest_python):
+    return analyze_core(str(cores.get(newest_python, "segv")))
+
+
+@pytest.mark.parametrize("version", python_params())
+def test_ctypes_handler_fault_is_a_heap_corruption_whose_handler_crashed(cores, version):
+    # GIVEN a process whose SIGABRT handler (a ctypes callback, as crash reporters do) reads through a
+    # bad pointer while glibc aborts on a heap overflow: the kernel saw SIGSEGV, exit status 139
+    core = cores.get(version, "heap-prev", handler="ctypes-abort")
+    plain = analyze_core(str(cores.get(version, "heap-prev")))
+    assert died_of(core) == 11
+    # WHEN it is analyzed
+    a = analyze_core(str(core))
+    crash = a.crash
+    # THEN the crash is the first fault: glibc's heap corruption, in the exporter's call
+    assert crash.kind is CrashKind.HEAP_CORRUPTION and crash.signal_name == "SIGABRT"
+    assert crash.abort_message == "double free or corruption (!prev)"
+    # the handler's fault comes after, named by the Python callable ctypes called
+    assert crash.then is not None and crash.then.signal_name == "SIGSEGV"
+    assert crash.then.fault_address == 0x10 and crash.then.fault_kind is FaultKind.NEAR_NULL
+    assert crash.then.handler.kind is HandlerKind.PYTHON_CALLBACK
+    assert crash.then.handler.name.endswith("on_abort") and crash.then.handler.where.startswith("exporter.py:")
+    # the signature names both, the first fault exactly as without the handler
+    sig = signature(a)
+    first, _, then = sig.partition("; then ")
+    assert same_tid(first) == same_tid(signature(plain))
+    assert then.startswith("SIGSEGV at 0x10 (near-null) in the SIGABRT handler ")
+    assert "on_abort (exporter.py:" in then and "at ctypes.string_at (ctypes/__init__.py:" in then
+    # the fingerprint is the first fault's: equal to the same crash without the handler
+    assert a.fingerprint == plain.fingerprint and a.fingerprint_partial is None
+    # the exit status: what the kernel gave the process, and why it is not 134
+    assert crash.exit_status == 128 + died_of(core) == 139
+    assert exit_explanation(a).startswith("exit status 139 (SIGSEGV), not 134 (SIGABRT)")
+    assert any(f.rule == "fault-in-signal-handler" for f in a.findings)
+    # the thread's stacks are split at the kernel's signal frame, natively and in Python
+    main = a.snapshot.crashed_thread
+    (sf,) = main.signal_frames
+    assert sf.signal.name == "SIGABRT"
+    assert main.native_frames[sf.native_index].pc == sf.trampoline
+    assert main.native_frames[sf.native_index + 1].pc == sf.pc  # the interrupted instruction, as gdb unwound it
+    assert any(f.symbol == "malloc_printerr" for f in main.interrupted_native_frames)
+    assert [p.function.rsplit(".", 1)[-1] for p in main.py_frames[: sf.py_index]] == ["string_at", "on_abort"]
+    assert [p.function for p in main.interrupted_py_frames] == [p.function for p in plain.snapshot.crashed_thread.py_frames]
+
+
+def test_c_handler_that_dereferences_null(cores, newest_python, plain_heap):
+    # GIVEN a C library's SIGABRT handler that dereferences NULL while glibc aborts
+    core = cores.get(newest_python, "heap-prev", handler="c-abort")
+    assert died_of(core) == 11
+    a = analyze_core(str(core))
+    # THEN heap corruption first, then SIGSEGV at 0 in the native handler, named by its symbol
+    assert a.crash.kind is CrashKind.HEAP_CORRUPTION
+    assert a.crash.then.handler.kind is HandlerKind.NATIVE
+    assert (a.crash.then.handler.name, a.crash.then.handler.where) == ("forensics_reporter_on_abort", "libreporter.so")
+    assert a.crash.then.fault_address == 0 and a.crash.then.fault_kind is FaultKind.NEAR_NULL
+    first, _, then = signature(a).partition("; then ")
+    assert same_tid(first) == same_tid(signature(plain_heap))
+    assert then == "SIGSEGV at 0x0 (near-null) in the SIGABRT handler forensics_reporter_on_abort (libreporter.so)"
+    assert a.fingerprint == plain_heap.fingerprint
+    assert a.crash.exit_status == 139
+
+
+def test_segv_handler_that_faults_again_keeps_the_first_address(cores, newest_python, plain_segv):
+    # GIVEN a SIGSEGV handler (SA_SIGINFO) that faults again at 0x28 after the first fault at 0x10
+    core = cores.get(newest_python, "segv", handler="c-segv")
+    a = analyze_core(str(core))
+    # THEN the crash keeps the first fault's address and kind; the second follows
+    assert a.crash.kind is CrashKind.SEGV
+    assert (a.crash.fault_address, a.crash.fault_kind) == (0x10, FaultKind.NEAR_NULL)
+    assert (a.crash.then.fault_address, a.crash.then.signal_name) == (0x28, "SIGSEGV")
+    assert a.crash.then.handler.name == "forensics_reporter_on_segv"
+    (sf,) = a.snapshot.crashed_thread.signal_frames
+    assert sf.signal_source == "siginfo" and sf.signal.addr == 0x10  # the kernel's own siginfo
+    first, _, then = signature(a).partition("; then ")
+    assert same_tid(first) == same_tid(signature(plain_segv))
+    assert then.startswith("SIGSEGV at 0x28 (near-null) in the SIGSEGV handler forensics_reporter_on_segv")
+    assert a.fingerprint == plain_segv.fingerprint
+    assert a.crash.exit_status == 139 == 128 + died_of(core)
+
+
+def test_faulthandler_leaves_the_analysis_unchanged(cores, newest_python, plain_heap):
+    # GIVEN faulthandler enabled on a heap-corruption crash: it prints the Python traceback to stderr
+    # and raises SIGABRT again (exit 134)
+    core = cores.get(newest_python, "heap-prev", handler="faulthandler")
+    stderr = (core.parent / ".stderr").read_text()
+    assert "Fatal Python error: Aborted" in stderr and "query_nvlink_throughput_counters" in stderr
+    assert died_of(core) == 6
+    a = analyze_core(str(core))
+    # THEN the analysis is the crash's own: class, signature, fingerprint; no second fault
+    assert a.crash.kind is CrashKind.HEAP_CORRUPTION and a.crash.then is None
+    assert same_tid(signature(a)) == same_tid(signature(plain_heap))
+    assert a.fingerprint == plain_heap.fingerprint
+    assert a.crash.exit_status == 134
+    # and faulthandler is named as the handler that ran (on its alternate signal stack)
+    assert a.crash.handler.kind is HandlerKind.FAULTHANDLER
+    (sf,) = a.snapshot.crashed_thread.signal_frames
+    assert sf.alternate_stack and sf.signal.name == "SIGABRT"
+
+
+def test_signal_frames_are_found_without_an_unwinder(cores, newest_python):
+    # GIVEN the ctypes-handler core read with --method direct: no unwinder ran, only program counters
+    a = analyze_core(str(cores.get(newest_python, "heap-prev", handler="ctypes-abort")), method="direct")
+    # THEN the signal frame is still found, by the trampoline's bytes in libc and the kernel's frame
+    # layout, and the crash is still classified by its first fault
+    assert a.snapshot.native_method == "registers"
+    (sf,) = a.snapshot.crashed_thread.signal_frames
+    assert sf.signal.name == "SIGABRT" and sf.signal_source == "registers" and sf.native_index is None
+    assert a.crash.kind is CrashKind.HEAP_CORRUPTION and a.crash.then.signal_name == "SIGSEGV"
+    assert a.crash.exit_status == 139
+
+
+def test_cli_json_carries_the_exit_explanation(cores, newest_python):
+    r = CliRunner().invoke(cli, ["analyze", "--json", str(cores.get(newest_python, "heap-prev", handler="c-abort"))])
+    assert r.exit_code == EXIT_OK, r.stderr
+    a = json.loads(r.stdout)["analysis"]
+    assert a["crash"]["exit_status"] == 139 and a["crash"]["then"]["signal_name"] == "SIGSEGV"
+    assert "not 134 (SIGABRT)" in a["exit_explanation"]
+    r = CliRunner().invoke(cli, ["analyze", str(cores.get(newest_python, "heap-prev", handler="c-abort"))])
+    assert "--- SIGABRT (read from the interrupted registers) delivered here" in r.stdout
