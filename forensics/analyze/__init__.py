@@ -204,8 +204,16 @@ def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, 
     python_version = python.get("python_version") if python else None
     threads = attach_signal_frames(core, build_threads(core, native or registers_only(core), python))
     py_status = python.get("status") if python else None
+    truncated = (f"the core is truncated ({core.size:,} of {core.expected_size:,} bytes were written: core size "
+                 "limit or full disk)") if core.truncated else None
     if not is_python_process(core) and py_status != "ok":
         status = "not a Python process"
+    elif truncated and py_status != "ok":
+        # what is missing is the memory, not the debug symbols: say the cause that applies
+        status = f"Python stacks unavailable: {truncated}; the interpreter's state lies in the part not written"
+        if py_status == "error" and python and python.get("threads"):
+            status = f"partial: {truncated}; the interpreter's state is read only as far as the core goes"
+        warnings.append(status)
     elif python is None:
         status = "Python stacks unavailable: no method gave a result"
         warnings.append(status)
@@ -230,7 +238,8 @@ def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, 
     if core.truncated:
         warnings.append(
             f"core is truncated: {core.size} of {core.expected_size} bytes were written "
-            "(core size limit or full disk); parts of memory are missing"
+            "(core size limit or full disk); parts of memory are missing: stacks and glibc's abort message "
+            "may lie there (raise the limit: ulimit -c unlimited, or the core handler's --max-core-size)"
         )
     for lib in core.libraries:
         if lib.status is LibraryStatus.MISMATCH:
@@ -502,6 +511,8 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
 
     native, native_notes, native_disagreements = _choose_native(plan, libdw_doc, gdb_native)
     problems.extend(native_notes)
+    if native is None and plan == "none" and native_method == "auto":  # --method direct; not --native-method none
+        native = _unwind_signal_handler_threads(core, sysroot, problems)
     disagreements: tuple[str, ...] = ()
     if method == "both":
         # a method that could not run (no symbols, no gdb) is not a disagreement: it is said, and the
@@ -567,6 +578,34 @@ def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:
     for problem in report.problems:
         out.append(Finding(rule="heap-unreadable", severity=Severity.WARNING, summary=problem))
     return tuple(out)
+
+
+def _unwind_signal_handler_threads(core: CoreFile, sysroot: str | None, problems: list[str]) -> dict | None:
+    """Native stacks, by libdw, of the threads running a signal handler, when no unwinder was asked for.
+
+    ``--method direct`` unwinds nothing, but a thread that was running a handler needs its native stack
+    to tell the handler's frames from the ones it interrupted: the first fault's Python frames (and so
+    the fingerprint) are those.  Only such threads are unwound; the others keep their program counter.
+    None when no thread runs a handler, or libdw cannot run (said in ``problems``).
+    """
+    from .sigframe import attach_signal_frames
+
+    pcs = registers_only(core)
+    tids = {t.tid for t in attach_signal_frames(core, build_threads(core, pcs, None)) if t.signal_frames}
+    if not tids:
+        return None
+    from ..unwind import unwind_core
+
+    try:
+        doc = unwind_core(core, sysroot=sysroot)
+    except UnwinderUnavailable as e:
+        problems.append(f"{e}: the threads running a signal handler are not split into handler and interrupted "
+                        "frames")
+        return None
+    unwound = {int(t["lwp"]): t for t in doc.get("threads", [])}
+    pcs["threads"] = [unwound.get(int(t["lwp"]), t) if int(t["lwp"]) in tids else {**t, "method": "registers"}
+                      for t in pcs["threads"]]
+    return pcs
 
 
 def _choose_native(plan: str, libdw: dict | None, gdb: dict | None) -> tuple[dict | None, list[str], list[str]]:

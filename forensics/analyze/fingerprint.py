@@ -74,7 +74,8 @@ def crash_python_frames(snapshot: ProcessSnapshot, crash: Crash) -> tuple[tuple[
     if status == "not a Python process":
         return frames, None
     if not python_readable:
-        return None, f"Python stacks unavailable ({status})"
+        why = "the core is truncated" if snapshot.core.truncated else status.split(":", 1)[0]
+        return None, f"Python stacks unavailable ({why})"
     if thread.python_error and len(frames) < PYTHON_DEPTH:
         return frames, f"the Python stack was cut short ({thread.python_error})"
     return frames, None

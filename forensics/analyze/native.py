@@ -87,8 +87,8 @@ def with_gdb_fallback(libdw: dict, gdb: dict | None) -> tuple[dict, list[str]]:
 
 
 def native_label(doc: dict | None) -> str:
-    """What produced a document's native stacks, for the snapshot: ``libdw``, ``gdb``, ``libdw+gdb``
-    or ``registers``.
+    """What produced a document's native stacks, for the snapshot: ``libdw``, ``gdb``, ``libdw+gdb``,
+    ``registers``, or ``libdw+registers`` (some threads unwound, the rest at their program counter).
 
     >>> native_label({"threads": [{"method": "libdw"}, {"method": "gdb"}]})
     'libdw+gdb'
@@ -98,7 +98,9 @@ def native_label(doc: dict | None) -> str:
     methods = {t.get("method") or "gdb" for t in doc.get("threads", [])}
     if not methods:
         return "libdw" if doc.get("method") == "libdw" else "gdb"
-    return "+".join(m for m in ("libdw", "gdb") if m in methods) or "registers"
+    # "registers": threads left at their program counter beside unwound ones (--method direct unwinds
+    # only the threads running a signal handler)
+    return "+".join(m for m in ("libdw", "gdb", "registers") if m in methods)
 
 
 def _same_frame(a: dict, b: dict) -> bool:

@@ -137,8 +137,8 @@ def test_faulthandler_leaves_the_analysis_unchanged(cores, newest_python, plain_
 
 
 def test_signal_frames_are_found_without_an_unwinder(cores, newest_python):
-    # GIVEN the ctypes-handler core read with --method direct: no unwinder ran, only program counters
-    a = analyze_core(str(cores.get(newest_python, "heap-prev", handler="ctypes-abort")), method="direct")
+    # GIVEN the ctypes-handler core read with no native unwinding at all: program counters only
+    a = analyze_core(str(cores.get(newest_python, "heap-prev", handler="ctypes-abort")), native_method="none")
     # THEN the signal frame is still found, by the trampoline's bytes in libc and the kernel's frame
     # layout, and the crash is still classified by its first fault
     assert a.snapshot.native_method == "registers"
@@ -146,6 +146,27 @@ def test_signal_frames_are_found_without_an_unwinder(cores, newest_python):
     assert sf.signal.name == "SIGABRT" and sf.signal_source == "registers" and sf.native_index is None
     assert a.crash.kind is CrashKind.HEAP_CORRUPTION and a.crash.then.signal_name == "SIGSEGV"
     assert a.crash.exit_status == 139
+    # but which Python frames ran in the handler is not known: the fingerprint says it is partial
+    assert a.fingerprint_partial and "cannot be told apart" in a.fingerprint_partial
+
+
+@pytest.mark.parametrize("handler,scenario", [("ctypes-abort", "heap-prev"), ("c-segv", "segv"),
+                                              ("faulthandler", "heap-prev")])
+def test_every_method_gives_the_first_faults_fingerprint(cores, newest_python, handler, scenario):
+    # GIVEN a nested-fault core and the same crash without the handler
+    core = str(cores.get(newest_python, scenario, handler=handler))
+    plain = analyze_core(str(cores.get(newest_python, scenario))).fingerprint
+    # WHEN it is read with libdw, gdb, and --method direct (which unwinds only the threads running a
+    # handler, to split them)
+    got = {
+        "libdw": analyze_core(core),
+        "gdb": analyze_core(core, native_method="gdb", method="gdb"),
+        "direct": analyze_core(core, method="direct"),
+    }
+    # THEN one fingerprint, the plain crash's
+    assert {k: a.fingerprint for k, a in got.items()} == dict.fromkeys(got, plain)
+    assert all(a.fingerprint_partial is None for a in got.values())
+    assert got["direct"].snapshot.native_method == "libdw+registers"
 
 
 def test_cli_json_carries_the_exit_explanation(cores, newest_python):

@@ -1,0 +1,124 @@
+"""`forensics analyze` on the cores of issue #14: a gcore of a live process, a stripped Debian python,
+--method both without CPython's symbols, a program that never imported threading, a fault in the
+standard library's wrapper.  Each core is made here by a real process (tests/crashers)."""
+from __future__ import annotations
+
+import glob
+import json
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from elftools.elf.elffile import ELFFile
+
+from forensics.analyze import analyze_core
+from forensics.analyze.signature import signature
+from forensics.cli import cli
+from forensics.errors import EXIT_OK
+from forensics.model import CrashKind
+from tests.conftest import PYTHONS
+from tests.crashers.make_core import BARE, build_libcrash, crash_for_core, make_core, make_gcore
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _stripped_system_python() -> str | None:
+    """A distribution's CPython whose executable has no symbol table (Debian's python3.X), or None."""
+    for exe in sorted(glob.glob("/usr/bin/python3.[0-9]*")):
+        if not re.fullmatch(r"/usr/bin/python3\.\d+", exe):
+            continue
+        with open(exe, "rb") as f:
+            elf = ELFFile(f)
+            if elf.get_section_by_name(".symtab") is None and elf.get_section_by_name(".dynsym") is not None:
+                return exe
+    return None
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, core_pattern) -> Path:
+    return tmp_path_factory.mktemp("outside")
+
+
+@pytest.fixture(scope="module")
+def stripped_abort(workdir) -> Path:
+    python = _stripped_system_python()
+    if python is None:
+        pytest.skip("no stripped distribution CPython (/usr/bin/python3.X without .symtab) on this machine")
+    return make_core(workdir, python, "py-abort")
+
+
+def test_gcore_of_a_live_process_is_a_snapshot(workdir, newest_python):
+    # GIVEN a core gdb's gcore wrote of a live, sleeping exporter (SIGSTOP, si_code 128)
+    core = make_gcore(workdir, PYTHONS[newest_python])
+    # WHEN it is analyzed
+    r = run("analyze", "--json", str(core))
+    assert r.exit_code == EXIT_OK, r.stderr
+    a = json.loads(r.stdout)["analysis"]
+    # THEN it is a snapshot, not a crash: no crashed thread, no crash fingerprint ...
+    assert a["crash"]["kind"] == "snapshot" and a["crash"]["signal_name"] == "SIGSTOP"
+    assert a["fingerprint"] is None and a["crash"]["exit_status"] is None
+    assert not any(t["is_crashed"] for t in a["snapshot"]["threads"])
+    assert a["signature"].startswith("snapshot of a live process (SIGSTOP")
+    assert "query_nvlink_throughput_counters" in a["signature"]
+    # ... and every stack is still shown: both threads, native and Python
+    threads = {t["name"]: t for t in a["snapshot"]["threads"]}
+    assert set(threads) == {"MainThread", "metrics-server"}
+    assert all(len(t["native_frames"]) > 3 and t["py_frames"] for t in threads.values())
+    assert threads["metrics-server"]["py_frames"][0]["function"] == "serve_forever"
+    text = run("analyze", str(core)).stdout
+    assert "Fingerprint: none (a snapshot is not a crash)" in text and "[crashed" not in text
+
+
+def test_stripped_binary_culprit_is_the_unnamed_frame_not_its_caller(stripped_abort):
+    # GIVEN os.abort() under a distribution's stripped python: abort()'s caller, os_abort_impl, has no
+    # symbol there, and the next named frame up is PyObject_Vectorcall
+    a = analyze_core(str(stripped_abort))
+    crashed = a.snapshot.crashed_thread
+    past_libc = next(f for f in crashed.native_frames if not f.is_libc)
+    assert past_libc.symbol is None  # the frame that called abort() is unnamed here
+    # THEN the signature shows that frame by library and offset, never its named caller
+    lib = next(lib for lib in a.snapshot.core.libraries if lib.path == past_libc.library)
+    sig = signature(a)
+    assert f"via {past_libc.library_name}+0x{past_libc.pc - lib.base:x} (no symbol)" in sig, sig
+    assert "PyObject_Vectorcall" not in sig
+
+
+def test_method_both_without_python_symbols_is_no_disagreement(stripped_abort):
+    # GIVEN the stripped python's core: gdb's walker has no CPython symbols, the direct reader needs none
+    r = run("analyze", "--method", "both", "--json", str(stripped_abort))
+    # THEN the method that could not run is said, and it is no disagreement: the analysis is whole
+    assert r.exit_code == EXIT_OK, r.stderr
+    a = json.loads(r.stdout)["analysis"]
+    assert a["snapshot"]["method_disagreements"] == []
+    assert not any(f["rule"] == "python-methods-disagree" for f in a["findings"])
+    assert "gdb's walker could not read Python stacks" in r.stderr
+    assert a["snapshot"]["threads"][0]["py_frames"][0]["function"] == "query_nvlink_throughput_counters"
+
+
+def test_main_thread_is_named_when_threading_was_never_imported(workdir, newest_python):
+    # GIVEN a program that never imports threading: no thread has a Python name
+    core = crash_for_core([PYTHONS[newest_python], str(BARE), str(build_libcrash(workdir))],
+                          Path(tempfile.mkdtemp(dir=workdir)))
+    a = analyze_core(str(core))
+    crashed = a.snapshot.crashed_thread
+    # THEN the thread whose tid is the pid is the main thread, and the signature says so
+    assert crashed.name is None and crashed.is_main and crashed.tid == a.snapshot.core.pid
+    assert f"in the main thread tid {crashed.tid} at query (bare.py:" in signature(a)
+
+
+def test_frames_by_module_with_the_first_frame_outside_the_standard_library(workdir, newest_python):
+    # GIVEN a fault inside ctypes.string_at, called by the exporter
+    a = analyze_core(str(make_core(workdir, PYTHONS[newest_python], "string-at")))
+    sig = signature(a)
+    # THEN the frame is shown by module and path, and the exporter's own frame stays visible
+    assert re.search(r" at ctypes\.string_at \(ctypes/__init__\.py:\d+\) from query_nvlink_throughput_counters "
+                     r"\(exporter\.py:\d+\)", sig), sig
+    assert a.crash.kind is CrashKind.SEGV
+    text = run("analyze", str(a.snapshot.core.path)).stdout
+    assert re.search(r"^    ctypes\.string_at \(ctypes/__init__\.py:\d+\)$", text, re.M)
+    # the fingerprint hashes the same short path, whatever the interpreter's prefix
+    assert any(b.startswith("python:ctypes/__init__.py:string_at") for b in a.fingerprint_basis)
