@@ -16,6 +16,10 @@ What it measures
     Python stacks by its own pure-Python reader of the interpreter state)
   - "direct": ``forensics analyze --method direct CORE`` (that reader alone,
     no gdb at all; native stacks are program counters only)
+  - "heap": ``forensics analyze --heap CORE`` (auto, plus glibc's heap walked whole:
+    every arena, heap, bin and tcache); its ratio over "forensics" is what ``--heap``
+    costs.  The heap-corruption cores pay for the corruption's anatomy in both runs
+    (the default reads it); the SIGSEGV cores pay nothing for the heap by default.
   - ``pystack core --native CORE PYTHON`` (pystack==1.7.2, installed into
     bench/.venv when missing)
   - ``gdb -nx -batch -q`` with the CPython helper ``$(dirname PYTHON)/python3.X-gdb.py``
@@ -89,7 +93,7 @@ PYSTACK_SPEC = "pystack==1.7.2"
 SCENARIOS = ("heap-prev", "segv")  # glibc abort, SIGSEGV
 BIG_SCENARIO = "heap-prev"
 EXPECT = b"query_nvlink_throughput_counters"
-TOOLS = ("forensics", "direct", "pystack", "gdb")
+TOOLS = ("forensics", "direct", "heap", "pystack", "gdb")
 SAMPLE_S = 0.010
 MiB = 1 << 20
 
@@ -251,6 +255,7 @@ def tool_commands(core: Path, python: str, pystack: str | None, gdb: str) -> dic
     return {
         "forensics": [forensics_exe(), "analyze", str(core)],
         "direct": [forensics_exe(), "analyze", "--method", "direct", str(core)],
+        "heap": [forensics_exe(), "analyze", "--heap", str(core)],
         "pystack": [pystack, "core", "--native", str(core), python] if pystack else None,
         "gdb": gdb_cmd,
     }
@@ -409,7 +414,8 @@ def _geomean(xs: list[float]) -> float | None:
 
 
 # (key in "ratios"/"summary", numerator tool, denominator tool); "gdb" and "pystack" are forensics (auto) over them
-RATIOS = (("gdb", "forensics", "gdb"), ("pystack", "forensics", "pystack"), ("direct_pystack", "direct", "pystack"))
+RATIOS = (("gdb", "forensics", "gdb"), ("pystack", "forensics", "pystack"), ("direct_pystack", "direct", "pystack"),
+          ("heap", "heap", "forensics"))
 
 
 def _where(r: dict) -> str:
@@ -501,19 +507,19 @@ def print_report(rep: dict) -> None:
           f"({s['machine']}; median of {s['repeat']}, MB = MiB)")
     print(f"pystack: {s['pystack']}   gdb: {s['gdb_version']}")
     hdr = f"{'python':<8} {'scenario':<10} {'core MB':>8} |"
-    rhdr = f" {'f/gdb':>6} {'f/pystack':>9} {'d/pystack':>9}"
-    print("\nWall time, seconds (median); f = forensics (auto), d = direct")
-    print(hdr + f" {'forensics':>9} {'direct':>8} {'pystack':>8} {'gdb':>8} |" + rhdr)
+    rhdr = f" {'f/gdb':>6} {'f/pystack':>9} {'d/pystack':>9} {'h/f':>6}"
+    print("\nWall time, seconds (median); f = forensics (auto), d = direct, h = forensics --heap")
+    print(hdr + f" {'forensics':>9} {'direct':>8} {'heap':>8} {'pystack':>8} {'gdb':>8} |" + rhdr)
     for r in rep["cores"]:
         t, q = r["tools"], r["ratios"]
         w = {k: t[k]["wall_s"] if k in t else None for k in TOOLS}
         flag = "" if all(v["ok"] for v in t.values()) else "  !" + ",".join(k for k, v in t.items() if not v["ok"])
         print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {_f(w['forensics'], '9.3f')} "
-              f"{_f(w['direct'], '8.3f')} {_f(w['pystack'], '8.3f')} {_f(w['gdb'], '8.3f')} | "
+              f"{_f(w['direct'], '8.3f')} {_f(w['heap'], '8.3f')} {_f(w['pystack'], '8.3f')} {_f(w['gdb'], '8.3f')} | "
               f"{_f(q['gdb']['wall'], '6.2f')} {_f(q['pystack']['wall'], '9.2f')} "
-              f"{_f(q['direct_pystack']['wall'], '9.2f')}{flag}")
+              f"{_f(q['direct_pystack']['wall'], '9.2f')} {_f(q['heap']['wall'], '6.2f')}{flag}")
     print("\nPeak memory, MB: process tree summed (largest single process)")
-    print(hdr + f" {'forensics':>15} {'direct':>15} {'pystack':>15} {'gdb':>15} |" + rhdr)
+    print(hdr + f" {'forensics':>15} {'direct':>15} {'heap':>15} {'pystack':>15} {'gdb':>15} |" + rhdr)
     for r in rep["cores"]:
         t, q = r["tools"], r["ratios"]
         cells = []
@@ -521,7 +527,7 @@ def print_report(rep: dict) -> None:
             cells.append(f"{t[k]['peak_tree_mb']:6.1f} ({t[k]['peak_single_mb']:6.1f})" if k in t else f"{'-':>15}")
         print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {' '.join(cells)} | "
               f"{_f(q['gdb']['peak_tree'], '6.2f')} {_f(q['pystack']['peak_tree'], '9.2f')} "
-              f"{_f(q['direct_pystack']['peak_tree'], '9.2f')}")
+              f"{_f(q['direct_pystack']['peak_tree'], '9.2f')} {_f(q['heap']['peak_tree'], '6.2f')}")
     print("\nRatios over all cores: geomean (worst)")
     for v in rep["summary"].values():
         print(f"  {v['of']:<18} wall {_f(v['wall_geomean'], '.2f')}x ({_f(v['wall_max'], '.2f')}x)   "

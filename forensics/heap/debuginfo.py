@@ -19,6 +19,8 @@ string tables are capped, and only one compilation unit is parsed.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import struct
 from collections.abc import Iterable
@@ -28,7 +30,7 @@ from forensics.core import elf
 from forensics.core.debugfiles import find_debug_file
 
 __all__ = ["DebugSymbol", "STRUCTS", "find_libc_debug_file", "read_symbols", "read_struct_layouts",
-           "DebugInfoError"]
+           "cached_struct_layouts", "DebugInfoError"]
 
 #: the structs (DWARF names) the heap reader takes from libc's debug information
 STRUCTS = ("malloc_state", "malloc_par", "_heap_info", "tcache_perthread_struct", "tcache_entry", "malloc_chunk")
@@ -164,6 +166,52 @@ def read_struct_layouts(path: str, anchor: int) -> dict[str, dict]:
             return _structs_of(cu)
     except (ELFError, ValueError, KeyError, IndexError, AttributeError, struct.error) as e:
         raise DebugInfoError(f"unreadable DWARF: {e}") from e
+
+
+#: a change here (what read_struct_layouts returns) is a change of every cache entry's name
+_CACHE_FORMAT = "heap-structs v1"
+
+
+def cached_struct_layouts(path: str, build_id: str, anchor: int) -> dict[str, dict]:
+    """:func:`read_struct_layouts`, kept in the forensics cache per debug file.
+
+    Reading the structs from DWARF costs ~0.5 s (Debian compresses the sections); the result is
+    the same for every core of that libc build, so the first analysis writes it to
+    ``<cache>/heap-layouts/<build-id>-<hash>.json`` (the hash: the debug file's path, size and
+    times, and this format), under a lock, renamed into place; later ones read it.
+    An unwritable cache only costs the time.
+
+    :raises DebugInfoError: as :func:`read_struct_layouts`
+    """
+    from forensics.cache import cache_dir
+
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError as e:
+        raise DebugInfoError(f"{path}: {e}") from e
+    identity = f"{_CACHE_FORMAT}\0{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{anchor}"
+    name = f"{build_id[:40]}-{hashlib.sha256(identity.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}.json"
+    directory = cache_dir() / "heap-layouts"
+    final = directory / name
+    try:
+        return json.loads(final.read_text())["structs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    structs = read_struct_layouts(path, anchor)
+    import fcntl
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / f".{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not final.is_file():
+                tmp = directory / f".{name}.tmp{os.getpid()}"
+                tmp.write_text(json.dumps({"format": _CACHE_FORMAT, "debug_file": real, "structs": structs}))
+                os.replace(tmp, final)
+    except OSError:
+        pass
+    return structs
 
 
 def _cu_offset(elf_file, addr: int) -> int | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from forensics.core.image import ElfImage
 from forensics.core.libc import find_libc
 from forensics.core.memory import CoreMemory
-from forensics.heap.debuginfo import DebugInfoError, find_libc_debug_file, read_struct_layouts, read_symbols
+from forensics.heap.debuginfo import DebugInfoError, cached_struct_layouts, find_libc_debug_file, read_symbols
 from forensics.heap.layout import (
     MALLOC_ALIGNMENT,
     NEWEST,
@@ -256,7 +256,7 @@ def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
             symbols = read_symbols(debug, _SYMBOLS)
             anchor = symbols.get("_int_malloc")
             if anchor is not None:
-                structs = read_struct_layouts(debug, anchor.value)
+                structs = cached_struct_layouts(debug, libc.build_id or "unknown", anchor.value)
                 layout = layout_from_structs(version or _guess_version_from_structs(structs), structs,
                                              f"DWARF of {debug}")
         except (OSError, DebugInfoError, LayoutError) as e:
