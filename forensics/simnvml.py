@@ -253,7 +253,8 @@ _BINDING_COUNT_CALL = "ret = fn(handle, c_int32(len(fieldIds)), byref(values))"
 def seed_binding_fault(python: str | Path, out_dir: str | Path, excess: int) -> Path:
     """A copy of the binding ``python`` imports (nvidia-ml-py's ``pynvml.py``) whose
     ``nvmlDeviceGetFieldValues`` passes ``len(fieldIds) + excess`` as the count of an array of
-    ``len(fieldIds)`` entries -- the binding's bug, seeded into the real binding's code.
+    ``len(fieldIds)`` entries, for queries of more than one field -- the binding's bug, seeded into
+    the real binding's code.
 
     Put the returned directory first on PYTHONPATH: ``import pynvml`` then finds the copy,
     nvitop and nvitop-exporter included; the library fills the count records it is asked for,
@@ -282,8 +283,11 @@ def seed_binding_fault(python: str | Path, out_dir: str | Path, excess: int) -> 
     if start < 0 or source.count(_BINDING_COUNT_CALL, start, end) != 1:
         raise BuildError(what, f"{proc.stdout.strip()}: nvmlDeviceGetFieldValues does not pass the count as "
                                f"{_BINDING_COUNT_CALL!r}")
-    body = source[start:end].replace(_BINDING_COUNT_CALL,
-                                     f"ret = fn(handle, c_int32(len(fieldIds) + {excess}), byref(values))")
+    # multi-field queries only: a one-field array (the link count) is pymalloc's, not a malloc chunk, and
+    # writing past it would corrupt a neighbouring Python object instead of the heap under test
+    body = source[start:end].replace(
+        _BINDING_COUNT_CALL,
+        f"ret = fn(handle, c_int32(len(fieldIds) + ({excess} if len(fieldIds) > 1 else 0)), byref(values))")
     seeded = source[:start] + body + source[end:]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ from forensics.heap.walk import (
     Region,
     for_each_chunk_resyncing,
     reveal,
+    tcache_entries,
     validate_bin,
     validate_chunk,
     validate_fastbin,
@@ -257,6 +258,12 @@ def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str
     if kind == "top":
         return ["the chunk being freed is the arena's top chunk (a double free, or a pointer into the wilderness)"] \
             if region.top == c.address else None
+    if kind == "tcache-double":
+        if c.mem not in heap.cached:
+            return None
+        key = heap.hm.u64(c.mem + SIZE_SZ)
+        return [f"0x{c.mem:x} is already in a tcache list (its key 0x{key:x} marks a tcache entry): "
+                "it was freed before"]
     if c.size < MINSIZE or c.size & (MALLOC_ALIGNMENT - 1):
         return None
     nxt_addr = c.address + c.size
@@ -357,6 +364,37 @@ def find_rejected_chunk(heap: Heap, kind: str, tid: int | None) -> tuple[HeapChu
                     chunk = _chunk(heap, c_addr, region, ChunkState.IN_USE)
                     assert chunk is not None
                     return chunk, cand.where, found
+    return None
+
+
+#: free-path checks whose failing header a walk of the heap finds by itself
+_WALKABLE = {"munmap", "invalid-pointer", "invalid-size", "out", "next-size"}
+
+
+def _walk_damage(heap: Heap, kind: str) -> tuple[HeapChunk, str, list[str]] | None:
+    """For a free-path check whose pointer the thread no longer holds: the first header of a heap that
+    fails it (a size the walk cannot follow, or IS_MMAPPED on a chunk inside a heap)."""
+    for arena in heap.arenas:
+        for region in arena.regions:
+            last: HeapChunk | None = None
+            for item in for_each_chunk_resyncing(heap.hm, region):
+                if isinstance(item, HeapValidationError):
+                    bad = _chunk(heap, item.address, region)
+                    if bad is None:
+                        break
+                    if kind == "next-size" and last is not None and last.end == bad.address:
+                        return (HeapChunk(address=last.address, size=last.size, flags=last.flags,
+                                          prev_size=last.prev_size, state=ChunkState.IN_USE, arena=region.arena),
+                                f"the walk of the heap at 0x{region.start:x}",
+                                [f"the next chunk at 0x{bad.address:x}: {item.reason}"])
+                    if kind != "next-size":
+                        return bad, f"the walk of the heap at 0x{region.start:x}", [item.reason]
+                    break
+                if kind == "munmap" and item.flags & IS_MMAPPED:
+                    return item, f"the walk of the heap at 0x{region.start:x}", [
+                        f"size field 0x{item.size | item.flags:x} has IS_MMAPPED set on a chunk inside the heap of "
+                        f"arena 0x{region.arena:x}: glibc took it for a chunk of its own mapping"]
+                last = item
     return None
 
 
@@ -530,12 +568,20 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
                               verdict_reason="glibc's message does not name a malloc check")
     problems: list[str] = []
     found = None
+    if check.kind == "tcache-double":
+        for t in tcaches:
+            heap.cached |= tcache_entries(heap.hm, heap.layout, t)
     if check.kind in ("bins", "fast-list", "top-size"):
         found = _list_damage(heap, check.kind)
     elif check.kind == "tcache-list":
         found = _tcache_damage(heap, tcaches)
     else:
         found = find_rejected_chunk(heap, check.kind, tid)
+        if found is None and check.kind in _WALKABLE:
+            found = _walk_damage(heap, check.kind)
+            if found is not None:
+                problems.append("the pointer glibc was freeing is no longer among the values the crashing thread "
+                                "holds; the chunk named is the first header of its heap that fails this check")
     if found is None:
         return HeapCorruption(message=message, check=check.looks_at, rejected=None, rejected_found_by=None,
                               damaged=None, inconsistencies=(), overflowed=None, usable_size=None, buffer_size=None,

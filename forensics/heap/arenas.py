@@ -49,6 +49,7 @@ class Heap:
     sbrk_base: int | None
     problems: list[str]
     core_page_size: int = 4096
+    cached: set[int] = field(default_factory=set)  # user pointers in tcache lists (filled when a check needs them)
 
     @property
     def layout(self) -> MallocLayout:

@@ -51,6 +51,7 @@ __all__ = [
     "validate_fastbin",
     "validate_tcache_bin",
     "read_tcache",
+    "tcache_entries",
     "fastbin_chunk_size",
     "smallbin_chunk_size",
 ]
@@ -333,10 +334,18 @@ def validate_bin(hm: HeapMemory, layout: MallocLayout, arena: int, index: int, r
                 raise HeapValidationError(cur, f"more than {limit:,} entries")
             if cur & (MALLOC_ALIGNMENT - 1):
                 raise HeapValidationError(cur, f"entry after 0x{prev:x} is misaligned")
-            _check_in_heap(regions, cur)
-            chunk = validate_chunk(hm, cur)
+            region = _check_in_heap(regions, cur)
+            chunk = validate_chunk(hm, cur, region)
             if size_class is not None and chunk.size != size_class:
                 raise HeapValidationError(cur, f"size 0x{chunk.size:x} in the 0x{size_class:x} bin")
+            # a free chunk's footer: the next chunk's prev_size is its size, and PREV_INUSE is clear
+            if chunk.address + chunk.size + 2 * SIZE_SZ <= region.end:
+                n_prev, n_size = hm.pair(chunk.address + chunk.size)
+                if n_size & PREV_INUSE:
+                    raise HeapValidationError(cur, "the next chunk's PREV_INUSE is set: this chunk is in use")
+                if n_prev != chunk.size:
+                    raise HeapValidationError(cur, f"the next chunk's prev_size 0x{n_prev:x} is not its size "
+                                                   f"0x{chunk.size:x}")
             nfd, nbk = hm.pair(cur + 2 * SIZE_SZ)
             if nbk != prev:
                 raise HeapValidationError(cur, f"bk 0x{nbk:x} does not point back to 0x{prev:x}")
@@ -401,6 +410,22 @@ def validate_tcache_bin(hm: HeapMemory, layout: MallocLayout, tcache: int, index
         return HeapBin(kind="tcache", index=index, chunk_size=size_class, count=0, broken_at=e.address,
                        problem=e.reason)
     return HeapBin(kind="tcache", index=index, chunk_size=size_class, count=count)
+
+
+def tcache_entries(hm: HeapMemory, layout: MallocLayout, tcache: int, *, limit: int = MAX_LIST) -> set[int]:
+    """The user pointers held by every bin of a tcache, each list followed until it ends or breaks."""
+    out: set[int] = set()
+    for i in range(layout.tcache_bins):
+        try:
+            cur = hm.u64(tcache + layout.tcache_entries + i * SIZE_SZ)
+            for _ in range(limit):
+                if not cur or cur in out or cur & (MALLOC_ALIGNMENT - 1):
+                    break
+                out.add(cur)
+                cur = reveal(layout, cur, hm.u64(cur))
+        except HeapValidationError:
+            continue
+    return out
 
 
 def read_tcache(hm: HeapMemory, layout: MallocLayout, tcache: int, regions: list[Region],

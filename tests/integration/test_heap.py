@@ -191,3 +191,36 @@ def test_other_glibc_versions(glibc_root, mode, fill, debug_info, tmp_path, core
     assert not any(t.bins and any(b.broken_at for b in t.bins) for t in report.summary.tcaches)
     assert report.corruption.overflowed.state is ChunkState.IN_USE
     assert os.path.exists(core)
+
+
+@pytest.mark.parametrize("mode, request_size, message", [
+    ("top", REQUEST, "malloc(): corrupted top size"),
+    ("unsorted", REQUEST, "malloc(): invalid size (unsorted)"),
+], ids=["top", "unsorted"])
+def test_overflow_into_the_top_chunk_or_a_free_chunk(mode, request_size, message, heap_overflow_bin, tmp_path,
+                                                     core_pattern):
+    # GIVEN the overflow runs over the top chunk's size, or over a free chunk in the unsorted bin, and glibc
+    # notices at the next malloc (a check on its lists, not on a freed pointer)
+    core, oracle = _crash([str(heap_overflow_bin), mode, str(request_size), str(OVERFLOW), "0x41",
+                           str(tmp_path / "run" / "oracle.json")], tmp_path / "run")
+    core_file = open_core(str(core))
+    assert core_file.abort_message == message
+    c = read_heap(core_file, message=message, tid=core_file.crashed_tid).corruption
+    # THEN the damaged chunk is the one after the buffer (found on the arena's lists), the buffer overflowed
+    assert c.damaged.address == oracle["next"] - 16 and c.rejected.address == c.damaged.address
+    assert c.rejected_found_by.startswith("top of arena" if mode == "top" else "unsorted bin 1 of arena")
+    assert c.overflowed.address == oracle["buffer"] - 16 and c.usable_size == oracle["usable"]
+    assert c.overflow_past_usable == oracle["request"] + oracle["overflow"] - oracle["usable"]
+
+
+def test_a_double_free_is_not_an_overflow(heap_overflow_bin, tmp_path, core_pattern):
+    # GIVEN a 64-byte chunk freed twice (the tcache's key catches it)
+    core, oracle = _crash([str(heap_overflow_bin), "double-free", "64", "0", "0",
+                           str(tmp_path / "run" / "oracle.json")], tmp_path / "run")
+    core_file = open_core(str(core))
+    assert core_file.abort_message == "free(): double free detected in tcache 2"
+    c = read_heap(core_file, message=core_file.abort_message, tid=core_file.crashed_tid).corruption
+    # THEN the rejected chunk is the one freed twice, and no buffer is blamed for an overflow
+    assert c.rejected.address == oracle["buffer"] - 16
+    assert "already in a tcache list" in c.inconsistencies[0]
+    assert c.overflowed is None and "second free" in c.verdict_reason
