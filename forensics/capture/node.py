@@ -116,6 +116,9 @@ def arm_process(pid: int, *, coredump_filter: int = DEFAULT_FILTER) -> tuple[tup
             resource.prlimit(pid, resource.RLIMIT_CORE, (hard, hard))
         except ProcessLookupError as e2:
             raise ProcessGone(pid, "exited before its limit was raised") from e2
+        except PermissionError as e2:  # another user's process: prlimit(2) then needs CAP_SYS_RESOURCE too
+            raise LimitNotRaised(pid, before[1], "setting another user's limits needs CAP_SYS_RESOURCE, "
+                                 "which this process lacks") from e2
     after = _limits_core(pid)
     if after[0] != after[1] or after[0] == "0":
         raise ForensicsError(f"process {pid}: RLIMIT_CORE reads back as {after[0]}/{after[1]}")
@@ -398,7 +401,7 @@ def capture_pid(
     :raises CoreDirectoryError: when the bundle cannot be written
     """
     from .bundle import BundleWriter, new_bundle_dir
-    from .pattern import explain_destination, read_core_pattern
+    from .pattern import destination_payload, explain_destination, read_core_pattern
     from .snapshot import RawProcFiles, read_snapshot, snapshot_payload
 
     filt = coredump_filter if coredump_filter is not None else (FULL_FILTER if full else DEFAULT_FILTER)
@@ -443,10 +446,7 @@ def capture_pid(
         w.add_json("40-process/arming.json", {
             "rlimit_core_before": before, "rlimit_core_after": after,
             "coredump_filter_before": f_before, "coredump_filter_after": f_after,
-            "core_pattern": pattern, "destination": {
-                "kind": dest.kind, "will_dump": dest.will_dump, "handler": dest.handler,
-                "handler_is_forensics": dest.handler_is_forensics, "path_in_process": dest.path_in_process,
-                "host_path": dest.host_path, "persistent": dest.persistent, "reasons": list(dest.reasons)},
+            "core_pattern": pattern, "destination": destination_payload(dest),
         }, "arming: RLIMIT_CORE and coredump_filter before/after (read back), core_pattern and where the core goes")
         w.add_json("40-process/snapshot.json", snapshot_payload(snap),
                    "process snapshot: limits, cgroup identity, mapped objects with build-ids, NVML origin, Python")

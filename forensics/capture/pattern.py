@@ -36,6 +36,9 @@ __all__ = [
     "handler_pattern",
     "install_handler",
     "uninstall_handler",
+    "destination_payload",
+    "format_destination",
+    "destination_survives",
 ]
 
 CORE_PATTERN = "/proc/sys/kernel/core_pattern"
@@ -59,6 +62,18 @@ class Destination:
     host_path: str | None  # where that file is on the host, when a host mount holds it
     persistent: bool | None  # survives the container (a volume / host path) or not
     reasons: tuple[str, ...]  # core(5) facts that decided it, in order
+    free_bytes: int | None = None  # free space where a file core goes, for the process (None: not a file / unknown)
+    core_estimate: int | None = None  # about how many bytes of disk its core takes (resident anonymous memory)
+
+    @property
+    def short_of_space(self) -> bool:
+        """The core would be cut by the free space left where it goes."""
+        return self.free_bytes is not None and self.core_estimate is not None and self.free_bytes < self.core_estimate
+
+    @property
+    def survives(self) -> bool:
+        """The kernel writes the whole core where it outlives the process (and its container)."""
+        return self.will_dump and self.persistent is not False and not self.short_of_space
 
     def describe(self) -> str:
         return "; ".join(self.reasons)
@@ -177,22 +192,139 @@ def explain_destination(pattern: str, snapshot, *, core_uses_pid: int | None = N
         reasons.append("the process shares the host's mount namespace: the path is the host's")
     d = os.path.dirname(path)
     root = getattr(snapshot, "root", None) or f"/proc/{snapshot.pid}/root"
-    if not _dir_exists_in_root(root, d):
+    free = estimate = None
+    fd = _open_dir_in_root(root, d)
+    if fd is None:
         will = False
         reasons.append(f"the directory {d} does not exist in the process's filesystem: no core is written")
+    else:
+        try:
+            ok, free, why = _writable_for(fd, d, snapshot)
+        finally:
+            os.close(fd)
+        reasons.extend(why)
+        if not ok:
+            will = False
+        elif free is not None:
+            estimate = _core_estimate(snapshot)
+            if estimate is not None and free < estimate:
+                reasons.append(f"only {free:,} bytes free in {d}, and the core takes about {estimate:,} "
+                               "(the process's resident anonymous memory): the kernel writes a cut core")
     return Destination(pattern=pattern, kind="file", will_dump=will, handler=None, handler_is_forensics=False,
-                       path_in_process=path, host_path=host_path, persistent=persistent, reasons=tuple(reasons))
+                       path_in_process=path, host_path=host_path, persistent=persistent, reasons=tuple(reasons),
+                       free_bytes=free, core_estimate=estimate)
 
 
-def _dir_exists_in_root(root: str, path: str) -> bool:
+def destination_payload(dest: Destination) -> dict:
+    """The destination as ``arming.json`` records it (what ``capture --pod`` reads back from the agent)."""
+    return {"kind": dest.kind, "will_dump": dest.will_dump, "handler": dest.handler,
+            "handler_is_forensics": dest.handler_is_forensics, "path_in_process": dest.path_in_process,
+            "host_path": dest.host_path, "persistent": dest.persistent, "free_bytes": dest.free_bytes,
+            "core_estimate": dest.core_estimate, "short_of_space": dest.short_of_space, "survives": dest.survives,
+            "reasons": list(dest.reasons)}
+
+
+def format_destination(d: dict) -> list[str]:
+    """The verdict line and its reasons, from :func:`destination_payload`'s dict.
+
+    >>> format_destination({"will_dump": True, "path_in_process": "/data/core", "host_path": "/data/core",
+    ...                     "persistent": True, "short_of_space": False, "reasons": ["RLIMIT_CORE is unlimited"]})
+    ['core:            WILL be written to /data/core', '  - RLIMIT_CORE is unlimited']
+    """
+    where = d.get("path_in_process")
+    host = d.get("host_path")
+    line = (f"core:            {'WILL' if d.get('will_dump') else 'will NOT'} be written"
+            + (f" to {where}" if where else "")
+            + (f" (host: {host})" if host and host != where else "")
+            + (" -- LOST with the container" if d.get("persistent") is False else "")
+            + (" -- CUT SHORT: not enough free space" if d.get("will_dump") and d.get("short_of_space") else ""))
+    return [line] + [f"  - {x}" for x in d.get("reasons") or ()]
+
+
+def destination_survives(d: dict) -> bool:
+    """:attr:`Destination.survives` from the recorded dict (older records: will_dump and persistent)."""
+    if "survives" in d:
+        return bool(d["survives"])
+    return bool(d.get("will_dump")) and d.get("persistent") is not False
+
+
+def _open_dir_in_root(root: str, path: str) -> int | None:
     from .procfs import open_in_root
 
     try:
-        fd = open_in_root(root, path, os.O_RDONLY | os.O_DIRECTORY)
+        return open_in_root(root, path, os.O_RDONLY | os.O_DIRECTORY)
     except (OSError, ForensicsError):
-        return False
-    os.close(fd)
-    return True
+        return None
+
+
+_CAP_DAC_OVERRIDE = 1
+
+
+def _writable_for(fd: int, path: str, snapshot) -> tuple[bool, int | None, list[str]]:
+    """Can the kernel create the core in the directory open at ``fd``, as the crashing process?
+
+    The kernel opens the core with the process's own filesystem credentials (core(5): the
+    directory must be writable by it) on the process's mount: a read-only mount (a
+    ``readOnlyRootFilesystem`` container, a read-only tmpfs), a directory its fsuid/fsgid may
+    not write (without CAP_DAC_OVERRIDE), or a full filesystem means no core.
+    :return: (writable, free bytes for it, reasons)
+    """
+    import stat as _stat
+
+    why: list[str] = []
+    try:
+        vfs = os.fstatvfs(fd)
+        st = os.fstat(fd)
+    except OSError as e:
+        return True, None, [f"{path}: cannot check it ({e.strerror or e})"]
+    if vfs.f_flag & os.ST_RDONLY:
+        return False, None, [f"{path} is on a read-only mount in the process's filesystem (readOnlyRootFilesystem, "
+                             "a read-only volume): the kernel cannot create the core there, no core is written"]
+    status = snapshot.status
+
+    def ids(key: str) -> list[int]:
+        try:
+            return [int(x) for x in status.get(key, "").split()]
+        except ValueError:
+            return []
+
+    uids, gids, groups = ids("Uid"), ids("Gid"), ids("Groups")
+    fsuid = uids[3] if len(uids) > 3 else (uids[0] if uids else 0)
+    fsgid = gids[3] if len(gids) > 3 else (gids[0] if gids else 0)
+    try:
+        cap_eff = int(status.get("CapEff", "0"), 16)
+    except ValueError:
+        cap_eff = 0
+    if not cap_eff >> _CAP_DAC_OVERRIDE & 1:
+        mode = st.st_mode
+        if st.st_uid == fsuid:
+            bits = (mode >> 6) & 7
+        elif st.st_gid == fsgid or st.st_gid in groups:
+            bits = (mode >> 3) & 7
+        else:
+            bits = mode & 7
+        if bits & 3 != 3:
+            return False, None, [f"{path} ({_stat.filemode(mode)}, owner {st.st_uid}:{st.st_gid}) is not writable by the "
+                                 f"process (fsuid {fsuid}, fsgid {fsgid}, no CAP_DAC_OVERRIDE): no core is written"]
+    # root's reserve is not the process's unless it has CAP_SYS_RESOURCE; f_bavail is what others get
+    free = vfs.f_bavail * vfs.f_frsize
+    if free < PAGE_SIZE:
+        return False, free, [f"{path} has no free space ({free} bytes available): the kernel writes no core"]
+    why.append(f"{path} is writable by the process, {free:,} bytes free")
+    return True, free, why
+
+
+def _core_estimate(snapshot) -> int | None:
+    """Bytes of disk a core of the process takes: resident anonymous and shared memory (untouched pages are
+    holes in the file), plus a page of headers and notes per mapping."""
+    def kb(key: str) -> int | None:
+        v = snapshot.status.get(key, "").split()
+        return int(v[0]) * 1024 if v and v[0].isdigit() else None
+
+    anon, shmem = kb("RssAnon"), kb("RssShmem")
+    if anon is None:
+        return None
+    return anon + (shmem or 0) + PAGE_SIZE * (len(snapshot.objects) + 4)
 
 
 def _read_text(path: str) -> str:

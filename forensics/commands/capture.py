@@ -84,6 +84,7 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
         _render("capture-pod", r, as_json, r.get("lines", []))
         return
     from ..capture.node import capture_pid
+    from ..capture.pattern import destination_payload, format_destination
 
     r = capture_pid(pid, core_dir=core_dir, full=full, coredump_filter=coredump_filter, bundle_parent=output)
     dest = r.destination
@@ -92,12 +93,8 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
         f"RLIMIT_CORE:     {r.rlimit_core_before[0]}/{r.rlimit_core_before[1]} -> {r.rlimit_core_after[0]}/{r.rlimit_core_after[1]} (read back from /proc/{r.pid}/limits)",
         f"coredump_filter: {r.coredump_filter_before} -> {r.coredump_filter_after}",
         f"core_pattern:    {r.core_pattern}",
-        f"core:            {'WILL' if dest.will_dump else 'will NOT'} be written"
-        + (f" to {dest.path_in_process}" if dest.path_in_process else "")
-        + (f" (host: {dest.host_path})" if dest.host_path and dest.host_path != dest.path_in_process else "")
-        + ("" if dest.persistent is not False else " -- LOST with the container"),
     ]
-    lines += [f"  - {x}" for x in dest.reasons]
+    lines += format_destination(destination_payload(dest))
     ident = r.snapshot.identity
     if ident.container_id:
         lines.append(f"container:       {ident.container_id[:12]} ({ident.runtime or 'runtime ?'}) pod {ident.pod_uid or '-'}")
@@ -108,10 +105,10 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
     lines.append(f"Wrote {r.bundle}")
     payload = {"pid": r.pid, "rlimit_core_before": r.rlimit_core_before, "rlimit_core_after": r.rlimit_core_after,
                "coredump_filter_before": r.coredump_filter_before, "coredump_filter_after": r.coredump_filter_after,
-               "core_pattern": r.core_pattern, "destination": dest, "snapshot": r.snapshot, "bundle": r.bundle}
+               "core_pattern": r.core_pattern, "destination": destination_payload(dest), "snapshot": r.snapshot,
+               "bundle": r.bundle}
     _render("capture", payload, as_json, lines)
-    ok = dest.will_dump and dest.persistent is not False
-    if not ok:
+    if not dest.survives:
         sys.exit(4)
 
 

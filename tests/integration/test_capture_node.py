@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -298,3 +299,90 @@ def test_capture_masks_secrets_given_as_separate_arguments(tmp_path):
     cmdline = doc["snapshot"]["cmdline"]
     assert cmdline[-5:] == ["--token", "[REDACTED]", "--password", "[REDACTED]", "--verbose"]
     assert doc["snapshot"]["environ"]["EXPORTER_OPTS"] == "--token [REDACTED]"
+
+
+def _wait_ready_bounded(fifo: Path, p: subprocess.Popen, timeout: float = 30.0) -> None:
+    import select
+
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert p.poll() is None, "the process died before it was ready"
+            if select.select([fd], [], [], 0.1)[0] and os.read(fd, 16).startswith(b"ready"):
+                return
+        raise AssertionError("the process did not say ready")
+    finally:
+        os.close(fd)
+
+
+def _fill(d: Path) -> None:
+    with open(d / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("case", ["read-only-tmpfs", "full-tmpfs", "no-permission"])
+def test_an_unwritable_working_directory_is_judged_no_core(tmp_path, core_pattern, case):
+    """#20.3: a process whose cwd is read-only (readOnlyRootFilesystem), full or not its to write gets no core,
+    and capture must say so (it said "WILL be written", rc 0)."""
+    from tests.helpers import tmpfs
+
+    if Path("/proc/sys/kernel/core_pattern").read_text().strip() != "core":
+        pytest.skip("kernel.core_pattern is not 'core' (another test holds it)")
+    with tmpfs(tmp_path / "cwd", "1M") as cwd:
+        # GIVEN a sleeping process in that directory
+        if case == "full-tmpfs":
+            _fill(cwd)
+        if case == "no-permission":
+            # nobody's directory; the process is root without CAP_DAC_OVERRIDE (so its limit can still be raised
+            # here, where root may lack CAP_SYS_RESOURCE to touch another user's process)
+            os.chown(cwd, 65534, 65534)
+            cwd.chmod(0o755)
+        fifo = cwd / "ready"  # in its cwd, named relatively: nobody cannot walk through pytest's 0700 tmp_path
+        os.mkfifo(fifo)
+        fifo.chmod(0o666)
+
+        def setup():
+            if case == "no-permission":
+                import ctypes
+
+                PR_CAPBSET_DROP, CAP_DAC_OVERRIDE = 24, 1
+                assert ctypes.CDLL(None, use_errno=True).prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, 0, 0, 0) == 0
+
+        # /bin/sh and sleep: nobody may not be allowed into this checkout's interpreter
+        p = subprocess.Popen(["/bin/sh", "-c", "echo ready > ready; exec sleep 120"], cwd=cwd, preexec_fn=setup)
+        try:
+            _wait_ready_bounded(fifo, p)
+            fifo.unlink()
+            if case == "read-only-tmpfs":  # once the shell has closed the fifo it wrote (EBUSY until then)
+                deadline = time.monotonic() + 10
+                while subprocess.run(["mount", "-o", "remount,ro", str(cwd)], capture_output=True).returncode:
+                    assert time.monotonic() < deadline, "cannot remount the tmpfs read-only"
+                    time.sleep(0.05)
+            # WHEN it is captured
+            r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
+            # THEN the verdict is "no core", with the reason, and the exit status 4
+            assert r.exit_code == 4, r.output
+            dest = json.loads(r.output)["destination"]
+            assert dest["will_dump"] is False and dest["survives"] is False
+            expected = {"read-only-tmpfs": "is on a read-only mount", "full-tmpfs": "has no free space",
+                        "no-permission": "is not writable by the process (fsuid 0, fsgid 0, no CAP_DAC_OVERRIDE)"}[case]
+            assert any(expected in x for x in dest["reasons"]), dest["reasons"]
+            text = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores")])
+            assert "core:            will NOT be written" in text.output
+            # AND a real crash there leaves no core: the verdict was right
+            os.kill(p.pid, signal.SIGSEGV)
+            p.wait(timeout=30)
+            assert p.returncode == -signal.SIGSEGV
+            cores = [c for c in cwd.iterdir() if c.name.startswith("core") and c.stat().st_size > 0]
+            assert cores == []
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
