@@ -13,7 +13,7 @@ from tests.import_graph import PACKAGE_DIR, find_cycles, read_graph, unit_of
 # The package's units by floor: a unit imports only units on a lower line (and itself).
 # A new module joins its unit; a new unit takes the line its imports put it on.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "model", "cache", "redact", "options"),  # records, errors, pure helpers
+    ("errors", "model", "cache", "redact", "options", "rootpath"),  # records, errors, pure helpers, the resolver
     ("output", "resources", "guard", "fleet"),  # shared formats, shipped files
     ("core",),  # reading cores
     ("gdb", "pyread", "bundle", "unwind", "heap"),  # stacks by gdb / our reader / libdw; capture bundles; glibc heap
