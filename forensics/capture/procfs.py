@@ -1,19 +1,18 @@
 """Read ``/proc/PID`` of a live (or dying) process, and resolve paths inside its root safely.
 
 Parsers (``parse_*``) take text and return records; readers (``read_*``) do the I/O.
-Paths inside a container are resolved by :func:`open_in_root`, which walks the path one
-component at a time from a descriptor of ``/proc/PID/root``, reads symlinks itself and
-re-roots them (an absolute target starts again at the container's root, ``..`` stops at
-it), the way ``openat2(RESOLVE_IN_ROOT)`` does: a symlink planted by the container can
-never lead the reader to a file of the host.
+Paths inside a container are opened by :func:`open_in_root`, through the one resolver
+(:mod:`forensics.rootpath`): one component at a time from a descriptor of ``/proc/PID/root``,
+symlinks re-rooted, as ``openat2(RESOLVE_IN_ROOT)`` does, so a symlink planted (or swapped
+in) by the container can never lead the reader to a file of the host.
 """
 from __future__ import annotations
 
 import errno
 import os
-import stat
 from dataclasses import dataclass
 
+from .. import rootpath
 from ..errors import ProcessGone, UnsafeContainerPath
 
 __all__ = [
@@ -26,14 +25,10 @@ __all__ = [
     "parse_environ",
     "read_proc_text",
     "open_in_root",
-    "read_in_root",
     "find_mount",
     "host_path_of_mount",
     "proc_dir",
 ]
-
-_MAX_SYMLINKS = 40
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MapEntry:
@@ -234,61 +229,20 @@ def host_path_of_mount(mount: MountEntry, path: str, host_mounts: tuple[MountEnt
 def open_in_root(root: str, path: str, flags: int = os.O_RDONLY) -> int:
     """Open ``path`` as the process whose root is ``root`` would, never leaving ``root``.
 
-    ``root`` is usually ``/proc/PID/root``.  Each component is opened with ``O_NOFOLLOW``
-    relative to its parent's descriptor; a symlink is read and resolved by this function:
-    an absolute target restarts at ``root``, ``..`` is resolved on the path walked so far
-    and stops at ``root`` (it is never opened, so a directory moved out of the root does
-    not lead out).  Returns a descriptor the caller closes.
+    ``root`` is usually ``/proc/PID/root``; the walk is :func:`forensics.rootpath.open_in_root`'s
+    (one component at a time on descriptors, symlinks re-rooted, ``..`` stopping at the root).
+    Returns a descriptor the caller closes.
 
     :raises UnsafeContainerPath: on too many symlinks, or a non-directory in the middle
     :raises FileNotFoundError: when a component does not exist inside the root
     """
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
-    stack = [root_fd]  # descriptors of the directories walked, stack[0] is the root
-    pending = [c for c in path.split("/") if c not in ("", ".")]
-    pending.reverse()
-    links = 0
     try:
-        while pending:
-            name = pending.pop()
-            if name == "..":
-                if len(stack) > 1:
-                    os.close(stack.pop())
-                continue
-            last = not pending
-            try:
-                st = os.stat(name, dir_fd=stack[-1], follow_symlinks=False)
-            except FileNotFoundError:
-                raise FileNotFoundError(errno.ENOENT, f"{path}: no such file inside {root}") from None
-            if stat.S_ISLNK(st.st_mode):
-                links += 1
-                if links > _MAX_SYMLINKS:
-                    raise UnsafeContainerPath(root, path, "too many levels of symbolic links")
-                target = os.readlink(name, dir_fd=stack[-1])
-                if target.startswith("/"):
-                    while len(stack) > 1:
-                        os.close(stack.pop())
-                parts = [c for c in target.split("/") if c not in ("", ".")]
-                pending.extend(reversed(parts))
-                continue
-            if last:
-                return os.open(name, flags | os.O_NOFOLLOW, dir_fd=stack[-1])
-            if not stat.S_ISDIR(st.st_mode):
-                raise UnsafeContainerPath(root, path, f"{name} is not a directory")
-            stack.append(os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=stack[-1]))
-        # the path named the root itself (or resolved to it)
-        return os.open(".", flags | os.O_DIRECTORY, dir_fd=stack[-1]) if flags == os.O_RDONLY else os.dup(stack[-1])
-    finally:
-        for fd in stack:
-            os.close(fd)
-
-
-def read_in_root(root: str, path: str, limit: int = 1 << 20) -> bytes:
-    """The first ``limit`` bytes of a regular file inside ``root`` (see :func:`open_in_root`)."""
-    fd = open_in_root(root, path)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeContainerPath(root, path, "not a regular file")
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
+        return rootpath.open_in_root(root, path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeContainerPath(root, path, "too many levels of symbolic links") from None
+        if e.errno == errno.ENOTDIR:
+            raise UnsafeContainerPath(root, path, "a component is not a directory") from None
+        if e.errno == errno.ENOENT:
+            raise FileNotFoundError(errno.ENOENT, f"{path}: no such file inside {root}") from None
+        raise
