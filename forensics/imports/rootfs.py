@@ -12,6 +12,8 @@ import os
 import stat
 from dataclasses import dataclass
 
+from .. import rootpath
+
 __all__ = ["Node", "RootFS", "DirFS", "norm", "join"]
 
 _MAX_LINKS = 40  # Linux's MAXSYMLINKS
@@ -147,45 +149,63 @@ class RootFS:
 class DirFS(RootFS):
     """A real directory seen as a root: an unpacked image, or ``/proc/PID/root`` of a live process.
 
-    Every path is resolved component by component with ``lstat`` before it is
-    opened, and files are opened with ``O_NOFOLLOW``, so a symlink inside can
-    only lead to another place inside.
+    Every operation walks its path through the one resolver (:mod:`forensics.rootpath`):
+    one component at a time on descriptors, symlinks re-rooted, ``..`` stopping at the root,
+    and the file read is the one the walk found.  A directory the root's owner swaps for a
+    symlink while it is read can only lead to another place inside.
     """
 
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/") or "/"
         self.description = root
 
-    def host_path(self, path: str) -> str:
-        return self.root + norm(path) if self.root != "/" else norm(path)
-
-    def lstat(self, path: str) -> Node | None:
+    def resolve(self, path: str, *, follow_last: bool = True) -> str | None:
         try:
-            st = os.lstat(self.host_path(path))
+            return rootpath.resolve_in_root(self.root, path, follow_last=follow_last)
         except (OSError, ValueError):
             return None
-        if stat.S_ISLNK(st.st_mode):
-            try:
-                return Node("symlink", 0, st.st_mode, os.readlink(self.host_path(path)))
-            except OSError:
-                return None
+
+    def lstat(self, path: str) -> Node | None:
+        return self._node(path, follow=False)
+
+    def stat(self, path: str) -> Node | None:
+        return self._node(path, follow=True)
+
+    def _node(self, path: str, *, follow: bool) -> Node | None:
+        try:
+            fd = rootpath.open_in_root(self.root, path, os.O_PATH, follow_last=follow)
+        except (OSError, ValueError):
+            return None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISLNK(st.st_mode):
+                return Node("symlink", 0, st.st_mode, os.readlink("", dir_fd=fd))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
         if stat.S_ISDIR(st.st_mode):
             return Node("dir", 0, st.st_mode)
         if stat.S_ISREG(st.st_mode):
             return Node("file", st.st_size, st.st_mode)
         return Node("other", 0, st.st_mode)
 
-    def _listdir(self, path: str) -> list[str]:
+    def listdir(self, path: str) -> list[str]:
         try:
-            return os.listdir(self.host_path(path))
-        except OSError:
+            return rootpath.listdir_in_root(self.root, path)
+        except (OSError, ValueError):
             return []
 
-    def _read(self, path: str, limit: int) -> bytes | None:
+    def _listdir(self, path: str) -> list[str]:
+        return self.listdir(path)
+
+    def read(self, path: str, limit: int = 4 << 20) -> bytes | None:
+        """The bytes of a regular file (symlinks followed inside the root), None if absent, unreadable or over ``limit``."""
         try:
-            fd = os.open(self.host_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
+            data = rootpath.read_in_root(self.root, path, limit + 1)
+        except (OSError, ValueError):
             return None
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(limit + 1)
         return data if len(data) <= limit else None
+
+    def _read(self, path: str, limit: int) -> bytes | None:
+        return self.read(path, limit)
