@@ -12,7 +12,7 @@ from __future__ import annotations
 from forensics.core.image import ElfImage
 from forensics.core.memory import CoreMemory
 
-__all__ = ["read_build_id_in_memory", "read_build_id_from_file"]
+__all__ = ["read_build_id_in_memory", "read_build_id_from_file", "read_build_id_from_fd"]
 
 
 def read_build_id_in_memory(mem: CoreMemory, base: int, page_size: int = 4096) -> str | None:
@@ -30,4 +30,10 @@ def read_build_id_in_memory(mem: CoreMemory, base: int, page_size: int = 4096) -
 def read_build_id_from_file(path: str) -> str | None:
     """The build-id of an ELF file on disk, or None (unreadable, not ELF64, no build-id note)."""
     image = ElfImage.from_file(path)
+    return image.build_id() if image is not None else None
+
+
+def read_build_id_from_fd(fd: int) -> str | None:
+    """The build-id of the ELF file open on ``fd``, or None (unreadable, not ELF64, no build-id note)."""
+    image = ElfImage.from_fd(fd)
     return image.build_id() if image is not None else None

@@ -1,11 +1,13 @@
 """Find the file on this machine that stands for an object named in a core.
 
 A core names its objects by their paths on the machine that crashed.  With a
-sysroot (the crashed machine's or image's filesystem unpacked here) the path is
-looked up under it, following symlinks *inside* the sysroot only: absolute link
-targets are taken relative to the sysroot, ``..`` stops at its root, and a loop
-ends after a fixed number of hops.  A file missing there falls back to the same
-path on this machine only when that file is provably the same build (equal
+sysroot (the crashed machine's or image's filesystem unpacked here, or
+``/proc/PID/root`` of a live container) the path is looked up under it by the one
+resolver (:mod:`forensics.rootpath`): symlinks followed *inside* the sysroot only
+(absolute targets taken relative to it, ``..`` stopping at its root, a loop ended
+after a fixed number of hops), one component at a time on descriptors, and the
+build-id read from the file the walk found.  A file missing there falls back to the
+same path on this machine only when that file is provably the same build (equal
 build-ids).  :func:`classify_library` turns the two build-ids into a
 :class:`~forensics.model.LibraryStatus`.
 """
@@ -13,9 +15,9 @@ from __future__ import annotations
 
 import os
 import stat
-from collections import deque
 
-from forensics.core.buildid import read_build_id_from_file
+from forensics import rootpath
+from forensics.core.buildid import read_build_id_from_fd, read_build_id_from_file
 from forensics.model import LibraryStatus
 
 __all__ = ["resolve_in_sysroot", "resolve_file", "classify_library"]
@@ -35,43 +37,24 @@ def resolve_in_sysroot(sysroot: str, path: str, max_hops: int = MAX_SYMLINK_HOPS
     >>> resolve_in_sysroot("/nonexistent-sysroot", "/lib/libc.so.6") is None
     True
     """
-    root = os.path.abspath(sysroot)
-    todo = deque(c for c in path.split("/") if c)
-    done: list[str] = []
-    hops = 0
-    while todo:
-        part = todo.popleft()
-        if part == ".":
-            continue
-        if part == "..":
-            if done:
-                done.pop()
-            continue
-        here = os.path.join(root, *done, part)
-        try:
-            st = os.lstat(here)
-        except OSError:
-            return None
-        if stat.S_ISLNK(st.st_mode):
-            hops += 1
-            if hops > max_hops:
-                return None
-            try:
-                target = os.readlink(here)
-            except OSError:
-                return None
-            if target.startswith("/"):
-                done = []
-            todo.extendleft(reversed([c for c in target.split("/") if c]))
-            continue
-        done.append(part)
-        if todo and not stat.S_ISDIR(st.st_mode):
-            return None
-    final = os.path.join(root, *done)
-    try:
-        return final if done and stat.S_ISREG(os.lstat(final).st_mode) else None
-    except OSError:
+    found = _find_in_sysroot(sysroot, path, max_hops)
+    if found is None:
         return None
+    os.close(found[1])
+    return found[0]
+
+
+def _find_in_sysroot(sysroot: str, path: str, max_hops: int = MAX_SYMLINK_HOPS) -> tuple[str, int] | None:
+    """(the host path of the regular file ``path`` names in ``sysroot``, a descriptor open on it), or None."""
+    root = os.path.abspath(sysroot)
+    try:
+        fd, inside = rootpath.open_in_root_as(root, path, max_links=max_hops)
+    except (OSError, ValueError):
+        return None
+    if inside == "/" or not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return root.rstrip("/") + inside, fd
 
 
 def _host_file(path: str) -> str | None:
@@ -97,9 +80,18 @@ def resolve_file(
     if core_path_of_object.endswith(_DELETED):
         candidates.append(core_path_of_object[: -len(_DELETED)])
     for path in candidates:
-        found = resolve_in_sysroot(sysroot, path) if sysroot is not None else _host_file(path)
-        if found is not None:
-            return found, read_build_id_from_file(found)
+        if sysroot is None:
+            found = _host_file(path)
+            if found is not None:
+                return found, read_build_id_from_file(found)
+            continue
+        in_root = _find_in_sysroot(sysroot, path)
+        if in_root is not None:
+            found, fd = in_root
+            try:
+                return found, read_build_id_from_fd(fd)  # the file the walk found, whatever its name means now
+            finally:
+                os.close(fd)
     if sysroot is not None and expected_build_id is not None:
         for path in candidates:
             if _host_file(path) is not None:

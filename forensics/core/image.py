@@ -120,21 +120,36 @@ class ElfImage:
         The file stays open only for the duration of each read.
         None when the file cannot be read or is not ELF64 little-endian.
         """
-        try:
+
+        def pread(offset: int, size: int) -> bytes:
             with open(path, "rb") as f:
-                header = _header(f.read(elf.EHDR64_SIZE))
-                if header is None:
-                    return None
-                f.seek(header.phoff)
-                phdrs = elf.parse_program_headers(f.read(header.phnum * elf.PHDR64_SIZE), header.phnum)
+                return os.pread(f.fileno(), size, offset)
+
+        return cls._from_pread(pread)
+
+    @classmethod
+    def from_fd(cls, fd: int) -> ElfImage | None:
+        """The ELF file open on ``fd`` (read with ``pread``; the caller keeps it open while the image is used).
+
+        The way to read a file found by walking descriptors (:mod:`forensics.rootpath`):
+        the bytes read are those of the file the walk found, whatever its name means now.
+        """
+        return cls._from_pread(lambda offset, size: os.pread(fd, size, offset))
+
+    @classmethod
+    def _from_pread(cls, pread: Callable[[int, int], bytes]) -> ElfImage | None:
+        try:
+            header = _header(pread(0, elf.EHDR64_SIZE))
+            if header is None:
+                return None
+            phdrs = elf.parse_program_headers(pread(header.phoff, header.phnum * elf.PHDR64_SIZE), header.phnum)
         except (OSError, ValueError):
             return None
         loads = [p for p in phdrs if p.type == elf.PT_LOAD]
 
         def read_at_offset(offset: int, size: int) -> bytes:
             try:
-                with open(path, "rb") as f:
-                    data = os.pread(f.fileno(), size, offset)
+                data = pread(offset, size)
             except OSError as e:
                 raise _Unreadable from e
             if len(data) != size:
