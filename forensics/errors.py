@@ -160,6 +160,15 @@ class UnsafeContainerPath(ForensicsError, PermissionError):
         super().__init__(f"{path} (in {root}): {reason}", root=root, path=path, reason=reason)
 
 
+class UnsafeBundle(ForensicsError, ValueError):
+    """A capture bundle that would make forensics write outside its own directory."""
+
+    help_text = "Remove the named entry (forensics makes it anew inside the bundle), or unpack the bundle again."
+
+    def __init__(self, bundle: str, reason: str) -> None:
+        super().__init__(f"{bundle}: {reason}", bundle=bundle, reason=reason)
+
+
 class CoreDirectoryError(ForensicsError, OSError):
     help_text = "Choose a --core-dir on a local filesystem with free space, writable by root."
 
@@ -215,6 +224,7 @@ __all__ += [
     "ProcessGone",
     "NotRoot",
     "UnsafeContainerPath",
+    "UnsafeBundle",
     "CoreDirectoryError",
     "KubectlNotFound",
     "KubeError",

@@ -2,14 +2,15 @@
 
 A bundle (``forensics capture``) records it in ``40-process/snapshot.json``
 (``host_driver_version``, the library's version) and in ``30-kernel/nvidia-smi.txt``
-(``Driver Version``).  :func:`find_driver_version` is pure over the parsed files.
+(``Driver Version``), read inside the bundle only (:func:`forensics.bundle.read_bundle_file`).
+:func:`find_driver_version` is pure over the parsed files.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
+from ..bundle import read_bundle_file, read_bundle_json
 from ..errors import InputNotFound
 
 __all__ = ["find_driver_version", "read_bundle_driver"]
@@ -51,16 +52,7 @@ def read_bundle_driver(bundle: str) -> str | None:
     """
     if not os.path.isdir(bundle):
         raise InputNotFound(bundle)
-    doc = {}
-    try:
-        with open(os.path.join(bundle, "40-process", "snapshot.json"), encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        pass
-    smi = None
-    try:
-        with open(os.path.join(bundle, "30-kernel", "nvidia-smi.txt"), encoding="utf-8", errors="replace") as f:
-            smi = f.read(1 << 20)
-    except OSError:
-        pass
+    doc = read_bundle_json(bundle, "40-process/snapshot.json")
+    smi_bytes = read_bundle_file(bundle, "30-kernel/nvidia-smi.txt", 1 << 20)
+    smi = smi_bytes.decode("utf-8", "replace") if smi_bytes is not None else None
     return find_driver_version(doc, smi)

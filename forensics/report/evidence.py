@@ -7,12 +7,15 @@ evidence section.  Reading is bounded: a file larger than MAX_INPUT_BYTES is ref
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..bundle import MANIFEST, sha256_file
+from .. import rootpath
+from ..bundle import MANIFEST, read_bundle_file, sha256_file
 from ..errors import ForensicsError, InputNotFound
 
 __all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES"]
@@ -56,9 +59,15 @@ def _read_json(path: str) -> dict:
     size = os.path.getsize(path)
     if size > MAX_INPUT_BYTES:
         raise ReportInputError(path, f"{size} bytes is over the {MAX_INPUT_BYTES} byte limit")
+    with open(path, "rb") as f:
+        return _parse_json(path, f.read())
+
+
+def _parse_json(path: str, data: bytes) -> dict:
+    if len(data) > MAX_INPUT_BYTES:
+        raise ReportInputError(path, f"{len(data)} bytes is over the {MAX_INPUT_BYTES} byte limit")
     try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
+        doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ReportInputError(path, f"not JSON ({e.__class__.__name__})") from e
     if not isinstance(doc, dict):
@@ -83,51 +92,64 @@ MAX_TEXT = 64 * 1024
 BUG_REPORT_READ = 4 << 20  # decompressed bytes of nvidia-bug-report.log(.gz) read for its facts
 
 
-def _read_bug_report(path: Path) -> str:
-    """The start of NVIDIA's bug report, decompressed as a stream and cut at BUG_REPORT_READ bytes (its
-    nvidia-smi -q and kernel log sections come early); "" when it cannot be read."""
+def _read_bug_report(bundle: str, rel: str) -> tuple[str, str] | None:
+    """(its path, the start of it) for NVIDIA's bug report at ``rel`` in the bundle, read inside the bundle
+    only, decompressed as a stream and cut at BUG_REPORT_READ bytes (its nvidia-smi -q and kernel log
+    sections come early); None when the bundle has no such file, "" as the text when it cannot be read."""
     import gzip
     import zlib
 
+    root = os.path.abspath(bundle)
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                data = f.read(BUG_REPORT_READ)
-        else:
-            with open(path, "rb") as f:
-                data = f.read(BUG_REPORT_READ)
-    except (OSError, EOFError, zlib.error):
-        return ""
-    return data.decode("utf-8", "replace")
+        fd, inside = rootpath.open_in_root_as(root, rel)
+    except (OSError, ValueError):
+        return None
+    with os.fdopen(fd, "rb") as raw:
+        if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
+            return None
+        path = root.rstrip("/") + inside  # symlinks resolved inside the bundle: it names the file read
+        try:
+            if rel.endswith(".gz"):
+                with gzip.open(raw, "rb") as f:
+                    data = f.read(BUG_REPORT_READ)
+            else:
+                data = raw.read(BUG_REPORT_READ)
+        except (OSError, EOFError, zlib.error):
+            return path, ""
+    return path, data.decode("utf-8", "replace")
 
 
 def _load_bundle(p: str, ev: Evidence) -> dict:
-    """A capture bundle (``forensics capture``, the core handler) as one evidence document."""
+    """A capture bundle (``forensics capture``, the core handler) as one evidence document.
+
+    Its files are read inside the bundle only (:func:`forensics.bundle.read_bundle_file`): a
+    symlink in a bundle never leads the report to a file of the machine that reads it.
+    """
     root = Path(p)
-    manifest = root / MANIFEST
-    if not manifest.is_file():
+    manifest_bytes = read_bundle_file(p, MANIFEST, MAX_INPUT_BYTES + 1)
+    if manifest_bytes is None:
         raise ReportInputError(p, f"a directory without a capture bundle {MANIFEST}")
-    doc: dict = {"command": "capture", "_bundle_dir": str(root.resolve()), "manifest": _read_json(str(manifest))}
+    manifest = str(root / MANIFEST)
+    doc: dict = {"command": "capture", "_bundle_dir": str(root.resolve()), "manifest": _parse_json(manifest, manifest_bytes)}
     for key, rel in _BUNDLE_JSON:
-        f = root / rel
-        if f.is_file():
-            doc[key] = _read_json(str(f)) if f.suffix == ".json" else None
+        data = read_bundle_file(p, rel, MAX_INPUT_BYTES + 1)
+        if data is not None:
+            doc[key] = _parse_json(str(root / rel), data)
     for key, rel in _BUNDLE_TEXT:
-        f = root / rel
-        if f.is_file():
-            with open(f, "rb") as fh:
-                doc[key] = fh.read(MAX_TEXT).decode("utf-8", "replace")
+        data = read_bundle_file(p, rel, MAX_TEXT)
+        if data is not None:
+            doc[key] = data.decode("utf-8", "replace")
     for rel in _BUG_REPORT:
-        if (root / rel).is_file():
-            doc["bug_report_file"] = str(root / rel)  # NVIDIA's own file: attached as it is, after review
-            doc["bug_report_text"] = _read_bug_report(root / rel)
+        found = _read_bug_report(p, rel)
+        if found is not None:
+            doc["bug_report_file"], doc["bug_report_text"] = found  # NVIDIA's own file: attached as it is, after review
             break
     for item in doc["manifest"].get("items") or []:
         if isinstance(item, dict) and item.get("path") and item.get("sha256"):
             ev.items.append(EvidenceItem(path=str(root / str(item["path"])), kind="capture",
                                          sha256=str(item["sha256"]), size=int(item.get("size") or 0)))
-    digest, size = sha256_file(str(manifest))
-    ev.items.append(EvidenceItem(path=str(manifest), kind="capture", sha256=digest, size=size))
+    ev.items.append(EvidenceItem(path=manifest, kind="capture", sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+                                 size=len(manifest_bytes)))
     return doc
 
 
