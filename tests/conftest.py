@@ -65,14 +65,21 @@ class CoreFactory:
 class CorePatternLock:
     """kernel.core_pattern is one per machine: test sessions share it through a lock file.
 
-    Every session holds the lock shared from its start; a test that points core_pattern
-    at a handler for a moment holds it exclusive for that window (:meth:`exclusive`), so
-    another session on the machine never crashes a process into it, nor saves and later
-    "restores" that momentary pattern.  CI runs one session; this is for a developer's
-    machine running two.
+    A session that makes cores holds the lock shared from the first test that asks for
+    :func:`core_pattern`; a test that points core_pattern at a handler for a moment holds
+    it exclusive for that window (:meth:`exclusive`), so another session on the machine
+    never crashes a process into it, nor saves and later "restores" that momentary
+    pattern.  CI runs one session; this is for a developer's machine running several.
+
+    flock has no writer preference and sessions hold the shared lock for their whole
+    life, so a blocking upgrade could wait forever while other sessions come and go
+    (and two sessions upgrading at once wait on each other).  :meth:`exclusive` therefore
+    tries for a bounded time and then skips, naming the reason: the machine-wide setting
+    is held by another test session, an external thing this session cannot have.
     """
 
     PATH = "/tmp/forensics-tests-core-pattern.lock"
+    WAIT_S = float(os.environ.get("FORENSICS_TEST_CORE_PATTERN_WAIT", "300"))
 
     def __init__(self) -> None:
         import fcntl
@@ -83,17 +90,31 @@ class CorePatternLock:
 
     @contextlib.contextmanager
     def exclusive(self):
-        self._fcntl.flock(self.fd, self._fcntl.LOCK_EX)  # waits for the other sessions to end
+        import time
+
+        fcntl = self._fcntl
+        deadline = time.monotonic() + self.WAIT_S
+        while True:
+            try:
+                # a failed non-blocking conversion drops the shared lock (flock(2)): take it back
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                fcntl.flock(self.fd, fcntl.LOCK_SH)
+                if time.monotonic() >= deadline:
+                    pytest.skip(f"another test session on this machine holds kernel.core_pattern "
+                                f"(lock {self.PATH}) for over {self.WAIT_S:.0f} s")
+                time.sleep(0.2)
         try:
             yield
         finally:
-            self._fcntl.flock(self.fd, self._fcntl.LOCK_SH)
+            fcntl.flock(self.fd, fcntl.LOCK_SH)
 
     def close(self) -> None:
         os.close(self.fd)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def core_pattern_lock():
     lock = CorePatternLock()
     try:
