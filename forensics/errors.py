@@ -177,14 +177,16 @@ class CoreDirectoryError(ForensicsError, OSError):
 
 
 class KubectlNotFound(ForensicsError, FileNotFoundError):
-    help_text = "Install kubectl (https://kubernetes.io/docs/tasks/tools/) or pass --kubectl PATH."
+    help_text = ("Install kubectl (https://kubernetes.io/docs/tasks/tools/) or put it on PATH (capture --pod: --kubectl PATH); "
+                 "fleet also reads saved `kubectl get -o json` files (--from, --nodes).")
 
     def __init__(self, kubectl: str) -> None:
         super().__init__(f"kubectl not found: {kubectl!r} is not an executable on PATH", kubectl=kubectl)
 
 
 class KubeError(ForensicsError, RuntimeError):
-    help_text = "Check the kubeconfig, context and namespace (kubectl config current-context)."
+    help_text = ("Check the kubeconfig, context and namespace (kubectl config current-context), "
+                 "and that the API server is reachable.")
 
     def __init__(self, action: str, detail: str) -> None:
         super().__init__(f"kubectl {action} failed: {detail}", action=action, detail=detail)

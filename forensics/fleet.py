@@ -1,26 +1,23 @@
 """``forensics fleet``: restarts and exit codes of a DaemonSet's pods, cross-compared by node group.
 
 Pure functions over ``kubectl get -o json`` documents (:func:`summarize_fleet`);
-:func:`read_kubectl` is the only I/O (the real kubectl, honouring kubeconfig,
-context and namespace).  It names the boundary: the node groups where crashes
+:func:`read_kubectl` is the only I/O (the one kube client, :mod:`forensics.kubectl`:
+the real kubectl, honouring kubeconfig, context and namespace).  It names the boundary: the node groups where crashes
 concentrate and the node label values that separate them from clean groups.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 
 from .errors import ForensicsError
+from .kubectl import KubeOptions, get_json
 
 __all__ = [
     "DEFAULT_GROUP_LABELS",
     "FleetGroup",
     "FleetSummary",
     "PodRecord",
-    "KubectlError",
     "FleetInputError",
     "read_kubectl",
     "check_documents",
@@ -35,13 +32,6 @@ _DRIVER_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
 _FALLBACK_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 CRASHY_SHARE = 0.2  # a group with at least this share of pods restarting is where crashes concentrate
 MAX_PODS = 1_000_000
-
-
-class KubectlError(ForensicsError, RuntimeError):
-    help_text = "Check kubectl, its kubeconfig/context, and that the API server is reachable."
-
-    def __init__(self, what: str, detail: str) -> None:
-        super().__init__(f"kubectl {what} failed: {detail}", what=what, detail=detail)
 
 
 class FleetInputError(ForensicsError, ValueError):
@@ -114,31 +104,18 @@ class FleetSummary:
 def read_kubectl(kind: str, *, namespace: str | None = None, selector: str | None = None,
                  kubeconfig: str | None = None, context: str | None = None, kubectl: str = "kubectl",
                  timeout: float = 60.0) -> dict:
-    """``kubectl get KIND -o json`` through the real kubectl."""
-    exe = shutil.which(kubectl)
-    if exe is None:
-        raise KubectlError(f"get {kind}", f"{kubectl!r} not found (install kubectl, or pass --from/--nodes files)")
-    cmd = [exe, "get", kind, "-o", "json"]
-    if kubeconfig:
-        cmd[1:1] = ["--kubeconfig", kubeconfig]
-    if context:
-        cmd[1:1] = ["--context", context]
+    """``kubectl get KIND -o json`` through the one kube client (pods: all namespaces unless one is given).
+
+    :raises KubectlNotFound, KubeError: see :mod:`forensics.kubectl`
+    """
+    opts = KubeOptions(kubectl=kubectl, kubeconfig=kubeconfig, context=context, namespace=namespace)
+    args = ["get", kind]
     if kind == "pods":
-        cmd += ["-n", namespace] if namespace else ["--all-namespaces"]
+        if not namespace:
+            args.append("--all-namespaces")
         if selector:
-            cmd += ["-l", selector]
-    elif kind != "nodes" and namespace:
-        cmd += ["-n", namespace]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as e:
-        raise KubectlError(f"get {kind}", f"no answer in {timeout:g}s") from e
-    if r.returncode != 0:
-        raise KubectlError(f"get {kind}", (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1])
-    try:
-        return json.loads(r.stdout)
-    except json.JSONDecodeError as e:
-        raise KubectlError(f"get {kind}", "output is not JSON") from e
+            args += ["-l", selector]
+    return get_json(opts, f"get {kind}", args, namespaced=kind != "nodes", timeout=timeout)
 
 
 def _item_kind(item) -> str | None:

@@ -109,7 +109,7 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
 
 
 def unit_of(module: str) -> str:
-    """The unit a module belongs to: its top-level module or subpackage (``forensics.capture.kube`` -> ``capture``)."""
+    """The unit a module belongs to: its top-level module or subpackage (``forensics.capture.pod`` -> ``capture``)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

@@ -44,6 +44,7 @@ class StandIn:
         self.procs: dict[tuple[str, str], tuple[subprocess.Popen, list[bytes]]] = {}
         self.created: list[str] = []
         self.deleted: list[str] = []
+        self.refuse_delete = False  # answer DELETE as an RBAC that allows create but not delete would
         self.path_env = path_env
         self.lock = threading.Lock()
         standin = self
@@ -159,6 +160,8 @@ class StandIn:
         parts = [p for p in urlparse(h.path).path.split("/") if p]
         if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
             key = (parts[3], parts[5])
+            if self.refuse_delete:
+                return h._send(403, _status(403, "Forbidden", f'pods "{parts[5]}" is forbidden: cannot delete'))
             with self.lock:
                 pod = self.pods.pop(key, None)
                 if pod is None:

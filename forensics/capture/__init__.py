@@ -14,7 +14,9 @@ Submodules, one per step of a capture:
 - :mod:`.snapshot`: the process snapshot (NVML library and its origin, interpreter, libpython,
   nvitop / nvidia-ml-py files)
 - :mod:`.bundle`: the evidence bundle (ordered items, sha256 manifest) and its sysroot
-- :mod:`.kube`: ``forensics capture --pod`` through kubectl, the agent pod and DaemonSet manifests
+- :mod:`.pod`: ``forensics capture --pod`` through the one kube client (:mod:`forensics.kubectl`)
+- :mod:`.agent`: the agent pod's side of ``capture --pod`` and the bundle's way back through its log
+- :mod:`.manifests`: the agent pod and the core handler's DaemonSet, as YAML
 
 Importing this package imports none of them: the core handler must start fast.
 """

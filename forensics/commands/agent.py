@@ -29,7 +29,7 @@ def agent():
 @click.option("--loop-limit", type=int, default=None, help="Cores per image and signal per hour (handler default 5).")
 def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_size, budget, min_free, loop_limit):
     """Print a DaemonSet that installs the core handler on every GPU node, with its disk bounds."""
-    from ..capture.kube import daemonset_manifest
+    from ..capture.manifests import daemonset_manifest
 
     if "=" not in gpu_label:
         raise click.BadParameter("KEY=VALUE", param_hint="--gpu-label")
@@ -50,7 +50,14 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
                    "by default; base64 adds a third); the rest stays on the node, listed in left-on-node.json.")
 def agent_run(container_id, core_dir, host_root, coredump_filter, full, pod_uid, max_inline):
     """Inside the agent pod: arm the container's processes, print the bundle (base64 tar) to stdout."""
-    from ..capture.kube import agent_main
+    from ..capture.agent import run_agent
 
-    sys.exit(agent_main(container_id=container_id, core_dir=core_dir, host_root=host_root,
-                        coredump_filter=coredump_filter, full=full, max_inline=max_inline, pod_uid=pod_uid))
+    run = run_agent(container_id=container_id, core_dir=core_dir, host_root=host_root,
+                    coredump_filter=coredump_filter, full=full, max_inline=max_inline, pod_uid=pod_uid)
+    for note in run.notes:
+        click.echo(f"forensics agent: {note}", err=True)
+    if run.bundle is not None:
+        click.echo(run.bundle, nl=False)
+    if run.done is not None:
+        click.echo(f"forensics agent: {run.done}", err=True)
+    sys.exit(run.exit_code)

@@ -72,12 +72,14 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
         _render("capture-uninstall-handler", r, as_json, [f"core_pattern restored: {r['restored']}"])
         return
     if pod:
-        from ..capture.kube import KubeOptions, capture_pod
+        from ..capture.pod import capture_pod
+        from ..kubectl import KubeOptions
 
         opts = KubeOptions(kubectl=kubectl, kubeconfig=kubeconfig, context=context, namespace=namespace)
         r = capture_pod(pod, container=container, opts=opts, core_dir=core_dir, agent_image=agent_image,
                         dry_run=dry_run, output=output or "forensics-bundles", timeout=timeout,
-                        coredump_filter=coredump_filter, full=full)
+                        coredump_filter=coredump_filter, full=full,
+                        warn=lambda m: click.echo(f"forensics: warning: {m}", err=True))
         if dry_run:
             click.echo(r["manifest"], nl=False)
             return

@@ -196,7 +196,7 @@ def test_agent_keeps_big_files_on_the_node_within_its_log_budget(pod_process, tm
     import io
     import tarfile
 
-    from forensics.capture.kube import BEGIN, END
+    from forensics.capture.agent import BEGIN, END
 
     core_dir = tmp_path / "cores"
     core = Path(sys.executable).resolve()  # some MB of bytes as "the core" of an earlier crash
@@ -257,3 +257,16 @@ def test_agent_manifest_passes_the_disk_bounds_to_the_installed_handler():
     assert ctx.params["install_handler"] and ctx.params["core_dir"] == "/var/lib/forensics/cores"
     assert (ctx.params["budget"], ctx.params["max_core_size"], ctx.params["loop_limit"]) == (50 << 30, 8 << 30, 3)
     assert ctx.params["min_free"] is None  # not asked: the handler's default
+
+
+def test_an_agent_pod_left_behind_is_a_warning_with_the_command_to_delete_it(cluster, tmp_path):
+    # GIVEN an API server that lets us create the privileged agent pod but not delete it
+    standin, kubeconfig = cluster
+    standin.refuse_delete = True
+    # WHEN the pod is captured
+    r = _capture(kubeconfig, tmp_path / "cores", tmp_path / "out", "--pod", "exporter-7d9f")
+    # THEN the capture is done, and the user is told that a privileged pod is left and how to remove it
+    (name,) = standin.created
+    assert r.exit_code == 0, r.output
+    assert f"warning: the privileged agent pod {NS}/{name} may still exist" in r.stderr
+    assert f"kubectl delete pod {name} -n {NS}" in r.stderr and "forbidden" in r.stderr

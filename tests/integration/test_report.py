@@ -250,7 +250,7 @@ def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str, 
                 last_finished: str | None = None) -> Path:
     """A pod capture bundle as `forensics capture --pod` writes it (its directory name embeds the pod name)."""
     from forensics.capture.bundle import BundleWriter, new_bundle_dir
-    from forensics.capture.kube import summarize_node, summarize_pod
+    from forensics.capture.pod import summarize_node, summarize_pod
 
     pod_obj = {"metadata": {"name": pod, "namespace": namespace, "uid": "0b8e-pod-uid"},
                "spec": {"nodeName": node}, "status": {"phase": "Running", "hostIP": "10.20.30.40", "containerStatuses": [

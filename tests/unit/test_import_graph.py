@@ -14,8 +14,8 @@ from tests.import_graph import PACKAGE_DIR, find_cycles, read_graph, unit_of
 # A new module joins its unit; a new unit takes the line its imports put it on.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "model", "cache", "redact", "options", "rootpath"),  # records, errors, pure helpers, the resolver
-    ("output", "resources", "guard", "fleet"),  # shared formats, shipped files
-    ("core",),  # reading cores
+    ("output", "resources", "guard", "kubectl"),  # shared formats, shipped files, the one kube client
+    ("core", "fleet"),  # reading cores; the fleet's restarts
     ("gdb", "pyread", "bundle", "unwind", "heap"),  # stacks by gdb / our reader / libdw; capture bundles; glibc heap
     ("analyze", "imports"),  # analyze's pipeline; verify-imports' library
     ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes

@@ -1,0 +1,214 @@
+"""``forensics capture --pod``: capture a pod's container from a workstation, through the one kube client.
+
+Steps: read the pod (node, UID, container IDs, restart counts, last terminated state with
+exit code and signal), its events and its node (GPU labels, driver, kernel, runtime); start
+a short-lived privileged agent pod pinned to that node (``nodeName``, ``hostPID``, the core
+directory as a hostPath mounted at the same path; :mod:`.manifests`), which finds the
+container's processes by container ID in ``/proc/*/cgroup`` (never by hostname), runs the
+node mode for them and prints its bundle to its log (:mod:`.agent`); read the log, unpack the
+bundle, add the Kubernetes items, write the manifest; delete the agent pod whatever happens
+(errors, Ctrl-C, SIGTERM), and warn when that delete fails: a privileged pod may be left.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import tarfile
+import time
+import uuid
+from typing import Callable
+
+from ..errors import AgentFailed, ContainerNotRunning, ForensicsError, KubeError, NodeUnreachable, PodNotFound
+from ..kubectl import KubeOptions, get_json, run_kubectl
+from .agent import LEFT_ON_NODE, decode_bundle
+from .manifests import agent_pod_manifest, to_yaml
+
+__all__ = ["capture_pod", "summarize_pod", "summarize_node"]
+
+_GPU_LABELS = ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory", "nvidia.com/cuda.driver.major",
+               "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev", "nvidia.com/cuda.driver-version.full",
+               "nvidia.com/gpu.driver-version.full", "nvidia.com/mig.strategy", "nvidia.com/gpu.present")
+
+
+def summarize_pod(pod: dict) -> dict:
+    """Identity and scheduling state of a pod: what an on-call engineer reads first."""
+    meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
+    owners = [{"kind": o.get("kind"), "name": o.get("name"), "uid": o.get("uid")} for o in meta.get("ownerReferences", [])]
+    containers = []
+    for cs in status.get("containerStatuses", []) + status.get("initContainerStatuses", []):
+        last = (cs.get("lastState") or {}).get("terminated")
+        state = cs.get("state") or {}
+        containers.append({
+            "name": cs.get("name"), "container_id": cs.get("containerID"), "image": cs.get("image"),
+            "image_id": cs.get("imageID"), "restart_count": cs.get("restartCount", 0), "ready": cs.get("ready"),
+            "state": next(iter(state), None), "state_detail": next(iter(state.values()), None),
+            "last_terminated": None if not last else {
+                "exit_code": last.get("exitCode"), "signal": last.get("signal") or (last.get("exitCode", 0) - 128
+                                                                                   if last.get("exitCode", 0) > 128 else None),
+                "reason": last.get("reason"), "started_at": last.get("startedAt"), "finished_at": last.get("finishedAt")},
+        })
+    return {
+        "name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"), "owners": owners,
+        "node": spec.get("nodeName"), "phase": status.get("phase"), "qos_class": status.get("qosClass"),
+        "pod_ip": status.get("podIP"), "host_ip": status.get("hostIP"), "start_time": status.get("startTime"),
+        "conditions": status.get("conditions", []), "containers": containers,
+    }
+
+
+def summarize_node(node: dict) -> dict:
+    meta, status = node.get("metadata", {}), node.get("status", {})
+    info = status.get("nodeInfo", {})
+    labels = meta.get("labels", {})
+    ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), {})
+    return {
+        "name": meta.get("name"), "uid": meta.get("uid"),
+        "gpu_labels": {k: v for k, v in labels.items() if k in _GPU_LABELS or k.startswith("nvidia.com/")},
+        "kernel": info.get("kernelVersion"), "os_image": info.get("osImage"),
+        "container_runtime": info.get("containerRuntimeVersion"), "kubelet": info.get("kubeletVersion"),
+        "ready": ready.get("status"), "ready_reason": ready.get("reason"), "ready_message": ready.get("message"),
+        "allocatable": status.get("allocatable", {}), "taints": node.get("spec", {}).get("taints", []),
+    }
+
+
+class _Terminate(BaseException):
+    pass
+
+
+def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core_dir: str, agent_image: str | None,
+                dry_run: bool, output: str, warn: Callable[[str], None], timeout: float = 300.0,
+                coredump_filter: int | None = None, full: bool = False) -> dict:
+    """Capture ``pod_name``'s container through kubectl; see the module docstring.
+
+    :param warn: told what the user must know even when the capture fails (the agent pod not deleted)
+
+    :raises KubectlNotFound, PodNotFound, KubeError, ContainerNotRunning, NodeUnreachable, AgentFailed:
+    """
+    try:
+        pod = get_json(opts, "get pod", ["get", "pod", pod_name])
+    except KubeError as e:
+        if "NotFound" in e.detail or "not found" in e.detail:
+            raise PodNotFound(pod_name, opts.namespace or "(context default)") from e
+        raise
+    summary = summarize_pod(pod)
+    ns = summary["namespace"] or opts.namespace or "default"
+    cs = summary["containers"]
+    if not cs:
+        raise ContainerNotRunning(pod_name, container or "?", f"pod phase {summary['phase']}, no container status")
+    chosen = next((c for c in cs if c["name"] == container), None) if container else cs[0]
+    if chosen is None:
+        raise ForensicsError(f"pod {ns}/{pod_name} has no container {container!r} (it has: {', '.join(c['name'] for c in cs)})",
+                             help_text="Pass --container NAME with one of those names.")
+    if chosen["state"] != "running" or not chosen["container_id"]:
+        detail = chosen["state_detail"] or {}
+        raise ContainerNotRunning(pod_name, chosen["name"], f"{chosen['state']}: {detail.get('reason', '')}".strip(": "))
+    node_name = summary["node"]
+    image = agent_image or "ghcr.io/forensics/forensics:latest"
+    agent_name = f"forensics-agent-{uuid.uuid4().hex[:8]}"
+    manifest = agent_pod_manifest(name=agent_name, namespace=ns, node=node_name, container_id=chosen["container_id"],
+                                  core_dir=core_dir, image=image, timeout=timeout, coredump_filter=coredump_filter, full=full,
+                                  pod_uid=summary["uid"])
+    if dry_run:
+        return {"manifest": to_yaml(manifest)}
+    node = get_json(opts, "get node", ["get", "node", node_name], namespaced=False)
+    node_summary = summarize_node(node)
+    if node_summary["ready"] != "True":
+        raise NodeUnreachable(node_name, f"Ready={node_summary['ready']} ({node_summary['ready_reason'] or 'no reason given'})")
+    events = get_json(opts, "get events", ["get", "events", "--namespace", ns,
+                                            "--field-selector", f"involvedObject.uid={summary['uid']}"], namespaced=False)
+    log = _run_agent(opts, ns, agent_name, manifest, timeout, warn)
+    return _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name)
+
+
+def _run_agent(opts: KubeOptions, ns: str, name: str, manifest: dict, timeout: float, warn: Callable[[str], None]) -> str:
+    kns = ["--namespace", ns]
+    old_term = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        raise _Terminate()
+
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        old_term = None
+    try:
+        # generated here, not typed: skip the OpenAPI download (MBs) client-side validation needs
+        run_kubectl(opts, "create agent pod", ["create", "--validate=false", "-f", "-", *kns], stdin=json.dumps(manifest),
+                    namespaced=False)
+        deadline = time.monotonic() + timeout
+        phase, status = "Pending", {}
+        while time.monotonic() < deadline:
+            status = get_json(opts, "get agent pod", ["get", "pod", name, *kns], namespaced=False).get("status", {})
+            phase = status.get("phase", "Pending")
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(0.5)
+        else:
+            waiting = [((c.get("state") or {}).get("waiting") or {}).get("reason") for c in status.get("containerStatuses", [])]
+            if phase == "Pending" and not any(waiting):
+                raise NodeUnreachable(manifest["spec"]["nodeName"], f"the agent pod stayed Pending for {timeout:g}s")
+            raise AgentFailed(name, f"still {phase} after {timeout:g}s ({', '.join(w for w in waiting if w) or 'no reason'})")
+        log = run_kubectl(opts, "logs agent pod", ["logs", name, *kns], namespaced=False, timeout=max(60.0, timeout))
+        if phase == "Failed":
+            tail = "\n".join(line for line in log.splitlines() if not line.startswith(("H4sI",)) and len(line) < 400)[-800:]
+            raise AgentFailed(name, tail.strip() or "the agent exited with an error")
+        return log
+    except _Terminate:
+        raise KeyboardInterrupt from None
+    finally:
+        try:  # always, even when create's answer was lost: --ignore-not-found
+            run_kubectl(opts, "delete agent pod", ["delete", "pod", name, *kns, "--ignore-not-found", "--wait=false"],
+                        namespaced=False, timeout=30)
+        except ForensicsError as e:
+            warn(f"the privileged agent pod {ns}/{name} may still exist: {e}; delete it with "
+                 f"`kubectl delete pod {name} -n {ns}`")
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name) -> dict:
+    from .bundle import BundleWriter, new_bundle_dir
+
+    data = decode_bundle(log)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    bdir = new_bundle_dir(output, f"{stamp}-{summary['namespace']}-{summary['name']}")
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(bdir, filter="data")
+    w = BundleWriter(bdir)
+    for dirpath, _, files in os.walk(bdir):
+        for f in files:
+            rel = os.path.relpath(os.path.join(dirpath, f), bdir)
+            if rel != "MANIFEST.json":
+                w.note_file(rel, "from the agent on the node")
+    ident_path = os.path.join(bdir, "00-identity.json")
+    ident = {}
+    if os.path.isfile(ident_path):
+        with open(ident_path) as f:
+            ident = json.load(f)
+    ident.update({"pod": summary["name"], "namespace": summary["namespace"], "pod_uid": summary["uid"],
+                  "owners": summary["owners"], "node_uid": node_summary["uid"], "node": summary["node"],
+                  "container": chosen["name"], "container_id": chosen["container_id"], "agent_pod": agent_name})
+    w.add_json("00-identity.json", ident, "who was captured: pod, owners (job), node and container UIDs, time")
+    items = sorted(events.get("items", []), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    w.add_json("10-kubernetes/events.json", [{
+        "time": e.get("lastTimestamp") or e.get("eventTime"), "type": e.get("type"), "reason": e.get("reason"),
+        "message": e.get("message"), "count": e.get("count"), "source": e.get("source")} for e in items],
+        "the pod's events, oldest first")
+    w.add_json("10-kubernetes/scheduling.json", {"pod": summary, "node": node_summary},
+               "scheduling state: node, phase, containers with restart counts and last exit code / signal, node GPU labels")
+    w.add_json("10-kubernetes/pod.json", pod, "the pod object as the API server returned it")
+    w.add_json("10-kubernetes/node.json", node, "the node object as the API server returned it")
+    w.write_manifest({"pod": f"{summary['namespace']}/{summary['name']}"})
+    lines = [f"pod {summary['namespace']}/{summary['name']} (uid {summary['uid']}) on node {summary['node']}",
+             f"container {chosen['name']} {chosen['container_id']} restarts {chosen['restart_count']}"
+             + (f", last exit {chosen['last_terminated']['exit_code']} signal {chosen['last_terminated']['signal']}"
+                if chosen["last_terminated"] else ""),
+             f"Wrote {bdir}"]
+    left_path = os.path.join(bdir, LEFT_ON_NODE)
+    if os.path.isfile(left_path):
+        with open(left_path) as f:
+            left = json.load(f).get("files") or []
+        lines.append(f"{len(left)} file(s), {sum(x.get('size', 0) for x in left):,} bytes, too big for the pod log, "
+                     f"stay on node {summary['node']} (listed in {LEFT_ON_NODE})")
+    return {"bundle": bdir, "pod": summary, "node": node_summary, "agent_pod": agent_name, "lines": lines}

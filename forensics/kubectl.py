@@ -1,0 +1,77 @@
+"""The one Kubernetes client: the real ``kubectl``, with the user's kubeconfig, context and namespace.
+
+Every command that talks to a cluster (``fleet``, ``canary --pod``, ``capture --pod``) goes
+through :func:`run_kubectl` / :func:`get_json`, so they fail alike: kubectl missing is
+:class:`~forensics.errors.KubectlNotFound`, a failed call :class:`~forensics.errors.KubeError`
+naming the action and kubectl's last line, a call without an answer the same after ``timeout``.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import KubeError, KubectlNotFound
+
+__all__ = ["KubeOptions", "run_kubectl", "get_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class KubeOptions:
+    """Which kubectl, and the cluster and namespace it talks to (None: kubectl's defaults)."""
+
+    kubectl: str = "kubectl"
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+
+    def argv(self, namespaced: bool = True) -> list[str]:
+        """The kubectl command line up to the verb.
+
+        :raises KubectlNotFound: when ``kubectl`` is not an executable on PATH
+        """
+        exe = shutil.which(self.kubectl)
+        if exe is None:
+            raise KubectlNotFound(self.kubectl)
+        out = [exe]
+        if self.kubeconfig:
+            out += ["--kubeconfig", self.kubeconfig]
+        if self.context:
+            out += ["--context", self.context]
+        if namespaced and self.namespace:
+            out += ["--namespace", self.namespace]
+        return out
+
+
+def run_kubectl(opts: KubeOptions, action: str, args: list[str], *, stdin: str | None = None, namespaced: bool = True,
+                timeout: float = 60.0) -> str:
+    """kubectl's stdout for ``args``; ``action`` names the call in errors ("get pod", "create agent pod").
+
+    :raises KubectlNotFound: kubectl is missing
+    :raises KubeError: kubectl failed (its last line) or did not answer within ``timeout``
+    """
+    cmd = opts.argv(namespaced) + args
+    try:
+        p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout,
+                           **({} if stdin is not None else {"stdin": subprocess.DEVNULL}))
+    except subprocess.TimeoutExpired as e:
+        raise KubeError(action, f"no answer in {timeout:g}s") from e
+    except OSError as e:
+        raise KubectlNotFound(opts.kubectl) from e
+    if p.returncode != 0:
+        raise KubeError(action, (p.stderr.strip() or p.stdout.strip() or f"exit status {p.returncode}").splitlines()[-1])
+    return p.stdout
+
+
+def get_json(opts: KubeOptions, action: str, args: list[str], **kw: Any) -> dict[str, Any]:
+    """``kubectl ARGS -o json`` as a dict (see :func:`run_kubectl` for ``kw`` and errors)."""
+    out = run_kubectl(opts, action, args + ["-o", "json"], **kw)
+    try:
+        doc = json.loads(out)
+    except ValueError as e:
+        raise KubeError(action, f"not JSON: {out[:200]!r}") from e
+    if not isinstance(doc, dict):
+        raise KubeError(action, f"not a JSON object: {out[:200]!r}")
+    return doc
