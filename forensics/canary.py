@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .errors import ForensicsError, ProcessGone
+from .kubectl import KubeOptions, get_json
 from .output import json_document
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "run_canary",
     "judge",
     "expected_crashes",
+    "fleet_hint",
+    "read_pod_state",
     "canary_document",
     "MAX_REQUESTS",
 ]
@@ -468,6 +471,40 @@ def expected_crashes(fleet_doc: dict, duration_s: float) -> tuple[float, float] 
     restarts = sum(g["total_restarts"] for g in groups)
     rate = restarts / (pods * hours)
     return rate, rate * duration_s / 3600
+
+
+def fleet_hint(fleet_doc: dict, elapsed: float) -> str | None:
+    """What a ``forensics fleet --json`` document says of a soak of ``elapsed`` seconds: too short to
+    expect 3 crashes of one pod at the crash rate the fleet saw (and how long would be), else None.
+
+    >>> fleet_hint({"fleet": {"observed_hours": 10, "groups": [{"pods_with_restarts": 1, "pods": 2,
+    ...             "total_restarts": 4}]}}, 600)
+    'the fleet crashes 0.20 times per pod-hour; this 600s run expected 0.03 crashes of one pod: run at least 900 minutes to expect 3'
+    """
+    exp = expected_crashes(fleet_doc, elapsed)
+    if exp is None:
+        return None
+    rate, n = exp
+    if n >= 3:
+        return None
+    need = 3 / rate * 3600 if rate else float("inf")
+    return (f"the fleet crashes {rate:.2f} times per pod-hour; this {elapsed:.0f}s run expected "
+            f"{n:.2f} crashes of one pod: run at least {need / 60:.0f} minutes to expect 3")
+
+
+def read_pod_state(pod: str, opts: KubeOptions) -> dict:
+    """A pod's restarts and last exit as :class:`PodWatch` probes them, read through the one kube client.
+
+    :raises ForensicsError: when the pod does not exist (or kubectl fails: KubeError)
+    """
+    from .fleet import parse_pods
+
+    recs = parse_pods(get_json(opts, f"get pod/{pod}", ["get", f"pod/{pod}"]))
+    if not recs:
+        raise ForensicsError(f"pod {pod} not found")
+    r = recs[0]
+    return {"restarts": r.restarts, "exit_code": r.last_exit_code, "reason": r.last_reason or r.waiting_reason,
+            "running": r.waiting_reason is None}
 
 
 def canary_document(result: CanaryResult) -> str:

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from ..errors import EXIT_FINDINGS, EXIT_OK, ForensicsError
+from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..options import force_option, json_option, output_option
 from . import emit, read_json_object
 
@@ -39,40 +39,24 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
     Exit codes: 0 PASS; 1 error; 2 usage; 3 FAIL (a threshold was missed or the process crashed);
     130 interrupted (Ctrl-C: the summary of the scrapes made so far is printed first).
     """
-    from ..canary import PodWatch, Thresholds, canary_document, expected_crashes, run_canary
+    from ..canary import PodWatch, Thresholds, canary_document, fleet_hint, read_pod_state, run_canary
+    from ..kubectl import KubeOptions
 
     if pid is not None and pod is not None:
         raise click.UsageError("--pid and --pod are exclusive")
-    kube = dict(namespace=namespace, kubeconfig=kubeconfig, context=kube_context)
-    pod_watch = PodWatch(pod, lambda: _pod_state(pod, **kube)) if pod else None
+    kube = KubeOptions(namespace=namespace, kubeconfig=kubeconfig, context=kube_context)
+    pod_watch = PodWatch(pod, lambda: read_pod_state(pod, kube)) if pod else None
     result = run_canary(url, requests=n_requests, concurrency=concurrency, duration=duration, timeout=timeout,
                         pid=pid, core_dirs=tuple(core_dirs), pod_watch=pod_watch,
                         thresholds=Thresholds(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None,
                                               expect=tuple(expect)))
     if fleet_file:
-        exp = expected_crashes(read_json_object(fleet_file), result.elapsed)
-        if exp is not None:
-            rate, n = exp
-            if n < 3:
-                need = 3 / rate * 3600 if rate else float("inf")
-                result.hint = (f"the fleet crashes {rate:.2f} times per pod-hour; this {result.elapsed:.0f}s run expected "
-                               f"{n:.2f} crashes of one pod: run at least {need / 60:.0f} minutes to expect 3")
+        result.hint = fleet_hint(read_json_object(fleet_file), result.elapsed)
     if as_json:
         emit([canary_document(result)], output, force)
     else:
         emit(_format_canary(result), output, force)
     sys.exit(130 if result.interrupted else EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)
-
-
-def _pod_state(pod: str, *, namespace: str | None, kubeconfig: str | None, context: str | None) -> dict:
-    from ..fleet import parse_pods, read_kubectl
-
-    recs = parse_pods(read_kubectl(f"pod/{pod}", namespace=namespace, kubeconfig=kubeconfig, context=context))
-    if not recs:
-        raise ForensicsError(f"pod {pod} not found")
-    r = recs[0]
-    return {"restarts": r.restarts, "exit_code": r.last_exit_code, "reason": r.last_reason or r.waiting_reason,
-            "running": r.waiting_reason is None}
 
 
 def _format_canary(r) -> list[str]:
