@@ -11,18 +11,10 @@ import sys
 import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
-from ..options import force_option, json_option, output_option, verbose_option
+from ..options import SIZE, force_option, json_option, output_option, verbose_option
 from . import emit
 
 __all__ = ["verify_imports"]
-
-
-def _size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = text.strip().lower().rstrip("ib").rstrip("b")
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(t)
 
 
 @click.command("verify-imports")
@@ -44,7 +36,7 @@ def _size(text: str) -> int:
 @click.option("--authfile", default=None, type=click.Path(dir_okay=False), help="Registry auth file, passed to skopeo.")
 @click.option("--tls-verify", "tls_verify", type=click.BOOL, default=True, show_default=True, metavar="BOOL",
               help="Verify registry TLS (--tls-verify=false for a plain-HTTP or self-signed registry), passed to skopeo.")
-@click.option("--max-size", default="64G", show_default=True, help="Bound on the image's uncompressed bytes.")
+@click.option("--max-size", type=SIZE, default="64G", show_default=True, help="Bound on the image's uncompressed bytes.")
 @click.option("--max-files", default=2_000_000, show_default=True, help="Bound on the image's layer entries.")
 @click.option("--strict", is_flag=True, help="Also exit 3 on requirement conflicts, known issues and delivery warnings.")
 @json_option
@@ -87,10 +79,7 @@ def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, pl
         driver = read_bundle_driver(bundle)
         if driver is None:
             click.echo(f"forensics: warning: no driver version recorded in {bundle}; driver checks skipped", err=True)
-    try:
-        limits = LayerLimits(max_bytes=_size(max_size), max_files=max_files)
-    except ValueError:
-        raise click.UsageError(f"--max-size {max_size!r}: expected a size like 64G") from None
+    limits = LayerLimits(max_bytes=max_size, max_files=max_files)
     options = VerifyOptions(modules=tuple(modules), only_modules=only_modules, entrypoint=entrypoint, workdir=workdir,
                             env=tuple(pairs), platform=parse_platform(platform), execute=execute, driver=driver,
                             skopeo=SkopeoOptions(creds=creds, authfile=authfile, tls_verify=tls_verify), limits=limits)
