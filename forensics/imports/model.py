@@ -1,12 +1,15 @@
 """Records of ``verify-imports``: image references, manifests, the Python set-up, verdicts.
 
-Every record is frozen; derived facts are properties.  This module imports
-nothing from forensics, so every other module of the subpackage can import it.
+Every record is frozen; derived facts are properties.  This module imports only
+forensics' own records (:class:`~forensics.model.Severity`), so every other module of the
+subpackage can import it.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+from ..model import Severity
 
 __all__ = [
     "Transport",
@@ -15,7 +18,6 @@ __all__ = [
     "PathOrigin",
     "EditableFinder",
     "ModuleKind",
-    "Severity",
     "ImageRef",
     "Platform",
     "ImageConfig",
@@ -88,12 +90,6 @@ class ModuleKind(enum.Enum):
     EXTENSION = "extension"
     BYTECODE = "bytecode"
     NAMESPACE = "namespace"
-
-
-class Severity(enum.Enum):
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

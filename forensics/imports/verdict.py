@@ -10,9 +10,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from ..model import Severity
 from .dists import InstalledFiles, record_hash_matches
-from .model import (Distribution, KnownIssueHit, ModuleCheck, ModuleKind, PathOrigin, PythonSetup, Resolution,
-                    Severity, Verdict)
+from .model import Distribution, KnownIssueHit, ModuleCheck, ModuleKind, PathOrigin, PythonSetup, Resolution, Verdict
 from .versions import find_static_version, normalize_name, specifier_contains, version_key
 
 __all__ = ["classify_module", "load_known_issues", "check_known_issues", "DIST_OF_MODULE", "fix_hint"]
