@@ -2,7 +2,7 @@
 
 ``DIR/index.jsonl`` lists every crash the handler saw (appended under a lock);
 :func:`enforce_budget` deletes the oldest cores when the directory is over its
-budget, keeping all metadata and the newest core of each fingerprint, then the stored
+budget, keeping all metadata and the newest core of each crash-loop key, then the stored
 objects that no remaining core uses.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def free_bytes(path: str) -> int:
 
 
 def enforce_budget(core_dir: str, budget: int, *, object_grace: float = 3600.0) -> list[str]:
-    """Delete the oldest cores until DIR fits ``budget``; the newest of each fingerprint stays.
+    """Delete the oldest cores until DIR fits ``budget``; the newest of each crash-loop key stays.
 
     Then, if DIR is still over budget, delete the stored objects that no remaining core uses
     (see :func:`collect_objects`).  Call with the directory lock held.  Metadata stays; each
@@ -126,8 +126,9 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
 def _delete_cores(core_dir: str, budget: int, total: int) -> list[str]:
     entries = [e for e in read_index(core_dir) if e.get("core")]
     newest: dict[str, str] = {}
-    for e in entries:  # the index is in time order: the last of each fingerprint wins
-        newest[e.get("fingerprint") or e["id"]] = e["id"]
+    for e in entries:  # the index is in time order: the last of each crash-loop key wins
+        # ("fingerprint": the key's name in indexes written before it was named for what it is)
+        newest[e.get("crash_loop_key") or e.get("fingerprint") or e["id"]] = e["id"]
     keep = set(newest.values())
     deleted = []
     for e in entries:

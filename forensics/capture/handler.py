@@ -16,7 +16,7 @@ process waits until stdin is read to the end.  The handler:
 4. renames the core into place (``core.zst`` whole, ``core.truncated.zst`` cut,
    ``core.partial.zst`` when even the frame end did not fit), writes the metadata and the
    manifest, then deletes the oldest cores beyond the directory's budget (metadata stays,
-   and the newest core of each fingerprint stays).  Before the record it adds the node's
+   and the newest core of each crash-loop key stays: same image, signal and crash site).  Before the record it adds the node's
    side at crash time: NVRM / Xid kernel log lines, and ``nvidia-smi -q`` for a kept core.
 
 Whatever fails, stdin is drained to the end (the kernel never waits on us) and the failure
@@ -183,7 +183,10 @@ def parse_core_head(head: bytes) -> dict:
     return out
 
 
-def _fingerprint(key: str, signo: int, head_info: dict) -> str:
+def _crash_loop_key(key: str, signo: int, head_info: dict) -> str:
+    """What makes two cores "the same crash again" for the budget: the container image, the signal and
+    the crashing pc's module and offset (read from the core's first bytes, without analysis).  Not
+    analyze's fingerprint, which is computed from the whole analysis."""
     module = (head_info.get("module") or "?").rsplit("/", 1)[-1]
     basis = f"{key}|{signo}|{module}|{head_info.get('module_offset')}"
     return hashlib.sha256(basis.encode()).hexdigest()[:12]
@@ -395,7 +398,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
                 why.append(f"core cut at {limit} bytes (maximum core size"
                            + (" / RLIMIT_CORE" if limit == rlimit_core else "") + ")")
         head_info = parse_core_head(bytes(head))
-        fingerprint = _fingerprint(image_key, signo, head_info)
+        crash_loop_key = _crash_loop_key(image_key, signo, head_info)
         core_name = None
         if comp is not None:
             whole_frame = comp.finish()
@@ -439,7 +442,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     # 4. the record, the manifest, the index, the budget
     record.update({
         "state": "done",
-        "fingerprint": fingerprint,
+        "crash_loop_key": crash_loop_key,
         "crash_pc": head_info,
         "objects": keys or ({o.path: o.build_id for o in snapshot.objects if o.build_id} if snapshot else {}),
         "core": {
@@ -454,7 +457,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
                      json.dumps(record, indent=2, sort_keys=True, default=str).encode())
 
     with_room(write_record, result, record)
-    bundle.note_file("metadata.json", "the handler's record: decision, sizes, fingerprint, objects by build-id")
+    bundle.note_file("metadata.json", "the handler's record: decision, sizes, crash-loop key, objects by build-id")
     for rel in [r for r in bundle.items if r.startswith("50-core/")]:
         del bundle.items[rel]
     if result.core_path:  # the name may have changed to make room for the metadata
@@ -464,7 +467,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     except OSError as e:
         warnings.append(f"manifest: {e}")
     entry = {"id": crash_id, "time": timestamp, "pid": pid, "signal": signo, "key": image_key,
-             "fingerprint": fingerprint, "core": record["core"]["file"], "state": result.core_state,
+             "crash_loop_key": crash_loop_key, "core": record["core"]["file"], "state": result.core_state,
              "pod_uid": identity.pod_uid if identity else None,
              "container_id": identity.container_id if identity else None}
     with DirLock(core_dir):

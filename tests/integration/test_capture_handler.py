@@ -279,15 +279,15 @@ def test_crash_loop_of_200_bounded_disk_one_copy_of_each_library(small_cores, tm
     objects = [p for p in (d / "objects").rglob("*") if p.is_file()]
     mapped = {k for m in metas for k in m["objects"].values()}
     assert len(objects) == len(mapped) <= 5
-    # and the directory stays near its budget: the oldest cores went, the newest of each fingerprint stayed
+    # and the directory stays near its budget: the oldest cores went, the newest of each crash-loop key stayed
     total = sum(p.stat().st_blocks * 512 for p in d.rglob("*") if p.is_file())
     on_disk = [c for c in crashes if list((c / "50-core").glob("core*.zst"))]
     if total > budget:
-        assert len(on_disk) == len({m["fingerprint"] for m in metas}), (total, budget, one_core)
+        assert len(on_disk) == len({m["crash_loop_key"] for m in metas}), (total, budget, one_core)
     newest = {}
     for m in metas:
         if m["core"]["file"]:
-            newest[m["fingerprint"]] = m["crash_id"]
+            newest[m["crash_loop_key"]] = m["crash_id"]
     for cid in newest.values():
         assert list((d / "crashes" / cid / "50-core").glob("core*.zst")), cid
 
@@ -320,10 +320,10 @@ def test_budget_collects_objects_no_remaining_core_uses(crasher, small_cores, tm
     old_key = first_meta["objects"][str(old_lib)]
     assert (d / "objects" / old_key[:2] / old_key[2:]).is_file()
     second = crash_with({})
-    # THEN the first core went for the budget (the second is the newest of the fingerprint),
+    # THEN the first core went for the budget (the second is the newest of the crash-loop key),
     meta1 = json.loads((Path(first.crash_dir) / "metadata.json").read_text())
     meta2 = json.loads((Path(second.crash_dir) / "metadata.json").read_text())
-    assert meta1["fingerprint"] == meta2["fingerprint"]
+    assert meta1["crash_loop_key"] == meta2["crash_loop_key"]
     assert meta1["core"]["state"] == "deleted-for-budget" and meta2["core"]["state"] == "kept"
     # the old library's copy went with it, and every object the remaining core uses stayed
     assert not (d / "objects" / old_key[:2] / old_key[2:]).exists()
