@@ -17,7 +17,7 @@ import sys
 import click
 
 from . import __version__
-from .errors import EXIT_ERROR, ForensicsError
+from .errors import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, ForensicsError
 
 __all__ = ["main", "cli", "COMMANDS"]
 
@@ -61,12 +61,12 @@ class _Group(click.Group):
             ctx.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("forensics: interrupted", err=True)
-            ctx.exit(130)
+            ctx.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             # the reader went away (`forensics ... | head`): stop quietly, as a pipe tool should
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
-            ctx.exit(141)
+            ctx.exit(EXIT_BROKEN_PIPE)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback for users

@@ -14,6 +14,8 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_FINDINGS",
     "EXIT_PARTIAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_BROKEN_PIPE",
     "ForensicsError",
     "InputNotFound",
     "NotACoreFile",
@@ -32,6 +34,8 @@ EXIT_ERROR = 1  # a ForensicsError: the command could not do its job
 EXIT_USAGE = 2  # click's usage errors
 EXIT_FINDINGS = 3  # the command ran and found problems (failed checks, failed cores in a batch)
 EXIT_PARTIAL = 4  # the command ran but its result is incomplete (no gdb, no CPython symbols, truncated core)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (128 + SIGPIPE): `forensics ... | head`
 
 
 class ForensicsError(Exception):

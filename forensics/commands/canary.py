@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK
 from ..options import force_option, json_option, output_option
 from . import emit, read_json_object
 
@@ -56,7 +56,7 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
         emit([canary_document(result)], output, force)
     else:
         emit(_format_canary(result), output, force)
-    sys.exit(130 if result.interrupted else EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)
+    sys.exit(EXIT_INTERRUPTED if result.interrupted else EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)
 
 
 def _format_canary(r) -> list[str]:

@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from ..errors import EXIT_PARTIAL
 from ..options import SIZE, json_option, parse_coredump_filter
 
 __all__ = ["capture"]
@@ -111,7 +112,7 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
                "bundle": r.bundle}
     _render("capture", payload, as_json, lines)
     if not dest.survives:
-        sys.exit(4)
+        sys.exit(EXIT_PARTIAL)
 
 
 def _render(command: str, payload: dict, as_json: bool, lines: list[str]) -> None:

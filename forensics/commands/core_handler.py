@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from ..errors import EXIT_OK
+from ..errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from ..options import SIZE
 
 __all__ = ["core_handler"]
@@ -38,10 +38,10 @@ def core_handler(args, max_core_size, budget, min_free, loop_limit):
     except (IndexError, ValueError):
         log_kernel(f"bad arguments {' '.join(args)!r}: expected DIR PID TID SIGNAL TIME [RLIMIT_CORE]")
         drain(0)
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
     cfg = load_config(core_dir)
     for k, v in dict(max_core_size=max_core_size, budget=budget, min_free=min_free, loop_limit=loop_limit).items():
         if v is not None:
             setattr(cfg, k, v)
     r = run_core_handler(os.path.abspath(core_dir), pid, tid, signo, timestamp, rlimit_core, config=cfg)
-    sys.exit(1 if r.core_state == "failed" else EXIT_OK)
+    sys.exit(EXIT_ERROR if r.core_state == "failed" else EXIT_OK)
