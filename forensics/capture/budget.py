@@ -72,12 +72,15 @@ def enforce_budget(core_dir: str, budget: int, *, object_grace: float = 3600.0) 
     total = disk_usage(core_dir)
     if total <= budget:
         return []
-    deleted = _delete_cores(core_dir, budget, total)
+    deleted, unmarked = _delete_cores(core_dir, budget, total)
     freed = 0
     if disk_usage(core_dir) > budget:
         freed = collect_objects(core_dir, grace=object_grace)
     if deleted or freed:
-        append_index(core_dir, {"event": "budget", "deleted": deleted, "objects_deleted": freed, "time": time.time()})
+        event = {"event": "budget", "deleted": deleted, "objects_deleted": freed, "time": time.time()}
+        if unmarked:  # their records still say "kept": the index is where the deletion is told
+            event["records_not_updated"] = unmarked
+        append_index(core_dir, event)
     return deleted
 
 
@@ -123,14 +126,16 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
     return gone
 
 
-def _delete_cores(core_dir: str, budget: int, total: int) -> list[str]:
+def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], list[str]]:
+    """(crash ids whose core was deleted, those of them whose record could not be marked so)."""
     entries = [e for e in read_index(core_dir) if e.get("core")]
     newest: dict[str, str] = {}
     for e in entries:  # the index is in time order: the last of each crash-loop key wins
         # ("fingerprint": the key's name in indexes written before it was named for what it is)
         newest[e.get("crash_loop_key") or e.get("fingerprint") or e["id"]] = e["id"]
     keep = set(newest.values())
-    deleted = []
+    deleted: list[str] = []
+    unmarked: list[str] = []
     for e in entries:
         if total <= budget:
             break
@@ -144,12 +149,13 @@ def _delete_cores(core_dir: str, budget: int, total: int) -> list[str]:
             continue
         total -= size
         deleted.append(e["id"])
-        _mark_core_deleted(os.path.join(core_dir, "crashes", e["id"]))
-    return deleted
+        if not _mark_core_deleted(os.path.join(core_dir, "crashes", e["id"])):
+            unmarked.append(e["id"])
+    return deleted, unmarked
 
 
-def _mark_core_deleted(crash_dir: str) -> None:
-
+def _mark_core_deleted(crash_dir: str) -> bool:
+    """Say in the crash's record that its core went for the budget; False when the record could not say it."""
     p = os.path.join(crash_dir, "metadata.json")
     try:
         with open(p) as f:
@@ -158,5 +164,6 @@ def _mark_core_deleted(crash_dir: str) -> None:
         meta["core"]["deleted_at"] = time.time()
         write_atomic(p, json.dumps(meta, indent=2, sort_keys=True).encode())
     except (OSError, ValueError, KeyError, TypeError):
-        pass
+        return False
+    return True
 

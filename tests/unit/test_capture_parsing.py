@@ -1,6 +1,7 @@
 """Pure parts of capture: cgroup identity, /proc parsers, core_pattern rules, safe paths in a root."""
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -139,3 +140,20 @@ def test_handler_pattern_fits_128_bytes():
     assert handler_pattern("/var/lib/forensics/cores", "/usr/local/bin/forensics").endswith("%P %i %s %t %c".replace("%i", "%I"))
     with pytest.raises(ForensicsError, match="128"):
         handler_pattern("/" + "x" * 100, "/usr/local/bin/forensics")
+
+
+def test_a_core_deleted_for_the_budget_is_told_even_when_its_record_cannot_say_it(tmp_path):
+    from forensics.capture.budget import append_index, enforce_budget, read_index
+
+    # GIVEN two cores of one crash loop, the older with a record that cannot be rewritten
+    for cid, meta in (("old", "{not json"), ("new", json.dumps({"core": {"state": "kept", "file": "core.zst"}}))):
+        d = tmp_path / "crashes" / cid
+        (d / "50-core").mkdir(parents=True)
+        (d / "50-core/core.zst").write_bytes(os.urandom(1 << 20))
+        (d / "metadata.json").write_text(meta)
+        append_index(str(tmp_path), {"id": cid, "core": "core.zst", "crash_loop_key": "k"})
+    # WHEN the budget leaves room for one core
+    deleted = enforce_budget(str(tmp_path), 3 << 19)
+    # THEN the older core went, and the index says its record still claims it
+    assert deleted == ["old"] and not (tmp_path / "crashes/old/50-core/core.zst").exists()
+    assert read_index(str(tmp_path))[-1]["records_not_updated"] == ["old"]
