@@ -269,9 +269,19 @@ def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str
     nxt_addr = c.address + c.size
     if kind == "out":
         end = _arena_end(heap, region)
-        if nxt_addr >= end:
-            return [f"size field 0x{size_field:x}: the next chunk would be at 0x{nxt_addr:x}, past the arena's "
-                    f"end 0x{end:x}"]
+        main = heap.arenas[0] if heap.arenas else None
+        if region.arena != heap.glibc.main_arena and not c.flags & 4 and main is not None and main.top_size:
+            # NON_MAIN_ARENA clear: glibc took the chunk for one of main_arena's and checked it against that
+            end = main.top + main.top_size
+            note = (f"NON_MAIN_ARENA is clear on a chunk of thread arena 0x{region.arena:x}, so glibc checked it "
+                    f"against main_arena, whose heap ends at 0x{end:x}")
+        else:
+            note = f"the arena's heap ends at 0x{end:x}"
+        if nxt_addr >= end or c.address == region.top:
+            out = [f"size field 0x{size_field:x}: the next chunk would be at 0x{nxt_addr:x}; {note}"]
+            if c.address == region.top:
+                out.append(f"0x{c.address:x} is the arena's top chunk: its size field was overwritten")
+            return out
         return None
     if kind == "consolidate-prev":
         if c.flags & PREV_INUSE:
