@@ -549,8 +549,18 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None) -> A
     from ..heap import read_heap
 
     core = analysis.snapshot.core
+    owners: list = []
+    locals_problem = None
+    crashed = analysis.snapshot.crashed_thread
+    if corruption and crashed is not None and crashed.py_frames:
+        from ..pyread.locals import buffer_owners
+
+        owners, locals_problem = buffer_owners(core, crashed.py_frames, sysroot=sysroot)
+    elif corruption and is_python_process(core):
+        locals_problem = "the crashing thread has no Python frames"
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
-                       corruption=corruption, summary=mode == "full", is_python=is_python_process(core))
+                       corruption=corruption, summary=mode == "full", owners=owners,
+                       is_python=is_python_process(core), locals_problem=locals_problem)
     findings = analysis.findings + heap_findings(report, analysis.crash.tid)
     return dataclasses.replace(analysis, heap=report, findings=findings)
 

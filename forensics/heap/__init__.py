@@ -26,7 +26,7 @@ __all__ = ["read_heap"]
 def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None = None, tid: int | None = None,
               corruption: bool = True, summary: bool = False,
               owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (), is_python: bool = False,
-              debug_info: bool = True) -> HeapReport:
+              debug_info: bool = True, locals_problem: str | None = None) -> HeapReport:
     """Read glibc's heap from ``core``: the corruption's anatomy and/or the arena summary.
 
     Never raises for what the core holds: a heap that cannot be located gives a
@@ -41,6 +41,7 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
     :param is_python: whether the process is a CPython one (the verdict says so when not)
     :param debug_info: use libc's debug file (symbols, DWARF) when there is one; False reads with
         the layout table and finds ``main_arena`` by searching libc's data
+    :param locals_problem: why the crashing thread's Python locals were not read (for the verdict)
     """
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
@@ -62,7 +63,7 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
                     tcaches = find_tcaches(heap, core)
                 cache_addrs = [t for t, _a, _h in (tcaches or {}).values() if t]
                 found = find_corruption(heap, message, tid, tcaches=cache_addrs, owners=owners,
-                                        is_python=is_python)
+                                        is_python=is_python, locals_problem=locals_problem)
             summ = summarize_heap(heap, core, tcaches=tcaches) if summary else None
             return HeapReport(corruption=found, summary=summ, problems=tuple(heap.problems))
     except HeapUnavailable as e:

@@ -534,10 +534,12 @@ def measure_overflow(heap: Heap, overflowed: HeapChunk, damaged: HeapChunk, *, b
 
 
 def decide(owner: BufferOwner | None, call: NativeCall | None, past_buffer: int | None,
-           is_python: bool) -> tuple[OverflowVerdict, str]:
+           is_python: bool, locals_problem: str | None = None) -> tuple[OverflowVerdict, str]:
     """Who wrote past the end: the native callee, the binding that passed the count, or undetermined (why)."""
     if not is_python:
         return OverflowVerdict.UNDETERMINED, "not a Python process: no binding to hold the buffer or the count"
+    if owner is None and locals_problem:
+        return OverflowVerdict.UNDETERMINED, locals_problem
     if owner is None:
         return OverflowVerdict.UNDETERMINED, ("the chunk that overflowed is not the buffer of a ctypes object in a "
                                               "frame of the crashing thread")
@@ -553,21 +555,23 @@ def decide(owner: BufferOwner | None, call: NativeCall | None, past_buffer: int 
             "that could be its count")
     if obj.length is None:
         return OverflowVerdict.UNDETERMINED, f"{owner.name} ({obj.type_name}) is not an array: no element count"
+    count_arg = call.arguments[call.count_argument] if call.count_argument is not None else str(call.count)
     if call.count > obj.length:
         return OverflowVerdict.BINDING, (
             f"{call.caller} passed count={call.count} to {call.function or 'the native call'} for the "
             f"{obj.length}-entry {owner.name} ({obj.type_name}): the callee wrote the "
-            f"{call.count - obj.length} extra entries the count asked for")
+            f"{call.count - obj.length} extra entries the count asked for (the count is the call's one "
+            f"integer argument, {count_arg})")
     over = f"{past_buffer} bytes" if past_buffer is not None else "bytes"
     return OverflowVerdict.DRIVER, (
         f"{call.function or 'the native call'} wrote {over} past the end of the {obj.length}-entry {owner.name} "
         f"({obj.type_name}, {obj.size} bytes) that {call.caller} passed with count={call.count}: "
-        "the buffer was large enough for the count")
+        f"the buffer was large enough for the count (the call's one integer argument, {count_arg})")
 
 
 def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches: Sequence[int] = (),
                     owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (),
-                    is_python: bool = False) -> HeapCorruption:
+                    is_python: bool = False, locals_problem: str | None = None) -> HeapCorruption:
     """The anatomy of the corruption behind glibc's ``message`` in the thread ``tid``."""
     check = classify_message(message)
     if check is None:
@@ -607,7 +611,14 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
         damaged = _chunk(heap, rejected.address + rejected.size, heap.region_of(rejected.address)) or rejected
     overflowed: HeapChunk | None = None
     why_not = None
-    if check.kind in _DOUBLE_FREE:
+    double_free = check.kind in _DOUBLE_FREE
+    if check.kind == "top":
+        arena = heap.arena(rejected.arena) if rejected.arena is not None else None
+        if arena is not None and (rejected.size > arena.system_mem or rejected.size & (MALLOC_ALIGNMENT - 1)):
+            double_free = False  # a top chunk whose size no arena has: written over, not freed twice
+            inconsistencies.append(f"its size 0x{rejected.size:x} exceeds the arena's system_mem "
+                                   f"0x{arena.system_mem:x}: the top chunk's header was written over")
+    if double_free:
         why_not = "this check catches a chunk freed twice, not a write past a buffer"
     elif damaged.address != rejected.address and rejected.address + rejected.size == damaged.address:
         overflowed = rejected
@@ -640,8 +651,8 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
                 past_usable = (past_usable or 0) + implied - (past_buffer or 0)
                 past_buffer = implied
                 exact = True
-    verdict, reason = decide(owner, call, past_buffer, is_python)
-    if check.kind in _DOUBLE_FREE:
+    verdict, reason = decide(owner, call, past_buffer, is_python, locals_problem)
+    if double_free:
         reason = f"glibc caught a second free of 0x{rejected.mem:x}, not a write past a buffer"
     return HeapCorruption(
         message=message, check=check.looks_at, rejected=rejected, rejected_found_by=found_by, damaged=damaged,

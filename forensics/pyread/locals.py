@@ -27,7 +27,8 @@ from forensics.model import BufferOwner, CoreFile, CtypesObject, LibraryStatus, 
 from forensics.pyread.objects import BadObject
 
 __all__ = ["LocalsLayout", "LOCALS_LAYOUTS", "TypeNames", "CallArgument", "FrameCall", "read_frame_locals", "read_ctypes_object",
-           "describe_object", "read_native_call", "match_native_call", "read_buffer_owners", "MAX_LOCALS",
+           "describe_object", "read_native_call", "match_native_call", "read_buffer_owners", "buffer_owners",
+           "MAX_LOCALS",
            "MAX_STACK"]
 
 MAX_LOCALS = 512  # names read from one code object
@@ -546,3 +547,38 @@ def read_buffer_owners(core: CoreFile, mem, frames, *, version: tuple[int, int],
             out.append((owner, match_native_call(core, call, owner, frame, local_names) if call is not None
                         else None))
     return out
+
+
+def buffer_owners(core: CoreFile, frames, *,
+                  sysroot: str | None = None) -> tuple[list[tuple[BufferOwner, NativeCall | None]], str | None]:
+    """:func:`read_buffer_owners` for a core: the interpreter's version and object readers set up the way
+    the walker sets them up.  Never raises for what the core holds.
+
+    :return: the owners, and why the frames' locals could not be read (None when they were)
+    """
+    if not any(getattr(f, "frame_address", None) for f in frames):
+        return [], "the Python frames carry no addresses (gdb's walker gives none): their locals were not read"
+    from forensics.core.memory import CoreMemory
+    from forensics.errors import ForensicsError
+    from forensics.pyread.layouts import DEBUG_OFFSETS_313, LayoutError, build_layout, parse_debug_offsets
+    from forensics.pyread.locate import TYPE_SYMBOLS, detect_version, find_runtime
+    from forensics.pyread.objects import Objects, Reader
+
+    try:
+        with CoreMemory.open(core.path) as mem:
+            binary = find_runtime(core, mem, sysroot=sysroot)
+            if binary is None:
+                return [], "the interpreter's runtime was not found"
+            debug = parse_debug_offsets(mem.read_prefix(binary.runtime, 8 + 8 * len(DEBUG_OFFSETS_313)))
+            version = detect_version(binary, core, mem, debug["version"] if debug else None)
+            if version is None:
+                return [], "the interpreter's version was not found"
+            where = (version.major, version.minor)
+            if where not in LOCALS_LAYOUTS:
+                return [], f"CPython {version.text}: no locals layout"
+            layout = build_layout(*where, debug if where == (3, 13) else None)
+            reader = Reader(mem)
+            objects = Objects(layout, reader, {n: binary.symbol(n) for n in TYPE_SYMBOLS})
+            return read_buffer_owners(core, mem, frames, version=where, objects=objects, reader=reader), None
+    except (ForensicsError, LayoutError, BadObject) as e:
+        return [], f"the frames' locals could not be read: {e}"
