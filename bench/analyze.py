@@ -5,7 +5,9 @@ What it measures
 * Cores: ``tests/crashers/exporter.py`` crashed under every CPython that
   ``tests/pythons.py`` finds, once aborting in glibc (``heap-prev``) and once on
   SIGSEGV (``segv``), plus one big core (``--big-mb``, default 2048 MiB of
-  written Python heap via ``EXPORTER_BALLAST_MB``) from the newest CPython.
+  written Python heap via ``EXPORTER_BALLAST_MB``) from the newest CPython, and one
+  heap-walk core (``--heap-mb``, default 256 MiB of 4 KiB malloc chunks, ~65,000 of them, via
+  ``EXPORTER_HEAP_BALLAST_MB``): what ``--heap`` costs grows with the chunks, not the core's size.
   Cores live in ``--workdir`` (default /tmp/forensics-bench) and are reused
   between runs, keyed by interpreter path, scenario and ballast.
 * Tools, run alternately on the same core (the order rotates per repetition;
@@ -271,11 +273,14 @@ class CoreCase:
     ballast_mb: int
     path: str
     size: int
+    heap_mb: int = 0  # MiB of 4 KiB malloc chunks (EXPORTER_HEAP_BALLAST_MB)
     results: dict[str, list[Measurement]] = field(default_factory=dict)
+    heap: dict | None = None  # heap_probe's figures
 
     @property
     def label(self) -> str:
-        return f"{self.version} {self.scenario}" + (f" +{self.ballast_mb}M" if self.ballast_mb else "")
+        return (f"{self.version} {self.scenario}" + (f" +{self.ballast_mb}M" if self.ballast_mb else "")
+                + (f" +{self.heap_mb}M heap" if self.heap_mb else ""))
 
 
 def _full_version(python: str, minor: str) -> str:
@@ -283,37 +288,34 @@ def _full_version(python: str, minor: str) -> str:
     return m.group(1) if m else minor
 
 
-def get_core(workdir: Path, lib: Path, python: str, version: str, scenario: str, ballast_mb: int) -> CoreCase:
-    """The cached core for (python, scenario, ballast), made with make_core when missing."""
-    key = hashlib.sha1(f"{os.path.realpath(python)}\0{scenario}\0{ballast_mb}".encode()).hexdigest()[:10]
-    name = f"{version}-{scenario}" + (f"-big{ballast_mb}" if ballast_mb else "") + f"-{key}"
+def get_core(workdir: Path, lib: Path, python: str, version: str, scenario: str, ballast_mb: int,
+             heap_mb: int = 0) -> CoreCase:
+    """The cached core for (python, scenario, ballast, heap ballast), made with make_core when missing."""
+    key = hashlib.sha1(f"{os.path.realpath(python)}\0{scenario}\0{ballast_mb}\0{heap_mb}".encode()).hexdigest()[:10]
+    name = (f"{version}-{scenario}" + (f"-big{ballast_mb}" if ballast_mb else "") + (f"-heap{heap_mb}" if heap_mb
+                                                                                        else "") + f"-{key}")
     cores = workdir / "cores"
     cores.mkdir(parents=True, exist_ok=True)
     dest, meta = cores / f"{name}.core", cores / f"{name}.json"
     if dest.exists() and meta.exists() and json.loads(meta.read_text()).get("size") == dest.stat().st_size:
         log(f"reusing {dest}")
     else:
-        log(f"making core: {version} {scenario}" + (f" with {ballast_mb} MiB ballast" if ballast_mb else ""))
-        old = os.environ.get("EXPORTER_BALLAST_MB")
-        os.environ["EXPORTER_BALLAST_MB"] = str(ballast_mb)
+        log(f"making core: {version} {scenario}" + (f" with {ballast_mb} MiB ballast" if ballast_mb else "")
+            + (f" with {heap_mb} MiB of 4 KiB heap chunks" if heap_mb else ""))
+        env = {"EXPORTER_BALLAST_MB": str(ballast_mb), "EXPORTER_HEAP_BALLAST_MB": str(heap_mb)}
         (workdir / "make").mkdir(exist_ok=True)
-        try:
-            core = make_core(workdir / "make", python, scenario, libcrash=lib,
-                             timeout=600.0 if ballast_mb else 60.0)
-        finally:
-            if old is None:
-                os.environ.pop("EXPORTER_BALLAST_MB", None)
-            else:
-                os.environ["EXPORTER_BALLAST_MB"] = old
+        core = make_core(workdir / "make", python, scenario, libcrash=lib, env=env,
+                         timeout=600.0 if ballast_mb or heap_mb else 60.0)
         os.replace(core, dest)
         shutil.rmtree(core.parent, ignore_errors=True)
         meta.write_text(json.dumps({"python": python, "scenario": scenario, "ballast_mb": ballast_mb,
-                                    "size": dest.stat().st_size}))
+                                    "heap_mb": heap_mb, "size": dest.stat().st_size}))
     return CoreCase(version=version, python=python, scenario=scenario, ballast_mb=ballast_mb, path=str(dest),
-                    size=dest.stat().st_size)
+                    size=dest.stat().st_size, heap_mb=heap_mb)
 
 
-def prepare_cores(workdir: Path, pythons: dict[str, str], big_mb: int | None) -> list[CoreCase]:
+def prepare_cores(workdir: Path, pythons: dict[str, str], big_mb: int | None,
+                  heap_mb: int | None = None) -> list[CoreCase]:
     lib_dir = workdir / "lib"
     if not (lib_dir / "libcrash.so").exists() and (workdir / "cores").exists():
         shutil.rmtree(workdir / "cores")  # the cached cores name a libcrash.so that is gone
@@ -329,6 +331,9 @@ def prepare_cores(workdir: Path, pythons: dict[str, str], big_mb: int | None) ->
             log(f"skipping the big core: {free // MiB} MiB free in {workdir}, need {big_mb + 1024}")
         else:
             cases.append(get_core(workdir, lib, python, _full_version(python, minor), BIG_SCENARIO, big_mb))
+    if heap_mb:
+        minor, python = list(pythons.items())[-1]
+        cases.append(get_core(workdir, lib, python, _full_version(python, minor), BIG_SCENARIO, 0, heap_mb))
     return cases
 
 
@@ -356,6 +361,43 @@ def bench_core(case: CoreCase, cmds: dict[str, list[str] | None], repeat: int, t
                 shutil.copy(out / f"{tool}.txt", out / f"{tool}-{Path(case.path).stem}.failed.txt")
             log(f"  {case.label:<28} {tool:<9} {m.wall_s:7.3f}s {m.peak_tree_mb:7.1f} MB"
                 + ("" if m.ok else f"  NOT OK: {m.note}"))
+
+
+_HEAP_PROBE = r"""
+import json, sys, time
+from forensics.core import open_core
+from forensics.heap import read_heap
+core = open_core(sys.argv[1])
+t0 = time.perf_counter()
+a = read_heap(core, message=core.abort_message, tid=core.crashed_tid)
+t1 = time.perf_counter()
+s = read_heap(core, message=None, corruption=False, summary=True)
+t2 = time.perf_counter()
+arenas = s.summary.arenas if s.summary else ()
+print(json.dumps({"anatomy_s": t1 - t0 if core.abort_message else None, "summary_s": t2 - t1,
+                  "arenas": len(arenas), "heaps": sum(len(x.heaps) for x in arenas),
+                  "chunks": sum(h.chunks_in_use + h.chunks_free for x in arenas for h in x.heaps),
+                  "heap_mb": sum(h.end - h.start for x in arenas for h in x.heaps) / (1 << 20),
+                  "mmapped_mb": (s.summary.mmapped_bytes or 0) / (1 << 20) if s.summary else None,
+                  "problems": list(s.problems)}))
+"""
+
+
+def heap_probe(case: CoreCase, repeat: int) -> dict | None:
+    """What reading glibc's heap costs in-process (a warm libc layout cache): the anatomy, the summary."""
+    python = Path(forensics_exe()).parent / "python"
+    runs = []
+    for _ in range(max(1, repeat)):
+        proc = subprocess.run([str(python if python.exists() else sys.executable), "-c", _HEAP_PROBE, case.path],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            return {"error": proc.stderr.strip()[-300:]}
+        runs.append(json.loads(proc.stdout))
+    best = dict(runs[0])
+    for key in ("anatomy_s", "summary_s"):
+        vals = [r[key] for r in runs if r[key] is not None]
+        best[key] = statistics.median(vals) if vals else None
+    return best
 
 
 def summarize(ms: list[Measurement]) -> dict:
@@ -465,9 +507,9 @@ def build_report(cases: list[CoreCase], batch: dict | None, settings: dict) -> d
                 "wall": _ratio(n and n["wall_s"], d and d["wall_s"]),
                 "peak_tree": _ratio(n and n["peak_tree_mb"], d and d["peak_tree_mb"]),
             }
-        rows.append({"version": c.version, "python": c.python, "scenario": c.scenario,
+        rows.append({"version": c.version, "python": c.python, "scenario": c.scenario + ("+heap" if c.heap_mb else ""),
                      "ballast_mb": c.ballast_mb, "core": c.path, "core_mb": c.size / MiB,
-                     "tools": tools, "ratios": ratios})
+                     "tools": tools, "ratios": ratios, "heap": c.heap, "heap_mb": c.heap_mb})
     summary = {}
     for key, num, den in RATIOS:
         walls = [r["ratios"][key]["wall"] for r in rows if r["ratios"][key]["wall"]]
@@ -532,6 +574,18 @@ def print_report(rep: dict) -> None:
     for v in rep["summary"].values():
         print(f"  {v['of']:<18} wall {_f(v['wall_geomean'], '.2f')}x ({_f(v['wall_max'], '.2f')}x)   "
               f"peak {_f(v['peak_geomean'], '.2f')}x ({_f(v['peak_max'], '.2f')}x)")
+    print("\nglibc's heap read in-process (forensics.heap.read_heap; median, seconds): the anatomy of the "
+          "corruption (what the default path adds for a heap-corruption crash) and --heap's whole walk")
+    print(f"{'python':<8} {'scenario':<10} {'core MB':>8} | {'anatomy':>8} {'summary':>8} | {'arenas':>6} "
+          f"{'heaps':>5} {'chunks':>8} {'heap MB':>8} {'mmapped MB':>10}")
+    for r in rep["cores"]:
+        h = r.get("heap") or {}
+        if "error" in h or not h:
+            print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {h.get('error', 'not measured')}")
+            continue
+        print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {_f(h['anatomy_s'], '8.3f')} "
+              f"{_f(h['summary_s'], '8.3f')} | {h['arenas']:>6} {h['heaps']:>5} {h['chunks']:>8} "
+              f"{h['heap_mb']:>8.1f} {_f(h['mmapped_mb'], '10.1f')}")
     b = rep["batch"]
     if b:
         print(f"\nBatch: forensics analyze --json DIR, {b['cores']} cores ({b['distinct']} distinct, hard links)")
@@ -552,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=None, help="runs per tool per core (default 3; --quick 1)")
     ap.add_argument("--no-big", action="store_true", help="skip the big core")
     ap.add_argument("--big-mb", type=int, default=2048, help="Python heap ballast of the big core, MiB")
+    ap.add_argument("--heap-mb", type=int, default=256,
+                    help="MiB of 4 KiB malloc chunks in the heap-walk core (0: no such core; --quick: none)")
     ap.add_argument("--batch", type=int, default=None, help="cores in the batch (default 200; --quick 20; 0: none)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per command")
     ap.add_argument("--gdb", default="gdb", help="gdb for the reference run")
@@ -583,10 +639,12 @@ def main(argv: list[str] | None = None) -> int:
         log(f"pystack unavailable, continuing without it: {pystack_info}")
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    cases = prepare_cores(args.workdir, pythons, None if (args.no_big or args.quick) else args.big_mb)
+    cases = prepare_cores(args.workdir, pythons, None if (args.no_big or args.quick) else args.big_mb,
+                          None if args.quick else args.heap_mb)
     for c in cases:
         log(f"{c.label}: {c.path} ({c.size / MiB:.0f} MB)")
         bench_core(c, tool_commands(Path(c.path), c.python, pystack, gdb), repeat, args.timeout, args.workdir)
+        c.heap = heap_probe(c, repeat)
     batch = run_batch(args.workdir, cases, batch_n, max(args.timeout, 10.0 * batch_n)) if batch_n else None
 
     gdb_version = subprocess.run([gdb, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]

@@ -206,6 +206,21 @@ class CoreMemory:
             raise MemoryNotInCore(addr, size)
         return out[0] if len(out) == 1 else b"".join(out)
 
+    def view(self, addr: int) -> tuple[int, memoryview] | None:
+        """A zero-copy view of the bytes of the segment holding ``addr`` that the file has:
+        ``(the view's start address, view)``; None when ``addr`` is not in such bytes.
+
+        For readers that walk a large region in small steps (the heap walker); the view is
+        valid while this object is open.
+        """
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0:
+            return None
+        seg = self._segments[i]
+        if not seg.vaddr <= addr < seg.vaddr + seg.present:
+            return None
+        return seg.vaddr, memoryview(self._buf)[seg.offset:seg.offset + seg.present]
+
     def is_readable(self, addr: int, size: int) -> bool:
         """Whether :meth:`read` of this range would succeed."""
         try:

@@ -45,28 +45,41 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
     """
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
-    from forensics.heap.anatomy import find_corruption
-    from forensics.heap.arenas import read_arenas
-    from forensics.heap.locate import HeapUnavailable, find_glibc
-    from forensics.heap.summary import find_tcaches, summarize_heap
+    from forensics.heap.locate import HeapUnavailable
     from forensics.heap.walk import HeapMemory
 
     try:
         with CoreMemory.open(core.path) as mem:
-            page = mem.layout.page_size if mem.layout is not None else 4096
-            glibc = find_glibc(core, mem, sysroot=sysroot, page_size=page, debug_info=debug_info)
-            heap = read_arenas(HeapMemory(mem), glibc, core)
-            tcaches = None
-            found = None
-            if corruption and message:
-                if "tcache" in message:
-                    tcaches = find_tcaches(heap, core)
-                cache_addrs = [t for t, _a, _h in (tcaches or {}).values() if t]
-                found = find_corruption(heap, message, tid, tcaches=cache_addrs, owners=owners,
-                                        is_python=is_python, locals_problem=locals_problem)
-            summ = summarize_heap(heap, core, tcaches=tcaches) if summary else None
-            return HeapReport(corruption=found, summary=summ, problems=tuple(heap.problems))
+            hm = HeapMemory(mem)
+            try:
+                return _read(core, mem, hm, sysroot=sysroot, message=message, tid=tid, corruption=corruption,
+                             summary=summary, owners=owners, is_python=is_python, debug_info=debug_info,
+                             locals_problem=locals_problem)
+            finally:
+                hm.release()
     except HeapUnavailable as e:
         return HeapReport(problems=(str(e),))
     except ForensicsError as e:
         return HeapReport(problems=(f"the core could not be read: {e}",))
+
+
+def _read(core, mem, hm, *, sysroot, message, tid, corruption, summary, owners, is_python, debug_info,
+          locals_problem) -> HeapReport:
+    from forensics.heap.anatomy import find_corruption
+    from forensics.heap.arenas import read_arenas
+    from forensics.heap.locate import find_glibc
+    from forensics.heap.summary import find_tcaches, summarize_heap
+
+    page = mem.layout.page_size if mem.layout is not None else 4096
+    glibc = find_glibc(core, mem, sysroot=sysroot, page_size=page, debug_info=debug_info)
+    heap = read_arenas(hm, glibc, core)
+    tcaches = None
+    found = None
+    if corruption and message:
+        if "tcache" in message:
+            tcaches = find_tcaches(heap, core)
+        cache_addrs = [t for t, _a, _h in (tcaches or {}).values() if t]
+        found = find_corruption(heap, message, tid, tcaches=cache_addrs, owners=owners, is_python=is_python,
+                                locals_problem=locals_problem)
+    summ = summarize_heap(heap, core, tcaches=tcaches) if summary else None
+    return HeapReport(corruption=found, summary=summ, problems=tuple(heap.problems))

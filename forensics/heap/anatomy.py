@@ -326,10 +326,11 @@ def _chunk_boundaries(heap: Heap, addrs: set[int]) -> set[int]:
     out: set[int] = set()
     for region, want in by_region.items():
         highest = max(want)
-        for item in for_each_chunk_resyncing(heap.hm, region):
-            if item.address in want:
-                out.add(item.address)
-            if item.address >= highest:
+        for item in for_each_chunk_resyncing(heap.hm, region, records=False):
+            addr = item.address if isinstance(item, HeapValidationError) else item[0]
+            if addr in want:
+                out.add(addr)
+            if addr >= highest:
                 break
     return out
 

@@ -21,7 +21,7 @@ from forensics.heap.walk import (
     validate_bin,
     validate_fastbin,
 )
-from forensics.model import ChunkState, CoreFile, HeapArena, HeapBin, HeapRegion, HeapSummary, ThreadCache
+from forensics.model import CoreFile, HeapArena, HeapBin, HeapRegion, HeapSummary, ThreadCache
 
 __all__ = ["summarize_heap", "walk_region", "find_tcaches"]
 
@@ -32,23 +32,24 @@ def walk_region(heap: Heap, region: Region, *, limit: int = MAX_CHUNKS) -> HeapR
     problem = None
     walked_to = region.first
     chunks = 0
-    for item in for_each_chunk_resyncing(heap.hm, region, limit=limit):
+    for item in for_each_chunk_resyncing(heap.hm, region, limit=limit, records=False):
         if isinstance(item, HeapValidationError):
             if broken_at is None:
                 broken_at, problem = item.address, item.reason
             else:
                 problem = f"{problem}; broken again at 0x{item.address:x}"
             continue
+        addr, size, _flags, _prev, state = item
         chunks += 1
-        if broken_at is not None and walked_to < broken_at <= item.address and "resumed" not in problem:
-            problem = f"{problem}; the walk resumed at 0x{item.address:x}"
-        walked_to = item.address
-        if item.state is ChunkState.FREE:
+        if broken_at is not None and walked_to < broken_at <= addr and "resumed" not in problem:
+            problem = f"{problem}; the walk resumed at 0x{addr:x}"
+        walked_to = addr
+        if state == 1:  # free
             free += 1
-            b_free += item.size
-        elif item.state is ChunkState.IN_USE:
+            b_free += size
+        elif state == 0:  # in use
             in_use += 1
-            b_in_use += item.size
+            b_in_use += size
     if chunks >= limit:
         problem = (problem + "; " if problem else "") + f"stopped after {limit:,} chunks"
     return HeapRegion(start=region.start, end=region.end, first_chunk=region.first, chunks_in_use=in_use,

@@ -42,6 +42,7 @@ __all__ = [
     "reveal",
     "validate_chunk",
     "for_each_chunk",
+    "for_each_chunk_header",
     "for_each_chunk_resyncing",
     "resync",
     "RESYNC_WINDOW",
@@ -60,7 +61,6 @@ MAX_CHUNKS = 4_000_000  # chunks walked in one heap before the walk stops (a 2 G
 MAX_LIST = 100_000  # entries followed in one free list
 MAX_ARENAS = 1024
 MAX_HEAPS = 4096  # heaps of one thread arena (64 MiB each: 256 GiB)
-_WINDOW = 1 << 20
 _Q = struct.Struct("<Q")
 _QQ = struct.Struct("<QQ")
 
@@ -75,33 +75,43 @@ class HeapValidationError(ValueError):
 
 
 class HeapMemory:
-    """Reads of the core's memory for the heap walkers, through a 1 MiB window (chunk walks read sequentially)."""
+    """Reads of the core's memory for the heap walkers: through a zero-copy view of the segment last
+    read (chunk walks read one segment in small sequential steps), else through the core reader."""
 
     def __init__(self, mem: CoreMemory) -> None:
         self.mem = mem
         self._base = 0
-        self._buf = b""
+        self._end = 0
+        self._view: memoryview | bytes = b""
+
+    def _window(self, addr: int, size: int) -> bool:
+        if self._base <= addr and addr + size <= self._end:
+            return True
+        view = self.mem.view(addr) if hasattr(self.mem, "view") else None
+        if view is None:
+            return False
+        self._base, self._view = view
+        self._end = self._base + len(self._view)
+        return addr + size <= self._end
 
     def read(self, addr: int, size: int) -> bytes:
         """``size`` bytes at ``addr``; :class:`HeapValidationError` when not in the core."""
-        off = addr - self._base
-        if 0 <= off and off + size <= len(self._buf):
-            return self._buf[off:off + size]
-        if size > _WINDOW // 2:
-            try:
-                return self.mem.read(addr, size)
-            except MemoryNotInCore:
-                raise HeapValidationError(addr, "not in the core") from None
-        buf = self.mem.read_prefix(addr, _WINDOW)
-        if len(buf) < size:
-            raise HeapValidationError(addr, "not in the core")
-        self._base, self._buf = addr, buf
-        return buf[:size]
+        if self._window(addr, size):
+            off = addr - self._base
+            return bytes(self._view[off:off + size])
+        try:
+            return self.mem.read(addr, size)
+        except MemoryNotInCore:
+            raise HeapValidationError(addr, "not in the core") from None
 
     def u64(self, addr: int) -> int:
+        if self._window(addr, 8):
+            return _Q.unpack_from(self._view, addr - self._base)[0]
         return _Q.unpack(self.read(addr, 8))[0]
 
     def pair(self, addr: int) -> tuple[int, int]:
+        if self._window(addr, 16):
+            return _QQ.unpack_from(self._view, addr - self._base)
         return _QQ.unpack(self.read(addr, 16))
 
     def readable(self, addr: int, size: int = 8) -> bool:
@@ -110,6 +120,12 @@ class HeapMemory:
         except HeapValidationError:
             return False
         return True
+
+    def release(self) -> None:
+        """Drop the view of the core's mapping (before the core is closed)."""
+        if isinstance(self._view, memoryview):
+            self._view.release()
+        self._view, self._base, self._end = b"", 0, 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +175,51 @@ def validate_chunk(hm: HeapMemory, addr: int, region: Region | None = None) -> H
                      arena=region.arena if region else None)
 
 
+_IN_USE, _FREE, _TOP, _LAST = 0, 1, 2, 3
+_STATES = (ChunkState.IN_USE, ChunkState.FREE, ChunkState.TOP, ChunkState.UNKNOWN)
+
+
+def for_each_chunk_header(hm: HeapMemory, region: Region, *,
+                          limit: int = MAX_CHUNKS) -> Iterator[tuple[int, int, int, int, int]]:
+    """:func:`for_each_chunk` as plain tuples ``(address, size, flags, prev_size, state)`` (a state index
+    into ``(IN_USE, FREE, TOP, UNKNOWN)``): the walk without a record per chunk, for counting walks.
+
+    :raises HeapValidationError: as :func:`for_each_chunk`
+    """
+    addr = region.first
+    end, top = region.end, region.top
+    if addr + MINSIZE > end:
+        return
+    prev_size, field = hm.pair(addr)
+    count = 0
+    while True:
+        size, flags = field & ~FLAG_BITS, field & FLAG_BITS
+        if addr & (MALLOC_ALIGNMENT - 1):
+            raise HeapValidationError(addr, "chunk address not 16-byte aligned")
+        if size < MINSIZE:
+            raise HeapValidationError(addr, f"size field 0x{field:x}: below the minimum chunk size (0x20)")
+        if size & (MALLOC_ALIGNMENT - 1):
+            raise HeapValidationError(addr, f"size field 0x{field:x}: not a multiple of 16")
+        if addr + size > end:
+            raise HeapValidationError(addr, f"size 0x{size:x} runs past the heap's end 0x{end:x}")
+        count += 1
+        if count > limit:
+            raise HeapValidationError(addr, f"stopped after {limit:,} chunks")
+        if addr == top:
+            yield addr, size, flags, prev_size, _TOP
+            return
+        nxt = addr + size
+        if nxt + 2 * SIZE_SZ > end:
+            # an old heap ends with fenceposts (size 0x10): the last chunk has no next header to read
+            yield addr, size, flags, prev_size, _LAST
+            return
+        next_prev, next_field = hm.pair(nxt)
+        yield addr, size, flags, prev_size, _IN_USE if next_field & PREV_INUSE else _FREE
+        if (next_field & ~FLAG_BITS) == 2 * SIZE_SZ and top is None:
+            return  # a fencepost ends an old heap of a thread arena
+        addr, prev_size, field = nxt, next_prev, next_field
+
+
 def for_each_chunk(hm: HeapMemory, region: Region, *, limit: int = MAX_CHUNKS) -> Iterator[HeapChunk]:
     """The chunks of a heap region, in address order, up to and including the top chunk.
 
@@ -166,33 +227,12 @@ def for_each_chunk(hm: HeapMemory, region: Region, *, limit: int = MAX_CHUNKS) -
     fastbin entries read as in use: glibc keeps them so).  The walk ends at the
     arena's top chunk, at the region's end, or at an old heap's fencepost.
 
-    :raises HeapValidationError: at the first chunk whose header fails :func:`validate_chunk`,
+    :raises HeapValidationError: at the first chunk whose header fails :func:`validate_chunk`'s checks,
         or after ``limit`` chunks
     """
-    addr = region.first
-    count = 0
-    cur = validate_chunk(hm, addr, region) if addr + MINSIZE <= region.end else None
-    while cur is not None:
-        count += 1
-        if count > limit:
-            raise HeapValidationError(cur.address, f"stopped after {limit:,} chunks")
-        if region.top is not None and cur.address == region.top:
-            yield HeapChunk(address=cur.address, size=cur.size, flags=cur.flags, prev_size=cur.prev_size,
-                            state=ChunkState.TOP, arena=region.arena)
-            return
-        nxt_addr = cur.address + cur.size
-        if nxt_addr + 2 * SIZE_SZ > region.end:
-            # an old heap ends with fenceposts (size 0x10): the last chunk has no next header to read
-            yield HeapChunk(address=cur.address, size=cur.size, flags=cur.flags, prev_size=cur.prev_size,
-                            state=ChunkState.UNKNOWN, arena=region.arena)
-            return
-        next_field = hm.u64(nxt_addr + SIZE_SZ)
-        state = ChunkState.IN_USE if next_field & PREV_INUSE else ChunkState.FREE
-        yield HeapChunk(address=cur.address, size=cur.size, flags=cur.flags, prev_size=cur.prev_size,
-                        state=state, arena=region.arena)
-        if (next_field & ~FLAG_BITS) == 2 * SIZE_SZ and region.top is None:
-            return  # a fencepost ends an old heap of a thread arena
-        cur = validate_chunk(hm, nxt_addr, region)
+    arena = region.arena
+    for addr, size, flags, prev_size, state in for_each_chunk_header(hm, region, limit=limit):
+        yield HeapChunk(address=addr, size=size, flags=flags, prev_size=prev_size, state=_STATES[state], arena=arena)
 
 
 #: bytes searched past a broken header for the next two valid consecutive headers
@@ -218,17 +258,18 @@ def resync(hm: HeapMemory, region: Region, after: int, *, window: int = RESYNC_W
     return None
 
 
-def for_each_chunk_resyncing(hm: HeapMemory, region: Region, *,
-                             limit: int = MAX_CHUNKS) -> Iterator[HeapChunk | HeapValidationError]:
+def for_each_chunk_resyncing(hm: HeapMemory, region: Region, *, limit: int = MAX_CHUNKS,
+                             records: bool = True) -> Iterator:
     """:func:`for_each_chunk`, stepping over broken headers: yields each chunk, and each break as the
     :class:`HeapValidationError` that stopped the walk there, then resumes at :func:`resync`'s address.
-    At most ``limit`` chunks in all."""
+    At most ``limit`` chunks in all.  ``records=False`` yields :func:`for_each_chunk_header`'s tuples."""
     start = region.first
     budget = limit
+    walk = for_each_chunk if records else for_each_chunk_header
     while budget > 0:
         sub = Region(start=region.start, first=start, end=region.end, arena=region.arena, top=region.top)
         try:
-            for c in for_each_chunk(hm, sub, limit=budget):
+            for c in walk(hm, sub, limit=budget):
                 budget -= 1
                 yield c
             return

@@ -13,6 +13,8 @@ The ``sleep`` scenario does not crash: it signals READY_FIFO and sleeps in the s
 a gcore of a live process.
 EXPORTER_BALLAST_MB=N (default 0) keeps N MiB of written Python heap alive
 before the crash, so the core is at least that big (for bench/analyze.py).
+EXPORTER_HEAP_BALLAST_MB=N (default 0) keeps N MiB of 4 KiB objects alive: glibc heap chunks,
+one every 4 KiB, that a walk of the heap visits one by one (for bench/analyze.py's --heap).
 
 The main thread scrapes ``collect -> device_metrics -> nvlink_throughput ->
 query_nvlink_throughput_counters``, which calls into a native library that
@@ -126,6 +128,9 @@ def main():
     if ballast_mb > 0:
         # every byte written, so each page is present and lands in the core
         _ballast.append(bytearray(b"\x01") * (ballast_mb << 20))
+    heap_mb = int(os.environ.get("EXPORTER_HEAP_BALLAST_MB") or 0)
+    if heap_mb > 0:
+        _ballast.extend(bytes(4000) for _ in range(heap_mb << 8))  # 4000 bytes: a 4 KiB malloc chunk each
     time.sleep(0.05)  # let serve_forever reach time.sleep
     if len(sys.argv) > 3:
         with open(sys.argv[3], "w") as fifo:
