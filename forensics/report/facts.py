@@ -109,6 +109,9 @@ class Facts:
     # the reproducers
     repro: dict = field(default_factory=dict)  # the reproduce document (redacted)
     repro_runs: tuple[dict, ...] = ()
+    # the core's heap (#21): who wrote past the buffer that overflowed
+    heap_verdict: str | None = None  # "driver-wrote-past-buffer" | "binding-count-too-large" | "undetermined"
+    heap_reason: str | None = None
     # how often
     frequency: tuple[str, ...] = ()
     first_seen: str | None = None
@@ -514,6 +517,7 @@ def read_facts(ev: Evidence) -> Facts:
         shadowing=not_ok, imports_checked=bool(mods),
         repro=repro, repro_runs=tuple(run_docs),
         frequency=tuple(_frequency(ev)), first_seen=_first_seen(ev), affected=tuple(_affected(ev)),
+        heap_verdict=_get(a, "heap", "corruption", "verdict"), heap_reason=_get(a, "heap", "corruption", "verdict_reason"),
     )
 
 

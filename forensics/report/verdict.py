@@ -10,6 +10,9 @@ Pure: :class:`~.facts.Facts` and the known-issue matches in, :class:`Conclusion`
   answers ("upgrade and retry"), so it leads -- unless the C reproducer already took the
   binding out of the question.
 - A known crash whose definition holds, with a fix released, means "upgrade", not "file".
+- The core's heap (#21) decides it too when the crash is caught during the native call: the
+  buffer that overflowed, the count it was passed with, its size.  It settles the question when
+  no reproducer has, and stands beside the reproducers when they ran.
 """
 from __future__ import annotations
 
@@ -96,6 +99,10 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
     c_bad = bool(c and c.get("status") in bad)
     idle = [r for r in (py, c) if r and r.get("status") == "could not start"]
     evidence = [f"{_who(r)} {_run_phrase(r)}" for r in (py, c) if r]
+    heap_driver = f.heap_verdict == "driver-wrote-past-buffer"
+    heap_binding = f.heap_verdict == "binding-count-too-large"
+    if f.heap_verdict:
+        evidence.append(f"the core's heap: {f.heap_verdict}: {f.heap_reason}")
     support = support_facts(f)
     unsupported = [p.rstrip(".") for p in f.requirement_problems]  # pip check, as pip says it
     for s in support:  # a declared bound the knowledge file knows, unless pip check already said it
@@ -107,17 +114,25 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
     upgrade += [_sentence(k.fix) for k in fixed if _sentence(k.fix) not in upgrade]
     crash = _crash_phrase(f)
 
-    if c_bad:
+    if c_bad or (heap_driver and not py_bad):
         suspect = Suspect.DRIVER
-        statement = (f"The evidence points at the NVIDIA driver library: {crash}. The C reproducer, which makes the "
-                     f"same NVML calls without Python or nvidia-ml-py, {_run_phrase(c)}"
-                     + (f"; the Python reproducer {_run_phrase(py)}" if py else "") + ".")
+        if c_bad:
+            statement = (f"The evidence points at the NVIDIA driver library: {crash}. The C reproducer, which makes "
+                         f"the same NVML calls without Python or nvidia-ml-py, {_run_phrase(c)}"
+                         + (f"; the Python reproducer {_run_phrase(py)}" if py else "") + ".")
+            if heap_driver:
+                statement += f" The core's heap says the same: {f.heap_reason}."
+        else:
+            statement = (f"The core's heap points at the NVIDIA driver library: {crash}, and {f.heap_reason}."
+                         + (" The reproducers did not crash here; run them on an affected node too." if (py or c)
+                            else " Run `forensics reproduce` on an affected node to confirm it from C."))
         if unsupported:
             statement += (" The Python setup is also outside what nvitop declares (" + "; ".join(unsupported) + "); "
                           "fix that too, but the C reproducer's crash does not depend on it.")
         filings = (
             Filing(order=1, where=NVIDIA_WHERE, report="nvml",
-                   action="file first: the driver crashes in the C reproducer"),
+                   action="file first: " + ("the driver crashes in the C reproducer" if c_bad else
+                                            "the core shows the driver writing past a buffer sized for the count")),
             Filing(order=2, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
                    action="file after the NVIDIA report, linking it: ask for a way to switch the NVLink "
                           "throughput metrics off until the driver is fixed"),
@@ -125,11 +140,16 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
         ask = ("nvitop cannot fix the driver, but it can avoid the crashing call: a switch (option or "
                "environment variable) that turns the NVLink throughput metrics off, or skipping them on the "
                "affected driver branch, would keep nvitop-exporter up until NVIDIA fixes the driver.")
-    elif py_bad:
+    elif py_bad or heap_binding:
         suspect = Suspect.BINDING_OR_CALLER
-        statement = (f"The evidence points at the binding or the calling pattern: {crash}. The Python reproducer "
-                     f"{_run_phrase(py)}; the C reproducer, making the same queries without Python from one thread, "
-                     f"{_run_phrase(c) if c else 'did not run'}.")
+        if py_bad:
+            statement = (f"The evidence points at the binding or the calling pattern: {crash}. The Python reproducer "
+                         f"{_run_phrase(py)}; the C reproducer, making the same queries without Python from one "
+                         f"thread, {_run_phrase(c) if c else 'did not run'}.")
+            if heap_binding:
+                statement += f" The core's heap says the same: {f.heap_reason}."
+        else:
+            statement = f"The core's heap points at the binding: {crash}, and {f.heap_reason}."
         if unsupported:
             statement = ("The setup is unsupported: " + "; ".join(unsupported) + ". " + statement +
                          " Make the setup supported and run the reproducers again before filing.")

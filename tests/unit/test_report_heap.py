@@ -1,0 +1,38 @@
+"""The heap's verdict in a report's conclusion (forensics.report.verdict.decide, pure)."""
+from __future__ import annotations
+
+from forensics.report.facts import Facts
+from forensics.report.verdict import Suspect, decide
+
+DRIVER = ("nvmlDeviceGetFieldValues wrote 24 bytes past the end of the 36-entry values "
+          "(c_nvmlFieldValue_t_Array_36, 1440 bytes) that pynvml.nvmlDeviceGetFieldValues passed with count=36")
+BINDING = "pynvml.nvmlDeviceGetFieldValues passed count=37 to nvmlDeviceGetFieldValues for the 36-entry values"
+
+
+def _facts(verdict, reason, runs=()):
+    return Facts(has_crash=True, signal="SIGABRT", kind="heap-corruption", abort_message="munmap_chunk(): invalid pointer",
+                 heap_verdict=verdict, heap_reason=reason, repro_runs=tuple(runs))
+
+
+def test_the_heap_alone_points_at_the_driver():
+    c = decide(_facts("driver-wrote-past-buffer", DRIVER), [])
+    assert c.suspect is Suspect.DRIVER
+    assert c.statement.startswith("The core's heap points at the NVIDIA driver library") and DRIVER in c.statement
+    assert c.filings[0].report == "nvml" and "writing past a buffer" in c.filings[0].action
+    assert any(e.startswith("the core's heap: driver-wrote-past-buffer") for e in c.evidence)
+
+
+def test_the_heap_alone_points_at_the_binding():
+    c = decide(_facts("binding-count-too-large", BINDING), [])
+    assert c.suspect is Suspect.BINDING_OR_CALLER and BINDING in c.statement
+
+
+def test_an_undetermined_heap_decides_nothing_but_is_evidence():
+    c = decide(_facts("undetermined", "the call had returned"), [])
+    assert c.suspect is Suspect.UNDETERMINED
+    assert "the core's heap: undetermined: the call had returned" in c.evidence
+
+
+def test_the_c_reproducer_and_the_heap_agree():
+    c = decide(_facts("driver-wrote-past-buffer", DRIVER, [{"name": "c", "status": "crashed", "outcome": "crashed (SIGABRT)"}]), [])
+    assert c.suspect is Suspect.DRIVER and "The core's heap says the same" in c.statement
