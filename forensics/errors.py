@@ -18,7 +18,10 @@ __all__ = [
     "EXIT_BROKEN_PIPE",
     "ForensicsError",
     "InputNotFound",
+    "CoreNotFound",
+    "InputUnreadable",
     "NotACoreFile",
+    "NoCoreKept",
     "UnsupportedTarget",
     "CoreReadError",
     "GdbNotFound",
@@ -55,10 +58,30 @@ class ForensicsError(Exception):
 
 
 class InputNotFound(ForensicsError, FileNotFoundError):
-    help_text = "Check the path; a core written by the kernel is named by kernel.core_pattern."
+    help_text = "Check the path (a typo, or a file on another machine or in a container's root)."
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, hint: str | None = None) -> None:
         super().__init__(f"{path}: no such file or directory", path=path)
+        if hint:
+            self.help_text = hint
+
+
+class CoreNotFound(InputNotFound):
+    """The core file given to analyze (or report) does not exist."""
+
+    help_text = ("Check the path; a core written by the kernel is named by kernel.core_pattern "
+                 "(cat /proc/sys/kernel/core_pattern), or kept by the core handler under its directory.")
+
+
+class InputUnreadable(ForensicsError, PermissionError):
+    """An input exists but this user may not read it (permission denied): not a missing file."""
+
+    help_text = ("Run as a user allowed to read it: root for other users' files; for /proc/PID/root, root with "
+                 "ptrace rights over that process (sudo, and a container granting CAP_SYS_PTRACE); or copy the "
+                 "files out first (forensics capture --pid PID keeps the process's objects).")
+
+    def __init__(self, path: str, reason: str = "permission denied") -> None:
+        super().__init__(f"{path}: {reason}", path=path, reason=reason)
 
 
 class NotACoreFile(ForensicsError, ValueError):
@@ -71,6 +94,17 @@ class NotACoreFile(ForensicsError, ValueError):
         if hint:
             msg += f"; {hint}"
         super().__init__(msg, path=path, what=what)
+
+
+class NoCoreKept(ForensicsError, LookupError):
+    """A capture bundle whose core was not kept (the core handler recorded the crash's metadata only)."""
+
+    help_text = ("The core handler keeps metadata only when RLIMIT_CORE is below one page, past the crash-loop "
+                 "limit or without room; analyze another crash of the same container (forensics analyze DIR "
+                 "lists them), or raise the limit that applied.")
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: metadata only (no core kept: {reason})", path=path, reason=reason)
 
 
 class UnsupportedTarget(ForensicsError, ValueError):
@@ -95,7 +129,8 @@ class GdbNotFound(ForensicsError, FileNotFoundError):
 
 
 class GdbError(ForensicsError, RuntimeError):
-    help_text = "Re-run with -v to see gdb's output."
+    help_text = ("gdb's own message is above; forensics analyze --native-method libdw --method direct CORE "
+                 "reads the core without gdb.")
 
     def __init__(self, stage: str, detail: str) -> None:
         super().__init__(f"gdb failed {stage}: {detail}", stage=stage, detail=detail)
@@ -121,10 +156,12 @@ class UnwinderUnavailable(ForensicsError, OSError):
 
 
 class OutputExists(ForensicsError, FileExistsError):
-    help_text = "Choose another --output path, or pass --force to replace it."
+    """A file the command would write exists; ``option`` names the option that chose where (-o/--output,
+    guard's --out, demo's --out)."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(f"{path}: already exists (not overwritten)", path=path)
+    def __init__(self, path: str, option: str = "--output") -> None:
+        super().__init__(f"{path}: already exists (not overwritten)", path=path, option=option)
+        self.help_text = f"Choose another {option} path, or pass --force to replace it."
 
 
 class BuildError(ForensicsError, RuntimeError):

@@ -168,7 +168,7 @@ def write_guard(spec: GuardSpec, out_dir: str, *, force: bool = False) -> list[s
         try:
             fd = os.open(path, flags, 0o644)
         except FileExistsError as e:
-            raise OutputExists(str(path)) from e
+            raise OutputExists(str(path), option="--out") from e
         with os.fdopen(fd, "w") as f:
             f.write(text)
         written.append(str(path))

@@ -11,7 +11,7 @@ output_option = click.option(
     help="Write the result to FILE instead of stdout (never overwrites without --force).",
 )
 force_option = click.option("--force", is_flag=True, help="Allow --output to replace an existing file.")
-verbose_option = click.option("-v", "--verbose", count=True, help="More detail on stderr (gdb's messages with -vv).")
+verbose_option = click.option("-v", "--verbose", count=True, help="More detail on stderr (every warning of the analysis; with verify-imports, every path looked at).")
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

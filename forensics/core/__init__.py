@@ -26,7 +26,7 @@ from forensics.core.files import classify_library, resolve_file
 from forensics.core.libc import find_abort_message
 from forensics.core.memory import CoreLayout, CoreMemory, MemoryNotInCore
 from forensics.core.nvml import find_nvml
-from forensics.errors import CoreReadError, InputNotFound
+from forensics.errors import CoreReadError, InputNotFound, InputUnreadable
 from forensics.model import CoreFile, CoreThread, Library, Mapping, SigInfo
 
 __all__ = [
@@ -54,19 +54,40 @@ def open_core(path: str, *, sysroot: str | None = None, exe: str | None = None) 
     :param exe: the executable file to use instead of the one the core names
     :return: the :class:`~forensics.model.CoreFile`
     :raises InputNotFound: when ``path``, ``sysroot`` or ``exe`` does not exist
+    :raises InputUnreadable: when one of them may not be read by this user (permission denied)
     :raises NotACoreFile: when ``path`` is a directory, empty, compressed, text, or an ELF program
     :raises UnsupportedTarget: when it is the core of another machine or of a 32-bit process
     :raises CoreReadError: when it cannot be read or ends before its notes
     """
     path = os.fspath(path)
-    if sysroot is not None and not os.path.isdir(sysroot):
-        raise InputNotFound(os.fspath(sysroot))
-    if exe is not None and not os.path.isfile(exe):
-        raise InputNotFound(os.fspath(exe))
+    if sysroot is not None:
+        _check_input(os.fspath(sysroot), directory=True, what="--sysroot")
+    if exe is not None:
+        _check_input(os.fspath(exe), directory=False, what="--exe")
     with CoreMemory.open(path) as mem:
         layout = mem.layout
         assert layout is not None
         return _build(path, mem, layout, sysroot=sysroot, exe=exe)
+
+
+def _check_input(path: str, *, directory: bool, what: str) -> None:
+    """``path`` exists as a directory (or a file) this user may read; a denied lookup is said as such,
+    never as a missing file (``/proc/1/root`` without ptrace rights)."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except PermissionError as e:
+        raise InputUnreadable(path) from e
+    except (FileNotFoundError, NotADirectoryError) as e:
+        raise InputNotFound(path, hint=f"{what} takes an existing {'directory' if directory else 'file'}") from e
+    except OSError as e:
+        raise InputUnreadable(path, e.strerror or str(e)) from e
+    if directory != stat.S_ISDIR(st.st_mode):
+        raise InputNotFound(path, hint=f"{what} takes a {'directory' if directory else 'file'}, not a "
+                                       f"{'file' if directory else 'directory'}")
+    if not os.access(path, os.R_OK | (os.X_OK if directory else 0)):
+        raise InputUnreadable(path)
 
 
 def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | None, exe: str | None) -> CoreFile:

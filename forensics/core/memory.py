@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forensics.core import elf
-from forensics.errors import CoreReadError, InputNotFound, NotACoreFile
+from forensics.errors import CoreNotFound, CoreReadError, InputUnreadable, NotACoreFile
 
 __all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory"]
 
@@ -108,7 +108,8 @@ class CoreMemory:
     def open(cls, path: str) -> CoreMemory:
         """Check and map a core file.
 
-        :raises InputNotFound: when the path does not exist
+        :raises CoreNotFound: when the path does not exist
+        :raises InputUnreadable: when this user may not read it
         :raises NotACoreFile: when it is a directory, empty, compressed, text or another ELF type
         :raises UnsupportedTarget: when it is a core of another machine or a 32-bit core
         :raises CoreReadError: when it cannot be read, or is cut short before its notes
@@ -117,9 +118,11 @@ class CoreMemory:
         try:
             st = os.stat(path)
         except FileNotFoundError as e:
-            raise InputNotFound(path) from e
+            raise CoreNotFound(path) from e
         except NotADirectoryError as e:
-            raise InputNotFound(path) from e
+            raise CoreNotFound(path) from e
+        except PermissionError as e:
+            raise InputUnreadable(path) from e
         except OSError as e:
             raise CoreReadError(path, e.strerror or str(e)) from e
         if stat.S_ISDIR(st.st_mode):
@@ -143,7 +146,9 @@ class CoreMemory:
             if isinstance(e, (NotACoreFile, CoreReadError)):
                 raise
             if e.errno == errno.ENOENT:
-                raise InputNotFound(path) from e
+                raise CoreNotFound(path) from e
+            if e.errno == errno.EACCES:
+                raise InputUnreadable(path) from e
             raise CoreReadError(path, e.strerror or str(e)) from e
         try:
             layout = _read_layout(path, mm, header, size)

@@ -394,7 +394,7 @@ def check_report_file(path: str, *, issue_form: str | None = None) -> tuple[str,
     from ..errors import InputNotFound
 
     if not os.path.isfile(path):
-        raise InputNotFound(path)
+        raise InputNotFound(path)  # a report file: not a core (no core_pattern hint)
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     meta, body = split_front_matter(text)
     problems = []

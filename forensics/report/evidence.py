@@ -158,7 +158,8 @@ def load_evidence(paths: list[str]) -> Evidence:
     ev = Evidence()
     for p in paths:
         if not os.path.lexists(p):
-            raise InputNotFound(p)
+            raise InputNotFound(p, hint="report reads what the other commands wrote: the --json of analyze, "
+                                        "verify-imports, reproduce, canary and fleet, and capture bundles")
         if os.path.isdir(p):
             doc = _load_bundle(p, ev)
             kind = "capture"
