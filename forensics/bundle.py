@@ -2,20 +2,22 @@
 
 A bundle (``forensics capture``, the core handler; written by :mod:`forensics.capture.bundle`)
 is read by ``analyze``, ``report`` and ``verify-imports --bundle``: this module sits below
-all of them and below capture.  :func:`bundle_sysroot` decompresses the core once and lays
-out a sysroot of links to the stored objects by the paths the core names.
+all of them and below capture.  Reading never writes into the bundle: :func:`bundle_sysroot`
+decompresses the core once into the forensics cache and lays out, beside it, a sysroot of
+links to the stored objects by the paths the core names.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
+import shutil
 import stat
+import time
 
 from . import rootpath
-from .errors import InputNotFound, UnsafeBundle
+from .errors import InputNotFound
 
 __all__ = [
     "MANIFEST",
@@ -30,6 +32,8 @@ __all__ = [
     "find_object_store",
     "decompress_core",
     "bundle_sysroot",
+    "prune_bundle_cache",
+    "max_core_bytes",
 ]
 
 #: Core file names in ``50-core``, whole first: a truncated core is a valid zstd stream of the
@@ -148,38 +152,97 @@ def find_object_store(bundle_dir: str) -> str | None:
     return None
 
 
-def decompress_core(src: str, dest: str) -> int:
-    """Stream-decompress a zstd core to ``dest`` (a new file, renamed into place); bytes written.
+DEFAULT_MAX_CORE = 256 << 30  # bytes a bundle's core may decompress to (FORENSICS_MAX_CORE_BYTES)
+_FREE_RESERVE = 1 << 30  # bytes left free on the cache's filesystem after decompressing
 
-    A partial file (a frame cut by a full disk) is decompressed as far as it goes.
+
+def max_core_bytes() -> int:
+    try:
+        return max(1 << 20, int(os.environ.get("FORENSICS_MAX_CORE_BYTES") or DEFAULT_MAX_CORE))
+    except ValueError:
+        return DEFAULT_MAX_CORE
+
+
+def _core_size_bound(head: bytes) -> int | None:
+    """The size the core's own program headers give it (what the kernel wrote), from its first bytes."""
+    from .core import elf  # the ELF parsers are pure: no core is opened here
+
+    try:
+        header = elf.parse_elf_header(head)
+        if header.phnum == elf.PN_XNUM or header.phoff + header.phnum * elf.PHDR64_SIZE > len(head):
+            return None
+        phdrs = elf.parse_program_headers(head[header.phoff: header.phoff + header.phnum * elf.PHDR64_SIZE],
+                                         header.phnum)
+    except (ValueError, AttributeError):
+        return None
+    return max((p.offset + p.filesz for p in phdrs), default=len(head))
+
+
+def decompress_core(src: str, dest: str, *, limit: int | None = None) -> int:
+    """Stream-decompress a zstd core to ``dest`` (a new file, mode 0600, renamed into place); bytes written.
+
+    Bounded: never more than the core's own program headers say it holds (read from its first
+    MiB), nor ``limit`` (default :func:`max_core_bytes`), nor what leaves less than 1 GiB free
+    where ``dest`` lies.  A partial file (a frame cut by a full disk) is decompressed as far as
+    it goes.
+
+    :raises CoreReadError: when the stream is damaged, or decompressing would pass a bound
     """
     import zstandard
 
+    from .errors import CoreReadError
+
+    limit = limit or max_core_bytes()
     d, name = os.path.split(os.path.abspath(dest))
-    dir_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    tmp = os.path.join(d, f".{name}.tmp{os.getpid()}")
+    n = 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        tmp = f".{name}.tmp{os.getpid()}"
-        out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                         dir_fd=dir_fd)
-        n = 0
+        with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
+            reader = zstandard.ZstdDecompressor().stream_reader(fin, read_across_frames=True)
+            bound = None
+            st = os.statvfs(d)
+            room = st.f_bavail * st.f_frsize - _FREE_RESERVE
+            try:
+                while chunk := reader.read(1 << 20):
+                    if bound is None:
+                        said = _core_size_bound(chunk)  # the core's own size, from its program headers
+                        bound = min(limit, said) if said else limit
+                        if said and bound > room:
+                            raise CoreReadError(src, f"decompressing needs {bound:,} bytes; {d} has "
+                                                     f"{max(0, room):,} to spare (1 GiB stays free)")
+                    chunk = chunk[: max(0, bound - n)]
+                    fout.write(chunk)
+                    n += len(chunk)
+                    if n > room:
+                        raise CoreReadError(src, f"decompressing filled {d} past its last free GiB")
+                    if n >= bound:
+                        if bound == limit and reader.read(1):
+                            raise CoreReadError(src, f"decompresses to more than {limit:,} bytes "
+                                                     "(FORENSICS_MAX_CORE_BYTES)")
+                        break
+            except zstandard.ZstdError as e:
+                if not src.endswith(".partial.zst"):
+                    raise CoreReadError(src, f"damaged zstd stream: {e}") from e
+        os.rename(tmp, dest)
+    except BaseException:
         try:
-            with open(src, "rb") as fin, os.fdopen(out_fd, "wb") as fout:
-                reader = zstandard.ZstdDecompressor().stream_reader(fin, read_across_frames=True)
-                try:
-                    while chunk := reader.read(1 << 20):
-                        fout.write(chunk)
-                        n += len(chunk)
-                except zstandard.ZstdError:
-                    if not src.endswith(".partial.zst"):
-                        raise
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-    finally:
-        os.close(dir_fd)
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return n
+
+
+def _entry_key(src: str) -> str | None:
+    """The cache key of a bundle's core: the file's identity (device, inode, size, times) and real path,
+    so a changed or replaced file gets a new entry and two bundles never share one."""
+    try:
+        st = os.stat(src)
+    except OSError:
+        return None
+    ident = f"{os.path.realpath(src)}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
 def _clean_path(path: object) -> str | None:
@@ -266,50 +329,108 @@ def _copy_fd(src: int, dir_fd: int, name: str) -> None:
         os.close(out)
 
 
-def bundle_sysroot(bundle_dir: str) -> tuple[str, str]:
+def bundle_sysroot(bundle_dir: str) -> tuple[str, str | None]:
     """Make a bundle's core analyzable: ``(core_path, sysroot_dir)`` for ``forensics analyze``.
 
-    The core is decompressed once to ``50-core/core``.  The sysroot (``.sysroot`` in the
-    bundle) holds, at each path the core names (and the process snapshot recorded), a link to
-    the stored object with that build-id.  The bundle is data from a node and a container:
-    nothing it says names a place outside its own directory (paths with ``..``, keys that are
-    not build-ids are left out; links and directories are made through descriptors).
+    Analysis never writes into evidence: the compressed core is decompressed once into the
+    forensics cache (``bundles/<key>/core``, 0600, keyed by the compressed file's identity, built
+    under a lock and renamed into place), and the sysroot -- at each path the core names (and the
+    process snapshot recorded), the stored object with that build-id -- is laid out beside it.  The
+    bundle's files, modes and times stay as they were.  A bundle with a plain core is read in
+    place.  Nothing the bundle says names a place outside it (paths with ``..``, keys that are not
+    build-ids are left out; links are made through descriptors).  Without stored objects the
+    sysroot is None.
 
     :raises InputNotFound: when the bundle has no core
+    :raises CoreReadError: when the core cannot be decompressed within its bounds
     """
-    from .core import open_core  # here, not above: capture writes bundles and never reads a core
+    import fcntl
+
+    from .cache import cache_dir
 
     bundle_dir = os.path.abspath(bundle_dir)
     src = find_core_in_bundle(bundle_dir)
     if src is None:
         raise InputNotFound(os.path.join(bundle_dir, "50-core/core.zst"))
-    if src.endswith(".zst"):
-        core_dir = os.path.dirname(src)
-        rel_core = os.path.relpath(os.path.join(core_dir, "core"), bundle_dir)
-        try:
-            core = _inside(bundle_dir, rel_core)
-            if not os.path.isfile(core):
-                raise FileNotFoundError(core)
-        except OSError:
-            core = os.path.join(core_dir, "core")
-            decompress_core(src, core)
-    else:
+    key = _entry_key(src)
+    if key is None:
+        raise InputNotFound(src)
+    entry = cache_dir() / "bundles" / key
+    entry.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock_fd = os.open(entry / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # one analysis builds the entry; the others wait and reuse it
         core = src
-    store = find_object_store(bundle_dir)
-    try:
-        sysroot_fd = rootpath.makedirs_in_root(bundle_dir, ".sysroot")
-    except OSError as e:
-        raise UnsafeBundle(bundle_dir, f".sysroot is not a directory of the bundle ({e.strerror}); "
-                                       "forensics never writes through a link") from e
-    try:
-        if store is not None:
-            cf = open_core(core)
-            libraries = [(lib.path, lib.build_id) for lib in cf.libraries]
-            for path, key in _wanted_objects(bundle_dir, libraries).items():
-                _link_object(store, key, sysroot_fd, path)
+        if src.endswith(".zst"):
+            core = str(entry / "core")
+            if not os.path.isfile(core):
+                decompress_core(src, core)
+        sysroot = entry / "sysroot"
+        if not sysroot.is_dir():
+            _build_sysroot(bundle_dir, core, entry)
+        os.utime(entry)  # last used: what pruning goes by
     finally:
-        os.close(sysroot_fd)
-    return core, os.path.join(bundle_dir, ".sysroot")
+        os.close(lock_fd)
+    prune_bundle_cache(keep=entry)
+    return core, str(sysroot) if any(sysroot.iterdir()) else None
+
+
+def _build_sysroot(bundle_dir: str, core: str, entry) -> None:
+    """Lay out ``entry/sysroot`` through a temporary directory renamed into place: each stored object
+    the bundle names, at the path the process saw it (:func:`_link_object`)."""
+    from .core import open_core  # here, not above: capture writes bundles and never reads a core
+
+    tmp = entry / f".sysroot.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o700)
+    store = find_object_store(bundle_dir)
+    if store is not None:
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            libraries = [(lib.path, lib.build_id) for lib in open_core(core).libraries]
+            for path, key in _wanted_objects(bundle_dir, libraries).items():
+                _link_object(store, key, fd, path)
+        finally:
+            os.close(fd)
+    os.rename(tmp, entry / "sysroot")
+
+
+DEFAULT_BUNDLE_CACHE = 16 << 30  # bytes of decompressed bundle cores kept (FORENSICS_BUNDLE_CACHE_BYTES)
+_PRUNE_AGE = 3600.0  # an entry used within the hour is never pruned (an analysis may be reading it)
+
+
+def prune_bundle_cache(*, keep=None, budget: int | None = None) -> list[str]:
+    """Delete the least recently used bundle entries of the cache beyond ``budget`` bytes (default
+    ``FORENSICS_BUNDLE_CACHE_BYTES`` or 16 GiB); never ``keep`` nor an entry used in the last hour.
+    :return: the entries deleted"""
+    from .cache import cache_dir
+
+    if budget is None:
+        try:
+            budget = int(os.environ.get("FORENSICS_BUNDLE_CACHE_BYTES") or DEFAULT_BUNDLE_CACHE)
+        except ValueError:
+            budget = DEFAULT_BUNDLE_CACHE
+    root = cache_dir() / "bundles"
+    entries = []
+    try:
+        for e in os.scandir(root):
+            if e.is_dir(follow_symlinks=False):
+                size = sum(f.stat(follow_symlinks=False).st_size for f in os.scandir(e.path) if f.is_file(follow_symlinks=False))
+                entries.append((e.stat(follow_symlinks=False).st_mtime, size, e.path))
+    except OSError:
+        return []
+    total = sum(size for _, size, _ in entries)
+    deleted = []
+    now = time.time()
+    for mtime, size, path in sorted(entries):
+        if total <= budget:
+            break
+        if (keep is not None and os.path.samefile(path, keep)) or now - mtime < _PRUNE_AGE:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        total -= size
+        deleted.append(path)
+    return deleted
 
 
 def is_bundle(path: str) -> bool:
@@ -322,3 +443,49 @@ def is_bundle(path: str) -> bool:
     except (OSError, ValueError):
         return False
     return find_core_in_bundle(path) is not None
+
+
+MAX_RECORD = 1 << 20  # bytes of a bundle's record read (metadata.json, 00-identity.json)
+
+
+def _record(bundle_dir: str, name: str) -> dict:
+    """A record of the bundle as a JSON object (read inside it, bounded); empty when absent or not one."""
+    doc = read_bundle_json(bundle_dir, name, MAX_RECORD)
+    return doc if isinstance(doc, dict) else {}
+
+
+def has_manifest(path: str) -> bool:
+    """A bundle directory, with or without a core: it has its MANIFEST.json (a file of the bundle)."""
+    if not os.path.isdir(path):
+        return False
+    try:
+        return stat.S_ISREG(rootpath.stat_in_root(os.path.abspath(path), MANIFEST).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def bundle_crash_time(bundle_dir: str) -> float | None:
+    """When the crash happened, as the bundle recorded it (the core handler's ``metadata.json`` time,
+    else ``00-identity.json``'s), or None when it recorded none."""
+    for name in ("metadata.json", "00-identity.json"):
+        t = _record(bundle_dir, name).get("time")
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+            return float(t)
+    return None
+
+
+def bundle_no_core_reason(bundle_dir: str) -> str | None:
+    """Why a bundle kept no core ("RLIMIT_CORE 0 < one page", the crash-loop limit, ...), or None when it
+    has a core; a bundle without a core and without a reason says so."""
+    if find_core_in_bundle(bundle_dir) is not None:
+        return None
+    doc = _record(bundle_dir, "metadata.json")
+    core = doc.get("core") if isinstance(doc.get("core"), dict) else {}
+    reasons = [str(r) for r in (core.get("reasons") or []) if r] if isinstance(core.get("reasons"), list) else []
+    if reasons:
+        return "; ".join(reasons)[:500]
+    state = core.get("state")
+    return f"core {state}" if isinstance(state, str) and state else "the bundle holds no core"
+
+
+__all__ += ["has_manifest", "bundle_crash_time", "bundle_no_core_reason"]

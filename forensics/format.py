@@ -299,15 +299,44 @@ def _ts(t: float) -> str:
 
 
 def format_batch(result: BatchResult) -> Iterable[str]:
-    """The fingerprint table of a batch: distinct crashes, most frequent first."""
-    yield f"{result.total} cores, {len(result.groups)} distinct crashes, {len(result.failed)} unreadable"
+    """The fingerprint table of a batch: distinct crashes, most frequent first; then what was partial,
+    unreadable, a snapshot, metadata only or skipped -- every input is accounted for."""
+    analyzed = sum(g.count for g in result.groups)
+    head = [f"{result.total} inputs: {analyzed} cores analyzed ({result.partial} partial)",
+            f"{len(result.groups)} distinct crashes", f"{len(result.failed)} unreadable"]
+    if result.snapshots:
+        head.append(f"{len(result.snapshots)} snapshots (no crash)")
+    if result.metadata_only:
+        head.append(f"{len(result.metadata_only)} metadata only")
+    head.append(f"{len(result.skipped)} files skipped (not cores)")
+    yield ", ".join(head)
     yield ""
-    yield f"{'COUNT':>5}  {'FINGERPRINT':<12}  {'FIRST SEEN':<20}  {'LAST SEEN':<20}  SIGNATURE"
+    yield f"{'COUNT':>5}  {'PARTIAL':>7}  {'FINGERPRINT':<12}  {'FIRST SEEN':<20}  {'LAST SEEN':<20}  SIGNATURE"
     for g in result.groups:
-        yield f"{g.count:>5}  {g.fingerprint:<12}  {_ts(g.first_seen):<20}  {_ts(g.last_seen):<20}  {g.signature}"
+        yield (f"{g.count:>5}  {len(g.partial) or '':>7}  {g.fingerprint:<12}  {_ts(g.first_seen):<20}  "
+               f"{_ts(g.last_seen):<20}  {g.signature}")
         yield f"{'':>5}  example: {g.example}"
+        for why in g.partial:
+            yield f"{'':>5}  partial (its fingerprint may differ): {why}"
     if result.failed:
         yield ""
         yield "Unreadable:"
         for e in result.failed:
             yield f"  {e.path}: {e.error}"
+    if result.snapshots:
+        yield ""
+        yield "Snapshots of live processes (no crash, no fingerprint):"
+        for e in result.snapshots:
+            yield f"  {_ts(e.mtime)}  {e.path}"
+    if result.metadata_only:
+        yield ""
+        yield "Metadata only:"
+        for e in result.metadata_only:
+            yield f"  {_ts(e.mtime)}  {e.path}: metadata only (no core kept: {e.no_core})"
+    if result.skipped:
+        yield ""
+        yield f"Skipped (not cores): {len(result.skipped)} files"
+        for path in result.skipped[:20]:
+            yield f"  {path}"
+        if len(result.skipped) > 20:
+            yield f"  ... and {len(result.skipped) - 20} more"

@@ -671,12 +671,29 @@ class Analysis:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatchEntry:
-    """One input of a batch: a core that was analyzed, or one that failed with its reason."""
+    """One input of a batch: a core that was analyzed, one that failed with its reason, or a bundle that
+    kept no core (``no_core`` says why)."""
 
     path: str
-    mtime: float
+    mtime: float  # when the crash happened: the bundle's record, else the core file's modification time
     analysis: Analysis | None
     error: str | None
+    no_core: str | None = None  # a metadata-only bundle: why no core was kept
+
+    @property
+    def partial(self) -> str | None:
+        """Why this core's analysis is partial (its fingerprint may then differ), or None when it is whole."""
+        a = self.analysis
+        if a is None or a.fingerprint is None:
+            return None
+        core = a.snapshot.core
+        if core.truncated:
+            return f"truncated core ({core.size:,} of {core.expected_size:,} bytes)"
+        if a.fingerprint_partial:
+            return a.fingerprint_partial
+        if not a.snapshot.is_complete:
+            return next(iter(a.snapshot.warnings), "incomplete stacks")
+        return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -688,6 +705,7 @@ class BatchGroup:
     last_seen: float
     example: str
     paths: tuple[str, ...]
+    partial: tuple[str, ...] = ()  # "path: why" of each member whose analysis is partial
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -695,3 +713,11 @@ class BatchResult:
     groups: tuple[BatchGroup, ...]
     failed: tuple[BatchEntry, ...]
     total: int
+    skipped: tuple[str, ...] = ()  # files in the directories given that are not cores (not analyzed)
+    snapshots: tuple[BatchEntry, ...] = ()  # cores of live processes (gcore): no crash, no fingerprint
+    metadata_only: tuple[BatchEntry, ...] = ()  # bundles whose core was not kept
+
+    @property
+    def partial(self) -> int:
+        """How many analyzed cores are partial."""
+        return sum(len(g.partial) for g in self.groups)

@@ -10,9 +10,9 @@ import re
 
 import threading
 
-from ..bundle import bundle_sysroot, is_bundle
+from ..bundle import bundle_no_core_reason, bundle_sysroot, has_manifest, is_bundle
 from ..core import open_core
-from ..errors import GdbError, GdbNotFound, UnwinderUnavailable
+from ..errors import GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
 from ..gdb import GdbSession, run_gdb
 from ..model import (
     Analysis,
@@ -457,6 +457,8 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     if heap not in HEAP_MODES:
         raise ValueError(heap)
     plan = plan_native(native_method, method, debuginfod)
+    if has_manifest(path) and not is_bundle(path):
+        raise NoCoreKept(path, bundle_no_core_reason(path) or "the bundle holds no core")
     if is_bundle(path):
         # A capture bundle carries its core and every mapped object, keyed by build-id:
         # the bundle is its own sysroot, so it analyzes on any machine.

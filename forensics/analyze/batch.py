@@ -6,56 +6,53 @@ analyzes each with a gdb session kept per worker process, and folds them into
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import stat
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
-from ..bundle import is_bundle
-from ..errors import ForensicsError, GdbError, GdbNotFound, InputNotFound
+from ..bundle import bundle_crash_time, bundle_no_core_reason, find_core_in_bundle, has_manifest
+from ..errors import CoreNotFound, ForensicsError, GdbError, GdbNotFound
 from ..model import Analysis, BatchEntry, BatchGroup, BatchResult
 from .signature import signature
 
-__all__ = ["find_cores", "analyze_many", "group_entries", "MAX_INPUTS"]
+__all__ = ["find_cores", "crash_time", "analyze_many", "group_entries", "MAX_INPUTS"]
 
 MAX_INPUTS = 100_000
 _ELF_CORE_HEAD = b"\x7fELF"
 
 
-def _is_core(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(18)
-    except OSError:
-        return False
-    # e_ident[EI_DATA] == little endian; e_type (offset 16) == ET_CORE (4)
-    return len(head) == 18 and head[:4] == _ELF_CORE_HEAD and head[16:18] == b"\x04\x00"
-
-
-def find_cores(inputs: Iterable[str]) -> list[str]:
-    """Expand files and directories into cores and capture bundles (sorted; symlinks not followed).
+def find_cores(inputs: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Expand files and directories into cores and capture bundles: ``(inputs, skipped)``, sorted.
 
     Files named explicitly are kept whatever they are, so a bad one gets its own error row.
-    A directory that is itself a bundle stands for its core; inside a directory, ELF cores
-    and bundles (a core handler's ``crashes/<id>``) are found.
+    A directory that is itself a bundle (with a core, or metadata only) stands for its crash;
+    inside a directory, ELF cores and bundles (a core handler's ``crashes/<id>``) are found.  A
+    symlink to a regular file is followed (a directory of links to cores); a symlink to a
+    directory is not, and a bundle's own files are never separate inputs (nor is anything a
+    link inside it points at).  Every other file is ``skipped``, and counted as such.
     """
     out: list[str] = []
+    skipped: list[str] = []
     for item in inputs:
         if not os.path.lexists(item):
-            raise InputNotFound(item)
-        if is_bundle(item):
+            raise CoreNotFound(item)
+        if has_manifest(item):
             out.append(item)
         elif os.path.isdir(item):
-            found = []
+            found: list[str] = []
             for root, dirs, files in os.walk(item, followlinks=False):
-                if is_bundle(root):
+                if has_manifest(root):
                     found.append(root)
-                    dirs[:] = []  # the bundle's own files (its decompressed core) are not separate inputs
+                    dirs[:] = []  # the bundle's own files (its core, its objects) are not separate inputs
                     continue
-                dirs[:] = sorted(d for d in dirs if d not in ("objects", ".sysroot"))
+                linked = [d for d in dirs if os.path.islink(os.path.join(root, d))]
+                skipped.extend(os.path.join(root, d) for d in sorted(linked))  # a link to a directory: not followed
+                dirs[:] = sorted(d for d in dirs if d not in ("objects", ".sysroot") and d not in linked)
                 for name in sorted(files):
-                    p = os.path.join(root, name)
-                    if not os.path.islink(p) and _is_core(p):
-                        found.append(p)
+                    path = os.path.join(root, name)
+                    (found if _is_core(path) else skipped).append(path)
                 if len(out) + len(found) >= MAX_INPUTS:
                     break
             out.extend(found)
@@ -63,7 +60,40 @@ def find_cores(inputs: Iterable[str]) -> list[str]:
             out.append(item)
         if len(out) >= MAX_INPUTS:
             break
-    return out[:MAX_INPUTS]
+    return out[:MAX_INPUTS], skipped[:MAX_INPUTS]
+
+
+def _is_core(path: str) -> bool:
+    """An ELF core file: a regular file, or a symlink to one (followed), whose header says ET_CORE."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.read(fd, 18)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    # e_ident[EI_DATA] == little endian; e_type (offset 16) == ET_CORE (4)
+    return len(head) == 18 and head[:4] == _ELF_CORE_HEAD and head[16:18] == b"\x04\x00"
+
+
+def crash_time(path: str) -> float:
+    """When the crash of an input happened: a bundle's recorded time, else the core file's modification
+    time (the kernel writes a core as the process dies; a link is followed to its core); 0 if unknown."""
+    if os.path.isdir(path):
+        t = bundle_crash_time(path)
+        if t is not None:
+            return t
+        core = find_core_in_bundle(path)
+        path = core if core is not None else path
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 # -- worker side -------------------------------------------------------------------------------
@@ -82,10 +112,11 @@ def _analyze_one(path: str) -> BatchEntry:
     from . import analyze_core
 
     global _SESSION
-    try:
-        mtime = os.stat(path).st_mtime
-    except OSError:
-        mtime = 0.0
+    when = crash_time(path)
+    if os.path.isdir(path):
+        reason = bundle_no_core_reason(path)
+        if reason is not None:
+            return BatchEntry(path=path, mtime=when, analysis=None, error=None, no_core=reason)
     try:
         if _SESSION is None or _SESSION.closed:
             try:  # gdb starts only when a core needs it
@@ -99,16 +130,17 @@ def _analyze_one(path: str) -> BatchEntry:
             method=_OPTIONS.get("method", "auto"), native_method=_OPTIONS.get("native_method", "auto"),
             heap=_OPTIONS.get("heap", "off"),  # a fingerprint table shows no heap: read it only when asked
         )
-        return BatchEntry(path=path, mtime=mtime, analysis=analysis, error=None)
+        return BatchEntry(path=path, mtime=when, analysis=analysis, error=None)
     except ForensicsError as e:
-        return BatchEntry(path=path, mtime=mtime, analysis=None, error=str(e))
+        return BatchEntry(path=path, mtime=when, analysis=None, error=str(e))
 
 
 def analyze_many(paths: list[str], *, jobs: int = 0, progress: Callable[[BatchEntry], None] | None = None,
-                 **options: object) -> tuple[BatchResult, list[BatchEntry]]:
+                 skipped: Sequence[str] = (), **options: object) -> tuple[BatchResult, list[BatchEntry]]:
     """Analyze every core in ``paths``; ``options`` are :func:`analyze_core`'s keyword arguments.
 
     :param jobs: worker processes (0: one per CPU, at most len(paths))
+    :param skipped: the files :func:`find_cores` passed over, carried into the result
     :return: the grouped result and every entry in input order
     """
     jobs = jobs or min(os.cpu_count() or 1, 8)
@@ -130,7 +162,7 @@ def analyze_many(paths: list[str], *, jobs: int = 0, progress: Callable[[BatchEn
                 entries.append(e)
                 if progress:
                     progress(e)
-    return group_entries(entries), entries
+    return dataclasses.replace(group_entries(entries), skipped=tuple(skipped)), entries
 
 
 def _close_session() -> None:
@@ -141,27 +173,38 @@ def _close_session() -> None:
 
 
 def group_entries(entries: list[BatchEntry]) -> BatchResult:
-    """Fold analyzed cores by fingerprint, most frequent first (ties: earliest first seen)."""
+    """Fold analyzed cores by fingerprint, most frequent first (ties: earliest first seen).
+
+    Snapshots (no crash) and bundles without a core are listed apart; a core whose analysis is
+    partial stays in its group and is named there (its fingerprint may differ from the whole one).
+    """
     groups: dict[str, list[tuple[BatchEntry, Analysis]]] = {}
-    failed = []
+    failed, snapshots, metadata_only = [], [], []
     for e in entries:
-        if e.analysis is None:
+        if e.no_core is not None:
+            metadata_only.append(e)
+        elif e.analysis is None:
             failed.append(e)
+        elif e.analysis.fingerprint is None:
+            snapshots.append(e)
         else:
             groups.setdefault(e.analysis.fingerprint, []).append((e, e.analysis))
     rows = []
     for fp, members in groups.items():
         members.sort(key=lambda m: (m[0].mtime, m[0].path))
+        whole = [m for m in members if m[0].partial is None]
         rows.append(
             BatchGroup(
                 fingerprint=fp,
-                signature=signature(members[-1][1]),
+                signature=signature((whole or members)[-1][1]),
                 count=len(members),
                 first_seen=members[0][0].mtime,
                 last_seen=members[-1][0].mtime,
-                example=members[-1][0].path,
+                example=(whole or members)[-1][0].path,
                 paths=tuple(m[0].path for m in members),
+                partial=tuple(f"{m[0].path}: {m[0].partial}" for m in members if m[0].partial is not None),
             )
         )
     rows.sort(key=lambda g: (-g.count, g.first_seen, g.fingerprint))
-    return BatchResult(groups=tuple(rows), failed=tuple(failed), total=len(entries))
+    return BatchResult(groups=tuple(rows), failed=tuple(failed), total=len(entries), snapshots=tuple(snapshots),
+                       metadata_only=tuple(metadata_only))

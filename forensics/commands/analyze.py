@@ -46,16 +46,17 @@ def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debug
     fingerprint.
 
     \b
-    Exit codes: 0 analysed; 1 error (bad input, see the message); 2 usage;
-    3 batch with unreadable cores; 4 partial result (no native unwinder, no
-    Python stacks, a truncated core, or --method / --native-method both
-    found a disagreement).
+    Exit codes: 0 analysed; 1 error (bad input, see the message; a bundle
+    that kept no core); 2 usage; 3 batch with unreadable cores; 4 partial
+    result (no native unwinder, no Python stacks, a truncated core, or
+    --method / --native-method both found a disagreement; in a batch: any
+    core's analysis partial).
     """
     from ..analyze.batch import find_cores
-    from ..bundle import is_bundle
+    from ..bundle import has_manifest
 
-    paths = find_cores(inputs)
-    single = len(inputs) == 1 and (not os.path.isdir(inputs[0]) or is_bundle(inputs[0]))
+    paths, skipped = find_cores(inputs)
+    single = len(inputs) == 1 and (not os.path.isdir(inputs[0]) or has_manifest(inputs[0]))
     options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method,
                    native_method=native_method, heap="full" if heap else "auto")
     if single:
@@ -73,34 +74,40 @@ def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debug
             emit(format_analysis(analysis, merged=merged), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
     options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap
-    _analyze_batch(paths, options, jobs, as_json, output, force)
+    _analyze_batch(paths, skipped, options, jobs, as_json, output, force)
 
 
-def _analyze_batch(paths, options, jobs, as_json, output, force):
+def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
     from ..analyze.batch import analyze_many
     from ..analyze.signature import signature
     from ..format import format_batch
     from ..output import json_document
 
     if not paths:
-        raise ForensicsError("no core files found in the given directories")
+        raise ForensicsError("no cores or capture bundles found in the given directories"
+                             + (f" ({len(skipped)} other files skipped, e.g. {skipped[0]})" if skipped else ""))
     show_bar = sys.stderr.isatty() and not as_json
     if show_bar:
         with click.progressbar(length=len(paths), label="Analyzing cores", file=sys.stderr) as bar:
-            result, entries = analyze_many(paths, jobs=jobs, progress=lambda e: bar.update(1), **options)
+            result, entries = analyze_many(paths, jobs=jobs, progress=lambda e: bar.update(1), skipped=skipped,
+                                           **options)
     else:
-        result, entries = analyze_many(paths, jobs=jobs, **options)
+        result, entries = analyze_many(paths, jobs=jobs, skipped=skipped, **options)
     if as_json:
         payload = {
             "batch": result,
             "cores": [
                 {
                     "path": e.path,
+                    # a bundle's directory is named by its crash id (the core handler's index.jsonl "id")
+                    "crash_id": os.path.basename(os.path.normpath(e.path)) if os.path.isdir(e.path) else None,
                     "mtime": e.mtime,
                     "error": e.error,
                     "fingerprint": e.analysis.fingerprint if e.analysis else None,
                     "signature": signature(e.analysis) if e.analysis else None,
                     "complete": e.analysis.snapshot.is_complete if e.analysis else False,
+                    "partial": e.partial,
+                    "no_core": e.no_core,
                 }
                 for e in entries
             ],
@@ -108,4 +115,4 @@ def _analyze_batch(paths, options, jobs, as_json, output, force):
         emit([json_document("analyze-batch", payload)], output, force)
     else:
         emit(format_batch(result), output, force)
-    sys.exit(EXIT_FINDINGS if result.failed else EXIT_OK)
+    sys.exit(EXIT_FINDINGS if result.failed else EXIT_PARTIAL if result.partial else EXIT_OK)

@@ -464,13 +464,15 @@ def test_analyze_takes_a_bundle_and_uses_its_stored_objects(cores, newest_python
     assert r.exit_code == 0, r.stderr
     a = json.loads(r.stdout)["analysis"]
     assert a["crash"]["abort_message"] == "double free or corruption (!prev)"
-    assert a["snapshot"]["sysroot"].startswith(str(crash))
+    # (laid out in the forensics cache: analysis never writes into the bundle)
+    assert a["snapshot"]["sysroot"].endswith("/sysroot") and not a["snapshot"]["sysroot"].startswith(str(crash))
+    assert not (crash / ".sysroot").exists() and not (crash / "50-core" / "core").exists()
     libs = [lib for lib in a["snapshot"]["core"]["libraries"] if lib["path"] != "[vdso]"]
     assert libs and all(lib["status"] == "ok" for lib in libs)
     # objects the store holds (those the live process for /proc shares with the core, libc at least)
     # are read from the bundle's sysroot, not from this machine
     libc = next(lib for lib in libs if lib["path"].endswith("/libc.so.6"))
-    assert libc["file_path"].startswith(str(crash / ".sysroot"))
+    assert libc["file_path"].startswith(a["snapshot"]["sysroot"])
     assert a["snapshot"]["threads"][0]["py_frames"][0]["function"] == "query_nvlink_throughput_counters"
     # and a directory of crash records is a batch
     r = CliRunner().invoke(cli, ["analyze", "--json", str(tmp_path)], catch_exceptions=False)

@@ -104,7 +104,8 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     assert seen == paths
     # and the text table lists the same
     r = run("analyze", str(d))
-    assert "5 cores, 2 distinct crashes, 0 unreadable" in r.stdout
+    assert r.stdout.splitlines()[0] == ("5 inputs: 5 cores analyzed (0 partial), 2 distinct crashes, 0 unreadable, "
+                                        "1 files skipped (not cores)")
 
 
 def test_batch_with_an_unreadable_core_exits_3(cores, newest_python, tmp_path):

@@ -215,11 +215,11 @@ def test_analyze_bundle_writes_nowhere_outside_its_directory(real_core, tmp_path
     before = _tree(tmp_path / "work")
     # WHEN it is analyzed
     r = CliRunner().invoke(cli, ["analyze", "--method", "direct", "--json", str(b)])
-    # THEN it was analyzed, and nothing exists outside the bundle that was not there before
+    # THEN it was analyzed, and nothing was written: not outside the bundle, not into it (analysis never
+    # writes into evidence; its decompressed core and sysroot lie in the cache)
     assert r.exit_code in (0, 4), r.output
     assert list(victim.iterdir()) == []
-    after = _tree(tmp_path / "work")
-    assert {k: v for k, v in after.items() if not k.startswith("bundle/.sysroot") and k != "bundle/50-core/core"} == before
+    assert _tree(tmp_path / "work") == before
 
 
 def test_analyze_bundle_follows_no_planted_symlink_out(real_core, tmp_path):
@@ -230,8 +230,8 @@ def test_analyze_bundle_follows_no_planted_symlink_out(real_core, tmp_path):
     os.symlink(victim, b / ".sysroot")
     # WHEN it is analyzed
     r = CliRunner().invoke(cli, ["analyze", "--method", "direct", "--json", str(b)])
-    # THEN analyze refuses to build a sysroot through the link, and writes nothing through it
-    assert r.exit_code == 1 and ".sysroot is not a directory of the bundle" in r.output, r.output
+    # THEN nothing is written through the link (nothing is written into a bundle at all)
+    assert r.exit_code in (0, 4), r.output
     assert list(victim.iterdir()) == []
     # AND with the link gone and the core's place planted with a link to a host file, the host file is not read
     os.unlink(b / ".sysroot")
