@@ -116,7 +116,16 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
 
 
 def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool = True) -> Iterator[str]:
-    """The human summary: signature first, then the crash, findings, threads and libraries."""
+    """The human summary: signature first, then the crash, findings, threads and libraries.
+
+    Names, paths and messages come from the crashed process: every line has its control
+    characters escaped, so a hostile thread or file name cannot drive the terminal.
+    """
+    for line in _analysis_lines(analysis, merged=merged, libraries=libraries):
+        yield _safe(line)
+
+
+def _analysis_lines(analysis: Analysis, *, merged: bool, libraries: bool) -> Iterator[str]:
     snap = analysis.snapshot
     core = snap.core
     crash = analysis.crash
@@ -300,7 +309,13 @@ def _ts(t: float) -> str:
 
 def format_batch(result: BatchResult) -> Iterable[str]:
     """The fingerprint table of a batch: distinct crashes, most frequent first; then what was partial,
-    unreadable, a snapshot, metadata only or skipped -- every input is accounted for."""
+    unreadable, a snapshot, metadata only or skipped -- every input is accounted for.  Control
+    characters (in file names, signatures) are escaped."""
+    for line in _batch_lines(result):
+        yield _safe(line)
+
+
+def _batch_lines(result: BatchResult) -> Iterable[str]:
     analyzed = sum(g.count for g in result.groups)
     head = [f"{result.total} inputs: {analyzed} cores analyzed ({result.partial} partial)",
             f"{len(result.groups)} distinct crashes", f"{len(result.failed)} unreadable"]

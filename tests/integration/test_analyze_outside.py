@@ -122,3 +122,19 @@ def test_frames_by_module_with_the_first_frame_outside_the_standard_library(work
     assert re.search(r"^    ctypes\.string_at \(ctypes/__init__\.py:\d+\)$", text, re.M)
     # the fingerprint hashes the same short path, whatever the interpreter's prefix
     assert any(b.startswith("python:ctypes/__init__.py:string_at") for b in a.fingerprint_basis)
+
+
+def test_text_output_escapes_what_the_crashed_process_named(workdir, newest_python, tmp_path):
+    # GIVEN a thread name and a core file name with terminal escape sequences in them
+    core = make_core(workdir, PYTHONS[newest_python], "segv", env={"EXPORTER_THREAD_NAME": "evil\x1b[2J\x07"})
+    d = tmp_path / "batch"
+    d.mkdir()
+    linked = d / "core.\x1b[31mred"
+    linked.symlink_to(core)
+    # WHEN analyze prints text, for the core and for a batch
+    one, batch = run("analyze", str(core)), run("analyze", str(d), str(core))
+    # THEN no control character reaches the terminal; each is shown escaped
+    for r in (one, batch):
+        assert not any(c in r.stdout for c in "\x1b\x07"), r.stdout
+    assert '"evil\\x1b[2J\\x07" tid' in one.stdout
+    assert "core.\\x1b[31mred" in batch.stdout
