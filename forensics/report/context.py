@@ -413,10 +413,14 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
     crash_prose = (f"{_process_name(f)} (pid {f.pid}) " + _failure(f) + (f" in thread {thread}" if f.tid is not None else "")
                    + (f", in {f.api}" if f.api else "") + (" inside libnvidia-ml" if f.inside_nvml else "")
                    + (f", called from {f.caller}" if f.caller else "")
-                   + (" while the interpreter was exiting" if f.phase is Phase.EXIT else "") + ".") if f.has_crash else UNKNOWN
+                   + (" while the interpreter was exiting" if f.phase is Phase.EXIT else "") + "."
+                   + (f" Exit {f.exit_explanation.removeprefix('exit ')}." if f.nested and f.exit_explanation else "")
+                   ) if f.has_crash else UNKNOWN
     crash_rows = [("Signal", _v(f.signal)), ("glibc message", f.abort_message or "none"),
                   ("Fault address", f.fault or "none"), ("Crashing thread", thread),
                   ("Failing call", _v(f.api)), ("Inside libnvidia-ml", "yes" if f.inside_nvml else "no")]
+    if f.exit_status is not None:
+        crash_rows.append(("Exit status", f.exit_explanation if f.nested and f.exit_explanation else str(f.exit_status)))
     commands = []
     binding = " ".join(x for x in (f"nvitop=={f.nvitop}" if f.nvitop else "", f"nvitop-exporter=={f.exporter}" if f.exporter else "",
                                    f"nvidia-ml-py=={f.binding}" if f.binding else "") if x)

@@ -72,6 +72,9 @@ class Facts:
     core_time: float | None = None
     signature: str | None = None
     fingerprint: str | None = None
+    exit_status: int | None = None  # 128 + the signal the process died of (139 SIGSEGV, 134 SIGABRT)
+    exit_explanation: str | None = None  # why that status (a crash reporter's handler that faulted: 139, not 134)
+    nested: bool = False  # a signal handler ran on the first fault (faulted itself, or re-raised it)
     frame_words: tuple[str, ...] = ()  # symbols, libraries, Python files and functions of the crashing thread
     # versions
     nvitop: str | None = None
@@ -229,6 +232,21 @@ def _analysis(ev: Evidence) -> dict:
 
 
 _BINDING_FILES = ("pynvml.py", "/api/libnvml.py", "libnvml.py")
+
+
+def _interrupted_frames(thread: dict) -> tuple[list[dict], list[dict]]:
+    """A thread's native and Python frames from before any signal handler ran on it (all of them when
+    none did): the outermost signal frame splits them (``native_index``, ``py_index``)."""
+    native = [f for f in thread.get("native_frames") or [] if isinstance(f, dict)]
+    py = [f for f in thread.get("py_frames") or [] if isinstance(f, dict)]
+    frames = [sf for sf in thread.get("signal_frames") or [] if isinstance(sf, dict)]
+    if frames:
+        outer = frames[-1]
+        if isinstance(outer.get("native_index"), int):
+            native = native[outer["native_index"] + 1:]
+        if isinstance(outer.get("py_index"), int):
+            py = py[outer["py_index"]:]
+    return native, py
 
 
 def _caller(py_frames: list[dict]) -> str | None:
@@ -454,9 +472,11 @@ def read_facts(ev: Evidence) -> Facts:
     core = snap.get("core") or {}
     crash = a.get("crash") or {}
     threads = [t for t in snap.get("threads") or [] if isinstance(t, dict)]
-    crashed = next((t for t in threads if t.get("is_crashed")), threads[0] if threads else {})
-    native = [f for f in crashed.get("native_frames") or [] if isinstance(f, dict)]
-    py = [f for f in crashed.get("py_frames") or [] if isinstance(f, dict)]
+    # the first fault's thread, and its frames from before any signal handler ran (a crash reporter's
+    # handler that faulted on top is not the crash: analyze puts it in crash.then)
+    crashed = (next((t for t in threads if crash.get("tid") is not None and t.get("tid") == crash.get("tid")), None)
+               or next((t for t in threads if t.get("is_crashed")), threads[0] if threads else {}))
+    native, py = _interrupted_frames(crashed)
     cap = ev.first("capture") or {}
     repro = ev.first("reproduce") or {}
     rh = repro.get("environment") or {}
@@ -495,6 +515,9 @@ def read_facts(ev: Evidence) -> Facts:
         other_threads=tuple(t for t in threads if t is not crashed),
         process=core.get("args") or core.get("command"), pid=pid, core_time=core.get("mtime"),
         signature=a.get("signature"), fingerprint=a.get("fingerprint"), frame_words=tuple(w for w in words if w),
+        exit_status=crash.get("exit_status") if isinstance(crash.get("exit_status"), int) else None,
+        exit_explanation=a.get("exit_explanation") if isinstance(a.get("exit_explanation"), str) else None,
+        nested=bool(crash.get("then")) or bool(crash.get("handler")),
         nvitop=(mods.get("nvitop") or {}).get("version"), exporter=(mods.get("nvitop_exporter") or {}).get("version"),
         binding=(mods.get("pynvml") or {}).get("version") or _binding_from(rh.get("binding")),
         python=_python_version(snap, repro), glibc=_glibc(repro), nvml=rh.get("nvml"),

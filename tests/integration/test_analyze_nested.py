@@ -177,3 +177,23 @@ def test_cli_json_carries_the_exit_explanation(cores, newest_python):
     assert "not 134 (SIGABRT)" in a["exit_explanation"]
     r = CliRunner().invoke(cli, ["analyze", str(cores.get(newest_python, "heap-prev", handler="c-abort"))])
     assert "--- SIGABRT (read from the interrupted registers) delivered here" in r.stdout
+
+
+def test_report_explains_exit_139_and_tells_the_first_faults_stack(cores, newest_python, tmp_path):
+    # GIVEN the analysis of the ctypes-handler core, as the incident's reports are made from it
+    core = cores.get(newest_python, "heap-prev", handler="ctypes-abort")
+    r = CliRunner().invoke(cli, ["analyze", "--json", "-o", str(tmp_path / "a.json"), str(core)])
+    assert r.exit_code == EXIT_OK, r.stderr
+    # WHEN the incident record and the NVIDIA report are written
+    for template in ("runbook", "nvml"):
+        CliRunner().invoke(cli, ["report", "--template", template, "-o", str(tmp_path / f"{template}.md"),
+                                 str(tmp_path / "a.json")])
+    runbook = (tmp_path / "runbook.md").read_text()
+    nvml = (tmp_path / "nvml.md").read_text()
+    # THEN the crash is told as the heap corruption, with why the exit status is 139 and not 134
+    crash = runbook.split("## Crash", 1)[1]
+    assert "aborts with heap corruption" in crash and "Exit status 139 (SIGSEGV), not 134 (SIGABRT)" in crash
+    assert "| Exit status | exit status 139 (SIGSEGV), not 134 (SIGABRT)" in nvml
+    # and the stacks it shows are the first fault's: the handler's callback is not the crash's caller
+    traceback = crash.split("Most recent call last:", 1)[1].split("```", 1)[0]
+    assert "query_nvlink_throughput_counters" in traceback and "on_abort" not in traceback
