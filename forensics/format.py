@@ -337,7 +337,8 @@ def _batch_lines(result: BatchResult) -> Iterable[str]:
         yield ""
         yield "Unreadable:"
         for e in result.failed:
-            yield f"  {e.path}: {e.error}"
+            error = e.error or "?"
+            yield f"  {error}" if error.startswith(e.path) else f"  {e.path}: {error}"
     if result.snapshots:
         yield ""
         yield "Snapshots of live processes (no crash, no fingerprint):"
