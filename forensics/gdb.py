@@ -26,7 +26,8 @@ from .errors import GdbError, GdbNotFound, GdbTimeout
 from .model import CoreFile, LibraryStatus
 from .resources import find_shipped
 
-__all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm"]
+__all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm",
+           "update_debug_farm"]
 
 NATIVE_MARKER = "FORENSICS-NATIVE-JSON: "
 PYTHON_MARKER = "FORENSICS-PYTHON-JSON: "
@@ -180,7 +181,8 @@ class GdbSession:
 
     # -- the job ----------------------------------------------------------------------------------
 
-    def analyze(self, core: CoreFile, exe_file: str | None, *, python: bool = True, native: bool = True) -> GdbResult:
+    def analyze(self, core: CoreFile, exe_file: str | None, *, python: bool = True, native: bool = True,
+                sysroot: str | None = None) -> GdbResult:
         """Load ``core`` with ``exe_file`` and run the scripts asked for; return their JSON.
 
         The executable stays loaded between calls with the same ``exe_file``, and the
@@ -200,7 +202,13 @@ class GdbSession:
             self._stage = "configuring"
             self.console(f"set sysroot {empty_root}")
             self.console(f"set solib-search-path {self._farm}")
+            # separate debug files: only those forensics.core.debugfiles found by build-id (in the
+            # sysroot first, then this machine's), never a name-matched file of another build
+            self._debug = Path(self._tmp.name) / "debug"
+            self._debug.mkdir()
+            self.console(f"set debug-file-directory {self._debug}")
         update_link_farm(core, self._farm)
+        update_debug_farm(core, self._debug, sysroot)
         if exe_file != self._exe:
             self._stage = "loading the executable"
             self.console(f"file {_quote(exe_file)}" if exe_file else "file", check=bool(exe_file))
@@ -274,10 +282,11 @@ def _index_cache_dir() -> Path | None:
 
 
 def run_gdb(core: CoreFile, exe_file: str | None, *, gdb: str = "gdb", timeout: float = DEFAULT_TIMEOUT,
-            debuginfod: str | None = None, python: bool = True, native: bool = True) -> GdbResult:
+            debuginfod: str | None = None, python: bool = True, native: bool = True,
+            sysroot: str | None = None) -> GdbResult:
     """Start gdb, analyze one core (native and Python stacks, each unless switched off), stop gdb."""
     with GdbSession(gdb, timeout=timeout, debuginfod=debuginfod) as session:
-        return session.analyze(core, exe_file, python=python, native=native)
+        return session.analyze(core, exe_file, python=python, native=native, sysroot=sysroot)
 
 
 def update_link_farm(core: CoreFile, farm: Path) -> None:
@@ -303,6 +312,35 @@ def update_link_farm(core: CoreFile, farm: Path) -> None:
     for name, target in wanted.items():
         link = farm / name
         if not os.path.islink(link):
+            os.symlink(target, link)
+
+
+def update_debug_farm(core: CoreFile, directory: Path, sysroot: str | None) -> None:
+    """Lay out ``directory`` as a debug-file directory gdb reads by build-id (``.build-id/xx/rest.debug``),
+    one link per library whose file is used and whose debug file :func:`find_debug_file` found.
+
+    Links of an earlier core of the same session stay while they point at the same file.
+    """
+    from .core.debugfiles import find_debug_file
+
+    wanted: dict[str, str] = {}
+    for lib in core.libraries:
+        build_id = lib.build_id or lib.file_build_id
+        if lib.file_path is None or lib.status not in (LibraryStatus.OK, LibraryStatus.UNVERIFIED) or not build_id:
+            continue
+        found = find_debug_file(build_id, sysroot)
+        if found is not None:
+            wanted[f"{build_id[:2]}/{build_id[2:]}.debug"] = os.path.abspath(found)
+    root = directory / ".build-id"
+    for sub in (os.scandir(root) if root.is_dir() else ()):
+        for entry in os.scandir(sub.path):
+            rel = f"{sub.name}/{entry.name}"
+            if rel not in wanted or os.readlink(entry.path) != wanted[rel]:
+                os.unlink(entry.path)
+    for rel, target in wanted.items():
+        link = root / rel
+        if not os.path.islink(link):
+            link.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(target, link)
 
 

@@ -498,10 +498,11 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     if want_gdb_python or want_gdb_native:
         try:
             if session is not None:
-                result = session.analyze(core, exe_file, python=want_gdb_python, native=want_gdb_native)
+                result = session.analyze(core, exe_file, python=want_gdb_python, native=want_gdb_native,
+                                         sysroot=sysroot)
             else:
                 result = run_gdb(core, exe_file, gdb=gdb, timeout=timeout, debuginfod=debuginfod,
-                                 python=want_gdb_python, native=want_gdb_native)
+                                 python=want_gdb_python, native=want_gdb_native, sysroot=sysroot)
         except GdbNotFound as e:
             if want_gdb_python or plan == "gdb" or libdw_doc is None:
                 problems.append(f"{e}; {'native stacks need' if libdw_doc is None else 'it is needed'} "

@@ -48,6 +48,8 @@ MAX_THREADS = 4096
 _MAX_SYMBOL_CACHE = 1 << 16
 _USABLE = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
 _FUNCTION_TAGS = (L.DW_TAG_subprogram, L.DW_TAG_inlined_subroutine, L.DW_TAG_entry_point)
+_CODE_TAGS = _FUNCTION_TAGS + (L.DW_TAG_lexical_block,)
+_MAX_DEPTH = 256  # nesting of scopes walked
 _MAX_VDSO = 1 << 20
 
 # (build-id, debug file, address relative to the object's base, is activation) -> frame templates
@@ -334,21 +336,10 @@ class _Unwinder:
         cu = lib.dwfl_module_addrdie(mod, addr, byref(bias))
         if not cu:
             return []
-        # dwarf_getscopes finds the innermost function at addr; past an inlined instance it lists the scopes
-        # of its abstract definition, so the concrete callers come from dwarf_getscopes_die (as eu-stack does).
-        innermost = None
-        scopes = ctypes.POINTER(L.DwarfDie)()
-        n = lib.dwarf_getscopes(cu, addr - bias.value, byref(scopes))
-        try:
-            for i in range(max(n, 0)):
-                if lib.dwarf_tag(ctypes.pointer(scopes[i])) in _FUNCTION_TAGS:
-                    innermost = L.DwarfDie.from_buffer_copy(scopes[i])
-                    break
-        finally:
-            if n > 0:
-                lib.free(ctypes.cast(scopes, c_void_p))
+        innermost = self._innermost_function(cu, addr - bias.value)
         if innermost is None:
             return []
+        # the concrete chain of scopes holding it, up to the CU (as eu-stack does)
         chain = ctypes.POINTER(L.DwarfDie)()
         n = lib.dwarf_getscopes_die(byref(innermost), byref(chain))
         if n <= 0:
@@ -362,8 +353,6 @@ class _Unwinder:
                 tag = lib.dwarf_tag(die)
                 if tag not in _FUNCTION_TAGS:
                     continue
-                entry = c_uint64()
-                entry_pc = entry.value + bias.value if lib.dwarf_entrypc(die, byref(entry)) == 0 else None
                 call_file = call_line = None
                 if tag == L.DW_TAG_inlined_subroutine:
                     attr, value = L.DwarfAttribute(), c_uint64()
@@ -373,12 +362,58 @@ class _Unwinder:
                         call_file = raw.decode("utf-8", "replace") if raw else None
                     if lib.dwarf_formudata(lib.dwarf_attr(die, L.DW_AT_call_line, byref(attr)), byref(value)) == 0:
                         call_line = value.value or None
-                out.append((tag, self._die_name(die), entry_pc, call_file, call_line))
+                entry = self._entry_pc(die)
+                out.append((tag, self._die_name(die), None if entry is None else entry + bias.value, call_file,
+                            call_line))
                 if tag != L.DW_TAG_inlined_subroutine:
                     break
         finally:
             lib.free(ctypes.cast(chain, c_void_p))
         return out
+
+    def _innermost_function(self, cu, addr: int):
+        """The innermost function or inlined-function DIE whose code holds ``addr`` (an address of the DWARF,
+        without the load bias), or None."""
+        lib = self.lib
+        scopes = ctypes.POINTER(L.DwarfDie)()
+        n = lib.dwarf_getscopes(cu, addr, byref(scopes))
+        if n > 0:
+            try:
+                for i in range(n):
+                    if lib.dwarf_tag(ctypes.pointer(scopes[i])) in _FUNCTION_TAGS:
+                        return L.DwarfDie.from_buffer_copy(scopes[i])
+            finally:
+                lib.free(ctypes.cast(scopes, c_void_p))
+            return None
+        if n < 0:
+            return None
+        # dwarf_getscopes of libdw before 0.189 finds nothing for a pc inside an inlined function whose
+        # abstract origin is in another CU (gcc -flto: Debian's CPython); walk the CU's code scopes instead
+        innermost, parent = None, L.DwarfDie.from_buffer_copy(cu.contents)
+        for _ in range(_MAX_DEPTH):
+            child, found = L.DwarfDie(), None
+            rc = lib.dwarf_child(byref(parent), byref(child))
+            while rc == 0:
+                if lib.dwarf_tag(byref(child)) in _CODE_TAGS and lib.dwarf_haspc(byref(child), addr) == 1:
+                    found = child
+                    break
+                sibling = L.DwarfDie()
+                rc = lib.dwarf_siblingof(byref(child), byref(sibling))
+                child = sibling
+            if found is None:
+                break
+            if lib.dwarf_tag(byref(found)) in _FUNCTION_TAGS:
+                innermost = L.DwarfDie.from_buffer_copy(found)
+            parent = found
+        return innermost
+
+    def _entry_pc(self, die) -> int | None:
+        """Where gdb (13) says a function starts: its low_pc, or for code in several ranges the start of
+        the first one listed."""
+        base, start, end = c_uint64(), c_uint64(), c_uint64()
+        if self.lib.dwarf_ranges(die, 0, byref(base), byref(start), byref(end)) > 0:
+            return start.value
+        return None
 
     def _die_name(self, die) -> str | None:
         """The function's name as gdb shows it for C: its linkage name when it has one, else DW_AT_name

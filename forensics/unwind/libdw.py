@@ -45,6 +45,7 @@ __all__ = [
     "DWARF_CB_ABORT",
     "ELF_C_READ_MMAP",
     "DW_TAG_entry_point",
+    "DW_TAG_lexical_block",
     "DW_TAG_inlined_subroutine",
     "DW_TAG_subprogram",
     "DW_AT_name",
@@ -55,7 +56,7 @@ __all__ = [
 DWARF_CB_OK, DWARF_CB_ABORT = 0, 1
 EV_CURRENT = 1
 ELF_C_READ_MMAP = 8
-DW_TAG_entry_point, DW_TAG_inlined_subroutine, DW_TAG_subprogram = 0x03, 0x1D, 0x2E
+DW_TAG_entry_point, DW_TAG_lexical_block, DW_TAG_inlined_subroutine, DW_TAG_subprogram = 0x03, 0x0B, 0x1D, 0x2E
 DW_AT_name, DW_AT_call_file, DW_AT_call_line = 0x03, 0x58, 0x59
 
 Dwarf_Addr = c_uint64
@@ -119,11 +120,15 @@ _DW = {
     "dwarf_getscopes": (c_int, [POINTER(DwarfDie), Dwarf_Addr, POINTER(POINTER(DwarfDie))]),
     "dwarf_getscopes_die": (c_int, [POINTER(DwarfDie), POINTER(POINTER(DwarfDie))]),
     "dwarf_tag": (c_int, [POINTER(DwarfDie)]),
+    "dwarf_child": (c_int, [POINTER(DwarfDie), POINTER(DwarfDie)]),
+    "dwarf_siblingof": (c_int, [POINTER(DwarfDie), POINTER(DwarfDie)]),
+    "dwarf_haspc": (c_int, [POINTER(DwarfDie), Dwarf_Addr]),
+    "dwarf_ranges": (c_ssize_t, [POINTER(DwarfDie), c_ssize_t, POINTER(Dwarf_Addr), POINTER(Dwarf_Addr),
+                                 POINTER(Dwarf_Addr)]),
     "dwarf_attr": (POINTER(DwarfAttribute), [POINTER(DwarfDie), c_uint, POINTER(DwarfAttribute)]),
     "dwarf_attr_integrate": (POINTER(DwarfAttribute), [POINTER(DwarfDie), c_uint, POINTER(DwarfAttribute)]),
     "dwarf_formstring": (c_char_p, [POINTER(DwarfAttribute)]),
     "dwarf_formudata": (c_int, [POINTER(DwarfAttribute), POINTER(Dwarf_Word)]),
-    "dwarf_entrypc": (c_int, [POINTER(DwarfDie), POINTER(Dwarf_Addr)]),
     "dwarf_getsrcfiles": (c_int, [POINTER(DwarfDie), POINTER(c_void_p), POINTER(c_size_t)]),
     "dwarf_filesrc": (c_char_p, [c_void_p, c_size_t, POINTER(Dwarf_Word), POINTER(Dwarf_Word)]),
     "dwelf_elf_gnu_build_id": (c_ssize_t, [c_void_p, POINTER(c_void_p)]),
