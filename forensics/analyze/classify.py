@@ -184,11 +184,24 @@ def classify_crash(core: CoreFile, threads: tuple[Thread, ...] = (), *, python_p
                      handler=handler, then=then)
     if signo in _KIND_BY_SIGNAL and is_heap_message(core.abort_message):
         # glibc had written its heap-corruption message, so a thread was aborting when this fault came
-        aborting = next((t for t in threads if t.tid != tid and any(f.symbol in _ABORT_PATH for f in t.native_frames)),
-                        None)
+        # (the one with a signal frame for SIGABRT -- read from the core alone -- or abort() on its stack)
+        aborting, abort_frame = None, None
+        for t in threads:
+            frame = next((f for f in t.signal_frames if f.signal.signo == _signal.SIGABRT), None)
+            if t.tid != tid and frame is not None:
+                aborting, abort_frame = t, frame
+                break
+        if aborting is None:
+            aborting = next((t for t in threads if t.tid != tid and any(f.symbol in _ABORT_PATH
+                                                                         for f in t.native_frames)), None)
+        handler = None
+        if abort_frame is not None:
+            from .sigframe import name_handler
+
+            handler = name_handler(aborting, abort_frame, python_process=python_process)
         return Crash(kind=CrashKind.HEAP_CORRUPTION, signal=_signal.SIGABRT, signal_name="SIGABRT",
                      abort_message=core.abort_message, fault_address=None, fault_kind=None,
-                     tid=aborting.tid if aborting is not None else None,
+                     tid=aborting.tid if aborting is not None else None, handler=handler,
                      then=_later(sig, signo, core, pc, tid, None))
     frames = crashed.native_frames if crashed is not None else ()
     if not signo:

@@ -34,9 +34,14 @@ def _in_thread(t: Thread) -> str:
     return f"in the main thread tid {t.tid}" if t.is_main and not t.name else f"in thread {describe_thread(t)}"
 
 
-def describe_native_culprit(frames: tuple[NativeFrame, ...], libraries_base: dict[str, int]) -> str | None:
+def describe_native_culprit(frames: tuple[NativeFrame, ...], libraries_base: dict[str, int], *,
+                            unwound: bool = True) -> str | None:
     """The first native frame past the abort machinery and outside libc: ``symbol (library)``, or for an
-    unnamed one ``library+0xOFFSET`` (never its named caller); None when no frame qualifies."""
+    unnamed one ``library+0xOFFSET`` (never its named caller); None when no frame qualifies.
+
+    :param unwound: whether an unwinder made the frames (else the one frame is the program counter,
+        never symbolized: said so, not "no symbol")
+    """
     for f in skip_abort_machinery(frames):
         if f.is_libc:
             continue
@@ -45,13 +50,13 @@ def describe_native_culprit(frames: tuple[NativeFrame, ...], libraries_base: dic
         if f.library:
             base = libraries_base.get(f.library)
             off = f"+0x{f.pc - base:x}" if base is not None and f.pc >= base else f" at 0x{f.pc:x}"
-            return f"{f.library_name}{off} (no symbol)"
+            return f"{f.library_name}{off} ({'no symbol' if unwound else 'program counter only: not unwound'})"
         return f"0x{f.pc:x} (in no mapped object)"
     return None
 
 
 def describe_location(py_frames: tuple[PyFrame, ...] | None, native: tuple[NativeFrame, ...],
-                      libraries_base: dict[str, int]) -> list[str]:
+                      libraries_base: dict[str, int], *, unwound: bool = True) -> list[str]:
     """``at PYFRAME [from CALLER]`` and ``via NATIVE`` for one part of a stack."""
     out = []
     if py_frames:
@@ -61,10 +66,15 @@ def describe_location(py_frames: tuple[PyFrame, ...] | None, native: tuple[Nativ
             caller = first_outside_stdlib(py_frames)
             if caller is not None:
                 out.append(f"from {describe_pyframe(caller)}")
-    culprit = describe_native_culprit(native, libraries_base)
+    culprit = describe_native_culprit(native, libraries_base, unwound=unwound)
     if culprit is not None:
         out.append(f"via {culprit}")
     return out
+
+
+def _unwound(t: Thread) -> bool:
+    """Whether an unwinder made the thread's native frames (not just its program counter)."""
+    return getattr(t, "native_method", None) not in (None, "registers") or len(t.native_frames) > 1
 
 
 def _fault(signal_name: str | None, abort_message: str | None, address: int | None, kind) -> list[str]:
@@ -85,7 +95,7 @@ def _snapshot(analysis: Analysis, bases: dict[str, int]) -> str:
     if main is None:
         return head
     parts = [f"main thread {describe_thread(main)}" if main.name else describe_thread(main)]
-    parts += describe_location(main.py_frames, main.native_frames, bases)
+    parts += describe_location(main.py_frames, main.native_frames, bases, unwound=_unwound(main))
     return f"{head}; " + " ".join(parts)
 
 
@@ -105,7 +115,8 @@ def signature(analysis: Analysis) -> str:
     thread = next((t for t in snap.threads if t.tid == crash.tid), None) if crash.tid is not None else None
     if thread is not None:
         parts.append(_in_thread(thread))
-        parts += describe_location(thread.interrupted_py_frames, thread.interrupted_native_frames, bases)
+        parts += describe_location(thread.interrupted_py_frames, thread.interrupted_native_frames, bases,
+                                   unwound=_unwound(thread))
     elif crash.tid is not None:
         parts.append(f"in tid {crash.tid}")
     else:
@@ -140,7 +151,8 @@ def describe_later_fault(analysis: Analysis, bases: dict[str, int] | None = None
             later += where
     elif late_thread is not None:
         later.append(_in_thread(late_thread))
-        later += describe_location(late_thread.interrupted_py_frames, late_thread.interrupted_native_frames, bases)
+        later += describe_location(late_thread.interrupted_py_frames, late_thread.interrupted_native_frames, bases,
+                                   unwound=_unwound(late_thread))
     return " ".join(later)
 
 

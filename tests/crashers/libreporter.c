@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 static volatile int reporter_calls;
 
@@ -24,6 +25,14 @@ static void forensics_reporter_on_segv(int signo, siginfo_t *info, void *uc)
     volatile int *scratch = (volatile int *)(uintptr_t)0x28;
     reporter_calls++;
     *scratch = signo; /* a second SIGSEGV, at 0x28 */
+}
+
+/* A slow SIGABRT handler: a reporter still writing its report (it waits) when another thread faults. */
+static void forensics_reporter_slow_abort(int signo)
+{
+    struct timespec ts = {30, 0};
+    reporter_calls++;
+    nanosleep(&ts, 0);
 }
 
 static int install(int signo, void (*fn)(int), void (*action)(int, siginfo_t *, void *))
@@ -48,4 +57,9 @@ int forensics_install_abort_handler(void)
 int forensics_install_segv_handler(void)
 {
     return install(SIGSEGV, 0, forensics_reporter_on_segv);
+}
+
+int forensics_install_slow_abort_handler(void)
+{
+    return install(SIGABRT, forensics_reporter_slow_abort, 0);
 }

@@ -37,6 +37,7 @@ __all__ = [
     "make_gcore",
     "EXPORTER",
     "BARE",
+    "TWO_THREADS",
     "HANDLERS",
 ]
 
@@ -45,6 +46,7 @@ LIBCRASH_C = HERE / "libcrash.c"
 LIBREPORTER_C = HERE / "libreporter.c"
 EXPORTER = HERE / "exporter.py"
 BARE = HERE / "bare.py"
+TWO_THREADS = HERE / "two_threads.py"
 SCENARIOS = ("heap-prev", "heap-next-size", "segv", "py-abort", "fpe", "ill", "bus", "qsort-abort", "string-at")
 #: crash reporters exporter.py installs (EXPORTER_HANDLER), whose own code faults as the process dies
 HANDLERS = ("ctypes-abort", "c-abort", "c-segv", "faulthandler")

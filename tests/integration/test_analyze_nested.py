@@ -19,7 +19,8 @@ from forensics.analyze.signature import exit_explanation, signature
 from forensics.cli import cli
 from forensics.errors import EXIT_OK
 from forensics.model import CrashKind, FaultKind, HandlerKind
-from tests.conftest import python_params
+from tests.conftest import PYTHONS, python_params
+from tests.crashers.make_core import TWO_THREADS, build_libcrash, build_libreporter, crash_for_core
 
 
 def died_of(core: Path) -> int:
@@ -197,3 +198,30 @@ def test_report_explains_exit_139_and_tells_the_first_faults_stack(cores, newest
     # and the stacks it shows are the first fault's: the handler's callback is not the crash's caller
     traceback = crash.split("Most recent call last:", 1)[1].split("```", 1)[0]
     assert "query_nvlink_throughput_counters" in traceback and "on_abort" not in traceback
+
+
+def test_another_threads_fault_after_the_heap_abort_says_which_came_first(cores, newest_python, tmp_path):
+    # GIVEN a poller thread that corrupted the heap, aborted by glibc and still in its (slow) SIGABRT
+    # handler, when the main thread dies of SIGSEGV: the kernel dumps the main thread's SIGSEGV (139)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    core = crash_for_core([PYTHONS[newest_python], str(TWO_THREADS), str(build_libcrash(tmp_path)),
+                           str(build_libreporter(tmp_path))], run_dir)
+    assert died_of(core) == 11
+    for method in ("auto", "direct"):
+        a = analyze_core(str(core), method=method)
+        threads = {t.name: t for t in a.snapshot.threads}
+        poller, main = threads["nvml-poller"], threads["MainThread"]
+        # THEN the crash is the poller's heap corruption, which the core shows came first (its SIGABRT
+        # signal frame, glibc's message written), and the main thread's SIGSEGV comes after
+        assert main.is_crashed and not poller.is_crashed
+        assert a.crash.kind is CrashKind.HEAP_CORRUPTION and a.crash.tid == poller.tid
+        assert a.crash.handler.name == "forensics_reporter_slow_abort"
+        assert (a.crash.then.signal_name, a.crash.then.tid, a.crash.then.handler) == ("SIGSEGV", main.tid, None)
+        first, _, then = signature(a).partition("; then ")
+        assert f'in thread "nvml-poller" tid {poller.tid} at poll_nvlink (two_threads.py:' in first
+        assert then.startswith(f'SIGSEGV at 0x10 (near-null) in thread "MainThread" tid {main.tid} at main')
+        order = next(f for f in a.findings if f.rule == "fault-order")
+        assert order.summary.startswith(f'"nvml-poller" tid {poller.tid} came first')
+        assert exit_explanation(a).startswith("exit status 139 (SIGSEGV), not 134 (SIGABRT)")
+    assert analyze_core(str(core)).fingerprint == a.fingerprint  # whichever method read it
