@@ -270,7 +270,9 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
     """Findings an on-call engineer should read, each with its evidence."""
     core = snapshot.core
     out: list[Finding] = []
-    crashed = snapshot.crashed_thread
+    # the first fault's thread, judged by what ran before any signal handler (a crash reporter's
+    # handler on top is not where the crash happened)
+    crashed = next((t for t in snapshot.threads if t.tid == crash.tid), None) if crash.tid is not None else None
     if crash.kind is CrashKind.HEAP_CORRUPTION:
         out.append(
             Finding(
@@ -292,7 +294,8 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
                 evidence=(f"build-id {core.nvml.build_id or 'unknown'}",),
             )
         )
-        if crashed is not None and crashed.inside_nvml:
+        if crashed is not None and any("libnvidia-ml" in (f.library_name or "")
+                                       for f in crashed.interrupted_native_frames):
             out.append(
                 Finding(
                     rule="crash-inside-nvml",
