@@ -194,7 +194,7 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
     item_paths = [i.path for i in ev.items]
     redactor.learn({"docs": ev.docs, "paths": item_paths})
     docs = {k: [redact_tree(d, redactor) for d in v] for k, v in ev.docs.items()}
-    localizer = PathLocalizer()
+    localizer = PathLocalizer(prefixes=_local_prefixes(ev))
     if upstream:
         docs = localizer.tree(docs)
     facts = read_facts(Evidence(docs=docs, items=ev.items))
@@ -256,6 +256,33 @@ def _footer(redactor: Redactor, localizer, upstream: bool, hosts: bool) -> list[
     if upstream:
         out.append("local paths: " + (", ".join(localizer.summary()) if localizer.summary() else "none found"))
     return out
+
+
+def _local_prefixes(ev: Evidence) -> tuple[str, ...]:
+    """This machine's places the evidence names: where its files and bundles are, the reproducers' work
+    directory, forensics' cache and checkout, the user's home."""
+    out = {str(Path.home())}
+    for item in ev.items:
+        out.add(str(Path(item.path).resolve().parent))
+    for doc in ev.all("capture"):
+        if doc.get("_bundle_dir"):
+            out.add(str(Path(doc["_bundle_dir"]).parent))
+    for doc in ev.all("reproduce"):
+        for r in ((doc.get("reproduce") or {}).get("runs") or []):
+            if isinstance(r, dict) and isinstance(r.get("run_dir"), str):
+                out.add(str(Path(r["run_dir"]).parent.parent))  # <workdir>/reproduce-<stamp>/<name>
+    for doc in ev.all("analyze"):
+        core = ((((doc.get("analysis") or {}).get("snapshot") or {}).get("core")) or {}).get("path")
+        if isinstance(core, str) and core.startswith("/"):
+            out.add(str(Path(core).parent))
+    try:
+        from ..cache import cache_dir
+
+        out.add(str(cache_dir()))
+    except Exception:  # noqa: BLE001 - no cache configured: nothing to learn
+        pass
+    out.add(str(Path(__file__).resolve().parents[2]))  # the checkout or site-packages forensics runs from
+    return tuple(sorted(p for p in out if p not in ("/", "")))
 
 
 def _heap_section(docs: dict) -> dict | None:

@@ -503,7 +503,7 @@ def read_facts(ev: Evidence) -> Facts:
     installers = sorted({str(d.get("installer")) for d in vi.get("distributions") or []
                          if isinstance(d, dict) and d.get("installer") and str(d.get("name")).lower()
                          in ("nvitop", "nvitop-exporter", "nvidia-ml-py")})
-    not_ok = tuple(f"{k}: {v.get('verdict')}" for k, v in mods.items()
+    not_ok = tuple(f"{k}: {v.get('verdict')}" + (f" ({v['file']})" if v.get("file") else "") for k, v in mods.items()
                    if v.get("verdict") and str(v.get("verdict")).upper() != "OK")
     smi = cap.get("nvidia_smi") or _get(repro, "environment", "nvidia_smi")
     return Facts(

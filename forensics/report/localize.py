@@ -2,11 +2,13 @@
 ``/root/.cache/forensics/venvs/incident/lib/python3.11/site-packages/nvitop/api/device.py``.
 
 :class:`PathLocalizer` rewrites absolute paths in text: a path through ``site-packages`` or
-``dist-packages`` keeps its part from there on; a path under the system's own directories
-(``/usr``, ``/lib``, ``/etc``, ``/proc`` ...) stays, since it names the distribution's layout, not
-this machine; any other absolute path (a home directory, a work or cache directory, a build
-tree, a bundle) becomes ``<local>/NAME``, keeping its file name.  It counts what it replaced,
-for the report's footer.  Upstream templates use it; the runbook keeps every path.
+``dist-packages`` keeps its part from there on; a path under one of this machine's own places --
+home and temporary directories, the kubelet's pod directories, and the prefixes the report
+learns from its evidence (where the evidence files, bundles and reproducer runs are, forensics'
+cache and checkout) -- becomes ``<local>/NAME``, keeping its file name; any other path stays:
+``/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09`` names the driver's layout and
+``/app/nvitop/__init__.py`` the image's (the shadowing a maintainer must see).  It counts what
+it replaced, for the report's footer.  Upstream templates use it; the runbook keeps every path.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from typing import Any
 __all__ = ["PathLocalizer", "LOCAL"]
 
 LOCAL = "<local>"
-_SYSTEM = ("usr", "lib", "lib64", "lib32", "libx32", "bin", "sbin", "etc", "proc", "sys", "dev", "run", "boot")
+#: this machine's places, whatever the evidence says: homes, temporary directories, the kubelet's pods
+LOCAL_PREFIXES = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/run/user", "/var/lib/kubelet")
 # an absolute path: starts after a boundary, runs over path characters (no spaces, quotes, brackets)
 _PATH = re.compile(r"(?<![\w.~<>:/-])/(?:[\w.+@%=-]+/)*[\w.+@%=-]+/?")
 _PACKAGES = re.compile(r"/(?:site|dist)-packages/")
@@ -27,16 +30,20 @@ _PACKAGES = re.compile(r"/(?:site|dist)-packages/")
 class PathLocalizer:
     """Replaces local paths; ``counts`` says how many of each kind.
 
-    >>> p = PathLocalizer()
+    >>> p = PathLocalizer(prefixes=("/work/main/demo",))
     >>> p.text('File "/root/.cache/v/lib/python3.11/site-packages/nvitop/api/device.py", line 1591')
     'File "site-packages/nvitop/api/device.py", line 1591'
     >>> p.text("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09 and /work/main/demo/work/sim/libnvidia-ml.so.1")
     '/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09 and <local>/libnvidia-ml.so.1'
-    >>> p.text("/usr/local/lib/python3.11/site-packages/pynvml.py"), p.summary()
-    ('site-packages/pynvml.py', ['2 site-packages paths shortened to site-packages/…', '1 local path replaced by <local>/NAME'])
+    >>> p.text("/app/nvitop/__init__.py /tmp/x/core"), p.summary()
+    ('/app/nvitop/__init__.py <local>/core', ['1 site-packages path shortened to site-packages/…', '2 local paths replaced by <local>/NAME'])
     """
 
+    prefixes: tuple[str, ...] = ()  # learned from the evidence, beside LOCAL_PREFIXES
     counts: dict[str, int] = field(default_factory=dict)
+
+    def is_local(self, path: str) -> bool:
+        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in (*LOCAL_PREFIXES, *self.prefixes) if p)
 
     def _path(self, m: re.Match) -> str:
         path = m.group(0)
@@ -44,8 +51,7 @@ class PathLocalizer:
         if pk:
             self.counts["packages"] = self.counts.get("packages", 0) + 1
             return path[pk.start() + 1:]
-        first = path.lstrip("/").split("/", 1)[0]
-        if first in _SYSTEM or path == "/":
+        if not self.is_local(path):
             return path
         name = path.rstrip("/").rsplit("/", 1)[-1]
         self.counts["local"] = self.counts.get("local", 0) + 1

@@ -109,6 +109,9 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
         named = " ".join(s["summary"].split()[:2])  # "nvitop 1.5.0"
         if s["severity"] == "error" and not any(u.startswith(named) for u in unsupported):
             unsupported.append(s["summary"])
+    for sh in f.shadowing:  # the code that runs is not the installed distribution's
+        if sh.split(":")[0] in ("nvitop", "nvitop_exporter", "pynvml"):
+            unsupported.append(f"the process imports {sh}, not the installed distribution: fix the image first")
     upgrade = list(dict.fromkeys(_sentence(s["fix"]) for s in support if s.get("fix")))
     fixed = [k for k in known if k.fix]
     upgrade += [_sentence(k.fix) for k in fixed if _sentence(k.fix) not in upgrade]

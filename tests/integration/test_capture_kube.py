@@ -199,7 +199,8 @@ def test_agent_keeps_big_files_on_the_node_within_its_log_budget(pod_process, tm
     from forensics.capture.agent import BEGIN, END
 
     core_dir = tmp_path / "cores"
-    core = Path(sys.executable).resolve()  # some MB of bytes as "the core" of an earlier crash
+    core = tmp_path / "core-bytes"  # 2 MB that do not compress, as "the core" of an earlier crash
+    core.write_bytes(os.urandom(2 << 20))
     earlier = _handled_crash(core_dir, pod_process["pid"], 6, core)
     r = CliRunner().invoke(cli, ["agent", "run", "--container-id", f"containerd://{pod_process['cid']}",
                                  "--core-dir", str(core_dir), "--max-inline", "64K"])
