@@ -3,12 +3,16 @@
 Data flows one way: core file -> :class:`CoreFile` -> :class:`ProcessSnapshot`
 -> :class:`Analysis` -> rendered text / JSON.  Every record is frozen; derived
 facts are properties, never stored fields.  This module imports nothing from
-forensics so that every other module can import it.
+forensics but :func:`~forensics.records.record` (a frozen, slotted, keyword-only
+dataclass made without compiling code: importing this module is most of a
+command's start-up otherwise), so that every other module can import it.
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from forensics.records import record
 
 __all__ = [
     "Source",
@@ -111,7 +115,7 @@ class FrameKind(enum.Enum):
     PYTHON = "python"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SigInfo:
     """The signal that killed the process (NT_SIGINFO)."""
 
@@ -123,7 +127,7 @@ class SigInfo:
     sender_pid: int | None = None  # si_pid for signals sent by kill()/abort()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SignalFrame:
     """A signal frame on a thread's stack: the kernel delivered ``signal`` to a handler, which was still
     running (or had not returned) when the core was written.
@@ -154,7 +158,7 @@ class HandlerKind(enum.Enum):
     UNKNOWN = "unknown"  # the native stack was not unwound, or the handler's frame is unreadable
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SignalHandler:
     """The handler of a signal, as far as the core names it."""
 
@@ -172,7 +176,7 @@ class SignalHandler:
         return f"{name} ({self.where})" if self.where else name
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LaterFault:
     """The fault that killed the process after the first one: raised inside a handler of the first
     fault's signal (``handler`` set), or by another thread (``handler`` None)."""
@@ -185,7 +189,7 @@ class LaterFault:
     handler: SignalHandler | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CoreThread:
     """One NT_PRSTATUS note: a thread as the kernel saw it at the crash."""
 
@@ -196,7 +200,7 @@ class CoreThread:
     fs_base: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Mapping:
     """One virtual memory area of the crashed process."""
 
@@ -215,7 +219,7 @@ class Mapping:
         return self.start <= addr < self.end
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Library:
     """An ELF object mapped in the process, with the build-id check against the file on disk."""
 
@@ -231,7 +235,7 @@ class Library:
         return self.path.rsplit("/", 1)[-1]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class NvmlLibrary:
     """The libnvidia-ml.so that was mapped: the first question in every NVML crash."""
 
@@ -241,7 +245,7 @@ class NvmlLibrary:
     version_source: str | None  # "file-name" or "version-string"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CoreFile:
     """What the core file itself says, read without gdb."""
 
@@ -274,7 +278,7 @@ class CoreFile:
         return None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class NativeFrame:
     """One native frame.  An inlined frame shares its pc with the frame it was inlined into
     (the next one out) and has no offset of its own; a tail-call frame is one gdb reconstructed
@@ -310,7 +314,7 @@ class NativeFrame:
         return name.startswith("libpython") or name.startswith("python")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PyFrame:
     function: str
     file: str
@@ -318,7 +322,7 @@ class PyFrame:
     is_entry: bool = True  # first Python frame of one _PyEval_EvalFrameDefault call
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Thread:
     tid: int
     name: str | None  # the threading module's name, e.g. "metrics-server"
@@ -363,7 +367,7 @@ class Thread:
         return any("libnvidia-ml" in (f.library_name or "") for f in self.native_frames)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ProcessSnapshot:
     """Everything read from one process (a core now; a live pid later)."""
 
@@ -413,7 +417,7 @@ class ProcessSnapshot:
         return None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Crash:
     """What the crash is: the first fault (its signal, class, glibc's message, where it pointed, its
     thread).  A crash reporter's handler that faulted afterwards, or another thread's fault that
@@ -452,7 +456,7 @@ class Crash:
         return " ".join(parts)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Finding:
     rule: str
     severity: Severity
@@ -480,7 +484,7 @@ class OverflowVerdict(enum.Enum):
     UNDETERMINED = "undetermined"  # the core does not hold what decides it (the reason says what is missing)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HeapChunk:
     """One glibc malloc chunk: its header as read from the core."""
 
@@ -501,7 +505,7 @@ class HeapChunk:
         return self.address + self.size
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HeapBin:
     """One glibc free list (a tcache bin, fastbin, or the unsorted/small/large bins), as walked."""
 
@@ -513,7 +517,7 @@ class HeapBin:
     problem: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HeapRegion:
     """One contiguous heap: the main arena's brk heap or one ``heap_info`` of a thread arena."""
 
@@ -529,7 +533,7 @@ class HeapRegion:
     problem: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HeapArena:
     """A glibc arena (``struct malloc_state``) and its heaps."""
 
@@ -544,7 +548,7 @@ class HeapArena:
     problems: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ThreadCache:
     """A thread's tcache (``tcache_perthread_struct``)."""
 
@@ -555,7 +559,7 @@ class ThreadCache:
     bins: tuple[HeapBin, ...]  # non-empty or broken bins
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HeapSummary:
     """The glibc heap of the process: ``analyze --heap``."""
 
@@ -572,7 +576,7 @@ class HeapSummary:
     problems: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CtypesObject:
     """A ctypes instance (``CDataObject``) read from the core: what it is and where its buffer is."""
 
@@ -587,7 +591,7 @@ class CtypesObject:
     value: int | None = None  # integer simple types (c_int, c_uint, c_size_t...): the value
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PyLocal:
     """One fast local of a Python frame."""
 
@@ -598,7 +602,7 @@ class PyLocal:
     ctypes: CtypesObject | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class BufferOwner:
     """The Python object whose buffer is the chunk that overflowed."""
 
@@ -609,7 +613,7 @@ class BufferOwner:
     object: CtypesObject
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class NativeCall:
     """A native call in progress on the crashing thread that was passed the overflowing buffer."""
 
@@ -624,7 +628,7 @@ class NativeCall:
     count: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HeapCorruption:
     """The anatomy of a heap corruption glibc detected: which chunk, which buffer, how far, and who."""
 
@@ -649,7 +653,7 @@ class HeapCorruption:
     problems: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HeapReport:
     """``Analysis.heap``: the corruption's anatomy (heap-corruption crashes) and the arena summary (--heap)."""
 
@@ -658,7 +662,7 @@ class HeapReport:
     problems: tuple[str, ...] = ()  # why the heap could not be read (no libc, unknown glibc, no arena)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Analysis:
     snapshot: ProcessSnapshot
     crash: Crash
@@ -669,7 +673,7 @@ class Analysis:
     fingerprint_partial: str | None = None  # why a part the definition uses was unavailable (then it differs)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class BatchEntry:
     """One input of a batch: a core that was analyzed, one that failed with its reason, or a bundle that
     kept no core (``no_core`` says why)."""
@@ -696,7 +700,7 @@ class BatchEntry:
         return None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class BatchGroup:
     fingerprint: str
     signature: str
@@ -708,7 +712,7 @@ class BatchGroup:
     partial: tuple[str, ...] = ()  # "path: why" of each member whose analysis is partial
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class BatchResult:
     groups: tuple[BatchGroup, ...]
     failed: tuple[BatchEntry, ...]

@@ -14,8 +14,8 @@ import shlex
 import signal
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 
+from forensics.records import record
 from forensics.errors import NotACoreFile, UnsupportedTarget
 from forensics.model import CoreThread, SigInfo
 
@@ -139,7 +139,7 @@ _COMPRESSED = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ElfHeader:
     """The fields of an ELF header that forensics looks at."""
 
@@ -155,7 +155,7 @@ class ElfHeader:
     shnum: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ProgramHeader:
     type: int
     flags: int
@@ -166,14 +166,14 @@ class ProgramHeader:
     align: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Note:
     name: bytes  # without the terminating NUL, e.g. b"CORE"
     type: int
     desc: bytes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PsInfo:
     """NT_PRPSINFO: the process as ``ps`` would show it."""
 
@@ -186,7 +186,7 @@ class PsInfo:
     args: str  # pr_psargs, at most 80 characters
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FileMapping:
     """One NT_FILE entry: a file-backed mapping."""
 

@@ -26,8 +26,8 @@ import mmap
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from forensics.records import record
 from forensics.core import elf
 from forensics.errors import CoreNotFound, CoreReadError, InputUnreadable, NotACoreFile
 
@@ -45,7 +45,7 @@ class MemoryNotInCore(LookupError):
         self.size = size
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Segment:
     """A PT_LOAD segment as the reader uses it."""
 
@@ -61,7 +61,7 @@ class Segment:
         return self.vaddr + self.memsz
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CoreLayout:
     """What the ELF structure of a core file says, before any memory is read."""
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import mmap
 import os
 import re
-from dataclasses import dataclass
 
+from forensics.records import record
 from forensics.core import elf
 from forensics.core.files import resolve_file
 from forensics.core.image import ElfImage
@@ -46,7 +46,7 @@ _WORD = frozenset(b"0123456789.abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVW
 _VERSION_TEXT = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PythonVersion:
     major: int
     minor: int
@@ -55,7 +55,7 @@ class PythonVersion:
     source: str  # "debug-offsets", "Py_Version", "rodata", "sys.version"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PythonBinary:
     """The object that defines ``_PyRuntime``, as found in one core."""
 

@@ -13,6 +13,7 @@ from tests.import_graph import PACKAGE_DIR, find_cycles, read_graph, unit_of
 # The package's units by floor: a unit imports only units on a lower line (and itself).
 # A new module joins its unit; a new unit takes the line its imports put it on.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("records",),  # the record decorator, below every record
     ("errors", "model", "cache", "redact", "options", "rootpath"),  # records, errors, pure helpers, the resolver
     ("output", "resources", "guard", "kubectl"),  # shared formats, shipped files, the one kube client
     ("core", "fleet"),  # reading cores; the fleet's restarts
