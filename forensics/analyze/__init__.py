@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-
 import threading
+from typing import TYPE_CHECKING
 
 from ..bundle import bundle_no_core_reason, bundle_sysroot, has_manifest, is_bundle
 from ..core import open_core
 from ..errors import GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
-from ..gdb import GdbSession, run_gdb
 from ..model import (
     Analysis,
     CoreFile,
@@ -32,6 +31,9 @@ from .fingerprint import fingerprint, fingerprint_basis
 from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
 from .sigframe import attach_signal_frames
 from .stacks import build_threads
+
+if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses never start it
+    from ..gdb import GdbSession
 
 __all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot",
            "check_nested_faults", "compare_python_docs", "python_doc_problem",
@@ -499,6 +501,8 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     want_gdb_native = plan in ("gdb", "both") or (plan == "libdw" and (libdw_doc is None or failed_threads(libdw_doc)))
     result = None
     if want_gdb_python or want_gdb_native:
+        from ..gdb import run_gdb
+
         try:
             if session is not None:
                 result = session.analyze(core, exe_file, python=want_gdb_python, native=want_gdb_native,

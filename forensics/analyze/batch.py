@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterable, Sequence
 
 from ..bundle import bundle_crash_time, bundle_no_core_reason, find_core_in_bundle, has_manifest
@@ -157,6 +156,8 @@ def analyze_many(paths: list[str], *, jobs: int = 0, progress: Callable[[BatchEn
         finally:
             _close_session()
     else:
+        from concurrent.futures import ProcessPoolExecutor
+
         with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(options,)) as pool:
             for e in pool.map(_analyze_one, paths, chunksize=1):
                 entries.append(e)

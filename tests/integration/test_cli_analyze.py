@@ -286,16 +286,16 @@ def split_threads(snap: dict) -> tuple[dict, dict]:
 @pytest.mark.parametrize("version", python_params())
 def test_broken_frame_pointer_is_a_partial_result(cores, version, tmp_path, monkeypatch):
     # GIVEN a real core whose main thread's frame pointer was overwritten
-    import forensics.analyze
+    import forensics.gdb
 
     path, garbage = broken_frame_core(cores, version, tmp_path)
-    real_run_gdb, asked = forensics.analyze.run_gdb, []
+    real_run_gdb, asked = forensics.gdb.run_gdb, []
 
     def spy(*args, **kwargs):
         asked.append(kwargs.get("python"))
         return real_run_gdb(*args, **kwargs)
 
-    monkeypatch.setattr(forensics.analyze, "run_gdb", spy)
+    monkeypatch.setattr(forensics.gdb, "run_gdb", spy)  # analyze imports it when gdb is needed
     # WHEN it is analyzed with the default method
     r = run("analyze", "--json", path)
     # THEN gdb's walker was tried for the Python stacks, the result is partial (exit 4) and warned about,
