@@ -299,10 +299,6 @@ class _Unwinder:
     def _describe(self, mod: int, addr: int, activation: bool) -> list[dict]:
         """What a frame at ``addr`` is: the inlined functions there and the physical one, innermost first."""
         lib = self.lib
-        offset, sym = c_uint64(), L.GElfSym()
-        raw_name = lib.dwfl_module_addrinfo(mod, addr, byref(offset), byref(sym), None, None, None)
-        elf_name = raw_name.decode("utf-8", "replace") if raw_name else None
-        elf_start = addr - offset.value if raw_name else None
         file = line = None
         src = lib.dwfl_module_getsrc(mod, addr)
         if src:
@@ -310,27 +306,36 @@ class _Unwinder:
             name = lib.dwfl_lineinfo(src, None, byref(lineno), None, None, None)
             if name:
                 file, line = name.decode("utf-8", "replace"), (lineno.value or None)
-        chain = self._function_scopes(mod, addr)
         adjust = 0 if activation else 1
-        if not chain:
-            off = offset.value + adjust if raw_name else None
-            return [{"function": elf_name, "offset": off, "file": file, "line": line, "inlined": False}]
+        chain = self._function_scopes(mod, addr)
+        if not chain or chain[-1][0] == L.DW_TAG_inlined_subroutine or chain[-1][1] is None:
+            # no DWARF function (or an unnamed one): the ELF symbol names the frame.  libdwfl finds it by
+            # scanning the symbol table, so this is done only here.
+            offset, sym = c_uint64(), L.GElfSym()
+            raw = lib.dwfl_module_addrinfo(mod, addr, byref(offset), byref(sym), None, None, None)
+            elf_name = raw.decode("utf-8", "replace") if raw else None
+            if not chain:
+                return [{"function": elf_name, "offset": offset.value + adjust if raw else None, "file": file,
+                         "line": line, "inlined": False}]
+            tag, _, first, call_file, call_line = chain[-1]
+            chain[-1] = (tag, elf_name, first if raw and first and first[0] == addr - offset.value else None,
+                         call_file, call_line)
         out = []
-        for i, (tag, name, entry, call_file, call_line) in enumerate(chain):
+        for tag, name, first, call_file, call_line in chain:
             physical = tag != L.DW_TAG_inlined_subroutine
             off = None
-            if physical and raw_name and (entry is None or entry == elf_start):
-                off = offset.value + adjust
-            out.append({"function": name or (elf_name if physical else None), "offset": off, "file": file,
-                        "line": line, "inlined": not physical})
+            # The offset is the pc's into the function's ELF symbol, which starts where the function's
+            # code does (the first of its ranges, where gdb puts its start); in another range of it (a
+            # cold part) the ELF symbol is another one, and no offset is given, as gdb gives none.
+            if physical and first is not None and first[0] <= addr < first[1]:
+                off = addr - first[0] + adjust
+            out.append({"function": name, "offset": off, "file": file, "line": line, "inlined": not physical})
             file, line = call_file, call_line  # where this function was called from, for the next frame out
-            if physical:
-                break
         return out
 
-    def _function_scopes(self, mod: int, addr: int) -> list[tuple[int, str | None, int | None, str | None, int | None]]:
-        """(tag, name, entry pc, call file, call line) of each function scope holding ``addr``, innermost first,
-        up to and including the physical (non-inlined) function."""
+    def _function_scopes(self, mod: int, addr: int) -> list[tuple]:
+        """(tag, name, first address range, call file, call line) of each function scope holding ``addr``,
+        innermost first, up to and including the physical (non-inlined) function."""
         lib = self.lib
         bias = c_uint64()
         cu = lib.dwfl_module_addrdie(mod, addr, byref(bias))
@@ -362,9 +367,10 @@ class _Unwinder:
                         call_file = raw.decode("utf-8", "replace") if raw else None
                     if lib.dwarf_formudata(lib.dwarf_attr(die, L.DW_AT_call_line, byref(attr)), byref(value)) == 0:
                         call_line = value.value or None
-                entry = self._entry_pc(die)
-                out.append((tag, self._die_name(die), None if entry is None else entry + bias.value, call_file,
-                            call_line))
+                first = self._first_range(die)
+                out.append((tag, self._die_name(die),
+                            None if first is None else (first[0] + bias.value, first[1] + bias.value),
+                            call_file, call_line))
                 if tag != L.DW_TAG_inlined_subroutine:
                     break
         finally:
@@ -407,12 +413,12 @@ class _Unwinder:
             parent = found
         return innermost
 
-    def _entry_pc(self, die) -> int | None:
-        """Where gdb (13) says a function starts: its low_pc, or for code in several ranges the start of
-        the first one listed."""
+    def _first_range(self, die) -> tuple[int, int] | None:
+        """The function's first address range: [low_pc, high_pc), or for code in several ranges the first
+        one listed, whose start is where gdb (13) says the function starts."""
         base, start, end = c_uint64(), c_uint64(), c_uint64()
         if self.lib.dwarf_ranges(die, 0, byref(base), byref(start), byref(end)) > 0:
-            return start.value
+            return start.value, end.value
         return None
 
     def _die_name(self, die) -> str | None:
