@@ -135,8 +135,8 @@ def container(tmp_path):
     script = (f"import ctypes, time; ctypes.CDLL({str(target)!r}); open({str(fifo)!r}, 'w').write('ready'); time.sleep(120)")
     inner = f"mount --bind {real} {target} && cd {ctr} && exec {sys.executable} -c \"{script}\""
     env = dict(os.environ, PYTHONPATH=str(site), API_TOKEN="hunter2-secret")
-    outer = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c", inner],
-                             env=env)
+    outer = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
+                              "sh", "-c", inner], env=env)
     pod_uid = str(uuid.uuid4())
     cid = uuid.uuid4().hex + uuid.uuid4().hex
     cg = pod_cgroup(pod_uid, cid)
@@ -148,10 +148,9 @@ def container(tmp_path):
             (cg / "cgroup.procs").write_text(str(pid))
         yield {"pid": pid, "real": real, "target": target, "pod_uid": pod_uid, "cid": cid, "site": site}
     finally:
+        remove_cgroup(cg)  # kills the namespace's PID 1 first: killing unshare alone left it (and its cgroup) behind
         outer.kill()
         outer.wait()
-        time.sleep(0.1)
-        remove_cgroup(cg)
 
 
 def test_capture_names_the_bind_source_of_nvml_in_a_container(container, tmp_path):
@@ -386,3 +385,28 @@ def test_an_unwritable_working_directory_is_judged_no_core(tmp_path, core_patter
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+@pytest.mark.skipif(not CGROUP_ROOT.is_dir(), reason="no cgroup hierarchy (v1 pids or v2) here")
+def test_a_test_pod_cgroup_leaves_nothing_behind():
+    """#20.10: every test run left an empty kubepods cgroup: the PID 1 of an ``unshare --fork`` namespace
+    outlived the killed ``unshare`` and kept its cgroup busy until the cleanup had passed."""
+    # GIVEN a pod's container cgroup holding a process whose parent is then killed
+    pod_uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "60"])
+    cg = pod_cgroup(pod_uid, cid)
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        child = int(Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()[0])
+        cg.mkdir(parents=True)
+        (cg / "cgroup.procs").write_text(str(child))
+        outer.kill()
+        outer.wait()
+    finally:
+        # WHEN the test removes it
+        remove_cgroup(cg)
+    # THEN neither the container's cgroup nor the pod's is left
+    assert not cg.exists() and not cg.parent.exists()
