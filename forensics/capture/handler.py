@@ -13,8 +13,11 @@ process waits until stdin is read to the end.  The handler:
    the maximum core size (or ``%c``), while a thread copies the mapped objects into the
    build-id store (:mod:`.spool`); on a full disk it releases a reserve made at the start, ends the zstd
    frame and keeps the metadata;
-4. renames the core into place (``core.zst`` whole, ``core.truncated.zst`` cut,
-   ``core.partial.zst`` when even the frame end did not fit), writes the metadata and the
+4. judges the stream against the ELF core's own program headers (a stream that ended early is
+   a truncated core; an empty, non-ELF or non-core stream is not a core) and renames it into
+   place (``core.zst`` whole, ``core.truncated.zst`` cut or ended early, ``core.partial.zst``
+   when even the frame end did not fit, ``stream.zst`` for what is not a core), with the reason
+   in the record and the index; writes the metadata and the
    manifest, then deletes the oldest cores beyond the directory's budget (metadata stays,
    and the newest core of each crash-loop key stays: same image, signal and crash site).  Before the record it adds the node's
    side at crash time: NVRM / Xid kernel log lines, and ``nvidia-smi -q`` for a kept core.
@@ -30,16 +33,15 @@ import json
 import os
 import socket
 import struct
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
 from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index
-from .spool import Compressor, make_reserve, with_room
+from .spool import TAIL, Compressor, check_core_stream, make_reserve, with_room
 
 __all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", "drain", "log_kernel",
-           "parse_core_head", "enforce_budget", "main_argv", "release_pipe"]
+           "parse_core_head", "enforce_budget", "release_pipe"]
 
 PAGE = 4096
 _CHUNK = 1 << 20
@@ -74,7 +76,7 @@ class HandlerConfig:
 class HandlerResult:
     crash_dir: str | None = None
     core_path: str | None = None
-    core_state: str = "none"  # "kept", "truncated", "partial", "metadata-only", "failed"
+    core_state: str = "none"  # "kept", "truncated", "partial", "not-a-core", "metadata-only", "failed"
     reasons: list[str] = field(default_factory=list)
     bytes_in: int = 0
     bytes_kept: int = 0
@@ -223,12 +225,16 @@ def run_core_handler(
     stdin_fd: int = 0,
     config: HandlerConfig | None = None,
     host_root: str = "/",
+    argument_problems: list[str] | tuple[str, ...] = (),
 ) -> HandlerResult:
     """Handle one core.  Never raises for a problem with the crash; always drains ``stdin_fd``.
 
     :param rlimit_core: ``%c`` (None: unlimited / not given)
+    :param argument_problems: what was wrong with the kernel's arguments (a bad ``%t`` replaced by the
+        handler's clock...): recorded with the crash
     """
     result = HandlerResult()
+    result.warnings.extend(f"argument: {p}" for p in argument_problems)
     object_fds: list = []
     try:
         _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config, host_root, result, object_fds)
@@ -373,6 +379,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
     cut = False
+    tail = b""  # the stream's last bytes: where a PN_XNUM core's segment count is
     try:
         while True:
             try:
@@ -385,6 +392,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
             result.bytes_in += k
             if len(head) < _HEAD:
                 head += view[: min(k, _HEAD - len(head))]
+            tail = bytes(view[k - TAIL: k]) if k >= TAIL else (tail + bytes(view[:k]))[-TAIL:]
             if comp is None or cut:
                 continue
             take = min(k, limit - result.bytes_kept)
@@ -399,6 +407,9 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
                            + (" / RLIMIT_CORE" if limit == rlimit_core else "") + ")")
         head_info = parse_core_head(bytes(head))
         crash_loop_key = _crash_loop_key(image_key, signo, head_info)
+        # what the kernel sent, against the core's own program headers: a stream that ended early, random
+        # bytes or an empty stdin is never recorded as a whole core
+        stream = check_core_stream(bytes(head), result.bytes_in, tail)
         core_name = None
         if comp is not None:
             whole_frame = comp.finish()
@@ -408,20 +419,27 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
                 pass
             os.close(out_fd)
             out_fd = -1
+            if stream.reason:
+                why.append(stream.reason)
             if not whole_frame:
                 core_name, state = "core.partial.zst", "partial"
                 if not any("disk filled up" in w for w in why):  # the compressor held its output until the end
                     why.append(f"the disk filled up while the core was written ({comp.out} compressed bytes on "
                                "disk): the zstd frame could not be ended")
-            elif cut:
+            elif stream.kind == "not-a-core":
+                core_name, state = ("stream.zst" if result.bytes_in else None), "not-a-core"
+            elif cut or stream.kind == "short":
                 core_name, state = "core.truncated.zst", "truncated"
             else:
                 core_name, state = "core.zst", "kept"
-            os.rename(tmp, os.path.join(core_dir_sub, core_name))
-            result.bytes_out = comp.out
-            result.core_path = os.path.join(core_dir_sub, core_name)
+            if core_name is not None:
+                os.rename(tmp, os.path.join(core_dir_sub, core_name))
             result.core_state = state
-            bundle.note_file(f"50-core/{core_name}", f"the core, zstd-compressed ({state})")
+            if core_name is not None:
+                result.bytes_out = comp.out
+                result.core_path = os.path.join(core_dir_sub, core_name)
+                bundle.note_file(f"50-core/{core_name}", "what the kernel sent, zstd-compressed (not a core)"
+                                 if state == "not-a-core" else f"the core, zstd-compressed ({state})")
         else:
             result.core_state = "metadata-only"
     finally:
@@ -450,6 +468,8 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
             "bytes_kept": result.bytes_kept, "bytes_compressed": result.bytes_out,
             "sha256_compressed": comp.sha.hexdigest() if comp is not None and core_name else None,
             "reasons": why,
+            "stream": {"kind": stream.kind, "bytes": stream.size, "expected_bytes": stream.expected,
+                       "reason": stream.reason},
         },
     })
     def write_record():
@@ -468,6 +488,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
         warnings.append(f"manifest: {e}")
     entry = {"id": crash_id, "time": timestamp, "pid": pid, "signal": signo, "key": image_key,
              "crash_loop_key": crash_loop_key, "core": record["core"]["file"], "state": result.core_state,
+             "reasons": record["core"]["reasons"],
              "pod_uid": identity.pod_uid if identity else None,
              "container_id": identity.container_id if identity else None}
     with DirLock(core_dir):
@@ -512,13 +533,6 @@ def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: flo
         warnings.append(f"nvidia-smi: {type(e).__name__}: {e}")
 
 
-def main_argv(argv: list[str]) -> int:
-    """``core-handler DIR PID TID SIGNAL TIME LIMIT`` as the kernel passes it (for ``python -m``)."""
-    core_dir, pid, tid, sig, t, lim = argv[:6]
-    r = run_core_handler(core_dir, int(pid), int(tid), int(sig), float(t), _parse_limit(lim))
-    return 0 if r.core_state != "failed" else 1
-
-
 def _parse_limit(value: str | None) -> int | None:
     if value in (None, "", "-1", "unlimited", str(2**64 - 1)):
         return None
@@ -528,6 +542,3 @@ def _parse_limit(value: str | None) -> int | None:
         return None
     return None if v < 0 or v >= 2**63 else v
 
-
-if __name__ == "__main__":
-    sys.exit(main_argv(sys.argv[1:]))

@@ -11,10 +11,76 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+from dataclasses import dataclass
 
-__all__ = ["Compressor", "make_reserve", "with_room", "RESERVE"]
+__all__ = ["Compressor", "make_reserve", "with_room", "RESERVE", "StreamVerdict", "check_core_stream", "TAIL"]
 
 RESERVE = 1 << 20
+TAIL = 64  # the last bytes of the stream the handler keeps: a PN_XNUM core's section header is there
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamVerdict:
+    """What the kernel's stream was, judged against the ELF core's own headers."""
+
+    kind: str  # "core" (whole), "short" (ended early), "not-a-core", "unchecked"
+    size: int  # bytes received
+    expected: int | None  # bytes the core's program headers claim
+    reason: str | None  # for anything but a whole core
+
+
+def check_core_stream(head: bytes, size: int, tail: bytes = b"") -> StreamVerdict:
+    """Judge a core stream by its first bytes (``head``), its length and its last :data:`TAIL` bytes.
+
+    A core is whole when the stream reaches the end of its last segment (:func:`~forensics.core.elf.core_extent`);
+    empty, non-ELF and non-core streams are not cores.
+
+    >>> check_core_stream(b"", 0).reason
+    'the stream was empty (0 bytes): no core'
+    >>> check_core_stream(b"\\x7fELF" + bytes(60), 64).kind
+    'not-a-core'
+    """
+    from ..core import elf
+
+    def verdict(kind: str, reason: str | None, expected: int | None = None) -> StreamVerdict:
+        return StreamVerdict(kind=kind, size=size, expected=expected, reason=reason)
+
+    if size == 0:
+        return verdict("not-a-core", "the stream was empty (0 bytes): no core")
+    if not head.startswith(elf.ELF_MAGIC[: min(4, len(head))]) or len(head) < 4:
+        what, _ = elf.identify_non_elf(head[:4096], "the stream")
+        return verdict("not-a-core", f"the stream is not an ELF core: {what} ({size:,} bytes)")
+    if len(head) < elf.EHDR64_SIZE:
+        return verdict("short", f"the stream ended inside the ELF header ({size} bytes)")
+    try:
+        hdr = elf.parse_elf_header(head[: elf.EHDR64_SIZE])
+    except ValueError as e:
+        return verdict("not-a-core", f"the stream's ELF header cannot be read: {e}")
+    if hdr.type != elf.ET_CORE:
+        return verdict("not-a-core", f"the stream is an ELF file of type {hdr.type}, not a core (type {elf.ET_CORE})")
+    if hdr.elf_class != 2 or hdr.phentsize != elf.PHDR64_SIZE:
+        return verdict("unchecked", "not a 64-bit little-endian core: its size was not checked")
+    phnum = hdr.phnum
+    if phnum == elf.PN_XNUM:  # more than 65534 segments: the count is in section header 0, at the end of the file
+        if hdr.shoff + elf.SHDR64_SIZE > size:
+            return verdict("short", f"the stream ended after {size:,} bytes, before the section header at "
+                                    f"{hdr.shoff:,} that holds the segment count", hdr.shoff + elf.SHDR64_SIZE)
+        if hdr.shoff + elf.SHDR64_SIZE != size or len(tail) < elf.SHDR64_SIZE:
+            return verdict("unchecked", "the segment count (PN_XNUM) is not at the stream's end: size not checked")
+        phnum = elf.parse_xnum_phnum(tail[-elf.SHDR64_SIZE:])
+    ph_end = hdr.phoff + phnum * elf.PHDR64_SIZE
+    if ph_end > size:
+        return verdict("short", f"the stream ended after {size:,} bytes, inside the program headers "
+                                f"(they end at {ph_end:,})", ph_end)
+    if ph_end > len(head):
+        return verdict("unchecked", f"the program headers end past the first {len(head):,} bytes: size not checked")
+    expected = elf.core_extent(elf.parse_program_headers(head[hdr.phoff: ph_end], phnum), ph_end)
+    if hdr.phnum == elf.PN_XNUM:
+        expected = max(expected, hdr.shoff + elf.SHDR64_SIZE)
+    if size < expected:
+        return verdict("short", f"the stream ended after {size:,} bytes; the core's program headers claim "
+                                f"{expected:,}: the core is cut short", expected)
+    return verdict("core", None, expected)
 
 
 class Compressor:

@@ -55,6 +55,7 @@ __all__ = [
     "iter_notes",
     "parse_notes",
     "parse_xnum_phnum",
+    "core_extent",
     "parse_prstatus",
     "parse_prpsinfo",
     "parse_siginfo",
@@ -330,6 +331,15 @@ def parse_xnum_phnum(section_header0: bytes) -> int:
     if len(section_header0) < SHDR64_SIZE:
         raise ValueError("section header 0 is cut short")
     return struct.unpack_from("<I", section_header0, 44)[0]
+
+
+def core_extent(phdrs: tuple[ProgramHeader, ...], ph_end: int) -> int:
+    """The size a whole core file measures: where its last PT_LOAD / PT_NOTE data, or its program headers, end.
+
+    The one definition of "a complete core" for the reader (truncated cores) and the core handler
+    (a stream that ended early).
+    """
+    return max(max((p.offset + p.filesz for p in phdrs if p.type in (PT_LOAD, PT_NOTE)), default=ph_end), ph_end)
 
 
 def _align4(n: int) -> int:

@@ -281,8 +281,7 @@ def _read_layout(path: str, mm: mmap.mmap, header: elf.ElfHeader, size: int) -> 
     note_phdrs = [p for p in phdrs if p.type == elf.PT_NOTE]
     if not note_phdrs:
         raise CoreReadError(path, "no PT_NOTE segment: the core holds no threads or registers")
-    expected = max((p.offset + p.filesz for p in phdrs if p.type in (elf.PT_LOAD, elf.PT_NOTE)), default=ph_end)
-    expected = max(expected, ph_end)
+    expected = elf.core_extent(phdrs, ph_end)
     if note_phdrs[0].offset >= size:
         raise CoreReadError(
             path, f"truncated before the notes: {size} of {expected} bytes, notes start at {note_phdrs[0].offset}"

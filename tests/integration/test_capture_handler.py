@@ -478,3 +478,101 @@ def test_analyze_takes_a_bundle_and_uses_its_stored_objects(cores, newest_python
     r = CliRunner().invoke(cli, ["analyze", "--json", str(tmp_path)], catch_exceptions=False)
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["batch"]["total"] == 1
+
+
+def _record(core_dir: Path) -> tuple[dict, dict]:
+    (crash,) = _crashes(core_dir)
+    index = [json.loads(line) for line in (core_dir / "index.jsonl").read_text().splitlines()]
+    return json.loads((crash / "metadata.json").read_text()), index[-1]
+
+
+@pytest.mark.parametrize("case", ["first-half", "header-64K", "empty", "closed", "random-10M"])
+def test_a_broken_stream_is_never_recorded_as_a_whole_core(cores, newest_python, tmp_path, live, case):
+    """#13.2: a stream that ends early, random bytes or an empty / closed stdin were recorded
+    {"state": "kept", "reasons": []}: the record must say what was received."""
+    # GIVEN what the kernel's pipe delivered, made here from a real kernel core
+    core = cores.get(newest_python, "heap-prev").read_bytes()
+    data = {"first-half": core[: len(core) // 2], "header-64K": core[:65536], "empty": b"", "closed": b"",
+            "random-10M": os.urandom(10 << 20)}[case]
+    src = tmp_path / "stream"
+    src.write_bytes(data)
+    # WHEN the handler takes it as the kernel runs it (for "closed", with no stdin at all)
+    cmd = [str(FORENSICS), "core-handler", str(tmp_path / "cores"), str(live.pid), str(live.pid), "6",
+           str(int(time.time())), "18446744073709551615"]
+    with open(src, "rb") as f:
+        p = subprocess.run(cmd, stdin=f if case != "closed" else None, capture_output=True, text=True, env={},
+                           cwd="/", timeout=120, preexec_fn=(lambda: os.close(0)) if case == "closed" else None)
+    assert p.returncode == 0, p.stderr
+    # THEN the record and the index say what it was, with the reason
+    meta, entry = _record(tmp_path / "cores")
+    c = meta["core"]
+    expected_state = {"first-half": "truncated", "header-64K": "truncated"}.get(case, "not-a-core")
+    assert c["state"] == entry["state"] == expected_state, c
+    assert c["reasons"] and entry["reasons"] == c["reasons"]
+    reason = {"first-half": f"the stream ended after {len(data):,} bytes; the core's program headers claim {len(core):,}",
+              "header-64K": "the stream ended after 65,536 bytes",
+              "empty": "the stream was empty (0 bytes): no core", "closed": "the stream was empty (0 bytes): no core",
+              "random-10M": "the stream is not an ELF core: not an ELF file"}[case]
+    assert any(reason in r for r in c["reasons"]), c["reasons"]
+    assert c["stream"]["bytes"] == len(data)
+    if case in ("first-half", "header-64K"):
+        assert c["file"] == "core.truncated.zst" and c["stream"]["expected_bytes"] == len(core)
+    # nothing received is lost: what came is kept, byte for byte, under a name that says what it is
+    crash = _crashes(tmp_path / "cores")[0]
+    if data:
+        assert _decompress(crash / "50-core" / c["file"]) == data
+    else:
+        assert c["file"] is None and not list((crash / "50-core").iterdir())
+
+
+def test_a_whole_core_is_checked_and_kept(small_cores, tmp_path, live):
+    p = _handler_cli(tmp_path, live.pid, signal.SIGSEGV, small_cores["segv"])
+    assert p.returncode == 0, p.stderr
+    meta, entry = _record(tmp_path)
+    size = small_cores["segv"].stat().st_size
+    assert meta["core"]["state"] == entry["state"] == "kept" and entry["reasons"] == []
+    assert meta["core"]["stream"] == {"kind": "core", "bytes": size, "expected_bytes": size, "reason": None}
+
+
+@pytest.mark.parametrize("extra", [("--budget", "lots"), ("--no-such-option",), ("--loop-limit",)],
+                         ids=["bad-size", "unknown-option", "missing-value"])
+def test_a_bad_option_still_drains_and_keeps_the_core(small_cores, tmp_path, live, extra):
+    """#13.7: `core-handler` with a bad option exited (click's usage error) without reading stdin."""
+    core = small_cores["segv"].read_bytes() * 8  # more than a pipe holds: an unread pipe blocks the writer
+    cmd = [str(FORENSICS), "core-handler", str(tmp_path), str(live.pid), str(live.pid), "11", str(int(time.time())),
+           "18446744073709551615", *extra]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, cwd="/")
+    try:
+        p.stdin.write(core)  # BrokenPipeError when the handler left without draining
+        p.stdin.close()
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    meta, _ = _record(tmp_path)
+    assert meta["core"]["bytes_in"] == len(core)
+    assert any(w.startswith("argument: ignored") for w in meta["warnings"]), meta["warnings"]
+
+
+@pytest.mark.parametrize("bad_time", ["nan", "1e30", "-5", "yesterday"])
+def test_a_bad_crash_time_keeps_the_core_and_notes_it(small_cores, tmp_path, live, bad_time):
+    """#13.7: a %t of nan or 1e30 saved nothing at all."""
+    cmd = [str(FORENSICS), "core-handler", str(tmp_path), str(live.pid), str(live.pid), "11", bad_time,
+           "18446744073709551615"]
+    before = time.time()
+    with open(small_cores["segv"], "rb") as f:
+        p = subprocess.run(cmd, stdin=f, capture_output=True, text=True, env={}, cwd="/", timeout=120)
+    assert p.returncode == 0, p.stderr
+    meta, entry = _record(tmp_path)
+    assert meta["core"]["state"] == "kept"
+    assert before - 1 <= meta["time"] <= time.time() + 1 and entry["time"] == meta["time"]
+    assert any(f"crash time (%t) {bad_time!r} is not a time" in w for w in meta["warnings"]), meta["warnings"]
+
+
+def test_no_directory_drains_and_exits_2(small_cores, tmp_path):
+    core = small_cores["segv"].read_bytes() * 8
+    p = subprocess.Popen([str(FORENSICS), "core-handler"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env={}, cwd="/")
+    p.stdin.write(core)
+    p.stdin.close()
+    assert p.wait(timeout=60) == 2
