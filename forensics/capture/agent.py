@@ -66,8 +66,8 @@ def frame_bundle(data: bytes) -> str:
     return "\n".join([BEGIN, *(text[i : i + 76] for i in range(0, len(text), 76)), END]) + "\n"
 
 
-def run_agent(*, container_id: str, core_dir: str, host_root: str | None, coredump_filter: int | None, full: bool,
-              max_inline: int, pod_uid: str | None = None) -> AgentRun:
+def run_agent(*, container_id: str | None, core_dir: str, host_root: str | None, coredump_filter: int | None,
+              full: bool, max_inline: int, pod_uid: str | None = None) -> AgentRun:
     """Arm the container's processes, write the node bundle, and frame it (base64 tar.gz) between markers.
 
     The bundle travels through the pod log, which the kubelet rotates (10 MiB by default) and a rotated
@@ -77,6 +77,19 @@ def run_agent(*, container_id: str, core_dir: str, host_root: str | None, coredu
     from .node import DEFAULT_FILTER, FULL_FILTER, arm_process, capture_pid, find_container_pids
 
     root = host_root if host_root and host_root != "/" else _host_root()
+    if container_id is None:  # not running (CrashLoopBackOff): what can be armed is the node's side
+        from .node import capture_waiting_pod
+
+        if not pod_uid:
+            return AgentRun(exit_code=EXIT_ERROR, notes=("--waiting needs --pod-uid",))
+        try:
+            bundle, _ = capture_waiting_pod(pod_uid, core_dir=core_dir, host_root=root)
+        except ForensicsError as e:
+            return AgentRun(exit_code=EXIT_ERROR, notes=(str(e),))
+        _add_earlier_crashes(bundle, core_dir, None, pod_uid)
+        notes, framed = _frame_node_bundle(bundle, max_inline)
+        return AgentRun(exit_code=EXIT_OK, notes=tuple(notes), bundle=framed,
+                        done=f"pod {pod_uid}: not running, its node's side captured, bundle {bundle} on the node")
     pids = find_container_pids(container_id)
     if not pids:
         return AgentRun(exit_code=EXIT_ERROR, notes=(f"no process of container {container_id} on this node",))
@@ -93,18 +106,25 @@ def run_agent(*, container_id: str, core_dir: str, host_root: str | None, coredu
         return AgentRun(exit_code=EXIT_ERROR, notes=(*notes, str(e)))
     cid = container_id.split("://")[-1]
     _add_earlier_crashes(r.bundle, core_dir, cid, pod_uid)
-    take, left = plan_inline(r.bundle, max_inline)
+    more, framed = _frame_node_bundle(r.bundle, max_inline)
+    return AgentRun(exit_code=EXIT_OK, notes=(*notes, *more), bundle=framed,
+                    done=f"captured pid {r.pid}, bundle {r.bundle} on the node")
+
+
+def _frame_node_bundle(bundle: str, max_inline: int) -> tuple[list[str], str]:
+    """(notes, framed bundle): what fits the pod log's budget, the rest listed in left-on-node.json."""
+    notes = []
+    take, left = plan_inline(bundle, max_inline)
     if left:
-        with open(os.path.join(r.bundle, LEFT_ON_NODE), "w") as f:
-            json.dump({"node_bundle": r.bundle, "max_inline": max_inline, "files": left}, f, indent=2, sort_keys=True)
+        with open(os.path.join(bundle, LEFT_ON_NODE), "w") as f:
+            json.dump({"node_bundle": bundle, "max_inline": max_inline, "files": left}, f, indent=2, sort_keys=True)
         take.append(LEFT_ON_NODE)
         notes += [f"{item['path']} ({item['size']} bytes) left on the node at {item['node_path']}" for item in left]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         for rel in take:
-            tar.add(os.path.join(r.bundle, rel), arcname=rel)
-    return AgentRun(exit_code=EXIT_OK, notes=tuple(notes), bundle=frame_bundle(buf.getvalue()),
-                    done=f"captured pid {r.pid}, bundle {r.bundle} on the node")
+            tar.add(os.path.join(bundle, rel), arcname=rel)
+    return notes, frame_bundle(buf.getvalue())
 
 
 def plan_inline(bundle_dir: str, max_inline: int) -> tuple[list[str], list[dict]]:
@@ -138,12 +158,13 @@ def _same_pod(a: str | None, b: str | None) -> bool:
     return bool(a and b) and a.replace("_", "-").lower() == b.replace("_", "-").lower()
 
 
-def _add_earlier_crashes(bundle_dir: str, core_dir: str, container_id: str, pod_uid: str | None = None) -> None:
+def _add_earlier_crashes(bundle_dir: str, core_dir: str, container_id: str | None, pod_uid: str | None = None) -> None:
     """Copy the core handler's records of this container, or of any earlier container of the pod, into the bundle."""
     from .budget import read_index
 
     for e in read_index(core_dir):
-        if not e.get("id") or not (e.get("container_id") == container_id or _same_pod(e.get("pod_uid"), pod_uid)):
+        if not e.get("id") or not ((container_id and e.get("container_id") == container_id)
+                                   or _same_pod(e.get("pod_uid"), pod_uid)):
             continue
         src = os.path.join(core_dir, "crashes", e["id"])
         dest = os.path.join(bundle_dir, "50-core", e["id"])

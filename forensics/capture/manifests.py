@@ -1,20 +1,39 @@
-"""Kubernetes manifests of capture: the short-lived agent pod of ``capture --pod``, and the DaemonSet
-that installs the core handler on every GPU node (``forensics agent manifest``), as YAML.
+"""Kubernetes manifests of capture, as dicts and YAML (pure: no I/O).
 
-Pure: dicts and text, no I/O.
+The short-lived agent pod of ``capture --pod`` (:func:`agent_pod_manifest`), and the node agent's
+objects (``forensics agent manifest``, :func:`agent_objects`), in the order ``kubectl apply``
+needs them on a fresh cluster:
+
+- the ``Namespace`` (labelled for the privileged pod security level the agent needs: hostPID,
+  a privileged container that writes ``kernel.core_pattern``);
+- the agent's ``ServiceAccount``, a ``ClusterRole`` with what it uses and nothing more (events:
+  create, patch, get — one ``NativeCrash`` Event per crash on a pod, counted on repeats; pods:
+  get, list — the pod a crash's UID names, on its own node) and its ``ClusterRoleBinding``;
+- the ``DaemonSet`` on every GPU node: an init container copies the image's self-contained
+  installation to the host (the kernel runs the core handler there); the container installs the
+  handler with its disk bounds and runs ``forensics agent serve`` (on-node analysis, the metrics
+  port, Events), restoring the previous ``core_pattern`` when it stops;
+- on request, a prometheus-operator ``PodMonitor`` for the metrics port (``--scrape podmonitor``),
+  or the ``prometheus.io/*`` scrape annotations on the pods (``--scrape annotations``).
 """
 from __future__ import annotations
 
 import json
 
-__all__ = ["agent_pod_manifest", "daemonset_manifest", "to_yaml"]
+__all__ = ["AGENT_NAME", "AGENT_IMAGE", "METRICS_PORT", "agent_image", "agent_objects", "agent_pod_manifest",
+           "to_yaml", "to_yaml_documents"]
 
 
-def agent_pod_manifest(*, name: str, namespace: str, node: str, container_id: str, core_dir: str, image: str,
+def agent_pod_manifest(*, name: str, namespace: str, node: str, container_id: str | None, core_dir: str, image: str,
                        timeout: float = 300.0, coredump_filter: int | None = None, full: bool = False,
                        pod_uid: str | None = None) -> dict:
-    """The short-lived privileged agent pod: pinned to ``node``, hostPID, the core directory as a hostPath."""
-    args = ["agent", "run", "--container-id", container_id, "--core-dir", core_dir]
+    """The short-lived privileged agent pod: pinned to ``node``, hostPID, the core directory as a hostPath.
+
+    Without ``container_id`` (the container is not running: CrashLoopBackOff) the agent arms nothing
+    live; it says what the next start of the pod's container will get and brings the recorded crashes.
+    """
+    args = ["agent", "run", "--core-dir", core_dir]
+    args += ["--container-id", container_id] if container_id else ["--waiting"]
     if pod_uid:  # the crashes of earlier containers of the pod (a restart gets a new container ID)
         args += ["--pod-uid", pod_uid]
     if coredump_filter is not None:
@@ -48,68 +67,133 @@ def agent_pod_manifest(*, name: str, namespace: str, node: str, container_id: st
     }
 
 
-def daemonset_manifest(*, core_dir: str, image: str, namespace: str, gpu_label: str, host_prefix: str,
-                       bounds: dict[str, int] | None = None) -> str:
-    """A DaemonSet that installs ``forensics core-handler`` as kernel.core_pattern on every GPU node.
+AGENT_NAME = "forensics-agent"
+#: the repository the agent image recipe (``python .ci/image/build.py``) tags its image in; the tag is the version
+AGENT_IMAGE = "ghcr.io/forensics/forensics-agent"
+METRICS_PORT = 9847
+_LABELS = {"app.kubernetes.io/name": AGENT_NAME, "app.kubernetes.io/part-of": "forensics"}
 
-    The kernel runs the handler on the host, so the init container copies the image's
-    self-contained installation (``/opt/forensics``: its interpreter and venv) to the host's
-    ``host_prefix``; the container installs the pattern (recording the previous one) and
-    restores it when the pod stops (preStop).  ``bounds`` (``max_core_size``, ``budget``, ``min_free``,
-    ``loop_limit``) are passed to ``--install-handler``, which records them in the core directory.
+
+def agent_image(version: str) -> str:
+    """The agent image of forensics ``version``, as the image recipe tags it.
+
+    >>> agent_image("0.1.0")
+    'ghcr.io/forensics/forensics-agent:0.1.0'
     """
+    return f"{AGENT_IMAGE}:{version}"
+
+
+def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, host_prefix: str,
+                  bounds: dict[str, int | None] | None = None, scrape: str = "annotations",
+                  metrics_port: int = METRICS_PORT, analysis_timeout: int = 300,
+                  analysis_memory: int = 1 << 30) -> list[dict]:
+    """Every object the node agent needs, in apply order.
+
+    :param gpu_label: ``KEY=VALUE`` node selector of the GPU nodes
+    :param bounds: ``max_core_size``, ``budget``, ``min_free``, ``loop_limit`` for ``--install-handler``
+    :param scrape: ``annotations`` (prometheus.io/* on the pods), ``podmonitor`` (a PodMonitor object)
+        or ``none``
+    :param analysis_memory: bytes one on-node analysis may use (its address space); the container's
+        memory limit leaves room above it for the agent itself
+    """
+    if scrape not in ("annotations", "podmonitor", "none"):
+        raise ValueError(f"scrape must be annotations, podmonitor or none, not {scrape!r}")
     key, _, value = gpu_label.partition("=")
     handler = f"{host_prefix}/bin/forensics"
-    install = f"{handler} capture --install-handler --core-dir {core_dir}"
+    install = [handler, "capture", "--install-handler", "--core-dir", core_dir]
     for name, v in sorted((bounds or {}).items()):
         if v is not None:
-            install += f" --{name.replace('_', '-')} {int(v)}"
-    ds = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": "forensics-core-handler", "namespace": namespace,
-                     "labels": {"app.kubernetes.io/name": "forensics-core-handler"}},
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": "forensics-core-handler"}},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": {"app.kubernetes.io/name": "forensics-core-handler"}},
-                "spec": {
-                    "nodeSelector": {key: value},
-                    "tolerations": [
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                        {"operator": "Exists", "effect": "NoExecute"},
-                        {"operator": "Exists", "effect": "NoSchedule"},
-                    ],
-                    "hostPID": True,
-                    "priorityClassName": "system-node-critical",
-                    "automountServiceAccountToken": False,
-                    "initContainers": [{
-                        "name": "install-files",
-                        "image": image,
-                        "command": ["sh", "-c", f"cp -a /opt/forensics/. /host{host_prefix}/"],
-                        "volumeMounts": [{"name": "prefix", "mountPath": f"/host{host_prefix}"}],
-                    }],
-                    "containers": [{
-                        "name": "core-handler",
-                        "image": image,
-                        "command": ["sh", "-c", f"{install} && exec sleep infinity"],
-                        "lifecycle": {"preStop": {"exec": {"command": [handler, "capture", "--uninstall-handler",
-                                                                       "--core-dir", core_dir]}}},
-                        "securityContext": {"privileged": True},  # writes /proc/sys/kernel/core_pattern
-                        "volumeMounts": [{"name": "cores", "mountPath": core_dir},
-                                         {"name": "prefix", "mountPath": host_prefix}],
-                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
-                    }],
-                    "volumes": [
-                        {"name": "cores", "hostPath": {"path": core_dir, "type": "DirectoryOrCreate"}},
-                        {"name": "prefix", "hostPath": {"path": host_prefix, "type": "DirectoryOrCreate"}},
-                    ],
-                },
-            },
-        },
-    }
-    return to_yaml(ds)
+            install += [f"--{name.replace('_', '-')}", str(int(v))]
+    serve = [handler, "agent", "serve", "--core-dir", core_dir, "--metrics-port", str(metrics_port),
+             "--metrics-address", "$(POD_IP)", "--node-name", "$(NODE_NAME)", "--analysis-timeout", str(analysis_timeout),
+             "--analysis-memory", str(analysis_memory)]
+    shell = " ".join(_sh(a) for a in install) + " && exec " + " ".join(_sh(a) for a in serve)
+    pod_meta: dict = {"labels": dict(_LABELS)}
+    if scrape == "annotations":
+        pod_meta["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port),
+                                   "prometheus.io/path": "/metrics"}
+    memory_limit = analysis_memory + (512 << 20)
+    objects: list[dict] = [
+        {"apiVersion": "v1", "kind": "Namespace",
+         "metadata": {"name": namespace, "labels": {**_LABELS, "pod-security.kubernetes.io/enforce": "privileged"}}},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": AGENT_NAME, "labels": dict(_LABELS)},
+         "rules": [
+             {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch", "get"]},
+             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+         ]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": AGENT_NAME, "labels": dict(_LABELS)},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": AGENT_NAME},
+         "subjects": [{"kind": "ServiceAccount", "name": AGENT_NAME, "namespace": namespace}]},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet",
+         "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)},
+         "spec": {
+             "selector": {"matchLabels": dict(_LABELS)},
+             "updateStrategy": {"type": "RollingUpdate"},
+             "template": {
+                 "metadata": pod_meta,
+                 "spec": {
+                     "serviceAccountName": AGENT_NAME,
+                     "automountServiceAccountToken": True,  # Events and pod lookups with its own account
+                     "nodeSelector": {key: value},
+                     "tolerations": [
+                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                         {"operator": "Exists", "effect": "NoExecute"},
+                         {"operator": "Exists", "effect": "NoSchedule"},
+                     ],
+                     "hostPID": True,
+                     "priorityClassName": "system-node-critical",
+                     "terminationGracePeriodSeconds": 30,
+                     "initContainers": [{
+                         "name": "install-files",
+                         "image": image,
+                         "command": ["sh", "-c", f"cp -a /opt/forensics/. /host{host_prefix}/"],
+                         "volumeMounts": [{"name": "prefix", "mountPath": f"/host{host_prefix}"}],
+                         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+                     }],
+                     "containers": [{
+                         "name": "agent",
+                         "image": image,
+                         "command": ["sh", "-c", shell],
+                         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                         "ports": [{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}],
+                         "lifecycle": {"preStop": {"exec": {"command": [handler, "capture", "--uninstall-handler",
+                                                                        "--core-dir", core_dir]}}},
+                         "securityContext": {"privileged": True},  # writes /proc/sys/kernel/core_pattern
+                         "volumeMounts": [{"name": "cores", "mountPath": core_dir},
+                                          {"name": "prefix", "mountPath": host_prefix}],
+                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
+                                       "limits": {"memory": f"{memory_limit >> 20}Mi"}},
+                         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
+                                            "periodSeconds": 30},
+                     }],
+                     "volumes": [
+                         {"name": "cores", "hostPath": {"path": core_dir, "type": "DirectoryOrCreate"}},
+                         {"name": "prefix", "hostPath": {"path": host_prefix, "type": "DirectoryOrCreate"}},
+                     ],
+                 },
+             },
+         }},
+    ]
+    if scrape == "podmonitor":
+        objects.append({
+            "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+            "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)},
+            "spec": {"selector": {"matchLabels": dict(_LABELS)},
+                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}]},
+        })
+    return objects
+
+
+def _sh(arg: str) -> str:
+    """Quote for sh -c, leaving ``$(NODE_NAME)`` to the kubelet's expansion (it expands $(VAR) in command)."""
+    import shlex
+
+    return arg if arg in ("$(NODE_NAME)", "$(POD_IP)") else shlex.quote(arg)
 
 
 def _scalar(v) -> str:
@@ -131,10 +215,10 @@ def to_yaml(obj, indent: int = 0) -> str:
     if isinstance(obj, dict):
         for k, v in obj.items():
             if isinstance(v, (dict, list)) and v:
-                lines.append(f"{pad}{k}:")
+                lines.append(f"{pad}{_key(k)}:")
                 lines.append(to_yaml(v, indent + 1).rstrip("\n"))
             else:
-                lines.append(f"{pad}{k}: {_scalar(v) if not isinstance(v, (dict, list)) else ('{}' if isinstance(v, dict) else '[]')}")
+                lines.append(f"{pad}{_key(k)}: {_scalar(v) if not isinstance(v, (dict, list)) else ('{}' if isinstance(v, dict) else '[]')}")
     elif isinstance(obj, list):
         for v in obj:
             if isinstance(v, (dict, list)) and v:
@@ -147,3 +231,14 @@ def to_yaml(obj, indent: int = 0) -> str:
     else:
         lines.append(pad + _scalar(obj))
     return "\n".join(lines) + "\n"
+
+
+def _key(k: str) -> str:
+    """A mapping key: plain when safe, else double-quoted (``prometheus.io/scrape`` is plain YAML)."""
+    k = str(k)
+    return k if k and all(c.isalnum() or c in "._/-" for c in k) and not k[0] in "-." else json.dumps(k)
+
+
+def to_yaml_documents(objects: list[dict]) -> str:
+    """Several objects as one multi-document YAML stream (``kubectl apply -f -`` reads them in order)."""
+    return "".join("---\n" + to_yaml(o) for o in objects)

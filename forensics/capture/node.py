@@ -35,6 +35,8 @@ __all__ = [
     "is_driver_line",
     "redacted",
     "find_container_pids",
+    "find_pod_pids",
+    "capture_waiting_pod",
 ]
 
 #: coredump_filter bits (core(5)): 0 anon private, 1 anon shared, 2 file private, 3 file shared,
@@ -378,6 +380,70 @@ def find_container_pids(container_id: str, proc: str = "/proc") -> list[int]:
         if ident.container_id and len(cid) >= 12 and ident.container_id.startswith(cid):
             found.append(int(name))
     return sorted(found)
+
+
+def find_pod_pids(pod_uid: str, proc: str = "/proc") -> list[int]:
+    """The PIDs in the cgroups of pod ``pod_uid`` (its sandbox, its other containers), oldest first."""
+    from .identity import parse_cgroup
+
+    want = pod_uid.replace("_", "-").lower()
+    found = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/cgroup") as f:
+                ident = parse_cgroup(f.read())
+        except OSError:
+            continue
+        if ident.pod_uid and ident.pod_uid.replace("_", "-").lower() == want:
+            found.append(int(name))
+    return sorted(found)
+
+
+def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") -> tuple[str, dict]:
+    """A pod whose container is not running (CrashLoopBackOff): arm what can be armed and write the bundle.
+
+    Nothing runs to raise a limit on; the node's core handler is what the next start inherits.  The
+    bundle says what that start will get — the core pattern, the RLIMIT_CORE the pod's running processes
+    (its sandbox) have, which the runtime gives a new container of the pod too unless told otherwise —
+    with the node's logs and kernel lines.
+    :return: (bundle directory, the arming record)
+    """
+    from .bundle import BundleWriter, new_bundle_dir
+    from .pattern import destination_payload, explain_next_start, read_core_pattern
+
+    pids = find_pod_pids(pod_uid)
+    limit, limit_from = None, None
+    for pid in pids:
+        try:
+            limit = _limits_core(pid)[0]
+            limit_from = f"the RLIMIT_CORE of pid {pid} of the same pod (its sandbox), from which the runtime starts it"
+            break
+        except OSError:
+            continue
+    pattern = read_core_pattern()
+    dest = explain_next_start(pattern, limit, limit_from=limit_from)
+    arming = {"armed": False, "why": "the container is not running: no process to arm", "pod_pids": pids,
+              "rlimit_core_next": limit, "rlimit_core_next_from": limit_from, "core_pattern": pattern,
+              "destination": destination_payload(dest)}
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    bdir = new_bundle_dir(os.path.join(core_dir, "bundles"), f"{stamp}-pod{pod_uid[:8]}")
+    w = BundleWriter(bdir)
+    w.add_json("00-identity.json", {"kind": "capture-waiting", "node": socket.gethostname(), "captured_at": time.time(),
+                                    "pod_uid": pod_uid, "core_dir": os.path.abspath(core_dir)},
+               "who was captured: node, pod UID, time (the container was not running)")
+    for name, text in read_node_logs([pod_uid], host_root=host_root).items():
+        w.add_bytes(f"20-node/{name}", text.encode(), f"node log lines ({name})")
+    node_os = read_os_release(host_root)
+    if node_os is not None:
+        w.add_bytes("20-node/os-release", node_os.encode(), "the node's /etc/os-release")
+    w.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(read_kernel_log()) + "\n").encode(),
+                "kernel log lines of the NVIDIA driver (NVRM, Xid, its modules)")
+    w.add_json("40-process/arming.json", arming,
+               "arming of a container that is not running: core_pattern and what its next start gets")
+    w.write_manifest()
+    return bdir, arming
 
 
 def capture_pid(

@@ -39,6 +39,7 @@ __all__ = [
     "destination_payload",
     "format_destination",
     "destination_survives",
+    "explain_next_start",
 ]
 
 CORE_PATTERN = "/proc/sys/kernel/core_pattern"
@@ -213,6 +214,54 @@ def explain_destination(pattern: str, snapshot, *, core_uses_pid: int | None = N
     return Destination(pattern=pattern, kind="file", will_dump=will, handler=None, handler_is_forensics=False,
                        path_in_process=path, host_path=host_path, persistent=persistent, reasons=tuple(reasons),
                        free_bytes=free, core_estimate=estimate)
+
+
+class _LimitsOnly:
+    """What the pipe branch of :func:`explain_destination` reads of a snapshot: the limits."""
+
+    def __init__(self, soft: str) -> None:
+        self.limits = {"Max core file size": (soft, soft)}
+
+
+def explain_next_start(pattern: str, rlimit_core: str | None, *, limit_from: str | None = None) -> Destination:
+    """Where the core of a container that is not running now (CrashLoopBackOff) will go when it next starts and
+    crashes: a pipe handler on the host takes it whatever its mount namespace; a file pattern writes it in the
+    container's own filesystem, where it dies with the container.
+
+    :param rlimit_core: the soft RLIMIT_CORE the next start is expected to get (None: unknown)
+    :param limit_from: where that expectation comes from (said in the reasons)
+    """
+    if pattern.startswith("|"):
+        d = explain_destination(pattern, _LimitsOnly(rlimit_core if rlimit_core is not None else "unlimited"))
+        reasons = [f"the container is not running: its next start inherits kernel.core_pattern {pattern!r}"]
+        if rlimit_core is None:
+            reasons.append("its RLIMIT_CORE is not known here (no process of the pod runs): the handler keeps the core "
+                           "only if it is at least one page")
+        else:
+            reasons.append(f"its RLIMIT_CORE is expected to be {rlimit_core}" + (f" ({limit_from})" if limit_from else ""))
+        reasons.extend(r for r in d.reasons if "RLIMIT_CORE" not in r or rlimit_core is not None)
+        keeps = d.will_dump and d.handler_is_forensics and (
+            rlimit_core is None or _limit_bytes(rlimit_core) is None or _limit_bytes(rlimit_core) >= PAGE_SIZE)
+        if d.handler_is_forensics and not keeps and d.will_dump:
+            reasons.append("so the handler will keep its metadata only: raise the limit in the container's command "
+                           "(ulimit -c unlimited) or in the runtime's default (containerd's LimitCORE)")
+        if not d.handler_is_forensics:
+            reasons.append("the handler is not forensics': what it keeps is up to it")
+        return Destination(pattern=pattern, kind="pipe", will_dump=d.will_dump, handler=d.handler,
+                           handler_is_forensics=d.handler_is_forensics, path_in_process=None, host_path=None,
+                           persistent=True if keeps else (None if not d.handler_is_forensics else False),
+                           reasons=tuple(reasons))
+    if pattern.startswith("@"):
+        return Destination(pattern=pattern, kind="socket", will_dump=True, handler=pattern.lstrip("@"),
+                           handler_is_forensics=False, path_in_process=None, host_path=None, persistent=True,
+                           reasons=(f"the container is not running: its next crash goes to the unix socket "
+                                    f"{pattern.lstrip('@')!r} on the host",))
+    return Destination(pattern=pattern, kind="file", will_dump=False, handler=None, handler_is_forensics=False,
+                       path_in_process=None, host_path=None, persistent=False, reasons=(
+                           f"the container is not running: its next crash is written by core_pattern {pattern!r} into "
+                           "its own filesystem, where it dies with the container (and RLIMIT_CORE is usually 0 there)",
+                           "install the node's core handler (forensics agent manifest | kubectl apply -f -) so the next "
+                           "start's core is kept on the node"))
 
 
 def destination_payload(dest: Destination) -> dict:

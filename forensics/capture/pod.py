@@ -20,7 +20,8 @@ import time
 import uuid
 from typing import Callable
 
-from ..errors import AgentFailed, ContainerNotRunning, ForensicsError, KubeError, NodeUnreachable, PodNotFound
+from ..errors import (AgentFailed, ContainerNotRunning, ForensicsError, KubectlNotFound, KubeError, NodeUnreachable,
+                      PodNotFound)
 from ..kubectl import KubeOptions, get_json, run_kubectl
 from .agent import LEFT_ON_NODE, decode_bundle
 from .manifests import agent_pod_manifest, to_yaml
@@ -76,7 +77,7 @@ class _Terminate(BaseException):
     pass
 
 
-def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core_dir: str, agent_image: str | None,
+def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core_dir: str, agent_image: str,
                 dry_run: bool, output: str, warn: Callable[[str], None], timeout: float = 300.0,
                 coredump_filter: int | None = None, full: bool = False) -> dict:
     """Capture ``pod_name``'s container through kubectl; see the module docstring.
@@ -85,12 +86,25 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
 
     :raises KubectlNotFound, PodNotFound, KubeError, ContainerNotRunning, NodeUnreachable, AgentFailed:
     """
+    image = agent_image
+    agent_name = f"forensics-agent-{uuid.uuid4().hex[:8]}"
     try:
         pod = get_json(opts, "get pod", ["get", "pod", pod_name])
-    except KubeError as e:
-        if "NotFound" in e.detail or "not found" in e.detail:
+    except (KubeError, KubectlNotFound) as e:
+        if isinstance(e, KubeError) and ("NotFound" in e.detail or "not found" in e.detail):
             raise PodNotFound(pod_name, opts.namespace or "(context default)") from e
-        raise
+        if not dry_run:
+            raise
+        # --dry-run needs no API server: the values only the API knows are shown as placeholders
+        ns = opts.namespace or "default"
+        manifest = agent_pod_manifest(name=agent_name, namespace=ns, node=f"<node of {ns}/{pod_name}>",
+                                      container_id=f"<container ID of {container or 'its first container'}>",
+                                      core_dir=core_dir, image=image, timeout=timeout, coredump_filter=coredump_filter,
+                                      full=full, pod_uid=f"<uid of {ns}/{pod_name}>")
+        why = e.detail if isinstance(e, KubeError) else str(e)
+        note = (f"# no answer from the API server ({why}):\n# the node, container ID and pod UID are placeholders; "
+                "nothing was sent to the API server.\n")
+        return {"manifest": note + to_yaml(manifest), "placeholders": True}
     summary = summarize_pod(pod)
     ns = summary["namespace"] or opts.namespace or "default"
     cs = summary["containers"]
@@ -100,17 +114,18 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
     if chosen is None:
         raise ForensicsError(f"pod {ns}/{pod_name} has no container {container!r} (it has: {', '.join(c['name'] for c in cs)})",
                              help_text="Pass --container NAME with one of those names.")
-    if chosen["state"] != "running" or not chosen["container_id"]:
-        detail = chosen["state_detail"] or {}
-        raise ContainerNotRunning(pod_name, chosen["name"], f"{chosen['state']}: {detail.get('reason', '')}".strip(": "))
     node_name = summary["node"]
-    image = agent_image or "ghcr.io/forensics/forensics:latest"
-    agent_name = f"forensics-agent-{uuid.uuid4().hex[:8]}"
-    manifest = agent_pod_manifest(name=agent_name, namespace=ns, node=node_name, container_id=chosen["container_id"],
+    if not node_name:
+        raise ContainerNotRunning(pod_name, chosen["name"], f"pod phase {summary['phase']}, not scheduled on a node")
+    # A container that is not running (CrashLoopBackOff, between restarts) is still worth the trip: its next
+    # start inherits the node's core handler, and the cores of its earlier runs are on the node.
+    running = chosen["state"] == "running" and bool(chosen["container_id"])
+    manifest = agent_pod_manifest(name=agent_name, namespace=ns, node=node_name,
+                                  container_id=chosen["container_id"] if running else None,
                                   core_dir=core_dir, image=image, timeout=timeout, coredump_filter=coredump_filter, full=full,
                                   pod_uid=summary["uid"])
     if dry_run:
-        return {"manifest": to_yaml(manifest)}
+        return {"manifest": to_yaml(manifest), "placeholders": False}
     node = get_json(opts, "get node", ["get", "node", node_name], namespaced=False)
     node_summary = summarize_node(node)
     if node_summary["ready"] != "True":
@@ -118,7 +133,7 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
     events = get_json(opts, "get events", ["get", "events", "--namespace", ns,
                                             "--field-selector", f"involvedObject.uid={summary['uid']}"], namespaced=False)
     log = _run_agent(opts, ns, agent_name, manifest, timeout, warn)
-    return _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name)
+    return _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name, running)
 
 
 def _run_agent(opts: KubeOptions, ns: str, name: str, manifest: dict, timeout: float, warn: Callable[[str], None]) -> str:
@@ -167,7 +182,7 @@ def _run_agent(opts: KubeOptions, ns: str, name: str, manifest: dict, timeout: f
             signal.signal(signal.SIGTERM, old_term)
 
 
-def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name) -> dict:
+def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name, running=True) -> dict:
     from .bundle import BundleWriter, new_bundle_dir
 
     data = decode_bundle(log)
@@ -200,15 +215,39 @@ def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, 
     w.add_json("10-kubernetes/pod.json", pod, "the pod object as the API server returned it")
     w.add_json("10-kubernetes/node.json", node, "the node object as the API server returned it")
     w.write_manifest({"pod": f"{summary['namespace']}/{summary['name']}"})
+    from .pattern import destination_survives, format_destination
+
+    arming = {}
+    arming_path = os.path.join(bdir, "40-process", "arming.json")
+    if os.path.isfile(arming_path):
+        with open(arming_path) as f:
+            arming = json.load(f)
+    dest = arming.get("destination") or {}
+    state = chosen["state"] or "unknown"
+    detail = (chosen["state_detail"] or {}).get("reason") if isinstance(chosen["state_detail"], dict) else None
     lines = [f"pod {summary['namespace']}/{summary['name']} (uid {summary['uid']}) on node {summary['node']}",
-             f"container {chosen['name']} {chosen['container_id']} restarts {chosen['restart_count']}"
+             f"container {chosen['name']} {chosen['container_id'] or '(none running)'} {state}"
+             + (f" ({detail})" if detail else "") + f", restarts {chosen['restart_count']}"
              + (f", last exit {chosen['last_terminated']['exit_code']} signal {chosen['last_terminated']['signal']}"
-                if chosen["last_terminated"] else ""),
-             f"Wrote {bdir}"]
+                if chosen["last_terminated"] else "")]
+    if running and arming.get("rlimit_core_after"):
+        before, after = arming["rlimit_core_before"], arming["rlimit_core_after"]
+        lines.append(f"armed on the node: RLIMIT_CORE {before[0]}/{before[1]} -> {after[0]}/{after[1]}, "
+                     f"coredump_filter {arming.get('coredump_filter_before')} -> {arming.get('coredump_filter_after')}")
+    elif not running:
+        lines.append("not running: nothing to arm now; what its next start gets, as the agent found it on the node:")
+    lines.append(f"core_pattern:    {arming.get('core_pattern', '?')}")
+    lines += format_destination(dest) if dest else ["core:            unknown (the agent sent no arming.json)"]
+    earlier = sorted(d for d in os.listdir(os.path.join(bdir, "50-core"))) if os.path.isdir(os.path.join(bdir, "50-core")) else []
+    lines.append(f"earlier crashes recorded by the node's core handler for this pod: {len(earlier)}"
+                 + (f" (in {os.path.join(bdir, '50-core')})" if earlier else ""))
+    lines.append(f"Wrote {bdir}")
     left_path = os.path.join(bdir, LEFT_ON_NODE)
     if os.path.isfile(left_path):
         with open(left_path) as f:
             left = json.load(f).get("files") or []
         lines.append(f"{len(left)} file(s), {sum(x.get('size', 0) for x in left):,} bytes, too big for the pod log, "
                      f"stay on node {summary['node']} (listed in {LEFT_ON_NODE})")
-    return {"bundle": bdir, "pod": summary, "node": node_summary, "agent_pod": agent_name, "lines": lines}
+    return {"bundle": bdir, "pod": summary, "node": node_summary, "agent_pod": agent_name, "lines": lines,
+            "running": running, "arming": arming, "earlier_crashes": earlier,
+            "survives": bool(dest) and destination_survives(dest)}

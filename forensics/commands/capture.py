@@ -31,7 +31,9 @@ __all__ = ["capture"]
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="kubeconfig file.")
 @click.option("--kubectl", "kubectl", default="kubectl", show_default=True, help="kubectl to run.")
 @click.option("--agent-image", default=None, help="Image of the agent pod (forensics installed, with its 'forensics' on PATH).")
-@click.option("--dry-run", is_flag=True, help="With --pod: print the agent pod manifest and do nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="With --pod: print the agent pod manifest and create nothing (no API server needed: what only it "
+                   "knows is then a placeholder).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds the agent pod may take.")
 @click.option("-o", "--output", "output", type=click.Path(file_okay=False), default=None,
               help="Directory to create the bundle in (pod mode: default ./forensics-bundles).")
@@ -49,8 +51,16 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
     forensics capture --pod exporter-abc --dry-run                         # print the agent pod
 
     \b
-    Exit codes: 0 armed / done; 1 error; 2 usage; 4 armed, but the kernel
-    will not write this process's core where it survives (see the reasons).
+    A pod whose container is not running (CrashLoopBackOff) is captured too: nothing
+    runs to arm, so the agent says what its next start gets from the node (the core
+    handler, the RLIMIT_CORE of the pod's sandbox) and brings the crashes the core
+    handler recorded for the pod.
+
+    \b
+    Exit codes: 0 armed / done, and the core will survive; 1 error; 2 usage;
+    4 done, but the kernel will not write the (next) core where it survives,
+    whole (see the reasons: read-only or full destination, a container's own
+    filesystem, a handler that keeps metadata only).
     """
     modes = [bool(pid is not None), bool(install_handler), bool(uninstall_handler), bool(pod)]
     if sum(modes) != 1:
@@ -73,18 +83,23 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
         _render("capture-uninstall-handler", r, as_json, [f"core_pattern restored: {r['restored']}"])
         return
     if pod:
+        from .. import __version__
+        from ..capture.manifests import agent_image as default_agent_image
         from ..capture.pod import capture_pod
         from ..kubectl import KubeOptions
 
         opts = KubeOptions(kubectl=kubectl, kubeconfig=kubeconfig, context=context, namespace=namespace)
-        r = capture_pod(pod, container=container, opts=opts, core_dir=core_dir, agent_image=agent_image,
+        r = capture_pod(pod, container=container, opts=opts, core_dir=core_dir,
+                        agent_image=agent_image or default_agent_image(__version__),
                         dry_run=dry_run, output=output or "forensics-bundles", timeout=timeout,
                         coredump_filter=coredump_filter, full=full,
                         warn=lambda m: click.echo(f"forensics: warning: {m}", err=True))
         if dry_run:
             click.echo(r["manifest"], nl=False)
             return
-        _render("capture-pod", r, as_json, r.get("lines", []))
+        _render("capture-pod", {k: v for k, v in r.items() if k != "lines"}, as_json, r.get("lines", []))
+        if not r["survives"]:
+            sys.exit(4)
         return
     from ..capture.node import capture_pid
     from ..capture.pattern import destination_payload, format_destination

@@ -7,6 +7,7 @@ through the pod log.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -149,6 +150,113 @@ def test_capture_pod_end_to_end(cluster, pod_process, tmp_path):
     # a second capture never overwrites the first bundle
     r2 = _capture(kubeconfig, core_dir, tmp_path / "out", "--pod", "exporter-7d9f", "--json")
     assert json.loads(r2.output)["bundle"] != doc["bundle"]
+    # and the text says what the agent armed and its verdict on the core (#20.2)
+    r3 = _capture(kubeconfig, core_dir, tmp_path / "out", "--pod", "exporter-7d9f")
+    assert r3.exit_code == (0 if doc["survives"] else 4), r3.output
+    assert "armed on the node: RLIMIT_CORE" in r3.output and "\ncore:            " in r3.output
+    assert "earlier crashes recorded by the node's core handler for this pod: 2" in r3.output
+
+
+def test_capture_pod_says_the_core_will_not_survive_and_exits_4(cluster, tmp_path):
+    """#20.2: capture --pod printed the pod and "Wrote ...", never the agent's verdict, never exit 4."""
+    from tests.helpers import tmpfs
+
+    standin, kubeconfig = cluster
+    # GIVEN a pod's process running in a read-only directory (readOnlyRootFilesystem)
+    pod_uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
+    with tmpfs(tmp_path / "ro", "1M") as ro:
+        p = subprocess.Popen(["sleep", "120"], cwd=ro)
+        cg = pod_cgroup(pod_uid, cid)
+        try:
+            subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+            cg.mkdir(parents=True)
+            (cg / "cgroup.procs").write_text(str(p.pid))
+            standin.pods[(NS, "exporter-ro")] = make_pod(name="exporter-ro", namespace=NS, uid=pod_uid,
+                                                         node=socket.gethostname(), container_id=cid)
+            # WHEN it is captured from the workstation
+            r = _capture(kubeconfig, tmp_path / "cores", tmp_path / "out", "--pod", "exporter-ro")
+        finally:
+            remove_cgroup(cg)
+            p.kill()
+            p.wait()
+    # THEN the verdict the agent computed on the node is printed, and the exit status is 4
+    assert r.exit_code == 4, r.output
+    assert "core:            will NOT be written" in r.output and "is on a read-only mount" in r.output
+
+
+@pytest.mark.parametrize("pattern", ["core", "handler"])
+def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_path, core_pattern, pattern):
+    """#20.1: a pod in CrashLoopBackOff (the incident's state) was refused; its next start inherits the
+    node's handler and the cores of its earlier containers are on the node."""
+    import resource
+
+    from forensics.capture.pattern import handler_pattern
+
+    standin, kubeconfig = cluster
+    core_dir = tmp_path / "cores"
+    pod_uid = standin.pods[(NS, "exporter-crashloop")]["metadata"]["uid"]
+    # GIVEN the pod's sandbox running on the node (RLIMIT_CORE unlimited, which new containers of the pod get)
+    sandbox_cg = pod_cgroup(pod_uid, uuid.uuid4().hex + uuid.uuid4().hex)
+    sandbox = subprocess.Popen(["sleep", "120"], preexec_fn=lambda: resource.setrlimit(
+        resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)))
+    # and a crash of an earlier container of the pod, recorded by the core handler
+    earlier_cg = pod_cgroup(pod_uid, uuid.uuid4().hex * 2)
+    earlier_proc = subprocess.Popen(["sleep", "60"])
+    try:
+        sandbox_cg.mkdir(parents=True)
+        (sandbox_cg / "cgroup.procs").write_text(str(sandbox.pid))
+        earlier_cg.mkdir(parents=True)
+        (earlier_cg / "cgroup.procs").write_text(str(earlier_proc.pid))
+        earlier = _handled_crash(core_dir, earlier_proc.pid, 11, Path(__file__))
+        remove_cgroup(earlier_cg)
+        # WHEN it is captured, with the node's core_pattern a file name or the forensics handler
+        with core_pattern.exclusive() if pattern == "handler" else contextlib.nullcontext():
+            saved = Path("/proc/sys/kernel/core_pattern").read_text()
+            try:
+                if pattern == "handler":
+                    Path("/proc/sys/kernel/core_pattern").write_text(
+                        handler_pattern(str(core_dir), str(Path(sys.executable).parent / "forensics")))
+                r = _capture(kubeconfig, core_dir, tmp_path / "out", "--pod", "exporter-crashloop", "--json")
+                text = _capture(kubeconfig, core_dir, tmp_path / "out", "--pod", "exporter-crashloop")
+            finally:
+                Path("/proc/sys/kernel/core_pattern").write_text(saved)
+    finally:
+        remove_cgroup(sandbox_cg)
+        remove_cgroup(earlier_cg)
+        for p in (sandbox, earlier_proc):
+            p.kill()
+            p.wait()
+    # THEN it is captured (not refused), the earlier crash is brought back, and the verdict says what the next
+    # start gets: the handler keeps its core (0), a file pattern loses it with the container (4)
+    assert r.exit_code == (0 if pattern == "handler" else 4), r.output
+    doc = json.loads(r.stdout)
+    bundle = Path(doc["bundle"])
+    assert doc["running"] is False and doc["earlier_crashes"] == [os.path.basename(earlier.crash_dir)]
+    assert (bundle / "50-core" / os.path.basename(earlier.crash_dir) / "metadata.json").is_file()
+    arming = json.loads((bundle / "40-process" / "arming.json").read_text())
+    assert arming["armed"] is False and arming["rlimit_core_next"] == "unlimited"
+    assert sandbox.pid in arming["pod_pids"]
+    assert "not running: nothing to arm now" in text.output
+    if pattern == "handler":
+        assert arming["destination"]["survives"] is True
+        assert "core:            WILL be written" in text.output
+    else:
+        assert "core:            will NOT be written" in text.output and "dies with the container" in text.output
+    assert verify_manifest(str(bundle)) == []
+    assert standin.deleted == standin.created
+
+
+def test_dry_run_needs_no_api_server(tmp_path, monkeypatch):
+    """#20.2: --dry-run still needed the API server."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = write_kubeconfig(str(tmp_path / "kc"), f"http://127.0.0.1:{port}")
+    r = CliRunner().invoke(cli, ["capture", "--kubeconfig", kubeconfig, "--pod", "exporter-x", "-n", NS, "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "nothing was sent to the API server" in r.output
+    assert f'nodeName: "<node of {NS}/exporter-x>"' in r.output and "hostPID: true" in r.output
 
 
 def test_dry_run_prints_the_agent_pod(cluster, pod_process, tmp_path):
@@ -166,7 +274,6 @@ def test_dry_run_prints_the_agent_pod(cluster, pod_process, tmp_path):
     "args, message",
     [
         pytest.param(["--pod", "nope"], f"pod {NS}/nope not found", id="pod-not-found"),
-        pytest.param(["--pod", "exporter-crashloop"], "is not running (waiting: CrashLoopBackOff)", id="not-running"),
         pytest.param(["--pod", "exporter-on-gone-node"], "node gone unreachable", id="node-unreachable"),
         pytest.param(["--pod", "exporter-7d9f", "--kubectl", "/nonexistent/kubectl"], "kubectl not found", id="no-kubectl"),
         pytest.param(["--pod", "exporter-7d9f", "--container", "sidecar"], "has no container 'sidecar'", id="no-container"),
@@ -190,7 +297,7 @@ def test_a_failing_agent_is_reported_and_its_pod_deleted(cluster, tmp_path):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_agent_keeps_big_files_on_the_node_within_its_log_budget(pod_process, tmp_path):
+def test_agent_keeps_big_files_on_the_node_within_its_log_budget(pod_process, tmp_path, cores, newest_python):
     """The pod log is rotated by the kubelet: metadata always travels, objects and cores while they fit."""
     import base64
     import io
@@ -199,9 +306,9 @@ def test_agent_keeps_big_files_on_the_node_within_its_log_budget(pod_process, tm
     from forensics.capture.agent import BEGIN, END
 
     core_dir = tmp_path / "cores"
-    core = tmp_path / "core-bytes"  # 2 MB that do not compress, as "the core" of an earlier crash
-    core.write_bytes(os.urandom(2 << 20))
+    core = cores.get(newest_python, "heap-prev")  # a real kernel core of a Python process: MBs compressed
     earlier = _handled_crash(core_dir, pod_process["pid"], 6, core)
+    assert earlier.core_state == "kept" and Path(earlier.core_path).stat().st_size > 64 << 10
     r = CliRunner().invoke(cli, ["agent", "run", "--container-id", f"containerd://{pod_process['cid']}",
                                  "--core-dir", str(core_dir), "--max-inline", "64K"])
     assert r.exit_code == 0, r.output
