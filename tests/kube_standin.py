@@ -2,8 +2,9 @@
 
 It serves, on 127.0.0.1 over plain HTTP, only what ``forensics capture --pod`` reads and
 writes, and what ``forensics fleet`` lists: legacy discovery (``/api``, ``/apis``, ``/api/v1``),
-pods (get, list with an equality label selector, create, delete, log), nodes (get, list) and
-events (list, with an ``involvedObject.uid`` field selector).  Objects
+pods (get, list with an equality label selector or a ``spec.nodeName`` field selector, create,
+delete, log), nodes (get, list) and events (list, with an ``involvedObject.uid`` field selector;
+get, create, and JSON merge patch, as the agent's Events use them).  Objects
 are the JSON the real API returns (fields kept to those read).  A created pod is "run" the
 way a kubelet on this machine would: its container's command is executed here (the image
 is taken to be this machine's filesystem, with the given ``PATH``), its phase follows the
@@ -26,8 +27,8 @@ RESOURCES = [
     {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
     {"name": "nodes", "singularName": "node", "namespaced": False, "kind": "Node", "verbs": ["get", "list"],
      "shortNames": ["no"]},
-    {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event", "verbs": ["list"],
-     "shortNames": ["ev"]},
+    {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event",
+     "verbs": ["create", "get", "list", "patch"], "shortNames": ["ev"]},
 ]
 
 
@@ -41,6 +42,7 @@ class StandIn:
         self.pods: dict[tuple[str, str], dict] = {}
         self.nodes: dict[str, dict] = {}
         self.events: list[dict] = []
+        self.event_writes: list[tuple[str, str]] = []
         self.procs: dict[tuple[str, str], tuple[subprocess.Popen, list[bytes]]] = {}
         self.created: list[str] = []
         self.deleted: list[str] = []
@@ -69,6 +71,9 @@ class StandIn:
 
             def do_DELETE(self):
                 standin._delete(self)
+
+            def do_PATCH(self):
+                standin._patch(self)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -111,10 +116,20 @@ class StandIn:
                 for clause in sel.split(","):
                     k, _, v = clause.partition("=")
                     items = [p for p in items if (p["metadata"].get("labels") or {}).get(k) == v.lstrip("=")]
+            for sel in q.get("fieldSelector", []):
+                for clause in sel.split(","):
+                    k, _, v = clause.partition("=")
+                    if k == "spec.nodeName":
+                        items = [p for p in items if p.get("spec", {}).get("nodeName") == v.lstrip("=")]
             return h._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
         if len(parts) == 4 and parts[:3] == ["api", "v1", "nodes"]:
             node = self.nodes.get(parts[3])
             return h._send(200, node) if node else h._send(404, _status(404, "NotFound", f'nodes "{parts[3]}" not found'))
+        if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
+            with self.lock:
+                ev = next((e for e in self.events if e["metadata"]["namespace"] == parts[3]
+                           and e["metadata"]["name"] == parts[5]), None)
+            return h._send(200, ev) if ev else h._send(404, _status(404, "NotFound", f'events "{parts[5]}" not found'))
         if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
             items = [e for e in self.events if e["metadata"]["namespace"] == parts[3]]
             for sel in q.get("fieldSelector", []):
@@ -142,6 +157,16 @@ class StandIn:
         u = urlparse(h.path)
         parts = [p for p in u.path.split("/") if p]
         body = json.loads(h.rfile.read(int(h.headers.get("Content-Length", 0))) or b"{}")
+        if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
+            ns, name = parts[3], body["metadata"]["name"]
+            body["metadata"].update({"namespace": ns, "uid": f"event-{len(self.events)}",
+                                     "resourceVersion": str(len(self.events) + 1)})
+            with self.lock:
+                if any(e["metadata"]["namespace"] == ns and e["metadata"]["name"] == name for e in self.events):
+                    return h._send(409, _status(409, "AlreadyExists", f'events "{name}" already exists'))
+                self.events.append(body)
+                self.event_writes.append(("create", name))
+            return h._send(201, body)
         if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
             ns, name = parts[3], body["metadata"]["name"]
             body["metadata"].update({"namespace": ns, "uid": f"agent-{name}"})
@@ -154,6 +179,23 @@ class StandIn:
                 if body["spec"].get("nodeName") in self.nodes:
                     self._start(ns, name, body)
             return h._send(201, body)
+        return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+    def _patch(self, h):
+        """A JSON merge patch of an event (what ``kubectl patch --type merge`` sends)."""
+        parts = [p for p in urlparse(h.path).path.split("/") if p]
+        body = json.loads(h.rfile.read(int(h.headers.get("Content-Length", 0))) or b"{}")
+        if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
+            with self.lock:
+                ev = next((e for e in self.events if e["metadata"]["namespace"] == parts[3]
+                           and e["metadata"]["name"] == parts[5]), None)
+                if ev is None:
+                    return h._send(404, _status(404, "NotFound", f'events "{parts[5]}" not found'))
+                for k, v in body.items():
+                    if k != "metadata":
+                        ev[k] = v
+                self.event_writes.append(("patch", parts[5]))
+            return h._send(200, ev)
         return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
 
     def _delete(self, h):

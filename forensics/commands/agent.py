@@ -1,11 +1,12 @@
 """forensics agent: the DaemonSet manifest, and the hidden in-pod side of ``capture --pod``."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from ..options import SIZE, parse_coredump_filter
+from ..options import SIZE, json_option, parse_coredump_filter
 
 __all__ = ["agent", "agent_manifest", "agent_run"]
 
@@ -17,7 +18,9 @@ def agent():
 
 @agent.command("manifest")
 @click.option("--core-dir", default="/var/lib/forensics/cores", show_default=True, help="hostPath for cores on every node.")
-@click.option("--image", "image", default="ghcr.io/forensics/forensics:latest", show_default=True, help="Image with forensics installed.")
+@click.option("--image", "image", default=None,
+              help="The agent image (default: the one `python .ci/image/build.py` builds and tags, "
+                   "ghcr.io/forensics/forensics-agent:VERSION).")
 @click.option("-n", "--namespace", default="forensics", show_default=True)
 @click.option("--gpu-label", default="nvidia.com/gpu.present=true", show_default=True, help="Node selector KEY=VALUE for GPU nodes.")
 @click.option("--host-prefix", default="/opt/forensics", show_default=True,
@@ -27,19 +30,91 @@ def agent():
               help="Total size of the core directory on each node (oldest cores go first; 0: none).")
 @click.option("--min-free", type=SIZE, default=None, help="Free space to leave on the node's filesystem (handler default 1G).")
 @click.option("--loop-limit", type=int, default=None, help="Cores per image and signal per hour (handler default 5).")
-def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_size, budget, min_free, loop_limit):
-    """Print a DaemonSet that installs the core handler on every GPU node, with its disk bounds."""
-    from ..capture.manifests import daemonset_manifest
+@click.option("--scrape", type=click.Choice(["annotations", "podmonitor", "none"]), default="annotations",
+              show_default=True, help="How Prometheus finds the metrics port: prometheus.io/* pod annotations, a "
+                                      "prometheus-operator PodMonitor, or neither.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=9847, show_default=True)
+@click.option("--analysis-timeout", type=click.IntRange(10, 86400), default=300, show_default=True,
+              help="Seconds one on-node analysis may take.")
+@click.option("--analysis-memory", type=SIZE, default="1G", show_default=True,
+              help="Memory one on-node analysis may use (the container's limit is this plus 512Mi).")
+@json_option
+def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_size, budget, min_free, loop_limit,
+                   scrape, metrics_port, analysis_timeout, analysis_memory, as_json):
+    """Print the node agent's objects: Namespace, ServiceAccount and RBAC, the DaemonSet (core handler with its
+    disk bounds, on-node analysis, metrics port), and a PodMonitor on request.
+
+    \b
+    forensics agent manifest | kubectl apply -f -
+    forensics agent manifest --json | jq .manifest | kubectl apply -f -     # a v1 List
+    """
+    from .. import __version__
+    from ..capture.manifests import agent_image, agent_objects, to_yaml_documents
 
     if "=" not in gpu_label:
         raise click.BadParameter("KEY=VALUE", param_hint="--gpu-label")
     bounds = {"max_core_size": max_core_size, "budget": budget, "min_free": min_free, "loop_limit": loop_limit}
-    click.echo(daemonset_manifest(core_dir=core_dir, image=image, namespace=namespace, gpu_label=gpu_label,
-                                  host_prefix=host_prefix, bounds=bounds), nl=False)
+    objects = agent_objects(core_dir=core_dir, image=image or agent_image(__version__), namespace=namespace, gpu_label=gpu_label,
+                            host_prefix=host_prefix, bounds=bounds, scrape=scrape, metrics_port=metrics_port,
+                            analysis_timeout=analysis_timeout, analysis_memory=analysis_memory)
+    if as_json:
+        from ..output import json_document
+
+        click.echo(json_document("agent-manifest", {"manifest": {"apiVersion": "v1", "kind": "List", "items": objects}}))
+    else:
+        click.echo(to_yaml_documents(objects), nl=False)
+
+
+@agent.command("serve")
+@click.option("--core-dir", default="/var/lib/forensics/cores", show_default=True, help="The core handler's directory.")
+@click.option("--node-name", default=None, help="This node's Kubernetes name (default: the host name).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=9847, show_default=True,
+              help="Prometheus metrics port (0: none).")
+@click.option("--metrics-address", default="127.0.0.1", show_default=True,
+              help="Address to serve metrics on (the DaemonSet passes the pod's IP).")
+@click.option("--analysis-timeout", type=click.FloatRange(1, 86400), default=300.0, show_default=True,
+              help="Seconds one analysis may take (then killed, recorded as failed: timeout).")
+@click.option("--analysis-memory", type=SIZE, default="1G", show_default=True,
+              help="Address space one analysis may use (past it: failed: memory).")
+@click.option("--max-series", type=click.IntRange(1, 100000), default=500, show_default=True,
+              help="Label sets of forensics_crashes_total at most; the rest count under '_other'.")
+@click.option("--events/--no-events", default=True, show_default=True,
+              help="A NativeCrash Event on the crashed pod (needs the API: in-cluster, or --kubeconfig).")
+@click.option("--kubeconfig", default=None, help="kubeconfig for the API (default: in-cluster, the pod's service account).")
+@click.option("--context", "kube_context", default=None, help="kubeconfig context.")
+@click.option("--kubectl", default="kubectl", show_default=True, help="kubectl to run.")
+def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_timeout, analysis_memory, max_series,
+                events, kubeconfig, kube_context, kubectl):
+    """On-node analysis of each new crash, a crash index rebuilt from the bundles, Prometheus metrics, Events.
+
+    \b
+    Runs until SIGTERM. Each crash with a core is analyzed once, at the lowest CPU and I/O
+    priority, bounded in time and memory; the analysis goes into the crash's bundle
+    (60-analysis/). Nothing is deleted; a restart counts nothing twice.
+    """
+    import shutil
+    import socket
+
+    from ..kubectl import KubeOptions
+    from ..capture.serve import ServeConfig, serve
+
+    kube = None
+    if events or kubeconfig:
+        if shutil.which(kubectl) is None:
+            click.echo(f"forensics agent serve: {kubectl!r} not found: no Events, pods named by UID only", err=True)
+        elif kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kube = KubeOptions(kubectl=kubectl, kubeconfig=kubeconfig, context=kube_context)
+        else:
+            click.echo("forensics agent serve: no kubeconfig and not in a pod: no Events, pods named by UID only",
+                       err=True)
+    serve(ServeConfig(core_dir=core_dir, node=node_name or socket.gethostname(), metrics_port=metrics_port,
+                      metrics_address=metrics_address, analysis_timeout=analysis_timeout,
+                      analysis_memory=analysis_memory, max_series=max_series, events=events, kube=kube))
 
 
 @agent.command("run", hidden=True)
-@click.option("--container-id", required=True, help="Container ID (runtime://ID or ID).")
+@click.option("--container-id", default=None, help="Container ID (runtime://ID or ID).")
+@click.option("--waiting", is_flag=True, help="The container is not running: arm the node's side for its next start.")
 @click.option("--core-dir", required=True)
 @click.option("--host-root", default=None, help="The host's filesystem in the agent pod (default: /proc/1/root).")
 @click.option("--coredump-filter", "coredump_filter", callback=parse_coredump_filter, default=None)
@@ -48,9 +123,14 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
 @click.option("--max-inline", type=SIZE, default="6M", show_default=True,
               help="Most bytes of objects and cores sent back through the pod log (the kubelet rotates logs at 10 MiB "
                    "by default; base64 adds a third); the rest stays on the node, listed in left-on-node.json.")
-def agent_run(container_id, core_dir, host_root, coredump_filter, full, pod_uid, max_inline):
+def agent_run(container_id, waiting, core_dir, host_root, coredump_filter, full, pod_uid, max_inline):
     """Inside the agent pod: arm the container's processes, print the bundle (base64 tar) to stdout."""
     from ..capture.agent import run_agent
+
+    if bool(container_id) == bool(waiting):
+        raise click.UsageError("give --container-id, or --waiting with --pod-uid")
+    if waiting and not pod_uid:
+        raise click.UsageError("--waiting needs --pod-uid")
 
     run = run_agent(container_id=container_id, core_dir=core_dir, host_root=host_root,
                     coredump_filter=coredump_filter, full=full, max_inline=max_inline, pod_uid=pod_uid)

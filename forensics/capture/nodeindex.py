@@ -1,0 +1,213 @@
+"""The node's crash index, rebuilt from the crash bundles the core handler wrote (``agent serve``).
+
+Every figure the agent publishes (metrics, Events, ``DIR/agent-index.json``) is computed here
+from the bundles themselves: ``crashes/ID/metadata.json`` (the handler's record) and, once the
+agent analyzed the crash, ``crashes/ID/60-analysis/``.  Nothing is counted from memory of what
+happened before, so an agent killed at any point and started again counts every crash once,
+and nothing it does deletes evidence.
+
+The fingerprint is whatever ``forensics analyze`` computed (``analysis.fingerprint``); a crash
+without a core to analyze (metadata only: the crash-loop limit, RLIMIT_CORE, a full disk) takes
+the fingerprint of an analyzed crash with the same handler crash-loop key, and says so.  The
+handler's crash-loop key itself is not a fingerprint and is never published as one.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+
+__all__ = ["ANALYSIS_DIR", "CrashEntry", "FingerprintGroup", "NodeIndex", "read_crash", "build_index",
+           "NOT_KEPT_REASONS"]
+
+ANALYSIS_DIR = "60-analysis"
+#: why a crash's core is not on disk whole, as the metrics label it (bounded: these values only)
+NOT_KEPT_REASONS = ("rlimit", "loop-limit", "disk-full", "min-free", "cut", "truncated-stream", "not-a-core",
+                    "budget", "failed")
+_MAX_READ = 8 << 20  # a record or an analysis larger than this is not read (a bundle is data from the node)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashEntry:
+    """One crash as its bundle says it."""
+
+    id: str
+    path: str
+    time: float
+    signal: int | None
+    signal_name: str | None
+    pod_uid: str | None
+    container_id: str | None
+    image: str | None
+    loop_key: str | None  # the handler's crash-loop key (not a fingerprint)
+    core_state: str  # kept, truncated, partial, not-a-core, metadata-only, deleted-for-budget, failed, in-progress
+    not_kept: tuple[str, ...]  # NOT_KEPT_REASONS that apply
+    analysis: str  # "done", "failed", "pending", "none" (nothing to analyze)
+    analysis_failure: str | None
+    fingerprint: str | None
+    fingerprint_source: str | None  # "analysis" or "same crash-loop key as ID"
+    signature: str | None
+    crash_class: str | None
+    nvml_build_id: str | None
+    driver: str | None
+    namespace: str | None
+    pod: str | None
+    container: str | None
+    image_digest: str | None
+
+
+@dataclass(slots=True)
+class FingerprintGroup:
+    fingerprint: str
+    count: int = 0
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    example: str = ""
+    signature: str | None = None
+    crash_class: str | None = None
+    pods: set = field(default_factory=set)
+    containers: set = field(default_factory=set)
+    image_digests: set = field(default_factory=set)
+    nvml_build_ids: set = field(default_factory=set)
+    drivers: set = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class NodeIndex:
+    crashes: list[CrashEntry]
+    groups: dict[str, FingerprintGroup]
+
+    def as_document(self) -> dict:
+        return {"crashes": len(self.crashes),
+                "pending": sum(1 for c in self.crashes if c.analysis == "pending"),
+                "fingerprints": {fp: {"count": g.count, "first_seen": g.first_seen, "last_seen": g.last_seen,
+                                      "example_bundle": g.example, "signature": g.signature,
+                                      "crash_class": g.crash_class, "pods": sorted(g.pods),
+                                      "containers": sorted(g.containers), "image_digests": sorted(g.image_digests),
+                                      "libnvidia_ml_build_ids": sorted(g.nvml_build_ids),
+                                      "drivers": sorted(g.drivers)}
+                                 for fp, g in sorted(self.groups.items())}}
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_MAX_READ + 1)
+    except OSError:
+        return None
+    if len(data) > _MAX_READ:
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _not_kept(core: dict) -> tuple[str, ...]:
+    state = core.get("state")
+    reasons = " ".join(str(r) for r in core.get("reasons") or ())
+    out = []
+    if state == "metadata-only":
+        if "RLIMIT_CORE" in reasons:
+            out.append("rlimit")
+        if "crash loop" in reasons:
+            out.append("loop-limit")
+        if "below the minimum" in reasons:
+            out.append("min-free")
+    if "disk filled up" in reasons or state == "partial":
+        out.append("disk-full")
+    if "core cut at" in reasons:
+        out.append("cut")
+    if "the stream ended" in reasons:
+        out.append("truncated-stream")
+    if state == "not-a-core":
+        out.append("not-a-core")
+    if state == "deleted-for-budget":
+        out.append("budget")
+    if state == "failed":
+        out.append("failed")
+    return tuple(out)
+
+
+def read_crash(crash_dir: str) -> CrashEntry | None:
+    """The entry of one crash bundle; None when it has no readable record yet."""
+    meta = _read_json(os.path.join(crash_dir, "metadata.json"))
+    if meta is None:
+        return None
+    core = meta.get("core") if isinstance(meta.get("core"), dict) else {}
+    ident = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
+    adir = os.path.join(crash_dir, ANALYSIS_DIR)
+    analysis = _read_json(os.path.join(adir, "analysis.json"))
+    failed = _read_json(os.path.join(adir, "failed.json"))
+    pod = _read_json(os.path.join(adir, "pod.json")) or {}
+    has_core = bool(core.get("file")) and core.get("state") in ("kept", "truncated", "partial")
+    if meta.get("state") != "done":
+        status = "pending" if meta.get("state") == "in-progress" else "none"
+    elif analysis is not None:
+        status = "done"
+    elif failed is not None:
+        status = "failed"
+    elif has_core:
+        status = "pending"
+    else:
+        status = "none"
+    a = (analysis or {}).get("analysis") or {}
+    snap_core = ((a.get("snapshot") or {}).get("core") or {}) if isinstance(a, dict) else {}
+    nvml = snap_core.get("nvml") if isinstance(snap_core.get("nvml"), dict) else {}
+    fp = a.get("fingerprint") if isinstance(a.get("fingerprint"), str) else None
+    signo = meta.get("signal") if isinstance(meta.get("signal"), int) else None
+    return CrashEntry(
+        id=os.path.basename(crash_dir), path=crash_dir,
+        time=float(meta.get("time") or 0.0) if isinstance(meta.get("time"), (int, float)) else 0.0,
+        signal=signo, signal_name=meta.get("signal_name") if isinstance(meta.get("signal_name"), str) else None,
+        pod_uid=ident.get("pod_uid"), container_id=ident.get("container_id"),
+        image=meta.get("image_key") if isinstance(meta.get("image_key"), str) else None,
+        loop_key=meta.get("crash_loop_key") or meta.get("fingerprint"),
+        core_state=str(core.get("state") or meta.get("state") or "unknown"), not_kept=_not_kept(core),
+        analysis=status, analysis_failure=(failed or {}).get("reason") if status == "failed" else None,
+        fingerprint=fp, fingerprint_source="analysis" if fp else None,
+        signature=a.get("signature") if isinstance(a.get("signature"), str) else None,
+        crash_class=((a.get("crash") or {}).get("kind") if isinstance(a.get("crash"), dict) else None),
+        nvml_build_id=nvml.get("build_id"), driver=nvml.get("driver_version"),
+        namespace=pod.get("namespace"), pod=pod.get("name"), container=pod.get("container"),
+        image_digest=pod.get("image_digest"),
+    )
+
+
+def build_index(core_dir: str, *, limit: int = 1_000_000) -> NodeIndex:
+    """Read every crash bundle under ``DIR/crashes`` (oldest first) and group them by fingerprint."""
+    crashes_dir = os.path.join(core_dir, "crashes")
+    try:
+        names = sorted(os.listdir(crashes_dir))[:limit]
+    except OSError:
+        names = []
+    entries = [e for e in (read_crash(os.path.join(crashes_dir, n)) for n in names) if e is not None]
+    entries.sort(key=lambda e: (e.time, e.id))
+    # a crash with nothing to analyze takes the fingerprint of an analyzed crash with the same crash-loop key
+    by_key: dict[str, CrashEntry] = {}
+    for e in entries:
+        if e.fingerprint and e.loop_key:
+            by_key.setdefault(e.loop_key, e)
+    out: list[CrashEntry] = []
+    groups: dict[str, FingerprintGroup] = {}
+    for e in entries:
+        if not e.fingerprint and e.loop_key in by_key:
+            src = by_key[e.loop_key]
+            e = replace(e, fingerprint=src.fingerprint, fingerprint_source=f"same crash-loop key as {src.id}",
+                        signature=src.signature, crash_class=src.crash_class,
+                        nvml_build_id=e.nvml_build_id or src.nvml_build_id, driver=e.driver or src.driver)
+        out.append(e)
+        fp = e.fingerprint or "unknown"
+        g = groups.get(fp)
+        if g is None:
+            g = groups[fp] = FingerprintGroup(fingerprint=fp, first_seen=e.time, example=e.path,
+                                              signature=e.signature, crash_class=e.crash_class)
+        g.count += 1
+        g.first_seen = min(g.first_seen, e.time)
+        g.last_seen = max(g.last_seen, e.time)
+        for s, v in ((g.pods, f"{e.namespace}/{e.pod}" if e.pod else e.pod_uid), (g.containers, e.container),
+                     (g.image_digests, e.image_digest), (g.nvml_build_ids, e.nvml_build_id), (g.drivers, e.driver)):
+            if v:
+                s.add(v)
+    return NodeIndex(crashes=out, groups=groups)

@@ -1,0 +1,396 @@
+"""``forensics agent serve``: the DaemonSet's long-running process on each GPU node.
+
+It watches the core handler's directory and, for each new crash with a core, runs ``forensics
+analyze --json`` on the crash's bundle once — one at a time, in a child process at the lowest
+CPU and I/O priority (SCHED_IDLE, nice 19, the idle I/O class, so the handler the kernel waits on
+never waits on it), bounded in time (killed past ``analysis_timeout``) and memory (its address
+space) — and writes the result into the bundle (``60-analysis/analysis.json``, or ``failed.json``
+with the reason).  It publishes:
+
+- Prometheus metrics on a port (:class:`IndexCollector`; every value computed from the bundles,
+  see :mod:`.nodeindex`), with bounded label cardinality: ``forensics_crashes_total`` has at most
+  ``max_series`` label sets (default 500); crashes past that are counted in one series whose
+  labels are ``_other``.  Labels: ``node``, ``fingerprint`` (12 hex digits or ``unknown``),
+  ``crash_class`` (analyze's crash kinds), ``signal`` (a signal name), ``namespace``, ``pod``,
+  ``container``, ``image_digest`` (the pods on one node: a DaemonSet's few), so one node's series
+  are (distinct crashes) x (pods and containers that had them).  The other families' labels come
+  from closed sets: ``reason`` of :data:`~.nodeindex.NOT_KEPT_REASONS` and analysis failures
+  (``timeout``, ``memory``, ``error``, ``interrupted``), ``kind`` of ``cores`` / ``objects``.
+- A Kubernetes Event on the crashed pod (type Warning, reason ``NativeCrash``; message: signature,
+  fingerprint, the bundle's path on the node), one per (pod, fingerprint), its ``count`` the
+  number of such crashes in the index — set, not incremented, so a restarted agent never counts
+  twice — through kubectl with the agent's own service account (:class:`EventSink`).
+
+A restarted agent reads the bundles again: nothing is counted twice, nothing is lost, and it never
+deletes anything.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from .nodeindex import ANALYSIS_DIR, NOT_KEPT_REASONS, NodeIndex, build_index
+
+__all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "serve"]
+
+ANALYSIS_FAILURES = ("timeout", "memory", "error", "interrupted")
+_IOPRIO_SET = 251  # x86-64 syscall number
+_IOPRIO_CLASS_IDLE = 3
+
+
+def analysis_failure_reasons() -> tuple[str, ...]:
+    return ANALYSIS_FAILURES
+
+
+class ServeConfig:
+    def __init__(self, *, core_dir: str, node: str, metrics_port: int = 9847, metrics_address: str = "127.0.0.1",
+                 analysis_timeout: float = 300.0, analysis_memory: int = 1 << 30, poll: float = 1.0,
+                 max_series: int = 500, events: bool = True, kube=None, analyze_argv: list[str] | None = None,
+                 max_attempts: int = 2) -> None:
+        self.core_dir = os.path.abspath(core_dir)
+        self.node = node
+        self.metrics_port = metrics_port
+        self.metrics_address = metrics_address
+        self.analysis_timeout = analysis_timeout
+        self.analysis_memory = analysis_memory
+        self.poll = poll
+        self.max_series = max_series
+        self.events = events
+        self.kube = kube  # capture.kube.KubeOptions; None: no API calls
+        self.analyze_argv = analyze_argv or [sys.executable, "-m", "forensics", "analyze", "--json"]
+        self.max_attempts = max_attempts
+
+
+def _lowest_priority(memory: int):
+    def setup() -> None:
+        os.setsid()  # its own group: a timeout kills gdb too
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
+        try:
+            os.nice(19)
+        except OSError:
+            pass
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).syscall(_IOPRIO_SET, 1, 0, _IOPRIO_CLASS_IDLE << 13)
+        except (OSError, AttributeError):
+            pass
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an analysis that crashes must not feed the handler
+    return setup
+
+
+def _write_atomic_json(path: str, doc: dict) -> None:
+    from .store import write_atomic
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_atomic(path, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode(), mode=0o640)
+
+
+def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
+    """Analyze one crash bundle in a bounded, lowest-priority child; write the result into the bundle.
+
+    :return: "done" or a failure reason
+    """
+    adir = os.path.join(crash_dir, ANALYSIS_DIR)
+    os.makedirs(adir, exist_ok=True)
+    started = os.path.join(adir, "attempts.json")
+    attempts = 0
+    try:
+        with open(started) as f:
+            attempts = int(json.load(f).get("attempts", 0))
+    except (OSError, ValueError, AttributeError):
+        pass
+    if attempts >= cfg.max_attempts:  # the agent died (or was killed) during each earlier attempt
+        _write_atomic_json(os.path.join(adir, "failed.json"), {
+            "reason": "interrupted", "detail": f"{attempts} earlier analyses never finished", "time": time.time()})
+        return "interrupted"
+    _write_atomic_json(started, {"attempts": attempts + 1, "last_start": time.time()})
+    out_path = os.path.join(adir, f".analysis.{os.getpid()}.tmp")
+    t0 = time.monotonic()
+    reason, detail = None, None
+    with open(out_path, "wb") as out:
+        try:
+            p = subprocess.Popen([*cfg.analyze_argv, crash_dir], stdout=out, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, preexec_fn=_lowest_priority(cfg.analysis_memory))
+        except OSError as e:
+            reason, detail = "error", f"cannot start the analysis: {e}"
+            p = None
+        if p is not None:
+            try:
+                _, err = p.communicate(timeout=cfg.analysis_timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                _, err = p.communicate()
+                reason, detail = "timeout", f"killed after {cfg.analysis_timeout:g}s"
+            text = err.decode(errors="replace")[-2000:]
+            if reason is None and p.returncode not in (0, 3, 4):
+                reason = "memory" if "MemoryError" in text or "Cannot allocate memory" in text else "error"
+                detail = f"exit status {p.returncode}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+    try:
+        if reason is None:
+            with open(out_path, "rb") as f:
+                doc = json.loads(f.read())
+            doc["agent"] = {"seconds": round(time.monotonic() - t0, 3), "exit_status": p.returncode,
+                            "analyzed_at": time.time(), "node": cfg.node}
+            _write_atomic_json(os.path.join(adir, "analysis.json"), doc)
+            return "done"
+    except (OSError, ValueError) as e:
+        reason, detail = "error", f"the analysis wrote no JSON document: {e}"
+    finally:
+        try:
+            os.unlink(out_path)
+        except OSError:
+            pass
+    _write_atomic_json(os.path.join(adir, "failed.json"), {"reason": reason, "detail": detail, "time": time.time()})
+    return reason or "error"
+
+
+class IndexCollector:
+    """prometheus_client collector: every value from the latest :class:`NodeIndex`."""
+
+    def __init__(self, agent: "Agent") -> None:
+        self.agent = agent
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        idx, cfg = self.agent.index, self.agent.cfg
+        node = cfg.node
+        labels = ["node", "fingerprint", "crash_class", "signal", "namespace", "pod", "container", "image_digest"]
+        crashes = CounterMetricFamily("forensics_crashes", "Native crashes on this node, by fingerprint (forensics "
+                                      "analyze's) and where they happened; from the crash bundles", labels=labels)
+        series: dict[tuple, int] = {}
+        for c in idx.crashes:
+            key = (node, c.fingerprint or "unknown", c.crash_class or "unknown", c.signal_name or "unknown",
+                   c.namespace or "", c.pod or "", c.container or "", c.image_digest or "")
+            if key not in series and len(series) >= cfg.max_series:
+                key = (node, "_other", "_other", "_other", "_other", "_other", "_other", "_other")
+            series[key] = series.get(key, 0) + 1
+        for key, n in sorted(series.items()):
+            crashes.add_metric(list(key), n)
+        yield crashes
+        failures = CounterMetricFamily("forensics_analysis_failures", "On-node analyses that failed, by reason",
+                                       labels=["node", "reason"])
+        counts = {r: 0 for r in ANALYSIS_FAILURES}
+        for c in idx.crashes:
+            if c.analysis == "failed":
+                counts[c.analysis_failure if c.analysis_failure in counts else "error"] += 1
+        for r, n in counts.items():
+            failures.add_metric([node, r], n)
+        yield failures
+        not_kept = CounterMetricFamily("forensics_cores_not_kept", "Crashes whose core the handler did not keep "
+                                       "whole, by reason (budget, loop limit, full disk...)", labels=["node", "reason"])
+        nk = {r: 0 for r in NOT_KEPT_REASONS}
+        for c in idx.crashes:
+            for r in c.not_kept:
+                nk[r] += 1
+        for r, n in nk.items():
+            not_kept.add_metric([node, r], n)
+        yield not_kept
+        pending = GaugeMetricFamily("forensics_analyses_pending", "Crashes waiting for their on-node analysis",
+                                    labels=["node"])
+        pending.add_metric([node], sum(1 for c in idx.crashes if c.analysis == "pending"))
+        yield pending
+        stored = GaugeMetricFamily("forensics_stored_bytes", "Bytes the core directory holds", labels=["node", "kind"])
+        for kind, n in self.agent.stored.items():
+            stored.add_metric([node, kind], n)
+        yield stored
+
+
+class EventSink:
+    """Kubernetes Events for crashes, one per (pod, fingerprint), coalesced and flushed by a thread.
+
+    :meth:`offer` records the wanted state (count, times, message); the thread creates or patches
+    each changed Event at most every ``interval`` seconds, through kubectl (the agent's service
+    account in a pod, ``--kubeconfig`` elsewhere).  Failures are retried on the next flush.
+    """
+
+    def __init__(self, kube, node: str, *, interval: float = 2.0) -> None:
+        self.kube = kube
+        self.node = node
+        self.interval = interval
+        self.wanted: dict[tuple[str, str, str], dict] = {}
+        self.sent: dict[tuple[str, str, str], dict] = {}
+        self.errors = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="events", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def offer(self, idx: NodeIndex) -> None:
+        wanted: dict[tuple[str, str, str], dict] = {}
+        for c in idx.crashes:
+            if not (c.pod and c.namespace and c.pod_uid and c.fingerprint):
+                continue
+            key = (c.namespace, c.pod, c.fingerprint)
+            w = wanted.setdefault(key, {"uid": c.pod_uid, "count": 0, "first": c.time, "last": c.time, "example": c})
+            w["count"] += 1
+            w["first"] = min(w["first"], c.time)
+            if c.time >= w["last"]:
+                w["last"], w["example"] = c.time, c
+        with self.lock:
+            self.wanted = wanted
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.interval):
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            todo = [(k, v) for k, v in self.wanted.items()
+                    if self.sent.get(k, {}).get("count") != v["count"]]
+        for key, w in todo:
+            try:
+                self._send(key, w)
+                self.sent[key] = {"count": w["count"]}
+            except Exception:  # noqa: BLE001 - the API server may be away; the next flush retries
+                self.errors += 1
+
+    @staticmethod
+    def name_of(namespace: str, pod: str, fingerprint: str) -> str:
+        return f"{pod[:200]}.nativecrash.{fingerprint}"[:253]
+
+    def _send(self, key, w) -> None:
+        from ..kubectl import run_kubectl as _run
+
+        ns, pod, fp = key
+        c = w["example"]
+        name = self.name_of(ns, pod, fp)
+        iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+        message = (f"{c.signature or 'native crash'}; fingerprint {fp}; bundle {c.path} on node {self.node}")[:1024]
+        patch = {"count": w["count"], "lastTimestamp": iso(w["last"]), "message": message}
+        try:
+            _run(self.kube, "patch event", ["patch", "event", name, "--namespace", ns, "--type", "merge",
+                                            "-p", json.dumps(patch)], namespaced=False, timeout=30)
+            return
+        except Exception as e:  # noqa: BLE001
+            if "NotFound" not in str(e) and "not found" not in str(e):
+                raise
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"name": name, "namespace": ns},
+                 "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": pod, "namespace": ns, "uid": w["uid"]},
+                 "reason": "NativeCrash", "type": "Warning", "message": message, "count": w["count"],
+                 "firstTimestamp": iso(w["first"]), "lastTimestamp": iso(w["last"]),
+                 "source": {"component": "forensics-agent", "host": self.node},
+                 "reportingComponent": "forensics-agent", "reportingInstance": self.node}
+        _run(self.kube, "create event", ["create", "--validate=false", "-f", "-", "--namespace", ns],
+             stdin=json.dumps(event), namespaced=False, timeout=30)
+
+
+class Agent:
+    """The watch loop: index, analyze the next pending crash, resolve pods, publish."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.index = NodeIndex(crashes=[], groups={})
+        self.stored = {"cores": 0, "objects": 0}
+        self.pods: dict[str, dict] = {}  # pod uid -> {"namespace", "name", "containers": {id: (name, digest)}}
+        self.pods_read = 0.0
+        self.events = EventSink(cfg.kube, cfg.node) if cfg.events and cfg.kube is not None else None
+        self.stopping = threading.Event()
+
+    def refresh(self) -> None:
+        self.index = build_index(self.cfg.core_dir)
+        from .store import disk_usage
+
+        crashes = disk_usage(os.path.join(self.cfg.core_dir, "crashes"))
+        self.stored = {"cores": crashes, "objects": disk_usage(os.path.join(self.cfg.core_dir, "objects"))}
+        try:  # derived data, rebuilt on every round: for people reading the node
+            _write_atomic_json(os.path.join(self.cfg.core_dir, "agent-index.json"),
+                               {"node": self.cfg.node, "written_at": time.time(), **self.index.as_document()})
+        except OSError:
+            pass
+        if self.events is not None:
+            self.events.offer(self.index)
+
+    def _resolve_pods(self) -> None:
+        """Name the pods of crashes that only have a pod UID, from the API (pods on this node), once each."""
+        if self.cfg.kube is None:
+            return
+        unnamed = [c for c in self.index.crashes if c.pod_uid and not c.pod]
+        if not unnamed:
+            return
+        if any(c.pod_uid not in self.pods for c in unnamed) and time.monotonic() - self.pods_read > 10:
+            self.pods_read = time.monotonic()
+            try:
+                from ..kubectl import get_json as _get_json
+
+                doc = _get_json(self.cfg.kube, "list pods", ["get", "pods", "--all-namespaces", "--field-selector",
+                                                             f"spec.nodeName={self.cfg.node}"], namespaced=False)
+                for p in doc.get("items") or []:
+                    meta, status = p.get("metadata") or {}, p.get("status") or {}
+                    conts = {}
+                    for cs in status.get("containerStatuses") or []:
+                        cid = str(cs.get("containerID") or "").split("://")[-1]
+                        conts[cid] = (cs.get("name"), str(cs.get("imageID") or "").split("://")[-1])
+                    self.pods[str(meta.get("uid"))] = {"namespace": meta.get("namespace"), "name": meta.get("name"),
+                                                       "containers": conts,
+                                                       "first": next(iter(conts.values()), (None, None))}
+            except Exception:  # noqa: BLE001 - no API (no RBAC, no network): crashes keep their pod UID only
+                return
+        for c in unnamed:
+            p = self.pods.get(c.pod_uid) or self.pods.get(str(c.pod_uid).replace("_", "-"))
+            if p is None:
+                continue
+            name, digest = p["containers"].get(c.container_id or "", (None, None))
+            if name is None:  # an earlier container of the pod: the container name of the pod's first container
+                name, digest = p["first"]
+            try:
+                _write_atomic_json(os.path.join(c.path, ANALYSIS_DIR, "pod.json"), {
+                    "namespace": p["namespace"], "name": p["name"], "container": name, "image_digest": digest,
+                    "resolved_at": time.time()})
+            except OSError:
+                pass
+
+    def step(self) -> bool:
+        """One round: re-index, name pods, analyze the oldest pending crash. True when work was done."""
+        self.refresh()
+        self._resolve_pods()
+        pending = [c for c in self.index.crashes if c.analysis == "pending" and c.core_state != "in-progress"]
+        if not pending:
+            return False
+        analyze_crash(pending[0].path, self.cfg)
+        return True
+
+    def run(self) -> None:
+        if self.events is not None:
+            self.events.start()
+        while not self.stopping.is_set():
+            worked = self.step()
+            if not worked:
+                self.stopping.wait(self.cfg.poll)
+        self.refresh()
+        if self.events is not None:
+            self.events.flush()
+
+
+def serve(cfg: ServeConfig) -> None:
+    """Run the agent until SIGTERM / SIGINT, serving metrics on ``metrics_address:metrics_port``."""
+    from prometheus_client import start_http_server
+    from prometheus_client.core import CollectorRegistry
+
+    agent = Agent(cfg)
+    registry = CollectorRegistry()  # only the index's families: no process / platform collectors
+    registry.register(IndexCollector(agent))
+    agent.refresh()
+    start_http_server(cfg.metrics_port, addr=cfg.metrics_address, registry=registry)
+
+    def stop(signum, frame):
+        agent.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    agent.run()

@@ -1,0 +1,294 @@
+"""`forensics agent serve` on real kernel cores taken by the real core handler.
+
+Crashes: a small C program crashed by the kernel (SIGSEGV, SIGABRT); each core is fed to the
+installed `forensics core-handler` as the kernel feeds it, while a process standing for the crashed
+container lives in a pod's cgroup (so the record carries the pod UID and container ID). The agent
+runs as its own process: its metrics are scraped over HTTP and parsed with prometheus_client,
+its Events are read back with the real kubectl from the API stand-in. The oracle for every
+fingerprint is `forensics analyze --json` run on the same bundle.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
+from tests.kube_standin import StandIn, make_node, make_pod, write_kubeconfig
+
+FORENSICS = Path(sys.executable).parent / "forensics"
+NS = "monitoring"
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the core handler reads /proc/PID of other processes as root"),
+    pytest.mark.skipif(not CGROUP_ROOT.is_dir(), reason="no cgroup hierarchy to place the container's process"),
+]
+
+CRASHER_C = r"""
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (!strcmp(argv[1], "sleep")) { for (;;) pause(); }
+    if (!strcmp(argv[1], "abort")) abort();
+    *(volatile int *)16 = 1;
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel_cores(tmp_path_factory, core_pattern) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("agent-cores")
+    (d / "crasher.c").write_text(CRASHER_C)
+    subprocess.run(["gcc", "-g", "-O1", "-o", str(d / "crasher"), str(d / "crasher.c")], check=True)
+    out = {}
+    for mode in ("segv", "abort"):
+        run = Path(tempfile.mkdtemp(prefix=f"core-{mode}-", dir=d))
+        p = subprocess.run([str(d / "crasher"), mode], cwd=run, capture_output=True, timeout=60, preexec_fn=lambda: (
+            resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))))
+        assert p.returncode < 0
+        (core,) = list(run.iterdir())
+        out[mode] = core
+    out["crasher"] = d / "crasher"
+    return out
+
+
+@pytest.fixture
+def container(kernel_cores):
+    """A live process in a pod container's cgroup: the handler's /proc read names the pod UID and container ID."""
+    pod_uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
+    p = subprocess.Popen([str(kernel_cores["crasher"]), "sleep"])
+    cg = pod_cgroup(pod_uid, cid)
+    try:
+        cg.mkdir(parents=True)
+        (cg / "cgroup.procs").write_text(str(p.pid))
+        yield {"pid": p.pid, "pod_uid": pod_uid, "cid": cid}
+    finally:
+        remove_cgroup(cg)
+        p.kill()
+        p.wait()
+
+
+def handle(core_dir: Path, pid: int, signo: int, core: Path) -> None:
+    """The real handler, as the kernel runs it: absolute path, no environment, the core on stdin."""
+    cmd = [str(FORENSICS), "core-handler", str(core_dir), str(pid), str(pid), str(signo), str(int(time.time())),
+           "18446744073709551615", "--min-free", "0"]
+    with open(core, "rb") as f:
+        p = subprocess.run(cmd, stdin=f, capture_output=True, text=True, env={}, cwd="/", timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+class AgentProcess:
+    def __init__(self, core_dir: Path, node: str, kubeconfig: str | None, home: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        args = [str(FORENSICS), "agent", "serve", "--core-dir", str(core_dir), "--node-name", node,
+                "--metrics-port", str(self.port), "--analysis-timeout", "120"]
+        args += ["--kubeconfig", kubeconfig] if kubeconfig else ["--no-events"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env={"PATH": os.environ["PATH"], "HOME": str(home)})
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.scrape()
+                break
+            except OSError:
+                assert self.proc.poll() is None, self.proc.stderr.read()
+                assert time.monotonic() < deadline, "the agent did not serve metrics"
+                time.sleep(0.1)
+
+    def scrape(self) -> dict[str, list]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.url, timeout=10) as r:
+            body = r.read().decode()
+        return {f.name: f.samples for f in text_string_to_metric_families(body)}
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait_analyzed(core_dir: Path, n: int, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            idx = json.loads((core_dir / "agent-index.json").read_text())
+            if idx["crashes"] == n and idx["pending"] == 0:
+                return idx
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the agent did not analyze {n} crashes in {timeout}s")
+
+
+def crash_counts(samples: list) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in samples:
+        if s.name == "forensics_crashes_total":
+            out[s.labels["fingerprint"]] = out.get(s.labels["fingerprint"], 0) + s.value
+    return out
+
+
+def oracle_fingerprint(bundle: Path) -> str:
+    p = subprocess.run([str(FORENSICS), "analyze", "--json", str(bundle)], capture_output=True, text=True, timeout=300)
+    assert p.returncode in (0, 4), p.stderr
+    return json.loads(p.stdout)["analysis"]["fingerprint"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_agent_analyzes_each_crash_once_and_publishes_metrics_and_events(kernel_cores, container, tmp_path):
+    core_dir = tmp_path / "cores"
+    node = socket.gethostname()
+    # GIVEN the pod of the crashing container in the API, and 3 SIGSEGV + 1 SIGABRT crashes taken by the handler
+    with StandIn(path_env=os.environ["PATH"]) as api:
+        api.nodes[node] = make_node(node)
+        api.pods[(NS, "exporter-a1")] = make_pod(name="exporter-a1", namespace=NS, uid=container["pod_uid"], node=node,
+                                                 container_id=container["cid"], restarts=4, last_exit=139)
+        kubeconfig = write_kubeconfig(str(tmp_path / "kc"), api.url, context="standin")
+        for _ in range(3):
+            handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+        handle(core_dir, container["pid"], signal.SIGABRT, kernel_cores["abort"])
+        # WHEN the agent runs on the node
+        agent = AgentProcess(core_dir, node, kubeconfig, tmp_path)
+        try:
+            idx = wait_analyzed(core_dir, 4)
+            # THEN each crash was analyzed once, into its own bundle, with analyze's own fingerprint
+            crashes = sorted((core_dir / "crashes").iterdir())
+            fps = {}
+            for c in crashes:
+                a = json.loads((c / "60-analysis" / "analysis.json").read_text())
+                assert json.loads((c / "60-analysis" / "attempts.json").read_text())["attempts"] == 1
+                fps[c.name] = a["analysis"]["fingerprint"]
+            segv_fp, abort_fp = fps[crashes[0].name], fps[crashes[-1].name]
+            assert segv_fp != abort_fp and list(fps.values()).count(segv_fp) == 3
+            assert oracle_fingerprint(crashes[0]) == segv_fp
+            # the index, the metrics and the bundles agree
+            assert {fp: g["count"] for fp, g in idx["fingerprints"].items()} == {segv_fp: 3, abort_fp: 1}
+            deadline = time.monotonic() + 30
+            while True:
+                samples = agent.scrape()
+                crash_series = [s for s in samples["forensics_crashes"] if s.name == "forensics_crashes_total"]
+                if all(s.labels["pod"] for s in crash_series) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert crash_counts(samples["forensics_crashes"]) == {segv_fp: 3, abort_fp: 1}
+            s0 = next(s for s in crash_series if s.labels["fingerprint"] == segv_fp)
+            assert s0.labels == {"node": node, "fingerprint": segv_fp, "crash_class": s0.labels["crash_class"],
+                                 "signal": "SIGSEGV", "namespace": NS, "pod": "exporter-a1", "container": "exporter",
+                                 "image_digest": "sha256:" + "ab" * 32}
+            assert {s.labels["reason"]: s.value for s in samples["forensics_analysis_failures"]} == {
+                "timeout": 0, "memory": 0, "error": 0, "interrupted": 0}
+            stored = {s.labels["kind"]: s.value for s in samples["forensics_stored_bytes"]}
+            assert stored["cores"] > 0 and stored["objects"] > 0
+            # one Event per distinct crash on the pod, its count the crashes of that fingerprint
+            deadline = time.monotonic() + 30
+            while True:
+                ev = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get", "events", "-n", NS, "-o", "json"],
+                                    capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+                items = [e for e in json.loads(ev.stdout)["items"] if e["reason"] == "NativeCrash"]
+                if sorted(e["count"] for e in items) == [1, 3] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert sorted(e["count"] for e in items) == [1, 3], items
+            for e in items:
+                assert e["type"] == "Warning" and e["involvedObject"]["uid"] == container["pod_uid"]
+                assert e["involvedObject"]["name"] == "exporter-a1"
+                assert any(fp in e["message"] for fp in (segv_fp, abort_fp)) and str(core_dir) in e["message"]
+            # WHEN the same crash happens again: the Event's count goes up, no second Event
+            handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+            wait_analyzed(core_dir, 5)
+            deadline = time.monotonic() + 30
+            while True:
+                items = [e for e in api.events if e["reason"] == "NativeCrash"]
+                if sorted(e["count"] for e in items) == [1, 4] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+            assert sorted(e["count"] for e in items) == [1, 4]
+        finally:
+            agent.stop()
+        # WHEN the agent is restarted: nothing counted twice, nothing analyzed twice, Events unchanged
+        writes = len(api.event_writes)
+        agent = AgentProcess(core_dir, node, kubeconfig, tmp_path)
+        try:
+            time.sleep(3)
+            assert crash_counts(agent.scrape()["forensics_crashes"]) == {segv_fp: 4, abort_fp: 1}
+            assert all(json.loads((c / "60-analysis" / "attempts.json").read_text())["attempts"] == 1
+                       for c in (core_dir / "crashes").iterdir())
+            assert sorted(e["count"] for e in api.events if e["reason"] == "NativeCrash") == [1, 4]
+            assert len(api.event_writes) - writes <= 2  # at most the re-sent wanted state, never a new Event
+        finally:
+            agent.stop()
+
+
+def test_agent_killed_mid_analysis_counts_the_same_after_restart(kernel_cores, container, tmp_path):
+    """Killed (SIGKILL) while it analyzes: the restarted agent finishes the work and counts each crash once."""
+    core_dir = tmp_path / "cores"
+    for _ in range(4):
+        handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+    agent = AgentProcess(core_dir, "node-a", None, tmp_path)
+    try:
+        # WHEN it is killed as soon as an analysis is under way
+        deadline = time.monotonic() + 60
+        while not list(core_dir.glob("crashes/*/60-analysis/attempts.json")):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        agent.stop(signal.SIGKILL)
+    finally:
+        agent.stop()
+    # THEN a new agent counts 4 crashes, analyzes each, and no bundle loses anything
+    # (what the handler wrote; a decompressed 50-core/core next to it is analyze's, issue #20 item 6)
+    evidence = lambda: {p: p.read_bytes() for p in [*core_dir.glob("crashes/*/50-core/*.zst"),  # noqa: E731
+                                                    *core_dir.glob("crashes/*/metadata.json")]}
+    before = evidence()
+    agent = AgentProcess(core_dir, "node-a", None, tmp_path)
+    try:
+        idx = wait_analyzed(core_dir, 4)
+        assert sum(g["count"] for g in idx["fingerprints"].values()) == 4 and len(idx["fingerprints"]) == 1
+        assert sum(crash_counts(agent.scrape()["forensics_crashes"]).values()) == 4
+    finally:
+        agent.stop()
+    assert evidence() == before and len(before) == 8
+
+
+def test_analysis_runs_at_idle_priority_and_is_bounded(kernel_cores, container, tmp_path):
+    """The analysis never competes with the handler: SCHED_IDLE, nice 19; past its time bound it is killed."""
+    core_dir = tmp_path / "cores"
+    handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+    # an "analyzer" that reports its own scheduling and then hangs, in place of forensics analyze
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, sys, time\n"
+                     "open(sys.argv[-2], 'w').write(f'{os.sched_getscheduler(0)} {os.nice(0)}')\n"
+                     "time.sleep(60)\n")
+    from forensics.capture.serve import ServeConfig, analyze_crash
+
+    (crash,) = (core_dir / "crashes").iterdir()
+    cfg = ServeConfig(core_dir=str(core_dir), node="n", analysis_timeout=2,
+                      analyze_argv=[sys.executable, str(probe), str(tmp_path / "sched")])
+    t = time.monotonic()
+    assert analyze_crash(str(crash), cfg) == "timeout"
+    assert time.monotonic() - t < 10
+    policy, nice = (tmp_path / "sched").read_text().split()
+    assert int(policy) == os.SCHED_IDLE and int(nice) == 19
+    failed = json.loads((crash / "60-analysis" / "failed.json").read_text())
+    assert failed["reason"] == "timeout"

@@ -1,0 +1,91 @@
+"""`forensics agent manifest`: every object it emits validates against the Kubernetes schemas (kubernetes-validate),
+in an order `kubectl apply` accepts on a fresh cluster; YAML and --json say the same."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the test extra's kubernetes-validate")
+yaml = pytest.importorskip("yaml", reason="PyYAML (kubernetes-validate depends on it)")
+
+
+def _objects(*args: str) -> list[dict]:
+    r = CliRunner().invoke(cli, ["agent", "manifest", "--json", *args])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["command"] == "agent-manifest" and doc["manifest"]["kind"] == "List"
+    return doc["manifest"]["items"]
+
+
+@pytest.mark.parametrize("scrape", ["annotations", "podmonitor", "none"])
+def test_every_object_validates_against_the_kubernetes_schemas(scrape):
+    objects = _objects("--scrape", scrape)
+    version = kubernetes_validate.latest_version()
+    for obj in objects:
+        if obj["kind"] == "PodMonitor":
+            continue  # a prometheus-operator CRD: no Kubernetes schema; checked below
+        kubernetes_validate.validate(obj, version, strict=True)  # raises ValidationError
+    kinds = [o["kind"] for o in objects]
+    # a fresh cluster: the namespace first, the account before the pods that use it
+    assert kinds[:5] == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"]
+    assert ("PodMonitor" in kinds) == (scrape == "podmonitor")
+
+
+def test_yaml_and_json_are_the_same_objects():
+    r = CliRunner().invoke(cli, ["agent", "manifest", "--scrape", "podmonitor"])
+    assert r.exit_code == 0
+    assert [d for d in yaml.safe_load_all(r.stdout) if d] == _objects("--scrape", "podmonitor")
+
+
+def test_rbac_metrics_port_and_resources():
+    objects = {o["kind"]: o for o in _objects("--metrics-port", "9999", "--scrape", "podmonitor")}
+    rules = {r["resources"][0]: set(r["verbs"]) for r in objects["ClusterRole"]["rules"]}
+    assert rules == {"events": {"create", "patch", "get"}, "pods": {"get", "list"}}
+    binding = objects["ClusterRoleBinding"]["subjects"][0]
+    assert (binding["name"], binding["namespace"]) == (objects["ServiceAccount"]["metadata"]["name"], "forensics")
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == binding["name"] and pod["automountServiceAccountToken"] is True
+    (agent,) = pod["containers"]
+    assert agent["ports"] == [{"name": "metrics", "containerPort": 9999, "protocol": "TCP"}]
+    assert agent["resources"]["requests"] and agent["resources"]["limits"]["memory"] == "1536Mi"
+    assert agent["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # the PodMonitor (prometheus-operator's CRD, required: spec.selector; each endpoint a port name and an
+    # interval in its Duration format) selects these pods by their labels and scrapes the named port
+    pm = objects["PodMonitor"]
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1" and pm["metadata"]["namespace"] == "forensics"
+    labels = objects["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert ep["port"] == "metrics" and ep["path"] == "/metrics"
+    assert re.fullmatch(r"(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)",
+                        ep["interval"])
+    annotated = {o["kind"]: o for o in _objects("--scrape", "annotations")}
+    ann = annotated["DaemonSet"]["spec"]["template"]["metadata"]["annotations"]
+    assert ann == {"prometheus.io/scrape": "true", "prometheus.io/port": "9847", "prometheus.io/path": "/metrics"}
+
+
+def test_the_container_runs_commands_forensics_accepts():
+    """The shell line installs the handler with the bounds asked for, then execs `agent serve`: both parse."""
+    from forensics.commands.agent import agent
+    from forensics.commands.capture import capture
+
+    objects = {o["kind"]: o for o in _objects("--budget", "50G", "--loop-limit", "3")}
+    (agent_c,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    install, serve = agent_c["command"][2].split(" && exec ")
+    argv = shlex.split(install)
+    ctx = capture.make_context("capture", argv[2:])
+    assert ctx.params["install_handler"] and ctx.params["core_dir"] == "/var/lib/forensics/cores"
+    assert (ctx.params["budget"], ctx.params["max_core_size"], ctx.params["loop_limit"]) == (50 << 30, 8 << 30, 3)
+    sargv = shlex.split(serve)
+    assert sargv[1:3] == ["agent", "serve"]
+    ctx = agent.make_context("agent", sargv[2:], resilient_parsing=True)
+    sub = agent.get_command(ctx, "serve")
+    sctx = sub.make_context("serve", sargv[3:])
+    assert sctx.params["metrics_port"] == 9847 and sctx.params["node_name"] == "$(NODE_NAME)"
+    assert agent_c["lifecycle"]["preStop"]["exec"]["command"][1:3] == ["capture", "--uninstall-handler"]
