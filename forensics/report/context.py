@@ -136,6 +136,8 @@ def _process_name(f: Facts) -> str:
 
 
 def _failure(f: Facts) -> str:
+    if f.kind == "snapshot":
+        return "did not crash (a snapshot of the live process)"
     if f.kind == "heap-corruption" and f.abort_message:
         return f'aborts with heap corruption ("{f.abort_message}")'
     if f.abort_message:
@@ -415,7 +417,9 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
                    + (f", called from {f.caller}" if f.caller else "")
                    + (" while the interpreter was exiting" if f.phase is Phase.EXIT else "") + "."
                    + (f" Exit {f.exit_explanation.removeprefix('exit ')}." if f.nested and f.exit_explanation else "")
-                   ) if f.has_crash else UNKNOWN
+                   ) if f.has_crash else (
+        f"{_process_name(f)} (pid {f.pid}) did not crash: the core is a snapshot of the live process "
+        f"({f.signal or 'no signal'}, as gdb's gcore leaves it)." if f.kind == "snapshot" else UNKNOWN)
     crash_rows = [("Signal", _v(f.signal)), ("glibc message", f.abort_message or "none"),
                   ("Fault address", f.fault or "none"), ("Crashing thread", thread),
                   ("Failing call", _v(f.api)), ("Inside libnvidia-ml", "yes" if f.inside_nvml else "no")]

@@ -507,7 +507,8 @@ def read_facts(ev: Evidence) -> Facts:
                    if v.get("verdict") and str(v.get("verdict")).upper() != "OK")
     smi = cap.get("nvidia_smi") or _get(repro, "environment", "nvidia_smi")
     return Facts(
-        has_crash=bool(a), signal=crash.get("signal_name"), kind=crash.get("kind"),
+        has_crash=bool(a) and crash.get("kind") != "snapshot",  # a gcore of a live process is no crash
+        signal=crash.get("signal_name"), kind=crash.get("kind"),
         abort_message=crash.get("abort_message"), fault=fault, thread_name=crashed.get("name"), tid=tid,
         is_main_thread=(tid == pid) if isinstance(tid, int) and isinstance(pid, int) else None,
         phase=_phase(threads), inside_nvml=_inside_nvml(native), api=api, caller=_caller(py),

@@ -192,6 +192,8 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
 
 def _crash_phrase(f: Facts) -> str:
     if not f.has_crash:
+        if f.kind == "snapshot":
+            return "no crash was analysed (the core is a snapshot of the live process, as gcore leaves it)"
         return "the process crashed (no core analysed)"
     what = f'glibc aborts the process with "{f.abort_message}"' if f.abort_message else f"the process dies of {f.signal}"
     if f.api:

@@ -138,3 +138,12 @@ def test_text_output_escapes_what_the_crashed_process_named(workdir, newest_pyth
         assert not any(c in r.stdout for c in "\x1b\x07"), r.stdout
     assert '"evil\\x1b[2J\\x07" tid' in one.stdout
     assert "core.\\x1b[31mred" in batch.stdout
+
+
+def test_report_of_a_snapshot_says_it_is_no_crash(workdir, newest_python, tmp_path):
+    core = make_gcore(workdir, PYTHONS[newest_python])
+    assert run("analyze", "--json", "-o", str(tmp_path / "a.json"), str(core)).exit_code == EXIT_OK
+    run("report", "--template", "runbook", "-o", str(tmp_path / "r.md"), str(tmp_path / "a.json"))
+    text = (tmp_path / "r.md").read_text()
+    assert "did not crash: the core is a snapshot of the live process (SIGSTOP" in text
+    assert "crashes with SIGSTOP" not in text and "dies of SIGSTOP" not in text
