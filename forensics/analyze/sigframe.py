@@ -346,7 +346,12 @@ def find_signal_frames(core: CoreFile, mem: CoreMemory, thread: Thread,
         return ()
     found = _scan(core, mem, regs.sp, trampolines)
     if len(thread.native_frames) > 1:
-        found = _match_frames(found, thread.native_frames)
+        matched = _match_frames(found, thread.native_frames)
+        if thread.native_error and len(matched) < len(found):
+            # the unwinder stopped before it could pass through the outer ones: kept, not matched to frames
+            last = matched[-1].address if matched else -1
+            matched += [f for f in found if f.address > last]
+        found = matched
     frames = tuple(found)
     if frames and thread.py_frames and all(f.native_index is not None for f in frames):
         frames = split_python_frames(thread, frames)
