@@ -47,6 +47,7 @@ __all__ = [
     "SIGRETURN_TRAMPOLINE",
     "MAX_NESTED",
     "SCAN_LIMIT",
+    "TextReader",
     "find_trampolines",
     "parse_signal_frame",
     "signal_from_registers",
