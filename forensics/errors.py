@@ -340,8 +340,9 @@ class ExecuteError(ForensicsError, RuntimeError):
 
     help_text = "--execute needs bubblewrap (apt-get install -y bubblewrap) for images and nsenter (util-linux) plus root for --pid."
 
-    def __init__(self, what: str, detail: str) -> None:
-        super().__init__(f"--execute: {what}: {detail}", what=what, detail=detail)
+    def __init__(self, what: str, detail: str, hint: str | None = None) -> None:
+        extra = {"help_text": hint} if hint is not None else {}
+        super().__init__(f"--execute: {what}: {detail}", what=what, detail=detail, **extra)
 
 
 __all__ += [

@@ -1,4 +1,5 @@
-"""Small helpers several test modules share: an independent build-id oracle and a throwaway tmpfs."""
+"""Small helpers several test modules share: an independent build-id oracle, a throwaway tmpfs, stopping a
+child process for good."""
 from __future__ import annotations
 
 import contextlib
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-__all__ = ["pyelftools_build_id", "tmpfs"]
+__all__ = ["pyelftools_build_id", "tmpfs", "stop_process", "ready_process"]
 
 
 def pyelftools_build_id(path) -> str | None:
@@ -33,3 +34,27 @@ def tmpfs(mnt: Path, size: str):
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def stop_process(p: subprocess.Popen, timeout: float = 10) -> None:
+    """terminate, then kill if it does not go, and always wait (no zombie, no leaked pipe)."""
+    p.terminate()
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+@contextlib.contextmanager
+def ready_process(argv: list[str], **popen):
+    """A child that prints ``ready ...`` on its first line when it is set up; yields (process, that line's
+    words after ``ready``) and stops it afterwards."""
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         **popen)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("ready"), p.stderr.read() if p.poll() is not None else line
+        yield p, line.split()[1:]
+    finally:
+        stop_process(p)

@@ -38,7 +38,7 @@ __all__ = ["verify_imports"]
               help="Verify registry TLS (--tls-verify=false for a plain-HTTP or self-signed registry), passed to skopeo.")
 @click.option("--max-size", type=SIZE, default="64G", show_default=True, help="Bound on the image's uncompressed bytes.")
 @click.option("--max-files", default=2_000_000, show_default=True, help="Bound on the image's layer entries.")
-@click.option("--strict", is_flag=True, help="Also exit 3 on requirement conflicts, known issues and delivery warnings.")
+@click.option("--strict", is_flag=True, help="Also exit 3 on requirement conflicts, any known issue and delivery warnings.")
 @json_option
 @output_option
 @force_option
@@ -52,10 +52,13 @@ def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, pl
     docker-daemon:..., containers-storage:... (fetched with skopeo).
 
     \b
-    Verdicts: OK, SHADOWED, UNMANAGED, MISSING, VERSION-MISMATCH.
-    Exit codes: 0 every module OK; 3 a module not OK (or --execute disagrees;
-    with --strict also requirement conflicts, known issues, delivery warnings);
-    1 error; 2 usage.
+    Verdicts: OK, SHADOWED, CONFLICT, UNMANAGED, MISSING, VERSION-MISMATCH.
+    Exit codes: 0 OK; 3 not OK: a finding about the image (its command
+    cannot start, no interpreter, no config for a dir: root, ...), a module
+    not OK, --execute disagrees, a known issue of severity error, or an
+    uncertain static verdict that --execute did not settle (with --strict also
+    requirement conflicts, any known issue, delivery warnings); 1 error;
+    2 usage.
     """
     from ..imports.format import format_report, report_payload
     from ..imports.layers import LayerLimits
@@ -87,10 +90,7 @@ def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, pl
     for w in report.image.warnings:
         click.echo(f"forensics: warning: {w}", err=True)
     if as_json:
-        emit([json_document("verify-imports", {"result": report_payload(report)})], output, force)
+        emit([json_document("verify-imports", {"result": report_payload(report, strict=strict)})], output, force)
     else:
-        emit(format_report(report, verbose=verbose), output, force)
-    failed = not report.ok
-    if strict and (report.requirement_problems or report.known_issues or report.image.warnings):
-        failed = True
-    sys.exit(EXIT_FINDINGS if failed else EXIT_OK)
+        emit(format_report(report, verbose=verbose, strict=strict), output, force)
+    sys.exit(EXIT_FINDINGS if report.failures(strict=strict) else EXIT_OK)

@@ -1,4 +1,5 @@
-"""Installed distributions on a sys.path: dist-info (METADATA, RECORD, top_level.txt) and egg-info.
+"""Installed distributions on a sys.path: dist-info (METADATA, RECORD, top_level.txt), egg-info, and the
+files dpkg installed (Debian packages: ``/var/lib/dpkg/info/PKG.list``).
 
 :func:`parse_metadata`, :func:`parse_record` are pure; :func:`find_distributions`
 reads them from a root in sys.path order, as ``importlib.metadata`` searches;
@@ -16,7 +17,8 @@ import urllib.parse
 from dataclasses import dataclass
 from email.parser import HeaderParser
 
-from .model import Distribution, PathEntry, RequirementProblem
+from .dpkg import read_dpkg, upstream_version
+from .model import Distribution, PathEntry, PathOrigin, RequirementProblem
 from .rootfs import RootFS, join
 from .versions import evaluate_marker, normalize_name, parse_requirement, specifier_contains
 
@@ -32,9 +34,21 @@ def parse_metadata(text: str) -> tuple[str, str, tuple[str, ...]]:
 
 
 def parse_record(text: str) -> list[tuple[str, str | None]]:
-    """RECORD rows as (relative path, ``sha256=...`` or None)."""
+    """RECORD rows as (relative path, ``sha256=...`` or None); a malformed row ends the file, as it
+    ends pip's reading of it.
+
+    >>> parse_record('a.py,sha256=x,1\\n"' + 'b' * 200000 + '\\n')
+    [('a.py', 'sha256=x')]
+    """
     out = []
-    for row in csv.reader(io.StringIO(text)):
+    reader = csv.reader(io.StringIO(text))
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error:
+            break
         if row and row[0]:
             out.append((row[0], row[1] if len(row) > 1 and row[1] else None))
     return out
@@ -77,20 +91,47 @@ def _requires_txt(text: str) -> tuple[str, ...]:
 
 @dataclass
 class InstalledFiles:
-    """Which distribution installed which file (in-root absolute paths), and the RECORD hash."""
+    """Which distribution installed which file (in-root absolute paths), with the hash it recorded, and
+    which distributions define each top-level name in each directory (two of them: a conflict)."""
 
     owner: dict[str, tuple[Distribution, str | None]]
+    definers: dict[tuple[str, str], tuple[tuple[Distribution, str], ...]] = dataclasses.field(default_factory=dict)
 
     def claim(self, path: str) -> tuple[Distribution, str | None] | None:
         return self.owner.get(path)
 
+    def defined_by(self, location: str, top: str) -> tuple[tuple[Distribution, str], ...]:
+        """(distribution, file) for every distribution installing ``top``'s own module file in ``location``."""
+        return self.definers.get((location, top), ())
+
+
+def _defines(rel: str) -> str | None:
+    """The top-level name a file (relative to its site directory) defines: ``pynvml.py`` and
+    ``pynvml/__init__.py`` define ``pynvml``; files inside a namespace directory define nothing.
+
+    >>> _defines("pynvml.py"), _defines("pynvml/__init__.py"), _defines("google/protobuf/x.py"), _defines("a.abi3.so")
+    ('pynvml', 'pynvml', None, 'a')
+    """
+    parts = rel.split("/")
+    if len(parts) == 2 and parts[1] in ("__init__.py", "__init__.pyc") or (
+            len(parts) == 2 and parts[1].startswith("__init__.") and parts[1].endswith(".so")):
+        name = parts[0]
+    elif len(parts) == 1 and (rel.endswith((".py", ".pyc")) or rel.endswith(".so")):
+        name = rel.split(".", 1)[0]
+    else:
+        return None
+    return name if name.isidentifier() else None
+
 
 def find_distributions(fs: RootFS, sys_path: tuple[PathEntry, ...]) -> tuple[list[Distribution], InstalledFiles, list[str]]:
-    """Every dist-info/egg-info on sys.path, in search order; the file->distribution map; notes."""
+    """Every dist-info/egg-info on sys.path, in search order, and the files dpkg installed there; the
+    file->distribution map; notes."""
     dists: list[Distribution] = []
     owner: dict[str, tuple[Distribution, str | None]] = {}
+    claims: list[tuple[str, str]] = []  # (file, metadata_dir): every claim, also of a file another already claims
     notes: list[str] = []
     seen_dirs: set[str] = set()
+    no_record: list[Distribution] = []
     for entry in sys_path:
         if not entry.exists or entry.path in seen_dirs:
             continue
@@ -112,11 +153,12 @@ def find_distributions(fs: RootFS, sys_path: tuple[PathEntry, ...]) -> tuple[lis
                 record = fs.read_text(mdir + "/RECORD")
                 rows = parse_record(record) if record else []
                 if not rows:
-                    notes.append(f"{mdir}: no RECORD; files of {dist.name} cannot be attributed")
+                    no_record.append(dist)
                 tops = set(dist.top_level)
                 for rel, h in rows:
                     path = join(entry.path, rel)
                     owner.setdefault(path, (dist, h))
+                    claims.append((path, mdir))
                     first = rel.split("/", 1)[0]
                     if not first.endswith((".dist-info", ".data")) and first != ".." and not first.startswith("__pycache__"):
                         tops.add(first[:-3] if first.endswith(".py") else first.split(".", 1)[0])
@@ -137,8 +179,70 @@ def find_distributions(fs: RootFS, sys_path: tuple[PathEntry, ...]) -> tuple[lis
                 for rel in (files or "").splitlines():
                     if rel.strip():
                         owner.setdefault(join(mdir, rel.strip()), (dist, None))
+                        claims.append((join(mdir, rel.strip()), mdir))
                 dists.append(dist)
-    return dists, InstalledFiles(owner), notes
+    site_dirs = tuple(e.path for e in sys_path if e.path in seen_dirs and e.path != "/"
+                      and e.origin not in (PathOrigin.STDLIB, PathOrigin.WORKDIR, PathOrigin.SCRIPT_DIR))
+    dists, dpkg_notes = _add_dpkg(fs, dists, owner, claims, site_dirs)
+    notes += dpkg_notes
+    by_dir = {d.metadata_dir: d for d in dists}
+    for d in no_record:
+        final = by_dir.get(d.metadata_dir, d)
+        if final.package is None:
+            notes.append(f"{d.metadata_dir}: no RECORD; files of {d.name} cannot be attributed")
+    definers: dict[tuple[str, str], dict[str, tuple[Distribution, str]]] = {}
+    for path, mdir in claims:
+        d = by_dir.get(mdir)
+        if d is None or not path.startswith(d.location.rstrip("/") + "/"):
+            continue
+        top = _defines(path[len(d.location.rstrip("/")) + 1:])
+        if top is not None:
+            definers.setdefault((d.location, top), {}).setdefault(mdir, (d, path))
+    return dists, InstalledFiles(owner, {k: tuple(v.values()) for k, v in definers.items()}), notes
+
+
+def _add_dpkg(fs: RootFS, dists: list[Distribution], owner: dict, claims: list[tuple[str, str]],
+              site_dirs: tuple[str, ...]) -> tuple[list[Distribution], list[str]]:
+    """dpkg's file lists as package metadata: each package's files claimed by the egg-info/dist-info it
+    installed (now marked with the package), or by a distribution made for the package when it has none."""
+    info = read_dpkg(fs, site_dirs)
+    if info is None or not info.owner:
+        return dists, list(info.notes) if info else []
+    by_dir = {d.metadata_dir: d for d in dists}
+    pkg_dist: dict[str, Distribution] = {}
+    # the metadata directory each package installed names its distribution
+    for path, (pkg, _) in info.owner.items():
+        base = path.rstrip("/").rsplit("/", 1)[-1]
+        d = by_dir.get(path)
+        if d is not None and base.endswith((".egg-info", ".dist-info")) and pkg.name not in pkg_dist:
+            new = dataclasses.replace(d, package=pkg.name, package_version=pkg.version, installer=d.installer or "dpkg")
+            pkg_dist[pkg.name] = new
+            by_dir[path] = new
+    for path, (pkg, md5) in sorted(info.owner.items()):
+        dist = pkg_dist.get(pkg.name)
+        if dist is None:
+            location = next((s for s in site_dirs if path.startswith(s.rstrip("/") + "/")), None)
+            if location is None:
+                continue
+            tops = sorted({t for p in info.owner if p.startswith(location.rstrip("/") + "/")
+                           and info.owner[p][0].name == pkg.name
+                           for t in (_defines(p[len(location.rstrip("/")) + 1:]),) if t})
+            dist = Distribution(name=pkg.name, version=upstream_version(pkg.version), installer="dpkg",
+                                metadata_dir=f"/var/lib/dpkg/info/{pkg.name}.list", location=location,
+                                top_level=tuple(tops), package=pkg.name, package_version=pkg.version)
+            pkg_dist[pkg.name] = dist
+            by_dir[dist.metadata_dir] = dist
+        if path not in owner or owner[path][0].package is None and owner[path][0].metadata_dir == dist.metadata_dir:
+            owner[path] = (dist, f"md5:{md5}" if md5 else None)
+        claims.append((path, dist.metadata_dir))
+    # every claim made before now names the marked distribution
+    for path, (d, h) in list(owner.items()):
+        if d.metadata_dir in by_dir and by_dir[d.metadata_dir] is not d:
+            owner[path] = (by_dir[d.metadata_dir], h)
+    out = [by_dir.get(d.metadata_dir, d) for d in dists]
+    known = {d.metadata_dir for d in out}
+    out += [d for d in pkg_dist.values() if d.metadata_dir not in known]
+    return out, list(info.notes)
 
 
 def _with_tops(dist: Distribution, tops: set[str], owner) -> Distribution:
@@ -152,7 +256,10 @@ def _with_tops(dist: Distribution, tops: set[str], owner) -> Distribution:
 
 
 def record_hash_matches(data: bytes, record_hash: str | None) -> bool | None:
-    """Compare bytes with a RECORD ``sha256=<urlsafe-b64>`` field; None when there is nothing to compare."""
+    """Compare bytes with a RECORD ``sha256=<urlsafe-b64>`` field or dpkg's ``md5:<hex>``; None when there
+    is nothing to compare."""
+    if record_hash and record_hash.startswith("md5:"):
+        return hashlib.md5(data, usedforsecurity=False).hexdigest() == record_hash[4:]
     if not record_hash or "=" not in record_hash:
         return None
     algo, _, want = record_hash.partition("=")

@@ -19,7 +19,7 @@ from ..errors import ExecuteError
 from .model import ExecutedModule, ExecuteResult, ModuleCheck, PythonSetup
 from .rootfs import RootFS, norm
 
-__all__ = ["PROBE", "run_probe_bwrap", "run_probe_nsenter", "compare"]
+__all__ = ["PROBE", "StartupFailed", "run_probe_bwrap", "run_probe_nsenter", "compare", "startup_result"]
 
 _MARK = "FORENSICS-PROBE "
 PROBE = r"""
@@ -49,6 +49,40 @@ for n in names:
         except BaseException as e:
             r["import_error"] = "%s: %s" % (type(e).__name__, e)
     out["modules"][n] = r
+# what put each entry there: the customize modules and the .pth files that name it
+import site
+custom = {}
+for name in ("sitecustomize", "usercustomize"):
+    m = sys.modules.get(name)
+    f = getattr(m, "__file__", None)
+    if f:
+        try:
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                custom[f] = fh.read(1 << 20)
+        except OSError:
+            pass
+pths = {}
+dirs = list(getattr(site, "getsitepackages", lambda: [])())
+if getattr(site, "ENABLE_USER_SITE", False):
+    dirs.append(site.getusersitepackages())
+for d in dirs:
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        continue
+    for nm in names:
+        if nm.endswith(".pth"):
+            try:
+                with open(os.path.join(d, nm), encoding="utf-8", errors="replace") as fh:
+                    pths[os.path.join(d, nm)] = fh.read(1 << 20)
+            except OSError:
+                pass
+out["put_by"] = {}
+for p in out["sys_path"]:
+    who = [f for f, t in custom.items() if p in t] + [f for f, t in pths.items() if p in t]
+    if who:
+        out["put_by"][os.path.normpath(p)] = who
+out["customize"] = sorted(custom)
 sys.stdout.write("\n" + "FORENSICS-PROBE " + json.dumps(out) + "\n")
 sys.stdout.flush()
 """
@@ -62,18 +96,62 @@ def _probe_args(setup: PythonSetup, names: list[str]) -> list[str]:
     return [*entry.flags, "-c", PROBE, json.dumps(names), script_dir]
 
 
-def _run(cmd: list[str], env: dict[str, str] | None, timeout: float) -> dict:
+def _run(cmd: list[str], env: dict[str, str] | None, timeout: float, sandbox: str = "") -> dict:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
-        raise ExecuteError("probe", f"timed out after {timeout:g}s") from e
+        raise ExecuteError("probe", f"timed out after {timeout:g}s",
+                           hint="The image's interpreter did not finish importing the modules in time "
+                                "(an import that blocks or loops at start-up); the static verdicts stand.") from e
     except OSError as e:
         raise ExecuteError(cmd[0], e.strerror or str(e)) from e
     for line in reversed(p.stdout.splitlines()):
         if line.startswith(_MARK):
-            return json.loads(line[len(_MARK):])
+            return _clean_probe(line[len(_MARK):])
     tail = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-3:]
-    raise ExecuteError("probe", " | ".join(tail))
+    if sandbox and p.returncode != 0 and any(s in p.stderr for s in _SANDBOX_FAILS):
+        raise ExecuteError(sandbox, " | ".join(tail))
+    raise StartupFailed(" | ".join(tail), p.returncode)
+
+
+def _strs(v: object) -> list[str]:
+    return [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
+
+
+def _clean_probe(text: str) -> dict:
+    """The probe's JSON, typed: the image's own code runs in the same process and prints what it likes."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ExecuteError("probe", f"unreadable output from the image's interpreter: {str(e)[:120]}",
+                           hint="Code that runs at start-up in the image wrote over the probe's output.") from None
+    if not isinstance(doc, dict):
+        raise ExecuteError("probe", "unreadable output from the image's interpreter",
+                           hint="Code that runs at start-up in the image wrote over the probe's output.")
+    mods = {}
+    for name, r in (doc.get("modules") if isinstance(doc.get("modules"), dict) else {}).items():
+        if isinstance(name, str) and isinstance(r, dict):
+            mods[name] = {k: (v if isinstance(v, str) else None) for k, v in r.items() if k != "locations"}
+            mods[name]["locations"] = _strs(r.get("locations"))
+    put_by = {k: _strs(v) for k, v in (doc.get("put_by") if isinstance(doc.get("put_by"), dict) else {}).items()
+              if isinstance(k, str)}
+    return {"sys_path": _strs(doc.get("sys_path")), "modules": mods, "put_by": put_by,
+            "customize": _strs(doc.get("customize"))}
+
+
+class StartupFailed(ExecuteError):
+    """The image's interpreter ran and died before the probe's first line: the container would too."""
+
+    def __init__(self, detail: str, returncode: int) -> None:
+        super().__init__("the image's interpreter", f"failed at start-up (exit status {returncode}): {detail}",
+                         hint="The image's own interpreter fails before running any code (its message is above); "
+                              "the container's command fails the same way. Fix the image; the static verdicts "
+                              "say what it would import once it starts.")
+        self.returncode = returncode
+        self.stderr_tail = detail
+
+
+_SANDBOX_FAILS = ("bwrap:", "nsenter:")
 
 
 def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int, gid: int, names: list[str],
@@ -82,6 +160,9 @@ def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise ExecuteError("bubblewrap", "bwrap is not on PATH (Debian/Ubuntu: apt-get install -y bubblewrap)")
+    if len(setup.working_dir.encode("utf-8", "surrogateescape")) > 4095:
+        raise ExecuteError("workdir", f"{setup.working_dir[:80]}...: longer than PATH_MAX (4096 bytes)",
+                           hint="No runtime can enter this working directory; fix the image's WorkingDir.")
     notes = []
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
            "--ro-bind", root, "/"]
@@ -97,7 +178,11 @@ def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int
     for k, v in sorted(env.items()):
         cmd += ["--setenv", k, v]
     cmd += ["--uid", str(uid), "--gid", str(gid), "--", setup.entrypoint.interpreter, *_probe_args(setup, names)]
-    return _run(cmd, None, timeout), cmd, notes
+    try:
+        return _run(cmd, None, timeout, "bubblewrap"), cmd, notes
+    except StartupFailed as e:
+        e.command = cmd
+        raise
 
 
 def run_probe_nsenter(pid: int, interpreter: str, setup: PythonSetup, env: dict[str, str], uid: int, gid: int,
@@ -110,11 +195,11 @@ def run_probe_nsenter(pid: int, interpreter: str, setup: PythonSetup, env: dict[
         raise ExecuteError("nsenter", "entering another process's namespaces needs root")
     cmd = [nsenter, "-t", str(pid), "-m", "-r", "-w", "-S", str(uid), "-G", str(gid), "--",
            interpreter, *_probe_args(setup, names)]
-    return _run(cmd, dict(env), timeout), cmd, []
+    return _run(cmd, dict(env), timeout, "nsenter"), cmd, []
 
 
 def compare(fs: RootFS, setup: PythonSetup, checks: tuple[ModuleCheck, ...], probe: dict, method: str,
-            command: list[str], notes: list[str]) -> ExecuteResult:
+            command: list[str], notes: list[str], env: dict[str, str] | None = None) -> ExecuteResult:
     """Does the interpreter agree with the static answer, module by module and on sys.path?"""
 
     def same(a: str | None, b: str | None) -> bool:
@@ -147,6 +232,60 @@ def compare(fs: RootFS, setup: PythonSetup, checks: tuple[ModuleCheck, ...], pro
         extra = [p for p in map(norm, static_path) if p not in run_path]
         notes = notes + [f"sys.path differs: interpreter has {missing or 'nothing more'}, "
                          f"static analysis has {extra or 'nothing more'} (order may differ)"]
+    difference = _explain(setup, mods, run_path, probe, env)
     return ExecuteResult(method=method, command=tuple(command[:-3] + ["<probe>", command[-2], command[-1]]),
                          sys_path=tuple(run_path), modules=tuple(mods), sys_path_agrees=path_agrees,
-                         notes=tuple(notes))
+                         notes=tuple(notes), difference=difference)
+
+
+def _entry_of(file: str, path: list[str]) -> int | None:
+    """The sys.path position whose directory holds ``file`` (the longest match)."""
+    best = None
+    for i, p in enumerate(path):
+        if file.startswith(p.rstrip("/") + "/") and (best is None or len(p) > len(path[best])):
+            best = i
+    return best
+
+
+def _explain(setup: PythonSetup, mods: list[ExecutedModule], run_path: list[str], probe: dict,
+             env: dict[str, str] | None) -> str | None:
+    """Which sys.path entry made the interpreter import another file than the static analysis said,
+    what put it there, and the fix."""
+    static = [norm(e.path) for e in setup.sys_path]
+    for m in mods:
+        if m.agrees or not m.file:
+            continue
+        i = _entry_of(norm(m.file), run_path)
+        if i is None:
+            continue
+        entry = run_path[i]
+        put_by = (probe.get("put_by") or {}).get(entry) or []
+        pythonpath = (env or {}).get("PYTHONPATH", "")
+        if entry in static:
+            where = f"the static analysis has it at sys.path[{static.index(entry)}], not [{i}]"
+        else:
+            where = "the static analysis does not have it"
+        if put_by:
+            who = f"it is named in {', '.join(put_by)}"
+            fix = (f"make the edit a literal sys.path.insert/append in {put_by[0]} so that it can be read, or "
+                   f"remove it (and {entry} if it holds a stale copy)")
+        elif entry in pythonpath.split(":"):
+            who = "it comes from PYTHONPATH"
+            fix = f"remove {entry} from PYTHONPATH"
+        else:
+            customize = ", ".join(probe.get("customize") or []) or "no sitecustomize"
+            who = (f"code that runs at start-up put it there ({customize}; .pth import lines; a module they "
+                   "import)")
+            fix = f"find what adds {entry} at start-up and remove it, or remove the stale copy in {entry}"
+        return (f"{m.module}: the interpreter imports {m.file} through sys.path[{i}] = {entry}; {where}; "
+                f"{who}. Fix: {fix}")
+    return None
+
+
+def startup_result(setup: PythonSetup, failure: StartupFailed, command: list[str], predicted: bool) -> ExecuteResult:
+    """--execute's answer when the interpreter dies at start-up: ground truth too (the container dies the
+    same way); it agrees with the static analysis when that predicted the failure."""
+    return ExecuteResult(method="bubblewrap", command=tuple(command[:-3] + ["<probe>", command[-2], command[-1]]),
+                         sys_path=(), modules=(), sys_path_agrees=predicted, startup_error=failure.stderr_tail,
+                         notes=(("the static analysis predicted this failure",) if predicted else
+                                ("the static analysis did not predict this failure",)))

@@ -17,6 +17,7 @@ import ast
 import re
 
 from .model import EditableFinder, ModuleKind, Resolution
+from .pysource import parse_source
 from .rootfs import RootFS, norm
 from .suffixes import all_suffixes
 
@@ -57,9 +58,8 @@ def parse_finder_module(source: str, *, pth: str, module_file: str) -> EditableF
     >>> parse_finder_module(src, pth="/s/_nvitop.pth", module_file="/s/_nvitop.py").mapping
     (('nvitop', '/src/nvitop/nvitop/__init__.py'),)
     """
-    try:
-        tree = ast.parse(source[:_MAX_SOURCE])
-    except (SyntaxError, ValueError):
+    tree = parse_source(source[:_MAX_SOURCE], module_file)
+    if tree is None:
         return None
     assigned: dict[str, ast.expr] = {}
     functions: set[str] = set()

@@ -4,15 +4,17 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..output import to_jsonable
-from .model import ImportReport
+from .model import ImportReport, PathOrigin
 
 __all__ = ["format_report", "report_payload"]
 
 
-def report_payload(report: ImportReport) -> dict:
-    """The ``result`` object of ``forensics verify-imports --json`` (plus ``ok`` and a verdict summary)."""
+def report_payload(report: ImportReport, *, strict: bool = False) -> dict:
+    """The ``result`` object of ``forensics verify-imports --json`` (plus ``ok``, ``failures`` and a verdict
+    summary; ``ok`` and ``failures`` under ``--strict`` when ``strict``)."""
     data = to_jsonable(report)
-    data["ok"] = report.ok
+    data["failures"] = list(report.failures(strict=strict))
+    data["ok"] = not data["failures"]
     data["verdicts"] = {c.module: c.verdict.value for c in report.modules}
     for c_json, c in zip(data["modules"], report.modules):
         c_json["effective_version"] = c.effective_version
@@ -26,8 +28,9 @@ def report_payload(report: ImportReport) -> dict:
     return data
 
 
-def format_report(report: ImportReport, *, verbose: int = 0) -> Iterator[str]:
-    """Lines for people; JSON (report_payload) is the contract."""
+def format_report(report: ImportReport, *, verbose: int = 0, strict: bool = False) -> Iterator[str]:
+    """Lines for people; JSON (report_payload) is the contract.  The last line is the result, from
+    the same :meth:`~forensics.imports.model.ImportReport.failures` as the exit status."""
     img = report.image
     yield f"verify-imports {img.ref}"
     kind = img.manifest_kind.value
@@ -39,6 +42,14 @@ def format_report(report: ImportReport, *, verbose: int = 0) -> Iterator[str]:
     if img.layers:
         extra.append(f"{img.layers} layers")
     yield f"  image:       {kind}" + (f" ({', '.join(extra)})" if extra else "")
+    if img.config_source:
+        yield f"  config:      {img.config_source}"
+    if img.root:
+        yield f"  root:        {img.root} (the process runs in a chroot; its paths are read inside that root)"
+    for f in report.findings:
+        yield f"  {'UNCERTAIN' if not f.fails else 'FINDING'}: {f.summary}"
+        if f.fix:
+            yield f"      fix: {f.fix}"
     py = report.python
     if py is not None:
         e = py.entrypoint
@@ -62,11 +73,20 @@ def format_report(report: ImportReport, *, verbose: int = 0) -> Iterator[str]:
         for f in py.finders:
             maps = ", ".join(f"{k} -> {v}" for k, v in f.mapping[:8]) + (" ..." if len(f.mapping) > 8 else "")
             yield f"    editable finder {f.module_file} (from {f.pth}, on sys.meta_path): {maps}"
+        for cz in py.customize:
+            what = "; ".join(cz.edits) if cz.edits else ("no literal sys.path edit" if cz.unevaluated
+                                                          else "no sys.path edit")
+            yield f"    {cz.module} {cz.path}: {what}" + (f"; {cz.stopped}" if cz.stopped else "")
+            for u in cz.unevaluated[: 3 if not verbose else None]:
+                yield f"      not evaluated: {u}"
         for n in py.notes:
             yield f"  note: {n}"
     yield ""
     width = max([len(c.module) for c in report.modules] + [6])
+    grouped = [c for c in report.modules if c.role == "loaded" and c.ok and c.origin is PathOrigin.STDLIB]
     for c in report.modules:
+        if c in grouped and not verbose:
+            continue
         ver = c.effective_version or "-"
         role = f"  ({c.role})" if c.role != "default" else ""
         yield f"  {c.module:<{width}}  {c.verdict.value:<16} {ver}{role}"
@@ -75,6 +95,10 @@ def format_report(report: ImportReport, *, verbose: int = 0) -> Iterator[str]:
             yield f"      loaded: {c.loaded_file}"
         if c.fails and c.fix:
             yield f"      fix: {c.fix}"
+    if grouped and not verbose:
+        dirs = sorted({c.resolved.path_entry for c in grouped if c.resolved})
+        yield (f"  {len(grouped)} standard-library extension modules loaded, all OK from {', '.join(dirs)}"
+               " (-v lists them)")
     if report.requirement_problems:
         yield ""
         yield "  requirements (pip check):"
@@ -96,12 +120,16 @@ def format_report(report: ImportReport, *, verbose: int = 0) -> Iterator[str]:
         yield ""
         yield f"  --execute ({x.method}): " + ("agrees with the static analysis" if x.agrees
                                               else "DISAGREES with the static analysis")
+        if x.startup_error:
+            yield f"    the interpreter fails at start-up: {x.startup_error}"
         for m in x.modules:
             mark = "=" if m.agrees else "!"
             yield f"    {mark} {m.module}: {m.file or '-'} {m.version or ''}".rstrip() + (
                 f"  (import error: {m.error})" if m.error else "")
             if not m.agrees:
                 yield f"        static: {m.static_file or '-'} {m.static_version or ''}"
+        if x.difference:
+            yield f"    why: {x.difference}"
         for n in x.notes:
             yield f"    note: {n}"
     for g in report.guards:
@@ -116,12 +144,16 @@ def format_report(report: ImportReport, *, verbose: int = 0) -> Iterator[str]:
         yield ""
         for w in report.warnings:
             yield f"  warning: {w}"
+    if report.notes:
+        yield ""
+        for n in report.notes:
+            yield f"  note: {n}"
     yield ""
-    bad = [c for c in report.modules if c.fails]
-    if not bad and (report.execute is None or report.execute.agrees):
+    failures = report.failures(strict=strict)
+    if not failures:
         yield "  result: OK"
+    elif all(f.startswith("uncertain: ") for f in failures):
+        yield "  result: UNCERTAIN (" + "; ".join(f[len("uncertain: "):] for f in failures) + \
+              "); --execute gives the ground truth"
     else:
-        parts = [f"{c.module} {c.verdict.value}" for c in bad]
-        if report.execute is not None and not report.execute.agrees:
-            parts.append("--execute disagrees")
-        yield "  result: NOT OK (" + "; ".join(parts) + ")"
+        yield "  result: NOT OK (" + "; ".join(failures) + ")"

@@ -3,13 +3,15 @@
 One streaming pass over each layer builds a merged index of the image's file
 system (:class:`LayerFS`): headers only, plus the bytes of the few small files
 the analysis reads (``.pth``, dist-info metadata, ``__init__.py``/``version.py``,
-``pyvenv.cfg``, ``/etc/passwd``).  Files the analysis asks for later are
+``pyvenv.cfg``, ``site.py``/``sitecustomize.py``, ``/etc/passwd``, dpkg's status and
+the file lists of its Python packages).  Files the analysis asks for later are
 fetched by a second, targeted pass (:meth:`LayerFS.fetch`).
 
 Every member is checked before it enters the index: no absolute paths, no
-``..``, no parent that is a symlink, no hard link to a path outside the image
-or not in it, no device nodes; setuid/setgid bits are dropped; the number of
-entries, the uncompressed bytes and the compression ratio are bounded.  A
+``..``, no path a runtime could not create (PATH_MAX, NAME_MAX), no parent that
+is a symlink, no hard link to a path outside the image or not in it; device
+nodes are skipped (counted in a note) and setuid/setgid bits dropped; the number
+of entries, the uncompressed bytes and the compression ratio are bounded.  A
 hostile layer raises :class:`~forensics.errors.LayerRejected` before anything
 is written; :meth:`LayerFS.extract` (for ``--execute``) only ever writes the
 validated index, creating directories first and links last, with
@@ -24,6 +26,7 @@ import tarfile
 from typing import Callable, Iterable
 
 from ..errors import ImageFormatError, LayerLimitExceeded, LayerRejected
+from .imagemeta import MAX_PATH
 from .layerstream import _CHUNK, LayerBlob, LayerLimits, _Shared, _Stream
 from .rootfs import Node, RootFS
 
@@ -55,15 +58,21 @@ def default_capture(modules: Iterable[str] = ()) -> Callable[[str, int], bool]:
     (True, False, True)
     """
     names = {m.split(".")[0] for m in modules}
-    meta = {"RECORD", "METADATA", "top_level.txt", "INSTALLER", "PKG-INFO", "installed-files.txt", "direct_url.json"}
+    meta = {"RECORD", "METADATA", "top_level.txt", "INSTALLER", "PKG-INFO", "installed-files.txt", "direct_url.json",
+            "requires.txt"}
     versionish = {"__init__.py", "version.py", "_version.py", "__version__.py", "__about__.py", "_about.py"}
-    fixed = {"/etc/passwd", "/etc/group"}
+    fixed = {"/etc/passwd", "/etc/group", "/var/lib/dpkg/status"}
+    site = {"site.py", "sitecustomize.py", "usercustomize.py"}
 
     def keep(path: str, size: int) -> bool:
         base = path.rsplit("/", 1)[-1]
         if base.endswith(".pth") or base == "pyvenv.cfg" or path in fixed or base.startswith("forensics_guard_"):
             return True
         parent = path[: len(path) - len(base) - 1]
+        if base in site:
+            return True
+        if parent == "/var/lib/dpkg/info" and "python" in base and base.endswith((".list", ".md5sums")):
+            return True
         if base in meta and (parent.endswith(".dist-info") or parent.endswith(".egg-info")):
             return True
         if base.endswith(".egg-info"):
@@ -86,7 +95,12 @@ def _clean_name(layer: str, name: str) -> str:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise LayerRejected(layer, name, "path traversal ('..') in layer")
-    return "/" + "/".join(parts)
+    path = "/" + "/".join(parts)
+    if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH:
+        raise LayerRejected(layer, name[:200] + "...", f"path longer than {MAX_PATH} bytes: no runtime can unpack it")
+    if any(len(p.encode("utf-8", "surrogateescape")) > 255 for p in parts):
+        raise LayerRejected(layer, name[:200] + "...", "a path component longer than 255 bytes: no runtime can unpack it")
+    return path
 
 
 class LayerFS(RootFS):
@@ -99,13 +113,16 @@ class LayerFS(RootFS):
         self.entries: dict[str, _Entry] = {"/": _Entry("dir", 0, 0o755, None, -1, -1)}
         self.children: dict[str, set[str]] = {"/": set()}
         self.misses: set[str] = set()
+        self.unfetchable: set[str] = set()  # asked for, but over the bounds: read as absent
+        self.fetched = 0
         self.captured = 0
         self.members = 0
         self.uncompressed = 0
         self.compressed = 0
-        self.warnings: list[str] = []
+        self.notes: list[str] = []  # counts that change no verdict
         self._setid_dropped = 0
         self._skipped_special = 0
+        self._skipped_devices = 0
 
     # -- RootFS ---------------------------------------------------------------------------
     def lstat(self, path: str) -> Node | None:
@@ -122,19 +139,25 @@ class LayerFS(RootFS):
         if e is None:
             return None
         if e.content is None and e.size:
-            self.misses.add(path)
+            if path not in self.unfetchable:
+                self.misses.add(path)
             return None
         return e.content if e.content is not None else b""
 
     # -- building ---------------------------------------------------------------------------
     def _remove(self, path: str) -> None:
-        e = self.entries.pop(path, None)
-        if e is None:
+        """Drop ``path`` and everything below it (iteratively: a layer may nest thousands deep)."""
+        if self.entries.pop(path, None) is None:
             return
-        for child in list(self.children.pop(path, ())):
-            self._remove(path.rstrip("/") + "/" + child)
         parent, _, base = path.rpartition("/")
         self.children.get(parent or "/", set()).discard(base)
+        stack = [path]
+        while stack:
+            p = stack.pop()
+            for child in self.children.pop(p, ()):
+                c = p.rstrip("/") + "/" + child
+                if self.entries.pop(c, None) is not None:
+                    stack.append(c)
 
     def _check_parents(self, layer: str, name: str, path: str, pending: dict[str, _Entry]) -> None:
         parent = path.rpartition("/")[0]
@@ -222,10 +245,12 @@ class LayerFS(RootFS):
         elif m.isreg():
             e = _Entry("file", m.size, mode, None, index, ordinal)
             if m.size <= lim.max_capture and keep(path, m.size) and shared.reserve(m.size, lim.max_capture_total):
-                f = tf.extractfile(m)
-                e.content = f.read() if f is not None else b""
+                e.content = _member_bytes(layer, tf, m)
         elif m.ischr() or m.isblk():
-            raise LayerRejected(layer, m.name, "device node in layer (images must not carry devices)")
+            # a root file system packed as a layer (mmdebstrap, docker import) carries /dev/console, /dev/null:
+            # never created, never read, and no import depends on them
+            scan.devices += 1
+            return
         else:  # FIFOs: harmless, but nothing the analysis needs and nothing extract() creates
             scan.special += 1
             e = _Entry("other", 0, mode, None, index, ordinal)
@@ -239,6 +264,7 @@ class LayerFS(RootFS):
         self.compressed += scan.compressed
         self._setid_dropped += scan.setid
         self._skipped_special += scan.special
+        self._skipped_devices += scan.devices
         pending: dict[str, _Entry] = {}
         names: dict[str, str] = {}
         links: dict[str, str] = {}
@@ -294,9 +320,13 @@ class LayerFS(RootFS):
                 path = only.get(ordinal)
                 if path is not None and m.isreg():
                     e = self.entries.get(path)
-                    f = tf.extractfile(m)
-                    if e is not None and f is not None and m.size <= self.limits.max_capture:
-                        e.content = f.read()
+                    if e is not None and m.size <= self.limits.max_fetch and \
+                            self.fetched + m.size <= self.limits.max_capture_total:
+                        e.content = _member_bytes(blob.name, tf, m)
+                        self.fetched += m.size
+                    elif e is not None:
+                        e.content = None
+                        self.unfetchable.add(path)
 
     def _mkdirs(self, path: str, layer: int) -> None:
         while path not in self.entries:
@@ -329,9 +359,12 @@ class LayerFS(RootFS):
 
     def finish(self) -> None:
         if self._setid_dropped:
-            self.warnings.append(f"{self._setid_dropped} setuid/setgid bits dropped")
+            self.notes.append(f"{self._setid_dropped} setuid/setgid bits in the layers not kept (they change no import)")
+        if self._skipped_devices:
+            self.notes.append(f"{self._skipped_devices} device nodes in the layers skipped (a root file system packed "
+                              "as a layer carries /dev; they change no import)")
         if self._skipped_special:
-            self.warnings.append(f"{self._skipped_special} FIFOs/sockets in layers ignored")
+            self.notes.append(f"{self._skipped_special} FIFOs/sockets in the layers ignored")
 
     # -- extraction for --execute -------------------------------------------------------------
     def extract(self, dest: str) -> None:
@@ -373,17 +406,29 @@ class LayerFS(RootFS):
                 with os.fdopen(fd, "wb") as out:
                     src = tf.extractfile(m)
                     while src is not None:
-                        chunk = src.read(_CHUNK)
+                        try:
+                            chunk = src.read(_CHUNK)
+                        except tarfile.TarError as e:
+                            raise ImageFormatError(blob.name, "layer", f"{m.name[:200]}: {e}") from e
                         if not chunk:
                             break
                         out.write(chunk)
                 os.chmod(dest + path, e.mode & 0o777)
 
 
+def _member_bytes(layer: str, tf: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
+    """A member's data; a tar that ends inside it is a format error, not a crash."""
+    try:
+        f = tf.extractfile(m)
+        return f.read() if f is not None else b""
+    except tarfile.TarError as e:
+        raise ImageFormatError(layer, "layer", f"{m.name[:200]}: {e}") from e
+
+
 class _Scan:
     """One layer's members, checked on their own, in tar order (merged later, in layer order)."""
 
-    __slots__ = ("records", "members", "compressed", "setid", "special")
+    __slots__ = ("records", "members", "compressed", "setid", "special", "devices")
 
     def __init__(self) -> None:
         self.records: list[tuple] = []  # (0 entry | 1 whiteout | 2 opaque, path, _Entry, hard link target, tar name)
@@ -391,6 +436,7 @@ class _Scan:
         self.compressed = 0
         self.setid = 0
         self.special = 0
+        self.devices = 0
 
 
 def read_layers(blobs: Iterable[LayerBlob], *, limits: LayerLimits | None = None,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
 from ..errors import ImageFormatError, LayerLimitExceeded, LayerRejected
+from .imagemeta import parse_digest
 
 __all__ = ["LayerLimits", "LayerBlob", "CHUNK"]
 
@@ -30,7 +31,8 @@ class LayerLimits:
     max_files: int = 2_000_000  # tar members over all layers
     max_ratio: int = 200  # uncompressed : compressed, enforced once a layer passes ratio_floor
     ratio_floor: int = 256 << 20
-    max_capture: int = 2 << 20  # one file kept in memory
+    max_capture: int = 2 << 20  # one file kept in memory by the first pass
+    max_fetch: int = 32 << 20  # one file the analysis asks for by name (dpkg's status of a big image)
     max_capture_total: int = 96 << 20  # all files kept in memory
 
 
@@ -52,8 +54,8 @@ class _Stream:
         self.blob = blob
         self.limits = limits
         self.shared = shared  # uncompressed bytes over all layers, the abort flag
-        self.blob_hash = hashlib.sha256() if blob.digest else None
-        self.tar_hash = hashlib.sha256() if (blob.diff_id and not blob.digest) else None
+        self.blob_hash = _hasher(blob.name, blob.digest) if blob.digest else None
+        self.tar_hash = _hasher(blob.name, blob.diff_id) if (blob.diff_id and not blob.digest) else None
         self.compressed = 0
         self.out = 0
         self.buf = b""
@@ -68,7 +70,9 @@ class _Stream:
             self.dec = zlib.decompressobj(wbits=31)
         elif head[:4] == b"\x28\xb5\x2f\xfd":
             self.kind = "zstd"
-            self.dec = _zstd_decompressor(blob.name)
+            # a reader, not a one-shot decompress: each read yields at most _CHUNK * 8 bytes, so a small
+            # frame that expands to GiBs is stopped by the same bounds as gzip before it is in memory
+            self.dec = _zstd_reader(blob.name, _Input(self))
         else:
             self.kind = "tar"
             self.dec = None
@@ -114,11 +118,15 @@ class _Stream:
                 except zlib.error as e:
                     raise ImageFormatError(self.blob.name, "layer", f"bad gzip data: {e}") from e
             else:
-                data = self._next_input()
-                if not data:
+                try:
+                    out = self.dec.read(_CHUNK * 8)
+                except (ImageFormatError, LayerRejected):
+                    raise
+                except Exception as e:  # zstandard.ZstdError, compression.zstd.ZstdError: damaged data
+                    raise ImageFormatError(self.blob.name, "layer", f"bad zstd data: {e}") from e
+                if not out:
                     self.eof = True
                     break
-                out = self.dec.decompress(data)
             self._emit(out)
 
     def _emit(self, out: bytes) -> None:
@@ -189,26 +197,45 @@ class _Stream:
             self.position += len(self.buf) - self.bpos
             self.bpos = len(self.buf)
         if self.blob_hash is not None:
-            got = "sha256:" + self.blob_hash.hexdigest()
-            if self.blob.digest.startswith("sha256:") and got != self.blob.digest:
+            got = f"{self.blob_hash.name}:" + self.blob_hash.hexdigest()
+            if got != self.blob.digest:
                 raise ImageFormatError(self.blob.name, "layer", f"digest mismatch: blob hashes to {got}")
         if self.tar_hash is not None:
-            got = "sha256:" + self.tar_hash.hexdigest()
-            if self.blob.diff_id.startswith("sha256:") and got != self.blob.diff_id:
+            got = f"{self.tar_hash.name}:" + self.tar_hash.hexdigest()
+            if got != self.blob.diff_id:
                 raise ImageFormatError(self.blob.name, "layer", f"diff_id mismatch: tar hashes to {got}")
 
 
-def _zstd_decompressor(name: str):
+def _hasher(name: str, digest: str):
+    """The hash a digest names; a digest that cannot be verified is refused, never skipped."""
+    return hashlib.new(parse_digest(digest, name, "layer").partition(":")[0])
+
+
+class _Input:
+    """The compressed bytes of a stream, read by the zstd reader: counted and hashed as they pass."""
+
+    def __init__(self, stream: "_Stream") -> None:
+        self.stream = stream
+
+    def read(self, n: int = -1) -> bytes:
+        return self.stream._next_input()
+
+
+_ZSTD_MAX_WINDOW = 1 << 27  # a frame may ask for a window up to 2 GiB; 128 MiB is zstd's own default bound
+
+
+def _zstd_reader(name: str, raw: _Input):
     try:
         import zstandard  # type: ignore
 
-        return zstandard.ZstdDecompressor().decompressobj()
+        dctx = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
+        return dctx.stream_reader(raw, read_size=_CHUNK, read_across_frames=True)
     except ImportError:
         pass
     try:
         from compression import zstd  # type: ignore  # Python 3.14
 
-        return zstd.ZstdDecompressor()
+        return zstd.ZstdFile(raw, mode="r", options={zstd.DecompressionParameter.window_log_max: 27})
     except ImportError:
         raise ImageFormatError(name, "layer", "zstd-compressed layer; install the 'zstandard' module to read it") from None
 

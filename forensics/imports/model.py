@@ -25,6 +25,7 @@ __all__ = [
     "Entrypoint",
     "PathEntry",
     "PthFile",
+    "CustomizeFile",
     "PythonSetup",
     "Distribution",
     "Resolution",
@@ -34,6 +35,9 @@ __all__ = [
     "ExecutedModule",
     "ExecuteResult",
     "Guard",
+    "FindingKind",
+    "ReportFinding",
+    "HiddenCopy",
     "ImportReport",
 ]
 
@@ -59,6 +63,7 @@ class ManifestKind(enum.Enum):
     OCI_INDEX = "oci-index"
     OCI_INDEX_WITH_ATTESTATIONS = "oci-index-with-attestations"
     DOCKER_ARCHIVE = "docker-archive"  # docker save's manifest.json (no registry manifest involved)
+    RUNTIME_BUNDLE = "oci-runtime-bundle"  # an unpacked root beside the config.json an unpacker wrote (umoci)
     NONE = "none"  # an unpacked root or a process: no manifest at all
 
 
@@ -68,6 +73,7 @@ class Verdict(enum.Enum):
     UNMANAGED = "UNMANAGED"
     MISSING = "MISSING"
     VERSION_MISMATCH = "VERSION-MISMATCH"
+    CONFLICT = "CONFLICT"  # two distributions install the same top-level module in one directory
 
 
 class PathOrigin(enum.Enum):
@@ -81,6 +87,7 @@ class PathOrigin(enum.Enum):
     USER_SITE = "user-site-packages"
     PTH = "pth"  # a path line of a .pth file
     PTH_IMPORT = "pth-import"  # added by an `import` line of a .pth file (evaluated statically)
+    SITECUSTOMIZE = "sitecustomize"  # a literal sys.path edit in sitecustomize.py / usercustomize.py (read, never run)
     EDITABLE = "editable-finder"  # not on sys.path: an editable install's finder on sys.meta_path maps it
 
 
@@ -144,6 +151,13 @@ class ImageInfo:
     index_platforms: tuple[str, ...] = ()  # platforms listed by an index
     attestations: int = 0  # attestation manifests in the index
     warnings: tuple[str, ...] = ()
+    config_source: str | None = None  # a dir: root's config: the runtime bundle's config.json it was read from
+    root: str | None = None  # --pid: the process's root as the host sees it, when it is not /
+
+    @property
+    def has_config(self) -> bool:
+        """Whether an image config (or a process's own state) says how the container runs."""
+        return not (self.transport is Transport.DIR and self.manifest_kind is ManifestKind.NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,6 +172,8 @@ class Entrypoint:
     target: str | None  # the module for -m, the script path, the -c code
     flags: tuple[str, ...] = ()  # interpreter options seen (-I, -P, -E, -s, -S, -B, ...)
     via_shebang: str | None = None  # the script whose #! line named the interpreter
+    exec_error: str | None = None  # the runtime cannot start the command (not found: exit 127); verdicts then
+    # assume `python3 -c`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,6 +190,17 @@ class PthFile:
     paths: tuple[str, ...] = ()  # directories its path lines added
     imports: tuple[str, ...] = ()  # its `import` lines, executed by site at start-up
     unevaluated: tuple[str, ...] = ()  # import lines whose effect on sys.path could not be decided statically
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CustomizeFile:
+    """``sitecustomize`` / ``usercustomize`` as site imports it at start-up, read statically (never run)."""
+
+    module: str  # "sitecustomize" or "usercustomize"
+    path: str  # the file that imports (Debian: /usr/lib/python3.X/sitecustomize.py -> /etc/python3.X/...)
+    edits: tuple[str, ...] = ()  # sys.path edits applied ("line 3: sys.path.insert(0, '/opt/x')")
+    unevaluated: tuple[str, ...] = ()  # statements that may change sys.path, not evaluated
+    stopped: str | None = None  # the module stops early at start-up (an import that fails, an exception)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,11 +226,14 @@ class PythonSetup:
     pth_files: tuple[PthFile, ...] = ()
     notes: tuple[str, ...] = ()
     finders: tuple[EditableFinder, ...] = ()  # editable installs' meta-path finders, in sys.meta_path order
+    site_layout: str = "upstream"  # the interpreter's site.py: "upstream" (site-packages) or "debian" (dist-packages)
+    customize: tuple[CustomizeFile, ...] = ()
+    findings: tuple["ReportFinding", ...] = ()  # start-up problems: a .pth site cannot read, unevaluated edits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Distribution:
-    """An installed distribution (dist-info / egg-info) found on sys.path."""
+    """An installed distribution (dist-info / egg-info) found on sys.path, or a Debian package's files."""
 
     name: str
     version: str
@@ -213,6 +243,19 @@ class Distribution:
     requires: tuple[str, ...] = ()  # Requires-Dist lines
     installer: str | None = None
     editable: str | None = None  # an editable install: its source directory (direct_url.json)
+    package: str | None = None  # the Debian package whose files these are (dpkg's file list), e.g. python3-psutil
+    package_version: str | None = None  # that package's version (5.9.4-1+b1)
+
+    @property
+    def manager(self) -> str:
+        """Who installed it: dpkg (apt), or the INSTALLER the metadata names (pip, uv), or unknown."""
+        return "dpkg" if self.package else (self.installer or "unknown")
+
+    @property
+    def label(self) -> str:
+        """``nvitop 1.7.1``, or ``psutil 5.9.4 (Debian package python3-psutil 5.9.4-1+b1)``."""
+        text = f"{self.name} {self.version}"
+        return text + (f" (Debian package {self.package} {self.package_version})" if self.package else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -226,6 +269,15 @@ class Resolution:
     path_index: int
     search_locations: tuple[str, ...] = ()  # a package's / namespace package's directories
     finder: str | None = None  # found by an editable install's finder: the .pth that installs it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HiddenCopy:
+    """Another copy of a module further down sys.path that the winner hides (an apt copy under pip's)."""
+
+    file: str | None
+    path_entry: str
+    distribution: Distribution | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,6 +299,8 @@ class ModuleCheck:
     role: str = "default"  # why it is checked: default, requested (--module), entrypoint, loaded (--pid maps)
     reason: str = ""
     fix: str = ""
+    hidden: tuple[HiddenCopy, ...] = ()  # managed copies further down sys.path that the winner hides
+    owners: tuple[Distribution, ...] = ()  # CONFLICT: every distribution installing this name in the winner's directory
 
     @property
     def ok(self) -> bool:
@@ -312,6 +366,8 @@ class ExecuteResult:
     modules: tuple[ExecutedModule, ...]
     sys_path_agrees: bool = True
     notes: tuple[str, ...] = ()
+    startup_error: str | None = None  # the interpreter died before running the probe (its last stderr lines)
+    difference: str | None = None  # when it disagrees: which sys.path entry made the difference, and what put it there
 
     @property
     def agrees(self) -> bool:
@@ -330,6 +386,30 @@ class Guard:
     active: bool = True  # False when the run environment sets the switch to 0/false/off/no
 
 
+class FindingKind(enum.Enum):
+    """What is wrong with the image as a whole, before any module is judged."""
+
+    ENTRYPOINT_NOT_FOUND = "entrypoint-not-found"  # the runtime cannot start the command: exit 127
+    NO_INTERPRETER = "no-interpreter"  # nothing can be judged
+    NO_CONFIG = "no-config"  # an unpacked root without its image config: the verdict depends on the command
+    USER_NOT_FOUND = "user-not-found"  # the runtime refuses a User that /etc/passwd does not list
+    STARTUP_FAILS = "startup-fails"  # the interpreter dies in site before running anything (a non-UTF-8 .pth)
+    UNCERTAIN = "uncertain"  # start-up code whose effect on sys.path was not evaluated statically
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportFinding:
+    kind: FindingKind
+    summary: str
+    fix: str = ""
+    source: str | None = None  # the file or field it comes from
+
+    @property
+    def fails(self) -> bool:
+        """An uncertainty is not a failure once --execute has given the ground truth (see ImportReport)."""
+        return self.kind is not FindingKind.UNCERTAIN
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ImportReport:
     image: ImageInfo
@@ -342,9 +422,36 @@ class ImportReport:
     driver: str | None = None
     execute: ExecuteResult | None = None
     guards: tuple[Guard, ...] = ()
-    warnings: tuple[str, ...] = field(default_factory=tuple)
+    warnings: tuple[str, ...] = field(default_factory=tuple)  # findings about delivery (attestations, platform)
+    findings: tuple[ReportFinding, ...] = ()  # the image as a whole: first in the output
+    notes: tuple[str, ...] = ()  # facts that change no verdict (setuid bits dropped, device nodes skipped)
+
+    def failures(self, *, strict: bool = False) -> tuple[str, ...]:
+        """Why the result is not OK, shortest first; empty when it is.  One definition for the
+        exit status and the last line of the text output.
+
+        Fails: a finding about the image, a module not OK, --execute disagreeing, a known issue of
+        severity error, an uncertain static verdict that --execute did not settle; with ``strict``
+        also requirement conflicts, any known issue and delivery warnings.
+        """
+        out = [f.summary for f in self.findings if f.fails]
+        out += [f"{m.module} {m.verdict.value}" for m in self.modules if m.fails]
+        if self.execute is not None and not self.execute.agrees:
+            out.append("--execute disagrees")
+        if self.execute is None or not self.execute.agrees:
+            out += [f"uncertain: {f.summary}" for f in self.findings if not f.fails]
+        errors = [k for k in self.known_issues if k.severity is Severity.ERROR]
+        out += [f"known issue {k.id} (error)" for k in errors]
+        if strict:
+            if self.requirement_problems:
+                out.append(f"--strict: {len(self.requirement_problems)} requirement conflict(s)")
+            if len(self.known_issues) > len(errors):
+                out.append(f"--strict: {len(self.known_issues) - len(errors)} known issue(s)")
+            if self.warnings:
+                out.append(f"--strict: {len(self.warnings)} warning(s)")
+        return tuple(out)
 
     @property
     def ok(self) -> bool:
-        """All modules OK and, when --execute ran, the ground truth agrees."""
-        return not any(m.fails for m in self.modules) and (self.execute is None or self.execute.agrees)
+        """Nothing fails (see :meth:`failures`): every module OK, no finding, --execute agrees when it ran."""
+        return not self.failures()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import NotRoot, ProcessGone
 
-__all__ = ["ProcessView", "read_process", "parse_maps_extensions", "parse_status_ids"]
+__all__ = ["ProcessView", "read_process", "parse_maps_extensions", "parse_status_ids", "in_root"]
 
 _EXT_RE = re.compile(r"\.(cpython-\d+[a-z]*-[\w-]+|abi3)\.so$")
 
@@ -20,9 +20,10 @@ _EXT_RE = re.compile(r"\.(cpython-\d+[a-z]*-[\w-]+|abi3)\.so$")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessView:
     pid: int
-    root: str  # host path of the process's root (/proc/PID/root)
+    root: str  # where we read the process's root: /proc/PID/root
     cwd: str  # in-root path
     exe: str  # in-root path of the running executable
+    root_seen: str = "/"  # the process's root as we see it (readlink /proc/PID/root): a chroot's directory
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     uid: int
@@ -59,6 +60,41 @@ def parse_status_ids(status: str) -> tuple[int, int]:
     return uid, gid
 
 
+_GONE_HELP = ("Check the PID with ps (verify-imports --pid reads a running process); to check what a process "
+              "that has exited would import, verify its image instead (verify-imports IMAGE).")
+
+
+def _gone(pid: int, detail: str = "") -> ProcessGone:
+    e = ProcessGone(pid, detail)
+    e.help_text = _GONE_HELP
+    return e
+
+
+def in_root(path: str, root_seen: str) -> str:
+    """A path the kernel showed us (readlink of /proc/PID/cwd, /exe) as a path inside the process's root.
+
+    For a process in our mount namespace under chroot, the kernel prints its cwd from *our* root
+    (``/srv/chroot/app``); inside its root that is ``/app``.  A process in another mount namespace
+    (a container) already gets paths of its own root.
+
+    >>> in_root("/srv/chroot/app", "/srv/chroot"), in_root("/srv/chroot", "/srv/chroot"), in_root("/app", "/")
+    ('/app', '/', '/app')
+    """
+    root = root_seen.rstrip("/")
+    if not root:
+        return path
+    if path == root:
+        return "/"
+    if path.startswith(root + "/"):
+        return path[len(root):]
+    return path
+
+
+def _read(path: str, limit: int) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(limit)
+
+
 def read_process(pid: int) -> ProcessView:
     """Read /proc/PID.
 
@@ -67,17 +103,18 @@ def read_process(pid: int) -> ProcessView:
     """
     base = f"/proc/{pid}"
     if not os.path.isdir(base):
-        raise ProcessGone(pid)
+        raise _gone(pid)
     try:
-        cmdline = open(f"{base}/cmdline", "rb").read()
-        environ = open(f"{base}/environ", "rb").read()
+        cmdline = _read(f"{base}/cmdline", 1 << 20)
+        environ = _read(f"{base}/environ", 4 << 20)
+        root_seen = os.readlink(f"{base}/root")
         cwd = os.readlink(f"{base}/cwd")
         exe = os.readlink(f"{base}/exe")
-        maps = open(f"{base}/maps", encoding="utf-8", errors="replace").read()
-        status = open(f"{base}/status", encoding="utf-8").read()
+        maps = _read(f"{base}/maps", 64 << 20).decode("utf-8", "replace")
+        status = _read(f"{base}/status", 1 << 20).decode("utf-8", "replace")
         os.listdir(f"{base}/root/")
     except FileNotFoundError as e:
-        raise ProcessGone(pid, "exited while being read") from e
+        raise _gone(pid, "exited while being read") from e
     except PermissionError as e:
         raise NotRoot(f"reading /proc/{pid} of another user's process") from e
     argv = tuple(a.decode("utf-8", "surrogateescape") for a in cmdline.split(b"\0") if a)
@@ -88,5 +125,8 @@ def read_process(pid: int) -> ProcessView:
             env.append((k, v))
     uid, gid = parse_status_ids(status)
     strip = lambda p: p[: -len(" (deleted)")] if p.endswith(" (deleted)") else p  # noqa: E731
-    return ProcessView(pid=pid, root=f"{base}/root", cwd=strip(cwd), exe=strip(exe), argv=argv, env=tuple(env),
-                       uid=uid, gid=gid, extensions=parse_maps_extensions(maps))
+    root_seen = strip(root_seen)
+    exts = tuple(in_root(p, root_seen) for p in parse_maps_extensions(maps))
+    return ProcessView(pid=pid, root=f"{base}/root", cwd=in_root(strip(cwd), root_seen),
+                       exe=in_root(strip(exe), root_seen), argv=argv, env=tuple(env), uid=uid, gid=gid,
+                       extensions=exts, root_seen=root_seen)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -20,6 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from ..errors import ImageFormatError, ImageRefError, SkopeoError, SkopeoNotFound
+from .imagemeta import (MT_DOCKER_LIST, Descriptor, Manifest, parse_digest, parse_json,
+                        read_archive_manifest, read_image_config, read_index, read_manifest, read_runtime_config)
 from .layers import LayerBlob
 from .model import ImageConfig, ImageInfo, ImageRef, ManifestKind, Platform, Transport
 
@@ -31,15 +32,13 @@ __all__ = [
     "parse_config",
     "OpenedImage",
     "open_image",
+    "find_bundle_config",
     "SkopeoOptions",
 ]
 
-MT_OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-MT_OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MT_DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
-MT_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-_INDEX_TYPES = (MT_OCI_INDEX, MT_DOCKER_LIST)
 _MAX_JSON = 8 << 20
+_MAX_LINKS = 40  # symlinks followed from one docker-archive member (Linux's MAXSYMLINKS)
 
 
 def parse_image_ref(text: str) -> ImageRef:
@@ -82,52 +81,40 @@ def parse_platform(text: str) -> Platform:
     return Platform(os=parts[0], architecture=parts[1], variant=parts[2] if len(parts) == 3 else None)
 
 
-def classify_manifest(doc: dict, media_type: str | None = None) -> tuple[ManifestKind, int, tuple[str, ...]]:
-    """(kind, attestation manifests, platforms) of a manifest or index document."""
-    mt = doc.get("mediaType") or media_type or ""
-    if mt in _INDEX_TYPES or ("manifests" in doc and "layers" not in doc):
+def classify_manifest(doc: Manifest) -> tuple[ManifestKind, int, tuple[str, ...]]:
+    """(kind, attestation manifests, platforms) of a manifest or index."""
+    if doc.is_index:
         plats, att = [], 0
-        for m in doc.get("manifests", ()):
-            ann = m.get("annotations") or {}
-            p = m.get("platform") or {}
-            if ann.get("vnd.docker.reference.type") == "attestation-manifest" or (
-                    p.get("os") == "unknown" and p.get("architecture") == "unknown"):
+        for m in doc.manifests:
+            if m.is_attestation:
                 att += 1
                 continue
-            plats.append("/".join(x for x in (p.get("os"), p.get("architecture"), p.get("variant")) if x))
-        if mt == MT_DOCKER_LIST:
+            plats.append(str(m.platform) if m.platform else "")
+        if doc.media_type == MT_DOCKER_LIST:
             return ManifestKind.DOCKER_MANIFEST_LIST, att, tuple(plats)
         return (ManifestKind.OCI_INDEX_WITH_ATTESTATIONS if att else ManifestKind.OCI_INDEX), att, tuple(plats)
-    if mt == MT_DOCKER_V2:
+    if doc.media_type == MT_DOCKER_V2:
         return ManifestKind.DOCKER_V2, 0, ()
     return ManifestKind.OCI_MANIFEST, 0, ()
 
 
-def select_platform(index: dict, platform: Platform) -> dict | None:
+def select_platform(index: Manifest, platform: Platform) -> Descriptor | None:
     """The descriptor of ``platform`` in an index (attestations never match)."""
     best = None
-    for m in index.get("manifests", ()):
-        p = m.get("platform") or {}
-        ann = m.get("annotations") or {}
-        if ann.get("vnd.docker.reference.type") == "attestation-manifest":
+    for m in index.manifests:
+        p = m.platform
+        if m.is_attestation or p is None:
             continue
-        if p.get("os") == platform.os and p.get("architecture") == platform.architecture:
-            if platform.variant is None or p.get("variant") == platform.variant:
-                if best is None or (platform.variant is None and not p.get("variant")):
+        if p.os == platform.os and p.architecture == platform.architecture:
+            if platform.variant is None or p.variant == platform.variant:
+                if best is None or (platform.variant is None and not p.variant):
                     best = m
     return best
 
 
-def parse_config(doc: dict) -> ImageConfig:
-    """WorkingDir, Env, Entrypoint, Cmd and User of an image config."""
-    c = doc.get("config") or doc.get("Config") or {}
-    env = []
-    for item in c.get("Env") or ():
-        k, _, v = str(item).partition("=")
-        env.append((k, v))
-    return ImageConfig(working_dir=c.get("WorkingDir") or "/", env=tuple(env),
-                       entrypoint=tuple(c.get("Entrypoint") or ()), cmd=tuple(c.get("Cmd") or ()),
-                       user=c.get("User") or "")
+def parse_config(doc: object, ref: str = "config") -> ImageConfig:
+    """WorkingDir, Env, Entrypoint, Cmd and User of an image config (see :func:`read_image_config`)."""
+    return read_image_config(doc, ref).config
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,7 +161,7 @@ class _Slice:
         self.close()
 
 
-def _read_json_file(ref: str, path: str, what: str, digest: str | None = None) -> dict:
+def _read_json_file(ref: str, path: str, what: str, digest: str | None = None) -> object:
     try:
         with open(path, "rb") as f:
             data = f.read(_MAX_JSON + 1)
@@ -185,27 +172,24 @@ def _read_json_file(ref: str, path: str, what: str, digest: str | None = None) -
     return _parse_json(ref, what, data, digest)
 
 
-def _parse_json(ref: str, what: str, data: bytes, digest: str | None) -> dict:
+def _parse_json(ref: str, what: str, data: bytes, digest: str | None) -> object:
     if len(data) > _MAX_JSON:
         raise ImageFormatError(ref, what, "larger than 8 MiB")
-    if digest and digest.startswith("sha256:"):
-        got = "sha256:" + hashlib.sha256(data).hexdigest()
+    if digest:
+        algo = digest.partition(":")[0]
+        got = f"{algo}:" + hashlib.new(algo, data).hexdigest()
         if got != digest:
             raise ImageFormatError(ref, what, f"digest mismatch: expected {digest}, got {got}")
-    try:
-        doc = json.loads(data)
-    except ValueError as e:
-        raise ImageFormatError(ref, what, f"not JSON: {e}") from e
-    if not isinstance(doc, dict):
-        raise ImageFormatError(ref, what, "not a JSON object")
-    return doc
+    return parse_json(data, ref, what)
 
 
 def _blob_path(layout: str, digest: str) -> str:
-    algo, _, hexd = digest.partition(":")
-    if not hexd or "/" in hexd or "/" in algo or ".." in digest:
-        raise ImageFormatError(layout, "descriptor", f"bad digest {digest!r}")
+    algo, _, hexd = digest.partition(":")  # parse_digest has checked both parts
     return os.path.join(layout, "blobs", algo, hexd)
+
+
+def _tags(descs: tuple[Descriptor, ...]) -> str:
+    return ", ".join(sorted({d.ref_name or "?" for d in descs})) or "none"
 
 
 def _open_oci(ref: ImageRef, platform: Platform, kind_override: tuple | None = None) -> OpenedImage:
@@ -215,33 +199,35 @@ def _open_oci(ref: ImageRef, platform: Platform, kind_override: tuple | None = N
         raise ImageRefError(name, f"{layout} is not a directory")
     if not os.path.isfile(os.path.join(layout, "oci-layout")) or not os.path.isfile(os.path.join(layout, "index.json")):
         raise ImageRefError(name, f"{layout} is not an OCI image layout (no oci-layout / index.json)")
-    index = _read_json_file(name, os.path.join(layout, "index.json"), "index.json")
-    descs = index.get("manifests") or []
+    descs = read_index(_read_json_file(name, os.path.join(layout, "index.json"), "index.json"), name).manifests
     if ref.tag:
-        picked = [d for d in descs if (d.get("annotations") or {}).get("org.opencontainers.image.ref.name") == ref.tag]
+        picked = [d for d in descs if d.ref_name == ref.tag]
         if not picked:
-            tags = sorted({(d.get("annotations") or {}).get("org.opencontainers.image.ref.name", "?") for d in descs})
-            raise ImageRefError(name, f"no image tagged {ref.tag!r} in the layout (tags: {', '.join(tags) or 'none'})")
+            raise ImageRefError(name, f"no image tagged {ref.tag!r} in the layout (tags: {_tags(descs)})")
         desc = picked[0]
     elif len(descs) == 1:
         desc = descs[0]
+    elif not descs:
+        raise ImageRefError(name, "the layout's index.json lists no image")
     else:
-        tags = sorted({(d.get("annotations") or {}).get("org.opencontainers.image.ref.name", "?") for d in descs})
-        raise ImageRefError(name, f"the layout holds {len(descs)} images; name one as oci:DIR:TAG ({', '.join(tags)})")
+        raise ImageRefError(name, f"the layout holds {len(descs)} images; name one as oci:DIR:TAG ({_tags(descs)})")
 
-    def load(d: dict) -> dict:
-        return _read_json_file(name, _blob_path(layout, d["digest"]), "manifest", d["digest"])
+    def load(d: Descriptor) -> Manifest:
+        return read_manifest(_read_json_file(name, _blob_path(layout, d.digest), "manifest", d.digest), name,
+                             d.media_type)
 
     doc = load(desc)
-    kind, att, plats = classify_manifest(doc, desc.get("mediaType"))
-    manifest, mdigest = doc, desc["digest"]
+    kind, att, plats = classify_manifest(doc)
+    manifest, mdigest = doc, desc.digest
     warnings: list[str] = []
-    if "manifests" in doc and "layers" not in doc:
+    if doc.is_index:
         chosen = select_platform(doc, platform)
         if chosen is None:
             raise ImageRefError(name, f"no {platform} image in the index (platforms: {', '.join(plats) or 'none'}); "
                                       "pass --platform")
-        manifest, mdigest = load(chosen), chosen["digest"]
+        manifest, mdigest = load(chosen), chosen.digest
+        if manifest.is_index:
+            raise ImageFormatError(name, "manifest", f"{chosen.digest}: an index inside an index (not an image)")
     if kind_override is not None:
         kind, att, plats = kind_override
     if kind is ManifestKind.OCI_INDEX_WITH_ATTESTATIONS:
@@ -250,26 +236,46 @@ def _open_oci(ref: ImageRef, platform: Platform, kind_override: tuple | None = N
             "(BuildKit provenance/SBOM); older registries and registry sync jobs reject it or report "
             "'source repository does not exist'. Rebuild with --provenance=false --sbom=false, or copy a single "
             "platform manifest (skopeo copy without --all)")
-    cfg_desc = manifest.get("config") or {}
-    if not cfg_desc.get("digest"):
-        raise ImageFormatError(name, "manifest", "no config descriptor")
-    cfg = _read_json_file(name, _blob_path(layout, cfg_desc["digest"]), "config", cfg_desc["digest"])
+    assert manifest.config is not None  # read_manifest guarantees it for an image manifest
+    cfg = read_image_config(_read_json_file(name, _blob_path(layout, manifest.config.digest), "config",
+                                            manifest.config.digest), name)
     blobs = []
-    for layer in manifest.get("layers") or ():
-        path = _blob_path(layout, layer["digest"])
+    for layer in manifest.layers:
+        path = _blob_path(layout, layer.digest)
         if not os.path.isfile(path):
-            raise ImageFormatError(name, "layer", f"blob {layer['digest']} is missing from the layout")
-        blobs.append(LayerBlob(name=layer["digest"], open=lambda p=path: open(p, "rb"), digest=layer["digest"]))
+            raise ImageFormatError(name, "layer", f"blob {layer.digest} is missing from the layout")
+        blobs.append(LayerBlob(name=layer.digest, open=lambda p=path: open(p, "rb"), digest=layer.digest))
     info = ImageInfo(ref=name, transport=ref.transport, manifest_kind=kind, manifest_digest=mdigest,
-                     platform=_cfg_platform(cfg), layers=len(blobs), index_platforms=plats, attestations=att,
+                     platform=cfg.platform, layers=len(blobs), index_platforms=plats, attestations=att,
                      warnings=tuple(warnings))
-    return OpenedImage(info=info, config=parse_config(cfg), blobs=tuple(blobs), config_platform=_cfg_platform(cfg))
+    return OpenedImage(info=info, config=cfg.config, blobs=tuple(blobs), config_platform=cfg.platform)
 
 
-def _cfg_platform(cfg: dict) -> str | None:
-    if not cfg.get("os"):
-        return None
-    return "/".join(x for x in (cfg.get("os"), cfg.get("architecture"), cfg.get("variant")) if x)
+def _archive_member(name: str, members: dict[str, tarfile.TarInfo], p: str) -> tarfile.TarInfo:
+    """The regular file an archive path names, following its symlinks inside the archive (bounded)."""
+    m = members.get(p)
+    seen = {p}
+    while m is not None and m.issym():
+        if len(seen) > _MAX_LINKS:
+            raise ImageFormatError(name, "manifest.json", f"{p}: more than {_MAX_LINKS} symlinks in a row")
+        nxt = os.path.normpath(os.path.join(os.path.dirname(m.name), m.linkname)).lstrip("/")
+        if nxt in seen:
+            raise ImageFormatError(name, "manifest.json", f"{p}: a symlink loop in the archive")
+        seen.add(nxt)
+        m = members.get(nxt)
+    if m is None or not m.isreg():
+        raise ImageFormatError(name, "manifest.json", f"{p} is not in the archive")
+    return m
+
+
+def _archive_digest(member_path: str, json_suffix: bool) -> str | None:
+    """The digest a docker save member's name states (blobs/sha256/HEX, or HEX.json for old configs)."""
+    base = member_path.rsplit("/", 1)[-1]
+    if member_path.startswith("blobs/sha256/"):
+        return "sha256:" + base
+    if json_suffix and base.endswith(".json") and len(base) == 69:
+        return "sha256:" + base[:-5]
+    return None
 
 
 def _open_docker_archive(ref: ImageRef) -> OpenedImage:
@@ -280,77 +286,100 @@ def _open_docker_archive(ref: ImageRef) -> OpenedImage:
     try:
         tf = tarfile.open(path, "r:")
     except tarfile.TarError as e:
-        hint = " (gzip-compressed? docker save writes an uncompressed tar; gunzip it first)" if \
-            open(path, "rb").read(2) == b"\x1f\x8b" else ""
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        hint = " (gzip-compressed? docker save writes an uncompressed tar; gunzip it first)" if gz else ""
         raise ImageRefError(name, f"not a tar archive{hint}: {e}") from e
     with tf:
-        members = {m.name.lstrip("./") if m.name.startswith("./") else m.name: m for m in tf.getmembers()}
+        try:
+            members = {os.path.normpath(m.name).lstrip("/"): m for m in tf.getmembers()}
+        except tarfile.TarError as e:
+            raise ImageFormatError(name, "archive", f"bad tar: {e}") from e
         mm = members.get("manifest.json")
         if mm is None:
             raise ImageRefError(name, "no manifest.json: not a docker save archive (for an OCI layout use oci:DIR)")
-        manifest = json.loads(tf.extractfile(mm).read(_MAX_JSON))
-        if not isinstance(manifest, list) or not manifest:
-            raise ImageFormatError(name, "manifest.json", "expected a non-empty list")
+
+        def read_member(p: str, what: str) -> bytes:
+            m = _archive_member(name, members, p)
+            if m.size > _MAX_JSON:
+                raise ImageFormatError(name, what, "larger than 8 MiB")
+            f = tf.extractfile(m)
+            return f.read(_MAX_JSON + 1) if f is not None else b""
+
+        manifest = read_archive_manifest(_parse_json(name, "manifest.json", read_member("manifest.json", "manifest.json"),
+                                                     None), name)
         if ref.tag:
             want = ref.tag
-            if want.startswith("@") and want[1:].isdigit():
+            if want.startswith("@") and want[1:].isascii() and want[1:].isdigit():
                 i = int(want[1:])
                 entry = manifest[i] if i < len(manifest) else None
             else:
-                entry = next((e for e in manifest if want in (e.get("RepoTags") or ())), None)
+                entry = next((e for e in manifest if want in e.repo_tags), None)
             if entry is None:
-                tags = [t for e in manifest for t in (e.get("RepoTags") or ())]
+                tags = [t for e in manifest for t in e.repo_tags]
                 raise ImageRefError(name, f"no image {want!r} in the archive (tags: {', '.join(tags) or 'none'})")
         elif len(manifest) == 1:
             entry = manifest[0]
         else:
             raise ImageRefError(name, f"the archive holds {len(manifest)} images; name one as docker-archive:FILE:REPO:TAG")
 
-        def member(p: str) -> tarfile.TarInfo:
-            m = members.get(p)
-            while m is not None and m.issym():
-                m = members.get(os.path.normpath(os.path.join(os.path.dirname(p), m.linkname)))
-            if m is None or not m.isreg():
-                raise ImageFormatError(name, "manifest.json", f"{p} is not in the archive")
-            return m
-
-        cfg_name = entry.get("Config") or ""
-        cm = member(cfg_name)
-        cfg_bytes = tf.extractfile(cm).read(_MAX_JSON + 1)
-        base = os.path.basename(cfg_name)
-        digest = None
-        if cfg_name.startswith("blobs/sha256/"):
-            digest = "sha256:" + base
-        elif base.endswith(".json") and len(base) == 69:
-            digest = "sha256:" + base[:-5]
-        cfg = _parse_json(name, "config", cfg_bytes, digest)
-        diff_ids = list((cfg.get("rootfs") or {}).get("diff_ids") or ())
+        digest = _archive_digest(entry.config, True)
+        cfg = read_image_config(_parse_json(name, "config", read_member(entry.config, "config"),
+                                            parse_digest(digest, name, "config") if digest else None), name)
         blobs = []
-        for i, lp in enumerate(entry.get("Layers") or ()):
-            m = member(lp)
-            ldigest = "sha256:" + lp.rsplit("/", 1)[-1] if lp.startswith("blobs/sha256/") else None
+        for i, lp in enumerate(entry.layers):
+            m = _archive_member(name, members, lp)
+            ldigest = _archive_digest(lp, False)
             blobs.append(LayerBlob(name=lp, open=lambda o=m.offset_data, s=m.size: _Slice(path, o, s),
-                                   digest=ldigest, diff_id=diff_ids[i] if i < len(diff_ids) else None))
+                                   digest=parse_digest(ldigest, name, "layer") if ldigest else None,
+                                   diff_id=cfg.diff_ids[i] if i < len(cfg.diff_ids) else None))
     info = ImageInfo(ref=name, transport=ref.transport, manifest_kind=ManifestKind.DOCKER_ARCHIVE,
-                     platform=_cfg_platform(cfg), layers=len(blobs))
-    return OpenedImage(info=info, config=parse_config(cfg), blobs=tuple(blobs), config_platform=_cfg_platform(cfg))
+                     platform=cfg.platform, layers=len(blobs))
+    return OpenedImage(info=info, config=cfg.config, blobs=tuple(blobs), config_platform=cfg.platform)
 
 
 def _open_skopeo_dir(ref: ImageRef) -> OpenedImage:
     """skopeo's own ``dir:`` format (manifest.json + blobs named by hex digest)."""
     name = str(ref)
     d = ref.path
-    manifest = _read_json_file(name, os.path.join(d, "manifest.json"), "manifest.json")
+    manifest = read_manifest(_read_json_file(name, os.path.join(d, "manifest.json"), "manifest.json"), name)
     kind, _, _ = classify_manifest(manifest)
-    if "layers" not in manifest:
+    if manifest.is_index:
         raise ImageRefError(name, "skopeo dir: copy holds an index; copy one platform (skopeo copy without --all)")
-    cfg_d = manifest["config"]["digest"]
-    cfg = _read_json_file(name, os.path.join(d, cfg_d.partition(":")[2]), "config", cfg_d)
-    blobs = tuple(LayerBlob(name=l["digest"], open=lambda p=os.path.join(d, l["digest"].partition(":")[2]): open(p, "rb"),
-                            digest=l["digest"]) for l in manifest["layers"])
-    info = ImageInfo(ref=name, transport=Transport.DIR, manifest_kind=kind, platform=_cfg_platform(cfg),
-                     layers=len(blobs))
-    return OpenedImage(info=info, config=parse_config(cfg), blobs=blobs, config_platform=_cfg_platform(cfg))
+    assert manifest.config is not None
+    cfg_d = manifest.config.digest
+    cfg = read_image_config(_read_json_file(name, os.path.join(d, cfg_d.partition(":")[2]), "config", cfg_d), name)
+    blobs = tuple(LayerBlob(name=l.digest, open=lambda p=os.path.join(d, l.digest.partition(":")[2]): open(p, "rb"),
+                            digest=l.digest) for l in manifest.layers)
+    info = ImageInfo(ref=name, transport=Transport.DIR, manifest_kind=kind, platform=cfg.platform, layers=len(blobs))
+    return OpenedImage(info=info, config=cfg.config, blobs=blobs, config_platform=cfg.platform)
+
+
+def find_bundle_config(root: str) -> str | None:
+    """The OCI runtime ``config.json`` an unpacker left with a root: ``BUNDLE/config.json`` for
+    ``dir:BUNDLE/rootfs`` (``umoci unpack``, ``runc spec``) or for ``dir:BUNDLE`` itself."""
+    root = os.path.abspath(root)
+    for cand in (os.path.join(root, "config.json"), os.path.join(os.path.dirname(root), "config.json")):
+        if os.path.isfile(cand):
+            bundle = os.path.dirname(cand)
+            if os.path.isdir(os.path.join(bundle, "rootfs")) and (
+                    bundle == root or os.path.samefile(os.path.join(bundle, "rootfs"), root)):
+                return cand
+    return None
+
+
+def _open_rootfs(ref: ImageRef) -> OpenedImage:
+    """An unpacked root; its config from an OCI runtime bundle's ``config.json`` when one lies with it."""
+    name = str(ref)
+    cfg_path = find_bundle_config(ref.path)
+    if cfg_path is None:
+        info = ImageInfo(ref=name, transport=Transport.DIR, manifest_kind=ManifestKind.NONE)
+        return OpenedImage(info=info, config=ImageConfig(), blobs=(), rootfs_dir=ref.path)
+    bundle = os.path.dirname(cfg_path)
+    config, _ids = read_runtime_config(_read_json_file(name, cfg_path, "config.json"), name)
+    info = ImageInfo(ref=name, transport=Transport.DIR, manifest_kind=ManifestKind.RUNTIME_BUNDLE,
+                     config_source=cfg_path)
+    return OpenedImage(info=info, config=config, blobs=(), rootfs_dir=os.path.join(bundle, "rootfs"))
 
 
 def _skopeo(ref_name: str, opts: SkopeoOptions, action: str, args: list[str]) -> str:
@@ -385,10 +414,7 @@ def _fetch_with_skopeo(ref: ImageRef, platform: Platform, opts: SkopeoOptions, w
         if not opts.tls_verify:
             inspect += ["--tls-verify=false"]
         raw = _skopeo(src, opts, "inspect", inspect + [src])
-        try:
-            kind_override = classify_manifest(json.loads(raw))
-        except ValueError as e:
-            raise ImageFormatError(src, "manifest", f"registry answered non-JSON: {e}") from e
+        kind_override = classify_manifest(read_manifest(parse_json(raw.encode(), src, "registry manifest"), src))
         if opts.creds:
             common += ["--src-creds", opts.creds]
         if opts.authfile:
@@ -425,8 +451,7 @@ def open_image(ref: ImageRef, *, platform: Platform | None = None, skopeo: Skope
         if os.path.isfile(os.path.join(ref.path, "manifest.json")) and os.path.isfile(os.path.join(ref.path, "version")):
             yield _check_platform(_open_skopeo_dir(ref), platform)
         else:
-            info = ImageInfo(ref=str(ref), transport=Transport.DIR, manifest_kind=ManifestKind.NONE)
-            yield OpenedImage(info=info, config=ImageConfig(), blobs=(), rootfs_dir=ref.path)
+            yield _open_rootfs(ref)
     else:
         with tempfile.TemporaryDirectory(prefix="forensics-image-") as tmp:
             yield _check_platform(_fetch_with_skopeo(ref, platform, skopeo or SkopeoOptions(), tmp), platform)

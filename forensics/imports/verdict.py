@@ -1,4 +1,4 @@
-"""Judge each module: OK, SHADOWED, UNMANAGED, MISSING, VERSION-MISMATCH, with the fix; match known issues.
+"""Judge each module: OK, SHADOWED, CONFLICT, UNMANAGED, MISSING, VERSION-MISMATCH, with the fix; match known issues.
 
 Pure functions over the records the other stages produced (plus a ``read``
 callable over the root for the module's own ``__version__``).
@@ -12,7 +12,8 @@ from typing import Callable
 
 from ..model import Severity
 from .dists import InstalledFiles, record_hash_matches
-from .model import Distribution, KnownIssueHit, ModuleCheck, ModuleKind, PathOrigin, PythonSetup, Resolution, Verdict
+from .model import (Distribution, HiddenCopy, KnownIssueHit, ModuleCheck, ModuleKind, PathOrigin, PythonSetup,
+                    Resolution, Verdict)
 from .versions import find_static_version, normalize_name, specifier_contains, version_key
 
 __all__ = ["classify_module", "load_known_issues", "check_known_issues", "DIST_OF_MODULE", "fix_hint"]
@@ -50,6 +51,10 @@ def fix_hint(module: str, winner: Resolution, origin: PathOrigin | None, setup: 
     if origin in (PathOrigin.PTH, PathOrigin.PTH_IMPORT):
         pth = next((e.note for e in setup.sys_path if e.path == winner.path_entry), "") or "the .pth file"
         return f"remove {pth} (it puts {winner.path_entry} on sys.path), or remove the stale tree {stale}"
+    if origin is PathOrigin.SITECUSTOMIZE:
+        src = next((e.note for e in setup.sys_path if e.path == winner.path_entry), "") or "sitecustomize.py"
+        return (f"remove the sys.path edit that puts {winner.path_entry} on sys.path from {src} (site runs it at "
+                f"every start-up), or remove the stale tree {stale}")
     return f"remove the stale tree {stale}, or reinstall with pip so that one distribution owns {top}"
 
 
@@ -79,17 +84,18 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
         data = read_bytes(winner.file)
         if data is not None:
             hash_ok = record_hash_matches(data, rhash)
-    # the managed install a site-packages directory holds for this module, if it is not the winner
+    # the managed installs further down sys.path that the winner hides (the first: what should have won)
     managed: tuple[Resolution, Distribution] | None = None
-    for c in candidates:
+    hidden: list[HiddenCopy] = []
+    for c in candidates if module == top else ():  # the candidates are the top-level name's
         if c is winner or c.file == winner.file or c.kind is ModuleKind.NAMESPACE:
             continue
         cc = _claimed_by(c, files)
-        if cc is not None:  # installed by pip (RECORD): site-packages, or a --target directory on PYTHONPATH
-            managed = (c, cc[0])
-            break
+        if cc is not None:  # installed by pip (RECORD) or dpkg: site-packages, or a --target dir on PYTHONPATH
+            managed = managed or (c, cc[0])
+            hidden.append(HiddenCopy(file=c.file, path_entry=c.path_entry, distribution=cc[0]))
     common = dict(module=module, resolved=winner, origin=origin, static_version=static_version, distribution=dist,
-                  installed_file=claim is not None, record_hash_ok=hash_ok)
+                  installed_file=claim is not None, record_hash_ok=hash_ok, hidden=tuple(hidden))
     where = f"{winner.file or winner.path_entry}"
     if winner.kind is ModuleKind.NAMESPACE:
         where = f"namespace package over {', '.join(winner.search_locations)}"
@@ -100,12 +106,15 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
         c, cd = managed
         exp_ver = cd.version
         ver = static_version or (dist.version if dist else None) or "unknown version"
-        by = f"{dist.name} {dist.version}" if dist else "no distribution (unmanaged)"
+        by = dist.label if dist else "no distribution (unmanaged)"
         stale = winner.search_locations[0] if winner.kind is ModuleKind.PACKAGE else where
         return ModuleCheck(
             verdict=Verdict.SHADOWED, expected=c, expected_distribution=cd, expected_version=exp_ver,
-            reason=(f"{module} {ver} from {where} [{by}; {idx}] shadows {cd.name} {exp_ver} installed at {c.file}"),
+            reason=(f"{module} {ver} from {where} [{by}; {idx}] shadows {cd.label} installed at {c.file}"),
             fix=fix_hint(module, winner, origin, setup, stale), **common)
+    owners = files.defined_by(winner.path_entry, top) if module == top and winner.finder is None else ()
+    if len(owners) > 1:
+        return _conflict(module, winner, owners, dist, idx, common)
     if dist is None and origin is PathOrigin.STDLIB:
         return ModuleCheck(verdict=Verdict.OK, reason=f"standard library: {where} ({idx})", **common)
     if dist is None:
@@ -118,6 +127,11 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
         return ModuleCheck(verdict=Verdict.UNMANAGED, reason=reason,
                            fix=f"install {module} with pip (so its version is recorded) or remove {where}", **common)
     if hash_ok is False:
+        if rhash and rhash.startswith("md5:"):
+            return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
+                               reason=f"{winner.file} differs from the file {dist.label} installed (dpkg md5sums "
+                                      "mismatch): modified or overwritten after install",
+                               fix=f"reinstall the package (apt-get install --reinstall {dist.package})", **common)
         return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
                            reason=f"{winner.file} differs from the file {dist.name} {dist.version} installed "
                                   "(RECORD sha256 mismatch): modified or overwritten after install",
@@ -138,10 +152,60 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
                            fix=f"reinstall {dist.name} so that its files and metadata agree", **common)
     if editable is not None:
         return ModuleCheck(verdict=Verdict.OK,
-                           reason=(f"{dist.name} {dist.version}, an editable install: {where} from the source tree "
+                           reason=(f"{dist.label}, an editable install: {where} from the source tree "
                                    f"{editable.editable} ({idx}); its code is whatever that tree holds"), **common)
-    return ModuleCheck(verdict=Verdict.OK,
-                       reason=f"{dist.name} {dist.version} from {where} ({idx})", **common)
+    return ModuleCheck(verdict=Verdict.OK, reason=f"{dist.label} from {where} ({idx})" + _hides(hidden), **common)
+
+
+def _hides(hidden: list[HiddenCopy]) -> str:
+    """The copies further down sys.path that never import (part of the truth: pip over apt)."""
+    if not hidden:
+        return ""
+    parts = [f"{h.distribution.label if h.distribution else 'an unmanaged copy'} at {h.file or h.path_entry}"
+             for h in hidden]
+    return "; it hides " + "; ".join(parts) + " (never imported)"
+
+
+def _conflict(module: str, winner: Resolution, owners, dist: Distribution | None, idx: str, common: dict) -> ModuleCheck:
+    """Two distributions install ``module`` in one directory: one's code runs, the other's never does."""
+    labels = [f"{d.label} ({f.rsplit('/', 1)[-1] if not f.endswith('/__init__.py') else f.rsplit('/', 2)[-2] + '/'})"
+              for d, f in owners]
+    running = dist.label if dist is not None else "an unrecorded file"
+    losers = [d for d, _ in owners if dist is None or d.metadata_dir != dist.metadata_dir]
+    why = ("a package directory beats a module file in one directory" if winner.kind is ModuleKind.PACKAGE
+           else "both claim the same file: the last installed overwrote it")
+    expected = DIST_OF_MODULE.get(module)
+    keep = next((d for d, _ in owners if expected and normalize_name(d.name) == normalize_name(expected)), None)
+    if keep is not None and dist is not None and keep.metadata_dir != dist.metadata_dir:
+        drop = [d for d, _ in owners if d.metadata_dir != keep.metadata_dir]
+        fix = (f"uninstall {' and '.join(d.name for d in drop)} ({_uninstall(drop)}), then reinstall "
+               f"{keep.name} ({_reinstall(keep)}) so that its files are whole again")
+    else:
+        fix = (f"keep one: uninstall {' and '.join(d.name for d in losers)} ({_uninstall(losers)}), then reinstall "
+               f"the one you keep" + (f" ({_reinstall(dist)})" if dist else ""))
+    return ModuleCheck(
+        verdict=Verdict.CONFLICT, owners=tuple(d for d, _ in owners),
+        reason=(f"{len(owners)} distributions install {module} in {winner.path_entry}: {', '.join(labels)}; "
+                f"{winner.file} imports ({why}), so the code of {running} runs and "
+                f"{', '.join(d.label for d in losers)} never imports ({idx})"),
+        fix=fix, **common)
+
+
+def _uninstall(dists) -> str:
+    pip = [d.name for d in dists if d.package is None]
+    apt = [d.package for d in dists if d.package]
+    out = []
+    if pip:
+        out.append("pip uninstall -y " + " ".join(pip))
+    if apt:
+        out.append("apt-get remove -y " + " ".join(apt))
+    return "; ".join(out)
+
+
+def _reinstall(d: Distribution) -> str:
+    if d.package:
+        return f"apt-get install --reinstall {d.package}"
+    return f"pip install --force-reinstall --no-deps {d.name}=={d.version}"
 
 
 def _editable_owner(top: str, winner: Resolution, dists: list[Distribution]) -> Distribution | None:

@@ -15,20 +15,22 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import ExecuteError, ImageRefError
 from .dists import check_requirements, find_distributions
-from .execute import compare, run_probe_bwrap, run_probe_nsenter
+from .execute import StartupFailed, compare, run_probe_bwrap, run_probe_nsenter, startup_result
+from .checks import find_stray_trees, image_findings, lookup_user
 from .layers import LayerFS, LayerLimits, default_capture, read_layers
-from .model import (Guard, ImageConfig, ImageInfo, ImportReport, ManifestKind, ModuleCheck, Platform, PythonSetup,
-                    Transport, Verdict)
+from .model import (FindingKind, Guard, ImageConfig, ImageInfo, ImportReport, ManifestKind, ModuleCheck, PathOrigin,
+                    Platform, PythonSetup, Transport, Verdict)
 from .procfs import read_process
-from .pyenv import command_line, compute_python_setup, describe_command, runtime_env
+from .pyenv import command_line, describe_command, runtime_env
+from .pysource import parse_source
 from .resolve import find_module
 from .rootfs import DirFS, RootFS, join, norm
+from .syspath import compute_python_setup
 from .sources import SkopeoOptions, open_image, parse_image_ref
 from .verdict import DIST_OF_MODULE, check_known_issues, classify_module
 from .versions import normalize_name
 
-__all__ = ["DEFAULT_MODULES", "VerifyOptions", "verify_image", "verify_pid", "analyze_root", "lookup_user",
-           "find_guards"]
+__all__ = ["DEFAULT_MODULES", "VerifyOptions", "verify_image", "verify_pid", "analyze_root", "find_guards"]
 
 DEFAULT_MODULES = ("nvitop", "nvitop_exporter", "pynvml")
 _TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu", "ppc64le": "powerpc64le-linux-gnu",
@@ -50,38 +52,10 @@ class VerifyOptions:
     limits: LayerLimits = field(default_factory=LayerLimits)
 
 
-def lookup_user(fs: RootFS, user: str) -> tuple[int, int, str | None]:
-    """(uid, gid, home) of an image's ``User`` (``name``, ``uid``, ``name:group``, ``uid:gid``)."""
-    name, _, group = (user or "root").partition(":")
-    uid, gid, home = None, None, None
-    passwd = fs.read_text("/etc/passwd", 4 << 20) or ""
-    for line in passwd.splitlines():
-        f = line.split(":")
-        if len(f) >= 7 and (f[0] == name or (name.isdigit() and f[2] == name)):
-            uid, gid, home = int(f[2]), int(f[3]), f[5]
-            break
-    if uid is None:
-        uid = int(name) if name.isdigit() else 0
-        gid = uid if name.isdigit() else 0
-    if group:
-        if group.isdigit():
-            gid = int(group)
-        else:
-            for line in (fs.read_text("/etc/group", 4 << 20) or "").splitlines():
-                f = line.split(":")
-                if len(f) >= 3 and f[0] == group:
-                    gid = int(f[2])
-    return uid, gid, home
-
-
 def _script_imports(fs: RootFS, path: str) -> list[str]:
     """Top-level names a script imports (absolute imports, not the stdlib)."""
-    text = fs.read_text(path, 1 << 20)
-    if text is None:
-        return []
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    tree = parse_source(fs.read_text(path, 1 << 20), path)
+    if tree is None:
         return []
     names = []
     stdlib = set(getattr(sys, "stdlib_module_names", ()))
@@ -124,9 +98,8 @@ def find_guards(fs: RootFS, setup: PythonSetup, env: dict[str, str] | None = Non
                 text = fs.read_text(path, 1 << 20)
                 if not text or GUARD_MARKER not in text:
                     continue
-                try:
-                    tree = ast.parse(text)
-                except SyntaxError:
+                tree = parse_source(text, path)
+                if tree is None:
                     continue
                 for node in tree.body:
                     if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == GUARD_MARKER
@@ -136,12 +109,12 @@ def find_guards(fs: RootFS, setup: PythonSetup, env: dict[str, str] | None = Non
                         if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Constant):
                             try:
                                 spec = _json.loads(value.args[0].value)
-                            except (TypeError, ValueError):
+                            except (TypeError, ValueError, RecursionError):
                                 spec = None
                         elif isinstance(value, ast.Dict):
                             try:
                                 spec = ast.literal_eval(value)
-                            except ValueError:
+                            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                                 spec = None
                         if isinstance(spec, dict):
                             switch = str(spec.get("env", ""))
@@ -171,34 +144,9 @@ def analyze_root(fs: RootFS, config: ImageConfig, info: ImageInfo, options: Veri
     return report, run_env, ids
 
 
-def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, loaded_extensions):
-    warnings = list(info.warnings)
-    if isinstance(fs, LayerFS):
-        warnings += fs.warnings
-    uid, gid, home = lookup_user(fs, config.user)
-    if argv is None:
-        cfg = config
-        if options.env:
-            merged = dict(config.env)
-            merged.update(dict(options.env))
-            cfg = replace(config, env=tuple(merged.items()))
-        argv, extra, notes = command_line(cfg, options.entrypoint)
-        run_env = runtime_env(cfg, extra, home)
-    else:
-        notes = []
-        run_env = dict(env or {})
-    wd = norm(options.workdir or workdir or config.working_dir or "/")
-    entry, more = describe_command(fs, argv, run_env, wd)
-    notes += more
-    if interpreter is not None:
-        # a live process: the executable it runs is the truth; argv[0] is kept when it leads to the same
-        # file (CPython finds a venv's pyvenv.cfg from argv[0], not from the resolved binary)
-        real = fs.resolve(interpreter) or interpreter
-        if entry.interpreter is None or fs.resolve(entry.interpreter) != real:
-            entry = replace(entry, interpreter=interpreter, interpreter_real=real)
-    triplet = _TRIPLETS.get(options.platform.architecture, "x86_64-linux-gnu")
-    setup = compute_python_setup(fs, entry, run_env, wd, arch_triplet=triplet)
-    setup = replace(setup, notes=tuple(notes) + setup.notes)
+def _module_roles(fs: RootFS, entry, setup: PythonSetup, options: VerifyOptions, wd: str,
+                  loaded_extensions: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
+    """Which modules to check and why (role), and the extension modules a process has loaded."""
     roles: dict[str, str] = {} if options.only_modules else {m: "default" for m in DEFAULT_MODULES}
     for m in options.modules:
         roles.setdefault(m, "requested")
@@ -213,34 +161,45 @@ def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, lo
         if name and name not in loaded:
             loaded[name] = path
             roles.setdefault(name, "loaded")
-    modules = list(roles)
-    checks: list[ModuleCheck] = []
-    dists, files, dnotes = ([], None, []) if not setup.sys_path else find_distributions(fs, setup.sys_path)
-    if files is not None:
-        for m in modules:
-            winner, cands = find_module(fs, setup.sys_path, m, entry.version, triplet, setup.finders)
-            check = replace(classify_module(m, winner, cands, setup, dists, files,
-                                            lambda p: fs.read_text(p), lambda p: fs.read(p)), role=roles[m])
-            if m in loaded:
-                lf = loaded[m]
-                check = replace(check, loaded_file=lf)
-                if check.resolved is None or (fs.resolve(check.resolved.file or "") or "") != (fs.resolve(lf) or lf):
-                    check = replace(check, verdict=Verdict.VERSION_MISMATCH,
-                                    reason=f"the process has {lf} loaded, but a fresh start would import "
-                                           f"{check.resolved.file if check.resolved else 'nothing'}: "
-                                           "the files changed since it started",
-                                    fix="restart the process after checking the image")
-            checks.append(check)
-    else:
-        warnings.append("no Python interpreter: module checks skipped")
-    warnings += dnotes
-    # the versions that will run: a shadowing copy's own __version__ wins over what pip recorded
+    return roles, loaded
+
+
+def _check_modules(fs: RootFS, setup: PythonSetup, roles: dict[str, str], loaded: dict[str, str], dists, files,
+                   triplet: str) -> list[ModuleCheck]:
+    checks = []
+    for m, role in roles.items():
+        winner, cands = find_module(fs, setup.sys_path, m, setup.entrypoint.version, triplet, setup.finders)
+        check = replace(classify_module(m, winner, cands, setup, dists, files,
+                                        lambda p: fs.read_text(p), lambda p: fs.read(p)), role=role)
+        if m in loaded:
+            lf = loaded[m]
+            check = replace(check, loaded_file=lf)
+            if check.resolved is None or (fs.resolve(check.resolved.file or "") or "") != (fs.resolve(lf) or lf):
+                check = replace(check, verdict=Verdict.VERSION_MISMATCH,
+                                reason=f"the process has {lf} loaded, but a fresh start would import "
+                                       f"{check.resolved.file if check.resolved else 'nothing'}: "
+                                       "the files changed since it started",
+                                fix="restart the process after checking the image")
+        checks.append(check)
+    return checks
+
+
+def _running_versions(dists, checks: list[ModuleCheck], notes: list[str]) -> tuple[dict[str, str], dict]:
+    """normalized distribution name -> the version whose code imports (for the known issues), and the
+    distributions whose imported code is not what pip recorded (for the requirement checks)."""
     versions: dict[str, str] = {}
     for d in dists:
         versions.setdefault(normalize_name(d.name), d.version)
     effective: dict[str, tuple[str, str]] = {}
     for c in checks:
         top = c.module.split(".")[0]
+        if c.verdict is Verdict.CONFLICT:
+            # the other owners' code never imports: facts keyed on their versions do not apply
+            for d in c.owners:
+                if c.distribution is None or d.metadata_dir != c.distribution.metadata_dir:
+                    if versions.pop(normalize_name(d.name), None) is not None:
+                        notes.append(f"known issues of {d.label} not applied: its {top} never imports "
+                                     f"({c.resolved.file if c.resolved else '?'} does)")
         dname = (c.distribution.name if c.distribution else
                  c.expected_distribution.name if c.expected_distribution else DIST_OF_MODULE.get(top))
         ver = c.effective_version
@@ -249,17 +208,76 @@ def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, lo
             if versions.get(n) != ver:
                 effective[n] = (ver, c.resolved.file or c.resolved.path_entry)
             versions[n] = ver
+    return versions, effective
+
+
+def _pip_view(dists, setup: PythonSetup) -> list:
+    """The distributions ``pip check`` sees in the image: not those only the entrypoint's sys.path[0]
+    (the working directory, the script's directory) holds -- pip's own sys.path[0] is elsewhere."""
+    first = setup.sys_path[0] if setup.sys_path and not setup.safe_path else None
+    if first is None or first.origin not in (PathOrigin.WORKDIR, PathOrigin.SCRIPT_DIR):
+        return list(dists)
+    if any(e.path == first.path for e in setup.sys_path[1:]):
+        return list(dists)
+    return [d for d in dists if d.location != first.path]
+
+
+def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, loaded_extensions):
+    live = interpreter is not None
+    notes = list(fs.notes) if isinstance(fs, LayerFS) else []
+    uid, gid, home, user_problem = lookup_user(fs, config.user)
+    if argv is None:
+        cfg = config
+        if options.env:
+            merged = dict(config.env)
+            merged.update(dict(options.env))
+            cfg = replace(config, env=tuple(merged.items()))
+        argv, extra, cmd_notes = command_line(cfg, options.entrypoint)
+        run_env = runtime_env(cfg, extra, home)
+    else:
+        cmd_notes = []
+        run_env = dict(env or {})
+    wd = norm(options.workdir or workdir or config.working_dir or "/")
+    entry, more = describe_command(fs, argv, run_env, wd)
+    cmd_notes += more
+    if live:
+        # a live process: the executable it runs is the truth; argv[0] is kept when it leads to the same
+        # file (CPython finds a venv's pyvenv.cfg from argv[0], not from the resolved binary)
+        real = fs.resolve(interpreter) or interpreter
+        if entry.interpreter is None or fs.resolve(entry.interpreter) != real:
+            entry = replace(entry, interpreter=interpreter, interpreter_real=real)
+        entry = replace(entry, exec_error=None)
+    triplet = _TRIPLETS.get(options.platform.architecture, "x86_64-linux-gnu")
+    setup = compute_python_setup(fs, entry, run_env, wd, arch_triplet=triplet)
+    setup = replace(setup, notes=tuple(cmd_notes) + setup.notes)
+    findings = image_findings(info, setup, user_problem=user_problem, entrypoint_given=options.entrypoint is not None,
+                              workdir_given=options.workdir is not None, live=live)
+    roles, loaded = _module_roles(fs, entry, setup, options, wd, loaded_extensions)
+    checks: list[ModuleCheck] = []
+    dists: list = []
+    if setup.sys_path:
+        dists, files, dnotes = find_distributions(fs, setup.sys_path)
+        notes += dnotes
+        checks = _check_modules(fs, setup, roles, loaded, dists, files, triplet)
+    if any(f.kind is FindingKind.NO_CONFIG for f in findings):
+        on_path = {e.path for e in setup.sys_path}
+        for tree in find_stray_trees(fs, tuple(roles), on_path):
+            notes.append(f"{tree} lies outside sys.path: it would shadow the installed copy if "
+                         f"{tree.rsplit('/', 2 if tree.endswith('/__init__.py') else 1)[0]} were the working "
+                         "directory (-m, -c) or held the entrypoint script")
+    versions, effective = _running_versions(dists, checks, notes)
     arch = options.platform.architecture
     marker_env = {"python_version": entry.version or "", "python_full_version": (entry.version or "") + ".0",
                   "platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
                   "platform_machine": _MACHINES.get(arch, arch), "implementation_name": "cpython",
                   "platform_python_implementation": "CPython"}
-    problems = check_requirements(dists, marker_env, effective) if dists else []
+    problems = check_requirements(_pip_view(dists, setup), marker_env, effective) if dists else []
     hits = check_known_issues(versions, options.driver)
     guards = find_guards(fs, setup, run_env)
     report = ImportReport(image=info, config=config, python=setup, modules=tuple(checks), guards=tuple(guards),
                           distributions=tuple(dists), requirement_problems=tuple(problems), known_issues=tuple(hits),
-                          driver=options.driver, warnings=tuple(warnings))
+                          driver=options.driver, warnings=tuple(info.warnings), findings=tuple(findings),
+                          notes=tuple(notes))
     return report, run_env, (uid, gid)
 
 
@@ -286,44 +304,69 @@ def verify_image(ref: str, options: VerifyOptions | None = None) -> ImportReport
 def _execute_image(fs: RootFS, report: ImportReport, env: dict[str, str], uid: int, gid: int):
     setup = report.python
     if setup is None or setup.entrypoint.interpreter is None:
-        raise ExecuteError("interpreter", "no Python interpreter in the image to run")
+        raise ExecuteError("interpreter", "no Python interpreter in the image to run",
+                           hint="Nothing to run: the static result above says what is missing.")
     names = [c.module for c in report.modules]
+    predicted = any(f.kind is FindingKind.STARTUP_FAILS for f in report.findings)
     if isinstance(fs, DirFS):
         if not fs.is_dir(setup.working_dir):
-            raise ExecuteError("workdir", f"{setup.working_dir} does not exist in {fs.root}")
-        probe, cmd, notes = run_probe_bwrap(fs.root, setup, env, uid, gid, names)
-        return compare(fs, setup, report.modules, probe, "bubblewrap", cmd, notes)
+            raise ExecuteError("workdir", f"{setup.working_dir} does not exist in {fs.root}",
+                               hint="Pass --workdir with the directory the container starts in.")
+        return _probe(fs, fs.root, setup, report, env, uid, gid, names, predicted)
     tmp = tempfile.mkdtemp(prefix="forensics-rootfs-")
     try:
         root = os.path.join(tmp, "root")
         os.mkdir(root, 0o755)
-        fs.extract(root)
-        for d in ("proc", "dev", "tmp", setup.working_dir.strip("/")):
-            if d and not os.path.lexists(os.path.join(root, d)):
-                os.makedirs(os.path.join(root, d), 0o755, exist_ok=True)  # the runtime creates these (WORKDIR too)
-        probe, cmd, notes = run_probe_bwrap(root, setup, env, uid, gid, names)
-        return compare(fs, setup, report.modules, probe, "bubblewrap", cmd, notes)
+        try:
+            fs.extract(root)
+            for d in ("proc", "dev", "tmp", setup.working_dir.strip("/")):
+                if d and not os.path.lexists(os.path.join(root, d)):
+                    os.makedirs(os.path.join(root, d), 0o755, exist_ok=True)  # the runtime creates these (WORKDIR too)
+        except OSError as e:
+            raise ExecuteError("unpack", f"the image cannot be unpacked here: {e.strerror or e} "
+                                         f"({(e.filename or '')[len(root):][:120]})",
+                               hint="Free space under $TMPDIR, or run without --execute (the static verdicts "
+                                    "above do not need it).") from e
+        return _probe(fs, root, setup, report, env, uid, gid, names, predicted)
     finally:
         _rmtree(tmp)
 
 
-def _rmtree(path: str) -> None:
-    def onerror(func, p, exc):  # read-only directories from the image's modes
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            func(p)
-        except OSError:
-            pass
+def _probe(fs: RootFS, root: str, setup: PythonSetup, report: ImportReport, env: dict[str, str], uid: int, gid: int,
+           names: list[str], predicted: bool):
+    try:
+        probe, cmd, notes = run_probe_bwrap(root, setup, env, uid, gid, names)
+    except StartupFailed as e:
+        return startup_result(setup, e, e.command, predicted)
+    return compare(fs, setup, report.modules, probe, "bubblewrap", cmd, notes, env)
 
-    for dirpath, dirnames, _ in os.walk(path):
-        for d in dirnames:
-            full = os.path.join(dirpath, d)
-            if not os.path.islink(full):
+
+def _rmtree(path: str) -> None:
+    """Remove an extracted image: iteratively (an image may nest thousands of directories deep, past
+    Python's recursion limit), making read-only directories writable first, never following a link."""
+    stack = [(path, False)]
+    while stack:
+        d, emptied = stack.pop()
+        if emptied:
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+            continue
+        try:
+            os.chmod(d, 0o700, follow_symlinks=False)
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        stack.append((d, True))
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                stack.append((e.path, False))
+            else:
                 try:
-                    os.chmod(full, 0o700)
+                    os.unlink(e.path)
                 except OSError:
                     pass
-    shutil.rmtree(path, onerror=onerror)
 
 
 def verify_pid(pid: int, options: VerifyOptions | None = None) -> ImportReport:
@@ -331,7 +374,8 @@ def verify_pid(pid: int, options: VerifyOptions | None = None) -> ImportReport:
     options = options or VerifyOptions()
     proc = read_process(pid)
     fs = DirFS(proc.root)
-    info = ImageInfo(ref=f"pid:{pid}", transport=Transport.PID, manifest_kind=ManifestKind.NONE)
+    root = proc.root_seen if proc.root_seen != "/" else None
+    info = ImageInfo(ref=f"pid:{pid}", transport=Transport.PID, manifest_kind=ManifestKind.NONE, root=root)
     config = ImageConfig(working_dir=proc.cwd, env=proc.env, cmd=proc.argv, user=str(proc.uid))
     argv = proc.argv
     if options.entrypoint is not None:
@@ -345,4 +389,4 @@ def verify_pid(pid: int, options: VerifyOptions | None = None) -> ImportReport:
         raise ExecuteError("interpreter", f"process {pid} does not run a Python interpreter")
     probe, cmd, notes = run_probe_nsenter(pid, setup.entrypoint.interpreter, setup, run_env, proc.uid, proc.gid,
                                           [c.module for c in report.modules])
-    return replace(report, execute=compare(fs, setup, report.modules, probe, "nsenter", cmd, notes))
+    return replace(report, execute=compare(fs, setup, report.modules, probe, "nsenter", cmd, notes, run_env))

@@ -7,6 +7,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from .pysource import parse_source
+
 __all__ = [
     "parse_version",
     "version_key",
@@ -251,9 +253,8 @@ def find_static_version(read, file: str, package: str, package_dirs: tuple[str, 
     text = read(file)
     if text is None:
         return None
-    try:
-        tree = ast.parse(text, filename=file)
-    except (SyntaxError, ValueError):
+    tree = parse_source(text, file)
+    if tree is None:
         return None
     found = _assigned_string(tree, (_name,))
     if found is not None:

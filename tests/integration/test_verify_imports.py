@@ -64,7 +64,7 @@ EXPECT = {
     "opaque": (0, "OK", "1.7.1", "site-packages"),
     "attestation": (0, "OK", "1.7.1", "site-packages"),
     "console-script": (3, "SHADOWED", "1.5.0", "script-directory"),
-    "conflict": (0, "OK", "1.5.0", "site-packages"),
+    "conflict": (3, "OK", "1.5.0", "site-packages"),  # a known issue of severity error: nvitop 1.5.0's bound
     "guard": (0, "OK", "1.7.1", "site-packages"),
     "editable": (3, "VERSION-MISMATCH", "1.5.0", "editable-finder"),
 }
@@ -116,7 +116,8 @@ def test_incident_names_both_versions_and_the_fixes(images):
     assert eff and eff[0]["dist"] == "nvitop-exporter" and "1.5.0" in eff[0]["message"]
     # text output for people says the same
     code, _, text = run(images.get("incident"))
-    assert code == 3 and "SHADOWED" in text and "result: NOT OK (nvitop SHADOWED)" in text
+    assert code == 3 and "SHADOWED" in text
+    assert "result: NOT OK (nvitop SHADOWED; known issue nvitop-1.5.0-nvidia-ml-py-bound (error))" in text
 
 
 def test_attestation_index_is_a_delivery_warning(images):
@@ -136,7 +137,11 @@ def test_pip_check_and_known_issues_with_driver(images):
     assert {"nvitop-1.5.0-nvidia-ml-py-bound", "driver-580-needs-nvitop-1.5.3", "nvitop-exit-nvmlshutdown-race",
             "nvidia-ml-py-12.575.51-field-ids"} <= ids
     assert all(k["sources"] for k in doc["result"]["known_issues"])
-    assert code == 0 and run(images.get("conflict"), "--strict")[0] == 3
+    # an error-severity known issue fails without --strict; the last line says why, as the exit status does
+    assert code == 3 and doc["result"]["failures"] == ["known issue nvitop-1.5.0-nvidia-ml-py-bound (error)"]
+    code, _, text = run(images.get("conflict"), "--strict", "--driver", "580.126.09")
+    assert code == 3 and text.rstrip().splitlines()[-1].startswith("  result: NOT OK (known issue nvitop-1.5.0")
+    assert "--strict: 1 requirement conflict(s)" in text.rstrip().splitlines()[-1]
     clean = run(images.get("clean"), "--json", "--driver", "580.126.09")[1]
     assert clean["result"]["known_issues"] == [] and clean["result"]["requirement_problems"] == []
 

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
+from tests.helpers import stop_process
 
 from .test_verify_imports_helpers import ImageFactory, host_python, missing_tool
 
@@ -75,12 +76,7 @@ def registries(tmp_path_factory):
         yield {"anon": f"127.0.0.1:{anon_port}", "auth": f"127.0.0.1:{auth_port}"}
     finally:
         for p in procs:
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process(p)
 
 
 @pytest.fixture(scope="module")

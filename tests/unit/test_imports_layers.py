@@ -86,9 +86,10 @@ def test_upper_file_replaces_lower_directory_and_hard_links_share_content():
     ([("shadow", "link", "/etc/shadow")], "absolute path"),
     ([("shadow", "link", "../../../etc/shadow")], "escapes the image root"),
     ([("shadow", "link", "etc/shadow")], "not in the image"),
-    ([("dev/mem", "chr", None)], "device node"),
+    ([("a" * 4100, "file", "x")], "longer than 4095 bytes"),
+    ([("d/" + "n" * 256, "file", "x")], "longer than 255 bytes"),
 ], ids=["dotdot", "inner-dotdot", "absolute", "symlink-parent", "relative-symlink-parent", "hardlink-absolute",
-        "hardlink-dotdot", "hardlink-missing", "device"])
+        "hardlink-dotdot", "hardlink-missing", "path-max", "name-max"])
 def test_hostile_members_are_refused(members, reason):
     with pytest.raises(LayerRejected, match=reason):
         read_layers([blob(tar(*members))])
@@ -99,10 +100,24 @@ def test_symlink_parent_from_a_lower_layer_is_refused():
         read_layers([blob(tar(("etc", "sym", "/etc"))), blob(tar(("etc/cron.d/evil", "file", "x")))])
 
 
+def test_device_nodes_are_skipped_and_counted_never_created(tmp_path):
+    # GIVEN a root file system packed as a layer, as mmdebstrap or docker import make it (#15 item 1)
+    fs = read_layers([blob(tar(("dev", "dir", None), ("dev/console", "chr", None), ("dev/null", "chr", None),
+                               ("etc", "dir", None), ("etc/passwd", "file", "root:x:0:0::/root:/bin/sh\n")))],
+                     capture=keep_all)
+    # THEN the devices are not in the index, a note counts them, and extraction creates none
+    assert fs.listdir("/dev") == [] and fs.read("/etc/passwd")
+    assert any("2 device nodes" in n for n in fs.notes)
+    dest = tmp_path / "root"
+    dest.mkdir()
+    fs.extract(str(dest))
+    assert os.listdir(dest / "dev") == []
+
+
 def test_setuid_bits_are_dropped_and_reported():
     fs = read_layers([blob(tar(("bin", "dir", None), ("bin/su", "file", "x", 0o4755)))])
     assert fs.lstat("/bin/su").mode & stat.S_ISUID == 0
-    assert any("setuid" in w for w in fs.warnings)
+    assert any("setuid" in w for w in fs.notes)
 
 
 def test_bounds_on_files_bytes_and_compression_ratio():
@@ -163,3 +178,51 @@ def test_layers_are_merged_in_order_even_when_read_in_parallel():
     layers = [blob(tar(("f", "file", f"layer{i}"), (f"only{i}", "file", "x"))) for i in range(6)]
     fs = read_layers(layers, capture=keep_all)
     assert fs.read("/f") == b"layer5" and len(fs.listdir("/")) == 7
+
+
+def _zstd(data: bytes, frames: int = 1) -> bytes:
+    import zstandard
+
+    c = zstandard.ZstdCompressor()
+    step = max(1, len(data) // frames)
+    return b"".join(c.compress(data[i:i + step]) for i in range(0, len(data), step))
+
+
+def test_zstd_layers_are_read_across_frames():
+    data = tar(("app", "dir", None), ("app/x.py", "file", "y = 1\n" * 3000))
+    fs = read_layers([blob(_zstd(data, frames=3))], capture=keep_all)
+    assert fs.read("/app/x.py") == b"y = 1\n" * 3000
+
+
+def test_a_zstd_bomb_is_stopped_by_the_same_bound_as_gzip():
+    # GIVEN a 32 KB zstd layer that expands to 1 GiB (#13 item 3b: it was decompressed whole first)
+    import resource
+
+    import zstandard
+
+    ti = tarfile.TarInfo("zeros")
+    ti.size = 1 << 30
+    cobj = zstandard.ZstdCompressor(level=3).compressobj()
+    parts = [cobj.compress(ti.tobuf())] + [cobj.compress(b"\0" * (1 << 20)) for _ in range(1024)] + [cobj.flush()]
+    bomb = b"".join(parts)
+    assert len(bomb) < 64 << 10
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # WHEN read
+    with pytest.raises(LayerLimitExceeded, match="decompression bomb"):
+        read_layers([blob(bomb)])
+    # THEN it stopped at the ratio bound without holding the expansion (the peak grew by far less than 1 GiB)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 200, grown_mb
+
+
+def test_sha512_digests_are_verified_and_unverifiable_ones_refused():
+    data = tar(("a", "file", "x"))
+    good = LayerBlob(name="l", open=lambda: io.BytesIO(data), digest="sha512:" + hashlib.sha512(data).hexdigest())
+    assert read_layers([good], capture=keep_all).read("/a") == b"x"
+    bad = LayerBlob(name="l", open=lambda: io.BytesIO(data), digest="sha512:" + "0" * 128)
+    with pytest.raises(ImageFormatError, match="digest mismatch"):
+        read_layers([bad])
+    for digest, why in (("sha512:zz", "not a valid sha512 digest"), ("md5:" + "0" * 32, "cannot be verified")):
+        weird = LayerBlob(name="l", open=lambda: io.BytesIO(data), digest=digest)
+        with pytest.raises(ImageFormatError, match=why):
+            read_layers([weird])

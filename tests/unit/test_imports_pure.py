@@ -5,8 +5,10 @@ import pytest
 
 from forensics.imports.model import ImageConfig, ManifestKind, PathOrigin, Platform, Transport
 from forensics.imports.procfs import parse_maps_extensions, parse_status_ids
-from forensics.imports.pyenv import apply_pth_imports, command_line, compute_python_setup, describe_command, parse_pth
+from forensics.imports.pyenv import command_line, describe_command
+from forensics.imports.syspath import apply_pth_imports, compute_python_setup, parse_pth
 from forensics.imports.rootfs import Node, RootFS
+from forensics.imports.imagemeta import read_manifest
 from forensics.imports.sources import classify_manifest, parse_config, parse_image_ref, select_platform
 from forensics.imports.verdict import check_known_issues, load_known_issues
 from forensics.imports.versions import (evaluate_marker, find_static_version, parse_requirement, specifier_contains,
@@ -195,16 +197,18 @@ def test_parse_image_ref_names_like_skopeo(tmp_path):
 
 
 def test_manifest_kinds_and_attestations():
-    index = {"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
-        {"digest": "sha256:a", "platform": {"os": "linux", "architecture": "arm64"}},
-        {"digest": "sha256:b", "platform": {"os": "linux", "architecture": "amd64"}},
-        {"digest": "sha256:c", "platform": {"os": "unknown", "architecture": "unknown"},
-         "annotations": {"vnd.docker.reference.type": "attestation-manifest"}}]}
+    a, b, c = ("sha256:" + x * 64 for x in "abc")
+    index = read_manifest({"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"digest": a, "platform": {"os": "linux", "architecture": "arm64"}},
+        {"digest": b, "platform": {"os": "linux", "architecture": "amd64"}},
+        {"digest": c, "platform": {"os": "unknown", "architecture": "unknown"},
+         "annotations": {"vnd.docker.reference.type": "attestation-manifest"}}]}, "img")
     kind, att, plats = classify_manifest(index)
     assert kind is ManifestKind.OCI_INDEX_WITH_ATTESTATIONS and att == 1 and plats == ("linux/arm64", "linux/amd64")
-    assert select_platform(index, Platform())["digest"] == "sha256:b"
-    assert classify_manifest({"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "layers": []})[0] \
-        is ManifestKind.DOCKER_V2
+    assert select_platform(index, Platform()).digest == b
+    docker = read_manifest({"mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                            "config": {"digest": a}, "layers": []}, "img")
+    assert classify_manifest(docker)[0] is ManifestKind.DOCKER_V2
     cfg = parse_config({"config": {"Env": ["PATH=/bin", "A=b=c"], "WorkingDir": "/app", "Entrypoint": ["python"]}})
     assert cfg.getenv("A") == "b=c" and cfg.working_dir == "/app" and cfg.cmd == ()
 

@@ -1,0 +1,210 @@
+"""Hostile and malformed images, made here, each read by the CLI: a clear error or a result, never a hang,
+a traceback or "internal error" (#13 items 3a, 6, 7), and the bounded fuzz target over the image reader."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from tests.fuzz_images import SENTINEL_DIR, SeedImage
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(cli, ["verify-imports", *args], catch_exceptions=False)
+    return r.exit_code, r.stdout, r.stderr if r.stderr_bytes is not None else ""
+
+
+def test_the_seed_image_is_read(tmp_path):
+    # GIVEN the fuzz target's seed (so that every mutant starts from something the reader accepts)
+    code, out, err = run(SeedImage().write_oci(tmp_path / "oci"), "--json")
+    doc = json.loads(out)["result"]
+    # THEN it is a result, with the seed's facts (the .pth's legacy tree, the sitecustomize edit, dpkg's file)
+    assert code == 3 and "internal error" not in err, err
+    assert {m["module"]: m["verdict"] for m in doc["modules"]} == {"nvitop": "SHADOWED", "nvitop_exporter": "MISSING",
+                                                                   "pynvml": "OK"}
+    assert doc["python"]["customize"][0]["edits"] == ["line 2: sys.path.append('/opt/extra')"]
+    code, out, err = run(SeedImage().write_archive(tmp_path / "img.tar"), "--json")
+    assert code == 3 and json.loads(out)["result"]["python"]["working_dir"] == "/app"
+
+
+# -- #13 item 3a: docker-archive symlinks that never end --------------------------------------------------
+
+def _link(name: str, target: str) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.type, ti.linkname = tarfile.SYMTYPE, target
+    return ti
+
+
+@pytest.mark.parametrize("links,config", [
+    ([("loop.json", "loop.json")], "loop.json"),
+    ([("a.json", "b.json"), ("b.json", "a.json")], "a.json"),
+    ([(f"l{i}.json", f"l{i + 1}.json") for i in range(100)], "l0.json"),
+], ids=["self", "pair", "chain-of-100"])
+def test_archive_config_symlink_loops_end_with_a_clear_error(tmp_path, links, config):
+    img = SeedImage()
+    ref = img.write_archive(tmp_path / "img.tar", [(_link(n, t), None) for n, t in links],
+                            [{"Config": config, "RepoTags": ["x:1"], "Layers": []}])
+    t = time.monotonic()
+    code, _, err = run(ref)
+    assert time.monotonic() - t < 10
+    assert code == 1 and err.startswith("forensics: error:") and ("symlink loop" in err or "symlinks in a row" in err)
+
+
+# -- #13 item 6: malformed metadata, each a clear one-line error ---------------------------------------------
+
+def _set(doc: dict, path: str, value) -> None:
+    keys = path.split(".")
+    for k in keys[:-1]:
+        doc = doc[k]
+    doc[keys[-1]] = value
+
+
+METADATA = [
+    ("config", "config.Entrypoint", 5, "Entrypoint: expected a list of strings, got an integer"),
+    ("config", "config.Env", 7, "Env: expected a list of strings, got an integer"),
+    ("config", "config", [1, 2], "config: expected an object, got a list"),
+    ("config", "config.Entrypoint", [["python3"]], "Entrypoint: expected a list of strings, item 0 is a list"),
+    ("config", "config.WorkingDir", 5, "WorkingDir: expected a string, got an integer"),
+    ("config", "config.WorkingDir", "/" + "d" * 5000, "longer than 4095 bytes"),
+    ("config", "config.User", 1000, "User: expected a string, got an integer"),
+    ("config", "rootfs.diff_ids", 5, "diff_ids: expected a list, got an integer"),
+    ("index", "manifests", "sha256:abc", "manifests: expected a list, got a string"),
+    ("index", "manifests", 3, "manifests: expected a list, got an integer"),
+    ("index", "manifests", ["x"], "manifests[0]: expected an object, got a string"),
+    ("manifest", "layers", {"a": 1}, "layers: expected a list, got an object"),
+    ("manifest", "layers", [{"mediaType": "x", "size": 1}], "layers[0].digest: missing"),
+    ("manifest", "layers", [{"digest": 5}], "digest: expected a string, got an integer"),
+    ("manifest", "layers", [{"digest": "sha512:zz"}], "not a valid sha512 digest"),
+    ("manifest", "layers", [{"digest": "md5:" + "0" * 32}], "cannot be verified"),
+    ("manifest", "config", None, "config: no config descriptor"),
+    ("manifest", "config", {"digest": "sha256:" + "a" * 64, "size": "big"}, "size: expected an integer, got a string"),
+]
+
+
+@pytest.mark.parametrize("doc,path,value,message", METADATA,
+                         ids=[f"{d}.{p}={json.dumps(v)[:20]}" for d, p, v, _ in METADATA])
+def test_malformed_metadata_is_a_clear_error(tmp_path, doc, path, value, message):
+    img = SeedImage()
+    _set(getattr(img, doc), path, value)
+    code, _, err = run(img.write_oci(tmp_path / "oci"))
+    assert code == 1 and "internal error" not in err, err
+    assert err.startswith("forensics: error:") and message in err, err
+
+
+def test_a_docker_archive_manifest_that_is_not_json_or_not_a_list(tmp_path):
+    for i, raw in enumerate((b"{not json", b'{"Config": "x"}', b"[]", b'[{"Config": 5}]', b"[" * 100000)):
+        img = SeedImage()
+        img.raw_docs["archive"] = raw
+        code, _, err = run(img.write_archive(tmp_path / f"{i}.tar"))
+        assert code == 1 and err.startswith("forensics: error:") and "manifest.json" in err, (raw[:20], err)
+
+
+def test_an_index_that_is_not_an_object_or_nested_too_deep(tmp_path):
+    for i, raw in enumerate((b"[1, 2]", b"[" * 100000 + b"]" * 100000, b"\xff\xfe")):
+        img = SeedImage()
+        img.raw_docs["index"] = raw
+        code, _, err = run(img.write_oci(tmp_path / f"oci{i}"))
+        assert code == 1 and err.startswith("forensics: error:") and "index.json" in err, err
+
+
+def test_passwd_and_user_that_do_not_parse(tmp_path):
+    # an /etc/passwd line with uid 'abc' is skipped, as getpwnam skips it; a User of non-ASCII digits
+    # names nobody, and the runtime would refuse to start the container: a finding, not a crash
+    img = SeedImage()
+    img.layers[0] = [(ti, b"app:x:abc:1000::/home/app:/bin/sh\n" if ti.name == "etc/passwd" else d)
+                     for ti, d in img.layers[0]]
+    img.config["config"]["User"] = "\u00b2"  # SUPERSCRIPT TWO: str.isdigit() is True, int() raises
+    code, out, err = run(img.write_oci(tmp_path / "oci"), "--json")
+    doc = json.loads(out)["result"]
+    assert code == 3 and "internal error" not in err
+    assert doc["findings"][0]["kind"] == "user-not-found"
+
+
+@pytest.mark.parametrize("source", ["1" + "+1" * 200_000, "-" * 200_000 + "1", "x = (" * 300 + "1" + ")" * 300],
+                         ids=["recursion", "memory", "nesting"])
+def test_an_entrypoint_script_that_breaks_the_parser(tmp_path, source):
+    img = SeedImage()
+    img.layers[1].append((tarfile.TarInfo("app/run.py"), f"#!/usr/local/bin/python3\n{source}\n".encode()))
+    img.config["config"]["Entrypoint"] = ["/usr/local/bin/python3", "/app/run.py"]
+    code, out, err = run(img.write_oci(tmp_path / "oci"), "--json")
+    assert code in (0, 3) and "internal error" not in err, err
+    assert json.loads(out)["result"]["python"]["entrypoint"]["mode"] == "script"
+
+
+def test_a_path_over_path_max_in_a_layer_with_execute(tmp_path):
+    img = SeedImage()
+    img.layers[1].append((tarfile.TarInfo("app/" + "d/" * 2100 + "f"), b"x"))
+    code, _, err = run(img.write_oci(tmp_path / "oci"), "--execute")
+    assert code == 1 and "longer than 4095 bytes" in err and "internal error" not in err
+
+
+# -- #13 item 7 (image part) -------------------------------------------------------------------------------
+
+def test_no_interpreter_and_an_unverifiable_digest_are_not_ok(tmp_path):
+    # GIVEN an image with no Python at all
+    img = SeedImage()
+    img.layers = [[(ti, d) for ti, d in layer if "python3" not in ti.name and "python" not in ti.linkname]
+                  for layer in img.layers]
+    code, out, err = run(img.write_oci(tmp_path / "a"), "--json")
+    doc = json.loads(out)["result"]
+    assert code == 3 and [f["kind"] for f in doc["findings"]][-1] == "no-interpreter"
+    assert "no Python interpreter" in " ".join(doc["failures"])
+    # and a layer digest that cannot be verified is refused, never skipped
+    img = SeedImage()
+    img.manifest["layers"] = [{"digest": "sha512:zz", "mediaType": "x"}]
+    code, _, err = run(img.write_oci(tmp_path / "b"))
+    assert code == 1 and "not a valid sha512 digest" in err
+
+
+# -- the fuzz target ------------------------------------------------------------------------------------
+
+FUZZ_COUNT = int(os.environ.get("FORENSICS_FUZZ_COUNT", "300"))
+FUZZ_MAX_RSS_MB = 1024
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def test_fuzz_the_image_reader(tmp_path):
+    """A few hundred seeded mutants (FORENSICS_FUZZ_COUNT=N for more): a clear error or a result each,
+    within its time bound, under bounded memory, writing nothing outside its output."""
+    # GIVEN a fresh TMPDIR and working directory that must stay empty, and the sentinel directory absent
+    tmp, cwd = tmp_path / "tmp", tmp_path / "cwd"
+    tmp.mkdir()
+    cwd.mkdir()
+    sentinel_before = set(os.listdir(SENTINEL_DIR)) if os.path.isdir(SENTINEL_DIR) else set()
+    seed = int(os.environ.get("FORENSICS_FUZZ_SEED", "0"))
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
+    # WHEN the fuzz target runs in a child under RLIMIT_AS
+    t = time.monotonic()
+    p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fuzz_images.py"), "--count", str(FUZZ_COUNT),
+                          "--seed", str(seed)], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, preexec_fn=_limit_memory)
+    try:
+        out, err = p.communicate(timeout=max(600, FUZZ_COUNT * 2))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        pytest.fail(f"the fuzz run did not finish; last lines:\n{out[-2000:]}")
+    # THEN no violation, nothing left behind, memory bounded
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert p.returncode == 0 and summary["violations"] == 0, out[-4000:] + err[-2000:]
+    assert sum(summary["summary"].values()) == FUZZ_COUNT and set(summary["summary"]) <= {"ok", "error"}
+    assert os.listdir(tmp) == [] and os.listdir(cwd) == []
+    after = set(os.listdir(SENTINEL_DIR)) if os.path.isdir(SENTINEL_DIR) else set()
+    assert after == sentinel_before
+    assert summary["max_rss_mb"] < FUZZ_MAX_RSS_MB, summary
+    print(f"fuzz: {FUZZ_COUNT} mutants in {time.monotonic() - t:.0f}s: {summary['summary']}; "
+          f"peak {summary['max_rss_mb']} MiB")
