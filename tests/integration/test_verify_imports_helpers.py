@@ -57,7 +57,7 @@ def missing_tool(*tools: str) -> str | None:
 # -- wheels ---------------------------------------------------------------------------------------
 
 _WHEEL_NAME = {"nvitop": "nvitop", "nvitop-exporter": "nvitop_exporter", "nvidia-ml-py": "nvidia_ml_py",
-               "psutil": "psutil", "prometheus-client": "prometheus_client"}
+               "psutil": "psutil", "prometheus-client": "prometheus_client", "pynvml": "pynvml"}
 
 
 def wheel(name: str, version: str | None = None) -> Path:

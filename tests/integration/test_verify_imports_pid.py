@@ -18,6 +18,8 @@ from click.testing import CliRunner
 
 from forensics.cli import cli
 
+from tests.helpers import ready_process
+
 from .test_verify_imports_helpers import host_python, wheel
 
 
@@ -51,19 +53,8 @@ def shadowed_process(venv, tmp_path):
                 z.extract(n, workdir)
     (workdir / "waiter.py").write_text(WAITER)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    proc = subprocess.Popen([str(venv / "bin" / "python"), "-m", "waiter"], cwd=workdir, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("ready"), proc.stderr.read() if proc.poll() is not None else line
-        yield proc, workdir, line.split()[1]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with ready_process([str(venv / "bin" / "python"), "-m", "waiter"], cwd=workdir, env=env) as (proc, words):
+        yield proc, workdir, words[0]
 
 
 def run(*args):
@@ -106,3 +97,64 @@ def test_pid_of_a_gone_process_is_a_clear_error():
     p.wait()
     code, _, out = run("--pid", str(p.pid))
     assert code == 1 and "does not exist" in out
+    # #20 item 8: the hint is about the PID and the image, not about capturing a core
+    assert "core" not in out and "ps" in out and "verify-imports IMAGE" in out
+
+
+def test_extension_modules_of_the_standard_library_are_one_line(shadowed_process):
+    # #15 item 7: --pid listed every stdlib extension module at three lines each
+    proc, _, _ = shadowed_process
+    code, doc, text = run("--pid", str(proc.pid))
+    stdlib = [ln for ln in text.splitlines() if "lib-dynload/" in ln and ln.startswith("      loaded:")]
+    assert stdlib == [] and "standard-library extension modules loaded, all OK from" in text
+    assert len(run("--pid", str(proc.pid), "-v")[2].splitlines()) > len(text.splitlines())
+
+
+@pytest.fixture
+def chrooted_process(tmp_path):
+    """``python3 -m waiter`` chrooted into a Debian root (the deb-incident image's files), from /app where a
+    stale nvitop 1.5.0 tree shadows the pip-installed 1.7.1."""
+    from tests.debian_images import debian_images
+    from tests.roots import RootUnavailable
+
+    if os.geteuid() != 0 or shutil.which("chroot") is None:
+        pytest.skip("chroot needs root")
+    try:
+        deb = debian_images()
+    except RootUnavailable as e:
+        pytest.skip(f"Debian images cannot be built here: {e}")
+    root = tmp_path / "chroot"
+    # hard links to the cached root (nothing is written through them: --remove-destination replaces, and the
+    # interpreter writes no bytecode), the image's upper layer copied over it
+    subprocess.run(["cp", "-al", str(deb.root), str(root)], check=True, timeout=300)
+    subprocess.run(["cp", "-a", "--remove-destination", f"{deb.upper('deb-incident')}/.", str(root)], check=True,
+                   timeout=300)
+    (root / "app" / "waiter.py").unlink(missing_ok=True)
+    (root / "app" / "waiter.py").write_text(WAITER.replace("import nvitop, psutil", "import nvitop"))
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/root"}
+    with ready_process([shutil.which("chroot"), str(root), "/bin/sh", "-c", "cd /app && exec python3 -m waiter"],
+                       env=env) as (proc, words):
+        yield proc, root, words[0]
+
+
+def test_pid_of_a_chrooted_process_reads_its_paths_inside_its_root(chrooted_process):
+    # #15 item 6: /proc/PID/cwd of a chrooted process reads as a host path; it is /app inside its root
+    proc, root, imported = chrooted_process
+    assert imported == "1.5.0"
+    code, doc, out = run("--pid", str(proc.pid), "--json")
+    r = doc["result"]
+    assert r["image"]["root"] == str(root) and r["python"]["working_dir"] == "/app", out
+    nv = mod_of(doc, "nvitop")
+    assert nv["verdict"] == "SHADOWED" and nv["resolved"]["file"] == "/app/nvitop/__init__.py"
+    assert nv["expected"]["file"] == "/usr/local/lib/python3.11/dist-packages/nvitop/__init__.py"
+    assert r["python"]["entrypoint"]["interpreter_real"] == "/usr/bin/python3.11" and code == 3
+    assert f"root:        {root} (the process runs in a chroot" in run("--pid", str(proc.pid))[2]
+    if shutil.which("nsenter"):
+        code, doc, out = run("--pid", str(proc.pid), "--json", "--execute")
+        x = doc["result"]["execute"]
+        assert x["agrees"], out
+        assert next(m for m in x["modules"] if m["module"] == "nvitop")["file"] == "/app/nvitop/__init__.py"
+
+
+def mod_of(doc: dict, name: str) -> dict:
+    return next(m for m in doc["result"]["modules"] if m["module"] == name)
