@@ -17,7 +17,7 @@ import stat
 import time
 
 from . import rootpath
-from .errors import InputNotFound
+from .errors import CacheUnavailable, ForensicsError, InputNotFound
 
 __all__ = [
     "MANIFEST",
@@ -356,15 +356,23 @@ def bundle_sysroot(bundle_dir: str) -> tuple[str, str | None]:
     if key is None:
         raise InputNotFound(src)
     entry = cache_dir() / "bundles" / key
-    entry.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock_fd = os.open(entry / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        entry.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock_fd = os.open(entry / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise CacheUnavailable(str(entry.parent), e.strerror or str(e)) from e
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)  # one analysis builds the entry; the others wait and reuse it
         core = src
         if src.endswith(".zst"):
             core = str(entry / "core")
             if not os.path.isfile(core):
-                decompress_core(src, core)
+                try:
+                    decompress_core(src, core)
+                except ForensicsError:
+                    raise
+                except OSError as e:  # the cache's disk, not the bundle (its stream errors are CoreReadError)
+                    raise CacheUnavailable(str(entry), e.strerror or str(e)) from e
         sysroot = entry / "sysroot"
         if not sysroot.is_dir():
             _build_sysroot(bundle_dir, core, entry)

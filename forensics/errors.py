@@ -24,6 +24,7 @@ __all__ = [
     "NoCoreKept",
     "UnsupportedTarget",
     "CoreReadError",
+    "CacheUnavailable",
     "GdbNotFound",
     "GdbError",
     "GdbTimeout",
@@ -119,6 +120,16 @@ class CoreReadError(ForensicsError, OSError):
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: cannot read core: {reason}", path=path, reason=reason)
+
+
+class CacheUnavailable(ForensicsError, OSError):
+    """The forensics cache cannot take what a command must put there (a bundle's decompressed core)."""
+
+    help_text = ("Point FORENSICS_CACHE at a writable directory with room for the decompressed core "
+                 "(analysis never writes into the bundle itself).")
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: cannot use the forensics cache: {reason}", path=path, reason=reason)
 
 
 class GdbNotFound(ForensicsError, FileNotFoundError):

@@ -208,3 +208,42 @@ def test_metadata_only_bundle_alone_says_so(handler_dir):
     assert r.exit_code == EXIT_ERROR
     (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("forensics: error:")]
     assert f"{bundle}: metadata only (no core kept: RLIMIT_CORE" in line
+
+
+# -- decompressing a bundle's core: bounded, and only ever into the cache ----------------------------
+
+
+def test_decompression_stops_where_the_core_says_it_ends(cores, newest_python, tmp_path):
+    import zstandard
+
+    from forensics.bundle import decompress_core
+    from forensics.errors import CoreReadError
+
+    # GIVEN a compressed core followed by 32 MiB of zeros (a few KiB compressed: a decompression bomb)
+    core = cores.get(newest_python, "segv")
+    bomb = tmp_path / "core.zst"
+    with open(core, "rb") as src:
+        bomb.write_bytes(zstandard.ZstdCompressor().compress(src.read() + bytes(32 << 20)))
+    assert bomb.stat().st_size < core.stat().st_size
+    # WHEN it is decompressed
+    n = decompress_core(str(bomb), str(tmp_path / "core"))
+    # THEN no more is written than the core's own program headers say it holds
+    assert n == core.stat().st_size == (tmp_path / "core").stat().st_size
+    # and a stream that is no core is held to the limit
+    junk = tmp_path / "junk.zst"
+    junk.write_bytes(zstandard.ZstdCompressor().compress(bytes(8 << 20)))
+    with pytest.raises(CoreReadError, match="decompresses to more than"):
+        decompress_core(str(junk), str(tmp_path / "junk"), limit=1 << 20)
+    assert not (tmp_path / "junk").exists() and not list(tmp_path.glob(".junk.tmp*"))
+
+
+def test_an_unusable_cache_is_said_and_the_bundle_left_alone(handler_dir, tmp_path, monkeypatch):
+    kept = next(p for p in (handler_dir / "crashes").iterdir() if (p / "50-core" / "core.zst").exists())
+    not_a_dir = tmp_path / "cache-file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("FORENSICS_CACHE", str(not_a_dir))
+    before = tree(handler_dir)
+    r = run("analyze", str(kept))
+    assert r.exit_code == EXIT_ERROR
+    assert "cannot use the forensics cache" in r.stderr and "FORENSICS_CACHE" in r.stderr
+    assert tree(handler_dir) == before
