@@ -36,10 +36,8 @@ from forensics.heap.walk import (
     HeapValidationError,
     Region,
     for_each_chunk_resyncing,
-    reveal,
     tcache_entries,
     validate_bin,
-    validate_chunk,
     validate_fastbin,
     validate_tcache_bin,
 )
@@ -661,17 +659,3 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
         overflow_length=past_buffer if past_buffer is not None else past_usable, overflow_past_usable=past_usable,
         overflow_exact=exact, overflow_basis=basis, first_bytes=first.hex(), owner=owner, call=call,
         verdict=verdict, verdict_reason=reason, problems=tuple(problems))
-
-
-def single_list_next(heap: Heap, pos: int) -> int:
-    """The revealed next pointer stored at ``pos`` (a tcache/fastbin link)."""
-    return reveal(heap.layout, pos, heap.hm.u64(pos))
-
-
-def chunk_at(heap: Heap, addr: int) -> HeapChunk | None:
-    """The validated chunk at ``addr`` in a heap region, or None."""
-    region = heap.region_of(addr)
-    try:
-        return validate_chunk(heap.hm, addr, region)
-    except HeapValidationError:
-        return None

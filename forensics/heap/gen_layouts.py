@@ -32,7 +32,7 @@ import sys
 from forensics.heap.debuginfo import DebugInfoError, find_libc_debug_file, read_struct_layouts, read_symbols
 from forensics.heap.layout import NEWEST, OLDEST
 
-__all__ = ["model_structs", "generate", "main"]
+__all__ = ["model_structs", "read_dwarf_entry", "generate", "main"]
 
 _ANCHORS = ("_int_malloc", "_int_free", "__libc_malloc")
 
