@@ -75,6 +75,7 @@ class FleetGroup:
     reasons: dict[str, int]
     crash_loop: int
     images: dict[str, int]  # image digest -> pods running it
+    fingerprints: dict[str, int] = field(default_factory=dict)  # forensics fingerprint -> crashes (agents' metrics)
 
     @property
     def name(self) -> str:
@@ -99,6 +100,7 @@ class FleetSummary:
     taken_at: str = ""  # when this summary was made (ISO, UTC)
     observed_hours: float | None = None  # mean hours each pod was watched (since start, or the baseline)
     pod_restarts: dict[str, int] = field(default_factory=dict)  # uid -> restarts (a snapshot for --since)
+    source: str | None = None  # where the figures came from: None (pod objects), or the Prometheus URL
 
 
 def read_kubectl(kind: str, *, namespace: str | None = None, selector: str | None = None,
@@ -362,19 +364,23 @@ def _parse_time(s: str | None) -> _dt.datetime | None:
 
 def format_fleet(s: FleetSummary) -> list[str]:
     """The Markdown table and the boundary lines."""
+    with_fp = s.source is not None  # from Prometheus: the agents' crashes by fingerprint, per group
     lines = [
         f"{s.pods} pods on {s.nodes} nodes, grouped by {', '.join(s.group_by)}"
-        + (f"; restarts since {s.baseline}" if s.baseline else ""),
+        + (f"; restarts since {s.baseline}" if s.baseline else "") + (f"; from {s.source}" if s.source else ""),
         "",
-        "| Node group | Nodes | Pods | Pods restarting | Restarts | Max | Exit 139 | Exit 134 | Exit 137 | Other | CrashLoopBackOff | Images |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| Node group | Nodes | Pods | Pods restarting | Restarts | Max | Exit 139 | Exit 134 | Exit 137 | Other | CrashLoopBackOff | Images |"
+        + (" Fingerprints |" if with_fp else ""),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if with_fp else ""),
     ]
     for g in s.groups:
         c = g.exit_codes
         images = ", ".join(f"{d.split('@')[-1][:19]} ({n})" for d, n in sorted(g.images.items(), key=lambda x: -x[1]))
+        fps = ", ".join(f"{fp} x {n:,}" for fp, n in sorted(g.fingerprints.items(), key=lambda x: (-x[1], x[0])))
         lines.append(
             f"| {g.name} | {g.nodes} | {g.pods} | {g.pods_with_restarts} | {g.total_restarts:,} | {g.max_restarts} | "
             f"{c.get('139', 0)} | {c.get('134', 0)} | {c.get('137', 0)} | {c.get('other', 0)} | {g.crash_loop} | {images or '-'} |"
+            + (f" {fps or '-'} |" if with_fp else "")
         )
     lines.append("")
     if s.crashing_groups:

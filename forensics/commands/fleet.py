@@ -22,16 +22,31 @@ __all__ = ["fleet"]
 @click.option("--nodes", "nodes_file", type=click.Path(exists=True, dir_okay=False), help="Saved `kubectl get nodes -o json`.")
 @click.option("--since", default=None, metavar="TIME|SNAPSHOT",
               help="Count restarts since an ISO time, or since a saved `forensics fleet --json` snapshot.")
+@click.option("--prometheus", "prometheus", default=None, metavar="URL",
+              help="Build the table from Prometheus (kube-state-metrics and the agents' crash series) instead of pod objects.")
+@click.option("--window", default=None, metavar="DURATION", help="With --prometheus: restarts and crashes over the last DURATION (6h, 90m).")
+@click.option("--bearer-token-file", type=click.Path(dir_okay=False), default=None, help="With --prometheus: bearer token.")
+@click.option("--basic-auth", default=None, metavar="USER:PASSWORD", envvar="FORENSICS_PROMETHEUS_BASIC_AUTH",
+              help="With --prometheus: basic auth (or FORENSICS_PROMETHEUS_BASIC_AUTH, kept out of the process list).")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None, help="With --prometheus: CA for https.")
 @click.option("--kubeconfig", default=None, help="kubeconfig for kubectl.")
 @click.option("--context", "kube_context", default=None, help="kubectl context.")
 @json_option
 @output_option
 @force_option
-def fleet(namespace, selector, group_by, pods_file, nodes_file, since, kubeconfig, kube_context, as_json, output, force):
+def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheus, window, bearer_token_file, basic_auth,
+          ca_file, kubeconfig, kube_context, as_json, output, force):
     """Cross-compare restarts and exit codes of pods by node group, and name the boundary.
 
     \b
-    Exit codes: 0 printed; 1 error (kubectl failed, bad input: files swapped, no pods, no nodes); 2 usage.
+    \b
+    forensics fleet -n monitoring -l app=nvitop-exporter
+    forensics fleet --from pods.json --nodes nodes.json
+    forensics fleet --prometheus http://prometheus:9090 --window 6h [--bearer-token-file F] [--ca-file CA]
+
+    \b
+    Exit codes: 0 printed; 1 error (kubectl or Prometheus failed, bad input: files swapped, no pods,
+    no nodes); 2 usage.
     """
     import datetime as dt
 
@@ -40,6 +55,14 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, kubeconfi
 
     if bool(pods_file) != bool(nodes_file):
         raise click.UsageError("--from and --nodes go together")
+    if prometheus:
+        if pods_file:
+            raise click.UsageError("--prometheus and --from are exclusive")
+        _fleet_prometheus(prometheus, window, since, bearer_token_file, basic_auth, ca_file, namespace, selector,
+                          tuple(group_by) or DEFAULT_GROUP_LABELS, as_json, output, force)
+        return
+    if window or bearer_token_file or basic_auth or ca_file:
+        raise click.UsageError("--window, --bearer-token-file, --basic-auth and --ca-file go with --prometheus")
     if pods_file:
         pods_doc, nodes_doc = read_json_object(pods_file), read_json_object(nodes_file)
         check_documents(pods_doc, nodes_doc, pods_from=f"--from {pods_file}", nodes_from=f"--nodes {nodes_file}")
@@ -65,6 +88,53 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, kubeconfi
                 since_time = since_time.replace(tzinfo=dt.timezone.utc)
     summary = summarize_fleet(pods_doc, nodes_doc, group_by=tuple(group_by) or DEFAULT_GROUP_LABELS,
                               baseline=baseline, since=since_time)
+    if as_json:
+        emit([json_document("fleet", {"fleet": summary})], output, force)
+    else:
+        emit(format_fleet(summary), output, force)
+    sys.exit(EXIT_OK)
+
+
+def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file, namespace, selector, group_by,
+                      as_json, output, force) -> None:
+    import datetime as dt
+
+    from ..fleet import format_fleet
+    from ..fleetprom import PromAuth, PromClient, PrometheusError, parse_window, summarize_fleet_prometheus
+    from ..output import json_document
+
+    now = dt.datetime.now(dt.timezone.utc)
+    seconds, label = None, None
+    if window:
+        try:
+            seconds = parse_window(window)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--window") from e
+    if since:  # a time, or a saved snapshot's time: the window starts there
+        if window:
+            raise click.UsageError("--since and --window are exclusive")
+        if os.path.isfile(since):
+            doc = read_json_object(since)
+            if doc.get("command") != "fleet":
+                raise ForensicsError(f"{since}: not a `forensics fleet --json` snapshot")
+            start = (doc.get("fleet") or {}).get("taken_at")
+            label = f"the snapshot {since}"
+        else:
+            start, label = since, since
+        try:
+            t0 = dt.datetime.fromisoformat(str(start).replace("Z", "+00:00"))
+        except ValueError as e:
+            raise click.BadParameter(f"{since!r} is neither a fleet snapshot nor an ISO time", param_hint="--since") from e
+        if t0.tzinfo is None:
+            t0 = t0.replace(tzinfo=dt.timezone.utc)
+        seconds = max(1, int((now - t0).total_seconds()))
+    client = PromClient(url, PromAuth(bearer_token_file=bearer_token_file, basic_auth=basic_auth, ca_file=ca_file))
+    summary = summarize_fleet_prometheus(client, group_by=group_by, namespace=namespace, selector=selector,
+                                         window=seconds, now=now, baseline_label=label)
+    if not summary.pods:
+        raise PrometheusError("kube_pod_info", "no pods" + (f" in namespace {namespace}" if namespace else "")
+                              + (f" matching {selector}" if selector else "")
+                              + ": is kube-state-metrics scraped (and its pod labels allow-listed for -l)?")
     if as_json:
         emit([json_document("fleet", {"fleet": summary})], output, force)
     else:

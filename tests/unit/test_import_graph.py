@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "model", "cache", "redact", "options", "rootpath"),  # records, errors, pure helpers, the resolver
     ("output", "resources", "guard", "kubectl"),  # shared formats, shipped files, the one kube client
     ("core", "fleet"),  # reading cores; the fleet's restarts
-    ("gdb", "pyread", "bundle", "unwind", "heap"),  # stacks by gdb / our reader / libdw; capture bundles; glibc heap
+    ("gdb", "pyread", "bundle", "unwind", "heap", "fleetprom"),  # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus
     ("analyze", "imports"),  # analyze's pipeline; verify-imports' library
     ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
     ("report", "reproduce"),

@@ -1,0 +1,294 @@
+"""``forensics fleet --prometheus URL``: the fleet table from PromQL over kube-state-metrics and the agents' crashes.
+
+The same :class:`~forensics.fleet.FleetSummary` as ``fleet --from`` (groups by node labels, pods,
+restarting pods, restarts, exit codes, CrashLoopBackOff, images, the boundary), built from
+instant queries that aggregate in Prometheus (``count by`` / ``sum by`` / ``max by`` over the
+group labels), so what travels grows with the number of groups, never with the number of pods:
+
+- pods and their nodes: ``kube_pod_info`` (``namespace``, ``pod``, ``node``); ``-l`` selects on
+  ``kube_pod_labels`` (``label_KEY``, which kube-state-metrics exports for allow-listed labels);
+- node groups: ``kube_node_labels`` (``label_nvidia_com_gpu_product``...; kube-state-metrics
+  exports node labels only when allow-listed: ``--metric-labels-allowlist=nodes=[nvidia.com/gpu.product,...]``);
+  the driver version is joined from GPU feature discovery's major/minor/rev when the full one is absent;
+- restarts: ``kube_pod_container_status_restarts_total`` (its value, or ``increase`` over ``--window``);
+- last exit codes and reasons: ``kube_pod_container_status_last_terminated_exitcode`` (kube-state-metrics
+  2.10+) and ``..._last_terminated_reason``; CrashLoopBackOff: ``kube_pod_container_status_waiting_reason``;
+- images: ``kube_pod_container_info`` (``image_id``);
+- crashes by fingerprint: the agents' ``forensics_crashes_total`` (``node``, ``fingerprint``), joined to the
+  node groups.
+
+Authentication as Prometheus clients take it: a bearer token file, basic auth, a CA file.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import json
+import re
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+from .errors import ForensicsError
+from .fleet import (_BOUNDARY_SKIP, _DRIVER_PARTS, _FALLBACK_LABELS, CRASHY_SHARE, DEFAULT_GROUP_LABELS, FleetGroup,
+                    FleetSummary)
+
+__all__ = ["PrometheusError", "PromAuth", "PromClient", "prom_label", "parse_window", "summarize_fleet_prometheus"]
+
+_DRIVER_FULL = "nvidia.com/cuda.driver-version.full"
+MAX_RESPONSE = 64 << 20
+MAX_BOUNDARY_VALUES = 16
+
+
+class PrometheusError(ForensicsError, RuntimeError):
+    help_text = ("Check the Prometheus URL, its authentication (--bearer-token-file, --basic-auth, --ca-file), "
+                 "and that it scrapes kube-state-metrics.")
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(f"prometheus: {what}: {detail}", what=what, detail=detail)
+
+
+def prom_label(label: str) -> str:
+    """kube-state-metrics' name for a Kubernetes label (``label_`` + the name with every other character ``_``).
+
+    >>> prom_label("nvidia.com/gpu.product")
+    'label_nvidia_com_gpu_product'
+    """
+    return "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def parse_window(text: str) -> int:
+    """Seconds of a Prometheus duration (``6h``, ``90m``, ``1d12h``).
+
+    >>> parse_window("6h"), parse_window("1d12h"), parse_window("90s")
+    (21600, 129600, 90)
+    """
+    m = re.fullmatch(r"(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text.strip())
+    if not text.strip() or not m:
+        raise ValueError(f"{text!r} is not a duration like 6h, 90m, 1d12h")
+    w, d, h, mi, s = (int(x or 0) for x in m.groups())
+    total = (((w * 7 + d) * 24 + h) * 60 + mi) * 60 + s
+    if total <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return total
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromAuth:
+    bearer_token_file: str | None = None
+    basic_auth: str | None = None  # USER:PASSWORD
+    ca_file: str | None = None
+    insecure: bool = False
+
+
+class PromClient:
+    """Instant queries against Prometheus' HTTP API (``/api/v1/query``), bounded in time and size."""
+
+    def __init__(self, url: str, auth: PromAuth = PromAuth(), *, timeout: float = 30.0) -> None:
+        u = urllib.parse.urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise PrometheusError(url, "not an http:// or https:// URL")
+        self.base = url.rstrip("/")
+        self.timeout = timeout
+        self.headers = {"Accept": "application/json", "User-Agent": "forensics-fleet"}
+        if auth.bearer_token_file:
+            try:
+                with open(auth.bearer_token_file) as f:
+                    self.headers["Authorization"] = "Bearer " + f.read(65536).strip()
+            except OSError as e:
+                raise PrometheusError(auth.bearer_token_file, f"cannot read the bearer token: {e.strerror or e}") from e
+        elif auth.basic_auth:
+            self.headers["Authorization"] = "Basic " + base64.b64encode(auth.basic_auth.encode()).decode()
+        self.ctx = None
+        if u.scheme == "https":
+            try:
+                self.ctx = ssl.create_default_context(cafile=auth.ca_file)
+            except (OSError, ssl.SSLError) as e:
+                raise PrometheusError(auth.ca_file or "CA", f"cannot load the CA file: {e}") from e
+            if auth.insecure:
+                self.ctx.check_hostname = False
+                self.ctx.verify_mode = ssl.CERT_NONE
+        self.queries = 0
+
+    def _get(self, path: str, params: dict) -> dict:
+        data = urllib.parse.urlencode(params, doseq=True).encode()
+        req = urllib.request.Request(self.base + path, data=data, headers={
+            **self.headers, "Content-Type": "application/x-www-form-urlencoded"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.ctx) as r:
+                body = r.read(MAX_RESPONSE + 1)
+        except urllib.error.HTTPError as e:
+            detail = e.read(4096).decode(errors="replace")
+            try:
+                detail = json.loads(detail).get("error") or detail
+            except ValueError:
+                pass
+            raise PrometheusError(path, f"HTTP {e.code}: {str(detail).strip()[:300]}") from e
+        except (urllib.error.URLError, OSError) as e:
+            raise PrometheusError(self.base, f"cannot reach it: {getattr(e, 'reason', e)}") from e
+        if len(body) > MAX_RESPONSE:
+            raise PrometheusError(path, f"answer over {MAX_RESPONSE} bytes")
+        try:
+            doc = json.loads(body)
+        except ValueError as e:
+            raise PrometheusError(path, "the answer is not JSON (is this Prometheus' URL?)") from e
+        if doc.get("status") != "success":
+            raise PrometheusError(path, f"{doc.get('errorType')}: {doc.get('error')}")
+        self.queries += 1
+        return doc["data"]
+
+    def query(self, expr: str, *, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """(labels, value) of each series of an instant vector (a scalar answer is one series with no labels)."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self._get("/api/v1/query", params)
+        if data.get("resultType") == "scalar":
+            return [({}, float(data["result"][1]))]
+        return [(r.get("metric") or {}, float(r["value"][1])) for r in data.get("result") or []]
+
+    def label_names(self, match: str) -> list[str]:
+        return list(self._get("/api/v1/labels", {"match[]": match}) or [])
+
+
+def _matchers(namespace: str | None) -> str:
+    return f'{{namespace="{_esc(namespace)}"}}' if namespace else ""
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] = DEFAULT_GROUP_LABELS,
+                               namespace: str | None = None, selector: str | None = None, window: int | None = None,
+                               now: _dt.datetime | None = None, baseline_label: str | None = None) -> FleetSummary:
+    """The fleet table from Prometheus (see the module docstring).
+
+    :param window: count restarts and crashes over the last ``window`` seconds (``increase``); None: all
+    """
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    at = now.timestamp()
+    names = {prom_label(x): x for x in (*group_by, *_DRIVER_PARTS, *_FALLBACK_LABELS, *DEFAULT_GROUP_LABELS)}
+    g = [prom_label(x) for x in group_by]
+    by = ", ".join(g)
+    ns = _matchers(namespace)
+    # node -> group labels (the driver version joined from its parts where the full label is absent)
+    node_groups = f"max by (node, {by}) (kube_node_labels)"
+    if _DRIVER_FULL in group_by:
+        full, parts = prom_label(_DRIVER_FULL), [prom_label(p) for p in _DRIVER_PARTS]
+        node_groups = (f'max by (node, {by}) (kube_node_labels{{{full}!=""}} or label_join(kube_node_labels{{{full}=""}}, '
+                       f'"{full}", ".", "{parts[0]}", "{parts[1]}", "{parts[2]}"))')
+    pods = f"max by (namespace, pod, node) (kube_pod_info{ns})"
+    if selector:
+        sel = []
+        for clause in selector.split(","):
+            k, sep, v = clause.partition("=")
+            if not sep or not k.strip():
+                raise PrometheusError("-l", f"{clause!r}: only equality selectors (key=value) can be asked of Prometheus")
+            sel.append(f'{prom_label(k.strip())}="{_esc(v.lstrip("=").strip())}"')
+        pods = f"({pods} * on (namespace, pod) group_left () max by (namespace, pod) (kube_pod_labels{{{', '.join(sel)}}}))"
+    podg = f"({pods} * on (node) group_left ({by}) {node_groups})"
+    restarts = (f"round(sum by (namespace, pod) (increase(kube_pod_container_status_restarts_total{ns}[{window}s])))"
+                if window else f"sum by (namespace, pod) (kube_pod_container_status_restarts_total{ns})")
+    rp = f"({restarts} * on (namespace, pod) group_left ({by}) {podg})"
+    restarting = f"(({rp}) > 0)"
+    exitcode = f"max by (namespace, pod) (kube_pod_container_status_last_terminated_exitcode{ns})"
+
+    def per_group(expr: str) -> dict[tuple, float]:
+        out: dict[tuple, float] = {}
+        for labels, v in client.query(expr, at=at):
+            out[tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))] = v
+        return out
+
+    pods_n = per_group(f"count by ({by}) ({podg})")
+    nodes_n = per_group(f"count by ({by}) (count by (node, {by}) ({podg}))")
+    total = per_group(f"sum by ({by}) ({rp})")
+    maxr = per_group(f"max by ({by}) ({rp})")
+    with_r = per_group(f"count by ({by}) {restarting}")
+    codes: dict[str, dict[tuple, float]] = {}
+    for bucket, cond in (("139", "== 139"), ("134", "== 134"), ("137", "== 137")):
+        codes[bucket] = per_group(f"count by ({by}) ((({exitcode}) {cond}) * on (namespace, pod) group_left ({by}) "
+                                  f"{restarting})")
+    codes["other"] = per_group(f"count by ({by}) ((({exitcode}) != 139 != 134 != 137) * on (namespace, pod) "
+                               f"group_left ({by}) {restarting})")
+    reasons: dict[tuple, dict[str, int]] = {}
+    for labels, v in client.query(
+            f"count by ({by}, reason) ((max by (namespace, pod, reason) (kube_pod_container_status_last_terminated_reason{ns}"
+            f" == 1)) * on (namespace, pod) group_left ({by}) {restarting})", at=at):
+        key = tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))
+        reasons.setdefault(key, {})[labels.get("reason", "?")] = int(v)
+    loop = per_group(f'count by ({by}) (max by (namespace, pod) (kube_pod_container_status_waiting_reason{{'
+                     f'{"namespace=" + chr(34) + _esc(namespace) + chr(34) + ", " if namespace else ""}'
+                     f'reason="CrashLoopBackOff"}} == 1) * on (namespace, pod) group_left ({by}) {podg})')
+    images: dict[tuple, dict[str, int]] = {}
+    for labels, v in client.query(f"count by ({by}, image_id) (max by (namespace, pod, image_id) "
+                                  f"(kube_pod_container_info{ns}) * on (namespace, pod) group_left ({by}) {podg})", at=at):
+        key = tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))
+        img = str(labels.get("image_id", "")).split("://", 1)[-1]
+        if img:
+            images.setdefault(key, {})[img] = images.setdefault(key, {}).get(img, 0) + int(v)
+    crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
+    fingerprints: dict[tuple, dict[str, int]] = {}
+    for labels, v in client.query(f"sum by ({by}, fingerprint) ({crashes} * on (node) group_left ({by}) {node_groups})",
+                                  at=at):
+        key = tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))
+        if round(v):
+            fingerprints.setdefault(key, {})[labels.get("fingerprint", "unknown")] = int(round(v))
+    mixed = client.query(f"count by (container) (count by (container, image_id) (kube_pod_container_info{ns} * on "
+                         f"(namespace, pod) group_left () {pods})) > 1", at=at)
+    hours = client.query(f"avg(({at:.3f} - max by (namespace, pod) (kube_pod_start_time{ns})) * on (namespace, pod) "
+                         f"group_left () {pods}) / 3600", at=at)
+    rows = []
+    for key, n in pods_n.items():
+        rows.append(FleetGroup(
+            key=key, nodes=int(nodes_n.get(key, 0)), pods=int(n), pods_with_restarts=int(with_r.get(key, 0)),
+            total_restarts=int(round(total.get(key, 0))), max_restarts=int(round(maxr.get(key, 0))),
+            exit_codes={b: int(c[key]) for b, c in codes.items() if c.get(key)}, reasons=reasons.get(key, {}),
+            crash_loop=int(loop.get(key, 0)), images=images.get(key, {}), fingerprints=fingerprints.get(key, {})))
+    rows.sort(key=lambda x: (-x.total_restarts, -x.pods, x.name))
+    boundary = _boundary(client, at, pods, restarts, names)
+    return FleetSummary(
+        group_by=group_by, groups=tuple(rows), pods=sum(x.pods for x in rows),
+        nodes=int(next(iter(client.query(f"count(count by (node) ({pods}))", at=at)), ({}, 0))[1]),
+        crashing_groups=tuple(x.name for x in rows if x.crash_share >= CRASHY_SHARE),
+        clean_groups=tuple(x.name for x in rows if x.pods_with_restarts == 0),
+        boundary=tuple(boundary), baseline=baseline_label or (f"the last {window}s" if window else None),
+        mixed_images=bool(mixed), taken_at=now.isoformat(),
+        observed_hours=(window / 3600 if window else (hours[0][1] if hours else None)),
+        source=client.base)
+
+
+def _boundary(client: PromClient, at: float, pods: str, restarts: str, names: dict[str, str]) -> list[str]:
+    """fleet's boundary (:func:`forensics.fleet._boundary`) from per-label-value node counts, label by label."""
+    nodes_with_pods = f"count by (node) ({pods})"
+    crashy = f"count by (node) ((({restarts}) > 0) * on (namespace, pod) group_left (node) {pods})"
+    total_bad = int(next(iter(client.query(f"count({crashy})", at=at)), ({}, 0))[1])
+    total = int(next(iter(client.query(f"count({nodes_with_pods})", at=at)), ({}, 0))[1])
+    if not total_bad or total_bad == total:
+        return []
+    skip = tuple(prom_label(p.rstrip("/")) for p in _BOUNDARY_SKIP)
+    out = []
+    for label in sorted(client.label_names("kube_node_labels")):
+        if not label.startswith("label_") or label.startswith(skip):
+            continue
+        card = client.query(f'count(count by ({label}) (kube_node_labels{{{label}!=""}} * on (node) group_left () '
+                            f"{nodes_with_pods}))", at=at)
+        if not card or card[0][1] > MAX_BOUNDARY_VALUES:
+            continue  # a per-node label (serial numbers, names): not a group boundary
+        all_n = {lab.get(label): int(v) for lab, v in client.query(
+            f'count by ({label}) (kube_node_labels{{{label}!=""}} * on (node) group_left () {nodes_with_pods})', at=at)}
+        bad_n = {lab.get(label): int(v) for lab, v in client.query(
+            f'count by ({label}) (kube_node_labels{{{label}!=""}} * on (node) group_left () {crashy})', at=at)}
+        hot = {v: (n, bad_n.get(v, 0)) for v, n in all_n.items() if bad_n.get(v, 0) * 2 >= n}
+        cold = {v: (n, 0) for v, n in all_n.items() if not bad_n.get(v)}
+        if not hot or not cold or len(hot) + len(cold) != len(all_n):
+            continue
+        if sum(b for _, b in hot.values()) * 10 < total_bad * 9:
+            continue
+        name = names.get(label, label[len("label_"):])
+        hot_s = ", ".join(f"{v} ({b} of {n} nodes crashing)" for v, (n, b) in sorted(hot.items()))
+        cold_s = ", ".join(f"{v} ({n} nodes, none crashing)" for v, (n, _) in sorted(cold.items()))
+        out.append(f"{name}: {hot_s} vs {cold_s}")
+    return sorted(out)
