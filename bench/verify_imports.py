@@ -2,17 +2,18 @@
 
 What it measures
 ----------------
-* The image (built once, cached in ``$FORENSICS_CACHE/bench-verify-imports``, default
-  ~/.cache/forensics): the tests' CPython 3.11 base layer, a site-packages layer with
+* The image (built in a temporary directory and removed at the end, with everything else
+  the run wrote; ``--keep DIR`` builds it there once and reuses it): the tests' CPython 3.11
+  base layer, a site-packages layer with
   the real nvitop 1.7.1 / nvitop-exporter / nvidia-ml-py wheels, a WORKDIR layer with a
   stale nvitop 1.5.0 tree (so the run has a finding, as in the incident), and bulk
   layers that bring the image to ``--files`` entries (default 50,000) and ``--gb``
   uncompressed GiB (default 2): many small files and a few large ones, with content
   drawn from a pool of stdlib source, shared-library bytes and random bytes (gzip
   ratio about 2-3, like real images).  Layers are gzip (level 1) in an OCI layout.
-* forensics: ``verify-imports oci:LAYOUT:bench --json`` in a child process
-  (the command registered in-process, as the CLI does).  Wall time from spawn to
-  exit; peak memory is the child's ``ru_maxrss`` from ``wait4``.  Median of
+* forensics: ``forensics verify-imports oci:LAYOUT:bench --json`` from a wheel of this
+  checkout installed in a fresh venv (``--checkout``: this repository's .venv).  Wall time
+  from spawn to exit; peak memory is the child's ``ru_maxrss`` from ``wait4``.  Median of
   ``--repeat`` runs; every run must report nvitop SHADOWED (exit 3).
 * tar: ``tar -xzf LAYER -C DIR`` for every layer in order, into a fresh directory
   on the same file system (GNU tar runs gzip as a second process), removed
@@ -42,15 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.test_verify_imports_helpers import (CACHE, Blob, Layer, base_blob,  # noqa: E402
+from tests.integration.test_verify_imports_helpers import (Blob, Layer, base_blob,  # noqa: E402
                                                            image_config, site_layer, wheel, write_oci)
-
-RUNNER = """
-import sys
-from forensics.cli import cli
-cli(sys.argv[1:], prog_name="forensics")
-"""
-
 
 def _pool(seed: int) -> bytes:
     """~48 MiB of content: stdlib source text, shared-library bytes, random bytes."""
@@ -175,27 +169,57 @@ def _timed(cmd: list[str], **kw) -> tuple[float, int, int]:
     return time.perf_counter() - t, p.returncode, usage.ru_maxrss // 1024
 
 
+def forensics_command(tmp: Path, checkout: bool) -> list[str]:
+    """``forensics`` as users run it: from a wheel of this checkout installed in a fresh venv (its
+    dependencies from PyPI), or with ``checkout`` this repository's .venv."""
+    if checkout:
+        py = ROOT / ".venv" / "bin" / "python"
+        return [str(py if py.exists() else sys.executable), "-m", "forensics"]
+    dist, venv = tmp / "dist", tmp / "venv"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)], check=True,
+                   timeout=900)
+    whl = next(dist.glob("forensics-*.whl"))
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    str(whl)], check=True, timeout=900)
+    return [str(venv / "bin" / "forensics")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=50_000)
     ap.add_argument("--gb", type=float, default=2.0)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--workdir", type=Path, default=CACHE)
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="where the temporary image, venv and tar output go (default: $TMPDIR); all removed at the end")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="build the image in this directory and keep it there for the next run (it is GBs)")
+    ap.add_argument("--checkout", action="store_true", help="measure this checkout's .venv, not an installed wheel")
     ap.add_argument("--max-seconds", type=float, default=10.0)
     ap.add_argument("--max-mb", type=float, default=200.0)
     args = ap.parse_args()
 
-    ref, layers = build(args.files, args.gb, args.workdir)
+    tmp = Path(tempfile.mkdtemp(prefix="forensics-bench-verify-imports-", dir=args.workdir))
+    try:
+        return _run(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the image (unless --keep), the venv, tar's output: nothing stays
+
+
+def _run(args, tmp: Path) -> int:
+    ref, layers = build(args.files, args.gb, args.keep or tmp)
     for p in layers:  # into the page cache, for both tools
         with open(p, "rb") as f:
             while f.read(8 << 20):
                 pass
-    py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
-    cmd = [py, "-c", RUNNER, "verify-imports", ref, "--json"]
+    cmd = forensics_command(tmp, args.checkout) + ["verify-imports", ref, "--json"]
     # the image as forensics sees it
     probe = subprocess.run(cmd, capture_output=True, text=True)
+    if probe.returncode not in (0, 3):
+        print(f"forensics exited {probe.returncode}: {probe.stderr.strip()[-500:]}", file=sys.stderr)
+        return 1
     doc = json.loads(probe.stdout)
-    nv = next(m for m in doc["report"]["modules"] if m["module"] == "nvitop")
+    nv = next(m for m in doc["result"]["modules"] if m["module"] == "nvitop")
     f_times, f_mem, t_times = [], [], []
     for _ in range(args.repeat):
         sec, code, mb = _timed(cmd)
@@ -204,7 +228,7 @@ def main() -> int:
             return 1
         f_times.append(sec)
         f_mem.append(mb)
-        dest = Path(tempfile.mkdtemp(prefix="bench-tar-", dir=args.workdir))
+        dest = Path(tempfile.mkdtemp(prefix="tar-", dir=tmp))
         t = time.perf_counter()
         for p in layers:
             subprocess.run(["tar", "-xzf", str(p), "-C", str(dest)], check=True, stderr=subprocess.DEVNULL)
