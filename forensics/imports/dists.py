@@ -295,17 +295,23 @@ def check_requirements(dists: list[Distribution], marker_env: dict[str, str],
                     dist=d.name, dist_version=d.version, requirement=req.text, found=None,
                     message=f"{d.name} {d.version} requires {req.name}, which is not installed."))
                 continue
+            eff = (effective or {}).get(req.name)
             if req.specifier and not specifier_contains(req.specifier, have.version):
+                # pip check's own words; when other code imports than pip recorded, say which
+                extra = ""
+                if eff and eff[0] != have.version:
+                    extra = (f" The code that imports is {req.name} {eff[0]} ({eff[1]}), which "
+                             f"{'satisfies' if specifier_contains(req.specifier, eff[0]) else 'breaks'} it.")
                 problems.append(RequirementProblem(
                     dist=d.name, dist_version=d.version, requirement=req.text, found=f"{have.name} {have.version}",
                     message=f"{d.name} {d.version} has requirement {req.name}{req.specifier}, "
-                            f"but you have {have.name} {have.version}."))
+                            f"but you have {have.name} {have.version}.", note=extra.strip()))
                 continue
-            eff = (effective or {}).get(req.name)
             if eff and req.specifier and eff[0] != have.version and not specifier_contains(req.specifier, eff[0]):
                 problems.append(RequirementProblem(
                     dist=d.name, dist_version=d.version, requirement=req.text, found=f"{req.name} {eff[0]}",
                     effective=True,
-                    message=f"{d.name} {d.version} has requirement {req.name}{req.specifier}, but the {req.name} "
-                            f"that imports is {eff[0]} ({eff[1]}); pip sees {have.version}."))
+                    message=f"{d.name} {d.version} has requirement {req.name}{req.specifier}: the code that imports "
+                            f"is {req.name} {eff[0]} ({eff[1]}); pip's metadata says {have.version}, so pip check "
+                            "does not see it."))
     return problems

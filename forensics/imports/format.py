@@ -103,7 +103,7 @@ def format_report(report: ImportReport, *, verbose: int = 0, strict: bool = Fals
         yield ""
         yield "  requirements (pip check):"
         for p in report.requirement_problems:
-            yield f"    {p.message}"
+            yield f"    {p.message}" + (f" {p.note}" if p.note else "")
     if report.known_issues:
         yield ""
         yield "  known issues" + (f" (driver {report.driver})" if report.driver else "") + ":"

@@ -331,7 +331,8 @@ class RequirementProblem:
     requirement: str
     found: str | None  # "nvidia-ml-py 12.575.51", or None when not installed
     effective: bool = False  # judged against the version that imports, not the one installed
-    message: str = ""
+    message: str = ""  # pip check's words (effective ones: what pip check cannot see)
+    note: str = ""  # when other code imports than pip recorded: which, and whether it satisfies the requirement
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -99,7 +99,9 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
     where = f"{winner.file or winner.path_entry}"
     if winner.kind is ModuleKind.NAMESPACE:
         where = f"namespace package over {', '.join(winner.search_locations)}"
-    idx = f"sys.path[{winner.path_index}] = {winner.path_entry} ({origin.value if origin else '?'})"
+    # a submodule's path_entry is its package's directory; the sys.path entry is the package's
+    entry = setup.sys_path[winner.path_index].path if 0 <= winner.path_index < len(setup.sys_path) else winner.path_entry
+    idx = f"sys.path[{winner.path_index}] = {entry} ({origin.value if origin else '?'})"
     if winner.finder:
         idx = f"not on sys.path: the editable-install finder {winner.path_entry}, installed by {winner.finder}"
     if managed is not None and (dist is None or origin not in _SITE):
