@@ -167,6 +167,33 @@ def test_no_interpreter_and_an_unverifiable_digest_are_not_ok(tmp_path):
     assert code == 1 and "not a valid sha512 digest" in err
 
 
+# -- findings about the image as a whole ------------------------------------------------------------------
+
+def _exe(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    ti = tarfile.TarInfo(name)
+    ti.mode = 0o755
+    return ti, data
+
+
+def test_a_command_that_is_not_python_makes_the_verdict_uncertain(tmp_path):
+    # GIVEN an entrypoint script that starts Python later (what it runs is not read)
+    img = SeedImage()
+    img.layers[1] += [_exe("bin/sh", b"\x7fELF"), _exe("entry.sh", b"#!/bin/sh\nexec python3 -m nvitop\n")]
+    img.config["config"]["Entrypoint"] = ["/entry.sh"]
+    ref = img.write_oci(tmp_path / "oci")
+    # WHEN verified
+    code, out, _ = run(ref, "--json", "--only", "-m", "pynvml")
+    doc = json.loads(out)["result"]
+    # THEN no clean OK: the verdict assumes `python3 -c`, and says so with the fix
+    assert code == 3 and [f["kind"] for f in doc["findings"]] == ["uncertain"]
+    assert "--entrypoint" in doc["findings"][0]["fix"]
+    code, out, _ = run(ref, "--only", "-m", "pynvml")
+    assert out.rstrip().splitlines()[-1].startswith("  result: UNCERTAIN (the command '/entry.sh' is not a Python")
+    # and with the Python command it starts, the verdict is certain again
+    code, out, _ = run(ref, "--json", "--only", "-m", "pynvml", "--entrypoint", "python3 -m pynvml")
+    assert code == 0 and json.loads(out)["result"]["findings"] == []
+
+
 # -- the fuzz target ------------------------------------------------------------------------------------
 
 FUZZ_COUNT = int(os.environ.get("FORENSICS_FUZZ_COUNT", "300"))
