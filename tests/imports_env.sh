@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prerequisites of the verify-imports tests: skopeo (registry references),
 # docker-registry (a real registry on 127.0.0.1), bubblewrap (--execute),
-# apache2-utils (htpasswd for the registry's basic auth).
+# apache2-utils (htpasswd for the registry's basic auth), umoci (the Debian
+# images of tests/debian_images.py: layouts, configs, unpacked bundles).
 # Idempotent; needs root for apt-get. Call from .ci/setup.
 set -euo pipefail
 need=()
@@ -9,8 +10,9 @@ command -v skopeo >/dev/null 2>&1 || need+=(skopeo)
 command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v htpasswd >/dev/null 2>&1 || need+=(apache2-utils)
+command -v umoci >/dev/null 2>&1 || need+=(umoci)
 if [ ${#need[@]} -eq 0 ]; then
-  echo "imports_env: skopeo, docker-registry, bwrap, htpasswd present"
+  echo "imports_env: skopeo, docker-registry, bwrap, htpasswd, umoci present"
   exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
