@@ -119,12 +119,13 @@ def test_nvidia_bug_report_is_run_with_safe_mode_and_kept(tmp_path, monkeypatch)
 def test_nvidia_bug_report_is_bounded_in_time_and_size(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     # GIVEN a bug report that hangs (a child keeps running, as a stuck query would)
-    fake_bug_report(tmp_path / "bin", 'sleep 600 &\nsleep 600\n')
+    stall = f"sleep 600.{os.getpid()}{uuid.uuid4().int % 10**6}"  # this test's own: other sessions run it too
+    fake_bug_report(tmp_path / "bin", f'{stall} &\n{stall}\n')
     t0 = time.monotonic()
     kept, note = run_nvidia_bug_report(str(tmp_path / "a"), timeout=1)
     # THEN it is killed with its children at the limit, and nothing is kept
     assert time.monotonic() - t0 < 10 and kept is None and "did not finish in 1 s (killed)" in note
-    assert subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True).stdout == b""
+    assert subprocess.run(["pgrep", "-f", stall], capture_output=True).stdout == b""
     # GIVEN one whose report is over the size limit THEN it is not kept
     fake_bug_report(tmp_path / "bin", 'while [ $# -gt 0 ]; do [ "$1" = --output-file ] && out=$2; shift; done\n'
                                       'head -c 5000 /dev/urandom > "$out.gz"\n')
