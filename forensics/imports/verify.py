@@ -343,7 +343,8 @@ def _probe(fs: RootFS, root: str, setup: PythonSetup, report: ImportReport, env:
 
 def _rmtree(path: str) -> None:
     """Remove an extracted image: iteratively (an image may nest thousands of directories deep, past
-    Python's recursion limit), making read-only directories writable first, never following a link."""
+    Python's recursion limit), through directory descriptors (never following a link), making a
+    read-only directory from the image's modes writable first."""
     stack = [(path, False)]
     while stack:
         d, emptied = stack.pop()
@@ -354,19 +355,24 @@ def _rmtree(path: str) -> None:
                 pass
             continue
         try:
-            os.chmod(d, 0o700, follow_symlinks=False)
-            entries = list(os.scandir(d))
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue
-        stack.append((d, True))
-        for e in entries:
-            if e.is_dir(follow_symlinks=False):
-                stack.append((e.path, False))
-            else:
-                try:
-                    os.unlink(e.path)
-                except OSError:
-                    pass
+        try:
+            if os.fstat(fd).st_mode & 0o700 != 0o700:
+                os.fchmod(fd, 0o700)
+            entries = list(os.scandir(fd))
+            stack.append((d, True))
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append((os.path.join(d, e.name), False))
+                else:
+                    try:
+                        os.unlink(e.name, dir_fd=fd)
+                    except OSError:
+                        pass
+        finally:
+            os.close(fd)
 
 
 def verify_pid(pid: int, options: VerifyOptions | None = None) -> ImportReport:
