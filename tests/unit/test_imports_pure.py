@@ -177,6 +177,56 @@ def test_pythonsafepath_is_ignored_before_311():
     assert any("no effect on Python 3.10" in n for n in setup.notes)
 
 
+def test_usercustomize_runs_after_sitecustomize_and_only_with_the_user_site():
+    # GIVEN a sitecustomize that appends and a usercustomize (in the user site) that inserts first
+    tree = dict(PY_ROOT)
+    tree["/usr/local/lib/python3.11/sitecustomize.py"] = "import sys\nsys.path.append('/opt/late')\n"
+    tree["/root/.local/lib/python3.11/site-packages/usercustomize.py"] = (
+        "import site, sys\nsys.path[:0] = ['/opt/first']\nsite.addsitedir('/opt/plugins')\n")
+    tree["/opt/late"] = tree["/opt/first"] = None
+    tree["/opt/plugins/extra.pth"] = "/opt/from-pth\n"
+    tree["/opt/from-pth"] = None
+    fs = MemFS(tree)
+    env = {"PATH": "/usr/local/bin", "HOME": "/root"}
+    entry, _ = describe_command(fs, ("python3", "-m", "x"), env, "/app")
+    # WHEN sys.path is built
+    setup = compute_python_setup(fs, entry, env, "/app")
+    # THEN both ran, in site's order, their edits applied and named
+    paths = [e.path for e in setup.sys_path]
+    assert paths[:2] == ["/app", "/opt/first"] and paths[-3:] == ["/opt/late", "/opt/plugins", "/opt/from-pth"]
+    assert [c.module for c in setup.customize] == ["sitecustomize", "usercustomize"]
+    assert {e.path: e.origin for e in setup.sys_path}["/opt/first"] is PathOrigin.SITECUSTOMIZE
+    assert setup.findings == ()
+    # with -s (no user site) usercustomize does not run
+    entry, _ = describe_command(fs, ("python3", "-s", "-m", "x"), env, "/app")
+    setup = compute_python_setup(fs, entry, env, "/app")
+    assert [c.module for c in setup.customize] == ["sitecustomize"] and "/opt/first" not in [e.path for e in setup.sys_path]
+
+
+@pytest.mark.parametrize("source,edits,unevaluated", [
+    ("import sys\nsys.path.insert(0, '/a')\n", 1, 0),
+    ("import sys, os\nsys.path.insert(0, os.path.join('/opt', 'a'))\n", 1, 0),
+    ("import sys\nP = '/a'\nsys.path.append(P)\n", 1, 0),
+    ("import sys, os\nsys.path.insert(0, os.environ['X'])\n", 0, 1),
+    ("import importlib\nimportlib.import_module('x')\n", 0, 1),
+    ("import sys\ndef f():\n    sys.path.append('/a')\nf()\n", 0, 1),
+    ("import warnings\nwarnings.filterwarnings('ignore')\n", 0, 0),
+    ("import sys\nif sys.version_info >= (3, 8):\n    pass\n", 0, 0),
+    ("try:\n    import not_there\nexcept ImportError:\n    import sys\n    sys.path.append('/b')\n", 1, 0),
+], ids=["insert", "os.path.join", "a name", "environ", "importlib", "a function", "warnings", "version check",
+        "except ImportError"])
+def test_sitecustomize_statements(source, edits, unevaluated):
+    import ast
+
+    from forensics.imports.customize import evaluate_customize
+
+    path = ["/usr/lib/python3.11"]
+    stdlib = {"sys", "os", "importlib", "warnings", "site"}
+    effect = evaluate_customize(ast.parse(source), source, path, addsitedir=path.append,
+                                classify=lambda m: "stdlib" if m.split(".")[0] in stdlib else None)
+    assert (len(effect.edits), len(effect.unevaluated)) == (edits, unevaluated), (effect.edits, effect.unevaluated)
+
+
 def test_rootfs_never_leaves_the_root():
     fs = MemFS({"/etc/passwd": "root", "/a/escape": ("link", "../../../../etc"), "/a/abs": ("link", "/etc/passwd")})
     assert fs.resolve("/a/escape/passwd") == "/etc/passwd"  # '..' stops at the image root
