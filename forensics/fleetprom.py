@@ -149,6 +149,14 @@ class PromClient:
             return [({}, float(data["result"][1]))]
         return [(r.get("metric") or {}, float(r["value"][1])) for r in data.get("result") or []]
 
+    def query_many(self, exprs: dict[str, str], *, at: float | None = None, workers: int = 8) -> dict[str, list]:
+        """Several instant queries at once (Prometheus evaluates them in parallel); results by key."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(workers, max(1, len(exprs)))) as pool:
+            futures = {k: pool.submit(self.query, e, at=at) for k, e in exprs.items()}
+            return {k: f.result() for k, f in futures.items()}
+
     def label_names(self, match: str) -> list[str]:
         return list(self._get("/api/v1/labels", {"match[]": match}) or [])
 
@@ -196,50 +204,55 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     restarting = f"(({rp}) > 0)"
     exitcode = f"max by (namespace, pod) (kube_pod_container_status_last_terminated_exitcode{ns})"
 
-    def per_group(expr: str) -> dict[tuple, float]:
-        out: dict[tuple, float] = {}
-        for labels, v in client.query(expr, at=at):
-            out[tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))] = v
+    crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
+    wait = f'namespace="{_esc(namespace)}", ' if namespace else ""
+    exprs = {
+        "pods": f"count by ({by}) ({podg})",
+        "nodes": f"count by ({by}) (count by (node, {by}) ({podg}))",
+        "total": f"sum by ({by}) ({rp})",
+        "max": f"max by ({by}) ({rp})",
+        "with": f"count by ({by}) {restarting}",
+        "reasons": (f"count by ({by}, reason) ((max by (namespace, pod, reason) "
+                    f"(kube_pod_container_status_last_terminated_reason{ns} == 1)) * on (namespace, pod) group_left ({by}) "
+                    f"{restarting})"),
+        "loop": (f'count by ({by}) (max by (namespace, pod) (kube_pod_container_status_waiting_reason{{{wait}'
+                 f'reason="CrashLoopBackOff"}} == 1) * on (namespace, pod) group_left ({by}) {podg})'),
+        "images": (f"count by ({by}, image_id) (max by (namespace, pod, image_id) (kube_pod_container_info{ns}) "
+                   f"* on (namespace, pod) group_left ({by}) {podg})"),
+        "fingerprints": f"sum by ({by}, fingerprint) ({crashes} * on (node) group_left ({by}) {node_groups})",
+        "mixed": (f"count by (container) (count by (container, image_id) (kube_pod_container_info{ns} * on "
+                  f"(namespace, pod) group_left () {pods})) > 1"),
+        "hours": (f"avg(({at:.3f} - max by (namespace, pod) (kube_pod_start_time{ns})) * on (namespace, pod) "
+                  f"group_left () {pods}) / 3600"),
+        "all_nodes": f"count(count by (node) ({pods}))",
+    }
+    for bucket, cond in (("139", "== 139"), ("134", "== 134"), ("137", "== 137"), ("other", "!= 139 != 134 != 137")):
+        exprs[f"code-{bucket}"] = (f"count by ({by}) ((({exitcode}) {cond}) * on (namespace, pod) group_left ({by}) "
+                                   f"{restarting})")
+    res = client.query_many(exprs, at=at)
+
+    def key_of(labels: dict) -> tuple:
+        return tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))
+
+    def per_group(name: str) -> dict[tuple, float]:
+        return {key_of(labels): v for labels, v in res[name]}
+
+    def per_group_by(name: str, label: str, strip=lambda x: x) -> dict[tuple, dict[str, int]]:
+        out: dict[tuple, dict[str, int]] = {}
+        for labels, v in res[name]:
+            sub = strip(str(labels.get(label, "")))
+            if sub and round(v):
+                d = out.setdefault(key_of(labels), {})
+                d[sub] = d.get(sub, 0) + int(round(v))
         return out
 
-    pods_n = per_group(f"count by ({by}) ({podg})")
-    nodes_n = per_group(f"count by ({by}) (count by (node, {by}) ({podg}))")
-    total = per_group(f"sum by ({by}) ({rp})")
-    maxr = per_group(f"max by ({by}) ({rp})")
-    with_r = per_group(f"count by ({by}) {restarting}")
-    codes: dict[str, dict[tuple, float]] = {}
-    for bucket, cond in (("139", "== 139"), ("134", "== 134"), ("137", "== 137")):
-        codes[bucket] = per_group(f"count by ({by}) ((({exitcode}) {cond}) * on (namespace, pod) group_left ({by}) "
-                                  f"{restarting})")
-    codes["other"] = per_group(f"count by ({by}) ((({exitcode}) != 139 != 134 != 137) * on (namespace, pod) "
-                               f"group_left ({by}) {restarting})")
-    reasons: dict[tuple, dict[str, int]] = {}
-    for labels, v in client.query(
-            f"count by ({by}, reason) ((max by (namespace, pod, reason) (kube_pod_container_status_last_terminated_reason{ns}"
-            f" == 1)) * on (namespace, pod) group_left ({by}) {restarting})", at=at):
-        key = tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))
-        reasons.setdefault(key, {})[labels.get("reason", "?")] = int(v)
-    loop = per_group(f'count by ({by}) (max by (namespace, pod) (kube_pod_container_status_waiting_reason{{'
-                     f'{"namespace=" + chr(34) + _esc(namespace) + chr(34) + ", " if namespace else ""}'
-                     f'reason="CrashLoopBackOff"}} == 1) * on (namespace, pod) group_left ({by}) {podg})')
-    images: dict[tuple, dict[str, int]] = {}
-    for labels, v in client.query(f"count by ({by}, image_id) (max by (namespace, pod, image_id) "
-                                  f"(kube_pod_container_info{ns}) * on (namespace, pod) group_left ({by}) {podg})", at=at):
-        key = tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))
-        img = str(labels.get("image_id", "")).split("://", 1)[-1]
-        if img:
-            images.setdefault(key, {})[img] = images.setdefault(key, {}).get(img, 0) + int(v)
-    crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
-    fingerprints: dict[tuple, dict[str, int]] = {}
-    for labels, v in client.query(f"sum by ({by}, fingerprint) ({crashes} * on (node) group_left ({by}) {node_groups})",
-                                  at=at):
-        key = tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))
-        if round(v):
-            fingerprints.setdefault(key, {})[labels.get("fingerprint", "unknown")] = int(round(v))
-    mixed = client.query(f"count by (container) (count by (container, image_id) (kube_pod_container_info{ns} * on "
-                         f"(namespace, pod) group_left () {pods})) > 1", at=at)
-    hours = client.query(f"avg(({at:.3f} - max by (namespace, pod) (kube_pod_start_time{ns})) * on (namespace, pod) "
-                         f"group_left () {pods}) / 3600", at=at)
+    pods_n, nodes_n, total, maxr = per_group("pods"), per_group("nodes"), per_group("total"), per_group("max")
+    with_r, loop = per_group("with"), per_group("loop")
+    codes = {b: per_group(f"code-{b}") for b in ("139", "134", "137", "other")}
+    reasons = per_group_by("reasons", "reason")
+    images = per_group_by("images", "image_id", lambda x: x.split("://", 1)[-1])
+    fingerprints = per_group_by("fingerprints", "fingerprint")
+    mixed, hours = res["mixed"], res["hours"]
     rows = []
     for key, n in pods_n.items():
         rows.append(FleetGroup(
@@ -251,7 +264,7 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     boundary = _boundary(client, at, pods, restarts, names)
     return FleetSummary(
         group_by=group_by, groups=tuple(rows), pods=sum(x.pods for x in rows),
-        nodes=int(next(iter(client.query(f"count(count by (node) ({pods}))", at=at)), ({}, 0))[1]),
+        nodes=int(res["all_nodes"][0][1]) if res["all_nodes"] else 0,
         crashing_groups=tuple(x.name for x in rows if x.crash_share >= CRASHY_SHARE),
         clean_groups=tuple(x.name for x in rows if x.pods_with_restarts == 0),
         boundary=tuple(boundary), baseline=baseline_label or (f"the last {window}s" if window else None),
@@ -269,18 +282,21 @@ def _boundary(client: PromClient, at: float, pods: str, restarts: str, names: di
     if not total_bad or total_bad == total:
         return []
     skip = tuple(prom_label(p.rstrip("/")) for p in _BOUNDARY_SKIP)
+    labels = [x for x in sorted(client.label_names("kube_node_labels")) if x.startswith("label_") and not x.startswith(skip)]
+    exprs = {}
+    for label in labels:
+        on = f'kube_node_labels{{{label}!=""}} * on (node) group_left ()'
+        exprs[f"card {label}"] = f"count(count by ({label}) ({on} {nodes_with_pods}))"
+        exprs[f"all {label}"] = f"count by ({label}) ({on} {nodes_with_pods})"
+        exprs[f"bad {label}"] = f"count by ({label}) ({on} {crashy})"
+    res = client.query_many(exprs, at=at)
     out = []
-    for label in sorted(client.label_names("kube_node_labels")):
-        if not label.startswith("label_") or label.startswith(skip):
-            continue
-        card = client.query(f'count(count by ({label}) (kube_node_labels{{{label}!=""}} * on (node) group_left () '
-                            f"{nodes_with_pods}))", at=at)
+    for label in labels:
+        card = res[f"card {label}"]
         if not card or card[0][1] > MAX_BOUNDARY_VALUES:
             continue  # a per-node label (serial numbers, names): not a group boundary
-        all_n = {lab.get(label): int(v) for lab, v in client.query(
-            f'count by ({label}) (kube_node_labels{{{label}!=""}} * on (node) group_left () {nodes_with_pods})', at=at)}
-        bad_n = {lab.get(label): int(v) for lab, v in client.query(
-            f'count by ({label}) (kube_node_labels{{{label}!=""}} * on (node) group_left () {crashy})', at=at)}
+        all_n = {lab.get(label): int(v) for lab, v in res[f"all {label}"]}
+        bad_n = {lab.get(label): int(v) for lab, v in res[f"bad {label}"]}
         hot = {v: (n, bad_n.get(v, 0)) for v, n in all_n.items() if bad_n.get(v, 0) * 2 >= n}
         cold = {v: (n, 0) for v, n in all_n.items() if not bad_n.get(v)}
         if not hot or not cold or len(hot) + len(cold) != len(all_n):
