@@ -23,7 +23,7 @@ from .model import (
     NativeFrame,
     Thread,
 )
-from .output import to_jsonable
+from .output import escape_text, to_jsonable
 
 __all__ = [
     "format_analysis",
@@ -187,7 +187,7 @@ def _analysis_lines(analysis: Analysis, *, merged: bool, libraries: bool) -> Ite
 
 def _safe(text: str) -> str:
     """Text from the crashed process with its control characters escaped (``\\x1b``), for a terminal."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    return escape_text(text)
 
 
 def _ascii(raw: bytes) -> str:

@@ -16,9 +16,19 @@ from typing import Any
 
 from .errors import OutputExists
 
-__all__ = ["SCHEMA_VERSION", "to_jsonable", "json_document", "write_new"]
+__all__ = ["SCHEMA_VERSION", "to_jsonable", "json_document", "write_new", "escape_text"]
 
 SCHEMA_VERSION = 1
+
+
+def escape_text(text: str) -> str:
+    r"""Text that came from a process or an image, with its control characters escaped (``\x1b``), for a
+    terminal: an ESC sequence or a CR/LF inside a file name cannot rewrite or forge a line.
+
+    >>> escape_text("/app/\x1b]0;pwned\x07nvitop\r\n[FORGED]")
+    '/app/\\x1b]0;pwned\\x07nvitop\\x0d\\x0a[FORGED]'
+    """
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 def to_jsonable(obj: Any) -> Any:

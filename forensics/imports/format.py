@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..output import to_jsonable
+from ..output import escape_text, to_jsonable
 from .model import ImportReport, PathOrigin
 
 __all__ = ["format_report", "report_payload"]
@@ -30,7 +30,13 @@ def report_payload(report: ImportReport, *, strict: bool = False) -> dict:
 
 def format_report(report: ImportReport, *, verbose: int = 0, strict: bool = False) -> Iterator[str]:
     """Lines for people; JSON (report_payload) is the contract.  The last line is the result, from
-    the same :meth:`~forensics.imports.model.ImportReport.failures` as the exit status."""
+    the same :meth:`~forensics.imports.model.ImportReport.failures` as the exit status.  Every line is
+    escaped: paths, versions and reasons come from the image."""
+    for line in _report_lines(report, verbose=verbose, strict=strict):
+        yield escape_text(line)
+
+
+def _report_lines(report: ImportReport, *, verbose: int, strict: bool) -> Iterator[str]:
     img = report.image
     yield f"verify-imports {img.ref}"
     kind = img.manifest_kind.value

@@ -109,6 +109,9 @@ def test_incident_names_both_versions_and_the_fixes(images):
     assert "WORKDIR" in nv["fix"] and "PYTHONSAFEPATH=1" in nv["fix"]
     py = doc["result"]["python"]
     assert py["entrypoint"]["mode"] == "module" and py["entrypoint"]["version"] == "3.11"
+    # the official python image's layout: CPython in /usr/local, upstream's site.py and site-packages
+    assert py["site_layout"] == "upstream" and py["prefix"] == "/usr/local"
+    assert py["sys_path"][-1]["path"] == "/usr/local/lib/python3.11/site-packages"
     assert py["sys_path"][0] == {"path": "/app", "origin": "working-directory", "exists": True,
                                  "note": "working directory (-m)"}
     # nvitop-exporter 1.7.1 pins nvitop~=1.7.1: the shadow breaks it although pip sees 1.7.1

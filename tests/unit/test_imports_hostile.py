@@ -194,6 +194,20 @@ def test_a_command_that_is_not_python_makes_the_verdict_uncertain(tmp_path):
     assert code == 0 and json.loads(out)["result"]["findings"] == []
 
 
+def test_what_the_image_names_is_escaped_in_the_text_output(tmp_path):
+    # GIVEN an image whose WorkingDir, command and a stale tree carry terminal control sequences
+    img = SeedImage()
+    img.config["config"]["WorkingDir"] = "/app\x1b]0;pwned\x07"
+    img.config["config"]["Cmd"] = ["--once\r\n  result: OK"]
+    img.layers[1].append((tarfile.TarInfo("app\x1b]0;pwned\x07/nvitop/__init__.py"), b"__version__ = '9'\n"))
+    # WHEN the text report is printed
+    code, out, _ = run(img.write_oci(tmp_path / "oci"))
+    # THEN no control character reaches the terminal, and no line is forged
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+    assert "/app\\x1b]0;pwned\\x07" in out and [ln for ln in out.splitlines() if ln.startswith("  result:")] == [
+        out.splitlines()[-1]]
+
+
 # -- the fuzz target ------------------------------------------------------------------------------------
 
 FUZZ_COUNT = int(os.environ.get("FORENSICS_FUZZ_COUNT", "300"))
