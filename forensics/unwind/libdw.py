@@ -1,8 +1,10 @@
 """ctypes bindings to elfutils' libdw (libdwfl, libdw) and libelf: only what the unwinder calls.
 
-The libraries are opened by soname (``libdw.so.1``, ``libelf.so.1``; Debian:
-``libdw1``, ``libelf1``) on first use, never searched for with
-``ctypes.util.find_library`` (which runs ``ldconfig`` and ``gcc``).  The
+libdw is opened by soname (``libdw.so.1``; Debian ``libdw1``), or the file
+``$FORENSICS_LIBDW`` names (a newer elfutils built elsewhere), on first use, never
+searched for with ``ctypes.util.find_library`` (which runs ``ldconfig`` and
+``gcc``); libelf's functions are looked up through libdw's handle, so they are
+those of the libelf that libdw itself links.  The
 structures declared here are the public ABI of elfutils' headers
 (``elfutils/libdwfl.h``, ``elfutils/libdw.h``, ``gelf.h``); elfutils keeps them
 stable across releases (``Dwarf_Die`` carries its own padding for that).
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -143,8 +146,8 @@ _ELF = {
 class Lib:
     """The loaded functions, as attributes (``lib.dwfl_begin(...)``), plus libc's ``free``."""
 
-    def __init__(self, dw: ctypes.CDLL, elf: ctypes.CDLL, libc: ctypes.CDLL) -> None:
-        for table, so in ((_DW, dw), (_ELF, elf)):
+    def __init__(self, dw: ctypes.CDLL, libc: ctypes.CDLL) -> None:
+        for table, so in ((_DW, dw), (_ELF, dw)):  # dlsym through libdw's handle finds its libelf's
             for name, (restype, argtypes) in table.items():
                 fn = getattr(so, name)
                 fn.restype, fn.argtypes = restype, argtypes
@@ -163,9 +166,10 @@ class Lib:
 def load() -> Lib:
     """The libdw, libelf and libc functions, loaded once.
 
-    :raises UnwinderUnavailable: when libdw.so.1 or libelf.so.1 cannot be loaded
+    :raises UnwinderUnavailable: when libdw cannot be loaded or lacks a function used here
     """
+    name = os.environ.get("FORENSICS_LIBDW") or "libdw.so.1"
     try:
-        return Lib(ctypes.CDLL("libdw.so.1"), ctypes.CDLL("libelf.so.1"), ctypes.CDLL(None))
+        return Lib(ctypes.CDLL(name), ctypes.CDLL(None))
     except (OSError, AttributeError) as e:
-        raise UnwinderUnavailable(str(e)) from e
+        raise UnwinderUnavailable(str(e) if name in str(e) else f"{name}: {e}") from e

@@ -320,3 +320,34 @@ def test_same_frames_as_gdb_relocated_into_a_root(sid_root, sid_cores, version, 
     frames = unwind_core(core, sysroot=str(sid_root))["threads"][0]["frames"]
     names = {f["function"] for f in frames}
     assert "Py_RunMain" in names and "__libc_start_call_main" in names, names
+
+
+# -- without libdw: gdb unwinds every thread, and says so ------------------------------------------
+
+
+def test_without_libdw_gdb_unwinds_and_the_snapshot_says_so(cores, newest_python):
+    import json
+    import sys
+
+    # GIVEN a machine where libdw cannot be loaded (FORENSICS_LIBDW names a file that is not there)
+    core = str(cores.get(newest_python, "segv"))
+    env = {**os.environ, "FORENSICS_LIBDW": "/nonexistent/libdw.so.1"}
+    r = subprocess.run([sys.executable, "-m", "forensics", "analyze", "--json", core], capture_output=True, text=True,
+                       env=env, timeout=300)
+    # THEN the native stacks come from gdb, every thread says so, and a warning says why
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["native_method"] == "gdb"
+    assert all(t["native_method"] == "gdb" for t in snap["threads"])
+    assert any("libdw unwinder unavailable" in w and "/nonexistent/libdw.so.1" in w for w in snap["warnings"])
+    crashed = next(t for t in snap["threads"] if t["is_crashed"])
+    assert crashed["native_frames"][0]["symbol"] == "forensics_bad_write"
+    # and with no gdb either: a partial result, program counters only, with both fixes said
+    r = subprocess.run([sys.executable, "-m", "forensics", "analyze", "--json", "--gdb", "/nonexistent/gdb", core],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 4, r.stderr
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["native_method"] == "registers"
+    said = " ".join(snap["warnings"])
+    assert "libdw unwinder unavailable" in said and "apt-get install -y gdb" in said
+    assert snap["threads"][0]["py_frames"], "the Python stacks still come from the direct reader"
