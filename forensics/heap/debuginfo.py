@@ -129,16 +129,42 @@ def read_symbols(path: str, names: Iterable[str]) -> dict[str, DebugSymbol]:
             table = _read_at(f, offset, size, file_size)
             s_off, s_size = sections[link][2], sections[link][3]
             strtab = _read_at(f, s_off, s_size, file_size)
-            for st_name, info, _other, shndx, value, sym_size in _SYM.iter_unpack(table[: len(table) // 24 * 24]):
-                if shndx == 0 or st_name >= len(strtab):
-                    continue
-                end = strtab.find(b"\0", st_name, st_name + 256)
-                key = strtab[st_name:end if end >= 0 else st_name + 256]
-                name = wanted.get(key)
-                if name is not None and name not in out:
+            table = table[: len(table) // _SYM.size * _SYM.size]
+            for key, name in wanted.items():
+                found = _first_definition(table, strtab, key)
+                if found is not None:
+                    _st_name, info, _other, _shndx, value, sym_size = found
                     out[name] = DebugSymbol(name=name, value=value, size=sym_size, type=info & 0xF)
             break
     return out
+
+
+_MAX_NAME_COPIES = 64  # strings equal to one name in one string table (suffix sharing makes a few)
+
+
+def _first_definition(table: bytes, strtab: bytes, key: bytes) -> tuple | None:
+    """The first defined symbol of ``table`` (a ``.symtab``) named ``key``, as its unpacked entry.
+
+    Without a Python loop over every symbol (glibc's debug file has ~10,000): the string table is
+    searched for ``key``'s copies (a name may also be the tail of a longer string), then the
+    symbol table for entries whose name offset is one of them.
+    """
+    offsets, i = [], strtab.find(key + b"\0")
+    while i >= 0 and len(offsets) < _MAX_NAME_COPIES:
+        offsets.append(i)
+        i = strtab.find(key + b"\0", i + 1)
+    best = None
+    for off in offsets:
+        needle = struct.pack("<I", off)
+        j = table.find(needle)
+        while j >= 0 and (best is None or j < best[0]):
+            if j % _SYM.size == 0:
+                entry = _SYM.unpack_from(table, j)
+                if entry[3] != 0:  # defined (st_shndx != SHN_UNDEF)
+                    best = (j, entry)
+                    break
+            j = table.find(needle, j + 1)
+    return best[1] if best else None
 
 
 def read_struct_layouts(path: str, anchor: int) -> dict[str, dict]:

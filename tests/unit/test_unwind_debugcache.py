@@ -111,3 +111,4 @@ def test_cache_entries_are_per_file_not_per_build_id(library, tmp_path, monkeypa
     broken = tmp_path / "broken.so"
     broken.write_bytes(a.read_bytes()[:4096])
     assert decompressed_debug_file(str(broken), build_id) == str(broken)
+
