@@ -10,12 +10,17 @@ What it measures
   ``EXPORTER_HEAP_BALLAST_MB``): what ``--heap`` costs grows with the chunks, not the core's size.
   Cores live in ``--workdir`` (default /tmp/forensics-bench) and are reused
   between runs, keyed by interpreter path, scenario and ballast.
+* forensics is measured from a wheel built from this checkout and installed into
+  ``bench/.wheel-venv`` (rebuilt when a source file changes), never from the editable
+  install: an installed wheel carries compiled bytecode, as a node's install does.
 * Tools, run alternately on the same core (the order rotates per repetition;
-  each core file is read once beforehand so all four find it in the page cache):
+  each core file is read once beforehand so all of them find it in the page cache):
 
-  - "forensics": ``forensics analyze CORE`` (this repository's .venv; the
-    default ``--method auto``: native stacks by gdb, which it runs itself,
-    Python stacks by its own pure-Python reader of the interpreter state)
+  - "forensics": ``forensics analyze --native CORE`` (the defaults: native stacks by
+    elfutils' libdw in-process, Python stacks by its own reader of the interpreter
+    state, the merged view printed)
+  - "eu-stack": ``eu-stack --core CORE -e PYTHON -s -i -m`` (elfutils: native frames
+    with source lines and inlined frames; no Python stacks)
   - "direct": ``forensics analyze --method direct CORE`` (that reader alone,
     no gdb at all; native stacks are program counters only)
   - "heap": ``forensics analyze --heap CORE`` (auto, plus glibc's heap walked whole:
@@ -29,7 +34,10 @@ What it measures
     (debuginfod off, python-scripts auto-load off: the helper is sourced explicitly)
 
 * Wall time: ``time.perf_counter`` from spawn to exit (reaped with ``wait4``),
-  median of ``--repeat`` runs.
+  median of ``--repeat`` runs.  CPU time: user + system from ``wait4``'s rusage
+  (the process and every descendant it waited for, gdb included), median of the runs.
+  "cold": one run of forensics per core with an empty forensics cache (no plain copy
+  of glibc's compressed debug file yet: what the first analysis on a node pays).
 * Peak memory: a sampler thread sums the RSS of the whole process tree every
   ~10 ms (forensics and its gdb, pystack, gdb) and keeps the maximum ("tree"); the
   largest single process ("single") is the larger of the sampled value and the
@@ -47,14 +55,16 @@ What it measures
   versions and scenarios in one directory, analyzed by
   ``forensics analyze --json DIR`` (auto); prints cores per second and peak memory.
 
-Goals (from the issue; printed as PASS/MISS, never asserted; "n/a" when a tool
+Goals (from the issues; printed as PASS/MISS, never asserted; "n/a" when a tool
 or core they need was not measured):
 
   (a) ``forensics analyze`` (auto) wall time at most 1.5x the gdb run on every core;
   (b) auto peak memory (process tree) under 150 MB for the big core;
-  (c) a 200-core batch at 5 or more cores per second, every core analyzed;
+  (c) a 200-core batch at 10 or more cores per second with 2 workers (``-j 2``), every core analyzed;
   (d) ``--method direct`` wall time at most 2x pystack on every core;
-  (e) ``--method direct`` peak memory (process tree) under 60 MB for the big core.
+  (e) ``--method direct`` peak memory (process tree) under 60 MB for the big core;
+  (f) ``analyze --native`` CPU time at most 1.0x ``pystack core --native`` on every core (medians);
+  (g) ``analyze --native`` peak memory (process tree) at most pystack's on every core.
 
 Usage, from the repository root::
 
@@ -95,13 +105,17 @@ PYSTACK_SPEC = "pystack==1.7.2"
 SCENARIOS = ("heap-prev", "segv")  # glibc abort, SIGSEGV
 BIG_SCENARIO = "heap-prev"
 EXPECT = b"query_nvlink_throughput_counters"
-TOOLS = ("forensics", "direct", "heap", "pystack", "gdb")
+TOOLS = ("forensics", "direct", "heap", "pystack", "eu-stack", "gdb")
+WHEEL_VENV = REPO / "bench" / ".wheel-venv"
+EXPECT_BY_TOOL = {"eu-stack": b"TID "}  # native frames only: no Python function to look for
 SAMPLE_S = 0.010
 MiB = 1 << 20
 
 GOAL_WALL_RATIO = 1.5
 GOAL_BIG_PEAK_MB = 150.0
-GOAL_BATCH_RATE = 5.0
+GOAL_BATCH_RATE = 10.0
+BATCH_JOBS = 2
+GOAL_NATIVE_CPU_RATIO = 1.0  # analyze --native / pystack core --native
 GOAL_DIRECT_WALL_RATIO = 2.0  # direct / pystack
 GOAL_DIRECT_BIG_PEAK_MB = 60.0
 
@@ -120,6 +134,7 @@ class Measurement:
     rc: int | None
     ok: bool
     note: str = ""
+    cpu_s: float | None = None  # user + system, the process and its waited-for descendants
 
 
 def _kill_group(pgid: int) -> None:
@@ -129,7 +144,8 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def measure(cmd: list[str], *, timeout: float, out_path: Path, expect: bytes | None = EXPECT) -> Measurement:
+def measure(cmd: list[str], *, timeout: float, out_path: Path, expect: bytes | None = EXPECT,
+            env: dict[str, str] | None = None) -> Measurement:
     """Run ``cmd`` once (stdout+stderr to ``out_path``); wall time and peak RSS of its process tree.
 
     The command runs in its own session; whatever of it is left when it ends or
@@ -143,7 +159,7 @@ def measure(cmd: list[str], *, timeout: float, out_path: Path, expect: bytes | N
     with open(out_path, "wb") as out:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
     try:
         root = psutil.Process(proc.pid)
         seen[proc.pid] = root
@@ -206,7 +222,7 @@ def measure(cmd: list[str], *, timeout: float, out_path: Path, expect: bytes | N
             if expect not in f.read():
                 ok, note = False, f"output lacks {expect.decode()}"
     return Measurement(wall_s=wall, peak_tree_mb=peak["tree"] / MiB, peak_single_mb=single / MiB,
-                       rc=proc.returncode, ok=ok, note=note)
+                       rc=proc.returncode, ok=ok, note=note, cpu_s=usage.ru_utime + usage.ru_stime)
 
 
 # -- the bench environment ---------------------------------------------------------------------
@@ -234,7 +250,54 @@ def ensure_pystack() -> tuple[str | None, str]:
         return None, f"cannot set up {BENCH_VENV}: {e}"
 
 
+def _source_key() -> str:
+    """A hash of what the wheel is built from (the package, the shipped scripts, pyproject.toml)."""
+    h = hashlib.sha256()
+    files = [REPO / "pyproject.toml", *sorted(p for d in ("forensics", "gdb_scripts", "reproducers")
+                                              for p in (REPO / d).rglob("*") if p.is_file()
+                                              and "__pycache__" not in p.parts)]
+    for p in files:
+        h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def ensure_wheel() -> tuple[str | None, str]:
+    """forensics installed from a wheel of this checkout into bench/.wheel-venv (rebuilt when the source
+    changed), or None and why."""
+    exe, py, stamp = WHEEL_VENV / "bin" / "forensics", WHEEL_VENV / "bin" / "python", WHEEL_VENV / ".source"
+    key = _source_key()
+    try:
+        if exe.exists() and stamp.exists() and stamp.read_text() == key:
+            return str(exe), f"wheel of this checkout (source {key}) in {WHEEL_VENV.relative_to(REPO)}"
+        if not py.exists():
+            log(f"creating {WHEEL_VENV.relative_to(REPO)}")
+            subprocess.run([sys.executable, "-m", "venv", str(WHEEL_VENV)], check=True, timeout=300,
+                           capture_output=True)
+        wheels = WHEEL_VENV / "wheels"
+        shutil.rmtree(wheels, ignore_errors=True)
+        log("building the forensics wheel of this checkout")
+        proc = subprocess.run([str(py), "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+                              capture_output=True, text=True, timeout=600)
+        wheel = next(wheels.glob("forensics-*.whl"), None)
+        if proc.returncode != 0 or wheel is None:
+            return None, f"pip wheel failed: {proc.stderr.strip()[-300:]}"
+        proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", str(wheel)],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0 or not exe.exists():
+            return None, f"pip install {wheel.name} failed: {proc.stderr.strip()[-300:]}"
+        stamp.write_text(key)
+        return str(exe), f"wheel of this checkout (source {key}) in {WHEEL_VENV.relative_to(REPO)}"
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"cannot set up {WHEEL_VENV}: {e}"
+
+
+_FORENSICS_EXE: str | None = None
+
+
 def forensics_exe() -> str:
+    """The forensics command measured: the installed wheel's (main() sets it), else this checkout's .venv."""
+    if _FORENSICS_EXE:
+        return _FORENSICS_EXE
     here = Path(sys.executable).parent / "forensics"
     return str(here if here.exists() else REPO / ".venv" / "bin" / "forensics")
 
@@ -254,11 +317,14 @@ def tool_commands(core: Path, python: str, pystack: str | None, gdb: str) -> dic
     if helper:
         gdb_cmd += ["-ex", f"source {helper}", "-ex", "thread apply all py-bt"]
     gdb_cmd += ["-ex", "thread apply all bt", python, str(core)]
+    eu_stack = shutil.which("eu-stack")
     return {
-        "forensics": [forensics_exe(), "analyze", str(core)],
+        "forensics": [forensics_exe(), "analyze", "--native", str(core)],
         "direct": [forensics_exe(), "analyze", "--method", "direct", str(core)],
         "heap": [forensics_exe(), "analyze", "--heap", str(core)],
         "pystack": [pystack, "core", "--native", str(core), python] if pystack else None,
+        "eu-stack": ([eu_stack, f"--core={core}", "-e", os.path.realpath(python), "-s", "-i", "-m"]
+                     if eu_stack else None),
         "gdb": gdb_cmd,
     }
 
@@ -355,12 +421,23 @@ def bench_core(case: CoreCase, cmds: dict[str, list[str] | None], repeat: int, t
     for rep in range(repeat):
         order = tools[rep % len(tools):] + tools[:rep % len(tools)]
         for tool in order:
-            m = measure(cmds[tool], timeout=timeout, out_path=out / f"{tool}.txt")
+            m = measure(cmds[tool], timeout=timeout, out_path=out / f"{tool}.txt",
+                        expect=EXPECT_BY_TOOL.get(tool, EXPECT))
             case.results.setdefault(tool, []).append(m)
             if not m.ok:
                 shutil.copy(out / f"{tool}.txt", out / f"{tool}-{Path(case.path).stem}.failed.txt")
-            log(f"  {case.label:<28} {tool:<9} {m.wall_s:7.3f}s {m.peak_tree_mb:7.1f} MB"
+            log(f"  {case.label:<28} {tool:<9} {m.wall_s:7.3f}s {m.cpu_s or 0:7.3f}s cpu {m.peak_tree_mb:7.1f} MB"
                 + ("" if m.ok else f"  NOT OK: {m.note}"))
+    if cmds.get("forensics"):
+        # the first analysis on a node: an empty forensics cache (no plain copy of glibc's debug file yet)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="forensics-bench-cache-") as empty:
+            m = measure(cmds["forensics"], timeout=timeout, out_path=out / "forensics-cold.txt",
+                        env={**os.environ, "FORENSICS_CACHE": empty})
+        case.results["forensics-cold"] = [m]
+        log(f"  {case.label:<28} {'cold':<9} {m.wall_s:7.3f}s {m.cpu_s or 0:7.3f}s cpu {m.peak_tree_mb:7.1f} MB"
+            + ("" if m.ok else f"  NOT OK: {m.note}"))
 
 
 _HEAP_PROBE = r"""
@@ -401,9 +478,12 @@ def heap_probe(case: CoreCase, repeat: int) -> dict | None:
 
 
 def summarize(ms: list[Measurement]) -> dict:
+    cpus = [m.cpu_s for m in ms if m.cpu_s is not None]
     return {
         "wall_s": statistics.median(m.wall_s for m in ms),
         "walls_s": [round(m.wall_s, 4) for m in ms],
+        "cpu_s": statistics.median(cpus) if cpus else None,
+        "cpus_s": [round(c, 4) for c in cpus],
         "peak_tree_mb": max(m.peak_tree_mb for m in ms),
         "peak_single_mb": max(m.peak_single_mb for m in ms),
         "ok": all(m.ok for m in ms),
@@ -426,9 +506,10 @@ def run_batch(workdir: Path, cases: list[CoreCase], n: int, timeout: float) -> d
     read_through(small[0].path)
     for c in small:
         read_through(c.path)
-    log(f"batch: forensics analyze --json {bdir} ({n} cores, {len(small)} distinct)")
+    log(f"batch: forensics analyze --json -j {BATCH_JOBS} {bdir} ({n} cores, {len(small)} distinct)")
     out = workdir / "out" / "batch.json"
-    m = measure([forensics_exe(), "analyze", "--json", str(bdir)], timeout=timeout, out_path=out, expect=None)
+    m = measure([forensics_exe(), "analyze", "--json", "-j", str(BATCH_JOBS), str(bdir)], timeout=timeout,
+                out_path=out, expect=None)
     analyzed = complete = 0
     note = m.note
     try:
@@ -439,7 +520,8 @@ def run_batch(workdir: Path, cases: list[CoreCase], n: int, timeout: float) -> d
         note = note or f"unreadable JSON: {e}"
     return {
         "cores": n, "distinct": len(small), "analyzed": analyzed, "complete": complete,
-        "wall_s": m.wall_s, "cores_per_s": n / m.wall_s, "peak_tree_mb": m.peak_tree_mb,
+        "wall_s": m.wall_s, "cores_per_s": n / m.wall_s, "cpu_s": m.cpu_s, "jobs": BATCH_JOBS,
+        "peak_tree_mb": m.peak_tree_mb,
         "peak_single_mb": m.peak_single_mb, "rc": m.rc, "note": note,
     }
 
@@ -457,7 +539,7 @@ def _geomean(xs: list[float]) -> float | None:
 
 # (key in "ratios"/"summary", numerator tool, denominator tool); "gdb" and "pystack" are forensics (auto) over them
 RATIOS = (("gdb", "forensics", "gdb"), ("pystack", "forensics", "pystack"), ("direct_pystack", "direct", "pystack"),
-          ("heap", "heap", "forensics"))
+          ("heap", "heap", "forensics"), ("eu_stack", "forensics", "eu-stack"))
 
 
 def _where(r: dict) -> str:
@@ -483,6 +565,23 @@ def _worst_ratio_goal(gid: str, rows: list[dict], key: str, tool: str, limit: fl
     return goal
 
 
+def _worst_goal(gid: str, rows: list[dict], key: str, measure_: str, tool: str, limit: float, text: str) -> dict:
+    """Goal: ratios[key][measure_] <= limit on every core, and every run of ``tool`` ok."""
+    have = [r for r in rows if r["ratios"][key].get(measure_) is not None]
+    goal = {"id": gid, "goal": text, "value": None, "detail": "not measured", "pass": None}
+    if not have:
+        return goal
+    worst = max(have, key=lambda r: r["ratios"][key][measure_])
+    w = worst["ratios"][key][measure_]
+    bad = [_where(r) for r in rows if tool in r["tools"] and not r["tools"][tool]["ok"]]
+    detail = (f"worst {w:.2f}x ({_where(worst)}), geomean "
+              f"{_geomean([r['ratios'][key][measure_] for r in have]):.2f}x over {len(have)} cores")
+    if bad:
+        detail += f"; {tool} not ok on {', '.join(bad)}"
+    goal.update(value=round(w, 3), detail=detail, **{"pass": w <= limit and not bad})
+    return goal
+
+
 def _big_peak_goal(gid: str, rows: list[dict], tool: str, limit: float, text: str) -> dict:
     big = [r for r in rows if r["ballast_mb"]]
     goal = {"id": gid, "goal": text, "value": None, "detail": "no big core measured", "pass": None}
@@ -505,23 +604,28 @@ def build_report(cases: list[CoreCase], batch: dict | None, settings: dict) -> d
             n, d = tools.get(num), tools.get(den)
             ratios[key] = {
                 "wall": _ratio(n and n["wall_s"], d and d["wall_s"]),
+                "cpu": _ratio(n and n["cpu_s"], d and d["cpu_s"]),
                 "peak_tree": _ratio(n and n["peak_tree_mb"], d and d["peak_tree_mb"]),
             }
+        cold = tools.get("forensics-cold")
+        ratios["cold_pystack"] = {"cpu": _ratio(cold and cold["cpu_s"], tools.get("pystack") and tools["pystack"]["cpu_s"])}
         rows.append({"version": c.version, "python": c.python, "scenario": c.scenario + ("+heap" if c.heap_mb else ""),
                      "ballast_mb": c.ballast_mb, "core": c.path, "core_mb": c.size / MiB,
                      "tools": tools, "ratios": ratios, "heap": c.heap, "heap_mb": c.heap_mb})
     summary = {}
     for key, num, den in RATIOS:
         walls = [r["ratios"][key]["wall"] for r in rows if r["ratios"][key]["wall"]]
+        cpus = [r["ratios"][key]["cpu"] for r in rows if r["ratios"][key]["cpu"]]
         mems = [r["ratios"][key]["peak_tree"] for r in rows if r["ratios"][key]["peak_tree"]]
         summary[key] = {"of": f"{num}/{den}", "wall_geomean": _geomean(walls), "wall_max": max(walls, default=None),
+                        "cpu_geomean": _geomean(cpus), "cpu_max": max(cpus, default=None),
                         "peak_geomean": _geomean(mems), "peak_max": max(mems, default=None)}
     goals = [
         _worst_ratio_goal("a", rows, "gdb", "forensics", GOAL_WALL_RATIO,
                           f"(a) auto wall <= {GOAL_WALL_RATIO:g}x gdb on every core"),
         _big_peak_goal("b", rows, "forensics", GOAL_BIG_PEAK_MB, f"(b) auto peak < {GOAL_BIG_PEAK_MB:.0f} MB"),
     ]
-    gc = {"id": "c", "goal": f"(c) batch >= {GOAL_BATCH_RATE:g} cores/s", "value": None,
+    gc = {"id": "c", "goal": f"(c) batch >= {GOAL_BATCH_RATE:g} cores/s with {BATCH_JOBS} workers", "value": None,
           "detail": "no batch run", "pass": None}
     if batch:
         gc["value"] = round(batch["cores_per_s"], 2)
@@ -532,6 +636,10 @@ def build_report(cases: list[CoreCase], batch: dict | None, settings: dict) -> d
                                    f"(d) direct wall <= {GOAL_DIRECT_WALL_RATIO:g}x pystack on every core"))
     goals.append(_big_peak_goal("e", rows, "direct", GOAL_DIRECT_BIG_PEAK_MB,
                                 f"(e) direct peak < {GOAL_DIRECT_BIG_PEAK_MB:.0f} MB"))
+    goals.append(_worst_goal("f", rows, "pystack", "cpu", "forensics", GOAL_NATIVE_CPU_RATIO,
+                             f"(f) analyze --native CPU <= {GOAL_NATIVE_CPU_RATIO:g}x pystack --native on every core"))
+    goals.append(_worst_goal("g", rows, "pystack", "peak_tree", "forensics", 1.0,
+                             "(g) analyze --native peak (process tree) <= pystack's on every core"))
     return {"schema_version": 1, "settings": settings, "cores": rows, "summary": summary, "batch": batch,
             "goals": goals}
 
@@ -547,7 +655,8 @@ def print_report(rep: dict) -> None:
     s = rep["settings"]
     print(f"forensics analyze (auto, --method direct) vs pystack vs gdb+py-bt  "
           f"({s['machine']}; median of {s['repeat']}, MB = MiB)")
-    print(f"pystack: {s['pystack']}   gdb: {s['gdb_version']}")
+    print(f"forensics: {s.get('forensics_install')}")
+    print(f"pystack: {s['pystack']}   eu-stack: {s.get('eu_stack')}   gdb: {s['gdb_version']}")
     hdr = f"{'python':<8} {'scenario':<10} {'core MB':>8} |"
     rhdr = f" {'f/gdb':>6} {'f/pystack':>9} {'d/pystack':>9} {'h/f':>6}"
     print("\nWall time, seconds (median); f = forensics (auto), d = direct, h = forensics --heap")
@@ -565,7 +674,7 @@ def print_report(rep: dict) -> None:
     for r in rep["cores"]:
         t, q = r["tools"], r["ratios"]
         cells = []
-        for k in TOOLS:
+        for k in ("forensics", "direct", "heap", "pystack", "gdb"):
             cells.append(f"{t[k]['peak_tree_mb']:6.1f} ({t[k]['peak_single_mb']:6.1f})" if k in t else f"{'-':>15}")
         print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {' '.join(cells)} | "
               f"{_f(q['gdb']['peak_tree'], '6.2f')} {_f(q['pystack']['peak_tree'], '9.2f')} "
@@ -586,9 +695,28 @@ def print_report(rep: dict) -> None:
         print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {_f(h['anatomy_s'], '8.3f')} "
               f"{_f(h['summary_s'], '8.3f')} | {h['arenas']:>6} {h['heaps']:>5} {h['chunks']:>8} "
               f"{h['heap_mb']:>8.1f} {_f(h['mmapped_mb'], '10.1f')}")
+    print("\nNative stacks: analyze --native vs pystack core --native vs eu-stack -s -i -m "
+          "(CPU = user+system seconds, median; cold = one run with an empty forensics cache)")
+    print(f"{'python':<8} {'scenario':<10} {'core MB':>8} | {'forensics':>9} {'cold':>7} {'pystack':>8} "
+          f"{'eu-stack':>8} | {'f/pystack':>9} {'cold/p':>6} {'f/eu':>6} | peak MB {'forensics':>9} {'pystack':>8} "
+          f"{'eu-stack':>8} {'f/p':>5}")
+    for r in rep["cores"]:
+        t, q = r["tools"], r["ratios"]
+        c = {k: t[k]["cpu_s"] if k in t else None for k in ("forensics", "forensics-cold", "pystack", "eu-stack")}
+        pk = {k: t[k]["peak_tree_mb"] if k in t else None for k in ("forensics", "pystack", "eu-stack")}
+        print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {_f(c['forensics'], '9.3f')} "
+              f"{_f(c['forensics-cold'], '7.3f')} {_f(c['pystack'], '8.3f')} {_f(c['eu-stack'], '8.3f')} | "
+              f"{_f(q['pystack']['cpu'], '9.2f')} {_f(q['cold_pystack']['cpu'], '6.2f')} {_f(q['eu_stack']['cpu'], '6.2f')} | "
+              f"        {_f(pk['forensics'], '9.1f')} {_f(pk['pystack'], '8.1f')} {_f(pk['eu-stack'], '8.1f')} "
+              f"{_f(q['pystack']['peak_tree'], '5.2f')}")
+    for key in ("pystack", "eu_stack"):
+        v = rep["summary"][key]
+        print(f"  {v['of']:<18} CPU {_f(v['cpu_geomean'], '.2f')}x geomean ({_f(v['cpu_max'], '.2f')}x worst)   "
+              f"peak {_f(v['peak_geomean'], '.2f')}x ({_f(v['peak_max'], '.2f')}x)")
     b = rep["batch"]
     if b:
-        print(f"\nBatch: forensics analyze --json DIR, {b['cores']} cores ({b['distinct']} distinct, hard links)")
+        print(f"\nBatch: forensics analyze --json -j {b.get('jobs', '?')} DIR, {b['cores']} cores "
+              f"({b['distinct']} distinct, hard links)")
         print(f"  {b['wall_s']:.1f}s, {b['cores_per_s']:.2f} cores/s, analyzed {b['analyzed']}/{b['cores']} "
               f"(complete {b['complete']}), peak {b['peak_tree_mb']:.1f} MB tree ({b['peak_single_mb']:.1f} MB "
               f"largest process)" + (f"  NOTE: {b['note']}" if b["note"] else ""))
@@ -596,6 +724,14 @@ def print_report(rep: dict) -> None:
     for g in rep["goals"]:
         verdict = "n/a " if g["pass"] is None else ("PASS" if g["pass"] else "MISS")
         print(f"  {verdict}  {g['goal']}: {g['detail']}")
+
+
+def _eu_stack_version() -> str:
+    exe = shutil.which("eu-stack")
+    if not exe:
+        return "not installed (apt-get install -y elfutils)"
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return out.splitlines()[0] if out else exe
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -614,6 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", action="append", metavar="X.Y", help="only these CPython versions (repeatable)")
     ap.add_argument("--quick", action="store_true", help="newest CPython only, no big core, 20-core batch")
     ap.add_argument("--json", action="store_true", help="write the figures as one JSON document to stdout")
+    ap.add_argument("--editable", action="store_true",
+                    help="measure the checkout's .venv instead of an installed wheel (not for the goals)")
     args = ap.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
     batch_n = args.batch if args.batch is not None else (20 if args.quick else 200)
@@ -637,6 +775,14 @@ def main(argv: list[str] | None = None) -> int:
     pystack, pystack_info = ensure_pystack()
     if not pystack:
         log(f"pystack unavailable, continuing without it: {pystack_info}")
+    global _FORENSICS_EXE
+    if args.editable:
+        wheel_info = "the checkout's editable .venv (--editable): not what the goals are measured on"
+    else:
+        _FORENSICS_EXE, wheel_info = ensure_wheel()
+        if not _FORENSICS_EXE:
+            log(f"cannot install the forensics wheel: {wheel_info}")
+            return 1
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     cases = prepare_cores(args.workdir, pythons, None if (args.no_big or args.quick) else args.big_mb,
@@ -651,7 +797,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "machine": f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / (1 << 30):.0f} GiB, {platform.machine()}",
         "repeat": repeat, "workdir": str(args.workdir), "timeout_s": args.timeout,
-        "forensics": forensics_exe(), "pystack": pystack_info if pystack else f"unavailable ({pystack_info})",
+        "forensics": forensics_exe(), "forensics_install": wheel_info,
+        "eu_stack": _eu_stack_version(),
+        "pystack": pystack_info if pystack else f"unavailable ({pystack_info})",
         "gdb": gdb, "gdb_version": gdb_version, "pythons": pythons,
     }
     rep = build_report(cases, batch, settings)
