@@ -35,6 +35,7 @@ import threading
 from collections import OrderedDict
 from ctypes import byref, c_bool, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 
+from .. import rootpath
 from ..core.debugfiles import find_debug_file
 from ..errors import UnwinderUnavailable
 from ..model import CoreFile, Library, LibraryStatus
@@ -63,15 +64,20 @@ def clear_symbol_cache() -> None:
         _symbols.clear()
 
 
-def _open_regular(path: str, *, nofollow: bool) -> int | None:
+def _open_regular(path: str, sysroot: str | None) -> int | None:
     """A read-only descriptor of the regular file at ``path``, or None.
 
-    Non-blocking (a FIFO put where a library was expected cannot hang us), checked
-    regular after opening (what is opened is what is checked).
+    A file inside ``sysroot`` is opened by the one resolver (:func:`forensics.rootpath.open_in_root`:
+    one component at a time on descriptors, never out of the root); a file of this machine
+    non-blocking (a FIFO put where a library was expected cannot hang us).  Either is checked
+    regular after opening: what is opened is what is checked.
     """
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK | (os.O_NOFOLLOW if nofollow else 0)
     try:
-        fd = os.open(path, flags)
+        root = os.path.abspath(sysroot).rstrip("/") if sysroot else None
+        if root and path.startswith(root + "/"):
+            fd = rootpath.open_in_root(root, path[len(root):], os.O_RDONLY | os.O_NONBLOCK)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
@@ -109,7 +115,7 @@ class _Unwinder:
             if library.path == "[vdso]":
                 fd = self._vdso_fd(library)
             elif library.status in _USABLE and library.file_path:
-                fd = _open_regular(library.file_path, nofollow=self.sysroot is not None)
+                fd = _open_regular(library.file_path, self.sysroot)
             else:
                 return -1  # missing, or another build: withheld, its frames stay unnamed
             if fd is None:
@@ -137,10 +143,20 @@ class _Unwinder:
             if path is None:
                 self.debug_files[mod] = None
                 return -1
-            path = decompressed_debug_file(path, build_id.lower())
-            self.debug_files[mod] = path
-            fd = _open_regular(path, nofollow=False)
-            return -1 if fd is None else fd
+            plain = decompressed_debug_file(path, build_id.lower())
+            fd = _open_regular(plain, None if plain != path else self.sysroot)
+            if fd is None:
+                return -1
+            # what libdw reads is what was checked: the build-id of the file now open
+            elf = self.lib.elf_begin(fd, L.ELF_C_READ_MMAP, None)
+            found = self._elf_build_id(elf) if elf else None
+            if elf:
+                self.lib.elf_end(elf)
+            if found != build_id.lower():
+                os.close(fd)
+                return -1
+            self.debug_files[mod] = plain
+            return fd
         except Exception:  # noqa: BLE001
             return -1
 
