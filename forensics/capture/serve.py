@@ -382,6 +382,10 @@ def serve(cfg: ServeConfig) -> None:
     from prometheus_client import start_http_server
     from prometheus_client.core import CollectorRegistry
 
+    try:  # the agent's own work (reading bundles, serving scrapes) also yields to the handler the kernel waits on
+        os.nice(10)
+    except OSError:
+        pass
     agent = Agent(cfg)
     registry = CollectorRegistry()  # only the index's families: no process / platform collectors
     registry.register(IndexCollector(agent))

@@ -61,6 +61,10 @@ def image() -> Path:
                         pytest.skip(f"no Debian mirror to build the image from: {p.stderr.strip()[-300:]}")
                     raise AssertionError(p.stderr[-3000:])
                 os.rename(tmp, final)
+                # images of older inputs: keep the newest two (another test run may be reading one)
+                old = sorted((p for p in images.glob("agent-*") if p != final), key=lambda p: p.stat().st_mtime)
+                for p in old[:-1]:
+                    shutil.rmtree(p, ignore_errors=True)
     return final
 
 
