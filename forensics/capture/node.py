@@ -360,45 +360,37 @@ def run_nvidia_bug_report(out_dir: str, *, timeout: float = BUG_REPORT_TIMEOUT,
     return kept, note
 
 
+def _pids_where(match, proc: str = "/proc") -> list[int]:
+    """The PIDs whose cgroup identity satisfies ``match``, oldest first."""
+    from .identity import parse_cgroup
+
+    found = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/cgroup") as f:
+                ident = parse_cgroup(f.read())
+        except OSError:
+            continue
+        if match(ident):
+            found.append(int(name))
+    return sorted(found)
+
+
 def find_container_pids(container_id: str, proc: str = "/proc") -> list[int]:
     """The PIDs whose cgroup names ``container_id`` (full or a 12+ hex prefix), oldest first.
 
     Never by hostname: a container's processes are found by the runtime's cgroup names.
     """
-    from .identity import parse_cgroup
-
     cid = container_id.split("://")[-1].lower()
-    found = []
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"{proc}/{name}/cgroup") as f:
-                ident = parse_cgroup(f.read())
-        except OSError:
-            continue
-        if ident.container_id and len(cid) >= 12 and ident.container_id.startswith(cid):
-            found.append(int(name))
-    return sorted(found)
+    return _pids_where(lambda i: bool(i.container_id) and len(cid) >= 12 and i.container_id.startswith(cid), proc)
 
 
 def find_pod_pids(pod_uid: str, proc: str = "/proc") -> list[int]:
     """The PIDs in the cgroups of pod ``pod_uid`` (its sandbox, its other containers), oldest first."""
-    from .identity import parse_cgroup
-
     want = pod_uid.replace("_", "-").lower()
-    found = []
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"{proc}/{name}/cgroup") as f:
-                ident = parse_cgroup(f.read())
-        except OSError:
-            continue
-        if ident.pod_uid and ident.pod_uid.replace("_", "-").lower() == want:
-            found.append(int(name))
-    return sorted(found)
+    return _pids_where(lambda i: bool(i.pod_uid) and i.pod_uid.replace("_", "-").lower() == want, proc)
 
 
 def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") -> tuple[str, dict]:
