@@ -147,3 +147,20 @@ def test_report_of_a_snapshot_says_it_is_no_crash(workdir, newest_python, tmp_pa
     text = (tmp_path / "r.md").read_text()
     assert "did not crash: the core is a snapshot of the live process (SIGSTOP" in text
     assert "crashes with SIGSTOP" not in text and "dies of SIGSTOP" not in text
+
+
+@pytest.mark.parametrize("scenario", ["heap-prev", "segv"])
+def test_one_fingerprint_whatever_the_method(cores, newest_python, scenario):
+    # GIVEN one crash (issue #20 item 5: gdb, --method direct and the handler's index gave three)
+    core = str(cores.get(newest_python, scenario))
+    got = {
+        "libdw": analyze_core(core),
+        "gdb": analyze_core(core, native_method="gdb", method="gdb"),
+        "direct": analyze_core(core, method="direct"),
+        "no unwinder": analyze_core(core, native_method="none"),
+        "no gdb": analyze_core(core, gdb="/nonexistent/gdb", native_method="gdb"),
+    }
+    # THEN every method gives the one fingerprint, from the parts every method yields
+    assert len({a.fingerprint for a in got.values()}) == 1, {k: a.fingerprint_basis for k, a in got.items()}
+    assert not any(a.fingerprint_partial for a in got.values())
+    assert all(not b.startswith("native:") for b in got["libdw"].fingerprint_basis)
