@@ -354,7 +354,7 @@ def find_signal_frames(core: CoreFile, mem: CoreMemory, thread: Thread,
             matched += [f for f in found if f.address > last]
         found = matched
     frames = tuple(found)
-    if frames and thread.py_frames and all(f.native_index is not None for f in frames):
+    if frames and all(f.native_index is not None for f in frames):
         frames = split_python_frames(thread, frames)
     return frames
 

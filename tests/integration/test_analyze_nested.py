@@ -8,6 +8,7 @@ follows "; then"; the exit status the kernel gave the real process is explained.
 from __future__ import annotations
 
 import json
+import subprocess
 import re
 from pathlib import Path
 
@@ -225,3 +226,42 @@ def test_another_threads_fault_after_the_heap_abort_says_which_came_first(cores,
         assert order.summary.startswith(f'"nvml-poller" tid {poller.tid} came first')
         assert exit_explanation(a).startswith("exit status 139 (SIGSEGV), not 134 (SIGABRT)")
     assert analyze_core(str(core)).fingerprint == a.fingerprint  # whichever method read it
+
+
+C_PROGRAM = r"""
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+/* usage: reporter [handler]: a heap overflow glibc aborts on; with "handler", a SIGABRT handler
+   (a crash reporter) that dereferences NULL while the process dies */
+static void on_abort(int signo) { volatile int *p = 0; *p = signo; }
+static void *volatile keep;
+int main(int argc, char **argv) {
+    if (argc > 1) { struct sigaction sa; memset(&sa, 0, sizeof sa); sa.sa_handler = on_abort; sigaction(SIGABRT, &sa, 0); }
+    unsigned char *a = malloc(0x500), *b = malloc(0x500);
+    keep = b;
+    memset(a, 0x41, 0x500 + 16);  /* over the next chunk's header */
+    free(a);
+    return 0;
+}
+"""
+
+
+def test_c_program_whose_handler_faults_fingerprints_as_without_it(tmp_path):
+    # GIVEN a C program (no Python) whose SIGABRT handler dereferences NULL during glibc's heap abort
+    src = tmp_path / "reporter.c"
+    src.write_text(C_PROGRAM)
+    exe = tmp_path / "reporter"
+    subprocess.run(["gcc", "-g", "-O0", "-o", str(exe), str(src)], check=True)
+    runs = {}
+    for name, argv in (("plain", [str(exe)]), ("handler", [str(exe), "handler"])):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        runs[name] = crash_for_core(argv, run_dir)
+    assert died_of(runs["plain"]) == 6 and died_of(runs["handler"]) == 11
+    plain, nested = analyze_core(str(runs["plain"])), analyze_core(str(runs["handler"]))
+    # THEN the same crash: heap corruption first, the handler's SIGSEGV after, one fingerprint
+    assert nested.crash.kind is CrashKind.HEAP_CORRUPTION and nested.crash.then.handler.name == "on_abort"
+    assert nested.fingerprint == plain.fingerprint and nested.fingerprint_partial is None
+    assert "program:reporter" in nested.fingerprint_basis
+    assert same_tid(signature(nested).partition("; then ")[0]) == same_tid(signature(plain))
