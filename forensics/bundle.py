@@ -403,13 +403,13 @@ def _build_sysroot(bundle_dir: str, core: str, entry) -> None:
     os.rename(tmp, entry / "sysroot")
 
 
-DEFAULT_BUNDLE_CACHE = 16 << 30  # bytes of decompressed bundle cores kept (FORENSICS_BUNDLE_CACHE_BYTES)
+DEFAULT_BUNDLE_CACHE = 4 << 30  # bytes of decompressed bundle cores kept (FORENSICS_BUNDLE_CACHE_BYTES)
 _PRUNE_AGE = 3600.0  # an entry used within the hour is never pruned (an analysis may be reading it)
 
 
 def prune_bundle_cache(*, keep=None, budget: int | None = None) -> list[str]:
     """Delete the least recently used bundle entries of the cache beyond ``budget`` bytes (default
-    ``FORENSICS_BUNDLE_CACHE_BYTES`` or 16 GiB); never ``keep`` nor an entry used in the last hour.
+    ``FORENSICS_BUNDLE_CACHE_BYTES`` or 4 GiB); never ``keep`` nor an entry used in the last hour.
     :return: the entries deleted"""
     from .cache import cache_dir
 
