@@ -320,6 +320,8 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
     rows = [("Distribution", _os_line(f).split(", kernel")[0]),
             ("Kernel", _v(f.kernel))]
     gpus = smi["gpus"]
+    bus_ids = tuple(g["bus_id"] for g in gpus if g.get("bus_id")) or tuple(
+        g.rsplit("PCI bus ", 1)[-1] for g in f.gpu_lines if "PCI bus " in g)
     if gpus:
         rows.append(("PCI bus ids", ", ".join(g.get("bus_id", "?") for g in gpus)))
         for key, label in (("VBIOS Version", "VBIOS"), ("Persistence Mode", "Persistence mode"), ("MIG Mode", "MIG mode"),
@@ -336,7 +338,7 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
     if f.kernel_log is None and not f.bug_report_text:
         rows.append(("Xid summary", "kernel log not captured"))
     else:
-        xids = xid_summary((f.kernel_log or "") + "\n" + (f.bug_report_text or ""))
+        xids = xid_summary((f.kernel_log or "") + "\n" + (f.bug_report_text or ""), bus_ids)
         rows.append(("Xid summary", "; ".join(xids) if xids else "no Xid in the driver's kernel log lines"))
     return rows
 

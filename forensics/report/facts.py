@@ -207,21 +207,44 @@ def smi_facts(text: str | None) -> dict:
 
 
 _XID = re.compile(r"\bS?Xid \((?:PCI:)?([^)]*)\):\s*(\d+)")
+_BUS = re.compile(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.[0-7])?$")
 
 
-def xid_summary(kernel_log: str | None) -> list[str]:
+def _bus_key(bus_id: str) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of a PCI id as the kernel log (``0000:3b:00``) or NVML (``00000000:3B:00.0``) writes it."""
+    m = _BUS.search(bus_id.strip())
+    if not m:
+        return None
+    return int(m.group(1) or "0", 16), int(m.group(2), 16), int(m.group(3), 16)
+
+
+def xid_summary(kernel_log: str | None, gpu_bus_ids: tuple[str, ...] = ()) -> list[str]:
     """``Xid 79 on 0000:3b:00: 2 times`` per (Xid, device), from the driver's kernel log lines.
+
+    With the bus ids of the GPUs the evidence lists, a device that is none of them is said so:
+    the kernel log is the node's, and its Xids may concern another GPU than the process's.
 
     >>> xid_summary("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\\n")
     ['Xid 79 on 0000:3b:00: 1 time']
+    >>> xid_summary("NVRM: Xid (PCI:0000:3b:00): 79, pid=1\\n", ("00000000:3B:00.0",))
+    ['Xid 79 on 0000:3b:00: 1 time']
+    >>> xid_summary("NVRM: Xid (PCI:0000:3b:00): 79, pid=1\\n", ("00000000:18:00.0",))
+    ['Xid 79 on 0000:3b:00: 1 time (not one of the GPUs in the evidence)']
     """
+    known = {k for k in (_bus_key(b) for b in gpu_bus_ids) if k is not None}
     counts: dict[tuple[str, str], int] = {}
     for line in (kernel_log or "").splitlines():
         m = _XID.search(line)
         if m:
             key = (m.group(2), m.group(1))
             counts[key] = counts.get(key, 0) + 1
-    return [f"Xid {x} on {dev}: {n} time{'s' if n != 1 else ''}" for (x, dev), n in sorted(counts.items())]
+    out = []
+    for (x, dev), n in sorted(counts.items()):
+        line = f"Xid {x} on {dev}: {n} time{'s' if n != 1 else ''}"
+        if known and _bus_key(dev) not in known:
+            line += " (not one of the GPUs in the evidence)"
+        out.append(line)
+    return out
 
 
 def _analysis(ev: Evidence) -> dict:
