@@ -36,7 +36,7 @@ import time
 
 from .nodeindex import ANALYSIS_DIR, NOT_KEPT_REASONS, NodeIndex, build_index
 
-__all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "serve"]
+__all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve"]
 
 ANALYSIS_FAILURES = ("timeout", "memory", "error", "interrupted")
 _IOPRIO_SET = 251  # x86-64 syscall number

@@ -8,7 +8,7 @@ import click
 
 from ..options import SIZE, json_option, parse_coredump_filter
 
-__all__ = ["agent", "agent_manifest", "agent_run"]
+__all__ = ["agent", "agent_manifest", "agent_serve", "agent_run"]
 
 
 @click.group("agent")
