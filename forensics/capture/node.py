@@ -36,6 +36,7 @@ __all__ = [
     "redacted",
     "find_container_pids",
     "find_pod_pids",
+    "find_pod_shims",
     "capture_waiting_pod",
 ]
 
@@ -393,32 +394,76 @@ def find_pod_pids(pod_uid: str, proc: str = "/proc") -> list[int]:
     return _pids_where(lambda i: bool(i.pod_uid) and i.pod_uid.replace("_", "-").lower() == want, proc)
 
 
+def find_pod_shims(sandbox_ids: list[str], proc: str = "/proc") -> list[int]:
+    """The container runtime's shim processes of a pod (``containerd-shim-runc-v2 ... -id SANDBOX``), by its
+    sandbox's container ID: runc starts each new container of the pod from it, so it inherits the shim's limits."""
+    ids = {i.lower() for i in sandbox_ids if i}
+    found = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/cmdline", "rb") as f:
+                argv = f.read(8192).decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not argv or not os.path.basename(argv[0]).startswith("containerd-shim"):
+            continue
+        for i, a in enumerate(argv[:-1]):
+            if a == "-id" and argv[i + 1].lower() in ids:
+                found.append(int(name))
+                break
+    return sorted(found)
+
+
 def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") -> tuple[str, dict]:
     """A pod whose container is not running (CrashLoopBackOff): arm what can be armed and write the bundle.
 
-    Nothing runs to raise a limit on; the node's core handler is what the next start inherits.  The
-    bundle says what that start will get — the core pattern, the RLIMIT_CORE the pod's running processes
-    (its sandbox) have, which the runtime gives a new container of the pod too unless told otherwise —
-    with the node's logs and kernel lines.
+    No process of the container runs to raise a limit on. What can be armed is what its next start
+    inherits: runc starts it from the pod's runtime shim (containerd's, found by the pod sandbox's
+    container ID), so the shim's RLIMIT_CORE is raised (read back) and the next container gets it; without
+    a shim to find, the limit of the pod's running processes (its sandbox) says what it will get. The
+    node's core handler (kernel.core_pattern) is inherited as it is. The bundle holds that verdict, the
+    node's logs and kernel lines.
     :return: (bundle directory, the arming record)
     """
     from .bundle import BundleWriter, new_bundle_dir
+    from .identity import find_container_identity
     from .pattern import destination_payload, explain_next_start, read_core_pattern
 
     pids = find_pod_pids(pod_uid)
-    limit, limit_from = None, None
+    sandboxes = []
     for pid in pids:
         try:
-            limit = _limits_core(pid)[0]
-            limit_from = f"the RLIMIT_CORE of pid {pid} of the same pod (its sandbox), from which the runtime starts it"
-            break
-        except OSError:
+            cid = find_container_identity(pid).container_id
+        except (OSError, ForensicsError):
             continue
+        if cid:
+            sandboxes.append(cid)
+    armed, notes = [], []
+    limit, limit_from = None, None
+    for shim in find_pod_shims(sandboxes):
+        try:
+            before, after, _, _ = arm_process(shim, coredump_filter=DEFAULT_FILTER)
+        except ForensicsError as e:
+            notes.append(f"the pod's runtime shim (pid {shim}) could not be armed: {e}")
+            continue
+        armed.append({"pid": shim, "what": "the pod's container runtime shim (new containers of the pod inherit its "
+                                            "limits)", "rlimit_core_before": before, "rlimit_core_after": after})
+        limit, limit_from = after[0], f"inherited from the pod's runtime shim, pid {shim}, raised from {before[0]}"
+    if limit is None:
+        for pid in pids:
+            try:
+                limit = _limits_core(pid)[0]
+                limit_from = f"the RLIMIT_CORE of pid {pid} of the same pod (its sandbox), from which the runtime starts it"
+                break
+            except OSError:
+                continue
     pattern = read_core_pattern()
     dest = explain_next_start(pattern, limit, limit_from=limit_from)
-    arming = {"armed": False, "why": "the container is not running: no process to arm", "pod_pids": pids,
-              "rlimit_core_next": limit, "rlimit_core_next_from": limit_from, "core_pattern": pattern,
-              "destination": destination_payload(dest)}
+    arming = {"armed": armed, "why": "the container is not running: its next start is armed through what it inherits",
+              "notes": notes, "pod_pids": pids, "rlimit_core_next": limit, "rlimit_core_next_from": limit_from,
+              "core_pattern": pattern, "destination": destination_payload(dest)}
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     bdir = new_bundle_dir(os.path.join(core_dir, "bundles"), f"{stamp}-pod{pod_uid[:8]}")
     w = BundleWriter(bdir)

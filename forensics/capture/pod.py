@@ -235,7 +235,14 @@ def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, 
         lines.append(f"armed on the node: RLIMIT_CORE {before[0]}/{before[1]} -> {after[0]}/{after[1]}, "
                      f"coredump_filter {arming.get('coredump_filter_before')} -> {arming.get('coredump_filter_after')}")
     elif not running:
-        lines.append("not running: nothing to arm now; what its next start gets, as the agent found it on the node:")
+        for a in arming.get("armed") or ():
+            lines.append(f"not running: armed its next start through {a['what'].split(' (')[0]} (pid {a['pid']}): "
+                         f"RLIMIT_CORE {a['rlimit_core_before'][0]} -> {a['rlimit_core_after'][0]}")
+        if not arming.get("armed"):
+            lines.append("not running: nothing to arm now (no runtime shim of the pod found); what its next start "
+                         "gets, as the agent found it on the node:")
+        for note in arming.get("notes") or ():
+            lines.append(f"  - {note}")
     lines.append(f"core_pattern:    {arming.get('core_pattern', '?')}")
     lines += format_destination(dest) if dest else ["core:            unknown (the agent sent no arming.json)"]
     earlier = sorted(d for d in os.listdir(os.path.join(bdir, "50-core"))) if os.path.isdir(os.path.join(bdir, "50-core")) else []

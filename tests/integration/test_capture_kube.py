@@ -199,6 +199,11 @@ def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_pat
     sandbox_cg = pod_cgroup(pod_uid, uuid.uuid4().hex + uuid.uuid4().hex)
     sandbox = subprocess.Popen(["sleep", "120"], preexec_fn=lambda: resource.setrlimit(
         resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)))
+    # and its containerd shim (runc starts the pod's next container from it) with RLIMIT_CORE 0, as the runtime runs it
+    sandbox_id = sandbox_cg.name[len("cri-containerd-"):-len(".scope")]
+    shim = subprocess.Popen(["bash", "-c", f"exec -a containerd-shim-runc-v2 {sys.executable} -c "
+                             f"'import time; time.sleep(120)' -namespace k8s.io -id {sandbox_id} -address /run/x.sock"],
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY)))
     # and a crash of an earlier container of the pod, recorded by the core handler
     earlier_cg = pod_cgroup(pod_uid, uuid.uuid4().hex * 2)
     earlier_proc = subprocess.Popen(["sleep", "60"])
@@ -223,7 +228,7 @@ def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_pat
     finally:
         remove_cgroup(sandbox_cg)
         remove_cgroup(earlier_cg)
-        for p in (sandbox, earlier_proc):
+        for p in (sandbox, earlier_proc, shim):
             p.kill()
             p.wait()
     # THEN it is captured (not refused), the earlier crash is brought back, and the verdict says what the next
@@ -234,9 +239,14 @@ def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_pat
     assert doc["running"] is False and doc["earlier_crashes"] == [os.path.basename(earlier.crash_dir)]
     assert (bundle / "50-core" / os.path.basename(earlier.crash_dir) / "metadata.json").is_file()
     arming = json.loads((bundle / "40-process" / "arming.json").read_text())
-    assert arming["armed"] is False and arming["rlimit_core_next"] == "unlimited"
+    # what can be armed was: the shim's limit, which the next container inherits, raised and read back
+    assert [a["pid"] for a in arming["armed"]] == [shim.pid]
+    assert arming["armed"][0]["rlimit_core_before"][0] == "0"
+    assert arming["rlimit_core_next"] == "unlimited" and "runtime shim" in arming["rlimit_core_next_from"]
     assert sandbox.pid in arming["pod_pids"]
-    assert "not running: nothing to arm now" in text.output
+    # (the second capture finds it armed already)
+    assert f"not running: armed its next start through the pod's container runtime shim (pid {shim.pid}): " \
+           f"RLIMIT_CORE unlimited -> unlimited" in text.output
     if pattern == "handler":
         assert arming["destination"]["survives"] is True
         assert "core:            WILL be written" in text.output
