@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the core handler read
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, targets: dict[str, list[str]]) -> None:
+    def __init__(self, workdir: Path, targets: dict[str, list[str]], *, web_config: str | None = None) -> None:
         from tests.prometheus_env import PrometheusUnavailable, prometheus_binary
 
         try:
@@ -46,8 +46,12 @@ class Prometheus:
         cfg = workdir / "prometheus.yml"
         cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n" + "".join(jobs))
         self.log = open(workdir / "prometheus.log", "w")
+        web = []
+        if web_config:
+            (workdir / "web.yml").write_text(web_config)
+            web = [f"--web.config.file={workdir / 'web.yml'}"]
         self.proc = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-                                      f"--web.listen-address=127.0.0.1:{self.port}"], stdout=self.log,
+                                      f"--web.listen-address=127.0.0.1:{self.port}", *web], stdout=self.log,
                                      stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -161,3 +165,34 @@ def test_unreachable_prometheus_and_bad_options(tmp_path):
     token = tmp_path / "missing-token"
     r = CliRunner().invoke(cli, ["fleet", "--prometheus", f"http://127.0.0.1:{port}", "--bearer-token-file", str(token)])
     assert r.exit_code in (1, 2)
+
+
+def test_basic_auth(tmp_path):
+    """A Prometheus that asks for basic auth (its web config): refused without it, answered with it."""
+    import shutil as _shutil
+
+    if _shutil.which("htpasswd") is None:
+        pytest.skip("htpasswd (apache2-utils) makes the bcrypt hash Prometheus' web config needs")
+    hashed = subprocess.run(["htpasswd", "-nbB", "fleet", "s3cret"], capture_output=True, text=True,
+                            check=True).stdout.strip().split(":", 1)[1]
+    pods, nodes = incident_fleet()
+    ksm, ksm_port = serve_ksm(ksm_text(pods, nodes))
+    prom = Prometheus(tmp_path, {"kube-state-metrics": [f"127.0.0.1:{ksm_port}"]},
+                      web_config=f"basic_auth_users:\n  fleet: {hashed}\n")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            r = CliRunner().invoke(cli, ["fleet", "--prometheus", prom.url, "--basic-auth", "fleet:s3cret", "--json"])
+            if r.exit_code == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["fleet"]["pods"] == 207
+        r = CliRunner().invoke(cli, ["fleet", "--prometheus", prom.url])
+        assert r.exit_code == 1 and "HTTP 401" in r.stderr, r.output
+        r = CliRunner().invoke(cli, ["fleet", "--prometheus", prom.url], env={"FORENSICS_PROMETHEUS_BASIC_AUTH": "fleet:s3cret"})
+        assert r.exit_code == 0, r.output
+    finally:
+        prom.stop()
+        ksm.shutdown()
+        ksm.server_close()
