@@ -563,9 +563,10 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None) -> A
     locals_problem = None
     crashed = analysis.snapshot.crashed_thread
     if corruption and crashed is not None and crashed.py_frames:
-        from ..pyread.locals import buffer_owners
+        from ..pyread.locals import buffer_owners, read_thread_locals
 
-        owners, locals_problem = buffer_owners(core, crashed.py_frames, sysroot=sysroot)
+        thread_locals = read_thread_locals(core, crashed.py_frames, sysroot=sysroot)
+        owners, locals_problem = buffer_owners(core, crashed.py_frames, thread_locals), thread_locals.problem
     elif corruption and is_python_process(core):
         locals_problem = "the crashing thread has no Python frames"
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,

@@ -27,8 +27,8 @@ from forensics.model import BufferOwner, CoreFile, CtypesObject, LibraryStatus, 
 from forensics.pyread.objects import BadObject
 
 __all__ = ["LocalsLayout", "LOCALS_LAYOUTS", "TypeNames", "CallArgument", "FrameCall", "read_frame_locals", "read_ctypes_object",
-           "describe_object", "read_native_call", "match_native_call", "read_buffer_owners", "buffer_owners",
-           "MAX_LOCALS",
+           "describe_object", "read_native_call", "match_native_call", "ThreadLocals", "read_thread_locals",
+           "buffer_owners", "MAX_LOCALS",
            "MAX_STACK"]
 
 MAX_LOCALS = 512  # names read from one code object
@@ -509,76 +509,98 @@ def _argument_text(a: CallArgument, local_names: dict[int, str]) -> str:
     return a.text
 
 
-def read_buffer_owners(core: CoreFile, mem, frames, *, version: tuple[int, int], objects,
-                       reader) -> list[tuple[BufferOwner, NativeCall | None]]:
-    """The ctypes objects with a buffer among the locals of ``frames`` (innermost first), each with
-    the native call in progress it was passed to (innermost frame only: a ctypes call pushes no frame).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ThreadLocals:
+    """The fast locals of a thread's frames (innermost first) and the ctypes call its innermost frame is making."""
 
-    :param frames: the thread's :class:`~forensics.model.PyFrame` records; those without a frame and
-        code address (a method that does not give them) are skipped
-    """
+    frames: tuple[tuple[PyLocal, ...], ...]  # one tuple per frame of the input, () where unreadable
+    call: FrameCall | None = None
+    problem: str | None = None  # why they could not be read (None: they were)
+
+
+def _read_thread(core: CoreFile, frames, *, version: tuple[int, int], objects, reader) -> ThreadLocals:
     layout = LOCALS_LAYOUTS.get(version)
     if layout is None:
-        return []
+        return ThreadLocals(frames=tuple(() for _ in frames), problem=f"CPython {version[0]}.{version[1]}: "
+                                                                     "no locals layout")
     names = TypeNames(reader, core)
-    out: list[tuple[BufferOwner, NativeCall | None]] = []
+    out: list[tuple[PyLocal, ...]] = []
+    call = None
     for depth, frame in enumerate(frames):
         faddr, caddr = getattr(frame, "frame_address", None), getattr(frame, "code_address", None)
         if not faddr or not caddr:
+            out.append(())
             continue
         try:
-            locals_ = read_frame_locals(names, objects, layout, faddr, caddr)
+            out.append(read_frame_locals(names, objects, layout, faddr, caddr))
         except BadObject:
+            out.append(())
             continue
-        call = None
         if depth == 0:
             try:
                 n = len(_names(reader, objects, layout, caddr)[0]) if layout.interpreter_frames else 0
                 call = read_native_call(names, objects, layout, faddr, caddr, n)
             except BadObject:
                 call = None
-        local_names = {loc.address: loc.name for loc in locals_}
-        for loc in locals_:
+    return ThreadLocals(frames=tuple(out), call=call)
+
+
+def read_thread_locals(core: CoreFile, frames, *, sysroot: str | None = None) -> ThreadLocals:
+    """The locals of a thread's Python frames (the walker's records, innermost first), with the interpreter's
+    version and object readers set up the way the walker sets them up.  Never raises for what the core holds."""
+    if not any(getattr(f, "frame_address", None) for f in frames):
+        return ThreadLocals(frames=tuple(() for _ in frames),
+                            problem="the Python frames carry no addresses (gdb's walker gives none): "
+                                    "their locals were not read")
+    from forensics.core.memory import CoreMemory
+    from forensics.errors import ForensicsError
+
+    try:
+        with CoreMemory.open(core.path) as mem:
+            found = _objects_for(core, mem, sysroot)
+            if isinstance(found, str):
+                return ThreadLocals(frames=tuple(() for _ in frames), problem=found)
+            version, reader, objects = found
+            return _read_thread(core, frames, version=version, objects=objects, reader=reader)
+    except (ForensicsError, BadObject, ValueError) as e:
+        return ThreadLocals(frames=tuple(() for _ in frames), problem=f"the frames' locals could not be read: {e}")
+
+
+def _objects_for(core: CoreFile, mem, sysroot: str | None):
+    """(version, Reader, Objects) for this core's interpreter, or why not (a string)."""
+    from forensics.pyread.layouts import DEBUG_OFFSETS_313, LayoutError, build_layout, parse_debug_offsets
+    from forensics.pyread.locate import TYPE_SYMBOLS, detect_version, find_runtime
+    from forensics.pyread.objects import Objects, Reader
+
+    binary = find_runtime(core, mem, sysroot=sysroot)
+    if binary is None:
+        return "the interpreter's runtime was not found"
+    debug = parse_debug_offsets(mem.read_prefix(binary.runtime, 8 + 8 * len(DEBUG_OFFSETS_313)))
+    version = detect_version(binary, core, mem, debug["version"] if debug else None)
+    if version is None:
+        return "the interpreter's version was not found"
+    where = (version.major, version.minor)
+    try:
+        layout = build_layout(*where, debug if where == (3, 13) else None)
+    except LayoutError as e:
+        return f"CPython {version.text}: {e}"
+    reader = Reader(mem)
+    return where, reader, Objects(layout, reader, {n: binary.symbol(n) for n in TYPE_SYMBOLS})
+
+
+def buffer_owners(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple[BufferOwner, NativeCall | None]]:
+    """The ctypes objects with a buffer of their own among a thread's frame locals, each with the native
+    call in progress it was passed to (the innermost frame's only: a ctypes call pushes no frame)."""
+    out: list[tuple[BufferOwner, NativeCall | None]] = []
+    for depth, (frame, locs) in enumerate(zip(frames, locals_.frames)):
+        local_names = {loc.address: loc.name for loc in locs}
+        for loc in locs:
             o = loc.ctypes
             # a buffer of its own (malloc'd), not the object's inline b_value (pointers, small simple types)
             if o is None or o.kind == "function" or not o.buffer or o.size <= 0 or o.buffer == o.address + _B_VALUE:
                 continue
             owner = BufferOwner(name=loc.name, function=frame.function, file=frame.file, line=frame.line, object=o)
+            call = locals_.call if depth == 0 else None
             out.append((owner, match_native_call(core, call, owner, frame, local_names) if call is not None
                         else None))
     return out
-
-
-def buffer_owners(core: CoreFile, frames, *,
-                  sysroot: str | None = None) -> tuple[list[tuple[BufferOwner, NativeCall | None]], str | None]:
-    """:func:`read_buffer_owners` for a core: the interpreter's version and object readers set up the way
-    the walker sets them up.  Never raises for what the core holds.
-
-    :return: the owners, and why the frames' locals could not be read (None when they were)
-    """
-    if not any(getattr(f, "frame_address", None) for f in frames):
-        return [], "the Python frames carry no addresses (gdb's walker gives none): their locals were not read"
-    from forensics.core.memory import CoreMemory
-    from forensics.errors import ForensicsError
-    from forensics.pyread.layouts import DEBUG_OFFSETS_313, LayoutError, build_layout, parse_debug_offsets
-    from forensics.pyread.locate import TYPE_SYMBOLS, detect_version, find_runtime
-    from forensics.pyread.objects import Objects, Reader
-
-    try:
-        with CoreMemory.open(core.path) as mem:
-            binary = find_runtime(core, mem, sysroot=sysroot)
-            if binary is None:
-                return [], "the interpreter's runtime was not found"
-            debug = parse_debug_offsets(mem.read_prefix(binary.runtime, 8 + 8 * len(DEBUG_OFFSETS_313)))
-            version = detect_version(binary, core, mem, debug["version"] if debug else None)
-            if version is None:
-                return [], "the interpreter's version was not found"
-            where = (version.major, version.minor)
-            if where not in LOCALS_LAYOUTS:
-                return [], f"CPython {version.text}: no locals layout"
-            layout = build_layout(*where, debug if where == (3, 13) else None)
-            reader = Reader(mem)
-            objects = Objects(layout, reader, {n: binary.symbol(n) for n in TYPE_SYMBOLS})
-            return read_buffer_owners(core, mem, frames, version=where, objects=objects, reader=reader), None
-    except (ForensicsError, LayoutError, BadObject) as e:
-        return [], f"the frames' locals could not be read: {e}"
