@@ -445,6 +445,42 @@ def _tcache_damage(heap: Heap, tcaches: Sequence[int]) -> tuple[HeapChunk, str, 
     return None
 
 
+def describe_header(heap: Heap, c: HeapChunk, before: HeapChunk | None) -> list[str]:
+    """Everything inconsistent in a chunk header inside a heap: its size, its flags, its prev_size, and the
+    header its size leads to -- each against what glibc keeps true of a chunk there."""
+    region = heap.region_of(c.address)
+    if region is None:
+        return []
+    out = []
+    field = c.size | c.flags
+    arena = heap.arena(region.arena)
+    if c.size < MINSIZE or c.size & (MALLOC_ALIGNMENT - 1):
+        out.append(f"size: 0x{c.size:x} is not a chunk size (at least 0x20, a multiple of 16)")
+    elif c.address + c.size > region.end:
+        out.append(f"size: 0x{c.size:x} runs past the end of its heap 0x{region.end:x}")
+    elif arena is not None and c.size > arena.system_mem:
+        out.append(f"size: 0x{c.size:x} is more than the arena holds (system_mem 0x{arena.system_mem:x})")
+    if c.flags & IS_MMAPPED:
+        out.append(f"flags: IS_MMAPPED in 0x{field:x} on a chunk inside a heap")
+    in_thread_arena = region.arena != heap.glibc.main_arena
+    if bool(c.flags & 4) != in_thread_arena:
+        out.append(f"flags: NON_MAIN_ARENA is {'clear' if in_thread_arena else 'set'} in 0x{field:x}, but the chunk "
+                   f"is in {'thread arena' if in_thread_arena else 'main_arena'} 0x{region.arena:x}")
+    if before is not None and before.end == c.address and not c.flags & PREV_INUSE:
+        out.append(f"flags: PREV_INUSE is clear in 0x{field:x}, but the chunk before it (0x{before.address:x}) is "
+                   "in use")
+        if c.prev_size != before.size:
+            out.append(f"prev_size: 0x{c.prev_size:x} is not the size 0x{before.size:x} of the chunk before it")
+    if MINSIZE <= c.size and not c.size & (MALLOC_ALIGNMENT - 1) and c.address + c.size + 2 * SIZE_SZ <= region.end \
+            and c.address != region.top:
+        nxt = _chunk(heap, c.address + c.size, region)
+        if nxt is not None and (nxt.size < MINSIZE or nxt.size & (MALLOC_ALIGNMENT - 1)
+                                or nxt.address + nxt.size > region.end):
+            out.append(f"next chunk: the header its size leads to, at 0x{nxt.address:x}, has size field "
+                       f"0x{nxt.size | nxt.flags:x}, not a chunk there")
+    return out
+
+
 def find_chunk_before(heap: Heap, damaged: int) -> tuple[HeapChunk | None, str | None]:
     """The chunk whose end is the header at ``damaged`` (walking its heap from the start), or why not."""
     region = heap.region_of(damaged)
@@ -625,6 +661,13 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
         overflowed, why_not = find_chunk_before(heap, damaged.address)
     if why_not:
         problems.append(why_not)
+    if not double_free:
+        said = " ".join(inconsistencies)
+        for line in describe_header(heap, damaged, overflowed):
+            topic = next((t for t in ("IS_MMAPPED", "NON_MAIN_ARENA", "PREV_INUSE", "prev_size") if t in line),
+                         f"size 0x{damaged.size:x}" if line.startswith("size:") else line)
+            if topic not in said:
+                inconsistencies.append(line)
     owner = call = None
     usable = past_buffer = past_usable = None
     exact = False
