@@ -55,9 +55,12 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except ForensicsError as e:
-            click.echo(f"forensics: error: {e}", err=True)
+            from .output import escape_text
+
+            # one line each, whatever the message quotes (a path, a name from a core or an image)
+            click.echo(escape_text(f"forensics: error: {e}"), err=True)
             if e.help_text:
-                click.echo(f"forensics: hint: {e.help_text}", err=True)
+                click.echo(escape_text(f"forensics: hint: {e.help_text}"), err=True)
             ctx.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("forensics: interrupted", err=True)
@@ -72,8 +75,10 @@ class _Group(click.Group):
         except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback for users
             if os.environ.get("FORENSICS_DEBUG"):
                 raise
-            click.echo(f"forensics: internal error: {type(e).__name__}: {e} (set FORENSICS_DEBUG=1 for details)",
-                       err=True)
+            from .output import escape_text
+
+            click.echo(escape_text(f"forensics: internal error: {type(e).__name__}: {e} "
+                                      "(set FORENSICS_DEBUG=1 for details)"), err=True)
             ctx.exit(EXIT_ERROR)
 
 

@@ -3,7 +3,10 @@
 Below every package that writes results (analyze, verify-imports, capture, canary,
 report): it imports nothing from forensics but the error tree.  ``json_document`` is
 the contract of every ``--json`` (``SCHEMA_VERSION`` first-class, keys sorted);
-:func:`write_new` never replaces a file unless asked.
+:func:`write_new` never replaces a file unless asked; :func:`escape_text` is the one
+definition of text a terminal may be shown (every text line a command prints or writes
+goes through it: names, paths and messages come from crashed processes, images and
+clusters).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import dataclasses
 import enum
 import json
 import os
+import re
 from pathlib import PurePath
 from typing import Any
 
@@ -20,15 +24,42 @@ __all__ = ["SCHEMA_VERSION", "to_jsonable", "json_document", "write_new", "escap
 
 SCHEMA_VERSION = 1
 
+# What a terminal acts on or a reader cannot see: C0 and C1 controls, DEL, and every other
+# character str.isprintable() refuses (line and paragraph separators, bidirectional overrides,
+# zero-width characters, lone surrogates -- bytes that were not UTF-8).
+_NOT_PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
-def escape_text(text: str) -> str:
-    r"""Text that came from a process or an image, with its control characters escaped (``\x1b``), for a
-    terminal: an ESC sequence or a CR/LF inside a file name cannot rewrite or forge a line.
 
-    >>> escape_text("/app/\x1b]0;pwned\x07nvitop\r\n[FORGED]")
-    '/app/\\x1b]0;pwned\\x07nvitop\\x0d\\x0a[FORGED]'
+def _escape_one(m: re.Match) -> str:
+    c = m.group()
+    if c.isprintable():
+        return c
+    o = ord(c)
+    if 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape): show the byte
+        return f"\\x{o - 0xDC00:02x}"
+    if o <= 0xFF:
+        return f"\\x{o:02x}"
+    return f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"
+
+
+def escape_text(text: str, keep: str = "") -> str:
+    r"""Text that came from a process, an image or a cluster, as one line a terminal shows as it is:
+    every character it would act on (ESC, CR, LF, BEL, backspace, C1 controls, bidirectional
+    overrides...) written as a Python escape, so a file name cannot rewrite or forge a line.
+
+    :param keep: characters to leave as they are: ``"\n\t"`` for a text that is many lines by
+        nature (a log, nvidia-smi's output), never for a name, a path or a command line
+
+    >>> escape_text("evil\x1b]0;title\x07\r\nThread 'MainThread' [FORGED]")
+    "evil\\x1b]0;title\\x07\\x0d\\x0aThread 'MainThread' [FORGED]"
+    >>> escape_text("caf\u00e9 \u202egnp.exe \udcff")
+    'café \\u202egnp.exe \\xff'
+    >>> escape_text("line 1\r\nline 2\x1b[2J\n", keep="\n\t")
+    'line 1\\x0d\nline 2\\x1b[2J\n'
     """
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    if keep:
+        return _NOT_PRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escape_one(m), text)
+    return _NOT_PRINTABLE.sub(_escape_one, text)
 
 
 def to_jsonable(obj: Any) -> Any:

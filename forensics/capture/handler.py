@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..output import escape_text
 from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index
 from .spool import TAIL, Compressor, check_core_stream, make_reserve, with_room
 
@@ -85,8 +86,10 @@ class HandlerResult:
 
 
 def log_kernel(message: str, *, level: int = 3) -> None:
-    """One line to the kernel log (``/dev/kmsg``) and to syslog; never raises."""
-    line = f"forensics-core-handler[{os.getpid()}]: {message}"
+    """One line to the kernel log (``/dev/kmsg``) and to syslog; never raises.  The message names what the
+    crashed process controls (its comm, its executable's path): control characters are escaped, so it
+    cannot forge a second record or drive the terminal dmesg prints to."""
+    line = escape_text(f"forensics-core-handler[{os.getpid()}]: {message}")
     try:
         fd = os.open("/dev/kmsg", os.O_WRONLY | os.O_NONBLOCK)
         try:

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 
+from ..output import escape_text
 from .nodeindex import ANALYSIS_DIR, NOT_KEPT_REASONS, NodeIndex, build_index
 
 __all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve"]
@@ -270,7 +271,9 @@ class EventSink:
         c = w["example"]
         name = self.name_of(ns, pod, fp)
         iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-        message = (f"{c.signature or 'native crash'}; fingerprint {fp}; bundle {c.path} on node {self.node}")[:1024]
+        # shown by kubectl describe: the signature names threads and frames of the crashed process
+        message = escape_text(f"{c.signature or 'native crash'}; fingerprint {fp}; bundle {c.path} "
+                                 f"on node {self.node}")[:1024]
         patch = {"count": w["count"], "lastTimestamp": iso(w["last"]), "message": message}
         try:
             _run(self.kube, "patch event", ["patch", "event", name, "--namespace", ns, "--type", "merge",

@@ -3,7 +3,10 @@
 :mod:`forensics.cli` holds the group, its one error handler and the table of command
 names to modules; each module here defines ``command`` and imports what its work needs
 inside the command body, so ``forensics --help`` loads no analysis code.  With the group,
-these modules are the only ones that echo, prompt or exit.
+these modules are the only ones that echo, prompt or exit, and they print only through
+:func:`emit` (text lines), :func:`emit_json` (one document), :func:`echo` and :func:`warn`:
+text has its control characters escaped there, whatever produced it (a thread name, an
+image's file name, a pod name -- what a crashed container or a cluster user controls).
 """
 from __future__ import annotations
 
@@ -13,19 +16,39 @@ from typing import Any, Iterable
 import click
 
 from ..errors import ForensicsError
-from ..output import write_new
+from ..output import escape_text, write_new
 
-__all__ = ["emit", "read_json_object"]
+__all__ = ["emit", "emit_json", "echo", "warn", "read_json_object"]
 
 
 def emit(lines: Iterable[str], output: str | None, force: bool) -> None:
-    """Print ``lines`` to stdout, or write them to ``output`` (new unless ``force``) and say so on stderr."""
-    text = "\n".join(lines) + "\n"
+    """Print text ``lines`` to stdout, or write them to ``output`` (new unless ``force``) and say so on
+    stderr.  Each line is one line: a CR, LF, ESC or other control character inside it is escaped."""
+    _write("\n".join(escape_text(line) for line in lines) + "\n", output, force)
+
+
+def emit_json(document: str, output: str | None, force: bool) -> None:
+    """Print one JSON document (:func:`~forensics.output.json_document`, which escapes every control
+    character in its strings) or write it to ``output``."""
+    _write(document + "\n", output, force)
+
+
+def _write(text: str, output: str | None, force: bool) -> None:
     if output is None:
         click.echo(text, nl=False)
         return
     write_new(output, text, force)
-    click.echo(f"Wrote {output}", err=True)
+    echo(f"Wrote {output}", err=True)
+
+
+def echo(message: str = "", err: bool = False) -> None:
+    """One line to stdout (or stderr), its control characters escaped."""
+    click.echo(escape_text(message), err=err)
+
+
+def warn(message: str) -> None:
+    """``forensics: warning: MESSAGE`` on stderr, one line."""
+    echo(f"forensics: warning: {message}", err=True)
 
 
 def read_json_object(path: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import sys
 import click
 
 from ..options import SIZE, json_option, parse_coredump_filter
+from . import echo, emit_json
 
 __all__ = ["agent", "agent_manifest", "agent_serve", "agent_run"]
 
@@ -60,9 +61,10 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
     if as_json:
         from ..output import json_document
 
-        click.echo(json_document("agent-manifest", {"manifest": {"apiVersion": "v1", "kind": "List", "items": objects}}))
+        emit_json(json_document("agent-manifest", {"manifest": {"apiVersion": "v1", "kind": "List", "items": objects}}),
+                  None, False)
     else:
-        click.echo(to_yaml_documents(objects), nl=False)
+        click.echo(to_yaml_documents(objects), nl=False)  # YAML: every string is JSON-quoted (escaped)
 
 
 @agent.command("serve")
@@ -101,12 +103,11 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
     kube = None
     if events or kubeconfig:
         if shutil.which(kubectl) is None:
-            click.echo(f"forensics agent serve: {kubectl!r} not found: no Events, pods named by UID only", err=True)
+            echo(f"forensics agent serve: {kubectl!r} not found: no Events, pods named by UID only", err=True)
         elif kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
             kube = KubeOptions(kubectl=kubectl, kubeconfig=kubeconfig, context=kube_context)
         else:
-            click.echo("forensics agent serve: no kubeconfig and not in a pod: no Events, pods named by UID only",
-                       err=True)
+            echo("forensics agent serve: no kubeconfig and not in a pod: no Events, pods named by UID only", err=True)
     serve(ServeConfig(core_dir=core_dir, node=node_name or socket.gethostname(), metrics_port=metrics_port,
                       metrics_address=metrics_address, analysis_timeout=analysis_timeout,
                       analysis_memory=analysis_memory, max_series=max_series, events=events, kube=kube))
@@ -135,9 +136,9 @@ def agent_run(container_id, waiting, core_dir, host_root, coredump_filter, full,
     run = run_agent(container_id=container_id, core_dir=core_dir, host_root=host_root,
                     coredump_filter=coredump_filter, full=full, max_inline=max_inline, pod_uid=pod_uid)
     for note in run.notes:
-        click.echo(f"forensics agent: {note}", err=True)
+        echo(f"forensics agent: {note}", err=True)
     if run.bundle is not None:
-        click.echo(run.bundle, nl=False)
+        click.echo(run.bundle, nl=False)  # base64 text, read by capture --pod
     if run.done is not None:
-        click.echo(f"forensics agent: {run.done}", err=True)
+        echo(f"forensics agent: {run.done}", err=True)
     sys.exit(run.exit_code)

@@ -8,7 +8,7 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError
 from ..options import force_option, json_option, output_option, verbose_option
-from . import emit
+from . import emit, emit_json, warn
 
 __all__ = ["analyze"]
 
@@ -67,9 +67,9 @@ def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debug
         analysis = analyze_core(paths[0], **options)
         for w in analysis.snapshot.warnings:
             if verbose or as_json or output:
-                click.echo(f"forensics: warning: {w}", err=True)
+                warn(w)
         if as_json:
-            emit([json_document("analyze", {"analysis": analysis_payload(analysis, merged=merged)})], output, force)
+            emit_json(json_document("analyze", {"analysis": analysis_payload(analysis, merged=merged)}), output, force)
         else:
             emit(format_analysis(analysis, merged=merged), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
@@ -112,7 +112,7 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
                 for e in entries
             ],
         }
-        emit([json_document("analyze-batch", payload)], output, force)
+        emit_json(json_document("analyze-batch", payload), output, force)
     else:
         emit(format_batch(result), output, force)
     sys.exit(EXIT_FINDINGS if result.failed else EXIT_PARTIAL if result.partial else EXIT_OK)

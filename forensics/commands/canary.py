@@ -7,7 +7,7 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK
 from ..options import force_option, json_option, output_option
-from . import emit, read_json_object
+from . import emit, emit_json, read_json_object
 
 __all__ = ["canary"]
 
@@ -53,7 +53,7 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
     if fleet_file:
         result.hint = fleet_hint(read_json_object(fleet_file), result.elapsed)
     if as_json:
-        emit([canary_document(result)], output, force)
+        emit_json(canary_document(result), output, force)
     else:
         emit(_format_canary(result), output, force)
     sys.exit(EXIT_INTERRUPTED if result.interrupted else EXIT_OK if result.verdict == "PASS" else EXIT_FINDINGS)

@@ -7,6 +7,7 @@ import click
 
 from ..errors import EXIT_PARTIAL
 from ..options import SIZE, json_option, parse_coredump_filter
+from . import emit, emit_json, warn
 
 __all__ = ["capture"]
 
@@ -93,9 +94,9 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
                         agent_image=agent_image or default_agent_image(__version__),
                         dry_run=dry_run, output=output or "forensics-bundles", timeout=timeout,
                         coredump_filter=coredump_filter, full=full,
-                        warn=lambda m: click.echo(f"forensics: warning: {m}", err=True))
+                        warn=warn)
         if dry_run:
-            click.echo(r["manifest"], nl=False)
+            click.echo(r["manifest"], nl=False)  # YAML: every string is JSON-quoted (escaped)
             return
         _render("capture-pod", {k: v for k, v in r.items() if k != "lines"}, as_json, r.get("lines", []))
         if not r["survives"]:
@@ -134,7 +135,6 @@ def _render(command: str, payload: dict, as_json: bool, lines: list[str]) -> Non
     if as_json:
         from ..output import json_document
 
-        click.echo(json_document(command, payload))
+        emit_json(json_document(command, payload), None, False)
     else:
-        for line in lines:
-            click.echo(line)
+        emit(lines, None, False)

@@ -7,6 +7,7 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..options import json_option
+from . import echo, emit, emit_json
 
 __all__ = ["demo"]
 
@@ -29,12 +30,9 @@ def demo(out, work, fault_after, no_reproduce, as_json):
     from ..output import json_document
 
     result = run_demo(out=out, work=work, fault_after=fault_after, reproduce=not no_reproduce,
-                      log=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
+                      log=(lambda s: echo(s, err=True)) if as_json else echo)
     if as_json:
-        click.echo(json_document("demo", {"demo": result}))
+        emit_json(json_document("demo", {"demo": result}), None, False)
     else:
-        click.echo("")
-        click.echo("Wrote:")
-        for what, path in result.files.items():
-            click.echo(f"  {what:<34} {path}")
+        emit(["", "Wrote:"] + [f"  {what:<34} {path}" for what, path in result.files.items()], None, False)
     sys.exit(EXIT_OK if result.ok else EXIT_FINDINGS)

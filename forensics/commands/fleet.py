@@ -8,7 +8,7 @@ import click
 
 from ..errors import EXIT_OK, ForensicsError
 from ..options import force_option, json_option, output_option
-from . import emit, read_json_object
+from . import emit, emit_json, read_json_object
 
 __all__ = ["fleet"]
 
@@ -89,7 +89,7 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
     summary = summarize_fleet(pods_doc, nodes_doc, group_by=tuple(group_by) or DEFAULT_GROUP_LABELS,
                               baseline=baseline, since=since_time)
     if as_json:
-        emit([json_document("fleet", {"fleet": summary})], output, force)
+        emit_json(json_document("fleet", {"fleet": summary}), output, force)
     else:
         emit(format_fleet(summary), output, force)
     sys.exit(EXIT_OK)
@@ -136,7 +136,7 @@ def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file
                               + (f" matching {selector}" if selector else "")
                               + ": is kube-state-metrics scraped (and its pod labels allow-listed for -l)?")
     if as_json:
-        emit([json_document("fleet", {"fleet": summary})], output, force)
+        emit_json(json_document("fleet", {"fleet": summary}), output, force)
     else:
         emit(format_fleet(summary), output, force)
     sys.exit(EXIT_OK)

@@ -7,6 +7,7 @@ import click
 
 from ..errors import EXIT_OK
 from ..options import force_option, json_option
+from . import emit, emit_json
 
 __all__ = ["guard"]
 
@@ -31,9 +32,8 @@ def guard(target, returns, env, removes, out_dir, as_json, force):
     spec = parse_target(target, returns, env, removes)
     written = write_guard(spec, out_dir, force=force)
     if as_json:
-        click.echo(json_document("guard", {"guard": spec, "files": written}))
+        emit_json(json_document("guard", {"guard": spec, "files": written}), None, False)
     else:
-        for w in written:
-            click.echo(f"Wrote {w}")
-        click.echo(f"Drop both files into site-packages; {env}=0 turns the guard off.")
+        emit([f"Wrote {w}" for w in written] + [f"Drop both files into site-packages; {env}=0 turns the guard off."],
+             None, False)
     sys.exit(EXIT_OK)

@@ -7,7 +7,7 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..options import force_option, json_option, output_option
-from . import emit
+from . import echo, emit, emit_json
 
 __all__ = ["report"]
 
@@ -46,11 +46,12 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, as_js
     if check and all(str(p).endswith(".md") for p in inputs):
         results = [(p, *check_report_file(p, issue_form=issue_form)) for p in inputs]
         if as_json:
-            emit([json_document("report-check", {"reports": [{"path": p, "template": t, "problems": pr}
-                                                              for p, t, pr in results]})], output, force)
+            emit_json(json_document("report-check", {"reports": [{"path": p, "template": t, "problems": pr}
+                                                              for p, t, pr in results]}), output, force)
         else:
-            emit([f"{p}: " + ("OK" if not pr else f"{len(pr)} problem(s)\n" + "\n".join(f"  {x}" for x in pr))
-                  for p, _t, pr in results], output, force)
+            emit([line for p, _t, pr in results
+                  for line in [f"{p}: " + ("OK" if not pr else f"{len(pr)} problem(s)")] + [f"  {x}" for x in pr]],
+                 output, force)
         sys.exit(EXIT_FINDINGS if any(pr for _p, _t, pr in results) else EXIT_OK)
     files_dir = attachment_dir_for(output).name if output else ""
     rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version,
@@ -67,18 +68,18 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, as_js
                                        for x in c.filings]},
             "known_issues": [{"id": k.id, "title": k.title, "matched_on": list(k.matched_on),
                               "sources": [url for _label, url in k.sources]} for k in rep.context.known_issues]}}
-        emit([json_document("report", payload)], output, force)
+        emit_json(json_document("report", payload), output, force)
     elif output:
         for p in write_report(rep, output, force=force):
-            click.echo(f"Wrote {p}", err=True)
+            echo(f"Wrote {p}", err=True)
     else:
-        emit([rep.markdown.rstrip("\n")], None, force)
+        emit(rep.markdown.rstrip("\n").split("\n"), None, force)
         if rep.attachments:
-            click.echo(f"forensics: {len(rep.attachments)} attachments not written (pass -o FILE to write them "
-                       f"beside the report): {', '.join(sorted(rep.attachments))}", err=True)
-    click.echo(f"forensics: conclusion: {c.statement}", err=True)
+            echo(f"forensics: {len(rep.attachments)} attachments not written (pass -o FILE to write them "
+                 f"beside the report): {', '.join(sorted(rep.attachments))}", err=True)
+    echo(f"forensics: conclusion: {c.statement}", err=True)
     for x in c.filings:
-        click.echo(f"forensics: file ({x.order}) the {x.report} report -> {x.where}: {x.action}", err=True)
+        echo(f"forensics: file ({x.order}) the {x.report} report -> {x.where}: {x.action}", err=True)
     for p in rep.problems:
-        click.echo(f"forensics: check: {p}", err=True)
+        echo(f"forensics: check: {p}", err=True)
     sys.exit(EXIT_FINDINGS if check and rep.problems else EXIT_OK)

@@ -7,7 +7,7 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..options import force_option, json_option, output_option
-from . import emit
+from . import emit, emit_json
 
 __all__ = ["reproduce"]
 
@@ -73,7 +73,7 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
         result = dataclasses.replace(result, nvml=nvml_label)
     if as_json:
         payload = reproduce_payload(result)
-        emit([json_document("reproduce", payload)], output, force)
+        emit_json(json_document("reproduce", payload), output, force)
     else:
         lines = []
         for r in result.runs:

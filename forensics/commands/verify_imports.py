@@ -12,7 +12,7 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..options import SIZE, force_option, json_option, output_option, verbose_option
-from . import emit
+from . import emit, emit_json, warn
 
 __all__ = ["verify_imports"]
 
@@ -81,16 +81,16 @@ def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, pl
 
         driver = read_bundle_driver(bundle)
         if driver is None:
-            click.echo(f"forensics: warning: no driver version recorded in {bundle}; driver checks skipped", err=True)
+            warn(f"no driver version recorded in {bundle}; driver checks skipped")
     limits = LayerLimits(max_bytes=max_size, max_files=max_files)
     options = VerifyOptions(modules=tuple(modules), only_modules=only_modules, entrypoint=entrypoint, workdir=workdir,
                             env=tuple(pairs), platform=parse_platform(platform), execute=execute, driver=driver,
                             skopeo=SkopeoOptions(creds=creds, authfile=authfile, tls_verify=tls_verify), limits=limits)
     report = verify_pid(pid, options) if pid is not None else verify_image(ref, options)
     for w in report.image.warnings:
-        click.echo(f"forensics: warning: {w}", err=True)
+        warn(w)
     if as_json:
-        emit([json_document("verify-imports", {"result": report_payload(report, strict=strict)})], output, force)
+        emit_json(json_document("verify-imports", {"result": report_payload(report, strict=strict)}), output, force)
     else:
         emit(format_report(report, verbose=verbose, strict=strict), output, force)
     sys.exit(EXIT_FINDINGS if report.failures(strict=strict) else EXIT_OK)

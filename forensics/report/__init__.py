@@ -18,15 +18,18 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .context import REQUIRED_FIELDS, TEMPLATES, UNKNOWN, UPSTREAM, ReportContext, build_context
 from .evidence import Evidence, load_evidence
 from .form import IssueForm, check_form_body, load_shipped_form, read_issue_form
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown, escape, fence
+from ..output import escape_text
 from ..redact import Redactor, redact_tree
 
 __all__ = ["Report", "make_report", "render", "environment", "write_report", "check_report_file",
-           "split_front_matter", "check_title", "attachment_dir_for", "TEMPLATES", "heap_section"]
+           "split_front_matter", "check_title", "attachment_dir_for", "TEMPLATES", "heap_section", "escape_tree",
+           "TEXT_KEYS"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,6 +200,7 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
     localizer = PathLocalizer(prefixes=_local_prefixes(ev))
     if upstream:
         docs = localizer.tree(docs)
+    docs = escape_tree(docs)
     facts = read_facts(Evidence(docs=docs, items=ev.items))
     known = match_known_issues(facts)
     conclusion = decide(facts, known)
@@ -222,6 +226,31 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
     problems = _check(body, ctx)
     return Report(title=ctx.title, body=body, markdown=_front_matter(ctx, attachment_dir) + body,
                   attachments=dict(ctx.attachments), context=ctx, problems=tuple(problems))
+
+
+#: evidence strings that are many lines by nature (they keep their newlines and tabs, nothing else)
+TEXT_KEYS = frozenset({"nvidia_smi", "kernel_log", "bug_report_text", "os_release_image", "os_release_node",
+                       "stderr_tail"})
+
+
+def escape_tree(value: Any, *, key: str | None = None) -> Any:
+    """Every string of an evidence tree with its control characters escaped, before anything is picked out
+    of it: a command line, a thread, frame or file name (what the crashed process controls) can neither
+    forge a line in a fenced block nor drive the terminal the report is read on.  The texts of
+    :data:`TEXT_KEYS` keep their line breaks; any other string loses the line end it may close with.
+
+    >>> escape_tree({"args": "x\\r\\nThread 1 [FORGED]", "kernel_log": "a\\nb\\x1b[2J"})
+    {'args': 'x\\\\x0d\\\\x0aThread 1 [FORGED]', 'kernel_log': 'a\\nb\\\\x1b[2J'}
+    """
+    if isinstance(value, str):
+        if key in TEXT_KEYS:
+            return escape_text(value, keep="\n\t")
+        return escape_text(value.rstrip("\r\n"))  # a line's own end forges nothing
+    if isinstance(value, dict):
+        return {k: escape_tree(v, key=k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(escape_tree(v) for v in value)
+    return value
 
 
 _HOST_KINDS = {"host names": ("host name", "host names"), "IP addresses": ("IP address", "IP addresses"),
