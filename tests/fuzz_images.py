@@ -10,13 +10,14 @@ docker save's manifest.json (a type, a key, a nesting, a huge or non-ASCII value
 before or after compression (with the digests made to match, so the parser is reached), a
 file's content (.pth, RECORD, METADATA, passwd, dpkg status, deeply nested source), or a
 docker-archive member (a Config that is a symlink to itself, two symlinks to each other) --
-and is read by the CLI in this process.
+and file names that carry terminal control characters.
 
-Each run must end in a clear error (exit 1, ``forensics: error:``), a result (exit 0 or 3, one
-JSON document) -- never a traceback or an "internal error" -- within its time bound, and write
-nothing outside its output (the run's TMPDIR must be empty afterwards, and no file named by a
-traversal may appear).  Peak memory is the caller's to bound (tests/unit/test_fuzz_images.py
-runs this in a child under RLIMIT_AS and reads its ru_maxrss).
+Each mutant is read by the real command line through the shared harness (tests/fuzzing.py):
+``verify-imports --json`` always, in text with ``-v`` every third mutant, with ``--execute``
+every 25th.  Each run must end in a clear error or a result (exit 0 or 3), within its time
+bound and its memory bound, with no control character on the terminal, and write nothing
+outside its output (no file in the run's TMPDIR or working directory, nothing added to the
+image's directory, no file where a traversal points).
 
     python tests/fuzz_images.py --count 5000 --seed 1000     # more than CI's few hundred
 """
@@ -34,15 +35,13 @@ import shutil
 import sys
 import tarfile
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-__all__ = ["SeedImage", "mutate", "check", "main", "SENTINEL_DIR"]
+from tests.fuzzing import SENTINEL_DIR, Harness, RunSpec, fuzz_count, fuzz_seed  # noqa: E402
 
-SENTINEL_DIR = "/tmp/forensics-fuzz-sentinel"  # a traversal names files here; none may ever appear
+__all__ = ["SeedImage", "mutate", "specs", "main", "SENTINEL_DIR"]
 SITE = "/usr/local/lib/python3.11/site-packages"
 TIME_BOUND = 30.0  # seconds for one mutant (the seed takes well under one)
 
@@ -226,7 +225,11 @@ class SeedImage:
 # -- mutations -------------------------------------------------------------------------------------------
 
 _WEIRD = [None, True, 0, -1, 5, 2 ** 70, 1.5, "", "x" * 5000, "\u0661\u0662\u0663", "\u00b2", "/../../etc",
-          "sha512:zz", "sha256:" + "0" * 64, [], [1, 2], [[["a"]]], {}, {"a": 1}, "\x00", "../" * 50 + "tmp"]
+          "sha512:zz", "sha256:" + "0" * 64, [], [1, 2], [[["a"]]], {}, {"a": 1}, "\x00", "../" * 50 + "tmp",
+          "/app\x1b]0;owned\x07\r\n  result: OK", ["python3", "-m", "nvitop\x1b[2J"]]
+
+#: what a hostile name carries to a terminal: a title change, a screen clear, a forged line, a CSI in C1
+_CONTROL_TAILS = ["\x1b]0;owned\x07", "\x1b[2J", "\r\n  result: OK (forged)", "\x9b31m", "\x7f\x08\x08"]
 
 
 def _paths(value, prefix=()):
@@ -294,7 +297,12 @@ def _mutate_member(rng: random.Random, img: SeedImage) -> str:
     i = rng.randrange(len(members))
     ti, data = members[i]
     ti = copy.copy(ti)
-    choice = rng.randrange(10)
+    choice = rng.randrange(11)
+    if choice == 10:
+        head, _, tail = ti.name.rpartition("/")
+        ti.name = f"{head}/{tail}{rng.choice(_CONTROL_TAILS)}" if head else tail + rng.choice(_CONTROL_TAILS)
+        members[i] = (ti, data)
+        return f"layer {li}: control characters in the name of {ti.name[:60]!r}"
     if choice == 0:
         ti.name = "../" * rng.randint(1, 12) + _sentinel(rng).lstrip("/")
         what = "traversal name"
@@ -342,7 +350,7 @@ def _mutate_content(rng: random.Random, name: str, data: bytes) -> bytes:
     options = [b"\xff\xfe\x00garbage", b"import sys; sys.path.insert(0, " + b"(" * 300 + b")\n",
                b"1" + b"+1" * 100000, b"-" * 100000 + b"1", data * 1000, b"", b"x" * (3 << 20),
                b"Name: \xff\nVersion: " + b"9" * 5000 + b"\n", b'"' * 10000, b"a,b,c\n" * 50000,
-               b"root:x:abc:0::/:/bin/sh\napp:x:\xd9\xa1:1:::\n", b"\n\n".join([b"Package: p\nStatus: install ok installed"] * 3000)]
+               b"root:x:abc:0::/:/bin/sh\napp:x:\xd9\xa1:1:::\n", b"/opt/\x1b]0;owned\x07\r\nimport sys\n", b"\n\n".join([b"Package: p\nStatus: install ok installed"] * 3000)]
     return rng.choice(options)
 
 
@@ -398,44 +406,32 @@ def _archive_extra(rng: random.Random, img: SeedImage):
     return [], None, "none"
 
 
-def check(ref: str, execute: bool) -> tuple[str, str]:
-    """(outcome, detail): outcome is "ok", "error" (clear) or a violation ("traceback", "internal error",
-    "bad json", "exit N")."""
-    from click.testing import CliRunner
-
-    from forensics.cli import cli
-
-    args = ["verify-imports", ref, "--json"] + (["--execute"] if execute else [])
-    r = CliRunner().invoke(cli, args, catch_exceptions=True)
-    err = r.stderr if r.stderr_bytes is not None else ""
-    if r.exception is not None and not isinstance(r.exception, SystemExit):
-        return "traceback", "".join(traceback.format_exception(r.exception))[-1500:]
-    if "internal error" in err or "Traceback" in err:
-        return "internal error", err[-800:]
-    if r.exit_code == 1:
-        if "forensics: error:" not in err:
-            return "unclear error", err[-400:]
-        return "error", err.splitlines()[0][:200]
-    if r.exit_code in (0, 3):
-        try:
-            doc = json.loads(r.stdout)
-            assert doc["command"] == "verify-imports"
-        except (ValueError, KeyError, AssertionError):
-            return "bad json", r.stdout[-400:]
-        return "ok", ",".join(doc["result"]["failures"])[:200]
-    return f"exit {r.exit_code}", err[-400:]
+def specs(ref: str, seed: int, execute_every: int, mutant_dir: str) -> list[RunSpec]:
+    """The command lines each mutant is read with: --json always; every third mutant in text too (what
+    a terminal shows of an image's names); every ``execute_every``-th with --execute."""
+    base = ["verify-imports", ref]
+    out = [RunSpec(base + ["--json"], json=True, time_bound=TIME_BOUND, results=(0, 3), inputs=(mutant_dir,))]
+    if seed % 3 == 0:
+        out.append(RunSpec(base + ["-v"], time_bound=TIME_BOUND, results=(0, 3), inputs=(mutant_dir,)))
+    if execute_every > 0 and seed % execute_every == 0:
+        out.append(RunSpec(base + ["--json", "--execute"], json=True, time_bound=TIME_BOUND, results=(0, 3),
+                           inputs=(mutant_dir,)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--count", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--count", type=int, default=fuzz_count())
+    ap.add_argument("--seed", type=int, default=fuzz_seed())
     ap.add_argument("--execute-every", type=int, default=25, help="run every Nth mutant with --execute too")
-    ap.add_argument("--json", action="store_true", help="one JSON line per mutant on stdout")
+    ap.add_argument("--json", action="store_true", help="one JSON line per run on stdout")
     args = ap.parse_args(argv)
+    import forensics.cli  # noqa: F401 - imported once; every run is a fork of this process
+    import forensics.commands.verify_imports  # noqa: F401
+    import forensics.imports.verify  # noqa: F401
+
+    harness = Harness("images", json_lines=args.json, command="verify-imports")
     work = Path(tempfile.mkdtemp(prefix="fuzz-images-"))
-    violations = 0
-    outcomes: dict[str, int] = {}
     try:
         for seed in range(args.seed, args.seed + args.count):
             img, fmt, what = mutate(seed)
@@ -448,27 +444,12 @@ def main(argv: list[str] | None = None) -> int:
                 extra, manifest, special = _archive_extra(rng, img) if rng.random() < 0.4 else ([], None, "")
                 what += f"; archive: {special}" if special else ""
                 ref = img.write_archive(d / "img.tar", extra, manifest)
-            t = time.monotonic()
-            outcome, detail = check(ref, execute=args.execute_every > 0 and seed % args.execute_every == 0)
-            took = time.monotonic() - t
-            if took > TIME_BOUND:
-                outcome, detail = "over time bound", f"{took:.1f}s"
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-            bad = outcome not in ("ok", "error")
-            violations += bad
-            if args.json or bad:
-                print(json.dumps({"seed": seed, "format": fmt, "mutation": what, "outcome": outcome,
-                                  "seconds": round(took, 3), "detail": detail}), flush=True)
+            for spec in specs(ref, seed, args.execute_every, str(d)):
+                harness.run(seed, f"{fmt}: {what}", spec)
             shutil.rmtree(d, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    leaked = sorted(os.listdir(SENTINEL_DIR)) if os.path.isdir(SENTINEL_DIR) else []
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-    print(json.dumps({"summary": outcomes, "violations": violations, "sentinels": leaked, "max_rss_mb": peak}),
-          flush=True)
-    return 1 if violations or leaked else 0
+    return harness.finish()
 
 
 if __name__ == "__main__":

@@ -3,21 +3,15 @@ a traceback or "internal error" (#13 items 3a, 6, 7), and the bounded fuzz targe
 from __future__ import annotations
 
 import json
-import os
-import resource
-import subprocess
-import sys
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from tests.fuzz_images import SENTINEL_DIR, SeedImage
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fuzz_images import SeedImage
+from tests.fuzzing import fuzz_count, fuzz_seed, run_target
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -210,42 +204,17 @@ def test_what_the_image_names_is_escaped_in_the_text_output(tmp_path):
 
 # -- the fuzz target ------------------------------------------------------------------------------------
 
-FUZZ_COUNT = int(os.environ.get("FORENSICS_FUZZ_COUNT", "300"))
-FUZZ_MAX_RSS_MB = 1024
-
-
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-
-
 def test_fuzz_the_image_reader(tmp_path):
-    """A few hundred seeded mutants (FORENSICS_FUZZ_COUNT=N for more): a clear error or a result each,
-    within its time bound, under bounded memory, writing nothing outside its output."""
-    # GIVEN a fresh TMPDIR and working directory that must stay empty, and the sentinel directory absent
-    tmp, cwd = tmp_path / "tmp", tmp_path / "cwd"
-    tmp.mkdir()
-    cwd.mkdir()
-    sentinel_before = set(os.listdir(SENTINEL_DIR)) if os.path.isdir(SENTINEL_DIR) else set()
-    seed = int(os.environ.get("FORENSICS_FUZZ_SEED", "0"))
-    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
-    # WHEN the fuzz target runs in a child under RLIMIT_AS
+    """A few hundred seeded mutants (FORENSICS_FUZZ_COUNT=N for more, FORENSICS_FUZZ_SEED=S for others), read
+    by the real command line through the harness the core fuzz shares (tests/fuzzing.py): a clear error or a
+    result each, within its time and memory bounds, no control character on the terminal, nothing written
+    outside its output."""
+    # GIVEN the count and the first seed
+    count, seed = fuzz_count(), fuzz_seed()
     t = time.monotonic()
-    p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fuzz_images.py"), "--count", str(FUZZ_COUNT),
-                          "--seed", str(seed)], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, preexec_fn=_limit_memory)
-    try:
-        out, err = p.communicate(timeout=max(600, FUZZ_COUNT * 2))
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        pytest.fail(f"the fuzz run did not finish; last lines:\n{out[-2000:]}")
-    # THEN no violation, nothing left behind, memory bounded
-    summary = json.loads(out.strip().splitlines()[-1])
-    assert p.returncode == 0 and summary["violations"] == 0, out[-4000:] + err[-2000:]
-    assert sum(summary["summary"].values()) == FUZZ_COUNT and set(summary["summary"]) <= {"ok", "error"}
-    assert os.listdir(tmp) == [] and os.listdir(cwd) == []
-    after = set(os.listdir(SENTINEL_DIR)) if os.path.isdir(SENTINEL_DIR) else set()
-    assert after == sentinel_before
-    assert summary["max_rss_mb"] < FUZZ_MAX_RSS_MB, summary
-    print(f"fuzz: {FUZZ_COUNT} mutants in {time.monotonic() - t:.0f}s: {summary['summary']}; "
+    # WHEN the fuzz target runs in a child under RLIMIT_AS, with a TMPDIR and a working directory that must stay
+    # empty (THEN: run_target asserts no violation, nothing left behind, the sentinel untouched, memory bounded)
+    summary = run_target("tests/fuzz_images.py", ["--count", str(count), "--seed", str(seed)], tmp_path,
+                         count=count, timeout=max(600, count * 3))
+    print(f"fuzz: {count} mutants, {summary['runs']} runs in {time.monotonic() - t:.0f}s: {summary['summary']}; "
           f"peak {summary['max_rss_mb']} MiB")
