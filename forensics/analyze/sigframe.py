@@ -149,13 +149,13 @@ def _file_key(path: str | None, offset: int, size: int) -> tuple | None:
 
 
 def _read_file(path: str | None, offset: int, size: int) -> bytes:
-    if path is None or offset < 0 or size <= 0:
+    # the offset is the core's (NT_FILE's page offset): any value up to 2**76 is possible
+    if path is None or not 0 <= offset < 1 << 62 or size <= 0:
         return b""
     try:
         with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(size)
-    except OSError:
+            return os.pread(f.fileno(), size, offset)
+    except (OSError, ValueError, OverflowError):
         return b""
 
 

@@ -489,6 +489,10 @@ def auxv_vector(desc: bytes) -> bytes:
     return desc[: len(desc) // 16 * 16]
 
 
+#: page sizes an NT_FILE note may count in (the kernel's PAGE_SIZE: 4 KiB on x86-64; 16 and 64 KiB elsewhere)
+_PAGE_SIZES = frozenset({1 << 12, 1 << 14, 1 << 16})
+
+
 def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:
     """Parse an NT_FILE note: every file-backed mapping with its path.
 
@@ -500,6 +504,8 @@ def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:
     if len(desc) < 16:
         raise ValueError("NT_FILE is shorter than its header")
     count, page_size = struct.unpack_from("<QQ", desc, 0)
+    if page_size not in _PAGE_SIZES:
+        raise ValueError(f"NT_FILE counts offsets in pages of {page_size} bytes (x86-64: 4096)")
     table_end = 16 + count * 24
     if table_end > len(desc):
         raise ValueError(f"NT_FILE names {count} mappings but holds {len(desc)} bytes")
@@ -518,10 +524,11 @@ def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:
 
 
 def parse_nt_file_page_size(desc: bytes) -> int:
-    """The page size an NT_FILE note counts offsets in (4096 when absent)."""
+    """The page size an NT_FILE note counts offsets in (4096 when absent or not a page size)."""
     if len(desc) < 16:
         return 4096
-    return struct.unpack_from("<Q", desc, 8)[0] or 4096
+    size = struct.unpack_from("<Q", desc, 8)[0]
+    return size if size in _PAGE_SIZES else 4096
 
 
 def parse_build_id(note_data: bytes) -> str | None:
