@@ -16,6 +16,7 @@ import json
 import os
 import select
 import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -255,10 +256,8 @@ class GdbSession:
     def close(self) -> None:
         gdb = getattr(self, "_gdb", None)
         if gdb is not None:
-            try:
-                gdb.exit()
-            except Exception:  # noqa: BLE001 - closing must never raise
-                pass
+            _stop(gdb.gdb_process)
+            gdb.gdb_process = None
             self._gdb = None
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -270,6 +269,29 @@ class GdbSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stop(proc: subprocess.Popen | None, grace: float = 5.0) -> None:
+    """End gdb within ``grace`` seconds twice over, whatever it is doing; never raises.
+
+    pygdbmi's own exit terminates gdb and waits for it without reading its output: a gdb
+    blocked writing to a full pipe (a long walk printing, stopped at a timeout) never gets
+    to exit, and the wait never ends.  Its output is drained here while it exits; one that
+    does not is killed.
+    """
+    if proc is None:
+        return
+    try:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        proc.communicate(timeout=grace)
+    except Exception:  # noqa: BLE001 - closing must never raise
+        pass
 
 
 def _index_cache_dir() -> Path | None:
