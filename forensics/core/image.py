@@ -215,11 +215,23 @@ class ElfImage:
             return value - self.bias
         return value
 
+    def read(self, vaddr: int, size: int) -> bytes | None:
+        """``size`` bytes at link-time address ``vaddr`` (a file's PT_LOAD contents), or None."""
+        try:
+            return self._read(vaddr, size)
+        except _Unreadable:
+            return None
+
     def find_dynamic_symbol(self, name: str) -> int | None:
         """The link-time value (``st_value``) of a defined dynamic symbol, or None.
 
         Add :attr:`bias` for its address in the process.
         """
+        found = self.dynamic_symbol(name)
+        return found[0] if found is not None else None
+
+    def dynamic_symbol(self, name: str) -> tuple[int, int] | None:
+        """``(st_value, st_size)`` of a defined dynamic symbol, or None."""
         dyn = self.dynamic()
         if not dyn or DT_SYMTAB not in dyn or DT_STRTAB not in dyn:
             return None
@@ -241,7 +253,7 @@ class ElfImage:
                 if shndx == 0 or st_name >= strsz:
                     continue
                 if self._read(strtab + st_name, len(key) + 1) == key + b"\x00":
-                    return value
+                    return value, _size
         except _Unreadable:
             return None
         return None
