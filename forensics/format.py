@@ -160,7 +160,8 @@ def _analysis_lines(analysis: Analysis, *, merged: bool, libraries: bool) -> Ite
         yield f"Fingerprint: {analysis.fingerprint}{partial}"
     if snap.python_version:
         yield f"Python:      {snap.python_version}"
-    yield (f"Stacks:      native by {snap.native_method}; Python by {snap.python_method}: "
+    layout = f" ({snap.python_layout})" if snap.python_layout and snap.python_method != "none" else ""
+    yield (f"Stacks:      native by {snap.native_method}; Python by {snap.python_method}{layout}: "
            f"{snap.python_stack_status}")
     if core.nvml is not None:
         n = core.nvml

@@ -1,4 +1,4 @@
-"""The gdb session: native and Python stacks of a core, through GDB/MI (pygdbmi).
+"""The gdb session: native stacks and CPython's layout from DWARF for a core, through GDB/MI (pygdbmi).
 
 gdb runs with ``-nx`` (no user init files), batch-like over MI, with
 auto-loading and debuginfod off unless asked.  It is pointed only at files
@@ -6,8 +6,11 @@ whose build-id the core reader checked: a private directory of links, one per
 library, goes to ``solib-search-path`` and the sysroot is an empty directory,
 so gdb can never pick up a different build of a library from this machine.
 
-Our GDB scripts (``gdb_scripts/``) print stage markers and one JSON line each;
-this module parses them and raises an error naming the last stage reached.
+Our GDB scripts (``gdb_scripts/``) print stage markers and one JSON line each:
+``forensics-native`` the native frames of every thread, ``forensics-layout`` the
+struct layout of the core's CPython read from its DWARF (the Python stacks are then
+walked by :mod:`forensics.pyread` with it).  This module parses them and raises an
+error naming the last stage reached.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ __all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_mark
            "update_debug_farm"]
 
 NATIVE_MARKER = "FORENSICS-NATIVE-JSON: "
-PYTHON_MARKER = "FORENSICS-PYTHON-JSON: "
+LAYOUT_MARKER = "FORENSICS-LAYOUT-JSON: "
 DEFAULT_TIMEOUT = 120.0
 
 
@@ -52,7 +55,7 @@ class GdbResult:
     """The raw, parsed output of our two scripts for one core."""
 
     native: dict | None  # None when native stacks were not asked for
-    python: dict | None
+    layout: dict | None  # CPython's layout from DWARF (``{"error": ...}`` without it); None when not asked
     log: tuple[str, ...]
 
 
@@ -184,7 +187,8 @@ class GdbSession:
 
     def analyze(self, core: CoreFile, exe_file: str | None, *, python: bool = True, native: bool = True,
                 sysroot: str | None = None) -> GdbResult:
-        """Load ``core`` with ``exe_file`` and run the scripts asked for; return their JSON.
+        """Load ``core`` with ``exe_file``; return its native stacks (``native``) and CPython's layout read
+        from DWARF (``python``).
 
         The executable stays loaded between calls with the same ``exe_file``, and the
         library links are kept, so a batch of cores of one program reads symbols once.
@@ -223,16 +227,18 @@ class GdbSession:
             native_doc = parse_marker_json(self.console("forensics-native"), NATIVE_MARKER)
             if native_doc is None:
                 raise GdbError(self._stage, "forensics-native printed no result")
-        py_doc = None
+        layout = None
         if python:
-            self._stage = "reading Python stacks"
-            py_doc = parse_marker_json(self.console("forensics-python", check=False), PYTHON_MARKER)
+            self._stage = "reading CPython's layout from DWARF"
+            layout = parse_marker_json(self.console("forensics-layout", check=False), LAYOUT_MARKER)
+            if layout is None:
+                layout = {"error": "forensics-layout printed no result"}
         self._stage = "unloading"
         self.console("core-file", check=False)
         if added:
             self.console("symbol-file", check=False)  # the next core's libraries may sit elsewhere
         self._stage = "ready"
-        return GdbResult(native=native_doc, python=py_doc, log=tuple(self._log))
+        return GdbResult(native=native_doc, layout=layout, log=tuple(self._log))
 
     def _add_library_symbols(self, core: CoreFile) -> int:
         """Without the executable gdb cannot list the shared libraries (it finds them through the
@@ -306,7 +312,7 @@ def _index_cache_dir() -> Path | None:
 def run_gdb(core: CoreFile, exe_file: str | None, *, gdb: str = "gdb", timeout: float = DEFAULT_TIMEOUT,
             debuginfod: str | None = None, python: bool = True, native: bool = True,
             sysroot: str | None = None) -> GdbResult:
-    """Start gdb, analyze one core (native and Python stacks, each unless switched off), stop gdb."""
+    """Start gdb, analyze one core (native stacks and CPython's DWARF layout, each unless switched off), stop gdb."""
     with GdbSession(gdb, timeout=timeout, debuginfod=debuginfod) as session:
         return session.analyze(core, exe_file, python=python, native=native, sysroot=sysroot)
 

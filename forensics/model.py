@@ -21,6 +21,8 @@ __all__ = [
     "FaultKind",
     "LibraryStatus",
     "FrameKind",
+    "PythonStatus",
+    "LayoutSource",
     "SigInfo",
     "SignalFrame",
     "HandlerKind",
@@ -33,6 +35,8 @@ __all__ = [
     "CoreFile",
     "NativeFrame",
     "PyFrame",
+    "PyThreadStack",
+    "PythonStacks",
     "Thread",
     "ProcessSnapshot",
     "Crash",
@@ -113,6 +117,26 @@ class FrameKind(enum.Enum):
 
     NATIVE = "native"
     PYTHON = "python"
+
+
+class PythonStatus(enum.Enum):
+    """What became of the Python stacks of a core (the reason is the record's ``detail``)."""
+
+    OK = "ok"  # every thread's stack read whole
+    PARTIAL = "partial"  # stacks read, but one was cut short, or the walk reached one of its bounds
+    NO_INTERPRETER = "no-interpreter"  # the runtime has no interpreter (not started yet, or finalized)
+    NOT_PYTHON = "not-python"  # no object in the core defines _PyRuntime: not a CPython process
+    NO_RUNTIME = "no-runtime"  # a CPython process whose _PyRuntime could not be located (files missing)
+    UNSUPPORTED = "unsupported"  # _PyRuntime found, but no layout for its version or build
+    FAILED = "failed"  # reading stopped before the first thread (the runtime's memory is not in the core)
+
+
+class LayoutSource(enum.Enum):
+    """Where the struct layout the walker trusted came from."""
+
+    DEBUG_OFFSETS = "debug-offsets"  # the _Py_DebugOffsets CPython 3.13+ publishes in the core, over the table
+    TABLE = "table"  # layouts.json, generated from the DWARF of each version's builds
+    DWARF = "dwarf"  # the DWARF of the core's own interpreter, read by gdb
 
 
 @record
@@ -306,7 +330,13 @@ class NativeFrame:
     @property
     def is_eval_frame(self) -> bool:
         """True for the CPython evaluation loop, where Python frames are merged in."""
-        return self.symbol in ("_PyEval_EvalFrameDefault", "PyEval_EvalFrameEx")
+        return self.symbol in ("_PyEval_EvalFrameDefault", "PyEval_EvalFrameEx") or self.is_tail_call_handler
+
+    @property
+    def is_tail_call_handler(self) -> bool:
+        """True for an opcode handler of 3.14's tail-calling interpreter (clang builds): it runs inside one
+        ``_PyEval_EvalFrameDefault`` call, above it on the native stack."""
+        return bool(self.symbol) and self.symbol.startswith("_TAIL_CALL_")
 
     @property
     def is_python_runtime(self) -> bool:
@@ -320,6 +350,46 @@ class PyFrame:
     file: str
     line: int | None  # None when the line table could not be decoded
     is_entry: bool = True  # first Python frame of one _PyEval_EvalFrameDefault call
+    # where the frame and its code object are in the process (for reading locals later)
+    frame_address: int | None = None
+    code_address: int | None = None
+
+
+@record
+class PyThreadStack:
+    """One thread state of the interpreter, as the walker read it."""
+
+    native_thread_id: int | None  # the LWP; None when the thread state does not say and it cannot be matched
+    thread_id: int  # the threading ident (pthread_t)
+    name: str | None  # threading's name for it
+    holds_gil: bool
+    frames: tuple[PyFrame, ...]  # innermost first
+    error: str | None = None  # why this stack stopped short
+    interpreter_id: int | None = None
+    address: int = 0  # of the PyThreadState
+
+
+@record
+class PythonStacks:
+    """The Python stacks of every thread of a core, as one walk of the interpreter state gave them."""
+
+    status: PythonStatus
+    detail: str = ""  # one line: why not OK (where reading stopped, what is missing)
+    version: str | None = None  # "3.14.10"
+    layout: str | None = None  # the layout trusted, in words ("_Py_DebugOffsets of 3.14.10 over table 3.14")
+    layout_source: LayoutSource | None = None
+    threads: tuple[PyThreadStack, ...] = ()
+    gil_holder: int | None = None  # native thread id of the thread holding the GIL
+    free_threaded: bool = False
+    cut: str | None = None  # the bound of the walk that cut it short (threads, frames, reads, time)
+
+    @property
+    def is_whole(self) -> bool:
+        return self.status is PythonStatus.OK
+
+    @property
+    def has_threads(self) -> bool:
+        return bool(self.threads)
 
 
 @record
@@ -333,6 +403,7 @@ class Thread:
     native_error: str | None = None  # why the native stack is missing or short (the unwinder's error, no native thread)
     native_method: str | None = None  # what unwound this thread: "libdw", "gdb", or None (program counter only)
     python_error: str | None = None  # why the Python stack stopped short (a frame pointer that leaves the core)
+    interpreter_id: int | None = None  # the interpreter whose thread state this is (0: the main one)
     is_main: bool = False  # the process's main thread (its tid is the pid), named or not
     signal_frames: tuple[SignalFrame, ...] = ()  # signal handlers running on this thread, innermost first
 
@@ -375,11 +446,13 @@ class ProcessSnapshot:
     core: CoreFile
     threads: tuple[Thread, ...]
     python_version: str | None
-    python_stack_status: str  # "ok", or why Python stacks are missing and how to get them
+    python_status: PythonStatus
+    python_stack_status: str  # "ok", or in one line why Python stacks are missing or partial
     native_method: str  # what produced the native stacks: "libdw", "gdb", "libdw+gdb" (gdb for the threads
     # libdw could not unwind), or "registers" (program counters only)
-    python_method: str  # what produced the Python stacks: "gdb", "direct" or "none"
+    python_method: str  # whose layout the Python stacks were walked with: "gdb" (DWARF), "direct" or "none"
     sysroot: str | None
+    python_layout: str | None = None  # the layout trusted, in words (which debug offsets, which table record)
     requested_method: str = "auto"  # --method as asked
     method_disagreements: tuple[str, ...] = ()  # --method both: where gdb and direct differ
     warnings: tuple[str, ...] = ()
@@ -402,7 +475,7 @@ class ProcessSnapshot:
                      or (self.requested_native_method == "auto" and self.requested_method == "direct"))
         return (
             native_ok
-            and self.python_stack_status in ("ok", "not a Python process")
+            and self.python_status in (PythonStatus.OK, PythonStatus.NOT_PYTHON)
             and not any(t.python_error for t in self.threads)
             and not self.core.truncated
             and not self.method_disagreements

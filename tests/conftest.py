@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit("; ".join(problems), returncode=1)
 
 
-def python_params(versions=WANTED):
-    """pytest params for each wanted CPython; a missing one is skipped with its reason."""
+def python_params(versions=WANTED, sid=()):
+    """pytest params for each wanted CPython of this machine (a missing one is skipped with its reason),
+    then each of Debian unstable's builds in ``sid`` (``"3.14d"``: crashed inside the sid root)."""
     out = []
     for v in versions:
         if v in PYTHONS:
@@ -40,25 +42,70 @@ def python_params(versions=WANTED):
             out.append(
                 pytest.param(v, id=f"python={v}", marks=pytest.mark.skip(reason=f"CPython {v} not found on this machine"))
             )
+    out += [pytest.param(f"sid-{b}", id=f"python=sid-{b}") for b in sid]
     return out
+
+
+#: Debian unstable's builds the tests crash inside the sid root: release and debug (``d``) of each
+SID_BUILDS = ("3.13", "3.13d", "3.14", "3.14d", "3.15", "3.15d")
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """One CPython build the tests crash: this machine's (``3.12``) or one inside the sid root (``sid-3.14d``)."""
+
+    key: str
+    version: str  # "3.14"
+    python: str  # the path to run (inside ``root`` when there is one)
+    root: Path | None = None
+
+    @property
+    def executable(self) -> str:
+        """The interpreter's file on this machine."""
+        return str(self.root / self.python.lstrip("/")) if self.root else self.python
+
+    @property
+    def debug_build(self) -> bool:
+        return self.python.endswith("d")
+
+    def gdb_py(self) -> str | None:
+        """CPython's own python-gdb.py for this build (the py-bt oracle), or None."""
+        if self.root is None:
+            found = sorted(Path(self.python).parent.glob(f"python{self.version}*-gdb.py"))
+            return str(found[0]) if found else None
+        auto = self.root / "usr/share/gdb/auto-load"
+        names = ([f"usr/bin/python{self.version}-dbg-gdb.py", f"usr/bin/python{self.version}d-gdb.py"]
+                 if self.debug_build else [f"usr/bin/python{self.version}-gdb.py",
+                                           f"usr/lib/x86_64-linux-gnu/libpython{self.version}.so.1.0-gdb.py"])
+        return next((str(auto / n) for n in names if (auto / n).is_file()), None)
 
 
 class CoreFactory:
     """Makes real kernel cores on demand and caches them for the session."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, sid_root=None) -> None:
         self.base = base
+        self._sid_root = sid_root  # a callable giving the sid root (built or found on first use)
         self._cache: dict[tuple[str, str, int, str | None], Path] = {}
 
+    def interpreter(self, key: str) -> Interpreter:
+        if key.startswith("sid-"):
+            build = key[4:]
+            return Interpreter(key=key, version=build.rstrip("d"), python=f"/usr/bin/python{build}",
+                               root=self._sid_root())
+        return Interpreter(key=key, version=key, python=PYTHONS[key])
+
     def get(self, version: str, scenario: str, copy: int = 0, handler: str | None = None) -> Path:
-        """A core of ``scenario`` under CPython ``version``; ``handler`` installs a crash reporter that
-        faults as the process dies (tests/crashers/make_core.py HANDLERS)."""
+        """A core of ``scenario`` under ``version`` (``3.12``: this machine's; ``sid-3.14``: Debian's, in the
+        sid root); ``handler`` installs a crash reporter that faults as the process dies
+        (tests/crashers/make_core.py HANDLERS)."""
         from tests.crashers.make_core import make_core
 
         key = (version, scenario, copy, handler)
         if key not in self._cache:
             # one directory: libcrash.so is built once, each crash gets its own run directory
-            self._cache[key] = make_core(self.base, PYTHONS[version], scenario, handler=handler)
+            interp = self.interpreter(version)
+            self._cache[key] = make_core(self.base, interp.python, scenario, handler=handler, root=interp.root)
         return self._cache[key]
 
 
@@ -150,8 +197,8 @@ def core_pattern(core_pattern_lock):
 
 
 @pytest.fixture(scope="session")
-def cores(tmp_path_factory: pytest.TempPathFactory, core_pattern) -> CoreFactory:
-    return CoreFactory(tmp_path_factory.mktemp("cores"))
+def cores(tmp_path_factory: pytest.TempPathFactory, core_pattern, request) -> CoreFactory:
+    return CoreFactory(tmp_path_factory.mktemp("cores"), sid_root=lambda: request.getfixturevalue("sid_root"))
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 from typing import TYPE_CHECKING
 
@@ -22,43 +21,29 @@ from ..model import (
     HeapReport,
     LibraryStatus,
     ProcessSnapshot,
+    PythonStacks,
+    PythonStatus,
     Severity,
     Source,
 )
-from ..pyread.walk import thread_label
 from .classify import classify_crash, is_python_process
 from .fingerprint import fingerprint, fingerprint_basis
 from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
 from .sigframe import attach_signal_frames
-from .stacks import build_threads
+from .stacks import (
+    build_threads,
+    choose_python_stacks,
+    compare_python_stacks,
+    python_stacks_problem,
+    python_status_line,
+)
 
 if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses never start it
     from ..gdb import GdbSession
 
 __all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot",
-           "check_nested_faults", "compare_python_docs", "python_doc_problem",
-           "flag_thread_errors", "choose_python_doc", "is_python_process", "registers_only", "HEAP_MODES",
+           "check_nested_faults", "is_python_process", "registers_only", "HEAP_MODES",
            "with_heap", "heap_findings"]
-
-_LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
-
-
-def _python_symbols_hint(core: CoreFile) -> str:
-    version = None
-    for lib in core.libraries:
-        m = _LIBPYTHON.search(lib.name)
-        if m:
-            version = m.group(1)
-            break
-    if version is None:
-        m = re.search(r"python(\d+\.\d+)", (core.executable or "").rsplit("/", 1)[-1])
-        version = m.group(1) if m else "3.X"
-    return (
-        f"the Python stack needs CPython {version} debug symbols: Debian/Ubuntu python{version}-dbg "
-        f"(for the distribution's python{version}), debuginfod (--debuginfod URL), or an interpreter built "
-        "with -g (pyenv builds keep them); the native stacks above are complete"
-    )
-
 
 METHODS = ("auto", "gdb", "direct", "both")
 
@@ -71,168 +56,33 @@ def registers_only(core: CoreFile, reason: str = "native stack not unwound: prog
     ]}
 
 
-def flag_thread_errors(doc: dict | None) -> dict | None:
-    """``doc`` as a partial result when one of its threads' Python stacks stopped short.
-
-    A thread ``error`` (a frame pointer that leaves the core, a frame cycle) means that
-    thread's stack is incomplete, so the document cannot be ``ok``: its ``status``
-    becomes ``error`` and its ``detail`` names each such thread (once; the direct
-    reader names them already, gdb's walker does not).  Pure: a new dict, or ``doc``
-    itself when there is nothing to flag.
-
-    >>> doc = {"status": "ok", "detail": "", "threads": [
-    ...     {"native_thread_id": 7, "frames": [], "error": "frame 0x41: not in the core"}]}
-    >>> flagged = flag_thread_errors(doc)
-    >>> flagged["status"], flagged["detail"]
-    ('error', 'partial result: tid 7: frame 0x41: not in the core')
-    >>> flag_thread_errors(flagged) == flagged and doc["status"] == "ok"
-    True
-    """
-    if not doc or doc.get("status") not in ("ok", "error"):
-        return doc
-    detail = doc.get("detail") or ""
-    problems = [
-        f"{thread_label(t.get('native_thread_id'), t.get('thread_id'))}: {t['error']}"
-        for t in doc.get("threads", []) if t.get("error") and t["error"] not in detail
-    ]
-    if not problems:
-        return doc
-    if detail:
-        detail = f"{detail}; {'; '.join(problems)}"
-    else:
-        detail = "partial result: " + "; ".join(problems)
-    return {**doc, "status": "error", "detail": detail}
-
-
-def choose_python_doc(direct: dict | None, gdb: dict | None) -> tuple[dict | None, str]:
-    """The Python document ``auto`` (and ``both``) shows, and the method that made it.
-
-    The direct reader's when it is whole; else gdb's walker's when that one is whole;
-    else the direct reader's partial stacks; else gdb's (whose detail explains what
-    is missing, e.g. the debug symbols); the direct reader's when gdb gave nothing.
-
-    >>> choose_python_doc({"status": "ok", "threads": []}, None)[1]
-    'direct'
-    >>> partial = {"status": "error", "threads": [{"frames": []}]}
-    >>> choose_python_doc(partial, {"status": "ok", "threads": []})[1]
-    'gdb'
-    >>> choose_python_doc(partial, {"status": "no-python-symbols", "threads": []})[1]
-    'direct'
-    """
-    if (direct or {}).get("status") == "ok" or gdb is None:
-        return direct, "direct"
-    if gdb.get("status") == "ok":
-        return gdb, "gdb"
-    if (direct or {}).get("status") == "error" and (direct or {}).get("threads"):
-        return direct, "direct"
-    return gdb, "gdb"
-
-
-def python_doc_problem(doc: dict | None, method: str) -> str | None:
-    """Why a method's Python document holds no stacks to compare (it could not run, or read nothing),
-    or None when it read some.
-
-    >>> python_doc_problem({"status": "no-python-symbols", "detail": "no libpython3.11 symbols", "threads": []}, "gdb")
-    "gdb's walker could not read Python stacks: no-python-symbols (no libpython3.11 symbols)"
-    >>> python_doc_problem({"status": "ok", "threads": []}, "direct") is None
-    True
-    """
-    who = "gdb's walker" if method == "gdb" else "the direct reader"
-    if doc is None:
-        return f"{who} gave no result"
-    status = doc.get("status")
-    if status == "ok" or (status == "error" and doc.get("threads")):
-        return None
-    detail = doc.get("detail")
-    return f"{who} could not read Python stacks: {status}" + (f" ({detail})" if detail else "")
-
-
-def compare_python_docs(a: dict | None, b: dict | None) -> list[str]:
-    """Where two Python-state documents (gdb walker ``a``, direct reader ``b``) disagree.
-
-    Thread by thread (matched by LWP): its name, whether it holds the GIL, whether its
-    stack was cut short, and its frames (function, file, line), frame for frame; a
-    differing status is said and the threads are still compared.
-
-    >>> compare_python_docs({"status": "ok", "threads": []}, {"status": "ok", "threads": []})
-    []
-    >>> t = {"native_thread_id": 7, "name": "MainThread", "holds_gil": True,
-    ...      "frames": [{"function": "main", "file": "a.py", "line": 3}]}
-    >>> compare_python_docs({"status": "ok", "threads": [t]},
-    ...                     {"status": "ok", "threads": [{**t, "holds_gil": False}]})
-    ['thread 7: holds the GIL True (gdb) vs False (direct)']
-    """
-    if not a or not b:
-        return ["one method gave no result"]
-    out = []
-    if a.get("status") != b.get("status"):  # said, and the threads are still compared
-        out.append(f"status {a.get('status')} (gdb) vs {b.get('status')} (direct)")
-    ta = {t.get("native_thread_id"): t for t in a.get("threads", [])}
-    tb = {t.get("native_thread_id"): t for t in b.get("threads", [])}
-    for tid in sorted(set(ta) | set(tb), key=lambda x: (x is None, x or 0)):
-        if tid not in ta or tid not in tb:
-            out.append(f"thread {tid} only in {'gdb' if tid in ta else 'direct'}")
-            continue
-        fa = [(f.get("function"), f.get("file"), f.get("line")) for f in ta[tid].get("frames", [])]
-        fb = [(f.get("function"), f.get("file"), f.get("line")) for f in tb[tid].get("frames", [])]
-        if ta[tid].get("name") != tb[tid].get("name"):
-            out.append(f"thread {tid}: name {ta[tid].get('name')!r} (gdb) vs {tb[tid].get('name')!r} (direct)")
-        if bool(ta[tid].get("holds_gil")) != bool(tb[tid].get("holds_gil")):
-            out.append(f"thread {tid}: holds the GIL {bool(ta[tid].get('holds_gil'))} (gdb) "
-                       f"vs {bool(tb[tid].get('holds_gil'))} (direct)")
-        if bool(ta[tid].get("error")) != bool(tb[tid].get("error")):
-            side, err = ("gdb", ta[tid]["error"]) if ta[tid].get("error") else ("direct", tb[tid]["error"])
-            out.append(f"thread {tid}: stack cut short by {side} only ({err})")
-        for i, (x, y) in enumerate(zip(fa, fb)):
-            if x != y:
-                out.append(f"thread {tid} frame {i}: {x} (gdb) vs {y} (direct)")
-                break
-        if len(fa) != len(fb):
-            out.append(f"thread {tid}: {len(fa)} frames (gdb) vs {len(fb)} (direct)")
-    return out
-
-
-def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, sysroot: str | None,
+def build_snapshot(core: CoreFile, native: dict | None, python: PythonStacks | None, *, sysroot: str | None,
                    native_method: str, python_method: str, requested: str = "auto",
                    problems: tuple[str, ...] = (), disagreements: tuple[str, ...] = (),
                    requested_native: str = "auto", native_disagreements: tuple[str, ...] = ()) -> ProcessSnapshot:
     """Join the core reader's facts with the native and Python stacks into one snapshot.
 
-    A Python document with a thread whose stack stopped short is a partial result
-    (:func:`flag_thread_errors`), whichever method made it.
+    The Python stacks' status is said once, in ``python_stack_status`` (the ``Stacks:``
+    line); ``problems`` are other methods' reasons and unwinders' errors, each one line.
     """
     warnings: list[str] = list(problems)
-    python = flag_thread_errors(python)
-    python_version = python.get("python_version") if python else None
     threads = attach_signal_frames(core, build_threads(core, native or registers_only(core), python))
-    py_status = python.get("status") if python else None
-    truncated = (f"the core is truncated ({core.size:,} of {core.expected_size:,} bytes were written: core size "
-                 "limit or full disk)") if core.truncated else None
-    if not is_python_process(core) and py_status != "ok":
-        status = "not a Python process"
-    elif truncated and py_status != "ok":
-        # what is missing is the memory, not the debug symbols: say the cause that applies
-        status = f"Python stacks unavailable: {truncated}; the interpreter's state lies in the part not written"
-        if py_status == "error" and python and python.get("threads"):
-            status = f"partial: {truncated}; the interpreter's state is read only as far as the core goes"
-        warnings.append(status)
-    elif python is None:
-        status = "Python stacks unavailable: no method gave a result"
-        warnings.append(status)
-    elif py_status == "ok":
-        status = "ok"
-    elif py_status == "no-python-symbols":
-        status = "no CPython debug symbols: " + _python_symbols_hint(core)
-        if python.get("detail"):
-            status += f" ({python['detail']})"
-        warnings.append(status)
-    elif py_status == "error" and python.get("threads"):
-        detail = (python.get("detail") or "").removeprefix("partial result: ") or "the interpreter state is damaged"
-        status = f"partial: {detail}"
-        warnings.append(f"Python stacks are partial: {detail}")
+    python_process = is_python_process(core) or (python is not None and python.version is not None)
+    status = python_status_line(python, python_process=python_process)
+    if python is None:
+        py_status = PythonStatus.FAILED if python_process else PythonStatus.NOT_PYTHON
+    elif not python_process and python.status is not PythonStatus.OK:
+        py_status = PythonStatus.NOT_PYTHON
     else:
-        status = f"Python stacks unavailable: {python.get('detail') or py_status}"
-        warnings.append(status)
+        py_status = python.status
+    if core.truncated and python_process and py_status is not PythonStatus.OK:
+        # what is missing is the memory, not the debug symbols: say the cause that applies
+        truncated = (f"the core is truncated ({core.size:,} of {core.expected_size:,} bytes were written: core "
+                     "size limit or full disk)")
+        if py_status is PythonStatus.PARTIAL and python is not None and python.threads:
+            status = f"partial: {truncated}; the interpreter's state is read only as far as the core goes"
+        else:
+            status = f"unavailable: {truncated}; the interpreter's state lies in the part not written"
     for d in disagreements:
         warnings.append(f"methods disagree: {d}")
     for d in native_disagreements:
@@ -255,8 +105,10 @@ def build_snapshot(core: CoreFile, native: dict | None, python: dict | None, *, 
         source=Source.CORE,
         core=core,
         threads=threads,
-        python_version=python_version,
+        python_version=python.version if python is not None else None,
+        python_status=py_status,
         python_stack_status=status,
+        python_layout=python.layout if python is not None else None,
         native_method=native_method,
         python_method=python_method if python else "none",
         requested_method=requested,
@@ -440,11 +292,11 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     :param path: a core file, or a capture bundle directory (its stored objects are the sysroot)
     :param sysroot: a directory holding the crashed process's files at the paths the core names
     :param exe: the executable, when it is not at the path the core names
-    :param method: how Python stacks are read — ``direct`` (our reader of the interpreter
-        state: no gdb, no debug symbols; native stacks are then program counters only unless
-        ``native_method`` names an unwinder), ``gdb`` (gdb with CPython's debug symbols),
-        ``both`` (both, compared frame for frame), ``auto`` (the direct reader, falling back
-        to gdb's walker when the direct reader cannot)
+    :param method: where the walker's struct layout comes from — ``direct`` (the core's
+        debug offsets and the table: no gdb, no debug symbols; native stacks are then program
+        counters only unless ``native_method`` names an unwinder), ``gdb`` (CPython's DWARF,
+        read by gdb), ``both`` (both layouts and their stacks compared), ``auto`` (direct,
+        falling back to gdb's DWARF layout when those stacks are not whole)
     :param native_method: how native stacks are unwound — ``libdw`` (elfutils, in-process;
         gdb only for a thread libdw could not unwind), ``gdb``, ``both`` (both, compared frame
         for frame), ``none`` (program counters only), ``auto`` (libdw; none with
@@ -484,9 +336,9 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     direct = None
     try:
         if method in ("direct", "both", "auto"):
-            from ..pyread import read_python_state
+            from ..pyread import read_python_stacks
 
-            direct = flag_thread_errors(read_python_state(core, sysroot=sysroot))
+            direct = read_python_stacks(core, sysroot=sysroot)
     finally:
         libdw_doc = None
         if unwinding is not None:
@@ -495,9 +347,10 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
             except UnwinderUnavailable as e:
                 problems.append(f"{e}; {e.help_text}" if plan == "both" else f"{e}; native stacks by gdb")
 
-    # gdb: for the Python stacks when asked (or when the direct reader's are not whole), for the native
-    # stacks when asked, and for the threads libdw could not unwind
-    want_gdb_python = method in ("gdb", "both") or (method == "auto" and (direct or {}).get("status") != "ok")
+    # gdb: CPython's layout from DWARF when asked (or when the direct reader's stacks are not whole), the
+    # native stacks when asked, and for the threads libdw could not unwind
+    want_gdb_python = method in ("gdb", "both") or (method == "auto" and direct is not None and not direct.is_whole
+                                                    and direct.status is not PythonStatus.NOT_PYTHON)
     want_gdb_native = plan in ("gdb", "both") or (plan == "libdw" and (libdw_doc is None or failed_threads(libdw_doc)))
     result = None
     if want_gdb_python or want_gdb_native:
@@ -517,7 +370,11 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
         except GdbError as e:
             problems.append(str(e))
     gdb_native = result.native if result is not None else None
-    gdb_python = flag_thread_errors(result.python) if result is not None else None
+    gdb_python = None
+    if result is not None and result.layout is not None:
+        from ..pyread import read_python_stacks
+
+        gdb_python = read_python_stacks(core, sysroot=sysroot, dwarf=result.layout)
 
     native, native_notes, native_disagreements = _choose_native(plan, libdw_doc, gdb_native)
     problems.extend(native_notes)
@@ -527,18 +384,27 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     if method == "both":
         # a method that could not run (no symbols, no gdb) is not a disagreement: it is said, and the
         # analysis is partial only if the other method could not read the stacks either
-        unable = [p for p in (python_doc_problem(gdb_python, "gdb"), python_doc_problem(direct, "direct")) if p]
+        unable = [p for p in (python_stacks_problem(gdb_python, "gdb"), python_stacks_problem(direct, "direct")) if p]
         if unable:
             problems.extend(f"--method both: {p}; nothing to compare" for p in unable)
         else:
-            disagreements = tuple(compare_python_docs(gdb_python, direct))
-    # Choose the Python document: the requested method's, or for auto/both the best whole one.
+            from ..pyread import layout_differences
+
+            disagreements = tuple(compare_python_stacks(gdb_python, direct))
+            disagreements += tuple(f"layout: {d} (DWARF vs direct)"
+                                   for d in layout_differences(core, result.layout, sysroot=sysroot))
+    # Choose the Python stacks: the requested method's, or for auto/both the best whole one.
     if method == "gdb":
         python, py_method = gdb_python, "gdb"
     elif method == "direct":
         python, py_method = direct, "direct"
     else:
-        python, py_method = choose_python_doc(direct, gdb_python)
+        python, py_method = choose_python_stacks(direct, gdb_python)
+    # the other method's reason, said once, when it was tried and did not give the stacks shown
+    other, other_name = (gdb_python, "gdb") if py_method == "direct" else (direct, "direct")
+    if (method == "auto" and python is not None and not python.is_whole and other is not None
+            and not other.is_whole and other.status is not PythonStatus.NOT_PYTHON and other.detail != python.detail):
+        problems.append(f"Python stacks by {other_name}: {python_status_line(other, python_process=True)}")
     snapshot = build_snapshot(
         core, native, python, sysroot=sysroot,
         native_method=native_label(native), python_method=py_method, requested=method,

@@ -3,7 +3,7 @@
 One definition for every place a fingerprint appears: ``analyze`` (whichever methods read the
 stacks), batch triage, the core handler's index and whatever publishes it later.  It is computed
 only from what every analysis method yields — the core reader's facts and the Python stacks,
-which the direct reader and gdb's walker read alike — and never from native frames, because
+which the direct and the DWARF layouts read alike — and never from native frames, because
 ``--method direct`` (and a machine without an unwinder) has only each thread's program counter.
 
 The basis, in order (:func:`fingerprint_basis` returns the strings, so a fingerprint can always

@@ -1,16 +1,19 @@
-"""Build threads from gdb's native frames and the interpreter's Python frames, and merge them.
+"""Build threads from the native frames and the walker's Python stacks, and merge them.
 
-Pure functions: the dicts come from ``gdb_scripts/`` JSON (see forensics.gdb).
+Pure functions: the native dicts come from an unwinder's JSON (libdw's, or
+``gdb_scripts/forensics_native.py``'s) and become records here; the Python stacks arrive as
+records (:class:`~forensics.model.PythonStacks`, from :mod:`forensics.pyread`).
 """
 from __future__ import annotations
 
 from typing import Iterator
 
-from ..model import CoreFile, FrameKind, NativeFrame, PyFrame, Thread
+from ..model import CoreFile, FrameKind, NativeFrame, PyFrame, PythonStacks, PythonStatus, PyThreadStack, Thread
 from .classify import is_snapshot
 
-__all__ = ["parse_native_frames", "parse_py_frames", "build_threads", "merge_frames", "meaningful_native_frames",
-           "skip_abort_machinery"]
+__all__ = ["parse_native_frames", "build_threads", "merge_frames", "meaningful_native_frames",
+           "skip_abort_machinery", "choose_python_stacks", "compare_python_stacks", "python_stacks_problem",
+           "python_status_line"]
 
 _ABORT_MACHINERY = frozenset(
     {
@@ -45,63 +48,52 @@ def parse_native_frames(core: CoreFile, frames: list[dict]) -> tuple[NativeFrame
     return tuple(out)
 
 
-def parse_py_frames(frames: list[dict]) -> tuple[PyFrame, ...]:
-    return tuple(
-        PyFrame(
-            function=str(f.get("function") or "???"),
-            file=str(f.get("file") or "???"),
-            line=f.get("line"),
-            is_entry=bool(f.get("is_entry", True)),
-        )
-        for f in frames
-    )
-
-
-def build_threads(core: CoreFile, native: dict, python: dict | None) -> tuple:
-    """Threads ordered crashed first, then as gdb numbers them; Python threads matched by LWP.
+def build_threads(core: CoreFile, native: dict, python: PythonStacks | None) -> tuple[Thread, ...]:
+    """Threads ordered crashed first, then as the unwinder numbers them; Python threads matched by LWP.
 
     A Python thread's ``error`` (its stack stopped short) becomes the thread's ``python_error``.
     The thread whose tid is the pid is the main thread; in a snapshot (a core of a live process)
     no thread crashed.
     """
-    py_by_tid: dict[int, dict] = {}
+    py_by_tid: dict[int, PyThreadStack] = {}
     gil_tid = None
-    # "error" still carries the threads read before the walk stopped (a corrupted interpreter state)
-    if python and python.get("status") in ("ok", "error"):
-        for t in python.get("threads", []):
-            if t.get("native_thread_id") is not None:
-                py_by_tid[int(t["native_thread_id"])] = t
-        gil_tid = python.get("gil_holder_native_id")
+    # a partial record still carries the threads read before the walk stopped
+    if python is not None and python.status in (PythonStatus.OK, PythonStatus.PARTIAL):
+        for t in python.threads:
+            if t.native_thread_id is not None:
+                py_by_tid.setdefault(t.native_thread_id, t)
+        gil_tid = python.gil_holder
     crashed = None if is_snapshot(core) else core.crashed_tid
     threads = []
     seen = set()
     for t in native.get("threads", []):
         tid = int(t["lwp"])
         seen.add(tid)
-        py = py_by_tid.get(tid, {})
+        py = py_by_tid.get(tid)
         threads.append(
             Thread(
                 tid=tid,
-                name=py.get("name"),
+                name=py.name if py else None,
                 is_crashed=tid == crashed,
-                holds_gil=bool(py.get("holds_gil")) or (gil_tid is not None and gil_tid == tid),
+                holds_gil=bool(py and py.holds_gil) or (gil_tid is not None and gil_tid == tid),
                 native_frames=parse_native_frames(core, t.get("frames", [])),
-                py_frames=parse_py_frames(py.get("frames", [])),
+                py_frames=py.frames if py else (),
                 native_error=t.get("error"),
                 native_method=t.get("method"),
-                python_error=py.get("error") or None,
+                python_error=py.error if py else None,
+                interpreter_id=py.interpreter_id if py else None,
                 is_main=tid == core.pid,
             )
         )
-    # A Python thread state with no native thread (it exited, or gdb lost it) is still shown.
+    # A Python thread state with no native thread (it exited, or the unwinder lost it) is still shown.
     for tid, py in py_by_tid.items():
         if tid not in seen:
             threads.append(
                 Thread(
-                    tid=tid, name=py.get("name"), is_crashed=tid == crashed, holds_gil=bool(py.get("holds_gil")),
-                    native_frames=(), py_frames=parse_py_frames(py.get("frames", [])),
+                    tid=tid, name=py.name, is_crashed=tid == crashed, holds_gil=py.holds_gil,
+                    native_frames=(), py_frames=py.frames,
                     native_error="no native thread with this id in the core",
-                    python_error=py.get("error") or None, is_main=tid == core.pid,
+                    python_error=py.error, interpreter_id=py.interpreter_id, is_main=tid == core.pid,
                 )
             )
     threads.sort(key=lambda th: (not th.is_crashed,))
@@ -113,14 +105,20 @@ def merge_frames(thread: Thread) -> Iterator[tuple[FrameKind, NativeFrame | PyFr
 
     Each ``_PyEval_EvalFrameDefault`` native frame runs one group of Python frames: up to
     and including the next entry frame (CPython 3.11+ runs several Python calls in one C
-    call; before 3.11 every frame is an entry frame).  Python frames left over when the
-    native stack ends early are yielded at the end.
+    call; before 3.11 every frame is an entry frame).  In 3.14's tail-calling interpreter
+    the innermost native frame of one evaluation is an opcode handler (``_TAIL_CALL_*``)
+    above its ``_PyEval_EvalFrameDefault``: the group stands at the handler, and the
+    ``_PyEval_EvalFrameDefault`` under it is shown as a native frame.  Python frames left
+    over when the native stack ends early are yielded at the end.
     """
     py = iter(thread.py_frames)
-    pending = list(thread.py_frames)
+    pending = len(thread.py_frames)
     used = 0
+    in_handler = False  # the previous (inner) native frame was a tail-call handler of this evaluation
     for nf in thread.native_frames:
-        if nf.is_eval_frame and used < len(pending):
+        takes_group = nf.is_eval_frame and not (in_handler and not nf.is_tail_call_handler)
+        in_handler = nf.is_tail_call_handler or (in_handler and not nf.is_eval_frame)
+        if takes_group and used < pending:
             for pf in py:
                 used += 1
                 yield FrameKind.PYTHON, pf
@@ -144,3 +142,114 @@ def skip_abort_machinery(native_frames: tuple[NativeFrame, ...]) -> list[NativeF
     while i < len(frames) and frames[i].symbol in _ABORT_MACHINERY:
         i += 1
     return frames[i:]
+
+
+# -- the two methods' Python stacks: choose, compare, say why -------------------------------------
+
+
+def choose_python_stacks(direct: PythonStacks | None, gdb: PythonStacks | None) -> tuple[PythonStacks | None, str]:
+    """The Python stacks ``auto`` (and ``both``) shows, and the method whose layout gave them.
+
+    The direct reader's when whole; else gdb's (DWARF layout) when whole; else the
+    direct reader's partial stacks; else gdb's partial ones; else the direct reader's
+    record (its reason), or gdb's when the direct reader gave none.
+
+    >>> from forensics.model import PythonStacks, PythonStatus
+    >>> ok, part = PythonStacks(status=PythonStatus.OK), PythonStacks(status=PythonStatus.PARTIAL)
+    >>> choose_python_stacks(ok, None)[1], choose_python_stacks(part, ok)[1]
+    ('direct', 'gdb')
+    """
+    for stacks, method in ((direct, "direct"), (gdb, "gdb")):
+        if stacks is not None and stacks.is_whole:
+            return stacks, method
+    for stacks, method in ((direct, "direct"), (gdb, "gdb")):
+        if stacks is not None and stacks.status is PythonStatus.PARTIAL and stacks.threads:
+            return stacks, method
+    if direct is not None:
+        return direct, "direct"
+    return gdb, "gdb"
+
+
+def compare_python_stacks(gdb: PythonStacks | None, direct: PythonStacks | None) -> list[str]:
+    """Where the stacks walked with gdb's DWARF layout and with the direct reader's layout disagree.
+
+    Thread by thread (matched by LWP): its name, whether it holds the GIL, whether its
+    stack was cut short, and its frames (function, file, line), frame for frame; a
+    differing status is said and the threads are still compared.
+
+    >>> from forensics.model import PyFrame, PyThreadStack, PythonStacks, PythonStatus
+    >>> t = PyThreadStack(native_thread_id=7, thread_id=1, name="MainThread", holds_gil=True,
+    ...                   frames=(PyFrame(function="main", file="a.py", line=3),))
+    >>> one = PythonStacks(status=PythonStatus.OK, threads=(t,))
+    >>> compare_python_stacks(one, one)
+    []
+    """
+    if gdb is None or direct is None:
+        return ["one method gave no result"]
+    out = []
+    if gdb.status is not direct.status:  # said, and the threads are still compared
+        out.append(f"status {gdb.status.value} (gdb) vs {direct.status.value} (direct)")
+    for side, stacks in (("gdb", gdb), ("direct", direct)):
+        if not stacks.threads and stacks.status is not PythonStatus.OK:
+            return out + [f"{side} gave no stacks: {stacks.detail}"]  # nothing to compare thread by thread
+    ta = {t.native_thread_id: t for t in gdb.threads}
+    tb = {t.native_thread_id: t for t in direct.threads}
+    for tid in sorted(set(ta) | set(tb), key=lambda x: (x is None, x or 0)):
+        if tid not in ta or tid not in tb:
+            out.append(f"thread {tid} only in {'gdb' if tid in ta else 'direct'}")
+            continue
+        a, b = ta[tid], tb[tid]
+        if a.name != b.name:
+            out.append(f"thread {tid}: name {a.name!r} (gdb) vs {b.name!r} (direct)")
+        if a.holds_gil != b.holds_gil:
+            out.append(f"thread {tid}: holds the GIL {a.holds_gil} (gdb) vs {b.holds_gil} (direct)")
+        if bool(a.error) != bool(b.error):
+            side, err = ("gdb", a.error) if a.error else ("direct", b.error)
+            out.append(f"thread {tid}: stack cut short by {side} only ({err})")
+        fa = [(f.function, f.file, f.line) for f in a.frames]
+        fb = [(f.function, f.file, f.line) for f in b.frames]
+        for i, (x, y) in enumerate(zip(fa, fb)):
+            if x != y:
+                out.append(f"thread {tid} frame {i}: {x} (gdb) vs {y} (direct)")
+                break
+        if len(fa) != len(fb):
+            out.append(f"thread {tid}: {len(fa)} frames (gdb) vs {len(fb)} (direct)")
+    return out
+
+
+def python_stacks_problem(stacks: PythonStacks | None, method: str) -> str | None:
+    """Why a method gave no stacks to compare (it could not run, or read nothing); None when it gave some.
+
+    >>> from forensics.model import PythonStacks, PythonStatus
+    >>> python_stacks_problem(PythonStacks(status=PythonStatus.UNSUPPORTED, detail="gdb: no DWARF"), "gdb")
+    'gdb could not read Python stacks: unsupported (gdb: no DWARF)'
+    >>> python_stacks_problem(PythonStacks(status=PythonStatus.OK), "direct") is None
+    True
+    """
+    if stacks is None:
+        return f"{method} gave no result"
+    if stacks.status is PythonStatus.OK or (stacks.status is PythonStatus.PARTIAL and stacks.threads):
+        return None
+    return f"{method} could not read Python stacks: {stacks.status.value}" + (
+        f" ({stacks.detail})" if stacks.detail else "")
+
+
+def python_status_line(stacks: PythonStacks | None, *, python_process: bool) -> str:
+    """The snapshot's one line about the Python stacks: ``ok``, or what is missing and why (said once).
+
+    >>> from forensics.model import PythonStacks, PythonStatus
+    >>> python_status_line(PythonStacks(status=PythonStatus.PARTIAL, detail="tid 7: frame cycle at 0x10"),
+    ...                    python_process=True)
+    'partial: tid 7: frame cycle at 0x10'
+    """
+    if stacks is None:
+        return "unavailable: no method gave a result" if python_process else "not a Python process"
+    if stacks.status is PythonStatus.OK:
+        return "ok"
+    if stacks.status is PythonStatus.NOT_PYTHON or (not python_process and not stacks.threads):
+        return "not a Python process"
+    if stacks.status is PythonStatus.PARTIAL:
+        return f"partial: {stacks.detail}"
+    if stacks.status is PythonStatus.NO_INTERPRETER:
+        return f"no interpreter: {stacks.detail}"
+    return f"unavailable: {stacks.detail or stacks.status.value}"

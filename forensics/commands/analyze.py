@@ -19,8 +19,9 @@ __all__ = ["analyze"]
 @click.option("--exe", type=click.Path(dir_okay=False), help="The executable, when it is not at the path the core names.")
 @click.option("--native", "merged", is_flag=True, help="Merged view: Python frames placed where their evaluation-loop native frames stand.")
 @click.option("--method", type=click.Choice(["auto", "gdb", "direct", "both"]), default="auto", show_default=True,
-              help="Python stacks: direct (our reader: no gdb, no debug symbols), gdb (CPython debug symbols), "
-                   "both (compared frame for frame), auto (direct, gdb's walker as fallback).")
+              help="Python stacks, one walker; its struct layout from: direct (the core's _Py_DebugOffsets and the "
+                   "table: no gdb, no debug symbols), gdb (CPython's DWARF, read by gdb), both (both layouts and "
+                   "their stacks compared), auto (direct, gdb's DWARF layout as fallback).")
 @click.option("--native-method", type=click.Choice(["auto", "libdw", "gdb", "both", "none"]), default="auto",
               show_default=True,
               help="Native stacks: libdw (elfutils, no gdb; gdb only for a thread libdw cannot unwind), gdb, "

@@ -1,109 +1,180 @@
-"""Python stacks from a core without gdb and without CPython's debug symbols (CPython 3.8-3.13).
+"""Python stacks of a CPython core: one walker, several sources of layouts (CPython 3.8-3.15).
 
-:func:`read_python_state` gives the same document as ``gdb_scripts/forensics_python.py``
-(``forensics.analyze.stacks.build_threads`` takes either)::
+:func:`read_python_stacks` gives a :class:`~forensics.model.PythonStacks` record for
+either method of ``forensics analyze``:
 
-    {"python_version": "3.12.1", "status": "ok", "detail": "", "gil_holder_native_id": 1234,
-     "threads": [{"native_thread_id": 1234, "thread_id": 1397..., "name": "MainThread",
-                  "holds_gil": True, "frames": [{"function", "file", "line", "is_entry"}, ...],
-                  "error": None}]}
+- ``direct`` (no gdb, no debug symbols): the layout comes from the ``_Py_DebugOffsets``
+  CPython 3.13+ publishes in the core, over the generated table (:mod:`.layouts`), or
+  from the table alone for 3.8-3.12;
+- ``gdb``: the layout is the record gdb read from the DWARF of the core's own
+  interpreter (``gdb_scripts/forensics_python.py``), passed as ``dwarf``.
 
-How: :mod:`.locate` finds ``_PyRuntime`` through the dynamic symbol table of the
-executable or libpython (file matched by build-id, else the ELF image in the
-core) and reads the version from the binary; :mod:`.layouts` gives the struct
-offsets (the generated ``layouts.json``, or 3.13's own ``_Py_DebugOffsets``);
-:mod:`.walk` follows interpreters -> thread states -> frames -> code objects with
-every read bounded by the core's segments (:mod:`.objects`).
+Either way :mod:`.locate` finds ``_PyRuntime`` through the dynamic symbol table of the
+executable or libpython (file matched by build-id, else the ELF image in the core) and
+reads the version from the binary, and :mod:`.walk` follows interpreters -> thread
+states -> frames -> code objects with every read bounded by the core's segments
+(:mod:`.objects`) and the whole walk bounded by :class:`~.objects.Limits`.
 
-``status``: ``ok``; ``error`` (a partial result: ``detail`` says where reading
-stopped); ``no-interpreter`` (the runtime has no interpreter yet or any more);
-``no-python-symbols`` (no ``_PyRuntime``: not a CPython process, or its symbol
-table is neither on disk nor in the core; or a version the reader does not know).
-A thread whose frame chain breaks keeps the frames read before the break and
-names the address in its ``error``; the document is then a partial result too
-(``status`` ``error``, ``detail`` naming the thread), never ``ok``.
+Status (:class:`~forensics.model.PythonStatus`): ``OK``; ``PARTIAL`` (a thread's stack
+stopped short, the thread list broke, or a bound cut the walk: ``detail`` says where);
+``NO_INTERPRETER``; ``NOT_PYTHON``; ``NO_RUNTIME`` (the symbol table of the interpreter is
+neither in a file matching the core nor in the core); ``UNSUPPORTED`` (no layout for this
+version or build: the reason says which); ``FAILED`` (nothing read).
 """
 from __future__ import annotations
 
-from forensics.model import CoreFile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["read_python_state"]
+from forensics.model import CoreFile, LayoutSource, PythonStacks, PythonStatus
+
+if TYPE_CHECKING:
+    from forensics.pyread.layouts import Layout
+    from forensics.pyread.locate import PythonBinary, PythonVersion
+
+__all__ = ["read_python_stacks", "find_interpreter", "Interpreter", "layout_differences", "Limits"]
+
+from forensics.pyread.objects import Limits  # noqa: E402  (re-exported: the walk's bounds)
 
 _NOT_CPYTHON = "not a CPython process: no object in the core defines _PyRuntime"
 
 
-def _empty_doc() -> dict:
-    return {"python_version": None, "status": "ok", "detail": "", "gil_holder_native_id": None, "threads": []}
-
-
-def read_python_state(core: CoreFile, *, sysroot: str | None = None) -> dict:
-    """The Python stack of every thread of a CPython core, read without gdb.
+def read_python_stacks(core: CoreFile, *, sysroot: str | None = None, dwarf: dict | None = None,
+                       limits: Limits | None = None) -> PythonStacks:
+    """The Python stack of every thread of a CPython core.
 
     Never raises for what is in the core: a corrupted interpreter state yields a
-    partial document (``status`` ``"error"`` or a thread ``error``).
+    ``PARTIAL`` record, a walk that reached a bound says so in ``cut``.
 
-    :param core: the core as :func:`forensics.core.open_core` read it (its
-        libraries' files were resolved then, with its sysroot)
-    :param sysroot: where to look for an object file the core names that
-        ``core`` has no file for
-    :return: the document described in the module docstring
+    :param core: the core as :func:`forensics.core.open_core` read it (its libraries' files
+        were resolved then, with its sysroot)
+    :param sysroot: where to look for an object file the core names that ``core`` has no file for
+    :param dwarf: a layout record from gdb's ``forensics-layout`` (the ``gdb`` method); None
+        for the debug offsets and the table (the ``direct`` method)
+    :param limits: bounds of the walk (default :class:`Limits`)
+    :return: the record
 
     >>> from forensics.core import open_core
-    >>> read_python_state(open_core("core"))["threads"][0]["frames"][0]  # doctest: +SKIP
-    {'function': 'query_nvlink_throughput_counters', 'file': 'exporter.py', 'line': 31, 'is_entry': True}
+    >>> read_python_stacks(open_core("core")).threads[0].frames[0].function  # doctest: +SKIP
+    'query_nvlink_throughput_counters'
     """
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
 
-    doc = _empty_doc()
     try:
         with CoreMemory.open(core.path) as mem:
-            _read(doc, core, mem, sysroot)
+            return _read(core, mem, sysroot, dwarf, limits or Limits())
     except ForensicsError as exc:
-        doc["status"], doc["detail"] = "error", str(exc)
-    except Exception as exc:  # noqa: BLE001 - a corrupted core must give a document, never a traceback
-        doc["status"] = "error"
-        doc["detail"] = f"reading stopped: {type(exc).__name__}: {exc}"
-    return doc
+        return PythonStacks(status=PythonStatus.FAILED, detail=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a corrupted core must give a result, never a traceback
+        return PythonStacks(status=PythonStatus.FAILED, detail=f"reading stopped: {type(exc).__name__}: {exc}")
 
 
-def _read(doc: dict, core: CoreFile, mem, sysroot: str | None) -> None:
-    from forensics.pyread.layouts import DEBUG_OFFSETS_313, LayoutError, build_layout, parse_debug_offsets
-    from forensics.pyread.locate import TYPE_SYMBOLS, detect_version, find_runtime
-    from forensics.pyread.objects import Objects, Reader
-    from forensics.pyread.walk import walk_runtime
+@dataclass(frozen=True, slots=True)
+class Interpreter:
+    """The CPython runtime of a core, its version, and the layout the walker reads it with."""
+
+    binary: "PythonBinary"  # the object defining _PyRuntime, and where _PyRuntime is
+    version: "PythonVersion"
+    layout: "Layout"
+    source: LayoutSource
+    description: str  # the layout trusted, in words
+    free_threaded: bool
+
+
+def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
+                     dwarf: dict | None = None) -> Interpreter | PythonStacks:
+    """The runtime, the version and the layout to walk with (as :func:`read_python_stacks` sets them
+    up, for readers of more than stacks: frame locals); or the record saying why there are none.
+
+    :param mem: the core's memory (:class:`~forensics.core.CoreMemory`)
+    :param dwarf: a layout record from gdb, used instead of the debug offsets and the table
+    """
+    from forensics.pyread.debug_offsets import DebugOffsetsError, parse_debug_offsets, read_size
+    from forensics.pyread.layouts import Layout, LayoutError, choose_layout, debug_offset_shapes
+    from forensics.pyread.locate import detect_version, find_runtime
 
     binary = find_runtime(core, mem, sysroot=sysroot)
     if binary is None:
-        doc["status"] = "no-python-symbols"
         pythonish = any("python" in lib.name for lib in core.libraries)
-        doc["detail"] = (
+        if not pythonish:
+            return PythonStacks(status=PythonStatus.NOT_PYTHON, detail=_NOT_CPYTHON)
+        return PythonStacks(status=PythonStatus.NO_RUNTIME, detail=(
             "no CPython runtime (_PyRuntime) found: the dynamic symbol table of the interpreter is neither "
-            "in a file matching the core's build-id nor in the core; pass --sysroot with its files"
-            if pythonish else _NOT_CPYTHON
-        )
-        return
-    raw = mem.read_prefix(binary.runtime, 8 + 8 * len(DEBUG_OFFSETS_313))
-    debug = parse_debug_offsets(raw)
-    version = detect_version(binary, core, mem, debug["version"] if debug else None)
-    if version is None:
-        doc["status"] = "no-python-symbols"
-        doc["detail"] = f"found _PyRuntime in {binary.library.path} but could not read its CPython version"
-        return
-    doc["python_version"] = version.text
-    where = (version.major, version.minor)
-    if where != (3, 13):
-        debug = None  # other versions' debug offsets have another shape: the table decides
-    if debug is not None and debug["free_threaded"]:
-        doc["status"] = "no-python-symbols"
-        doc["detail"] = f"CPython {version.text} is a free-threaded build, which this reader does not support"
-        return
+            "in a file matching the core's build-id nor in the core; pass --sysroot with its files"))
+    shapes = debug_offset_shapes()
+    debug = refused = None
+    raw = mem.read_prefix(binary.runtime, max((read_size(s) for s in shapes.values()), default=24))
     try:
-        layout = build_layout(*where, debug)
+        debug = parse_debug_offsets(raw, shapes, runtime_size=binary.runtime_size)
+    except DebugOffsetsError as exc:
+        refused = str(exc)
+    version = detect_version(binary, core, mem, debug.version if debug else None)
+    if version is None:
+        return PythonStacks(status=PythonStatus.UNSUPPORTED,
+                            detail=f"found _PyRuntime in {binary.library.path} but could not read its CPython version")
+    free_threaded = bool(debug and debug.free_threaded)
+    if dwarf is not None:
+        if "error" in dwarf:
+            return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text, free_threaded=free_threaded,
+                                detail=f"gdb: {dwarf['error']}; Debian/Ubuntu ship it in python{version.major}."
+                                       f"{version.minor}-dbg (or build CPython with -g)")
+        try:
+            layout = Layout(dwarf)
+        except (LayoutError, KeyError) as exc:
+            return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text,
+                                detail=f"gdb's DWARF layout of CPython {version.text} is not usable: {exc}")
+        return Interpreter(binary=binary, version=version, layout=layout, source=LayoutSource.DWARF,
+                      description=f"DWARF of {dwarf.get('objfile') or binary.library.path}",
+                      free_threaded=free_threaded or layout.free_threaded)
+    try:
+        choice = choose_layout(version.major, version.minor, free_threaded=free_threaded, debug=debug,
+                               refused=refused)
     except LayoutError as exc:
-        doc["status"] = "no-python-symbols"
-        doc["detail"] = f"CPython {version.text} is not supported by the built-in reader: {exc}"
-        return
-    reader = Reader(mem)
+        return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text, free_threaded=free_threaded,
+                            detail=str(exc))
+    return Interpreter(binary=binary, version=version, layout=choice.layout, source=choice.source,
+                  description=choice.description, free_threaded=free_threaded)
+
+
+def _read(core: CoreFile, mem, sysroot: str | None, dwarf: dict | None, limits: Limits) -> PythonStacks:
+    from forensics.pyread.locate import TYPE_SYMBOLS
+    from forensics.pyread.objects import Budget, Objects, Reader
+    from forensics.pyread.walk import walk_runtime
+
+    found = find_interpreter(core, mem, sysroot=sysroot, dwarf=dwarf)
+    if isinstance(found, PythonStacks):
+        return found
+    binary, layout = found.binary, found.layout
+    reader = Reader(mem, Budget(limits))
     types = {name: binary.symbol(name) for name in TYPE_SYMBOLS}
-    walk_runtime(doc, layout, reader, Objects(layout, reader, types), core, binary.runtime)
+    walked = walk_runtime(layout, reader, Objects(layout, reader, types), core, binary.runtime)
+    common = {"version": found.version.text, "layout": found.description, "layout_source": found.source,
+              "free_threaded": found.free_threaded, "gil_holder": walked.gil_holder, "threads": tuple(walked.threads)}
+    if walked.no_interpreter:
+        return PythonStacks(status=PythonStatus.NO_INTERPRETER, **common,
+                            detail="_PyRuntime.interpreters.head is NULL: no running CPython interpreter")
+    problems = list(walked.problems)
+    if walked.cut:
+        problems.append(walked.cut)
+    if problems:
+        status = PythonStatus.PARTIAL if walked.threads else PythonStatus.FAILED
+        return PythonStacks(status=status, detail="; ".join(problems), cut=walked.cut, **common)
+    return PythonStacks(status=PythonStatus.OK, **common)
+
+
+def layout_differences(core: CoreFile, dwarf: dict, *, sysroot: str | None = None) -> list[str]:
+    """Where gdb's DWARF layout and the direct reader's layout of this core disagree (``--method both``).
+
+    Field by field of what the walker reads; a side that has no layout is said.
+    """
+    from forensics.core.memory import CoreMemory
+    from forensics.pyread.layouts import compare_layouts
+
+    with CoreMemory.open(core.path) as mem:
+        a = find_interpreter(core, mem, sysroot=sysroot, dwarf=dwarf)
+        b = find_interpreter(core, mem, sysroot=sysroot)
+    if isinstance(a, PythonStacks) or isinstance(b, PythonStacks):
+        return [] if isinstance(a, PythonStacks) and isinstance(b, PythonStacks) else [
+            "only one method has a layout: " + (a.detail if isinstance(a, PythonStacks) else b.detail)]
+    return compare_layouts(a.layout, b.layout)

@@ -1,14 +1,22 @@
-"""Struct layouts of CPython 3.8-3.13: the generated table, and 3.13's ``_Py_DebugOffsets``.
+"""Struct layouts of CPython for the walker, from three sources: the core's debug offsets, the table, DWARF.
 
-``layouts.json`` (written by :mod:`forensics.pyread.gen_layouts` from the DWARF
-of debug builds) holds, per minor version, the offset, size and signedness of
-every field the reader uses.  A field a version lacks is absent, and the code
-path is chosen from which fields exist (the "family"), as the gdb method does.
+``layouts.json`` (written by :mod:`forensics.pyread.gen_layouts` from the DWARF of
+each build) holds, per version and build (``3.14``, ``3.14t``), the offset, size and
+signedness of every field the walker uses, the constants of the enums it needs, and
+the shape of ``_Py_DebugOffsets``.  A field a version lacks is absent, and the code
+path is chosen from which fields exist (the "family").
 
-CPython 3.13 also publishes its own offsets in ``_PyRuntime.debug_offsets``
-(cookie ``xdebugpy``); :func:`parse_debug_offsets` reads them from the core and
-:func:`build_layout` lets them override the table, so a 3.13 patch release with
-moved fields is still read right.
+:func:`choose_layout` picks the layout for a core, best source first:
+
+1. CPython 3.13+ publishes its own offsets in ``_PyRuntime.debug_offsets``
+   (:mod:`.debug_offsets`): they override the table record of that version (or, for
+   a version newer than any known, of the newest known one) for every field they
+   cover; the table gives the rest (dict internals, bit positions of str state);
+2. the table record alone (3.8-3.12, or when the debug offsets were refused);
+3. a record read from the DWARF of the core's own interpreter by gdb
+   (``gdb_scripts/forensics_python.py``), used as it is: ``Layout(record)``.
+
+Every :class:`Layout` says in :attr:`Layout.description` what it was made of.
 """
 from __future__ import annotations
 
@@ -17,61 +25,39 @@ import functools
 import json
 import os
 import struct
+from dataclasses import dataclass
+
+from forensics.model import LayoutSource
+from forensics.pyread.debug_offsets import DebugOffsets
 
 __all__ = [
     "Field",
     "Struct",
     "Layout",
-    "DEBUG_COOKIE",
-    "DEBUG_OFFSETS_313",
+    "LayoutChoice",
     "load_table",
-    "parse_debug_offsets",
+    "debug_offset_shapes",
+    "apply_debug_offsets",
     "build_layout",
+    "choose_layout",
+    "compare_layouts",
     "LayoutError",
 ]
-
-DEBUG_COOKIE = b"xdebugpy"
-
-#: the uint64 fields of 3.13's ``struct _Py_DebugOffsets``, in order, after cookie[8]
-DEBUG_OFFSETS_313 = (
-    "version", "free_threaded",
-    "runtime_state.size", "runtime_state.finalizing", "runtime_state.interpreters_head",
-    "interpreter_state.size", "interpreter_state.id", "interpreter_state.next", "interpreter_state.threads_head",
-    "interpreter_state.gc", "interpreter_state.imports_modules", "interpreter_state.sysdict",
-    "interpreter_state.builtins", "interpreter_state.ceval_gil", "interpreter_state.gil_runtime_state",
-    "interpreter_state.gil_runtime_state_enabled", "interpreter_state.gil_runtime_state_locked",
-    "interpreter_state.gil_runtime_state_holder",
-    "thread_state.size", "thread_state.prev", "thread_state.next", "thread_state.interp",
-    "thread_state.current_frame", "thread_state.thread_id", "thread_state.native_thread_id",
-    "thread_state.datastack_chunk", "thread_state.status",
-    "interpreter_frame.size", "interpreter_frame.previous", "interpreter_frame.executable",
-    "interpreter_frame.instr_ptr", "interpreter_frame.localsplus", "interpreter_frame.owner",
-    "code_object.size", "code_object.filename", "code_object.name", "code_object.qualname",
-    "code_object.linetable", "code_object.firstlineno", "code_object.argcount", "code_object.localsplusnames",
-    "code_object.localspluskinds", "code_object.co_code_adaptive",
-    "pyobject.size", "pyobject.ob_type",
-    "type_object.size", "type_object.tp_name", "type_object.tp_repr", "type_object.tp_flags",
-    "tuple_object.size", "tuple_object.ob_item", "tuple_object.ob_size",
-    "list_object.size", "list_object.ob_item", "list_object.ob_size",
-    "dict_object.size", "dict_object.ma_keys", "dict_object.ma_values",
-    "float_object.size", "float_object.ob_fval",
-    "long_object.size", "long_object.lv_tag", "long_object.ob_digit",
-    "bytes_object.size", "bytes_object.ob_size", "bytes_object.ob_sval",
-    "unicode_object.size", "unicode_object.state", "unicode_object.length", "unicode_object.asciiobject_size",
-    "gc.size", "gc.collecting",
-)
 
 # debug-offsets name -> (type, field path) of the table that it overrides
 _DEBUG_TO_TABLE = {
     "runtime_state.interpreters_head": ("_PyRuntimeState", "interpreters.head"),
+    "interpreter_state.id": ("PyInterpreterState", "id"),
     "interpreter_state.next": ("PyInterpreterState", "next"),
     "interpreter_state.threads_head": ("PyInterpreterState", "threads.head"),
+    "interpreter_state.threads_main": ("PyInterpreterState", "threads.main"),
     "interpreter_state.imports_modules": ("PyInterpreterState", "imports.modules"),
     "interpreter_state.sysdict": ("PyInterpreterState", "sysdict"),
     "interpreter_state.ceval_gil": ("PyInterpreterState", "ceval.gil"),
     "interpreter_state.gil_runtime_state_locked": ("struct _gil_runtime_state", "locked"),
     "interpreter_state.gil_runtime_state_holder": ("struct _gil_runtime_state", "last_holder"),
     "thread_state.next": ("PyThreadState", "next"),
+    "thread_state.interp": ("PyThreadState", "interp"),
     "thread_state.current_frame": ("PyThreadState", "current_frame"),
     "thread_state.thread_id": ("PyThreadState", "thread_id"),
     "thread_state.native_thread_id": ("PyThreadState", "native_thread_id"),
@@ -79,14 +65,19 @@ _DEBUG_TO_TABLE = {
     "interpreter_frame.executable": ("_PyInterpreterFrame", "f_executable"),
     "interpreter_frame.instr_ptr": ("_PyInterpreterFrame", "instr_ptr"),
     "interpreter_frame.owner": ("_PyInterpreterFrame", "owner"),
+    "interpreter_frame.tlbc_index": ("_PyInterpreterFrame", "tlbc_index"),
     "code_object.filename": ("PyCodeObject", "co_filename"),
     "code_object.name": ("PyCodeObject", "co_name"),
     "code_object.qualname": ("PyCodeObject", "co_qualname"),
     "code_object.linetable": ("PyCodeObject", "co_linetable"),
     "code_object.firstlineno": ("PyCodeObject", "co_firstlineno"),
     "code_object.co_code_adaptive": ("PyCodeObject", "co_code_adaptive"),
+    "code_object.co_tlbc": ("PyCodeObject", "co_tlbc"),
     "pyobject.ob_type": ("PyObject", "ob_type"),
     "type_object.tp_flags": ("PyTypeObject", "tp_flags"),
+    "type_object.tp_basicsize": ("PyTypeObject", "tp_basicsize"),
+    "type_object.tp_dictoffset": ("PyTypeObject", "tp_dictoffset"),
+    "heap_type_object.ht_cached_keys": ("PyHeapTypeObject", "ht_cached_keys"),
     "dict_object.ma_keys": ("PyDictObject", "ma_keys"),
     "dict_object.ma_values": ("PyDictObject", "ma_values"),
     "long_object.lv_tag": ("PyLongObject", "long_value.lv_tag"),
@@ -95,6 +86,11 @@ _DEBUG_TO_TABLE = {
     "bytes_object.ob_sval": ("PyBytesObject", "ob_sval"),
     "unicode_object.length": ("PyASCIIObject", "length"),
     "unicode_object.state": ("PyASCIIObject", "state"),
+}
+# debug-offsets names that are struct sizes the walker uses
+_DEBUG_TO_SIZES = {
+    "unicode_object.asciiobject_size": "PyASCIIObject",
+    "unicode_object.compactunicodeobject_size": "PyCompactUnicodeObject",
 }
 
 _FORMATS = {(1, False): "B", (1, True): "b", (2, False): "H", (2, True): "h",
@@ -139,59 +135,123 @@ class Struct:
 
 @functools.lru_cache(maxsize=1)
 def load_table() -> dict:
-    """The generated table: ``{"3.8": {...}, ...}``."""
+    """The generated table: ``{"3.8": {...}, "3.14": {...}, "3.14t": {...}}``."""
     with open(os.path.join(os.path.dirname(__file__), "layouts.json")) as f:
         return json.load(f)["layouts"]
 
 
-def parse_debug_offsets(raw: bytes) -> dict[str, int] | None:
-    """3.13's ``_Py_DebugOffsets`` as ``{name: value}``, or None without the cookie.
+def debug_offset_shapes() -> dict[str, dict[str, list[int]]]:
+    """The recorded ``_Py_DebugOffsets`` shapes of the default builds, by table key (``"3.13"``)."""
+    return {k: r["debug_offsets_struct"] for k, r in load_table().items()
+            if "debug_offsets_struct" in r and not _flags(k)}
 
-    :param raw: the bytes at ``&_PyRuntime.debug_offsets`` (at least 8 + 8 * len(DEBUG_OFFSETS_313))
+
+def _flags(key: str) -> str:
+    """The ABI flags of a table key: ``"3.14t"`` -> ``"t"``."""
+    return key.lstrip("0123456789.")
+
+
+def _order(key: str) -> tuple[int, int]:
+    major, minor = key.rstrip("td").split(".")
+    return int(major), int(minor)
+
+
+def apply_debug_offsets(record: dict, debug: DebugOffsets) -> dict:
+    """A copy of a table record with every field the debug offsets cover set from them.
+
+    A struct that moved carries its bit-fields with it (str state).
     """
-    if raw[:8] != DEBUG_COOKIE or len(raw) < 8 + 8 * len(DEBUG_OFFSETS_313):
-        return None
-    values = struct.unpack_from("<%dQ" % len(DEBUG_OFFSETS_313), raw, 8)
-    return dict(zip(DEBUG_OFFSETS_313, values))
-
-
-def _apply_debug_offsets(record: dict, debug: dict[str, int]) -> dict:
     rec = copy.deepcopy(record)
     types = rec["types"]
-    debug = dict(debug)
+    values = dict(debug.values)
+    base = values.get("interpreter_state.gil_runtime_state")
     for name in ("interpreter_state.gil_runtime_state_locked", "interpreter_state.gil_runtime_state_holder"):
-        # offsets in the interpreter of its own GIL's fields: made relative to the GIL struct
-        debug[name] -= debug["interpreter_state.gil_runtime_state"]
+        if base is not None and name in values:  # offsets in the interpreter: made relative to the GIL struct
+            values[name] -= base
     for name, (tname, path) in _DEBUG_TO_TABLE.items():
+        if name not in values:
+            continue
         fields = types.setdefault(tname, {"size": 0, "fields": {}})["fields"]
         old = fields.get(path)
-        new_off = debug[name]
+        new_off = values[name]
         if old is None:
             fields[path] = {"offset": new_off, "size": 8, "signed": False, "kind": "int"}
             continue
         delta = new_off - old["offset"]
         if not delta:
             continue
-        # a struct moved: its bit-fields (str state) move with it
         prefix = path + "."
         for p, f in fields.items():
             if p == path or p.startswith(prefix):
                 f["offset"] += delta
                 if "bit" in f:
                     f["bit"] += delta * 8
-    rec["sizes"]["PyASCIIObject"] = debug["unicode_object.asciiobject_size"]
+    for name, sname in _DEBUG_TO_SIZES.items():
+        if values.get(name):
+            rec["sizes"][sname] = values[name]
     return rec
 
 
-class Layout:
-    """Everything version-dependent, computed once from one table record.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutChoice:
+    """The layout chosen for one core, and what it was made of."""
 
-    ``family`` names the frame layout: 38 (3.8/3.9), 310, 311, 312, 313.
+    layout: "Layout"
+    source: LayoutSource
+    description: str  # "_Py_DebugOffsets of 3.14.10 over table 3.14 (3.14.10)"
+
+
+def choose_layout(major: int, minor: int, *, free_threaded: bool = False, debug: DebugOffsets | None = None,
+                  refused: str | None = None) -> LayoutChoice:
+    """The layout of CPython ``major.minor`` from the core's debug offsets and the table.
+
+    :param debug: the core's parsed ``_Py_DebugOffsets`` (3.13+)
+    :param refused: why the core's debug offsets were not trusted, when they were not
+    :raises LayoutError: when neither source describes this version and build
+    """
+    table = load_table()
+    want = f"{major}.{minor}" + ("t" if free_threaded else "")
+    record = table.get(want)
+    build = "free-threaded " if free_threaded else ""
+    if debug is not None:
+        base_key = want
+        if record is None:  # newer than any known: the newest known record of this build gives the rest
+            same_build = [k for k in table if _flags(k) == ("t" if free_threaded else "")
+                          and _order(k) < (major, minor)]
+            if not same_build:
+                raise LayoutError(f"no table record for {build}CPython {major}.{minor} or older to complete "
+                                  "its debug offsets with")
+            base_key = max(same_build, key=_order)
+            record = table[base_key]
+        layout = Layout(apply_debug_offsets(record, debug))
+        from forensics.pyread.locate import format_hexversion
+
+        newer = "" if base_key == want else f"; {major}.{minor} is newer than any known version"
+        shape = "" if debug.shape == f"{major}.{minor}" else f", read with the {debug.shape} struct shape"
+        return LayoutChoice(layout=layout, source=LayoutSource.DEBUG_OFFSETS,
+                            description=f"_Py_DebugOffsets of {format_hexversion(debug.version)}{shape} over "
+                                        f"table {base_key} ({record['version']}){newer}")
+    if record is None:
+        known = ", ".join(sorted(table, key=_order))
+        why = f" (its _Py_DebugOffsets were refused: {refused})" if refused else ""
+        raise LayoutError(f"{build}CPython {major}.{minor} is not in the layout table ({known}){why}")
+    note = f"; the core's _Py_DebugOffsets were refused: {refused}" if refused else ""
+    return LayoutChoice(layout=Layout(record), source=LayoutSource.TABLE,
+                        description=f"table {want} ({record['version']}){note}")
+
+
+class Layout:
+    """Everything version-dependent, computed once from one layout record (table, debug offsets or DWARF).
+
+    ``family`` names the frame layout: 38 (3.8/3.9), 310, 311, 312, 313 (3.13 and later:
+    ``tstate->current_frame``, ``f_executable`` a tagged reference from 3.14).
+    :attr:`fields_used` holds every field the walker reads, for comparing two layouts.
     """
 
     def __init__(self, record: dict) -> None:
         self.record = record
-        self.version = record["version"]
+        self.version = record.get("version")  # None for a DWARF record (the core gives the version)
+        self.fields_used: dict[str, Field] = {}
         self.ptr_size = record.get("ptr_size", 8)
         if self.ptr_size != 8:
             raise LayoutError("only 64-bit layouts are supported")
@@ -223,8 +283,10 @@ class Layout:
         try:
             f = self._types[tname]["fields"][path]
         except KeyError:
-            raise LayoutError(f"the table has no {tname}.{path}") from None
-        return Field(f["offset"], f["size"], f["signed"])
+            raise LayoutError(f"the layout has no {tname}.{path}") from None
+        found = Field(f["offset"], f["size"], f["signed"])
+        self.fields_used[f"{tname}.{path}"] = found
+        return found
 
     def offset(self, tname: str, path: str) -> int:
         return self.field(tname, path).offset
@@ -243,7 +305,7 @@ class Layout:
         i = "PyInterpreterState"
         self.interp_head = "tstate_head" if self.has(i, "tstate_head") else "threads.head"
         self.interp_modules = "modules" if self.has(i, "modules") else "imports.modules"
-        self.interp = self.struct(i, ["next", self.interp_head, self.interp_modules, "sysdict"])
+        self.interp = self.struct(i, ["next", self.interp_head, self.interp_modules, "sysdict"], optional=("id",))
         # the GIL: in _PyRuntime (3.8-3.11) or behind interp->ceval.gil (3.12+)
         gil_t = "struct _gil_runtime_state"
         self.gil_runtime_off = None
@@ -262,7 +324,8 @@ class Layout:
     def _threads(self) -> None:
         t = "PyThreadState"
         self.tstate_frame = {38: "frame", 310: "frame", 313: "current_frame"}.get(self.family, "cframe")
-        self.tstate = self.struct(t, ["next", "thread_id", self.tstate_frame], optional=("native_thread_id",))
+        # ``interp``: the back pointer a thread state of the interpreter's list must hold
+        self.tstate = self.struct(t, ["next", "thread_id", self.tstate_frame], optional=("native_thread_id", "interp"))
         self.cframe = self.struct("_PyCFrame", ["current_frame"]) if self.family in (311, 312) else None
 
     def _frames(self) -> None:
@@ -271,6 +334,11 @@ class Layout:
             self.frame = self.struct(fo, ["f_back", "f_code", "f_lasti", "f_lineno", "f_trace"])
             return
         self.frameobj = self.struct(fo, ["f_trace", "f_lineno"])
+        # a frame of the chain runs Python code when a thread or a generator owns it; the others are
+        # the C-stack shims that mark where one _PyEval_EvalFrameDefault call begins (3.12+)
+        owners = self.record.get("enums", {}).get("_frameowner", {})
+        self.running_owners = frozenset((owners.get("FRAME_OWNED_BY_THREAD", 0),
+                                         owners.get("FRAME_OWNED_BY_GENERATOR", 1)))
         self.iframe_code = "f_executable" if self.family == 313 else "f_code"
         self.iframe_instr = "instr_ptr" if self.family == 313 else "prev_instr"
         self.iframe = self.struct("_PyInterpreterFrame",
@@ -334,14 +402,31 @@ class Layout:
                             else sizes.get("PyObject", 16))
 
 
-def build_layout(major: int, minor: int, debug: dict[str, int] | None = None) -> Layout:
-    """The layout of CPython ``major.minor``, corrected by the core's debug offsets when given.
+def build_layout(major: int, minor: int, debug: DebugOffsets | None = None, *,
+                 free_threaded: bool = False) -> Layout:
+    """The layout of CPython ``major.minor`` (see :func:`choose_layout`).
 
     :raises LayoutError: when the table has no such version or the record is unusable
     """
-    record = load_table().get(f"{major}.{minor}")
-    if record is None:
-        raise LayoutError(f"CPython {major}.{minor} is not in the layout table (3.8-3.13)")
-    if debug is not None:
-        record = _apply_debug_offsets(record, debug)
-    return Layout(record)
+    return choose_layout(major, minor, free_threaded=free_threaded, debug=debug).layout
+
+
+def compare_layouts(a: Layout, b: Layout) -> list[str]:
+    """Where two layouts of one core disagree, field by field of what the walker reads.
+
+    >>> t = build_layout(3, 12)
+    >>> compare_layouts(t, t)
+    []
+    """
+    out = []
+    if a.family != b.family:
+        out.append(f"frame family {a.family} vs {b.family}")
+    for name in sorted(set(a.fields_used) | set(b.fields_used)):
+        fa, fb = a.fields_used.get(name), b.fields_used.get(name)
+        if fa != fb:
+            out.append(f"{name}: {_field_text(fa)} vs {_field_text(fb)}")
+    return out
+
+
+def _field_text(f: "Field | None") -> str:
+    return "absent" if f is None else f"offset {f[0]} size {f[1]}"

@@ -550,8 +550,7 @@ def read_thread_locals(core: CoreFile, frames, *, sysroot: str | None = None) ->
     version and object readers set up the way the walker sets them up.  Never raises for what the core holds."""
     if not any(getattr(f, "frame_address", None) for f in frames):
         return ThreadLocals(frames=tuple(() for _ in frames),
-                            problem="the Python frames carry no addresses (gdb's walker gives none): "
-                                    "their locals were not read")
+                            problem="the Python frames carry no addresses: their locals were not read")
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
 
@@ -567,25 +566,19 @@ def read_thread_locals(core: CoreFile, frames, *, sysroot: str | None = None) ->
 
 
 def _objects_for(core: CoreFile, mem, sysroot: str | None):
-    """(version, Reader, Objects) for this core's interpreter, or why not (a string)."""
-    from forensics.pyread.layouts import DEBUG_OFFSETS_313, LayoutError, build_layout, parse_debug_offsets
-    from forensics.pyread.locate import TYPE_SYMBOLS, detect_version, find_runtime
+    """(version, Reader, Objects) for this core's interpreter, set up as the walker sets them up
+    (:func:`forensics.pyread.find_interpreter`), or why not (a string)."""
+    from forensics.model import PythonStacks
+    from forensics.pyread import find_interpreter
+    from forensics.pyread.locate import TYPE_SYMBOLS
     from forensics.pyread.objects import Objects, Reader
 
-    binary = find_runtime(core, mem, sysroot=sysroot)
-    if binary is None:
-        return "the interpreter's runtime was not found"
-    debug = parse_debug_offsets(mem.read_prefix(binary.runtime, 8 + 8 * len(DEBUG_OFFSETS_313)))
-    version = detect_version(binary, core, mem, debug["version"] if debug else None)
-    if version is None:
-        return "the interpreter's version was not found"
-    where = (version.major, version.minor)
-    try:
-        layout = build_layout(*where, debug if where == (3, 13) else None)
-    except LayoutError as e:
-        return f"CPython {version.text}: {e}"
+    found = find_interpreter(core, mem, sysroot=sysroot)
+    if isinstance(found, PythonStacks):
+        return f"the interpreter was not read: {found.detail}"
     reader = Reader(mem)
-    return where, reader, Objects(layout, reader, {n: binary.symbol(n) for n in TYPE_SYMBOLS})
+    where = (found.version.major, found.version.minor)
+    return where, reader, Objects(found.layout, reader, {n: found.binary.symbol(n) for n in TYPE_SYMBOLS})
 
 
 def buffer_owners(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple[BufferOwner, NativeCall | None]]:

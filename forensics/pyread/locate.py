@@ -31,7 +31,8 @@ from forensics.core.image import ElfImage
 from forensics.core.memory import CoreMemory, MemoryNotInCore
 from forensics.model import CoreFile, Library, LibraryStatus
 
-__all__ = ["PythonBinary", "PythonVersion", "find_runtime", "detect_version", "format_hexversion"]
+__all__ = ["PythonBinary", "PythonVersion", "find_runtime", "detect_version", "format_hexversion",
+           "describe_runtime_file"]
 
 TYPE_SYMBOLS = ("PyCode_Type", "PyUnicode_Type", "PyBytes_Type", "PyLong_Type", "PyDict_Type")
 
@@ -64,6 +65,7 @@ class PythonBinary:
     bias: int  # add to a link-time address for the process address
     file_path: str | None  # the file its symbols were read from; None: from the core's memory
     runtime: int  # address of _PyRuntime in the process
+    runtime_size: int | None = None  # st_size of the _PyRuntime symbol
 
     def symbol(self, name: str) -> int | None:
         value = self.image.find_dynamic_symbol(name)
@@ -138,9 +140,10 @@ def find_runtime(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None)
                 bias = image.bias if image is not None else 0
             if image is None:
                 continue
-            value = image.find_dynamic_symbol("_PyRuntime")
-            if value is not None:
-                return PythonBinary(library=lib, image=image, bias=bias, file_path=path, runtime=value + bias)
+            found = image.dynamic_symbol("_PyRuntime")
+            if found is not None:
+                return PythonBinary(library=lib, image=image, bias=bias, file_path=path, runtime=found[0] + bias,
+                                    runtime_size=found[1] or None)
             if image.dynamic() is not None:
                 break  # the symbol table was readable and has no _PyRuntime: next object
     return None
@@ -232,3 +235,50 @@ def detect_version(binary: PythonBinary, core: CoreFile, mem: CoreMemory,
         if found is not None:
             return found
     return _py_version_symbol(binary, mem) or _memory_version(binary, mem) or _rodata_version(binary)
+
+
+_LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib", "lib/x86_64-linux-gnu", "lib", "usr/local/lib")
+
+
+def _file_version(image: ElfImage, path: str) -> PythonVersion | None:
+    """The version an object file says it is: ``Py_Version`` (3.11+), else its ``PY_VERSION`` text."""
+    value = image.find_dynamic_symbol("Py_Version")
+    raw = image.read(value, 4) if value is not None else None
+    if raw is not None and int.from_bytes(raw, "little") >> 24 == 3:
+        return _from_text(format_hexversion(int.from_bytes(raw, "little")), "Py_Version")
+    binary = PythonBinary(library=Library(path=path, base=0, build_id=None, file_path=path, file_build_id=None,
+                                          status=LibraryStatus.UNVERIFIED),
+                          image=image, bias=0, file_path=path, runtime=0)
+    return _rodata_version(binary)
+
+
+def describe_runtime_file(python: str, sysroot: str) -> tuple[str, str, str] | None:
+    """``(version, ABI flags, object path)`` of an interpreter inside ``sysroot``, read from files only.
+
+    The object is the executable when it defines ``_PyRuntime`` (libpython linked in), else
+    ``libpythonX.Y[t][d].so.1.0`` named after it in the root's library directories.  ABI
+    flags: ``t`` when its ``_Py_DebugOffsets`` say free-threaded, ``d`` when it exports
+    ``_Py_NegativeRefcount`` (built with ``Py_DEBUG``).  For ``gen_layouts``; None when
+    nothing defines ``_PyRuntime``.
+    """
+    from forensics.core.files import resolve_in_sysroot
+
+    exe = resolve_in_sysroot(sysroot, python)
+    if exe is None:
+        return None
+    candidates = [exe]
+    stem = os.path.basename(python)
+    candidates += [os.path.join(sysroot, d, f"lib{stem}.so.1.0") for d in _LIB_DIRS]
+    for path in candidates:
+        image = ElfImage.from_file(path) if os.path.isfile(path) else None
+        found = image.dynamic_symbol("_PyRuntime") if image is not None else None
+        if image is None or found is None:
+            continue
+        version = _file_version(image, path)
+        if version is None:
+            return None
+        head = image.read(found[0], 24) or b""
+        free_threaded = head[:8] == b"xdebugpy" and int.from_bytes(head[16:24], "little") == 1
+        debug = image.find_dynamic_symbol("_Py_NegativeRefcount") is not None
+        return version.text, ("t" if free_threaded else "") + ("d" if debug else ""), os.path.realpath(path)
+    return None

@@ -9,12 +9,14 @@ here loops without a bound: strings, line tables, dicts and ints have caps.
 from __future__ import annotations
 
 import struct
+import time
+from dataclasses import dataclass
 
 from forensics.core.memory import CoreMemory, MemoryNotInCore
 from forensics.pyread.layouts import Layout, Struct
 from forensics.pyread.linetable import line_from_linetable_310, line_from_lnotab, line_from_locations
 
-__all__ = ["BadObject", "Reader", "Objects", "CodeCache", "MAX_READ"]
+__all__ = ["BadObject", "WalkCut", "Limits", "Budget", "Reader", "Objects", "CodeCache", "MAX_READ"]
 
 MAX_READ = 1 << 22  # no single read of more than 4 MiB
 MAX_STR_CHARS = 4096
@@ -33,11 +35,56 @@ class BadObject(Exception):
     """A pointer or object that cannot be read as what it should be (outside the core, NULL, wrong type)."""
 
 
-class Reader:
-    """Reads of the crashed process's memory, bounded by the core's segments and by :data:`MAX_READ`."""
+class WalkCut(Exception):
+    """The whole walk reached one of its bounds (:class:`Limits`); not a fault of one object."""
 
-    def __init__(self, mem: CoreMemory) -> None:
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Bounds of one walk of an interpreter state, whatever the core holds.
+
+    A real process stays far inside them (the default recursion limit is 1,000 frames);
+    a crafted or corrupted state (a thread list through self-referencing words) reaches
+    one, and the walk stops there, keeping what it read and saying which bound cut it.
+    """
+
+    interpreters: int = 64
+    threads: int = 4096  # thread states, all interpreters together
+    frames: int = 4096  # frames of one thread's chain (shims included)
+    total_frames: int = 100_000  # frames of all threads together
+    reads: int = 2_000_000  # memory reads
+    seconds: float = 30.0  # wall time
+
+
+class Budget:
+    """Counts the walk's memory reads and watches its clock; raises :class:`WalkCut` at a bound."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.reads = 0
+        self.frames = 0
+        self._deadline = time.monotonic() + limits.seconds
+
+    def spend_read(self) -> None:
+        self.reads += 1
+        if self.reads > self.limits.reads:
+            raise WalkCut(f"cut at the walk's bound of {self.limits.reads:,} memory reads")
+        if not self.reads & 255 and time.monotonic() > self._deadline:
+            raise WalkCut(f"cut at the walk's time bound of {self.limits.seconds:g} s")
+
+    def spend_frame(self) -> None:
+        self.frames += 1
+        if self.frames > self.limits.total_frames:
+            raise WalkCut(f"cut at the walk's bound of {self.limits.total_frames:,} frames in all")
+
+
+class Reader:
+    """Reads of the crashed process's memory, bounded by the core's segments, by :data:`MAX_READ`
+    per read and by the walk's :class:`Budget`."""
+
+    def __init__(self, mem: CoreMemory, budget: Budget | None = None) -> None:
         self._read = mem.read
+        self.budget = budget or Budget(Limits())
 
     def read(self, addr: int, size: int) -> bytes:
         if not addr:
@@ -46,6 +93,7 @@ class Reader:
             return b""
         if size > MAX_READ:
             raise BadObject(f"read of {size} bytes at 0x{addr:x} is too large")
+        self.budget.spend_read()
         try:
             return self._read(addr, size)
         except MemoryNotInCore:

@@ -1,52 +1,67 @@
-"""Walk interpreters -> thread states -> frames -> code objects, never trusting a pointer.
+"""The one walker: interpreters -> thread states -> frames -> code objects, never trusting a pointer.
 
-The walkers mirror ``gdb_scripts/forensics_python.py`` (same families, same
-entry-frame rules, same caps) so both methods give the same stacks.  A pointer
-that leaves the core, a cycle, or a chain past its cap ends that walk with an
-``error`` naming the address; the frames read so far are kept and the other
-threads are still read.  A thread's ``error`` is also one of the document's
-problems, so the document is a partial result (``status`` ``error``) whose
-``detail`` names the thread.
+Whatever gave the layout (the core's debug offsets, the table, gdb's DWARF), this is
+the only code that walks a CPython interpreter state.  A pointer that leaves the core,
+a cycle, a thread state that does not point back to its interpreter, or a chain past its
+cap ends that walk with an ``error`` naming the address; the frames read so far are kept
+and the other threads are still read.  The whole walk is bounded (:class:`~.objects.Limits`:
+interpreters, threads, frames, memory reads, time); reaching a bound stops it where it is
+and says so (:attr:`WalkResult.cut`).
 """
 from __future__ import annotations
 
-from forensics.model import CoreFile
+from dataclasses import dataclass, field
+
+from forensics.model import CoreFile, PyFrame, PyThreadStack
 from forensics.pyread.layouts import Layout
-from forensics.pyread.objects import BadObject, CodeCache, Objects, Reader
+from forensics.pyread.objects import BadObject, CodeCache, Limits, Objects, Reader, WalkCut
 
-__all__ = ["MAX_INTERPRETERS", "MAX_THREADS", "MAX_FRAMES", "walk_frame_objects", "walk_interpreter_frames",
-           "first_frame", "NativeIds", "thread_names", "read_gil", "thread_label", "walk_runtime"]
+__all__ = ["WalkResult", "walk_frame_objects", "walk_interpreter_frames", "first_frame", "NativeIds",
+           "thread_names", "read_gil", "thread_label", "walk_runtime"]
 
-MAX_INTERPRETERS = 64
-MAX_THREADS = 4096
-MAX_FRAMES = 4096
-
-FRAME_OWNED_BY_THREAD = 0
-FRAME_OWNED_BY_GENERATOR = 1
-FRAME_OWNED_BY_CSTACK = 3
+#: frames in a row without a code object end a chain: it is not a frame chain (a real one has none)
+MAX_BAD_RUN = 8
+#: thread states in a row whose stacks broke end a thread list: it is not a thread list
+MAX_BROKEN_THREADS = 16
 
 
-def _frame_dict(info: dict, line: int | None, is_entry: bool) -> dict:
-    return {"function": info["name"], "file": info["file"], "line": line, "is_entry": is_entry}
+@dataclass(slots=True)
+class WalkResult:
+    """What one walk found (the caller makes the :class:`~forensics.model.PythonStacks` of it)."""
+
+    threads: list[PyThreadStack] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # each a partial result's reason
+    gil_holder: int | None = None
+    no_interpreter: bool = False
+    cut: str | None = None
 
 
-def _unknown_frame(is_entry: bool) -> dict:
-    return {"function": "<unknown>", "file": "<unknown>", "line": None, "is_entry": is_entry}
+def _frame(info: dict, line: int | None, is_entry: bool, addr: int, code: int) -> PyFrame:
+    return PyFrame(function=info["name"], file=info["file"], line=line, is_entry=is_entry,
+                   frame_address=addr, code_address=code)
 
 
-def walk_frame_objects(layout: Layout, rd: Reader, codes: CodeCache, frame_addr: int) -> tuple[list, str | None]:
+def _unknown_frame(is_entry: bool, addr: int, code: int | None) -> PyFrame:
+    return PyFrame(function="<unknown>", file="<unknown>", line=None, is_entry=is_entry, frame_address=addr,
+                   code_address=code)
+
+
+def walk_frame_objects(layout: Layout, rd: Reader, codes: CodeCache, frame_addr: int,
+                       max_frames: int) -> tuple[list[PyFrame], str | None]:
     """3.8-3.10: the PyFrameObject chain; one eval call per frame (every frame is an entry)."""
-    frames: list[dict] = []
+    frames: list[PyFrame] = []
     seen: set[int] = set()
     error = None
+    bad = 0
     while frame_addr:
         if frame_addr in seen:
             error = f"frame cycle at 0x{frame_addr:x}"
             break
-        if len(frames) >= MAX_FRAMES:
-            error = f"stopped after {MAX_FRAMES} frames"
+        if len(frames) >= max_frames:
+            error = f"stopped after {max_frames} frames"
             break
         seen.add(frame_addr)
+        rd.budget.spend_frame()
         try:
             f = rd.struct(layout.frame, frame_addr)
         except BadObject as exc:
@@ -58,11 +73,17 @@ def walk_frame_objects(layout: Layout, rd: Reader, codes: CodeCache, frame_addr:
                 line = f["f_lineno"]
             else:
                 line = codes.line(info, f["f_lasti"])
-            frames.append(_frame_dict(info, line, True))
+            frames.append(_frame(info, line, True, frame_addr, f["f_code"]))
             error = error or info["error"]
+            bad = 0
         except BadObject as exc:
             error = error or f"frame 0x{frame_addr:x} code: {exc}"
-            frames.append(_unknown_frame(True))
+            frames.append(_unknown_frame(True, frame_addr, f["f_code"]))
+            bad += 1
+            if bad >= MAX_BAD_RUN:
+                del frames[-bad:]
+                error = f"{error}; stopped: {bad} frames in a row have no code object (not a frame chain)"
+                break
         frame_addr = f["f_back"]
     return frames, error
 
@@ -85,55 +106,69 @@ def _iframe_line(layout: Layout, rd: Reader, codes: CodeCache, info: dict, raw: 
     return codes.line(info, delta // 2)
 
 
-def walk_interpreter_frames(layout: Layout, rd: Reader, codes: CodeCache,
-                            frame_addr: int) -> tuple[list, str | None]:
-    """3.11-3.13: the _PyInterpreterFrame chain (C-stack shim frames skipped)."""
+def walk_interpreter_frames(layout: Layout, rd: Reader, codes: CodeCache, frame_addr: int,
+                            max_frames: int) -> tuple[list[PyFrame], str | None]:
+    """3.11+: the _PyInterpreterFrame chain (C-stack shim frames mark entries and are skipped)."""
     chain: list[tuple[int, dict]] = []
     seen: set[int] = set()
     error = None
     complete = True
+    running = layout.running_owners
+    shims = 0
     while frame_addr:
         if frame_addr in seen:
             error, complete = f"frame cycle at 0x{frame_addr:x}", False
             break
-        if len(chain) >= 2 * MAX_FRAMES:
-            error, complete = f"stopped after {MAX_FRAMES} frames", False
+        if len(chain) >= max_frames:
+            error, complete = f"stopped after {max_frames} frames", False
             break
         seen.add(frame_addr)
+        rd.budget.spend_frame()
         try:
             raw = rd.struct(layout.iframe, frame_addr)
         except BadObject as exc:
             error, complete = f"frame 0x{frame_addr:x}: {exc}", False
             break
         chain.append((frame_addr, raw))
+        shims = shims + 1 if raw["owner"] not in running else 0
+        if shims >= MAX_BAD_RUN:  # one shim per evaluation call, and a call runs Python frames
+            error, complete = f"stopped: {shims} frames in a row are not Python frames (not a frame chain)", False
+            break
         frame_addr = raw["previous"]
 
-    frames: list[dict] = []
+    frames: list[PyFrame] = []
+    bad = unknown = 0  # running frames in a row without a code object; of them, those shown as <unknown>
     for idx, (addr, raw) in enumerate(chain):
-        owner = raw["owner"]
-        if owner not in (FRAME_OWNED_BY_THREAD, FRAME_OWNED_BY_GENERATOR):
-            continue  # C-stack shim (3.12+) or a frame that is not executing
+        if bad >= MAX_BAD_RUN:
+            if unknown:
+                del frames[-unknown:]
+            error = (f"{error}; " if error else "") + (
+                f"stopped: {bad} frames in a row have no code object (not a frame chain)")
+            break
+        if raw["owner"] not in running:
+            continue  # a C-stack shim (3.12+), or a frame that is not executing
         if "is_entry" in raw:  # 3.11
             is_entry = bool(raw["is_entry"])
         elif idx + 1 < len(chain):
-            is_entry = chain[idx + 1][1]["owner"] == FRAME_OWNED_BY_CSTACK
+            is_entry = chain[idx + 1][1]["owner"] not in running
         else:
             is_entry = complete
         code = raw[layout.iframe_code]
         if layout.family >= 313:
-            code &= ~3  # f_executable may be any object: require a code object
+            code &= ~3  # f_executable: any object (3.13), a tagged reference (3.14+); a code object is required
             if not codes.is_code(code):
+                bad += 1
                 continue
         try:
             info = codes.get(code)
-            frames.append(_frame_dict(info, _iframe_line(layout, rd, codes, info, raw), is_entry))
+            frames.append(_frame(info, _iframe_line(layout, rd, codes, info, raw), is_entry, addr, code))
             error = error or info["error"]
+            bad = unknown = 0
         except BadObject as exc:
             error = error or f"frame 0x{addr:x} code: {exc}"
-            frames.append(_unknown_frame(is_entry))
-        if len(frames) >= MAX_FRAMES:
-            error = error or f"stopped after {MAX_FRAMES} frames"
-            break
+            frames.append(_unknown_frame(is_entry, addr, code))
+            bad += 1
+            unknown += 1
     return frames, error
 
 
@@ -145,14 +180,15 @@ def first_frame(layout: Layout, rd: Reader, ts: dict) -> int:
     return rd.struct(layout.cframe, cframe)["current_frame"] if cframe else 0
 
 
-def _thread_frames(layout: Layout, rd: Reader, codes: CodeCache, ts: dict) -> tuple[list, str | None]:
+def _thread_frames(layout: Layout, rd: Reader, codes: CodeCache, ts: dict,
+                   max_frames: int) -> tuple[list[PyFrame], str | None]:
     try:
         first = first_frame(layout, rd, ts)
     except BadObject as exc:
         return [], f"cframe 0x{ts['cframe']:x}: {exc}"
     if layout.family in (38, 310):
-        return walk_frame_objects(layout, rd, codes, first)
-    return walk_interpreter_frames(layout, rd, codes, first)
+        return walk_frame_objects(layout, rd, codes, first, max_frames)
+    return walk_interpreter_frames(layout, rd, codes, first, max_frames)
 
 
 class NativeIds:
@@ -216,17 +252,40 @@ def read_gil(layout: Layout, rd: Reader, runtime: int, interp_addr: int) -> tupl
     return bool(g[layout.gil_locked]), g[layout.gil_holder]
 
 
-def walk_runtime(doc: dict, layout: Layout, rd: Reader, objects: Objects, core: CoreFile, runtime: int) -> None:
-    """Fill ``doc`` (status, detail, threads, GIL holder) from ``_PyRuntime`` at ``runtime``."""
+def thread_label(native: int | None, ident: int | None) -> str:
+    """How a problem names a thread: its LWP when known, else its ``threading`` ident.
+
+    >>> thread_label(4242, 139872)
+    'tid 4242'
+    >>> thread_label(None, 139872)
+    'thread ident 139872'
+    """
+    return f"tid {native}" if native is not None else f"thread ident {ident}"
+
+
+def walk_runtime(layout: Layout, rd: Reader, objects: Objects, core: CoreFile, runtime: int) -> WalkResult:
+    """Every interpreter's thread states and stacks, from ``_PyRuntime`` at ``runtime``.
+
+    Never raises for what is in the core; a bound reached is :attr:`WalkResult.cut`.
+    """
+    result = WalkResult()
+    try:
+        _walk(result, layout, rd, objects, core, runtime)
+    except WalkCut as exc:
+        result.cut = str(exc)
+    return result
+
+
+def _walk(result: WalkResult, layout: Layout, rd: Reader, objects: Objects, core: CoreFile, runtime: int) -> None:
+    limits: Limits = rd.budget.limits
     codes = CodeCache(objects)
     try:
         head = rd.ptr(runtime + layout.runtime_head.offset)
     except BadObject as exc:
-        doc["status"], doc["detail"] = "error", f"_PyRuntime at 0x{runtime:x}: {exc}"
+        result.problems.append(f"_PyRuntime at 0x{runtime:x}: {exc}")
         return
     if not head:
-        doc["status"] = "no-interpreter"
-        doc["detail"] = "_PyRuntime.interpreters.head is NULL: no running CPython interpreter"
+        result.no_interpreter = True
         return
     classic_ids = None
     if "native_thread_id" not in layout.tstate.names:
@@ -236,14 +295,19 @@ def walk_runtime(doc: dict, layout: Layout, rd: Reader, objects: Objects, core: 
                 classic_ids.add_hint(rd.ptr(runtime + layout.runtime_main_thread.offset), core.pid)
             except BadObject:
                 pass
-    problems: list[str] = []
     interp_addr, seen_interps = head, set()
-    while interp_addr and len(seen_interps) < MAX_INTERPRETERS and interp_addr not in seen_interps:
+    while interp_addr:
+        if interp_addr in seen_interps:
+            result.problems.append(f"interpreter cycle at 0x{interp_addr:x}")
+            break
+        if len(seen_interps) >= limits.interpreters:
+            result.cut = f"cut at the walk's bound of {limits.interpreters} interpreters"
+            break
         seen_interps.add(interp_addr)
         try:
             interp = rd.struct(layout.interp, interp_addr)
         except BadObject as exc:
-            problems.append(f"interpreter 0x{interp_addr:x}: {exc}")
+            result.problems.append(f"interpreter 0x{interp_addr:x}: {exc}")
             break
         try:
             names = thread_names(layout, objects, interp[layout.interp_modules])
@@ -256,48 +320,47 @@ def walk_runtime(doc: dict, layout: Layout, rd: Reader, objects: Objects, core: 
             locked, holder = read_gil(layout, rd, runtime, interp_addr)
         except BadObject:
             locked, holder = None, None
-        _walk_threads(doc, layout, rd, codes, interp[layout.interp_head], names, classic_ids, locked, holder,
-                      problems)
-        if locked and holder and doc["gil_holder_native_id"] is None:
+        _walk_threads(result, layout, rd, codes, interp_addr, interp, names, classic_ids, locked, holder)
+        if locked and holder and result.gil_holder is None:
             try:  # the holder is not in this list (e.g. another interpreter's thread)
                 ts = rd.struct(layout.tstate, holder)
-                doc["gil_holder_native_id"] = ts.get("native_thread_id") or (
+                result.gil_holder = ts.get("native_thread_id") or (
                     classic_ids.resolve(ts["thread_id"]) if classic_ids else None)
             except BadObject:
                 pass
-        interp_addr = interp["next"]
-    if problems:
-        doc["status"] = "error"
-        doc["detail"] = "partial result: " + "; ".join(problems)
-
-
-def thread_label(native: int | None, ident: int | None) -> str:
-    """How a problem names a thread: its LWP when known, else its ``threading`` ident.
-
-    >>> thread_label(4242, 139872)
-    'tid 4242'
-    >>> thread_label(None, 139872)
-    'thread ident 139872'
-    """
-    return f"tid {native}" if native is not None else f"thread ident {ident}"
-
-
-def _walk_threads(doc: dict, layout: Layout, rd: Reader, codes: CodeCache, tstate_addr: int, names: dict,
-                  classic_ids: NativeIds | None, locked: bool | None, holder: int | None,
-                  problems: list[str]) -> None:
-    seen: set[int] = set()
-    while tstate_addr:
-        if tstate_addr in seen:
-            problems.append(f"thread-state cycle at 0x{tstate_addr:x}")
+        if result.cut:
             break
-        if len(doc["threads"]) >= MAX_THREADS:
-            problems.append(f"stopped after {MAX_THREADS} threads")
+        interp_addr = interp["next"]
+
+
+def _walk_threads(result: WalkResult, layout: Layout, rd: Reader, codes: CodeCache, interp_addr: int,
+                  interp: dict, names: dict, classic_ids: NativeIds | None, locked: bool | None,
+                  holder: int | None) -> None:
+    limits: Limits = rd.budget.limits
+    tstate_addr = interp[layout.interp_head]
+    seen: set[int] = set()
+    broken = 0  # thread states in a row whose stack broke before its first frame
+    while tstate_addr:
+        if broken >= MAX_BROKEN_THREADS:
+            result.problems.append(f"stopped: {broken} thread states in a row have no readable stack "
+                                   "(not a thread list)")
+            break
+        if tstate_addr in seen:
+            result.problems.append(f"thread-state cycle at 0x{tstate_addr:x}")
+            break
+        if len(result.threads) >= limits.threads:
+            result.cut = f"cut at the walk's bound of {limits.threads} threads"
             break
         seen.add(tstate_addr)
         try:
             ts = rd.struct(layout.tstate, tstate_addr)
         except BadObject as exc:
-            problems.append(f"thread state 0x{tstate_addr:x}: {exc}")
+            result.problems.append(f"thread state 0x{tstate_addr:x}: {exc}")
+            break
+        if "interp" in ts and ts["interp"] != interp_addr:
+            # not one of this interpreter's thread states: the list is corrupt from here on
+            result.problems.append(f"thread state 0x{tstate_addr:x} belongs to interpreter 0x{ts['interp']:x}, "
+                                   f"not 0x{interp_addr:x}")
             break
         ident = ts["thread_id"]
         name = names.get(ident, (None, None))[0]
@@ -306,10 +369,18 @@ def _walk_threads(doc: dict, layout: Layout, rd: Reader, codes: CodeCache, tstat
             native = classic_ids.resolve(ident)
         holds = bool(locked) and holder == tstate_addr
         if holds:
-            doc["gil_holder_native_id"] = native
-        frames, error = _thread_frames(layout, rd, codes, ts)
-        doc["threads"].append({"native_thread_id": native, "thread_id": ident, "name": name,
-                               "holds_gil": holds, "frames": frames, "error": error})
+            result.gil_holder = native
+        try:
+            frames, error = _thread_frames(layout, rd, codes, ts, limits.frames)
+        except WalkCut:
+            result.threads.append(PyThreadStack(native_thread_id=native, thread_id=ident, name=name,
+                                                holds_gil=holds, frames=(), error="the walk was cut here",
+                                                interpreter_id=interp.get("id"), address=tstate_addr))
+            raise
+        result.threads.append(PyThreadStack(native_thread_id=native, thread_id=ident, name=name, holds_gil=holds,
+                                            frames=tuple(frames), error=error, interpreter_id=interp.get("id"),
+                                            address=tstate_addr))
         if error:  # a stack that stopped short is a partial result, not an "ok" one
-            problems.append(f"{thread_label(native, ident)}: {error}")
+            result.problems.append(f"{thread_label(native, ident)}: {error}")
+        broken = broken + 1 if error and not frames else 0
         tstate_addr = ts["next"]

@@ -1,4 +1,6 @@
-"""`forensics analyze` on real kernel cores of every CPython 3.8-3.13 found here."""
+"""`forensics analyze` on real kernel cores of every CPython 3.8-3.13 found here, and of Debian unstable's
+3.13, 3.14 and 3.15 (crashed inside the sid root, analyzed from here with it as --sysroot: a foreign
+glibc 2.43 too, whose frames are named from the root's debug files)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +10,9 @@ import pytest
 from forensics.analyze import analyze_core
 from forensics.model import CrashKind, FaultKind, FrameKind, LibraryStatus
 from forensics.analyze.stacks import merge_frames
-from tests.conftest import python_params
+from tests.conftest import SID_BUILDS, python_params
+
+RELEASE_SID = tuple(b for b in SID_BUILDS if not b.endswith("d"))
 
 EXPORTER = Path(__file__).resolve().parents[1] / "crashers" / "exporter.py"
 SOURCE = EXPORTER.read_text().splitlines()
@@ -36,16 +40,23 @@ def expected_main_stack(scenario: str) -> list[tuple[str, int]]:
     ]
 
 
-# method="both": the gdb walker and the direct reader both run and must agree frame for frame
-# (a disagreement makes the snapshot incomplete, which the first test asserts against).
-@pytest.fixture(scope="module", params=python_params())
+def analyzed(cores, key: str, scenario: str):
+    """(CPython version, analysis) of one core, with the sid root as sysroot for Debian's builds."""
+    interp = cores.interpreter(key)
+    sysroot = str(interp.root) if interp.root else None
+    return interp.version, analyze_core(str(cores.get(key, scenario)), sysroot=sysroot, method="both")
+
+
+# method="both": the DWARF layout (gdb) and the direct layout both walk the stacks, which must agree frame
+# for frame (a disagreement makes the snapshot incomplete, which the first test asserts against).
+@pytest.fixture(scope="module", params=python_params(sid=RELEASE_SID))
 def heap_analysis(request, cores):
-    return request.param, analyze_core(str(cores.get(request.param, "heap-prev")), method="both")
+    return analyzed(cores, request.param, "heap-prev")
 
 
-@pytest.fixture(scope="module", params=python_params())
+@pytest.fixture(scope="module", params=python_params(sid=RELEASE_SID))
 def segv_analysis(request, cores):
-    return request.param, analyze_core(str(cores.get(request.param, "segv")), method="both")
+    return analyzed(cores, request.param, "segv")
 
 
 def test_heap_corruption_is_classified_with_glibc_message(heap_analysis):
@@ -82,6 +93,7 @@ def test_python_stacks_of_both_threads(heap_analysis):
 
 
 def test_native_stack_names_libc_and_the_culprit_library(heap_analysis):
+    # (Debian's: glibc 2.43's frames named from the root's own debug files, found by build-id)
     _, a = heap_analysis
     crashed = a.snapshot.crashed_thread
     symbols = [f.symbol for f in crashed.native_frames]
@@ -99,7 +111,9 @@ def test_native_stack_names_libc_and_the_culprit_library(heap_analysis):
 def test_mapped_libraries_with_build_ids(heap_analysis):
     version, a = heap_analysis
     libs = {lib.name: lib for lib in a.snapshot.core.libraries}
-    for name in (f"libpython{version}.so.1.0", "libc.so.6", "libcrash.so"):
+    # Debian links libpython into the executable; pyenv's builds share it
+    runtime = f"libpython{version}.so.1.0" if f"libpython{version}.so.1.0" in libs else f"python{version}"
+    for name in (runtime, "libc.so.6", "libcrash.so"):
         assert name in libs, sorted(libs)
         assert libs[name].status is LibraryStatus.OK
         assert libs[name].build_id and libs[name].build_id == libs[name].file_build_id

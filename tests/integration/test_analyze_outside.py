@@ -88,14 +88,14 @@ def test_stripped_binary_culprit_is_the_unnamed_frame_not_its_caller(stripped_ab
 
 
 def test_method_both_without_python_symbols_is_no_disagreement(stripped_abort):
-    # GIVEN the stripped python's core: gdb's walker has no CPython symbols, the direct reader needs none
+    # GIVEN the stripped python's core: gdb has no CPython DWARF, the direct layout needs none
     r = run("analyze", "--method", "both", "--json", str(stripped_abort))
     # THEN the method that could not run is said, and it is no disagreement: the analysis is whole
     assert r.exit_code == EXIT_OK, r.stderr
     a = json.loads(r.stdout)["analysis"]
     assert a["snapshot"]["method_disagreements"] == []
     assert not any(f["rule"] == "python-methods-disagree" for f in a["findings"])
-    assert "gdb's walker could not read Python stacks" in r.stderr
+    assert "gdb could not read Python stacks: unsupported (gdb: no DWARF for _PyRuntime" in r.stderr
     assert a["snapshot"]["threads"][0]["py_frames"][0]["function"] == "query_nvlink_throughput_counters"
 
 

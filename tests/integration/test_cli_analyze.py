@@ -230,7 +230,8 @@ def test_python_without_debug_symbols_says_what_to_install(heap_core, tmp_path):
     assert r.exit_code == EXIT_PARTIAL, r.stderr
     doc = json.loads(r.stdout)
     status = doc["analysis"]["snapshot"]["python_stack_status"]
-    assert status.startswith("no CPython debug symbols") and "-dbg" in status
+    assert status.startswith("unavailable: gdb: no DWARF for _PyRuntime") and "-dbg" in status
+    assert doc["analysis"]["snapshot"]["python_status"] == "unsupported"
     crashed = doc["analysis"]["snapshot"]["threads"][0]
     assert any(f["symbol"] == "forensics_heap_overflow" for f in crashed["native_frames"])
     # and the default method reads the Python stacks anyway, without symbols
@@ -298,18 +299,18 @@ def test_broken_frame_pointer_is_a_partial_result(cores, version, tmp_path, monk
     monkeypatch.setattr(forensics.gdb, "run_gdb", spy)  # analyze imports it when gdb is needed
     # WHEN it is analyzed with the default method
     r = run("analyze", "--json", path)
-    # THEN gdb's walker was tried for the Python stacks, the result is partial (exit 4) and warned about,
+    # THEN gdb's DWARF layout was tried for the Python stacks, the result is partial (exit 4) and said once
     assert asked == [True]
     assert r.exit_code == EXIT_PARTIAL, r.stderr
-    assert "warning: Python stacks are partial" in r.stderr and garbage in r.stderr
     snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["python_status"] == "partial" and not any(garbage in w for w in snap["warnings"])
     assert snap["python_method"] == "direct"
     assert snap["python_stack_status"].startswith("partial:") and garbage in snap["python_stack_status"]
     # and the main thread carries the reason its Python stack is empty; the other thread is whole
     main, server = split_threads(snap)
     assert main["py_frames"] == [] and garbage in main["python_error"]
     assert server["py_frames"] and server["python_error"] is None
-    # WHEN gdb's walker alone reads it (it reports the broken thread, with status "ok")
+    # WHEN it is walked with gdb's DWARF layout alone
     r = run("analyze", "--json", "--method", "gdb", path)
     # THEN that is partial too, with the same reason on the same thread
     assert r.exit_code == EXIT_PARTIAL, r.stderr
@@ -325,12 +326,13 @@ def test_broken_frame_pointer_in_text_and_with_both_methods(cores, newest_python
     path, garbage = broken_frame_core(cores, newest_python, tmp_path)
     # WHEN the text summary is printed
     r = run("analyze", path)
-    # THEN the Stacks line says partial, a warning says why, and the reason stands under the thread
+    # THEN the Stacks line says partial and why, once (no warning repeats it), and the reason stands
+    # under the thread
     assert r.exit_code == EXIT_PARTIAL, r.stderr
     lines = r.stdout.splitlines()
     stacks = next(ln for ln in lines if ln.startswith("Stacks:"))
-    assert "Python by direct: partial:" in stacks and garbage in stacks
-    assert any(ln.startswith("warning: Python stacks are partial") and garbage in ln for ln in lines)
+    assert "Python by direct (" in stacks and "): partial: " in stacks and garbage in stacks
+    assert not any(ln.startswith("warning:") and garbage in ln for ln in lines)
     at = next(i for i, ln in enumerate(lines) if ln.startswith('Thread "MainThread"'))
     end = next((i for i, ln in enumerate(lines) if i > at and ln.startswith("Thread ")), len(lines))
     block = lines[at:end]

@@ -13,8 +13,8 @@ from forensics.analyze.stacks import build_threads, merge_frames
 from forensics.format import analysis_payload, format_analysis
 from forensics.gdb import NATIVE_MARKER, _soname_aliases, parse_marker_json
 from forensics.model import (
-    CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, ProcessSnapshot, PyFrame, SigInfo,
-    Source, Thread,
+    CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, ProcessSnapshot, PyFrame,
+    PythonStacks, PythonStatus, PyThreadStack, SigInfo, Source, Thread,
 )
 from forensics.output import json_document
 
@@ -90,10 +90,11 @@ def test_merge_frames_groups_python_frames_by_entry():
 def test_build_threads_matches_python_threads_by_native_id():
     core = make_core()
     native = {"threads": [{"num": 2, "lwp": 8, "frames": []}, {"num": 1, "lwp": 7, "frames": [{"pc": 1, "function": "f"}]}]}
-    python = {"status": "ok", "gil_holder_native_id": 8, "threads": [
-        {"native_thread_id": 8, "name": "worker", "frames": [{"function": "w", "file": "w.py", "line": 1}]},
-        {"native_thread_id": 7, "name": "MainThread", "frames": []},
-    ]}
+    python = PythonStacks(status=PythonStatus.OK, gil_holder=8, threads=(
+        PyThreadStack(native_thread_id=8, thread_id=2, name="worker", holds_gil=False,
+                      frames=(PyFrame(function="w", file="w.py", line=1),)),
+        PyThreadStack(native_thread_id=7, thread_id=1, name="MainThread", holds_gil=False, frames=()),
+    ))
     threads = build_threads(core, native, python)
     assert [t.tid for t in threads] == [7, 8]  # crashed first
     assert threads[0].is_crashed and threads[0].name == "MainThread"
@@ -109,7 +110,7 @@ def _analysis(abort="double free or corruption (!prev)", py_line=5):
         py_frames=(PyFrame(function="nvlink_throughput", file="/app/nvitop/api/device.py", line=py_line),),
     )
     snap = ProcessSnapshot(source=Source.CORE, core=core, threads=(t,), python_version="3.12.1",
-                           python_stack_status="ok", native_method="gdb", python_method="gdb", sysroot=None)
+                           python_status=PythonStatus.OK, python_stack_status="ok", native_method="gdb", python_method="gdb", sysroot=None)
     return analyze_snapshot(snap)
 
 

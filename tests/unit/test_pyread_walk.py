@@ -7,8 +7,11 @@ import pytest
 
 from forensics.core.memory import CoreMemory, Segment
 from forensics.pyread.layouts import build_layout
-from forensics.pyread.objects import MAX_READ, BadObject, CodeCache, Objects, Reader
-from forensics.pyread.walk import MAX_FRAMES, walk_frame_objects
+from forensics.model import PyFrame
+from forensics.pyread.objects import MAX_READ, BadObject, Budget, CodeCache, Limits, Objects, Reader, WalkCut
+from forensics.pyread.walk import walk_frame_objects
+
+MAX_FRAMES = Limits().frames
 
 BASE = 0x10000
 UNICODE_TYPE, BYTES_TYPE, CODE_TYPE = 0x1000, 0x1100, 0x1200
@@ -43,8 +46,8 @@ def put_ascii(img: Image, layout, addr: int, text: str) -> None:
     img.put(addr + layout.ascii_size, text.encode() + b"\0")
 
 
-def objects_for(layout, img: Image) -> Objects:
-    return Objects(layout, Reader(img.memory()),
+def objects_for(layout, img: Image, limits: Limits | None = None) -> Objects:
+    return Objects(layout, Reader(img.memory(), Budget(limits or Limits())),
                    {"PyUnicode_Type": UNICODE_TYPE, "PyBytes_Type": BYTES_TYPE, "PyCode_Type": CODE_TYPE})
 
 
@@ -109,16 +112,18 @@ def test_frame_chain_is_read_with_lines():
     layout = build_layout(3, 10)
     img, first = frame_image(layout, 3)
     objs = objects_for(layout, img)
-    frames, error = walk_frame_objects(layout, objs.rd, CodeCache(objs), first)
+    frames, error = walk_frame_objects(layout, objs.rd, CodeCache(objs), first, MAX_FRAMES)
     assert error is None
-    assert frames == [{"function": "loop", "file": "x.py", "line": 42, "is_entry": True}] * 3
+    code = BASE + 0x200
+    assert frames == [PyFrame(function="loop", file="x.py", line=42, is_entry=True, frame_address=first + i * 0x100,
+                              code_address=code) for i in range(3)]
 
 
 def test_frame_cycle_stops_with_the_address():
     layout = build_layout(3, 10)
     img, first = frame_image(layout, 4, cycle_to=1)
     objs = objects_for(layout, img)
-    frames, error = walk_frame_objects(layout, objs.rd, CodeCache(objs), first)
+    frames, error = walk_frame_objects(layout, objs.rd, CodeCache(objs), first, MAX_FRAMES)
     assert len(frames) == 4
     assert error == f"frame cycle at 0x{first + 0x100:x}"
 
@@ -127,7 +132,7 @@ def test_frame_chain_is_capped():
     layout = build_layout(3, 10)
     img, first = frame_image(layout, MAX_FRAMES + 10)
     objs = objects_for(layout, img)
-    frames, error = walk_frame_objects(layout, objs.rd, CodeCache(objs), first)
+    frames, error = walk_frame_objects(layout, objs.rd, CodeCache(objs), first, MAX_FRAMES)
     assert len(frames) == MAX_FRAMES
     assert error == f"stopped after {MAX_FRAMES} frames"
 
@@ -137,6 +142,38 @@ def test_bad_code_object_gives_an_unknown_frame_and_goes_on():
     img, first = frame_image(layout, 2)
     img.u64(first + layout.offset("PyFrameObject", "f_code"), 0x4141414141414141)
     objs = objects_for(layout, img)
-    frames, error = walk_frame_objects(layout, objs.rd, CodeCache(objs), first)
-    assert frames[0]["function"] == "<unknown>" and frames[1]["function"] == "loop"
+    frames, error = walk_frame_objects(layout, objs.rd, CodeCache(objs), first, MAX_FRAMES)
+    assert frames[0].function == "<unknown>" and frames[1].function == "loop"
+    assert frames[0].code_address == 0x4141414141414141
     assert "code: 0x4141414141414141 is not in the core" in error
+
+
+def test_the_whole_walk_is_cut_at_its_read_bound():
+    # GIVEN a frame chain far longer than the walk's memory-read budget allows
+    layout = build_layout(3, 10)
+    img, first = frame_image(layout, 600)
+    objs = objects_for(layout, img, Limits(reads=500))
+    # WHEN it is walked
+    # THEN the walk stops with a WalkCut naming the bound (the walker turns it into the record's ``cut``)
+    with pytest.raises(WalkCut, match="cut at the walk's bound of 500 memory reads"):
+        walk_frame_objects(layout, objs.rd, CodeCache(objs), first, MAX_FRAMES)
+    assert objs.rd.budget.reads == 501
+
+
+def test_the_whole_walk_is_cut_at_its_frame_bound_across_threads():
+    layout = build_layout(3, 10)
+    img, first = frame_image(layout, 40)
+    objs = objects_for(layout, img, Limits(total_frames=70))
+    codes = CodeCache(objs)
+    frames, error = walk_frame_objects(layout, objs.rd, codes, first, MAX_FRAMES)  # one thread: 40 frames
+    assert len(frames) == 40 and error is None
+    with pytest.raises(WalkCut, match="cut at the walk's bound of 70 frames in all"):
+        walk_frame_objects(layout, objs.rd, codes, first, MAX_FRAMES)  # a second thread: past 70 in all
+
+
+def test_the_whole_walk_is_cut_at_its_time_bound():
+    layout = build_layout(3, 10)
+    img, first = frame_image(layout, 2000)
+    objs = objects_for(layout, img, Limits(seconds=0.0))
+    with pytest.raises(WalkCut, match="cut at the walk's time bound of 0 s"):
+        walk_frame_objects(layout, objs.rd, CodeCache(objs), first, MAX_FRAMES)
