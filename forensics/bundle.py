@@ -335,7 +335,9 @@ def bundle_sysroot(bundle_dir: str) -> tuple[str, str | None]:
     Analysis never writes into evidence: the compressed core is decompressed once into the
     forensics cache (``bundles/<key>/core``, 0600, keyed by the compressed file's identity, built
     under a lock and renamed into place), and the sysroot -- at each path the core names (and the
-    process snapshot recorded), the stored object with that build-id -- is laid out beside it.  The
+    process snapshot recorded), the stored object with that build-id, and at
+    ``/usr/lib/debug/.build-id/xx/rest.debug`` its separate debug file when the capture stored one
+    (``<build-id>.debug``) -- is laid out beside it.  The
     bundle's files, modes and times stay as they were.  A bundle with a plain core is read in
     place.  Nothing the bundle says names a place outside it (paths with ``..``, keys that are not
     build-ids are left out; links are made through descriptors).  Without stored objects the
@@ -395,9 +397,16 @@ def _build_sysroot(bundle_dir: str, core: str, entry) -> None:
     if store is not None:
         fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            from .core.debugfiles import build_id_debug_path
+
             libraries = [(lib.path, lib.build_id) for lib in open_core(core).libraries]
             for path, key in _wanted_objects(bundle_dir, libraries).items():
                 _link_object(store, key, fd, path)
+                # its separate debug file, when the capture found one (stored as <build-id>.debug), where
+                # the debug-file lookup of every reader looks: /usr/lib/debug/.build-id/xx/rest.debug
+                debug_path = build_id_debug_path(key) if not key.startswith("sha256-") else None
+                if debug_path is not None:
+                    _link_object(store, f"{key}.debug", fd, debug_path)
         finally:
             os.close(fd)
     os.rename(tmp, entry / "sysroot")

@@ -356,7 +356,7 @@ def update_debug_farm(core: CoreFile, directory: Path, sysroot: str | None) -> N
         build_id = lib.build_id or lib.file_build_id
         if lib.file_path is None or lib.status not in (LibraryStatus.OK, LibraryStatus.UNVERIFIED) or not build_id:
             continue
-        found = find_debug_file(build_id, sysroot)
+        found = find_debug_file(build_id, sysroot, lib.path)
         if found is not None:
             wanted[f"{build_id[:2]}/{build_id[2:]}.debug"] = os.path.abspath(found)
     root = directory / ".build-id"

@@ -205,7 +205,7 @@ def _crash_dir(core_dir: str, t: float, pid: int, signame: str) -> str:
     return new_bundle_dir(os.path.join(core_dir, "crashes"), f"{stamp}-{pid}-{signame}")
 
 
-def _copy_objects(store, fds, keys: dict, warnings: list) -> None:
+def _copy_objects(store, fds, keys: dict, warnings: list, debug_fds=(), debug_keys: dict | None = None) -> None:
     from .store import key_of_fd
 
     for entry, fd in fds:
@@ -215,6 +215,13 @@ def _copy_objects(store, fds, keys: dict, warnings: list) -> None:
             store.add_from_fd(fd, key)
         except OSError as e:
             warnings.append(f"object {entry.path}: {e.strerror or e}")
+    for path, build_id, fd in debug_fds:  # after the objects: a debug file is worth less than its object
+        try:
+            store.add_from_fd(fd, f"{build_id}.debug")
+            if debug_keys is not None:
+                debug_keys[path] = f"{build_id}.debug"
+        except OSError as e:
+            warnings.append(f"debug file of {path}: {e.strerror or e}")
 
 
 def run_core_handler(
@@ -284,6 +291,12 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
         snapshot = read_snapshot(pid, host_root=host_root, object_fds=object_fds, raw=raw)
     except Exception as e:  # noqa: BLE001 - metadata is best effort; the core still matters
         warnings.append(f"/proc/{pid}: {type(e).__name__}: {e}")
+    debug_fds: list[tuple[str, str, int]] = []
+    if snapshot is not None:
+        from .debugfiles import open_debug_files
+
+        debug_fds = open_debug_files(pid, [(o.path, o.build_id) for o in snapshot.objects], host_root)
+        object_fds.extend((None, fd) for _, _, fd in debug_fds)  # closed with the objects
     image_os = None
     try:
         from .node import read_os_release
@@ -361,8 +374,11 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
         limit = min(limit, rlimit_core)
     copier = None
     keys: dict[str, str] = {}
-    if keep and object_fds:
-        copier = threading.Thread(target=_copy_objects, args=(store, object_fds, keys, warnings), daemon=True)
+    debug_keys: dict[str, str] = {}
+    mapped = [(entry, fd) for entry, fd in object_fds if entry is not None]
+    if keep and mapped:
+        copier = threading.Thread(target=_copy_objects, args=(store, mapped, keys, warnings, debug_fds, debug_keys),
+                                  daemon=True)
         copier.start()
     head = bytearray()
     core_dir_sub = os.path.join(crash_dir, "50-core")
@@ -466,6 +482,7 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
         "crash_loop_key": crash_loop_key,
         "crash_pc": head_info,
         "objects": keys or ({o.path: o.build_id for o in snapshot.objects if o.build_id} if snapshot else {}),
+        "debug_files": debug_keys,
         "core": {
             "state": result.core_state, "file": core_name, "bytes_in": result.bytes_in,
             "bytes_kept": result.bytes_kept, "bytes_compressed": result.bytes_out,

@@ -23,11 +23,9 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import Iterable
-from dataclasses import dataclass
 
-from forensics.core import elf
 from forensics.core.debugfiles import find_debug_file
+from forensics.core.symtab import DebugSymbol, SymtabError, has_symtab, read_symbols
 
 __all__ = ["DebugSymbol", "STRUCTS", "find_libc_debug_file", "read_symbols", "read_struct_layouts",
            "cached_struct_layouts", "DebugInfoError"]
@@ -35,27 +33,9 @@ __all__ = ["DebugSymbol", "STRUCTS", "find_libc_debug_file", "read_symbols", "re
 #: the structs (DWARF names) the heap reader takes from libc's debug information
 STRUCTS = ("malloc_state", "malloc_par", "_heap_info", "tcache_perthread_struct", "tcache_entry", "malloc_chunk")
 
-_MAX_SECTION = 64 << 20  # a symbol or string table larger than this is not libc's
-_MAX_SHNUM = 4096
-_SHDR = struct.Struct("<IIQQQQIIQQ")
-_SYM = struct.Struct("<IBBHQQ")
-SHT_SYMTAB = 2
-SHT_NOBITS = 8
-STT_OBJECT, STT_FUNC, STT_TLS = 1, 2, 6
-
-
-class DebugInfoError(Exception):
-    """A debug file that cannot be read as what it should be (internal to forensics.heap)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DebugSymbol:
-    """A ``.symtab`` entry: link-time value (a TLS offset for ``STT_TLS``), size and type."""
-
-    name: str
-    value: int
-    size: int
-    type: int  # STT_*
+#: a debug file that cannot be read as what it should be (internal to forensics.heap); the symbol
+#: table reader's own error, so that one ``except`` catches both
+DebugInfoError = SymtabError
 
 
 def find_libc_debug_file(build_id: str | None, *, sysroot: str | None = None,
@@ -72,99 +52,9 @@ def find_libc_debug_file(build_id: str | None, *, sysroot: str | None = None,
     found = find_debug_file(build_id, sysroot)
     if found is not None:
         return found
-    if library_file and os.path.isfile(library_file) and _has_symtab(library_file):
+    if library_file and os.path.isfile(library_file) and has_symtab(library_file):
         return library_file
     return None
-
-
-def _section_headers(f) -> list[tuple[int, int, int, int, int, int]]:
-    """(name, type, offset, size, link, entsize) of every section of an open ELF64 file."""
-    head = f.read(elf.EHDR64_SIZE)
-    if head[:4] != elf.ELF_MAGIC or len(head) < elf.EHDR64_SIZE or head[4] != 2 or head[5] != 1:
-        raise DebugInfoError("not an ELF64 little-endian file")
-    shoff = struct.unpack_from("<Q", head, 0x28)[0]
-    shentsize, shnum = struct.unpack_from("<HH", head, 0x3A)
-    if shentsize != _SHDR.size or not 0 < shnum <= _MAX_SHNUM:
-        raise DebugInfoError("no usable section header table")
-    f.seek(shoff)
-    raw = f.read(shnum * _SHDR.size)
-    if len(raw) != shnum * _SHDR.size:
-        raise DebugInfoError("section header table cut short")
-    out = []
-    for i in range(shnum):
-        name, typ, _flags, _addr, offset, size, link, _info, _align, entsize = _SHDR.unpack_from(raw, i * _SHDR.size)
-        out.append((name, typ, offset, size, link, entsize))
-    return out
-
-
-def _has_symtab(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return any(s[1] == SHT_SYMTAB for s in _section_headers(f))
-    except (OSError, DebugInfoError):
-        return False
-
-
-def _read_at(f, offset: int, size: int, file_size: int) -> bytes:
-    if size > _MAX_SECTION or offset + size > file_size:
-        raise DebugInfoError(f"section of {size} bytes at {offset} lies outside the file or is too large")
-    f.seek(offset)
-    return f.read(size)
-
-
-def read_symbols(path: str, names: Iterable[str]) -> dict[str, DebugSymbol]:
-    """The defined ``.symtab`` symbols of ``path`` among ``names`` (the first definition of each).
-
-    :raises DebugInfoError: when the file is not ELF64 or its symbol table is unreadable
-    :raises OSError: when the file cannot be read
-    """
-    wanted = {n.encode(): n for n in names}
-    out: dict[str, DebugSymbol] = {}
-    with open(path, "rb") as f:
-        file_size = os.fstat(f.fileno()).st_size
-        sections = _section_headers(f)
-        for _name, typ, offset, size, link, entsize in sections:
-            if typ != SHT_SYMTAB or entsize != _SYM.size or link >= len(sections):
-                continue
-            table = _read_at(f, offset, size, file_size)
-            s_off, s_size = sections[link][2], sections[link][3]
-            strtab = _read_at(f, s_off, s_size, file_size)
-            table = table[: len(table) // _SYM.size * _SYM.size]
-            for key, name in wanted.items():
-                found = _first_definition(table, strtab, key)
-                if found is not None:
-                    _st_name, info, _other, _shndx, value, sym_size = found
-                    out[name] = DebugSymbol(name=name, value=value, size=sym_size, type=info & 0xF)
-            break
-    return out
-
-
-_MAX_NAME_COPIES = 64  # strings equal to one name in one string table (suffix sharing makes a few)
-
-
-def _first_definition(table: bytes, strtab: bytes, key: bytes) -> tuple | None:
-    """The first defined symbol of ``table`` (a ``.symtab``) named ``key``, as its unpacked entry.
-
-    Without a Python loop over every symbol (glibc's debug file has ~10,000): the string table is
-    searched for ``key``'s copies (a name may also be the tail of a longer string), then the
-    symbol table for entries whose name offset is one of them.
-    """
-    offsets, i = [], strtab.find(key + b"\0")
-    while i >= 0 and len(offsets) < _MAX_NAME_COPIES:
-        offsets.append(i)
-        i = strtab.find(key + b"\0", i + 1)
-    best = None
-    for off in offsets:
-        needle = struct.pack("<I", off)
-        j = table.find(needle)
-        while j >= 0 and (best is None or j < best[0]):
-            if j % _SYM.size == 0:
-                entry = _SYM.unpack_from(table, j)
-                if entry[3] != 0:  # defined (st_shndx != SHN_UNDEF)
-                    best = (j, entry)
-                    break
-            j = table.find(needle, j + 1)
-    return best[1] if best else None
 
 
 def read_struct_layouts(path: str, anchor: int) -> dict[str, dict]:

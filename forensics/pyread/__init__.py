@@ -23,10 +23,10 @@ version or build: the reason says which); ``FAILED`` (nothing read).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from forensics.model import CoreFile, LayoutSource, PythonStacks, PythonStatus
+from forensics.records import record
 
 if TYPE_CHECKING:
     from forensics.pyread.layouts import Layout
@@ -70,7 +70,7 @@ def read_python_stacks(core: CoreFile, *, sysroot: str | None = None, dwarf: dic
         return PythonStacks(status=PythonStatus.FAILED, detail=f"reading stopped: {type(exc).__name__}: {exc}")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Interpreter:
     """The CPython runtime of a core, its version, and the layout the walker reads it with."""
 

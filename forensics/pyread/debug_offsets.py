@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from forensics.records import record
 
 __all__ = ["COOKIE", "DebugOffsets", "DebugOffsetsError", "shape_for", "parse_debug_offsets", "read_size"]
 
@@ -33,7 +34,7 @@ class DebugOffsetsError(ValueError):
     """The bytes at ``_PyRuntime`` are not a ``_Py_DebugOffsets`` this reader can trust."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DebugOffsets:
     """One parsed ``_Py_DebugOffsets``."""
 

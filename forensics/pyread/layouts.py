@@ -25,10 +25,9 @@ import functools
 import json
 import os
 import struct
-from dataclasses import dataclass
-
 from forensics.model import LayoutSource
 from forensics.pyread.debug_offsets import DebugOffsets
+from forensics.records import record
 
 __all__ = [
     "Field",
@@ -192,7 +191,7 @@ def apply_debug_offsets(record: dict, debug: DebugOffsets) -> dict:
     return rec
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LayoutChoice:
     """The layout chosen for one core, and what it was made of."""
 

@@ -66,9 +66,13 @@ class PythonBinary:
     file_path: str | None  # the file its symbols were read from; None: from the core's memory
     runtime: int  # address of _PyRuntime in the process
     runtime_size: int | None = None  # st_size of the _PyRuntime symbol
+    debug_file: str | None = None  # the separate debug file whose .symtab gave _PyRuntime (not exported)
+    symtab: tuple[tuple[str, int], ...] = ()  # link-time values read from that .symtab
 
     def symbol(self, name: str) -> int | None:
         value = self.image.find_dynamic_symbol(name)
+        if value is None:
+            value = dict(self.symtab).get(name)
         return None if value is None else value + self.bias
 
 
@@ -146,6 +150,40 @@ def find_runtime(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None)
                                     runtime_size=found[1] or None)
             if image.dynamic() is not None:
                 break  # the symbol table was readable and has no _PyRuntime: next object
+    return _runtime_from_debug_file(core, mem, sysroot, page)
+
+
+def _runtime_from_debug_file(core: CoreFile, mem: CoreMemory, sysroot: str | None, page: int) -> PythonBinary | None:
+    """``_PyRuntime`` from the ``.symtab`` of the separate debug file of the executable or a libpython
+    (found by build-id, :mod:`forensics.core.debugfiles`): an interpreter that does not export it."""
+    from forensics.core.debugfiles import find_debug_file
+    from forensics.core.symtab import SymtabError, read_symbols
+
+    exe = [lib for lib in core.libraries if lib.path == core.executable]
+    for lib in exe + [lib for lib in core.libraries if lib not in exe and "python" in lib.name]:
+        build_id = lib.build_id or lib.file_build_id
+        debug = find_debug_file(build_id, sysroot, lib.path) if build_id else None
+        if debug is None:
+            continue
+        try:
+            syms = read_symbols(debug, ("_PyRuntime", "Py_Version", *TYPE_SYMBOLS))
+        except (OSError, SymtabError):
+            continue
+        runtime = syms.get("_PyRuntime")
+        if runtime is None:
+            continue
+        path = _file_for(lib, sysroot)
+        image = ElfImage.from_file(path) if path is not None else None
+        if image is not None:
+            bias = _file_bias(image, lib.base, page)
+        else:
+            image = ElfImage.from_memory(mem, lib.base, page)
+            if image is None:
+                continue
+            bias = image.bias
+        return PythonBinary(library=lib, image=image, bias=bias, file_path=path, runtime=runtime.value + bias,
+                            runtime_size=runtime.size or None, debug_file=debug,
+                            symtab=tuple((name, sym.value) for name, sym in syms.items()))
     return None
 
 
@@ -166,6 +204,8 @@ def _read_file_vaddr(binary: PythonBinary, vaddr: int, size: int) -> bytes | Non
 
 def _py_version_symbol(binary: PythonBinary, mem: CoreMemory) -> PythonVersion | None:
     value = binary.image.find_dynamic_symbol("Py_Version")
+    if value is None:
+        value = dict(binary.symtab).get("Py_Version")
     if value is None:
         return None
     raw = _read_file_vaddr(binary, value, 4)

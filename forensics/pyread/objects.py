@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import struct
 import time
-from dataclasses import dataclass
 
 from forensics.core.memory import CoreMemory, MemoryNotInCore
+from forensics.records import record
 from forensics.pyread.layouts import Layout, Struct
 from forensics.pyread.linetable import line_from_linetable_310, line_from_lnotab, line_from_locations
 
@@ -39,7 +39,7 @@ class WalkCut(Exception):
     """The whole walk reached one of its bounds (:class:`Limits`); not a fault of one object."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Limits:
     """Bounds of one walk of an interpreter state, whatever the core holds.
 

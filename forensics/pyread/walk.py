@@ -10,8 +10,6 @@ and says so (:attr:`WalkResult.cut`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from forensics.model import CoreFile, PyFrame, PyThreadStack
 from forensics.pyread.layouts import Layout
 from forensics.pyread.objects import BadObject, CodeCache, Limits, Objects, Reader, WalkCut
@@ -25,15 +23,17 @@ MAX_BAD_RUN = 8
 MAX_BROKEN_THREADS = 16
 
 
-@dataclass(slots=True)
 class WalkResult:
     """What one walk found (the caller makes the :class:`~forensics.model.PythonStacks` of it)."""
 
-    threads: list[PyThreadStack] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  # each a partial result's reason
-    gil_holder: int | None = None
-    no_interpreter: bool = False
-    cut: str | None = None
+    __slots__ = ("threads", "problems", "gil_holder", "no_interpreter", "cut")
+
+    def __init__(self) -> None:
+        self.threads: list[PyThreadStack] = []
+        self.problems: list[str] = []  # each a partial result's reason
+        self.gil_holder: int | None = None
+        self.no_interpreter = False
+        self.cut: str | None = None
 
 
 def _frame(info: dict, line: int | None, is_entry: bool, addr: int, code: int) -> PyFrame:

@@ -139,7 +139,7 @@ class _Unwinder:
         try:
             library = self.modules.get(mod or 0)
             build_id = library and (library.build_id or library.file_build_id)
-            path = find_debug_file(build_id, self.sysroot) if build_id else None
+            path = find_debug_file(build_id, self.sysroot, library.path) if build_id else None
             if path is None:
                 self.debug_files[mod] = None
                 return -1
@@ -307,7 +307,7 @@ class _Unwinder:
         key = self._keys.get(mod)
         if key is None:
             build_id = library.build_id or library.file_build_id
-            debug = find_debug_file(build_id, self.sysroot) if build_id else None
+            debug = find_debug_file(build_id, self.sysroot, library.path) if build_id else None
             key = (build_id, library.status.value, _identity(library.file_path), _identity(debug))
             self._keys[mod] = key
         return key
