@@ -107,6 +107,7 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
             if not (meta.get("core") or {}).get("file") or meta["core"].get("state") == "deleted-for-budget":
                 continue
             used.update(v for v in (meta.get("objects") or {}).values() if isinstance(v, str))
+            used.update(v for v in (meta.get("debug_files") or {}).values() if isinstance(v, str))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     root = os.path.join(core_dir, "objects")

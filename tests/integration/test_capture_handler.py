@@ -275,10 +275,12 @@ def test_crash_loop_of_200_bounded_disk_one_copy_of_each_library(small_cores, tm
     kept = [m for m in metas if m["core"]["file"]]
     assert len(kept) == 10
     assert sum("crash loop" in " ".join(m["core"]["reasons"]) for m in metas) == 190
-    # one copy of each library in the store,
+    # one copy of each library in the store, and of each debug file this machine has for them (libc6-dbg),
     objects = [p for p in (d / "objects").rglob("*") if p.is_file()]
     mapped = {k for m in metas for k in m["objects"].values()}
-    assert len(objects) == len(mapped) <= 5
+    debug = {k for m in metas for k in m.get("debug_files", {}).values()}
+    assert debug <= {f"{k}.debug" for k in mapped}
+    assert len(objects) == len(mapped) + len(debug) and len(mapped) <= 5
     # and the directory stays near its budget: the oldest cores went, the newest of each crash-loop key stayed
     total = sum(p.stat().st_blocks * 512 for p in d.rglob("*") if p.is_file())
     on_disk = [c for c in crashes if list((c / "50-core").glob("core*.zst"))]
