@@ -198,7 +198,7 @@ def test_method_direct_needs_no_gdb_and_is_complete(heap_core):
 
 
 def test_method_both_agrees(heap_core):
-    # both Python methods (gdb's walker, the direct reader) and both native unwinders (libdw, gdb), compared
+    # both Python layouts (gdb's DWARF, the direct one) and both native unwinders (libdw, gdb), compared
     r = run("analyze", "--json", "--method", "both", "--native-method", "both", str(heap_core))
     assert r.exit_code == EXIT_OK, r.stderr
     snap = json.loads(r.stdout)["analysis"]["snapshot"]
