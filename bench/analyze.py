@@ -64,13 +64,22 @@ or core they need was not measured):
   (d) ``--method direct`` wall time at most 2x pystack on every core;
   (e) ``--method direct`` peak memory (process tree) under 60 MB for the big core;
   (f) ``analyze --native`` CPU time at most 1.0x ``pystack core --native`` on every core (medians);
-  (g) ``analyze --native`` peak memory (process tree) at most pystack's on every core.
+  (g) ``analyze --native`` peak memory (process tree) at most pystack's on every core;
+  (h) Python stacks only, on the interpreters current images run: ``analyze --method direct`` CPU
+      time at most ``pystack core``'s (no native frames) on every CPython 3.14 and 3.15 core.
+
+The last comparison runs on Debian unstable's CPython 3.14 and 3.15 (release builds), crashed
+inside the cached sid root of ``tests/roots.py`` (``heap-prev`` and ``py-abort``) and read from
+here: ``forensics analyze --method direct --sysroot ROOT CORE`` against
+``pystack core CORE ROOT/usr/bin/python3.X --lib-search-path DIRS`` (the root's library
+directories), alternately, ``--stacks-repeat`` runs each (default 7), CPU and wall side by side.
 
 Usage, from the repository root::
 
     .venv/bin/python bench/analyze.py            # full run (~20 min on 2 CPUs)
     .venv/bin/python bench/analyze.py --quick    # newest CPython, no big core, 20-core batch
     .venv/bin/python bench/analyze.py --json     # one JSON document on stdout
+    .venv/bin/python bench/analyze.py --stacks-only   # only (h): 3.14/3.15 Python stacks vs pystack
 """
 from __future__ import annotations
 
@@ -97,6 +106,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.crashers.make_core import build_libcrash, core_pattern_problem, make_core  # noqa: E402
 from tests.pythons import discover_pythons  # noqa: E402
+from tests.roots import RootUnavailable, build_root, sandbox_command  # noqa: E402
 
 __all__ = ["Measurement", "CoreCase", "measure", "main"]
 
@@ -118,6 +128,10 @@ BATCH_JOBS = 2
 GOAL_NATIVE_CPU_RATIO = 1.0  # analyze --native / pystack core --native
 GOAL_DIRECT_WALL_RATIO = 2.0  # direct / pystack
 GOAL_DIRECT_BIG_PEAK_MB = 60.0
+GOAL_STACKS_CPU_RATIO = 1.0  # analyze --method direct / pystack core, CPython 3.14 and 3.15
+SID_VERSIONS = ("3.14", "3.15")
+SID_SCENARIOS = ("heap-prev", "py-abort")
+STACK_TOOLS = ("direct", "pystack")
 
 
 def log(msg: str) -> None:
@@ -526,6 +540,112 @@ def run_batch(workdir: Path, cases: list[CoreCase], n: int, timeout: float) -> d
     }
 
 
+# -- Python stacks only: CPython 3.14 and 3.15 ------------------------------------------------------
+
+@dataclass
+class StackCase:
+    """A core of Debian unstable's CPython 3.14/3.15, crashed inside the sid root."""
+
+    version: str  # "3.14.10"
+    minor: str
+    scenario: str
+    root: str
+    path: str
+    size: int
+    results: dict[str, list[Measurement]] = field(default_factory=dict)
+
+
+def prepare_sid_cores(workdir: Path) -> tuple[list[StackCase], str]:
+    """The 3.14/3.15 cores (cached in the workdir, keyed by the root); [] and why when there is no root."""
+    from tests.conftest import SID_PACKAGES
+
+    try:
+        root = build_root("sid", SID_PACKAGES)
+    except RootUnavailable as e:
+        return [], str(e)
+    cores = workdir / "sid-cores"
+    cores.mkdir(parents=True, exist_ok=True)
+    lib = build_libcrash(workdir / "lib")
+    cases = []
+    for minor in SID_VERSIONS:
+        python = f"/usr/bin/python{minor}"
+        probe = sandbox_command(root, [python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+                                cwd=cores)
+        version = subprocess.run(probe, capture_output=True, text=True, timeout=60).stdout.strip() or minor
+        for scenario in SID_SCENARIOS:
+            dest = cores / f"{root.name}-{minor}-{scenario}.core"
+            if not dest.exists():
+                log(f"making core: sid {minor} {scenario} (inside {root})")
+                (workdir / "make").mkdir(exist_ok=True)
+                core = make_core(workdir / "make", python, scenario, libcrash=lib, root=root)
+                os.replace(core, dest)
+                shutil.rmtree(core.parent, ignore_errors=True)
+            cases.append(StackCase(version=version, minor=minor, scenario=scenario, root=str(root), path=str(dest),
+                                   size=dest.stat().st_size))
+    return cases, ""
+
+
+def stack_commands(case: StackCase, pystack: str | None) -> dict[str, list[str] | None]:
+    """Python stacks only: forensics' walker with the core's own layouts, and pystack without native frames."""
+    dirs = ":".join(f"{case.root}/{d}" for d in ("usr/lib/x86_64-linux-gnu", f"usr/lib/python{case.minor}/lib-dynload"))
+    return {
+        "direct": [forensics_exe(), "analyze", "--method", "direct", "--sysroot", case.root, case.path],
+        "pystack": ([pystack, "core", case.path, f"{case.root}/usr/bin/python{case.minor}", "--lib-search-path", dirs]
+                    if pystack else None),
+    }
+
+
+def bench_stacks(case: StackCase, cmds: dict[str, list[str] | None], repeat: int, timeout: float,
+                 workdir: Path) -> None:
+    read_through(case.path)
+    tools = [t for t in STACK_TOOLS if cmds[t]]
+    out = workdir / "out"
+    out.mkdir(exist_ok=True)
+    for rep in range(repeat):
+        for tool in tools[rep % len(tools):] + tools[:rep % len(tools)]:
+            m = measure(cmds[tool], timeout=timeout, out_path=out / f"stacks-{tool}.txt")
+            case.results.setdefault(tool, []).append(m)
+            log(f"  {case.version} {case.scenario:<10} {tool:<8} cpu {m.cpu_s or 0:6.3f}s wall {m.wall_s:6.3f}s"
+                + ("" if m.ok else f"  NOT OK: {m.note}"))
+
+
+def stacks_report(cases: list[StackCase], why_none: str) -> dict:
+    rows = []
+    for c in cases:
+        tools = {t: summarize(ms) for t, ms in c.results.items()}
+        d, p = tools.get("direct"), tools.get("pystack")
+        rows.append({"version": c.version, "scenario": c.scenario, "core": c.path, "core_mb": c.size / MiB,
+                     "tools": tools, "cpu_ratio": _ratio(d and d["cpu_s"], p and p["cpu_s"]),
+                     "wall_ratio": _ratio(d and d["wall_s"], p and p["wall_s"])})
+    goal = {"id": "h", "goal": f"(h) direct CPU <= {GOAL_STACKS_CPU_RATIO:g}x pystack on every 3.14/3.15 core "
+                               "(Python stacks only)", "value": None, "detail": why_none or "not measured", "pass": None}
+    have = [r for r in rows if r["cpu_ratio"] is not None]
+    if have:
+        worst = max(have, key=lambda r: r["cpu_ratio"])
+        bad = [f"{r['version']} {r['scenario']}" for r in rows if not all(t["ok"] for t in r["tools"].values())]
+        goal.update(value=round(worst["cpu_ratio"], 3),
+                    detail=f"worst {worst['cpu_ratio']:.2f}x ({worst['version']} {worst['scenario']}), geomean "
+                           f"{_geomean([r['cpu_ratio'] for r in have]):.2f}x" + (f"; not ok: {', '.join(bad)}" if bad else ""))
+        goal["pass"] = worst["cpu_ratio"] <= GOAL_STACKS_CPU_RATIO and not bad
+    return {"cores": rows, "goal": goal}
+
+
+def print_stacks(st: dict) -> None:
+    if not st["cores"]:
+        return
+    print("\nPython stacks only: forensics analyze --method direct vs pystack core (no native frames), Debian "
+          "unstable's CPython in the sid root, medians")
+    print(f"{'python':<8} {'scenario':<10} {'core MB':>7} | {'direct cpu':>10} {'pystack cpu':>11} {'d/p':>5} | "
+          f"{'direct wall':>11} {'pystack wall':>12} {'d/p':>5}")
+    for r in st["cores"]:
+        d, p = r["tools"].get("direct", {}), r["tools"].get("pystack", {})
+        flag = "" if all(v["ok"] for v in r["tools"].values()) else "  !" + ",".join(
+            k for k, v in r["tools"].items() if not v["ok"])
+        print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>7.0f} | {_f(d.get('cpu_s'), '10.3f')} "
+              f"{_f(p.get('cpu_s'), '11.3f')} {_f(r['cpu_ratio'], '5.2f')} | {_f(d.get('wall_s'), '11.3f')} "
+              f"{_f(p.get('wall_s'), '12.3f')} {_f(r['wall_ratio'], '5.2f')}{flag}")
+
+
 # -- report ------------------------------------------------------------------------------------
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -720,6 +840,7 @@ def print_report(rep: dict) -> None:
         print(f"  {b['wall_s']:.1f}s, {b['cores_per_s']:.2f} cores/s, analyzed {b['analyzed']}/{b['cores']} "
               f"(complete {b['complete']}), peak {b['peak_tree_mb']:.1f} MB tree ({b['peak_single_mb']:.1f} MB "
               f"largest process)" + (f"  NOTE: {b['note']}" if b["note"] else ""))
+    print_stacks(rep.get("stacks") or {"cores": []})
     print("\nGoals")
     for g in rep["goals"]:
         verdict = "n/a " if g["pass"] is None else ("PASS" if g["pass"] else "MISS")
@@ -750,6 +871,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", action="append", metavar="X.Y", help="only these CPython versions (repeatable)")
     ap.add_argument("--quick", action="store_true", help="newest CPython only, no big core, 20-core batch")
     ap.add_argument("--json", action="store_true", help="write the figures as one JSON document to stdout")
+    ap.add_argument("--stacks-only", action="store_true",
+                    help="only (h): Python stacks of Debian unstable's 3.14 and 3.15 against pystack")
+    ap.add_argument("--no-stacks", action="store_true", help="skip (h) (it needs the sid root of tests/roots.py)")
+    ap.add_argument("--stacks-repeat", type=int, default=7, help="runs per tool per 3.14/3.15 core")
     ap.add_argument("--editable", action="store_true",
                     help="measure the checkout's .venv instead of an installed wheel (not for the goals)")
     args = ap.parse_args(argv)
@@ -785,13 +910,21 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    cases = prepare_cores(args.workdir, pythons, None if (args.no_big or args.quick) else args.big_mb,
-                          None if args.quick else args.heap_mb)
-    for c in cases:
-        log(f"{c.label}: {c.path} ({c.size / MiB:.0f} MB)")
-        bench_core(c, tool_commands(Path(c.path), c.python, pystack, gdb), repeat, args.timeout, args.workdir)
-        c.heap = heap_probe(c, repeat)
-    batch = run_batch(args.workdir, cases, batch_n, max(args.timeout, 10.0 * batch_n)) if batch_n else None
+    cases: list[CoreCase] = []
+    batch = None
+    if not args.stacks_only:
+        cases = prepare_cores(args.workdir, pythons, None if (args.no_big or args.quick) else args.big_mb,
+                              None if args.quick else args.heap_mb)
+        for c in cases:
+            log(f"{c.label}: {c.path} ({c.size / MiB:.0f} MB)")
+            bench_core(c, tool_commands(Path(c.path), c.python, pystack, gdb), repeat, args.timeout, args.workdir)
+            c.heap = heap_probe(c, repeat)
+        batch = run_batch(args.workdir, cases, batch_n, max(args.timeout, 10.0 * batch_n)) if batch_n else None
+    stack_cases, why = ([], "--no-stacks") if args.no_stacks else prepare_sid_cores(args.workdir)
+    if why:
+        log(f"no CPython 3.14/3.15 cores: {why}")
+    for c in stack_cases:
+        bench_stacks(c, stack_commands(c, pystack), args.stacks_repeat, args.timeout, args.workdir)
 
     gdb_version = subprocess.run([gdb, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
     settings = {
@@ -803,6 +936,8 @@ def main(argv: list[str] | None = None) -> int:
         "gdb": gdb, "gdb_version": gdb_version, "pythons": pythons,
     }
     rep = build_report(cases, batch, settings)
+    rep["stacks"] = stacks_report(stack_cases, why)
+    rep["goals"].append(rep["stacks"]["goal"])
     if args.json:
         json.dump(rep, sys.stdout, indent=2, default=lambda o: asdict(o))
         print()

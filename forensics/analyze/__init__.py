@@ -6,10 +6,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import TYPE_CHECKING
 
-from ..bundle import bundle_no_core_reason, bundle_sysroot, has_manifest, is_bundle
 from ..core import open_core
 from ..errors import GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
 from ..model import (
@@ -314,9 +314,12 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     if heap not in HEAP_MODES:
         raise ValueError(heap)
     plan = plan_native(native_method, method, debuginfod)
-    if has_manifest(path) and not is_bundle(path):
-        raise NoCoreKept(path, bundle_no_core_reason(path) or "the bundle holds no core")
-    if is_bundle(path):
+    if os.path.isdir(path):  # a capture bundle (its reader is loaded only for one: most inputs are cores)
+        from ..bundle import bundle_no_core_reason, bundle_sysroot, has_manifest, is_bundle
+
+        if has_manifest(path) and not is_bundle(path):
+            raise NoCoreKept(path, bundle_no_core_reason(path) or "the bundle holds no core")
+    if os.path.isdir(path) and is_bundle(path):
         # A capture bundle carries its core and every mapped object, keyed by build-id:
         # the bundle is its own sysroot, so it analyzes on any machine.
         path, bundle_root = bundle_sysroot(path)
