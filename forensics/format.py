@@ -78,6 +78,8 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
         flags.append("first fault")
     if thread.holds_gil:
         flags.append("holds the GIL")
+    if thread.interpreter_id:
+        flags.append(f"in interpreter {thread.interpreter_id}")
     flag = f"  [{', '.join(flags)}]" if flags else ""
     yield f"Thread {describe_thread(thread)}{flag}"
     native_marks = {sf.native_index: sf for sf in thread.signal_frames if sf.native_index is not None}
@@ -86,9 +88,13 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
         for sf in thread.signal_frames:
             yield (f"  {_signal_line(sf)[4:-4]} (interrupted at 0x{sf.pc:x}; the native stack was not unwound, "
                    "so the handler's frames are not told apart)")
+    interp = None if not any(f.interpreter_id for f in thread.py_frames) else -1  # label only with subinterpreters
     if merged:
         for kind, frame in merge_frames(thread):
             if kind is FrameKind.PYTHON:
+                if interp is not None and frame.interpreter_id != interp:
+                    interp = frame.interpreter_id
+                    yield f"    [interpreter {interp}]"
                 yield f"    (Python) {describe_pyframe(frame)}"
             else:
                 yield f"    {_native_line(frame)}"
@@ -102,6 +108,9 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
             for i, p in enumerate(thread.py_frames):
                 if i in py_marks:
                     yield f"    {_signal_line(py_marks[i])}"
+                if interp is not None and p.interpreter_id != interp:
+                    interp = p.interpreter_id
+                    yield f"    [interpreter {interp}]"
                 yield f"    {describe_pyframe(p)}"
             if thread.python_error:
                 yield f"    (Python stack incomplete: {thread.python_error})"

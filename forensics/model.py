@@ -353,6 +353,7 @@ class PyFrame:
     # where the frame and its code object are in the process (for reading locals later)
     frame_address: int | None = None
     code_address: int | None = None
+    interpreter_id: int | None = None  # the interpreter the frame runs in (0: the main one)
 
 
 @record
@@ -403,7 +404,7 @@ class Thread:
     native_error: str | None = None  # why the native stack is missing or short (the unwinder's error, no native thread)
     native_method: str | None = None  # what unwound this thread: "libdw", "gdb", or None (program counter only)
     python_error: str | None = None  # why the Python stack stopped short (a frame pointer that leaves the core)
-    interpreter_id: int | None = None  # the interpreter whose thread state this is (0: the main one)
+    interpreter_id: int | None = None  # the interpreter its innermost Python frame runs in (0: the main one)
     is_main: bool = False  # the process's main thread (its tid is the pid), named or not
     signal_frames: tuple[SignalFrame, ...] = ()  # signal handlers running on this thread, innermost first
 

@@ -27,16 +27,17 @@ def _library_dirs(root: str) -> str:
     return ":".join(sorted(dirs))
 
 
-def pystack_stacks(core: str, executable: str, *, root: str | None = None) -> Frames:
-    """pystack's Python stacks of a core (``root``: the filesystem the process ran in)."""
+def pystack_stacks(core: str, executable: str, *, root: str | None = None, by_interpreter: bool = False) -> dict:
+    """pystack's Python stacks of a core (``root``: the filesystem the process ran in); keyed by thread id,
+    or by ``(thread id, interpreter id)`` (a thread has one state in each interpreter it entered)."""
     from pystack.engine import NativeReportingMode, get_process_threads_for_core
 
     threads = get_process_threads_for_core(core, executable, _library_dirs(root) if root else None,
                                            native_mode=NativeReportingMode.OFF)
-    out: Frames = {}
+    out: dict = {}
     for t in threads:
         frames = [(f.code.scope, f.code.filename, f.code.location.lineno) for f in t.frames]
-        out[t.tid] = list(reversed(frames))  # pystack lists the outermost first
+        out[(t.tid, t.interpreter_id) if by_interpreter else t.tid] = list(reversed(frames))  # outermost first
     return out
 
 

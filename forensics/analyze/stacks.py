@@ -6,12 +6,13 @@ records (:class:`~forensics.model.PythonStacks`, from :mod:`forensics.pyread`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator
 
 from ..model import CoreFile, FrameKind, NativeFrame, PyFrame, PythonStacks, PythonStatus, PyThreadStack, Thread
 from .classify import is_snapshot
 
-__all__ = ["parse_native_frames", "build_threads", "merge_frames", "meaningful_native_frames",
+__all__ = ["parse_native_frames", "build_threads", "join_thread_states", "merge_frames", "meaningful_native_frames",
            "skip_abort_machinery", "choose_python_stacks", "compare_python_stacks", "python_stacks_problem",
            "python_status_line"]
 
@@ -59,9 +60,11 @@ def build_threads(core: CoreFile, native: dict, python: PythonStacks | None) -> 
     gil_tid = None
     # a partial record still carries the threads read before the walk stopped
     if python is not None and python.status in (PythonStatus.OK, PythonStatus.PARTIAL):
+        states: dict[int, list[PyThreadStack]] = {}
         for t in python.threads:
             if t.native_thread_id is not None:
-                py_by_tid.setdefault(t.native_thread_id, t)
+                states.setdefault(t.native_thread_id, []).append(t)
+        py_by_tid = {tid: join_thread_states(ts) for tid, ts in states.items()}
         gil_tid = python.gil_holder
     crashed = None if is_snapshot(core) else core.crashed_tid
     threads = []
@@ -98,6 +101,32 @@ def build_threads(core: CoreFile, native: dict, python: PythonStacks | None) -> 
             )
     threads.sort(key=lambda th: (not th.is_crashed,))
     return tuple(threads)
+
+
+def join_thread_states(states: list[PyThreadStack]) -> PyThreadStack:
+    """One OS thread's thread states (one per interpreter it entered) as one stack, innermost first.
+
+    A thread that calls into a subinterpreter (``concurrent.interpreters``' ``exec``) keeps its state
+    in the main interpreter, whose frames made that call, and runs the subinterpreter's frames on
+    top: the states of later (higher-id) interpreters come first.  Its name is the one the main
+    interpreter's ``threading`` gave it (a subinterpreter sees a foreign thread as ``Dummy-N``).
+
+    >>> a = PyThreadStack(native_thread_id=7, thread_id=1, name="Dummy-1", holds_gil=False, interpreter_id=1,
+    ...                   frames=(PyFrame(function="sub", file="<script>", line=3, interpreter_id=1),))
+    >>> b = PyThreadStack(native_thread_id=7, thread_id=1, name="runner", holds_gil=False, interpreter_id=0,
+    ...                   frames=(PyFrame(function="exec", file="i.py", line=9, interpreter_id=0),))
+    >>> t = join_thread_states([b, a])
+    >>> t.name, [f.function for f in t.frames], t.interpreter_id
+    ('runner', ['sub', 'exec'], 1)
+    """
+    if len(states) == 1:
+        return states[0]
+    ordered = sorted(states, key=lambda s: -(s.interpreter_id or 0))
+    names = [s.name for s in sorted(states, key=lambda s: s.interpreter_id or 0) if s.name]
+    name = next((n for n in names if not n.startswith("Dummy-")), names[0] if names else None)
+    errors = [f"interpreter {s.interpreter_id}: {s.error}" for s in ordered if s.error]
+    return replace(ordered[0], name=name, holds_gil=any(s.holds_gil for s in states),
+                   frames=tuple(f for s in ordered for f in s.frames), error="; ".join(errors) or None)
 
 
 def merge_frames(thread: Thread) -> Iterator[tuple[FrameKind, NativeFrame | PyFrame]]:
@@ -192,13 +221,15 @@ def compare_python_stacks(gdb: PythonStacks | None, direct: PythonStacks | None)
     for side, stacks in (("gdb", gdb), ("direct", direct)):
         if not stacks.threads and stacks.status is not PythonStatus.OK:
             return out + [f"{side} gave no stacks: {stacks.detail}"]  # nothing to compare thread by thread
-    ta = {t.native_thread_id: t for t in gdb.threads}
-    tb = {t.native_thread_id: t for t in direct.threads}
-    for tid in sorted(set(ta) | set(tb), key=lambda x: (x is None, x or 0)):
-        if tid not in ta or tid not in tb:
-            out.append(f"thread {tid} only in {'gdb' if tid in ta else 'direct'}")
+    # a thread has one state per interpreter it entered: matched by (LWP, interpreter)
+    ta = {(t.native_thread_id, t.interpreter_id): t for t in gdb.threads}
+    tb = {(t.native_thread_id, t.interpreter_id): t for t in direct.threads}
+    for key in sorted(set(ta) | set(tb), key=lambda k: (k[0] is None, k[0] or 0, k[1] or 0)):
+        tid = key[0] if not key[1] else f"{key[0]} (interpreter {key[1]})"
+        if key not in ta or key not in tb:
+            out.append(f"thread {tid} only in {'gdb' if key in ta else 'direct'}")
             continue
-        a, b = ta[tid], tb[tid]
+        a, b = ta[key], tb[key]
         if a.name != b.name:
             out.append(f"thread {tid}: name {a.name!r} (gdb) vs {b.name!r} (direct)")
         if a.holds_gil != b.holds_gil:

@@ -10,6 +10,8 @@ and says so (:attr:`WalkResult.cut`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from forensics.model import CoreFile, PyFrame, PyThreadStack
 from forensics.pyread.layouts import Layout
 from forensics.pyread.objects import BadObject, CodeCache, Limits, Objects, Reader, WalkCut
@@ -377,8 +379,11 @@ def _walk_threads(result: WalkResult, layout: Layout, rd: Reader, codes: CodeCac
                                                 holds_gil=holds, frames=(), error="the walk was cut here",
                                                 interpreter_id=interp.get("id"), address=tstate_addr))
             raise
+        interp_id = interp.get("id")
+        if interp_id is not None:
+            frames = [replace(f, interpreter_id=interp_id) for f in frames]
         result.threads.append(PyThreadStack(native_thread_id=native, thread_id=ident, name=name, holds_gil=holds,
-                                            frames=tuple(frames), error=error, interpreter_id=interp.get("id"),
+                                            frames=tuple(frames), error=error, interpreter_id=interp_id,
                                             address=tstate_addr))
         if error:  # a stack that stopped short is a partial result, not an "ok" one
             result.problems.append(f"{thread_label(native, ident)}: {error}")

@@ -11,6 +11,8 @@ dereferencing NULL), ``c-segv`` (libreporter.so's SIGSEGV handler, faulting agai
 libreporter.so for the ``c-*`` handlers.
 The ``sleep`` scenario does not crash: it signals READY_FIFO and sleeps in the same call stack, for
 a gcore of a live process.
+EXPORTER_SUBINTERPRETER=1 (CPython 3.12+) also runs a thread "sub-runner" that enters a
+subinterpreter, which starts a thread "sub-worker" of its own; both sleep there.
 EXPORTER_BALLAST_MB=N (default 0) keeps N MiB of written Python heap alive
 before the crash, so the core is at least that big (for bench/analyze.py).
 EXPORTER_HEAP_BALLAST_MB=N (default 0) keeps N MiB of 4 KiB objects alive: glibc heap chunks,
@@ -117,7 +119,54 @@ def install_handler(kind):
     libc.signal(6, callback)
 
 
+_SUB_CODE = """
+import threading, time
+
+
+def sub_worker():
+    time.sleep(3600)
+
+
+def sub_serve(marker):
+    threading.Thread(target=sub_worker, name="sub-worker").start()
+    open(marker, "w").close()
+    time.sleep(3600)
+
+
+sub_serve(MARKER)
+"""
+
+
+def enter_subinterpreter(marker):
+    """The thread that enters a subinterpreter: its state in the main interpreter calls exec, its state in
+    the subinterpreter starts a thread there and sleeps.  3.14's concurrent.interpreters, else the
+    private modules of 3.13 (_interpreters) and 3.12 (_xxsubinterpreters)."""
+    code = _SUB_CODE.replace("MARKER", repr(marker))
+    try:
+        from concurrent import interpreters
+    except ImportError:
+        try:
+            import _interpreters as low
+        except ImportError:
+            import _xxsubinterpreters as low
+        low.run_string(low.create(), code)
+        return
+    interpreters.create().exec(code)
+
+
+def start_subinterpreter():
+    marker = os.path.abspath("subinterpreter-ready")
+    threading.Thread(target=enter_subinterpreter, args=(marker,), name="sub-runner", daemon=True).start()
+    for _ in range(1000):  # up to 10 s
+        if os.path.exists(marker):
+            break
+        time.sleep(0.01)
+    time.sleep(0.05)  # let both threads reach time.sleep
+
+
 def main():
+    if os.environ.get("EXPORTER_SUBINTERPRETER"):
+        start_subinterpreter()
     if os.environ.get("EXPORTER_HANDLER"):
         install_handler(os.environ["EXPORTER_HANDLER"])
     name = os.environ.get("EXPORTER_THREAD_NAME", "metrics-server")  # tests plant hostile names here

@@ -122,6 +122,42 @@ def _dwarf(core, interp) -> dict:
     return run_gdb(core, exe.file_path, native=False, sysroot=str(interp.root) if interp.root else None).layout
 
 
+# -- subinterpreters --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", python_params(("3.12", "3.13"), sid=("3.13", "3.14", "3.15")))
+def test_every_interpreter_and_its_threads(cores, key, tmp_path):
+    # GIVEN a crash while a thread runs in a subinterpreter it entered, which started a thread of its own
+    from forensics.format import format_analysis
+    from tests.crashers.make_core import make_core
+
+    interp = cores.interpreter(key)
+    sysroot = str(interp.root) if interp.root else None
+    path = str(make_core(tmp_path, interp.python, "heap-prev", root=interp.root, env={"EXPORTER_SUBINTERPRETER": "1"}))
+    # WHEN it is read
+    stacks = read_python_stacks(open_core(path, sysroot=sysroot), sysroot=sysroot)
+    # THEN every interpreter's thread states are read, labelled by interpreter, as pystack reads them
+    assert stacks.status is PythonStatus.OK, stacks.detail
+    mine = {(t.native_thread_id, t.interpreter_id): frame_keys(t.frames) for t in stacks.threads}
+    assert mine == pystack_stacks(path, interp.executable, root=sysroot, by_interpreter=True)
+    assert {(t.name, t.interpreter_id) for t in stacks.threads if t.interpreter_id} >= {("sub-worker", 1)}
+    # and analyze shows the thread that entered the subinterpreter once: its frames there on top of the
+    # main interpreter's that called in, named as the main interpreter names it
+    a = analyze_core(path, sysroot=sysroot, method="direct")
+    runner = next(t for t in a.snapshot.threads if t.name == "sub-runner")
+    assert runner.interpreter_id == 1
+    assert [f.function for f in runner.py_frames][:2] == ["sub_serve", "<module>"]
+    assert [f.interpreter_id for f in runner.py_frames] == sorted((f.interpreter_id for f in runner.py_frames),
+                                                                   reverse=True)
+    assert "enter_subinterpreter" in [f.function for f in runner.py_frames if f.interpreter_id == 0]
+    worker = next(t for t in a.snapshot.threads if t.name == "sub-worker")
+    assert worker.interpreter_id == 1 and worker.py_frames[0].function == "sub_worker"
+    lines = list(format_analysis(a))
+    at = next(i for i, ln in enumerate(lines) if ln.startswith('Thread "sub-runner"'))
+    assert "in interpreter 1" in lines[at] and lines[at + 2] == "    [interpreter 1]"
+    assert "    [interpreter 0]" in lines[at:at + 12]
+
+
 # -- without the files, or with stripped ones -----------------------------------------------------------
 
 
