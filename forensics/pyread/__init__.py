@@ -95,11 +95,19 @@ def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
     from forensics.pyread.locate import detect_version, find_runtime
 
     binary = find_runtime(core, mem, sysroot=sysroot)
+    in_memory = None
+    if binary is None:
+        from forensics.pyread.scan import find_runtime_in_memory
+
+        binary = find_runtime_in_memory(core, mem, page=mem.layout.page_size if mem.layout else 4096)
+        in_memory = _files_problem(core) or "no file's symbol table gave it"
     if binary is None:
         pythonish = any("python" in lib.name for lib in core.libraries)
         if not pythonish:
             return PythonStacks(status=PythonStatus.NOT_PYTHON, detail=_NOT_CPYTHON)
         return PythonStacks(status=PythonStatus.NO_RUNTIME, detail=(
+            f"no CPython runtime (_PyRuntime) found: {in_memory}, and the core's own memory did not give it"
+            if in_memory and in_memory != "no file's symbol table gave it" else
             "no CPython runtime (_PyRuntime) found: the dynamic symbol table of the interpreter is neither "
             "in a file matching the core's build-id nor in the core; pass --sysroot with its files"))
     shapes = debug_offset_shapes()
@@ -116,6 +124,10 @@ def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
     free_threaded = bool(debug and debug.free_threaded)
     if dwarf is not None:
         if "error" in dwarf:
+            changed = _files_problem(core)
+            if changed and "another build" in changed:  # debug symbols of the file here would not help
+                return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text,
+                                    free_threaded=free_threaded, detail=f"gdb: {dwarf['error']}: {changed}")
             return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text, free_threaded=free_threaded,
                                 detail=f"gdb: {dwarf['error']}; Debian/Ubuntu ship it in python{version.major}."
                                        f"{version.minor}-dbg (or build CPython with -g)")
@@ -125,7 +137,7 @@ def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
             return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text,
                                 detail=f"gdb's DWARF layout of CPython {version.text} is not usable: {exc}")
         return Interpreter(binary=binary, version=version, layout=layout, source=LayoutSource.DWARF,
-                      description=f"DWARF of {dwarf.get('objfile') or binary.library.path}",
+                      description=f"DWARF of {dwarf.get('objfile') or binary.library.path}" + _found(in_memory),
                       free_threaded=free_threaded or layout.free_threaded)
     try:
         choice = choose_layout(version.major, version.minor, free_threaded=free_threaded, debug=debug,
@@ -134,7 +146,27 @@ def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
         return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text, free_threaded=free_threaded,
                             detail=str(exc))
     return Interpreter(binary=binary, version=version, layout=choice.layout, source=choice.source,
-                  description=choice.description, free_threaded=free_threaded)
+                  description=choice.description + _found(in_memory), free_threaded=free_threaded)
+
+
+def _found(in_memory: str | None) -> str:
+    return f"; _PyRuntime found in the core's memory ({in_memory})" if in_memory else ""
+
+
+def _files_problem(core: CoreFile) -> str | None:
+    """Why the interpreter's files could not say where ``_PyRuntime`` is, naming the file: another build
+    than the one that crashed (the node upgraded it since), or missing.  None when neither is the case."""
+    from forensics.model import LibraryStatus
+
+    exe = [lib for lib in core.libraries if lib.path == core.executable]
+    for lib in exe + [lib for lib in core.libraries if lib not in exe and "python" in lib.name]:
+        if lib.status is LibraryStatus.MISMATCH:
+            return (f"the file at {lib.file_path} is another build than the one that crashed (build-id "
+                    f"{lib.file_build_id}, the core ran {lib.build_id})")
+    for lib in exe:
+        if lib.status is LibraryStatus.MISSING:
+            return f"{lib.path} is missing{'' if lib.file_path else ' here'} (no file of build-id {lib.build_id})"
+    return None
 
 
 def _read(core: CoreFile, mem, sysroot: str | None, dwarf: dict | None, limits: Limits) -> PythonStacks:

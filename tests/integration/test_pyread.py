@@ -219,17 +219,41 @@ def test_from_core_memory_alone(cores, key, tmp_path):
         path, interp.executable, root=root)
 
 
-def test_missing_files_and_default_filter_say_why(cores, newest_python):
+def test_missing_files_the_runtime_is_found_in_memory_else_it_says_why(cores, newest_python, tmp_path):
     # GIVEN a default core (no .dynsym pages in it) and no file for any object
-    core = open_core(str(cores.get(newest_python, "segv")))
+    path = str(cores.get(newest_python, "segv"))
+    core = open_core(path)
     missing = tuple(dataclasses.replace(lib, file_path=None, file_build_id=None, status=LibraryStatus.MISSING)
                     for lib in core.libraries)
+    good = read_python_stacks(core)
     # WHEN it is read
     stacks = read_python_stacks(dataclasses.replace(core, libraries=missing))
-    # THEN the result says what is missing instead of guessing
-    assert stacks.status is PythonStatus.NO_RUNTIME
-    assert "--sysroot" in stacks.detail
-    assert stacks.threads == ()
+    # THEN the runtime is found in the core's own memory, and the record says so
+    assert stacks.status is PythonStatus.OK and stacks.threads == good.threads
+    assert "_PyRuntime found in the core's memory" in stacks.layout
+    # and when that memory does not hold it either (the interpreter's data zeroed), it says what is missing
+    from forensics.core.image import ElfImage
+    from forensics.pyread.scan import _writable
+
+    lib = next(lib for lib in core.libraries if lib.name.startswith("libpython"))
+    with CoreMemory.open(path) as mem:
+        image = ElfImage.from_memory(mem, lib.base)
+        offsets = []  # every part of the core file that holds the object's writable data
+        for a, n in _writable(image):
+            for seg in mem.segments:
+                lo, hi = max(a, seg.vaddr), min(a + n, seg.vaddr + seg.present)
+                if lo < hi:
+                    offsets.append((seg.offset + lo - seg.vaddr, hi - lo))
+    blank = tmp_path / "core"
+    shutil.copyfile(path, blank)
+    with open(blank, "r+b") as f:
+        for off, n in offsets:
+            f.seek(off)
+            f.write(bytes(n))
+    stacks = read_python_stacks(dataclasses.replace(core, path=str(blank), libraries=missing))
+    assert stacks.status is PythonStatus.NO_RUNTIME and stacks.threads == ()
+    assert stacks.detail.startswith(f"no CPython runtime (_PyRuntime) found: {core.executable} is missing here")
+    assert stacks.detail.endswith("and the core's own memory did not give it")
 
 
 @pytest.mark.parametrize("key", python_params(sid=RELEASE_SID))
