@@ -124,13 +124,13 @@ import threading, time
 
 
 def sub_worker():
-    time.sleep(3600)
+    time.sleep(60 * 60)
 
 
 def sub_serve(marker):
     threading.Thread(target=sub_worker, name="sub-worker").start()
     open(marker, "w").close()
-    time.sleep(3600)
+    time.sleep(60 * 60)
 
 
 sub_serve(MARKER)
