@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Redactor", "SECRET_NAME", "MASK", "MIN_SECRET_LEN", "redact_tree"]
+__all__ = ["Redactor", "StreamRedactor", "SECRET_NAME", "MASK", "MIN_SECRET_LEN", "redact_tree"]
 
 # Word edges inside a variable or option name: start, end, or one of _ - . (case-insensitive).
 _W0, _W1 = r"(?<![A-Za-z0-9])", r"(?![A-Za-z0-9])"
@@ -56,6 +56,8 @@ _URL_CUT = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s
 # private-key blocks of any kind: PEM (RSA, EC, DSA, OPENSSH, ENCRYPTED, PKCS#8) and PGP, also cut short
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?"
                           r"(-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)", re.S)
+_KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
+_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{5,}")
 # webhook URLs whose path is the secret: the host stays, the path goes
 _WEBHOOK = re.compile(r"(?P<base>https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)|"
@@ -318,3 +320,68 @@ def redact_tree(value: Any, r: Redactor, *, key: str | None = None) -> Any:
 
 def _is_env_name(k: str) -> bool:
     return k.isupper() and bool(re.fullmatch(r"[A-Z_][A-Z0-9_]*", k))
+
+
+class StreamRedactor:
+    r""":class:`Redactor` over a text too large to hold whole (NVIDIA's bug report: tens of megabytes),
+    fed in pieces: each call masks the whole lines it has, with the rules of :meth:`Redactor.text`.
+
+    What spans pieces is carried, bounded: a private-key block cut by a piece's end is masked on
+    into the next pieces up to its END line (at most :attr:`MAX_KEY_BLOCK` characters: a real key
+    block is a few KiB; past that the text is read as text again); the secret values found, to be
+    masked wherever they appear later, at most :attr:`MAX_CARRIED` of them (the most recent); a line
+    of more than :attr:`MAX_LINE` characters, cut there.
+
+    >>> s = StreamRedactor()
+    >>> s.feed("url=https://u:hunter22@h/x\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpQIB") + s.feed("AAKCAQ\nabc\n"
+    ...     "-----END RSA PRIVATE KEY-----\nagain hunter22\n") + s.close()
+    'url=https://u:[REDACTED]@h/x\n[REDACTED]\nagain [REDACTED]\n'
+    >>> sorted(s.counts)
+    ['passwords in URLs', 'private keys', 'repeated secret values']
+    """
+
+    MAX_CARRIED = 256
+    MAX_KEY_BLOCK = 64 << 10
+    MAX_LINE = 1 << 20  # a longer "line" (binary noise, a file of zeros) is masked in pieces of this size
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._secrets: list[str] = []
+        self._partial = ""  # the unfinished last line of the previous piece
+        self._in_key = 0  # characters of a private-key block masked since its BEGIN (0: not in one)
+
+    def feed(self, text: str) -> str:
+        """The whole lines of ``self``'s remainder + ``text``, redacted; an unfinished last line waits."""
+        text = self._partial + text
+        cut = text.rfind("\n") + 1
+        if len(text) - cut > self.MAX_LINE:
+            cut = len(text)
+        self._partial = text[cut:]
+        return self._redact(text[:cut])
+
+    def close(self) -> str:
+        """The last, unfinished line, redacted."""
+        rest, self._partial = self._partial, ""
+        return self._redact(rest)
+
+    def _redact(self, text: str) -> str:
+        if not text:
+            return text
+        if self._in_key:
+            end = _KEY_END.search(text)
+            if end is None and self._in_key + len(text) <= self.MAX_KEY_BLOCK:
+                self._in_key += len(text)
+                return ""  # still inside the block (masked where it began)
+            if end is not None:
+                text = text[end.end():]
+            self._in_key = 0
+        begins = list(_KEY_BEGIN.finditer(text))
+        if begins and _KEY_END.search(text, begins[-1].end()) is None:
+            self._in_key = len(text) - begins[-1].start()  # the last block goes on into the next piece
+        r = Redactor(secrets=set(self._secrets))
+        out = r.text(text)
+        for what, n in r.counts.items():
+            self.counts[what] = self.counts.get(what, 0) + n
+        self._secrets += [v for v in r.secrets if v not in self._secrets]
+        del self._secrets[:-self.MAX_CARRIED]
+        return out

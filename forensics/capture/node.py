@@ -32,6 +32,7 @@ __all__ = [
     "read_nvidia_smi",
     "read_os_release",
     "run_nvidia_bug_report",
+    "redact_bug_report",
     "is_driver_line",
     "redacted",
     "find_container_pids",
@@ -304,6 +305,10 @@ def read_os_release(root: str) -> str | None:
 
 BUG_REPORT_TIMEOUT = 180.0  # NVIDIA: "typically quick", rarely up to an hour; a capture does not wait that long
 BUG_REPORT_MAX = 64 << 20  # bytes of nvidia-bug-report.log.gz kept
+# decompressed bytes of it redacted and kept (the masking reads 0.5-1 MB/s: two minutes at most; reports run
+# 5-50 MB, and the nvidia-smi -q and kernel log sections NVIDIA reads first come early)
+BUG_REPORT_TEXT_MAX = 64 << 20
+_BUG_REPORT_PIECE = 1 << 20
 
 
 def run_nvidia_bug_report(out_dir: str, *, timeout: float = BUG_REPORT_TIMEOUT,
@@ -354,11 +359,74 @@ def run_nvidia_bug_report(out_dir: str, *, timeout: float = BUG_REPORT_TIMEOUT,
         if size > max_bytes:
             note += f"; its report ({size} bytes) is over the {max_bytes} byte limit and is not kept"
         else:
-            kept = os.path.join(out_dir, os.path.basename(produced))
-            os.replace(produced, kept)
-            note += f"; report kept ({size} bytes)"
+            kept = os.path.join(out_dir, "nvidia-bug-report.log.gz")
+            note += f"; report of {size} bytes {redact_bug_report(produced, kept)}"
+            if not os.path.isfile(kept):
+                kept = None
     shutil.rmtree(work, ignore_errors=True)
     return kept, note
+
+
+def redact_bug_report(src: str, dest: str, *, max_text: int = BUG_REPORT_TEXT_MAX) -> str:
+    """Write ``src`` (NVIDIA's bug report, gzip or plain) to ``dest`` (gzip) with its secrets masked by
+    their structure, as the node's other text is (:class:`~forensics.redact.StreamRedactor`): the report
+    holds the node's journal and syslog, where any service may have logged a token or a password.
+
+    A stream: decompressed, masked and recompressed one piece at a time, never whole.  At most
+    ``max_text`` decompressed bytes are kept (the rest is said dropped, never kept unmasked); a stream
+    that breaks keeps what was read before the break.  ``src`` is removed in every case: the unmasked
+    report never stays in a bundle.
+
+    :return: what was kept, for the bundle's note: "kept, secrets masked (N: kinds)" and any cut
+    """
+    import gzip
+    import zlib
+
+    from ..redact import StreamRedactor
+
+    red = StreamRedactor()
+    read = 0
+    cut = ""
+    tmp = dest + ".part"
+    try:
+        with open(src, "rb") as raw, gzip.open(tmp, "wb", compresslevel=6) as out:
+            magic = raw.read(2)
+            raw.seek(0)
+            source = gzip.open(raw, "rb") if magic == b"\x1f\x8b" else raw
+            with source:
+                while True:
+                    try:
+                        piece = source.read(min(_BUG_REPORT_PIECE, max_text - read + 1))
+                    except (OSError, EOFError, zlib.error) as e:
+                        cut = f"; its stream breaks after {read} bytes ({e}): what came before is kept"
+                        break
+                    if not piece:
+                        break
+                    if read + len(piece) > max_text:
+                        piece = piece[: max_text - read]
+                        cut = f"; only its first {max_text} bytes are kept (the redaction bound), the rest is dropped"
+                    read += len(piece)
+                    out.write(red.feed(piece.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
+                    if cut:
+                        break
+            out.write(red.close().encode("utf-8", "surrogateescape"))
+        os.replace(tmp, dest)
+    except OSError as e:
+        for p in (tmp, dest):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        return f"not kept: it could not be redacted ({e.strerror or e})"
+    finally:
+        if os.path.abspath(src) != os.path.abspath(dest):
+            try:
+                os.unlink(src)
+            except OSError:
+                pass
+    masked = sum(red.counts.values())
+    kinds = ", ".join(f"{n} {what}" for what, n in sorted(red.counts.items()))
+    return f"kept, secrets masked by structure ({masked}{': ' + kinds if kinds else ''}){cut}"
 
 
 def _pids_where(match, proc: str = "/proc") -> list[int]:
@@ -540,7 +608,7 @@ def capture_pid(
         if bug_report:
             kept, note = run_nvidia_bug_report(os.path.join(bdir, "30-kernel"))
             if kept:
-                w.note_file(f"30-kernel/{os.path.basename(kept)}", f"NVIDIA's bug report: {note} (not redacted)")
+                w.note_file(f"30-kernel/{os.path.basename(kept)}", f"NVIDIA's bug report: {note}")
             w.add_bytes("30-kernel/nvidia-bug-report.txt", (note + "\n").encode(), "what nvidia-bug-report.sh did")
         image_os = read_os_release(f"/proc/{pid}/root")
         if image_os is not None:

@@ -111,9 +111,72 @@ def test_nvidia_bug_report_is_run_with_safe_mode_and_kept(tmp_path, monkeypatch)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     out = tmp_path / "30-kernel"
     kept, note = run_nvidia_bug_report(str(out))
-    assert kept == str(out / "nvidia-bug-report.log.gz") and "report kept" in note
+    assert kept == str(out / "nvidia-bug-report.log.gz") and "kept, secrets masked by structure (0)" in note
     assert gzip.decompress(Path(kept).read_bytes()).startswith(b"safe=1 ")
     assert sorted(p.name for p in out.iterdir()) == ["nvidia-bug-report.log.gz"]  # no work directory left
+
+
+#: secrets a node's journal and syslog may hold, each as a service would log it
+PLANTED = {
+    "url": "Nov 30 12:00:01 node kubelet[1]: pulling https://deploy:Hunter2-registry-pw@registry.internal/v2/x\n",
+    "webhook": "alertmanager: posting to https://hooks.slack.com/services/T0000/B0000/XXXXsecretwebhook0000\n",
+    "bearer": 'curl -H "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.c2lnbmF0dXJlc2ln"\n',
+    "env": "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY exporter started\n",
+    "token": "github token ghp_0123456789abcdefghijABCDEFGHIJ012345 in a log line\n",
+}
+SECRET_VALUES = ["Hunter2-registry-pw", "XXXXsecretwebhook0000", "c2lnbmF0dXJlc2ln", "wJalrXUtnFEMI",
+                 "ghp_0123456789abcdefghijABCDEFGHIJ012345", "MIIEowIBAAKCAQEA", "tail-of-the-key-0000"]
+
+
+def test_nvidia_bug_report_is_kept_with_its_secrets_masked(tmp_path, monkeypatch):
+    """#13 (left by the secrets work): nvidia-bug-report.log.gz was kept unredacted, with the node's journal in it."""
+    # GIVEN a node whose bug report holds nvidia-smi -q, an Xid line, planted secrets and a private key whose
+    # block straddles the redactor's 1 MiB pieces, among 3 MB of ordinary log lines
+    filler = "".join(f"Nov 30 12:00:{i % 60:02d} node kernel: line {i} of the journal\n" for i in range(60000))
+    key = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo=\n" * 200
+           + "tail-of-the-key-0000\n-----END RSA PRIVATE KEY-----\n")
+    head = SMI_Q + "[ 12.3] NVRM: Xid (PCI:0000:2a:00): 79, pid=9, GPU has fallen off the bus.\n"
+    text = head + "".join(PLANTED.values()) + filler[: (1 << 20) - 3000 - len(head)] + key + filler + PLANTED["url"]
+    (tmp_path / "report.txt").write_text(text)
+    fake_bug_report(tmp_path / "bin", 'while [ $# -gt 0 ]; do [ "$1" = --output-file ] && out=$2; shift; done\n'
+                                      f'gzip < {tmp_path / "report.txt"} > "$out.gz"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    # WHEN the capture runs it
+    out = tmp_path / "30-kernel"
+    kept, note = run_nvidia_bug_report(str(out))
+    # THEN what is kept has none of the secrets, the key block masked across the pieces, everything else whole
+    kept_text = gzip.decompress(Path(kept).read_bytes()).decode()
+    assert [v for v in SECRET_VALUES if v in kept_text] == []
+    assert "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo=" not in kept_text
+    assert kept_text.startswith(head) and filler in kept_text and kept_text.count("[REDACTED]") >= 7
+    assert "secrets masked by structure" in note and "private keys" in note and "passwords in URLs" in note
+    assert sorted(p.name for p in out.iterdir()) == ["nvidia-bug-report.log.gz"]  # the unmasked one is gone
+
+
+def test_nvidia_bug_report_redaction_is_bounded(tmp_path):
+    from forensics.capture.node import redact_bug_report
+
+    # GIVEN a 100 KB gzip stream that expands to 200 MB of zeros with no line end (a bomb), and a broken stream
+    bomb = tmp_path / "bomb.gz"
+    with gzip.open(bomb, "wb") as f:
+        for _ in range(200):
+            f.write(bytes(1 << 20))
+    broken = tmp_path / "broken.gz"
+    whole = gzip.compress(b"".join(b"x=1 token ghp_0123456789abcdefghijABCDEFGHIJ012345 line %d\n" % i
+                                   for i in range(50000)))
+    broken.write_bytes(whole[: len(whole) // 2])
+    # WHEN each is redacted under a 4 MiB bound
+    t0 = time.monotonic()
+    note = redact_bug_report(str(bomb), str(tmp_path / "a.gz"), max_text=4 << 20)
+    took = time.monotonic() - t0
+    broken_note = redact_bug_report(str(broken), str(tmp_path / "b.gz"))
+    # THEN the bomb stops at the bound and says what it dropped; the broken stream keeps its masked beginning
+    assert "only its first 4194304 bytes are kept" in note and took < 60
+    assert len(gzip.decompress((tmp_path / "a.gz").read_bytes())) == 4 << 20
+    assert "its stream breaks after" in broken_note
+    kept = gzip.decompress((tmp_path / "b.gz").read_bytes())
+    assert kept.startswith(b"x=1 token [REDACTED]") and b"ghp_" not in kept
+    assert not bomb.exists() and not broken.exists()  # the unmasked inputs are removed
 
 
 def test_nvidia_bug_report_is_bounded_in_time_and_size(tmp_path, monkeypatch):
