@@ -457,8 +457,11 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
             attachments["kernel-nvidia.log"] = f.kernel_log
     elif f.has_crash:  # the runbook: every thread's stacks, with the team's paths
         attachments["crash-stacks.txt"] = _stacks_text(f)
+    masked = "secrets masked by structure" in (f.bug_report or "")  # a capture before the masking: none
     bug_report = (f"captured: {os.path.basename(f.bug_report_file)} is in the capture bundle "
-                  "(NVIDIA's own file, not redacted: review it, then attach it)" if f.bug_report_file
+                  + ("(NVIDIA's own file, its secrets masked at capture, host names and addresses not: review it, "
+                     "then attach it)" if masked else "(NVIDIA's own file, not redacted: review it, then attach it)")
+                  if f.bug_report_file
                   else (f"not captured: {f.bug_report.strip()}" if f.bug_report
                         else "not captured: run `sudo nvidia-bug-report.sh` on the node and attach nvidia-bug-report.log.gz"))
     workaround = []
