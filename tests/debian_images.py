@@ -323,7 +323,10 @@ def debian_images(cache: Path | None = None) -> DebianImages:
     if why:
         raise RootUnavailable(why)
     root = build_root(SUITE, PACKAGES, cache=cache)
-    wheels = _wheel_files()
+    try:
+        wheels = _wheel_files()
+    except (subprocess.SubprocessError, OSError, AssertionError) as e:
+        raise RootUnavailable(f"the wheels cannot be fetched from PyPI and are not cached: {e}") from e
     images = root.parent.parent / "images"
     images.mkdir(parents=True, exist_ok=True)
     key = _key(root, wheels)

@@ -126,7 +126,9 @@ def chrooted_process(tmp_path):
     root = tmp_path / "chroot"
     # hard links to the cached root (nothing is written through them: --remove-destination replaces, and the
     # interpreter writes no bytecode), the image's upper layer copied over it
-    subprocess.run(["cp", "-al", str(deb.root), str(root)], check=True, timeout=300)
+    if subprocess.run(["cp", "-al", str(deb.root), str(root)], capture_output=True, timeout=300).returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)  # another file system than the cache's: copy it
+        subprocess.run(["cp", "-a", str(deb.root), str(root)], check=True, timeout=600)
     subprocess.run(["cp", "-a", "--remove-destination", f"{deb.upper('deb-incident')}/.", str(root)], check=True,
                    timeout=300)
     (root / "app" / "waiter.py").unlink(missing_ok=True)
