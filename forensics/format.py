@@ -229,8 +229,10 @@ def format_heap_corruption(c: HeapCorruption) -> Iterator[str]:
         if c.owner is not None:
             o = c.owner.object
             count = f", {o.length} x {o.element_size} bytes" if o.length is not None and o.element_size else ""
+            where = (f"a local of {_safe(c.owner.function)} ({_safe(c.owner.file)}:{c.owner.line})" if c.owner.function
+                     else f"no frame's local: held only on the {_safe(c.owner.file)}")
             yield (f"  buffer:          {_safe(c.owner.name)} = {_safe(o.type_name)} ({o.size} bytes{count}) at "
-                   f"0x{o.buffer:x}, a local of {_safe(c.owner.function)} ({_safe(c.owner.file)}:{c.owner.line})")
+                   f"0x{o.buffer:x}, {where}")
         if c.overflow_length is not None:
             length = f"{'' if c.overflow_exact else 'at least '}{c.overflow_length} bytes"
             if c.buffer_size is not None:

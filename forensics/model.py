@@ -354,6 +354,7 @@ class PyFrame:
     frame_address: int | None = None
     code_address: int | None = None
     interpreter_id: int | None = None  # the interpreter the frame runs in (0: the main one)
+    locals: tuple[PyLocal, ...] = ()  # the bound fast locals (the crashing thread's frames; others: not read)
 
 
 @record

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses nev
 
 __all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot",
            "check_nested_faults", "is_python_process", "registers_only", "HEAP_MODES",
-           "with_heap", "heap_findings"]
+           "with_heap", "with_crashed_locals", "heap_findings"]
 
 METHODS = ("auto", "gdb", "direct", "both")
 
@@ -414,13 +414,34 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
         problems=tuple(problems), disagreements=disagreements,
         requested_native=native_method, native_disagreements=tuple(native_disagreements),
     )
-    return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot)
+    snapshot, thread_locals = with_crashed_locals(snapshot, sysroot=sysroot)
+    return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot, thread_locals=thread_locals)
 
 
-def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None) -> Analysis:
+def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None):
+    """The snapshot with the crashing thread's Python frames carrying their fast locals
+    (:func:`forensics.pyread.locals.read_thread_locals`), and what was read; the snapshot as it was
+    when the thread has no Python frames (the read then is None)."""
+    crashed = snapshot.crashed_thread
+    if crashed is None or not crashed.py_frames:
+        return snapshot, None
+    from ..pyread.locals import read_thread_locals
+
+    read = read_thread_locals(snapshot.core, crashed.py_frames, sysroot=sysroot)
+    if not any(read.frames):
+        return snapshot, read
+    frames = tuple(dataclasses.replace(f, locals=locs) for f, locs in zip(crashed.py_frames, read.frames))
+    threads = tuple(dataclasses.replace(t, py_frames=frames) if t is crashed else t for t in snapshot.threads)
+    return dataclasses.replace(snapshot, threads=threads), read
+
+
+def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thread_locals=None) -> Analysis:
     """``analysis`` with glibc's heap read (:func:`forensics.heap.read_heap`) as ``mode`` asks.
 
     ``auto`` reads it only for a heap-corruption crash, so any other crash costs nothing here.
+
+    :param thread_locals: the crashing thread's locals (:func:`with_crashed_locals`): its ctypes
+        buffers and the native call in progress go to the verdict
     """
     corruption = analysis.crash.kind is CrashKind.HEAP_CORRUPTION
     if mode == "off" or (mode == "auto" and not corruption):
@@ -431,16 +452,21 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None) -> A
     owners: list = []
     locals_problem = None
     crashed = analysis.snapshot.crashed_thread
-    if corruption and crashed is not None and crashed.py_frames:
-        from ..pyread.locals import buffer_owners, read_thread_locals
+    if corruption and crashed is not None and crashed.py_frames and thread_locals is not None:
+        from ..pyread.locals import buffer_owners
 
-        thread_locals = read_thread_locals(core, crashed.py_frames, sysroot=sysroot)
         owners, locals_problem = buffer_owners(core, crashed.py_frames, thread_locals), thread_locals.problem
     elif corruption and is_python_process(core):
         locals_problem = "the crashing thread has no Python frames"
+    lookup = None
+    if corruption and is_python_process(core):
+        from ..pyread.locals import find_stack_owner
+
+        def lookup(buffer: int, size: int):
+            return find_stack_owner(core, analysis.crash.tid, buffer, size, sysroot=sysroot)
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
                        corruption=corruption, summary=mode == "full", owners=owners,
-                       is_python=is_python_process(core), locals_problem=locals_problem)
+                       is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup)
     findings = analysis.findings + heap_findings(report, analysis.crash.tid)
     return dataclasses.replace(analysis, heap=report, findings=findings)
 
@@ -452,7 +478,8 @@ def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:
     if c is not None and c.overflowed is not None:
         where = f"the chunk at 0x{c.overflowed.address:x} (usable {c.usable_size} bytes)"
         if c.owner is not None:
-            where = f"{c.owner.name} ({c.owner.object.type_name}, {c.owner.object.size} bytes) in {c.owner.function}"
+            where = f"{c.owner.name} ({c.owner.object.type_name}, {c.owner.object.size} bytes)" + (
+                f" in {c.owner.function}" if c.owner.function else "")
         length = f"{'' if c.overflow_exact else 'at least '}{c.overflow_length} bytes"
         out.append(Finding(
             rule="heap-buffer-overflow",

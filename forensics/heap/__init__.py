@@ -26,7 +26,8 @@ __all__ = ["read_heap"]
 def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None = None, tid: int | None = None,
               corruption: bool = True, summary: bool = False,
               owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (), is_python: bool = False,
-              debug_info: bool = True, locals_problem: str | None = None) -> HeapReport:
+              debug_info: bool = True, locals_problem: str | None = None,
+              owner_lookup=None) -> HeapReport:
     """Read glibc's heap from ``core``: the corruption's anatomy and/or the arena summary.
 
     Never raises for what the core holds: a heap that cannot be located gives a
@@ -42,6 +43,8 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
     :param debug_info: use libc's debug file (symbols, DWARF) when there is one; False reads with
         the layout table and finds ``main_arena`` by searching libc's data
     :param locals_problem: why the crashing thread's Python locals were not read (for the verdict)
+    :param owner_lookup: ``(buffer, size) -> BufferOwner | None``: an owner of the overflowed buffer found
+        another way when no local holds it (:func:`forensics.pyread.locals.find_stack_owner`)
     """
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
@@ -54,7 +57,7 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
             try:
                 return _read(core, mem, hm, sysroot=sysroot, message=message, tid=tid, corruption=corruption,
                              summary=summary, owners=owners, is_python=is_python, debug_info=debug_info,
-                             locals_problem=locals_problem)
+                             locals_problem=locals_problem, owner_lookup=owner_lookup)
             finally:
                 hm.release()
     except HeapUnavailable as e:
@@ -64,7 +67,7 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
 
 
 def _read(core, mem, hm, *, sysroot, message, tid, corruption, summary, owners, is_python, debug_info,
-          locals_problem) -> HeapReport:
+          locals_problem, owner_lookup) -> HeapReport:
     from forensics.heap.anatomy import find_corruption
     from forensics.heap.arenas import read_arenas
     from forensics.heap.locate import find_glibc
@@ -80,6 +83,6 @@ def _read(core, mem, hm, *, sysroot, message, tid, corruption, summary, owners, 
             tcaches = find_tcaches(heap, core)
         cache_addrs = [t for t, _a, _h in (tcaches or {}).values() if t]
         found = find_corruption(heap, message, tid, tcaches=cache_addrs, owners=owners, is_python=is_python,
-                                locals_problem=locals_problem)
+                                locals_problem=locals_problem, owner_lookup=owner_lookup)
     summ = summarize_heap(heap, core, tcaches=tcaches) if summary else None
     return HeapReport(corruption=found, summary=summ, problems=tuple(heap.problems))

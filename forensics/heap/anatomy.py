@@ -26,7 +26,7 @@ crashing thread) and the native call it was passed to are matched by
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from forensics.core import elf
@@ -580,10 +580,10 @@ def decide(owner: BufferOwner | None, call: NativeCall | None, past_buffer: int 
                                               "frame of the crashing thread")
     obj = owner.object
     if call is None:
+        what = f"{owner.name} ({obj.type_name})" if owner.function else f"{owner.name} (no frame's local any more)"
         return OverflowVerdict.UNDETERMINED, (
-            f"{owner.name} ({obj.type_name}) is not an argument of a native call in progress on the crashing "
-            "thread: the call that wrote it returned before glibc noticed, and the count it was passed is not "
-            "in the core")
+            f"{what} is not an argument of a native call in progress on the crashing thread: the call that "
+            "wrote it returned before glibc noticed, and the count it was passed is not in the core")
     if call.count is None:
         return OverflowVerdict.UNDETERMINED, (
             f"{call.function or 'the native call'} was passed {owner.name}, but not exactly one integer argument "
@@ -591,22 +591,28 @@ def decide(owner: BufferOwner | None, call: NativeCall | None, past_buffer: int 
     if obj.length is None:
         return OverflowVerdict.UNDETERMINED, f"{owner.name} ({obj.type_name}) is not an array: no element count"
     count_arg = call.arguments[call.count_argument] if call.count_argument is not None else str(call.count)
+    caller = f"{call.caller} ({_base(call.file)}:{call.line})"
+    callee = f"{call.function or 'the native call'}" + (f" ({_base(call.library)})" if call.library else "")
     if call.count > obj.length:
         return OverflowVerdict.BINDING, (
-            f"{call.caller} passed count={call.count} to {call.function or 'the native call'} for the "
-            f"{obj.length}-entry {owner.name} ({obj.type_name}): the callee wrote the "
-            f"{call.count - obj.length} extra entries the count asked for (the count is the call's one "
-            f"integer argument, {count_arg})")
+            f"{caller} passed count={call.count} to {callee} for the {obj.length}-entry {owner.name} "
+            f"({obj.type_name}): the callee wrote the {call.count - obj.length} extra entries the count asked for "
+            f"(the count is the call's one integer argument, {count_arg})")
     over = f"{past_buffer} bytes" if past_buffer is not None else "bytes"
     return OverflowVerdict.DRIVER, (
-        f"{call.function or 'the native call'} wrote {over} past the end of the {obj.length}-entry {owner.name} "
-        f"({obj.type_name}, {obj.size} bytes) that {call.caller} passed with count={call.count}: "
-        f"the buffer was large enough for the count (the call's one integer argument, {count_arg})")
+        f"{callee} wrote {over} past the end of the {obj.length}-entry {owner.name} ({obj.type_name}, {obj.size} "
+        f"bytes) that {caller} passed with count={call.count}: the buffer was large enough for the count (the "
+        f"call's one integer argument, {count_arg})")
+
+
+def _base(path: str | None) -> str:
+    return (path or "?").rsplit("/", 1)[-1]
 
 
 def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches: Sequence[int] = (),
                     owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (),
-                    is_python: bool = False, locals_problem: str | None = None) -> HeapCorruption:
+                    is_python: bool = False, locals_problem: str | None = None,
+                    owner_lookup: Callable[[int, int], BufferOwner | None] | None = None) -> HeapCorruption:
     """The anatomy of the corruption behind glibc's ``message`` in the thread ``tid``."""
     check = classify_message(message)
     if check is None:
@@ -680,6 +686,8 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
             if overflowed.mem <= own.object.buffer < overflowed.mem + usable_guess:
                 owner, call = own, c
                 break
+        if owner is None and owner_lookup is not None:
+            owner = owner_lookup(overflowed.mem, overflowed.size)
         if owner is not None and owner.object.buffer == overflowed.mem:
             buffer_size = owner.object.size
         usable, past_buffer, past_usable, exact, basis, first = measure_overflow(

@@ -28,7 +28,7 @@ from forensics.pyread.objects import BadObject
 
 __all__ = ["LocalsLayout", "LOCALS_LAYOUTS", "TypeNames", "CallArgument", "FrameCall", "read_frame_locals", "read_ctypes_object",
            "describe_object", "read_native_call", "match_native_call", "ThreadLocals", "read_thread_locals",
-           "buffer_owners", "MAX_LOCALS",
+           "buffer_owners", "find_stack_owner", "OWNER_STACK_WINDOW", "MAX_LOCALS",
            "MAX_STACK"]
 
 MAX_LOCALS = 512  # names read from one code object
@@ -36,7 +36,6 @@ MAX_STACK = 256  # value-stack slots scanned in one frame
 MAX_BASES = 8  # tp_base links followed to recognise a ctypes type
 _TP_NAME = 24  # PyTypeObject.tp_name: after PyObject_VAR_HEAD, every version
 _TP_BASE = 256  # PyTypeObject.tp_base, 3.0 onwards
-_TUPLE_ITEMS = 24  # PyTupleObject.ob_item
 _CELL_REF = 16  # PyCellObject.ob_ref
 # ctypes' CDataObject and PyCArgObject (Modules/_ctypes/ctypes.h), the same 3.8-3.14 on x86-64
 _B_PTR, _B_SIZE, _B_LENGTH, _B_VALUE = 16, 40, 48, 80
@@ -69,6 +68,7 @@ class LocalsLayout:
     instr: int | None = None  # 3.11+: prev_instr / instr_ptr (the call being made); 3.8-3.10: f_lasti
     lasti_units: int = 1  # 3.8-3.9: f_lasti counts bytes; 3.10: code units of 2 bytes
     co_code: int | None = None  # 3.8-3.10: the bytes object f_lasti indexes
+    tuple_items: int = 24  # PyTupleObject.ob_item (3.14 put a cached hash before it: 32)
 
 
 _FRAME_OBJECTS_38 = dict(interpreter_frames=False, localsplus=360, valuestack=64, co_nlocals=28, co_varnames=72,
@@ -87,9 +87,9 @@ LOCALS_LAYOUTS: dict[tuple[int, int], LocalsLayout] = {
     (3, 13): LocalsLayout(interpreter_frames=True, localsplus=72, co_stacksize=64, co_nlocalsplus=72, instr=56,
                           **_CODE_311),
     (3, 14): LocalsLayout(interpreter_frames=True, localsplus=80, co_stacksize=64, co_nlocalsplus=72, instr=56,
-                          tagged_slots=True, **_CODE_311),
+                          tagged_slots=True, tuple_items=32, **_CODE_311),
     (3, 15): LocalsLayout(interpreter_frames=True, localsplus=80, co_stacksize=64, co_nlocalsplus=72, instr=56,
-                          tagged_slots=True, **_CODE_311),
+                          tagged_slots=True, tuple_items=32, **_CODE_311),
 }
 
 
@@ -280,9 +280,9 @@ def describe_object(names: TypeNames, objects, addr: int) -> PyLocal:
             value = repr(text if len(text) < 80 else text[:77] + "...")
         elif type_name in ("NoneType", "bool"):
             value = type_name if type_name == "NoneType" else ("True" if rd.ptr(addr + 16) else "False")
-        elif type_name in ("list", "tuple", "dict", "set", "bytes", "bytearray"):
-            value = f"len {int.from_bytes(rd.read(addr + 16, 8), 'little')}" if type_name in (
-                "list", "tuple", "bytes", "bytearray") else None
+        elif type_name in ("list", "tuple", "dict", "bytes", "bytearray"):
+            # ob_size (list, tuple, bytes, bytearray) and ma_used (dict) are the word after the header
+            value = f"len {int.from_bytes(rd.read(addr + 16, 8), 'little')}"
         else:
             ctypes_obj = read_ctypes_object(names, addr)
             if ctypes_obj is not None:
@@ -314,7 +314,7 @@ def _names(rd, objects, layout: LocalsLayout, code: int) -> tuple[list[str], lis
         names_tuple = rd.ptr(code + layout.co_varnames)
         count = min(int.from_bytes(rd.read(code + layout.co_nlocals, 4), "little"), MAX_LOCALS)
         kinds = [CO_FAST_LOCAL] * count
-    items = rd.ptr_array(names_tuple + _TUPLE_ITEMS, count)
+    items = rd.ptr_array(names_tuple + layout.tuple_items, count)
     names = []
     for p in items:
         try:
@@ -566,8 +566,7 @@ def read_thread_locals(core: CoreFile, frames, *, sysroot: str | None = None) ->
 
 
 def _objects_for(core: CoreFile, mem, sysroot: str | None):
-    """(version, Reader, Objects) for this core's interpreter, set up as the walker sets them up
-    (:func:`forensics.pyread.find_interpreter`), or why not (a string)."""
+    """(version, Reader, Objects) for this core's interpreter as the walker finds it, or why not (a string)."""
     from forensics.model import PythonStacks
     from forensics.pyread import find_interpreter
     from forensics.pyread.locate import TYPE_SYMBOLS
@@ -575,10 +574,10 @@ def _objects_for(core: CoreFile, mem, sysroot: str | None):
 
     found = find_interpreter(core, mem, sysroot=sysroot)
     if isinstance(found, PythonStacks):
-        return f"the interpreter was not read: {found.detail}"
+        return found.detail or found.status.value
     reader = Reader(mem)
-    where = (found.version.major, found.version.minor)
-    return where, reader, Objects(found.layout, reader, {n: found.binary.symbol(n) for n in TYPE_SYMBOLS})
+    objects = Objects(found.layout, reader, {n: found.binary.symbol(n) for n in TYPE_SYMBOLS})
+    return (found.version.major, found.version.minor), reader, objects
 
 
 def buffer_owners(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple[BufferOwner, NativeCall | None]]:
@@ -597,3 +596,49 @@ def buffer_owners(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple[B
             out.append((owner, match_native_call(core, call, owner, frame, local_names) if call is not None
                         else None))
     return out
+
+
+#: bytes of a thread's stack searched for a ctypes object that owns a buffer (from its stack pointer up)
+OWNER_STACK_WINDOW = 64 << 10
+
+
+def find_stack_owner(core: CoreFile, tid: int | None, buffer: int, size: int, *,
+                     sysroot: str | None = None) -> BufferOwner | None:
+    """A ctypes object whose buffer lies in ``[buffer, buffer + size)``, held on thread ``tid``'s native stack
+    -- one being deallocated (its ``PyCData_dealloc`` has it), or passed to a C function -- when no frame's
+    local holds it any more.  None when there is none (or the interpreter cannot be read).
+
+    The owner it returns has no frame: ``function`` is empty and ``file`` says where on the stack it was.
+    """
+    thread = next((t for t in core.threads if t.tid == tid), None)
+    if thread is None or not thread.sp:
+        return None
+    from forensics.core.memory import CoreMemory
+    from forensics.errors import ForensicsError
+
+    try:
+        with CoreMemory.open(core.path) as mem:
+            found = _objects_for(core, mem, sysroot)
+            if isinstance(found, str):
+                return None
+            _version, reader, _objects = found
+            names = TypeNames(reader, core)
+            mapping = core.find_mapping(thread.sp)
+            end = min(thread.sp + OWNER_STACK_WINDOW, mapping.end if mapping else thread.sp + OWNER_STACK_WINDOW)
+            data = mem.read_prefix(thread.sp, end - thread.sp)
+            seen: set[int] = set()
+            for i in range(0, len(data) - 7, 8):
+                v = int.from_bytes(data[i:i + 8], "little")
+                if v in seen or v < 0x10000 or v & 7:
+                    continue
+                seen.add(v)
+                try:
+                    o = read_ctypes_object(names, v)
+                except BadObject:
+                    continue
+                if o is not None and o.kind != "function" and buffer <= o.buffer < buffer + size:
+                    return BufferOwner(name=f"the {o.type_name} at 0x{v:x}", function="",
+                                       file=f"native stack at 0x{thread.sp + i:x}", line=None, object=o)
+    except (ForensicsError, ValueError):
+        return None
+    return None

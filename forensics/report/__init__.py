@@ -350,8 +350,9 @@ def heap_section(heap: dict) -> dict:
             what = f"the chunk at {_hexaddr(over.get('address'))} (usable size {c.get('usable_size')} bytes)"
             if owner:
                 obj = owner.get("object") or {}
-                what = (f"`{owner.get('name')}` ({obj.get('type_name')}, {obj.get('size')} bytes) of "
-                        f"{owner.get('function')}, in the chunk at {_hexaddr(over.get('address'))}")
+                what = (f"`{owner.get('name')}` ({obj.get('type_name')}, {obj.get('size')} bytes)"
+                        + (f" of {owner.get('function')}" if owner.get("function") else "")
+                        + f", in the chunk at {_hexaddr(over.get('address'))}")
             summary = (f"glibc rejected the chunk at {_hexaddr(rejected.get('address'))} ({c.get('check')}); "
                        f"the buffer before that header, {what}, was written {length} past its end. "
                        f"Verdict: {c.get('verdict')}: {c.get('verdict_reason')}.")

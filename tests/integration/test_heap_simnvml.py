@@ -111,3 +111,52 @@ def test_binding_count_larger_than_its_array(program, sim_dir, tmp_path, core_pa
     assert core.abort_message == "double free or corruption (out)"
     assert c.overflowed.size == CHUNK and c.rejected.address == c.overflowed.end
     assert c.overflow_past_usable >= 8
+
+
+# -- the verdict: the Python side (frame locals, the ctypes call in progress) -------------------------------
+
+def verdict_of(core_path: Path):
+    from forensics.analyze import analyze_core
+
+    a = analyze_core(str(core_path), method="direct", native_method="none")
+    return a.heap.corruption, a
+
+
+@pytest.mark.parametrize("program, stack", CASES)
+def test_driver_overflow_verdict(program, stack, sim_dir, tmp_path, core_pattern):
+    # GIVEN the library writes 24 bytes past the 36-entry array it was passed with count=36 (glibc checks in the call)
+    c, a = verdict_of(crash(program, stack, sim_dir, tmp_path, fault="overflow", detect="call"))
+    # THEN the array is named, in the binding's frame, with the call and its count
+    assert c.owner is not None and c.owner.name == "values"
+    assert c.owner.object.type_name == "c_nvmlFieldValue_t_Array_36" and c.owner.object.length == 36
+    assert c.owner.object.buffer == c.overflowed.mem and c.buffer_size == ARRAY
+    assert c.owner.function.endswith("nvmlDeviceGetFieldValues") and c.owner.file.endswith("pynvml.py")
+    assert c.call.function == "nvmlDeviceGetFieldValues" and c.call.count == 36
+    assert c.call.arguments[c.call.buffer_argument] == "byref(values)"
+    # and the length is from the array's end: 24 bytes, "OVERRUN!" x 3
+    assert c.overflow_length == 24 and c.overflow_exact
+    assert bytes.fromhex(c.first_bytes) == b"OVERRUN!" * 3
+    assert c.verdict.value == "driver-wrote-past-buffer", c.verdict_reason
+    assert "nvmlDeviceGetFieldValues (libnvidia-ml.so.580.126.09) wrote 24 bytes past the end of the 36-entry values" in c.verdict_reason
+
+
+@pytest.mark.parametrize("program", ["reproducer", "nvitop-exporter"])
+def test_binding_count_verdict(program, sim_dir, tmp_path, core_pattern):
+    # GIVEN the binding passes count=37 for its 36-entry array
+    c, _a = verdict_of(crash(program, "incident", sim_dir, tmp_path, fault="none", detect="call", binding_excess=1))
+    # THEN the verdict is the binding's, with the count it passed and the length it implies (one 40-byte record)
+    assert c.owner.name == "values" and c.call.count == 37 and c.owner.object.length == 36
+    assert c.verdict.value == "binding-count-too-large", c.verdict_reason
+    assert c.overflow_length == 40
+    assert "passed count=37 to nvmlDeviceGetFieldValues (libnvidia-ml.so.580.126.09) for the 36-entry values" in c.verdict_reason
+
+
+@pytest.mark.parametrize("program", ["reproducer", "nvitop-exporter"])
+def test_a_later_free_leaves_it_undetermined(program, sim_dir, tmp_path, core_pattern):
+    # GIVEN the overflow found when the caller frees the array, after the call returned
+    c, _a = verdict_of(crash(program, "incident", sim_dir, tmp_path, fault="overflow", detect="later"))
+    # THEN the buffer is still named (a local of a frame of the crashing thread), but who wrote is undetermined
+    assert c.owner is not None and c.owner.object.type_name == "c_nvmlFieldValue_t_Array_36"
+    assert c.overflow_length == 24
+    assert c.verdict.value == "undetermined"
+    assert "not an argument of a native call in progress" in c.verdict_reason

@@ -25,6 +25,7 @@ FIELDS = {  # table field -> (struct, member) as gdb names them
     "co_localspluskinds": (("PyCodeObject", "co_localspluskinds"),),
     "co_stacksize": (("PyCodeObject", "co_stacksize"),),
     "co_code": (("PyCodeObject", "co_code"),),
+    "tuple_items": (("PyTupleObject", "ob_item"),),
 }
 INSTR = {False: ("PyFrameObject", "f_lasti"), True: ("struct _PyInterpreterFrame", ("prev_instr", "instr_ptr"))}
 
@@ -64,7 +65,7 @@ def _check(version: tuple[int, int], got: dict[str, dict[str, int]]) -> None:
     assert any(got[struct].get(n) == lay.instr for n in names), (version, "instr")
 
 
-_STRUCTS = ["PyFrameObject", "struct _PyInterpreterFrame", "PyCodeObject"]
+_STRUCTS = ["PyFrameObject", "struct _PyInterpreterFrame", "PyCodeObject", "PyTupleObject"]
 
 
 @pytest.mark.parametrize("minor", ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"])
