@@ -467,8 +467,37 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
                        corruption=corruption, summary=mode == "full", owners=owners,
                        is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup)
+    report = _who_freed(report, crashed)
     findings = analysis.findings + heap_findings(report, analysis.crash.tid)
     return dataclasses.replace(analysis, heap=report, findings=findings)
+
+
+_ALLOCATOR = ("free", "__libc_free", "__GI___libc_free", "cfree", "_int_free", "malloc", "__libc_malloc",
+              "realloc", "__libc_realloc", "calloc", "__libc_calloc")
+
+
+def _who_freed(report: HeapReport, crashed) -> HeapReport:
+    """An undetermined verdict whose buffer no Python object owns says which native code called the
+    allocator when glibc aborted (a library freeing its own allocation is the first suspect)."""
+    c = report.corruption
+    if c is None or c.owner is not None or c.overflowed is None or crashed is None or c.verdict.value != "undetermined":
+        return report
+    frames = list(crashed.native_frames)
+    for i, f in enumerate(frames):
+        if f.symbol in _ALLOCATOR and f.is_libc:
+            j = i
+            while j + 1 < len(frames) and frames[j + 1].symbol in _ALLOCATOR:
+                j += 1
+            entry = frames[j].symbol.replace("__GI___libc_", "").replace("__libc_", "")
+            caller = frames[j + 1] if j + 1 < len(frames) else None
+            if caller is not None and not caller.is_libc and not caller.is_python_runtime and caller.library:
+                note = (f"; glibc aborted in {entry}() called by {caller.symbol or hex(caller.pc)} "
+                        f"({caller.library_name}): the chunks are that library's own allocations, not a buffer "
+                        "the Python caller passed")
+                return dataclasses.replace(report, corruption=dataclasses.replace(
+                    c, verdict_reason=c.verdict_reason + note))
+            break
+    return report
 
 
 def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:

@@ -29,6 +29,8 @@ def test_a_heap_corruption_gets_its_anatomy_without_asking(cores, newest_python)
     assert c["damaged"]["address"] == c["overflowed"]["address"] + 0x510
     assert c["usable_size"] == 0x508 and c["overflow_past_usable"] == 8 and c["first_bytes"] == "41" * 8
     assert c["verdict"] == "undetermined"
+    # libcrash.so freed its own buffer: no Python object owns it, and the reason says whose allocation it was
+    assert "called by forensics_heap_overflow (libcrash.so): the chunks are that library's own" in c["verdict_reason"]
     findings = json.loads(r.stdout)["analysis"]["findings"]
     assert any(f["rule"] == "heap-buffer-overflow" and f["severity"] == "error" for f in findings)
 
