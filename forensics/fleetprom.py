@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import json
+import math
 import re
 import ssl
 import urllib.error
@@ -132,10 +133,14 @@ class PromClient:
             raise PrometheusError(path, f"answer over {MAX_RESPONSE} bytes")
         try:
             doc = json.loads(body)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise PrometheusError(path, "the answer is not JSON (is this Prometheus' URL?)") from e
+        if not isinstance(doc, dict) or "status" not in doc:
+            raise PrometheusError(path, "the answer is not a Prometheus API response (is this Prometheus' URL?)")
         if doc.get("status") != "success":
-            raise PrometheusError(path, f"{doc.get('errorType')}: {doc.get('error')}")
+            raise PrometheusError(path, f"{str(doc.get('errorType'))[:100]}: {str(doc.get('error'))[:300]}")
+        if "data" not in doc:
+            raise PrometheusError(path, "a successful answer without data")
         self.queries += 1
         return doc["data"]
 
@@ -145,9 +150,22 @@ class PromClient:
         if at is not None:
             params["time"] = f"{at:.3f}"
         data = self._get("/api/v1/query", params)
+        # the answer is checked where it enters (a proxy, another server or a broken one may say anything)
+        if not isinstance(data, dict):
+            raise PrometheusError("/api/v1/query", "the query's data is not an object")
+        result = data.get("result")
         if data.get("resultType") == "scalar":
-            return [({}, float(data["result"][1]))]
-        return [(r.get("metric") or {}, float(r["value"][1])) for r in data.get("result") or []]
+            return [({}, _sample_value(expr, result))]
+        if data.get("resultType") != "vector" or not isinstance(result, list):
+            raise PrometheusError("/api/v1/query", f"expected an instant vector, got {str(data.get('resultType'))[:40]!r}")
+        out = []
+        for r in result:
+            metric = r.get("metric") if isinstance(r, dict) else None
+            if not isinstance(metric, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                        for k, v in metric.items()):
+                raise PrometheusError("/api/v1/query", "a series whose labels are not strings")
+            out.append((metric, _sample_value(expr, r.get("value"))))
+        return out
 
     def query_many(self, exprs: dict[str, str], *, at: float | None = None, workers: int = 8) -> dict[str, list]:
         """Several instant queries at once (Prometheus evaluates them in parallel); results by key."""
@@ -158,7 +176,24 @@ class PromClient:
             return {k: f.result() for k, f in futures.items()}
 
     def label_names(self, match: str) -> list[str]:
-        return list(self._get("/api/v1/labels", {"match[]": match}) or [])
+        names = self._get("/api/v1/labels", {"match[]": match}) or []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise PrometheusError("/api/v1/labels", "the label names are not a list of strings")
+        return names
+
+
+def _sample_value(expr: str, sample: object) -> float:
+    """The value of a ``[time, "value"]`` sample; a clear error for anything else (every query here counts, sums
+    or takes a maximum: NaN and infinities are not answers to them)."""
+    if isinstance(sample, list) and len(sample) == 2 and isinstance(sample[1], str):
+        try:
+            value = float(sample[1])
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value):
+            return value
+    raise PrometheusError("/api/v1/query", f"a sample that is not [time, \"finite value\"]: {json.dumps(sample)[:80]} "
+                                           f"(for {expr[:80]})")
 
 
 def _matchers(namespace: str | None) -> str:
