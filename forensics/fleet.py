@@ -11,7 +11,7 @@ import datetime as _dt
 from dataclasses import dataclass, field
 
 from .errors import ForensicsError
-from .kubectl import KubeOptions, get_json
+from .kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json
 
 __all__ = [
     "DEFAULT_GROUP_LABELS",
@@ -174,22 +174,22 @@ def parse_pods(doc: dict) -> list[PodRecord]:
     for pod in items[:MAX_PODS]:
         if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
             continue
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        status = pod.get("status") or {}
+        # an API answer (or a saved file) may hold anything where an object is due: read as absent
+        meta, spec, status = as_dict(pod.get("metadata")), as_dict(pod.get("spec")), as_dict(pod.get("status"))
         restarts = 0
         exit_code = reason = finished = waiting = None
         images, named = [], []
-        for cs in status.get("containerStatuses") or []:
-            restarts += int(cs.get("restartCount") or 0)
-            term = (cs.get("lastState") or {}).get("terminated") or {}
+        for cs in as_list(status.get("containerStatuses")):
+            cs = as_dict(cs)
+            restarts += as_count(cs.get("restartCount"))
+            term = as_dict(as_dict(cs.get("lastState")).get("terminated"))
             if term and (finished is None or str(term.get("finishedAt") or "") > finished):
                 exit_code = term.get("exitCode")
-                reason = term.get("reason") or (f"signal {term['signal']}" if term.get("signal") else None)
+                reason = as_str(term.get("reason")) or (f"signal {term['signal']}" if term.get("signal") else None)
                 finished = str(term.get("finishedAt") or "")
-            w = (cs.get("state") or {}).get("waiting") or {}
+            w = as_dict(as_dict(cs.get("state")).get("waiting"))
             if w.get("reason"):
-                waiting = w["reason"]
+                waiting = as_str(w["reason"])
             if cs.get("imageID"):
                 images.append(str(cs["imageID"]).split("://", 1)[-1])
                 named.append((str(cs.get("name") or ""), images[-1]))
@@ -198,14 +198,14 @@ def parse_pods(doc: dict) -> list[PodRecord]:
                 uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"),
                 namespace=str(meta.get("namespace") or ""),
                 name=str(meta.get("name") or ""),
-                node=spec.get("nodeName"),
+                node=as_str(spec.get("nodeName")),
                 restarts=restarts,
                 last_exit_code=exit_code if isinstance(exit_code, int) else None,
                 last_reason=reason,
                 last_finished=finished or None,
                 waiting_reason=waiting,
                 image_ids=tuple(images),
-                started=status.get("startTime"),
+                started=as_str(status.get("startTime")),
                 container_images=tuple(named),
             )
         )
@@ -214,11 +214,13 @@ def parse_pods(doc: dict) -> list[PodRecord]:
 
 def _node_labels(nodes_doc: dict) -> dict[str, dict[str, str]]:
     out = {}
-    for n in nodes_doc.get("items") or []:
-        meta = (n or {}).get("metadata") or {}
-        if meta.get("name"):
-            out[meta["name"]] = dict(meta.get("labels") or {})
+    for n in as_list(nodes_doc.get("items"))[:MAX_PODS]:
+        meta = as_dict(as_dict(n).get("metadata"))
+        if isinstance(meta.get("name"), str) and meta["name"]:
+            out[meta["name"]] = {k: v for k, v in as_dict(meta.get("labels")).items()
+                                 if isinstance(k, str) and isinstance(v, str)}
     return out
+
 
 
 def _group_values(labels: dict[str, str], group_by: tuple[str, ...]) -> tuple[tuple[str, str], ...]:

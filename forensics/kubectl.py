@@ -4,6 +4,9 @@ Every command that talks to a cluster (``fleet``, ``canary --pod``, ``capture --
 through :func:`run_kubectl` / :func:`get_json`, so they fail alike: kubectl missing is
 :class:`~forensics.errors.KubectlNotFound`, a failed call :class:`~forensics.errors.KubeError`
 naming the action and kubectl's last line, a call without an answer the same after ``timeout``.
+The API's objects are read through :func:`as_dict`, :func:`as_list`, :func:`as_str` and
+:func:`as_count`: an answer (or a saved file) may hold anything where an object, a list, a
+string or a count is due, and each reads it as absent rather than failing on it.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Any
 
 from .errors import KubeError, KubectlNotFound
 
-__all__ = ["KubeOptions", "run_kubectl", "get_json"]
+__all__ = ["KubeOptions", "run_kubectl", "get_json", "as_dict", "as_list", "as_str", "as_count"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +78,32 @@ def get_json(opts: KubeOptions, action: str, args: list[str], **kw: Any) -> dict
     if not isinstance(doc, dict):
         raise KubeError(action, f"not a JSON object: {out[:200]!r}")
     return doc
+
+
+def as_dict(v: object) -> dict:
+    """``v`` when it is an object, else an empty one.
+
+    >>> as_dict({"a": 1}), as_dict("x"), as_dict(None)
+    ({'a': 1}, {}, {})
+    """
+    return v if isinstance(v, dict) else {}
+
+
+def as_list(v: object) -> list:
+    """``v`` when it is a list, else an empty one."""
+    return v if isinstance(v, list) else []
+
+
+def as_str(v: object) -> str | None:
+    """``v`` when it is a string, else None."""
+    return v if isinstance(v, str) else None
+
+
+def as_count(v: object) -> int:
+    """A count from the API (``restartCount``): a non-negative integer, else 0 (a float, a string or a bool
+    is not one).
+
+    >>> as_count(5), as_count("5"), as_count(True), as_count(-1), as_count(10 ** 30)
+    (5, 0, 0, 0, 0)
+    """
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 53 else 0

@@ -22,7 +22,7 @@ from typing import Callable
 
 from ..errors import (AgentFailed, ContainerNotRunning, ForensicsError, KubectlNotFound, KubeError, NodeUnreachable,
                       PodNotFound)
-from ..kubectl import KubeOptions, get_json, run_kubectl
+from ..kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json, run_kubectl
 from .agent import LEFT_ON_NODE, decode_bundle
 from .manifests import agent_pod_manifest, to_yaml
 
@@ -34,42 +34,45 @@ _GPU_LABELS = ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu
 
 
 def summarize_pod(pod: dict) -> dict:
-    """Identity and scheduling state of a pod: what an on-call engineer reads first."""
-    meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
-    owners = [{"kind": o.get("kind"), "name": o.get("name"), "uid": o.get("uid")} for o in meta.get("ownerReferences", [])]
+    """Identity and scheduling state of a pod: what an on-call engineer reads first (a field of the wrong type
+    in the API's answer is read as absent)."""
+    meta, spec, status = (as_dict(pod.get(k)) for k in ("metadata", "spec", "status"))
+    owners = [{"kind": o.get("kind"), "name": o.get("name"), "uid": o.get("uid")}
+              for o in map(as_dict, as_list(meta.get("ownerReferences")))]
     containers = []
-    for cs in status.get("containerStatuses", []) + status.get("initContainerStatuses", []):
-        last = (cs.get("lastState") or {}).get("terminated")
-        state = cs.get("state") or {}
+    for cs in map(as_dict, as_list(status.get("containerStatuses")) + as_list(status.get("initContainerStatuses"))):
+        last = as_dict(as_dict(cs.get("lastState")).get("terminated"))
+        state = as_dict(cs.get("state"))
+        code = last.get("exitCode") if isinstance(last.get("exitCode"), int) else None
         containers.append({
-            "name": cs.get("name"), "container_id": cs.get("containerID"), "image": cs.get("image"),
-            "image_id": cs.get("imageID"), "restart_count": cs.get("restartCount", 0), "ready": cs.get("ready"),
+            "name": as_str(cs.get("name")), "container_id": as_str(cs.get("containerID")), "image": cs.get("image"),
+            "image_id": cs.get("imageID"), "restart_count": as_count(cs.get("restartCount")), "ready": cs.get("ready"),
             "state": next(iter(state), None), "state_detail": next(iter(state.values()), None),
             "last_terminated": None if not last else {
-                "exit_code": last.get("exitCode"), "signal": last.get("signal") or (last.get("exitCode", 0) - 128
-                                                                                   if last.get("exitCode", 0) > 128 else None),
+                "exit_code": code, "signal": last.get("signal") or (code - 128 if code is not None and code > 128 else None),
                 "reason": last.get("reason"), "started_at": last.get("startedAt"), "finished_at": last.get("finishedAt")},
         })
     return {
-        "name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"), "owners": owners,
-        "node": spec.get("nodeName"), "phase": status.get("phase"), "qos_class": status.get("qosClass"),
+        "name": as_str(meta.get("name")), "namespace": as_str(meta.get("namespace")), "uid": as_str(meta.get("uid")),
+        "owners": owners, "node": as_str(spec.get("nodeName")), "phase": status.get("phase"), "qos_class": status.get("qosClass"),
         "pod_ip": status.get("podIP"), "host_ip": status.get("hostIP"), "start_time": status.get("startTime"),
-        "conditions": status.get("conditions", []), "containers": containers,
+        "conditions": as_list(status.get("conditions")), "containers": containers,
     }
 
 
 def summarize_node(node: dict) -> dict:
-    meta, status = node.get("metadata", {}), node.get("status", {})
-    info = status.get("nodeInfo", {})
-    labels = meta.get("labels", {})
-    ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), {})
+    meta, status = as_dict(node.get("metadata")), as_dict(node.get("status"))
+    info = as_dict(status.get("nodeInfo"))
+    labels = as_dict(meta.get("labels"))
+    ready = next((c for c in map(as_dict, as_list(status.get("conditions"))) if c.get("type") == "Ready"), {})
     return {
         "name": meta.get("name"), "uid": meta.get("uid"),
-        "gpu_labels": {k: v for k, v in labels.items() if k in _GPU_LABELS or k.startswith("nvidia.com/")},
+        "gpu_labels": {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)
+                       and (k in _GPU_LABELS or k.startswith("nvidia.com/"))},
         "kernel": info.get("kernelVersion"), "os_image": info.get("osImage"),
         "container_runtime": info.get("containerRuntimeVersion"), "kubelet": info.get("kubeletVersion"),
         "ready": ready.get("status"), "ready_reason": ready.get("reason"), "ready_message": ready.get("message"),
-        "allocatable": status.get("allocatable", {}), "taints": node.get("spec", {}).get("taints", []),
+        "allocatable": as_dict(status.get("allocatable")), "taints": as_list(as_dict(node.get("spec")).get("taints")),
     }
 
 
@@ -112,7 +115,7 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
         raise ContainerNotRunning(pod_name, container or "?", f"pod phase {summary['phase']}, no container status")
     chosen = next((c for c in cs if c["name"] == container), None) if container else cs[0]
     if chosen is None:
-        raise ForensicsError(f"pod {ns}/{pod_name} has no container {container!r} (it has: {', '.join(c['name'] for c in cs)})",
+        raise ForensicsError(f"pod {ns}/{pod_name} has no container {container!r} (it has: {', '.join(str(c['name']) for c in cs)})",
                              help_text="Pass --container NAME with one of those names.")
     node_name = summary["node"]
     if not node_name:

@@ -1,0 +1,63 @@
+"""What an API server (a broken one, a proxy, a compromised cluster) may answer through the real kubectl: fields of
+the wrong type are read as absent, never "internal error" (#13: kubectl/API answers).
+
+The API stand-in (tests/kube_standin.py) serves pods and nodes with one field of the wrong type each; ``fleet`` and
+``capture --pod --dry-run`` read them through kubectl.  Before, each of these was "internal error: AttributeError"
+(a status, a container status, a last state, a state that is a string), "TypeError" or "ValueError" (node labels
+that are a list).
+"""
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+
+MUTATIONS = {
+    "status a string": lambda p, n: p.__setitem__("status", "x"),
+    "containerStatuses a string": lambda p, n: p["status"].__setitem__("containerStatuses", "x"),
+    "a container status a string": lambda p, n: p["status"].__setitem__("containerStatuses", ["x"]),
+    "lastState a string": lambda p, n: p["status"]["containerStatuses"][0].__setitem__("lastState", "x"),
+    "terminated a string": lambda p, n: p["status"]["containerStatuses"][0]["lastState"].__setitem__("terminated", "x"),
+    "exitCode a string": lambda p, n: p["status"]["containerStatuses"][0]["lastState"]["terminated"].__setitem__(
+        "exitCode", "x"),
+    "state a string": lambda p, n: p["status"]["containerStatuses"][0].__setitem__("state", "x"),
+    "waiting a string": lambda p, n: p["status"]["containerStatuses"][0].__setitem__("state", {"waiting": "x"}),
+    "restartCount a string": lambda p, n: p["status"]["containerStatuses"][0].__setitem__("restartCount", "many"),
+    "container name a number": lambda p, n: p["status"]["containerStatuses"][0].__setitem__("name", 7),
+    "ownerReferences a string": lambda p, n: p["metadata"].__setitem__("ownerReferences", "x"),
+    "node labels a list": lambda p, n: n["metadata"].__setitem__("labels", ["x"]),
+    "node conditions a string": lambda p, n: n["status"].__setitem__("conditions", "x"),
+    "nodeInfo a list": lambda p, n: n["status"].__setitem__("nodeInfo", []),
+}
+
+
+@pytest.mark.parametrize("case", list(MUTATIONS))
+def test_a_field_of_the_wrong_type_is_read_as_absent(case, tmp_path):
+    from tests.kube_standin import StandIn, make_node, make_pod, write_kubeconfig
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    # GIVEN an API whose pod (or node) has one field of the wrong type
+    pod = make_pod(name="exporter-0", namespace="monitoring", uid="uid-0", node="node-a", container_id="c" * 64,
+                   restarts=3, last_exit=139)
+    pod["metadata"]["labels"] = {"app": "nvitop-exporter"}
+    node = make_node("node-a")
+    pod, node = copy.deepcopy(pod), copy.deepcopy(node)
+    MUTATIONS[case](pod, node)
+    with StandIn(path_env="/usr/bin:/bin") as api:
+        api.pods[("monitoring", "exporter-0")] = pod
+        api.nodes["node-a"] = node
+        kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), api.url, namespace="monitoring")
+        # WHEN fleet and capture --pod --dry-run read them through kubectl
+        fleet = CliRunner().invoke(cli, ["fleet", "--kubeconfig", kubeconfig, "-n", "monitoring"])
+        capture = CliRunner().invoke(cli, ["capture", "--pod", "exporter-0", "--kubeconfig", kubeconfig, "-n",
+                                           "monitoring", "--dry-run"])
+    # THEN a result or a clear error, never an internal one
+    for r in (fleet, capture):
+        assert "internal error" not in r.stderr and r.exit_code in (0, 1, 4), (r.exit_code, r.output)
+        if r.exit_code == 1:
+            assert r.stderr.startswith("forensics: error:"), r.stderr
