@@ -19,12 +19,14 @@ A frame is named as gdb names it: by its DWARF function (inlined functions
 become frames of their own that share the physical frame's pc, marked
 ``inlined``, with no offset), else by its ELF symbol.  The physical frame's
 offset is the pc's offset into its ELF symbol (what ``info symbol`` says), given
-only when that symbol starts where the DWARF function does.  For a caller frame
-the lookup address is ``pc - 1`` (the call instruction), as gdb and eu-stack do.
+only when that symbol starts where the DWARF function does: for a DWARF-named
+frame, when the pc lies in the function's first address range (its ELF symbol
+starts there; a cold part has another).  For a caller frame the lookup address is
+``pc - 1`` (the call instruction), as gdb and eu-stack do.
 
-Symbolization results are cached per process by (build-id, address relative to
-the object), so a batch of cores of one crash loop reads each library's DWARF
-once.
+Symbolization results are cached per process by (build-id, files the symbols came
+from, address relative to the object), so a batch of cores of one crash loop reads
+each library's DWARF once.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from ctypes import byref, c_bool, c_int, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_bool, c_int, c_uint64, c_void_p
 
 from .. import rootpath
 from ..core.debugfiles import find_debug_file
@@ -53,7 +55,7 @@ _CODE_TAGS = _FUNCTION_TAGS + (L.DW_TAG_lexical_block,)
 _MAX_DEPTH = 256  # nesting of scopes walked
 _MAX_VDSO = 1 << 20
 
-# (build-id, debug file, address relative to the object's base, is activation) -> frame templates
+# (build-id and the files read, address relative to the object's base, is activation) -> frame templates
 _symbols: OrderedDict[tuple, tuple[dict, ...]] = OrderedDict()
 _symbols_lock = threading.Lock()
 
