@@ -247,7 +247,9 @@ def run_core_handler(
     result.warnings.extend(f"argument: {p}" for p in argument_problems)
     object_fds: list = []
     try:
-        _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config, host_root, result, object_fds)
+        req = _Request(core_dir=core_dir, pid=pid, tid=tid, signo=signo, timestamp=timestamp, rlimit_core=rlimit_core,
+                       stdin_fd=stdin_fd, host_root=host_root)
+        _handle(req, config, result, object_fds)
     except BaseException as e:  # noqa: BLE001 - the dying process must never wait on us
         result.warnings.append(f"handler failed: {type(e).__name__}: {e}")
         log_kernel(f"pid {pid} signal {signo}: handler failed: {type(e).__name__}: {e}"
@@ -265,38 +267,105 @@ def run_core_handler(
     return result
 
 
-def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config, host_root, result, object_fds):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Request:
+    """One core the kernel pipes: what core_pattern's %P %I %s %t %c said, and where it goes."""
+
+    core_dir: str
+    pid: int
+    tid: int
+    signo: int
+    timestamp: float
+    rlimit_core: int | None
+    stdin_fd: int
+    host_root: str
+
+
+@dataclass
+class _Crash:
+    """A crash being handled: its directory, bundle and record, filled stage by stage."""
+
+    req: _Request
+    cfg: HandlerConfig
+    result: HandlerResult
+    object_fds: list
+    signame: str
+    crash_dir: str
+    reserve: str | None
+    bundle: object  # BundleWriter
+    snapshot: object = None  # snapshot.Snapshot
+    image_key: str = "unknown"
+    debug_fds: list = field(default_factory=list)  # (path, build-id, fd) of the mapped objects' debug files
+    record: dict = field(default_factory=dict)
+    why: list[str] = field(default_factory=list)  # why the core is not whole (or not kept)
+
+    @property
+    def crash_id(self) -> str:
+        return os.path.basename(self.crash_dir)
+
+    @property
+    def identity(self):
+        return self.snapshot.identity if self.snapshot else None
+
+    def write_record(self) -> None:
+        from .store import write_atomic
+
+        write_atomic(os.path.join(self.crash_dir, "metadata.json"),
+                     json.dumps(self.record, indent=2, sort_keys=True, default=str).encode())
+
+
+@dataclass
+class _Streamed:
+    """What stage 3 leaves: the core's file name (None: not kept), its first bytes' facts, the objects stored."""
+
+    core_name: str | None = None
+    head_info: dict = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    debug_keys: dict[str, str] = field(default_factory=dict)
+    sha256: str | None = None
+    stream: object = None  # spool.CoreStream: what the kernel sent, against the core's own program headers
+
+
+def _handle(req: _Request, config: HandlerConfig | None, result: HandlerResult, object_fds: list) -> None:
+    crash = _open_crash(req, config, result, object_fds)
+    _read_process(crash)  # 1. /proc/PID while it exists
+    keep = _decide(crash)  # 2. keep the core?
+    streamed = _stream(crash, keep)  # 3. stream it
+    _finish(crash, streamed)  # 4. the record, the manifest, the index, the budget
+
+
+def _open_crash(req: _Request, config: HandlerConfig | None, result: HandlerResult, object_fds: list) -> _Crash:
     from ..core.elf import signal_name
     from .bundle import BundleWriter
-    from .snapshot import open_mapped_objects, read_snapshot, snapshot_payload, RawProcFiles
-    from .procfs import parse_maps, read_proc_text
-    from .store import ObjectStore, write_atomic
 
-    cfg = config or load_config(core_dir)
-    signame = signal_name(signo) if signo else "SIG0"
-    os.makedirs(core_dir, exist_ok=True)
-    crash_dir = _crash_dir(core_dir, timestamp, pid, signame)
+    cfg = config or load_config(req.core_dir)
+    signame = signal_name(req.signo) if req.signo else "SIG0"
+    os.makedirs(req.core_dir, exist_ok=True)
+    crash_dir = _crash_dir(req.core_dir, req.timestamp, req.pid, signame)
     result.crash_dir = crash_dir
-    crash_id = os.path.basename(crash_dir)
-    reserve = make_reserve(os.path.join(crash_dir, ".reserve"))
-    bundle = BundleWriter(crash_dir)
-    warnings = result.warnings
+    return _Crash(req=req, cfg=cfg, result=result, object_fds=object_fds, signame=signame, crash_dir=crash_dir,
+                  reserve=make_reserve(os.path.join(crash_dir, ".reserve")), bundle=BundleWriter(crash_dir))
 
-    # 1. /proc/PID while it exists
+
+def _read_process(crash: _Crash) -> None:
+    """Stage 1: the snapshot of /proc/PID and the image's os-release, the first record and identity."""
+    from .snapshot import RawProcFiles, open_mapped_objects, read_snapshot, snapshot_payload
+    from .procfs import parse_maps, read_proc_text
+
+    req, warnings, bundle = crash.req, crash.result.warnings, crash.bundle
+    pid = req.pid
     raw = RawProcFiles()
-    snapshot = None
     try:
         maps = parse_maps(read_proc_text(pid, "maps"))  # type: ignore[arg-type]
-        object_fds.extend(open_mapped_objects(pid, maps))
-        snapshot = read_snapshot(pid, host_root=host_root, object_fds=object_fds, raw=raw)
+        crash.object_fds.extend(open_mapped_objects(pid, maps))
+        crash.snapshot = read_snapshot(pid, host_root=req.host_root, object_fds=crash.object_fds, raw=raw)
     except Exception as e:  # noqa: BLE001 - metadata is best effort; the core still matters
         warnings.append(f"/proc/{pid}: {type(e).__name__}: {e}")
-    debug_fds: list[tuple[str, str, int]] = []
-    if snapshot is not None:
+    if crash.snapshot is not None:
         from .debugfiles import open_debug_files
 
-        debug_fds = open_debug_files(pid, [(o.path, o.build_id) for o in snapshot.objects], host_root)
-        object_fds.extend((None, fd) for _, _, fd in debug_fds)  # closed with the objects
+        crash.debug_fds = open_debug_files(pid, [(o.path, o.build_id) for o in crash.snapshot.objects], req.host_root)
+        crash.object_fds.extend((None, fd) for _, _, fd in crash.debug_fds)  # closed with the objects
     image_os = None
     try:
         from .node import read_os_release
@@ -304,33 +373,29 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
         image_os = read_os_release(f"/proc/{pid}/root")  # the image's distribution, while the process exists
     except Exception as e:  # noqa: BLE001
         warnings.append(f"/proc/{pid}/root/etc/os-release: {type(e).__name__}: {e}")
-    identity = snapshot.identity if snapshot else None
-    image_key = (snapshot.image if snapshot and snapshot.image else None)
-    if image_key is None and snapshot is not None:
-        exe_obj = next((o for o in snapshot.objects if o.path == snapshot.exe), None)
-        image_key = f"exe:{exe_obj.build_id}" if exe_obj and exe_obj.build_id else f"exe:{snapshot.exe}"
-    image_key = image_key or "unknown"
-    record = {
+    snapshot, identity = crash.snapshot, crash.identity
+    crash.image_key = _image_key(snapshot)
+    crash.record = {
         "schema_version": 1,
-        "crash_id": crash_id,
+        "crash_id": crash.crash_id,
         "pid": pid,
-        "tid": tid,
-        "signal": signo,
-        "signal_name": signame,
-        "time": timestamp,
-        "rlimit_core": rlimit_core,
+        "tid": req.tid,
+        "signal": req.signo,
+        "signal_name": crash.signame,
+        "time": req.timestamp,
+        "rlimit_core": req.rlimit_core,
         "node": socket.gethostname(),
-        "image_key": image_key,
+        "image_key": crash.image_key,
         "identity": snapshot_payload(snapshot)["identity"] if snapshot else None,
         "state": "in-progress",
         "core": {"state": "pending"},
         "objects": {},
-        "config": cfg.__dict__,
+        "config": crash.cfg.__dict__,
         "warnings": warnings,
     }
     bundle.add_json("00-identity.json", {
-        "crash_id": crash_id, "node": record["node"], "pid": pid, "tid": tid, "signal": signame,
-        "time": timestamp, "comm": snapshot.comm if snapshot else None, "exe": snapshot.exe if snapshot else None,
+        "crash_id": crash.crash_id, "node": crash.record["node"], "pid": pid, "tid": req.tid, "signal": crash.signame,
+        "time": req.timestamp, "comm": snapshot.comm if snapshot else None, "exe": snapshot.exe if snapshot else None,
         "image": snapshot.image if snapshot else None,
         "pod_uid": identity.pod_uid if identity else None, "container_id": identity.container_id if identity else None,
         "runtime": identity.runtime if identity else None,
@@ -343,93 +408,75 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
     if image_os is not None:
         bundle.add_bytes("40-process/os-release", image_os.encode(),
                          "the process's /etc/os-release (its image's distribution), read inside its root")
-    write_atomic(os.path.join(crash_dir, "metadata.json"), json.dumps(record, indent=2, sort_keys=True, default=str).encode())
+    crash.write_record()
 
-    # 2. keep the core?
-    keep, why = True, []
-    if rlimit_core is not None and rlimit_core < PAGE:
+
+def _image_key(snapshot) -> str:
+    """The container image, else the executable's build-id (else its path): what a crash loop repeats."""
+    if snapshot is None:
+        return "unknown"
+    if snapshot.image:
+        return snapshot.image
+    exe_obj = next((o for o in snapshot.objects if o.path == snapshot.exe), None)
+    return f"exe:{exe_obj.build_id}" if exe_obj and exe_obj.build_id else f"exe:{snapshot.exe}"
+
+
+def _decide(crash: _Crash) -> bool:
+    """Stage 2: keep the core, or metadata only (RLIMIT_CORE under a page, a crash loop, too little free space)."""
+    req, cfg, why = crash.req, crash.cfg, crash.why
+    keep = True
+    if req.rlimit_core is not None and req.rlimit_core < PAGE:
         keep = False
-        why.append(f"RLIMIT_CORE {rlimit_core} < one page: metadata only (the process was not opted in)")
-    store = ObjectStore(core_dir)
-    with DirLock(core_dir):
+        why.append(f"RLIMIT_CORE {req.rlimit_core} < one page: metadata only (the process was not opted in)")
+    with DirLock(req.core_dir):
         if keep and cfg.loop_limit >= 0:
-            since = timestamp - cfg.loop_window
-            n = sum(1 for e in read_index(core_dir)
-                    if e.get("key") == image_key and e.get("signal") == signo and e.get("core")
+            since = req.timestamp - cfg.loop_window
+            n = sum(1 for e in read_index(req.core_dir)
+                    if e.get("key") == crash.image_key and e.get("signal") == req.signo and e.get("core")
                     and (e.get("time") or 0) >= since)
             if n >= cfg.loop_limit:
                 keep = False
-                why.append(f"crash loop: {n} cores of {image_key} {signame} in the last {cfg.loop_window}s "
+                why.append(f"crash loop: {n} cores of {crash.image_key} {crash.signame} in the last {cfg.loop_window}s "
                            f"(limit {cfg.loop_limit}): metadata only")
         if keep and cfg.min_free > 0:
-            free = free_bytes(core_dir)
+            free = free_bytes(req.core_dir)
             if free < cfg.min_free:
                 keep = False
-                why.append(f"{free} bytes free on {core_dir}, below the minimum {cfg.min_free}: metadata only")
-    result.reasons.extend(why)
+                why.append(f"{free} bytes free on {req.core_dir}, below the minimum {cfg.min_free}: metadata only")
+    crash.result.reasons.extend(why)
+    return keep
 
-    # 3. stream
+
+def _stream(crash: _Crash, keep: bool) -> _Streamed:
+    """Stage 3: stdin through zstd (cut at the size bound) while the objects are stored; then the node's side."""
+    from .store import ObjectStore
+
+    req, cfg, result, why = crash.req, crash.cfg, crash.result, crash.why
     limit = cfg.max_core_size
-    if rlimit_core is not None and rlimit_core >= PAGE:
-        limit = min(limit, rlimit_core)
+    if req.rlimit_core is not None and req.rlimit_core >= PAGE:
+        limit = min(limit, req.rlimit_core)
+    out = _Streamed()
     copier = None
-    keys: dict[str, str] = {}
-    debug_keys: dict[str, str] = {}
-    mapped = [(entry, fd) for entry, fd in object_fds if entry is not None]
+    mapped = [(entry, fd) for entry, fd in crash.object_fds if entry is not None]
     if keep and mapped:
-        copier = threading.Thread(target=_copy_objects, args=(store, mapped, keys, warnings, debug_fds, debug_keys),
+        copier = threading.Thread(target=_copy_objects, args=(ObjectStore(req.core_dir), mapped, out.keys,
+                                                              result.warnings, crash.debug_fds, out.debug_keys),
                                   daemon=True)
         copier.start()
-    head = bytearray()
-    core_dir_sub = os.path.join(crash_dir, "50-core")
+    core_dir_sub = os.path.join(crash.crash_dir, "50-core")
     os.makedirs(core_dir_sub, exist_ok=True)
     tmp = os.path.join(core_dir_sub, ".core.zst.tmp")
     comp = None
     out_fd = -1
     if keep:
         out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-        comp = Compressor(out_fd, cfg.level, cfg.threads, reserve)
-    # a bigger pipe: fewer wake-ups of the dying process (only now: /proc/PID has been read, and a
-    # core smaller than the pipe would let the process go before that)
+        comp = Compressor(out_fd, cfg.level, cfg.threads, crash.reserve)
     try:
-        fcntl.fcntl(stdin_fd, _F_SETPIPE_SZ, _CHUNK)
-    except OSError:
-        pass
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    cut = False
-    tail = b""  # the stream's last bytes: where a PN_XNUM core's segment count is
-    try:
-        while True:
-            try:
-                k = os.readv(stdin_fd, [buf])
-            except InterruptedError:
-                continue
-            if k <= 0:
-                release_pipe(stdin_fd)
-                break
-            result.bytes_in += k
-            if len(head) < _HEAD:
-                head += view[: min(k, _HEAD - len(head))]
-            tail = bytes(view[k - TAIL: k]) if k >= TAIL else (tail + bytes(view[:k]))[-TAIL:]
-            if comp is None or cut:
-                continue
-            take = min(k, limit - result.bytes_kept)
-            if take > 0:
-                if not comp.feed(view[:take]):
-                    cut = True
-                    why.append(f"the disk filled up after {result.bytes_kept + take} bytes of core")
-                result.bytes_kept += take
-            if take < k and not cut:
-                cut = True
-                why.append(f"core cut at {limit} bytes (maximum core size"
-                           + (" / RLIMIT_CORE" if limit == rlimit_core else "") + ")")
-        head_info = parse_core_head(bytes(head))
-        crash_loop_key = _crash_loop_key(image_key, signo, head_info)
+        head, cut, tail = _pump(req.stdin_fd, comp, limit, req.rlimit_core, result, why)
+        out.head_info = parse_core_head(bytes(head))
         # what the kernel sent, against the core's own program headers: a stream that ended early, random
         # bytes or an empty stdin is never recorded as a whole core
-        stream = check_core_stream(bytes(head), result.bytes_in, tail)
-        core_name = None
+        stream = out.stream = check_core_stream(bytes(head), result.bytes_in, tail)
         if comp is not None:
             whole_frame = comp.finish()
             try:
@@ -441,24 +488,25 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
             if stream.reason:
                 why.append(stream.reason)
             if not whole_frame:
-                core_name, state = "core.partial.zst", "partial"
+                out.core_name, state = "core.partial.zst", "partial"
                 if not any("disk filled up" in w for w in why):  # the compressor held its output until the end
                     why.append(f"the disk filled up while the core was written ({comp.out} compressed bytes on "
                                "disk): the zstd frame could not be ended")
             elif stream.kind == "not-a-core":
-                core_name, state = ("stream.zst" if result.bytes_in else None), "not-a-core"
+                out.core_name, state = ("stream.zst" if result.bytes_in else None), "not-a-core"
             elif cut or stream.kind == "short":
-                core_name, state = "core.truncated.zst", "truncated"
+                out.core_name, state = "core.truncated.zst", "truncated"
             else:
-                core_name, state = "core.zst", "kept"
-            if core_name is not None:
-                os.rename(tmp, os.path.join(core_dir_sub, core_name))
+                out.core_name, state = "core.zst", "kept"
+            if out.core_name is not None:
+                os.rename(tmp, os.path.join(core_dir_sub, out.core_name))
             result.core_state = state
-            if core_name is not None:
+            if out.core_name is not None:
                 result.bytes_out = comp.out
-                result.core_path = os.path.join(core_dir_sub, core_name)
-                bundle.note_file(f"50-core/{core_name}", "what the kernel sent, zstd-compressed (not a core)"
-                                 if state == "not-a-core" else f"the core, zstd-compressed ({state})")
+                result.core_path = os.path.join(core_dir_sub, out.core_name)
+                out.sha256 = comp.sha.hexdigest()
+                crash.bundle.note_file(f"50-core/{out.core_name}", "what the kernel sent, zstd-compressed (not a core)"
+                                       if state == "not-a-core" else f"the core, zstd-compressed ({state})")
         else:
             result.core_state = "metadata-only"
     finally:
@@ -468,56 +516,102 @@ def _handle(core_dir, pid, tid, signo, timestamp, rlimit_core, stdin_fd, config,
             os.unlink(tmp)
     if comp is not None and comp.reserve_path:
         comp._release_reserve()
-    elif reserve and os.path.exists(reserve):
-        os.unlink(reserve)
+    elif crash.reserve and os.path.exists(crash.reserve):
+        os.unlink(crash.reserve)
     if copier is not None:
         copier.join(timeout=300)
     # the node's side at crash time; the core is in, so the dying process no longer waits on this
-    _node_evidence(bundle, warnings, nvidia_smi=result.core_path is not None, smi_timeout=cfg.smi_timeout,
-                   pid=pid, host_root=host_root)
+    _node_evidence(crash.bundle, result.warnings, nvidia_smi=result.core_path is not None, smi_timeout=cfg.smi_timeout,
+                   pid=req.pid, host_root=req.host_root)
+    return out
 
-    # 4. the record, the manifest, the index, the budget
+
+def _pump(stdin_fd: int, comp, limit: int, rlimit_core: int | None, result: HandlerResult,
+          why: list[str]) -> tuple[bytearray, bool, bytes]:
+    """Read the core from the pipe to its end: the first bytes kept aside, at most ``limit`` into ``comp``.
+
+    :return: (the first bytes, whether the core was cut, the last bytes: where a PN_XNUM core's
+        segment count is)
+    """
+    # a bigger pipe: fewer wake-ups of the dying process (only now: /proc/PID has been read, and a
+    # core smaller than the pipe would let the process go before that)
+    try:
+        fcntl.fcntl(stdin_fd, _F_SETPIPE_SZ, _CHUNK)
+    except OSError:
+        pass
+    head = bytearray()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    cut = False
+    tail = b""
+    while True:
+        try:
+            k = os.readv(stdin_fd, [buf])
+        except InterruptedError:
+            continue
+        if k <= 0:
+            release_pipe(stdin_fd)
+            return head, cut, tail
+        result.bytes_in += k
+        if len(head) < _HEAD:
+            head += view[: min(k, _HEAD - len(head))]
+        tail = bytes(view[k - TAIL: k]) if k >= TAIL else (tail + bytes(view[:k]))[-TAIL:]
+        if comp is None or cut:
+            continue
+        take = min(k, limit - result.bytes_kept)
+        if take > 0:
+            if not comp.feed(view[:take]):
+                cut = True
+                why.append(f"the disk filled up after {result.bytes_kept + take} bytes of core")
+            result.bytes_kept += take
+        if take < k and not cut:
+            cut = True
+            why.append(f"core cut at {limit} bytes (maximum core size"
+                       + (" / RLIMIT_CORE" if limit == rlimit_core else "") + ")")
+
+
+def _finish(crash: _Crash, streamed: _Streamed) -> None:
+    """Stage 4: the record, the manifest, the index entry, the budget; one line to the kernel log."""
+    req, result, record, why, bundle = crash.req, crash.result, crash.record, crash.why, crash.bundle
+    snapshot, identity, stream = crash.snapshot, crash.identity, streamed.stream
+    crash_loop_key = _crash_loop_key(crash.image_key, req.signo, streamed.head_info)
     record.update({
         "state": "done",
         "crash_loop_key": crash_loop_key,
-        "crash_pc": head_info,
-        "objects": keys or ({o.path: o.build_id for o in snapshot.objects if o.build_id} if snapshot else {}),
-        "debug_files": debug_keys,
+        "crash_pc": streamed.head_info,
+        "objects": streamed.keys or ({o.path: o.build_id for o in snapshot.objects if o.build_id} if snapshot else {}),
+        "debug_files": streamed.debug_keys,
         "core": {
-            "state": result.core_state, "file": core_name, "bytes_in": result.bytes_in,
+            "state": result.core_state, "file": streamed.core_name, "bytes_in": result.bytes_in,
             "bytes_kept": result.bytes_kept, "bytes_compressed": result.bytes_out,
-            "sha256_compressed": comp.sha.hexdigest() if comp is not None and core_name else None,
+            "sha256_compressed": streamed.sha256 if streamed.core_name else None,
             "reasons": why,
             "stream": {"kind": stream.kind, "bytes": stream.size, "expected_bytes": stream.expected,
                        "reason": stream.reason},
         },
     })
-    def write_record():
-        write_atomic(os.path.join(crash_dir, "metadata.json"),
-                     json.dumps(record, indent=2, sort_keys=True, default=str).encode())
-
-    with_room(write_record, result, record)
+    with_room(crash.write_record, result, record)
     bundle.note_file("metadata.json", "the handler's record: decision, sizes, crash-loop key, objects by build-id")
     for rel in [r for r in bundle.items if r.startswith("50-core/")]:
         del bundle.items[rel]
     if result.core_path:  # the name may have changed to make room for the metadata
         bundle.note_file(f"50-core/{os.path.basename(result.core_path)}", f"the core, zstd-compressed ({result.core_state})")
     try:
-        with_room(lambda: bundle.write_manifest({"crash_id": crash_id}), result, record, write_record)
+        with_room(lambda: bundle.write_manifest({"crash_id": crash.crash_id}), result, record, crash.write_record)
     except OSError as e:
-        warnings.append(f"manifest: {e}")
-    entry = {"id": crash_id, "time": timestamp, "pid": pid, "signal": signo, "key": image_key,
+        result.warnings.append(f"manifest: {e}")
+    entry = {"id": crash.crash_id, "time": req.timestamp, "pid": req.pid, "signal": req.signo, "key": crash.image_key,
              "crash_loop_key": crash_loop_key, "core": record["core"]["file"], "state": result.core_state,
              "reasons": record["core"]["reasons"],
              "pod_uid": identity.pod_uid if identity else None,
              "container_id": identity.container_id if identity else None}
-    with DirLock(core_dir):
-        with_room(lambda: append_index(core_dir, entry), result, record, write_record)
-        deleted = enforce_budget(core_dir, cfg.budget, object_grace=cfg.object_grace)
+    with DirLock(req.core_dir):
+        with_room(lambda: append_index(req.core_dir, entry), result, record, crash.write_record)
+        deleted = enforce_budget(req.core_dir, crash.cfg.budget, object_grace=crash.cfg.object_grace)
     if deleted:
         result.reasons.append(f"budget: deleted the cores of {', '.join(deleted)}")
-    log_kernel(f"pid {pid} ({snapshot.comm if snapshot else '?'}) {signame}: core {result.core_state}"
-               f" in {crash_dir}" + (f" ({'; '.join(why)})" if why else ""), level=6)
+    log_kernel(f"pid {req.pid} ({snapshot.comm if snapshot else '?'}) {crash.signame}: core {result.core_state}"
+               f" in {crash.crash_dir}" + (f" ({'; '.join(why)})" if why else ""), level=6)
 
 
 def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: float, pid: int | None = None,
@@ -561,4 +655,3 @@ def _parse_limit(value: str | None) -> int | None:
     except ValueError:
         return None
     return None if v < 0 or v >= 2**63 else v
-
