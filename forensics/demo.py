@@ -90,30 +90,63 @@ def _new_dir(base: Path) -> Path:
     raise DemoError("prepare", f"cannot make a new directory under {base}")
 
 
+@dataclass
+class _Run:
+    """One demo run: where it writes, its clock, and the result it fills step by step."""
+
+    out_dir: Path
+    work_dir: Path
+    result: DemoResult
+    log: Callable[[str], None]
+    t0: float = field(default_factory=time.perf_counter)
+
+    def step(self, text: str) -> None:
+        line = f"[{time.perf_counter() - self.t0:6.1f}s] {text}"
+        self.result.timeline.append(line)
+        self.log(line)
+
+
+@dataclass
+class _Crashed:
+    """What the crash step leaves: the exporter's interpreter and environment, its core, the evidence so far."""
+
+    python: Path
+    env: dict[str, str]
+    core: Path
+    bundle: str | None
+    imports_file: str | None
+
+
 def run_demo(*, out: str | None = None, work: str | None = None, fault_after: int = 120,
              timeout: float = 90.0, reproduce: bool = True, log: Callable[[str], None] = lambda s: None) -> DemoResult:
     """Run the demo incident; return what happened and where it was written.
+
+    Its steps: the simulated node and the incident's stack; the exporter started, captured,
+    verified and scraped until it crashes; the core analyzed; the reproducers run; the reports
+    written.
 
     :param out: directory for the outputs (must be empty or absent); default a new
         timestamped directory under ``./forensics-demo``
     :param work: where the simulated NVML and scratch files go (default ``<out>/work``)
     :param fault_after: NVLink field-value calls that succeed before the heap corruption
     """
-    from . import __version__
-    from .analyze import analyze_core
-    from .canary import Thresholds, canary_document, run_canary
-    from .analyze.signature import signature
-    from .format import analysis_payload, format_analysis
-    from .output import json_document
-    from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
+    run = _prepare(out, work, log)
+    crashed = _crash_the_exporter(run, fault_after, timeout)
+    evidence = _analyze(run, crashed)
+    if reproduce:
+        evidence.append(_reproduce(run, crashed))
+    _write_reports(run, evidence)
+    result = run.result
+    nvlink = [f for f in result.python_frames if "nvlink" in f.lower()]
+    result.ok = bool(nvlink)
+    run.step("done: " + (f"nvitop's NVLink throughput query is on the crashing stack: {nvlink[0]}" if nvlink
+                         else "the NVLink query is not on the crashing stack"))
+    (run.out_dir / "timeline.txt").write_text("\n".join(result.timeline) + "\n")
+    result.files["timeline"] = str(run.out_dir / "timeline.txt")
+    return result
 
-    t0 = time.perf_counter()
 
-    def step(text: str) -> None:
-        line = f"[{time.perf_counter() - t0:6.1f}s] {text}"
-        result.timeline.append(line)
-        log(line)
-
+def _prepare(out: str | None, work: str | None, log: Callable[[str], None]) -> _Run:
     if out:
         out_dir = Path(out).resolve()
         if out_dir.exists() and any(out_dir.iterdir()):
@@ -121,10 +154,17 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
         out_dir.mkdir(parents=True, exist_ok=True)
     else:
         out_dir = _new_dir(Path("forensics-demo").resolve())
-    result = DemoResult(out_dir=str(out_dir))
     work_dir = Path(work).resolve() if work else out_dir / "work"
     work_dir.mkdir(parents=True, exist_ok=True)
+    return _Run(out_dir=out_dir, work_dir=work_dir, result=DemoResult(out_dir=str(out_dir)), log=log)
 
+
+def _crash_the_exporter(run: _Run, fault_after: int, timeout: float) -> _Crashed:
+    """The simulated node and the incident's stack; nvitop-exporter started, captured, verified, scraped to its crash."""
+    from .canary import Thresholds, canary_document, run_canary
+    from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
+
+    step, result, out_dir, work_dir = run.step, run.result, run.out_dir, run.work_dir
     step("build the simulated NVML: 8 x NVIDIA H20, driver 580.126.09, NVML 13.580.126, CUDA 13.0")
     lib_dir = build_simnvml(work_dir / "simnvml")
     step("get the incident's stack: nvitop 1.5.0 + nvitop-exporter 1.5.0, then nvidia-ml-py 12.575.51 over them")
@@ -185,11 +225,21 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
         pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
         raise DemoError("find the core", f"no core in {run_dir} (kernel.core_pattern is {pattern!r})")
     step(f"the kernel wrote {core} ({core.stat().st_size:,} bytes)")
+    return _Crashed(python=python, env=env, core=core, bundle=bundle, imports_file=imports_file)
 
+
+def _analyze(run: _Run, crashed: _Crashed) -> list[str]:
+    """forensics analyze on the core: the text and the JSON written; the evidence for the reports so far."""
+    from .analyze import analyze_core
+    from .analyze.signature import signature
+    from .format import analysis_payload, format_analysis
+    from .output import json_document
+
+    step, result, out_dir, core = run.step, run.result, run.out_dir, crashed.core
     analysis = analyze_core(str(core))
     result.signature, result.fingerprint = signature(analysis), analysis.fingerprint
-    crashed = analysis.snapshot.crashed_thread
-    result.python_frames = [f"{p.function} ({Path(p.file).name}:{p.line})" for p in (crashed.py_frames if crashed else ())]
+    thread = analysis.snapshot.crashed_thread
+    result.python_frames = [f"{p.function} ({Path(p.file).name}:{p.line})" for p in (thread.py_frames if thread else ())]
     a_json = out_dir / "analysis.json"
     a_json.write_text(json_document("analyze", {"analysis": analysis_payload(analysis)}) + "\n")
     a_txt = out_dir / "analysis.txt"
@@ -198,24 +248,35 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
     result.files["analysis (JSON)"] = str(a_json)
     step(f"forensics analyze: {result.signature}")
 
-    evidence = [str(a_json)] + ([bundle] if bundle else []) + ([imports_file] if imports_file else [])
-    if bundle:
-        result.files["capture bundle (before the crash)"] = bundle
-    if reproduce:
-        from .reproduce import reproduce_payload, run_reproducers
+    evidence = [str(a_json)] + [x for x in (crashed.bundle, crashed.imports_file) if x]
+    if crashed.bundle:
+        result.files["capture bundle (before the crash)"] = crashed.bundle
+    return evidence
 
-        step("forensics reproduce: the Python and the C reproducer on the same node and fault")
-        rep = run_reproducers(workdir=work_dir, python=str(python), nvml_dir=None, env=env, iterations=200,
-                              threads=2, timeout=120)
-        result.reproduce_conclusion = rep.conclusion
-        r_json = out_dir / "reproduce.json"
-        r_json.write_text(json_document("reproduce", reproduce_payload(rep)) + "\n")
-        result.files["reproduce (both reproducers)"] = str(r_json)
-        evidence.append(str(r_json))
-        step("reproduce: " + "; ".join(f"{r.name} {r.outcome}" for r in rep.runs) + f" -> {rep.conclusion}")
 
+def _reproduce(run: _Run, crashed: _Crashed) -> str:
+    """forensics reproduce: both reproducers on the same node and fault; the path of their JSON."""
+    from .output import json_document
+    from .reproduce import reproduce_payload, run_reproducers
+
+    step, result, out_dir, work_dir = run.step, run.result, run.out_dir, run.work_dir
+    step("forensics reproduce: the Python and the C reproducer on the same node and fault")
+    rep = run_reproducers(workdir=work_dir, python=str(crashed.python), nvml_dir=None, env=crashed.env,
+                          iterations=200, threads=2, timeout=120)
+    result.reproduce_conclusion = rep.conclusion
+    r_json = out_dir / "reproduce.json"
+    r_json.write_text(json_document("reproduce", reproduce_payload(rep)) + "\n")
+    result.files["reproduce (both reproducers)"] = str(r_json)
+    step("reproduce: " + "; ".join(f"{r.name} {r.outcome}" for r in rep.runs) + f" -> {rep.conclusion}")
+    return str(r_json)
+
+
+def _write_reports(run: _Run, evidence: list[str]) -> None:
+    """forensics report: the NVIDIA report, the nvitop issue and the runbook, with their conclusion."""
+    from . import __version__
     from .report import attachment_dir_for, make_report, write_report
 
+    step, result, out_dir = run.step, run.result, run.out_dir
     conclusion = None
     for template in ("nvml", "nvitop", "runbook"):
         path = out_dir / f"report-{template}.md"
@@ -237,13 +298,6 @@ def run_demo(*, out: str | None = None, work: str | None = None, fault_after: in
             step(f"  file {line}")
     step("forensics report: the NVIDIA report, the nvitop issue and the incident runbook written, with their "
          "attachments (secrets redacted; host names and local paths replaced in the two upstream reports)")
-    nvlink = [f for f in result.python_frames if "nvlink" in f.lower()]
-    result.ok = bool(nvlink)
-    step("done: " + (f"nvitop's NVLink throughput query is on the crashing stack: {nvlink[0]}" if nvlink
-                     else "the NVLink query is not on the crashing stack"))
-    (out_dir / "timeline.txt").write_text("\n".join(result.timeline) + "\n")
-    result.files["timeline"] = str(out_dir / "timeline.txt")
-    return result
 
 
 def _verify_imports(pid: int, out_dir: Path, step: Callable[[str], None]) -> str | None:
