@@ -54,11 +54,11 @@ def _free_port() -> int:
 
 def _enable_cores(pid: int) -> str:
     """Raise the live process's RLIMIT_CORE to unlimited and read it back from /proc."""
-    import psutil
+    import resource
 
     try:
-        psutil.Process(pid).rlimit(psutil.RLIMIT_CORE, (psutil.RLIM_INFINITY, psutil.RLIM_INFINITY))
-    except (psutil.Error, OSError) as e:
+        resource.prlimit(pid, resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (OSError, ValueError) as e:
         raise DemoError("enable cores", f"prlimit({pid}, RLIMIT_CORE): {e}") from e
     with open(f"/proc/{pid}/limits") as f:
         line = next((ln for ln in f if ln.startswith("Max core file size")), "")
