@@ -232,7 +232,8 @@ def _analyze(run: _Run, crashed: _Crashed) -> list[str]:
     """forensics analyze on the core: the text and the JSON written; the evidence for the reports so far."""
     from .analyze import analyze_core
     from .analyze.signature import signature
-    from .format import analysis_payload, format_analysis
+    from .format import analysis_payload
+    from .text.analysis import format_analysis
     from .output import json_document
 
     step, result, out_dir, core = run.step, run.result, run.out_dir, crashed.core

@@ -23,7 +23,6 @@ __all__ = [
     "check_documents",
     "parse_pods",
     "summarize_fleet",
-    "format_fleet",
 ]
 
 # GPU feature discovery labels, then the cloud instance type when those are absent.
@@ -362,35 +361,3 @@ def _parse_time(s: str | None) -> _dt.datetime | None:
         return _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def format_fleet(s: FleetSummary) -> list[str]:
-    """The Markdown table and the boundary lines."""
-    with_fp = s.source is not None  # from Prometheus: the agents' crashes by fingerprint, per group
-    lines = [
-        f"{s.pods} pods on {s.nodes} nodes, grouped by {', '.join(s.group_by)}"
-        + (f"; restarts since {s.baseline}" if s.baseline else "") + (f"; from {s.source}" if s.source else ""),
-        "",
-        "| Node group | Nodes | Pods | Pods restarting | Restarts | Max | Exit 139 | Exit 134 | Exit 137 | Other | CrashLoopBackOff | Images |"
-        + (" Fingerprints |" if with_fp else ""),
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if with_fp else ""),
-    ]
-    for g in s.groups:
-        c = g.exit_codes
-        images = ", ".join(f"{d.split('@')[-1][:19]} ({n})" for d, n in sorted(g.images.items(), key=lambda x: -x[1]))
-        fps = ", ".join(f"{fp} x {n:,}" for fp, n in sorted(g.fingerprints.items(), key=lambda x: (-x[1], x[0])))
-        lines.append(
-            f"| {g.name} | {g.nodes} | {g.pods} | {g.pods_with_restarts} | {g.total_restarts:,} | {g.max_restarts} | "
-            f"{c.get('139', 0)} | {c.get('134', 0)} | {c.get('137', 0)} | {c.get('other', 0)} | {g.crash_loop} | {images or '-'} |"
-            + (f" {fps or '-'} |" if with_fp else "")
-        )
-    lines.append("")
-    if s.crashing_groups:
-        lines.append("Crashes concentrate in: " + "; ".join(s.crashing_groups))
-    if s.clean_groups:
-        lines.append("Clean: " + "; ".join(s.clean_groups))
-    for b in s.boundary:
-        lines.append(f"Boundary: {b}")
-    if s.mixed_images:
-        lines.append("Mixed rollout: a container runs more than one image digest across pods")
-    return lines

@@ -62,7 +62,8 @@ def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debug
                    native_method=native_method, heap="full" if heap else "auto")
     if single:
         from ..analyze import analyze_core
-        from ..format import analysis_payload, format_analysis
+        from ..format import analysis_payload
+        from ..text.analysis import format_analysis
         from ..output import json_document
 
         analysis = analyze_core(paths[0], **options)
@@ -81,7 +82,7 @@ def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debug
 def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
     from ..analyze.batch import analyze_many
     from ..analyze.signature import signature
-    from ..format import format_batch
+    from ..text.analysis import format_batch
     from ..output import json_document
 
     if not paths:

@@ -68,20 +68,21 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
         raise click.UsageError("give exactly one of --pid, --pod, --install-handler, --uninstall-handler")
     if dry_run and not pod:
         raise click.UsageError("--dry-run goes with --pod")
+    from ..text import capture as text
+
     if install_handler:
         from ..capture.pattern import install_handler as install
 
         config = {k: v for k, v in dict(max_core_size=max_core_size, budget=budget, min_free=min_free,
                                          loop_limit=loop_limit).items() if v is not None}
         r = install(core_dir, config=config)
-        _render("capture-install-handler", r, as_json,
-                [f"core_pattern: {r['pattern']}", f"previous:     {r['previous']}", f"recorded in:  {r['state']}"])
+        _render("capture-install-handler", r, as_json, text.format_installed(r))
         return
     if uninstall_handler:
         from ..capture.pattern import uninstall_handler as uninstall
 
         r = uninstall(core_dir)
-        _render("capture-uninstall-handler", r, as_json, [f"core_pattern restored: {r['restored']}"])
+        _render("capture-uninstall-handler", r, as_json, text.format_uninstalled(r))
         return
     if pod:
         from .. import __version__
@@ -103,30 +104,15 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
             sys.exit(4)
         return
     from ..capture.node import capture_pid
-    from ..capture.pattern import destination_payload, format_destination
+    from ..capture.pattern import destination_payload
 
     r = capture_pid(pid, core_dir=core_dir, full=full, coredump_filter=coredump_filter, bundle_parent=output)
     dest = r.destination
-    lines = [
-        f"process {r.pid} ({r.snapshot.comm}) armed",
-        f"RLIMIT_CORE:     {r.rlimit_core_before[0]}/{r.rlimit_core_before[1]} -> {r.rlimit_core_after[0]}/{r.rlimit_core_after[1]} (read back from /proc/{r.pid}/limits)",
-        f"coredump_filter: {r.coredump_filter_before} -> {r.coredump_filter_after}",
-        f"core_pattern:    {r.core_pattern}",
-    ]
-    lines += format_destination(destination_payload(dest))
-    ident = r.snapshot.identity
-    if ident.container_id:
-        lines.append(f"container:       {ident.container_id[:12]} ({ident.runtime or 'runtime ?'}) pod {ident.pod_uid or '-'}")
-    if r.snapshot.nvml:
-        n = r.snapshot.nvml
-        lines.append(f"NVML:            {n.path} (inode {n.inode}, build-id {n.build_id or '?'}, version {n.version or '?'})")
-        lines.append(f"                 {n.verdict}")
-    lines.append(f"Wrote {r.bundle}")
     payload = {"pid": r.pid, "rlimit_core_before": r.rlimit_core_before, "rlimit_core_after": r.rlimit_core_after,
                "coredump_filter_before": r.coredump_filter_before, "coredump_filter_after": r.coredump_filter_after,
                "core_pattern": r.core_pattern, "destination": destination_payload(dest), "snapshot": r.snapshot,
                "bundle": r.bundle}
-    _render("capture", payload, as_json, lines)
+    _render("capture", payload, as_json, text.format_armed(r))
     if not dest.survives:
         sys.exit(EXIT_PARTIAL)
 

@@ -50,7 +50,8 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
     """
     import datetime as dt
 
-    from ..fleet import DEFAULT_GROUP_LABELS, check_documents, format_fleet, read_kubectl, summarize_fleet
+    from ..fleet import DEFAULT_GROUP_LABELS, check_documents, read_kubectl, summarize_fleet
+    from ..text.fleet import format_fleet
     from ..output import json_document
 
     if bool(pods_file) != bool(nodes_file):
@@ -99,7 +100,7 @@ def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file
                       as_json, output, force) -> None:
     import datetime as dt
 
-    from ..fleet import format_fleet
+    from ..text.fleet import format_fleet
     from ..fleetprom import PromAuth, PromClient, PrometheusError, parse_window, summarize_fleet_prometheus
     from ..output import json_document
 

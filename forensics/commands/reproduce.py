@@ -46,6 +46,7 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
     from ..output import json_document
     from ..reproduce import ReproducerNotStarted, nvml_dir_for, reproduce_payload, run_reproducers
     from ..simnvml import build_simnvml, ensure_stack_venv, sim_environment
+    from ..text.reproduce import format_reproduce
 
     if nvml_path and sim:
         raise click.UsageError("--nvml and --sim are exclusive")
@@ -75,21 +76,7 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
         payload = reproduce_payload(result)
         emit_json(json_document("reproduce", payload), output, force)
     else:
-        lines = []
-        for r in result.runs:
-            lines.append(f"{r.name:>6}: {r.outcome} in {r.seconds:.1f}s  ({r.run_dir})")
-            if r.verdict and r.verdict != r.outcome:
-                lines.append(f"        VERDICT: {r.verdict}")
-            if r.signature:
-                lines.append(f"        core {r.core}: {r.signature}")
-            elif r.core_note:
-                lines.append(f"        {r.core_note}")
-        h = result.environment
-        if h.get("driver"):
-            lines.insert(0, f"NVML {h.get('nvml', '?')}, driver {h.get('driver', '?')}, {h.get('gpu', '?')} "
-                            f"({h.get('libnvidia-ml', nvml_label or 'loader default')})")
-        lines.append(f"conclusion: {result.conclusion}")
-        emit(lines, output, force)
+        emit(format_reproduce(result, nvml_label=nvml_label), output, force)
     if result.not_started:
         raise ReproducerNotStarted([f"the {'Python' if r.name == 'python' else 'C'} reproducer {r.outcome}"
                                     for r in result.not_started])

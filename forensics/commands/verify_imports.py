@@ -60,7 +60,8 @@ def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, pl
     requirement conflicts, any known issue, delivery warnings); 1 error;
     2 usage.
     """
-    from ..imports.format import format_report, report_payload
+    from ..imports.format import report_payload
+    from ..text.imports import format_report
     from ..imports.layers import LayerLimits
     from ..imports.sources import SkopeoOptions, parse_platform
     from ..imports.verify import VerifyOptions, verify_image, verify_pid

@@ -128,7 +128,7 @@ def _dwarf(core, interp) -> dict:
 @pytest.mark.parametrize("key", python_params(("3.12", "3.13"), sid=("3.13", "3.14", "3.15")))
 def test_every_interpreter_and_its_threads(cores, key, tmp_path):
     # GIVEN a crash while a thread runs in a subinterpreter it entered, which started a thread of its own
-    from forensics.format import format_analysis
+    from forensics.text.analysis import format_analysis
     from tests.crashers.make_core import make_core
 
     interp = cores.interpreter(key)

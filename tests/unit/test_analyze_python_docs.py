@@ -5,7 +5,8 @@ import dataclasses
 
 from forensics.analyze import analyze_snapshot, build_snapshot
 from forensics.analyze.stacks import choose_python_stacks, compare_python_stacks, merge_frames, python_status_line
-from forensics.format import analysis_payload, format_analysis
+from forensics.format import analysis_payload
+from forensics.text.analysis import format_analysis
 from forensics.model import FrameKind, NativeFrame, PyFrame, PythonStacks, PythonStatus, PyThreadStack, Thread
 from tests.unit.test_pure import make_core
 

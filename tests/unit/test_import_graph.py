@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("analyze", "imports"),  # analyze's pipeline; verify-imports' library
     ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
     ("report", "reproduce"),
+    ("text",),  # plain text for people: every command's renderers
     ("demo",),
     ("commands",),  # one module per command
     ("cli",),  # the group, its error handler, main

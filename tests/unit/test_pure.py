@@ -10,13 +10,14 @@ from forensics.analyze.classify import classify_fault_address, is_heap_message, 
 from forensics.analyze.fingerprint import fingerprint, fingerprint_basis
 from forensics.analyze.signature import signature
 from forensics.analyze.stacks import build_threads, merge_frames
-from forensics.format import analysis_payload, format_analysis
+from forensics.format import analysis_payload
 from forensics.gdb import NATIVE_MARKER, _soname_aliases, parse_marker_json
 from forensics.model import (
     CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, ProcessSnapshot, PyFrame,
     PythonStacks, PythonStatus, PyThreadStack, SigInfo, Source, Thread,
 )
 from forensics.output import json_document
+from forensics.text.analysis import format_analysis
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 

@@ -1,0 +1,214 @@
+"""Text of ``forensics analyze``: one analysis (signature first, then crash, findings, threads,
+libraries, the heap), one thread, and the batch table of every input."""
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Iterable, Iterator
+
+from ..analyze.signature import describe_later_fault, describe_pyframe, describe_thread, exit_explanation, signature
+from ..analyze.stacks import merge_frames
+from ..model import Analysis, BatchResult, FrameKind, NativeFrame, Thread
+from ..output import escape_text
+from .heap import format_heap
+
+__all__ = ["format_analysis", "format_thread", "format_batch"]
+
+_MAX_LINE = 200
+
+
+def _native_line(f: NativeFrame) -> str:
+    sym = f.symbol or "??"
+    off = f"+{f.offset}" if f.offset else ""
+    mark = " [inlined]" if f.inlined else (" [tail call]" if f.tailcall else "")
+    where = f" at {f.file}:{f.line}" if f.file and f.line else ""
+    return f"#{f.index:<3} 0x{f.pc:016x} {sym}{off}{mark} ({f.library_name or '?'}){where}"
+
+
+def _signal_line(sf) -> str:
+    how = {"siginfo": f"si_code {sf.signal.code}", "registers": "read from the interrupted registers",
+           "unknown": "signal unknown"}.get(sf.signal_source, sf.signal_source)
+    stack = ", on the alternate signal stack" if sf.alternate_stack else ""
+    return f"--- {sf.signal.name} ({how}) delivered here{stack}: above ran its handler, below was interrupted ---"
+
+
+def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
+                  first_fault: bool = False) -> Iterator[str]:
+    """Lines for one thread: its header, its Python stack, then (or merged with) its native stack; each
+    signal frame (a handler running on top of what it interrupted) is marked where it splits them."""
+    flags = []
+    if thread.is_crashed:
+        flags.append("crashed")
+    if first_fault and not thread.is_crashed:
+        flags.append("first fault")
+    if thread.holds_gil:
+        flags.append("holds the GIL")
+    if thread.interpreter_id:
+        flags.append(f"in interpreter {thread.interpreter_id}")
+    flag = f"  [{', '.join(flags)}]" if flags else ""
+    yield f"Thread {describe_thread(thread)}{flag}"
+    native_marks = {sf.native_index: sf for sf in thread.signal_frames if sf.native_index is not None}
+    py_marks = {sf.py_index: sf for sf in thread.signal_frames if sf.py_index}
+    if thread.signal_frames and not native_marks:
+        for sf in thread.signal_frames:
+            yield (f"  {_signal_line(sf)[4:-4]} (interrupted at 0x{sf.pc:x}; the native stack was not unwound, "
+                   "so the handler's frames are not told apart)")
+    interp = None if not any(f.interpreter_id for f in thread.py_frames) else -1  # label only with subinterpreters
+    if merged:
+        for kind, frame in merge_frames(thread):
+            if kind is FrameKind.PYTHON:
+                if interp is not None and frame.interpreter_id != interp:
+                    interp = frame.interpreter_id
+                    yield f"    [interpreter {interp}]"
+                yield f"    (Python) {describe_pyframe(frame)}"
+            else:
+                yield f"    {_native_line(frame)}"
+                if frame.index in native_marks:
+                    yield f"    {_signal_line(native_marks[frame.index])}"
+        if thread.python_error:
+            yield f"    (Python stack incomplete: {thread.python_error})"
+    else:
+        if thread.py_frames or thread.python_error:
+            yield "  Python stack (most recent call first):"
+            for i, p in enumerate(thread.py_frames):
+                if i in py_marks:
+                    yield f"    {_signal_line(py_marks[i])}"
+                if interp is not None and p.interpreter_id != interp:
+                    interp = p.interpreter_id
+                    yield f"    [interpreter {interp}]"
+                yield f"    {describe_pyframe(p)}"
+            if thread.python_error:
+                yield f"    (Python stack incomplete: {thread.python_error})"
+        if native:
+            yield "  Native stack:"
+            for f in thread.native_frames:
+                yield f"    {_native_line(f)}"
+                if f.index in native_marks:
+                    yield f"    {_signal_line(native_marks[f.index])}"
+    if thread.native_error:
+        yield f"    ({thread.native_error})"
+
+
+def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool = True) -> Iterator[str]:
+    """The human summary: signature first, then the crash, findings, threads and libraries.
+
+    Names, paths and messages come from the crashed process: every line has its control
+    characters escaped, so a hostile thread or file name cannot drive the terminal.
+    """
+    for line in _analysis_lines(analysis, merged=merged, libraries=libraries):
+        yield escape_text(line)
+
+
+def _analysis_lines(analysis: Analysis, *, merged: bool, libraries: bool) -> Iterator[str]:
+    snap = analysis.snapshot
+    core = snap.core
+    crash = analysis.crash
+    yield signature(analysis)
+    yield ""
+    yield f"Core:        {core.path} ({core.size:,} bytes{', TRUNCATED' if core.truncated else ''})"
+    yield f"Process:     pid {core.pid}, {core.executable or core.command}"
+    if core.args:
+        yield f"Command:     {core.args[:_MAX_LINE]}"
+    same = core.signal is not None and crash.then is None and crash.signal == core.signal.signo
+    yield f"Signal:      {crash.signal_name or 'none'}" + (f" (si_code {core.signal.code})" if same else "")
+    if crash.abort_message:
+        yield f"Abort:       {crash.abort_message}"
+    if crash.fault_address is not None:
+        fk = crash.fault_kind.value if crash.fault_kind else "?"
+        yield f"Fault:       0x{crash.fault_address:x} ({fk})"
+    yield f"Crash class: {crash.kind.value}" + (" (a core of a live process: no crash)" if analysis.fingerprint is None
+                                                else "")
+    if crash.handler is not None:
+        label = crash.handler.label
+        kind = "" if crash.handler.kind.value == label else f" ({crash.handler.kind.value})"
+        yield f"Handler:     {crash.signal_name} handler {label}{kind}"
+    if crash.then is not None:
+        yield f"Then:        {describe_later_fault(analysis)}"
+    explanation = exit_explanation(analysis)
+    if explanation:
+        yield f"Exit:        {explanation}"
+    if analysis.fingerprint is None:
+        yield "Fingerprint: none (a snapshot is not a crash)"
+    else:
+        partial = f" (partial: {analysis.fingerprint_partial})" if analysis.fingerprint_partial else ""
+        yield f"Fingerprint: {analysis.fingerprint}{partial}"
+    if snap.python_version:
+        yield f"Python:      {snap.python_version}"
+    layout = f" ({snap.python_layout})" if snap.python_layout and snap.python_method != "none" else ""
+    yield (f"Stacks:      native by {snap.native_method}; Python by {snap.python_method}{layout}: "
+           f"{snap.python_stack_status}")
+    if core.nvml is not None:
+        n = core.nvml
+        yield f"NVML:        {n.path} driver {n.driver_version or '?'} build-id {n.build_id or '?'}"
+    for w in snap.warnings:
+        yield f"warning: {w}"
+    if analysis.findings:
+        yield ""
+        yield "Findings:"
+        for f in analysis.findings:
+            yield f"  [{f.severity.value}] {f.rule}: {f.summary}"
+    if analysis.heap is not None:
+        yield ""
+        yield from format_heap(analysis.heap)
+    for thread in snap.threads:
+        yield ""
+        yield from format_thread(thread, merged=merged, first_fault=thread.tid == crash.tid)
+    if libraries:
+        yield ""
+        yield "Mapped libraries:"
+        for lib in core.libraries:
+            yield f"  {lib.status.value:<17} {lib.build_id or '-':<40} {lib.path}"
+
+
+def _ts(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def format_batch(result: BatchResult) -> Iterable[str]:
+    """The fingerprint table of a batch: distinct crashes, most frequent first; then what was partial,
+    unreadable, a snapshot, metadata only or skipped -- every input is accounted for.  Control
+    characters (in file names, signatures) are escaped."""
+    for line in _batch_lines(result):
+        yield escape_text(line)
+
+
+def _batch_lines(result: BatchResult) -> Iterable[str]:
+    analyzed = sum(g.count for g in result.groups)
+    head = [f"{result.total} inputs: {analyzed} cores analyzed ({result.partial} partial)",
+            f"{len(result.groups)} distinct crashes", f"{len(result.failed)} unreadable"]
+    if result.snapshots:
+        head.append(f"{len(result.snapshots)} snapshots (no crash)")
+    if result.metadata_only:
+        head.append(f"{len(result.metadata_only)} metadata only")
+    head.append(f"{len(result.skipped)} files skipped (not cores)")
+    yield ", ".join(head)
+    yield ""
+    yield f"{'COUNT':>5}  {'PARTIAL':>7}  {'FINGERPRINT':<12}  {'FIRST SEEN':<20}  {'LAST SEEN':<20}  SIGNATURE"
+    for g in result.groups:
+        yield (f"{g.count:>5}  {len(g.partial) or '':>7}  {g.fingerprint:<12}  {_ts(g.first_seen):<20}  "
+               f"{_ts(g.last_seen):<20}  {g.signature}")
+        yield f"{'':>5}  example: {g.example}"
+        for why in g.partial:
+            yield f"{'':>5}  partial (its fingerprint may differ): {why}"
+    if result.failed:
+        yield ""
+        yield "Unreadable:"
+        for e in result.failed:
+            error = e.error or "?"
+            yield f"  {error}" if error.startswith(e.path) else f"  {e.path}: {error}"
+    if result.snapshots:
+        yield ""
+        yield "Snapshots of live processes (no crash, no fingerprint):"
+        for e in result.snapshots:
+            yield f"  {_ts(e.mtime)}  {e.path}"
+    if result.metadata_only:
+        yield ""
+        yield "Metadata only:"
+        for e in result.metadata_only:
+            yield f"  {_ts(e.mtime)}  {e.path}: metadata only (no core kept: {e.no_core})"
+    if result.skipped:
+        yield ""
+        yield f"Skipped (not cores): {len(result.skipped)} files"
+        for path in result.skipped[:20]:
+            yield f"  {path}"
+        if len(result.skipped) > 20:
+            yield f"  ... and {len(result.skipped) - 20} more"

@@ -1,0 +1,33 @@
+"""Text of ``forensics canary``: the verdict and the numbers behind it."""
+from __future__ import annotations
+
+from ..canary import CanaryResult
+
+__all__ = ["format_canary"]
+
+
+def format_canary(r: CanaryResult) -> list[str]:
+    """The verdict first, then latency, bodies, errors, why it failed, and the fleet hint."""
+
+    def ms(x):
+        return "-" if x is None else f"{x * 1000:.1f} ms"
+
+    lines = [
+        f"{r.verdict}: {r.url}: {r.requests} scrapes in {r.elapsed:.1f}s ({r.rate:.0f}/s, concurrency {r.concurrency}), "
+        f"success {r.success_rate:.2%}",
+        f"latency p50 {ms(r.percentile(50))}, p95 {ms(r.percentile(95))}, p99 {ms(r.percentile(99))}, "
+        f"max {ms(max(r.latencies) if r.latencies else None)}",
+        f"body {r.body_min}-{r.body_max} bytes; {r.parsed_bodies} distinct bodies parsed, {r.invalid_bodies} invalid; "
+        f"{len(r.families)} metric families",
+    ]
+    if r.errors:
+        lines.append("errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())))
+    if r.nan_samples:
+        lines.append("NaN samples: " + ", ".join(f"{k}: {v}" for k, v in sorted(r.nan_samples.items())))
+    if r.stopped_early:
+        lines.append(f"stopped early: {r.stopped_early}")
+    for reason in r.reasons:
+        lines.append(f"so far: {reason}" if r.interrupted else f"FAIL because {reason}")
+    if r.hint:
+        lines.append(f"hint: {r.hint}")
+    return lines

@@ -1,0 +1,43 @@
+"""Text of ``forensics capture``: a process armed (node mode), the core handler installed and uninstalled.
+
+(``capture --pod``'s lines are still made by :mod:`forensics.capture.pod`, and the core's
+destination by :func:`forensics.capture.pattern.format_destination`.)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..capture.node import ArmResult
+from ..capture.pattern import destination_payload, format_destination
+
+__all__ = ["format_armed", "format_installed", "format_uninstalled"]
+
+
+def format_armed(r: ArmResult) -> list[str]:
+    """``capture --pid``: what was armed, where the core will go (and why not), the bundle written."""
+    lines = [
+        f"process {r.pid} ({r.snapshot.comm}) armed",
+        f"RLIMIT_CORE:     {r.rlimit_core_before[0]}/{r.rlimit_core_before[1]} -> {r.rlimit_core_after[0]}/{r.rlimit_core_after[1]} (read back from /proc/{r.pid}/limits)",
+        f"coredump_filter: {r.coredump_filter_before} -> {r.coredump_filter_after}",
+        f"core_pattern:    {r.core_pattern}",
+    ]
+    lines += format_destination(destination_payload(r.destination))
+    ident = r.snapshot.identity
+    if ident.container_id:
+        lines.append(f"container:       {ident.container_id[:12]} ({ident.runtime or 'runtime ?'}) pod {ident.pod_uid or '-'}")
+    if r.snapshot.nvml:
+        n = r.snapshot.nvml
+        lines.append(f"NVML:            {n.path} (inode {n.inode}, build-id {n.build_id or '?'}, version {n.version or '?'})")
+        lines.append(f"                 {n.verdict}")
+    lines.append(f"Wrote {r.bundle}")
+    return lines
+
+
+def format_installed(r: dict[str, Any]) -> list[str]:
+    """``capture --install-handler``: the pattern set, the one it replaced, where that is recorded."""
+    return [f"core_pattern: {r['pattern']}", f"previous:     {r['previous']}", f"recorded in:  {r['state']}"]
+
+
+def format_uninstalled(r: dict[str, Any]) -> list[str]:
+    """``capture --uninstall-handler``: the pattern restored."""
+    return [f"core_pattern restored: {r['restored']}"]

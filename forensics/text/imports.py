@@ -1,0 +1,146 @@
+"""Text of ``forensics verify-imports``: the image, the Python set-up, one verdict per module, the result."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..imports.model import ImportReport, PathOrigin
+from ..output import escape_text
+
+__all__ = ["format_report"]
+
+
+def format_report(report: ImportReport, *, verbose: int = 0, strict: bool = False) -> Iterator[str]:
+    """Lines for people; JSON (:func:`forensics.imports.format.report_payload`) is the contract.  The last line is the result, from
+    the same :meth:`~forensics.imports.model.ImportReport.failures` as the exit status.  Every line is
+    escaped: paths, versions and reasons come from the image."""
+    for line in _report_lines(report, verbose=verbose, strict=strict):
+        yield escape_text(line)
+
+
+def _report_lines(report: ImportReport, *, verbose: int, strict: bool) -> Iterator[str]:
+    img = report.image
+    yield f"verify-imports {img.ref}"
+    kind = img.manifest_kind.value
+    extra = []
+    if img.platform:
+        extra.append(img.platform)
+    if img.manifest_digest:
+        extra.append(img.manifest_digest[:19])
+    if img.layers:
+        extra.append(f"{img.layers} layers")
+    yield f"  image:       {kind}" + (f" ({', '.join(extra)})" if extra else "")
+    if img.config_source:
+        yield f"  config:      {img.config_source}"
+    if img.root:
+        yield f"  root:        {img.root} (the process runs in a chroot; its paths are read inside that root)"
+    for f in report.findings:
+        yield f"  {'UNCERTAIN' if not f.fails else 'FINDING'}: {f.summary}"
+        if f.fix:
+            yield f"      fix: {f.fix}"
+    py = report.python
+    if py is not None:
+        e = py.entrypoint
+        yield f"  command:     {' '.join(e.argv) or '(none)'}"
+        interp = e.interpreter or "(not found)"
+        if e.interpreter_real and e.interpreter_real != e.interpreter:
+            interp += f" -> {e.interpreter_real}"
+        yield f"  interpreter: {interp} (Python {e.version or '?'}, mode {e.mode}" + (
+            f" {e.target}" if e.target and e.mode != "command" else "") + ")"
+        yield f"  workdir:     {py.working_dir}" + ("  (PYTHONSAFEPATH/-P: no sys.path[0])" if py.safe_path else "")
+        yield "  sys.path:"
+        for i, p in enumerate(py.sys_path):
+            if not p.exists and verbose == 0:
+                continue
+            note = f" - {p.note}" if p.note else ""
+            yield f"    [{i}] {p.path}  ({p.origin.value}{'' if p.exists else ', missing'}){note}"
+        for pth in py.pth_files:
+            if pth.paths or pth.imports:
+                yield f"    .pth {pth.path}: adds {', '.join(pth.paths) or 'nothing'}" + (
+                    f"; {len(pth.imports)} import line(s)" if pth.imports else "")
+        for f in py.finders:
+            maps = ", ".join(f"{k} -> {v}" for k, v in f.mapping[:8]) + (" ..." if len(f.mapping) > 8 else "")
+            yield f"    editable finder {f.module_file} (from {f.pth}, on sys.meta_path): {maps}"
+        for cz in py.customize:
+            what = "; ".join(cz.edits) if cz.edits else ("no literal sys.path edit" if cz.unevaluated
+                                                          else "no sys.path edit")
+            yield f"    {cz.module} {cz.path}: {what}" + (f"; {cz.stopped}" if cz.stopped else "")
+            for u in cz.unevaluated[: 3 if not verbose else None]:
+                yield f"      not evaluated: {u}"
+        for n in py.notes:
+            yield f"  note: {n}"
+    yield ""
+    width = max([len(c.module) for c in report.modules] + [6])
+    grouped = [c for c in report.modules if c.role == "loaded" and c.ok and c.origin is PathOrigin.STDLIB]
+    for c in report.modules:
+        if c in grouped and not verbose:
+            continue
+        ver = c.effective_version or "-"
+        role = f"  ({c.role})" if c.role != "default" else ""
+        yield f"  {c.module:<{width}}  {c.verdict.value:<16} {ver}{role}"
+        yield f"      {c.reason}"
+        if c.loaded_file:
+            yield f"      loaded: {c.loaded_file}"
+        if c.fails and c.fix:
+            yield f"      fix: {c.fix}"
+    if grouped and not verbose:
+        dirs = sorted({c.resolved.path_entry for c in grouped if c.resolved})
+        yield (f"  {len(grouped)} standard-library extension modules loaded, all OK from {', '.join(dirs)}"
+               " (-v lists them)")
+    if report.requirement_problems:
+        yield ""
+        yield "  requirements (pip check):"
+        for p in report.requirement_problems:
+            yield f"    {p.message}" + (f" {p.note}" if p.note else "")
+    if report.known_issues:
+        yield ""
+        yield "  known issues" + (f" (driver {report.driver})" if report.driver else "") + ":"
+        for k in report.known_issues:
+            yield f"    [{k.severity.value}] {k.summary} ({', '.join(k.matched)})"
+            if verbose:
+                yield f"        {k.detail}"
+            if k.fix:
+                yield f"        fix: {k.fix}"
+            for s in k.sources:
+                yield f"        source: {s}"
+    if report.execute is not None:
+        x = report.execute
+        yield ""
+        yield f"  --execute ({x.method}): " + ("agrees with the static analysis" if x.agrees
+                                              else "DISAGREES with the static analysis")
+        if x.startup_error:
+            yield f"    the interpreter fails at start-up: {x.startup_error}"
+        for m in x.modules:
+            mark = "=" if m.agrees else "!"
+            yield f"    {mark} {m.module}: {m.file or '-'} {m.version or ''}".rstrip() + (
+                f"  (import error: {m.error})" if m.error else "")
+            if not m.agrees:
+                yield f"        static: {m.static_file or '-'} {m.static_version or ''}"
+        if x.difference:
+            yield f"    why: {x.difference}"
+        for n in x.notes:
+            yield f"    note: {n}"
+    for g in report.guards:
+        yield ""
+        if g.active:
+            yield (f"  guard active: {g.file} (loaded by {g.pth}) replaces {g.target} with {g.returns}; "
+                   f"turn off with {g.env}=0")
+        else:
+            yield (f"  guard installed but switched off ({g.env} is set off): {g.file} (loaded by {g.pth}) "
+                   f"would replace {g.target}")
+    if report.warnings:
+        yield ""
+        for w in report.warnings:
+            yield f"  warning: {w}"
+    if report.notes:
+        yield ""
+        for n in report.notes:
+            yield f"  note: {n}"
+    yield ""
+    failures = report.failures(strict=strict)
+    if not failures:
+        yield "  result: OK"
+    elif all(f.startswith("uncertain: ") for f in failures):
+        yield "  result: UNCERTAIN (" + "; ".join(f[len("uncertain: "):] for f in failures) + \
+              "); --execute gives the ground truth"
+    else:
+        yield "  result: NOT OK (" + "; ".join(failures) + ")"
