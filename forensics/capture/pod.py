@@ -26,7 +26,8 @@ from ..kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json,
 from .agent import LEFT_ON_NODE, decode_bundle
 from .manifests import agent_pod_manifest, to_yaml
 
-__all__ = ["capture_pod", "summarize_pod", "summarize_node"]
+__all__ = ["capture_pod", "summarize_pod", "summarize_node", "extract_node_bundle", "NODE_BUNDLE_MAX_BYTES",
+           "NODE_BUNDLE_MAX_FILES", "NODE_LOG_LIMIT"]
 
 _GPU_LABELS = ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory", "nvidia.com/cuda.driver.major",
                "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev", "nvidia.com/cuda.driver-version.full",
@@ -167,7 +168,8 @@ def _run_agent(opts: KubeOptions, ns: str, name: str, manifest: dict, timeout: f
             if phase == "Pending" and not any(waiting):
                 raise NodeUnreachable(manifest["spec"]["nodeName"], f"the agent pod stayed Pending for {timeout:g}s")
             raise AgentFailed(name, f"still {phase} after {timeout:g}s ({', '.join(w for w in waiting if w) or 'no reason'})")
-        log = run_kubectl(opts, "logs agent pod", ["logs", name, *kns], namespaced=False, timeout=max(60.0, timeout))
+        log = run_kubectl(opts, "logs agent pod", ["logs", name, *kns, f"--limit-bytes={NODE_LOG_LIMIT}"],
+                          namespaced=False, timeout=max(60.0, timeout))
         if phase == "Failed":
             tail = "\n".join(line for line in log.splitlines() if not line.startswith(("H4sI",)) and len(line) < 400)[-800:]
             raise AgentFailed(name, tail.strip() or "the agent exited with an error")
@@ -185,25 +187,86 @@ def _run_agent(opts: KubeOptions, ns: str, name: str, manifest: dict, timeout: f
             signal.signal(signal.SIGTERM, old_term)
 
 
+#: what the workstation unpacks of the node's bundle (the agent sends its node text and at most --max-inline of
+#: objects and cores; a compromised node may send anything)
+NODE_BUNDLE_MAX_BYTES = 2 << 30
+NODE_BUNDLE_MAX_FILES = 100_000
+NODE_LOG_LIMIT = 1 << 30  # kubectl logs --limit-bytes: the base64 log read back (held in memory)
+
+
+def extract_node_bundle(data: bytes, bdir: str, *, max_bytes: int = NODE_BUNDLE_MAX_BYTES,
+                        max_files: int = NODE_BUNDLE_MAX_FILES) -> str | None:
+    """Unpack the node's bundle (a tar.gz from the agent's log) into ``bdir``: tar's ``data`` filter (no absolute
+    path, no ``..``, no link out, no device), as a stream, at most ``max_bytes`` decompressed and ``max_files``
+    members; past a bound, or where the stream breaks, it stops and says why (what came before is kept).
+
+    :return: None, or why the bundle was cut
+    """
+    import gzip
+    import zlib
+
+    read = 0
+
+    class _Bounded(io.RawIOBase):
+        def __init__(self, f):
+            self.f = f
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b) -> int:
+            nonlocal read
+            chunk = self.f.read(min(len(b), max_bytes + 1 - read))
+            read += len(chunk)
+            if read > max_bytes:
+                raise _Cut(f"over {max_bytes} bytes decompressed")
+            b[: len(chunk)] = chunk
+            return len(chunk)
+
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz, \
+                tarfile.open(fileobj=io.BufferedReader(_Bounded(gz), 1 << 20), mode="r|") as tar:
+            for n, member in enumerate(tar):
+                if n >= max_files:
+                    return f"over {max_files} files"
+                tar.extract(member, bdir, filter="data")
+    except _Cut as e:
+        return str(e)
+    except tarfile.FilterError as e:
+        return f"a member was refused ({e}); the members after it were not unpacked"
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+        return f"its stream breaks after {read} bytes ({e})"
+    return None
+
+
+class _Cut(Exception):
+    pass
+
+
+def _node_json(bdir: str, rel: str) -> dict:
+    """A JSON object the node wrote into its bundle; {} when it is absent, not JSON or not an object."""
+    try:
+        with open(os.path.join(bdir, rel), "rb") as f:
+            doc = json.loads(f.read(8 << 20))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return as_dict(doc)
+
+
 def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name, running=True) -> dict:
     from .bundle import BundleWriter, new_bundle_dir
 
     data = decode_bundle(log)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     bdir = new_bundle_dir(output, f"{stamp}-{summary['namespace']}-{summary['name']}")
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(bdir, filter="data")
+    cut = extract_node_bundle(data, bdir)
     w = BundleWriter(bdir)
     for dirpath, _, files in os.walk(bdir):
         for f in files:
             rel = os.path.relpath(os.path.join(dirpath, f), bdir)
             if rel != "MANIFEST.json":
-                w.note_file(rel, "from the agent on the node")
-    ident_path = os.path.join(bdir, "00-identity.json")
-    ident = {}
-    if os.path.isfile(ident_path):
-        with open(ident_path) as f:
-            ident = json.load(f)
+                w.note_file(rel, "from the agent on the node" + (f" (the node's bundle was cut: {cut})" if cut else ""))
+    ident = _node_json(bdir, "00-identity.json")
     ident.update({"pod": summary["name"], "namespace": summary["namespace"], "pod_uid": summary["uid"],
                   "owners": summary["owners"], "node_uid": node_summary["uid"], "node": summary["node"],
                   "container": chosen["name"], "container_id": chosen["container_id"], "agent_pod": agent_name})
@@ -220,12 +283,8 @@ def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, 
     w.write_manifest({"pod": f"{summary['namespace']}/{summary['name']}"})
     from .pattern import destination_survives, format_destination
 
-    arming = {}
-    arming_path = os.path.join(bdir, "40-process", "arming.json")
-    if os.path.isfile(arming_path):
-        with open(arming_path) as f:
-            arming = json.load(f)
-    dest = arming.get("destination") or {}
+    arming = _node_json(bdir, "40-process/arming.json")
+    dest = as_dict(arming.get("destination"))
     state = chosen["state"] or "unknown"
     detail = (chosen["state_detail"] or {}).get("reason") if isinstance(chosen["state_detail"], dict) else None
     lines = [f"pod {summary['namespace']}/{summary['name']} (uid {summary['uid']}) on node {summary['node']}",

@@ -61,3 +61,40 @@ def test_a_field_of_the_wrong_type_is_read_as_absent(case, tmp_path):
         assert "internal error" not in r.stderr and r.exit_code in (0, 1, 4), (r.exit_code, r.output)
         if r.exit_code == 1:
             assert r.stderr.startswith("forensics: error:"), r.stderr
+
+
+def _tar_gz(members) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_what_a_node_sends_back_is_unpacked_within_bounds(tmp_path):
+    """capture --pod unpacks the node's bundle from the agent's log: a compromised node may send a bomb, a traversal
+    or a million files; before, tar's data filter stopped only the traversal, nothing bounded the rest."""
+    from forensics.capture.pod import extract_node_bundle
+
+    # GIVEN a 64 MiB member (an 70 KB stream), 50 files, a member named out of the bundle, a broken stream
+    bomb = _tar_gz([("00-identity.json", b"{}"), ("50-core/core.zst", bytes(64 << 20))])
+    many = _tar_gz([(f"f{i}", b"x") for i in range(50)])
+    traversal = _tar_gz([("ok", b"x"), ("../../escaped", b"x")])
+    broken = _tar_gz([("a", b"y" * 100000), ("b", bytes(range(256)) * 4000)])
+    broken = broken[: len(broken) // 2]
+    out = {}
+    for name, data in (("bomb", bomb), ("many", many), ("traversal", traversal), ("broken", broken)):
+        d = tmp_path / name
+        d.mkdir()
+        # WHEN each is unpacked under an 8 MiB and 10-file bound
+        out[name] = extract_node_bundle(data, str(d), max_bytes=8 << 20, max_files=10)
+    # THEN each stops at its bound and says why; what came before is kept; nothing lands outside
+    assert out["bomb"] == f"over {8 << 20} bytes decompressed" and (tmp_path / "bomb" / "00-identity.json").exists()
+    assert out["many"] == "over 10 files" and len(list((tmp_path / "many").iterdir())) == 10
+    assert out["traversal"].startswith("a member was refused") and not (tmp_path.parent / "escaped").exists()
+    assert out["broken"].startswith("its stream breaks after")
