@@ -159,3 +159,51 @@ def test_fleet_text_of_hostile_pod_and_node_names(tmp_path):
     assert_terminal_safe(r.stdout, r.stderr)
     assert "\\x1b]0;owned\\x07" in r.stdout
     assert json.loads(j.stdout)["fleet"]["crashing_groups"][0].startswith("H20" + FORGED)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("kubectl") is None,
+                    reason="the agent test needs root (a pod cgroup) and kubectl")
+def test_agent_event_of_a_hostile_crash(hostile_core, tmp_path):
+    """The agent's NativeCrash Event (kubectl describe shows its message) names the crash's signature: the
+    library's file name from the core."""
+    import signal as _signal
+    import socket
+    import time
+    import uuid
+
+    from tests.cgroups import pod_cgroup, remove_cgroup
+    from tests.integration.test_agent_serve import NS, AgentProcess, handle, wait_analyzed
+    from tests.kube_standin import StandIn, make_node, make_pod, write_kubeconfig
+
+    # GIVEN a pod's live process, the hostile core taken for it by the real handler, and the API stand-in
+    pod_uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
+    p = subprocess.Popen(["sleep", "600"])
+    cg = pod_cgroup(pod_uid, cid)
+    core_dir, node = tmp_path / "cores", socket.gethostname()
+    try:
+        cg.mkdir(parents=True)
+        (cg / "cgroup.procs").write_text(str(p.pid))
+        with StandIn(path_env=os.environ["PATH"]) as api:
+            api.nodes[node] = make_node(node)
+            api.pods[(NS, "exporter-0")] = make_pod(name="exporter-0", namespace=NS, uid=pod_uid, node=node,
+                                                    container_id=cid, restarts=1, last_exit=139)
+            kubeconfig = write_kubeconfig(str(tmp_path / "kc"), api.url)
+            handle(core_dir, p.pid, _signal.SIGSEGV, hostile_core)
+            # WHEN the agent analyses it and sends its Event
+            agent = AgentProcess(core_dir, node, kubeconfig, tmp_path)
+            try:
+                wait_analyzed(core_dir, 1)
+                deadline = time.monotonic() + 60
+                while not [e for e in api.events if e["reason"] == "NativeCrash"] and time.monotonic() < deadline:
+                    time.sleep(0.3)
+            finally:
+                agent.stop()
+            events = [e for e in api.events if e["reason"] == "NativeCrash"]
+    finally:
+        remove_cgroup(cg)
+        p.kill()
+        p.wait()
+    # THEN its message carries the names escaped, one line
+    assert events, "no NativeCrash Event"
+    assert_terminal_safe(events[0]["message"])
+    assert "\\x1b]0;owned\\x07" in events[0]["message"]
