@@ -30,8 +30,19 @@ between records (none of ours needs them).
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    # PEP 681: tells a type checker that @record makes a dataclass-like class, frozen and keyword-only.
+    # typing has it from 3.11 only; the type checker reads it from typing_extensions' stubs.
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_kwargs: Any) -> Any:
+        return lambda f: f
 
 __all__ = ["record"]
+
+_T = TypeVar("_T")
 
 _MISSING = dataclasses.MISSING
 _PLAIN = object()  # a field's default when it has none
@@ -89,10 +100,12 @@ def _setstate(self, state) -> None:
         object.__setattr__(self, name, value)
 
 
-def record(cls: type) -> type:
+@dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(dataclasses.field,))
+def record(cls: type[_T]) -> type[_T]:
     """Make ``cls`` a frozen, slotted, keyword-only record (see the module's docstring)."""
     annotations = cls.__dict__.get("__annotations__", {})
-    spec, fields = [], {}
+    spec: list[tuple[str, Any, Any]] = []
+    fields: dict[str, dataclasses.Field[Any]] = {}
     for name, annotation in annotations.items():
         value = cls.__dict__.get(name, _MISSING)
         if isinstance(value, dataclasses.Field):
@@ -103,7 +116,8 @@ def record(cls: type) -> type:
             f = dataclasses.field(default=value)
             default, factory = (_PLAIN if value is _MISSING else value), None
         f.name, f.type, f.kw_only = name, annotation, True
-        f._field_type = dataclasses._FIELD  # what dataclasses.fields() keeps
+        # what dataclasses.fields() keeps; a private marker typeshed does not declare
+        f._field_type = dataclasses._FIELD  # type: ignore[attr-defined]
         fields[name] = f
         spec.append((name, default, factory))
     namespace = {k: v for k, v in cls.__dict__.items() if k not in fields and k not in ("__dict__", "__weakref__")}
@@ -122,4 +136,6 @@ def record(cls: type) -> type:
         __getstate__=_getstate,
         __setstate__=_setstate,
     )
-    return type(cls)(cls.__name__, cls.__bases__, namespace)
+    metaclass: type = type(cls)
+    rebuilt: type[_T] = metaclass(cls.__name__, cls.__bases__, namespace)
+    return rebuilt
