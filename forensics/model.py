@@ -289,6 +289,7 @@ class CoreFile:
     truncated: bool
     expected_size: int  # what the program headers promise; > size when truncated
     mtime: float | None = None  # when the core file was last written (the kernel writes it at the crash)
+    problems: tuple[str, ...] = ()  # malformed notes read around: what the core reader left out (partial)
 
     @property
     def crashed_tid(self) -> int | None:
@@ -472,7 +473,7 @@ class ProcessSnapshot:
     @property
     def is_complete(self) -> bool:
         """False when stacks are missing or cut short (no unwinder, no CPython symbols, a broken frame chain),
-        the methods disagree, or the core is truncated."""
+        the methods disagree, or the core is truncated or had malformed notes."""
         native_ok = (self.native_method != "registers" or self.requested_native_method == "none"
                      or (self.requested_native_method == "auto" and self.requested_method == "direct"))
         return (
@@ -480,6 +481,7 @@ class ProcessSnapshot:
             and self.python_status in (PythonStatus.OK, PythonStatus.NOT_PYTHON)
             and not any(t.python_error for t in self.threads)
             and not self.core.truncated
+            and not self.core.problems
             and not self.method_disagreements
             and not self.native_disagreements
         )
@@ -768,6 +770,8 @@ class BatchEntry:
         core = a.snapshot.core
         if core.truncated:
             return f"truncated core ({core.size:,} of {core.expected_size:,} bytes)"
+        if core.problems:
+            return f"malformed core: {core.problems[0]}"
         if a.fingerprint_partial:
             return a.fingerprint_partial
         if not a.snapshot.is_complete:

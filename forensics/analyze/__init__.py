@@ -87,6 +87,8 @@ def build_snapshot(core: CoreFile, native: dict | None, python: PythonStacks | N
         warnings.append(f"methods disagree: {d}")
     for d in native_disagreements:
         warnings.append(f"native unwinders disagree: {d}")
+    for p in core.problems:
+        warnings.append(f"core: {p}")
     if core.truncated:
         warnings.append(
             f"core is truncated: {core.size} of {core.expected_size} bytes were written "
@@ -186,6 +188,10 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
                 evidence=snapshot.method_disagreements,
             )
         )
+    if core.problems:
+        out.append(Finding(rule="core-malformed", severity=Severity.ERROR,
+                           summary="the core has malformed notes; what they held is missing",
+                           evidence=core.problems))
     if core.truncated:
         out.append(
             Finding(

@@ -96,6 +96,7 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
     siginfo: SigInfo | None = None
     auxv: dict[int, int] = {}
     auxv_raw = b""
+    problems = list(layout.problems)
     for note in layout.notes:
         if note.name != b"CORE":
             continue
@@ -110,7 +111,11 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
                 auxv = elf.parse_auxv(note.desc)
                 auxv_raw = elf.auxv_vector(note.desc)
         except ValueError as e:
-            raise CoreReadError(path, f"malformed note: {e}") from e
+            # one malformed note costs what it holds, not the rest of the core: read on, partial
+            problems.append(f"malformed note, left out: {e}")
+    if not threads:
+        raise CoreReadError(path, "no readable NT_PRSTATUS note: the core holds no thread's registers"
+                            + (f" ({'; '.join(problems)})" if problems else ""))
 
     mappings = _mappings(layout)
     exe_path = _executable_path(mem, layout, auxv)
@@ -134,6 +139,7 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
         truncated=layout.truncated,
         expected_size=layout.expected_size,
         mtime=_mtime(path),
+        problems=tuple(problems),
     )
 
 

@@ -71,6 +71,7 @@ class CoreLayout:
     notes: tuple[elf.Note, ...]
     file_mappings: tuple[elf.FileMapping, ...]
     page_size: int
+    problems: tuple[str, ...] = ()  # what was malformed and read around (the analysis is then partial)
 
     @property
     def truncated(self) -> bool:
@@ -291,12 +292,15 @@ def _read_layout(path: str, mm: mmap.mmap, header: elf.ElfHeader, size: int) -> 
         notes.extend(elf.iter_notes(mm[p.offset : min(p.offset + p.filesz, size)]))
     file_mappings: tuple[elf.FileMapping, ...] = ()
     page_size = 4096
+    problems: list[str] = []
     for n in notes:
         if n.type == elf.NT_FILE and n.name == b"CORE":
             try:
                 file_mappings = elf.parse_nt_file(n.desc)
             except ValueError as e:
-                raise CoreReadError(path, f"malformed NT_FILE note: {e}") from e
+                # the threads, registers and memory are still there: read on, with no file names
+                problems.append(f"malformed NT_FILE note ({e}): the mappings have no file names, "
+                                "no library is named or checked")
             page_size = elf.parse_nt_file_page_size(n.desc)
             break
     return CoreLayout(
@@ -306,6 +310,7 @@ def _read_layout(path: str, mm: mmap.mmap, header: elf.ElfHeader, size: int) -> 
         notes=tuple(notes),
         file_mappings=file_mappings,
         page_size=page_size,
+        problems=tuple(problems),
     )
 
 

@@ -1,10 +1,12 @@
 """Cores the fuzz target (tests/fuzz_cores.py) found the reader mishandling, each made here from a real core.
 
 Each is a real kernel core with one field changed, read by the real command line: the outcome must be a
-result, a partial result or a clear one-line error -- never "internal error".
+result, a partial result or a clear one-line error -- never "internal error"; a malformed note costs what
+it holds, never the rest of the core.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 
@@ -12,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from tests.fuzz_cores import NT_FILE, _layout
+from tests.fuzz_cores import NT_FILE, NT_PRSTATUS, _layout
 
 
 def run(*args: str):
@@ -44,10 +46,34 @@ def test_an_nt_file_page_size_that_is_no_page_size(segv_core, tmp_path):
     prof = _layout(str(segv_core))
     core = _patched(segv_core, tmp_path / "core", [(_nt_file(prof).desc + 8, struct.pack("<Q", (1 << 64) - 1))])
     # WHEN it is analysed
-    r = run("analyze", core, "--method", "direct", "--native-method", "libdw")
-    # THEN a clear one-line error names the note
-    assert r.exit_code == 1 and "internal error" not in r.stderr, r.stderr
-    assert "malformed NT_FILE note: NT_FILE counts offsets in pages of 18446744073709551615 bytes" in r.stderr
+    r = run("analyze", core, "--method", "direct", "--native-method", "libdw", "--json")
+    # THEN the note is read around: the threads and the signal are there, the result is partial and says why
+    assert r.exit_code == 4 and "internal error" not in r.stderr, r.stderr
+    a = json.loads(r.stdout)["analysis"]
+    assert a["crash"]["signal_name"] == "SIGSEGV" and a["snapshot"]["threads"]
+    assert any("malformed NT_FILE note (NT_FILE counts offsets in pages of 18446744073709551615 bytes" in p
+               for p in a["snapshot"]["core"]["problems"])
+    assert "core-malformed" in {f["rule"] for f in a["findings"]}
+
+
+def test_one_malformed_thread_note_costs_that_thread_only(segv_core, tmp_path):
+    """A malformed NT_PRSTATUS made the whole core unreadable ('cannot read core: malformed note'): every other
+    thread, the signal and the memory were lost with it."""
+    # GIVEN a real core whose last thread's NT_PRSTATUS is cut to 16 bytes
+    prof = _layout(str(segv_core))
+    whole = run("analyze", str(segv_core), "--method", "direct", "--json")
+    threads = json.loads(whole.stdout)["analysis"]["snapshot"]["core"]["threads"]
+    assert len(threads) >= 2
+    last = [n for n in prof.notes if n.type == NT_PRSTATUS and n.name == b"CORE"][-1]
+    core = _patched(segv_core, tmp_path / "core", [(last.header + 4, struct.pack("<I", 16))])
+    # WHEN it is analysed
+    r = run("analyze", core, "--method", "direct", "--json")
+    # THEN the other threads and the crash are there, the result is partial and names the note
+    assert r.exit_code == 4 and "internal error" not in r.stderr, r.stderr
+    a = json.loads(r.stdout)["analysis"]
+    assert a["snapshot"]["core"]["threads"] == threads[:-1]
+    assert a["crash"]["signal_name"] == "SIGSEGV"
+    assert any("NT_PRSTATUS has 16 bytes" in p for p in a["snapshot"]["core"]["problems"])
 
 
 def test_a_mapping_at_an_absurd_file_offset(segv_core, tmp_path):
