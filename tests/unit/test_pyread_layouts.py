@@ -165,3 +165,14 @@ def test_struct_decodes_signed_and_unsigned_fields_in_one_read():
                                        (0x030B00A7, "3.11.0a7"), (0x030E0AF0, "3.14.10")])
 def test_format_hexversion(hexv, text):
     assert format_hexversion(hexv) == text
+
+
+def test_a_free_threaded_build_without_a_table_record_says_so():
+    # the debug offsets of a 3.14t core (free_threaded=1) cover less than the walk needs; without a 3.14t
+    # record (no free-threaded build's DWARF here) the reason names the build
+    debug = parse_debug_offsets(blob(free_threaded=1), debug_offset_shapes())
+    assert debug.free_threaded
+    with pytest.raises(LayoutError, match=r"no table record for free-threaded CPython 3.14 or older"):
+        choose_layout(3, 14, free_threaded=True, debug=debug)
+    with pytest.raises(LayoutError, match=r"^free-threaded CPython 3.14 is not in the layout table"):
+        choose_layout(3, 14, free_threaded=True)
