@@ -489,8 +489,9 @@ def auxv_vector(desc: bytes) -> bytes:
     return desc[: len(desc) // 16 * 16]
 
 
-#: page sizes an NT_FILE note may count in (the kernel's PAGE_SIZE: 4 KiB on x86-64; 16 and 64 KiB elsewhere)
-_PAGE_SIZES = frozenset({1 << 12, 1 << 14, 1 << 16})
+#: page sizes an NT_FILE note may count in: the kernel's PAGE_SIZE (4 KiB on x86-64; 16 and 64 KiB
+#: elsewhere), and 1 -- gdb's gcore / generate-core-file writes byte offsets with a "page size" of 1
+_PAGE_SIZES = frozenset({1, 1 << 12, 1 << 14, 1 << 16})
 
 
 def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:
@@ -505,7 +506,7 @@ def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:
         raise ValueError("NT_FILE is shorter than its header")
     count, page_size = struct.unpack_from("<QQ", desc, 0)
     if page_size not in _PAGE_SIZES:
-        raise ValueError(f"NT_FILE counts offsets in pages of {page_size} bytes (x86-64: 4096)")
+        raise ValueError(f"NT_FILE counts offsets in pages of {page_size} bytes (the kernel: 4096 on x86-64; gdb: 1)")
     table_end = 16 + count * 24
     if table_end > len(desc):
         raise ValueError(f"NT_FILE names {count} mappings but holds {len(desc)} bytes")
@@ -524,11 +525,15 @@ def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:
 
 
 def parse_nt_file_page_size(desc: bytes) -> int:
-    """The page size an NT_FILE note counts offsets in (4096 when absent or not a page size)."""
+    """The crashed machine's page size as an NT_FILE note tells it (the kernel's PAGE_SIZE).
+
+    4096 when absent, not a page size, or gdb's 1 (gdb counts offsets in bytes: that says
+    nothing of the page size, which the readers use to align their searches).
+    """
     if len(desc) < 16:
         return 4096
     size = struct.unpack_from("<Q", desc, 8)[0]
-    return size if size in _PAGE_SIZES else 4096
+    return size if size in _PAGE_SIZES and size >= 4096 else 4096
 
 
 def parse_build_id(note_data: bytes) -> str | None:

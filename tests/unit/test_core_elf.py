@@ -125,6 +125,18 @@ def test_parse_nt_file_scales_offsets_by_page_size():
     assert elf.parse_nt_file_page_size(desc) == 4096
 
 
+def test_parse_nt_file_takes_gdbs_byte_offsets():
+    # gdb's gcore / generate-core-file writes NT_FILE with a "page size" of 1: offsets in bytes
+    desc = nt_file([(0x7F0000000000, 0x7F0000002000, 0x3000, "/lib/libc.so.6")], page_size=1)
+    assert [m.offset for m in elf.parse_nt_file(desc)] == [0x3000]
+    assert elf.parse_nt_file_page_size(desc) == 4096  # the machine's page size: gdb's 1 tells nothing of it
+
+
+def test_parse_nt_file_refuses_a_page_size_that_is_none():
+    with pytest.raises(ValueError, match="pages of 3 bytes"):
+        elf.parse_nt_file(nt_file([(1, 2, 0, "/a")], page_size=3))
+
+
 def test_parse_nt_file_rejects_missing_paths():
     desc = nt_file([(1, 2, 0, "/a"), (3, 4, 0, "/b")])
     with pytest.raises(ValueError):
