@@ -25,7 +25,7 @@ import ast
 import posixpath
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["CustomizeEffect", "evaluate_customize", "builtin_or_stdlib"]
 
@@ -105,12 +105,15 @@ class _Evaluator:
                 return items
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             a, b = self.value(node.left), self.value(node.right)
-            if type(a) is type(b) and isinstance(a, (str, list)):
-                return a + b  # type: ignore[operator]
+            if isinstance(a, str) and isinstance(b, str):
+                return a + b
+            if isinstance(a, list) and isinstance(b, list):
+                return a + b
         if isinstance(node, ast.Call) and not node.keywords and self.dotted(node.func) == "os.path.join":
             parts = [self.value(a) for a in node.args]
-            if parts and all(isinstance(p, str) for p in parts):
-                return posixpath.join(*parts)  # type: ignore[arg-type]
+            strs = [p for p in parts if isinstance(p, str)]
+            if strs and len(strs) == len(parts):
+                return posixpath.join(*strs)
         raise KeyError("unknown value")
 
     @staticmethod
@@ -154,25 +157,8 @@ class _Evaluator:
         if isinstance(stmt, (ast.Pass, ast.Global, ast.Nonlocal)) or (
                 isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
             return
-        if isinstance(stmt, ast.Import):
-            for a in stmt.names:
-                self.import_module(stmt, a.name)
-                local = a.asname or a.name.split(".")[0]
-                self.aliases[local] = a.name if a.asname else a.name.split(".")[0]
-                if self.classify(a.name) == "code":
-                    self.running.add(local)
-            return
-        if isinstance(stmt, ast.ImportFrom):
-            if stmt.level:
-                self.unevaluated(stmt, "a relative import")
-                return
-            module = stmt.module or ""
-            self.import_module(stmt, module)
-            for a in stmt.names:
-                local = a.asname or a.name
-                self.aliases[local] = f"{module}.{a.name}"
-                if self.classify(module) == "code":
-                    self.running.add(local)
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            self.import_statement(stmt)
             return
         if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
             self.try_statement(stmt)  # type: ignore[arg-type]
@@ -191,34 +177,60 @@ class _Evaluator:
             self.assign(stmt, [stmt.target], stmt.value)
             return
         if isinstance(stmt, ast.AugAssign):
-            if self.dotted(stmt.target) == "sys.path" and isinstance(stmt.op, ast.Add):
-                try:
-                    items = self.value(stmt.value)
-                except KeyError:
-                    items = None
-                if isinstance(items, list):
-                    self.path.extend(items)
-                    self.effect.edits.append(_line(stmt, self.lines))
-                    return
-            if self.touches(stmt):
-                self.unevaluated(stmt)
+            self.aug_assign(stmt)
             return
         if isinstance(stmt, ast.If):
-            try:
-                test = self.value(stmt.test)
-            except KeyError:
-                test = None
-            if isinstance(stmt.test, ast.Constant):
-                self.run(stmt.body if stmt.test.value else stmt.orelse)
-            elif test is not None:
-                self.run(stmt.body if test else stmt.orelse)
-            elif self.touches(stmt):
-                self.unevaluated(stmt, "a condition not evaluated")
+            self.if_statement(stmt)
             return
         if isinstance(stmt, ast.Raise):
             raise _Raised(_line(stmt, self.lines))
         if self.touches(stmt):
             self.unevaluated(stmt)
+
+    def import_statement(self, stmt: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(stmt, ast.Import):
+            for a in stmt.names:
+                self.import_module(stmt, a.name)
+                local = a.asname or a.name.split(".")[0]
+                self.aliases[local] = a.name if a.asname else a.name.split(".")[0]
+                if self.classify(a.name) == "code":
+                    self.running.add(local)
+            return
+        if stmt.level:
+            self.unevaluated(stmt, "a relative import")
+            return
+        module = stmt.module or ""
+        self.import_module(stmt, module)
+        for a in stmt.names:
+            local = a.asname or a.name
+            self.aliases[local] = f"{module}.{a.name}"
+            if self.classify(module) == "code":
+                self.running.add(local)
+
+    def aug_assign(self, stmt: ast.AugAssign) -> None:
+        if self.dotted(stmt.target) == "sys.path" and isinstance(stmt.op, ast.Add):
+            try:
+                items = self.value(stmt.value)
+            except KeyError:
+                items = None
+            if isinstance(items, list):
+                self.path.extend(items)
+                self.effect.edits.append(_line(stmt, self.lines))
+                return
+        if self.touches(stmt):
+            self.unevaluated(stmt)
+
+    def if_statement(self, stmt: ast.If) -> None:
+        try:
+            test = self.value(stmt.test)
+        except KeyError:
+            test = None
+        if isinstance(stmt.test, ast.Constant):
+            self.run(stmt.body if stmt.test.value else stmt.orelse)
+        elif test is not None:
+            self.run(stmt.body if test else stmt.orelse)
+        elif self.touches(stmt):
+            self.unevaluated(stmt, "a condition not evaluated")
 
     def import_module(self, stmt: ast.stmt, name: str) -> None:
         kind = self.classify(name)
@@ -312,10 +324,10 @@ class _Evaluator:
                     except KeyError:
                         self.unevaluated(stmt)
                         return
-                    if not all(x is None or isinstance(x, int) for x in (lo, hi)):
+                    if not ((lo is None or isinstance(lo, int)) and (hi is None or isinstance(hi, int))):
                         self.unevaluated(stmt)
                         return
-                    self.path[lo:hi] = items  # type: ignore[misc]
+                    self.path[lo:hi] = items
                 else:
                     self.path[:] = items
                 self.effect.edits.append(_line(stmt, self.lines))

@@ -22,8 +22,8 @@ from .model import Distribution, PathEntry, PathOrigin, RequirementProblem
 from .rootfs import RootFS, join
 from .versions import evaluate_marker, normalize_name, parse_requirement, specifier_contains
 
-__all__ = ["parse_metadata", "parse_record", "editable_source", "InstalledFiles", "find_distributions", "check_requirements",
-           "record_hash_matches"]
+__all__ = ["parse_metadata", "parse_record", "editable_source", "InstalledFiles", "find_distributions",
+           "check_requirements", "record_hash_matches"]
 
 
 def parse_metadata(text: str) -> tuple[str, str, tuple[str, ...]]:
@@ -47,7 +47,7 @@ def parse_record(text: str) -> list[tuple[str, str | None]]:
             row = next(reader)
         except StopIteration:
             break
-        except csv.Error:
+        except csv.Error:  # a malformed row (a field over csv's limit) ends the file; the rows before it count
             break
         if row and row[0]:
             out.append((row[0], row[1] if len(row) > 1 and row[1] else None))
@@ -66,7 +66,7 @@ def editable_source(direct_url: str | None) -> str | None:
         return None
     try:
         doc = json.loads(direct_url)
-    except ValueError:
+    except ValueError:  # unreadable direct_url.json: not known to be editable
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("dir_info"), dict) or not doc["dir_info"].get("editable"):
         return None
@@ -123,7 +123,8 @@ def _defines(rel: str) -> str | None:
     return name if name.isidentifier() else None
 
 
-def find_distributions(fs: RootFS, sys_path: tuple[PathEntry, ...]) -> tuple[list[Distribution], InstalledFiles, list[str]]:
+def find_distributions(fs: RootFS,
+                       sys_path: tuple[PathEntry, ...]) -> tuple[list[Distribution], InstalledFiles, list[str]]:
     """Every dist-info/egg-info on sys.path, in search order, and the files dpkg installed there; the
     file->distribution map; notes."""
     dists: list[Distribution] = []
@@ -139,48 +140,15 @@ def find_distributions(fs: RootFS, sys_path: tuple[PathEntry, ...]) -> tuple[lis
         for name in fs.listdir(entry.path):
             mdir = f"{entry.path.rstrip('/')}/{name}"
             if name.endswith(".dist-info"):
-                meta = fs.read_text(mdir + "/METADATA")
-                if meta is None:
-                    continue
-                dname, version, requires = parse_metadata(meta)
-                top = fs.read_text(mdir + "/top_level.txt")
-                installer = fs.read_text(mdir + "/INSTALLER")
-                dist = Distribution(name=dname or name[:-10].rsplit("-", 1)[0], version=version, metadata_dir=mdir,
-                                    location=entry.path,
-                                    top_level=tuple(t.strip() for t in (top or "").splitlines() if t.strip()),
-                                    requires=requires, installer=(installer or "").strip() or None,
-                                    editable=editable_source(fs.read_text(mdir + "/direct_url.json", 1 << 16)))
-                record = fs.read_text(mdir + "/RECORD")
-                rows = parse_record(record) if record else []
-                if not rows:
-                    no_record.append(dist)
-                tops = set(dist.top_level)
-                for rel, h in rows:
-                    path = join(entry.path, rel)
-                    owner.setdefault(path, (dist, h))
-                    claims.append((path, mdir))
-                    first = rel.split("/", 1)[0]
-                    if not first.endswith((".dist-info", ".data")) and first != ".." and not first.startswith("__pycache__"):
-                        tops.add(first[:-3] if first.endswith(".py") else first.split(".", 1)[0])
-                dist = _with_tops(dist, tops, owner)
-                dists.append(dist)
+                found = _read_dist_info(fs, entry.path, name, mdir, owner, claims)
+                if found is not None:
+                    dists.append(found[0])
+                    if not found[1]:
+                        no_record.append(found[0])
             elif name.endswith(".egg-info"):
-                is_dir = fs.is_dir(mdir)
-                meta = fs.read_text(mdir + "/PKG-INFO" if is_dir else mdir)
-                if meta is None:
-                    continue
-                dname, version, _ = parse_metadata(meta)
-                top = fs.read_text(mdir + "/top_level.txt") if is_dir else None
-                req = fs.read_text(mdir + "/requires.txt") if is_dir else None
-                dist = Distribution(name=dname, version=version, metadata_dir=mdir, location=entry.path,
-                                    top_level=tuple(t.strip() for t in (top or "").splitlines() if t.strip()),
-                                    requires=_requires_txt(req or ""))
-                files = fs.read_text(mdir + "/installed-files.txt") if is_dir else None
-                for rel in (files or "").splitlines():
-                    if rel.strip():
-                        owner.setdefault(join(mdir, rel.strip()), (dist, None))
-                        claims.append((join(mdir, rel.strip()), mdir))
-                dists.append(dist)
+                egg = _read_egg_info(fs, entry.path, mdir, owner, claims)
+                if egg is not None:
+                    dists.append(egg)
     site_dirs = tuple(e.path for e in sys_path if e.path in seen_dirs and e.path != "/"
                       and e.origin not in (PathOrigin.STDLIB, PathOrigin.WORKDIR, PathOrigin.SCRIPT_DIR))
     dists, dpkg_notes = _add_dpkg(fs, dists, owner, claims, site_dirs)
@@ -190,6 +158,62 @@ def find_distributions(fs: RootFS, sys_path: tuple[PathEntry, ...]) -> tuple[lis
         final = by_dir.get(d.metadata_dir, d)
         if final.package is None:
             notes.append(f"{d.metadata_dir}: no RECORD; files of {d.name} cannot be attributed")
+    return dists, InstalledFiles(owner, _definers(claims, by_dir)), notes
+
+
+def _read_dist_info(fs: RootFS, location: str, name: str, mdir: str, owner: dict[str, tuple[Distribution, str | None]],
+                    claims: list[tuple[str, str]]) -> tuple[Distribution, bool] | None:
+    """A ``.dist-info`` directory's distribution (None without METADATA) and whether it has a RECORD; its
+    RECORD's files go into ``owner`` (first claim wins) and ``claims``."""
+    meta = fs.read_text(mdir + "/METADATA")
+    if meta is None:
+        return None
+    dname, version, requires = parse_metadata(meta)
+    top = fs.read_text(mdir + "/top_level.txt")
+    installer = fs.read_text(mdir + "/INSTALLER")
+    dist = Distribution(name=dname or name[:-10].rsplit("-", 1)[0], version=version, metadata_dir=mdir,
+                        location=location,
+                        top_level=tuple(t.strip() for t in (top or "").splitlines() if t.strip()),
+                        requires=requires, installer=(installer or "").strip() or None,
+                        editable=editable_source(fs.read_text(mdir + "/direct_url.json", 1 << 16)))
+    record = fs.read_text(mdir + "/RECORD")
+    rows = parse_record(record) if record else []
+    tops = set(dist.top_level)
+    for rel, h in rows:
+        path = join(location, rel)
+        owner.setdefault(path, (dist, h))
+        claims.append((path, mdir))
+        first = rel.split("/", 1)[0]
+        if not first.endswith((".dist-info", ".data")) and first != ".." and not first.startswith("__pycache__"):
+            tops.add(first[:-3] if first.endswith(".py") else first.split(".", 1)[0])
+    return _with_tops(dist, tops, owner), bool(rows)
+
+
+def _read_egg_info(fs: RootFS, location: str, mdir: str, owner: dict[str, tuple[Distribution, str | None]],
+                   claims: list[tuple[str, str]]) -> Distribution | None:
+    """An ``.egg-info`` file or directory's distribution (None without PKG-INFO); the files its
+    installed-files.txt lists go into ``owner`` and ``claims``."""
+    is_dir = fs.is_dir(mdir)
+    meta = fs.read_text(mdir + "/PKG-INFO" if is_dir else mdir)
+    if meta is None:
+        return None
+    dname, version, _ = parse_metadata(meta)
+    top = fs.read_text(mdir + "/top_level.txt") if is_dir else None
+    req = fs.read_text(mdir + "/requires.txt") if is_dir else None
+    dist = Distribution(name=dname, version=version, metadata_dir=mdir, location=location,
+                        top_level=tuple(t.strip() for t in (top or "").splitlines() if t.strip()),
+                        requires=_requires_txt(req or ""))
+    files = fs.read_text(mdir + "/installed-files.txt") if is_dir else None
+    for rel in (files or "").splitlines():
+        if rel.strip():
+            owner.setdefault(join(mdir, rel.strip()), (dist, None))
+            claims.append((join(mdir, rel.strip()), mdir))
+    return dist
+
+
+def _definers(claims: list[tuple[str, str]],
+              by_dir: dict[str, Distribution]) -> dict[tuple[str, str], tuple[tuple[Distribution, str], ...]]:
+    """(site directory, top-level name) -> every (distribution, file) whose own module file defines that name."""
     definers: dict[tuple[str, str], dict[str, tuple[Distribution, str]]] = {}
     for path, mdir in claims:
         d = by_dir.get(mdir)
@@ -198,7 +222,7 @@ def find_distributions(fs: RootFS, sys_path: tuple[PathEntry, ...]) -> tuple[lis
         top = _defines(path[len(d.location.rstrip("/")) + 1:])
         if top is not None:
             definers.setdefault((d.location, top), {}).setdefault(mdir, (d, path))
-    return dists, InstalledFiles(owner, {k: tuple(v.values()) for k, v in definers.items()}), notes
+    return {k: tuple(v.values()) for k, v in definers.items()}
 
 
 def _add_dpkg(fs: RootFS, dists: list[Distribution], owner: dict, claims: list[tuple[str, str]],
@@ -265,7 +289,7 @@ def record_hash_matches(data: bytes, record_hash: str | None) -> bool | None:
     algo, _, want = record_hash.partition("=")
     try:
         h = hashlib.new(algo, data).digest()
-    except ValueError:
+    except ValueError:  # a hash this Python lacks: nothing to compare (None, as documented)
         return None
     return base64.urlsafe_b64encode(h).rstrip(b"=").decode() == want
 

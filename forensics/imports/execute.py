@@ -128,13 +128,13 @@ def _clean_probe(text: str) -> dict:
     if not isinstance(doc, dict):
         raise ExecuteError("probe", "unreadable output from the image's interpreter",
                            hint="Code that runs at start-up in the image wrote over the probe's output.")
-    mods = {}
-    for name, r in (doc.get("modules") if isinstance(doc.get("modules"), dict) else {}).items():
+    mods: dict[str, dict[str, str | list[str] | None]] = {}
+    modules, put = doc.get("modules"), doc.get("put_by")
+    for name, r in (modules.items() if isinstance(modules, dict) else ()):
         if isinstance(name, str) and isinstance(r, dict):
             mods[name] = {k: (v if isinstance(v, str) else None) for k, v in r.items() if k != "locations"}
             mods[name]["locations"] = _strs(r.get("locations"))
-    put_by = {k: _strs(v) for k, v in (doc.get("put_by") if isinstance(doc.get("put_by"), dict) else {}).items()
-              if isinstance(k, str)}
+    put_by = {k: _strs(v) for k, v in (put.items() if isinstance(put, dict) else ()) if isinstance(k, str)}
     return {"sys_path": _strs(doc.get("sys_path")), "modules": mods, "put_by": put_by,
             "customize": _strs(doc.get("customize"))}
 
@@ -149,6 +149,7 @@ class StartupFailed(ExecuteError):
                               "say what it would import once it starts.")
         self.returncode = returncode
         self.stderr_tail = detail
+        self.command: list[str] = []  # the sandbox's command line, set by whoever ran it
 
 
 _SANDBOX_FAILS = ("bwrap:", "nsenter:")
@@ -177,7 +178,10 @@ def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int
     cmd += ["--chdir", setup.working_dir, "--clearenv"]
     for k, v in sorted(env.items()):
         cmd += ["--setenv", k, v]
-    cmd += ["--uid", str(uid), "--gid", str(gid), "--", setup.entrypoint.interpreter, *_probe_args(setup, names)]
+    interpreter = setup.entrypoint.interpreter
+    if interpreter is None:
+        raise ExecuteError("interpreter", "no Python interpreter in the image to run")
+    cmd += ["--uid", str(uid), "--gid", str(gid), "--", interpreter, *_probe_args(setup, names)]
     try:
         return _run(cmd, None, timeout, "bubblewrap"), cmd, notes
     except StartupFailed as e:

@@ -73,9 +73,10 @@ def parse_finder_module(source: str, *, pth: str, module_file: str) -> EditableF
             functions.add(node.name)
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             call = node.value
-            if (isinstance(call.func, ast.Attribute) and call.func.attr == "map_module" and len(call.args) == 2
-                    and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in call.args)):
-                redirections.append((call.args[0].value, call.args[1].value))  # type: ignore[union-attr]
+            strs = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            is_map = isinstance(call.func, ast.Attribute) and call.func.attr == "map_module"
+            if is_map and len(call.args) == len(strs) == 2:
+                redirections.append((strs[0], strs[1]))
     if redirections:
         return EditableFinder(style="editables", pth=pth, module_file=module_file,
                               mapping=tuple(redirections[:_MAX_NAMES]))
@@ -97,7 +98,7 @@ def _literal(node: ast.expr | None):
         return None
     try:
         return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # not a literal: unknown
         return None
 
 
@@ -131,14 +132,16 @@ def find_in_finders(fs: RootFS, finders: tuple[EditableFinder, ...], name: str, 
                 continue
             files = [target]
         else:  # setuptools' _find_spec: DIR/__init__.py, then DIR with each module suffix
-            files = [f"{target.rstrip('/')}/__init__.py"] + [_with_suffix(target, s) for s in all_suffixes(version, triplet)]
+            files = [f"{target.rstrip('/')}/__init__.py"] + [_with_suffix(target, s)
+                                                             for s in all_suffixes(version, triplet)]
         for f in files:
             f = norm(f)
             if not fs.is_file(f):
                 continue
             package = f.rsplit("/", 1)[-1].startswith("__init__.")
             kind = ModuleKind.PACKAGE if package else (
-                ModuleKind.EXTENSION if f.endswith(".so") else ModuleKind.BYTECODE if f.endswith(".pyc") else ModuleKind.MODULE)
+                ModuleKind.EXTENSION if f.endswith(".so") else ModuleKind.BYTECODE if f.endswith(".pyc")
+                else ModuleKind.MODULE)
             return Resolution(module=name, kind=kind, file=f, path_entry=finder.module_file, path_index=-1,
                               search_locations=(f.rsplit("/", 1)[0],) if package else (), finder=finder.pth)
     return None

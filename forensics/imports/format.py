@@ -14,7 +14,7 @@ def report_payload(report: ImportReport, *, strict: bool = False) -> dict:
     data["failures"] = list(report.failures(strict=strict))
     data["ok"] = not data["failures"]
     data["verdicts"] = {c.module: c.verdict.value for c in report.modules}
-    for c_json, c in zip(data["modules"], report.modules):
+    for c_json, c in zip(data["modules"], report.modules, strict=True):
         c_json["effective_version"] = c.effective_version
         c_json["fails"] = c.fails
         # flat conveniences for readers of the evidence (forensics report): the version that imports, its file

@@ -87,7 +87,7 @@ class _Doc:
         field = ".".join(p for p in (self.path, key) if p)
         raise ImageFormatError(self.ref, self.what, f"{field}: {reason}" if field else reason)
 
-    def sub(self, key: str, *, required: bool = False) -> "_Doc | None":
+    def sub(self, key: str, *, required: bool = False) -> _Doc | None:
         v = self.value.get(key)
         if v is None:
             if required:
@@ -270,7 +270,8 @@ def read_manifest(doc: object, ref: str, media_type: str | None = None) -> Manif
     d = _Doc(doc, ref, "manifest")
     mt = d.text("mediaType") or media_type or ""
     if mt in INDEX_TYPES or ("manifests" in d.value and "layers" not in d.value):
-        manifests = tuple(_descriptor(v, ref, "manifest", f"manifests[{i}]") for i, v in enumerate(d.items("manifests")))
+        manifests = tuple(_descriptor(v, ref, "manifest", f"manifests[{i}]") for i,
+                          v in enumerate(d.items("manifests")))
         return Manifest(media_type=mt, manifests=manifests, is_index=True)
     if d.value.get("config") is None:
         d.fail("no config descriptor", "config")
@@ -310,7 +311,7 @@ def read_image_config(doc: object, ref: str) -> ConfigDoc:
     os_, arch, variant = d.text("os"), d.text("architecture"), d.text("variant")
     platform = "/".join(x for x in (os_, arch, variant) if x) if os_ else None
     rootfs = d.sub("rootfs")
-    diff_ids = ()
+    diff_ids: tuple[str, ...] = ()
     if rootfs is not None:
         diff_ids = tuple(parse_digest(v, ref, f"config: rootfs.diff_ids[{i}]")
                          for i, v in enumerate(rootfs.items("diff_ids")))

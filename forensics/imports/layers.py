@@ -23,7 +23,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 import stat
 import tarfile
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from ..errors import ImageFormatError, LayerLimitExceeded, LayerRejected
 from .imagemeta import MAX_PATH
@@ -79,9 +79,7 @@ def default_capture(modules: Iterable[str] = ()) -> Callable[[str, int], bool]:
             return True
         if base in versionish and size <= 256 << 10:
             return True
-        if base.endswith(".py") and base[:-3] in names:
-            return True
-        return False
+        return base.endswith(".py") and base[:-3] in names
 
     return keep
 
@@ -99,7 +97,8 @@ def _clean_name(layer: str, name: str) -> str:
     if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH:
         raise LayerRejected(layer, name[:200] + "...", f"path longer than {MAX_PATH} bytes: no runtime can unpack it")
     if any(len(p.encode("utf-8", "surrogateescape")) > 255 for p in parts):
-        raise LayerRejected(layer, name[:200] + "...", "a path component longer than 255 bytes: no runtime can unpack it")
+        raise LayerRejected(layer, name[:200] + "...",
+                            "a path component longer than 255 bytes: no runtime can unpack it")
     return path
 
 
@@ -171,7 +170,7 @@ class LayerFS(RootFS):
                     raise LayerRejected(layer, name, f"parent {parent} is not a directory")
             parent = parent.rpartition("/")[0]
 
-    def _iter_members(self, blob: LayerBlob, stream: "_Stream"):
+    def _iter_members(self, blob: LayerBlob, stream: _Stream):
         """(ordinal, TarInfo, TarFile) for each member; tarfile's random-access mode over a forward-only stream."""
         try:
             tf = tarfile.open(fileobj=stream, mode="r:")  # noqa: SIM115 - closed below
@@ -186,13 +185,15 @@ class LayerFS(RootFS):
                     raise ImageFormatError(blob.name, "layer", f"bad tar: {e}") from e
                 if m is None:
                     break
-                tf.members = []  # the index keeps what it needs; TarInfo objects would pile up
+                # the index keeps what it needs; TarInfo objects would pile up in tarfile's own list (an
+                # attribute typeshed does not declare)
+                tf.members = []  # type: ignore[attr-defined]
                 ordinal += 1
                 yield ordinal, m, tf
         finally:
             tf.close()
 
-    def _scan_layer(self, index: int, blob: LayerBlob, keep: Callable[[str, int], bool], shared: "_Shared") -> "_Scan":
+    def _scan_layer(self, index: int, blob: LayerBlob, keep: Callable[[str, int], bool], shared: _Shared) -> _Scan:
         """Read one layer (in a worker thread): check every member on its own, keep wanted bytes."""
         lim = self.limits
         scan = _Scan()
@@ -208,7 +209,7 @@ class LayerFS(RootFS):
         return scan
 
     def _scan_member(self, layer: str, index: int, ordinal: int, m: tarfile.TarInfo, tf: tarfile.TarFile,
-                     keep, scan: "_Scan", shared: "_Shared") -> None:
+                     keep, scan: _Scan, shared: _Shared) -> None:
         lim = self.limits
         path = _clean_name(layer, m.name)
         if path == "/":
@@ -256,7 +257,7 @@ class LayerFS(RootFS):
             e = _Entry("other", 0, mode, None, index, ordinal)
         scan.records.append((0, path, e, link, m.name))
 
-    def _merge_layer(self, index: int, blob: LayerBlob, scan: "_Scan") -> None:
+    def _merge_layer(self, index: int, blob: LayerBlob, scan: _Scan) -> None:
         """Apply one scanned layer on top of the index: parents, hard links, whiteouts (in layer order)."""
         self.members += scan.members
         if self.members > self.limits.max_files:
@@ -283,15 +284,7 @@ class LayerFS(RootFS):
                 self._check_parents(blob.name, name, path.rstrip("/") + "/x" if kind == 2 else path, pending)
         for path in pending:
             self._check_parents(blob.name, names[path], path, pending)
-        for path, target in links.items():
-            t = pending.get(target) or self.entries.get(target)
-            if t is None:
-                raise LayerRejected(blob.name, names[path], f"hard link to {target[1:]}, which is not in the image")
-            if t.kind != "file":
-                raise LayerRejected(blob.name, names[path], f"hard link to {target[1:]}, which is a {t.kind}")
-            self._check_parents(blob.name, target[1:], target, pending)
-            e = pending[path]
-            e.size, e.content, e.link = t.size, t.content, t.link or target
+        self._link(blob, links, names, pending)
         # whiteouts hide what the layers below hold, never what this layer adds
         for path, opaque in whiteouts:
             if opaque:
@@ -311,6 +304,18 @@ class LayerFS(RootFS):
             self.children.setdefault(parent, set()).add(base)
             if e.kind == "dir":
                 self.children.setdefault(path, set())
+
+    def _link(self, blob: LayerBlob, links: dict[str, str], names: dict[str, str], pending: dict[str, _Entry]) -> None:
+        """A layer's hard links take their target's content: a file of this layer or of one below."""
+        for path, target in links.items():
+            t = pending.get(target) or self.entries.get(target)
+            if t is None:
+                raise LayerRejected(blob.name, names[path], f"hard link to {target[1:]}, which is not in the image")
+            if t.kind != "file":
+                raise LayerRejected(blob.name, names[path], f"hard link to {target[1:]}, which is a {t.kind}")
+            self._check_parents(blob.name, target[1:], target, pending)
+            e = pending[path]
+            e.size, e.content, e.link = t.size, t.content, t.link or target
 
     def _fetch_layer(self, index: int, only: dict[int, str]) -> None:
         blob = self.blobs[index]
@@ -359,7 +364,8 @@ class LayerFS(RootFS):
 
     def finish(self) -> None:
         if self._setid_dropped:
-            self.notes.append(f"{self._setid_dropped} setuid/setgid bits in the layers not kept (they change no import)")
+            self.notes.append(f"{self._setid_dropped} setuid/setgid bits in the layers not kept (they change no "
+                              "import)")
         if self._skipped_devices:
             self.notes.append(f"{self._skipped_devices} device nodes in the layers skipped (a root file system packed "
                               "as a layer carries /dev; they change no import)")
@@ -408,8 +414,8 @@ class LayerFS(RootFS):
                     while src is not None:
                         try:
                             chunk = src.read(_CHUNK)
-                        except tarfile.TarError as e:
-                            raise ImageFormatError(blob.name, "layer", f"{m.name[:200]}: {e}") from e
+                        except tarfile.TarError as err:
+                            raise ImageFormatError(blob.name, "layer", f"{m.name[:200]}: {err}") from err
                         if not chunk:
                             break
                         out.write(chunk)
@@ -459,7 +465,7 @@ def read_layers(blobs: Iterable[LayerBlob], *, limits: LayerLimits | None = None
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="forensics-layer")
     try:
         futures = [pool.submit(fs._scan_layer, i, b, keep, shared) for i, b in enumerate(blobs)]
-        for index, (blob, fut) in enumerate(zip(blobs, futures)):
+        for index, (blob, fut) in enumerate(zip(blobs, futures, strict=True)):
             fs._merge_layer(index, blob, fut.result())
     except BaseException:
         shared.abort = True

@@ -12,12 +12,14 @@ import io
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from collections.abc import Callable
+from types import TracebackType
+from typing import Protocol
 
 from ..errors import ImageFormatError, LayerLimitExceeded, LayerRejected
 from .imagemeta import parse_digest
 
-__all__ = ["LayerLimits", "LayerBlob", "CHUNK"]
+__all__ = ["LayerLimits", "LayerBlob", "BlobFile", "CHUNK"]
 
 CHUNK = _CHUNK = 1 << 20
 _MAX_READ = 64 << 20  # pax/GNU long-name headers (read whole by tarfile) bigger than this are refused
@@ -36,12 +38,23 @@ class LayerLimits:
     max_capture_total: int = 96 << 20  # all files kept in memory
 
 
+class BlobFile(Protocol):
+    """What a layer's bytes are read through: a file opened ``"rb"``, or a byte range of one."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def __enter__(self) -> BlobFile: ...
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None, /) -> object: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerBlob:
     """One layer: how to open its bytes and what they must hash to."""
 
     name: str  # for messages: the digest or the path in the archive
-    open: Callable[[], BinaryIO]
+    open: Callable[[], BlobFile]
     digest: str | None = None  # "sha256:..." of the blob as stored (compressed)
     diff_id: str | None = None  # "sha256:..." of the uncompressed tar (checked when no digest is given)
 
@@ -49,7 +62,7 @@ class LayerBlob:
 class _Stream:
     """A layer blob as a readable stream: decompressed, hashed, bounded."""
 
-    def __init__(self, raw: BinaryIO, blob: LayerBlob, limits: LayerLimits, shared: "_Shared") -> None:
+    def __init__(self, raw: BlobFile, blob: LayerBlob, limits: LayerLimits, shared: _Shared) -> None:
         self.raw = raw
         self.blob = blob
         self.limits = limits
@@ -64,18 +77,19 @@ class _Stream:
         self.eof = False
         head = raw.read(_CHUNK)
         self._count_in(head)
-        self.pending = head
+        self.pending: bytes | None = head
+        self.gzip: zlib._Decompress | None = None
+        self.zstd: _Readable | None = None
         if head[:2] == b"\x1f\x8b":
             self.kind = "gzip"
-            self.dec = zlib.decompressobj(wbits=31)
+            self.gzip = zlib.decompressobj(wbits=31)
         elif head[:4] == b"\x28\xb5\x2f\xfd":
             self.kind = "zstd"
             # a reader, not a one-shot decompress: each read yields at most _CHUNK * 8 bytes, so a small
             # frame that expands to GiBs is stopped by the same bounds as gzip before it is in memory
-            self.dec = _zstd_reader(blob.name, _Input(self))
+            self.zstd = _zstd_reader(blob.name, _Input(self))
         else:
             self.kind = "tar"
-            self.dec = None
 
     def _count_in(self, data: bytes) -> None:
         self.compressed += len(data)
@@ -99,27 +113,28 @@ class _Stream:
                     break
                 self._emit(data)
                 continue
-            if self.kind == "gzip":
-                if self.dec.eof:  # concatenated gzip members
-                    data = self.dec.unused_data or self._next_input()
+            if self.gzip is not None:
+                if self.gzip.eof:  # concatenated gzip members
+                    data = self.gzip.unused_data or self._next_input()
                     if not data:
                         self.eof = True
                         break
-                    self.dec = zlib.decompressobj(wbits=31)
-                elif self.dec.unconsumed_tail:
-                    data = self.dec.unconsumed_tail
+                    self.gzip = zlib.decompressobj(wbits=31)
+                elif self.gzip.unconsumed_tail:
+                    data = self.gzip.unconsumed_tail
                 else:
                     data = self._next_input()
                     if not data:
                         self.eof = True
                         raise ImageFormatError(self.blob.name, "layer", "truncated gzip stream")
                 try:
-                    out = self.dec.decompress(data, _CHUNK * 8)
+                    out = self.gzip.decompress(data, _CHUNK * 8)
                 except zlib.error as e:
                     raise ImageFormatError(self.blob.name, "layer", f"bad gzip data: {e}") from e
             else:
+                assert self.zstd is not None  # a stream is tar, gzip or zstd
                 try:
-                    out = self.dec.read(_CHUNK * 8)
+                    out = self.zstd.read(_CHUNK * 8)
                 except (ImageFormatError, LayerRejected):
                     raise
                 except Exception as e:  # zstandard.ZstdError, compression.zstd.ZstdError: damaged data
@@ -191,6 +206,13 @@ class _Stream:
     def seekable(self) -> bool:
         return True
 
+    def write(self, b: bytes, /) -> int:
+        raise io.UnsupportedOperation("layer streams are read-only")
+
+    def close(self) -> None:
+        """Nothing to release: the blob's file is closed by whoever opened it (tarfile calls this only for
+        files it opened itself)."""
+
     def finish(self) -> None:
         """Drain to EOF (tar padding after the end marker) and check the digest."""
         while self._fill():
@@ -206,15 +228,19 @@ class _Stream:
                 raise ImageFormatError(self.blob.name, "layer", f"diff_id mismatch: tar hashes to {got}")
 
 
-def _hasher(name: str, digest: str):
+def _hasher(name: str, digest: str) -> hashlib._Hash:
     """The hash a digest names; a digest that cannot be verified is refused, never skipped."""
     return hashlib.new(parse_digest(digest, name, "layer").partition(":")[0])
+
+
+class _Readable(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
 
 
 class _Input:
     """The compressed bytes of a stream, read by the zstd reader: counted and hashed as they pass."""
 
-    def __init__(self, stream: "_Stream") -> None:
+    def __init__(self, stream: _Stream) -> None:
         self.stream = stream
 
     def read(self, n: int = -1) -> bytes:
@@ -224,20 +250,23 @@ class _Input:
 _ZSTD_MAX_WINDOW = 1 << 27  # a frame may ask for a window up to 2 GiB; 128 MiB is zstd's own default bound
 
 
-def _zstd_reader(name: str, raw: _Input):
+def _zstd_reader(name: str, raw: _Input) -> _Readable:
     try:
-        import zstandard  # type: ignore
+        import zstandard
 
         dctx = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
-        return dctx.stream_reader(raw, read_size=_CHUNK, read_across_frames=True)
-    except ImportError:
+        # the reader only calls raw.read(); zstandard's stub asks for a whole IO[bytes]
+        return dctx.stream_reader(raw, read_size=_CHUNK, read_across_frames=True)  # type: ignore[arg-type]
+    except ImportError:  # probing: the standard library's zstd (3.14+) is next
         pass
     try:
-        from compression import zstd  # type: ignore  # Python 3.14
+        # Python 3.14's module; the type check runs against 3.10's standard library
+        from compression import zstd  # type: ignore[import-not-found,unused-ignore]
 
         return zstd.ZstdFile(raw, mode="r", options={zstd.DecompressionParameter.window_log_max: 27})
     except ImportError:
-        raise ImageFormatError(name, "layer", "zstd-compressed layer; install the 'zstandard' module to read it") from None
+        raise ImageFormatError(name, "layer",
+                               "zstd-compressed layer; install the 'zstandard' module to read it") from None
 
 
 class _Shared:

@@ -228,7 +228,7 @@ class PythonSetup:
     finders: tuple[EditableFinder, ...] = ()  # editable installs' meta-path finders, in sys.meta_path order
     site_layout: str = "upstream"  # the interpreter's site.py: "upstream" (site-packages) or "debian" (dist-packages)
     customize: tuple[CustomizeFile, ...] = ()
-    findings: tuple["ReportFinding", ...] = ()  # start-up problems: a .pth site cannot read, unevaluated edits
+    findings: tuple[ReportFinding, ...] = ()  # start-up problems: a .pth site cannot read, unevaluated edits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,7 +34,8 @@ class ProcessView:
 def parse_maps_extensions(maps_text: str) -> tuple[str, ...]:
     """Paths of Python extension modules in /proc/PID/maps text, in load order, once each.
 
-    >>> parse_maps_extensions("7f-7f r-xp 0 08:01 5 /usr/lib/python3.11/lib-dynload/_ssl.cpython-311-x86_64-linux-gnu.so\\n")
+    >>> line = "7f-7f r-xp 0 08:01 5 /usr/lib/python3.11/lib-dynload/_ssl.cpython-311-x86_64-linux-gnu.so"
+    >>> parse_maps_extensions(line + "\\n")
     ('/usr/lib/python3.11/lib-dynload/_ssl.cpython-311-x86_64-linux-gnu.so',)
     """
     seen: dict[str, None] = {}

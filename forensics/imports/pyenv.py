@@ -13,7 +13,7 @@ import shlex
 from dataclasses import replace
 
 from .model import Entrypoint, ImageConfig
-from .rootfs import RootFS, join, norm
+from .rootfs import RootFS, join
 
 __all__ = [
     "DEFAULT_PATH",
@@ -61,38 +61,51 @@ def command_line(config: ImageConfig, override: str | None = None) -> tuple[tupl
                     break
             notes.append(f"init wrapper {base} unwrapped")
         elif base == "env":
-            argv = argv[1:]
-            while argv and (argv[0].startswith("-") or "=" in argv[0]):
-                a = argv.pop(0)
-                if a in ("-i", "--ignore-environment", "-"):
-                    notes.append("env -i clears the environment: the image's Env does not reach Python")
-                    extra["\0clear"] = "1"
-                elif a in ("-u", "--unset") and argv:
-                    extra["\0unset:" + argv.pop(0)] = "1"
-                elif "=" in a and not a.startswith("-"):
-                    k, _, v = a.partition("=")
-                    extra[k] = v
+            argv = _unwrap_env(argv[1:], extra, notes)
         elif base in _SHELLS and len(argv) >= 3 and argv[1].startswith("-") and argv[1].endswith("c"):
-            script = argv[2]
-            try:
-                lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
-                lexer.whitespace_split = True
-                tokens = list(lexer)
-            except ValueError:
-                notes.append("shell command could not be parsed; analysed as written")
+            tokens = _unwrap_shell(argv[2], extra, notes)
+            if tokens is None:
                 break
-            cut = next((i for i, t in enumerate(tokens) if t and set(t) <= set(";&|")), len(tokens))
-            tokens = tokens[:cut]
-            while tokens and (tokens[0] == "exec" or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", tokens[0])):
-                t = tokens.pop(0)
-                if t != "exec":
-                    k, _, v = t.partition("=")
-                    extra[k] = v
-            notes.append(f"shell form: analysed the first command of {script!r}")
             argv = tokens
         else:
             break
     return tuple(argv), extra, notes
+
+
+def _unwrap_env(argv: list[str], extra: dict[str, str], notes: list[str]) -> list[str]:
+    """The command ``env`` runs: its options and assignments go into ``extra``."""
+    while argv and (argv[0].startswith("-") or "=" in argv[0]):
+        a = argv.pop(0)
+        if a in ("-i", "--ignore-environment", "-"):
+            notes.append("env -i clears the environment: the image's Env does not reach Python")
+            extra["\0clear"] = "1"
+        elif a in ("-u", "--unset") and argv:
+            extra["\0unset:" + argv.pop(0)] = "1"
+        elif "=" in a and not a.startswith("-"):
+            k, _, v = a.partition("=")
+            extra[k] = v
+    return argv
+
+
+def _unwrap_shell(script: str, extra: dict[str, str], notes: list[str]) -> list[str] | None:
+    """The first command of ``sh -c SCRIPT`` (after ``exec`` and assignments, which go into ``extra``); None
+    when the script does not parse."""
+    try:
+        lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:
+        notes.append("shell command could not be parsed; analysed as written")
+        return None
+    cut = next((i for i, t in enumerate(tokens) if t and set(t) <= set(";&|")), len(tokens))
+    tokens = tokens[:cut]
+    while tokens and (tokens[0] == "exec" or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", tokens[0])):
+        t = tokens.pop(0)
+        if t != "exec":
+            k, _, v = t.partition("=")
+            extra[k] = v
+    notes.append(f"shell form: analysed the first command of {script!r}")
+    return tokens
 
 
 def runtime_env(config: ImageConfig, extra: dict[str, str], home: str | None) -> dict[str, str]:
@@ -166,7 +179,8 @@ def _parse_python_args(args: list[str]) -> tuple[str, str | None, tuple[str, ...
     return "interactive", None, tuple(flags)
 
 
-def describe_command(fs: RootFS, argv: tuple[str, ...], env: dict[str, str], workdir: str) -> tuple[Entrypoint, list[str]]:
+def describe_command(fs: RootFS, argv: tuple[str, ...], env: dict[str, str], workdir: str) -> tuple[Entrypoint,
+                                                                                                    list[str]]:
     """Which interpreter runs, how (``-m``/script/``-c``) and with which options.
 
     When the command is not Python (or there is none), the analysis assumes
@@ -232,7 +246,7 @@ def _entry(fs: RootFS, argv, interp: str, mode: str, target: str | None, flags, 
         p, seen = interp, 0
         while seen < 40:
             n = fs.lstat(fs.resolve(p, follow_last=False) or p)
-            if n is None or n.kind != "symlink":
+            if n is None or n.kind != "symlink" or n.target is None:
                 break
             p = join(_dirname(p), n.target)
             version = _version_from_names(p)

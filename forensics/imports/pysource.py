@@ -25,5 +25,5 @@ def parse_source(text: str | None, filename: str = "<image>") -> ast.Module | No
         return None
     try:
         return ast.parse(text, filename=filename)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # the caller says "does not parse"
         return None

@@ -53,7 +53,8 @@ def join(base: str, rel: str) -> str:
 
 
 class RootFS:
-    """The operations the resolver needs; paths are absolute paths inside the root."""
+    """The operations the resolver needs; paths are absolute paths inside the root.  A path that is absent,
+    unreadable or leads out of the root reads as absent (None, or no entries)."""
 
     description = "root"
 
@@ -162,7 +163,7 @@ class DirFS(RootFS):
     def resolve(self, path: str, *, follow_last: bool = True) -> str | None:
         try:
             return rootpath.resolve_in_root(self.root, path, follow_last=follow_last)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # absent, unreadable or outside the root: None, as RootFS documents
             return None
 
     def lstat(self, path: str) -> Node | None:
@@ -174,13 +175,13 @@ class DirFS(RootFS):
     def _node(self, path: str, *, follow: bool) -> Node | None:
         try:
             fd = rootpath.open_in_root(self.root, path, os.O_PATH, follow_last=follow)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # absent, unreadable or outside the root: None, as RootFS documents
             return None
         try:
             st = os.fstat(fd)
             if stat.S_ISLNK(st.st_mode):
                 return Node("symlink", 0, st.st_mode, os.readlink("", dir_fd=fd))
-        except OSError:
+        except OSError:  # gone between the open and the stat: absent
             return None
         finally:
             os.close(fd)
@@ -193,17 +194,18 @@ class DirFS(RootFS):
     def listdir(self, path: str) -> list[str]:
         try:
             return rootpath.listdir_in_root(self.root, path)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # absent or unreadable: no entries, as RootFS documents
             return []
 
     def _listdir(self, path: str) -> list[str]:
         return self.listdir(path)
 
     def read(self, path: str, limit: int = 4 << 20) -> bytes | None:
-        """The bytes of a regular file (symlinks followed inside the root), None if absent, unreadable or over ``limit``."""
+        """The bytes of a regular file (symlinks followed inside the root), None if absent, unreadable or
+        over ``limit``."""
         try:
             data = rootpath.read_in_root(self.root, path, limit + 1)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # absent, unreadable or outside the root: None, as RootFS documents
             return None
         return data if len(data) <= limit else None
 

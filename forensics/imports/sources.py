@@ -9,14 +9,16 @@ transport, auth (``--creds``, ``--authfile``, credential helpers), mirrors and T
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import BinaryIO
 
 from ..errors import ImageFormatError, ImageRefError, SkopeoError, SkopeoNotFound
 from .imagemeta import (MT_DOCKER_LIST, Descriptor, Manifest, parse_digest, parse_json,
@@ -105,10 +107,12 @@ def select_platform(index: Manifest, platform: Platform) -> Descriptor | None:
         p = m.platform
         if m.is_attestation or p is None:
             continue
-        if p.os == platform.os and p.architecture == platform.architecture:
-            if platform.variant is None or p.variant == platform.variant:
-                if best is None or (platform.variant is None and not p.variant):
-                    best = m
+        if p.os != platform.os or p.architecture != platform.architecture:
+            continue
+        if platform.variant is not None and p.variant != platform.variant:
+            continue
+        if best is None or (platform.variant is None and not p.variant):
+            best = m
     return best
 
 
@@ -135,6 +139,11 @@ class OpenedImage:
     config_platform: str | None = None
 
 
+def _opener(path: str) -> Callable[[], BinaryIO]:
+    """A blob's file, opened when its layer is read."""
+    return lambda: open(path, "rb")
+
+
 class _Slice:
     """A byte range of a file, opened on demand (a layer inside a docker-archive tar)."""
 
@@ -154,10 +163,10 @@ class _Slice:
     def close(self) -> None:
         self.f.close()
 
-    def __enter__(self):
+    def __enter__(self) -> _Slice:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -244,7 +253,7 @@ def _open_oci(ref: ImageRef, platform: Platform, kind_override: tuple | None = N
         path = _blob_path(layout, layer.digest)
         if not os.path.isfile(path):
             raise ImageFormatError(name, "layer", f"blob {layer.digest} is missing from the layout")
-        blobs.append(LayerBlob(name=layer.digest, open=lambda p=path: open(p, "rb"), digest=layer.digest))
+        blobs.append(LayerBlob(name=layer.digest, open=_opener(path), digest=layer.digest))
     info = ImageInfo(ref=name, transport=ref.transport, manifest_kind=kind, manifest_digest=mdigest,
                      platform=cfg.platform, layers=len(blobs), index_platforms=plats, attestations=att,
                      warnings=tuple(warnings))
@@ -284,7 +293,7 @@ def _open_docker_archive(ref: ImageRef) -> OpenedImage:
     if not os.path.isfile(path):
         raise ImageRefError(name, f"{path}: no such file")
     try:
-        tf = tarfile.open(path, "r:")
+        tf = tarfile.open(path, "r:")  # noqa: SIM115 - closed by the with block below, once its errors are told
     except tarfile.TarError as e:
         with open(path, "rb") as f:
             gz = f.read(2) == b"\x1f\x8b"
@@ -306,8 +315,8 @@ def _open_docker_archive(ref: ImageRef) -> OpenedImage:
             f = tf.extractfile(m)
             return f.read(_MAX_JSON + 1) if f is not None else b""
 
-        manifest = read_archive_manifest(_parse_json(name, "manifest.json", read_member("manifest.json", "manifest.json"),
-                                                     None), name)
+        manifest = read_archive_manifest(_parse_json(name, "manifest.json",
+                                                     read_member("manifest.json", "manifest.json"), None), name)
         if ref.tag:
             want = ref.tag
             if want.startswith("@") and want[1:].isascii() and want[1:].isdigit():
@@ -321,7 +330,8 @@ def _open_docker_archive(ref: ImageRef) -> OpenedImage:
         elif len(manifest) == 1:
             entry = manifest[0]
         else:
-            raise ImageRefError(name, f"the archive holds {len(manifest)} images; name one as docker-archive:FILE:REPO:TAG")
+            raise ImageRefError(name,
+                                f"the archive holds {len(manifest)} images; name one as docker-archive:FILE:REPO:TAG")
 
         digest = _archive_digest(entry.config, True)
         cfg = read_image_config(_parse_json(name, "config", read_member(entry.config, "config"),
@@ -330,7 +340,7 @@ def _open_docker_archive(ref: ImageRef) -> OpenedImage:
         for i, lp in enumerate(entry.layers):
             m = _archive_member(name, members, lp)
             ldigest = _archive_digest(lp, False)
-            blobs.append(LayerBlob(name=lp, open=lambda o=m.offset_data, s=m.size: _Slice(path, o, s),
+            blobs.append(LayerBlob(name=lp, open=functools.partial(_Slice, path, m.offset_data, m.size),
                                    digest=parse_digest(ldigest, name, "layer") if ldigest else None,
                                    diff_id=cfg.diff_ids[i] if i < len(cfg.diff_ids) else None))
     info = ImageInfo(ref=name, transport=ref.transport, manifest_kind=ManifestKind.DOCKER_ARCHIVE,
@@ -349,8 +359,9 @@ def _open_skopeo_dir(ref: ImageRef) -> OpenedImage:
     assert manifest.config is not None
     cfg_d = manifest.config.digest
     cfg = read_image_config(_read_json_file(name, os.path.join(d, cfg_d.partition(":")[2]), "config", cfg_d), name)
-    blobs = tuple(LayerBlob(name=l.digest, open=lambda p=os.path.join(d, l.digest.partition(":")[2]): open(p, "rb"),
-                            digest=l.digest) for l in manifest.layers)
+    blobs = tuple(LayerBlob(name=layer.digest, digest=layer.digest,
+                            open=_opener(os.path.join(d, layer.digest.partition(":")[2])))
+                  for layer in manifest.layers)
     info = ImageInfo(ref=name, transport=Transport.DIR, manifest_kind=kind, platform=cfg.platform, layers=len(blobs))
     return OpenedImage(info=info, config=cfg.config, blobs=blobs, config_platform=cfg.platform)
 
@@ -392,7 +403,7 @@ def _skopeo(ref_name: str, opts: SkopeoOptions, action: str, args: list[str]) ->
     except subprocess.TimeoutExpired as e:
         raise SkopeoError(ref_name, action, f"timed out after {opts.timeout:g}s") from e
     if p.returncode != 0:
-        detail = (p.stderr.strip().splitlines() or ["exit status %d" % p.returncode])[-1]
+        detail = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
         if opts.creds:
             detail = detail.replace(opts.creds, "***")
         raise SkopeoError(ref_name, action, detail)
@@ -432,7 +443,8 @@ def _fetch_with_skopeo(ref: ImageRef, platform: Platform, opts: SkopeoOptions, w
 
 
 @contextlib.contextmanager
-def open_image(ref: ImageRef, *, platform: Platform | None = None, skopeo: SkopeoOptions | None = None) -> Iterator[OpenedImage]:
+def open_image(ref: ImageRef, *, platform: Platform | None = None,
+               skopeo: SkopeoOptions | None = None) -> Iterator[OpenedImage]:
     """Open ``ref`` for reading; a skopeo copy lives in a temporary directory removed on exit.
 
     :raises ImageRefError: nothing readable at the reference
@@ -448,7 +460,8 @@ def open_image(ref: ImageRef, *, platform: Platform | None = None, skopeo: Skope
     elif ref.transport is Transport.DIR:
         if not os.path.isdir(ref.path):
             raise ImageRefError(str(ref), f"{ref.path} is not a directory")
-        if os.path.isfile(os.path.join(ref.path, "manifest.json")) and os.path.isfile(os.path.join(ref.path, "version")):
+        if (os.path.isfile(os.path.join(ref.path, "manifest.json"))
+            and os.path.isfile(os.path.join(ref.path, "version"))):
             yield _check_platform(_open_skopeo_dir(ref), platform)
         else:
             yield _open_rootfs(ref)

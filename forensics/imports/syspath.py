@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from .customize import builtin_or_stdlib, evaluate_customize
 from .finders import imported_module, parse_finder_module
 from .model import (CustomizeFile, EditableFinder, Entrypoint, FindingKind, ModuleKind, PathEntry, PathOrigin,
-                    PthFile, PythonSetup, ReportFinding)
+                    PthFile, PythonSetup, ReportFinding, Resolution)
 from .pysource import parse_source
 from .resolve import find_module
 from .rootfs import RootFS, join, norm
@@ -141,11 +141,11 @@ def find_prefixes(fs: RootFS, entry: Entrypoint, env: dict[str, str], notes: lis
         exec_prefix = norm(pythonhome.split(":")[1]) if ":" in pythonhome else prefix
         notes.append(f"PYTHONHOME={pythonhome} sets the prefix")
         return Prefixes(prefix=prefix, exec_prefix=exec_prefix, venv=venv_dir, system_site=system_site)
-    prefix = _find_landmark(fs, base_exe_dir, version)
-    found = prefix is not None
-    if prefix is None:
+    landmark = _find_landmark(fs, base_exe_dir, version)
+    found = landmark is not None
+    if landmark is None:
         notes.append(f"no lib/python{version}/os.py above {base_exe_dir}: the standard library was not found")
-        prefix = _dirname(base_exe_dir)
+    prefix = landmark if landmark is not None else _dirname(base_exe_dir)
     return Prefixes(prefix=prefix, exec_prefix=prefix, venv=venv_dir, system_site=system_site, stdlib_found=found)
 
 
@@ -273,7 +273,8 @@ def apply_pth_imports(line: str, path: list[str], state: dict) -> bool:
         handled = True
     for m in _INSERT_RE.finditer(line):
         idx = int(m.group(1))
-        path.insert(idx if idx >= 0 else len(path) + idx, norm(m.group(3)) if m.group(3).startswith("/") else m.group(3))
+        path.insert(idx if idx >= 0 else len(path) + idx,
+                    norm(m.group(3)) if m.group(3).startswith("/") else m.group(3))
         handled = True
     for m in _APPEND_RE.finditer(line):
         path.append(norm(m.group(2)) if m.group(2).startswith("/") else m.group(2))
@@ -378,45 +379,51 @@ def apply_customize(fs: RootFS, b: _Builder, version: str, triplet: str, env: di
     read statically; its literal sys.path edits applied, anything else it may do to imports noted."""
     for module in ("sitecustomize", "usercustomize") if user_enabled else ("sitecustomize",):
         res, _ = find_module(fs, b.entries(fs), module, version, triplet)
-        if res is None:
-            continue
-        stdlib = {e for e in b.path if b.origins.get(e, (None,))[0] is PathOrigin.STDLIB}
-        if res.kind not in (ModuleKind.MODULE, ModuleKind.PACKAGE) or not (res.file or "").endswith(".py"):
-            b.findings.append(ReportFinding(kind=FindingKind.UNCERTAIN, source=res.file or res.path_entry,
-                                            summary=f"{module} is {res.kind.value} {res.file or res.path_entry}: "
-                                                    "its effect on sys.path is not read"))
-            continue
-        real = fs.resolve(res.file) or res.file
-        text = fs.read_text(res.file, 1 << 20)
-        tree = parse_source(text, res.file)
-        shown = res.file + (f" -> {real}" if real != res.file else "")
-        if tree is None or text is None:
-            b.notes.append(f"{shown}: does not parse; site reports 'Error in {module}' and goes on")
-            b.customize.append(CustomizeFile(module=module, path=res.file, stopped="does not parse"))
-            continue
+        if res is not None:
+            _apply_one_customize(fs, b, module, res, version, triplet, env)
 
-        def classify(name: str) -> str | None:
-            found, _ = find_module(fs, b.entries(fs), name, version, triplet)
-            if found is None:
-                return "stdlib" if builtin_or_stdlib(name) else None
-            return "stdlib" if found.path_entry in stdlib else "code"
 
-        def addsitedir(d: str) -> None:
-            if fs.is_dir(d):
-                add_site_dir(fs, b, norm(d) if d.startswith("/") else d, PathOrigin.SITECUSTOMIZE, version, env, shown)
+def _apply_one_customize(fs: RootFS, b: _Builder, module: str, res: Resolution, version: str, triplet: str,
+                         env: dict[str, str]) -> None:
+    """One customize module found on sys.path: its literal sys.path edits applied, the rest noted."""
+    stdlib = {e for e in b.path if b.origins.get(e, (None,))[0] is PathOrigin.STDLIB}
+    file = res.file
+    if res.kind not in (ModuleKind.MODULE, ModuleKind.PACKAGE) or file is None or not file.endswith(".py"):
+        b.findings.append(ReportFinding(kind=FindingKind.UNCERTAIN, source=res.file or res.path_entry,
+                                        summary=f"{module} is {res.kind.value} {res.file or res.path_entry}: "
+                                                "its effect on sys.path is not read"))
+        return
+    real = fs.resolve(file) or file
+    text = fs.read_text(file, 1 << 20)
+    tree = parse_source(text, file)
+    shown = file + (f" -> {real}" if real != file else "")
+    if tree is None or text is None:
+        b.notes.append(f"{shown}: does not parse; site reports 'Error in {module}' and goes on")
+        b.customize.append(CustomizeFile(module=module, path=file, stopped="does not parse"))
+        return
 
-        before = list(b.path)
-        effect = evaluate_customize(tree, text, b.path, addsitedir=addsitedir, classify=classify)
-        for p in b.path:
-            if p not in before:
-                b.origins.setdefault(p, (PathOrigin.SITECUSTOMIZE, shown))
-        b.customize.append(CustomizeFile(module=module, path=res.file, edits=tuple(effect.edits),
-                                         unevaluated=tuple(effect.unevaluated), stopped=effect.stopped))
-        if effect.unevaluated:
-            b.findings.append(ReportFinding(
-                kind=FindingKind.UNCERTAIN, source=res.file,
-                summary=f"{shown}: {len(effect.unevaluated)} statement(s) that may change sys.path not evaluated "
-                        f"({effect.unevaluated[0]})"))
+    def classify(name: str) -> str | None:
+        found, _ = find_module(fs, b.entries(fs), name, version, triplet)
+        if found is None:
+            return "stdlib" if builtin_or_stdlib(name) else None
+        return "stdlib" if found.path_entry in stdlib else "code"
+
+    def addsitedir(d: str) -> None:
+        if fs.is_dir(d):
+            add_site_dir(fs, b, norm(d) if d.startswith("/") else d, PathOrigin.SITECUSTOMIZE, version, env, shown)
+
+    before = list(b.path)
+    effect = evaluate_customize(tree, text, b.path, addsitedir=addsitedir, classify=classify)
+    for p in b.path:
+        if p not in before:
+            b.origins.setdefault(p, (PathOrigin.SITECUSTOMIZE, shown))
+    b.customize.append(CustomizeFile(module=module, path=file, edits=tuple(effect.edits),
+                                     unevaluated=tuple(effect.unevaluated), stopped=effect.stopped))
+    if effect.unevaluated:
+        b.findings.append(ReportFinding(
+            kind=FindingKind.UNCERTAIN, source=file,
+            summary=f"{shown}: {len(effect.unevaluated)} statement(s) that may change sys.path not evaluated "
+                    f"({effect.unevaluated[0]})"))
 
 
 # -- stage 6 ---------------------------------------------------------------------------------------

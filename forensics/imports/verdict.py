@@ -6,9 +6,10 @@ callable over the root for the module's own ``__version__``).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..model import Severity
 from .dists import InstalledFiles, record_hash_matches
@@ -40,7 +41,8 @@ def fix_hint(module: str, winner: Resolution, origin: PathOrigin | None, setup: 
     top = module.split(".")[0]
     if origin is PathOrigin.WORKDIR:
         ver = setup.entrypoint.version or "3"
-        safe = ("set ENV PYTHONSAFEPATH=1 (Python >= 3.11)" if version_key(ver) and version_key(ver) >= version_key("3.11")
+        new_enough = version_key(ver) and version_key(ver) >= version_key("3.11")
+        safe = ("set ENV PYTHONSAFEPATH=1 (Python >= 3.11)" if new_enough
                 else f"upgrade to Python >= 3.11 and set PYTHONSAFEPATH=1 (this is {ver})")
         return (f"set WORKDIR to a directory without a {top}/ tree, remove the stale tree {stale} from the image, "
                 f"or {safe}")
@@ -58,27 +60,69 @@ def fix_hint(module: str, winner: Resolution, origin: PathOrigin | None, setup: 
     return f"remove the stale tree {stale}, or reinstall with pip so that one distribution owns {top}"
 
 
+@dataclass(frozen=True)
+class _Winner:
+    """What is known about the file that imports, before judging it: the fields every verdict shares."""
+
+    module: str
+    top: str
+    resolved: Resolution
+    origin: PathOrigin | None
+    static_version: str | None
+    distribution: Distribution | None  # the RECORD/dpkg owner of the file, else the editable install holding it
+    record_hash: str | None  # the owner's recorded hash of the file ("sha256=..." or "md5:...")
+    editable: Distribution | None  # the editable install whose source tree holds the file (no RECORD claims it)
+    installed_file: bool
+    record_hash_ok: bool | None
+    hidden: tuple[HiddenCopy, ...]
+    managed: tuple[Resolution, Distribution] | None  # the first managed copy the file hides: what should have won
+    where: str  # the file, for the reason
+    idx: str  # the sys.path entry it came from, for the reason
+
+    def check(self, verdict: Verdict, reason: str, fix: str = "", *, expected: Resolution | None = None,
+              expected_distribution: Distribution | None = None, expected_version: str | None = None,
+              owners: tuple[Distribution, ...] = ()) -> ModuleCheck:
+        return ModuleCheck(module=self.module, verdict=verdict, resolved=self.resolved, origin=self.origin,
+                           static_version=self.static_version, distribution=self.distribution,
+                           installed_file=self.installed_file, record_hash_ok=self.record_hash_ok, hidden=self.hidden,
+                           reason=reason, fix=fix, expected=expected, expected_distribution=expected_distribution,
+                           expected_version=expected_version, owners=owners)
+
+
 def classify_module(module: str, winner: Resolution | None, candidates: list[Resolution], setup: PythonSetup,
                     dists: list[Distribution], files: InstalledFiles, read: Callable[[str], str | None],
                     read_bytes: Callable[[str], bytes | None]) -> ModuleCheck:
     """The verdict on ``module`` given its resolution and every sys.path entry's candidate."""
-    top = module.split(".")[0]
-    origin_of = {i: e.origin for i, e in enumerate(setup.sys_path)}
-    owning = _module_dists(module, dists)
     if winner is None:
-        dist = owning[0].name if owning else DIST_OF_MODULE.get(top, top)
+        owning = _module_dists(module, dists)
+        install = owning[0].name if owning else DIST_OF_MODULE.get(module.split(".")[0], module.split(".")[0])
         return ModuleCheck(module=module, verdict=Verdict.MISSING, resolved=None,
                            reason=f"{module} is not importable on this sys.path",
-                           fix=f"install it into the image (pip install {dist})")
-    origin = PathOrigin.EDITABLE if winner.finder else origin_of.get(winner.path_index)
+                           fix=f"install it into the image (pip install {install})")
+    w = _read_winner(module, winner, candidates, setup, dists, files, read, read_bytes)
+    if w.managed is not None and (w.distribution is None or w.origin not in _SITE):
+        return _shadowed(w, w.managed, setup)
+    owners = files.defined_by(winner.path_entry, w.top) if module == w.top and winner.finder is None else ()
+    if len(owners) > 1:
+        return _conflict(w, owners)
+    return _judge_owner(w, _module_dists(module, dists))
+
+
+def _read_winner(module: str, winner: Resolution, candidates: list[Resolution], setup: PythonSetup,
+                 dists: list[Distribution], files: InstalledFiles, read: Callable[[str], str | None],
+                 read_bytes: Callable[[str], bytes | None]) -> _Winner:
+    """The facts about the file that imports: its origin, static version, owner, hash, and what it hides."""
+    top = module.split(".")[0]
+    origin = PathOrigin.EDITABLE if winner.finder else {i: e.origin for i, e in enumerate(setup.sys_path)}.get(
+        winner.path_index)
     locs = winner.search_locations or ((winner.file.rsplit("/", 1)[0],) if winner.file else ())
     static_version = None
     if winner.file and winner.file.endswith(".py"):
         static_version = find_static_version(read, winner.file, module, locs)
     claim = _claimed_by(winner, files)
-    dist, rhash = claim if claim else (None, None)
-    editable = None if dist is not None else _editable_owner(top, winner, dists)
-    dist = dist or editable
+    owner, rhash = claim if claim else (None, None)
+    editable = None if owner is not None else _editable_owner(top, winner, dists)
+    dist = owner or editable
     hash_ok = None
     if dist is not None and winner.file:
         data = read_bytes(winner.file)
@@ -94,31 +138,38 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
         if cc is not None:  # installed by pip (RECORD) or dpkg: site-packages, or a --target dir on PYTHONPATH
             managed = managed or (c, cc[0])
             hidden.append(HiddenCopy(file=c.file, path_entry=c.path_entry, distribution=cc[0]))
-    common = dict(module=module, resolved=winner, origin=origin, static_version=static_version, distribution=dist,
-                  installed_file=claim is not None, record_hash_ok=hash_ok, hidden=tuple(hidden))
     where = f"{winner.file or winner.path_entry}"
     if winner.kind is ModuleKind.NAMESPACE:
         where = f"namespace package over {', '.join(winner.search_locations)}"
     # a submodule's path_entry is its package's directory; the sys.path entry is the package's
-    entry = setup.sys_path[winner.path_index].path if 0 <= winner.path_index < len(setup.sys_path) else winner.path_entry
+    in_path = 0 <= winner.path_index < len(setup.sys_path)
+    entry = setup.sys_path[winner.path_index].path if in_path else winner.path_entry
     idx = f"sys.path[{winner.path_index}] = {entry} ({origin.value if origin else '?'})"
     if winner.finder:
         idx = f"not on sys.path: the editable-install finder {winner.path_entry}, installed by {winner.finder}"
-    if managed is not None and (dist is None or origin not in _SITE):
-        c, cd = managed
-        exp_ver = cd.version
-        ver = static_version or (dist.version if dist else None) or "unknown version"
-        by = dist.label if dist else "no distribution (unmanaged)"
-        stale = winner.search_locations[0] if winner.kind is ModuleKind.PACKAGE else where
-        return ModuleCheck(
-            verdict=Verdict.SHADOWED, expected=c, expected_distribution=cd, expected_version=exp_ver,
-            reason=(f"{module} {ver} from {where} [{by}; {idx}] shadows {cd.label} installed at {c.file}"),
-            fix=fix_hint(module, winner, origin, setup, stale), **common)
-    owners = files.defined_by(winner.path_entry, top) if module == top and winner.finder is None else ()
-    if len(owners) > 1:
-        return _conflict(module, winner, owners, dist, idx, common)
-    if dist is None and origin is PathOrigin.STDLIB:
-        return ModuleCheck(verdict=Verdict.OK, reason=f"standard library: {where} ({idx})", **common)
+    return _Winner(module=module, top=top, resolved=winner, origin=origin, static_version=static_version,
+                   distribution=dist, record_hash=rhash, editable=editable, installed_file=claim is not None,
+                   record_hash_ok=hash_ok, hidden=tuple(hidden), managed=managed, where=where, idx=idx)
+
+
+def _shadowed(w: _Winner, managed: tuple[Resolution, Distribution], setup: PythonSetup) -> ModuleCheck:
+    """The file that imports hides a managed install further down sys.path."""
+    c, cd = managed
+    dist, winner = w.distribution, w.resolved
+    ver = w.static_version or (dist.version if dist else None) or "unknown version"
+    by = dist.label if dist else "no distribution (unmanaged)"
+    stale = winner.search_locations[0] if winner.kind is ModuleKind.PACKAGE else w.where
+    return w.check(Verdict.SHADOWED,
+                   reason=(f"{w.module} {ver} from {w.where} [{by}; {w.idx}] shadows {cd.label} installed at {c.file}"),
+                   fix=fix_hint(w.module, winner, w.origin, setup, stale),
+                   expected=c, expected_distribution=cd, expected_version=cd.version)
+
+
+def _judge_owner(w: _Winner, owning: list[Distribution]) -> ModuleCheck:
+    """The verdict on a file that hides no managed install and that one distribution at most installs."""
+    module, winner, dist, where, idx = w.module, w.resolved, w.distribution, w.where, w.idx
+    if dist is None and w.origin is PathOrigin.STDLIB:
+        return w.check(Verdict.OK, reason=f"standard library: {where} ({idx})")
     if dist is None:
         claimers = [d for d in owning if d.location == winner.path_entry]
         if claimers:
@@ -126,37 +177,37 @@ def classify_module(module: str, winner: Resolution | None, candidates: list[Res
                       f"in {winner.path_entry}: a file left behind or copied in")
         else:
             reason = f"no installed distribution claims {where} ({idx})"
-        return ModuleCheck(verdict=Verdict.UNMANAGED, reason=reason,
-                           fix=f"install {module} with pip (so its version is recorded) or remove {where}", **common)
-    if hash_ok is False:
-        if rhash and rhash.startswith("md5:"):
-            return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
-                               reason=f"{winner.file} differs from the file {dist.label} installed (dpkg md5sums "
-                                      "mismatch): modified or overwritten after install",
-                               fix=f"reinstall the package (apt-get install --reinstall {dist.package})", **common)
-        return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
-                           reason=f"{winner.file} differs from the file {dist.name} {dist.version} installed "
-                                  "(RECORD sha256 mismatch): modified or overwritten after install",
-                           fix=f"reinstall {dist.name} (pip install --force-reinstall {dist.name}=={dist.version})",
-                           **common)
+        return w.check(Verdict.UNMANAGED, reason=reason,
+                       fix=f"install {module} with pip (so its version is recorded) or remove {where}")
+    if w.record_hash_ok is False:
+        if w.record_hash and w.record_hash.startswith("md5:"):
+            return w.check(Verdict.VERSION_MISMATCH,
+                           reason=f"{winner.file} differs from the file {dist.label} installed (dpkg md5sums "
+                                  "mismatch): modified or overwritten after install",
+                           fix=f"reinstall the package (apt-get install --reinstall {dist.package})")
+        return w.check(Verdict.VERSION_MISMATCH,
+                       reason=f"{winner.file} differs from the file {dist.name} {dist.version} installed "
+                              "(RECORD sha256 mismatch): modified or overwritten after install",
+                       fix=f"reinstall {dist.name} (pip install --force-reinstall {dist.name}=={dist.version})")
+    static_version, editable = w.static_version, w.editable
     if static_version and version_key(static_version) and version_key(dist.version) and \
             version_key(static_version) != version_key(dist.version):
         if editable is not None:
-            return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
-                               reason=(f"{module}.__version__ is {static_version} but {dist.name} metadata says "
-                                       f"{dist.version}: an editable install from {editable.editable} ({idx}) runs "
-                                       "whatever that tree holds now, and pip show reports the version it had "
-                                       "when installed"),
-                               fix=f"install {dist.name} from a wheel (pip install {dist.name}=={dist.version}), "
-                                   "not editable (-e), in images", **common)
-        return ModuleCheck(verdict=Verdict.VERSION_MISMATCH,
-                           reason=f"{module}.__version__ is {static_version} but {dist.name} metadata says {dist.version}",
-                           fix=f"reinstall {dist.name} so that its files and metadata agree", **common)
+            return w.check(Verdict.VERSION_MISMATCH,
+                           reason=(f"{module}.__version__ is {static_version} but {dist.name} metadata says "
+                                   f"{dist.version}: an editable install from {editable.editable} ({idx}) runs "
+                                   "whatever that tree holds now, and pip show reports the version it had "
+                                   "when installed"),
+                           fix=f"install {dist.name} from a wheel (pip install {dist.name}=={dist.version}), "
+                               "not editable (-e), in images")
+        return w.check(Verdict.VERSION_MISMATCH,
+                       reason=f"{module}.__version__ is {static_version} but {dist.name} metadata says {dist.version}",
+                       fix=f"reinstall {dist.name} so that its files and metadata agree")
     if editable is not None:
-        return ModuleCheck(verdict=Verdict.OK,
-                           reason=(f"{dist.label}, an editable install: {where} from the source tree "
-                                   f"{editable.editable} ({idx}); its code is whatever that tree holds"), **common)
-    return ModuleCheck(verdict=Verdict.OK, reason=f"{dist.label} from {where} ({idx})" + _hides(hidden), **common)
+        return w.check(Verdict.OK,
+                       reason=(f"{dist.label}, an editable install: {where} from the source tree "
+                               f"{editable.editable} ({idx}); its code is whatever that tree holds"))
+    return w.check(Verdict.OK, reason=f"{dist.label} from {where} ({idx})" + _hides(list(w.hidden)))
 
 
 def _hides(hidden: list[HiddenCopy]) -> str:
@@ -168,8 +219,9 @@ def _hides(hidden: list[HiddenCopy]) -> str:
     return "; it hides " + "; ".join(parts) + " (never imported)"
 
 
-def _conflict(module: str, winner: Resolution, owners, dist: Distribution | None, idx: str, common: dict) -> ModuleCheck:
+def _conflict(w: _Winner, owners: tuple[tuple[Distribution, str], ...]) -> ModuleCheck:
     """Two distributions install ``module`` in one directory: one's code runs, the other's never does."""
+    module, winner, dist = w.module, w.resolved, w.distribution
     labels = [f"{d.label} ({f.rsplit('/', 1)[-1] if not f.endswith('/__init__.py') else f.rsplit('/', 2)[-2] + '/'})"
               for d, f in owners]
     running = dist.label if dist is not None else "an unrecorded file"
@@ -185,15 +237,15 @@ def _conflict(module: str, winner: Resolution, owners, dist: Distribution | None
     else:
         fix = (f"keep one: uninstall {' and '.join(d.name for d in losers)} ({_uninstall(losers)}), then reinstall "
                f"the one you keep" + (f" ({_reinstall(dist)})" if dist else ""))
-    return ModuleCheck(
-        verdict=Verdict.CONFLICT, owners=tuple(d for d, _ in owners),
+    return w.check(
+        Verdict.CONFLICT, owners=tuple(d for d, _ in owners),
         reason=(f"{len(owners)} distributions install {module} in {winner.path_entry}: {', '.join(labels)}; "
                 f"{winner.file} imports ({why}), so the code of {running} runs and "
-                f"{', '.join(d.label for d in losers)} never imports ({idx})"),
-        fix=fix, **common)
+                f"{', '.join(d.label for d in losers)} never imports ({w.idx})"),
+        fix=fix)
 
 
-def _uninstall(dists) -> str:
+def _uninstall(dists: list[Distribution]) -> str:
     pip = [d.name for d in dists if d.package is None]
     apt = [d.package for d in dists if d.package]
     out = []

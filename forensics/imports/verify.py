@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -18,8 +17,8 @@ from .dists import check_requirements, find_distributions
 from .execute import StartupFailed, compare, run_probe_bwrap, run_probe_nsenter, startup_result
 from .checks import find_stray_trees, image_findings, lookup_user
 from .layers import LayerFS, LayerLimits, default_capture, read_layers
-from .model import (FindingKind, Guard, ImageConfig, ImageInfo, ImportReport, ManifestKind, ModuleCheck, PathOrigin,
-                    Platform, PythonSetup, Transport, Verdict)
+from .model import (ExecuteResult, FindingKind, Guard, ImageConfig, ImageInfo, ImportReport, ManifestKind, ModuleCheck,
+                    PathOrigin, Platform, PythonSetup, Transport, Verdict)
 from .procfs import read_process
 from .pyenv import command_line, describe_command, runtime_env
 from .pysource import parse_source
@@ -106,7 +105,8 @@ def find_guards(fs: RootFS, setup: PythonSetup, env: dict[str, str] | None = Non
                                                              for t in node.targets)):
                         value = node.value
                         spec = None
-                        if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Constant):
+                        if (isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Constant)
+                                and isinstance(value.args[0].value, (str, bytes))):
                             try:
                                 spec = _json.loads(value.args[0].value)
                             except (TypeError, ValueError, RecursionError):
@@ -134,13 +134,14 @@ def analyze_root(fs: RootFS, config: ImageConfig, info: ImageInfo, options: Veri
     ``argv``/``workdir``/``env``/``interpreter`` are given for a live process; for an image
     they come from the config (and ``options``).
     """
-    for _attempt in range(3):
+    report, run_env, ids = _analyze_once(fs, config, info, options, argv, workdir, env, interpreter,
+                                         loaded_extensions)
+    for _attempt in range(2):
+        if not (isinstance(fs, LayerFS) and fs.misses):
+            break
+        fs.fetch(sorted(fs.misses))  # files the first pass did not keep: one targeted pass, then again
         report, run_env, ids = _analyze_once(fs, config, info, options, argv, workdir, env, interpreter,
                                              loaded_extensions)
-        if isinstance(fs, LayerFS) and fs.misses:
-            fs.fetch(sorted(fs.misses))  # files the first pass did not keep: one targeted pass, then again
-            continue
-        return report, run_env, ids
     return report, run_env, ids
 
 
@@ -157,18 +158,21 @@ def _module_roles(fs: RootFS, entry, setup: PythonSetup, options: VerifyOptions,
             roles.setdefault(name, "entrypoint")
     loaded: dict[str, str] = {}
     for path in loaded_extensions:
-        name = _module_for_extension(path, [e.path for e in setup.sys_path])
-        if name and name not in loaded:
-            loaded[name] = path
-            roles.setdefault(name, "loaded")
+        module = _module_for_extension(path, [e.path for e in setup.sys_path])
+        if module and module not in loaded:
+            loaded[module] = path
+            roles.setdefault(module, "loaded")
     return roles, loaded
 
 
 def _check_modules(fs: RootFS, setup: PythonSetup, roles: dict[str, str], loaded: dict[str, str], dists, files,
                    triplet: str) -> list[ModuleCheck]:
-    checks = []
+    checks: list[ModuleCheck] = []
+    version = setup.entrypoint.version
+    if version is None:  # compute_python_setup builds no sys.path without the interpreter's version
+        return checks
     for m, role in roles.items():
-        winner, cands = find_module(fs, setup.sys_path, m, setup.entrypoint.version, triplet, setup.finders)
+        winner, cands = find_module(fs, setup.sys_path, m, version, triplet, setup.finders)
         check = replace(classify_module(m, winner, cands, setup, dists, files,
                                         lambda p: fs.read_text(p), lambda p: fs.read(p)), role=role)
         if m in loaded:
@@ -196,8 +200,8 @@ def _running_versions(dists, checks: list[ModuleCheck], notes: list[str]) -> tup
         if c.verdict is Verdict.CONFLICT:
             # the other owners' code never imports: facts keyed on their versions do not apply
             for d in c.owners:
-                if c.distribution is None or d.metadata_dir != c.distribution.metadata_dir:
-                    if versions.pop(normalize_name(d.name), None) is not None:
+                runs = c.distribution is not None and d.metadata_dir == c.distribution.metadata_dir
+                if not runs and versions.pop(normalize_name(d.name), None) is not None:
                         notes.append(f"known issues of {d.label} not applied: its {top} never imports "
                                      f"({c.resolved.file if c.resolved else '?'} does)")
         dname = (c.distribution.name if c.distribution else
@@ -301,7 +305,7 @@ def verify_image(ref: str, options: VerifyOptions | None = None) -> ImportReport
         return replace(report, execute=_execute_image(fs, report, run_env, uid, gid))
 
 
-def _execute_image(fs: RootFS, report: ImportReport, env: dict[str, str], uid: int, gid: int):
+def _execute_image(fs: RootFS, report: ImportReport, env: dict[str, str], uid: int, gid: int) -> ExecuteResult:
     setup = report.python
     if setup is None or setup.entrypoint.interpreter is None:
         raise ExecuteError("interpreter", "no Python interpreter in the image to run",
@@ -318,6 +322,7 @@ def _execute_image(fs: RootFS, report: ImportReport, env: dict[str, str], uid: i
         root = os.path.join(tmp, "root")
         os.mkdir(root, 0o755)
         try:
+            assert isinstance(fs, LayerFS)  # a root is a directory (DirFS, probed in place) or an image's layers
             fs.extract(root)
             for d in ("proc", "dev", "tmp", setup.working_dir.strip("/")):
                 if d and not os.path.lexists(os.path.join(root, d)):
@@ -327,13 +332,17 @@ def _execute_image(fs: RootFS, report: ImportReport, env: dict[str, str], uid: i
                                          f"({(e.filename or '')[len(root):][:120]})",
                                hint="Free space under $TMPDIR, or run without --execute (the static verdicts "
                                     "above do not need it).") from e
-        return _probe(fs, root, setup, report, env, uid, gid, names, predicted)
+        result = _probe(fs, root, setup, report, env, uid, gid, names, predicted)
     finally:
-        _rmtree(tmp)
+        left = _rmtree(tmp)
+    if left:  # an unpacked image can be GiBs: whoever runs this must know it is still there
+        result = replace(result, notes=result.notes + (f"{tmp}: the unpacked image could not be removed whole "
+                                                      f"({left} removals failed); remove it by hand",))
+    return result
 
 
 def _probe(fs: RootFS, root: str, setup: PythonSetup, report: ImportReport, env: dict[str, str], uid: int, gid: int,
-           names: list[str], predicted: bool):
+           names: list[str], predicted: bool) -> ExecuteResult:
     try:
         probe, cmd, notes = run_probe_bwrap(root, setup, env, uid, gid, names)
     except StartupFailed as e:
@@ -341,10 +350,11 @@ def _probe(fs: RootFS, root: str, setup: PythonSetup, report: ImportReport, env:
     return compare(fs, setup, report.modules, probe, "bubblewrap", cmd, notes, env)
 
 
-def _rmtree(path: str) -> None:
+def _rmtree(path: str) -> int:
     """Remove an extracted image: iteratively (an image may nest thousands of directories deep, past
     Python's recursion limit), through directory descriptors (never following a link), making a
-    read-only directory from the image's modes writable first."""
+    read-only directory from the image's modes writable first.  Returns how many entries are left."""
+    left = 0
     stack = [(path, False)]
     while stack:
         d, emptied = stack.pop()
@@ -352,11 +362,12 @@ def _rmtree(path: str) -> None:
             try:
                 os.rmdir(d)
             except OSError:
-                pass
+                left += 1
             continue
         try:
             fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
+            left += 1
             continue
         try:
             if os.fstat(fd).st_mode & 0o700 != 0o700:
@@ -370,9 +381,10 @@ def _rmtree(path: str) -> None:
                     try:
                         os.unlink(e.name, dir_fd=fd)
                     except OSError:
-                        pass
+                        left += 1
         finally:
             os.close(fd)
+    return left
 
 
 def verify_pid(pid: int, options: VerifyOptions | None = None) -> ImportReport:

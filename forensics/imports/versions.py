@@ -90,7 +90,7 @@ def _compare(op: str, have: str, want: str) -> bool:
         return False
     if op == "~=":
         wv = parse_version(want)
-        if len(wv.release) < 2:
+        if wv is None or len(wv.release) < 2:
             return False
         prefix = ".".join(str(x) for x in wv.release[:-1]) + ".*"
         return hk >= wk and _compare("==", have, prefix)
@@ -126,7 +126,9 @@ class Requirement:
     text: str
 
 
-_REQ_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(?:@\s*\S+)?\s*\(?\s*([^;()]*?)\s*\)?\s*(?:;\s*(.*))?$")
+# name, [extras], @ url (skipped), (specifier), ; marker
+_REQ_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(?:@\s*\S+)?"
+                     r"\s*\(?\s*([^;()]*?)\s*\)?\s*(?:;\s*(.*))?$")
 
 
 def parse_requirement(text: str) -> Requirement | None:
@@ -149,7 +151,8 @@ def evaluate_marker(marker: str, env: dict[str, str]) -> bool | None:
     >>> evaluate_marker('python_version >= "3.8" and extra == "x"', {"python_version": "3.11"}) is None
     True
     """
-    tokens, pos = [], 0
+    tokens: list[str] = []
+    pos = 0
     while pos < len(marker):
         m = _TOKEN_RE.match(marker, pos)
         if not m:
@@ -160,22 +163,33 @@ def evaluate_marker(marker: str, env: dict[str, str]) -> bool | None:
             break
     if any(t == "extra" for t in tokens):
         return None
-    i = 0
+    try:
+        return _MarkerParser(tokens, env).expr()
+    except (IndexError, ValueError, KeyError):  # a marker this reader cannot follow: undecided (None)
+        return None
 
-    def value(tok: str) -> str | None:
+
+class _MarkerParser:
+    """Recursive descent over a marker's tokens: ``expr := conj ("or" conj)*``, ``conj := atom ("and" atom)*``,
+    ``atom := "(" expr ")" | value op value``; raises IndexError/ValueError on what it cannot read."""
+
+    def __init__(self, tokens: list[str], env: dict[str, str]) -> None:
+        self.tokens, self.env, self.i = tokens, env, 0
+
+    def value(self, tok: str) -> str | None:
         if tok[:1] in "'\"":
             return tok[1:-1]
-        return env.get(tok)
+        return self.env.get(tok)
 
-    def atom() -> bool:
-        nonlocal i
-        if tokens[i] == "(":
-            i += 1
-            r = expr()
-            i += 1  # ')'
+    def atom(self) -> bool:
+        tokens = self.tokens
+        if tokens[self.i] == "(":
+            self.i += 1
+            r = self.expr()
+            self.i += 1  # ')'
             return r
-        left, op, right = value(tokens[i]), tokens[i + 1], value(tokens[i + 2])
-        i += 3
+        left, op, right = self.value(tokens[self.i]), tokens[self.i + 1], self.value(tokens[self.i + 2])
+        self.i += 3
         if left is None or right is None:
             raise ValueError("unknown marker variable")
         op = " ".join(op.split())
@@ -187,26 +201,19 @@ def evaluate_marker(marker: str, env: dict[str, str]) -> bool | None:
             return _compare(op, left, right)
         return {"==": left == right, "!=": left != right, "===": left == right}.get(op, False)
 
-    def conj() -> bool:
-        nonlocal i
-        r = atom()
-        while i < len(tokens) and tokens[i] == "and":
-            i += 1
-            r = atom() and r
+    def conj(self) -> bool:
+        r = self.atom()
+        while self.i < len(self.tokens) and self.tokens[self.i] == "and":
+            self.i += 1
+            r = self.atom() and r
         return r
 
-    def expr() -> bool:
-        nonlocal i
-        r = conj()
-        while i < len(tokens) and tokens[i] == "or":
-            i += 1
-            r = conj() or r
+    def expr(self) -> bool:
+        r = self.conj()
+        while self.i < len(self.tokens) and self.tokens[self.i] == "or":
+            self.i += 1
+            r = self.conj() or r
         return r
-
-    try:
-        return expr()
-    except (IndexError, ValueError, KeyError):
-        return None
 
 
 # -- __version__ by ast -------------------------------------------------------------------------
