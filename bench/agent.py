@@ -12,8 +12,8 @@ writing a plain file name (``core``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import resource
 import shutil
 import signal
@@ -77,10 +77,8 @@ def main() -> None:
         def agent_tree(sig: int) -> None:
             procs = [psutil.Process(agent.pid)] + psutil.Process(agent.pid).children(recursive=True)
             for p in procs:
-                try:
+                with contextlib.suppress(psutil.Error):
                     p.send_signal(sig)
-                except psutil.Error:
-                    pass
 
         without, with_agent = [], []
         for _ in range(a.crashes):

@@ -1,4 +1,6 @@
-"""Benchmark ``forensics analyze`` (auto and ``--method direct``) against pystack and gdb on real cores; prints ratios, asserts nothing.
+"""Benchmark ``forensics analyze`` (auto and ``--method direct``) against pystack and gdb on real cores.
+
+Prints ratios, asserts nothing.
 
 What it measures
 ----------------
@@ -84,6 +86,7 @@ Usage, from the repository root::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -152,10 +155,32 @@ class Measurement:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+
+
+def _kill_leftovers(pid: int, seen: dict[int, psutil.Process]) -> None:
+    """Kill what is left of the tree of ``pid``: its process group, and any descendant that left it."""
+    _kill_group(pid)
+    for p in seen.values():
+        try:
+            if p.pid != pid and p.is_running():
+                p.kill()
+        except psutil.Error:
+            pass
+
+
+def _failure(rc: int, out_path: Path, expect: bytes | None, timed_out: bool, timeout: float) -> str:
+    """Why a run does not count ("" when it does): a timeout, an exit status, or output lacking ``expect``."""
+    if timed_out:
+        return f"timed out after {timeout:.0f}s"
+    if rc != 0:
+        return f"exit status {rc}"
+    if expect is not None:
+        with open(out_path, "rb") as f:
+            if expect not in f.read():
+                return f"output lacks {expect.decode()}"
+    return ""
 
 
 def measure(cmd: list[str], *, timeout: float, out_path: Path, expect: bytes | None = EXPECT,
@@ -217,26 +242,11 @@ def measure(cmd: list[str], *, timeout: float, out_path: Path, expect: bytes | N
         if status is None:  # interrupted: the child was not reaped
             _kill_group(proc.pid)
             proc.wait()
-        _kill_group(proc.pid)  # anything of it still in its group
-        for p in seen.values():  # and any descendant that left the group
-            try:
-                if p.pid != proc.pid and p.is_running():
-                    p.kill()
-            except psutil.Error:
-                pass
+        _kill_leftovers(proc.pid, seen)
     single = max(peak["single"], usage.ru_maxrss * 1024)
-    note = ""
-    if timed_out.is_set():
-        note = f"timed out after {timeout:.0f}s"
-    elif proc.returncode != 0:
-        note = f"exit status {proc.returncode}"
-    ok = not note
-    if ok and expect is not None:
-        with open(out_path, "rb") as f:
-            if expect not in f.read():
-                ok, note = False, f"output lacks {expect.decode()}"
+    note = _failure(proc.returncode, out_path, expect, timed_out.is_set(), timeout)
     return Measurement(wall_s=wall, peak_tree_mb=peak["tree"] / MiB, peak_single_mb=single / MiB,
-                       rc=proc.returncode, ok=ok, note=note, cpu_s=usage.ru_utime + usage.ru_stime)
+                       rc=proc.returncode, ok=not note, note=note, cpu_s=usage.ru_utime + usage.ru_stime)
 
 
 # -- the bench environment ---------------------------------------------------------------------
@@ -617,15 +627,18 @@ def stacks_report(cases: list[StackCase], why_none: str) -> dict:
         rows.append({"version": c.version, "scenario": c.scenario, "core": c.path, "core_mb": c.size / MiB,
                      "tools": tools, "cpu_ratio": _ratio(d and d["cpu_s"], p and p["cpu_s"]),
                      "wall_ratio": _ratio(d and d["wall_s"], p and p["wall_s"])})
-    goal = {"id": "h", "goal": f"(h) direct CPU <= {GOAL_STACKS_CPU_RATIO:g}x pystack on every 3.14/3.15 core "
-                               "(Python stacks only)", "value": None, "detail": why_none or "not measured", "pass": None}
+    goal = {"id": "h",
+            "goal": f"(h) direct CPU <= {GOAL_STACKS_CPU_RATIO:g}x pystack on every 3.14/3.15 core "
+                    "(Python stacks only)",
+            "value": None, "detail": why_none or "not measured", "pass": None}
     have = [r for r in rows if r["cpu_ratio"] is not None]
     if have:
         worst = max(have, key=lambda r: r["cpu_ratio"])
         bad = [f"{r['version']} {r['scenario']}" for r in rows if not all(t["ok"] for t in r["tools"].values())]
+        not_ok = f"; not ok: {', '.join(bad)}" if bad else ""
         goal.update(value=round(worst["cpu_ratio"], 3),
                     detail=f"worst {worst['cpu_ratio']:.2f}x ({worst['version']} {worst['scenario']}), geomean "
-                           f"{_geomean([r['cpu_ratio'] for r in have]):.2f}x" + (f"; not ok: {', '.join(bad)}" if bad else ""))
+                           f"{_geomean([r['cpu_ratio'] for r in have]):.2f}x{not_ok}")
         goal["pass"] = worst["cpu_ratio"] <= GOAL_STACKS_CPU_RATIO and not bad
     return {"cores": rows, "goal": goal}
 
@@ -728,7 +741,8 @@ def build_report(cases: list[CoreCase], batch: dict | None, settings: dict) -> d
                 "peak_tree": _ratio(n and n["peak_tree_mb"], d and d["peak_tree_mb"]),
             }
         cold = tools.get("forensics-cold")
-        ratios["cold_pystack"] = {"cpu": _ratio(cold and cold["cpu_s"], tools.get("pystack") and tools["pystack"]["cpu_s"])}
+        pystack = tools.get("pystack")
+        ratios["cold_pystack"] = {"cpu": _ratio(cold and cold["cpu_s"], pystack and pystack["cpu_s"])}
         rows.append({"version": c.version, "python": c.python, "scenario": c.scenario + ("+heap" if c.heap_mb else ""),
                      "ballast_mb": c.ballast_mb, "core": c.path, "core_mb": c.size / MiB,
                      "tools": tools, "ratios": ratios, "heap": c.heap, "heap_mb": c.heap_mb})
@@ -826,7 +840,8 @@ def print_report(rep: dict) -> None:
         pk = {k: t[k]["peak_tree_mb"] if k in t else None for k in ("forensics", "pystack", "eu-stack")}
         print(f"{r['version']:<8} {r['scenario']:<10} {r['core_mb']:>8.0f} | {_f(c['forensics'], '9.3f')} "
               f"{_f(c['forensics-cold'], '7.3f')} {_f(c['pystack'], '8.3f')} {_f(c['eu-stack'], '8.3f')} | "
-              f"{_f(q['pystack']['cpu'], '9.2f')} {_f(q['cold_pystack']['cpu'], '6.2f')} {_f(q['eu_stack']['cpu'], '6.2f')} | "
+              f"{_f(q['pystack']['cpu'], '9.2f')} {_f(q['cold_pystack']['cpu'], '6.2f')} "
+              f"{_f(q['eu_stack']['cpu'], '6.2f')} | "
               f"        {_f(pk['forensics'], '9.1f')} {_f(pk['pystack'], '8.1f')} {_f(pk['eu-stack'], '8.1f')} "
               f"{_f(q['pystack']['peak_tree'], '5.2f')}")
     for key in ("pystack", "eu_stack"):

@@ -135,8 +135,9 @@ def main() -> None:
             zsize = (work / "out.zst").stat().st_size
             results[mb] = (size, zt, ht, max(h_rss), zsize, meta["core"]["bytes_compressed"])
             shutil.rmtree(core_dir)
-        print(f"{'core':>12} {'zstd -1':>12} {'handler':>12} {'ratio':>7} {'handler RSS':>12} {'zstd out':>10} {'handler out':>12}")
-        for mb, (size, zt, ht, rss, zs, hs) in sorted(results.items()):
+        print(f"{'core':>12} {'zstd -1':>12} {'handler':>12} {'ratio':>7} {'handler RSS':>12} {'zstd out':>10} "
+              f"{'handler out':>12}")
+        for _mb, (size, zt, ht, rss, zs, hs) in sorted(results.items()):
             print(f"{size / 2**20:9.0f}MiB {size / zt / 2**20:8.0f}MiB/s {size / ht / 2**20:8.0f}MiB/s "
                   f"{zt / ht:7.2f} {rss / 1024:9.1f}MiB {zs / 2**20:8.1f}MiB {hs / 2**20:10.1f}MiB")
         size, zt, ht, rss, _, _ = results[args.mb]
