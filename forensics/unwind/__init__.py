@@ -140,9 +140,9 @@ class _Unwinder:
     def _on_find_debuginfo(self, mod, userdata, modname, base, file_name, debuglink, crc, debug_name) -> int:
         try:
             library = self.modules.get(mod or 0)
-            build_id = library and (library.build_id or library.file_build_id)
-            path = find_debug_file(build_id, self.sysroot, library.path) if build_id else None
-            if path is None:
+            build_id = (library.build_id or library.file_build_id) if library is not None else None
+            path = find_debug_file(build_id, self.sysroot, library.path) if library is not None and build_id else None
+            if path is None or not build_id:
                 self.debug_files[mod] = None
                 return -1
             plain = decompressed_debug_file(path, build_id.lower())
@@ -230,9 +230,13 @@ class _Unwinder:
         mod = lib.dwfl_addrmodule(dwfl, pc if activation or not pc else pc - 1)
         library = self.modules.get(mod or 0)
         if library is None:
-            return pcs, f"unwinding stopped at frame {len(pcs)}, at {pc:#x} outside every mapped object: {reason}", True
+            return pcs, (f"unwinding stopped at frame {len(pcs)}, at {pc:#x} outside every mapped object: "
+                         f"{reason}"), True
         if mod not in self.given:
-            why = "its file is of another build" if library.status is LibraryStatus.MISMATCH else "its file was not found"
+            if library.status is LibraryStatus.MISMATCH:
+                why = "its file is of another build"
+            else:
+                why = "its file was not found"
             return pcs, (f"unwinding stopped at frame {len(pcs)} in {library.name}: {why}, so there is no unwind "
                          f"table to go on (libdwfl: {reason})"), True
         return pcs, f"unwinding stopped at frame {len(pcs)} in {library.name}: {reason}", False

@@ -16,11 +16,13 @@ bounded; anything unexpected leaves the original file in use.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import struct
 import zlib
+from typing import BinaryIO, cast
 
 from ..cache import cache_dir
 
@@ -54,7 +56,8 @@ def _read_exact(fd: int, size: int, offset: int) -> bytes:
 def _headers(fd: int) -> tuple[tuple, list[tuple], list[tuple]]:
     """(ELF header fields, program headers, section headers) of the ELF file open at ``fd``."""
     eh = _EHDR.unpack(_read_exact(fd, _EHDR.size, 0))
-    ident, e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize, e_shnum = eh[0], eh[5], eh[6], eh[9], eh[10], eh[11], eh[12]
+    ident, e_phoff, e_shoff = eh[0], eh[5], eh[6]
+    e_phentsize, e_phnum, e_shentsize, e_shnum = eh[9], eh[10], eh[11], eh[12]
     if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
         raise _Unsuitable("not ELF64 little-endian")
     if e_shentsize != _SHDR.size or not 0 < e_shnum <= MAX_SECTIONS or (e_phnum and e_phentsize != _PHDR.size):
@@ -117,7 +120,8 @@ def _inflate(src: int, offset: int, size: int, out, expected: int, kind: int) ->
     elif kind == ELFCOMPRESS_ZSTD:
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(section, read_across_frames=True)
+        # the reader only calls read(size), which a raw stream has; typeshed's IO[bytes] asks for more
+        reader = zstandard.ZstdDecompressor().stream_reader(cast(BinaryIO, section), read_across_frames=True)
         chunks = iter(lambda: reader.read(_CHUNK), b"")
     else:
         raise _Unsuitable(f"compression type {kind}")
@@ -260,10 +264,8 @@ def decompressed_debug_file(path: str, build_id: str) -> str:
             write_decompressed(path, str(tmp))
             os.rename(tmp, final)
         except (OSError, ValueError):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             return path
         return str(final)
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -30,6 +31,7 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
+from typing import Any
 
 from ..errors import UnwinderUnavailable
 
@@ -98,6 +100,9 @@ class DwflCallbacks(Structure):
                 ("debuginfo_path", c_void_p)]
 
 
+# A foreign function: ctypes checks and converts its arguments by the argtypes below, so it takes Any.
+_CFunction = Callable[..., Any]
+
 # name: (restype, argtypes); the library each lives in is said by the table it is in
 _DW = {
     "dwfl_begin": (c_void_p, [POINTER(DwflCallbacks)]),
@@ -145,6 +150,44 @@ _ELF = {
 
 class Lib:
     """The loaded functions, as attributes (``lib.dwfl_begin(...)``), plus libc's ``free``."""
+
+    # one per name of _DW and _ELF (set by __init__; a typo in a call is then a type error)
+    dwfl_begin: _CFunction
+    dwfl_end: _CFunction
+    dwfl_errno: _CFunction
+    dwfl_errmsg: _CFunction
+    dwfl_report_begin: _CFunction
+    dwfl_report_module: _CFunction
+    dwfl_report_end: _CFunction
+    dwfl_core_file_attach: _CFunction
+    dwfl_getthreads: _CFunction
+    dwfl_thread_tid: _CFunction
+    dwfl_thread_getframes: _CFunction
+    dwfl_frame_pc: _CFunction
+    dwfl_addrmodule: _CFunction
+    dwfl_module_build_id: _CFunction
+    dwfl_module_addrinfo: _CFunction
+    dwfl_module_addrdie: _CFunction
+    dwfl_module_getsrc: _CFunction
+    dwfl_lineinfo: _CFunction
+    dwarf_getscopes: _CFunction
+    dwarf_getscopes_die: _CFunction
+    dwarf_tag: _CFunction
+    dwarf_child: _CFunction
+    dwarf_siblingof: _CFunction
+    dwarf_haspc: _CFunction
+    dwarf_ranges: _CFunction
+    dwarf_attr: _CFunction
+    dwarf_attr_integrate: _CFunction
+    dwarf_formstring: _CFunction
+    dwarf_formudata: _CFunction
+    dwarf_getsrcfiles: _CFunction
+    dwarf_filesrc: _CFunction
+    dwelf_elf_gnu_build_id: _CFunction
+    elf_version: _CFunction
+    elf_begin: _CFunction
+    elf_end: _CFunction
+    free: _CFunction
 
     def __init__(self, dw: ctypes.CDLL, libc: ctypes.CDLL) -> None:
         for table, so in ((_DW, dw), (_ELF, dw)):  # dlsym through libdw's handle finds its libelf's
