@@ -233,16 +233,9 @@ def _test_munmap(heap: Heap, c: HeapChunk, region: Region | None) -> list[str] |
     return None
 
 
-def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str] | None:
-    """The inconsistencies of chunk ``c_addr`` that fail check ``kind``, or None when it passes it."""
-    c = _chunk(heap, c_addr, region)
-    if c is None:
-        return None
+def _test_own_size(heap: Heap, kind: str, c: HeapChunk, region: Region) -> list[str] | None:
+    """Checks ``invalid-size``, ``invalid-pointer``, ``top`` and ``tcache-double``: the chunk's own header."""
     size_field = c.size | c.flags
-    if kind == "munmap":
-        return _test_munmap(heap, c, region)
-    if region is None:
-        return None
     if kind == "invalid-size":
         if c.size < MINSIZE or c.size & (MALLOC_ALIGNMENT - 1):
             return [f"size field 0x{size_field:x}: size 0x{c.size:x} is "
@@ -256,41 +249,53 @@ def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str
     if kind == "top":
         return ["the chunk being freed is the arena's top chunk (a double free, or a pointer into the wilderness)"] \
             if region.top == c.address else None
-    if kind == "tcache-double":
-        if c.mem not in heap.cached:
-            return None
-        key = heap.hm.u64(c.mem + SIZE_SZ)
-        return [f"0x{c.mem:x} is already in a tcache list (its key 0x{key:x} marks a tcache entry): "
-                "it was freed before"]
-    if c.size < MINSIZE or c.size & (MALLOC_ALIGNMENT - 1):
+    # tcache-double
+    if c.mem not in heap.cached:
         return None
+    key = heap.hm.u64(c.mem + SIZE_SZ)
+    return [f"0x{c.mem:x} is already in a tcache list (its key 0x{key:x} marks a tcache entry): "
+            "it was freed before"]
+
+
+_OWN_SIZE_TESTS = {"invalid-size", "invalid-pointer", "top", "tcache-double"}
+
+
+def _test_out(heap: Heap, c: HeapChunk, region: Region) -> list[str] | None:
+    """Check ``out``: the chunk after the one being freed must lie inside its arena."""
     nxt_addr = c.address + c.size
-    if kind == "out":
-        end = _arena_end(heap, region)
-        main = heap.arenas[0] if heap.arenas else None
-        if region.arena != heap.glibc.main_arena and not c.flags & 4 and main is not None and main.top_size:
-            # NON_MAIN_ARENA clear: glibc took the chunk for one of main_arena's and checked it against that
-            end = main.top + main.top_size
-            note = (f"NON_MAIN_ARENA is clear on a chunk of thread arena 0x{region.arena:x}, so glibc checked it "
-                    f"against main_arena, whose heap ends at 0x{end:x}")
-        else:
-            note = f"the arena's heap ends at 0x{end:x}"
-        if nxt_addr >= end or c.address == region.top:
-            out = [f"size field 0x{size_field:x}: the next chunk would be at 0x{nxt_addr:x}; {note}"]
-            if c.address == region.top:
-                out.append(f"0x{c.address:x} is the arena's top chunk: its size field was overwritten")
-            return out
+    end = _arena_end(heap, region)
+    main = heap.arenas[0] if heap.arenas else None
+    if region.arena != heap.glibc.main_arena and not c.flags & 4 and main is not None and main.top_size:
+        # NON_MAIN_ARENA clear: glibc took the chunk for one of main_arena's and checked it against that
+        end = main.top + main.top_size
+        note = (f"NON_MAIN_ARENA is clear on a chunk of thread arena 0x{region.arena:x}, so glibc checked it "
+                f"against main_arena, whose heap ends at 0x{end:x}")
+    else:
+        note = f"the arena's heap ends at 0x{end:x}"
+    if nxt_addr >= end or c.address == region.top:
+        out = [f"size field 0x{c.size | c.flags:x}: the next chunk would be at 0x{nxt_addr:x}; {note}"]
+        if c.address == region.top:
+            out.append(f"0x{c.address:x} is the arena's top chunk: its size field was overwritten")
+        return out
+    return None
+
+
+def _test_consolidate_prev(heap: Heap, c: HeapChunk, region: Region) -> list[str] | None:
+    """Check ``consolidate-prev``: a clear PREV_INUSE says the chunk before is free, of size prev_size."""
+    if c.flags & PREV_INUSE:
         return None
-    if kind == "consolidate-prev":
-        if c.flags & PREV_INUSE:
-            return None
-        prev_addr = c.address - c.prev_size
-        p = _chunk(heap, prev_addr, region)
-        if p is None or p.size != c.prev_size:
-            return [f"size field 0x{size_field:x}: PREV_INUSE clear says the chunk before it is free, of "
-                    f"prev_size 0x{c.prev_size:x}; " + (f"the chunk at 0x{prev_addr:x} has size 0x{p.size:x}"
-                                                       if p else f"0x{prev_addr:x} is not in the core")]
-        return None
+    prev_addr = c.address - c.prev_size
+    p = _chunk(heap, prev_addr, region)
+    if p is None or p.size != c.prev_size:
+        return [f"size field 0x{c.size | c.flags:x}: PREV_INUSE clear says the chunk before it is free, of "
+                f"prev_size 0x{c.prev_size:x}; " + (f"the chunk at 0x{prev_addr:x} has size 0x{p.size:x}"
+                                                   if p else f"0x{prev_addr:x} is not in the core")]
+    return None
+
+
+def _test_next(heap: Heap, kind: str, c: HeapChunk, region: Region) -> list[str] | None:
+    """Checks ``next-size`` and ``next-prev-inuse``: the header of the chunk after the one being freed."""
+    nxt_addr = c.address + c.size
     if nxt_addr + 2 * SIZE_SZ > region.end:
         return None
     nxt = _chunk(heap, nxt_addr, region)
@@ -312,6 +317,26 @@ def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str
             problems.append(f"its prev_size 0x{nxt.prev_size:x} is not the size 0x{c.size:x} of the chunk before it")
         return problems
     return None
+
+
+def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str] | None:
+    """The inconsistencies of chunk ``c_addr`` that fail check ``kind``, or None when it passes it."""
+    c = _chunk(heap, c_addr, region)
+    if c is None:
+        return None
+    if kind == "munmap":
+        return _test_munmap(heap, c, region)
+    if region is None:
+        return None
+    if kind in _OWN_SIZE_TESTS:
+        return _test_own_size(heap, kind, c, region)
+    if c.size < MINSIZE or c.size & (MALLOC_ALIGNMENT - 1):
+        return None
+    if kind == "out":
+        return _test_out(heap, c, region)
+    if kind == "consolidate-prev":
+        return _test_consolidate_prev(heap, c, region)
+    return _test_next(heap, kind, c, region)
 
 
 def _chunk_boundaries(heap: Heap, addrs: set[int]) -> set[int]:
@@ -471,7 +496,7 @@ def describe_header(heap: Heap, c: HeapChunk, before: HeapChunk | None) -> list[
                    "in use")
         if c.prev_size != before.size:
             out.append(f"prev_size: 0x{c.prev_size:x} is not the size 0x{before.size:x} of the chunk before it")
-    if MINSIZE <= c.size and not c.size & (MALLOC_ALIGNMENT - 1) and c.address + c.size + 2 * SIZE_SZ <= region.end \
+    if c.size >= MINSIZE and not c.size & (MALLOC_ALIGNMENT - 1) and c.address + c.size + 2 * SIZE_SZ <= region.end \
             and c.address != region.top:
         nxt = _chunk(heap, c.address + c.size, region)
         if nxt is not None and (nxt.size < MINSIZE or nxt.size & (MALLOC_ALIGNMENT - 1)
@@ -609,51 +634,32 @@ def _base(path: str | None) -> str:
     return (path or "?").rsplit("/", 1)[-1]
 
 
-def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches: Sequence[int] = (),
-                    owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (),
-                    is_python: bool = False, locals_problem: str | None = None,
-                    owner_lookup: Callable[[int, int], BufferOwner | None] | None = None) -> HeapCorruption:
-    """The anatomy of the corruption behind glibc's ``message`` in the thread ``tid``."""
-    check = classify_message(message)
-    if check is None:
-        return HeapCorruption(message=message, check="not one of glibc malloc's checks", rejected=None,
-                              rejected_found_by=None, damaged=None, inconsistencies=(), overflowed=None,
-                              usable_size=None, buffer_size=None, overflow_length=None, overflow_past_usable=None,
-                              overflow_exact=False, overflow_basis="", first_bytes="",
-                              verdict_reason="glibc's message does not name a malloc check")
-    problems: list[str] = []
-    found = None
-    if check.kind == "tcache-double":
+def _locate(heap: Heap, kind: str, tid: int | None, tcaches: Sequence[int],
+            problems: list[str]) -> tuple[HeapChunk, str, list[str]] | None:
+    """The chunk check ``kind`` rejected (chunk, where it was found, inconsistencies), or None."""
+    if kind == "tcache-double":
         for t in tcaches:
             heap.cached |= tcache_entries(heap.hm, heap.layout, t)
-    if check.kind in ("bins", "fast-list", "top-size"):
-        found = _list_damage(heap, check.kind)
-    elif check.kind == "tcache-list":
-        found = _tcache_damage(heap, tcaches)
-    else:
-        found = find_rejected_chunk(heap, check.kind, tid)
-        if found is None and check.kind in _WALKABLE:
-            found = _walk_damage(heap, check.kind)
-            if found is not None:
-                problems.append("the pointer glibc was freeing is no longer among the values the crashing thread "
-                                "holds; the chunk named is the first header of its heap that fails this check")
-    if found is None:
-        return HeapCorruption(message=message, check=check.looks_at, rejected=None, rejected_found_by=None,
-                              damaged=None, inconsistencies=(), overflowed=None, usable_size=None, buffer_size=None,
-                              overflow_length=None, overflow_past_usable=None, overflow_exact=False,
-                              overflow_basis="", first_bytes="",
-                              verdict_reason="the chunk glibc rejected was not found",
-                              problems=(f"no value the crashing thread holds (registers, {STACK_WINDOW >> 10} KiB "
-                                        "of stack) and no free list points at a chunk that fails this check",))
-    rejected, found_by, inconsistencies = found
-    if check.kind in _OWN_HEADER or check.kind in ("bins", "fast-list", "top-size", "tcache-list"):
-        damaged = rejected
-    else:
-        damaged = _chunk(heap, rejected.address + rejected.size, heap.region_of(rejected.address)) or rejected
+    if kind in ("bins", "fast-list", "top-size"):
+        return _list_damage(heap, kind)
+    if kind == "tcache-list":
+        return _tcache_damage(heap, tcaches)
+    found = find_rejected_chunk(heap, kind, tid)
+    if found is None and kind in _WALKABLE:
+        found = _walk_damage(heap, kind)
+        if found is not None:
+            problems.append("the pointer glibc was freeing is no longer among the values the crashing thread "
+                            "holds; the chunk named is the first header of its heap that fails this check")
+    return found
+
+
+def _find_overflowed(heap: Heap, kind: str, rejected: HeapChunk, damaged: HeapChunk, inconsistencies: list[str],
+                     problems: list[str]) -> tuple[HeapChunk | None, bool]:
+    """(the chunk whose buffer was written past, or None; whether the check caught a chunk freed twice)."""
     overflowed: HeapChunk | None = None
     why_not = None
-    double_free = check.kind in _DOUBLE_FREE
-    if check.kind == "top":
+    double_free = kind in _DOUBLE_FREE
+    if kind == "top":
         arena = heap.arena(rejected.arena) if rejected.arena is not None else None
         if arena is not None and (rejected.size > arena.system_mem or rejected.size & (MALLOC_ALIGNMENT - 1)):
             double_free = False  # a top chunk whose size no arena has: written over, not freed twice
@@ -667,13 +673,62 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
         overflowed, why_not = find_chunk_before(heap, damaged.address)
     if why_not:
         problems.append(why_not)
+    return overflowed, double_free
+
+
+def _add_header_lines(heap: Heap, damaged: HeapChunk, overflowed: HeapChunk | None,
+                      inconsistencies: list[str]) -> None:
+    """Append what is wrong with the damaged header, except what the inconsistencies already say."""
+    said = " ".join(inconsistencies)
+    for line in describe_header(heap, damaged, overflowed):
+        topic = next((t for t in ("IS_MMAPPED", "NON_MAIN_ARENA", "PREV_INUSE", "prev_size") if t in line),
+                     f"size 0x{damaged.size:x}" if line.startswith("size:") else line)
+        if topic not in said:
+            inconsistencies.append(line)
+
+
+def _owner_of(overflowed: HeapChunk, owners: Sequence[tuple[BufferOwner, NativeCall | None]],
+              owner_lookup: Callable[[int, int], BufferOwner | None] | None,
+              ) -> tuple[BufferOwner | None, NativeCall | None]:
+    """The object whose buffer is in the overflowed chunk, and the native call it was passed to, if known."""
+    for own, c in owners:
+        if overflowed.mem <= own.object.buffer < overflowed.mem + overflowed.size:
+            return own, c
+    if owner_lookup is not None:
+        return owner_lookup(overflowed.mem, overflowed.size), None
+    return None, None
+
+
+def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches: Sequence[int] = (),
+                    owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (),
+                    is_python: bool = False, locals_problem: str | None = None,
+                    owner_lookup: Callable[[int, int], BufferOwner | None] | None = None) -> HeapCorruption:
+    """The anatomy of the corruption behind glibc's ``message`` in the thread ``tid``."""
+    check = classify_message(message)
+    if check is None:
+        return HeapCorruption(message=message, check="not one of glibc malloc's checks", rejected=None,
+                              rejected_found_by=None, damaged=None, inconsistencies=(), overflowed=None,
+                              usable_size=None, buffer_size=None, overflow_length=None, overflow_past_usable=None,
+                              overflow_exact=False, overflow_basis="", first_bytes="",
+                              verdict_reason="glibc's message does not name a malloc check")
+    problems: list[str] = []
+    found = _locate(heap, check.kind, tid, tcaches, problems)
+    if found is None:
+        return HeapCorruption(message=message, check=check.looks_at, rejected=None, rejected_found_by=None,
+                              damaged=None, inconsistencies=(), overflowed=None, usable_size=None, buffer_size=None,
+                              overflow_length=None, overflow_past_usable=None, overflow_exact=False,
+                              overflow_basis="", first_bytes="",
+                              verdict_reason="the chunk glibc rejected was not found",
+                              problems=(f"no value the crashing thread holds (registers, {STACK_WINDOW >> 10} KiB "
+                                        "of stack) and no free list points at a chunk that fails this check",))
+    rejected, found_by, inconsistencies = found
+    if check.kind in _OWN_HEADER or check.kind in ("bins", "fast-list", "top-size", "tcache-list"):
+        damaged = rejected
+    else:
+        damaged = _chunk(heap, rejected.address + rejected.size, heap.region_of(rejected.address)) or rejected
+    overflowed, double_free = _find_overflowed(heap, check.kind, rejected, damaged, inconsistencies, problems)
     if not double_free:
-        said = " ".join(inconsistencies)
-        for line in describe_header(heap, damaged, overflowed):
-            topic = next((t for t in ("IS_MMAPPED", "NON_MAIN_ARENA", "PREV_INUSE", "prev_size") if t in line),
-                         f"size 0x{damaged.size:x}" if line.startswith("size:") else line)
-            if topic not in said:
-                inconsistencies.append(line)
+        _add_header_lines(heap, damaged, overflowed, inconsistencies)
     owner = call = None
     usable = past_buffer = past_usable = None
     exact = False
@@ -681,13 +736,7 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
     first = b""
     buffer_size = None
     if overflowed is not None:
-        for own, c in owners:
-            usable_guess = overflowed.size
-            if overflowed.mem <= own.object.buffer < overflowed.mem + usable_guess:
-                owner, call = own, c
-                break
-        if owner is None and owner_lookup is not None:
-            owner = owner_lookup(overflowed.mem, overflowed.size)
+        owner, call = _owner_of(overflowed, owners, owner_lookup)
         if owner is not None and owner.object.buffer == overflowed.mem:
             buffer_size = owner.object.size
         usable, past_buffer, past_usable, exact, basis, first = measure_overflow(

@@ -75,10 +75,8 @@ def model_structs(minor: int) -> dict:
         heap += [("pagesize", 8, 1), ("pad", 1, 8)]  # pad[-3 * SIZE_SZ & MALLOC_ALIGN_MASK]
     else:
         heap += [("pad", 1, 0)]  # pad[-6 * SIZE_SZ & MALLOC_ALIGN_MASK]
-    if minor >= 42:
-        tcache = [("num_slots", 2, 76), ("entries", 8, 76)]
-    else:
-        tcache = [("counts", 2, 64), ("entries", 8, 64)]
+    # 2.42: num_slots[] of 76 bins replaced counts[] of 64
+    tcache = [("num_slots", 2, 76), ("entries", 8, 76)] if minor >= 42 else [("counts", 2, 64), ("entries", 8, 64)]
     return {
         "malloc_state": _lay_out(state),
         "malloc_par": _lay_out(par),

@@ -137,14 +137,24 @@ def parse_version(text: str) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
-def _member(structs: dict, struct: str, *names: str, required: bool = True) -> int | None:
+def _optional_member(structs: dict, struct: str, *names: str) -> int | None:
+    """The offset of the first of ``names`` that ``struct`` has, or None."""
     members = structs.get(struct, {}).get("members", {})
     for name in names:
         if name in members:
             return int(members[name]["offset"])
-    if required:
-        raise LayoutError(f"{struct} has none of {', '.join(names)}")
     return None
+
+
+def _member(structs: dict, struct: str, *names: str) -> int:
+    """The offset of the first of ``names`` that ``struct`` has.
+
+    :raises LayoutError: when it has none of them
+    """
+    offset = _optional_member(structs, struct, *names)
+    if offset is None:
+        raise LayoutError(f"{struct} has none of {', '.join(names)}")
+    return offset
 
 
 def _count(structs: dict, struct: str, name: str) -> tuple[int, int]:
@@ -162,7 +172,7 @@ def layout_from_structs(version: tuple[int, int], structs: dict, source: str) ->
     for name in ("malloc_state", "malloc_par", "_heap_info", "tcache_perthread_struct"):
         if not structs.get(name, {}).get("size"):
             raise LayoutError(f"no struct {name}")
-    fast = _member(structs, "malloc_state", "fastbinsY", required=False)
+    fast = _optional_member(structs, "malloc_state", "fastbinsY")
     nfast = _count(structs, "malloc_state", "fastbinsY")[0] if fast is not None else 0
     nbins_ptrs, _ = _count(structs, "malloc_state", "bins")
     counts_name = "num_slots" if "num_slots" in structs["tcache_perthread_struct"]["members"] else "counts"

@@ -156,7 +156,7 @@ def _self_pointing_slots(hm: HeapMemory, ranges: list[tuple[int, int]]) -> list[
             data = hm.mem.read_prefix(start, min(end - start, 1 << 20))
         except Exception:  # noqa: BLE001 - a range the core lacks is simply skipped
             continue
-        words = struct.unpack("<%dQ" % (len(data) // 8), data[: len(data) // 8 * 8])
+        words = struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8])
         for i in range(len(words) - 1):
             p = start + 8 * i
             if words[i] == p - 16 and words[i + 1] == p - 16:
@@ -230,6 +230,24 @@ def _search_mp(hm: HeapMemory, layout: MallocLayout, ranges: list[tuple[int, int
     return None
 
 
+def _candidate_layouts(layout: MallocLayout | None, version: tuple[int, int] | None) -> list[MallocLayout]:
+    """The layouts to try: the debug file's, else the table's of the version, else (unknown version) every
+    distinct shape the table holds, newest first."""
+    if layout is not None:
+        return [layout]
+    if version is not None:
+        return [layout_for_version(version)]
+    seen_shapes = set()
+    candidates = []
+    for v in reversed(known_versions()):
+        cand = layout_for_version(v)
+        shape = (cand.arena_bins, cand.arena_size, cand.heap_info_size, cand.tcache_size)
+        if shape not in seen_shapes:
+            seen_shapes.add(shape)
+            candidates.append(cand)
+    return candidates
+
+
 def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
                page_size: int = 4096, debug_info: bool = True) -> Glibc:
     """Where glibc's heap bookkeeping is in this core.
@@ -267,20 +285,7 @@ def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
             f"glibc {version[0]}.{version[1]} is outside the versions the layout table knows "
             f"({OLDEST[0]}.{OLDEST[1]}-{NEWEST[0]}.{NEWEST[1]}) and no debug file for it was found "
             "(install libc6-dbg where --sysroot points)")
-    candidates: list[MallocLayout]
-    if layout is not None:
-        candidates = [layout]
-    elif version is not None:
-        candidates = [layout_for_version(version)]
-    else:  # unknown version: every distinct shape, newest first
-        seen_shapes = set()
-        candidates = []
-        for v in reversed(known_versions()):
-            cand = layout_for_version(v)
-            shape = (cand.arena_bins, cand.arena_size, cand.heap_info_size, cand.tcache_size)
-            if shape not in seen_shapes:
-                seen_shapes.add(shape)
-                candidates.append(cand)
+    candidates = _candidate_layouts(layout, version)
     ranges = _writable_ranges(core, libc)
     main_arena = None
     source = ""
@@ -333,7 +338,7 @@ def find_thread_tls(hm: HeapMemory, glibc: Glibc, fs_bases: list[int], is_tcache
                     break
             else:
                 continue
-        windows[fs] = (lo, list(struct.unpack("<%dQ" % (len(data) // 8), data[: len(data) // 8 * 8])))
+        windows[fs] = (lo, list(struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8])))
     out: dict[int, tuple] = {}
     if glibc.tcache_tls is not None and glibc.arena_tls is not None:
         # libc's TLS block is at the same offset below every thread pointer: the offset that fits most threads
@@ -356,7 +361,7 @@ def find_thread_tls(hm: HeapMemory, glibc: Glibc, fs_bases: list[int], is_tcache
                 out[fs] = (vals[0] or None, vals[1] or None,
                            f"libc's TLS block at fs_base-0x{offset:x} (tcache and thread_arena symbols)")
             return out
-    for fs, (lo, words) in windows.items():
+    for fs, (_lo, words) in windows.items():
         tcaches = {w for w in words if w and is_tcache(w)}
         arenas = {w for w in words if w and is_arena(w)}
         out[fs] = (next(iter(tcaches)) if len(tcaches) == 1 else None,

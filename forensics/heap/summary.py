@@ -41,7 +41,7 @@ def walk_region(heap: Heap, region: Region, *, limit: int = MAX_CHUNKS) -> HeapR
             continue
         addr, size, _flags, _prev, state = item
         chunks += 1
-        if broken_at is not None and walked_to < broken_at <= addr and "resumed" not in problem:
+        if broken_at is not None and problem is not None and walked_to < broken_at <= addr and "resumed" not in problem:
             problem = f"{problem}; the walk resumed at 0x{addr:x}"
         walked_to = addr
         if state == 1:  # free
@@ -127,13 +127,13 @@ def summarize_heap(heap: Heap, core: CoreFile, *, tcaches: dict | None = None) -
     max_count = _tcache_max_count(heap)
     caches = []
     for tid, (tc, arena, how) in sorted(tcaches.items()):
-        bins: tuple[HeapBin, ...] = ()
+        tc_bins: tuple[HeapBin, ...] = ()
         if tc is not None:
             try:
-                bins = read_tcache(heap.hm, layout, tc, heap.regions(), max_count)
+                tc_bins = read_tcache(heap.hm, layout, tc, heap.regions(), max_count)
             except HeapValidationError as e:
                 how += f"; its struct is not readable at 0x{e.address:x}"
-        caches.append(ThreadCache(tid=tid, address=tc, found_by=how, arena=arena, bins=bins))
+        caches.append(ThreadCache(tid=tid, address=tc, found_by=how, arena=arena, bins=tc_bins))
     n_mmaps = mmapped = None
     if heap.glibc.mp is not None:
         try:

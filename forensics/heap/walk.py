@@ -250,8 +250,9 @@ def resync(hm: HeapMemory, region: Region, after: int, *, window: int = RESYNC_W
         try:
             c = validate_chunk(hm, addr, region)
             n = validate_chunk(hm, addr + c.size, region)
-            if n.address == region.top or validate_chunk(hm, n.address + n.size, region):
-                return addr
+            if n.address != region.top:
+                validate_chunk(hm, n.address + n.size, region)  # raises when the third is no chunk
+            return addr
         except HeapValidationError:
             pass
         addr += MALLOC_ALIGNMENT
@@ -297,8 +298,8 @@ def for_each_arena(hm: HeapMemory, layout: MallocLayout, main_arena: int) -> Ite
         if nxt == main_arena or nxt == 0:
             return
         if nxt & 7 or nxt in seen:
-            raise HeapValidationError(cur + layout.arena_next,
-                                      f"arena 0x{cur:x}: next 0x{nxt:x} is {'a cycle' if nxt in seen else 'misaligned'}")
+            what = "a cycle" if nxt in seen else "misaligned"
+            raise HeapValidationError(cur + layout.arena_next, f"arena 0x{cur:x}: next 0x{nxt:x} is {what}")
         if not hm.readable(nxt, layout.arena_size):
             raise HeapValidationError(cur + layout.arena_next, f"arena 0x{cur:x}: next 0x{nxt:x} is not in the core")
         yield nxt
@@ -477,10 +478,10 @@ def read_tcache(hm: HeapMemory, layout: MallocLayout, tcache: int, regions: list
     :raises HeapValidationError: when the struct itself is not in the core
     """
     raw = hm.read(tcache + layout.tcache_counts, layout.tcache_bins * layout.tcache_count_size)
-    fmt = "<%d%s" % (layout.tcache_bins, "H" if layout.tcache_count_size == 2 else "B")
+    fmt = f"<{layout.tcache_bins}{'H' if layout.tcache_count_size == 2 else 'B'}"
     counts = struct.unpack(fmt, raw)
-    entries = struct.unpack("<%dQ" % layout.tcache_bins, hm.read(tcache + layout.tcache_entries,
-                                                               layout.tcache_bins * SIZE_SZ))
+    entries = struct.unpack(f"<{layout.tcache_bins}Q", hm.read(tcache + layout.tcache_entries,
+                                                              layout.tcache_bins * SIZE_SZ))
     out = []
     for i in range(layout.tcache_bins):
         if not entries[i] and (layout.tcache_counts_free_slots or not counts[i]):
