@@ -473,7 +473,7 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
                        corruption=corruption, summary=mode == "full", owners=owners,
                        is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup)
-    report = _who_freed(report, crashed)
+    report = _who_freed(report, crashed, locals_problem, is_python=is_python_process(core))
     findings = analysis.findings + heap_findings(report, analysis.crash.tid)
     return dataclasses.replace(analysis, heap=report, findings=findings)
 
@@ -482,11 +482,12 @@ _ALLOCATOR = ("free", "__libc_free", "__GI___libc_free", "cfree", "_int_free", "
               "realloc", "__libc_realloc", "calloc", "__libc_calloc")
 
 
-def _who_freed(report: HeapReport, crashed) -> HeapReport:
+def _who_freed(report: HeapReport, crashed, locals_problem: str | None = None, *, is_python: bool = True) -> HeapReport:
     """An undetermined verdict whose buffer no Python object owns says which native code called the
     allocator when glibc aborted (a library freeing its own allocation is the first suspect)."""
     c = report.corruption
-    if c is None or c.owner is not None or c.overflowed is None or crashed is None or c.verdict.value != "undetermined":
+    if c is None or c.owner is not None or c.overflowed is None or crashed is None or not is_python \
+            or c.verdict.value != "undetermined":
         return report
     frames = list(crashed.native_frames)
     for i, f in enumerate(frames):
@@ -497,11 +498,14 @@ def _who_freed(report: HeapReport, crashed) -> HeapReport:
             entry = frames[j].symbol.replace("__GI___libc_", "").replace("__libc_", "")
             caller = frames[j + 1] if j + 1 < len(frames) else None
             if caller is not None and not caller.is_libc and not caller.is_python_runtime and caller.library:
-                note = (f"; glibc aborted in {entry}() called by {caller.symbol or hex(caller.pc)} "
-                        f"({caller.library_name}): the chunks are that library's own allocations, not a buffer "
-                        "the Python caller passed")
-                return dataclasses.replace(report, corruption=dataclasses.replace(
-                    c, verdict_reason=c.verdict_reason + note))
+                lib = caller.library_name
+                reason = (f"the buffer that overflowed is {lib}'s own allocation, not one the Python code passed: "
+                          f"glibc aborted in {entry}() called by {caller.symbol or hex(caller.pc)} ({lib})"
+                          + (f" ({locals_problem})" if locals_problem else
+                             ", and no variable of the crashing thread's Python frames holds that chunk, so no "
+                             "count the binding passed sized it")
+                          + "; the heap does not record which code wrote past its end")
+                return dataclasses.replace(report, corruption=dataclasses.replace(c, verdict_reason=reason))
             break
     return report
 

@@ -601,8 +601,9 @@ def decide(owner: BufferOwner | None, call: NativeCall | None, past_buffer: int 
     if owner is None and locals_problem:
         return OverflowVerdict.UNDETERMINED, locals_problem
     if owner is None:
-        return OverflowVerdict.UNDETERMINED, ("the chunk that overflowed is not the buffer of a ctypes object in a "
-                                              "frame of the crashing thread")
+        return OverflowVerdict.UNDETERMINED, ("no variable of the crashing thread's Python frames holds the buffer "
+                                              "that overflowed (no ctypes object's buffer is that chunk), so no "
+                                              "native call's buffer and count can be matched to it")
     obj = owner.object
     if call is None:
         what = f"{owner.name} ({obj.type_name})" if owner.function else f"{owner.name} (no frame's local any more)"
@@ -621,7 +622,8 @@ def decide(owner: BufferOwner | None, call: NativeCall | None, past_buffer: int 
     if call.count > obj.length:
         return OverflowVerdict.BINDING, (
             f"{caller} passed count={call.count} to {callee} for the {obj.length}-entry {owner.name} "
-            f"({obj.type_name}): the callee wrote the {call.count - obj.length} extra entries the count asked for "
+            f"({obj.type_name}): the callee wrote the {call.count - obj.length} extra "
+            f"{'entry' if call.count - obj.length == 1 else 'entries'} the count asked for "
             f"(the count is the call's one integer argument, {count_arg})")
     over = f"{past_buffer} bytes" if past_buffer is not None else "bytes"
     return OverflowVerdict.DRIVER, (
@@ -745,7 +747,8 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
                 and owner.object.element_size and call.count > owner.object.length:
             implied = (call.count - owner.object.length) * owner.object.element_size
             if past_buffer is None or implied > past_buffer:
-                basis += (f"; the count passed ({call.count}) asks for {call.count - owner.object.length} entries "
+                extra = call.count - owner.object.length
+                basis += (f"; the count passed ({call.count}) asks for {extra} {'entry' if extra == 1 else 'entries'} "
                           f"of {owner.object.element_size} bytes past the end: {implied} bytes")
                 past_usable = (past_usable or 0) + implied - (past_buffer or 0)
                 past_buffer = implied

@@ -550,7 +550,8 @@ def read_thread_locals(core: CoreFile, frames, *, sysroot: str | None = None) ->
     version and object readers set up the way the walker sets them up.  Never raises for what the core holds."""
     if not any(getattr(f, "frame_address", None) for f in frames):
         return ThreadLocals(frames=tuple(() for _ in frames),
-                            problem="the Python frames carry no addresses: their locals were not read")
+                            problem="the Python frames were read without their addresses in memory, so their variables "
+                                    "(the ctypes buffers and counts passed to native code) could not be read")
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
 
