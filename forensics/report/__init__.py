@@ -331,6 +331,56 @@ def _hexaddr(v: object) -> str:
     return f"0x{v:x}" if isinstance(v, int) else str(v)
 
 
+#: the heap's verdict (``OverflowVerdict``'s values) as the report states it
+_VERDICT_WORDS = {
+    "driver-wrote-past-buffer": "the native library wrote past a correctly sized buffer (not the binding)",
+    "binding-count-too-large": "the binding passed a count larger than its buffer (not the native library)",
+    "undetermined": "undetermined from the heap",
+}
+
+
+def _overflow_summary(c: dict, rejected: dict, over: dict, owner: dict | None, call: dict | None,
+                      length: str) -> str:
+    """The heap section's paragraph, conclusion first: who wrote past the buffer (or why the heap cannot
+    say), then the chunk, the Python object and the call it was passed to, the overflow and its first bytes."""
+    verdict = c.get("verdict")
+    out = [f"Conclusion: {_VERDICT_WORDS.get(str(verdict), str(verdict))}: {c.get('verdict_reason')}."]
+    chunk = (f"the chunk at {_hexaddr(over.get('address'))} (size {_hexaddr(over.get('size'))}, "
+             f"{c.get('usable_size')} usable bytes)")
+    if owner:
+        obj = owner.get("object") or {}
+        entries = (f"{obj.get('length')} entries of {obj.get('element_size')} bytes, "
+                   if obj.get("length") is not None and obj.get("element_size") else "")
+        where = str(owner.get("file") or "?").rsplit("/", 1)[-1]
+        buffer = (f"`{owner.get('name')}`, a {obj.get('type_name')} ({entries}{obj.get('size')} bytes)"
+                  + (f", a local of {owner.get('function')} ({where}:{owner.get('line')})" if owner.get("function")
+                     else "") + f", in {chunk}")
+        if call:
+            args = call.get("arguments") or []
+            bi, ci = call.get("buffer_argument"), call.get("count_argument")
+            passed = args[bi] if isinstance(bi, int) and 0 <= bi < len(args) else owner.get("name")
+            count = (f" with count={call.get('count')}"
+                     + (f" ({args[ci]})" if isinstance(ci, int) and 0 <= ci < len(args) else "")
+                     if call.get("count") is not None else "")
+            lib = str(call.get("library") or "").rsplit("/", 1)[-1]
+            buffer += (f", passed as {passed}{count} to {call.get('function') or 'a native function'}"
+                       + (f" in {lib}" if lib else ""))
+        out.append(f"The buffer: {buffer}.")
+    else:
+        same = rejected.get("address") == over.get("address")
+        out.append(f"The buffer: {chunk}" + (", the chunk glibc was freeing" if same else "") + ".")
+    past = (f"{length} past the {c.get('buffer_size')}-byte buffer's end ({c.get('overflow_past_usable')} past "
+            "the chunk's usable size)" if c.get("buffer_size") is not None else f"{length} past its usable size")
+    damaged = (c.get("damaged") or {}).get("address")
+    out.append(f"Overflow: {past}, over the header of the chunk at {_hexaddr(damaged)}; glibc aborted with "
+               f"\"{c.get('message')}\" ({c.get('check')}).")
+    raw = bytes.fromhex(c.get("first_bytes") or "")
+    if raw:
+        shown = "".join(chr(b) if 32 <= b < 127 else "." for b in raw)
+        out.append(f"First bytes past the end: {raw.hex(' ')} ({shown}).")
+    return " ".join(out)
+
+
 def heap_section(heap: dict) -> dict:
     """The report's heap section from the ``heap`` object of ``analyze --json`` (pure).
 
@@ -347,15 +397,7 @@ def heap_section(heap: dict) -> dict:
         owner, call = c.get("owner") or None, c.get("call") or None
         length = f"{'' if c.get('overflow_exact') else 'at least '}{c.get('overflow_length')} bytes"
         if over:
-            what = f"the chunk at {_hexaddr(over.get('address'))} (usable size {c.get('usable_size')} bytes)"
-            if owner:
-                obj = owner.get("object") or {}
-                what = (f"`{owner.get('name')}` ({obj.get('type_name')}, {obj.get('size')} bytes)"
-                        + (f" of {owner.get('function')}" if owner.get("function") else "")
-                        + f", in the chunk at {_hexaddr(over.get('address'))}")
-            summary = (f"glibc rejected the chunk at {_hexaddr(rejected.get('address'))} ({c.get('check')}); "
-                       f"the buffer before that header, {what}, was written {length} past its end. "
-                       f"Verdict: {c.get('verdict')}: {c.get('verdict_reason')}.")
+            summary = _overflow_summary(c, rejected, over, owner, call, length)
         elif rejected:
             summary = (f"glibc rejected the chunk at {_hexaddr(rejected.get('address'))} ({c.get('check')}); "
                        f"{'; '.join(map(str, c.get('inconsistencies') or [])) or 'the overflowing buffer was not found'}.")
@@ -366,17 +408,8 @@ def heap_section(heap: dict) -> dict:
             lines.append(f"rejected chunk {_hexaddr(rejected.get('address'))}, size {_hexaddr(rejected.get('size'))}, "
                          f"found in {c.get('rejected_found_by')}")
         lines += [f"inconsistent: {i}" for i in c.get("inconsistencies") or []]
-        if over:
-            lines.append(f"overflowed chunk {_hexaddr(over.get('address'))}, size {_hexaddr(over.get('size'))}, "
-                         f"usable {c.get('usable_size')} bytes")
-            lines.append(f"overflow: {length} past the "
-                         + (f"{c.get('buffer_size')}-byte buffer's end" if c.get("buffer_size") is not None
-                            else "chunk's usable size")
-                         + (f" (measured by: {c.get('overflow_basis')})" if c.get("overflow_basis") else ""))
-            raw = bytes.fromhex(c.get("first_bytes") or "")
-            if raw:
-                shown = "".join(chr(b) if 32 <= b < 127 else "." for b in raw)
-                lines.append(f"first bytes past the end: {raw.hex(' ')} ({shown})")
+        if over and c.get("overflow_basis"):  # the chunk, the length and the first bytes are in the summary
+            lines.append(f"overflow measured by: {c.get('overflow_basis')}")
         if call:
             lines.append(f"native call in progress: {call.get('function')}({', '.join(call.get('arguments') or [])}) "
                          f"from {call.get('caller')} ({call.get('file')}:{call.get('line')})")

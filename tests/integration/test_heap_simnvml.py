@@ -15,6 +15,7 @@ query is 36 fields, a 36 x 40 = 1440-byte array in a 0x5b0-byte chunk (usable 14
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -160,3 +161,37 @@ def test_a_later_free_leaves_it_undetermined(program, sim_dir, tmp_path, core_pa
     assert c.overflow_length == 24
     assert c.verdict.value == "undetermined"
     assert "not an argument of a native call in progress" in c.verdict_reason
+
+
+@pytest.mark.parametrize("fault, excess, conclusion, count, length, first", [
+    ("overflow", 0, "the native library wrote past a correctly sized buffer (not the binding)", 36,
+     "24 bytes past the 1440-byte buffer's end (16 past the chunk's usable size)", "(OVERRUN!OVERRUN!OVERRUN!)"),
+    ("none", 1, "the binding passed a count larger than its buffer (not the native library)", 37,
+     "40 bytes past the 1440-byte buffer's end (32 past the chunk's usable size)", None),
+], ids=["driver", "binding"])
+def test_the_nvidia_report_states_the_heap_conclusion(fault, excess, conclusion, count, length, first, sim_dir,
+                                                      tmp_path, core_pattern):
+    from click.testing import CliRunner
+
+    from forensics.cli import cli
+
+    # GIVEN nvitop-exporter's core, analysed as `analyze --json -o` writes it, and the NVIDIA report made from it
+    core = crash("nvitop-exporter", "incident", sim_dir, tmp_path, fault=fault, detect="call", binding_excess=excess)
+    analysis, report = tmp_path / "analysis.json", tmp_path / "nvml.md"
+    for args in (["analyze", "--json", "-o", str(analysis), str(core)],
+                 ["report", "--template", "nvml", "-o", str(report), str(analysis)]):
+        r = CliRunner().invoke(cli, args, catch_exceptions=False)
+        assert r.exit_code == 0, r.stderr
+    section = report.read_text().split("## What the core's heap says", 1)[1].split("\n## ", 1)[0].replace("\\", "")
+    # THEN the section opens with the conclusion, then names the chunk, the array, the argument and the count,
+    # the overflow's length and the first bytes past the end, in words an engineer reads (no internal names)
+    assert section.lstrip().startswith(f"Conclusion: {conclusion}: "), section
+    c = json.loads(analysis.read_text())["analysis"]["heap"]["corruption"]
+    assert f"in the chunk at 0x{c['overflowed']['address']:x} (size 0x5b0, 1448 usable bytes)" in section
+    assert "`values`, a c_nvmlFieldValue_t_Array_36 (36 entries of 40 bytes, 1440 bytes)" in section
+    assert (f"passed as byref(values) with count={count} (c_int({count})) to nvmlDeviceGetFieldValues in "
+            "libnvidia-ml.so.580.126.09") in section
+    assert f"Overflow: {length}" in section
+    assert "First bytes past the end: " in section and (first is None or first in section)
+    for internal in ("walker", "pyread", "anatomy", "fast locals"):
+        assert internal not in section, internal
