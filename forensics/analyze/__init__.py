@@ -502,8 +502,8 @@ def _who_freed(report: HeapReport, crashed, locals_problem: str | None = None, *
                 reason = (f"the buffer that overflowed is {lib}'s own allocation, not one the Python code passed: "
                           f"glibc aborted in {entry}() called by {caller.symbol or hex(caller.pc)} ({lib})"
                           + (f" ({locals_problem})" if locals_problem else
-                             ", and no variable of the crashing thread's Python frames holds that chunk, so no "
-                             "count the binding passed sized it")
+                             ", and no variable of the crashing thread's Python frames holds that chunk: it is "
+                             "not a buffer the binding passed with a count")
                           + "; the heap does not record which code wrote past its end")
                 return dataclasses.replace(report, corruption=dataclasses.replace(c, verdict_reason=reason))
             break

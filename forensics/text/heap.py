@@ -26,7 +26,9 @@ def _chunk(c: HeapChunk) -> str:
 
 
 def format_heap_corruption(c: HeapCorruption) -> Iterator[str]:
-    """Lines for the anatomy of a heap corruption: the rejected chunk, the buffer, the overflow, the verdict."""
+    """Lines for a heap corruption, the verdict first: who wrote past the buffer (or why the heap cannot
+    say), then the rejected chunk, the buffer, the overflow and the native call."""
+    yield f"  verdict:         {c.verdict.value}: {c.verdict_reason}"
     yield f"  glibc checked:   {c.check}" + (f' ("{c.message}")' if c.message else "")
     if c.rejected is not None:
         yield f"  rejected chunk:  {_chunk(c.rejected)}, state {c.rejected.state.value}" + (
@@ -61,7 +63,6 @@ def format_heap_corruption(c: HeapCorruption) -> Iterator[str]:
         call = c.call
         yield (f"  native call:     {call.function or '?'}({', '.join(call.arguments)}) from "
                f"{call.caller} ({call.file}:{call.line})")
-    yield f"  verdict:         {c.verdict.value}: {c.verdict_reason}"
     for p in c.problems:
         yield f"  note: {p}"
 
