@@ -23,6 +23,7 @@ version or build: the reason says which); ``FAILED`` (nothing read).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from forensics.model import CoreFile, LayoutSource, PythonStacks, PythonStatus
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["read_python_stacks", "find_interpreter", "Interpreter", "layout_differences", "Limits"]
 
-from forensics.pyread.objects import Limits  # noqa: E402  (re-exported: the walk's bounds)
+from forensics.pyread.objects import Limits
 
 _NOT_CPYTHON = "not a CPython process: no object in the core defines _PyRuntime"
 
@@ -74,9 +75,9 @@ def read_python_stacks(core: CoreFile, *, sysroot: str | None = None, dwarf: dic
 class Interpreter:
     """The CPython runtime of a core, its version, and the layout the walker reads it with."""
 
-    binary: "PythonBinary"  # the object defining _PyRuntime, and where _PyRuntime is
-    version: "PythonVersion"
-    layout: "Layout"
+    binary: PythonBinary  # the object defining _PyRuntime, and where _PyRuntime is
+    version: PythonVersion
+    layout: Layout
     source: LayoutSource
     description: str  # the layout trusted, in words
     free_threaded: bool
@@ -181,18 +182,19 @@ def _read(core: CoreFile, mem, sysroot: str | None, dwarf: dict | None, limits: 
     reader = Reader(mem, Budget(limits))
     types = {name: binary.symbol(name) for name in TYPE_SYMBOLS}
     walked = walk_runtime(layout, reader, Objects(layout, reader, types), core, binary.runtime)
-    common = {"version": found.version.text, "layout": found.description, "layout_source": found.source,
-              "free_threaded": found.free_threaded, "gil_holder": walked.gil_holder, "threads": tuple(walked.threads)}
+    stacks = PythonStacks(status=PythonStatus.OK, version=found.version.text, layout=found.description,
+                          layout_source=found.source, free_threaded=found.free_threaded,
+                          gil_holder=walked.gil_holder, threads=tuple(walked.threads))
     if walked.no_interpreter:
-        return PythonStacks(status=PythonStatus.NO_INTERPRETER, **common,
-                            detail="_PyRuntime.interpreters.head is NULL: no running CPython interpreter")
+        return replace(stacks, status=PythonStatus.NO_INTERPRETER,
+                       detail="_PyRuntime.interpreters.head is NULL: no running CPython interpreter")
     problems = list(walked.problems)
     if walked.cut:
         problems.append(walked.cut)
     if problems:
         status = PythonStatus.PARTIAL if walked.threads else PythonStatus.FAILED
-        return PythonStacks(status=status, detail="; ".join(problems), cut=walked.cut, **common)
-    return PythonStacks(status=PythonStatus.OK, **common)
+        return replace(stacks, status=status, detail="; ".join(problems), cut=walked.cut)
+    return stacks
 
 
 def layout_differences(core: CoreFile, dwarf: dict, *, sysroot: str | None = None) -> list[str]:
@@ -206,7 +208,10 @@ def layout_differences(core: CoreFile, dwarf: dict, *, sysroot: str | None = Non
     with CoreMemory.open(core.path) as mem:
         a = find_interpreter(core, mem, sysroot=sysroot, dwarf=dwarf)
         b = find_interpreter(core, mem, sysroot=sysroot)
-    if isinstance(a, PythonStacks) or isinstance(b, PythonStacks):
-        return [] if isinstance(a, PythonStacks) and isinstance(b, PythonStacks) else [
-            "only one method has a layout: " + (a.detail if isinstance(a, PythonStacks) else b.detail)]
+    if isinstance(a, PythonStacks) and isinstance(b, PythonStacks):
+        return []
+    if isinstance(a, PythonStacks):
+        return ["only one method has a layout: " + a.detail]
+    if isinstance(b, PythonStacks):
+        return ["only one method has a layout: " + b.detail]
     return compare_layouts(a.layout, b.layout)

@@ -105,7 +105,7 @@ class Field(tuple):
 
     __slots__ = ()
 
-    def __new__(cls, offset: int, size: int, signed: bool = False) -> "Field":
+    def __new__(cls, offset: int, size: int, signed: bool = False) -> Field:
         return super().__new__(cls, (offset, size, signed))
 
     @property
@@ -195,7 +195,7 @@ def apply_debug_offsets(record: dict, debug: DebugOffsets) -> dict:
 class LayoutChoice:
     """The layout chosen for one core, and what it was made of."""
 
-    layout: "Layout"
+    layout: Layout
     source: LayoutSource
     description: str  # "_Py_DebugOffsets of 3.14.10 over table 3.14 (3.14.10)"
 
@@ -370,7 +370,7 @@ class Layout:
         self.uni_data_off = self.offset("PyUnicodeObject", "data")
         lo = "PyLongObject"
         if self.has(lo, "long_value.lv_tag"):
-            self.long_tag_off = self.offset(lo, "long_value.lv_tag")
+            self.long_tag_off: int | None = self.offset(lo, "long_value.lv_tag")
             digit = self._types[lo]["fields"]["long_value.ob_digit"]
         else:
             self.long_tag_off = None
@@ -427,5 +427,5 @@ def compare_layouts(a: Layout, b: Layout) -> list[str]:
     return out
 
 
-def _field_text(f: "Field | None") -> str:
+def _field_text(f: Field | None) -> str:
     return "absent" if f is None else f"offset {f[0]} size {f[1]}"

@@ -21,14 +21,14 @@ a slot that is not a readable object is skipped, never guessed.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from forensics.model import BufferOwner, CoreFile, CtypesObject, LibraryStatus, NativeCall, PyLocal
-from forensics.pyread.objects import BadObject
+from forensics.pyread.objects import BadObject, Reader
 
-__all__ = ["LocalsLayout", "LOCALS_LAYOUTS", "TypeNames", "CallArgument", "FrameCall", "read_frame_locals", "read_ctypes_object",
-           "describe_object", "read_native_call", "match_native_call", "ThreadLocals", "read_thread_locals",
-           "buffer_owners", "find_stack_owner", "OWNER_STACK_WINDOW", "MAX_LOCALS",
+__all__ = ["LocalsLayout", "LOCALS_LAYOUTS", "TypeNames", "CallArgument", "FrameCall", "read_frame_locals",
+           "read_ctypes_object", "describe_object", "read_native_call", "match_native_call", "ThreadLocals",
+           "read_thread_locals", "buffer_owners", "find_stack_owner", "OWNER_STACK_WINDOW", "MAX_LOCALS",
            "MAX_STACK"]
 
 MAX_LOCALS = 512  # names read from one code object
@@ -71,25 +71,22 @@ class LocalsLayout:
     tuple_items: int = 24  # PyTupleObject.ob_item (3.14 put a cached hash before it: 32)
 
 
-_FRAME_OBJECTS_38 = dict(interpreter_frames=False, localsplus=360, valuestack=64, co_nlocals=28, co_varnames=72,
-                         co_stacksize=32, instr=104, co_code=48)
-_CODE_311 = dict(co_localsplusnames=96, co_localspluskinds=104)
+_FRAME_OBJECTS_38 = LocalsLayout(interpreter_frames=False, localsplus=360, valuestack=64, co_nlocals=28,
+                                 co_varnames=72, co_stacksize=32, instr=104, co_code=48)
+_INTERPRETER_FRAMES_312 = LocalsLayout(interpreter_frames=True, localsplus=72, co_stacksize=64, co_nlocalsplus=72,
+                                       instr=56, co_localsplusnames=96, co_localspluskinds=104)
+_TAGGED_314 = replace(_INTERPRETER_FRAMES_312, localsplus=80, tagged_slots=True, tuple_items=32)
 #: per CPython version, from the DWARF of its builds (pyenv 3.8-3.13; Debian's python3.14/3.15-dbg):
 #: tests/unit/test_pyread_locals.py checks them against gdb's ptype where those builds are
 LOCALS_LAYOUTS: dict[tuple[int, int], LocalsLayout] = {
-    (3, 8): LocalsLayout(**_FRAME_OBJECTS_38),
-    (3, 9): LocalsLayout(**_FRAME_OBJECTS_38),
-    (3, 10): LocalsLayout(**{**_FRAME_OBJECTS_38, "localsplus": 352, "instr": 96, "lasti_units": 2}),
-    (3, 11): LocalsLayout(interpreter_frames=True, localsplus=72, co_stacksize=68, co_nlocalsplus=76, instr=56,
-                          **_CODE_311),
-    (3, 12): LocalsLayout(interpreter_frames=True, localsplus=72, co_stacksize=64, co_nlocalsplus=72, instr=56,
-                          **_CODE_311),
-    (3, 13): LocalsLayout(interpreter_frames=True, localsplus=72, co_stacksize=64, co_nlocalsplus=72, instr=56,
-                          **_CODE_311),
-    (3, 14): LocalsLayout(interpreter_frames=True, localsplus=80, co_stacksize=64, co_nlocalsplus=72, instr=56,
-                          tagged_slots=True, tuple_items=32, **_CODE_311),
-    (3, 15): LocalsLayout(interpreter_frames=True, localsplus=80, co_stacksize=64, co_nlocalsplus=72, instr=56,
-                          tagged_slots=True, tuple_items=32, **_CODE_311),
+    (3, 8): _FRAME_OBJECTS_38,
+    (3, 9): _FRAME_OBJECTS_38,
+    (3, 10): replace(_FRAME_OBJECTS_38, localsplus=352, instr=96, lasti_units=2),
+    (3, 11): replace(_INTERPRETER_FRAMES_312, co_stacksize=68, co_nlocalsplus=76),
+    (3, 12): _INTERPRETER_FRAMES_312,
+    (3, 13): _INTERPRETER_FRAMES_312,
+    (3, 14): _TAGGED_314,
+    (3, 15): _TAGGED_314,
 }
 
 
@@ -125,7 +122,7 @@ class TypeNames:
     string lies in its library's read-only data, which cores leave out -- from that library's file
     (only a file whose build-id matched the core's)."""
 
-    rd: object
+    rd: Reader
     core: CoreFile | None = None
     cache: dict[int, str] = field(default_factory=dict)
 
@@ -157,7 +154,7 @@ class TypeNames:
             return None
         lib = next((lib for lib in core.libraries if lib.path == m.path and lib.file_path
                     and lib.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED)), None)
-        if lib is None:
+        if lib is None or lib.file_path is None:
             return None
         try:
             with open(lib.file_path, "rb") as f:
@@ -234,22 +231,19 @@ def read_ctypes_object(names: TypeNames, addr: int) -> CtypesObject | None:
         name = names.name(tp)
         b_ptr = rd.ptr(addr + _B_PTR)
         size = int.from_bytes(rd.read(addr + _B_SIZE, 8), "little", signed=True)
-        length = int.from_bytes(rd.read(addr + _B_LENGTH, 8), "little", signed=True)
+        b_length = int.from_bytes(rd.read(addr + _B_LENGTH, 8), "little", signed=True)
     except BadObject:
         return None
     if not 0 <= size <= 1 << 40:
         return None
     value = None
     element_type = element_size = None
-    if kind == "array":
-        if not 0 <= length <= size or (length and size % length):
-            length = None
-        else:
-            element_size = size // length if length else None
-            marker = f"_Array_{length}"
-            element_type = name[: -len(marker)] if name.endswith(marker) else None
-    else:
-        length = None
+    length: int | None = None  # an array's, when its size is a whole number of elements
+    if kind == "array" and 0 <= b_length <= size and not (b_length and size % b_length):
+        length = b_length
+        element_size = size // length if length else None
+        marker = f"_Array_{length}"
+        element_type = name[: -len(marker)] if name.endswith(marker) else None
     base_name = name.split(".")[-1]
     if kind == "simple" and base_name in _INT_CODES and size == _INT_CODES[base_name][0]:
         try:
@@ -303,6 +297,7 @@ def _ctypes_text(o: CtypesObject) -> str:
 def _names(rd, objects, layout: LocalsLayout, code: int) -> tuple[list[str], list[int]]:
     """The local names of a code object and their kinds (3.11+; plain locals before)."""
     if layout.interpreter_frames:
+        assert layout.co_localsplusnames is not None and layout.co_localspluskinds is not None  # every 3.11+ row
         names_tuple = rd.ptr(code + layout.co_localsplusnames)
         count = int.from_bytes(rd.read(names_tuple + 16, 8), "little")
         if layout.co_nlocalsplus is not None:
@@ -311,6 +306,7 @@ def _names(rd, objects, layout: LocalsLayout, code: int) -> tuple[list[str], lis
         kinds_obj = rd.ptr(code + layout.co_localspluskinds)
         kinds = list(objects.read_bytes(kinds_obj, count)) if kinds_obj else [CO_FAST_LOCAL] * count
     else:
+        assert layout.co_varnames is not None and layout.co_nlocals is not None  # every 3.8-3.10 row
         names_tuple = rd.ptr(code + layout.co_varnames)
         count = min(int.from_bytes(rd.read(code + layout.co_nlocals, 4), "little"), MAX_LOCALS)
         kinds = [CO_FAST_LOCAL] * count
@@ -334,7 +330,8 @@ def read_frame_locals(names_of: TypeNames, objects, layout: LocalsLayout, frame:
     names, kinds = _names(rd, objects, layout, code)
     slots = rd.ptr_array(frame + layout.localsplus, len(names))
     out = []
-    for name, kind, raw in zip(names, kinds, slots):
+    # kinds may be fewer than the names (a short read of co_localspluskinds): those names are left out
+    for name, kind, raw in zip(names, kinds, slots, strict=False):
         obj = _untag(layout, raw)
         if not obj:
             continue
@@ -355,6 +352,7 @@ def _stack_slots(rd, layout: LocalsLayout, frame: int, code: int, nlocalsplus: i
     if layout.interpreter_frames:
         base = frame + layout.localsplus + 8 * nlocalsplus
     else:
+        assert layout.valuestack is not None  # every 3.8-3.10 row
         base = rd.ptr(frame + layout.valuestack)
     depth = MAX_STACK
     if layout.co_stacksize is not None:
@@ -428,7 +426,7 @@ def read_native_call(names: TypeNames, objects, layout: LocalsLayout, frame: int
         except BadObject:
             address = None
         nargs = _call_oparg(rd, layout, frame, code)
-        args = []
+        args: list[CallArgument] = []
         for w in slots[i + 1:]:
             if nargs is not None and len(args) >= nargs:
                 break  # slots above the call's arguments are stale
@@ -450,10 +448,12 @@ def _symbol_at(core: CoreFile, address: int) -> tuple[str | None, str | None]:
     lib = next((lib for lib in core.libraries if lib.path == m.path), None)
     if lib is None or not lib.file_path or lib.status not in (LibraryStatus.OK, LibraryStatus.UNVERIFIED):
         return None, m.path
-    try:
-        from elftools.common.exceptions import ELFError
-        from elftools.elf.elffile import ELFFile
+    # outside the try: an ELFError named by its except clause must be bound even when the import fails
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
 
+    try:
         with open(lib.file_path, "rb") as f:
             elf = ELFFile(f)
             loads = [seg["p_vaddr"] for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"]
@@ -461,7 +461,7 @@ def _symbol_at(core: CoreFile, address: int) -> tuple[str | None, str | None]:
             target = address - bias
             for name in (".dynsym", ".symtab"):
                 sec = elf.get_section_by_name(name)
-                if sec is None:
+                if not isinstance(sec, SymbolTableSection):  # absent, or a section of that name that is not one
                     continue
                 for i, sym in enumerate(sec.iter_symbols()):
                     if i > 200_000:
@@ -585,7 +585,7 @@ def buffer_owners(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple[B
     """The ctypes objects with a buffer of their own among a thread's frame locals, each with the native
     call in progress it was passed to (the innermost frame's only: a ctypes call pushes no frame)."""
     out: list[tuple[BufferOwner, NativeCall | None]] = []
-    for depth, (frame, locs) in enumerate(zip(frames, locals_.frames)):
+    for depth, (frame, locs) in enumerate(zip(frames, locals_.frames, strict=False)):
         local_names = {loc.address: loc.name for loc in locs}
         for loc in locs:
             o = loc.ctypes

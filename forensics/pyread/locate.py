@@ -82,7 +82,7 @@ def format_hexversion(hexv: int) -> str:
     >>> format_hexversion(0x030D00C2)
     '3.13.0rc2'
     """
-    text = "%d.%d.%d" % (hexv >> 24, (hexv >> 16) & 0xFF, (hexv >> 8) & 0xFF)
+    text = f"{hexv >> 24}.{(hexv >> 16) & 0xFF}.{(hexv >> 8) & 0xFF}"
     level, serial = (hexv >> 4) & 0xF, hexv & 0xF
     if level in (0xA, 0xB, 0xC):
         text += {0xA: "a", 0xB: "b", 0xC: "rc"}[level] + str(serial)
@@ -130,7 +130,7 @@ def find_runtime(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None)
     """
     page = mem.layout.page_size if mem.layout is not None else 4096
     for lib in _search_order(core):
-        candidates = []
+        candidates: list[str | None] = []
         path = _file_for(lib, sysroot)
         if path is not None:
             candidates.append(path)

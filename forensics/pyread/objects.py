@@ -105,7 +105,7 @@ class Reader:
     def ptr_array(self, addr: int, count: int) -> list[int]:
         if count <= 0:
             return []
-        return list(struct.unpack("<%dQ" % count, self.read(addr, count * 8)))
+        return list(struct.unpack(f"<{count}Q", self.read(addr, count * 8)))
 
     def struct(self, st: Struct, addr: int) -> dict[str, int]:
         """The fields of the struct at ``addr`` (an error names ``addr``, not the first field's address)."""
@@ -350,6 +350,7 @@ class CodeCache:
         lines = info["lines"]
         if lasti not in lines:
             fam = self.L.family
+            line: int | None
             try:
                 if fam == 38:
                     line = line_from_lnotab(info["table"], info["first"], lasti)

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from forensics.core import elf
 from forensics.core.image import ElfImage
-from forensics.core.memory import CoreMemory, MemoryNotInCore
+from forensics.core.memory import CoreMemory
 from forensics.model import CoreFile, Library
 from forensics.pyread.debug_offsets import COOKIE, DebugOffsetsError, parse_debug_offsets, read_size
 from forensics.pyread.layouts import LayoutError, build_layout, debug_offset_shapes
@@ -87,7 +87,7 @@ def _scan_invariants(core: CoreFile, mem: CoreMemory, ranges: list[tuple[int, in
     thread's pthread (the thread's ``fs_base``) in ``thread_id``; one found in memory whose
     interpreter's thread list holds it names the interpreter, and the runtime is where the object's
     data first points at that interpreter (``interpreters.head``)."""
-    from forensics.pyread.objects import BadObject, Budget, Limits, Reader, WalkCut
+    from forensics.pyread.objects import Budget, Limits, Reader, WalkCut
 
     rd = Reader(mem, Budget(Limits(reads=8 * MAX_CANDIDATES)))
     tid_off = layout.offset("PyThreadState", "thread_id")

@@ -10,6 +10,7 @@ and says so (:attr:`WalkResult.cut`).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 from forensics.model import CoreFile, PyFrame, PyThreadStack
@@ -71,10 +72,8 @@ def walk_frame_objects(layout: Layout, rd: Reader, codes: CodeCache, frame_addr:
             break
         try:
             info = codes.get(f["f_code"])
-            if f["f_trace"] and f["f_lineno"] > 0:
-                line = f["f_lineno"]
-            else:
-                line = codes.line(info, f["f_lasti"])
+            # a traced frame keeps its line in f_lineno; the others, in the line table at f_lasti
+            line = f["f_lineno"] if f["f_trace"] and f["f_lineno"] > 0 else codes.line(info, f["f_lasti"])
             frames.append(_frame(info, line, True, frame_addr, f["f_code"]))
             error = error or info["error"]
             bad = 0
@@ -179,7 +178,9 @@ def first_frame(layout: Layout, rd: Reader, ts: dict) -> int:
     if layout.family in (38, 310, 313):
         return ts[layout.tstate_frame]
     cframe = ts["cframe"]
-    return rd.struct(layout.cframe, cframe)["current_frame"] if cframe else 0
+    if not cframe or layout.cframe is None:  # the layout has a cframe struct for 3.11 and 3.12, the ones here
+        return 0
+    return rd.struct(layout.cframe, cframe)["current_frame"]
 
 
 def _thread_frames(layout: Layout, rd: Reader, codes: CodeCache, ts: dict,
@@ -232,10 +233,8 @@ def thread_names(layout: Layout, objects: Objects, modules_addr: int) -> dict[in
                 if name is None and objects.str_equals(akey, "_name"):
                     name = objects.read_str(avalue)
                 elif native is None and objects.str_equals(akey, "_native_id"):
-                    try:
+                    with contextlib.suppress(BadObject):  # None before the thread started
                         native = objects.read_int(avalue)
-                    except BadObject:
-                        pass  # None before the thread started
             result[ident] = (name, native)
         except BadObject:
             continue
@@ -248,8 +247,10 @@ def read_gil(layout: Layout, rd: Reader, runtime: int, interp_addr: int) -> tupl
         return None, None
     if layout.gil_runtime_off is not None:
         base = runtime + layout.gil_runtime_off
-    else:
+    elif layout.gil_interp_ptr_off is not None:
         base = rd.ptr(interp_addr + layout.gil_interp_ptr_off)
+    else:  # a layout with a GIL struct has one of the two
+        return None, None
     g = rd.struct(layout.gil, base)
     return bool(g[layout.gil_locked]), g[layout.gil_holder]
 
@@ -278,6 +279,17 @@ def walk_runtime(layout: Layout, rd: Reader, objects: Objects, core: CoreFile, r
     return result
 
 
+def _classic_ids(layout: Layout, rd: Reader, core: CoreFile, runtime: int) -> NativeIds | None:
+    """The map of thread idents to LWPs, for a layout whose thread states have no ``native_thread_id``."""
+    if "native_thread_id" in layout.tstate.names:
+        return None
+    classic_ids = NativeIds(core)
+    if layout.runtime_main_thread is not None:
+        with contextlib.suppress(BadObject):
+            classic_ids.add_hint(rd.ptr(runtime + layout.runtime_main_thread.offset), core.pid)
+    return classic_ids
+
+
 def _walk(result: WalkResult, layout: Layout, rd: Reader, objects: Objects, core: CoreFile, runtime: int) -> None:
     limits: Limits = rd.budget.limits
     codes = CodeCache(objects)
@@ -289,15 +301,9 @@ def _walk(result: WalkResult, layout: Layout, rd: Reader, objects: Objects, core
     if not head:
         result.no_interpreter = True
         return
-    classic_ids = None
-    if "native_thread_id" not in layout.tstate.names:
-        classic_ids = NativeIds(core)
-        if layout.runtime_main_thread is not None:
-            try:
-                classic_ids.add_hint(rd.ptr(runtime + layout.runtime_main_thread.offset), core.pid)
-            except BadObject:
-                pass
-    interp_addr, seen_interps = head, set()
+    classic_ids = _classic_ids(layout, rd, core, runtime)
+    interp_addr = head
+    seen_interps: set[int] = set()
     while interp_addr:
         if interp_addr in seen_interps:
             result.problems.append(f"interpreter cycle at 0x{interp_addr:x}")
