@@ -18,6 +18,7 @@ threads; an unwinding error ends that thread's list and is reported in its
 ``error``.  Every global name starts with ``NATIVE_`` or ``_native``: gdb's
 Python scripts share one namespace, and forensics_python.py is loaded beside.
 """
+import contextlib
 import json
 
 import gdb
@@ -61,10 +62,8 @@ def _native_load_main_ranges():
         line = line.strip()
         if in_exec and line.startswith("0x") and " is " in line and " in " not in line:
             lo, _, hi = line.split(" is ")[0].partition(" - ")
-            try:
+            with contextlib.suppress(ValueError):  # a line of another shape: not a range
                 _NATIVE_MAIN_RANGES.append((int(lo, 16), int(hi, 16)))
-            except ValueError:
-                pass
 
 
 def _native_in_main(pc):
@@ -75,7 +74,7 @@ def _native_minimal_symbol(pc):
     """(name, offset) of the ELF symbol holding pc, from ``info symbol``; (None, None) when none does."""
     try:
         # "malloc_printerr + 23 in section .text of /lib/x86_64-linux-gnu/libc.so.6"
-        text = gdb.execute("info symbol 0x%x" % pc, to_string=True)
+        text = gdb.execute(f"info symbol 0x{pc:x}", to_string=True)
     except gdb.error:
         return None, None
     if text.startswith("No symbol matches"):
@@ -116,7 +115,7 @@ def _native_frames(thread, libcache):
     try:
         frame = gdb.newest_frame()
     except gdb.error as e:
-        return frames, "no frame: %s" % e
+        return frames, f"no frame: {e}"
     index = 0
     while frame is not None and index < NATIVE_MAX_FRAMES:
         try:
@@ -158,12 +157,12 @@ def _native_frames(thread, libcache):
             frame = frame.older()
         except (gdb.error, ValueError, OverflowError, TypeError) as e:
             # a damaged stack can yield absurd frames: stop this thread, keep what was read
-            error = "unwinding stopped at frame %d: %s" % (index, e)
+            error = f"unwinding stopped at frame {index}: {e}"
             break
     for f in frames:
         del f["_caller"]
     if frame is not None and index >= NATIVE_MAX_FRAMES:
-        error = "stopped after %d frames" % NATIVE_MAX_FRAMES
+        error = f"stopped after {NATIVE_MAX_FRAMES} frames"
     if error is None:
         reason = None
         try:
@@ -175,7 +174,7 @@ def _native_frames(thread, libcache):
         except gdb.error:
             pass
         if reason:
-            error = "unwinding stopped: %s" % reason
+            error = f"unwinding stopped: {reason}"
     return frames, error
 
 

@@ -76,7 +76,7 @@ def _layout_scope():
     """
     try:
         addr = int(gdb.parse_and_eval("(unsigned long)&'_PyRuntime'"))
-        where = gdb.execute("info symbol 0x%x" % addr, to_string=True).strip()
+        where = gdb.execute(f"info symbol 0x{addr:x}", to_string=True).strip()
     except (gdb.error, RuntimeError):
         return None, None
     path = where.rsplit(" of ", 1)[1].strip() if " of " in where else gdb.current_progspace().filename
@@ -149,7 +149,7 @@ def _layout_address(name):
     except (gdb.error, RuntimeError):
         pass
     try:  # a minimal (ELF) symbol
-        return int(gdb.parse_and_eval("(unsigned long)&'%s'" % name))
+        return int(gdb.parse_and_eval(f"(unsigned long)&'{name}'"))
     except (gdb.error, RuntimeError):
         return None
 
@@ -197,8 +197,9 @@ class ForensicsLayout(gdb.Command):
     def invoke(self, argument, from_tty):
         try:
             record = forensics_layout_record()
-        except Exception as exc:  # never let a traceback replace the JSON line
-            record = {"error": "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")}
+        except Exception as exc:  # noqa: BLE001 - never let a traceback replace the JSON line: the error is its value
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            record = {"error": f"{type(exc).__name__}: {first_line}"}
         gdb.write(LAYOUT_MARKER + json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n")
         gdb.flush()
 
