@@ -46,7 +46,7 @@ def _host_root() -> str:
     try:
         os.listdir("/proc/1/root")
         return "/proc/1/root"
-    except OSError:
+    except OSError:  # probing: no host PID namespace (or no access to PID 1's root), so this is the node's view
         return "/"
 
 
@@ -141,7 +141,10 @@ def plan_inline(bundle_dir: str, max_inline: int) -> tuple[list[str], list[dict]
             rel = os.path.relpath(p, bundle_dir)
             if rel == LEFT_ON_NODE:
                 continue
-            rank = 2 if f.endswith(".zst") and "50-core" in rel.split(os.sep)[0] else 1 if rel.startswith("objects" + os.sep) else 0
+            if f.endswith(".zst") and "50-core" in rel.split(os.sep)[0]:
+                rank = 2
+            else:
+                rank = 1 if rel.startswith("objects" + os.sep) else 0
             files.append((rank, os.lstat(p).st_size, rel))
     take, left, total = [], [], 0
     for rank, size, rel in sorted(files):
@@ -155,7 +158,9 @@ def plan_inline(bundle_dir: str, max_inline: int) -> tuple[list[str], list[dict]
 
 def _same_pod(a: str | None, b: str | None) -> bool:
     """Pod UIDs as the API server (dashes) and a systemd cgroup path (underscores) write them."""
-    return bool(a and b) and a.replace("_", "-").lower() == b.replace("_", "-").lower()
+    if not a or not b:
+        return False
+    return a.replace("_", "-").lower() == b.replace("_", "-").lower()
 
 
 def _add_earlier_crashes(bundle_dir: str, core_dir: str, container_id: str | None, pod_uid: str | None = None) -> None:

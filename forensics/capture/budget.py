@@ -37,9 +37,9 @@ def read_index(core_dir: str) -> list[dict]:
             for line in f:
                 try:
                     out.append(json.loads(line))
-                except ValueError:
+                except ValueError:  # a line torn by a handler killed mid-append: the others still count
                     continue
-    except OSError:
+    except FileNotFoundError:  # no crash yet
         pass
     return out
 
@@ -72,24 +72,32 @@ def enforce_budget(core_dir: str, budget: int, *, object_grace: float = 3600.0) 
     total = disk_usage(core_dir)
     if total <= budget:
         return []
-    deleted, unmarked = _delete_cores(core_dir, budget, total)
+    deleted, unmarked, stuck = _delete_cores(core_dir, budget, total)
     freed = 0
+    unreadable: list[str] = []
     if disk_usage(core_dir) > budget:
-        freed = collect_objects(core_dir, grace=object_grace)
-    if deleted or freed:
-        event = {"event": "budget", "deleted": deleted, "objects_deleted": freed, "time": time.time()}
+        freed = collect_objects(core_dir, grace=object_grace, unreadable=unreadable)
+    if deleted or freed or stuck:
+        event: dict[str, object] = {"event": "budget", "deleted": deleted, "objects_deleted": freed,
+                                    "time": time.time()}
         if unmarked:  # their records still say "kept": the index is where the deletion is told
             event["records_not_updated"] = unmarked
+        if stuck:  # cores that could not be deleted: the directory stays over its budget
+            event["not_deleted"] = stuck
+        if unreadable and freed:  # crashes whose objects were not known to be in use when objects went
+            event["records_unreadable"] = unreadable
         append_index(core_dir, event)
     return deleted
 
 
-def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None = None) -> int:
+def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None = None,
+                    unreadable: list[str] | None = None) -> int:
     """Delete stored objects that no crash with a core on disk names, unused for ``grace`` seconds.
 
     A handler copies objects before it writes its record, so a young unnamed object may belong
     to a crash still streaming: an object's mtime is refreshed whenever a crash uses it, and
     only objects older than ``grace`` go.  Leftover temporary copies older than ``grace`` go too.
+    :param unreadable: filled with the crashes whose record could not be read (their objects count as unused)
     :return: the number of files deleted
     """
     now = time.time() if now is None else now
@@ -97,7 +105,7 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
     crashes = os.path.join(core_dir, "crashes")
     try:
         names = os.listdir(crashes)
-    except OSError:
+    except FileNotFoundError:  # no crash yet
         names = []
     for name in names:
         d = os.path.join(crashes, name)
@@ -109,26 +117,29 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
             used.update(v for v in (meta.get("objects") or {}).values() if isinstance(v, str))
             used.update(v for v in (meta.get("debug_files") or {}).values() if isinstance(v, str))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            if unreadable is not None:
+                unreadable.append(name)
             continue
     root = os.path.join(core_dir, "objects")
     gone = 0
     for dirpath, _, files in os.walk(root):
         prefix = os.path.basename(dirpath)
-        for f in files:
-            p = os.path.join(dirpath, f)
-            key = prefix + f
+        for name in files:
+            p = os.path.join(dirpath, name)
+            key = prefix + name
             try:
                 if key in used or now - os.lstat(p).st_mtime < grace:
                     continue
                 os.unlink(p)
                 gone += 1
-            except OSError:
+            except OSError:  # gone already (another handler's pass), or it stays until the next pass
                 continue
     return gone
 
 
-def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], list[str]]:
-    """(crash ids whose core was deleted, those of them whose record could not be marked so)."""
+def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], list[str], list[str]]:
+    """(crash ids whose core was deleted, those of them whose record could not be marked so, those whose
+    core could not be deleted: "ID: why")."""
     entries = [e for e in read_index(core_dir) if e.get("core")]
     newest: dict[str, str] = {}
     for e in entries:  # the index is in time order: the last of each crash-loop key wins
@@ -137,6 +148,7 @@ def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], li
     keep = set(newest.values())
     deleted: list[str] = []
     unmarked: list[str] = []
+    stuck: list[str] = []
     for e in entries:
         if total <= budget:
             break
@@ -146,13 +158,16 @@ def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], li
         try:
             size = os.lstat(core).st_blocks * 512
             os.unlink(core)
-        except OSError:
+        except FileNotFoundError:  # deleted by an earlier pass
+            continue
+        except OSError as err:
+            stuck.append(f"{e['id']}: {err.strerror or err}")
             continue
         total -= size
         deleted.append(e["id"])
         if not _mark_core_deleted(os.path.join(core_dir, "crashes", e["id"])):
             unmarked.append(e["id"])
-    return deleted, unmarked
+    return deleted, unmarked, stuck
 
 
 def _mark_core_deleted(crash_dir: str) -> bool:
@@ -164,7 +179,7 @@ def _mark_core_deleted(crash_dir: str) -> bool:
         meta["core"]["state"] = "deleted-for-budget"
         meta["core"]["deleted_at"] = time.time()
         write_atomic(p, json.dumps(meta, indent=2, sort_keys=True).encode())
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):  # told by the caller (records_not_updated)
         return False
     return True
 

@@ -8,7 +8,8 @@
     30-kernel/                NVRM / Xid kernel log lines, nvidia-smi output   [when present]
     40-process/               the process snapshot and the /proc files as read
     50-core/                  the compressed core and its record               [after a crash]
-    objects/                  the ELF objects the core maps, by build-id        [pod bundles; node bundles share the core directory's]
+    objects/                  the ELF objects the core maps, by build-id        [pod bundles; node bundles
+                                                                                 share the core directory's]
     MANIFEST.json             every item: path, size, sha256, what it is
 
 A bundle directory is created new (never reused): a second capture gets its own.
@@ -41,7 +42,7 @@ def new_bundle_dir(parent: str, name: str) -> str:
         try:
             os.mkdir(path, 0o750)
             return path
-        except FileExistsError:
+        except FileExistsError:  # taken: the next suffix
             continue
         except OSError as e:
             raise CoreDirectoryError(parent, e.strerror or str(e)) from e

@@ -28,20 +28,21 @@ MAX_DEBUG_BYTES = 512 << 20
 def _open_verified(root: str, rel: str, build_id: str) -> int | None:
     try:
         fd = rootpath.open_in_root(root, rel)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # no such candidate in the root: the next one is tried
         return None
     try:
         st = os.fstat(fd)
         if (stat.S_ISREG(st.st_mode) and 0 < st.st_size <= MAX_DEBUG_BYTES
                 and read_build_id_from_file(f"/proc/self/fd/{fd}") == build_id):
             return fd
-    except OSError:
+    except OSError:  # unreadable: not the debug file (the object's record says none was found)
         pass
     os.close(fd)
     return None
 
 
-def open_debug_files(pid: int, objects: list[tuple[str, str | None]], host_root: str = "/") -> list[tuple[str, str, int]]:
+def open_debug_files(pid: int, objects: list[tuple[str, str | None]],
+                     host_root: str = "/") -> list[tuple[str, str, int]]:
     """``[(object path, build-id, descriptor)]`` of the debug files found for ``objects``.
 
     :param objects: ``(path, build-id)`` of each mapped object, as the process saw them

@@ -19,14 +19,16 @@ process waits until stdin is read to the end.  The handler:
    when even the frame end did not fit, ``stream.zst`` for what is not a core), with the reason
    in the record and the index; writes the metadata and the
    manifest, then deletes the oldest cores beyond the directory's budget (metadata stays,
-   and the newest core of each crash-loop key stays: same image, signal and crash site).  Before the record it adds the node's
-   side at crash time: NVRM / Xid kernel log lines, and ``nvidia-smi -q`` for a kept core.
+   and the newest core of each crash-loop key stays: same image, signal and crash site).
+   Before the record it adds the node's side at crash time: NVRM / Xid kernel log lines, and
+   ``nvidia-smi -q`` for a kept core.
 
 Whatever fails, stdin is drained to the end (the kernel never waits on us) and the failure
 goes to the kernel log (``/dev/kmsg``) and syslog.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -36,10 +38,18 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..output import escape_text
 from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index
 from .spool import TAIL, Compressor, check_core_stream, make_reserve, with_room
+
+if TYPE_CHECKING:  # imported where they are used: the handler runs as the kernel's pipe, every import costs
+    from .bundle import BundleWriter
+    from ..core.elf import FileMapping
+    from .identity import ContainerIdentity
+    from .snapshot import Snapshot
+    from .spool import StreamVerdict
 
 __all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", "drain", "log_kernel",
            "parse_core_head", "enforce_budget", "release_pipe"]
@@ -96,7 +106,7 @@ def log_kernel(message: str, *, level: int = 3) -> None:
             os.write(fd, f"<{level}>{line}\n".encode(errors="replace")[:1000])
         finally:
             os.close(fd)
-    except OSError:
+    except OSError:  # the kernel log line is a courtesy: the crash's record holds the facts
         pass
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -106,7 +116,7 @@ def log_kernel(message: str, *, level: int = 3) -> None:
             s.send(f"<{24 + level}>{line}".encode(errors="replace")[:2000])  # facility daemon
         finally:
             s.close()
-    except OSError:
+    except OSError:  # no syslog on this node: the record holds the facts
         pass
 
 
@@ -117,7 +127,7 @@ def drain(fd: int) -> int:
     while True:
         try:
             k = os.readv(fd, [buf])
-        except InterruptedError:
+        except InterruptedError:  # a signal: read again
             continue
         except OSError:
             return n
@@ -135,11 +145,11 @@ def release_pipe(fd: int) -> None:
     """
     try:
         null = os.open(os.devnull, os.O_RDONLY)
-    except OSError:
+    except OSError:  # no /dev/null: the pipe is released when the handler exits, moments later
         return
     try:
         os.dup2(null, fd)
-    except OSError:
+    except OSError:  # as above
         pass
     finally:
         os.close(null)
@@ -160,32 +170,35 @@ def parse_core_head(head: bytes) -> dict:
     """
     from ..core import elf
 
-    out = {"signal": None, "pc": None, "module": None, "module_offset": None}
+    pc: int | None = None
+    signal: int | None = None
+    module: str | None = None
+    module_offset: int | None = None
     try:
         hdr = elf.parse_elf_header(head[: elf.EHDR64_SIZE])
         phdrs = elf.parse_program_headers(head[hdr.phoff : hdr.phoff + hdr.phnum * elf.PHDR64_SIZE], hdr.phnum)
-    except (ValueError, struct.error, IndexError):
-        return out
-    files = ()
+    except (ValueError, struct.error, IndexError):  # not a core's header: nothing known (the stream's verdict says why)
+        phdrs = ()
+    files: tuple[FileMapping, ...] = ()
     for p in phdrs:
         if p.type != elf.PT_NOTE or p.offset + p.filesz > len(head):
             continue
         for note in elf.iter_notes(head[p.offset : p.offset + p.filesz]):
             try:
-                if note.type == elf.NT_PRSTATUS and out["pc"] is None:
+                if note.type == elf.NT_PRSTATUS and pc is None:
                     t = elf.parse_prstatus(note.desc)
-                    out["pc"], out["signal"] = t.pc, t.signal
+                    pc, signal = t.pc, t.signal
                 elif note.type == elf.NT_FILE and not files:
                     files = elf.parse_nt_file(note.desc)
-            except (ValueError, struct.error):
+            except (ValueError, struct.error):  # a damaged note: the record's hint goes without it
                 continue
-    if out["pc"] is not None:
+    if pc is not None:
         for fm in files:
-            if fm.start <= out["pc"] < fm.end:
+            if fm.start <= pc < fm.end:
                 base = min((f.start for f in files if f.path == fm.path and f.offset == 0), default=fm.start)
-                out["module"], out["module_offset"] = fm.path, out["pc"] - base
+                module, module_offset = fm.path, pc - base
                 break
-    return out
+    return {"signal": signal, "pc": pc, "module": module, "module_offset": module_offset}
 
 
 def _crash_loop_key(key: str, signo: int, head_info: dict) -> str:
@@ -260,10 +273,8 @@ def run_core_handler(
         result.bytes_in += drain(stdin_fd)
         release_pipe(stdin_fd)
         for _, fd in object_fds:
-            try:
+            with contextlib.suppress(OSError):  # read-only descriptors: nothing is lost if close fails
                 os.close(fd)
-            except OSError:
-                pass
     return result
 
 
@@ -292,8 +303,8 @@ class _Crash:
     signame: str
     crash_dir: str
     reserve: str | None
-    bundle: object  # BundleWriter
-    snapshot: object = None  # snapshot.Snapshot
+    bundle: BundleWriter
+    snapshot: Snapshot | None = None
     image_key: str = "unknown"
     debug_fds: list = field(default_factory=list)  # (path, build-id, fd) of the mapped objects' debug files
     record: dict = field(default_factory=dict)
@@ -304,7 +315,7 @@ class _Crash:
         return os.path.basename(self.crash_dir)
 
     @property
-    def identity(self):
+    def identity(self) -> ContainerIdentity | None:
         return self.snapshot.identity if self.snapshot else None
 
     def write_record(self) -> None:
@@ -323,7 +334,7 @@ class _Streamed:
     keys: dict[str, str] = field(default_factory=dict)
     debug_keys: dict[str, str] = field(default_factory=dict)
     sha256: str | None = None
-    stream: object = None  # spool.CoreStream: what the kernel sent, against the core's own program headers
+    stream: StreamVerdict | None = None  # what the kernel sent, against the core's own program headers
 
 
 def _handle(req: _Request, config: HandlerConfig | None, result: HandlerResult, object_fds: list) -> None:
@@ -356,8 +367,8 @@ def _read_process(crash: _Crash) -> None:
     pid = req.pid
     raw = RawProcFiles()
     try:
-        maps = parse_maps(read_proc_text(pid, "maps"))  # type: ignore[arg-type]
-        crash.object_fds.extend(open_mapped_objects(pid, maps))
+        maps = parse_maps(read_proc_text(pid, "maps"))
+        crash.object_fds.extend(open_mapped_objects(pid, maps, warnings))
         crash.snapshot = read_snapshot(pid, host_root=req.host_root, object_fds=crash.object_fds, raw=raw)
     except Exception as e:  # noqa: BLE001 - metadata is best effort; the core still matters
         warnings.append(f"/proc/{pid}: {type(e).__name__}: {e}")
@@ -402,7 +413,8 @@ def _read_process(crash: _Crash) -> None:
     }, "who crashed: node, pid, signal, pod UID, container ID, image, time")
     if snapshot is not None:
         bundle.add_json("40-process/snapshot.json", snapshot_payload(snapshot),
-                        "process snapshot at crash time: limits, cgroup identity, mapped objects with build-ids, NVML origin")
+                        "process snapshot at crash time: limits, cgroup identity, mapped objects with build-ids, NVML "
+                        "origin")
         for name, data in raw.files.items():
             bundle.add_bytes(f"40-process/{name}", data, f"/proc/PID/{name} as read at crash time")
     if image_os is not None:
@@ -481,32 +493,11 @@ def _stream(crash: _Crash, keep: bool) -> _Streamed:
             whole_frame = comp.finish()
             try:
                 os.fsync(out_fd)
-            except OSError:
-                pass
+            except OSError as e:  # the core may not be whole on disk after a power loss: the record says so
+                result.warnings.append(f"core: fsync failed ({e.strerror or e}): it may not be on disk whole")
             os.close(out_fd)
             out_fd = -1
-            if stream.reason:
-                why.append(stream.reason)
-            if not whole_frame:
-                out.core_name, state = "core.partial.zst", "partial"
-                if not any("disk filled up" in w for w in why):  # the compressor held its output until the end
-                    why.append(f"the disk filled up while the core was written ({comp.out} compressed bytes on "
-                               "disk): the zstd frame could not be ended")
-            elif stream.kind == "not-a-core":
-                out.core_name, state = ("stream.zst" if result.bytes_in else None), "not-a-core"
-            elif cut or stream.kind == "short":
-                out.core_name, state = "core.truncated.zst", "truncated"
-            else:
-                out.core_name, state = "core.zst", "kept"
-            if out.core_name is not None:
-                os.rename(tmp, os.path.join(core_dir_sub, out.core_name))
-            result.core_state = state
-            if out.core_name is not None:
-                result.bytes_out = comp.out
-                result.core_path = os.path.join(core_dir_sub, out.core_name)
-                out.sha256 = comp.sha.hexdigest()
-                crash.bundle.note_file(f"50-core/{out.core_name}", "what the kernel sent, zstd-compressed (not a core)"
-                                       if state == "not-a-core" else f"the core, zstd-compressed ({state})")
+            _name_core(crash, out, comp, stream, cut=cut, whole_frame=whole_frame, tmp=tmp)
         else:
             result.core_state = "metadata-only"
     finally:
@@ -526,7 +517,36 @@ def _stream(crash: _Crash, keep: bool) -> _Streamed:
     return out
 
 
-def _pump(stdin_fd: int, comp, limit: int, rlimit_core: int | None, result: HandlerResult,
+def _name_core(crash: _Crash, out: _Streamed, comp: Compressor, stream: StreamVerdict, *, cut: bool,
+               whole_frame: bool, tmp: str) -> None:
+    """The written core's name and state: whole, truncated, partial (no frame end) or not a core at all."""
+    result, why = crash.result, crash.why
+    if stream.reason:
+        why.append(stream.reason)
+    if not whole_frame:
+        out.core_name, state = "core.partial.zst", "partial"
+        if not any("disk filled up" in w for w in why):  # the compressor held its output until the end
+            why.append(f"the disk filled up while the core was written ({comp.out} compressed bytes on "
+                       "disk): the zstd frame could not be ended")
+    elif stream.kind == "not-a-core":
+        out.core_name, state = ("stream.zst" if result.bytes_in else None), "not-a-core"
+    elif cut or stream.kind == "short":
+        out.core_name, state = "core.truncated.zst", "truncated"
+    else:
+        out.core_name, state = "core.zst", "kept"
+    result.core_state = state
+    if out.core_name is None:
+        return
+    core_dir_sub = os.path.dirname(tmp)
+    os.rename(tmp, os.path.join(core_dir_sub, out.core_name))
+    result.bytes_out = comp.out
+    result.core_path = os.path.join(core_dir_sub, out.core_name)
+    out.sha256 = comp.sha.hexdigest()
+    crash.bundle.note_file(f"50-core/{out.core_name}", "what the kernel sent, zstd-compressed (not a core)"
+                           if state == "not-a-core" else f"the core, zstd-compressed ({state})")
+
+
+def _pump(stdin_fd: int, comp: Compressor | None, limit: int, rlimit_core: int | None, result: HandlerResult,
           why: list[str]) -> tuple[bytearray, bool, bytes]:
     """Read the core from the pipe to its end: the first bytes kept aside, at most ``limit`` into ``comp``.
 
@@ -535,10 +555,8 @@ def _pump(stdin_fd: int, comp, limit: int, rlimit_core: int | None, result: Hand
     """
     # a bigger pipe: fewer wake-ups of the dying process (only now: /proc/PID has been read, and a
     # core smaller than the pipe would let the process go before that)
-    try:
+    with contextlib.suppress(OSError):  # above the node's pipe-max-size: the default pipe works, more slowly
         fcntl.fcntl(stdin_fd, _F_SETPIPE_SZ, _CHUNK)
-    except OSError:
-        pass
     head = bytearray()
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
@@ -547,7 +565,7 @@ def _pump(stdin_fd: int, comp, limit: int, rlimit_core: int | None, result: Hand
     while True:
         try:
             k = os.readv(stdin_fd, [buf])
-        except InterruptedError:
+        except InterruptedError:  # a signal: read again
             continue
         if k <= 0:
             release_pipe(stdin_fd)
@@ -574,6 +592,7 @@ def _finish(crash: _Crash, streamed: _Streamed) -> None:
     """Stage 4: the record, the manifest, the index entry, the budget; one line to the kernel log."""
     req, result, record, why, bundle = crash.req, crash.result, crash.record, crash.why, crash.bundle
     snapshot, identity, stream = crash.snapshot, crash.identity, streamed.stream
+    assert stream is not None  # stage 3 judges every stream before it returns
     crash_loop_key = _crash_loop_key(crash.image_key, req.signo, streamed.head_info)
     record.update({
         "state": "done",
@@ -595,7 +614,8 @@ def _finish(crash: _Crash, streamed: _Streamed) -> None:
     for rel in [r for r in bundle.items if r.startswith("50-core/")]:
         del bundle.items[rel]
     if result.core_path:  # the name may have changed to make room for the metadata
-        bundle.note_file(f"50-core/{os.path.basename(result.core_path)}", f"the core, zstd-compressed ({result.core_state})")
+        bundle.note_file(f"50-core/{os.path.basename(result.core_path)}",
+                         f"the core, zstd-compressed ({result.core_state})")
     try:
         with_room(lambda: bundle.write_manifest({"crash_id": crash.crash_id}), result, record, crash.write_record)
     except OSError as e:
@@ -634,7 +654,8 @@ def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: flo
     try:
         lines = read_kernel_log(pid=pid)
         bundle.add_bytes("30-kernel/kernel-nvidia.log", redacted("\n".join(lines) + "\n"),
-                         "kernel log lines at crash time: the NVIDIA driver's (NVRM, Xid, its modules), this process's fault")
+                         "kernel log lines at crash time: the NVIDIA driver's (NVRM, Xid, its modules), this "
+                         "process's fault")
     except Exception as e:  # noqa: BLE001 - evidence is best effort; the core and record matter more
         warnings.append(f"kernel log: {type(e).__name__}: {e}")
     if not nvidia_smi:
@@ -652,6 +673,6 @@ def _parse_limit(value: str | None) -> int | None:
         return None
     try:
         v = int(value)
-    except ValueError:
+    except ValueError:  # not a number: no limit known (as "unlimited")
         return None
     return None if v < 0 or v >= 2**63 else v

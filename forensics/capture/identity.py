@@ -4,7 +4,8 @@ Kubernetes puts every container in a cgroup named after the pod UID and the cont
 The names differ by cgroup driver and runtime; all of these are read (cgroup v1 and v2):
 
 - cgroupfs driver: ``/kubepods/burstable/pod<uid>/<64-hex id>``
-- systemd driver: ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice/<runtime>-<id>.scope``
+- systemd driver:
+  ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice/<runtime>-<id>.scope``
   where ``<runtime>`` is ``cri-containerd`` (containerd), ``crio`` (CRI-O) or ``docker``
 - plain Docker: ``/docker/<id>`` or ``/system.slice/docker-<id>.scope``
 
@@ -23,7 +24,8 @@ _ID = r"[0-9a-f]{64}"
 _SCOPE = re.compile(rf"(?:^|/)(?P<rt>cri-containerd|crio|docker|containerd)-(?P<id>{_ID})\.scope$")
 _PLAIN_ID = re.compile(rf"(?:^|/)(?P<id>{_ID})$")
 _DOCKER_DIR = re.compile(rf"/docker/(?P<id>{_ID})$")
-_POD = re.compile(r"pod(?P<uid>[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?(?:/|$)")
+_POD = re.compile(r"pod(?P<uid>[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+                  r"(?:\.slice)?(?:/|$)")
 _QOS = re.compile(r"kubepods[-/.](?:slice/kubepods-)?(?P<qos>burstable|besteffort)")
 _RUNTIME_NAMES = {"cri-containerd": "containerd", "containerd": "containerd", "crio": "cri-o", "docker": "docker"}
 
@@ -83,7 +85,8 @@ def parse_cgroup(text: str) -> ContainerIdentity:
 
     The v2 line (``0::``) is preferred; on v1 the first line that names a container is used.
 
-    >>> parse_cgroup("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/cri-containerd-" + "ab" * 32 + ".scope\\n").pod_uid
+    >>> pod = "kubepods-burstable-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice"
+    >>> parse_cgroup(f"0::/kubepods.slice/kubepods-burstable.slice/{pod}/cri-containerd-{'ab' * 32}.scope\\n").pod_uid
     '0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b'
     """
     v1_found = None
@@ -112,15 +115,19 @@ def find_container_identity(pid: int) -> ContainerIdentity:
     """:func:`parse_cgroup` of ``/proc/PID/cgroup``."""
     from .procfs import read_proc_text
 
-    return parse_cgroup(read_proc_text(pid, "cgroup"))  # type: ignore[arg-type]
+    return parse_cgroup(read_proc_text(pid, "cgroup"))
 
 
 # Where each runtime keeps a container's OCI config / its own record, by container ID.
 _RUNTIME_STATE = (
-    ("/run/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/config.json", ("annotations", "io.kubernetes.cri.image-name")),
-    ("/run/containerd/io.containerd.runtime.v2.task/moby/{id}/config.json", ("annotations", "org.opencontainers.image.ref.name")),
-    ("/run/containers/storage/overlay-containers/{id}/userdata/config.json", ("annotations", "io.kubernetes.cri-o.ImageName")),
-    ("/var/lib/containers/storage/overlay-containers/{id}/userdata/config.json", ("annotations", "io.kubernetes.cri-o.ImageName")),
+    ("/run/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/config.json",
+     ("annotations", "io.kubernetes.cri.image-name")),
+    ("/run/containerd/io.containerd.runtime.v2.task/moby/{id}/config.json",
+     ("annotations", "org.opencontainers.image.ref.name")),
+    ("/run/containers/storage/overlay-containers/{id}/userdata/config.json",
+     ("annotations", "io.kubernetes.cri-o.ImageName")),
+    ("/var/lib/containers/storage/overlay-containers/{id}/userdata/config.json",
+     ("annotations", "io.kubernetes.cri-o.ImageName")),
     ("/var/lib/docker/containers/{id}/config.v2.json", ("Config", "Image")),
 )
 
@@ -137,7 +144,7 @@ def read_image_name(container_id: str, host_root: str = "/") -> str | None:
         try:
             with open(path, "rb") as f:
                 data = json.loads(f.read(4 << 20))
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # probing: each runtime keeps its state in its own place
             continue
         value = (data.get(outer) or {}).get(inner) if isinstance(data, dict) else None
         if isinstance(value, str) and value:

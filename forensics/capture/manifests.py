@@ -44,7 +44,8 @@ def agent_pod_manifest(*, name: str, namespace: str, node: str, container_id: st
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"app.kubernetes.io/name": "forensics-agent", "app.kubernetes.io/managed-by": "forensics"}},
+                     "labels": {"app.kubernetes.io/name": "forensics-agent",
+                                "app.kubernetes.io/managed-by": "forensics"}},
         "spec": {
             "nodeName": node,  # pinned: no scheduler involved
             "hostPID": True,  # /proc shows the node's processes; /proc/1/root is the node's filesystem
@@ -105,8 +106,8 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
         if v is not None:
             install += [f"--{name.replace('_', '-')}", str(int(v))]
     serve = [handler, "agent", "serve", "--core-dir", core_dir, "--metrics-port", str(metrics_port),
-             "--metrics-address", "$(POD_IP)", "--node-name", "$(NODE_NAME)", "--analysis-timeout", str(analysis_timeout),
-             "--analysis-memory", str(analysis_memory)]
+             "--metrics-address", "$(POD_IP)", "--node-name", "$(NODE_NAME)", "--analysis-timeout",
+             str(analysis_timeout), "--analysis-memory", str(analysis_memory)]
     shell = " ".join(_sh(a) for a in install) + " && exec " + " ".join(_sh(a) for a in serve)
     pod_meta: dict = {"labels": dict(_LABELS)}
     if scrape == "annotations":
@@ -218,7 +219,8 @@ def to_yaml(obj, indent: int = 0) -> str:
                 lines.append(f"{pad}{_key(k)}:")
                 lines.append(to_yaml(v, indent + 1).rstrip("\n"))
             else:
-                lines.append(f"{pad}{_key(k)}: {_scalar(v) if not isinstance(v, (dict, list)) else ('{}' if isinstance(v, dict) else '[]')}")
+                empty = "{}" if isinstance(v, dict) else "[]"
+                lines.append(f"{pad}{_key(k)}: {_scalar(v) if not isinstance(v, (dict, list)) else empty}")
     elif isinstance(obj, list):
         for v in obj:
             if isinstance(v, (dict, list)) and v:
@@ -236,7 +238,7 @@ def to_yaml(obj, indent: int = 0) -> str:
 def _key(k: str) -> str:
     """A mapping key: plain when safe, else double-quoted (``prometheus.io/scrape`` is plain YAML)."""
     k = str(k)
-    return k if k and all(c.isalnum() or c in "._/-" for c in k) and not k[0] in "-." else json.dumps(k)
+    return k if k and all(c.isalnum() or c in "._/-" for c in k) and k[0] not in "-." else json.dumps(k)
 
 
 def to_yaml_documents(objects: list[dict]) -> str:

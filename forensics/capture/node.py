@@ -8,6 +8,7 @@ kernel's NVRM / Xid lines and nvidia-smi output when present, and the process sn
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
@@ -17,9 +18,14 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoot, ProcessGone, UnsafeContainerPath
 from .procfs import open_in_root
+
+if TYPE_CHECKING:  # imported where they are used: each command loads only what it needs
+    from .pattern import Destination
+    from .snapshot import Snapshot
 
 __all__ = [
     "DEFAULT_FILTER",
@@ -69,7 +75,8 @@ def is_driver_line(msg: str, pid: int | None = None) -> bool:
     """
     if _DRIVER_LINE.search(msg):
         return True
-    return pid is not None and bool(re.search(rf"\[{pid}\]: (?:segfault at|general protection|trap )|traps: \S+\[{pid}\]", msg))
+    return (pid is not None
+            and bool(re.search(rf"\[{pid}\]: (?:segfault at|general protection|trap )|traps: \S+\[{pid}\]", msg)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,18 +87,20 @@ class ArmResult:
     coredump_filter_before: str | None
     coredump_filter_after: str | None
     core_pattern: str
-    destination: object  # pattern.Destination
-    snapshot: object  # snapshot.Snapshot
-    bundle: str | None
+    destination: Destination
+    snapshot: Snapshot
+    bundle: str
 
 
 def _limits_core(pid: int) -> tuple[str, str]:
     from .procfs import parse_limits, read_proc_text
 
-    return parse_limits(read_proc_text(pid, "limits")).get("Max core file size", ("?", "?"))  # type: ignore[arg-type]
+    return parse_limits(read_proc_text(pid, "limits")).get("Max core file size", ("?", "?"))
 
 
-def arm_process(pid: int, *, coredump_filter: int = DEFAULT_FILTER) -> tuple[tuple[str, str], tuple[str, str], str | None, str | None]:
+def arm_process(pid: int, *,
+                coredump_filter: int = DEFAULT_FILTER) -> tuple[tuple[str, str], tuple[str, str], str | None,
+                                                                str | None]:
     """Raise RLIMIT_CORE to unlimited and set coredump_filter; the before / after values read back.
 
     Without CAP_SYS_RESOURCE the hard limit cannot go up: the soft limit is raised to it.
@@ -116,7 +125,8 @@ def arm_process(pid: int, *, coredump_filter: int = DEFAULT_FILTER) -> tuple[tup
         try:
             _, hard = resource.prlimit(pid, resource.RLIMIT_CORE)
             if hard == 0:
-                raise LimitNotRaised(pid, before[1], "raising it needs CAP_SYS_RESOURCE, which this process lacks") from e
+                raise LimitNotRaised(pid, before[1],
+                                     "raising it needs CAP_SYS_RESOURCE, which this process lacks") from e
             resource.prlimit(pid, resource.RLIMIT_CORE, (hard, hard))
         except ProcessLookupError as e2:
             raise ProcessGone(pid, "exited before its limit was raised") from e2
@@ -153,7 +163,7 @@ def read_kernel_log(limit: int = 400, *, pid: int | None = None) -> list[str]:
         while True:
             try:
                 rec = os.read(fd, 8192)
-            except BlockingIOError:
+            except BlockingIOError:  # the end of the kernel's buffer
                 break
             except OSError as e:
                 if e.errno == 32:  # EPIPE: a record was overwritten; go on
@@ -172,12 +182,13 @@ def read_kernel_log(limit: int = 400, *, pid: int | None = None) -> list[str]:
 
 
 def _dmesg_fallback(limit: int, pid: int | None = None) -> list[str]:
+    """``dmesg``'s driver lines, when /dev/kmsg cannot be opened; a line saying why when neither reads."""
     if not shutil.which("dmesg"):
-        return []
+        return ["(kernel log not read: /dev/kmsg cannot be opened and there is no dmesg)"]
     try:
         out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
+    except (OSError, subprocess.SubprocessError) as e:
+        return [f"(kernel log not read: /dev/kmsg cannot be opened and dmesg failed: {e})"]
     # dmesg prefixes "[  12.345678] ": judge the message after it
     return [x for x in out.splitlines() if is_driver_line(re.sub(r"^\[[\s\d.]+\]\s*", "", x), pid)][-limit:]
 
@@ -206,7 +217,8 @@ def read_node_logs(ids: list[str], limit: int = 400, *, host_root: str = "/") ->
                 cmd += ["-D", d]
             try:
                 p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
-            except (OSError, subprocess.SubprocessError):
+            except (OSError, subprocess.SubprocessError) as e:  # said in the file, as nvidia-smi's failures are
+                out[f"{unit}.log"] = f"(not read: journalctl failed: {e})\n"
                 continue
             text = [x for x in p.stdout.splitlines() if not x.startswith("-- ")]
             if not text:
@@ -216,7 +228,7 @@ def read_node_logs(ids: list[str], limit: int = 400, *, host_root: str = "/") ->
     root = "/" if on_node else host_root
     try:
         fd = open_in_root(root, "/var/log/containers", os.O_RDONLY | os.O_DIRECTORY)
-    except (OSError, UnsafeContainerPath):
+    except (OSError, UnsafeContainerPath):  # not a Kubernetes node (or no container logged yet)
         return out
     try:
         names = sorted(os.listdir(fd))
@@ -224,18 +236,22 @@ def read_node_logs(ids: list[str], limit: int = 400, *, host_root: str = "/") ->
         os.close(fd)
     wanted = [n for n in names if any(k in n for k in _DEVICE_PLUGIN_LOGS) or any(i and i in n for i in ids)]
     for name in wanted[:_MAX_LOG_FILES]:
+        kind = "device-plugin" if any(k in name for k in _DEVICE_PLUGIN_LOGS) else "container"
         try:
             fd = open_in_root(root, f"/var/log/containers/{name}")
-        except (OSError, UnsafeContainerPath):
+        except FileNotFoundError:  # rotated away since the listing, or a link to nothing inside the root
+            continue
+        except (OSError, UnsafeContainerPath) as e:
+            out[f"{kind}-{name}"] = f"(not read: {e})\n"
             continue
         try:
             size = os.fstat(fd).st_size
             data = os.pread(fd, _MAX_LOG_TAIL, max(0, size - _MAX_LOG_TAIL))
-        except OSError:
+        except OSError as e:
+            out[f"{kind}-{name}"] = f"(not read: {e.strerror or e})\n"
             continue
         finally:
             os.close(fd)
-        kind = "device-plugin" if any(k in name for k in _DEVICE_PLUGIN_LOGS) else "container"
         out[f"{kind}-{name}"] = data.decode(errors="replace")
     return out
 
@@ -264,7 +280,8 @@ def read_nvidia_smi(timeout: float = 20.0) -> str | None:
         try:
             out, _ = p.communicate(timeout=2)
         except subprocess.TimeoutExpired:
-            return f"nvidia-smi -q did not finish in {timeout:g} s and did not stop when killed (stuck in the driver?)\n"
+            return (f"nvidia-smi -q did not finish in {timeout:g} s and did not stop when killed (stuck in the "
+                    "driver?)\n")
         return f"nvidia-smi -q did not finish in {timeout:g} s (killed); its output so far:\n{out or ''}"
     return out + (f"\n[stderr]\n{err}" if err else "")
 
@@ -289,13 +306,13 @@ def read_os_release(root: str) -> str | None:
     for path in ("/etc/os-release", "/usr/lib/os-release"):
         try:
             fd = open_in_root(root, path)
-        except (OSError, UnsafeContainerPath):
+        except (OSError, UnsafeContainerPath):  # probing: the next of the two places
             continue
         try:
             if not os.path.isfile(f"/proc/self/fd/{fd}"):
                 continue
             data = os.read(fd, OS_RELEASE_MAX)
-        except OSError:
+        except OSError:  # as above
             continue
         finally:
             os.close(fd)
@@ -342,10 +359,8 @@ def run_nvidia_bug_report(out_dir: str, *, timeout: float = BUG_REPORT_TIMEOUT,
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             p.kill()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the driver: it is left; the note says killed
             p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in the driver: it is left; its output, if any, is not trusted as whole
         note = f"nvidia-bug-report.sh --safe-mode did not finish in {timeout:g} s (killed)"
     produced = next((os.path.join(work, n) for n in ("nvidia-bug-report.log.gz", "nvidia-bug-report.log")
                      if os.path.isfile(os.path.join(work, n))), None)
@@ -392,7 +407,7 @@ def redact_bug_report(src: str, dest: str, *, max_text: int = BUG_REPORT_TEXT_MA
         with open(src, "rb") as raw, gzip.open(tmp, "wb", compresslevel=6) as out:
             magic = raw.read(2)
             raw.seek(0)
-            source = gzip.open(raw, "rb") if magic == b"\x1f\x8b" else raw
+            source = gzip.open(raw, "rb") if magic == b"\x1f\x8b" else raw  # noqa: SIM115 - closed by the with below
             with source:
                 while True:
                     try:
@@ -413,20 +428,26 @@ def redact_bug_report(src: str, dest: str, *, max_text: int = BUG_REPORT_TEXT_MA
         os.replace(tmp, dest)
     except OSError as e:
         for p in (tmp, dest):
-            try:
+            with contextlib.suppress(FileNotFoundError):  # the stream broke before either was written
                 os.unlink(p)
-            except OSError:
-                pass
-        return f"not kept: it could not be redacted ({e.strerror or e})"
-    finally:
-        if os.path.abspath(src) != os.path.abspath(dest):
-            try:
-                os.unlink(src)
-            except OSError:
-                pass
+        return f"not kept: it could not be redacted ({e.strerror or e})" + _remove_unmasked(src, dest)
     masked = sum(red.counts.values())
     kinds = ", ".join(f"{n} {what}" for what, n in sorted(red.counts.items()))
-    return f"kept, secrets masked by structure ({masked}{': ' + kinds if kinds else ''}){cut}"
+    return f"kept, secrets masked by structure ({masked}{': ' + kinds if kinds else ''}){cut}" + _remove_unmasked(
+        src, dest)
+
+
+def _remove_unmasked(src: str, dest: str) -> str:
+    """Remove NVIDIA's unmasked report; what to add to the bundle's note when it stays."""
+    if os.path.abspath(src) == os.path.abspath(dest):
+        return ""
+    try:
+        os.unlink(src)
+    except FileNotFoundError:  # already gone
+        return ""
+    except OSError as e:
+        return f"; the unmasked report {src} could not be removed ({e.strerror or e}): remove it by hand"
+    return ""
 
 
 def _pids_where(match, proc: str = "/proc") -> list[int]:
@@ -440,7 +461,7 @@ def _pids_where(match, proc: str = "/proc") -> list[int]:
         try:
             with open(f"{proc}/{name}/cgroup") as f:
                 ident = parse_cgroup(f.read())
-        except OSError:
+        except OSError:  # exited since the listing
             continue
         if match(ident):
             found.append(int(name))
@@ -473,7 +494,7 @@ def find_pod_shims(sandbox_ids: list[str], proc: str = "/proc") -> list[int]:
         try:
             with open(f"{proc}/{name}/cmdline", "rb") as f:
                 argv = f.read(8192).decode(errors="replace").split("\0")
-        except OSError:
+        except OSError:  # exited since the listing
             continue
         if not argv or not os.path.basename(argv[0]).startswith("containerd-shim"):
             continue
@@ -501,14 +522,16 @@ def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") ->
 
     pids = find_pod_pids(pod_uid)
     sandboxes = []
+    armed: list[dict] = []
+    notes: list[str] = []
     for pid in pids:
         try:
             cid = find_container_identity(pid).container_id
-        except (OSError, ForensicsError):
+        except (OSError, ForensicsError) as e:  # its shim may then go unarmed: the arming record says why
+            notes.append(f"pid {pid} of the pod: its container could not be read ({e})")
             continue
         if cid:
             sandboxes.append(cid)
-    armed, notes = [], []
     limit, limit_from = None, None
     for shim in find_pod_shims(sandboxes):
         try:
@@ -523,9 +546,10 @@ def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") ->
         for pid in pids:
             try:
                 limit = _limits_core(pid)[0]
-                limit_from = f"the RLIMIT_CORE of pid {pid} of the same pod (its sandbox), from which the runtime starts it"
+                limit_from = (f"the RLIMIT_CORE of pid {pid} of the same pod (its sandbox), from which the runtime "
+                              "starts it")
                 break
-            except OSError:
+            except OSError:  # gone: the next process of the pod (none left: the limit is said unknown)
                 continue
     pattern = read_core_pattern()
     dest = explain_next_start(pattern, limit, limit_from=limit_from)
@@ -583,7 +607,7 @@ def capture_pid(
     dest = explain_destination(pattern, snap)
     parent = bundle_parent or os.path.join(core_dir, "bundles")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    bdir = None
+    bdir: str | None = None
     try:
         bdir = new_bundle_dir(parent, f"{stamp}-pid{pid}")
         w = BundleWriter(bdir)
@@ -591,7 +615,8 @@ def capture_pid(
         w.add_json("00-identity.json", {
             "kind": "capture", "node": socket.gethostname(), "pid": pid, "captured_at": time.time(),
             "comm": snap.comm, "exe": snap.exe, "pod_uid": ident.pod_uid, "container_id": ident.container_id,
-            "runtime": ident.runtime, "qos_class": ident.qos_class, "image": snap.image, "core_dir": os.path.abspath(core_dir),
+            "runtime": ident.runtime, "qos_class": ident.qos_class, "image": snap.image,
+            "core_dir": os.path.abspath(core_dir),
         }, "who was captured: node, pid, pod UID, container ID, image, time")
         for rel, (obj, what) in (extra_items or {}).items():
             w.add_json(rel, obj, what)

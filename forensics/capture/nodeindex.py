@@ -93,13 +93,13 @@ def _read_json(path: str) -> dict | None:
     try:
         with open(path, "rb") as f:
             data = f.read(_MAX_READ + 1)
-    except OSError:
+    except OSError:  # not written (yet): the entry says what is missing (status "none" or "pending")
         return None
     if len(data) > _MAX_READ:
         return None
     try:
         doc = json.loads(data)
-    except ValueError:
+    except ValueError:  # a record cut by a full disk: as if not written
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -135,8 +135,9 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
     meta = _read_json(os.path.join(crash_dir, "metadata.json"))
     if meta is None:
         return None
-    core = meta.get("core") if isinstance(meta.get("core"), dict) else {}
-    ident = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
+    core_v, ident_v = meta.get("core"), meta.get("identity")
+    core = core_v if isinstance(core_v, dict) else {}
+    ident = ident_v if isinstance(ident_v, dict) else {}
     adir = os.path.join(crash_dir, ANALYSIS_DIR)
     analysis = _read_json(os.path.join(adir, "analysis.json"))
     failed = _read_json(os.path.join(adir, "failed.json"))
@@ -154,7 +155,8 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
         status = "none"
     a = (analysis or {}).get("analysis") or {}
     snap_core = ((a.get("snapshot") or {}).get("core") or {}) if isinstance(a, dict) else {}
-    nvml = snap_core.get("nvml") if isinstance(snap_core.get("nvml"), dict) else {}
+    nvml_v = snap_core.get("nvml")
+    nvml = nvml_v if isinstance(nvml_v, dict) else {}
     fp = a.get("fingerprint") if isinstance(a.get("fingerprint"), str) else None
     signo = meta.get("signal") if isinstance(meta.get("signal"), int) else None
     return CrashEntry(

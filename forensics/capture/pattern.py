@@ -125,25 +125,10 @@ def explain_destination(pattern: str, snapshot, *, core_uses_pid: int | None = N
     soft = snapshot.limits.get("Max core file size", ("0", "0"))[0]
     limit = _limit_bytes(soft)
     if pattern.startswith("|"):
-        argv = pattern[1:].split()
-        prog = argv[0] if argv else ""
-        ours = prog.endswith("/forensics") and "core-handler" in argv
-        will = limit != 1
-        reasons.append(f"core_pattern pipes the core to {prog!r}, run by the kernel on the host (initial namespaces) as root")
-        reasons.append("RLIMIT_CORE is not enforced for a pipe (core(5)); the kernel skips the dump only when it is exactly 1")
-        if ours:
-            if limit is not None and limit < PAGE_SIZE:
-                reasons.append(f"forensics core-handler honours %c: RLIMIT_CORE {soft} < one page, so it keeps metadata only")
-            else:
-                reasons.append(f"forensics core-handler honours %c: RLIMIT_CORE {soft}, the core is kept")
-        if not os.path.isfile(prog):
-            reasons.append(f"the handler {prog} does not exist: the kernel will log 'core_pattern ... failed' and no core is written")
-            will = False
-        return Destination(pattern=pattern, kind="pipe", will_dump=will, handler=prog, handler_is_forensics=ours,
-                           path_in_process=None, host_path=None, persistent=True if will else None,
-                           reasons=tuple(reasons))
+        return _pipe_destination(pattern, soft, limit)
     if pattern.startswith("@"):
-        reasons.append(f"core_pattern sends the core to the unix socket {pattern.lstrip('@')!r} on the host (Linux 6.16+)")
+        reasons.append(f"core_pattern sends the core to the unix socket {pattern.lstrip('@')!r} on the host (Linux "
+                       "6.16+)")
         return Destination(pattern=pattern, kind="socket", will_dump=True, handler=pattern.lstrip("@"),
                            handler_is_forensics=False, path_in_process=None, host_path=None, persistent=True,
                            reasons=tuple(reasons))
@@ -187,7 +172,9 @@ def explain_destination(pattern: str, snapshot, *, core_uses_pid: int | None = N
                     f"({m.fstype} {m.source}), which dies with the container; mount a volume there to keep cores")
             else:
                 host_path, persistent = hp, True
-                reasons.append(f"in the container, {m.mount_point} is a mount of the host's {hp.rsplit(path[len(m.mount_point):], 1)[0] or '/'} ({m.fstype}): the core reaches the host at {hp}")
+                reasons.append(f"in the container, {m.mount_point} is a mount of the host's "
+                               f"{hp.rsplit(path[len(m.mount_point):], 1)[0] or '/'} ({m.fstype}): the core reaches "
+                               f"the host at {hp}")
     else:
         host_path, persistent = path, True
         reasons.append("the process shares the host's mount namespace: the path is the host's")
@@ -238,10 +225,11 @@ def explain_next_start(pattern: str, rlimit_core: str | None, *, limit_from: str
             reasons.append("its RLIMIT_CORE is not known here (no process of the pod runs): the handler keeps the core "
                            "only if it is at least one page")
         else:
-            reasons.append(f"its RLIMIT_CORE is expected to be {rlimit_core}" + (f" ({limit_from})" if limit_from else ""))
+            reasons.append(f"its RLIMIT_CORE is expected to be {rlimit_core}" + (f" ({limit_from})" if limit_from
+                                                                                 else ""))
         reasons.extend(r for r in d.reasons if "RLIMIT_CORE" not in r or rlimit_core is not None)
-        keeps = d.will_dump and d.handler_is_forensics and (
-            rlimit_core is None or _limit_bytes(rlimit_core) is None or _limit_bytes(rlimit_core) >= PAGE_SIZE)
+        limit = _limit_bytes(rlimit_core) if rlimit_core is not None else None
+        keeps = d.will_dump and d.handler_is_forensics and (limit is None or limit >= PAGE_SIZE)
         if d.handler_is_forensics and not keeps and d.will_dump:
             reasons.append("so the handler will keep its metadata only: raise the limit in the container's command "
                            "(ulimit -c unlimited) or in the runtime's default (containerd's LimitCORE)")
@@ -260,8 +248,34 @@ def explain_next_start(pattern: str, rlimit_core: str | None, *, limit_from: str
                        path_in_process=None, host_path=None, persistent=False, reasons=(
                            f"the container is not running: its next crash is written by core_pattern {pattern!r} into "
                            "its own filesystem, where it dies with the container (and RLIMIT_CORE is usually 0 there)",
-                           "install the node's core handler (forensics agent manifest | kubectl apply -f -) so the next "
-                           "start's core is kept on the node"))
+                           "install the node's core handler (forensics agent manifest | kubectl apply -f -) so the "
+                           "next start's core is kept on the node"))
+
+
+def _pipe_destination(pattern: str, soft: str, limit: int | None) -> Destination:
+    """A ``|program`` pattern: the kernel runs the program on the host and pipes the core to it."""
+    reasons: list[str] = []
+    argv = pattern[1:].split()
+    prog = argv[0] if argv else ""
+    ours = prog.endswith("/forensics") and "core-handler" in argv
+    will = limit != 1
+    reasons.append(f"core_pattern pipes the core to {prog!r}, run by the kernel on the host (initial namespaces) "
+                   "as root")
+    reasons.append("RLIMIT_CORE is not enforced for a pipe (core(5)); the kernel skips the dump only when it is "
+                   "exactly 1")
+    if ours:
+        if limit is not None and limit < PAGE_SIZE:
+            reasons.append(f"forensics core-handler honours %c: RLIMIT_CORE {soft} < one page, so it keeps "
+                           "metadata only")
+        else:
+            reasons.append(f"forensics core-handler honours %c: RLIMIT_CORE {soft}, the core is kept")
+    if not os.path.isfile(prog):
+        reasons.append(f"the handler {prog} does not exist: the kernel will log 'core_pattern ... failed' and no "
+                       "core is written")
+        will = False
+    return Destination(pattern=pattern, kind="pipe", will_dump=will, handler=prog, handler_is_forensics=ours,
+                       path_in_process=None, host_path=None, persistent=True if will else None,
+                       reasons=tuple(reasons))
 
 
 def destination_payload(dest: Destination) -> dict:
@@ -302,7 +316,7 @@ def _open_dir_in_root(root: str, path: str) -> int | None:
 
     try:
         return open_in_root(root, path, os.O_RDONLY | os.O_DIRECTORY)
-    except (OSError, ForensicsError):
+    except (OSError, ForensicsError):  # absent, or leading out of the root: the caller says no core goes there
         return None
 
 
@@ -334,7 +348,7 @@ def _writable_for(fd: int, path: str, snapshot) -> tuple[bool, int | None, list[
     def ids(key: str) -> list[int]:
         try:
             return [int(x) for x in status.get(key, "").split()]
-        except ValueError:
+        except ValueError:  # not the kernel's format: no ids known
             return []
 
     uids, gids, groups = ids("Uid"), ids("Gid"), ids("Groups")
@@ -353,8 +367,8 @@ def _writable_for(fd: int, path: str, snapshot) -> tuple[bool, int | None, list[
         else:
             bits = mode & 7
         if bits & 3 != 3:
-            return False, None, [f"{path} ({_stat.filemode(mode)}, owner {st.st_uid}:{st.st_gid}) is not writable by the "
-                                 f"process (fsuid {fsuid}, fsgid {fsgid}, no CAP_DAC_OVERRIDE): no core is written"]
+            return False, None, [f"{path} ({_stat.filemode(mode)}, owner {st.st_uid}:{st.st_gid}) is not writable by "
+                                 f"the process (fsuid {fsuid}, fsgid {fsgid}, no CAP_DAC_OVERRIDE): no core is written"]
     # root's reserve is not the process's unless it has CAP_SYS_RESOURCE; f_bavail is what others get
     free = vfs.f_bavail * vfs.f_frsize
     if free < PAGE_SIZE:
@@ -380,7 +394,7 @@ def _read_text(path: str) -> str:
     try:
         with open(path) as f:
             return f.read()
-    except OSError:
+    except OSError:  # gone (the process exited): no mounts known, the destination is judged without them
         return ""
 
 
@@ -480,12 +494,17 @@ def uninstall_handler(core_dir: str, *, proc: str = "/proc") -> dict:
 
 
 def _load_state(path: str) -> dict:
+    """The handler's state file; empty when there is none.  One that cannot be read is an error: writing over
+    it would lose the core_pattern it recorded for --uninstall-handler to restore."""
     try:
         with open(path) as f:
             data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except FileNotFoundError:  # never installed here
         return {}
+    except (OSError, ValueError) as e:
+        raise CoreDirectoryError(os.path.dirname(path), f"{os.path.basename(path)} cannot be read ({e}); it records "
+                                 "the core_pattern to restore: fix or remove it") from e
+    return data if isinstance(data, dict) else {}
 
 
 def quote(s: str) -> str:

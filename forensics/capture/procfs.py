@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Literal, overload
 from dataclasses import dataclass
 
 from .. import rootpath
@@ -76,6 +77,14 @@ class MountEntry:
 
 def proc_dir(pid: int) -> str:
     return f"/proc/{int(pid)}"
+
+
+@overload
+def read_proc_text(pid: int, name: str, *, binary: Literal[False] = False) -> str: ...
+
+
+@overload
+def read_proc_text(pid: int, name: str, *, binary: Literal[True]) -> bytes: ...
 
 
 def read_proc_text(pid: int, name: str, *, binary: bool = False) -> str | bytes:
@@ -194,9 +203,9 @@ def find_mount(mounts: tuple[MountEntry, ...], path: str) -> MountEntry | None:
     best: MountEntry | None = None
     for m in mounts:
         mp = m.mount_point.rstrip("/") or "/"
-        if path == mp or mp == "/" or path.startswith(mp + "/"):
-            if best is None or len(mp) >= len(best.mount_point.rstrip("/") or "/"):
-                best = m
+        covers = path == mp or mp == "/" or path.startswith(mp + "/")
+        if covers and (best is None or len(mp) >= len(best.mount_point.rstrip("/") or "/")):
+            best = m
     return best
 
 
@@ -216,9 +225,9 @@ def host_path_of_mount(mount: MountEntry, path: str, host_mounts: tuple[MountEnt
         if h.dev != mount.dev:
             continue
         hroot = h.root.rstrip("/")
-        if inner == h.root or inner.startswith(hroot + "/") or h.root == "/":
-            if best is None or len(h.root) > len(best.root):
-                best = h
+        holds = inner == h.root or inner.startswith(hroot + "/") or h.root == "/"
+        if holds and (best is None or len(h.root) > len(best.root)):
+            best = h
     if best is None:
         return None
     tail = inner[len(best.root.rstrip("/")):] if best.root != "/" else inner

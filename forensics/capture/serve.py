@@ -26,6 +26,7 @@ deletes anything.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -70,19 +71,16 @@ class ServeConfig:
 def _lowest_priority(memory: int):
     def setup() -> None:
         os.setsid()  # its own group: a timeout kills gdb too
-        try:
+        # the lowest priorities are a courtesy to the node's workloads: the analysis runs without them too
+        with contextlib.suppress(OSError, AttributeError):
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (OSError, AttributeError):
-            pass
-        try:
+        with contextlib.suppress(OSError):
             os.nice(19)
-        except OSError:
-            pass
         try:
             import ctypes
 
             ctypes.CDLL(None, use_errno=True).syscall(_IOPRIO_SET, 1, 0, _IOPRIO_CLASS_IDLE << 13)
-        except (OSError, AttributeError):
+        except (OSError, AttributeError):  # as above
             pass
         import resource
 
@@ -110,7 +108,7 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     try:
         with open(started) as f:
             attempts = int(json.load(f).get("attempts", 0))
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # none yet (or cut by a full disk): counted from 0
         pass
     if attempts >= cfg.max_attempts:  # the agent died (or was killed) during each earlier attempt
         _write_atomic_json(os.path.join(adir, "failed.json"), {
@@ -139,7 +137,7 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
                 reason = "memory" if "MemoryError" in text or "Cannot allocate memory" in text else "error"
                 detail = f"exit status {p.returncode}: {text.strip().splitlines()[-1] if text.strip() else ''}"
     try:
-        if reason is None:
+        if reason is None and p is not None:
             with open(out_path, "rb") as f:
                 doc = json.loads(f.read())
             doc["agent"] = {"seconds": round(time.monotonic() - t0, 3), "exit_status": p.returncode,
@@ -149,10 +147,8 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     except (OSError, ValueError) as e:
         reason, detail = "error", f"the analysis wrote no JSON document: {e}"
     finally:
-        try:
+        with contextlib.suppress(OSError):  # our temporary output: absent when the analysis never started
             os.unlink(out_path)
-        except OSError:
-            pass
     _write_atomic_json(os.path.join(adir, "failed.json"), {"reason": reason, "detail": detail, "time": time.time()})
     return reason or "error"
 
@@ -160,7 +156,7 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
 class IndexCollector:
     """prometheus_client collector: every value from the latest :class:`NodeIndex`."""
 
-    def __init__(self, agent: "Agent") -> None:
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
     def collect(self):
@@ -279,7 +275,7 @@ class EventSink:
             _run(self.kube, "patch event", ["patch", "event", name, "--namespace", ns, "--type", "merge",
                                             "-p", json.dumps(patch)], namespaced=False, timeout=30)
             return
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if "NotFound" not in str(e) and "not found" not in str(e):
                 raise
         event = {"apiVersion": "v1", "kind": "Event",
@@ -311,11 +307,10 @@ class Agent:
 
         crashes = disk_usage(os.path.join(self.cfg.core_dir, "crashes"))
         self.stored = {"cores": crashes, "objects": disk_usage(os.path.join(self.cfg.core_dir, "objects"))}
-        try:  # derived data, rebuilt on every round: for people reading the node
+        # derived data, rebuilt on every round, for people reading the node: the crashes' records hold the facts
+        with contextlib.suppress(OSError):
             _write_atomic_json(os.path.join(self.cfg.core_dir, "agent-index.json"),
                                {"node": self.cfg.node, "written_at": time.time(), **self.index.as_document()})
-        except OSError:
-            pass
         if self.events is not None:
             self.events.offer(self.index)
 
@@ -345,18 +340,16 @@ class Agent:
             except Exception:  # noqa: BLE001 - no API (no RBAC, no network): crashes keep their pod UID only
                 return
         for c in unnamed:
-            p = self.pods.get(c.pod_uid) or self.pods.get(str(c.pod_uid).replace("_", "-"))
+            p = self.pods.get(c.pod_uid or "") or self.pods.get(str(c.pod_uid).replace("_", "-"))
             if p is None:
                 continue
             name, digest = p["containers"].get(c.container_id or "", (None, None))
             if name is None:  # an earlier container of the pod: the container name of the pod's first container
                 name, digest = p["first"]
-            try:
+            with contextlib.suppress(OSError):  # the crash stays unnamed in the index until a later round writes it
                 _write_atomic_json(os.path.join(c.path, ANALYSIS_DIR, "pod.json"), {
                     "namespace": p["namespace"], "name": p["name"], "container": name, "image_digest": digest,
                     "resolved_at": time.time()})
-            except OSError:
-                pass
 
     def step(self) -> bool:
         """One round: re-index, name pods, analyze the oldest pending crash. True when work was done."""
@@ -385,10 +378,10 @@ def serve(cfg: ServeConfig) -> None:
     from prometheus_client import start_http_server
     from prometheus_client.core import CollectorRegistry
 
-    try:  # the agent's own work (reading bundles, serving scrapes) also yields to the handler the kernel waits on
+    # the agent's own work (reading bundles, serving scrapes) also yields to the handler the kernel waits on (a
+    # courtesy: it runs without)
+    with contextlib.suppress(OSError):
         os.nice(10)
-    except OSError:
-        pass
     agent = Agent(cfg)
     registry = CollectorRegistry()  # only the index's families: no process / platform collectors
     registry.register(IndexCollector(agent))

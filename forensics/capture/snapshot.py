@@ -97,7 +97,8 @@ class PythonInfo:
     libpython: str | None
     libpython_build_id: str | None
     version: str | None
-    modules: tuple[dict, ...]  # nvitop / nvidia-ml-py: {module, distribution, path, sha256, version, verdict, origin, how}
+    # nvitop / nvidia-ml-py: {module, distribution, path, sha256, version, verdict, origin, how}
+    modules: tuple[dict, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,7 +135,7 @@ class RawProcFiles:
 def _readlink(path: str) -> str | None:
     try:
         return os.readlink(path)
-    except OSError:
+    except OSError:  # the snapshot records the field as unknown (None)
         return None
 
 
@@ -153,24 +154,30 @@ def _map_entries_by_file(maps: tuple[MapEntry, ...]) -> list[MapEntry]:
     return out
 
 
-def open_mapped_objects(pid: int, maps: tuple[MapEntry, ...]) -> list[tuple[MapEntry, int]]:
+def open_mapped_objects(pid: int, maps: tuple[MapEntry, ...],
+                        warnings: list[str] | None = None) -> list[tuple[MapEntry, int]]:
     """Open every mapped ELF file through ``/proc/PID/map_files``: ``[(entry, fd)]``.
 
     Holding the descriptors keeps the files readable after the process is gone.  Files
-    that are not ELF (locale archives, fonts) are skipped.
+    that are not ELF (locale archives, fonts) are skipped; one that cannot be opened or read is
+    said in ``warnings`` (its build-id and bytes are then not captured).
     """
     out = []
     for m in _map_entries_by_file(maps):
         try:
             fd = os.open(f"/proc/{pid}/map_files/{m.range}", os.O_RDONLY)
-        except OSError:
+        except OSError as e:
+            if warnings is not None:
+                warnings.append(f"{m.path}: not opened through /proc/{pid}/map_files ({e.strerror or e})")
             continue
         try:
             if os.pread(fd, 4, 0) != _ELF_MAGIC:
                 os.close(fd)
                 continue
-        except OSError:
+        except OSError as e:
             os.close(fd)
+            if warnings is not None:
+                warnings.append(f"{m.path}: not read through /proc/{pid}/map_files ({e.strerror or e})")
             continue
         out.append((m, fd))
     return out
@@ -181,7 +188,7 @@ def read_host_driver_version(host_proc: str = "/proc") -> str | None:
     try:
         with open(os.path.join(host_proc, "driver/nvidia/version"), "rb") as f:
             text = f.read(4096).decode(errors="replace")
-    except OSError:
+    except OSError:  # no NVIDIA driver loaded
         return None
     m = re.search(r"Kernel Module(?: for [^ ]+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
     return m.group(1) if m else None
@@ -223,10 +230,7 @@ def _nvml_info(obj: MappedObject, fd: int | None, host_root: str, in_container: 
     host_version = read_host_driver_version(os.path.join(host_root, "proc"))
     host_lib = _find_host_nvml(host_root, obj.bind_source)
     host_bid = read_build_id_from_file(os.path.join(host_root, host_lib.lstrip("/"))) if host_lib else None
-    if not in_container:
-        origin = "host"
-    else:
-        origin = "injected-from-host" if obj.injected else "image"
+    origin = "host" if not in_container else ("injected-from-host" if obj.injected else "image")
     matches: bool | None = None
     reasons = []
     if host_version and version:
@@ -284,7 +288,7 @@ def _site_dirs(exe: str | None, version: str | None, env: dict[str, str], cwd: s
 def _dist_version(root: str, site: str, dist: str) -> str | None:
     try:
         fd = open_in_root(root, site, os.O_RDONLY | os.O_DIRECTORY)
-    except (OSError, UnsafeContainerPath):
+    except (OSError, UnsafeContainerPath):  # probing the site directories: the version is unknown here
         return None
     try:
         names = os.listdir(fd)
@@ -311,7 +315,8 @@ def _python_modules(root: str, sites: list[str], warnings: list[str]) -> tuple[d
                 if digest is None:
                     continue
                 hit = {"module": module, "distribution": dist, "path": path, "sha256": digest,
-                       "version": _dist_version(root, site, dist), "how": "found in site-packages (import resolution failed)"}
+                       "version": _dist_version(root, site, dist),
+                       "how": "found in site-packages (import resolution failed)"}
                 break
             if hit:
                 out.append(hit)
@@ -322,7 +327,7 @@ def _python_modules(root: str, sites: list[str], warnings: list[str]) -> tuple[d
 def _hash_in_root(root: str, path: str, warnings: list[str]) -> str | None:
     try:
         fd = open_in_root(root, path)
-    except FileNotFoundError:
+    except FileNotFoundError:  # no such file: nothing to hash (other failures are warnings, below)
         return None
     except (OSError, UnsafeContainerPath) as e:
         warnings.append(f"{path}: {e}")
@@ -347,7 +352,8 @@ def _resolved_modules(pid: int, root: str, sites: list[str], warnings: list[str]
 
         report = verify_pid(pid)
     except Exception as e:  # noqa: BLE001 - a snapshot is best effort; the fallback still names files
-        warnings.append(f"import resolution of pid {pid} failed ({type(e).__name__}: {e}); site-packages searched instead")
+        warnings.append(f"import resolution of pid {pid} failed ({type(e).__name__}: {e}); site-packages searched "
+                        "instead")
         return None
     from ..imports.verdict import DIST_OF_MODULE
 
@@ -370,10 +376,9 @@ def _python_info(objects: tuple[MappedObject, ...], exe: str | None, env: dict[s
     libpy = next((o for o in objects if _LIBPYTHON.search(o.path.rsplit("/", 1)[-1])), None)
     exe_obj = next((o for o in objects if o.path == exe), None)
     version = None
-    if libpy:
-        version = _LIBPYTHON.search(libpy.path.rsplit("/", 1)[-1]).group(1)
-    elif exe and _PYEXE.search(exe):
-        version = _PYEXE.search(exe).group(1)
+    m = _LIBPYTHON.search(libpy.path.rsplit("/", 1)[-1]) if libpy else (_PYEXE.search(exe) if exe else None)
+    if m is not None:
+        version = m.group(1)
     if libpy is None and not (exe and "python" in exe.rsplit("/", 1)[-1]):
         return None
     sites = _site_dirs(exe, version, env, cwd)
@@ -407,7 +412,7 @@ def read_snapshot(
     texts: dict[str, str] = {}
     for name in _PROC_FILES:
         try:
-            texts[name] = read_proc_text(pid, name)  # type: ignore[assignment]
+            texts[name] = read_proc_text(pid, name)
         except ProcessGone:
             raise
         except OSError as e:
@@ -446,9 +451,10 @@ def read_snapshot(
 
     maps = parse_maps(texts["maps"])
     mounts = parse_mountinfo(texts["mountinfo"])
-    host_mounts = parse_mountinfo(_read_small("/proc/1/mountinfo", 4 << 20) or _read_small("/proc/self/mountinfo", 4 << 20) or "")
+    host_mounts = parse_mountinfo(_read_small("/proc/1/mountinfo", 4 << 20)
+                                  or _read_small("/proc/self/mountinfo", 4 << 20) or "")
     own_fds = object_fds is None
-    fds = open_mapped_objects(pid, maps) if own_fds else object_fds
+    fds = open_mapped_objects(pid, maps, warnings) if object_fds is None else object_fds
     try:
         objects, nvml_pair = _objects(fds, mounts, host_mounts, in_container)
         nvml = None
@@ -506,7 +512,7 @@ def _read_small(path: str, limit: int = 65536) -> str | None:
     try:
         with open(path, "rb") as f:
             return f.read(limit).decode(errors="replace").strip()
-    except OSError:
+    except OSError:  # the snapshot records the field as unknown (None)
         return None
 
 

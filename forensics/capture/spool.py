@@ -8,6 +8,7 @@ is worth more than the last bytes of a core the disk could not hold anyway.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -137,17 +138,16 @@ class Compressor:
 
     def _release_reserve(self) -> None:
         if self.reserve_path:
-            try:
+            # no room gained when it cannot go: the record says the disk filled up
+            with contextlib.suppress(OSError):
                 os.unlink(self.reserve_path)
-            except OSError:
-                pass
             self.reserve_path = None
 
 
 def make_reserve(path: str) -> str | None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError:
+    except OSError:  # no reserve: the handler runs without one (a full disk then cuts the record too)
         return None
     try:
         os.posix_fallocate(fd, 0, RESERVE)
@@ -155,10 +155,8 @@ def make_reserve(path: str) -> str | None:
     except OSError:
         os.close(fd)
         fd = -1
-        try:
+        with contextlib.suppress(OSError):  # our own half-made reserve file; absent is fine
             os.unlink(path)
-        except OSError:
-            pass
         return None
     finally:
         if fd >= 0:

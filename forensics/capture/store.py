@@ -34,10 +34,8 @@ def _replacing(path: str, tmp: str, mode: int):
         os.fsync(fd)
     except BaseException:
         os.close(fd)
-        try:
+        with contextlib.suppress(OSError):  # our own temporary file; the error being raised is what matters
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     os.close(fd)
     os.rename(tmp, path)
@@ -86,10 +84,9 @@ class ObjectStore:
         """Copy the file open at ``fd`` in under ``key`` unless it is there; bytes written."""
         dest = self.path_of(key)
         if os.path.exists(dest):
-            try:  # in use again: the budget's object collection goes by this time
+            # in use again: the budget's object collection goes by this time (a read-only store keeps the old one)
+            with contextlib.suppress(OSError):
                 os.utime(dest)
-            except OSError:
-                pass
             return 0
         d = os.path.dirname(dest)
         os.makedirs(d, exist_ok=True)
@@ -127,8 +124,6 @@ def disk_usage(path: str) -> int:
     total = 0
     for dirpath, _, files in os.walk(path):
         for f in files:
-            try:
+            with contextlib.suppress(OSError):  # removed since the walk listed it
                 total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-            except OSError:
-                pass
     return total
