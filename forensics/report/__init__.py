@@ -318,7 +318,8 @@ def _heap_section(docs: dict) -> dict | None:
     """What the core's heap says (#21), when an analysis carries a heap reading: {"summary", "lines"}.
 
     ``summary`` is one paragraph (which buffer overflowed, by how much, who wrote past it);
-    ``lines`` are the facts it rests on, one each.
+    ``brief`` the same without glibc's check and the bytes (for a line in the nvitop issue and the
+    runbook); ``lines`` are the facts it rests on, one each.
     """
     for doc in docs.get("analyze") or []:
         heap = (doc.get("analysis") or {}).get("heap")
@@ -340,7 +341,7 @@ _VERDICT_WORDS = {
 
 
 def _overflow_summary(c: dict, rejected: dict, over: dict, owner: dict | None, call: dict | None,
-                      length: str) -> str:
+                      length: str, *, brief: bool = False) -> str:
     """The heap section's paragraph, conclusion first: who wrote past the buffer (or why the heap cannot
     say), then the chunk, the Python object and the call it was passed to, the overflow and its first bytes."""
     verdict = c.get("verdict")
@@ -371,6 +372,9 @@ def _overflow_summary(c: dict, rejected: dict, over: dict, owner: dict | None, c
         out.append(f"The buffer: {chunk}" + (", the chunk glibc was freeing" if same else "") + ".")
     past = (f"{length} past the {c.get('buffer_size')}-byte buffer's end ({c.get('overflow_past_usable')} past "
             "the chunk's usable size)" if c.get("buffer_size") is not None else f"{length} past its usable size")
+    if brief:
+        out.append(f"Overflow: {past}.")
+        return " ".join(out)
     damaged = (c.get("damaged") or {}).get("address")
     out.append(f"Overflow: {past}, over the header of the chunk at {_hexaddr(damaged)}; glibc aborted with "
                f"\"{c.get('message')}\" ({c.get('check')}).")
@@ -389,6 +393,7 @@ def heap_section(heap: dict) -> dict:
     """
     c = heap.get("corruption") or None
     lines: list[str] = []
+    brief = None
     if c is None:
         summary = ("The core's heap could not be read: " + "; ".join(map(str, heap.get("problems") or [])) + "."
                    if heap.get("problems") else "The crash is not a heap corruption glibc detected.")
@@ -398,6 +403,7 @@ def heap_section(heap: dict) -> dict:
         length = f"{'' if c.get('overflow_exact') else 'at least '}{c.get('overflow_length')} bytes"
         if over:
             summary = _overflow_summary(c, rejected, over, owner, call, length)
+            brief = _overflow_summary(c, rejected, over, owner, call, length, brief=True)
         elif rejected:
             summary = (f"glibc rejected the chunk at {_hexaddr(rejected.get('address'))} ({c.get('check')}); "
                        f"{'; '.join(map(str, c.get('inconsistencies') or [])) or 'the overflowing buffer was not found'}.")
@@ -421,7 +427,7 @@ def heap_section(heap: dict) -> dict:
         broken = [p for a in arenas for p in a.get("problems") or []]
         lines.append(f"glibc {s.get('glibc_version')}: {len(arenas)} arena(s), {heaps} heap(s)"
                      + (f"; {len(broken)} problem(s): " + "; ".join(broken[:3]) if broken else ", every chain whole"))
-    return {"summary": summary, "lines": lines}
+    return {"summary": summary, "brief": brief or summary, "lines": lines}
 
 
 def _analyze_bundles(ev: Evidence) -> None:
