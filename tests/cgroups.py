@@ -1,6 +1,7 @@
 """A pod container's cgroup (systemd driver, containerd naming) for capture tests, and its removal."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -44,10 +45,8 @@ def remove_cgroup(cg: Path, *, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while cg.is_dir():
         for pid in _procs(cg):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         try:
             cg.rmdir()
         except FileNotFoundError:

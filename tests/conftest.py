@@ -39,9 +39,8 @@ def python_params(versions=WANTED, sid=()):
         if v in PYTHONS:
             out.append(pytest.param(v, id=f"python={v}"))
         else:
-            out.append(
-                pytest.param(v, id=f"python={v}", marks=pytest.mark.skip(reason=f"CPython {v} not found on this machine"))
-            )
+            skip = pytest.mark.skip(reason=f"CPython {v} not found on this machine")
+            out.append(pytest.param(v, id=f"python={v}", marks=skip))
     out += [pytest.param(f"sid-{b}", id=f"python=sid-{b}") for b in sid]
     return out
 

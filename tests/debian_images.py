@@ -30,14 +30,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.roots import RootUnavailable, build_root  # noqa: E402
+from tests.roots import RootUnavailable, build_root
 
 __all__ = ["DebianImages", "SCENARIOS", "Scenario", "debian_images", "ORACLE"]
 
@@ -114,12 +113,14 @@ else:
 """
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("deb-clean", "Debian's layout: nvitop 1.7.1 stack pip-installed into /usr/local/lib/python3.11/dist-packages, "
-                          "psutil from apt", install=(_STACK_171,),
-             entrypoint=("python3", "-m", "nvitop_exporter"), modules=("nvitop", "nvitop_exporter", "pynvml", "psutil")),
+    Scenario("deb-clean", "Debian's layout: nvitop 1.7.1 stack pip-installed into "
+                          "/usr/local/lib/python3.11/dist-packages, psutil from apt", install=(_STACK_171,),
+             entrypoint=("python3", "-m", "nvitop_exporter"),
+             modules=("nvitop", "nvitop_exporter", "pynvml", "psutil")),
     Scenario("deb-incident", "the incident on Debian: WORKDIR /app holds nvitop 1.5.0 source over the 1.7.1 stack",
              install=(_STACK_171,), stale=(("nvitop-1.5.0", "nvitop", "/app"),), workdir="/app",
-             entrypoint=("python3", "-m", "nvitop_exporter"), modules=("nvitop", "nvitop_exporter", "pynvml", "psutil")),
+             entrypoint=("python3", "-m", "nvitop_exporter"),
+             modules=("nvitop", "nvitop_exporter", "pynvml", "psutil")),
     Scenario("deb-venv-system-site", "a --system-site-packages venv: nvitop 1.5.0 in dist-packages, "
                                      "nvidia-ml-py 12.575.51 in the venv (#15 item 2)",
              install=(_pip("nvitop-1.5.0", "nvidia-ml-py-12.570.86"),
@@ -129,14 +130,17 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              oracle=("/opt/venv/bin/python",)),
     Scenario("deb-sitecustomize", "/etc/python3.11/sitecustomize.py puts /opt/override (nvitop 1.7.1) first; "
                                   "nvitop 1.5.0 in dist-packages (#15 item 3)",
-             install=(_pip("nvitop-1.5.0", "nvidia-ml-py-12.570.86"),), stale=(("nvitop-1.7.1", "nvitop", "/opt/override"),),
+             install=(_pip("nvitop-1.5.0", "nvidia-ml-py-12.570.86"),),
+             stale=(("nvitop-1.7.1", "nvitop", "/opt/override"),),
              files=((f"/etc/python{PY}/sitecustomize.py",
                      _SITECUSTOMIZE + b"import sys\nsys.path.insert(0, '/opt/override')\n"),)),
     Scenario("deb-sitecustomize-dynamic", "sitecustomize.py puts a directory named by the environment first: "
                                           "not decidable statically (#15 item 3, --execute disagrees)",
-             install=(_pip("nvitop-1.5.0", "nvidia-ml-py-12.570.86"),), stale=(("nvitop-1.7.1", "nvitop", "/opt/override"),),
+             install=(_pip("nvitop-1.5.0", "nvidia-ml-py-12.570.86"),),
+             stale=(("nvitop-1.7.1", "nvitop", "/opt/override"),),
              files=((f"/etc/python{PY}/sitecustomize.py",
-                     _SITECUSTOMIZE + b"import os, sys\nsys.path.insert(0, os.environ.get('OVERRIDE', '/opt/override'))\n"),)),
+                     _SITECUSTOMIZE + b"import os, sys\n"
+                                      b"sys.path.insert(0, os.environ.get('OVERRIDE', '/opt/override'))\n"),)),
     Scenario("deb-pip-over-apt", "pip's psutil in /usr/local hides apt's python3-psutil (#15 item 4)",
              install=(_pip("psutil"),), modules=("psutil",),
              entrypoint=("python3", "-c", "import psutil; print(psutil.cpu_count())")),
@@ -209,7 +213,8 @@ def _build_upper(root: Path, s: Scenario, work: Path, wheels: dict[str, Path]) -
     wheel_dir = wheels[next(iter(wheels))].parent
     for argv in s.install:
         argv = [f"/mnt/{wheels[a[1:]].name}" if a.startswith("@") else a for a in argv]
-        _run(_sandbox(root, upper, s.writable, wheel_dir, argv), f"{s.name}: {argv[0]} {argv[2] if len(argv) > 2 else ''}")
+        what = f"{s.name}: {argv[0]} {argv[2] if len(argv) > 2 else ''}"
+        _run(_sandbox(root, upper, s.writable, wheel_dir, argv), what)
     for whl, package, dest in s.stale:
         _stale_tree(upper, wheels[whl], package, dest)
     files = s.files if s.name != "deb-apt-modified" else _apt_modified_files(root)

@@ -10,8 +10,10 @@ import http.server
 import os
 import socketserver
 
-BODY = "# HELP nvitop_gpu_utilization GPU utilization\n# TYPE nvitop_gpu_utilization gauge\n" + "".join(f'nvitop_gpu_utilization{{gpu="{i}"}} {10 * i}.0\n' for i in range(8))
-NAN = "# TYPE nvitop_nvlink_throughput gauge\n" + "".join(f'nvitop_nvlink_throughput{{gpu="{i}",link="0"}} NaN\n' for i in range(8))
+BODY = ("# HELP nvitop_gpu_utilization GPU utilization\n# TYPE nvitop_gpu_utilization gauge\n"
+        + "".join(f'nvitop_gpu_utilization{{gpu="{i}"}} {10 * i}.0\n' for i in range(8)))
+NAN = ("# TYPE nvitop_nvlink_throughput gauge\n"
+       + "".join(f'nvitop_nvlink_throughput{{gpu="{i}",link="0"}} NaN\n' for i in range(8)))
 
 
 class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):

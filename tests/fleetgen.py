@@ -19,18 +19,21 @@ IMAGE_NEW = "registry.local/monitoring/nvitop-exporter@sha256:" + "b" * 64
 
 
 def _node(name: str, labels: dict) -> dict:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name}}}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name}}}
 
 
 def _pod(i: int, node: str, restarts: int, code: int | None, image: str, loop: bool) -> dict:
+    state = {"waiting": {"reason": "CrashLoopBackOff"}} if loop else {"running": {"startedAt": "2026-11-20T10:00:00Z"}}
     cs = {"name": "exporter", "restartCount": restarts, "imageID": "docker-pullable://" + image,
-          "state": {"waiting": {"reason": "CrashLoopBackOff"}} if loop else {"running": {"startedAt": "2026-11-20T10:00:00Z"}},
-          "lastState": {}}
+          "state": state, "lastState": {}}
     if code is not None:
-        cs["lastState"] = {"terminated": {"exitCode": code, "reason": "Error", "finishedAt": f"2026-11-20T{10 + i % 10:02d}:00:00Z",
+        cs["lastState"] = {"terminated": {"exitCode": code, "reason": "Error",
+                                          "finishedAt": f"2026-11-20T{10 + i % 10:02d}:00:00Z",
                                           "signal": {134: 6, 139: 11}.get(code)}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"nvitop-exporter-{i:05d}", "namespace": "monitoring", "uid": f"uid-{i:05d}",
-                                        "labels": {"app": "nvitop-exporter"}},
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"nvitop-exporter-{i:05d}", "namespace": "monitoring", "uid": f"uid-{i:05d}",
+                         "labels": {"app": "nvitop-exporter"}},
             "spec": {"nodeName": node}, "status": {"startTime": "2026-11-19T00:00:00Z", "containerStatuses": [cs]}}
 
 
@@ -45,7 +48,8 @@ def incident_fleet() -> tuple[dict, dict]:
         i = 99 + j
         r = restarts[j] if j < 106 else 0
         code = (134 if j % 4 else 139) if r else None
-        pods.append(_pod(i, f"h20-{j:03d}", r, code, IMAGE_NEW if j % 10 == 0 else IMAGE_OLD, loop=bool(r) and j % 3 == 0))
+        image = IMAGE_NEW if j % 10 == 0 else IMAGE_OLD
+        pods.append(_pod(i, f"h20-{j:03d}", r, code, image, loop=bool(r) and j % 3 == 0))
         nodes.append(_node(f"h20-{j:03d}", H20))
     return {"kind": "List", "items": pods}, {"kind": "List", "items": nodes}
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fuzzing import SENTINEL_DIR, Harness, RunSpec, fuzz_count, fuzz_seed  # noqa: E402
+from tests.fuzzing import SENTINEL_DIR, Harness, RunSpec, fuzz_count, fuzz_seed
 
 __all__ = ["Profile", "profile_core", "mutate", "specs", "main", "SEED_SCENARIOS"]
 
@@ -221,7 +221,7 @@ def _record_reads(path: str, out: str) -> None:
         with open(out, "w") as f:
             json.dump(doc, f)
         code = 0
-    except BaseException:
+    except BaseException:  # noqa: BLE001 -- the forked child reports anything, then os._exit below
         import traceback
 
         traceback.print_exc()
@@ -246,7 +246,7 @@ def profile_core(path: str, cache: Path) -> Profile:
         with open(path, "rb") as f:
             f.seek(e)
             file_ranges.append(struct.unpack("<QQ", f.read(16)))
-    for _, ptype, off, vaddr, filesz, _ in prof.phdrs:
+    for _, ptype, _off, vaddr, filesz, _ in prof.phdrs:
         if ptype == PT_LOAD and filesz and not any(s <= vaddr < e for s, e in file_ranges):
             prof.anon.append((vaddr, filesz))
     key.write_text(json.dumps(prof.to_json()))
@@ -265,7 +265,7 @@ class Mutant:
         self.what: list[str] = []
 
     def put(self, offset: int | None, data: bytes) -> None:
-        if offset is not None and 0 <= offset and offset + len(data) <= self.prof.size:
+        if offset is not None and offset >= 0 and offset + len(data) <= self.prof.size:
             self.patches.append((offset, data))
 
     def u64(self, offset: int | None, value: int) -> None:
@@ -553,7 +553,7 @@ def mutate(seed: int, profiles: list[Profile]) -> Mutant:
     """The mutant for ``seed``: one of the seeds with one to three changes."""
     rng = random.Random(seed)
     m = Mutant(profiles[seed % len(profiles)])
-    names, weights = zip(*KINDS)
+    names, weights = zip(*KINDS, strict=True)
     for _ in range(1 if rng.random() < 0.8 else rng.randint(2, 3)):
         kind = rng.choices(names, weights)[0]
         fn = {"ehdr": _mutate_ehdr, "phdr": _mutate_phdr, "note header": _mutate_note_header,
@@ -618,9 +618,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", metavar="DIR", help="write each mutant to DIR/SEED.core instead of running it "
                                                  "(to reproduce a violation: --seed S --count 1 --keep DIR)")
     args = ap.parse_args(argv)
-    import forensics.analyze  # noqa: F401 - imported once; every run is a fork of this process
-    import forensics.cli  # noqa: F401
-    import forensics.commands.analyze  # noqa: F401
+    # imported once; every run is a fork of this process
+    import forensics.analyze
+    import forensics.cli
+    import forensics.commands.analyze
     import forensics.format  # noqa: F401
 
     work = Path(tempfile.mkdtemp(prefix="fuzz-cores-"))

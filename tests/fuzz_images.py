@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fuzzing import SENTINEL_DIR, Harness, RunSpec, fuzz_count, fuzz_seed  # noqa: E402
+from tests.fuzzing import SENTINEL_DIR, Harness, RunSpec, fuzz_count, fuzz_seed
 
 __all__ = ["SeedImage", "mutate", "specs", "main", "SENTINEL_DIR"]
 SITE = "/usr/local/lib/python3.11/site-packages"
@@ -141,8 +141,9 @@ class SeedImage:
                        "rootfs": {"type": "layers", "diff_ids": []}}
         self.manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                          "config": {"mediaType": "application/vnd.oci.image.config.v1+json"}, "layers": []}
-        self.index = {"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                                                          "annotations": {"org.opencontainers.image.ref.name": "seed"}}]}
+        self.index = {"schemaVersion": 2,
+                      "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                                     "annotations": {"org.opencontainers.image.ref.name": "seed"}}]}
         self.blob_hook = None  # (layer index, stage "tar"|"compressed", fn(bytes) -> bytes)
         self.raw_docs: dict[str, bytes] = {}  # document name -> bytes that replace its serialization
         self.keep_digests = True  # recompute digests after a mutation, so the parser is reached
@@ -350,7 +351,8 @@ def _mutate_content(rng: random.Random, name: str, data: bytes) -> bytes:
     options = [b"\xff\xfe\x00garbage", b"import sys; sys.path.insert(0, " + b"(" * 300 + b")\n",
                b"1" + b"+1" * 100000, b"-" * 100000 + b"1", data * 1000, b"", b"x" * (3 << 20),
                b"Name: \xff\nVersion: " + b"9" * 5000 + b"\n", b'"' * 10000, b"a,b,c\n" * 50000,
-               b"root:x:abc:0::/:/bin/sh\napp:x:\xd9\xa1:1:::\n", b"/opt/\x1b]0;owned\x07\r\nimport sys\n", b"\n\n".join([b"Package: p\nStatus: install ok installed"] * 3000)]
+               b"root:x:abc:0::/:/bin/sh\napp:x:\xd9\xa1:1:::\n", b"/opt/\x1b]0;owned\x07\r\nimport sys\n",
+               b"\n\n".join([b"Package: p\nStatus: install ok installed"] * 3000)]
     return rng.choice(options)
 
 
@@ -426,8 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--execute-every", type=int, default=25, help="run every Nth mutant with --execute too")
     ap.add_argument("--json", action="store_true", help="one JSON line per run on stdout")
     args = ap.parse_args(argv)
-    import forensics.cli  # noqa: F401 - imported once; every run is a fork of this process
-    import forensics.commands.verify_imports  # noqa: F401
+    # imported once; every run is a fork of this process
+    import forensics.cli
+    import forensics.commands.verify_imports
     import forensics.imports.verify  # noqa: F401
 
     harness = Harness("images", json_lines=args.json, command="verify-imports")

@@ -25,6 +25,7 @@ TMPDIR and working directory and checks its summary.  Counts and seeds come from
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -37,8 +38,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 __all__ = ["SENTINEL_DIR", "RunSpec", "RunResult", "run_cli", "judge", "Harness", "run_target", "fuzz_count",
            "fuzz_seed", "CONTROL"]
@@ -108,8 +109,9 @@ def run_cli(spec: RunSpec, *, cwd: str, tmpdir: str, scratch: str) -> RunResult:
             os.environ["TMPDIR"] = tmpdir
             tempfile.tempdir = None
             # a UTF-8 terminal: stdout strict, stderr backslashreplace, as Python sets them there
-            sys.stdout = open(1, "w", encoding="utf-8", errors="strict", closefd=False)
-            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+            # (the forked child's streams until its os._exit)
+            sys.stdout = open(1, "w", encoding="utf-8", errors="strict", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
             from forensics.cli import cli
 
             try:
@@ -121,7 +123,7 @@ def run_cli(spec: RunSpec, *, cwd: str, tmpdir: str, scratch: str) -> RunResult:
                 else:
                     print(e.code, file=sys.stderr)
                     code = 1
-            except BaseException:  # what would reach the user as a traceback
+            except BaseException:  # noqa: BLE001 -- what would reach the user as a traceback
                 traceback.print_exc()
                 code = 70
             sys.stdout.flush()
@@ -153,10 +155,8 @@ def run_cli(spec: RunSpec, *, cwd: str, tmpdir: str, scratch: str) -> RunResult:
 
 
 def _killpg(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _control(text: str) -> str | None:
@@ -337,7 +337,7 @@ def run_target(script: str, args: Sequence[str], tmp_path: Path, *, count: int, 
     except subprocess.TimeoutExpired:
         p.kill()
         out, err = p.communicate()
-        raise AssertionError(f"the fuzz run did not finish in {timeout:.0f}s; last lines:\n{out[-3000:]}")
+        raise AssertionError(f"the fuzz run did not finish in {timeout:.0f}s; last lines:\n{out[-3000:]}") from None
     lines = out.strip().splitlines()
     assert lines, f"no output from {script}; stderr:\n{err[-3000:]}"
     summary = json.loads(lines[-1])

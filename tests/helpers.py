@@ -27,7 +27,8 @@ def pyelftools_build_id(path) -> str | None:
 def tmpfs(mnt: Path, size: str):
     """A tmpfs of ``size`` mounted on ``mnt`` (made here) for the block; skips when mounting is not allowed."""
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
     try:

@@ -36,8 +36,8 @@ def ksm_text(pods_doc: dict, nodes_doc: dict) -> str:
              "kube_pod_container_status_waiting_reason": "gauge"}
     for n in nodes_doc["items"]:
         meta = n["metadata"]
-        out.setdefault("kube_node_labels", []).append(
-            _fmt("kube_node_labels", {"node": meta["name"], **{_label(k): v for k, v in sorted(meta["labels"].items())}}, 1))
+        labels = {_label(k): v for k, v in sorted(meta["labels"].items())}
+        out.setdefault("kube_node_labels", []).append(_fmt("kube_node_labels", {"node": meta["name"], **labels}, 1))
     for p in pods_doc["items"]:
         meta, spec, status = p["metadata"], p["spec"], p["status"]
         base = {"namespace": meta["namespace"], "pod": meta["name"], "uid": meta["uid"]}
@@ -60,8 +60,9 @@ def ksm_text(pods_doc: dict, nodes_doc: dict) -> str:
             if term:
                 out.setdefault("kube_pod_container_status_last_terminated_exitcode", []).append(
                     _fmt("kube_pod_container_status_last_terminated_exitcode", c, term["exitCode"]))
+                reason = {**c, "reason": term.get("reason", "")}
                 out.setdefault("kube_pod_container_status_last_terminated_reason", []).append(
-                    _fmt("kube_pod_container_status_last_terminated_reason", {**c, "reason": term.get("reason", "")}, 1))
+                    _fmt("kube_pod_container_status_last_terminated_reason", reason, 1))
             waiting = (cs.get("state") or {}).get("waiting")
             if waiting:
                 out.setdefault("kube_pod_container_status_waiting_reason", []).append(

@@ -97,61 +97,84 @@ class StandIn:
         u = urlparse(h.path)
         parts = [p for p in u.path.split("/") if p]
         q = parse_qs(u.query)
-        if parts == ["api"]:
-            return h._send(200, {"kind": "APIVersions", "versions": ["v1"],
-                                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
-        if parts == ["apis"]:
-            return h._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
-        if parts == ["api", "v1"]:
-            return h._send(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": RESOURCES})
-        if parts == ["version"]:
-            return h._send(200, {"major": "1", "minor": "32", "gitVersion": "v1.32.0-standin"})
-        if parts == ["api", "v1", "nodes"]:
-            return h._send(200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": list(self.nodes.values())})
-        if parts == ["api", "v1", "pods"] or (len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"]
-                                              and parts[4] == "pods"):
-            with self.lock:
-                items = [p for (ns, _), p in self.pods.items() if len(parts) == 3 or ns == parts[3]]
-            for sel in q.get("labelSelector", []):
-                for clause in sel.split(","):
-                    k, _, v = clause.partition("=")
-                    items = [p for p in items if (p["metadata"].get("labels") or {}).get(k) == v.lstrip("=")]
-            for sel in q.get("fieldSelector", []):
-                for clause in sel.split(","):
-                    k, _, v = clause.partition("=")
-                    if k == "spec.nodeName":
-                        items = [p for p in items if p.get("spec", {}).get("nodeName") == v.lstrip("=")]
-            return h._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+        listing = self._discovery(parts)
+        if listing is not None:
+            return h._send(200, listing)
+        in_namespace = len(parts) >= 5 and parts[:3] == ["api", "v1", "namespaces"]
+        if parts == ["api", "v1", "pods"] or (in_namespace and len(parts) == 5 and parts[4] == "pods"):
+            return h._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                                 "items": self._select_pods(parts, q)})
         if len(parts) == 4 and parts[:3] == ["api", "v1", "nodes"]:
             node = self.nodes.get(parts[3])
-            return h._send(200, node) if node else h._send(404, _status(404, "NotFound", f'nodes "{parts[3]}" not found'))
-        if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
+            if not node:
+                return h._send(404, _status(404, "NotFound", f'nodes "{parts[3]}" not found'))
+            return h._send(200, node)
+        if in_namespace and len(parts) == 6 and parts[4] == "events":
             with self.lock:
                 ev = next((e for e in self.events if e["metadata"]["namespace"] == parts[3]
                            and e["metadata"]["name"] == parts[5]), None)
             return h._send(200, ev) if ev else h._send(404, _status(404, "NotFound", f'events "{parts[5]}" not found'))
-        if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
-            items = [e for e in self.events if e["metadata"]["namespace"] == parts[3]]
-            for sel in q.get("fieldSelector", []):
-                for clause in sel.split(","):
-                    k, _, v = clause.partition("=")
-                    if k == "involvedObject.uid":
-                        items = [e for e in items if e["involvedObject"].get("uid") == v]
-                    elif k == "involvedObject.name":
-                        items = [e for e in items if e["involvedObject"].get("name") == v]
-            return h._send(200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items})
-        if len(parts) >= 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
-            key = (parts[3], parts[5])
-            with self.lock:
-                pod = self.pods.get(key)
-                if pod is None:
-                    return h._send(404, _status(404, "NotFound", f'pods "{parts[5]}" not found'))
-                self._refresh(key)
-                if len(parts) == 7 and parts[6] == "log":
-                    out = b"".join(self.procs[key][1]) if key in self.procs else b""
-                    return h._send(200, out, "text/plain")
-                return h._send(200, pod)
+        if in_namespace and len(parts) == 5 and parts[4] == "events":
+            return h._send(200, {"kind": "EventList", "apiVersion": "v1", "metadata": {},
+                                 "items": self._select_events(parts[3], q)})
+        if in_namespace and len(parts) >= 6 and parts[4] == "pods":
+            return self._get_pod(h, parts)
         return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+    def _discovery(self, parts):
+        """The answer to a fixed route (API discovery, the version, the node list), or None."""
+        if parts == ["api"]:
+            return {"kind": "APIVersions", "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+        if parts == ["apis"]:
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+        if parts == ["api", "v1"]:
+            return {"kind": "APIResourceList", "groupVersion": "v1", "resources": RESOURCES}
+        if parts == ["version"]:
+            return {"major": "1", "minor": "32", "gitVersion": "v1.32.0-standin"}
+        if parts == ["api", "v1", "nodes"]:
+            return {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": list(self.nodes.values())}
+        return None
+
+    def _select_pods(self, parts, q):
+        """The pods of all namespaces (``/api/v1/pods``) or of one, by label and node selectors."""
+        with self.lock:
+            items = [p for (ns, _), p in self.pods.items() if len(parts) == 3 or ns == parts[3]]
+        for sel in q.get("labelSelector", []):
+            for clause in sel.split(","):
+                k, _, v = clause.partition("=")
+                items = [p for p in items if (p["metadata"].get("labels") or {}).get(k) == v.lstrip("=")]
+        for sel in q.get("fieldSelector", []):
+            for clause in sel.split(","):
+                k, _, v = clause.partition("=")
+                if k == "spec.nodeName":
+                    items = [p for p in items if p.get("spec", {}).get("nodeName") == v.lstrip("=")]
+        return items
+
+    def _select_events(self, namespace, q):
+        """The events of ``namespace``, by the involved object's uid or name."""
+        items = [e for e in self.events if e["metadata"]["namespace"] == namespace]
+        for sel in q.get("fieldSelector", []):
+            for clause in sel.split(","):
+                k, _, v = clause.partition("=")
+                if k == "involvedObject.uid":
+                    items = [e for e in items if e["involvedObject"].get("uid") == v]
+                elif k == "involvedObject.name":
+                    items = [e for e in items if e["involvedObject"].get("name") == v]
+        return items
+
+    def _get_pod(self, h, parts):
+        """One pod (``.../pods/NAME``) or its log (``.../pods/NAME/log``)."""
+        key = (parts[3], parts[5])
+        with self.lock:
+            pod = self.pods.get(key)
+            if pod is None:
+                return h._send(404, _status(404, "NotFound", f'pods "{parts[5]}" not found'))
+            self._refresh(key)
+            if len(parts) == 7 and parts[6] == "log":
+                out = b"".join(self.procs[key][1]) if key in self.procs else b""
+                return h._send(200, out, "text/plain")
+            return h._send(200, pod)
 
     def _post(self, h):
         u = urlparse(h.path)
@@ -264,7 +287,8 @@ def make_node(name: str, *, ready: bool = True) -> dict:
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "uid": f"node-uid-{name}",
                          "labels": {"nvidia.com/gpu.product": "NVIDIA-H20", "nvidia.com/gpu.present": "true",
-                                    "nvidia.com/cuda.driver-version.full": "580.126.09", "kubernetes.io/hostname": name}},
+                                    "nvidia.com/cuda.driver-version.full": "580.126.09",
+                                    "kubernetes.io/hostname": name}},
             "spec": {},
             "status": {"nodeInfo": {"kernelVersion": "6.8.0-1017-nvidia", "containerRuntimeVersion": "containerd://1.7.22",
                                     "kubeletVersion": "v1.32.0", "osImage": "Ubuntu 24.04.1 LTS"},
@@ -284,7 +308,8 @@ def write_kubeconfig(path: str, url: str, *, namespace: str = "default", context
     cfg = {"apiVersion": "v1", "kind": "Config", "current-context": context,
            "clusters": [{"name": "standin", "cluster": {"server": url}}],
            "users": [{"name": "standin", "user": {"token": "standin-token"}}],
-           "contexts": [{"name": context, "context": {"cluster": "standin", "user": "standin", "namespace": namespace}}]}
+           "contexts": [{"name": context,
+                         "context": {"cluster": "standin", "user": "standin", "namespace": namespace}}]}
     with open(path, "w") as f:
         json.dump(cfg, f)
     return path

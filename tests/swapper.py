@@ -29,7 +29,7 @@ class Swapper:
         self.argv = [sys.executable, __file__, str(root), name, cwd or "", "chroot" if chroot else ""]
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "Swapper":
+    def __enter__(self) -> Swapper:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if line.strip() != "ready":

@@ -1,6 +1,7 @@
 """A crash sample shaped like a GPU metrics exporter (works on CPython 3.8+).
 
-usage: exporter.py LIBCRASH.so {heap-prev,heap-next-size,segv,py-abort,fpe,ill,bus,qsort-abort,string-at,sleep} [READY_FIFO]
+usage: exporter.py LIBCRASH.so
+           {heap-prev,heap-next-size,segv,py-abort,fpe,ill,bus,qsort-abort,string-at,sleep} [READY_FIFO]
 
 EXPORTER_THREAD_NAME sets the sleeping thread's name (default "metrics-server").
 EXPORTER_HANDLER installs a crash reporter before the scrape, one whose own code faults while the
@@ -101,7 +102,11 @@ def install_handler(kind):
     if kind in ("c-abort", "c-segv"):
         reporter = ctypes.CDLL(os.environ["LIBREPORTER"])
         _ballast.append(reporter)
-        if (reporter.forensics_install_abort_handler if kind == "c-abort" else reporter.forensics_install_segv_handler)():
+        if kind == "c-abort":
+            install = reporter.forensics_install_abort_handler
+        else:
+            install = reporter.forensics_install_segv_handler
+        if install():
             raise SystemExit("sigaction failed")
         return
     if kind != "ctypes-abort":

@@ -15,6 +15,7 @@ Usable from a shell, too::
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -249,10 +250,8 @@ def _wait_ready(fifo: Path, proc: subprocess.Popen, timeout: float) -> None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.poll() is not None else ""
                 raise CoreNotWritten(f"the sleeping sample did not get ready (status {proc.poll()}): {err}")
-            try:
+            with contextlib.suppress(BlockingIOError):
                 got += os.read(fd, 64)
-            except BlockingIOError:
-                pass
             time.sleep(0.02)
     finally:
         os.close(fd)

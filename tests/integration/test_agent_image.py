@@ -71,7 +71,8 @@ def image() -> Path:
 @pytest.fixture(scope="module")
 def rootfs(image, tmp_path_factory) -> Path:
     bundle = tmp_path_factory.mktemp("agent-image") / "bundle"
-    subprocess.run(["umoci", "unpack", "--image", f"{image}:{__version__}", str(bundle)], check=True, capture_output=True)
+    subprocess.run(["umoci", "unpack", "--image", f"{image}:{__version__}", str(bundle)],
+                   check=True, capture_output=True)
     return bundle / "rootfs"
 
 
@@ -88,10 +89,12 @@ def test_the_image_holds_the_agents_tools_and_is_the_one_the_manifest_names(imag
     p = _in_image(rootfs, "forensics", "agent", "manifest", "--json")
     assert p.returncode == 0, p.stderr
     ds = next(o for o in json.loads(p.stdout)["manifest"]["items"] if o["kind"] == "DaemonSet")
-    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/forensics/forensics-agent:{__version__}"
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"ghcr.io/forensics/forensics-agent:{__version__}"
     # gdb (and libdw), zstd and kubectl are there for the analysis, cores and Events
     for argv, needle in ((("gdb", "--version"), "GNU gdb"), (("zstd", "--version"), "Zstandard"),
-                         (("kubectl", "version", "--client"), "Client Version"), (("eu-stack", "--version"), "elfutils"),
+                         (("kubectl", "version", "--client"), "Client Version"),
+                         (("eu-stack", "--version"), "elfutils"),
                          (("forensics", "--version"), __version__)):
         p = _in_image(rootfs, *argv)
         assert needle in p.stdout + p.stderr, (argv, p.stdout, p.stderr)

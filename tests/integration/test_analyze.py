@@ -168,7 +168,8 @@ def test_abort_from_python_holds_the_gil(cores, version):
     crashed = a.snapshot.crashed_thread
     assert crashed.holds_gil and not any(t.holds_gil for t in a.snapshot.threads if t is not crashed)
     assert crashed.py_frames[0].function == "query_nvlink_throughput_counters"
-    assert crashed.py_frames[0].line == line_of("return os.abort()  # from Python, holding the GIL: an abort that is not heap corruption")
+    assert crashed.py_frames[0].line == line_of(
+        "return os.abort()  # from Python, holding the GIL: an abort that is not heap corruption")
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,8 @@ def test_ctypes_handler_fault_is_a_heap_corruption_whose_handler_crashed(cores, 
     assert main.native_frames[sf.native_index + 1].pc == sf.pc  # the interrupted instruction, as gdb unwound it
     assert any(f.symbol == "malloc_printerr" for f in main.interrupted_native_frames)
     assert [p.function.rsplit(".", 1)[-1] for p in main.py_frames[: sf.py_index]] == ["string_at", "on_abort"]
-    assert [p.function for p in main.interrupted_py_frames] == [p.function for p in plain.snapshot.crashed_thread.py_frames]
+    plain_frames = plain.snapshot.crashed_thread.py_frames
+    assert [p.function for p in main.interrupted_py_frames] == [p.function for p in plain_frames]
 
 
 def test_c_handler_that_dereferences_null(cores, newest_python, plain_heap):
@@ -237,7 +238,9 @@ C_PROGRAM = r"""
 static void on_abort(int signo) { volatile int *p = 0; *p = signo; }
 static void *volatile keep;
 int main(int argc, char **argv) {
-    if (argc > 1) { struct sigaction sa; memset(&sa, 0, sizeof sa); sa.sa_handler = on_abort; sigaction(SIGABRT, &sa, 0); }
+    if (argc > 1) {
+        struct sigaction sa; memset(&sa, 0, sizeof sa); sa.sa_handler = on_abort; sigaction(SIGABRT, &sa, 0);
+    }
     unsigned char *a = malloc(0x500), *b = malloc(0x500);
     keep = b;
     memset(a, 0x41, 0x500 + 16);  /* over the next chunk's header */

@@ -1,4 +1,7 @@
-"""`forensics canary` against real HTTP servers on 127.0.0.1 (the nvitop-exporter cases live with the simulated NVML)."""
+"""`forensics canary` against real HTTP servers on 127.0.0.1.
+
+The nvitop-exporter cases live with the simulated NVML.
+"""
 from __future__ import annotations
 
 import json
@@ -197,8 +200,9 @@ def test_the_soak_stops_as_soon_as_the_watched_process_dies(server):
 def test_ctrl_c_prints_the_partial_summary_and_exits_130(server):
     # GIVEN a long soak in its own process
     s = server()
-    p = subprocess.Popen([sys.executable, "-m", "forensics", "canary", s.url, "--requests", "10000000", "--duration", "60",
-                          "--concurrency", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    p = subprocess.Popen([sys.executable, "-m", "forensics", "canary", s.url, "--requests", "10000000",
+                          "--duration", "60", "--concurrency", "4"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         time.sleep(2.0)

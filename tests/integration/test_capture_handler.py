@@ -93,7 +93,8 @@ def live(crasher):
 
 def _handler_cli(core_dir: Path, pid: int, sig: int, core: Path, limit: str = "18446744073709551615", *extra: str):
     """Run the handler as the kernel does: absolute path, no environment, cwd /, core on stdin."""
-    cmd = [str(FORENSICS), "core-handler", str(core_dir), str(pid), str(pid), str(sig), str(int(time.time())), limit, *extra]
+    cmd = [str(FORENSICS), "core-handler", str(core_dir), str(pid), str(pid), str(sig), str(int(time.time())), limit,
+           *extra]
     with open(core, "rb") as f:
         return subprocess.run(cmd, stdin=f, capture_output=True, text=True, env={}, cwd="/", timeout=120)
 
@@ -299,7 +300,8 @@ def test_budget_collects_objects_no_remaining_core_uses(crasher, small_cores, tm
     # GIVEN a library only the first process maps (the "old driver"), with its own build-id
     old_lib = tmp_path / "libolddriver.so"
     (tmp_path / "old.c").write_text("int old_driver_version(void) { return 570; }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", str(old_lib), str(tmp_path / "old.c")], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", str(old_lib), str(tmp_path / "old.c")],
+                   check=True)
     d = tmp_path / "cores"
     cfg = HandlerConfig(budget=1, min_free=0, loop_limit=100, object_grace=0)
 
@@ -511,7 +513,8 @@ def test_a_broken_stream_is_never_recorded_as_a_whole_core(cores, newest_python,
     expected_state = {"first-half": "truncated", "header-64K": "truncated"}.get(case, "not-a-core")
     assert c["state"] == entry["state"] == expected_state, c
     assert c["reasons"] and entry["reasons"] == c["reasons"]
-    reason = {"first-half": f"the stream ended after {len(data):,} bytes; the core's program headers claim {len(core):,}",
+    reason = {"first-half": f"the stream ended after {len(data):,} bytes; "
+                            f"the core's program headers claim {len(core):,}",
               "header-64K": "the stream ended after 65,536 bytes",
               "empty": "the stream was empty (0 bytes): no core", "closed": "the stream was empty (0 bytes): no core",
               "random-10M": "the stream is not an ELF core: not an ELF file"}[case]
@@ -574,7 +577,8 @@ def test_a_bad_crash_time_keeps_the_core_and_notes_it(small_cores, tmp_path, liv
 
 def test_no_directory_drains_and_exits_2(small_cores, tmp_path):
     core = small_cores["segv"].read_bytes() * 8
-    p = subprocess.Popen([str(FORENSICS), "core-handler"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env={}, cwd="/")
+    p = subprocess.Popen([str(FORENSICS), "core-handler"], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={}, cwd="/")
     p.stdin.write(core)
     p.stdin.close()
     assert p.wait(timeout=60) == 2

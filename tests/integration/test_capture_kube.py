@@ -42,7 +42,8 @@ def pod_process(tmp_path):
     pod_uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
-    p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(120)"])
+    p = subprocess.Popen([sys.executable, "-c",
+                          f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(120)"])
     cg = pod_cgroup(pod_uid, cid)
     try:
         with open(fifo) as f:
@@ -70,8 +71,8 @@ def cluster(tmp_path, monkeypatch, pod_process):
     with StandIn(path_env=f"{bindir}:/usr/local/bin:/usr/bin:/bin") as s:
         s.nodes[node] = make_node(node)
         s.nodes["gone"] = make_node("gone", ready=False)
-        s.pods[(NS, "exporter-7d9f")] = make_pod(name="exporter-7d9f", namespace=NS, uid=pod_process["pod_uid"], node=node,
-                                                 container_id=pod_process["cid"], restarts=3, last_exit=134)
+        s.pods[(NS, "exporter-7d9f")] = make_pod(name="exporter-7d9f", namespace=NS, uid=pod_process["pod_uid"],
+                                                 node=node, container_id=pod_process["cid"], restarts=3, last_exit=134)
         s.pods[(NS, "exporter-crashloop")] = make_pod(name="exporter-crashloop", namespace=NS, uid=str(uuid.uuid4()),
                                                       node=node, container_id="cd" * 32, running=False, last_exit=139)
         s.pods[(NS, "exporter-on-gone-node")] = make_pod(name="exporter-on-gone-node", namespace=NS,
@@ -81,7 +82,8 @@ def cluster(tmp_path, monkeypatch, pod_process):
                        message="Back-off restarting failed container exporter", time="2025-01-01T00:02:00Z"),
             make_event(namespace=NS, pod="exporter-7d9f", uid=pod_process["pod_uid"], reason="Started",
                        message="Started container exporter", time="2025-01-01T00:01:30Z", kind="Normal"),
-            make_event(namespace=NS, pod="other", uid="x", reason="Other", message="not ours", time="2025-01-01T00:00:00Z"),
+            make_event(namespace=NS, pod="other", uid="x", reason="Other", message="not ours",
+                       time="2025-01-01T00:00:00Z"),
         ]
         kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), s.url, namespace="default")
         yield s, kubeconfig
@@ -121,7 +123,8 @@ def test_capture_pod_end_to_end(cluster, pod_process, tmp_path):
         prev.wait()
         time.sleep(0.05)
         remove_cgroup(cg)
-    assert json.loads((Path(previous.crash_dir) / "metadata.json").read_text())["identity"]["container_id"] == previous_cid
+    metadata = json.loads((Path(previous.crash_dir) / "metadata.json").read_text())
+    assert metadata["identity"]["container_id"] == previous_cid
     # WHEN the pod is captured from the "workstation"
     r = _capture(kubeconfig, core_dir, tmp_path / "out", "--pod", "exporter-7d9f", "--json")
     assert r.exit_code == 0, r.output
@@ -285,8 +288,10 @@ def test_dry_run_prints_the_agent_pod(cluster, pod_process, tmp_path):
     [
         pytest.param(["--pod", "nope"], f"pod {NS}/nope not found", id="pod-not-found"),
         pytest.param(["--pod", "exporter-on-gone-node"], "node gone unreachable", id="node-unreachable"),
-        pytest.param(["--pod", "exporter-7d9f", "--kubectl", "/nonexistent/kubectl"], "kubectl not found", id="no-kubectl"),
-        pytest.param(["--pod", "exporter-7d9f", "--container", "sidecar"], "has no container 'sidecar'", id="no-container"),
+        pytest.param(["--pod", "exporter-7d9f", "--kubectl", "/nonexistent/kubectl"], "kubectl not found",
+                     id="no-kubectl"),
+        pytest.param(["--pod", "exporter-7d9f", "--container", "sidecar"], "has no container 'sidecar'",
+                     id="no-container"),
     ],
 )
 def test_pod_mode_errors(cluster, tmp_path, args, message):
@@ -334,7 +339,8 @@ def test_agent_keeps_big_files_on_the_node_within_its_log_budget(pod_process, tm
     assert f"50-core/{crash}/50-core/core.zst" not in sizes
     kept = {x["path"] for x in left["files"]}
     assert f"50-core/{crash}/50-core/core.zst" in kept
-    assert all(Path(x["node_path"]).is_file() and Path(x["node_path"]).stat().st_size == x["size"] for x in left["files"])
+    assert all(Path(x["node_path"]).is_file() and Path(x["node_path"]).stat().st_size == x["size"]
+               for x in left["files"])
     sent_big = sum(size for name, size in sizes.items() if name.startswith("objects/") or name.endswith(".zst"))
     assert sent_big <= 64 << 10
     assert not kept & set(sizes)

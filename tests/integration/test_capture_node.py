@@ -44,7 +44,8 @@ def _has_cap_sys_resource() -> bool:
 def _sleeper(tmp_path, hard):
     fifo = tmp_path / f"ready-{hard}"
     os.mkfifo(fifo)
-    p = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(120)"],
+    p = subprocess.Popen([sys.executable, "-c",
+                          f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(120)"],
                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, hard)))
     _wait_ready(fifo)
     return p
@@ -94,7 +95,8 @@ def test_capture_raises_rlimit_core_and_sets_the_filter(sleeper, tmp_path):
     paths = [i["path"] for i in read_manifest(str(bundle))["items"]]
     assert paths == sorted(paths) and paths[0] == "00-identity.json"
     # a second capture makes a second bundle, never overwriting the first
-    r2 = CliRunner().invoke(cli, ["capture", "--pid", str(sleeper.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
+    r2 = CliRunner().invoke(cli, ["capture", "--pid", str(sleeper.pid), "--core-dir", str(tmp_path / "cores"),
+                                  "--json"])
     assert json.loads(r2.output)["bundle"] != doc["bundle"] and bundle.is_dir()
 
 
@@ -132,7 +134,8 @@ def container(tmp_path):
     (site / "pynvml.py").write_text("# the binding\n")
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
-    script = (f"import ctypes, time; ctypes.CDLL({str(target)!r}); open({str(fifo)!r}, 'w').write('ready'); time.sleep(120)")
+    script = (f"import ctypes, time; ctypes.CDLL({str(target)!r}); "
+              f"open({str(fifo)!r}, 'w').write('ready'); time.sleep(120)")
     inner = f"mount --bind {real} {target} && cd {ctr} && exec {sys.executable} -c \"{script}\""
     env = dict(os.environ, PYTHONPATH=str(site), API_TOKEN="hunter2-secret")
     outer = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
@@ -155,7 +158,8 @@ def container(tmp_path):
 
 def test_capture_names_the_bind_source_of_nvml_in_a_container(container, tmp_path):
     # WHEN the container's process is captured
-    r = CliRunner().invoke(cli, ["capture", "--pid", str(container["pid"]), "--core-dir", str(tmp_path / "cores"), "--json"])
+    r = CliRunner().invoke(cli, ["capture", "--pid", str(container["pid"]), "--core-dir", str(tmp_path / "cores"),
+                                 "--json"])
     assert r.exit_code in (0, 4), r.output
     doc = json.loads(r.output)
     snap = doc["snapshot"]
@@ -201,7 +205,8 @@ def test_capture_on_a_full_disk_is_a_clear_error_and_the_process_stays_armed(tmp
 
 
 def _capture_onto_a_full_filesystem(mnt, tmp_path):
-    proc = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY)))
+    proc = subprocess.Popen(["sleep", "60"],
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY)))
     try:
         fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
         try:
@@ -217,7 +222,7 @@ def _capture_onto_a_full_filesystem(mnt, tmp_path):
         # THEN one clear line, exit 1, no traceback, and the process was armed all the same
         assert res.exit_code == 1, res.output
         assert "writing the capture bundle failed" in res.stderr and "Traceback" not in res.output + res.stderr
-        limits = open(f"/proc/{proc.pid}/limits").read()
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
         assert "unlimited" in [ln for ln in limits.splitlines() if ln.startswith("Max core file size")][0]
     finally:
         proc.kill()
@@ -365,7 +370,8 @@ def test_an_unwritable_working_directory_is_judged_no_core(tmp_path, core_patter
                     assert time.monotonic() < deadline, "cannot remount the tmpfs read-only"
                     time.sleep(0.05)
             # WHEN it is captured
-            r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "--json"])
+            r = CliRunner().invoke(cli, ["capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"),
+                                         "--json"])
             # THEN the verdict is "no core", with the reason, and the exit status 4
             assert r.exit_code == 4, r.output
             dest = json.loads(r.output)["destination"]

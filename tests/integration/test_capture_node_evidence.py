@@ -229,9 +229,11 @@ GPU 00000000:2A:00.0
 def test_the_nvidia_report_reads_the_bug_report_a_capture_kept(rooted, tmp_path, monkeypatch):
     # GIVEN a node whose nvidia-bug-report.sh writes nvidia-smi -q and an Xid line (and 2 MB more), no nvidia-smi
     (tmp_path / "smi.txt").write_text(SMI_Q)
-    fake_bug_report(tmp_path / "bin", f'while [ $# -gt 0 ]; do [ "$1" = --output-file ] && out=$2; shift; done\n'
-                                      f'{{ cat {tmp_path / "smi.txt"}; echo "[ 12.3] NVRM: Xid (PCI:0000:2a:00): 79, pid=9, GPU has fallen off the bus.";'
-                                      f' head -c 2000000 /dev/zero | tr "\\\\0" "x"; }} | gzip > "$out.gz"\n')
+    script = (f'while [ $# -gt 0 ]; do [ "$1" = --output-file ] && out=$2; shift; done\n'
+              f'{{ cat {tmp_path / "smi.txt"}; '
+              'echo "[ 12.3] NVRM: Xid (PCI:0000:2a:00): 79, pid=9, GPU has fallen off the bus.";'
+              f' head -c 2000000 /dev/zero | tr "\\\\0" "x"; }} | gzip > "$out.gz"\n')
+    fake_bug_report(tmp_path / "bin", script)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     # WHEN the process is captured and an NVIDIA report made from the bundle
     bundle = capture(rooted.pid, tmp_path)
@@ -248,5 +250,6 @@ def test_the_nvidia_report_reads_the_bug_report_a_capture_kept(rooted, tmp_path,
     assert "| MIG mode | Disabled |" in system and "| Fabric Manager state | Completed |" in system
     xid = next(line for line in system.splitlines() if line.startswith("| Xid summary |"))
     assert "Xid 79 on 0000:2a:00: 1 time" in xid
-    assert "nvidia-bug-report.log.gz is in the capture bundle (NVIDIA's own file, its secrets masked at capture" in system
+    assert ("nvidia-bug-report.log.gz is in the capture bundle (NVIDIA's own file, its secrets masked at capture"
+            in system)
     assert took < 60, took  # 2 MB of bug report read and masked within reason

@@ -43,8 +43,10 @@ def test_json_document(heap_core):
     a = doc["analysis"]
     assert a["crash"]["kind"] == "heap-corruption"
     assert a["crash"]["abort_message"] == "double free or corruption (!prev)"
-    assert a["signature"].startswith('SIGABRT "double free or corruption (!prev)" [heap-corruption] in thread "MainThread"')
-    assert "query_nvlink_throughput_counters" in a["signature"] and "forensics_heap_overflow (libcrash.so)" in a["signature"]
+    assert a["signature"].startswith(
+        'SIGABRT "double free or corruption (!prev)" [heap-corruption] in thread "MainThread"')
+    assert "query_nvlink_throughput_counters" in a["signature"]
+    assert "forensics_heap_overflow (libcrash.so)" in a["signature"]
     threads = a["snapshot"]["threads"]
     assert [t["name"] for t in threads] == ["MainThread", "metrics-server"]
     assert len(a["fingerprint"]) == 12
@@ -79,7 +81,8 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     for i in range(2):
         shutil.copy(cores.get(newest_python, "segv", i), d / f"core.segv.{i}")
     (d / "notes.txt").write_text("not a core\n")
-    when = {f"core.heap.{i}": 1_700_000_000 + 3600 * i for i in range(3)} | {f"core.segv.{i}": 1_700_100_000 + i for i in range(2)}
+    when = ({f"core.heap.{i}": 1_700_000_000 + 3600 * i for i in range(3)}
+            | {f"core.segv.{i}": 1_700_100_000 + i for i in range(2)})
     for name, t in when.items():
         os.utime(d / name, (t, t))
     # WHEN the directory is analyzed as a batch

@@ -61,7 +61,8 @@ def test_heap_summary_for_any_core(scenario, cores, newest_python):
     assert [a["kind"] for a in s["arenas"]][0] == "main" and len(s["arenas"]) >= 1
     main = s["arenas"][0]
     assert main["heaps"][0]["chunks_in_use"] > 100 and main["heaps"][0]["walked_to"] == main["top"]
-    assert {t["tid"] for t in s["tcaches"]} == {t["tid"] for t in json.loads(r.stdout)["analysis"]["snapshot"]["threads"]}
+    threads = json.loads(r.stdout)["analysis"]["snapshot"]["threads"]
+    assert {t["tid"] for t in s["tcaches"]} == {t["tid"] for t in threads}
     # and the anatomy only for the heap corruption
     assert (heap["corruption"] is not None) is (scenario == "heap-prev")
 

@@ -195,7 +195,7 @@ def test_mappings_follow_program_headers(heap_prev):
     with open(heap_prev, "rb") as f:
         loads = [s for s in ELFFile(f).iter_segments() if s["p_type"] == "PT_LOAD"]
         assert len(core.mappings) == len(loads)
-        for m, s in zip(core.mappings, loads):
+        for m, s in zip(core.mappings, loads, strict=True):
             assert (m.start, m.size, m.in_core) == (s["p_vaddr"], s["p_memsz"], s["p_filesz"])
             assert re.fullmatch(r"[r-][w-][x-]p", m.perms)
     libc = lib(core, "libc.so.6")

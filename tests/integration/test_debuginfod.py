@@ -34,7 +34,8 @@ class _Debuginfod(http.server.ThreadingHTTPServer):
             def do_GET(h):
                 self.asked.append(h.path)
                 parts = h.path.strip("/").split("/")
-                f = self.files.get(parts[1]) if len(parts) == 3 and parts[0] == "buildid" and parts[2] == "debuginfo" else None
+                wanted = len(parts) == 3 and parts[0] == "buildid" and parts[2] == "debuginfo"
+                f = self.files.get(parts[1]) if wanted else None
                 if f is None:
                     h.send_response(404)
                     h.end_headers()

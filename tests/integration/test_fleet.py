@@ -56,7 +56,8 @@ def test_a_sidecar_is_not_a_mixed_rollout():
                    + "c" * 64, "state": {"running": {}}, "lastState": {}})
     assert summarize_fleet(pods, nodes).mixed_images is False
     # one exporter on another digest is a mixed rollout again
-    pods["items"][150]["status"]["containerStatuses"][0]["imageID"] = "docker-pullable://registry.local/x@sha256:" + "d" * 64
+    status = pods["items"][150]["status"]["containerStatuses"][0]
+    status["imageID"] = "docker-pullable://registry.local/x@sha256:" + "d" * 64
     assert summarize_fleet(pods, nodes).mixed_images is True
 
 
@@ -92,7 +93,8 @@ def test_since_a_saved_snapshot_counts_new_restarts_only(saved, tmp_path):
 
 def test_since_a_time(saved):
     p, n = saved
-    f = json.loads(run("fleet", "--json", "--from", str(p), "--nodes", str(n), "--since", "2026-11-20T15:00:00Z").stdout)["fleet"]
+    r = run("fleet", "--json", "--from", str(p), "--nodes", str(n), "--since", "2026-11-20T15:00:00Z")
+    f = json.loads(r.stdout)["fleet"]
     # pods started before the time count one restart when their last termination is after it
     h20 = [g for g in f["groups"] if g["key"][0][1] == "NVIDIA-H20"][0]
     assert 0 < h20["pods_with_restarts"] < 106 and h20["total_restarts"] == h20["pods_with_restarts"]
@@ -153,7 +155,8 @@ def test_files_that_cannot_be_a_fleet_are_refused(saved, tmp_path, case):
     r = CliRunner().invoke(cli, ["fleet", "--from", str(args[0]), "--nodes", str(args[1])])
     assert r.exit_code == 1, r.output
     message = r.stderr.splitlines()[0]
-    expected = {"swapped": f"--from {n} holds 207 Node objects and --nodes {p} holds 207 pods: the two files are swapped",
+    expected = {"swapped": f"--from {n} holds 207 Node objects and --nodes {p} holds 207 pods: "
+                           "the two files are swapped",
                 "no-pods": f"--from {empty} holds no pods (nothing)",
                 "nodes-are-pods": f"--nodes {p} holds no nodes (207 Pod)"}[case]
     assert expected in message, r.stderr

@@ -45,14 +45,14 @@ class Prometheus:
                         f"      - targets: [{', '.join(repr(t) for t in tg)}]\n")
         cfg = workdir / "prometheus.yml"
         cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n" + "".join(jobs))
-        self.log = open(workdir / "prometheus.log", "w")
         web = []
         if web_config:
             (workdir / "web.yml").write_text(web_config)
             web = [f"--web.config.file={workdir / 'web.yml'}"]
-        self.proc = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-                                      f"--web.listen-address=127.0.0.1:{self.port}", *web], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        with open(workdir / "prometheus.log", "w") as log:  # Prometheus keeps its own copy of the descriptor
+            self.proc = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+                                          f"--web.listen-address=127.0.0.1:{self.port}", *web], stdout=log,
+                                         stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def query(self, expr: str) -> list:
@@ -83,7 +83,6 @@ class Prometheus:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
 
 
 
@@ -96,8 +95,10 @@ def _groups(doc: dict) -> dict:
             "boundary": sorted(f["boundary"]), "mixed": f["mixed_images"]}
 
 
-def test_fleet_from_prometheus_equals_fleet_from_pod_objects_and_adds_fingerprints(kernel_cores, container, tmp_path):
-    # GIVEN the incident's fleet in kube-state-metrics' series, and three agents on three H20 nodes that took real crashes
+def test_fleet_from_prometheus_equals_fleet_from_pod_objects_and_adds_fingerprints(
+        kernel_cores, container, tmp_path):  # noqa: F811 -- the fixtures imported from test_agent_serve
+    # GIVEN the incident's fleet in kube-state-metrics' series, and three agents on three H20 nodes that took
+    # real crashes
     pods, nodes = incident_fleet()
     (tmp_path / "pods.json").write_text(json.dumps(pods))
     (tmp_path / "nodes.json").write_text(json.dumps(nodes))
@@ -113,7 +114,7 @@ def test_fleet_from_prometheus_equals_fleet_from_pod_objects_and_adds_fingerprin
             for _ in range(abrt):
                 handle(core_dir, container["pid"], signal.SIGABRT, kernel_cores["abort"])
             agents.append(AgentProcess(core_dir, node, None, tmp_path))
-        for node, agent in zip(per_node, agents):
+        for node in per_node:
             wait_analyzed(tmp_path / node, sum(per_node[node]))
         fps = {}
         for c in sorted((tmp_path / "h20-000" / "crashes").iterdir()):
@@ -127,8 +128,8 @@ def test_fleet_from_prometheus_equals_fleet_from_pod_objects_and_adds_fingerprin
         r = CliRunner().invoke(cli, ["fleet", "--prometheus", prom.url, "--json"])
         assert r.exit_code == 0, r.output
         from_prom = json.loads(r.stdout)
-        r2 = CliRunner().invoke(cli, ["fleet", "--from", str(tmp_path / "pods.json"), "--nodes", str(tmp_path / "nodes.json"),
-                                      "--json"])
+        r2 = CliRunner().invoke(cli, ["fleet", "--from", str(tmp_path / "pods.json"),
+                                      "--nodes", str(tmp_path / "nodes.json"), "--json"])
         from_objects = json.loads(r2.stdout)
         # THEN the table is the same
         assert _groups(from_prom) == _groups(from_objects)
@@ -163,7 +164,8 @@ def test_unreachable_prometheus_and_bad_options(tmp_path):
     r = CliRunner().invoke(cli, ["fleet", "--window", "6h", "--from", __file__, "--nodes", __file__])
     assert r.exit_code == 2
     token = tmp_path / "missing-token"
-    r = CliRunner().invoke(cli, ["fleet", "--prometheus", f"http://127.0.0.1:{port}", "--bearer-token-file", str(token)])
+    r = CliRunner().invoke(cli, ["fleet", "--prometheus", f"http://127.0.0.1:{port}",
+                                 "--bearer-token-file", str(token)])
     assert r.exit_code in (1, 2)
 
 
@@ -190,7 +192,8 @@ def test_basic_auth(tmp_path):
         assert json.loads(r.stdout)["fleet"]["pods"] == 207
         r = CliRunner().invoke(cli, ["fleet", "--prometheus", prom.url])
         assert r.exit_code == 1 and "HTTP 401" in r.stderr, r.output
-        r = CliRunner().invoke(cli, ["fleet", "--prometheus", prom.url], env={"FORENSICS_PROMETHEUS_BASIC_AUTH": "fleet:s3cret"})
+        r = CliRunner().invoke(cli, ["fleet", "--prometheus", prom.url],
+                               env={"FORENSICS_PROMETHEUS_BASIC_AUTH": "fleet:s3cret"})
         assert r.exit_code == 0, r.output
     finally:
         prom.stop()

@@ -45,7 +45,7 @@ class _Server:
             def log_message(self, *a):
                 pass
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -59,7 +59,7 @@ class _Server:
                 else:
                     self.wfile.write(body)
 
-            do_GET = do_POST  # noqa: N815
+            do_GET = do_POST
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"

@@ -138,7 +138,8 @@ def test_driver_overflow_verdict(program, stack, sim_dir, tmp_path, core_pattern
     assert c.overflow_length == 24 and c.overflow_exact
     assert bytes.fromhex(c.first_bytes) == b"OVERRUN!" * 3
     assert c.verdict.value == "driver-wrote-past-buffer", c.verdict_reason
-    assert "nvmlDeviceGetFieldValues (libnvidia-ml.so.580.126.09) wrote 24 bytes past the end of the 36-entry values" in c.verdict_reason
+    assert ("nvmlDeviceGetFieldValues (libnvidia-ml.so.580.126.09) wrote 24 bytes past the end of the 36-entry values"
+            in c.verdict_reason)
 
 
 @pytest.mark.parametrize("program", ["reproducer", "nvitop-exporter"])
@@ -149,7 +150,8 @@ def test_binding_count_verdict(program, sim_dir, tmp_path, core_pattern):
     assert c.owner.name == "values" and c.call.count == 37 and c.owner.object.length == 36
     assert c.verdict.value == "binding-count-too-large", c.verdict_reason
     assert c.overflow_length == 40
-    assert "passed count=37 to nvmlDeviceGetFieldValues (libnvidia-ml.so.580.126.09) for the 36-entry values" in c.verdict_reason
+    assert ("passed count=37 to nvmlDeviceGetFieldValues (libnvidia-ml.so.580.126.09) for the 36-entry values"
+            in c.verdict_reason)
 
 
 @pytest.mark.parametrize("program", ["reproducer", "nvitop-exporter"])

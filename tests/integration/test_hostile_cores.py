@@ -83,7 +83,7 @@ def test_a_mapping_at_an_absurd_file_offset(segv_core, tmp_path):
     with open(segv_core, "rb") as f:
         data = f.read()
     patches = []
-    for entry, (off, length) in zip(prof.file_entries, prof.file_paths):
+    for entry, (off, length) in zip(prof.file_entries, prof.file_paths, strict=True):
         if b"/libc.so" in data[off:off + length] and struct.unpack_from("<Q", data, entry + 16)[0]:
             patches.append((entry + 16, struct.pack("<Q", (1 << 64) - 1)))
     assert patches

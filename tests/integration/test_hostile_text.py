@@ -36,7 +36,8 @@ def run(*args: str):
 def assert_terminal_safe(*texts: str) -> None:
     for text in texts:
         bad = CONTROL.search(text)
-        assert bad is None, f"{bad.group()!r} reaches the terminal in:\n{text[max(0, bad.start() - 200):bad.end() + 80]}"
+        assert bad is None, (f"{bad.group()!r} reaches the terminal in:\n"
+                             f"{text[max(0, bad.start() - 200):bad.end() + 80]}")
         assert not any(line.startswith('Thread "MainThread" tid 1  [FORGED]') for line in text.splitlines())
 
 

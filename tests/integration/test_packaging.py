@@ -40,7 +40,8 @@ def test_public_definitions_are_in_all(module):
 def test_wheel_ships_gdb_scripts_and_analyzes_outside_the_checkout(tmp_path, cores, newest_python):
     # GIVEN a wheel built from the checkout, installed into a directory of its own
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "w"), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "w"),
+         str(ROOT)],
         capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stderr

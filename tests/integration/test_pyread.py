@@ -541,7 +541,7 @@ def test_thread_list_into_self_referencing_words_is_refused_at_once(cores, key, 
     stacks, seconds = read_timed(path, sysroot)
     # THEN the first bogus thread state is refused: it does not point back to its interpreter
     assert stacks.status is PythonStatus.FAILED and stacks.threads == ()
-    assert f"belongs to interpreter 0x" in stacks.detail and f"not 0x{slots['interp']:x}" in stacks.detail
+    assert "belongs to interpreter 0x" in stacks.detail and f"not 0x{slots['interp']:x}" in stacks.detail
     assert seconds < 5
 
 

@@ -107,8 +107,9 @@ def test_hosts_are_replaced_consistently(evidence):
     assert "host-2" not in text
     # the upstream reports replace hosts by default; the runbook keeps them unless asked
     assert "gpu-node-17.cluster.example.com" not in everything(report_json(str(analysis)))
-    assert "gpu-node-17.cluster.example.com" in report_json("--template", "runbook", str(analysis))["markdown"].replace("\\", "") \
-        or "gpu-node-17.cluster.example.com" in everything(report_json("--template", "runbook", str(analysis)))
+    assert ("gpu-node-17.cluster.example.com"
+            in report_json("--template", "runbook", str(analysis))["markdown"].replace("\\", "")
+            or "gpu-node-17.cluster.example.com" in everything(report_json("--template", "runbook", str(analysis))))
 
 
 def test_check_reports_unfilled_fields_and_json(evidence):
@@ -216,7 +217,8 @@ def test_report_from_a_real_capture_and_its_core(tmp_path, core_pattern, newest_
     core = next(run_dir.glob("core*"))  # written only because capture raised the limit from 0
     analysis = tmp_path / "analysis.json"
     assert run("analyze", "--json", "-o", str(analysis), str(core)).exit_code == 0
-    raw = analysis.read_text() + "".join(p.read_text(errors="replace") for p in bundle.rglob("*") if p.suffix in (".json", ".log", ".txt"))
+    raw = analysis.read_text() + "".join(p.read_text(errors="replace") for p in bundle.rglob("*")
+                                         if p.suffix in (".json", ".log", ".txt"))
     for secret in PLANTED:
         assert secret in raw, f"{secret} is not in the raw evidence: the test would prove nothing"
     # WHEN reports are made from the bundle and the analysis, with every template, as Markdown and as JSON
@@ -253,7 +255,8 @@ def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str, 
     from forensics.capture.pod import summarize_node, summarize_pod
 
     pod_obj = {"metadata": {"name": pod, "namespace": namespace, "uid": "0b8e-pod-uid"},
-               "spec": {"nodeName": node}, "status": {"phase": "Running", "hostIP": "10.20.30.40", "containerStatuses": [
+               "spec": {"nodeName": node},
+               "status": {"phase": "Running", "hostIP": "10.20.30.40", "containerStatuses": [
                    {"name": "exporter", "containerID": "containerd://abc", "image": "nvitop-exporter:1.4",
                     "imageID": "registry.example.com/nvitop-exporter@sha256:" + "a" * 64, "restartCount": 3}]}}
     if last_finished:
@@ -281,7 +284,8 @@ def test_runbook_dates_and_places_the_crash_from_a_pod_capture(tmp_path):
     first = next(line for line in md.splitlines() if line.startswith("| First seen"))
     assert "2026-11-20 10:41:07 UTC" in first and "last terminated container" in first
     affected = next(line for line in md.splitlines() if line.startswith("| Affected"))
-    assert "node gpu-node-17 (8 x NVIDIA-H20)" in affected and "pod gpu-jobs/exporter-4k2lm (3 container restarts)" in affected
+    assert "node gpu-node-17 (8 x NVIDIA-H20)" in affected
+    assert "pod gpu-jobs/exporter-4k2lm (3 container restarts)" in affected
 
 
 def test_pod_and_node_names_from_the_identity_alone_are_replaced(tmp_path):

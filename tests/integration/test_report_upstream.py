@@ -9,7 +9,6 @@ attachments beside the file, no local paths or host names in what goes upstream.
 from __future__ import annotations
 
 import json
-import os
 import re
 import resource
 import socket
@@ -168,8 +167,8 @@ def test_the_nvidia_report_has_what_nvidia_asks_for(demo):
     assert len(re.findall(r"^\| GPU \d ", text, re.M)) == 8 and "GPU-5a1e0000-7b3c-4a00-9e40-1b2c3d4e5f60" in text
     # the crash rate and time to crash, from the C reproducer's crash line
     how_often = text.split("## How often", 1)[1].split("##", 1)[0]
-    assert re.search(r"C reproducer: crashed in field-value call #121 \(1 crash in 121 calls\), [\d.]+ ms after its first query",
-                     how_often)
+    assert re.search(r"C reproducer: crashed in field-value call #121 \(1 crash in 121 calls\), "
+                     r"[\d.]+ ms after its first query", how_often)
     # the commands run, the C reproducer first built then run
     assert "gcc -O1 -g -o nvml_nvlink_fieldvalues nvml_nvlink_fieldvalues.c -ldl\n./nvml_nvlink_fieldvalues" in text
     # the system facts nvidia-bug-report carries, or why they are missing
@@ -253,7 +252,8 @@ def test_the_exit_time_race_is_known_by_what_defines_it(tmp_path, core_pattern):
         run_dir = tmp_path / f"run{attempt}"
         run_dir.mkdir()
         p = subprocess.run([str(python), str(tmp_path / "race.py")], cwd=run_dir, env=env, capture_output=True,
-                           timeout=60, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY,) * 2))
+                           timeout=60,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY,) * 2))
         if p.returncode == -11 and (run_dir / "core").is_file():
             break
     else:
@@ -262,7 +262,8 @@ def test_the_exit_time_race_is_known_by_what_defines_it(tmp_path, core_pattern):
     assert run("analyze", "--json", "-o", str(analysis), str(run_dir / "core")).exit_code in (EXIT_OK, 4)
     # and which nvitop the process imported, from the same interpreter
     vi = tmp_path / "verify-imports.json"
-    sleeper = subprocess.Popen([str(python), "-c", "import nvitop, sys, time; print('ready', flush=True); time.sleep(60)"],
+    sleeper = subprocess.Popen([str(python), "-c",
+                                "import nvitop, sys, time; print('ready', flush=True); time.sleep(60)"],
                                stdout=subprocess.PIPE, text=True)
     try:
         assert sleeper.stdout.readline() == "ready\n"
@@ -315,7 +316,8 @@ def test_a_newer_issue_form_is_followed(tmp_path, demo):
     newer = tmp_path / "bug-report.yaml"
     newer.write_text(yaml.safe_dump(data, sort_keys=False))
     # WHEN the report follows it
-    args = ["--template", "nvitop", "--issue-form", str(newer), str(demo / "analysis.json"), str(demo / "reproduce.json")]
+    args = ["--template", "nvitop", "--issue-form", str(newer), str(demo / "analysis.json"),
+            str(demo / "reproduce.json")]
     r = run("report", "--check", *args)
     # THEN its fields are the newer form's, in its order; the one nothing fills says so, and --check names it
     labels = [label for label, _ in split_fields(split_front_matter(r.stdout)[1])]

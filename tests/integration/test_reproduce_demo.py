@@ -72,7 +72,7 @@ def test_delayed_corruption_crashes_a_victim_stack_outside_nvml(workdir):
         assert doc["crash"]["kind"] == "heap-corruption" and "malloc_printerr" in symbols
         first_free = next(i for i, s in enumerate(symbols) if "free" in s)
         caller = next(lib for lib in libs[first_free:] if "libc.so" not in lib)
-        assert "libnvidia-ml" not in caller, list(zip(symbols, libs))
+        assert "libnvidia-ml" not in caller, list(zip(symbols, libs, strict=True))
         assert not any("libnvidia-ml" in lib for lib in libs[:first_free + 1])
         assert "heap-corruption-detected-late" in [f["rule"] for f in doc["findings"]]
 
@@ -97,11 +97,13 @@ def test_a_mid_run_shutdown_race_is_not_the_exit_time_race(workdir, tmp_path):
     assert crashed["tid"] != doc["snapshot"]["core"]["pid"]  # a non-main thread, as in the known race
     # a capture of a process of the incident's stack (nvitop 1.5.0 on its sys.path)
     python = ensure_stack_venv("incident")
-    p = subprocess.Popen([str(python), "-c", "import nvitop, sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"],
+    p = subprocess.Popen([str(python), "-c",
+                          "import nvitop, sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"],
                          stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline() == "ready\n"
-        c = run("capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "-o", str(tmp_path / "out"), "--json")
+        c = run("capture", "--pid", str(p.pid), "--core-dir", str(tmp_path / "cores"), "-o", str(tmp_path / "out"),
+                "--json")
     finally:
         p.kill()
         p.wait()

@@ -60,7 +60,8 @@ def test_c_header_comes_first_when_the_first_call_crashes(built, tmp_path, core_
     assert lines.index(query) < len(lines) - 1  # printed before the crash line
     # and the crash line names the call, the GPU, the time to crash and the rate
     v = verdict(p.stdout)
-    assert v.startswith("VERDICT: crashed: SIGABRT inside call #1 (nvmlDeviceGetFieldValues, link count) on GPU 0 (GPU-")
+    assert v.startswith(
+        "VERDICT: crashed: SIGABRT inside call #1 (nvmlDeviceGetFieldValues, link count) on GPU 0 (GPU-")
     assert "time to crash" in v and "crash rate 1 in 1 calls" in v
 
 

@@ -145,7 +145,7 @@ def test_a_command_line_cut_inside_a_url_keeps_no_password_tail(tmp_path, core_p
     assert p.returncode == -11
     core = next(tmp_path.glob("core*"))
     analysis = tmp_path / "analysis.json"
-    r = run("analyze", "--json", "-o", str(analysis), str(core))
+    run("analyze", "--json", "-o", str(analysis), str(core))
     args_seen = json.loads(analysis.read_text())["analysis"]["snapshot"]["core"]["args"]
     assert "redis://alice:" in args_seen and "@" not in args_seen, args_seen  # the cut the test is about
     tail = args_seen.split("redis://alice:", 1)[1]

@@ -220,8 +220,10 @@ def test_c_reproducer_stops_after_its_duration(sim_dir, c_repro, tmp_path):
 
 FAULTS = [
     pytest.param("heap", "prev", signal.SIGABRT, "double free or corruption (!prev)", id="fault=heap,message=prev"),
-    pytest.param("heap", "next-size", signal.SIGABRT, "free(): invalid next size (normal)", id="fault=heap,message=next-size"),
-    pytest.param("heap-delayed", "next-size", signal.SIGABRT, "free(): invalid next size (normal)", id="fault=heap-delayed"),
+    pytest.param("heap", "next-size", signal.SIGABRT, "free(): invalid next size (normal)",
+                 id="fault=heap,message=next-size"),
+    pytest.param("heap-delayed", "next-size", signal.SIGABRT, "free(): invalid next size (normal)",
+                 id="fault=heap-delayed"),
     pytest.param("segv", "prev", signal.SIGSEGV, "", id="fault=segv"),
 ]
 

@@ -50,7 +50,8 @@ def gdb_frames(core: CoreFile, sysroot: str | None = None) -> dict:
 def library_file(core: CoreFile, path: str | None) -> str | None:
     for lib in core.libraries:
         if lib.path == path:
-            return os.path.realpath(lib.file_path) if lib.file_path and lib.status is not LibraryStatus.MISMATCH else None
+            usable = lib.file_path and lib.status is not LibraryStatus.MISMATCH
+            return os.path.realpath(lib.file_path) if usable else None
     return None
 
 
@@ -70,7 +71,7 @@ def assert_same_as_gdb(core: CoreFile, sysroot: str | None = None) -> Agreement:
     theirs = gdb_frames(core, sysroot)
     seen = Agreement()
     assert [t["lwp"] for t in ours["threads"]] == [t["lwp"] for t in theirs["threads"]]
-    for mine, gdb in zip(ours["threads"], theirs["threads"]):
+    for mine, gdb in zip(ours["threads"], theirs["threads"], strict=True):
         tid = mine["lwp"]
         assert mine["method"] == "libdw"
         gdb_list = [f for f in gdb["frames"] if not f["tailcall"]]
@@ -87,7 +88,7 @@ def assert_same_as_gdb(core: CoreFile, sysroot: str | None = None) -> Agreement:
             assert bool(mine["error"]) == bool(gdb["error"]), (tid, mine["error"], gdb["error"])
         assert len(mine["frames"]) == len(gdb_list), (tid, [f["function"] for f in mine["frames"]],
                                                       [f["function"] for f in gdb_list])
-        for i, (a, b) in enumerate(zip(mine["frames"], gdb_list)):
+        for i, (a, b) in enumerate(zip(mine["frames"], gdb_list, strict=True)):
             where = f"thread {tid} frame {i}: libdw {a} vs gdb {b}"
             assert a["pc"] == b["pc"], where
             assert a["inlined"] == b["inlined"], where
@@ -297,7 +298,8 @@ def sid_cores(sid_root, tmp_path_factory, core_pattern):
 
     def get(version: str, scenario: str) -> Path:
         if (version, scenario) not in made:
-            made[version, scenario] = make_core(base, f"/usr/bin/python{version}", scenario, libcrash=lib, root=sid_root)
+            made[version, scenario] = make_core(base, f"/usr/bin/python{version}", scenario, libcrash=lib,
+                                                root=sid_root)
         return made[version, scenario]
 
     return get

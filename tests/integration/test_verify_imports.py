@@ -21,7 +21,8 @@ from .test_verify_imports_helpers import (ImageFactory, Layer, base_blob, host_p
                                           missing_tool, write_docker_archive, write_oci)
 
 
-pytestmark = pytest.mark.skipif(host_python() is None, reason="CPython 3.11 (pyenv) not found: it is the image's interpreter")
+pytestmark = pytest.mark.skipif(host_python() is None,
+                                reason="CPython 3.11 (pyenv) not found: it is the image's interpreter")
 
 
 @pytest.fixture(scope="session")
@@ -135,7 +136,8 @@ def test_attestation_index_is_a_delivery_warning(images):
 def test_pip_check_and_known_issues_with_driver(images):
     code, doc, _ = run(images.get("conflict"), "--json", "--driver", "580.126.09")
     msgs = [p["message"] for p in doc["result"]["requirement_problems"]]
-    assert "nvitop 1.5.0 has requirement nvidia-ml-py<12.571.0a0,>=11.450.51, but you have nvidia-ml-py 12.575.51." in msgs
+    assert ("nvitop 1.5.0 has requirement nvidia-ml-py<12.571.0a0,>=11.450.51, but you have nvidia-ml-py 12.575.51."
+            in msgs)
     ids = {k["id"] for k in doc["result"]["known_issues"]}
     assert {"nvitop-1.5.0-nvidia-ml-py-bound", "driver-580-needs-nvitop-1.5.3", "nvitop-exit-nvmlshutdown-race",
             "nvidia-ml-py-12.575.51-field-ids"} <= ids
@@ -247,7 +249,7 @@ def _hostile_image(kind: str, out: Path, sentinel: str, fmt: str) -> str:
         layers.append(Layer().file("escape" + sentinel, "pwned"))
     elif kind == "hardlink-shadow":
         layers.append(Layer().dir("/etc").hardlink("etc/shadow-copy", "/etc/shadow", raw_name=True))
-    blobs = [base_blob()] + [make_blob(l.tar_bytes(), out / "store") for l in layers]
+    blobs = [base_blob()] + [make_blob(layer.tar_bytes(), out / "store") for layer in layers]
     if kind == "bomb":
         blobs.append(_bomb_blob(out))
     cfg = image_config(blobs, entrypoint=["python3", "-m", "nvitop_exporter"], workdir="/srv")
@@ -317,6 +319,7 @@ def test_report_from_a_shadowed_image_says_shadowing_was_not_ruled_out(images, t
     # THEN the versions are the ones that really import, and shadowing is named, with the image's path
     # (an image path is not a local path: it stays in the upstream report), and it leads the conclusion
     assert "### What version of nvitop are you using?\n\n1.5.0" in md
-    assert "Old source shadowing the installed packages: NOT ruled out: nvitop: SHADOWED (/app/nvitop/__init__.py)" in md
+    assert ("Old source shadowing the installed packages: NOT ruled out: nvitop: SHADOWED (/app/nvitop/__init__.py)"
+            in md)
     assert any("imports nvitop: SHADOWED (/app/nvitop/__init__.py)" in u for u in rep["conclusion"]["unsupported"])
     assert rep["conclusion"]["statement"].startswith("The setup is unsupported")

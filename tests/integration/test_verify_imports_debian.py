@@ -37,7 +37,7 @@ def deb():
         pytest.skip(f"Debian images cannot be built here: {e}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _run(args: tuple[str, ...]) -> tuple[int, str, str]:
     r = CliRunner().invoke(cli, ["verify-imports", *args], catch_exceptions=False)
     return r.exit_code, r.stdout, r.output + (r.stderr if r.stderr_bytes is not None else "")
@@ -69,7 +69,8 @@ EXPECT = {
     "deb-pip-over-apt": (0, {"psutil": "OK"}, [], True),
     "deb-apt-modified": (3, {"psutil": "VERSION-MISMATCH"}, [], True),
     "deb-two-owners": (3, {"nvitop": "OK", "pynvml": "CONFLICT", "psutil": "OK"}, [], True),
-    "deb-python-missing": (3, {"nvitop": "OK", "nvitop_exporter": "OK", "pynvml": "OK"}, ["entrypoint-not-found"], True),
+    "deb-python-missing": (3, {"nvitop": "OK", "nvitop_exporter": "OK", "pynvml": "OK"}, ["entrypoint-not-found"],
+                           True),
     "deb-bad-pth": (3, {"nvitop": "OK", "pynvml": "OK", "psutil": "OK"}, ["startup-fails"], True),
 }
 assert set(EXPECT) == set(SCENARIOS)
@@ -147,8 +148,10 @@ def test_a_system_site_packages_venv_searches_debians_directories(deb):
     assert mod(doc, "pynvml")["resolved"]["file"] == "/opt/venv/lib/python3.11/site-packages/pynvml.py"
     ids = {k["id"] for k in doc["result"]["known_issues"]}
     assert {"nvitop-1.5.0-nvidia-ml-py-bound", "nvitop-exit-nvmlshutdown-race"} <= ids
-    code, doc, _ = run(deb.ref("deb-venv-system-site"), "--json", "--driver", "580.126.09", *_only("deb-venv-system-site"))
-    assert {"driver-580-needs-nvitop-1.5.3", "nvidia-ml-py-12.575.51-field-ids"} <= {k["id"] for k in doc["result"]["known_issues"]}
+    code, doc, _ = run(deb.ref("deb-venv-system-site"), "--json", "--driver", "580.126.09",
+                       *_only("deb-venv-system-site"))
+    ids = {k["id"] for k in doc["result"]["known_issues"]}
+    assert {"driver-580-needs-nvitop-1.5.3", "nvidia-ml-py-12.575.51-field-ids"} <= ids
 
 
 def test_sitecustomize_is_read_and_named_in_the_fix(deb):

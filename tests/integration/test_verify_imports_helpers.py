@@ -87,7 +87,7 @@ class Layer:
 
     members: list = field(default_factory=list)
 
-    def file(self, path: str, data: bytes | str, mode: int = 0o644) -> "Layer":
+    def file(self, path: str, data: bytes | str, mode: int = 0o644) -> Layer:
         if isinstance(data, str):
             data = data.encode()
         ti = tarfile.TarInfo(path.lstrip("/"))
@@ -95,36 +95,36 @@ class Layer:
         self.members.append((ti, data))
         return self
 
-    def dir(self, path: str, mode: int = 0o755) -> "Layer":
+    def dir(self, path: str, mode: int = 0o755) -> Layer:
         ti = tarfile.TarInfo(path.lstrip("/"))
         ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, mode, 1700000000
         self.members.append((ti, None))
         return self
 
-    def symlink(self, path: str, target: str) -> "Layer":
+    def symlink(self, path: str, target: str) -> Layer:
         ti = tarfile.TarInfo(path.lstrip("/"))
         ti.type, ti.linkname, ti.mode, ti.mtime = tarfile.SYMTYPE, target, 0o777, 1700000000
         self.members.append((ti, None))
         return self
 
-    def hardlink(self, path: str, target: str, raw_name: bool = False) -> "Layer":
+    def hardlink(self, path: str, target: str, raw_name: bool = False) -> Layer:
         ti = tarfile.TarInfo(path if raw_name else path.lstrip("/"))
         ti.type, ti.linkname, ti.mtime = tarfile.LNKTYPE, target, 1700000000
         self.members.append((ti, None))
         return self
 
-    def raw(self, ti: tarfile.TarInfo, data: bytes | None = None) -> "Layer":
+    def raw(self, ti: tarfile.TarInfo, data: bytes | None = None) -> Layer:
         self.members.append((ti, data))
         return self
 
-    def whiteout(self, path: str) -> "Layer":
+    def whiteout(self, path: str) -> Layer:
         parent, _, base = path.rstrip("/").rpartition("/")
         return self.file(f"{parent}/.wh.{base}", b"")
 
-    def opaque(self, directory: str) -> "Layer":
+    def opaque(self, directory: str) -> Layer:
         return self.file(f"{directory.rstrip('/')}/.wh..wh..opq", b"")
 
-    def tree(self, host_dir: str | Path, dest: str, exclude=lambda rel: False) -> "Layer":
+    def tree(self, host_dir: str | Path, dest: str, exclude=lambda rel: False) -> Layer:
         host_dir = Path(host_dir)
         for dirpath, dirnames, filenames in os.walk(host_dir):
             rel_dir = os.path.relpath(dirpath, host_dir)
@@ -142,7 +142,7 @@ class Layer:
         return self
 
     def install_wheel(self, whl: Path, site: str = SITE, bin_dir: str = "/usr/local/bin",
-                      python: str = f"/usr/local/bin/python{PY_VERSION}") -> "Layer":
+                      python: str = f"/usr/local/bin/python{PY_VERSION}") -> Layer:
         """Install a wheel the way pip does: files, RECORD with INSTALLER, console scripts."""
         with zipfile.ZipFile(whl) as z:
             names = z.namelist()
@@ -168,7 +168,8 @@ class Layer:
                 script, _, target = (x.strip() for x in line.partition("="))
                 mod, _, func = target.partition(":")
                 body = (f"#!{python}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom {mod} import {func}\n"
-                        f"if __name__ == '__main__':\n    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+                        f"if __name__ == '__main__':\n"
+                        f"    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
                         f"    sys.exit({func}())\n").encode()
                 self.file(f"{bin_dir}/{script}", body, 0o755)
                 rel = os.path.relpath(f"{bin_dir}/{script}", site)
@@ -179,7 +180,7 @@ class Layer:
         self.file(f"{site}/{info_dir}/RECORD", buf.getvalue())
         return self
 
-    def source_tree(self, whl: Path, package: str, dest_dir: str) -> "Layer":
+    def source_tree(self, whl: Path, package: str, dest_dir: str) -> Layer:
         """A package's source as a plain tree (a stale checkout): no dist-info, no RECORD."""
         with zipfile.ZipFile(whl) as z:
             dirs = set()
@@ -282,7 +283,8 @@ def base_blob() -> Blob:
 
     layer.tree(pyroot / "lib" / f"python{PY_VERSION}", f"/usr/local/lib/python{PY_VERSION}", exclude)
     layer.dir(SITE)
-    layer.file("/etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    layer.file("/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"
+                              "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
                               "app:x:1000:1000:app:/home/app:/bin/sh\n")
     layer.file("/etc/group", "root:x:0:\nnogroup:x:65534:\napp:x:1000:\n")
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -322,7 +324,10 @@ def write_oci(layout: Path, blobs: list[Blob], config: dict, tag: str = "latest"
         dest = layout / "blobs" / "sha256" / b.digest.split(":")[1]
         dest.parent.mkdir(parents=True, exist_ok=True)
         if not dest.exists():
-            os.link(b.data_path, dest) if os.stat(b.data_path).st_dev == os.stat(dest.parent).st_dev else shutil.copy(b.data_path, dest)
+            if os.stat(b.data_path).st_dev == os.stat(dest.parent).st_dev:
+                os.link(b.data_path, dest)
+            else:
+                shutil.copy(b.data_path, dest)
     cfg_digest, cfg_size = _put(layout, json.dumps(config).encode())
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                 "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cfg_digest,
@@ -382,7 +387,8 @@ def write_docker_archive(path: Path, blobs: list[Blob], config: dict, repotag: s
             add(name, raw)
             layers.append(name)
         add(f"{cfg_id}.json", cfg)
-        add("manifest.json", json.dumps([{"Config": f"{cfg_id}.json", "RepoTags": [repotag], "Layers": layers}]).encode())
+        add("manifest.json",
+            json.dumps([{"Config": f"{cfg_id}.json", "RepoTags": [repotag], "Layers": layers}]).encode())
         repo, _, tag = repotag.rpartition(":")
         add("repositories", json.dumps({repo: {tag: layers[-1].split("/")[0]}}).encode())
     return f"docker-archive:{path}"
@@ -471,7 +477,7 @@ SCENARIOS = {
 }
 
 
-def build_scenario(name: str, out: Path, fmt: str = "oci") -> str:
+def build_scenario(name: str, out: Path, fmt: str = "oci") -> str:  # noqa: C901 -- one case per scenario, side by side
     """Build scenario ``name`` as an OCI layout (``fmt='oci'``) or docker-archive; return its reference."""
     blobs_dir = out / "blobs-store"
     base = base_blob()
@@ -493,7 +499,8 @@ def build_scenario(name: str, out: Path, fmt: str = "oci") -> str:
         env = [f"PYTHONPATH={legacy}"]
     elif name == "pth":
         layers.append(Layer().source_tree(wheel("nvitop", "1.5.0"), "nvitop", "/opt/legacy").dir("/srv")
-                      .file(f"{SITE}/legacy-paths.pth", "# vendored tools\nimport sys; sys.path.insert(0, '/opt/legacy')\n"))
+                      .file(f"{SITE}/legacy-paths.pth",
+                            "# vendored tools\nimport sys; sys.path.insert(0, '/opt/legacy')\n"))
     elif name == "whiteout":
         workdir = "/app"
         layers.append(stale.dir("/app").file("/app/README.md", "old checkout\n"))
@@ -531,7 +538,7 @@ def build_scenario(name: str, out: Path, fmt: str = "oci") -> str:
                   Layer().dir("/srv")]
     else:
         raise KeyError(name)
-    blobs = [base] + [make_blob(l.tar_bytes(), blobs_dir) for l in layers]
+    blobs = [base] + [make_blob(layer.tar_bytes(), blobs_dir) for layer in layers]
     config = image_config(blobs, env=env, entrypoint=entry, cmd=cmd, workdir=workdir)
     if fmt == "oci":
         return write_oci(out / "oci", blobs, config, tag=name, attestation=attestation)

@@ -48,8 +48,8 @@ def _start_registry(tmp, auth: bool):
         cfg += ["auth:", "  htpasswd:", "    realm: forensics-tests", f"    path: {htpasswd}"]
     cfg_path = tmp / f"registry-{port}.yml"
     cfg_path.write_text("\n".join(cfg) + "\n")
-    log = open(tmp / f"registry-{port}.log", "wb")
-    proc = subprocess.Popen(["docker-registry", "serve", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp / f"registry-{port}.log", "wb") as log:  # the registry keeps its own copy of the descriptor
+        proc = subprocess.Popen(["docker-registry", "serve", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -59,7 +59,7 @@ def _start_registry(tmp, auth: bool):
             break
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"docker-registry exited: {(tmp / f'registry-{port}.log').read_text()}")
+                raise RuntimeError(f"docker-registry exited: {(tmp / f'registry-{port}.log').read_text()}") from None
             time.sleep(0.1)
     return proc, port
 

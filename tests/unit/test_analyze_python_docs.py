@@ -54,10 +54,12 @@ def test_each_disagreement_is_reported():
     got = compare_python_stacks(stacks(), direct)
     # THEN every difference is named, with which method said what
     assert sorted(got) == sorted([
-        "thread 7 frame 1: ('collect', '/app/exporter.py', 40) (gdb) vs ('collect', '/app/exporter.py', 41) (direct)",
+        "thread 7 frame 1: ('collect', '/app/exporter.py', 40) (gdb) vs ('collect', '/app/exporter.py', 41) "
+        "(direct)",
         "thread 7: holds the GIL True (gdb) vs False (direct)",
         "thread 8: name 'metrics-server' (gdb) vs 'Thread-1' (direct)",
-        "thread 8 frame 0: ('serve_forever', '/app/exporter.py', 12) (gdb) vs ('serve', '/app/exporter.py', 12) (direct)",
+        "thread 8 frame 0: ('serve_forever', '/app/exporter.py', 12) (gdb) vs ('serve', '/app/exporter.py', 12) "
+        "(direct)",
         "thread 8: holds the GIL False (gdb) vs True (direct)",
     ])
 
@@ -109,7 +111,8 @@ def test_snapshot_with_a_thread_error_is_partial_and_says_which_thread_once():
     assert [line for line in header if BROKEN in line and line.startswith(("Stacks:", "warning:"))] == [
         f"Stacks:      native by gdb; Python by gdb (table 3.13 (3.13.0)): partial: tid 7: {BROKEN}"]
     at = lines.index('Thread "MainThread" tid 7  [crashed, holds the GIL]')
-    assert lines[at + 1:at + 3] == ["  Python stack (most recent call first):", f"    (Python stack incomplete: {BROKEN})"]
+    assert lines[at + 1:at + 3] == ["  Python stack (most recent call first):",
+                                    f"    (Python stack incomplete: {BROKEN})"]
     merged = list(format_analysis(analysis, merged=True))
     assert f"    (Python stack incomplete: {BROKEN})" in merged
     payload = analysis_payload(analysis)
@@ -135,8 +138,10 @@ def test_status_lines_say_the_reason_in_one_line():
     cut = PythonStacks(status=PythonStatus.PARTIAL, detail="cut at the walk's bound of 4096 threads")
     assert python_status_line(cut, python_process=True) == "partial: cut at the walk's bound of 4096 threads"
     unsupported = PythonStacks(status=PythonStatus.UNSUPPORTED, detail="CPython 3.7 is not in the layout table")
-    assert python_status_line(unsupported, python_process=True) == "unavailable: CPython 3.7 is not in the layout table"
-    assert python_status_line(PythonStacks(status=PythonStatus.NOT_PYTHON), python_process=False) == "not a Python process"
+    assert python_status_line(unsupported, python_process=True) == (
+        "unavailable: CPython 3.7 is not in the layout table")
+    not_python = PythonStacks(status=PythonStatus.NOT_PYTHON)
+    assert python_status_line(not_python, python_process=False) == "not a Python process"
 
 
 # -- the merged view ------------------------------------------------------------------------------------
@@ -150,17 +155,19 @@ def test_tail_calling_interpreter_places_python_frames_at_the_opcode_handler():
     # GIVEN a clang build of 3.14 (tail-calling interpreter): each evaluation's innermost native frame is an
     # opcode handler above its _PyEval_EvalFrameDefault
     t = Thread(tid=7, name="MainThread", is_crashed=True, holds_gil=True,
-               native_frames=(nf(0, "ffi_call"), nf(1, "_TAIL_CALL_CALL_BUILTIN_FAST"), nf(2, "_PyEval_EvalFrameDefault"),
+               native_frames=(nf(0, "ffi_call"), nf(1, "_TAIL_CALL_CALL_BUILTIN_FAST"),
+                              nf(2, "_PyEval_EvalFrameDefault"),
                               nf(3, "PyObject_Vectorcall"), nf(4, "_TAIL_CALL_CALL_PY_GENERAL"),
                               nf(5, "_PyEval_EvalFrameDefault"), nf(6, "Py_RunMain")),
                py_frames=(PyFrame(function="inner", file="a.py", line=3, is_entry=False),
                           PyFrame(function="outer", file="a.py", line=9, is_entry=True),
                           PyFrame(function="<module>", file="a.py", line=12, is_entry=True)))
     # WHEN merged
-    got = [(k, getattr(f, "symbol", None) or getattr(f, "function")) for k, f in merge_frames(t)]
+    got = [(k, getattr(f, "symbol", None) or f.function) for k, f in merge_frames(t)]
     # THEN each group of Python frames stands at its evaluation's handler, none at the loop under it
     assert got == [
         (FrameKind.NATIVE, "ffi_call"), (FrameKind.PYTHON, "inner"), (FrameKind.PYTHON, "outer"),
         (FrameKind.NATIVE, "_PyEval_EvalFrameDefault"), (FrameKind.NATIVE, "PyObject_Vectorcall"),
-        (FrameKind.PYTHON, "<module>"), (FrameKind.NATIVE, "_PyEval_EvalFrameDefault"), (FrameKind.NATIVE, "Py_RunMain"),
+        (FrameKind.PYTHON, "<module>"), (FrameKind.NATIVE, "_PyEval_EvalFrameDefault"),
+        (FrameKind.NATIVE, "Py_RunMain"),
     ]

@@ -26,7 +26,8 @@ UID = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
 @pytest.mark.parametrize(
     "text, runtime, version, qos",
     [
-        pytest.param(f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
+        pytest.param(f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice"
+                     f"/cri-containerd-{CID}.scope\n",
                      "containerd", 2, "burstable", id="v2,systemd,containerd"),
         pytest.param(f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope\n",
                      "cri-o", 2, "guaranteed", id="v2,systemd,cri-o"),
@@ -51,18 +52,20 @@ def test_plain_docker_and_no_container():
 
 
 def test_proc_parsers():
-    maps = parse_maps("55d0-55d1 r--p 00000000 fd:01 1234 /usr/bin/python3.11\n7ffd-7ffe rw-p 00000000 00:00 0 [stack]\n")
+    maps = parse_maps("55d0-55d1 r--p 00000000 fd:01 1234 /usr/bin/python3.11\n"
+                      "7ffd-7ffe rw-p 00000000 00:00 0 [stack]\n")
     assert maps[0].is_file and maps[0].range == "55d0-55d1" and not maps[1].is_file
     limits = parse_limits("Limit                     Soft Limit           Hard Limit           Units     \n"
                           "Max core file size        0                    unlimited            bytes     \n")
     assert limits["Max core file size"] == ("0", "unlimited")
 
 
-MOUNTINFO = """\
-800 700 0:99 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u
-801 800 253:1 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 ro,nosuid - ext4 /dev/vda1 rw
-802 800 253:1 /var/lib/kubelet/pods/x/volumes/kubernetes.io~empty-dir/cores /cores rw - ext4 /dev/vda1 rw
-"""
+MOUNTINFO = (
+    "800 700 0:99 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u\n"
+    "801 800 253:1 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    " ro,nosuid - ext4 /dev/vda1 rw\n"
+    "802 800 253:1 /var/lib/kubelet/pods/x/volumes/kubernetes.io~empty-dir/cores /cores rw - ext4 /dev/vda1 rw\n"
+)
 HOST = """\
 22 1 253:1 / / rw,relatime - ext4 /dev/vda1 rw
 """
@@ -75,7 +78,8 @@ def test_bind_source_on_the_host():
     assert m.mount_id == 801
     assert host_path_of_mount(m, lib, host) == "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09"
     core = find_mount(mounts, "/cores/core.1")
-    assert host_path_of_mount(core, "/cores/core.1", host) == "/var/lib/kubelet/pods/x/volumes/kubernetes.io~empty-dir/cores/core.1"
+    assert host_path_of_mount(core, "/cores/core.1", host) == (
+        "/var/lib/kubelet/pods/x/volumes/kubernetes.io~empty-dir/cores/core.1")
     root = find_mount(mounts, "/app/core")
     assert root.mount_point == "/" and host_path_of_mount(root, "/app/core", host) is None
 
@@ -111,7 +115,8 @@ def test_open_in_root_never_leaves_the_root(tmp_path):
 
 
 def _snap(limit: str, *, cwd="/work", in_ns=False):
-    return SimpleNamespace(pid=4242, root="/", comm="python3", cwd=cwd, status={"NSpid": "4242 7", "Uid": "0 0 0 0", "Gid": "0"},
+    return SimpleNamespace(pid=4242, root="/", comm="python3", cwd=cwd,
+                           status={"NSpid": "4242 7", "Uid": "0 0 0 0", "Gid": "0"},
                            limits={"Max core file size": (limit, "unlimited")}, in_container_namespace=in_ns)
 
 
@@ -137,7 +142,8 @@ def test_file_pattern_rules():
 
 
 def test_handler_pattern_fits_128_bytes():
-    assert handler_pattern("/var/lib/forensics/cores", "/usr/local/bin/forensics").endswith("%P %i %s %t %c".replace("%i", "%I"))
+    assert handler_pattern("/var/lib/forensics/cores", "/usr/local/bin/forensics").endswith(
+        "%P %i %s %t %c".replace("%i", "%I"))
     with pytest.raises(ForensicsError, match="128"):
         handler_pattern("/" + "x" * 100, "/usr/local/bin/forensics")
 

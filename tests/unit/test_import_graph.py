@@ -17,7 +17,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "model", "cache", "redact", "options", "rootpath"),  # records, errors, pure helpers, the resolver
     ("output", "resources", "guard", "kubectl"),  # shared formats, shipped files, the one kube client
     ("core", "fleet"),  # reading cores; the fleet's restarts
-    ("gdb", "pyread", "bundle", "unwind", "heap", "fleetprom"),  # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus
+    # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus
+    ("gdb", "pyread", "bundle", "unwind", "heap", "fleetprom"),
     ("analyze", "imports"),  # analyze's pipeline; verify-imports' library
     ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
     ("report", "reproduce"),
@@ -69,7 +70,8 @@ def test_only_the_cli_layer_imports_click():
 
 def _loaded_after(code: str) -> list[str]:
     probe = code + ("\nimport sys\n"
-                    "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'forensics')), file=sys.stderr)")
+                    "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'forensics')),"
+                    " file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stderr.split()

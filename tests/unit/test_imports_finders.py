@@ -60,7 +60,8 @@ def test_resolution_through_the_finders(tmp_path: Path):
                              pth="/site/_other.pth", module_file="/site/_other.py")
     finders = (st, ed)
     pkg = find_in_finders(fs, finders, "pkg", "3.11")
-    assert (pkg.kind, pkg.file, pkg.search_locations) == (ModuleKind.PACKAGE, "/src/pkg/pkg/__init__.py", ("/src/pkg/pkg",))
+    assert (pkg.kind, pkg.file, pkg.search_locations) == (
+        ModuleKind.PACKAGE, "/src/pkg/pkg/__init__.py", ("/src/pkg/pkg",))
     assert pkg.finder == "/site/__editable__.pkg-1.0.pth" and pkg.path_index == -1
     assert find_in_finders(fs, finders, "mod", "3.11").file == "/src/mod.py"
     assert find_in_finders(fs, finders, "other", "3.11").file == "/src/file_target.py"

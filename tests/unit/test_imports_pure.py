@@ -63,7 +63,8 @@ def test_specifier_contains(spec, version, ok):
 
 
 def test_version_ordering_of_prereleases_and_dev():
-    assert version_key("1.0.dev1") < version_key("1.0a1") < version_key("1.0rc1") < version_key("1.0") < version_key("1.0.post1")
+    assert (version_key("1.0.dev1") < version_key("1.0a1") < version_key("1.0rc1") < version_key("1.0")
+            < version_key("1.0.post1"))
     assert version_key("1.7.0") == version_key("1.7")
 
 
@@ -114,7 +115,8 @@ def test_pth_insert_and_easy_install_idiom():
 # -- command lines and sys.path ----------------------------------------------------------------------
 
 def test_command_line_unwraps_shell_env_and_tini():
-    cfg = ImageConfig(entrypoint=("/usr/bin/tini", "--"), cmd=("sh", "-c", "exec env PYTHONSAFEPATH=1 python3 -m nvitop_exporter --port 9000 && true"))
+    cfg = ImageConfig(entrypoint=("/usr/bin/tini", "--"),
+                      cmd=("sh", "-c", "exec env PYTHONSAFEPATH=1 python3 -m nvitop_exporter --port 9000 && true"))
     argv, extra, notes = command_line(cfg)
     assert argv == ("python3", "-m", "nvitop_exporter", "--port", "9000")
     assert extra == {"PYTHONSAFEPATH": "1"}
@@ -200,7 +202,8 @@ def test_usercustomize_runs_after_sitecustomize_and_only_with_the_user_site():
     # with -s (no user site) usercustomize does not run
     entry, _ = describe_command(fs, ("python3", "-s", "-m", "x"), env, "/app")
     setup = compute_python_setup(fs, entry, env, "/app")
-    assert [c.module for c in setup.customize] == ["sitecustomize"] and "/opt/first" not in [e.path for e in setup.sys_path]
+    assert [c.module for c in setup.customize] == ["sitecustomize"]
+    assert "/opt/first" not in [e.path for e in setup.sys_path]
 
 
 @pytest.mark.parametrize("source,edits,unevaluated", [

@@ -25,7 +25,8 @@ LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 def make_core(signo=6, code=-6, addr=None, abort=None, mappings=()):
     return CoreFile(
         path="/cores/core.1", size=100, pid=1, command="python3", args="python3 x.py", executable="/usr/bin/python3",
-        build_id="aa", signal=SigInfo(signo=signo, code=code, errno=0, name={6: "SIGABRT", 11: "SIGSEGV"}[signo], addr=addr),
+        build_id="aa",
+        signal=SigInfo(signo=signo, code=code, errno=0, name={6: "SIGABRT", 11: "SIGSEGV"}[signo], addr=addr),
         threads=(CoreThread(tid=7, signal=signo, pc=0x401000, sp=0x7ff0),), mappings=tuple(mappings), libraries=(),
         nvml=None, abort_message=abort, truncated=False, expected_size=100,
     )
@@ -51,7 +52,8 @@ def test_is_heap_message(msg, heap):
 
 
 def test_normalize_message_blanks_addresses():
-    assert normalize_message("munmap_chunk(): invalid pointer 0x55d0c0ffee00") == "munmap_chunk(): invalid pointer <hex>"
+    assert normalize_message("munmap_chunk(): invalid pointer 0x55d0c0ffee00") == (
+        "munmap_chunk(): invalid pointer <hex>")
 
 
 @pytest.mark.parametrize(
@@ -81,7 +83,7 @@ def test_merge_frames_groups_python_frames_by_entry():
                    PyFrame(function="outer", file="a.py", line=9, is_entry=True),
                    PyFrame(function="<module>", file="a.py", line=12, is_entry=True)),
     )
-    got = [(k, getattr(f, "symbol", None) or getattr(f, "function")) for k, f in merge_frames(t)]
+    got = [(k, getattr(f, "symbol", None) or f.function) for k, f in merge_frames(t)]
     assert got == [
         (FrameKind.NATIVE, "free"), (FrameKind.PYTHON, "inner"), (FrameKind.PYTHON, "outer"),
         (FrameKind.NATIVE, "call"), (FrameKind.PYTHON, "<module>"), (FrameKind.NATIVE, "main"),
@@ -90,7 +92,8 @@ def test_merge_frames_groups_python_frames_by_entry():
 
 def test_build_threads_matches_python_threads_by_native_id():
     core = make_core()
-    native = {"threads": [{"num": 2, "lwp": 8, "frames": []}, {"num": 1, "lwp": 7, "frames": [{"pc": 1, "function": "f"}]}]}
+    native = {"threads": [{"num": 2, "lwp": 8, "frames": []},
+                          {"num": 1, "lwp": 7, "frames": [{"pc": 1, "function": "f"}]}]}
     python = PythonStacks(status=PythonStatus.OK, gil_holder=8, threads=(
         PyThreadStack(native_thread_id=8, thread_id=2, name="worker", holds_gil=False,
                       frames=(PyFrame(function="w", file="w.py", line=1),)),
@@ -111,7 +114,8 @@ def _analysis(abort="double free or corruption (!prev)", py_line=5):
         py_frames=(PyFrame(function="nvlink_throughput", file="/app/nvitop/api/device.py", line=py_line),),
     )
     snap = ProcessSnapshot(source=Source.CORE, core=core, threads=(t,), python_version="3.12.1",
-                           python_status=PythonStatus.OK, python_stack_status="ok", native_method="gdb", python_method="gdb", sysroot=None)
+                           python_status=PythonStatus.OK, python_stack_status="ok", native_method="gdb",
+                           python_method="gdb", sysroot=None)
     return analyze_snapshot(snap)
 
 

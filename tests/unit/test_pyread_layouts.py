@@ -113,7 +113,8 @@ def test_a_newer_version_is_read_with_the_newest_shape_and_says_so():
     choice = choose_layout(3, 16, debug=debug)
     # THEN the 3.15 table completes it, and the description says which offsets and shape were trusted
     assert choice.source is LayoutSource.DEBUG_OFFSETS
-    assert choice.description.startswith("_Py_DebugOffsets of 3.16.0a1, read with the 3.15 struct shape over table 3.15")
+    assert choice.description.startswith(
+        "_Py_DebugOffsets of 3.16.0a1, read with the 3.15 struct shape over table 3.15")
     assert "3.16 is newer than any known version" in choice.description
 
 

@@ -10,8 +10,9 @@ BINDING = "pynvml.nvmlDeviceGetFieldValues passed count=37 to nvmlDeviceGetField
 
 
 def _facts(verdict, reason, runs=()):
-    return Facts(has_crash=True, signal="SIGABRT", kind="heap-corruption", abort_message="munmap_chunk(): invalid pointer",
-                 heap_verdict=verdict, heap_reason=reason, repro_runs=tuple(runs))
+    return Facts(has_crash=True, signal="SIGABRT", kind="heap-corruption",
+                 abort_message="munmap_chunk(): invalid pointer", heap_verdict=verdict, heap_reason=reason,
+                 repro_runs=tuple(runs))
 
 
 def test_the_heap_alone_points_at_the_driver():
@@ -34,5 +35,6 @@ def test_an_undetermined_heap_decides_nothing_but_is_evidence():
 
 
 def test_the_c_reproducer_and_the_heap_agree():
-    c = decide(_facts("driver-wrote-past-buffer", DRIVER, [{"name": "c", "status": "crashed", "outcome": "crashed (SIGABRT)"}]), [])
+    runs = [{"name": "c", "status": "crashed", "outcome": "crashed (SIGABRT)"}]
+    c = decide(_facts("driver-wrote-past-buffer", DRIVER, runs), [])
     assert c.suspect is Suspect.DRIVER and "The core's heap says the same" in c.statement

@@ -53,7 +53,7 @@ def test_compressed_sections_are_stored_plain(library, tmp_path, kind):
     # THEN every section holds what the uncompressed original holds, flagged plain, and the build-id note is kept
     want, got = sections(library), sections(plain)
     assert set(got) == set(want)
-    for name, (flags, data) in want.items():
+    for name, (_flags, data) in want.items():
         assert got[name][1] == data, name
         assert not got[name][0] & 0x800, name
     assert not has_compressed_sections(str(plain))
