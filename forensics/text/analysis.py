@@ -3,11 +3,11 @@ libraries, the heap), one thread, and the batch table of every input."""
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from ..analyze.signature import describe_later_fault, describe_pyframe, describe_thread, exit_explanation, signature
 from ..analyze.stacks import merge_frames
-from ..model import Analysis, BatchResult, FrameKind, NativeFrame, Thread
+from ..model import Analysis, BatchResult, NativeFrame, PyFrame, SignalFrame, Thread
 from ..output import escape_text
 from .heap import format_heap
 
@@ -35,6 +35,21 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
                   first_fault: bool = False) -> Iterator[str]:
     """Lines for one thread: its header, its Python stack, then (or merged with) its native stack; each
     signal frame (a handler running on top of what it interrupted) is marked where it splits them."""
+    yield f"Thread {describe_thread(thread)}{_thread_flags(thread, first_fault=first_fault)}"
+    native_marks = {sf.native_index: sf for sf in thread.signal_frames if sf.native_index is not None}
+    if thread.signal_frames and not native_marks:
+        for sf in thread.signal_frames:
+            yield (f"  {_signal_line(sf)[4:-4]} (interrupted at 0x{sf.pc:x}; the native stack was not unwound, "
+                   "so the handler's frames are not told apart)")
+    if merged:
+        yield from _merged_lines(thread, native_marks)
+    else:
+        yield from _separate_lines(thread, native_marks, native=native)
+    if thread.native_error:
+        yield f"    ({thread.native_error})"
+
+
+def _thread_flags(thread: Thread, *, first_fault: bool) -> str:
     flags = []
     if thread.is_crashed:
         flags.append("crashed")
@@ -44,48 +59,50 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
         flags.append("holds the GIL")
     if thread.interpreter_id:
         flags.append(f"in interpreter {thread.interpreter_id}")
-    flag = f"  [{', '.join(flags)}]" if flags else ""
-    yield f"Thread {describe_thread(thread)}{flag}"
-    native_marks = {sf.native_index: sf for sf in thread.signal_frames if sf.native_index is not None}
+    return f"  [{', '.join(flags)}]" if flags else ""
+
+
+def _first_interpreter(thread: Thread) -> int | None:
+    """-1 (no interpreter labelled yet) when the stack runs in subinterpreters, else None: no labels."""
+    return None if not any(f.interpreter_id for f in thread.py_frames) else -1
+
+
+def _merged_lines(thread: Thread, native_marks: dict[int, SignalFrame]) -> Iterator[str]:
+    interp = _first_interpreter(thread)
+    for _, frame in merge_frames(thread):
+        if isinstance(frame, PyFrame):
+            if interp is not None and frame.interpreter_id != interp:
+                interp = frame.interpreter_id
+                yield f"    [interpreter {interp}]"
+            yield f"    (Python) {describe_pyframe(frame)}"
+        else:
+            yield f"    {_native_line(frame)}"
+            if frame.index in native_marks:
+                yield f"    {_signal_line(native_marks[frame.index])}"
+    if thread.python_error:
+        yield f"    (Python stack incomplete: {thread.python_error})"
+
+
+def _separate_lines(thread: Thread, native_marks: dict[int, SignalFrame], *, native: bool) -> Iterator[str]:
     py_marks = {sf.py_index: sf for sf in thread.signal_frames if sf.py_index}
-    if thread.signal_frames and not native_marks:
-        for sf in thread.signal_frames:
-            yield (f"  {_signal_line(sf)[4:-4]} (interrupted at 0x{sf.pc:x}; the native stack was not unwound, "
-                   "so the handler's frames are not told apart)")
-    interp = None if not any(f.interpreter_id for f in thread.py_frames) else -1  # label only with subinterpreters
-    if merged:
-        for kind, frame in merge_frames(thread):
-            if kind is FrameKind.PYTHON:
-                if interp is not None and frame.interpreter_id != interp:
-                    interp = frame.interpreter_id
-                    yield f"    [interpreter {interp}]"
-                yield f"    (Python) {describe_pyframe(frame)}"
-            else:
-                yield f"    {_native_line(frame)}"
-                if frame.index in native_marks:
-                    yield f"    {_signal_line(native_marks[frame.index])}"
+    interp = _first_interpreter(thread)
+    if thread.py_frames or thread.python_error:
+        yield "  Python stack (most recent call first):"
+        for i, p in enumerate(thread.py_frames):
+            if i in py_marks:
+                yield f"    {_signal_line(py_marks[i])}"
+            if interp is not None and p.interpreter_id != interp:
+                interp = p.interpreter_id
+                yield f"    [interpreter {interp}]"
+            yield f"    {describe_pyframe(p)}"
         if thread.python_error:
             yield f"    (Python stack incomplete: {thread.python_error})"
-    else:
-        if thread.py_frames or thread.python_error:
-            yield "  Python stack (most recent call first):"
-            for i, p in enumerate(thread.py_frames):
-                if i in py_marks:
-                    yield f"    {_signal_line(py_marks[i])}"
-                if interp is not None and p.interpreter_id != interp:
-                    interp = p.interpreter_id
-                    yield f"    [interpreter {interp}]"
-                yield f"    {describe_pyframe(p)}"
-            if thread.python_error:
-                yield f"    (Python stack incomplete: {thread.python_error})"
-        if native:
-            yield "  Native stack:"
-            for f in thread.native_frames:
-                yield f"    {_native_line(f)}"
-                if f.index in native_marks:
-                    yield f"    {_signal_line(native_marks[f.index])}"
-    if thread.native_error:
-        yield f"    ({thread.native_error})"
+    if native:
+        yield "  Native stack:"
+        for f in thread.native_frames:
+            yield f"    {_native_line(f)}"
+            if f.index in native_marks:
+                yield f"    {_signal_line(native_marks[f.index])}"
 
 
 def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool = True) -> Iterator[str]:
@@ -109,28 +126,9 @@ def _analysis_lines(analysis: Analysis, *, merged: bool, libraries: bool) -> Ite
     if core.args:
         yield f"Command:     {core.args[:_MAX_LINE]}"
     same = core.signal is not None and crash.then is None and crash.signal == core.signal.signo
-    yield f"Signal:      {crash.signal_name or 'none'}" + (f" (si_code {core.signal.code})" if same else "")
-    if crash.abort_message:
-        yield f"Abort:       {crash.abort_message}"
-    if crash.fault_address is not None:
-        fk = crash.fault_kind.value if crash.fault_kind else "?"
-        yield f"Fault:       0x{crash.fault_address:x} ({fk})"
-    yield f"Crash class: {crash.kind.value}" + (" (a core of a live process: no crash)" if analysis.fingerprint is None
-                                                else "")
-    if crash.handler is not None:
-        label = crash.handler.label
-        kind = "" if crash.handler.kind.value == label else f" ({crash.handler.kind.value})"
-        yield f"Handler:     {crash.signal_name} handler {label}{kind}"
-    if crash.then is not None:
-        yield f"Then:        {describe_later_fault(analysis)}"
-    explanation = exit_explanation(analysis)
-    if explanation:
-        yield f"Exit:        {explanation}"
-    if analysis.fingerprint is None:
-        yield "Fingerprint: none (a snapshot is not a crash)"
-    else:
-        partial = f" (partial: {analysis.fingerprint_partial})" if analysis.fingerprint_partial else ""
-        yield f"Fingerprint: {analysis.fingerprint}{partial}"
+    code = f" (si_code {core.signal.code})" if same and core.signal is not None else ""
+    yield f"Signal:      {crash.signal_name or 'none'}{code}"
+    yield from _crash_lines(analysis)
     if snap.python_version:
         yield f"Python:      {snap.python_version}"
     layout = f" ({snap.python_layout})" if snap.python_layout and snap.python_method != "none" else ""
@@ -212,3 +210,29 @@ def _batch_lines(result: BatchResult) -> Iterable[str]:
             yield f"  {path}"
         if len(result.skipped) > 20:
             yield f"  ... and {len(result.skipped) - 20} more"
+
+
+def _crash_lines(analysis: Analysis) -> Iterator[str]:
+    """The crash's lines: abort message, fault, class, handler, a later fault, exit, fingerprint."""
+    crash = analysis.crash
+    if crash.abort_message:
+        yield f"Abort:       {crash.abort_message}"
+    if crash.fault_address is not None:
+        fk = crash.fault_kind.value if crash.fault_kind else "?"
+        yield f"Fault:       0x{crash.fault_address:x} ({fk})"
+    yield f"Crash class: {crash.kind.value}" + (" (a core of a live process: no crash)" if analysis.fingerprint is None
+                                                else "")
+    if crash.handler is not None:
+        label = crash.handler.label
+        kind = "" if crash.handler.kind.value == label else f" ({crash.handler.kind.value})"
+        yield f"Handler:     {crash.signal_name} handler {label}{kind}"
+    if crash.then is not None:
+        yield f"Then:        {describe_later_fault(analysis)}"
+    explanation = exit_explanation(analysis)
+    if explanation:
+        yield f"Exit:        {explanation}"
+    if analysis.fingerprint is None:
+        yield "Fingerprint: none (a snapshot is not a crash)"
+    else:
+        partial = f" (partial: {analysis.fingerprint_partial})" if analysis.fingerprint_partial else ""
+        yield f"Fingerprint: {analysis.fingerprint}{partial}"

@@ -13,7 +13,8 @@ def format_canary(r: CanaryResult) -> list[str]:
         return "-" if x is None else f"{x * 1000:.1f} ms"
 
     lines = [
-        f"{r.verdict}: {r.url}: {r.requests} scrapes in {r.elapsed:.1f}s ({r.rate:.0f}/s, concurrency {r.concurrency}), "
+        f"{r.verdict}: {r.url}: {r.requests} scrapes in {r.elapsed:.1f}s ({r.rate:.0f}/s, concurrency "
+        f"{r.concurrency}), "
         f"success {r.success_rate:.2%}",
         f"latency p50 {ms(r.percentile(50))}, p95 {ms(r.percentile(95))}, p99 {ms(r.percentile(99))}, "
         f"max {ms(max(r.latencies) if r.latencies else None)}",

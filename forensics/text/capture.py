@@ -17,17 +17,20 @@ def format_armed(r: ArmResult) -> list[str]:
     """``capture --pid``: what was armed, where the core will go (and why not), the bundle written."""
     lines = [
         f"process {r.pid} ({r.snapshot.comm}) armed",
-        f"RLIMIT_CORE:     {r.rlimit_core_before[0]}/{r.rlimit_core_before[1]} -> {r.rlimit_core_after[0]}/{r.rlimit_core_after[1]} (read back from /proc/{r.pid}/limits)",
+        f"RLIMIT_CORE:     {r.rlimit_core_before[0]}/{r.rlimit_core_before[1]} -> "
+        f"{r.rlimit_core_after[0]}/{r.rlimit_core_after[1]} (read back from /proc/{r.pid}/limits)",
         f"coredump_filter: {r.coredump_filter_before} -> {r.coredump_filter_after}",
         f"core_pattern:    {r.core_pattern}",
     ]
     lines += format_destination(destination_payload(r.destination))
     ident = r.snapshot.identity
     if ident.container_id:
-        lines.append(f"container:       {ident.container_id[:12]} ({ident.runtime or 'runtime ?'}) pod {ident.pod_uid or '-'}")
+        lines.append(f"container:       {ident.container_id[:12]} ({ident.runtime or 'runtime ?'}) pod "
+                     f"{ident.pod_uid or '-'}")
     if r.snapshot.nvml:
         n = r.snapshot.nvml
-        lines.append(f"NVML:            {n.path} (inode {n.inode}, build-id {n.build_id or '?'}, version {n.version or '?'})")
+        lines.append(f"NVML:            {n.path} (inode {n.inode}, build-id {n.build_id or '?'}, version "
+                     f"{n.version or '?'})")
         lines.append(f"                 {n.verdict}")
     lines.append(f"Wrote {r.bundle}")
     return lines

@@ -13,7 +13,8 @@ def format_fleet(s: FleetSummary) -> list[str]:
         f"{s.pods} pods on {s.nodes} nodes, grouped by {', '.join(s.group_by)}"
         + (f"; restarts since {s.baseline}" if s.baseline else "") + (f"; from {s.source}" if s.source else ""),
         "",
-        "| Node group | Nodes | Pods | Pods restarting | Restarts | Max | Exit 139 | Exit 134 | Exit 137 | Other | CrashLoopBackOff | Images |"
+        "| Node group | Nodes | Pods | Pods restarting | Restarts | Max | Exit 139 | Exit 134 | Exit 137 | Other | "
+        "CrashLoopBackOff | Images |"
         + (" Fingerprints |" if with_fp else ""),
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if with_fp else ""),
     ]
@@ -23,7 +24,8 @@ def format_fleet(s: FleetSummary) -> list[str]:
         fps = ", ".join(f"{fp} x {n:,}" for fp, n in sorted(g.fingerprints.items(), key=lambda x: (-x[1], x[0])))
         lines.append(
             f"| {g.name} | {g.nodes} | {g.pods} | {g.pods_with_restarts} | {g.total_restarts:,} | {g.max_restarts} | "
-            f"{c.get('139', 0)} | {c.get('134', 0)} | {c.get('137', 0)} | {c.get('other', 0)} | {g.crash_loop} | {images or '-'} |"
+            f"{c.get('139', 0)} | {c.get('134', 0)} | {c.get('137', 0)} | {c.get('other', 0)} | {g.crash_loop} | "
+            f"{images or '-'} |"
             + (f" {fps or '-'} |" if with_fp else "")
         )
     lines.append("")

@@ -5,7 +5,7 @@ whole line (:func:`forensics.text.analysis.format_analysis`, then :func:`forensi
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..model import HeapArena, HeapBin, HeapChunk, HeapCorruption, HeapReport, HeapSummary
 
@@ -99,7 +99,7 @@ def format_heap_summary(s: HeapSummary) -> Iterator[str]:
     mm = (f"; {s.mmapped_chunks} mmapped chunk(s), {s.mmapped_bytes:,} bytes"
           if s.mmapped_chunks is not None and s.mmapped_bytes is not None else "")
     if s.sbrk_base is not None or mm:
-        yield f"  sbrk_base {'0x%x' % s.sbrk_base if s.sbrk_base is not None else '?'}{mm}"
+        yield f"  sbrk_base {f'0x{s.sbrk_base:x}' if s.sbrk_base is not None else '?'}{mm}"
     for a in s.arenas:
         yield from _arena_lines(a)
     for t in s.tcaches:

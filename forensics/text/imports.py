@@ -1,23 +1,34 @@
 """Text of ``forensics verify-imports``: the image, the Python set-up, one verdict per module, the result."""
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
-from ..imports.model import ImportReport, PathOrigin
+from ..imports.model import ExecuteResult, ImportReport, PathOrigin
 from ..output import escape_text
 
 __all__ = ["format_report"]
 
 
 def format_report(report: ImportReport, *, verbose: int = 0, strict: bool = False) -> Iterator[str]:
-    """Lines for people; JSON (:func:`forensics.imports.format.report_payload`) is the contract.  The last line is the result, from
-    the same :meth:`~forensics.imports.model.ImportReport.failures` as the exit status.  Every line is
-    escaped: paths, versions and reasons come from the image."""
+    """Lines for people; JSON (:func:`forensics.imports.format.report_payload`) is the contract.  The last line is
+    the result, from the same :meth:`~forensics.imports.model.ImportReport.failures` as the exit status.  Every
+    line is escaped: paths, versions and reasons come from the image."""
     for line in _report_lines(report, verbose=verbose, strict=strict):
         yield escape_text(line)
 
 
 def _report_lines(report: ImportReport, *, verbose: int, strict: bool) -> Iterator[str]:
+    yield from _image_lines(report)
+    yield from _python_lines(report, verbose=verbose)
+    yield from _module_lines(report, verbose=verbose)
+    yield from _issue_lines(report, verbose=verbose)
+    if report.execute is not None:
+        yield from _execute_lines(report.execute)
+    yield from _note_lines(report)
+    yield from _result_lines(report, strict=strict)
+
+
+def _image_lines(report: ImportReport) -> Iterator[str]:
     img = report.image
     yield f"verify-imports {img.ref}"
     kind = img.manifest_kind.value
@@ -37,37 +48,45 @@ def _report_lines(report: ImportReport, *, verbose: int, strict: bool) -> Iterat
         yield f"  {'UNCERTAIN' if not f.fails else 'FINDING'}: {f.summary}"
         if f.fix:
             yield f"      fix: {f.fix}"
+
+
+def _python_lines(report: ImportReport, *, verbose: int) -> Iterator[str]:
+    """The entrypoint, interpreter and sys.path as the image's interpreter would build them."""
     py = report.python
-    if py is not None:
-        e = py.entrypoint
-        yield f"  command:     {' '.join(e.argv) or '(none)'}"
-        interp = e.interpreter or "(not found)"
-        if e.interpreter_real and e.interpreter_real != e.interpreter:
-            interp += f" -> {e.interpreter_real}"
-        yield f"  interpreter: {interp} (Python {e.version or '?'}, mode {e.mode}" + (
-            f" {e.target}" if e.target and e.mode != "command" else "") + ")"
-        yield f"  workdir:     {py.working_dir}" + ("  (PYTHONSAFEPATH/-P: no sys.path[0])" if py.safe_path else "")
-        yield "  sys.path:"
-        for i, p in enumerate(py.sys_path):
-            if not p.exists and verbose == 0:
-                continue
-            note = f" - {p.note}" if p.note else ""
-            yield f"    [{i}] {p.path}  ({p.origin.value}{'' if p.exists else ', missing'}){note}"
-        for pth in py.pth_files:
-            if pth.paths or pth.imports:
-                yield f"    .pth {pth.path}: adds {', '.join(pth.paths) or 'nothing'}" + (
-                    f"; {len(pth.imports)} import line(s)" if pth.imports else "")
-        for f in py.finders:
-            maps = ", ".join(f"{k} -> {v}" for k, v in f.mapping[:8]) + (" ..." if len(f.mapping) > 8 else "")
-            yield f"    editable finder {f.module_file} (from {f.pth}, on sys.meta_path): {maps}"
-        for cz in py.customize:
-            what = "; ".join(cz.edits) if cz.edits else ("no literal sys.path edit" if cz.unevaluated
-                                                          else "no sys.path edit")
-            yield f"    {cz.module} {cz.path}: {what}" + (f"; {cz.stopped}" if cz.stopped else "")
-            for u in cz.unevaluated[: 3 if not verbose else None]:
-                yield f"      not evaluated: {u}"
-        for n in py.notes:
-            yield f"  note: {n}"
+    if py is None:
+        return
+    e = py.entrypoint
+    yield f"  command:     {' '.join(e.argv) or '(none)'}"
+    interp = e.interpreter or "(not found)"
+    if e.interpreter_real and e.interpreter_real != e.interpreter:
+        interp += f" -> {e.interpreter_real}"
+    yield f"  interpreter: {interp} (Python {e.version or '?'}, mode {e.mode}" + (
+        f" {e.target}" if e.target and e.mode != "command" else "") + ")"
+    yield f"  workdir:     {py.working_dir}" + ("  (PYTHONSAFEPATH/-P: no sys.path[0])" if py.safe_path else "")
+    yield "  sys.path:"
+    for i, p in enumerate(py.sys_path):
+        if not p.exists and verbose == 0:
+            continue
+        note = f" - {p.note}" if p.note else ""
+        yield f"    [{i}] {p.path}  ({p.origin.value}{'' if p.exists else ', missing'}){note}"
+    for pth in py.pth_files:
+        if pth.paths or pth.imports:
+            yield f"    .pth {pth.path}: adds {', '.join(pth.paths) or 'nothing'}" + (
+                f"; {len(pth.imports)} import line(s)" if pth.imports else "")
+    for finder in py.finders:
+        maps = ", ".join(f"{k} -> {v}" for k, v in finder.mapping[:8]) + (" ..." if len(finder.mapping) > 8 else "")
+        yield f"    editable finder {finder.module_file} (from {finder.pth}, on sys.meta_path): {maps}"
+    for cz in py.customize:
+        what = "; ".join(cz.edits) if cz.edits else ("no literal sys.path edit" if cz.unevaluated
+                                                      else "no sys.path edit")
+        yield f"    {cz.module} {cz.path}: {what}" + (f"; {cz.stopped}" if cz.stopped else "")
+        for u in cz.unevaluated[: 3 if not verbose else None]:
+            yield f"      not evaluated: {u}"
+    for n in py.notes:
+        yield f"  note: {n}"
+
+
+def _module_lines(report: ImportReport, *, verbose: int) -> Iterator[str]:
     yield ""
     width = max([len(c.module) for c in report.modules] + [6])
     grouped = [c for c in report.modules if c.role == "loaded" and c.ok and c.origin is PathOrigin.STDLIB]
@@ -86,11 +105,15 @@ def _report_lines(report: ImportReport, *, verbose: int, strict: bool) -> Iterat
         dirs = sorted({c.resolved.path_entry for c in grouped if c.resolved})
         yield (f"  {len(grouped)} standard-library extension modules loaded, all OK from {', '.join(dirs)}"
                " (-v lists them)")
+
+
+def _issue_lines(report: ImportReport, *, verbose: int) -> Iterator[str]:
+    """Requirement conflicts (pip check) and the known issues that match."""
     if report.requirement_problems:
         yield ""
         yield "  requirements (pip check):"
-        for p in report.requirement_problems:
-            yield f"    {p.message}" + (f" {p.note}" if p.note else "")
+        for prob in report.requirement_problems:
+            yield f"    {prob.message}" + (f" {prob.note}" if prob.note else "")
     if report.known_issues:
         yield ""
         yield "  known issues" + (f" (driver {report.driver})" if report.driver else "") + ":"
@@ -102,23 +125,29 @@ def _report_lines(report: ImportReport, *, verbose: int, strict: bool) -> Iterat
                 yield f"        fix: {k.fix}"
             for s in k.sources:
                 yield f"        source: {s}"
-    if report.execute is not None:
-        x = report.execute
-        yield ""
-        yield f"  --execute ({x.method}): " + ("agrees with the static analysis" if x.agrees
-                                              else "DISAGREES with the static analysis")
-        if x.startup_error:
-            yield f"    the interpreter fails at start-up: {x.startup_error}"
-        for m in x.modules:
-            mark = "=" if m.agrees else "!"
-            yield f"    {mark} {m.module}: {m.file or '-'} {m.version or ''}".rstrip() + (
-                f"  (import error: {m.error})" if m.error else "")
-            if not m.agrees:
-                yield f"        static: {m.static_file or '-'} {m.static_version or ''}"
-        if x.difference:
-            yield f"    why: {x.difference}"
-        for n in x.notes:
-            yield f"    note: {n}"
+
+
+def _execute_lines(x: ExecuteResult) -> Iterator[str]:
+    """What --execute saw the image's own interpreter import, against the static analysis."""
+    yield ""
+    yield f"  --execute ({x.method}): " + ("agrees with the static analysis" if x.agrees
+                                          else "DISAGREES with the static analysis")
+    if x.startup_error:
+        yield f"    the interpreter fails at start-up: {x.startup_error}"
+    for m in x.modules:
+        mark = "=" if m.agrees else "!"
+        yield f"    {mark} {m.module}: {m.file or '-'} {m.version or ''}".rstrip() + (
+            f"  (import error: {m.error})" if m.error else "")
+        if not m.agrees:
+            yield f"        static: {m.static_file or '-'} {m.static_version or ''}"
+    if x.difference:
+        yield f"    why: {x.difference}"
+    for n in x.notes:
+        yield f"    note: {n}"
+
+
+def _note_lines(report: ImportReport) -> Iterator[str]:
+    """Guards, warnings and notes."""
     for g in report.guards:
         yield ""
         if g.active:
@@ -135,6 +164,9 @@ def _report_lines(report: ImportReport, *, verbose: int, strict: bool) -> Iterat
         yield ""
         for n in report.notes:
             yield f"  note: {n}"
+
+
+def _result_lines(report: ImportReport, *, strict: bool) -> Iterator[str]:
     yield ""
     failures = report.failures(strict=strict)
     if not failures:
