@@ -141,9 +141,12 @@ def _hosts_in(ev: Evidence) -> dict[str, str]:
     out: dict[str, str] = {}
     for doc in ev.all("capture"):
         sched = doc.get("scheduling") or {}
-        for name, kind in ((((sched.get("node") or {}).get("name")), "node"), (((sched.get("pod") or {}).get("name")), "pod"),
-                           ((doc.get("record") or {}).get("node"), "node"), ((doc.get("identity") or {}).get("node"), "node"),
-                           ((doc.get("identity") or {}).get("pod"), "pod"), ((doc.get("identity") or {}).get("agent_pod"), "pod"),
+        for name, kind in ((((sched.get("node") or {}).get("name")), "node"),
+                           (((sched.get("pod") or {}).get("name")), "pod"),
+                           ((doc.get("record") or {}).get("node"), "node"),
+                           ((doc.get("identity") or {}).get("node"), "node"),
+                           ((doc.get("identity") or {}).get("pod"), "pod"),
+                           ((doc.get("identity") or {}).get("agent_pod"), "pod"),
                            ((doc.get("identity") or {}).get("hostname"), "host")):
             if isinstance(name, str) and name:
                 out.setdefault(name, kind)
@@ -222,7 +225,8 @@ def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: boo
     body = render(ctx)
     if len(body) >= GITHUB_ISSUE_LIMIT:
         ctx.attachments["full-report.md"] = body
-        body = body[: GITHUB_ISSUE_LIMIT - 200].rsplit("\n", 1)[0] + "\n\n(cut: the whole report is attached as full-report.md)\n"
+        body = (body[: GITHUB_ISSUE_LIMIT - 200].rsplit("\n", 1)[0]
+                + "\n\n(cut: the whole report is attached as full-report.md)\n")
     problems = _check(body, ctx)
     return Report(title=ctx.title, body=body, markdown=_front_matter(ctx, attachment_dir) + body,
                   attachments=dict(ctx.attachments), context=ctx, problems=tuple(problems))
@@ -405,8 +409,8 @@ def heap_section(heap: dict) -> dict:
             summary = _overflow_summary(c, rejected, over, owner, call, length)
             brief = _overflow_summary(c, rejected, over, owner, call, length, brief=True)
         elif rejected:
-            summary = (f"glibc rejected the chunk at {_hexaddr(rejected.get('address'))} ({c.get('check')}); "
-                       f"{'; '.join(map(str, c.get('inconsistencies') or [])) or 'the overflowing buffer was not found'}.")
+            found = "; ".join(map(str, c.get("inconsistencies") or [])) or "the overflowing buffer was not found"
+            summary = f"glibc rejected the chunk at {_hexaddr(rejected.get('address'))} ({c.get('check')}); {found}."
         else:
             summary = f"glibc's check ({c.get('check')}) names no chunk found in the core: " + \
                 "; ".join(map(str, c.get("problems") or [c.get("verdict_reason")]))
@@ -447,7 +451,8 @@ def _analyze_bundles(ev: Evidence) -> None:
                 a = analyze_core(bundle)
             except ForensicsError:
                 continue
-            ev.docs.setdefault("analyze", []).append(to_jsonable({"command": "analyze", "analysis": analysis_payload(a)}))
+            doc = to_jsonable({"command": "analyze", "analysis": analysis_payload(a)})
+            ev.docs.setdefault("analyze", []).append(doc)
             return
 
 

@@ -194,7 +194,7 @@ def _native_line(i: int, fr: dict) -> str:
 
 def _native_top(frames: tuple[dict, ...]) -> tuple[list[str], int]:
     """The frames down to the interpreter (the part that matters), and how many interpreter frames follow."""
-    shown = []
+    shown: list[str] = []
     for i, fr in enumerate(frames):
         lib = str(fr.get("library") or "").rsplit("/", 1)[-1]
         if _INTERPRETER.search(lib) and shown:
@@ -285,7 +285,8 @@ def _rate(f: Facts) -> list[str]:
             t = r.get("seconds_to_crash")
             out.append(f"{who}: crashed in field-value call #{r['calls_to_crash']} (1 crash in {r['calls_to_crash']} "
                        f"calls)" + (f", {t * 1000:.2f} ms after its first query" if isinstance(t, (int, float)) else "")
-                       + (f"; {r['seconds']:.2f} s from its start" if isinstance(r.get("seconds"), (int, float)) else ""))
+                       + (f"; {r['seconds']:.2f} s from its start"
+                          if isinstance(r.get("seconds"), (int, float)) else ""))
         elif isinstance(r.get("seconds"), (int, float)):
             out.append(f"{who}: crashed {r['seconds']:.2f} s after it started (process start included), in 1 of 1 runs")
     out += list(f.frequency)
@@ -300,7 +301,8 @@ def _snippet(f: Facts) -> str:
                 "devices = Device.all()\n"
                 "while True:\n"
                 "    for device in devices:\n"
-                "        device.nvlink_throughput()  # nvmlDeviceGetFieldValues(handle, [(138, link), ..., (139, link), ...])\n"
+                "        device.nvlink_throughput()  # nvmlDeviceGetFieldValues(handle, [(138, link), ..., (139, "
+                "link), ...])\n"
                 "    time.sleep(0.5)\n")
     if f.caller or f.api:
         return (f"# the call on the crashing stack: {f.caller or '?'} -> {f.api or '?'}\n"
@@ -324,8 +326,8 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
         g.rsplit("PCI bus ", 1)[-1] for g in f.gpu_lines if "PCI bus " in g)
     if gpus:
         rows.append(("PCI bus ids", ", ".join(g.get("bus_id", "?") for g in gpus)))
-        for key, label in (("VBIOS Version", "VBIOS"), ("Persistence Mode", "Persistence mode"), ("MIG Mode", "MIG mode"),
-                           ("Fabric State", "Fabric Manager state")):
+        for key, label in (("VBIOS Version", "VBIOS"), ("Persistence Mode", "Persistence mode"),
+                           ("MIG Mode", "MIG mode"), ("Fabric State", "Fabric Manager state")):
             vals = sorted({g.get(key) for g in gpus if g.get(key)})
             rows.append((label, ", ".join(vals) if vals else "not in nvidia-smi -q"))
     elif f.gpu_lines:
@@ -333,7 +335,8 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
         rows.append(("VBIOS, persistence / MIG mode, Fabric Manager", "not captured (no nvidia-smi -q output)"))
     else:
         rows.append(("GPUs", _v(f.gpus)))
-    links = next((str(r["environment"]["nvlinks"]) for r in f.repro_runs if (r.get("environment") or {}).get("nvlinks")), None)
+    links = next((str(r["environment"]["nvlinks"]) for r in f.repro_runs
+                  if (r.get("environment") or {}).get("nvlinks")), None)
     rows.append(("NVLink", f"{links}, as the reproducers read it" if links else "not in the evidence"))
     if f.kernel_log is None and not f.bug_report_text:
         rows.append(("Xid summary", "kernel log not captured"))
@@ -403,18 +406,21 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
         raise ValueError(template)
     native_top, native_more = _native_top(f.native_frames)
     thread = f"{f.thread_name or 'unnamed'} (tid {f.tid})" if f.tid is not None else UNKNOWN
+    ended = ("the process was aborted" if f.signal == "SIGABRT"
+             else "the process was killed by " + (f.signal or "a signal"))
     stack_label = (f"Python stack of thread {thread}, read from the core file: CPython printed no traceback "
-                   f"({'the process was aborted' if f.signal == 'SIGABRT' else 'the process was killed by ' + (f.signal or 'a signal')}). "
-                   "Most recent call last:")
+                   f"({ended}). Most recent call last:")
     traceback = "\n".join([stack_label] + _py_lines(f.py_frames)) if f.py_frames else UNKNOWN
     call = f.query.detail if f.query else UNKNOWN
     versions_prose = (
         f"NVIDIA driver {_v(f.driver)} with NVML {_v(f.nvml)} and CUDA {_v(f.cuda)}; the process mapped "
-        f"{_v((f.nvml_library or '').rsplit('/', 1)[-1] or None)}" + (f" (build-id {f.nvml_build_id})" if f.nvml_build_id else "")
+        f"{_v((f.nvml_library or '').rsplit('/', 1)[-1] or None)}"
+        + (f" (build-id {f.nvml_build_id})" if f.nvml_build_id else "")
         + f". glibc {_v(f.glibc)}, Python {_v(f.python)}, nvidia-ml-py {_v(f.binding)}; "
         f"OS: {f.os_image or UNKNOWN} in the container, {f.os_node or UNKNOWN} on the node; kernel {_v(f.kernel)}."
     )
-    crash_prose = (f"{_process_name(f)} (pid {f.pid}) " + _failure(f) + (f" in thread {thread}" if f.tid is not None else "")
+    crash_prose = (f"{_process_name(f)} (pid {f.pid}) " + _failure(f)
+                   + (f" in thread {thread}" if f.tid is not None else "")
                    + (f", in {f.api}" if f.api else "") + (" inside libnvidia-ml" if f.inside_nvml else "")
                    + (f", called from {f.caller}" if f.caller else "")
                    + (" while the interpreter was exiting" if f.phase is Phase.EXIT else "") + "."
@@ -426,44 +432,19 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
                   ("Fault address", f.fault or "none"), ("Crashing thread", thread),
                   ("Failing call", _v(f.api)), ("Inside libnvidia-ml", "yes" if f.inside_nvml else "no")]
     if f.exit_status is not None:
-        crash_rows.append(("Exit status", f.exit_explanation if f.nested and f.exit_explanation else str(f.exit_status)))
-    commands = []
-    binding = " ".join(x for x in (f"nvitop=={f.nvitop}" if f.nvitop else "", f"nvitop-exporter=={f.exporter}" if f.exporter else "",
-                                   f"nvidia-ml-py=={f.binding}" if f.binding else "") if x)
-    if binding:
-        commands.append(f"pip install {binding}")
-    for r in f.repro_runs:
-        line = _cmd(list(r.get("command") or []), str(r.get("name")))
-        if r.get("name") == "c" and line:
-            commands.append("gcc -O1 -g -o nvml_nvlink_fieldvalues nvml_nvlink_fieldvalues.c -ldl")
-        if line:
-            commands.append(line + f"   # {r.get('outcome') or r.get('status')}")
-    if f.process:
-        commands.append(f"{f.process}   # the process that crashed")
+        crash_rows.append(("Exit status",
+                           f.exit_explanation if f.nested and f.exit_explanation else str(f.exit_status)))
+    commands = _commands(f)
     smi_excerpt = _smi_excerpt(f)
-    attachments: dict[str, str] = {}
-    src_names = {"python": "nvml_nvlink_fieldvalues.py", "c": "nvml_nvlink_fieldvalues.c"}
-    if template in UPSTREAM:
-        for lang in (("python", "c") if template == "nvml" else ("python", "c")):
-            if reproducer_sources.get(lang):
-                attachments[src_names[lang]] = reproducer_sources[lang]
-        if f.has_crash:
-            attachments["crash-stacks.txt"] = _stacks_text(f)
-        if f.repro_runs:
-            attachments["reproducer-output.txt"] = _repro_output(f)
-        if f.nvidia_smi:
-            attachments["nvidia-smi-q.txt"] = f.nvidia_smi
-        if template == "nvml" and f.kernel_log and f.kernel_log.strip():
-            attachments["kernel-nvidia.log"] = f.kernel_log
-    elif f.has_crash:  # the runbook: every thread's stacks, with the team's paths
-        attachments["crash-stacks.txt"] = _stacks_text(f)
+    attachments = _attachments(f, template, reproducer_sources)
     masked = "secrets masked by structure" in (f.bug_report or "")  # a capture before the masking: none
     bug_report = (f"captured: {os.path.basename(f.bug_report_file)} is in the capture bundle "
                   + ("(NVIDIA's own file, its secrets masked at capture, host names and addresses not: review it, "
                      "then attach it)" if masked else "(NVIDIA's own file, not redacted: review it, then attach it)")
                   if f.bug_report_file
                   else (f"not captured: {f.bug_report.strip()}" if f.bug_report
-                        else "not captured: run `sudo nvidia-bug-report.sh` on the node and attach nvidia-bug-report.log.gz"))
+                        else "not captured: run `sudo nvidia-bug-report.sh` on the node and attach "
+                             "nvidia-bug-report.log.gz"))
     workaround = []
     if f.query and f.query.what == "NVLink throughput":
         workaround.append("Stop the crashing call: nvitop-exporter has no option to skip NVLink metrics, so the "
@@ -482,15 +463,18 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
         "diagnostics": "; ".join(sorted({f"forensics {e['kind']}" for e in evidence})) or OPEN,
         "mitigation": workaround[0] if workaround else OPEN,
         "recovery": OPEN + " (verify with forensics canary after the mitigation)",
-        "conclusion": conclusion.statement if conclusion.suspect is not Suspect.UNDETERMINED else OPEN + ": " + conclusion.statement,
-        "where_to_file": "; ".join(f"{x.order}. {x.report} report -> {x.where}: {x.action}" for x in conclusion.filings),
+        "conclusion": (conclusion.statement if conclusion.suspect is not Suspect.UNDETERMINED
+                       else OPEN + ": " + conclusion.statement),
+        "where_to_file": "; ".join(f"{x.order}. {x.report} report -> {x.where}: {x.action}"
+                                   for x in conclusion.filings),
         "recurrence": OPEN + " (suggested: any new core with fingerprint " + (f.fingerprint or "?") + ")",
     }
     ctx = ReportContext(
         template=template, title=make_title(template, f, conclusion, form), conclusion=conclusion,
         generated_at=(now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
         tool_version=tool_version,
-        nvitop_version=(f"{f.nvitop}" + (f" (nvitop-exporter {f.exporter})" if f.exporter else "")) if f.nvitop else UNKNOWN,
+        nvitop_version=((f"{f.nvitop}" + (f" (nvitop-exporter {f.exporter})" if f.exporter else ""))
+                        if f.nvitop else UNKNOWN),
         os=_os_line(f),
         os_image=_v(f.os_image), os_node=_v(f.os_node), driver=_v(f.driver), nvml=_v(f.nvml), cuda=_v(f.cuda),
         glibc=_v(f.glibc), python=_v(f.python), kernel=_v(f.kernel), gpus=_v(f.gpus), gpu_lines=list(f.gpu_lines),
@@ -512,6 +496,47 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
     ctx.missing = [name for name in REQUIRED_FIELDS[template] if _is_unknown(ctx.value(name))]
     return ctx
 
+
+
+def _commands(f: Facts) -> list[str]:
+    """The commands that reproduce it: the Python stack installed, the reproducers as they ran, the process."""
+    commands: list[str] = []
+    binding = " ".join(x for x in (f"nvitop=={f.nvitop}" if f.nvitop else "",
+                                   f"nvitop-exporter=={f.exporter}" if f.exporter else "",
+                                   f"nvidia-ml-py=={f.binding}" if f.binding else "") if x)
+    if binding:
+        commands.append(f"pip install {binding}")
+    for r in f.repro_runs:
+        line = _cmd(list(r.get("command") or []), str(r.get("name")))
+        if r.get("name") == "c" and line:
+            commands.append("gcc -O1 -g -o nvml_nvlink_fieldvalues nvml_nvlink_fieldvalues.c -ldl")
+        if line:
+            commands.append(line + f"   # {r.get('outcome') or r.get('status')}")
+    if f.process:
+        commands.append(f"{f.process}   # the process that crashed")
+    return commands
+
+
+def _attachments(f: Facts, template: str, reproducer_sources: dict[str, str]) -> dict[str, str]:
+    """The files attached to the report: the reproducers, stacks and NVIDIA's evidence upstream; the stacks for
+    the runbook."""
+    attachments: dict[str, str] = {}
+    src_names = {"python": "nvml_nvlink_fieldvalues.py", "c": "nvml_nvlink_fieldvalues.c"}
+    if template in UPSTREAM:
+        for lang in (("python", "c") if template == "nvml" else ("python", "c")):
+            if reproducer_sources.get(lang):
+                attachments[src_names[lang]] = reproducer_sources[lang]
+        if f.has_crash:
+            attachments["crash-stacks.txt"] = _stacks_text(f)
+        if f.repro_runs:
+            attachments["reproducer-output.txt"] = _repro_output(f)
+        if f.nvidia_smi:
+            attachments["nvidia-smi-q.txt"] = f.nvidia_smi
+        if template == "nvml" and f.kernel_log and f.kernel_log.strip():
+            attachments["kernel-nvidia.log"] = f.kernel_log
+    elif f.has_crash:  # the runbook: every thread's stacks, with the team's paths
+        attachments["crash-stacks.txt"] = _stacks_text(f)
+    return attachments
 
 def _is_unknown(v: Any) -> bool:
     if isinstance(v, list):

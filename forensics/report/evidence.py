@@ -130,7 +130,8 @@ def _load_bundle(p: str, ev: Evidence) -> dict:
     if manifest_bytes is None:
         raise ReportInputError(p, f"a directory without a capture bundle {MANIFEST}")
     manifest = str(root / MANIFEST)
-    doc: dict = {"command": "capture", "_bundle_dir": str(root.resolve()), "manifest": _parse_json(manifest, manifest_bytes)}
+    doc: dict = {"command": "capture", "_bundle_dir": str(root.resolve()),
+                 "manifest": _parse_json(manifest, manifest_bytes)}
     for key, rel in _BUNDLE_JSON:
         data = read_bundle_file(p, rel, MAX_INPUT_BYTES + 1)
         if data is not None:
@@ -165,9 +166,10 @@ def load_evidence(paths: list[str]) -> Evidence:
             kind = "capture"
         else:
             doc = _read_json(p)
-            kind = doc.get("command")
-            if kind not in KINDS:
-                raise ReportInputError(p, f"unknown document kind {kind!r} (expected one of {', '.join(KINDS)})")
+            command = doc.get("command")
+            if not isinstance(command, str) or command not in KINDS:
+                raise ReportInputError(p, f"unknown document kind {command!r} (expected one of {', '.join(KINDS)})")
+            kind = command
             digest, size = sha256_file(p)
             ev.items.append(EvidenceItem(path=p, kind=kind, sha256=digest, size=size))
         ev.docs.setdefault(kind, []).append(doc)

@@ -13,7 +13,7 @@ import datetime as _dt
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from .evidence import Evidence
 
@@ -22,7 +22,14 @@ __all__ = ["Facts", "Phase", "Query", "read_facts", "parse_os_release", "pretty_
 
 # How nvitop's NVLink throughput query is made (nvitop/api/device.py, Device.nvlink_throughput and
 # nvlink_link_count; the same in the nvitop 1.5.0 - 1.7.2 wheels from PyPI).
-NVLINK_QUERY = {
+class NvlinkQuery(TypedDict):
+    caller: str
+    fields: tuple[int, int]
+    field_names: tuple[str, str]
+    link_count_field: int
+
+
+NVLINK_QUERY: NvlinkQuery = {
     "caller": "Device.nvlink_throughput",
     "fields": (138, 139),
     "field_names": ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"),
@@ -162,7 +169,8 @@ def pretty_os(text: str | None) -> str | None:
     if not text:
         return None
     d = parse_os_release(text)
-    return d.get("PRETTY_NAME") or " ".join(x for x in (d.get("NAME"), d.get("VERSION") or d.get("VERSION_ID")) if x) or None
+    name_version = " ".join(x for x in (d.get("NAME"), d.get("VERSION") or d.get("VERSION_ID")) if x)
+    return d.get("PRETTY_NAME") or name_version or None
 
 
 _SMI_GPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
@@ -172,7 +180,8 @@ def smi_facts(text: str | None) -> dict:
     """What NVIDIA's bug reports ask for, from ``nvidia-smi -q``: driver, CUDA, and per GPU product, bus id,
     VBIOS, persistence and MIG mode, Fabric state.
 
-    >>> smi_facts("Driver Version : 580.126.09\\nCUDA Version : 13.0\\n\\nGPU 00000000:18:00.0\\n    Product Name : NVIDIA H20\\n    Persistence Mode : Enabled\\n")["gpus"]
+    >>> smi_facts("Driver Version : 580.126.09\\nCUDA Version : 13.0\\n\\nGPU 00000000:18:00.0\\n"
+    ...           "    Product Name : NVIDIA H20\\n    Persistence Mode : Enabled\\n")["gpus"]
     [{'bus_id': '00000000:18:00.0', 'Product Name': 'NVIDIA H20', 'Persistence Mode': 'Enabled'}]
     """
     out: dict = {"gpus": []}
@@ -355,7 +364,10 @@ def _modules(ev: Evidence) -> dict[str, dict]:
 
 def _label_driver(labels: dict) -> str | None:
     parts = [labels.get(f"nvidia.com/cuda.driver.{p}") for p in ("major", "minor", "rev")]
-    return ".".join(parts) if all(parts) else labels.get("nvidia.com/cuda.driver-version.full")
+    if all(isinstance(p, str) and p for p in parts):
+        return ".".join(str(p) for p in parts)
+    full = labels.get("nvidia.com/cuda.driver-version.full")
+    return full if isinstance(full, str) else None
 
 
 def _glibc(repro: dict) -> str | None:
@@ -412,9 +424,11 @@ def _frequency(ev: Evidence) -> list[str]:
             if isinstance(g, dict):
                 name = ", ".join(str(kv[1]) for kv in g.get("key") or [] if isinstance(kv, list) and len(kv) == 2)
                 codes = g.get("exit_codes") or {}
-                codes_text = ", ".join(f"exit {k}: {v}" for k, v in sorted(codes.items())) if isinstance(codes, dict) else str(codes)
+                codes_text = (", ".join(f"exit {k}: {v}" for k, v in sorted(codes.items()))
+                              if isinstance(codes, dict) else str(codes))
                 out.append(f"{name or 'all nodes'}: {g.get('pods_with_restarts', '?')} of {g.get('pods', '?')} pods "
-                           f"restarted, {g.get('total_restarts', '?')} restarts" + (f" ({codes_text})" if codes_text else ""))
+                           f"restarted, {g.get('total_restarts', '?')} restarts"
+                           + (f" ({codes_text})" if codes_text else ""))
         for b in _get(doc, "fleet", "boundary", default=[]) or []:
             out.append(f"boundary: {b}")
     return out
@@ -485,7 +499,8 @@ def _image_of(ev: Evidence, cap: dict) -> str | None:
             return str(c["image_id"])
     vi = ev.first("verify-imports")
     return (_get(cap, "record", "image") or _get(cap, "identity", "image") or _get(vi, "result", "image", "digest")
-            or (_get(vi, "result", "image", "ref") if _get(vi, "result", "image", "transport") not in (None, "pid") else None))
+            or (_get(vi, "result", "image", "ref") if _get(vi, "result", "image",
+                                                           "transport") not in (None, "pid") else None))
 
 
 def read_facts(ev: Evidence) -> Facts:
@@ -564,7 +579,8 @@ def read_facts(ev: Evidence) -> Facts:
         shadowing=not_ok, imports_checked=bool(mods),
         repro=repro, repro_runs=tuple(run_docs),
         frequency=tuple(_frequency(ev)), first_seen=_first_seen(ev), affected=tuple(_affected(ev)),
-        heap_verdict=_get(a, "heap", "corruption", "verdict"), heap_reason=_get(a, "heap", "corruption", "verdict_reason"),
+        heap_verdict=_get(a, "heap", "corruption", "verdict"),
+        heap_reason=_get(a, "heap", "corruption", "verdict_reason"),
     )
 
 

@@ -91,7 +91,8 @@ def parse_form(doc: object, *, source: str, changed: str = "", new_issue_url: st
                 options.append((_text(o, "an option", source), False))
         fields.append(FormField(
             id=_text(el.get("id") or f"field-{i}", "an id", source), kind=kind,
-            label=_text(attrs["label"], "a label", source), required=bool(isinstance(valid, dict) and valid.get("required")),
+            label=_text(attrs["label"], "a label", source),
+            required=bool(isinstance(valid, dict) and valid.get("required")),
             render=_text(attrs.get("render"), "render", source) or None, options=tuple(options),
             description=_text(attrs.get("description"), "a description", source),
         ))

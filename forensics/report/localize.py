@@ -35,8 +35,10 @@ class PathLocalizer:
     'File "site-packages/nvitop/api/device.py", line 1591'
     >>> p.text("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09 and /work/main/demo/work/sim/libnvidia-ml.so.1")
     '/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.126.09 and <local>/libnvidia-ml.so.1'
-    >>> p.text("/app/nvitop/__init__.py /tmp/x/core"), p.summary()
-    ('/app/nvitop/__init__.py <local>/core', ['1 site-packages path shortened to site-packages/…', '2 local paths replaced by <local>/NAME'])
+    >>> p.text("/app/nvitop/__init__.py /tmp/x/core")
+    '/app/nvitop/__init__.py <local>/core'
+    >>> p.summary()
+    ['1 site-packages path shortened to site-packages/…', '2 local paths replaced by <local>/NAME']
     """
 
     prefixes: tuple[str, ...] = ()  # learned from the evidence, beside LOCAL_PREFIXES

@@ -63,7 +63,8 @@ def check_markdown(md: str) -> list[str]:
     for i, line in enumerate(lines, 1):
         m = _FENCE_LINE.match(line)
         if open_fence is not None:
-            if m and m.group(2)[0] == open_fence[0][0] and len(m.group(2)) >= len(open_fence[0]) and not m.group(3).strip():
+            if (m and m.group(2)[0] == open_fence[0][0] and len(m.group(2)) >= len(open_fence[0])
+                    and not m.group(3).strip()):
                 open_fence = None
             continue
         if m:

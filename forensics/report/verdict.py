@@ -117,77 +117,115 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
     upgrade += [_sentence(k.fix) for k in fixed if _sentence(k.fix) not in upgrade]
     crash = _crash_phrase(f)
 
+    runs = _Runs(py=py, c=c, py_bad=py_bad, c_bad=c_bad, heap_driver=heap_driver, heap_binding=heap_binding)
     if c_bad or (heap_driver and not py_bad):
-        suspect = Suspect.DRIVER
-        if c_bad:
-            statement = (f"The evidence points at the NVIDIA driver library: {crash}. The C reproducer, which makes "
-                         f"the same NVML calls without Python or nvidia-ml-py, {_run_phrase(c)}"
-                         + (f"; the Python reproducer {_run_phrase(py)}" if py else "") + ".")
-            if heap_driver:
-                statement += f" The core's heap says the same: {f.heap_reason}."
-        else:
-            statement = (f"The core's heap points at the NVIDIA driver library: {crash}, and {f.heap_reason}."
-                         + (" The reproducers did not crash here; run them on an affected node too." if (py or c)
-                            else " Run `forensics reproduce` on an affected node to confirm it from C."))
-        if unsupported:
-            statement += (" The Python setup is also outside what nvitop declares (" + "; ".join(unsupported) + "); "
-                          "fix that too, but the C reproducer's crash does not depend on it.")
-        filings = (
-            Filing(order=1, where=NVIDIA_WHERE, report="nvml",
-                   action="file first: " + ("the driver crashes in the C reproducer" if c_bad else
-                                            "the core shows the driver writing past a buffer sized for the count")),
-            Filing(order=2, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
-                   action="file after the NVIDIA report, linking it: ask for a way to switch the NVLink "
-                          "throughput metrics off until the driver is fixed"),
-        )
-        ask = ("nvitop cannot fix the driver, but it can avoid the crashing call: a switch (option or "
-               "environment variable) that turns the NVLink throughput metrics off, or skipping them on the "
-               "affected driver branch, would keep nvitop-exporter up until NVIDIA fixes the driver.")
+        suspect, statement, filings, ask = _points_at_driver(f, runs, crash, unsupported)
     elif py_bad or heap_binding:
-        suspect = Suspect.BINDING_OR_CALLER
-        if py_bad:
-            statement = (f"The evidence points at the binding or the calling pattern: {crash}. The Python reproducer "
-                         f"{_run_phrase(py)}; the C reproducer, making the same queries without Python from one "
-                         f"thread, {_run_phrase(c) if c else 'did not run'}.")
-            if heap_binding:
-                statement += f" The core's heap says the same: {f.heap_reason}."
-        else:
-            statement = f"The core's heap points at the binding: {crash}, and {f.heap_reason}."
-        if unsupported:
-            statement = ("The setup is unsupported: " + "; ".join(unsupported) + ". " + statement +
-                         " Make the setup supported and run the reproducers again before filing.")
-        filings = (
-            Filing(order=1, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
-                   action=("file once the setup is supported and it still crashes" if unsupported
-                           else "file: the crash needs the binding's calling pattern")),
-        )
-        ask = "Please look at how nvitop calls this NVML query from its threads: the same query from C does not crash."
+        suspect, statement, filings, ask = _points_at_binding(f, runs, crash, unsupported)
     elif fixed:
-        suspect = Suspect.KNOWN
-        k = fixed[0]
-        statement = (f"This is a known issue: {k.title} (matched on {'; '.join(k.matched_on)}). {k.fix[0].upper() + k.fix[1:]}"
-                     " before filing anything new.")
-        filings = (Filing(order=1, where=k.sources[0][1] if k.sources else "the known issue", report="runbook",
-                          action="upgrade; comment on the known issue only if the upgrade does not help"),)
-        ask = f"The crash matches {k.title}; it still happens after: {k.fix}."
+        suspect, statement, filings, ask = _known_issue(fixed[0])
     else:
-        suspect = Suspect.UNDETERMINED
-        if idle:
-            why = "the reproducers could not run here (" + "; ".join(f"{_who(r)} {_run_phrase(r)}" for r in idle) + ")"
-        elif py or c:
-            why = "neither reproducer crashed under these conditions"
-        else:
-            why = "no reproducer ran on an affected node"
-        statement = (f"Driver or binding is not determined yet: {crash}, but {why}. Run `forensics reproduce` on an "
-                     "affected node (both reproducers, the same driver) before filing upstream.")
-        if unsupported:
-            statement = ("The setup is unsupported: " + "; ".join(unsupported) + ". Upgrade and retry first; "
-                         + statement[0].lower() + statement[1:])
-        filings = (Filing(order=1, where="nobody yet", report="runbook",
-                          action="reproduce on an affected node, then file where the reproducers point"),)
-        ask = "Driver or binding is not determined yet; the reproducers did not settle it."
+        suspect, statement, filings, ask = _undetermined(runs, idle, crash, unsupported)
     return Conclusion(suspect=suspect, statement=statement, evidence=tuple(evidence), unsupported=tuple(unsupported),
                       upgrade=tuple(upgrade), filings=filings, ask_nvitop=ask)
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """The reproducers' runs and what the core's heap said, as decide() reads them."""
+    py: dict | None
+    c: dict | None
+    py_bad: bool
+    c_bad: bool
+    heap_driver: bool
+    heap_binding: bool
+
+
+_Outcome = tuple[Suspect, str, tuple[Filing, ...], str]  # suspect, statement, filings, the ask of nvitop
+
+
+def _points_at_driver(f: Facts, runs: _Runs, crash: str, unsupported: list[str]) -> _Outcome:
+    py, c = runs.py, runs.c
+    suspect = Suspect.DRIVER
+    if runs.c_bad and c is not None:  # c_bad: the C run crashed
+        statement = (f"The evidence points at the NVIDIA driver library: {crash}. The C reproducer, which makes "
+                     f"the same NVML calls without Python or nvidia-ml-py, {_run_phrase(c)}"
+                     + (f"; the Python reproducer {_run_phrase(py)}" if py else "") + ".")
+        if runs.heap_driver:
+            statement += f" The core's heap says the same: {f.heap_reason}."
+    else:
+        statement = (f"The core's heap points at the NVIDIA driver library: {crash}, and {f.heap_reason}."
+                     + (" The reproducers did not crash here; run them on an affected node too." if (py or c)
+                        else " Run `forensics reproduce` on an affected node to confirm it from C."))
+    if unsupported:
+        statement += (" The Python setup is also outside what nvitop declares (" + "; ".join(unsupported) + "); "
+                      "fix that too, but the C reproducer's crash does not depend on it.")
+    filings = (
+        Filing(order=1, where=NVIDIA_WHERE, report="nvml",
+               action="file first: " + ("the driver crashes in the C reproducer" if runs.c_bad else
+                                        "the core shows the driver writing past a buffer sized for the count")),
+        Filing(order=2, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
+               action="file after the NVIDIA report, linking it: ask for a way to switch the NVLink "
+                      "throughput metrics off until the driver is fixed"),
+    )
+    ask = ("nvitop cannot fix the driver, but it can avoid the crashing call: a switch (option or "
+           "environment variable) that turns the NVLink throughput metrics off, or skipping them on the "
+           "affected driver branch, would keep nvitop-exporter up until NVIDIA fixes the driver.")
+    return suspect, statement, filings, ask
+
+
+def _points_at_binding(f: Facts, runs: _Runs, crash: str, unsupported: list[str]) -> _Outcome:
+    py, c = runs.py, runs.c
+    suspect = Suspect.BINDING_OR_CALLER
+    if runs.py_bad and py is not None:  # py_bad: the Python run crashed
+        statement = (f"The evidence points at the binding or the calling pattern: {crash}. The Python reproducer "
+                     f"{_run_phrase(py)}; the C reproducer, making the same queries without Python from one "
+                     f"thread, {_run_phrase(c) if c else 'did not run'}.")
+        if runs.heap_binding:
+            statement += f" The core's heap says the same: {f.heap_reason}."
+    else:
+        statement = f"The core's heap points at the binding: {crash}, and {f.heap_reason}."
+    if unsupported:
+        statement = ("The setup is unsupported: " + "; ".join(unsupported) + ". " + statement +
+                     " Make the setup supported and run the reproducers again before filing.")
+    filings = (
+        Filing(order=1, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
+               action=("file once the setup is supported and it still crashes" if unsupported
+                       else "file: the crash needs the binding's calling pattern")),
+    )
+    ask = "Please look at how nvitop calls this NVML query from its threads: the same query from C does not crash."
+    return suspect, statement, filings, ask
+
+
+def _known_issue(k: KnownMatch) -> _Outcome:
+    suspect = Suspect.KNOWN
+    statement = (f"This is a known issue: {k.title} (matched on {'; '.join(k.matched_on)}). "
+                 f"{k.fix[0].upper() + k.fix[1:]}"
+                 " before filing anything new.")
+    filings = (Filing(order=1, where=k.sources[0][1] if k.sources else "the known issue", report="runbook",
+                      action="upgrade; comment on the known issue only if the upgrade does not help"),)
+    ask = f"The crash matches {k.title}; it still happens after: {k.fix}."
+    return suspect, statement, filings, ask
+
+
+def _undetermined(runs: _Runs, idle: list[dict], crash: str, unsupported: list[str]) -> _Outcome:
+    py, c = runs.py, runs.c
+    suspect = Suspect.UNDETERMINED
+    if idle:
+        why = "the reproducers could not run here (" + "; ".join(f"{_who(r)} {_run_phrase(r)}" for r in idle) + ")"
+    elif py or c:
+        why = "neither reproducer crashed under these conditions"
+    else:
+        why = "no reproducer ran on an affected node"
+    statement = (f"Driver or binding is not determined yet: {crash}, but {why}. Run `forensics reproduce` on an "
+                 "affected node (both reproducers, the same driver) before filing upstream.")
+    if unsupported:
+        statement = ("The setup is unsupported: " + "; ".join(unsupported) + ". Upgrade and retry first; "
+                     + statement[0].lower() + statement[1:])
+    filings = (Filing(order=1, where="nobody yet", report="runbook",
+                      action="reproduce on an affected node, then file where the reproducers point"),)
+    ask = "Driver or binding is not determined yet; the reproducers did not settle it."
+    return suspect, statement, filings, ask
 
 
 def _crash_phrase(f: Facts) -> str:
@@ -195,7 +233,8 @@ def _crash_phrase(f: Facts) -> str:
         if f.kind == "snapshot":
             return "no crash was analysed (the core is a snapshot of the live process, as gcore leaves it)"
         return "the process crashed (no core analysed)"
-    what = f'glibc aborts the process with "{f.abort_message}"' if f.abort_message else f"the process dies of {f.signal}"
+    what = (f'glibc aborts the process with "{f.abort_message}"' if f.abort_message
+            else f"the process dies of {f.signal}")
     if f.api:
         where = f" in {f.api}" + (f" ({f.query.what} query)" if f.query and f.query.what else "")
         what += where + (" inside libnvidia-ml" if f.inside_nvml else "")
