@@ -39,7 +39,7 @@ from .stacks import (
 )
 
 if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses never start it
-    from ..gdb import GdbSession
+    from ..gdb import GdbResult, GdbSession
 
 __all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot",
            "check_nested_faults", "is_python_process", "registers_only", "HEAP_MODES",
@@ -248,6 +248,7 @@ def check_nested_faults(snapshot: ProcessSnapshot, crash: Crash) -> list[Finding
 def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
     """Judge a snapshot: the crash (its first fault), its fingerprint, the findings."""
     crash = classify_crash(snapshot.core, snapshot.threads, python_process=is_python_process(snapshot.core))
+    basis: tuple[str, ...]
     if crash.kind is CrashKind.SNAPSHOT:
         basis, partial, fp = (), None, None
     else:
@@ -320,16 +321,7 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     if heap not in HEAP_MODES:
         raise ValueError(heap)
     plan = plan_native(native_method, method, debuginfod)
-    if os.path.isdir(path):  # a capture bundle (its reader is loaded only for one: most inputs are cores)
-        from ..bundle import bundle_no_core_reason, bundle_sysroot, has_manifest, is_bundle
-
-        if has_manifest(path) and not is_bundle(path):
-            raise NoCoreKept(path, bundle_no_core_reason(path) or "the bundle holds no core")
-    if os.path.isdir(path) and is_bundle(path):
-        # A capture bundle carries its core and every mapped object, keyed by build-id:
-        # the bundle is its own sysroot, so it analyzes on any machine.
-        path, bundle_root = bundle_sysroot(path)
-        sysroot = sysroot or bundle_root
+    path, sysroot = _open_input(path, sysroot)
     core = open_core(path, sysroot=sysroot, exe=exe)
     exe_lib = core.libraries[0] if core.libraries else None
     usable = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
@@ -360,18 +352,13 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     # native stacks when asked, and for the threads libdw could not unwind
     want_gdb_python = method in ("gdb", "both") or (method == "auto" and direct is not None and not direct.is_whole
                                                     and direct.status is not PythonStatus.NOT_PYTHON)
-    want_gdb_native = plan in ("gdb", "both") or (plan == "libdw" and (libdw_doc is None or failed_threads(libdw_doc)))
+    want_gdb_native = plan in ("gdb", "both") or (plan == "libdw"
+                                                  and (libdw_doc is None or bool(failed_threads(libdw_doc))))
     result = None
     if want_gdb_python or want_gdb_native:
-        from ..gdb import run_gdb
-
         try:
-            if session is not None:
-                result = session.analyze(core, exe_file, python=want_gdb_python, native=want_gdb_native,
-                                         sysroot=sysroot)
-            else:
-                result = run_gdb(core, exe_file, gdb=gdb, timeout=timeout, debuginfod=debuginfod,
-                                 python=want_gdb_python, native=want_gdb_native, sysroot=sysroot)
+            result = _run_gdb(core, exe_file, session, gdb=gdb, timeout=timeout, debuginfod=debuginfod,
+                              python=want_gdb_python, native=want_gdb_native, sysroot=sysroot)
         except GdbNotFound as e:
             if want_gdb_python or plan == "gdb" or libdw_doc is None:
                 problems.append(f"{e}; {'native stacks need' if libdw_doc is None else 'it is needed'} "
@@ -379,11 +366,12 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
         except GdbError as e:
             problems.append(str(e))
     gdb_native = result.native if result is not None else None
+    dwarf_layout = result.layout if result is not None else None
     gdb_python = None
-    if result is not None and result.layout is not None:
+    if dwarf_layout is not None:
         from ..pyread import read_python_stacks
 
-        gdb_python = read_python_stacks(core, sysroot=sysroot, dwarf=result.layout)
+        gdb_python = read_python_stacks(core, sysroot=sysroot, dwarf=dwarf_layout)
 
     native, native_notes, native_disagreements = _choose_native(plan, libdw_doc, gdb_native)
     problems.extend(native_notes)
@@ -391,29 +379,8 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
         native = _unwind_signal_handler_threads(core, sysroot, problems)
     disagreements: tuple[str, ...] = ()
     if method == "both":
-        # a method that could not run (no symbols, no gdb) is not a disagreement: it is said, and the
-        # analysis is partial only if the other method could not read the stacks either
-        unable = [p for p in (python_stacks_problem(gdb_python, "gdb"), python_stacks_problem(direct, "direct")) if p]
-        if unable:
-            problems.extend(f"--method both: {p}; nothing to compare" for p in unable)
-        else:
-            from ..pyread import layout_differences
-
-            disagreements = tuple(compare_python_stacks(gdb_python, direct))
-            disagreements += tuple(f"layout: {d} (DWARF vs direct)"
-                                   for d in layout_differences(core, result.layout, sysroot=sysroot))
-    # Choose the Python stacks: the requested method's, or for auto/both the best whole one.
-    if method == "gdb":
-        python, py_method = gdb_python, "gdb"
-    elif method == "direct":
-        python, py_method = direct, "direct"
-    else:
-        python, py_method = choose_python_stacks(direct, gdb_python)
-    # the other method's reason, said once, when it was tried and did not give the stacks shown
-    other, other_name = (gdb_python, "gdb") if py_method == "direct" else (direct, "direct")
-    if (method == "auto" and python is not None and not python.is_whole and other is not None
-            and not other.is_whole and other.status is not PythonStatus.NOT_PYTHON and other.detail != python.detail):
-        problems.append(f"Python stacks by {other_name}: {python_status_line(other, python_process=True)}")
+        disagreements = _compare_methods(core, gdb_python, direct, dwarf_layout, sysroot, problems)
+    python, py_method = _choose_python(method, gdb_python, direct, problems)
     snapshot = build_snapshot(
         core, native, python, sysroot=sysroot,
         native_method=native_label(native), python_method=py_method, requested=method,
@@ -422,6 +389,69 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     )
     snapshot, thread_locals = with_crashed_locals(snapshot, sysroot=sysroot)
     return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot, thread_locals=thread_locals)
+
+
+def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None]:
+    """(the core's path, the sysroot): a capture bundle is its own sysroot; a bundle without a core is an error."""
+    if not os.path.isdir(path):
+        return path, sysroot
+    # a capture bundle (its reader is loaded only for one: most inputs are cores)
+    from ..bundle import bundle_no_core_reason, bundle_sysroot, has_manifest, is_bundle
+
+    if has_manifest(path) and not is_bundle(path):
+        raise NoCoreKept(path, bundle_no_core_reason(path) or "the bundle holds no core")
+    if not is_bundle(path):
+        return path, sysroot
+    # A capture bundle carries its core and every mapped object, keyed by build-id:
+    # the bundle is its own sysroot, so it analyzes on any machine.
+    core_path, bundle_root = bundle_sysroot(path)
+    return core_path, sysroot or bundle_root
+
+
+def _run_gdb(core: CoreFile, exe_file: str | None, session: GdbSession | None, *, gdb: str, timeout: float,
+             debuginfod: str | None, python: bool, native: bool, sysroot: str | None) -> GdbResult:
+    """gdb's native stacks and DWARF layout: in ``session`` (batch mode) or a gdb of its own."""
+    if session is not None:
+        return session.analyze(core, exe_file, python=python, native=native, sysroot=sysroot)
+    from ..gdb import run_gdb
+
+    return run_gdb(core, exe_file, gdb=gdb, timeout=timeout, debuginfod=debuginfod, python=python, native=native,
+                   sysroot=sysroot)
+
+
+def _compare_methods(core: CoreFile, gdb_python, direct, dwarf_layout: dict | None, sysroot: str | None,
+                     problems: list[str]) -> tuple[str, ...]:
+    """``--method both``: where the two methods' stacks and layouts disagree.
+
+    A method that could not run (no symbols, no gdb) is not a disagreement: it is said, and the
+    analysis is partial only if the other method could not read the stacks either."""
+    unable = [p for p in (python_stacks_problem(gdb_python, "gdb"), python_stacks_problem(direct, "direct")) if p]
+    if unable:
+        problems.extend(f"--method both: {p}; nothing to compare" for p in unable)
+        return ()
+    from ..pyread import layout_differences
+
+    disagreements = tuple(compare_python_stacks(gdb_python, direct))
+    if dwarf_layout is not None:  # always, when gdb's stacks were read: they are read with it
+        disagreements += tuple(f"layout: {d} (DWARF vs direct)"
+                               for d in layout_differences(core, dwarf_layout, sysroot=sysroot))
+    return disagreements
+
+
+def _choose_python(method: str, gdb_python, direct, problems: list[str]):
+    """The Python stacks shown and the method that read them: the requested method's, or for auto/both the
+    best whole one; for auto, the other method's reason is said once when it was tried and did not give them."""
+    if method == "gdb":
+        python, py_method = gdb_python, "gdb"
+    elif method == "direct":
+        python, py_method = direct, "direct"
+    else:
+        python, py_method = choose_python_stacks(direct, gdb_python)
+    other, other_name = (gdb_python, "gdb") if py_method == "direct" else (direct, "direct")
+    if (method == "auto" and python is not None and not python.is_whole and other is not None
+            and not other.is_whole and other.status is not PythonStatus.NOT_PYTHON and other.detail != python.detail):
+        problems.append(f"Python stacks by {other_name}: {python_status_line(other, python_process=True)}")
+    return python, py_method
 
 
 def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None):
@@ -436,7 +466,7 @@ def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None
     read = read_thread_locals(snapshot.core, crashed.py_frames, sysroot=sysroot)
     if not any(read.frames):
         return snapshot, read
-    frames = tuple(dataclasses.replace(f, locals=locs) for f, locs in zip(crashed.py_frames, read.frames))
+    frames = tuple(dataclasses.replace(f, locals=locs) for f, locs in zip(crashed.py_frames, read.frames, strict=False))
     threads = tuple(dataclasses.replace(t, py_frames=frames) if t is crashed else t for t in snapshot.threads)
     return dataclasses.replace(snapshot, threads=threads), read
 

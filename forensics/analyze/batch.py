@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..bundle import bundle_crash_time, bundle_no_core_reason, find_core_in_bundle, has_manifest
 from ..errors import CoreNotFound, ForensicsError, GdbError, GdbNotFound

@@ -52,7 +52,7 @@ def is_heap_message(message: str | None) -> bool:
     >>> is_heap_message("Fatal Python error: Segmentation fault")
     False
     """
-    return bool(message) and any(message.startswith(m) for m in HEAP_MESSAGES)
+    return message is not None and any(message.startswith(m) for m in HEAP_MESSAGES)
 
 
 def normalize_message(message: str | None) -> str:
@@ -83,7 +83,7 @@ def classify_fault_address(core: CoreFile, addr: int | None, code: int, pc: int 
     return FaultKind.MAPPED
 
 
-_KIND_BY_SIGNAL = {
+_KIND_BY_SIGNAL: dict[int, CrashKind] = {
     _signal.SIGSEGV: CrashKind.SEGV,
     _signal.SIGBUS: CrashKind.BUS,
     _signal.SIGFPE: CrashKind.FPE,
@@ -172,7 +172,7 @@ def classify_crash(core: CoreFile, threads: tuple[Thread, ...] = (), *, python_p
     pc = core.threads[0].pc if core.threads else None
     first = next((f for f in reversed(crashed.signal_frames) if f.signal.signo in FAULT_SIGNALS), None) \
         if crashed is not None else None
-    if first is not None:
+    if first is not None and crashed is not None:  # a signal frame is found only on the crashed thread
         from .sigframe import name_handler
 
         handler = name_handler(crashed, first, python_process=python_process)
@@ -194,14 +194,14 @@ def classify_crash(core: CoreFile, threads: tuple[Thread, ...] = (), *, python_p
         if aborting is None:
             aborting = next((t for t in threads if t.tid != tid and any(f.symbol in _ABORT_PATH
                                                                          for f in t.native_frames)), None)
-        handler = None
-        if abort_frame is not None:
+        abort_handler: SignalHandler | None = None
+        if abort_frame is not None and aborting is not None:  # set together, above
             from .sigframe import name_handler
 
-            handler = name_handler(aborting, abort_frame, python_process=python_process)
+            abort_handler = name_handler(aborting, abort_frame, python_process=python_process)
         return Crash(kind=CrashKind.HEAP_CORRUPTION, signal=_signal.SIGABRT, signal_name="SIGABRT",
                      abort_message=core.abort_message, fault_address=None, fault_kind=None,
-                     tid=aborting.tid if aborting is not None else None, handler=handler,
+                     tid=aborting.tid if aborting is not None else None, handler=abort_handler,
                      then=_later(sig, signo, core, pc, tid, None))
     frames = crashed.native_frames if crashed is not None else ()
     if not signo:

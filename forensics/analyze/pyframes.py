@@ -32,6 +32,13 @@ class PyLocation:
     stdlib: bool
 
 
+def _last_match(pattern: re.Pattern, text: str) -> re.Match | None:
+    m = None
+    for m in pattern.finditer(text):  # noqa: B007 - the last one is wanted
+        continue
+    return m
+
+
 def _module(rel: str) -> str | None:
     if not rel.endswith(".py"):
         return None
@@ -59,15 +66,11 @@ def python_location(file: str | None) -> PyLocation:
     frozen = _FROZEN.fullmatch(file)
     if frozen:
         return PyLocation(module=frozen.group(1), path=file, stdlib=True)
-    packages = None
-    for packages in _PACKAGES.finditer(file):
-        pass
+    packages = _last_match(_PACKAGES, file)
     if packages is not None:
         rel = file[packages.end():]
         return PyLocation(module=_module(rel), path=rel, stdlib=False)
-    stdlib = None
-    for stdlib in _STDLIB.finditer(file):
-        pass
+    stdlib = _last_match(_STDLIB, file)
     if stdlib is not None:
         rel = file[stdlib.end():]
         return PyLocation(module=_module(rel), path=rel, stdlib=True)

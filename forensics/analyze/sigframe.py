@@ -160,7 +160,7 @@ def _read_file(path: str | None, offset: int, size: int) -> bytes:
 
 
 def _pattern_offsets(data: bytes) -> tuple[int, ...]:
-    out = []
+    out: list[int] = []
     i = data.find(SIGRETURN_TRAMPOLINE)
     while i >= 0 and len(out) < MAX_TRAMPOLINES:
         out.append(i)

@@ -7,7 +7,7 @@ records (:class:`~forensics.model.PythonStacks`, from :mod:`forensics.pyread`).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..model import CoreFile, FrameKind, NativeFrame, PyFrame, PythonStacks, PythonStatus, PyThreadStack, Thread
 from .classify import is_snapshot
@@ -239,7 +239,7 @@ def compare_python_stacks(gdb: PythonStacks | None, direct: PythonStacks | None)
             out.append(f"thread {tid}: stack cut short by {side} only ({err})")
         fa = [(f.function, f.file, f.line) for f in a.frames]
         fb = [(f.function, f.file, f.line) for f in b.frames]
-        for i, (x, y) in enumerate(zip(fa, fb)):
+        for i, (x, y) in enumerate(zip(fa, fb, strict=False)):  # the common part; a longer stack is said below
             if x != y:
                 out.append(f"thread {tid} frame {i}: {x} (gdb) vs {y} (direct)")
                 break
