@@ -234,6 +234,7 @@ def _libraries(
         if is_elf is False:
             continue
         build_id = read_build_id_in_memory(mem, base, layout.page_size) if is_elf else None
+        file_path: str | None
         if obj_path == exe_path and exe is not None:
             file_path, file_id = exe, read_build_id_from_file(exe)
         else:

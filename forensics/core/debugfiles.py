@@ -74,7 +74,7 @@ def find_debug_file(build_id: str | None, sysroot: str | None = None, path: str 
     :return: a path whose build-id note equals ``build_id``
     """
     rel = build_id_debug_path(build_id) if build_id else None
-    if rel is None:
+    if rel is None or build_id is None:
         return None
     build_id = build_id.lower()
     rels = [rel] + [r for r in (path_debug_path(path) if path else None,) if r]

@@ -399,7 +399,7 @@ def parse_prstatus_registers(desc: bytes) -> tuple[int, dict[str, int]]:
         raise ValueError(f"NT_PRSTATUS has {len(desc)} bytes, expected {PRSTATUS_SIZE} (x86-64)")
     pid = struct.unpack_from("<i", desc, _PRSTATUS_PID)[0]
     regs = struct.unpack_from("<27Q", desc, _PRSTATUS_REGS)
-    return pid, dict(zip(REGISTER_NAMES, regs))
+    return pid, dict(zip(REGISTER_NAMES, regs, strict=True))
 
 
 def _c_string(raw: bytes) -> str:

@@ -68,7 +68,7 @@ def find_abort_message(mem: CoreMemory, libraries: Iterable[Library], page_size:
     if libc.file_path is not None and libc.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED):
         on_disk = ElfImage.from_file(libc.file_path)
         value = on_disk.find_dynamic_symbol(ABORT_MSG_SYMBOL) if on_disk is not None else None
-        if value is not None:
+        if on_disk is not None and value is not None:
             if in_core is not None:
                 bias = in_core.bias
             else:

@@ -75,9 +75,8 @@ def find_driver_version_string(data: bytes | mmap.mmap, limit: int = MAX_SCAN) -
 
 def _version_from_file(path: str) -> str | None:
     try:
-        with open(path, "rb") as f:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                return find_driver_version_string(mm)
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return find_driver_version_string(mm)
     except (OSError, ValueError):
         return None
 

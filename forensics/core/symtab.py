@@ -119,7 +119,8 @@ def _first_definition(table: bytes, strtab: bytes, key: bytes) -> tuple | None:
     searched for ``key``'s copies (a name may also be the tail of a longer string), then the
     symbol table for entries whose name offset is one of them.
     """
-    offsets, i = [], strtab.find(key + b"\0")
+    offsets: list[int] = []
+    i = strtab.find(key + b"\0")
     while i >= 0 and len(offsets) < _MAX_NAME_COPIES:
         offsets.append(i)
         i = strtab.find(key + b"\0", i + 1)
