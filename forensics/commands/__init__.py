@@ -11,7 +11,8 @@ image's file name, a pod name -- what a crashed container or a cluster user cont
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import click
 

@@ -18,18 +18,22 @@ def agent():
 
 
 @agent.command("manifest")
-@click.option("--core-dir", default="/var/lib/forensics/cores", show_default=True, help="hostPath for cores on every node.")
+@click.option("--core-dir", default="/var/lib/forensics/cores", show_default=True,
+              help="hostPath for cores on every node.")
 @click.option("--image", "image", default=None,
               help="The agent image (default: the one `python .ci/image/build.py` builds and tags, "
                    "ghcr.io/forensics/forensics-agent:VERSION).")
 @click.option("-n", "--namespace", default="forensics", show_default=True)
-@click.option("--gpu-label", default="nvidia.com/gpu.present=true", show_default=True, help="Node selector KEY=VALUE for GPU nodes.")
+@click.option("--gpu-label", default="nvidia.com/gpu.present=true", show_default=True,
+              help="Node selector KEY=VALUE for GPU nodes.")
 @click.option("--host-prefix", default="/opt/forensics", show_default=True,
-              help="Host directory the DaemonSet copies the forensics installation into (the kernel runs the handler from the host).")
+              help="Host directory the DaemonSet copies the forensics installation into (the kernel runs the handler "
+                   "from the host).")
 @click.option("--max-core-size", type=SIZE, default="8G", show_default=True, help="Cut each core at this size.")
 @click.option("--budget", type=SIZE, default="20G", show_default=True,
               help="Total size of the core directory on each node (oldest cores go first; 0: none).")
-@click.option("--min-free", type=SIZE, default=None, help="Free space to leave on the node's filesystem (handler default 1G).")
+@click.option("--min-free", type=SIZE, default=None,
+              help="Free space to leave on the node's filesystem (handler default 1G).")
 @click.option("--loop-limit", type=int, default=None, help="Cores per image and signal per hour (handler default 5).")
 @click.option("--scrape", type=click.Choice(["annotations", "podmonitor", "none"]), default="annotations",
               show_default=True, help="How Prometheus finds the metrics port: prometheus.io/* pod annotations, a "
@@ -55,9 +59,10 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
     if "=" not in gpu_label:
         raise click.BadParameter("KEY=VALUE", param_hint="--gpu-label")
     bounds = {"max_core_size": max_core_size, "budget": budget, "min_free": min_free, "loop_limit": loop_limit}
-    objects = agent_objects(core_dir=core_dir, image=image or agent_image(__version__), namespace=namespace, gpu_label=gpu_label,
-                            host_prefix=host_prefix, bounds=bounds, scrape=scrape, metrics_port=metrics_port,
-                            analysis_timeout=analysis_timeout, analysis_memory=analysis_memory)
+    objects = agent_objects(core_dir=core_dir, image=image or agent_image(__version__), namespace=namespace,
+                            gpu_label=gpu_label, host_prefix=host_prefix, bounds=bounds, scrape=scrape,
+                            metrics_port=metrics_port, analysis_timeout=analysis_timeout,
+                            analysis_memory=analysis_memory)
     if as_json:
         from ..output import json_document
 
@@ -82,7 +87,8 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
               help="Label sets of forensics_crashes_total at most; the rest count under '_other'.")
 @click.option("--events/--no-events", default=True, show_default=True,
               help="A NativeCrash Event on the crashed pod (needs the API: in-cluster, or --kubeconfig).")
-@click.option("--kubeconfig", default=None, help="kubeconfig for the API (default: in-cluster, the pod's service account).")
+@click.option("--kubeconfig", default=None,
+              help="kubeconfig for the API (default: in-cluster, the pod's service account).")
 @click.option("--context", "kube_context", default=None, help="kubeconfig context.")
 @click.option("--kubectl", default="kubectl", show_default=True, help="kubectl to run.")
 def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_timeout, analysis_memory, max_series,

@@ -15,9 +15,13 @@ __all__ = ["analyze"]
 
 @click.command("analyze")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
-@click.option("--sysroot", type=click.Path(file_okay=False), help="Directory holding the crashed process's files at the paths the core names (an unpacked image, /proc/PID/root).")
-@click.option("--exe", type=click.Path(dir_okay=False), help="The executable, when it is not at the path the core names.")
-@click.option("--native", "merged", is_flag=True, help="Merged view: Python frames placed where their evaluation-loop native frames stand.")
+@click.option("--sysroot", type=click.Path(file_okay=False),
+              help="Directory holding the crashed process's files at the paths the core names (an unpacked image, "
+                   "/proc/PID/root).")
+@click.option("--exe", type=click.Path(dir_okay=False),
+              help="The executable, when it is not at the path the core names.")
+@click.option("--native", "merged", is_flag=True,
+              help="Merged view: Python frames placed where their evaluation-loop native frames stand.")
 @click.option("--method", type=click.Choice(["auto", "gdb", "direct", "both"]), default="auto", show_default=True,
               help="Python stacks, one walker; its struct layout from: direct (the core's _Py_DebugOffsets and the "
                    "table: no gdb, no debug symbols), gdb (CPython's DWARF, read by gdb), both (both layouts and "
@@ -28,7 +32,8 @@ __all__ = ["analyze"]
                    "both (compared frame for frame), none (program counters only), auto (libdw; none with "
                    "--method direct; gdb with --debuginfod).")
 @click.option("--gdb", "gdb_path", default="gdb", show_default=True, help="gdb to run.")
-@click.option("--debuginfod", metavar="URL", default=None, help="Let gdb fetch debug info from this debuginfod server (off by default).")
+@click.option("--debuginfod", metavar="URL", default=None,
+              help="Let gdb fetch debug info from this debuginfod server (off by default).")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds gdb may take per core.")
 @click.option("--heap", "heap", is_flag=True,
               help="Walk glibc's heap whatever the crash: every arena, heap, bin and tcache (a heap-corruption "

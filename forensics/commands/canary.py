@@ -23,11 +23,14 @@ __all__ = ["canary"]
 @click.option("-n", "--namespace", default=None, help="Namespace of --pod.")
 @click.option("--kubeconfig", default=None, help="kubeconfig for kubectl (with --pod).")
 @click.option("--context", "kube_context", default=None, help="kubectl context (with --pod).")
-@click.option("--core-dir", "core_dirs", multiple=True, type=click.Path(file_okay=False), help="Also watch this directory for new cores.")
+@click.option("--core-dir", "core_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Also watch this directory for new cores.")
 @click.option("--min-success", type=float, default=1.0, show_default=True, help="Fail below this success rate.")
-@click.option("--max-p99", type=float, default=None, metavar="MS", help="Fail when the p99 latency is above MS milliseconds.")
+@click.option("--max-p99", type=float, default=None, metavar="MS",
+              help="Fail when the p99 latency is above MS milliseconds.")
 @click.option("--expect", multiple=True, metavar="FAMILY", help="Metric family that must be present (repeatable).")
-@click.option("--fleet", "fleet_file", type=click.Path(exists=True, dir_okay=False), help="`forensics fleet --json` output: hint when the run is too short for the crash rate seen there.")
+@click.option("--fleet", "fleet_file", type=click.Path(exists=True, dir_okay=False),
+              help="`forensics fleet --json` output: hint when the run is too short for the crash rate seen there.")
 @json_option
 @output_option
 @force_option

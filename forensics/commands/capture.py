@@ -19,19 +19,23 @@ __all__ = ["capture"]
 @click.option("--full", is_flag=True, help="coredump_filter also dumps file-backed mappings (0x3f).")
 @click.option("--coredump-filter", "coredump_filter", callback=parse_coredump_filter, metavar="HEX",
               help="Set /proc/PID/coredump_filter to this value (default 0x33, the kernel's).")
-@click.option("--install-handler", is_flag=True, help="Point kernel.core_pattern at forensics core-handler (records the previous pattern).")
+@click.option("--install-handler", is_flag=True,
+              help="Point kernel.core_pattern at forensics core-handler (records the previous pattern).")
 @click.option("--uninstall-handler", is_flag=True, help="Restore the core_pattern recorded by --install-handler.")
 @click.option("--max-core-size", type=SIZE, default=None, help="With --install-handler: cut cores at this size.")
 @click.option("--budget", type=SIZE, default=None, help="With --install-handler: total size of the core directory.")
-@click.option("--min-free", type=SIZE, default=None, help="With --install-handler: free space to leave on its filesystem.")
-@click.option("--loop-limit", type=int, default=None, help="With --install-handler: cores per image and signal per hour.")
+@click.option("--min-free", type=SIZE, default=None,
+              help="With --install-handler: free space to leave on its filesystem.")
+@click.option("--loop-limit", type=int, default=None,
+              help="With --install-handler: cores per image and signal per hour.")
 @click.option("--pod", help="Workstation mode: capture this pod's container through kubectl.")
 @click.option("-n", "--namespace", default=None, help="The pod's namespace (default: the context's).")
 @click.option("--container", default=None, help="The pod's container (default: the only / first one).")
 @click.option("--context", default=None, help="kubeconfig context.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="kubeconfig file.")
 @click.option("--kubectl", "kubectl", default="kubectl", show_default=True, help="kubectl to run.")
-@click.option("--agent-image", default=None, help="Image of the agent pod (forensics installed, with its 'forensics' on PATH).")
+@click.option("--agent-image", default=None,
+              help="Image of the agent pod (forensics installed, with its 'forensics' on PATH).")
 @click.option("--dry-run", is_flag=True,
               help="With --pod: print the agent pod manifest and create nothing (no API server needed: what only it "
                    "knows is then a placeholder).")
@@ -106,13 +110,13 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
     from ..capture.node import capture_pid
     from ..capture.pattern import destination_payload
 
-    r = capture_pid(pid, core_dir=core_dir, full=full, coredump_filter=coredump_filter, bundle_parent=output)
-    dest = r.destination
-    payload = {"pid": r.pid, "rlimit_core_before": r.rlimit_core_before, "rlimit_core_after": r.rlimit_core_after,
-               "coredump_filter_before": r.coredump_filter_before, "coredump_filter_after": r.coredump_filter_after,
-               "core_pattern": r.core_pattern, "destination": destination_payload(dest), "snapshot": r.snapshot,
-               "bundle": r.bundle}
-    _render("capture", payload, as_json, text.format_armed(r))
+    armed = capture_pid(pid, core_dir=core_dir, full=full, coredump_filter=coredump_filter, bundle_parent=output)
+    dest = armed.destination
+    payload = {"pid": armed.pid, "rlimit_core_before": armed.rlimit_core_before,
+               "rlimit_core_after": armed.rlimit_core_after, "coredump_filter_before": armed.coredump_filter_before,
+               "coredump_filter_after": armed.coredump_filter_after, "core_pattern": armed.core_pattern,
+               "destination": destination_payload(dest), "snapshot": armed.snapshot, "bundle": armed.bundle}
+    _render("capture", payload, as_json, text.format_armed(armed))
     if not dest.survives:
         sys.exit(EXIT_PARTIAL)
 

@@ -38,7 +38,8 @@ def parse_handler_args(args: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
     options: dict[str, int] = {}
     it = iter(args)
     for a in it:
-        name, eq, value = a.partition("=")
+        name, eq, given = a.partition("=")
+        value: str | None = given
         if name in _OPTIONS:
             if not eq:
                 value = next(it, None)

@@ -16,7 +16,8 @@ __all__ = ["demo"]
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output directory (empty or absent); default: a new one under ./forensics-demo.")
 @click.option("--work", type=click.Path(file_okay=False), default=None, help="Scratch directory (default: OUT/work).")
-@click.option("--fault-after", type=int, default=120, show_default=True, help="NVLink queries before the heap corruption.")
+@click.option("--fault-after", type=int, default=120, show_default=True,
+              help="NVLink queries before the heap corruption.")
 @click.option("--no-reproduce", is_flag=True, help="Skip running the minimal reproducers.")
 @json_option
 def demo(out, work, fault_after, no_reproduce, as_json):

@@ -18,24 +18,30 @@ __all__ = ["fleet"]
 @click.option("-l", "--selector", default=None, help="Label selector of the pods, e.g. app=nvitop-exporter.")
 @click.option("--group-by", "group_by", multiple=True, metavar="LABEL",
               help="Node label to group by (repeatable; default: GPU product and driver version, else instance type).")
-@click.option("--from", "pods_file", type=click.Path(exists=True, dir_okay=False), help="Saved `kubectl get pods -o json`.")
-@click.option("--nodes", "nodes_file", type=click.Path(exists=True, dir_okay=False), help="Saved `kubectl get nodes -o json`.")
+@click.option("--from", "pods_file", type=click.Path(exists=True, dir_okay=False),
+              help="Saved `kubectl get pods -o json`.")
+@click.option("--nodes", "nodes_file", type=click.Path(exists=True, dir_okay=False),
+              help="Saved `kubectl get nodes -o json`.")
 @click.option("--since", default=None, metavar="TIME|SNAPSHOT",
               help="Count restarts since an ISO time, or since a saved `forensics fleet --json` snapshot.")
 @click.option("--prometheus", "prometheus", default=None, metavar="URL",
-              help="Build the table from Prometheus (kube-state-metrics and the agents' crash series) instead of pod objects.")
-@click.option("--window", default=None, metavar="DURATION", help="With --prometheus: restarts and crashes over the last DURATION (6h, 90m).")
-@click.option("--bearer-token-file", type=click.Path(dir_okay=False), default=None, help="With --prometheus: bearer token.")
+              help="Build the table from Prometheus (kube-state-metrics and the agents' crash series) instead of pod "
+                   "objects.")
+@click.option("--window", default=None, metavar="DURATION",
+              help="With --prometheus: restarts and crashes over the last DURATION (6h, 90m).")
+@click.option("--bearer-token-file", type=click.Path(dir_okay=False), default=None,
+              help="With --prometheus: bearer token.")
 @click.option("--basic-auth", default=None, metavar="USER:PASSWORD", envvar="FORENSICS_PROMETHEUS_BASIC_AUTH",
               help="With --prometheus: basic auth (or FORENSICS_PROMETHEUS_BASIC_AUTH, kept out of the process list).")
-@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None, help="With --prometheus: CA for https.")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --prometheus: CA for https.")
 @click.option("--kubeconfig", default=None, help="kubeconfig for kubectl.")
 @click.option("--context", "kube_context", default=None, help="kubectl context.")
 @json_option
 @output_option
 @force_option
-def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheus, window, bearer_token_file, basic_auth,
-          ca_file, kubeconfig, kube_context, as_json, output, force):
+def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheus, window, bearer_token_file,
+          basic_auth, ca_file, kubeconfig, kube_context, as_json, output, force):
     """Cross-compare restarts and exit codes of pods by node group, and name the boundary.
 
     \b
@@ -125,7 +131,8 @@ def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file
         try:
             t0 = dt.datetime.fromisoformat(str(start).replace("Z", "+00:00"))
         except ValueError as e:
-            raise click.BadParameter(f"{since!r} is neither a fleet snapshot nor an ISO time", param_hint="--since") from e
+            raise click.BadParameter(f"{since!r} is neither a fleet snapshot nor an ISO time",
+                                     param_hint="--since") from e
         if t0.tzinfo is None:
             t0 = t0.replace(tzinfo=dt.timezone.utc)
         seconds = max(1, int((now - t0).total_seconds()))

@@ -13,11 +13,15 @@ __all__ = ["guard"]
 
 
 @click.command("guard")
-@click.option("--target", required=True, metavar="MODULE:ATTR", help="The callable to switch off, e.g. nvitop.api.device:Device.nvlink_throughput.")
-@click.option("--returns", "returns", required=True, metavar="JSON", help="What it returns instead, as JSON, e.g. '[]'.")
-@click.option("--env", "env", required=True, metavar="NAME", help="Environment switch: NAME=0 turns the guard off (it is on by default).")
+@click.option("--target", required=True, metavar="MODULE:ATTR",
+              help="The callable to switch off, e.g. nvitop.api.device:Device.nvlink_throughput.")
+@click.option("--returns", "returns", required=True, metavar="JSON",
+              help="What it returns instead, as JSON, e.g. '[]'.")
+@click.option("--env", "env", required=True, metavar="NAME",
+              help="Environment switch: NAME=0 turns the guard off (it is on by default).")
 @click.option("--removes", default=None, help="What the guard's start-up log line says is removed.")
-@click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False), help="Directory to write the guard into (site-packages, or an image layer's).")
+@click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Directory to write the guard into (site-packages, or an image layer's).")
 @json_option
 @force_option
 def guard(target, returns, env, removes, out_dir, as_json, force):

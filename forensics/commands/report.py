@@ -15,12 +15,14 @@ __all__ = ["report"]
 @click.command("report")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--template", type=click.Choice(["nvitop", "nvml", "runbook"]), default="nvitop", show_default=True,
-              help="nvitop: an issue in nvitop's bug report form; nvml: a defect report for NVIDIA; runbook: an incident record.")
+              help="nvitop: an issue in nvitop's bug report form; nvml: a defect report for NVIDIA; runbook: an "
+                   "incident record.")
 @click.option("--redact-hosts/--keep-hosts", default=None,
               help="Replace host, node and pod names and IPs (host-1, node-1...). Default: replaced in the nvitop and "
                    "nvml reports (with local paths), kept in the runbook.")
 @click.option("--issue-form", type=click.Path(dir_okay=False), default=None,
-              help="A newer copy of nvitop's .github/ISSUE_TEMPLATE/bug-report.yaml to follow (default: the shipped copy).")
+              help="A newer copy of nvitop's .github/ISSUE_TEMPLATE/bug-report.yaml to follow (default: the shipped "
+                   "copy).")
 @click.option("--nvidia-link", default="", help="The URL of the NVIDIA report, for the nvitop issue to link.")
 @click.option("--check", is_flag=True, help="Exit 3 when a required field is unfilled, the title is not plain text, "
               "the form is not followed or the Markdown would render wrong. Given report .md files, check those.")

@@ -13,21 +13,28 @@ __all__ = ["reproduce"]
 
 
 @click.command("reproduce")
-@click.option("--nvml", "nvml_path", type=click.Path(), default=None, help="libnvidia-ml.so.1 to use (a file or its directory); default: the loader's.")
+@click.option("--nvml", "nvml_path", type=click.Path(), default=None,
+              help="libnvidia-ml.so.1 to use (a file or its directory); default: the loader's.")
 @click.option("--sim", is_flag=True, help="Use the simulated NVML (built from reproducers/simnvml).")
-@click.option("--sim-fault", type=click.Choice(["none", "heap", "heap-delayed", "segv", "use-after-shutdown"]), default="none", show_default=True)
-@click.option("--sim-fault-after", type=int, default=0, show_default=True, help="Field-value calls that succeed before the fault.")
+@click.option("--sim-fault", type=click.Choice(["none", "heap", "heap-delayed", "segv", "use-after-shutdown"]),
+              default="none", show_default=True)
+@click.option("--sim-fault-after", type=int, default=0, show_default=True,
+              help="Field-value calls that succeed before the fault.")
 @click.option("--sim-heap-message", type=click.Choice(["prev", "next-size"]), default="prev", show_default=True)
 @click.option("--sim-fault-thread", type=click.Choice(["any", "non-main"]), default="any", show_default=True)
 @click.option("--python", "python_path", default=None, help="Interpreter with nvidia-ml-py for the Python reproducer.")
 @click.option("--stack", type=click.Choice(["incident", "current"]), default="current", show_default=True,
-              help="Without --python: a cached venv with this PyPI stack (incident: nvitop 1.5.0 + nvidia-ml-py 12.575.51).")
+              help="Without --python: a cached venv with this PyPI stack (incident: nvitop 1.5.0 + nvidia-ml-py "
+                   "12.575.51).")
 @click.option("--iterations", type=int, default=1000, show_default=True)
-@click.option("--threads", type=int, default=2, show_default=True, help="Querying threads of the Python reproducer (0: main thread).")
+@click.option("--threads", type=int, default=2, show_default=True,
+              help="Querying threads of the Python reproducer (0: main thread).")
 @click.option("--duration", type=float, default=None, help="Stop each reproducer after S seconds.")
 @click.option("--shutdown-race", is_flag=True, help="Call nvmlShutdown while threads still query (Python reproducer).")
-@click.option("--malloc-check", is_flag=True, help="Both reproducers under glibc's checking allocator: they stop at the culprit call.")
-@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Where runs go (default: ./forensics-reproduce).")
+@click.option("--malloc-check", is_flag=True,
+              help="Both reproducers under glibc's checking allocator: they stop at the culprit call.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where runs go (default: ./forensics-reproduce).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds each reproducer may run.")
 @json_option
 @output_option
@@ -60,15 +67,15 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
                               fault_thread=sim_fault_thread)
         nvml_dir = None  # sim_environment already put it first on LD_LIBRARY_PATH
         sim_settings = {k: v for k, v in env.items() if k.startswith("FORENSICS_SIMNVML_")}
-        nvml_label = str(lib_dir)
+        nvml_label: str | None = str(lib_dir)
     else:
         nvml_dir = nvml_dir_for(nvml_path, wd) if nvml_path else None
-        nvml_label = nvml_dir
+        nvml_label = nvml_dir  # None: the loader's
     python = python_path or str(ensure_stack_venv(stack))
     result = run_reproducers(workdir=wd, python=python, nvml_dir=nvml_dir, env=env, iterations=iterations,
                              threads=threads, duration=duration, shutdown_race=shutdown_race,
                              malloc_check=malloc_check, timeout=timeout, sim=sim_settings)
-    if sim:
+    if sim and nvml_label is not None:  # the simulated library's directory
         import dataclasses
 
         result = dataclasses.replace(result, nvml=nvml_label)

@@ -21,30 +21,39 @@ __all__ = ["verify_imports"]
 @click.argument("ref", required=False)
 @click.option("--pid", type=int, default=None, help="Verify a live process through /proc/PID instead of an image.")
 @click.option("-m", "--module", "modules", multiple=True, metavar="M",
-              help="Also check module M (repeatable); nvitop, nvitop_exporter, pynvml and what the entrypoint runs are always checked.")
+              help="Also check module M (repeatable); nvitop, nvitop_exporter, pynvml and what the entrypoint runs are "
+                   "always checked.")
 @click.option("--only", "only_modules", is_flag=True, help="Check only the --module names.")
 @click.option("--entrypoint", default=None, metavar="CMD",
-              help='The command line to analyse instead of the image\'s Entrypoint+Cmd, e.g. "python -m nvitop_exporter".')
-@click.option("--workdir", default=None, metavar="DIR", help="Working directory instead of the image's WorkingDir (e.g. a Kubernetes workingDir).")
-@click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable added to the image's Env (repeatable).")
+              help='The command line to analyse instead of the image\'s Entrypoint+Cmd, e.g. "python -m '
+                   'nvitop_exporter".')
+@click.option("--workdir", default=None, metavar="DIR",
+              help="Working directory instead of the image's WorkingDir (e.g. a Kubernetes workingDir).")
+@click.option("--env", "env", multiple=True, metavar="K=V",
+              help="Environment variable added to the image's Env (repeatable).")
 @click.option("--platform", default="linux/amd64", show_default=True, help="Platform to pick from an image index.")
-@click.option("--execute", is_flag=True, help="Also run the image's interpreter in a sandbox (bubblewrap; nsenter for --pid) and compare.")
-@click.option("--driver", default=None, metavar="VERSION", help="NVIDIA driver version (e.g. 580.126.09) for the known-issue checks.")
+@click.option("--execute", is_flag=True,
+              help="Also run the image's interpreter in a sandbox (bubblewrap; nsenter for --pid) and compare.")
+@click.option("--driver", default=None, metavar="VERSION",
+              help="NVIDIA driver version (e.g. 580.126.09) for the known-issue checks.")
 @click.option("--bundle", default=None, type=click.Path(file_okay=False),
               help="A capture bundle (forensics capture) to take the driver version from, when --driver is not given.")
 @click.option("--creds", default=None, metavar="USER[:PASS]", help="Registry credentials, passed to skopeo.")
 @click.option("--authfile", default=None, type=click.Path(dir_okay=False), help="Registry auth file, passed to skopeo.")
 @click.option("--tls-verify", "tls_verify", type=click.BOOL, default=True, show_default=True, metavar="BOOL",
-              help="Verify registry TLS (--tls-verify=false for a plain-HTTP or self-signed registry), passed to skopeo.")
-@click.option("--max-size", type=SIZE, default="64G", show_default=True, help="Bound on the image's uncompressed bytes.")
+              help="Verify registry TLS (--tls-verify=false for a plain-HTTP or self-signed registry), passed to "
+                   "skopeo.")
+@click.option("--max-size", type=SIZE, default="64G", show_default=True,
+              help="Bound on the image's uncompressed bytes.")
 @click.option("--max-files", default=2_000_000, show_default=True, help="Bound on the image's layer entries.")
-@click.option("--strict", is_flag=True, help="Also exit 3 on requirement conflicts, any known issue and delivery warnings.")
+@click.option("--strict", is_flag=True,
+              help="Also exit 3 on requirement conflicts, any known issue and delivery warnings.")
 @json_option
 @output_option
 @force_option
 @verbose_option
 def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, platform, execute, driver,
-                           bundle, creds, authfile, tls_verify, max_size, max_files, strict, as_json, output, force, verbose):
+                   bundle, creds, authfile, tls_verify, max_size, max_files, strict, as_json, output, force, verbose):
     """Check which files Python really imports in an image (or a live process).
 
     REF names the image the way skopeo does: oci:DIR[:TAG], docker-archive:FILE.tar,
