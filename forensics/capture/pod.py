@@ -18,7 +18,7 @@ import signal
 import tarfile
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import (AgentFailed, ContainerNotRunning, ForensicsError, KubectlNotFound, KubeError, NodeUnreachable,
                       PodNotFound)
@@ -29,8 +29,9 @@ from .manifests import agent_pod_manifest, to_yaml
 __all__ = ["capture_pod", "summarize_pod", "summarize_node", "extract_node_bundle", "NODE_BUNDLE_MAX_BYTES",
            "NODE_BUNDLE_MAX_FILES", "NODE_LOG_LIMIT"]
 
-_GPU_LABELS = ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory", "nvidia.com/cuda.driver.major",
-               "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev", "nvidia.com/cuda.driver-version.full",
+_GPU_LABELS = ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory",
+               "nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev",
+               "nvidia.com/cuda.driver-version.full",
                "nvidia.com/gpu.driver-version.full", "nvidia.com/mig.strategy", "nvidia.com/gpu.present")
 
 
@@ -50,12 +51,15 @@ def summarize_pod(pod: dict) -> dict:
             "image_id": cs.get("imageID"), "restart_count": as_count(cs.get("restartCount")), "ready": cs.get("ready"),
             "state": next(iter(state), None), "state_detail": next(iter(state.values()), None),
             "last_terminated": None if not last else {
-                "exit_code": code, "signal": last.get("signal") or (code - 128 if code is not None and code > 128 else None),
-                "reason": last.get("reason"), "started_at": last.get("startedAt"), "finished_at": last.get("finishedAt")},
+                "exit_code": code,
+                "signal": last.get("signal") or (code - 128 if code is not None and code > 128 else None),
+                "reason": last.get("reason"), "started_at": last.get("startedAt"),
+                "finished_at": last.get("finishedAt")},
         })
     return {
         "name": as_str(meta.get("name")), "namespace": as_str(meta.get("namespace")), "uid": as_str(meta.get("uid")),
-        "owners": owners, "node": as_str(spec.get("nodeName")), "phase": status.get("phase"), "qos_class": status.get("qosClass"),
+        "owners": owners, "node": as_str(spec.get("nodeName")), "phase": status.get("phase"),
+        "qos_class": status.get("qosClass"),
         "pod_ip": status.get("podIP"), "host_ip": status.get("hostIP"), "start_time": status.get("startTime"),
         "conditions": as_list(status.get("conditions")), "containers": containers,
     }
@@ -116,7 +120,8 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
         raise ContainerNotRunning(pod_name, container or "?", f"pod phase {summary['phase']}, no container status")
     chosen = next((c for c in cs if c["name"] == container), None) if container else cs[0]
     if chosen is None:
-        raise ForensicsError(f"pod {ns}/{pod_name} has no container {container!r} (it has: {', '.join(str(c['name']) for c in cs)})",
+        raise ForensicsError(f"pod {ns}/{pod_name} has no container {container!r} (it has: "
+                             f"{', '.join(str(c['name']) for c in cs)})",
                              help_text="Pass --container NAME with one of those names.")
     node_name = summary["node"]
     if not node_name:
@@ -126,21 +131,24 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
     running = chosen["state"] == "running" and bool(chosen["container_id"])
     manifest = agent_pod_manifest(name=agent_name, namespace=ns, node=node_name,
                                   container_id=chosen["container_id"] if running else None,
-                                  core_dir=core_dir, image=image, timeout=timeout, coredump_filter=coredump_filter, full=full,
-                                  pod_uid=summary["uid"])
+                                  core_dir=core_dir, image=image, timeout=timeout, coredump_filter=coredump_filter,
+                                  full=full, pod_uid=summary["uid"])
     if dry_run:
         return {"manifest": to_yaml(manifest), "placeholders": False}
     node = get_json(opts, "get node", ["get", "node", node_name], namespaced=False)
     node_summary = summarize_node(node)
     if node_summary["ready"] != "True":
-        raise NodeUnreachable(node_name, f"Ready={node_summary['ready']} ({node_summary['ready_reason'] or 'no reason given'})")
+        raise NodeUnreachable(node_name,
+                              f"Ready={node_summary['ready']} ({node_summary['ready_reason'] or 'no reason given'})")
     events = get_json(opts, "get events", ["get", "events", "--namespace", ns,
-                                            "--field-selector", f"involvedObject.uid={summary['uid']}"], namespaced=False)
+                                            "--field-selector", f"involvedObject.uid={summary['uid']}"],
+                      namespaced=False)
     log = _run_agent(opts, ns, agent_name, manifest, timeout, warn)
     return _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name, running)
 
 
-def _run_agent(opts: KubeOptions, ns: str, name: str, manifest: dict, timeout: float, warn: Callable[[str], None]) -> str:
+def _run_agent(opts: KubeOptions, ns: str, name: str, manifest: dict, timeout: float,
+               warn: Callable[[str], None]) -> str:
     kns = ["--namespace", ns]
     old_term = signal.getsignal(signal.SIGTERM)
 
@@ -153,8 +161,8 @@ def _run_agent(opts: KubeOptions, ns: str, name: str, manifest: dict, timeout: f
         old_term = None
     try:
         # generated here, not typed: skip the OpenAPI download (MBs) client-side validation needs
-        run_kubectl(opts, "create agent pod", ["create", "--validate=false", "-f", "-", *kns], stdin=json.dumps(manifest),
-                    namespaced=False)
+        run_kubectl(opts, "create agent pod", ["create", "--validate=false", "-f", "-", *kns],
+                    stdin=json.dumps(manifest), namespaced=False)
         deadline = time.monotonic() + timeout
         phase, status = "Pending", {}
         while time.monotonic() < deadline:
@@ -164,14 +172,18 @@ def _run_agent(opts: KubeOptions, ns: str, name: str, manifest: dict, timeout: f
                 break
             time.sleep(0.5)
         else:
-            waiting = [((c.get("state") or {}).get("waiting") or {}).get("reason") for c in status.get("containerStatuses", [])]
+            waiting = [((c.get("state") or {}).get("waiting") or {}).get("reason")
+                       for c in status.get("containerStatuses", [])]
             if phase == "Pending" and not any(waiting):
                 raise NodeUnreachable(manifest["spec"]["nodeName"], f"the agent pod stayed Pending for {timeout:g}s")
-            raise AgentFailed(name, f"still {phase} after {timeout:g}s ({', '.join(w for w in waiting if w) or 'no reason'})")
+            raise AgentFailed(name,
+                              f"still {phase} after {timeout:g}s ({', '.join(w for w in waiting if w) or 'no reason'})")
         log = run_kubectl(opts, "logs agent pod", ["logs", name, *kns, f"--limit-bytes={NODE_LOG_LIMIT}"],
                           namespaced=False, timeout=max(60.0, timeout))
         if phase == "Failed":
-            tail = "\n".join(line for line in log.splitlines() if not line.startswith(("H4sI",)) and len(line) < 400)[-800:]
+            # the log's text lines, not the bundle's base64 (gzip starts H4sI)
+            text = [line for line in log.splitlines() if not line.startswith("H4sI") and len(line) < 400]
+            tail = "\n".join(text)[-800:]
             raise AgentFailed(name, tail.strip() or "the agent exited with an error")
         return log
     except _Terminate:
@@ -277,7 +289,8 @@ def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, 
         "message": e.get("message"), "count": e.get("count"), "source": e.get("source")} for e in items],
         "the pod's events, oldest first")
     w.add_json("10-kubernetes/scheduling.json", {"pod": summary, "node": node_summary},
-               "scheduling state: node, phase, containers with restart counts and last exit code / signal, node GPU labels")
+               "scheduling state: node, phase, containers with restart counts and last exit code / signal, node GPU "
+               "labels")
     w.add_json("10-kubernetes/pod.json", pod, "the pod object as the API server returned it")
     w.add_json("10-kubernetes/node.json", node, "the node object as the API server returned it")
     w.write_manifest({"pod": f"{summary['namespace']}/{summary['name']}"})
@@ -307,14 +320,15 @@ def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, 
             lines.append(f"  - {note}")
     lines.append(f"core_pattern:    {arming.get('core_pattern', '?')}")
     lines += format_destination(dest) if dest else ["core:            unknown (the agent sent no arming.json)"]
-    earlier = sorted(d for d in os.listdir(os.path.join(bdir, "50-core"))) if os.path.isdir(os.path.join(bdir, "50-core")) else []
+    core_sub = os.path.join(bdir, "50-core")
+    earlier = sorted(os.listdir(core_sub)) if os.path.isdir(core_sub) else []
     lines.append(f"earlier crashes recorded by the node's core handler for this pod: {len(earlier)}"
                  + (f" (in {os.path.join(bdir, '50-core')})" if earlier else ""))
     lines.append(f"Wrote {bdir}")
     left_path = os.path.join(bdir, LEFT_ON_NODE)
     if os.path.isfile(left_path):
-        with open(left_path) as f:
-            left = json.load(f).get("files") or []
+        with open(left_path) as lf:
+            left = json.load(lf).get("files") or []
         lines.append(f"{len(left)} file(s), {sum(x.get('size', 0) for x in left):,} bytes, too big for the pod log, "
                      f"stay on node {summary['node']} (listed in {LEFT_ON_NODE})")
     return {"bundle": bdir, "pod": summary, "node": node_summary, "agent_pod": agent_name, "lines": lines,
