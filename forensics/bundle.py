@@ -8,6 +8,7 @@ links to the stored objects by the paths the core names.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -226,10 +227,8 @@ def decompress_core(src: str, dest: str, *, limit: int | None = None) -> int:
                     raise CoreReadError(src, f"damaged zstd stream: {e}") from e
         os.rename(tmp, dest)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):  # our own temporary file; the error being raised is what matters
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     return n
 
@@ -432,7 +431,8 @@ def prune_bundle_cache(*, keep=None, budget: int | None = None) -> list[str]:
     try:
         for e in os.scandir(root):
             if e.is_dir(follow_symlinks=False):
-                size = sum(f.stat(follow_symlinks=False).st_size for f in os.scandir(e.path) if f.is_file(follow_symlinks=False))
+                size = sum(f.stat(follow_symlinks=False).st_size for f in os.scandir(e.path)
+                           if f.is_file(follow_symlinks=False))
                 entries.append((e.stat(follow_symlinks=False).st_mtime, size, e.path))
     except OSError:
         return []
@@ -497,7 +497,8 @@ def bundle_no_core_reason(bundle_dir: str) -> str | None:
     if find_core_in_bundle(bundle_dir) is not None:
         return None
     doc = _record(bundle_dir, "metadata.json")
-    core = doc.get("core") if isinstance(doc.get("core"), dict) else {}
+    core_v = doc.get("core")
+    core = core_v if isinstance(core_v, dict) else {}
     reasons = [str(r) for r in (core.get("reasons") or []) if r] if isinstance(core.get("reasons"), list) else []
     if reasons:
         return "; ".join(reasons)[:500]

@@ -10,6 +10,7 @@ parsed).  With a pid or a pod it also watches for exits, restarts and new cores.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -17,7 +18,7 @@ import os
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import ForensicsError, ProcessGone
 from .kubectl import KubeOptions, get_json
@@ -111,7 +112,7 @@ def parse_exposition(body: str) -> tuple[dict[str, int], dict[str, int]]:
     nans: dict[str, int] = {}
     for fam in text_string_to_metric_families(body):
         families[fam.name] = families.get(fam.name, 0) + len(fam.samples)
-        n = sum(1 for s in fam.samples if isinstance(s.value, float) and math.isnan(s.value))
+        n = sum(1 for s in fam.samples if math.isnan(s.value))
         if n:
             nans[fam.name] = nans.get(fam.name, 0) + n
     return families, nans
@@ -163,21 +164,23 @@ async def _soak(url: str, requests: int, concurrency: int, duration: float, time
                 result: CanaryResult, on_body: Callable[[bytes], None], stop: dict | None = None,
                 on_failure: Callable[[], None] | None = None) -> None:
     host, port, path = _split_url(url)
-    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/plain\r\nUser-Agent: forensics-canary\r\n\r\n".encode()
+    request = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/plain\r\n"
+               "User-Agent: forensics-canary\r\n\r\n").encode()
     deadline = time.monotonic() + duration
     issued = 0
 
     async def worker() -> None:
         nonlocal issued
-        reader = writer = None
+        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         # A flag as well as cancellation: asyncio.wait_for can swallow a cancel that races a
         # finished connect (3.11), and a refused connect finishes at once.
         while issued < requests and time.monotonic() < deadline and not (stop and stop["now"]):
             issued += 1
             t0 = time.perf_counter()
             try:
-                if writer is None:
-                    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+                if conn is None:
+                    conn = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+                reader, writer = conn
                 writer.write(request)
                 status, body, keep = await asyncio.wait_for(_read_response(reader), timeout)
                 dt = time.perf_counter() - t0
@@ -195,20 +198,21 @@ async def _soak(url: str, requests: int, concurrency: int, duration: float, time
                     result.errors[key] = result.errors.get(key, 0) + 1
                 if not keep:
                     writer.close()
-                    reader = writer = None
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+                    conn = None
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                    ValueError) as e:
                 result.requests += 1
                 result.latencies.append(time.perf_counter() - t0)
                 key = type(e).__name__ if not isinstance(e, OSError) or not e.strerror else e.strerror
                 result.errors[key] = result.errors.get(key, 0) + 1
-                if writer is not None:
-                    writer.close()
-                reader = writer = None
+                if conn is not None:
+                    conn[1].close()
+                conn = None
                 if on_failure is not None:
                     on_failure()  # a failed scrape is the first sign of a dead target: look now, not at the next tick
                 await asyncio.sleep(0.001)  # a refused connection must not spin
-        if writer is not None:
-            writer.close()
+        if conn is not None:
+            conn[1].close()
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -306,10 +310,8 @@ class PodWatch:
         self._threading = threading
 
     def _run(self) -> None:
-        try:
+        with contextlib.suppress(ForensicsError):  # the API server did not answer this time: the next probe tells
             self.last = self.probe()
-        except ForensicsError:
-            pass  # the API server did not answer this time: the next probe tells
 
     def poll(self, result: CanaryResult, *, now: bool = False) -> None:
         if self._thread is not None and not self._thread.is_alive():
@@ -352,36 +354,14 @@ def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duratio
         target only add connection failures
     :param pod_watch: watch a pod's restarts (``--pod``) instead of a local process
     """
-    if not (1 <= requests <= MAX_REQUESTS):
-        raise CanaryError(f"--requests must be between 1 and {MAX_REQUESTS}")
-    if not (1 <= concurrency <= 10_000):
-        raise CanaryError("--concurrency must be between 1 and 10000")
-    if not (0 < duration <= 7 * 86400):
-        raise CanaryError("--duration must be between 0 and 7 days")
-    _split_url(url)
+    _check_soak(url, requests, concurrency, duration)
     result = CanaryResult(url=url, concurrency=concurrency)
-    watch = pod_watch if pod_watch is not None else _Watch(pid, list(core_dirs)) if (pid is not None or core_dirs) else None
-    seen: set[bytes] = set()
-    budget = {"t": time.monotonic(), "n": 0}
-
-    def on_body(body: bytes) -> None:
-        digest = hashlib.blake2b(body, digest_size=16).digest()
-        if digest in seen:
-            return
-        now = time.monotonic()
-        if budget["n"] >= PARSE_BUDGET_PER_S * max(1.0, now - budget["t"]) and result.parsed_bodies > 0:
-            return
-        seen.add(digest)
-        budget["n"] += 1
-        result.parsed_bodies += 1
-        try:
-            fams, nans = parse_exposition(body.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            result.invalid_bodies += 1
-            result.invalid_example = result.invalid_example or f"{type(e).__name__}: {e}"[:200]
-            return
-        result.families, result.nan_samples = fams, nans
-
+    watch: PodWatch | _Watch | None
+    if pod_watch is not None:
+        watch = pod_watch
+    else:
+        watch = _Watch(pid, list(core_dirs)) if (pid is not None or core_dirs) else None
+    on_body = _BodyParser(result)
     stop = {"now": False}
 
     def check_watch(failed: bool = False) -> None:
@@ -404,10 +384,8 @@ def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duratio
                 task.cancel()
                 break
             await asyncio.wait([task], timeout=0.1)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):  # cancelled by us, above
             await task
-        except asyncio.CancelledError:
-            pass
 
     def on_sigint(signum, frame) -> None:
         if result.interrupted:  # a second Ctrl-C: stop now
@@ -436,6 +414,45 @@ def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duratio
     if watch is not None:
         watch.finish(result)
     return judge(result, thresholds)
+
+
+def _check_soak(url: str, requests: int, concurrency: int, duration: float) -> None:
+    if not (1 <= requests <= MAX_REQUESTS):
+        raise CanaryError(f"--requests must be between 1 and {MAX_REQUESTS}")
+    if not (1 <= concurrency <= 10_000):
+        raise CanaryError("--concurrency must be between 1 and 10000")
+    if not (0 < duration <= 7 * 86400):
+        raise CanaryError("--duration must be between 0 and 7 days")
+    _split_url(url)
+
+
+class _BodyParser:
+    """Parses each distinct body once, at most PARSE_BUDGET_PER_S a second: the families of the latest."""
+
+    def __init__(self, result: CanaryResult) -> None:
+        self.result = result
+        self.seen: set[bytes] = set()
+        self.start = time.monotonic()
+        self.parsed = 0
+
+    def __call__(self, body: bytes) -> None:
+        result = self.result
+        digest = hashlib.blake2b(body, digest_size=16).digest()
+        if digest in self.seen:
+            return
+        now = time.monotonic()
+        if self.parsed >= PARSE_BUDGET_PER_S * max(1.0, now - self.start) and result.parsed_bodies > 0:
+            return
+        self.seen.add(digest)
+        self.parsed += 1
+        result.parsed_bodies += 1
+        try:
+            fams, nans = parse_exposition(body.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            result.invalid_bodies += 1
+            result.invalid_example = result.invalid_example or f"{type(e).__name__}: {e}"[:200]
+            return
+        result.families, result.nan_samples = fams, nans
 
 
 def judge(result: CanaryResult, t: Thresholds) -> CanaryResult:
@@ -478,8 +495,9 @@ def fleet_hint(fleet_doc: dict, elapsed: float) -> str | None:
     expect 3 crashes of one pod at the crash rate the fleet saw (and how long would be), else None.
 
     >>> fleet_hint({"fleet": {"observed_hours": 10, "groups": [{"pods_with_restarts": 1, "pods": 2,
-    ...             "total_restarts": 4}]}}, 600)
-    'the fleet crashes 0.20 times per pod-hour; this 600s run expected 0.03 crashes of one pod: run at least 900 minutes to expect 3'
+    ...             "total_restarts": 4}]}}, 600)  # doctest: +NORMALIZE_WHITESPACE
+    'the fleet crashes 0.20 times per pod-hour; this 600s run expected 0.03 crashes of one pod:
+    run at least 900 minutes to expect 3'
     """
     exp = expected_crashes(fleet_doc, elapsed)
     if exp is None:

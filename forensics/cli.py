@@ -72,7 +72,7 @@ class _Group(click.Group):
             ctx.exit(EXIT_BROKEN_PIPE)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback for users
+        except Exception as e:  # the last line of defence: no traceback for users
             if os.environ.get("FORENSICS_DEBUG"):
                 raise
             from .output import escape_text

@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import ForensicsError
 
@@ -26,7 +26,8 @@ HOSTNAME = "demo-node"  # what the exporter labels its metrics with (never a rea
 
 
 class DemoError(ForensicsError, RuntimeError):
-    help_text = "The exporter's log is exporter/exporter.log in the demo directory; the timeline says which step failed."
+    help_text = ("The exporter's log is exporter/exporter.log in the demo directory; the timeline says which step "
+                 "failed.")
 
     def __init__(self, step: str, detail: str) -> None:
         super().__init__(f"demo failed at '{step}': {detail}", step=step, detail=detail)
@@ -160,7 +161,8 @@ def _prepare(out: str | None, work: str | None, log: Callable[[str], None]) -> _
 
 
 def _crash_the_exporter(run: _Run, fault_after: int, timeout: float) -> _Crashed:
-    """The simulated node and the incident's stack; nvitop-exporter started, captured, verified, scraped to its crash."""
+    """The simulated node and the incident's stack; nvitop-exporter started, captured, verified, scraped to its
+    crash."""
     from .canary import Thresholds, canary_document, run_canary
     from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
 
@@ -240,7 +242,8 @@ def _analyze(run: _Run, crashed: _Crashed) -> list[str]:
     analysis = analyze_core(str(core))
     result.signature, result.fingerprint = signature(analysis), analysis.fingerprint
     thread = analysis.snapshot.crashed_thread
-    result.python_frames = [f"{p.function} ({Path(p.file).name}:{p.line})" for p in (thread.py_frames if thread else ())]
+    result.python_frames = [f"{p.function} ({Path(p.file).name}:{p.line})"
+                            for p in (thread.py_frames if thread else ())]
     a_json = out_dir / "analysis.json"
     a_json.write_text(json_document("analyze", {"analysis": analysis_payload(analysis)}) + "\n")
     a_txt = out_dir / "analysis.txt"

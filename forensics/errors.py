@@ -206,7 +206,8 @@ class NotRoot(ForensicsError, PermissionError):
 class UnsafeContainerPath(ForensicsError, PermissionError):
     """A path inside a container's root could not be resolved without leaving that root."""
 
-    help_text = "A symlink in the container's filesystem points elsewhere; forensics never follows it out of the container root."
+    help_text = ("A symlink in the container's filesystem points elsewhere; forensics never follows it out of the "
+                 "container root.")
 
     def __init__(self, root: str, path: str, reason: str) -> None:
         super().__init__(f"{path} (in {root}): {reason}", root=root, path=path, reason=reason)
@@ -229,8 +230,8 @@ class CoreDirectoryError(ForensicsError, OSError):
 
 
 class KubectlNotFound(ForensicsError, FileNotFoundError):
-    help_text = ("Install kubectl (https://kubernetes.io/docs/tasks/tools/) or put it on PATH (capture --pod: --kubectl PATH); "
-                 "fleet also reads saved `kubectl get -o json` files (--from, --nodes).")
+    help_text = ("Install kubectl (https://kubernetes.io/docs/tasks/tools/) or put it on PATH (capture --pod: "
+                 "--kubectl PATH); fleet also reads saved `kubectl get -o json` files (--from, --nodes).")
 
     def __init__(self, kubectl: str) -> None:
         super().__init__(f"kubectl not found: {kubectl!r} is not an executable on PATH", kubectl=kubectl)
@@ -239,6 +240,8 @@ class KubectlNotFound(ForensicsError, FileNotFoundError):
 class KubeError(ForensicsError, RuntimeError):
     help_text = ("Check the kubeconfig, context and namespace (kubectl config current-context), "
                  "and that the API server is reachable.")
+    action: str  # set by ForensicsError from the fields
+    detail: str
 
     def __init__(self, action: str, detail: str) -> None:
         super().__init__(f"kubectl {action} failed: {detail}", action=action, detail=detail)
@@ -253,7 +256,8 @@ class PodNotFound(KubeError, LookupError):
 
 
 class ContainerNotRunning(ForensicsError, RuntimeError):
-    help_text = "Capture arms a running container; for one that already crashed, read the cores the core handler kept (forensics agent manifest)."
+    help_text = ("Capture arms a running container; for one that already crashed, read the cores the core handler "
+                 "kept (forensics agent manifest).")
 
     def __init__(self, pod: str, container: str, state: str) -> None:
         super().__init__(f"container {container!r} of pod {pod} is not running ({state})",
@@ -333,14 +337,16 @@ class LayerLimitExceeded(LayerRejected):
 
 
 class SkopeoNotFound(ForensicsError, FileNotFoundError):
-    help_text = "Install skopeo (Debian/Ubuntu: apt-get install -y skopeo), or export the image with skopeo/docker save and pass oci:DIR or docker-archive:FILE."
+    help_text = ("Install skopeo (Debian/Ubuntu: apt-get install -y skopeo), or export the image with skopeo/docker "
+                 "save and pass oci:DIR or docker-archive:FILE.")
 
     def __init__(self, ref: str) -> None:
         super().__init__(f"{ref}: reading a registry or daemon image needs skopeo, which is not on PATH", ref=ref)
 
 
 class SkopeoError(ForensicsError, RuntimeError):
-    help_text = "Check the reference, --creds/--authfile and --tls-verify=false for a plain-HTTP registry (skopeo's message above)."
+    help_text = ("Check the reference, --creds/--authfile and --tls-verify=false for a plain-HTTP registry "
+                 "(skopeo's message above).")
 
     def __init__(self, ref: str, action: str, detail: str) -> None:
         super().__init__(f"{ref}: skopeo {action} failed: {detail}", ref=ref, action=action, detail=detail)
@@ -349,7 +355,8 @@ class SkopeoError(ForensicsError, RuntimeError):
 class ExecuteError(ForensicsError, RuntimeError):
     """--execute could not run the image's interpreter (no sandbox tool, the interpreter failed)."""
 
-    help_text = "--execute needs bubblewrap (apt-get install -y bubblewrap) for images and nsenter (util-linux) plus root for --pid."
+    help_text = ("--execute needs bubblewrap (apt-get install -y bubblewrap) for images and nsenter (util-linux) "
+                 "plus root for --pid.")
 
     def __init__(self, what: str, detail: str, hint: str | None = None) -> None:
         extra = {"help_text": hint} if hint is not None else {}

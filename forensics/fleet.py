@@ -136,7 +136,8 @@ def _item_kind(item) -> str | None:
 
 
 def _kinds(doc: dict) -> dict[str, int]:
-    items = doc.get("items") if isinstance(doc.get("items"), list) else [doc]
+    listed = doc.get("items")
+    items = listed if isinstance(listed, list) else [doc]
     out: dict[str, int] = {}
     for item in items[:MAX_PODS]:
         k = _item_kind(item) or "unknown"
@@ -144,7 +145,8 @@ def _kinds(doc: dict) -> dict[str, int]:
     return out
 
 
-def check_documents(pods_doc: dict, nodes_doc: dict, *, pods_from: str = "the pods", nodes_from: str = "the nodes") -> None:
+def check_documents(pods_doc: dict, nodes_doc: dict, *, pods_from: str = "the pods",
+                    nodes_from: str = "the nodes") -> None:
     """Refuse pod and node documents that cannot be what they claim (swapped files, another kind, empty).
 
     A fleet table of "0 pods on 0 nodes" from swapped ``--from`` / ``--nodes`` files says nothing; this
@@ -155,7 +157,8 @@ def check_documents(pods_doc: dict, nodes_doc: dict, *, pods_from: str = "the po
     pk, nk = _kinds(pods_doc), _kinds(nodes_doc)
     if not pk.get("Pod") and nk.get("Pod") and pk.get("Node"):
         raise FleetInputError(f"{pods_from} holds {pk['Node']} Node objects and {nodes_from} holds {nk['Pod']} pods: "
-                              "the two files are swapped", help_text="Pass the pods with --from and the nodes with --nodes.")
+                              "the two files are swapped",
+                              help_text="Pass the pods with --from and the nodes with --nodes.")
     if not pk.get("Pod"):
         what = ", ".join(f"{n} {k}" for k, n in sorted(pk.items()) if n) or "nothing"
         raise FleetInputError(f"{pods_from} holds no pods ({what})",
@@ -168,7 +171,8 @@ def check_documents(pods_doc: dict, nodes_doc: dict, *, pods_from: str = "the po
 
 def parse_pods(doc: dict) -> list[PodRecord]:
     """Pod records from a ``kubectl get pods -o json`` document (a List or a single Pod)."""
-    items = doc.get("items") if isinstance(doc.get("items"), list) else [doc]
+    listed = doc.get("items")
+    items = listed if isinstance(listed, list) else [doc]
     out = []
     for pod in items[:MAX_PODS]:
         if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":

@@ -22,6 +22,7 @@ Authentication as Prometheus clients take it: a bearer token file, basic auth, a
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -122,10 +123,8 @@ class PromClient:
                 body = r.read(MAX_RESPONSE + 1)
         except urllib.error.HTTPError as e:
             detail = e.read(4096).decode(errors="replace")
-            try:
+            with contextlib.suppress(ValueError):  # not Prometheus's JSON: the body itself is the detail
                 detail = json.loads(detail).get("error") or detail
-            except ValueError:
-                pass
             raise PrometheusError(path, f"HTTP {e.code}: {str(detail).strip()[:300]}") from e
         except (urllib.error.URLError, OSError) as e:
             raise PrometheusError(self.base, f"cannot reach it: {getattr(e, 'reason', e)}") from e
@@ -157,7 +156,8 @@ class PromClient:
         if data.get("resultType") == "scalar":
             return [({}, _sample_value(expr, result))]
         if data.get("resultType") != "vector" or not isinstance(result, list):
-            raise PrometheusError("/api/v1/query", f"expected an instant vector, got {str(data.get('resultType'))[:40]!r}")
+            raise PrometheusError("/api/v1/query",
+                                  f"expected an instant vector, got {str(data.get('resultType'))[:40]!r}")
         out = []
         for r in result:
             metric = r.get("metric") if isinstance(r, dict) else None
@@ -176,7 +176,7 @@ class PromClient:
             return {k: f.result() for k, f in futures.items()}
 
     def label_names(self, match: str) -> list[str]:
-        names = self._get("/api/v1/labels", {"match[]": match}) or []
+        names: object = self._get("/api/v1/labels", {"match[]": match}) or []
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise PrometheusError("/api/v1/labels", "the label names are not a list of strings")
         return names
@@ -221,7 +221,8 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     node_groups = f"max by (node, {by}) (kube_node_labels)"
     if _DRIVER_FULL in group_by:
         full, parts = prom_label(_DRIVER_FULL), [prom_label(p) for p in _DRIVER_PARTS]
-        node_groups = (f'max by (node, {by}) (kube_node_labels{{{full}!=""}} or label_join(kube_node_labels{{{full}=""}}, '
+        node_groups = (f'max by (node, {by}) (kube_node_labels{{{full}!=""}} or '
+                       f'label_join(kube_node_labels{{{full}=""}}, '
                        f'"{full}", ".", "{parts[0]}", "{parts[1]}", "{parts[2]}"))')
     pods = f"max by (namespace, pod, node) (kube_pod_info{ns})"
     if selector:
@@ -229,9 +230,11 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         for clause in selector.split(","):
             k, sep, v = clause.partition("=")
             if not sep or not k.strip():
-                raise PrometheusError("-l", f"{clause!r}: only equality selectors (key=value) can be asked of Prometheus")
+                raise PrometheusError("-l",
+                                      f"{clause!r}: only equality selectors (key=value) can be asked of Prometheus")
             sel.append(f'{prom_label(k.strip())}="{_esc(v.lstrip("=").strip())}"')
-        pods = f"({pods} * on (namespace, pod) group_left () max by (namespace, pod) (kube_pod_labels{{{', '.join(sel)}}}))"
+        pods = (f"({pods} * on (namespace, pod) group_left () "
+                f"max by (namespace, pod) (kube_pod_labels{{{', '.join(sel)}}}))")
     podg = f"({pods} * on (node) group_left ({by}) {node_groups})"
     restarts = (f"round(sum by (namespace, pod) (increase(kube_pod_container_status_restarts_total{ns}[{window}s])))"
                 if window else f"sum by (namespace, pod) (kube_pod_container_status_restarts_total{ns})")
@@ -248,7 +251,8 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         "max": f"max by ({by}) ({rp})",
         "with": f"count by ({by}) {restarting}",
         "reasons": (f"count by ({by}, reason) ((max by (namespace, pod, reason) "
-                    f"(kube_pod_container_status_last_terminated_reason{ns} == 1)) * on (namespace, pod) group_left ({by}) "
+                    f"(kube_pod_container_status_last_terminated_reason{ns} == 1)) * on (namespace, pod) group_left "
+                    f"({by}) "
                     f"{restarting})"),
         "loop": (f'count by ({by}) (max by (namespace, pod) (kube_pod_container_status_waiting_reason{{{wait}'
                  f'reason="CrashLoopBackOff"}} == 1) * on (namespace, pod) group_left ({by}) {podg})'),
@@ -317,7 +321,8 @@ def _boundary(client: PromClient, at: float, pods: str, restarts: str, names: di
     if not total_bad or total_bad == total:
         return []
     skip = tuple(prom_label(p.rstrip("/")) for p in _BOUNDARY_SKIP)
-    labels = [x for x in sorted(client.label_names("kube_node_labels")) if x.startswith("label_") and not x.startswith(skip)]
+    labels = [x for x in sorted(client.label_names("kube_node_labels"))
+              if x.startswith("label_") and not x.startswith(skip)]
     exprs = {}
     for label in labels:
         on = f'kube_node_labels{{{label}!=""}} * on (node) group_left ()'

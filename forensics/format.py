@@ -20,7 +20,7 @@ def analysis_payload(analysis: Analysis, *, merged: bool = False) -> dict:
     data["crash"]["exit_status"] = analysis.crash.exit_status
     data["exit_explanation"] = exit_explanation(analysis)
     if merged:
-        for t_json, thread in zip(data["snapshot"]["threads"], analysis.snapshot.threads):
+        for t_json, thread in zip(data["snapshot"]["threads"], analysis.snapshot.threads, strict=True):
             t_json["merged"] = [
                 {"kind": kind.value, **to_jsonable(frame)} for kind, frame in merge_frames(thread)
             ]

@@ -24,11 +24,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .cache import cache_dir
 from .errors import GdbError, GdbNotFound, GdbTimeout
 from .model import CoreFile, LibraryStatus
 from .resources import find_shipped
+
+if TYPE_CHECKING:
+    from pygdbmi.gdbcontroller import GdbController
 
 __all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm",
            "update_debug_farm"]
@@ -90,7 +94,7 @@ class GdbSession:
         self._farm: Path | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._exe: str | None = None
-        self._gdb = None
+        self._gdb: GdbController | None = None
         self._started = False
         self._stage = "starting"
 
@@ -141,11 +145,14 @@ class GdbSession:
         """Send one MI command; return (console text, error lines, result record)."""
         from pygdbmi.constants import GdbTimeoutError
 
+        gdb = self._gdb
+        if gdb is None:  # closed (a timeout, or the caller's close): a command now is the caller's bug, said
+            raise GdbError(self._stage, "gdb is not running")
         self._token += 1
         token = self._token
         deadline = time.monotonic() + (timeout or self.timeout)
         try:
-            self._gdb.write(f"{token}{mi}", read_response=False)
+            gdb.write(f"{token}{mi}", read_response=False)
         except (OSError, ValueError, GdbTimeoutError) as e:
             raise GdbError(self._stage, f"cannot write to gdb: {e}") from e
         console: list[str] = []
@@ -158,8 +165,8 @@ class GdbSession:
                 # Wait for output ourselves, then let pygdbmi parse whatever is there: its own
                 # waiting loop costs a fixed delay per command.
                 remaining = max(0.0, min(1.0, deadline - time.monotonic()))
-                select.select(self._gdb.io_manager.read_list, [], [], remaining)
-                responses = self._gdb.get_gdb_response(timeout_sec=0, raise_error_on_timeout=False)
+                select.select(gdb.io_manager.read_list, [], [], remaining)
+                responses = gdb.get_gdb_response(timeout_sec=0, raise_error_on_timeout=False)
             except (OSError, ValueError) as e:
                 raise GdbError(self._stage, f"gdb exited: {e}") from e
             for r in responses:
@@ -171,8 +178,8 @@ class GdbSession:
                     self._log.append(payload.rstrip("\n"))
                 elif kind == "result" and r.get("token") == token:
                     return "".join(console), errors, r
-            if self._gdb.gdb_process is not None and self._gdb.gdb_process.poll() is not None and not responses:
-                raise GdbError(self._stage, f"gdb exited with status {self._gdb.gdb_process.returncode}")
+            if gdb.gdb_process is not None and gdb.gdb_process.poll() is not None and not responses:
+                raise GdbError(self._stage, f"gdb exited with status {gdb.gdb_process.returncode}")
 
     def console(self, command: str, *, check: bool = True, timeout: float | None = None) -> str:
         """Run a CLI command and return what it printed."""
@@ -270,7 +277,7 @@ class GdbSession:
             self._tmp = None
             self._farm = None
 
-    def __enter__(self) -> "GdbSession":
+    def __enter__(self) -> GdbSession:
         return self
 
     def __exit__(self, *exc: object) -> None:

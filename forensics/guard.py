@@ -28,7 +28,8 @@ _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class GuardError(ForensicsError, ValueError):
-    help_text = "Example: forensics guard --target nvitop.api.device:Device.nvlink_throughput --returns '[]' --env FORENSICS_GUARD_NVLINK"
+    help_text = ("Example: forensics guard --target nvitop.api.device:Device.nvlink_throughput --returns '[]' "
+                 "--env FORENSICS_GUARD_NVLINK")
 
     def __init__(self, what: str) -> None:
         super().__init__(f"bad guard: {what}", what=what)

@@ -57,14 +57,15 @@ def run_kubectl(opts: KubeOptions, action: str, args: list[str], *, stdin: str |
     """
     cmd = opts.argv(namespaced) + args
     try:
-        p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout,
-                           **({} if stdin is not None else {"stdin": subprocess.DEVNULL}))
+        p = subprocess.run(cmd, input=stdin, stdin=subprocess.DEVNULL if stdin is None else None, capture_output=True,
+                           text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise KubeError(action, f"no answer in {timeout:g}s") from e
     except OSError as e:
         raise KubectlNotFound(opts.kubectl) from e
     if p.returncode != 0:
-        raise KubeError(action, (p.stderr.strip() or p.stdout.strip() or f"exit status {p.returncode}").splitlines()[-1])
+        raise KubeError(action,
+                        (p.stderr.strip() or p.stdout.strip() or f"exit status {p.returncode}").splitlines()[-1])
     return p.stdout
 
 

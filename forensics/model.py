@@ -337,7 +337,7 @@ class NativeFrame:
     def is_tail_call_handler(self) -> bool:
         """True for an opcode handler of 3.14's tail-calling interpreter (clang builds): it runs inside one
         ``_PyEval_EvalFrameDefault`` call, above it on the native stack."""
-        return bool(self.symbol) and self.symbol.startswith("_TAIL_CALL_")
+        return self.symbol is not None and self.symbol.startswith("_TAIL_CALL_")
 
     @property
     def is_python_runtime(self) -> bool:

@@ -5,13 +5,16 @@ import click
 
 __all__ = ["json_option", "output_option", "force_option", "verbose_option", "SIZE", "parse_coredump_filter"]
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Write one JSON document to stdout (logs go to stderr).")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Write one JSON document to stdout (logs go to stderr).")
 output_option = click.option(
     "-o", "--output", type=click.Path(dir_okay=False), default=None,
     help="Write the result to FILE instead of stdout (never overwrites without --force).",
 )
 force_option = click.option("--force", is_flag=True, help="Allow --output to replace an existing file.")
-verbose_option = click.option("-v", "--verbose", count=True, help="More detail on stderr (every warning of the analysis; with verify-imports, every path looked at).")
+verbose_option = click.option("-v", "--verbose", count=True,
+                              help="More detail on stderr (every warning of the analysis; with verify-imports, every "
+                                   "path looked at).")
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

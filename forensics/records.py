@@ -96,7 +96,7 @@ def _getstate(self):
 
 
 def _setstate(self, state) -> None:
-    for name, value in zip(type(self).__record_names__, state):
+    for name, value in zip(type(self).__record_names__, state, strict=False):  # as pickled: fields in order
         object.__setattr__(self, name, value)
 
 

@@ -86,7 +86,8 @@ _IPV4 = re.compile(r"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|
 # logs and reports are full of
 _IPV6 = re.compile(r"(?<![\w:.])(?:(?:[0-9a-fA-F]{1,4}:){3,7}[0-9a-fA-F]{1,4}"
                    r"|(?:[0-9a-fA-F]{1,4}:){1,6}:(?:[0-9a-fA-F]{1,4}(?::[0-9a-fA-F]{1,4}){0,5})?)(?![\w:.])")
-_HOSTNAME = re.compile(r"\b(?=[a-z0-9-]*[a-z])[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+\b")
+_HOSTNAME = re.compile(r"\b(?=[a-z0-9-]*[a-z])[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+                       r"(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+\b")
 # A known node/pod/host name is replaced only as a whole name: not inside an identifier or a file name
 # (a node "vm" must leave nvmlDeviceGetFieldValues and pynvml.py alone), and not as a later label of
 # another dotted name.  "-" separates: bundle directories and static pods join names with it
@@ -172,7 +173,8 @@ class Redactor:
         s = _WEBHOOK.sub(lambda m: m["base"] + self._secret("webhook URLs", m["secret"]), s)
         s = _URL_USERINFO.sub(self._userinfo, s)
         s = _URL_TOKEN_USER.sub(lambda m: m["scheme"] + self._secret("tokens in URLs", m["user"]) + "@", s)
-        s = _URL_CUT.sub(lambda m: f"{m['scheme']}{m['user']}:{self._secret('passwords in URLs cut short', m['pw'])}", s)
+        s = _URL_CUT.sub(lambda m: f"{m['scheme']}{m['user']}:{self._secret('passwords in URLs cut short', m['pw'])}",
+                         s)
         s = _AUTH_HEADER.sub(self._header, s)
         s = _USER_OPTION.sub(self._user_option, s)
         s = _BEARER.sub(lambda m: f"{m.group(1)} {self._secret('bearer tokens', m['value'])}", s)
@@ -242,10 +244,17 @@ class Redactor:
         names = [n for n in self.known_hosts if n]
         if names:
             s = _names_pattern(tuple(sorted(names, key=len, reverse=True))).sub(self._known_host, s)
-        s = _IPV4.sub(lambda m: m.group(0) if m.group(0).startswith("127.") else (self._count("IP addresses"), self.alias(m.group(0), "ip"))[1], s)
-        s = _IPV6.sub(lambda m: (self._count("IP addresses"), self.alias(m.group(0), "ip"))[1], s)
+        s = _IPV4.sub(self._ipv4, s)  # loopback stays
+        s = _IPV6.sub(self._ip, s)
         s = _HOSTNAME.sub(self._hostname, s)
         return s
+
+    def _ipv4(self, m: re.Match) -> str:
+        return m.group(0) if m.group(0).startswith("127.") else self._ip(m)
+
+    def _ip(self, m: re.Match) -> str:
+        self._count("IP addresses")
+        return self.alias(m.group(0), "ip")
 
     def _known_host(self, m: re.Match) -> str:
         name = m.group(0)
@@ -271,8 +280,9 @@ class Redactor:
 
 
 _DOMAIN_SUFFIXES = frozenset(
-    "com net org io ai dev cloud app co edu gov mil int biz info us uk de fr cn jp kr in ru nl eu ca au ch se "
-    "local localdomain internal cluster svc lan corp intra intranet home private example test".split()
+    ["com", "net", "org", "io", "ai", "dev", "cloud", "app", "co", "edu", "gov", "mil", "int", "biz", "info", "us",
+     "uk", "de", "fr", "cn", "jp", "kr", "in", "ru", "nl", "eu", "ca", "au", "ch", "se", "local", "localdomain",
+     "internal", "cluster", "svc", "lan", "corp", "intra", "intranet", "home", "private", "example", "test"]
 )
 
 
@@ -307,7 +317,8 @@ def redact_tree(value: Any, r: Redactor, *, key: str | None = None) -> Any:
             return r.env_value(key, value)
         return r.text(value)
     if isinstance(value, dict):
-        if isinstance(value.get("name"), str) and isinstance(value.get("value"), str) and SECRET_NAME.search(value["name"]):
+        if (isinstance(value.get("name"), str) and isinstance(value.get("value"), str)
+                and SECRET_NAME.search(value["name"])):
             return {k: (r.env_value(value["name"], v) if k == "value" else redact_tree(v, r)) for k, v in value.items()}
         return {k: redact_tree(v, r, key=k if key in ("environ", "env", "environment") or _is_env_name(k) else None)
                 for k, v in value.items()}

@@ -124,7 +124,8 @@ class ReproduceResult:
 def parse_header(stdout: str) -> dict[str, str]:
     """``key: value`` lines of a reproducer's environment header (indented by exactly two spaces).
 
-    >>> parse_header("x\\n  GPU:            8 x NVIDIA H20\\n    GPU 0: 18 NVLinks\\n  driver:  580.126.09\\nVERDICT: clean\\n")
+    >>> parse_header("x\\n  GPU:            8 x NVIDIA H20\\n    GPU 0: 18 NVLinks\\n"
+    ...              "  driver:  580.126.09\\nVERDICT: clean\\n")
     {'gpu': '8 x NVIDIA H20', 'driver': '580.126.09'}
     """
     out = {}
@@ -144,7 +145,8 @@ _CRASH_TIME = re.compile(r"time to crash (\d+(?:\.\d+)?) s")
 def parse_crash_verdict(verdict: str | None) -> tuple[int | None, float | None]:
     """(call number, seconds since the first query) from the C reproducer's crash verdict.
 
-    >>> parse_crash_verdict("crashed: SIGABRT inside call #41 (...) on GPU 1 (...); time to crash 0.021 s after the first query; crash rate 1 in 41 calls")
+    >>> parse_crash_verdict("crashed: SIGABRT inside call #41 (...) on GPU 1 (...); time to crash 0.021 s after "
+    ...                     "the first query; crash rate 1 in 41 calls")
     (41, 0.021)
     """
     if not verdict or not verdict.startswith(("crashed", "heap corruption detected")):

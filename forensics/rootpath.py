@@ -27,7 +27,7 @@ import contextlib
 import errno
 import os
 import stat
-from typing import Iterator
+from collections.abc import Iterator
 
 __all__ = [
     "MAX_SYMLINKS",
@@ -286,10 +286,8 @@ def makedirs_in_root(root: str | int, path: str, mode: int = 0o755) -> int:
         for name in split_in_root(path):
             if name == "..":
                 raise OSError(errno.EINVAL, "'..' in a path to create", path)
-            try:
+            with contextlib.suppress(FileExistsError):  # opened below, never following a link
                 os.mkdir(name, mode, dir_fd=fd)
-            except FileExistsError:
-                pass
             nxt = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = nxt

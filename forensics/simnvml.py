@@ -70,7 +70,8 @@ SIM_ENV: dict[str, tuple[str, str]] = {
         "prev",
         "prev -> 'double free or corruption (!prev)'; next-size -> 'free(): invalid next size (normal)'",
     ),
-    "FORENSICS_SIMNVML_FAULT_THREAD": ("any", "any | non-main: fault only in calls from threads other than the main one"),
+    "FORENSICS_SIMNVML_FAULT_THREAD": ("any",
+                                       "any | non-main: fault only in calls from threads other than the main one"),
     "FORENSICS_SIMNVML_OVERFLOW_BYTES": ("24", "the overflow fault: bytes written past the caller's array (1-4096)"),
     "FORENSICS_SIMNVML_DETECT": (
         "later",
@@ -78,7 +79,8 @@ SIM_ENV: dict[str, tuple[str, str]] = {
         "returning, the library frees the chunk after the array, so glibc aborts while the call (and the "
         "caller's frame with the array and the count) is on the stack",
     ),
-    "FORENSICS_SIMNVML_NVLINKS": ("18", "NVLinks per GPU (NVML_FI_DEV_NVLINK_LINK_COUNT, 0-18), or 'error': that field fails"),
+    "FORENSICS_SIMNVML_NVLINKS": ("18", "NVLinks per GPU (NVML_FI_DEV_NVLINK_LINK_COUNT, 0-18), or 'error': that "
+                                        "field fails"),
 }
 
 #: pip install steps of the PyPI stacks, in order (nvitop 1.5.0 declares
