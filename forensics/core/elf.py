@@ -492,6 +492,8 @@ def auxv_vector(desc: bytes) -> bytes:
 #: page sizes an NT_FILE note may count in: the kernel's PAGE_SIZE (4 KiB on x86-64; 16 and 64 KiB
 #: elsewhere), and 1 -- gdb's gcore / generate-core-file writes byte offsets with a "page size" of 1
 _PAGE_SIZES = frozenset({1, 1 << 12, 1 << 14, 1 << 16})
+#: the largest file offset a mapping can have (off_t is signed 64-bit)
+_MAX_FILE_OFFSET = (1 << 63) - 1
 
 
 def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:
@@ -500,7 +502,8 @@ def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:
     Layout: ``count, page_size`` then ``count`` x ``(start, end, page_offset)`` then
     ``count`` NUL-terminated paths.
 
-    :raises ValueError: when the note is cut short
+    :raises ValueError: when the note is cut short or names a mapping no process can have (empty, or an offset
+        past any file)
     """
     if len(desc) < 16:
         raise ValueError("NT_FILE is shorter than its header")
@@ -516,6 +519,12 @@ def parse_nt_file(desc: bytes) -> tuple[FileMapping, ...]:
     out = []
     for i in range(count):
         start, end, pgoff = struct.unpack_from("<QQQ", desc, 16 + i * 24)
+        # the kernel writes neither an empty mapping nor a file offset past off_t's range: such an entry is not
+        # one a core holds, and its offset would be read from the file as given
+        if end <= start:
+            raise ValueError(f"NT_FILE entry {i} ends at {end:#x}, not after its start {start:#x}")
+        if pgoff * page_size > _MAX_FILE_OFFSET:
+            raise ValueError(f"NT_FILE entry {i} starts {pgoff * page_size:#x} bytes into its file, past any file")
         out.append(
             FileMapping(
                 start=start, end=end, offset=pgoff * page_size, path=names[i].decode("utf-8", errors="surrogateescape")

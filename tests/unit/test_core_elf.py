@@ -137,6 +137,18 @@ def test_parse_nt_file_refuses_a_page_size_that_is_none():
         elf.parse_nt_file(nt_file([(1, 2, 0, "/a")], page_size=3))
 
 
+@pytest.mark.parametrize("entry, words", [
+    ((0x7F0000002000, 0x7F0000002000, 0, "/lib/libc.so.6"), "not after its start"),  # empty
+    ((0x7F0000002000, 0x7F0000001000, 0, "/lib/libc.so.6"), "not after its start"),  # backwards
+    ((0x7F0000000000, 0x7F0000001000, (1 << 64) - 1, "/lib/libc.so.6"), "past any file"),  # off_t overflows
+])
+def test_parse_nt_file_refuses_a_mapping_no_process_has(entry, words):
+    # a mutated core's NT_FILE offset of 2**64-1 pages made analyze pread() past off_t: an internal error
+    desc = nt_file([(0x400000, 0x401000, 0, "/usr/bin/x"), entry])
+    with pytest.raises(ValueError, match=f"entry 1 .*{words}"):
+        elf.parse_nt_file(desc)
+
+
 def test_parse_nt_file_rejects_missing_paths():
     desc = nt_file([(1, 2, 0, "/a"), (3, 4, 0, "/b")])
     with pytest.raises(ValueError):
