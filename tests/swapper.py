@@ -23,7 +23,7 @@ _RENAME_EXCHANGE = 2
 
 
 class Swapper:
-    """The swapping process for a ``with`` block: ``.pid``, and ``.swaps()`` (how many so far, from its stdout)."""
+    """The swapping process for a ``with`` block (``.pid``); at the block's end, it must still be swapping."""
 
     def __init__(self, root: Path, name: str, cwd: str | None = None, chroot: bool = True) -> None:
         self.argv = [sys.executable, __file__, str(root), name, cwd or "", "chroot" if chroot else ""]
