@@ -160,6 +160,19 @@ class CorePatternLock:
         os.close(self.fd)
 
 
+@pytest.fixture
+def short_core_dir():
+    """A core directory under /tmp with a short name: a ``|`` core_pattern naming it and the venv's forensics
+    must fit the kernel's 128 bytes, which pytest's tmp_path (and a CI checkout's path) can exceed."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="fc", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def core_pattern_lock():
     lock = CorePatternLock()

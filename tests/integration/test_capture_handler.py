@@ -392,13 +392,13 @@ def test_full_filesystem_keeps_metadata_and_marks_the_partial_core(crasher, tmp_
     assert r.core_state == meta["core"]["state"]
 
 
-def test_installed_into_the_kernel_for_real(cores, newest_python, tmp_path, core_pattern):
+def test_installed_into_the_kernel_for_real(cores, newest_python, tmp_path, short_core_dir, core_pattern):
     """The shortest window: both crashers wait on a FIFO, the pattern is set, they crash, it is restored."""
     from tests.crashers.make_core import EXPORTER, build_libcrash
     from forensics.capture.pattern import install_handler, read_core_pattern, uninstall_handler
 
     lib = build_libcrash(tmp_path)
-    core_dir = Path(tempfile.mkdtemp(prefix="fc", dir="/tmp"))  # short: core_pattern holds 128 bytes
+    core_dir = short_core_dir  # short: core_pattern holds 128 bytes
     fifos, procs = [], []
     from tests.conftest import PYTHONS
 

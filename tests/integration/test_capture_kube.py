@@ -188,7 +188,8 @@ def test_capture_pod_says_the_core_will_not_survive_and_exits_4(cluster, tmp_pat
 
 
 @pytest.mark.parametrize("pattern", ["core", "handler"])
-def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_path, core_pattern, pattern):
+def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_path, short_core_dir, core_pattern,
+                                                                pattern):
     """#20.1: a pod in CrashLoopBackOff (the incident's state) was refused; its next start inherits the
     node's handler and the cores of its earlier containers are on the node."""
     import resource
@@ -196,7 +197,7 @@ def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_pat
     from forensics.capture.pattern import handler_pattern
 
     standin, kubeconfig = cluster
-    core_dir = tmp_path / "cores"
+    core_dir = short_core_dir
     pod_uid = standin.pods[(NS, "exporter-crashloop")]["metadata"]["uid"]
     # GIVEN the pod's sandbox running on the node (RLIMIT_CORE unlimited, which new containers of the pod get)
     sandbox_cg = pod_cgroup(pod_uid, uuid.uuid4().hex + uuid.uuid4().hex)
