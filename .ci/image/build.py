@@ -19,7 +19,6 @@ Used by tests/integration/test_agent_image.py, which builds it once per input (c
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -141,7 +140,8 @@ def build(out: Path, tag: str) -> Path:
             marker.unlink()
         assemble(rootfs, site)
         subprocess.run(["umoci", "repack", "--image", f"{out}:{tag}", str(bundle)], check=True, capture_output=True)
-        subprocess.run(["umoci", "config", "--image", f"{out}:{tag}", "--config.entrypoint", "/opt/forensics/bin/forensics",
+        subprocess.run(["umoci", "config", "--image", f"{out}:{tag}",
+                        "--config.entrypoint", "/opt/forensics/bin/forensics",
                         "--config.workingdir", "/", "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin",
                         "--config.label", f"org.opencontainers.image.version={tag}",
                         "--config.label", "org.opencontainers.image.title=forensics-agent"], check=True)
