@@ -163,3 +163,41 @@ def test_a_core_deleted_for_the_budget_is_told_even_when_its_record_cannot_say_i
     # THEN the older core went, and the index says its record still claims it
     assert deleted == ["old"] and not (tmp_path / "crashes/old/50-core/core.zst").exists()
     assert read_index(str(tmp_path))[-1]["records_not_updated"] == ["old"]
+
+
+def test_a_core_the_budget_cannot_delete_is_told_in_the_index(tmp_path):
+    from forensics.capture.budget import append_index, enforce_budget, read_index
+
+    # GIVEN two cores of one crash loop, the older one a directory where its file should be (unlink fails,
+    # even for root)
+    for cid in ("old", "new"):
+        d = tmp_path / "crashes" / cid
+        (d / "50-core").mkdir(parents=True)
+        (d / "metadata.json").write_text(json.dumps({"core": {"state": "kept", "file": "core.zst"}}))
+        append_index(str(tmp_path), {"id": cid, "core": "core.zst", "crash_loop_key": "k"})
+    (tmp_path / "crashes/old/50-core/core.zst").mkdir()
+    (tmp_path / "crashes/old/50-core/core.zst/x").write_bytes(os.urandom(1 << 20))
+    (tmp_path / "crashes/new/50-core/core.zst").write_bytes(os.urandom(1 << 20))
+    # WHEN the budget leaves room for one core
+    deleted = enforce_budget(str(tmp_path), 3 << 19)
+    # THEN nothing was deleted, and the index says which core stays and why
+    assert deleted == []
+    event = read_index(str(tmp_path))[-1]
+    assert event["event"] == "budget" and event["not_deleted"] == ["old: Is a directory"]
+
+
+def test_an_unreadable_handler_state_is_an_error_not_an_empty_one(tmp_path):
+    from forensics.capture.pattern import HANDLER_STATE, uninstall_handler
+    from forensics.errors import CoreDirectoryError
+
+    if os.geteuid() != 0:
+        pytest.skip("uninstall_handler needs root")
+    # GIVEN a state file cut short (it records the core_pattern to restore); the kernel's file is a copy here
+    (tmp_path / HANDLER_STATE).write_text('{"previous_pattern": "co')
+    proc = tmp_path / "proc"
+    (proc / "sys/kernel").mkdir(parents=True)
+    (proc / "sys/kernel/core_pattern").write_text("|/x core-handler\n")
+    # WHEN the handler is uninstalled THEN it stops with the file named, and nothing was written
+    with pytest.raises(CoreDirectoryError, match="cannot be read"):
+        uninstall_handler(str(tmp_path), proc=str(proc))
+    assert (proc / "sys/kernel/core_pattern").read_text() == "|/x core-handler\n"
