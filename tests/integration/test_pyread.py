@@ -542,7 +542,7 @@ def test_thread_list_into_self_referencing_words_is_refused_at_once(cores, key, 
     # THEN the first bogus thread state is refused: it does not point back to its interpreter
     assert stacks.status is PythonStatus.FAILED and stacks.threads == ()
     assert "belongs to interpreter 0x" in stacks.detail and f"not 0x{slots['interp']:x}" in stacks.detail
-    assert seconds < 5
+    assert seconds < 30  # a bound, not a speed: the unbounded walk took 110 s; under load this is well under 1 s
 
 
 @pytest.mark.parametrize("key", python_params(("3.12",), sid=("3.14",)))
@@ -555,7 +555,7 @@ def test_crafted_thread_list_is_cut_and_says_so(cores, key, tmp_path):
     assert stacks.status is PythonStatus.PARTIAL
     assert "(not a frame chain)" in stacks.detail
     assert stacks.detail.endswith("thread states in a row have no readable stack (not a thread list)")
-    assert len(stacks.threads) <= 16 and seconds < 10
+    assert len(stacks.threads) <= 16 and seconds < 30  # (the unbounded walk: 110 s)
     # and each bound of the whole walk cuts it where it is, saying which (threads, frames, reads, time)
     for limits, said in ((Limits(threads=4), "cut at the walk's bound of 4 threads"),
                          (Limits(total_frames=50), "cut at the walk's bound of 50 frames in all"),
