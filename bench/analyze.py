@@ -10,7 +10,7 @@ What it measures
   written Python heap via ``EXPORTER_BALLAST_MB``) from the newest CPython, and one
   heap-walk core (``--heap-mb``, default 256 MiB of 4 KiB malloc chunks, ~65,000 of them, via
   ``EXPORTER_HEAP_BALLAST_MB``): what ``--heap`` costs grows with the chunks, not the core's size.
-  Cores live in ``--workdir`` (default /tmp/forensics-bench) and are reused
+  Cores live in ``--workdir`` (default ``bench/analyze/`` in the forensics cache) and are reused
   between runs, keyed by interpreter path, scenario and ballast.
 * forensics is measured from a wheel built from this checkout and installed into
   ``bench/.wheel-venv`` (rebuilt when a source file changes), never from the editable
@@ -874,7 +874,8 @@ def _eu_stack_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workdir", type=Path, default=Path("/tmp/forensics-bench"), help="cores and outputs (reused)")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="cores and outputs, reused (default: bench/analyze/ in the forensics cache)")
     ap.add_argument("--repeat", type=int, default=None, help="runs per tool per core (default 3; --quick 1)")
     ap.add_argument("--no-big", action="store_true", help="skip the big core")
     ap.add_argument("--big-mb", type=int, default=2048, help="Python heap ballast of the big core, MiB")
@@ -924,6 +925,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"cannot install the forensics wheel: {wheel_info}")
             return 1
 
+    if args.workdir is None:
+        from forensics.cache import cache_dir
+
+        args.workdir = cache_dir() / "bench" / "analyze"
     args.workdir.mkdir(parents=True, exist_ok=True)
     cases: list[CoreCase] = []
     batch = None

@@ -4,7 +4,7 @@ What it measures
 ----------------
 * The core: a real kernel core of ``tests/crashers/exporter.py`` (``heap-prev``) from
   this interpreter, grown to about ``--mb`` MiB (default 1024) of written Python heap with
-  ``EXPORTER_BALLAST_MB``; kept in ``--workdir`` (default /tmp/forensics-bench-capture)
+  ``EXPORTER_BALLAST_MB``; kept in ``--workdir`` (default ``bench/capture/`` in the forensics cache)
   and reused.
 * Both tools read the core through a pipe (``cat CORE |``), as the kernel hands it over,
   and write their output to a file in the work directory, alternately, ``--repeat`` times
@@ -98,10 +98,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mb", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--workdir", default="/tmp/forensics-bench-capture")
+    ap.add_argument("--workdir", default=None,
+                    help="kept for the next run (default: bench/capture/ in the forensics cache)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the handler reads /proc/PID/map_files of another process")
+    if args.workdir is None:
+        from forensics.cache import cache_dir
+
+        args.workdir = cache_dir() / "bench" / "capture"
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     wrapper = work / "forensics"
