@@ -11,6 +11,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..core import open_core
+from ..core.memory import one_analysis
 from ..errors import GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
 from ..model import (
     Analysis,
@@ -291,6 +292,7 @@ class _InBackground:
 HEAP_MODES = ("auto", "full", "off")
 
 
+@one_analysis
 def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = None, gdb: str = "gdb",
                  timeout: float = 120.0, debuginfod: str | None = None, method: str = "auto",
                  native_method: str = "auto", session: GdbSession | None = None, heap: str = "auto") -> Analysis:

@@ -22,18 +22,56 @@ from __future__ import annotations
 
 import bisect
 import errno
+import functools
 import mmap
 import os
 import stat
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from forensics.records import record
 from forensics.core import elf
 from forensics.errors import CoreNotFound, CoreReadError, InputUnreadable, NotACoreFile
 
-__all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory"]
+__all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory", "one_analysis", "analysis_cache"]
 
 _HEAD_SIZE = 4096
+
+#: what one analysis computed once for its core (its parsed headers and notes, the interpreter found in it),
+#: kept while :func:`one_analysis` runs (its threads included) and dropped when the last one returns
+_CACHE: dict[tuple, Any] = {}
+_CACHE_DEPTH = 0
+_CACHE_LOCK = threading.Lock()
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def one_analysis(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Decorate the function of one analysis: while it runs, its core's ELF structure is parsed once however
+    often it is opened, and :func:`analysis_cache` holds what readers compute once per core."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        global _CACHE_DEPTH
+        with _CACHE_LOCK:
+            _CACHE_DEPTH += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with _CACHE_LOCK:
+                _CACHE_DEPTH -= 1
+                if not _CACHE_DEPTH:
+                    _CACHE.clear()
+
+    return wrapper
+
+
+def analysis_cache() -> dict[tuple, Any] | None:
+    """The running analysis's cache (:func:`one_analysis`), None outside one.  Key by what the value was
+    computed from, starting with the name of what it is."""
+    return _CACHE if _CACHE_DEPTH else None
 
 
 class MemoryNotInCore(LookupError):
@@ -141,7 +179,8 @@ class CoreMemory:
                 except ValueError as e:
                     raise CoreReadError(path, f"truncated inside the ELF header ({len(head)} bytes)") from e
                 elf.check_core_header(header, path)
-                size = os.fstat(f.fileno()).st_size
+                fst = os.fstat(f.fileno())
+                size = fst.st_size
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
             if isinstance(e, (NotACoreFile, CoreReadError)):
@@ -151,12 +190,15 @@ class CoreMemory:
             if e.errno == errno.EACCES:
                 raise InputUnreadable(path) from e
             raise CoreReadError(path, e.strerror or str(e)) from e
+        # One analysis opens its core several times (the core's facts, the Python walker, the locals, the
+        # heap): inside it (:func:`one_analysis`) the file opened again is the one parsed before when it is
+        # the same inode, unchanged (size, times, ELF header), so its headers and notes are parsed once.
+        key = ("core", fst.st_dev, fst.st_ino, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns, head[:elf.EHDR64_SIZE])
         try:
-            layout = _read_layout(path, mm, header, size)
+            layout, segments = _parsed(key, path, mm, header, size)
         except BaseException:
             mm.close()
             raise
-        segments = _segments(layout)
         return cls(mm, segments, path=path, layout=layout)
 
     def close(self) -> None:
@@ -267,6 +309,19 @@ class CoreMemory:
             pos += n
             left -= n
         return b"".join(chunks)
+
+
+def _parsed(key: tuple, path: str, mm: mmap.mmap, header: elf.ElfHeader,
+            size: int) -> tuple[CoreLayout, tuple[Segment, ...]]:
+    """The layout and segments of the core open as ``mm``: parsed, or as parsed before in this analysis."""
+    cache = analysis_cache()
+    cached = cache.get(key) if cache is not None else None
+    if cached is None:
+        layout = _read_layout(path, mm, header, size)
+        cached = (layout, tuple(_segments(layout)))
+        if cache is not None:
+            cache[key] = cached
+    return cached
 
 
 def _read_layout(path: str, mm: mmap.mmap, header: elf.ElfHeader, size: int) -> CoreLayout:

@@ -91,6 +91,22 @@ def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
     :param mem: the core's memory (:class:`~forensics.core.CoreMemory`)
     :param dwarf: a layout record from gdb, used instead of the debug offsets and the table
     """
+    from forensics.core.memory import analysis_cache
+
+    # the walker, the crashing thread's locals and the heap's owner search each ask for the same core's
+    # interpreter in one analysis: found once.  Not kept: a DWARF layout from gdb, and an interpreter whose
+    # symbols are read from the core's memory (its image reads through ``mem``, closed after this use).
+    cache = analysis_cache() if dwarf is None else None
+    key = ("interpreter", id(core), sysroot)
+    if cache is not None and key in cache and cache[key][0] is core:
+        return cache[key][1]
+    found = _find_interpreter(core, mem, sysroot=sysroot, dwarf=dwarf)
+    if cache is not None and (isinstance(found, PythonStacks) or found.binary.file_path is not None):
+        cache[key] = (core, found)
+    return found
+
+
+def _find_interpreter(core: CoreFile, mem, *, sysroot: str | None, dwarf: dict | None) -> Interpreter | PythonStacks:
     from forensics.pyread.debug_offsets import DebugOffsetsError, parse_debug_offsets, read_size
     from forensics.pyread.layouts import Layout, LayoutError, choose_layout, debug_offset_shapes
     from forensics.pyread.locate import detect_version, find_runtime
