@@ -238,22 +238,26 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     podg = f"({pods} * on (node) group_left ({by}) {node_groups})"
     restarts = (f"round(sum by (namespace, pod) (increase(kube_pod_container_status_restarts_total{ns}[{window}s])))"
                 if window else f"sum by (namespace, pod) (kube_pod_container_status_restarts_total{ns})")
-    rp = f"({restarts} * on (namespace, pod) group_left ({by}) {podg})"
-    restarting = f"(({rp}) > 0)"
+    # the restarting pods with their group (only they count for restarts, exit codes and reasons: the join is
+    # over the pods that restarted, not the whole fleet)
+    restarting = f"(({restarts}) > 0) * on (namespace, pod) group_left ({by}) {podg}"
     exitcode = f"max by (namespace, pod) (kube_pod_container_status_last_terminated_exitcode{ns})"
 
     crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
     wait = f'namespace="{_esc(namespace)}", ' if namespace else ""
+    # Prometheus shares nothing between queries (each evaluates its joins again): one query per figure that needs
+    # its own aggregation, and count_values where one evaluation answers several figures (pods per node gives both
+    # pods and nodes; the exit code itself gives the four exit-code columns)
     exprs = {
-        "pods": f"count by ({by}) ({podg})",
-        "nodes": f"count by ({by}) (count by (node, {by}) ({podg}))",
-        "total": f"sum by ({by}) ({rp})",
-        "max": f"max by ({by}) ({rp})",
-        "with": f"count by ({by}) {restarting}",
+        "pods_nodes": f'count_values by ({by}) ("pods_on_node", count by (node, {by}) ({podg}))',
+        "total": f"sum by ({by}) ({restarting})",
+        "max": f"max by ({by}) ({restarting})",
+        "with": f"count by ({by}) ({restarting})",
+        "codes": (f'count_values by ({by}) ("exit_code", {exitcode} * on (namespace, pod) group_left ({by}) '
+                  f"(({restarting}) > bool 0))"),
         "reasons": (f"count by ({by}, reason) ((max by (namespace, pod, reason) "
                     f"(kube_pod_container_status_last_terminated_reason{ns} == 1)) * on (namespace, pod) group_left "
-                    f"({by}) "
-                    f"{restarting})"),
+                    f"({by}) ({restarting}))"),
         "loop": (f'count by ({by}) (max by (namespace, pod) (kube_pod_container_status_waiting_reason{{{wait}'
                  f'reason="CrashLoopBackOff"}} == 1) * on (namespace, pod) group_left ({by}) {podg})'),
         "images": (f"count by ({by}, image_id) (max by (namespace, pod, image_id) (kube_pod_container_info{ns}) "
@@ -263,12 +267,13 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
                   f"(namespace, pod) group_left () {pods})) > 1"),
         "hours": (f"avg(({at:.3f} - max by (namespace, pod) (kube_pod_start_time{ns})) * on (namespace, pod) "
                   f"group_left () {pods}) / 3600"),
-        "all_nodes": f"count(count by (node) ({pods}))",
     }
-    for bucket, cond in (("139", "== 139"), ("134", "== 134"), ("137", "== 137"), ("other", "!= 139 != 134 != 137")):
-        exprs[f"code-{bucket}"] = (f"count by ({by}) ((({exitcode}) {cond}) * on (namespace, pod) group_left ({by}) "
-                                   f"{restarting})")
-    res = client.query_many(exprs, at=at)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the boundary's few dependent queries, beside the table's
+        boundary_f = pool.submit(_boundary, client, at, pods, restarts, names)
+        res = client.query_many(exprs, at=at)
+        boundary, all_nodes = boundary_f.result()
 
     def key_of(labels: dict) -> tuple:
         return tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))
@@ -285,9 +290,18 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
                 d[sub] = d.get(sub, 0) + int(round(v))
         return out
 
-    pods_n, nodes_n, total, maxr = per_group("pods"), per_group("nodes"), per_group("total"), per_group("max")
-    with_r, loop = per_group("with"), per_group("loop")
-    codes = {b: per_group(f"code-{b}") for b in ("139", "134", "137", "other")}
+    pods_n: dict[tuple, float] = {}
+    nodes_n: dict[tuple, float] = {}
+    for labels, v in res["pods_nodes"]:  # v nodes of the group run pods_on_node pods each
+        key, per_node = key_of(labels), _count_value(labels, "pods_on_node")
+        nodes_n[key] = nodes_n.get(key, 0) + v
+        pods_n[key] = pods_n.get(key, 0) + v * per_node
+    total, maxr, with_r, loop = per_group("total"), per_group("max"), per_group("with"), per_group("loop")
+    codes: dict[str, dict[tuple, int]] = {"139": {}, "134": {}, "137": {}, "other": {}}
+    for labels, v in res["codes"]:
+        code = _count_value(labels, "exit_code")
+        c = codes[str(code) if code in (139, 134, 137) else "other"]
+        c[key_of(labels)] = c.get(key_of(labels), 0) + int(round(v))
     reasons = per_group_by("reasons", "reason")
     images = per_group_by("images", "image_id", lambda x: x.split("://", 1)[-1])
     fingerprints = per_group_by("fingerprints", "fingerprint")
@@ -300,10 +314,9 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
             exit_codes={b: int(c[key]) for b, c in codes.items() if c.get(key)}, reasons=reasons.get(key, {}),
             crash_loop=int(loop.get(key, 0)), images=images.get(key, {}), fingerprints=fingerprints.get(key, {})))
     rows.sort(key=lambda x: (-x.total_restarts, -x.pods, x.name))
-    boundary = _boundary(client, at, pods, restarts, names)
     return FleetSummary(
         group_by=group_by, groups=tuple(rows), pods=sum(x.pods for x in rows),
-        nodes=int(res["all_nodes"][0][1]) if res["all_nodes"] else 0,
+        nodes=all_nodes,
         crashing_groups=tuple(x.name for x in rows if x.crash_share >= CRASHY_SHARE),
         clean_groups=tuple(x.name for x in rows if x.pods_with_restarts == 0),
         boundary=tuple(boundary), baseline=baseline_label or (f"the last {window}s" if window else None),
@@ -312,34 +325,74 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         source=client.base)
 
 
-def _boundary(client: PromClient, at: float, pods: str, restarts: str, names: dict[str, str]) -> list[str]:
-    """fleet's boundary (:func:`forensics.fleet._boundary`) from per-label-value node counts, label by label."""
-    nodes_with_pods = f"count by (node) ({pods})"
-    crashy = f"count by (node) ((({restarts}) > 0) * on (namespace, pod) group_left (node) {pods})"
-    total_bad = int(next(iter(client.query(f"count({crashy})", at=at)), ({}, 0))[1])
-    total = int(next(iter(client.query(f"count({nodes_with_pods})", at=at)), ({}, 0))[1])
-    if not total_bad or total_bad == total:
-        return []
+def _count_value(labels: dict[str, str], label: str) -> int:
+    """The value count_values put in ``label`` (an integer count or exit code)."""
+    try:
+        value = float(labels.get(label, ""))
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value != int(value):
+        raise PrometheusError("/api/v1/query", f"count_values gave {label}={str(labels.get(label))[:40]!r}, "
+                                               "not an integer")
+    return int(value)
+
+
+_LABEL_NAME = re.compile(r"label_[a-zA-Z0-9_]*")
+
+
+def _boundary(client: PromClient, at: float, pods: str, restarts: str,
+              names: dict[str, str]) -> tuple[list[str], int]:
+    """fleet's boundary (:func:`forensics.fleet._boundary`) and the number of nodes with pods.
+
+    Three rounds, whatever the number of node labels: the label names; each label's number of values over
+    all nodes (no join) with, beside it, the nodes with pods by whether one of their pods restarted; then one
+    query counting nodes with pods by the values of every label with few values and by that state. A label
+    with more values over all nodes than a boundary can have is asked on its own, over the nodes with pods.
+    """
+    # per node with pods: 1 when one of its pods restarted, else 0
+    state = (f"max by (node) ((({restarts}) > bool 0) * on (namespace, pod) group_left (node) {pods} "
+             f"or on (namespace, pod) 0 * {pods})")
     skip = tuple(prom_label(p.rstrip("/")) for p in _BOUNDARY_SKIP)
-    labels = [x for x in sorted(client.label_names("kube_node_labels"))
-              if x.startswith("label_") and not x.startswith(skip)]
-    exprs = {}
-    for label in labels:
-        on = f'kube_node_labels{{{label}!=""}} * on (node) group_left ()'
-        exprs[f"card {label}"] = f"count(count by ({label}) ({on} {nodes_with_pods}))"
-        exprs[f"all {label}"] = f"count by ({label}) ({on} {nodes_with_pods})"
-        exprs[f"bad {label}"] = f"count by ({label}) ({on} {crashy})"
+    labels = [x for x in sorted(set(client.label_names("kube_node_labels")))
+              if _LABEL_NAME.fullmatch(x) and not x.startswith(skip)]
+    exprs = {"state": f'count_values ("restarted", {state})'}
+    if labels:
+        exprs["card"] = " or ".join(f'label_replace(count(count by ({x}) (kube_node_labels{{{x}!=""}})), '
+                                    f'"node_label", "{x}", "", "")' for x in labels)
     res = client.query_many(exprs, at=at)
+    per_state = {_count_value(lab, "restarted"): int(v) for lab, v in res["state"]}
+    total, total_bad = sum(per_state.values()), per_state.get(1, 0)
+    if not total_bad or total_bad == total or not labels:
+        return [], total
+    card = {lab.get("node_label"): v for lab, v in res.get("card", [])}
+    many = [x for x in labels if card.get(x, 0) > MAX_BOUNDARY_VALUES]
+    if many:  # many values over all nodes: maybe few over the nodes with pods
+        with_pods = f"count by (node) ({pods})"
+        res = client.query_many({x: f'count(count by ({x}) (kube_node_labels{{{x}!=""}} * on (node) group_left () '
+                                    f"{with_pods}))" for x in many}, at=at)
+        many = [x for x in many if not res[x] or res[x][0][1] > MAX_BOUNDARY_VALUES]
+    few = [x for x in labels if card.get(x) and x not in many]
+    if not few:
+        return [], total
+    joint = client.query(f'count_values by ({", ".join(few)}) ("restarted", max by (node, {", ".join(few)}) '
+                         f"(kube_node_labels) * on (node) group_left () {state})", at=at)
+    all_n: dict[str, dict[str, int]] = {x: {} for x in few}
+    bad_n: dict[str, dict[str, int]] = {x: {} for x in few}
+    for lab, v in joint:
+        bad = _count_value(lab, "restarted")
+        for x in few:
+            value = lab.get(x)
+            if value:
+                all_n[x][value] = all_n[x].get(value, 0) + int(v)
+                if bad:
+                    bad_n[x][value] = bad_n[x].get(value, 0) + int(v)
     out = []
-    for label in labels:
-        card = res[f"card {label}"]
-        if not card or card[0][1] > MAX_BOUNDARY_VALUES:
+    for label in few:
+        if len(all_n[label]) > MAX_BOUNDARY_VALUES:
             continue  # a per-node label (serial numbers, names): not a group boundary
-        all_n = {lab.get(label): int(v) for lab, v in res[f"all {label}"]}
-        bad_n = {lab.get(label): int(v) for lab, v in res[f"bad {label}"]}
-        hot = {v: (n, bad_n.get(v, 0)) for v, n in all_n.items() if bad_n.get(v, 0) * 2 >= n}
-        cold = {v: (n, 0) for v, n in all_n.items() if not bad_n.get(v)}
-        if not hot or not cold or len(hot) + len(cold) != len(all_n):
+        hot = {v: (n, bad_n[label].get(v, 0)) for v, n in all_n[label].items() if bad_n[label].get(v, 0) * 2 >= n}
+        cold = {v: (n, 0) for v, n in all_n[label].items() if not bad_n[label].get(v)}
+        if not hot or not cold or len(hot) + len(cold) != len(all_n[label]):
             continue
         if sum(b for _, b in hot.values()) * 10 < total_bad * 9:
             continue
@@ -347,4 +400,4 @@ def _boundary(client: PromClient, at: float, pods: str, restarts: str, names: di
         hot_s = ", ".join(f"{v} ({b} of {n} nodes crashing)" for v, (n, b) in sorted(hot.items()))
         cold_s = ", ".join(f"{v} ({n} nodes, none crashing)" for v, (n, _) in sorted(cold.items()))
         out.append(f"{name}: {hot_s} vs {cold_s}")
-    return sorted(out)
+    return sorted(out), total
