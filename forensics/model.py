@@ -43,6 +43,7 @@ __all__ = [
     "Finding",
     "ChunkState",
     "OverflowVerdict",
+    "NativeFree",
     "HeapChunk",
     "HeapBin",
     "HeapRegion",
@@ -558,6 +559,9 @@ class OverflowVerdict(enum.Enum):
 
     DRIVER = "driver-wrote-past-buffer"  # the native callee wrote past a buffer sized for the count it got
     BINDING = "binding-count-too-large"  # the caller passed a count larger than its buffer
+    # the buffer is a native library's own allocation, freed by that library inside the native call, and no
+    # object of the Python side points into it: no buffer or count of the binding was involved
+    LIBRARY = "library-own-buffer"
     UNDETERMINED = "undetermined"  # the core does not hold what decides it (the reason says what is missing)
 
 
@@ -706,6 +710,17 @@ class NativeCall:
 
 
 @record
+class NativeFree:
+    """The native code that called glibc's allocator when it aborted on the chunk (the crashing thread's frames)."""
+
+    entry: str  # the allocator function called: "free", "realloc", ...
+    function: str  # its caller: a symbol, or the program counter in hex
+    library: str | None  # the caller's object file (None: not in a mapped file)
+    call: str | None = None  # the outermost function of that library on the stack: the call it was inside
+    python_caller: str | None = None  # the innermost Python frame: "function (file:line)"
+
+
+@record
 class HeapCorruption:
     """The anatomy of a heap corruption glibc detected: which chunk, which buffer, how far, and who."""
 
@@ -728,6 +743,7 @@ class HeapCorruption:
     verdict: OverflowVerdict = OverflowVerdict.UNDETERMINED
     verdict_reason: str = ""
     problems: tuple[str, ...] = ()
+    freed_by: NativeFree | None = None  # Python processes: the native code whose free() glibc aborted in
 
 
 @record

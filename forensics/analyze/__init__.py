@@ -505,41 +505,24 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
                        corruption=corruption, summary=mode == "full", owners=owners,
                        is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup)
-    report = _who_freed(report, crashed, locals_problem, is_python=is_python_process(core))
+    if report.corruption is not None and crashed is not None and is_python_process(core):
+        from ..heap.freer import library_verdict
+
+        pointers = None
+        if thread_locals is not None and thread_locals.problem is None and crashed.py_frames:
+            if thread_locals.unread:
+                unread = ", ".join(crashed.py_frames[i].function for i in thread_locals.unread[:3]
+                                   if i < len(crashed.py_frames))
+                locals_problem = f"the variables of {len(thread_locals.unread)} Python frame(s) ({unread}) " \
+                                 "could not be read"
+            else:
+                from ..pyread.locals import python_pointers
+
+                pointers = python_pointers(core, crashed.py_frames, thread_locals)
+        report = dataclasses.replace(report, corruption=library_verdict(
+            report.corruption, crashed.native_frames, crashed.py_frames, pointers, locals_problem))
     findings = analysis.findings + heap_findings(report, analysis.crash.tid)
     return dataclasses.replace(analysis, heap=report, findings=findings)
-
-
-_ALLOCATOR = ("free", "__libc_free", "__GI___libc_free", "cfree", "_int_free", "malloc", "__libc_malloc",
-              "realloc", "__libc_realloc", "calloc", "__libc_calloc")
-
-
-def _who_freed(report: HeapReport, crashed, locals_problem: str | None = None, *, is_python: bool = True) -> HeapReport:
-    """An undetermined verdict whose buffer no Python object owns says which native code called the
-    allocator when glibc aborted (a library freeing its own allocation is the first suspect)."""
-    c = report.corruption
-    if c is None or c.owner is not None or c.overflowed is None or crashed is None or not is_python \
-            or c.verdict.value != "undetermined":
-        return report
-    frames = list(crashed.native_frames)
-    for i, f in enumerate(frames):
-        if f.symbol in _ALLOCATOR and f.is_libc:
-            j = i
-            while j + 1 < len(frames) and frames[j + 1].symbol in _ALLOCATOR:
-                j += 1
-            entry = frames[j].symbol.replace("__GI___libc_", "").replace("__libc_", "")
-            caller = frames[j + 1] if j + 1 < len(frames) else None
-            if caller is not None and not caller.is_libc and not caller.is_python_runtime and caller.library:
-                lib = caller.library_name
-                reason = (f"the buffer that overflowed is {lib}'s own allocation, not one the Python code passed: "
-                          f"glibc aborted in {entry}() called by {caller.symbol or hex(caller.pc)} ({lib})"
-                          + (f" ({locals_problem})" if locals_problem else
-                             ", and no variable of the crashing thread's Python frames holds that chunk: it is "
-                             "not a buffer the binding passed with a count")
-                          + "; the heap does not record which code wrote past its end")
-                return dataclasses.replace(report, corruption=dataclasses.replace(c, verdict_reason=reason))
-            break
-    return report
 
 
 def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:

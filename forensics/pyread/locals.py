@@ -98,6 +98,7 @@ class CallArgument:
     text: str  # how it reads: "c_int(36)", "byref(values)", "<LP_struct_c_nvmlDevice_t at 0x...>"
     ctypes: CtypesObject | None = None
     points_into: int | None = None  # byref(): the object it points into
+    pointer: int | None = None  # byref(): the address it passes (the object's buffer, plus the offset)
     integer: int | None = None  # an integer value (a Python int or a ctypes integer)
 
 
@@ -373,7 +374,7 @@ def _argument(names: TypeNames, objects, addr: int) -> CallArgument:
         target = read_ctypes_object(names, points_into) if points_into else None
         what = target.type_name if target else f"0x{pointer:x}"
         return CallArgument(address=addr, text=f"byref({what})" if tag == b"P" else f"CArgObject({what})",
-                            points_into=points_into or None)
+                            points_into=points_into or None, pointer=pointer or None)
     if d.type_name == "int":
         try:
             value = objects.read_int(addr)
@@ -516,6 +517,7 @@ class ThreadLocals:
     frames: tuple[tuple[PyLocal, ...], ...]  # one tuple per frame of the input, () where unreadable
     call: FrameCall | None = None
     problem: str | None = None  # why they could not be read (None: they were)
+    unread: tuple[int, ...] = ()  # the frames (indexes into ``frames``) whose locals could not be read
 
 
 def _read_thread(core: CoreFile, frames, *, version: tuple[int, int], objects, reader) -> ThreadLocals:
@@ -525,16 +527,19 @@ def _read_thread(core: CoreFile, frames, *, version: tuple[int, int], objects, r
                                                                      "no locals layout")
     names = TypeNames(reader, core)
     out: list[tuple[PyLocal, ...]] = []
+    unread: list[int] = []
     call = None
     for depth, frame in enumerate(frames):
         faddr, caddr = getattr(frame, "frame_address", None), getattr(frame, "code_address", None)
         if not faddr or not caddr:
             out.append(())
+            unread.append(depth)
             continue
         try:
             out.append(read_frame_locals(names, objects, layout, faddr, caddr))
         except BadObject:
             out.append(())
+            unread.append(depth)
             continue
         if depth == 0:
             try:
@@ -542,7 +547,7 @@ def _read_thread(core: CoreFile, frames, *, version: tuple[int, int], objects, r
                 call = read_native_call(names, objects, layout, faddr, caddr, n)
             except BadObject:
                 call = None
-    return ThreadLocals(frames=tuple(out), call=call)
+    return ThreadLocals(frames=tuple(out), call=call, unread=tuple(unread))
 
 
 def read_thread_locals(core: CoreFile, frames, *, sysroot: str | None = None) -> ThreadLocals:
@@ -643,3 +648,51 @@ def find_stack_owner(core: CoreFile, tid: int | None, buffer: int, size: int, *,
     except (ForensicsError, ValueError):
         return None
     return None
+
+
+def python_pointers(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple[str, int, int]]:
+    """What the Python side of a thread holds into native memory: ``(what, start, end)`` for each ctypes
+    object's buffer among its frames' locals, each ctypes pointer's target, each int local (an
+    ``addressof()``), and each argument of the native call in progress (a buffer, a ``byref()``, an
+    integer).  The targets of pointers are read from the core; one that cannot be read is left out.
+    """
+    out: list[tuple[str, int, int]] = []
+    pointers: list[tuple[str, int]] = []  # (what, where the pointer value is stored)
+    for frame, locs in zip(frames, locals_.frames, strict=False):
+        for loc in locs:
+            what = f"{loc.name} ({loc.type_name}, a local of {frame.function})"
+            o = loc.ctypes
+            if o is not None and o.kind == "pointer" and o.buffer:
+                pointers.append((what, o.buffer))
+            elif o is not None and o.kind != "function" and o.buffer and o.size > 0:
+                out.append((what, o.buffer, o.buffer + o.size))
+            elif loc.type_name == "int" and loc.value and loc.value.isdigit():
+                out.append((what, int(loc.value), int(loc.value) + 1))
+    call = locals_.call
+    for i, a in enumerate(call.arguments if call is not None else ()):
+        what = f"argument {i + 1} of the native call in progress ({a.text})"
+        if a.pointer:
+            out.append((what, a.pointer, a.pointer + 1))
+        if a.integer is not None and a.integer > 0:
+            out.append((what, a.integer, a.integer + 1))
+        if a.ctypes is not None and a.ctypes.kind == "pointer" and a.ctypes.buffer:
+            pointers.append((what, a.ctypes.buffer))
+        elif a.ctypes is not None and a.ctypes.kind != "function" and a.ctypes.buffer and a.ctypes.size > 0:
+            out.append((what, a.ctypes.buffer, a.ctypes.buffer + a.ctypes.size))
+    if pointers:
+        from forensics.core.memory import CoreMemory
+        from forensics.errors import ForensicsError
+
+        try:
+            with CoreMemory.open(core.path) as mem:
+                for what, at in pointers[:MAX_POINTERS]:
+                    raw = mem.read_prefix(at, 8)
+                    if len(raw) == 8 and (target := int.from_bytes(raw, "little")):
+                        out.append((what, target, target + 1))
+        except (ForensicsError, ValueError, OSError):
+            pass
+    return out
+
+
+#: ctypes pointers whose targets :func:`python_pointers` reads
+MAX_POINTERS = 4096

@@ -340,6 +340,7 @@ def _hexaddr(v: object) -> str:
 _VERDICT_WORDS = {
     "driver-wrote-past-buffer": "the native library wrote past a correctly sized buffer (not the binding)",
     "binding-count-too-large": "the binding passed a count larger than its buffer (not the native library)",
+    "library-own-buffer": "points at the native library that freed it (not the binding)",
     "undetermined": "undetermined from the heap",
 }
 
@@ -349,7 +350,11 @@ def _overflow_summary(c: dict, rejected: dict, over: dict, owner: dict | None, c
     """The heap section's paragraph, conclusion first: who wrote past the buffer (or why the heap cannot
     say), then the chunk, the Python object and the call it was passed to, the overflow and its first bytes."""
     verdict = c.get("verdict")
-    out = [f"Conclusion: {_VERDICT_WORDS.get(str(verdict), str(verdict))}: {c.get('verdict_reason')}."]
+    words = _VERDICT_WORDS.get(str(verdict), str(verdict))
+    freed_in = str((c.get("freed_by") or {}).get("library") or "").rsplit("/", 1)[-1]
+    if verdict == "library-own-buffer" and freed_in:
+        words = f"points at {freed_in}, not the binding"
+    out = [f"Conclusion: {words}: {c.get('verdict_reason')}."]
     chunk = (f"the chunk at {_hexaddr(over.get('address'))} (size {_hexaddr(over.get('size'))}, "
              f"{c.get('usable_size')} usable bytes)")
     if owner:
@@ -423,6 +428,13 @@ def heap_section(heap: dict) -> dict:
         if call:
             lines.append(f"native call in progress: {call.get('function')}({', '.join(call.get('arguments') or [])}) "
                          f"from {call.get('caller')} ({call.get('file')}:{call.get('line')})")
+        freed = c.get("freed_by") or None
+        if isinstance(freed, dict):
+            lib = str(freed.get("library") or "?").rsplit("/", 1)[-1]
+            lines.append(f"glibc aborted in {freed.get('entry')}() called by {freed.get('function')} ({lib})"
+                         + (f" inside {freed.get('call')}" if freed.get("call") else "")
+                         + (f"; the Python frame making the call: {freed.get('python_caller')}"
+                            if freed.get("python_caller") else ""))
         lines += [f"note: {p}" for p in c.get("problems") or []]
     s = heap.get("summary") or None
     if s:

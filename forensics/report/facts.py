@@ -120,8 +120,10 @@ class Facts:
     repro: dict = field(default_factory=dict)  # the reproduce document (redacted)
     repro_runs: tuple[dict, ...] = ()
     # the core's heap (#21): who wrote past the buffer that overflowed
-    heap_verdict: str | None = None  # "driver-wrote-past-buffer" | "binding-count-too-large" | "undetermined"
+    # "driver-wrote-past-buffer" | "binding-count-too-large" | "library-own-buffer" | "undetermined"
+    heap_verdict: str | None = None
     heap_reason: str | None = None
+    heap_freed_in: str | None = None  # the object file whose free() glibc aborted in (its base name)
     # how often
     frequency: tuple[str, ...] = ()
     first_seen: str | None = None
@@ -581,6 +583,7 @@ def read_facts(ev: Evidence) -> Facts:
         frequency=tuple(_frequency(ev)), first_seen=_first_seen(ev), affected=tuple(_affected(ev)),
         heap_verdict=_get(a, "heap", "corruption", "verdict"),
         heap_reason=_get(a, "heap", "corruption", "verdict_reason"),
+        heap_freed_in=(str(_get(a, "heap", "corruption", "freed_by", "library") or "").rsplit("/", 1)[-1] or None),
     )
 
 

@@ -11,8 +11,10 @@ Pure: :class:`~.facts.Facts` and the known-issue matches in, :class:`Conclusion`
   binding out of the question.
 - A known crash whose definition holds, with a fix released, means "upgrade", not "file".
 - The core's heap (#21) decides it too when the crash is caught during the native call: the
-  buffer that overflowed, the count it was passed with, its size.  It settles the question when
-  no reproducer has, and stands beside the reproducers when they ran.
+  buffer that overflowed, the count it was passed with, its size; or a buffer libnvidia-ml
+  allocated and freed itself inside the call, with nothing of the Python side pointing into it
+  (``library-own-buffer``).  It settles the question when no reproducer has, and stands beside the
+  reproducers when they ran.
 """
 from __future__ import annotations
 
@@ -99,7 +101,10 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
     c_bad = bool(c and c.get("status") in bad)
     idle = [r for r in (py, c) if r and r.get("status") == "could not start"]
     evidence = [f"{_who(r)} {_run_phrase(r)}" for r in (py, c) if r]
-    heap_driver = f.heap_verdict == "driver-wrote-past-buffer"
+    # the driver library's own buffer: only libnvidia-ml's free() points at the driver (another library's
+    # own buffer is that library's bug, which this report's parties do not own)
+    heap_own = f.heap_verdict == "library-own-buffer" and (f.heap_freed_in or "").startswith("libnvidia-ml")
+    heap_driver = f.heap_verdict == "driver-wrote-past-buffer" or heap_own
     heap_binding = f.heap_verdict == "binding-count-too-large"
     if f.heap_verdict:
         evidence.append(f"the core's heap: {f.heap_verdict}: {f.heap_reason}")
@@ -117,7 +122,8 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
     upgrade += [_sentence(k.fix) for k in fixed if _sentence(k.fix) not in upgrade]
     crash = _crash_phrase(f)
 
-    runs = _Runs(py=py, c=c, py_bad=py_bad, c_bad=c_bad, heap_driver=heap_driver, heap_binding=heap_binding)
+    runs = _Runs(py=py, c=c, py_bad=py_bad, c_bad=c_bad, heap_driver=heap_driver, heap_binding=heap_binding,
+                 heap_own=heap_own)
     if c_bad or (heap_driver and not py_bad):
         suspect, statement, filings, ask = _points_at_driver(f, runs, crash, unsupported)
     elif py_bad or heap_binding:
@@ -139,6 +145,7 @@ class _Runs:
     c_bad: bool
     heap_driver: bool
     heap_binding: bool
+    heap_own: bool = False  # heap_driver because libnvidia-ml overflowed a buffer of its own
 
 
 _Outcome = tuple[Suspect, str, tuple[Filing, ...], str]  # suspect, statement, filings, the ask of nvitop
@@ -163,6 +170,8 @@ def _points_at_driver(f: Facts, runs: _Runs, crash: str, unsupported: list[str])
     filings = (
         Filing(order=1, where=NVIDIA_WHERE, report="nvml",
                action="file first: " + ("the driver crashes in the C reproducer" if runs.c_bad else
+                                        "the core shows the driver overflowing a buffer it allocated and freed "
+                                        "itself" if runs.heap_own else
                                         "the core shows the driver writing past a buffer sized for the count")),
         Filing(order=2, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
                action="file after the NVIDIA report, linking it: ask for a way to switch the NVLink "

@@ -63,6 +63,12 @@ def format_heap_corruption(c: HeapCorruption) -> Iterator[str]:
         call = c.call
         yield (f"  native call:     {call.function or '?'}({', '.join(call.arguments)}) from "
                f"{call.caller} ({call.file}:{call.line})")
+    if c.freed_by is not None:
+        f = c.freed_by
+        lib = (f.library or "?").rsplit("/", 1)[-1]
+        yield (f"  freed by:        {f.entry}() called by {f.function} ({lib})"
+               + (f" during {f.call}" if f.call else "")
+               + (f", Python frame {f.python_caller}" if f.python_caller else ""))
     for p in c.problems:
         yield f"  note: {p}"
 

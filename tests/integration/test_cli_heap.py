@@ -28,11 +28,13 @@ def test_a_heap_corruption_gets_its_anatomy_without_asking(cores, newest_python)
     assert c["rejected"]["address"] == c["overflowed"]["address"] and c["overflowed"]["size"] == 0x510
     assert c["damaged"]["address"] == c["overflowed"]["address"] + 0x510
     assert c["usable_size"] == 0x508 and c["overflow_past_usable"] == 8 and c["first_bytes"] == "41" * 8
-    assert c["verdict"] == "undetermined"
-    # libcrash.so freed its own buffer: no Python object owns it, and the reason says whose allocation it was
-    assert c["verdict_reason"].startswith("the buffer that overflowed is libcrash.so's own allocation, not one the "
-                                          "Python code passed: glibc aborted in free() called by "
-                                          "forensics_heap_overflow (libcrash.so)"), c["verdict_reason"]
+    # libcrash.so freed its own buffer inside the call, and nothing of the Python side points into it: its own buffer
+    assert c["freed_by"]["function"] == "forensics_heap_overflow" and c["freed_by"]["library"].endswith("/libcrash.so")
+    assert c["owner"] is None and c["verdict"] == "library-own-buffer", c["verdict_reason"]
+    assert c["verdict_reason"].startswith(
+        f"the buffer that overflowed is libcrash.so's own allocation (chunk 0x{c['overflowed']['address']:x}, size "
+        "0x510, 1288 usable bytes), freed by forensics_heap_overflow inside libcrash.so during "
+        "forensics_heap_overflow, called from query_nvlink_throughput_counters (exporter.py:"), c["verdict_reason"]
     findings = json.loads(r.stdout)["analysis"]["findings"]
     assert any(f["rule"] == "heap-buffer-overflow" and f["severity"] == "error" for f in findings)
 
@@ -87,8 +89,8 @@ def test_reports_carry_what_the_heap_says(cores, newest_python, tmp_path):
     nvml = texts["nvml"]
     section = nvml.split("## What the core's heap says", 1)[1].split("\n## ", 1)[0]
     # conclusion first, then the chunk, the overflow and the bytes past the end, in the words of a report
-    assert section.lstrip().startswith("Conclusion: undetermined from the heap: the buffer that overflowed is "
-                                       "libcrash.so's own allocation"), section
+    assert section.lstrip().startswith("Conclusion: points at libcrash.so, not the binding: the buffer that "
+                                       "overflowed is libcrash.so's own allocation"), section
     assert "(size 0x510, 1288 usable bytes), the chunk glibc was freeing" in section
     assert "Overflow: 8 bytes past its usable size" in section
     assert "First bytes past the end: 41 41 41 41 41 41 41 41 (AAAAAAAA)" in section
@@ -96,4 +98,7 @@ def test_reports_carry_what_the_heap_says(cores, newest_python, tmp_path):
         assert internal not in section, internal
     # and the other reports say it in a line
     for template in ("nvitop", "runbook"):
-        assert "What the core's heap says: Conclusion: undetermined from the heap" in texts[template], template
+        assert "What the core's heap says: Conclusion: points at libcrash.so, not the binding" in texts[template], \
+            template
+    # and libcrash.so is not the driver: its own buffer does not point the report at NVIDIA
+    assert 'conclusion: "driver"' not in nvml.split("\n---", 1)[0]

@@ -197,3 +197,109 @@ def test_the_nvidia_report_states_the_heap_conclusion(fault, excess, conclusion,
     assert "First bytes past the end: " in section and (first is None or first in section)
     for internal in ("walker", "pyread", "anatomy", "fast locals"):
         assert internal not in section, internal
+
+
+# -- the demo's fault: libnvidia-ml overflows and frees a scratch buffer of its own ---------------------------
+
+SCRATCH_CHUNK, SCRATCH_USABLE = 0x510, 1288  # malloc(0x500): written 16 bytes past the request, 8 past usable
+
+
+def analysed(core_path: Path, **kw):
+    from forensics.analyze import analyze_core
+
+    return analyze_core(str(core_path), **kw)
+
+
+@pytest.mark.parametrize("program, stack", CASES)
+def test_library_own_buffer_verdict(program, stack, sim_dir, tmp_path, core_pattern):
+    # GIVEN the simulated library's heap fault (the demo's): inside nvmlDeviceGetFieldValues, nvlink_scratch_overflow
+    # mallocs its own 0x500-byte buffer, writes 16 bytes past it and frees it; glibc aborts in that free()
+    a = analysed(crash(program, stack, sim_dir, tmp_path, fault="heap", detect="later"))
+    c = a.heap.corruption
+    assert a.crash.abort_message == "double free or corruption (!prev)"
+    # THEN the chunk is the library's 0x510-byte one, 1288 usable bytes, 8 bytes past them written (the next
+    # chunk's size word, 0x510 with PREV_INUSE cleared), the chunk glibc was freeing; no Python object owns it
+    assert c.rejected == c.overflowed and c.overflowed.size == SCRATCH_CHUNK and c.usable_size == SCRATCH_USABLE
+    assert c.overflow_past_usable == 8 and c.first_bytes == "1005000000000000" and c.owner is None
+    # and the free() glibc aborted in is the library's, inside the call the Python frame was making
+    f = c.freed_by
+    assert f is not None and f.entry == "free" and f.function == "nvlink_scratch_overflow"
+    assert f.library.endswith("/libnvidia-ml.so.580.126.09") and f.call == "nvmlDeviceGetFieldValues"
+    assert f.python_caller.startswith("nvmlDeviceGetFieldValues (pynvml.py:")
+    # and the Python side was read (the frame's locals are there) and none of its ctypes buffers is in the chunk
+    frame = a.snapshot.crashed_thread.py_frames[0]
+    buffers = [loc.ctypes for loc in frame.locals or () if loc.ctypes is not None and loc.ctypes.kind == "array"]
+    assert buffers, frame.locals
+    assert all(b.buffer + b.size <= c.overflowed.mem or b.buffer >= c.overflowed.end + 8 for b in buffers)
+    # so the verdict is the library's own buffer, saying the chunk, who freed it, during which call
+    assert c.verdict.value == "library-own-buffer", c.verdict_reason
+    assert c.verdict_reason.startswith(
+        f"the buffer that overflowed is libnvidia-ml.so.580.126.09's own allocation (chunk 0x{c.overflowed.address:x}, "
+        "size 0x510, 1288 usable bytes), freed by nvlink_scratch_overflow inside libnvidia-ml.so.580.126.09 during "
+        "nvmlDeviceGetFieldValues, called from nvmlDeviceGetFieldValues (pynvml.py:"), c.verdict_reason
+    assert c.verdict_reason.endswith("the Python side passed no pointer into it (none of the crashing thread's "
+                                     "ctypes buffers, pointers and call arguments points into the chunk), so no "
+                                     "binding count was involved")
+
+
+def test_library_own_buffer_needs_the_freeing_frame(sim_dir, tmp_path, core_pattern):
+    # GIVEN the same fault, analysed without unwinding native stacks: who called free() is not known
+    a = analysed(crash("reproducer", "incident", sim_dir, tmp_path, fault="heap", detect="later"),
+                 method="direct", native_method="none")
+    c = a.heap.corruption
+    # THEN the chunk is the same, but the verdict stays undetermined: nothing says which code freed it
+    assert c.overflowed.size == SCRATCH_CHUNK and c.owner is None and c.freed_by is None
+    assert c.verdict.value == "undetermined"
+    assert "no variable of the crashing thread's Python frames" in c.verdict_reason
+
+
+def test_a_free_by_python_code_stays_undetermined(sim_dir, tmp_path, core_pattern):
+    # GIVEN the driver's overflow past the caller's array, found when Python frees the array after the call returned
+    a = analysed(crash("nvitop-exporter", "incident", sim_dir, tmp_path, fault="overflow", detect="later"))
+    c = a.heap.corruption
+    # THEN the verdict stays undetermined: the free() (when glibc caught it there, not at a later malloc) is the
+    # interpreter's, of a buffer a Python object holds, not a native library's of its own
+    assert c.verdict.value == "undetermined", c.verdict_reason
+    assert c.owner is not None and c.owner.object.type_name == "c_nvmlFieldValue_t_Array_36"
+    if a.crash.abort_message.startswith("free()"):
+        assert c.freed_by is not None and c.freed_by.call is None
+        assert (c.freed_by.library or "").rsplit("/", 1)[-1].startswith(("libpython", "python")), c.freed_by
+    else:
+        assert a.crash.abort_message == "malloc(): corrupted top size" and c.freed_by is None
+
+
+def test_the_nvidia_report_states_the_library_own_buffer(sim_dir, tmp_path, core_pattern):
+    from click.testing import CliRunner
+
+    from forensics.cli import cli
+
+    # GIVEN nvitop-exporter's core from the demo's fault, analysed as `analyze --json -o` writes it, and the reports
+    core = crash("nvitop-exporter", "incident", sim_dir, tmp_path, fault="heap", detect="later")
+    analysis = tmp_path / "analysis.json"
+    r = CliRunner().invoke(cli, ["analyze", "--json", "-o", str(analysis), str(core)], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    c = json.loads(analysis.read_text())["analysis"]["heap"]["corruption"]
+    assert c["verdict"] == "library-own-buffer" and c["freed_by"]["function"] == "nvlink_scratch_overflow"
+    texts = {}
+    for template in ("nvml", "nvitop", "runbook"):
+        out = tmp_path / f"{template}.md"
+        r = CliRunner().invoke(cli, ["report", "--template", template, "-o", str(out), str(analysis)],
+                               catch_exceptions=False)
+        assert r.exit_code == 0, r.stderr
+        texts[template] = out.read_text().replace("\\", "")
+    # THEN the NVIDIA report's heap section opens with the conclusion: the library, its buffer, who freed it
+    section = texts["nvml"].split("## What the core's heap says", 1)[1].split("\n## ", 1)[0]
+    assert section.lstrip().startswith(
+        "Conclusion: points at libnvidia-ml.so.580.126.09, not the binding: the buffer that overflowed is "
+        f"libnvidia-ml.so.580.126.09's own allocation (chunk 0x{c['overflowed']['address']:x}, size 0x510, 1288 "
+        "usable bytes), freed by nvlink_scratch_overflow inside libnvidia-ml.so.580.126.09"), section
+    assert "Overflow: 8 bytes past its usable size" in section and "First bytes past the end: 10 05 00" in section
+    assert "glibc aborted in free() called by nvlink_scratch_overflow (libnvidia-ml.so.580.126.09) inside " \
+           "nvmlDeviceGetFieldValues" in section
+    # and the report's conclusion is the driver's, from the heap alone (no reproducer ran here)
+    assert 'conclusion: "driver"' in texts["nvml"].split("\n---", 1)[0]
+    assert "The core's heap points at the NVIDIA driver library" in texts["nvml"]
+    # and the nvitop issue and the runbook say it in one line
+    for template in ("nvitop", "runbook"):
+        assert "What the core's heap says: Conclusion: points at libnvidia-ml.so.580.126.09, not the binding" \
+               in texts[template], template

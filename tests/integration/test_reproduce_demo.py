@@ -168,17 +168,24 @@ def test_demo_incident_end_to_end(tmp_path, core_pattern):
     assert demo["filings"][0].startswith("1. the nvml report -> NVIDIA") and demo["conclusion"].startswith(
         "The evidence points at the NVIDIA driver library")
     # the core's heap: libnvidia-ml's own 0x500-byte scratch buffer (chunk 0x510, 1288 usable bytes) written 8 bytes
-    # past its usable size (the next chunk's size word, PREV_INUSE cleared), freed by the library itself: no
-    # buffer or count of the binding is in it, and the heap does not say who wrote, so undetermined, saying why
+    # past its usable size (the next chunk's size word, PREV_INUSE cleared), freed by the library itself inside
+    # nvmlDeviceGetFieldValues, and nothing of the Python side points into it: the library's own buffer
     c = analysis["heap"]["corruption"]
     assert c["overflowed"]["size"] == 0x510 and c["usable_size"] == 1288 and c["rejected"] == c["overflowed"]
     assert c["overflow_past_usable"] == 8 and c["first_bytes"] == "1005000000000000" and c["owner"] is None
-    assert c["verdict"] == "undetermined" and c["verdict_reason"].startswith(
-        "the buffer that overflowed is libnvidia-ml.so.580.126.09's own allocation, not one the Python code passed: "
-        "glibc aborted in free() called by nvlink_scratch_overflow (libnvidia-ml.so.580.126.09)"), c["verdict_reason"]
+    assert c["freed_by"]["function"] == "nvlink_scratch_overflow"
+    assert c["freed_by"]["call"] == "nvmlDeviceGetFieldValues"
+    assert c["verdict"] == "library-own-buffer" and c["verdict_reason"].startswith(
+        "the buffer that overflowed is libnvidia-ml.so.580.126.09's own allocation (chunk "
+        f"0x{c['overflowed']['address']:x}, size 0x510, 1288 usable bytes), freed by nvlink_scratch_overflow inside "
+        "libnvidia-ml.so.580.126.09 during nvmlDeviceGetFieldValues"), c["verdict_reason"]
+    assert c["verdict_reason"].endswith("so no binding count was involved"), c["verdict_reason"]
     section = text.split("## What the core's heap says", 1)[1].split("\n## ", 1)[0]
-    assert section.lstrip().startswith("Conclusion: undetermined from the heap: the buffer that overflowed is "
-                                       "libnvidia-ml.so.580.126.09's own allocation"), section
+    assert section.lstrip().startswith("Conclusion: points at libnvidia-ml.so.580.126.09, not the binding: the buffer "
+                                       "that overflowed is libnvidia-ml.so.580.126.09's own allocation"), section
+    # the report's conclusion stays the driver's (the C reproducer crashed too), and the heap says the same
+    assert 'conclusion: "driver"' in text.split("\n---", 1)[0]
+    assert "The core's heap says the same: the buffer that overflowed is libnvidia-ml.so.580.126.09's own" in text
     assert "Overflow: 8 bytes past its usable size" in section and "First bytes past the end: 10 05 00" in section
     for internal in ("walker", "pyread", "anatomy", "fast locals"):
         assert internal not in section, internal

@@ -38,3 +38,26 @@ def test_the_c_reproducer_and_the_heap_agree():
     runs = [{"name": "c", "status": "crashed", "outcome": "crashed (SIGABRT)"}]
     c = decide(_facts("driver-wrote-past-buffer", DRIVER, runs), [])
     assert c.suspect is Suspect.DRIVER and "The core's heap says the same" in c.statement
+
+
+OWN = ("the buffer that overflowed is libnvidia-ml.so.580.126.09's own allocation (chunk 0x5000, size 0x510, 1288 "
+       "usable bytes), freed by nvlink_scratch_overflow inside libnvidia-ml.so.580.126.09 during "
+       "nvmlDeviceGetFieldValues, ..., so no binding count was involved")
+
+
+def test_libnvidia_mls_own_buffer_points_at_the_driver():
+    c = decide(_own(_facts("library-own-buffer", OWN), "libnvidia-ml.so.580.126.09"), [])
+    assert c.suspect is Suspect.DRIVER and OWN in c.statement
+    assert c.filings[0].report == "nvml" and "a buffer it allocated and freed itself" in c.filings[0].action
+    assert any(e.startswith("the core's heap: library-own-buffer: ") for e in c.evidence)
+
+
+def test_another_librarys_own_buffer_is_not_the_drivers():
+    c = decide(_own(_facts("library-own-buffer", OWN.replace("libnvidia-ml", "libfoo")), "libfoo.so.1"), [])
+    assert c.suspect is Suspect.UNDETERMINED
+
+
+def _own(f: Facts, lib: str) -> Facts:
+    import dataclasses
+
+    return dataclasses.replace(f, heap_freed_in=lib)
