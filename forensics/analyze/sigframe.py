@@ -209,8 +209,14 @@ def parse_signal_frame(core: CoreFile, raw: bytes, address: int,
     where = core.find_mapping(rip)
     if where is None or "x" not in where.perms:
         return None  # the interrupted instruction must be in executable memory
-    info, source = _siginfo(core, raw[_SIGINFO:FRAME_SIZE])
-    if info is None:
+    # a thread that signalled itself (glibc's abort and raise end in tgkill) was interrupted right after that
+    # syscall, and its registers name the signal: that beats the siginfo slot, which holds whatever the
+    # stack held unless the handler is SA_SIGINFO
+    sent = _self_signal(core, regs, text)
+    info, source = _siginfo(core, raw[_SIGINFO:FRAME_SIZE], trapno=regs[20])
+    if sent is not None and (info is None or info.signo != sent.signo):
+        info, source = sent, "registers"
+    elif info is None:
         info, source = signal_from_registers(core, regs, text)
     on_alt = bool(ss_size) and not ss_flags & _SS_DISABLE and ss_sp <= address < ss_sp + ss_size
     return SignalFrame(address=address, trampoline=pretcode, signal=info, signal_source=source, pc=rip, sp=rsp,
@@ -221,8 +227,9 @@ _SI_CODES = frozenset({0, 0x80, -1, -2, -3, -4, -5, -6, -7})  # SI_USER, SI_KERN
 _MAX_PID = 1 << 22  # PID_MAX_LIMIT on 64-bit
 
 
-def _siginfo(core: CoreFile, raw: bytes) -> tuple[SigInfo | None, str]:
-    """The siginfo slot when it reads as one the kernel wrote (plausible signal, code, sender), else None."""
+def _siginfo(core: CoreFile, raw: bytes, trapno: int | None = None) -> tuple[SigInfo | None, str]:
+    """The siginfo slot when it reads as one the kernel wrote (plausible signal, code, sender; a fault's
+    signal agreeing with the CPU's trap number in the frame's registers), else None."""
     try:
         info = elf.parse_siginfo(raw)
     except ValueError:
@@ -234,6 +241,8 @@ def _siginfo(core: CoreFile, raw: bytes) -> tuple[SigInfo | None, str]:
             return None, "unknown"
         return info, "siginfo"
     if 1 <= info.code <= 16 and info.signo in _FAULT_CODES_FOR:
+        if trapno is not None and info.signo in _TRAPS_OF and trapno not in _TRAPS_OF[info.signo]:
+            return None, "unknown"  # a fault the CPU did not raise: stale stack bytes, not a siginfo
         if info.addr is not None and info.signo == _SIGSEGV and core.find_mapping(info.addr) is None \
                 and info.addr >= (1 << 47):
             return None, "unknown"  # not a user-space address
@@ -245,6 +254,9 @@ _SIGILL, _SIGTRAP, _SIGABRT, _SIGBUS, _SIGFPE, _SIGSEGV = 4, 5, 6, 7, 8, 11
 _FAULT_CODES_FOR = frozenset({_SIGILL, _SIGTRAP, _SIGBUS, _SIGFPE, _SIGSEGV, 17, 29, 31})  # + SIGCHLD, SIGPOLL, SIGSYS
 _TRAPS = {0: (_SIGFPE, 1), 6: (_SIGILL, 2), 13: (_SIGSEGV, 0x80), 17: (_SIGBUS, 1), 3: (_SIGTRAP, 1)}
 _SYSCALL = b"\x0f\x05"
+#: the x86 trap numbers each fault signal comes from (sigcontext's trapno): #DE, x87 #MF, SIMD #XM for
+#: SIGFPE; #UD for SIGILL; #GP, #PF for SIGSEGV; #PF (a file mapping past its end), #AC for SIGBUS; #DB, #BP
+_TRAPS_OF = {_SIGFPE: {0, 16, 19}, _SIGILL: {6}, _SIGSEGV: {13, 14}, _SIGBUS: {14, 17}, _SIGTRAP: {1, 3}}
 
 
 def signal_from_registers(core: CoreFile, regs: tuple[int, ...], text: Callable[[int, int], bytes] | None
@@ -257,15 +269,12 @@ def signal_from_registers(core: CoreFile, regs: tuple[int, ...], text: Callable[
     (SIGBUS where the address is mapped with the needed access: a file mapping past its end),
     a divide error SIGFPE, an invalid opcode SIGILL, a general protection fault SIGSEGV.
     """
-    rdi, rsi, rdx, rip = regs[8], regs[9], regs[12], regs[16]
+    rip = regs[16]
     err, trapno, cr2 = regs[19], regs[20], regs[22]
-    tids = {t.tid for t in core.threads} | {core.pid}
+    sent = _self_signal(core, regs, text)
+    if sent is not None:
+        return sent, "registers"
     after_syscall = text is not None and text(rip - 2, 2) == _SYSCALL
-    if after_syscall:
-        if rdi == core.pid and rsi in tids and 1 <= rdx <= 64:
-            return _info(rdx, -6, sender=core.pid), "registers"
-        if rdi in tids and 1 <= rsi <= 64:
-            return _info(rsi, 0, sender=core.pid), "registers"
     if trapno == 14 and cr2:
         m = core.find_mapping(cr2)
         writing = bool(err & 2)
@@ -276,6 +285,21 @@ def signal_from_registers(core: CoreFile, regs: tuple[int, ...], text: Callable[
         signo, code = _TRAPS[trapno]
         return _info(signo, code, addr=None if code == 0x80 else rip), "registers"
     return _info(0, 0), "unknown"
+
+
+def _self_signal(core: CoreFile, regs: tuple[int, ...], text: Callable[[int, int], bytes] | None
+                 ) -> SigInfo | None:
+    """The signal the thread sent itself, when it was interrupted right after a ``tgkill(pid, tid, sig)`` or
+    ``kill``/``tkill(id, sig)`` syscall naming this process (its argument registers are still in place)."""
+    rdi, rsi, rdx, rip = regs[8], regs[9], regs[12], regs[16]
+    if text is None or text(rip - 2, 2) != _SYSCALL:
+        return None
+    tids = {t.tid for t in core.threads} | {core.pid}
+    if rdi == core.pid and rsi in tids and 1 <= rdx <= 64:
+        return _info(rdx, -6, sender=core.pid)
+    if rdi in tids and 1 <= rsi <= 64:
+        return _info(rsi, 0, sender=core.pid)
+    return None
 
 
 def _info(signo: int, code: int, *, addr: int | None = None, sender: int | None = None) -> SigInfo:

@@ -250,7 +250,7 @@ int main(int argc, char **argv) {
 """
 
 
-def test_c_program_whose_handler_faults_fingerprints_as_without_it(tmp_path):
+def test_c_program_whose_handler_faults_fingerprints_as_without_it(tmp_path, core_pattern):
     # GIVEN a C program (no Python) whose SIGABRT handler dereferences NULL during glibc's heap abort
     src = tmp_path / "reporter.c"
     src.write_text(C_PROGRAM)
