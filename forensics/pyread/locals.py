@@ -21,6 +21,7 @@ a slot that is not a readable object is skipped, never guessed.
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass, field, replace
 
 from forensics.model import BufferOwner, CoreFile, CtypesObject, LibraryStatus, NativeCall, PyLocal
@@ -633,18 +634,20 @@ def find_stack_owner(core: CoreFile, tid: int | None, buffer: int, size: int, *,
             end = min(thread.sp + OWNER_STACK_WINDOW, mapping.end if mapping else thread.sp + OWNER_STACK_WINDOW)
             data = mem.read_prefix(thread.sp, end - thread.sp)
             seen: set[int] = set()
-            for i in range(0, len(data) - 7, 8):
-                v = int.from_bytes(data[i:i + 8], "little")
+            for i, v in enumerate(struct.unpack_from(f"<{len(data) // 8}Q", data)):
                 if v in seen or v < 0x10000 or v & 7:
                     continue
                 seen.add(v)
                 try:
+                    # the object's buffer pointer first: only an object whose buffer is in the range is read whole
+                    if not buffer <= reader.ptr(v + _B_PTR) < buffer + size:
+                        continue
                     o = read_ctypes_object(names, v)
                 except BadObject:
                     continue
                 if o is not None and o.kind != "function" and buffer <= o.buffer < buffer + size:
                     return BufferOwner(name=f"the {o.type_name} at 0x{v:x}", function="",
-                                       file=f"native stack at 0x{thread.sp + i:x}", line=None, object=o)
+                                       file=f"native stack at 0x{thread.sp + 8 * i:x}", line=None, object=o)
     except (ForensicsError, ValueError):
         return None
     return None
