@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import time
 
@@ -387,6 +386,8 @@ def bundle_sysroot(bundle_dir: str) -> tuple[str, str | None]:
 def _build_sysroot(bundle_dir: str, core: str, entry) -> None:
     """Lay out ``entry/sysroot`` through a temporary directory renamed into place: each stored object
     the bundle names, at the path the process saw it (:func:`_link_object`)."""
+    import shutil  # here, not above: a plain core's analysis imports this module, and needs neither
+
     from .core import open_core  # here, not above: capture writes bundles and never reads a core
 
     tmp = entry / f".sysroot.tmp{os.getpid()}"
@@ -444,6 +445,8 @@ def prune_bundle_cache(*, keep=None, budget: int | None = None) -> list[str]:
             break
         if (keep is not None and os.path.samefile(path, keep)) or now - mtime < _PRUNE_AGE:
             continue
+        import shutil
+
         shutil.rmtree(path, ignore_errors=True)
         total -= size
         deleted.append(path)

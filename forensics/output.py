@@ -15,7 +15,6 @@ import enum
 import json
 import os
 import re
-from pathlib import PurePath
 from typing import Any
 
 from .errors import OutputExists
@@ -65,6 +64,7 @@ def escape_text(text: str, keep: str = "") -> str:
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses, enums and paths as plain JSON values (addresses stay integers).
 
+    >>> from pathlib import PurePath
     >>> to_jsonable({"path": PurePath("/x"), "n": (1, 2)})
     {'path': '/x', 'n': [1, 2]}
     """
@@ -72,8 +72,8 @@ def to_jsonable(obj: Any) -> Any:
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, enum.Enum):
         return obj.value
-    if isinstance(obj, PurePath):
-        return str(obj)
+    if isinstance(obj, os.PathLike):  # pathlib's paths (not imported here: the analyze command has no use for it)
+        return os.fsdecode(obj)
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
