@@ -89,18 +89,37 @@ def find_trampolines(core: CoreFile, mem: CoreMemory, threads: tuple[Thread, ...
         for f in t.native_frames:
             if f.symbol in TRAMPOLINE_SYMBOLS:
                 found.add(f.pc)
-    from ..core.libc import is_libc
+    for address in _text_trampolines(core, mem):
+        found.add(address)
+        if len(found) >= MAX_TRAMPOLINES:
+            break
+    return tuple(sorted(found))
 
+
+def _text_trampolines(core: CoreFile, mem: CoreMemory) -> tuple[int, ...]:
+    """The trampolines found by their bytes in the C library's text -- or, for a program that maps no C
+    library (a static one), in the executable's.  Searched once per analysis (snapshot and unwinding both ask)."""
+    from ..core.libc import is_libc
+    from ..core.memory import analysis_cache
+
+    cache = analysis_cache()
+    key = ("trampolines", id(core))
+    if cache is not None and key in cache and cache[key][0] is core:
+        return cache[key][1]
     text = TextReader(core, mem)
-    wanted = [lib for lib in core.libraries if is_libc(lib.path) or lib.path == core.executable]
+    wanted = [lib for lib in core.libraries if is_libc(lib.path)] or [
+        lib for lib in core.libraries if lib.path == core.executable]
+    found: list[int] = []
     for lib in wanted:
         for m in core.mappings:
             if m.path == lib.path and "x" in m.perms:
-                for offset in text.matches(m):
-                    found.add(m.start + offset)
-                    if len(found) >= MAX_TRAMPOLINES:
-                        return tuple(sorted(found))
-    return tuple(sorted(found))
+                found.extend(m.start + offset for offset in text.matches(m))
+                if len(found) >= MAX_TRAMPOLINES:
+                    break
+    out = tuple(found[:MAX_TRAMPOLINES])
+    if cache is not None:
+        cache[key] = (core, out)
+    return out
 
 
 class TextReader:
