@@ -42,6 +42,7 @@ __all__ = ["PrometheusError", "PromAuth", "PromClient", "prom_label", "parse_win
 _DRIVER_FULL = "nvidia.com/cuda.driver-version.full"
 MAX_RESPONSE = 64 << 20
 MAX_BOUNDARY_VALUES = 16
+_FIGURE, _VALUE = "forensics_figure", "forensics_value"  # labels of the per-pod counts
 
 
 class PrometheusError(ForensicsError, RuntimeError):
@@ -238,30 +239,36 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     podg = f"({pods} * on (node) group_left ({by}) {node_groups})"
     restarts = (f"round(sum by (namespace, pod) (increase(kube_pod_container_status_restarts_total{ns}[{window}s])))"
                 if window else f"sum by (namespace, pod) (kube_pod_container_status_restarts_total{ns})")
-    # the restarting pods with their group (only they count for restarts, exit codes and reasons: the join is
-    # over the pods that restarted, not the whole fleet)
+    # the restarting pods with their group (only they count for restarts: the join is over the pods that restarted)
     restarting = f"(({restarts}) > 0) * on (namespace, pod) group_left ({by}) {podg}"
+    started = f"(({restarts}) > 0)"
     exitcode = f"max by (namespace, pod) (kube_pod_container_status_last_terminated_exitcode{ns})"
 
     crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
     wait = f'namespace="{_esc(namespace)}", ' if namespace else ""
-    # Prometheus shares nothing between queries (each evaluates its joins again): one query per figure that needs
-    # its own aggregation, and count_values where one evaluation answers several figures (pods per node gives both
-    # pods and nodes; the exit code itself gives the four exit-code columns)
+
+    def figure(name: str, expr: str) -> str:
+        return f'label_replace({expr}, "{_FIGURE}", "{name}", "", "")'
+
+    # Prometheus shares nothing between queries: each evaluates its pod -> node -> group join again. So the
+    # per-pod figures that are counts go into one query: each pod's facts, tagged by figure, joined with the
+    # groups once and counted by value (count_values: a fact's value is 1, 0/1 whether the pod restarted, or the
+    # exit code of a restarting pod's last termination)
+    per_pod = " or ".join((
+        figure("pods", pods),
+        figure("restarting", f"({restarts}) > bool 0"),
+        figure("exit_code", f"{exitcode} and on (namespace, pod) {started}"),
+        figure("reason", f"max by (namespace, pod, reason) (kube_pod_container_status_last_terminated_reason{ns} == 1) "
+                         f"and on (namespace, pod) {started}"),
+        figure("crash_loop", f"max by (namespace, pod) (kube_pod_container_status_waiting_reason{{{wait}"
+                             f'reason="CrashLoopBackOff"}} == 1)'),
+        figure("image", f"max by (namespace, pod, image_id) (kube_pod_container_info{ns})")))
     exprs = {
-        "pods_nodes": f'count_values by ({by}) ("pods_on_node", count by (node, {by}) ({podg}))',
+        "counts": (f'count_values by ({by}, {_FIGURE}, reason, image_id) ("{_VALUE}", ({per_pod}) '
+                   f"* on (namespace, pod) group_left ({by}) {podg})"),
+        "nodes": f"count by ({by}) (count by (node, {by}) ({podg}))",
         "total": f"sum by ({by}) ({restarting})",
         "max": f"max by ({by}) ({restarting})",
-        "with": f"count by ({by}) ({restarting})",
-        "codes": (f'count_values by ({by}) ("exit_code", {exitcode} * on (namespace, pod) group_left ({by}) '
-                  f"(({restarting}) > bool 0))"),
-        "reasons": (f"count by ({by}, reason) ((max by (namespace, pod, reason) "
-                    f"(kube_pod_container_status_last_terminated_reason{ns} == 1)) * on (namespace, pod) group_left "
-                    f"({by}) ({restarting}))"),
-        "loop": (f'count by ({by}) (max by (namespace, pod) (kube_pod_container_status_waiting_reason{{{wait}'
-                 f'reason="CrashLoopBackOff"}} == 1) * on (namespace, pod) group_left ({by}) {podg})'),
-        "images": (f"count by ({by}, image_id) (max by (namespace, pod, image_id) (kube_pod_container_info{ns}) "
-                   f"* on (namespace, pod) group_left ({by}) {podg})"),
         "fingerprints": f"sum by ({by}, fingerprint) ({crashes} * on (node) group_left ({by}) {node_groups})",
         "mixed": (f"count by (container) (count by (container, image_id) (kube_pod_container_info{ns} * on "
                   f"(namespace, pod) group_left () {pods})) > 1"),
@@ -290,20 +297,8 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
                 d[sub] = d.get(sub, 0) + int(round(v))
         return out
 
-    pods_n: dict[tuple, float] = {}
-    nodes_n: dict[tuple, float] = {}
-    for labels, v in res["pods_nodes"]:  # v nodes of the group run pods_on_node pods each
-        key, per_node = key_of(labels), _count_value(labels, "pods_on_node")
-        nodes_n[key] = nodes_n.get(key, 0) + v
-        pods_n[key] = pods_n.get(key, 0) + v * per_node
-    total, maxr, with_r, loop = per_group("total"), per_group("max"), per_group("with"), per_group("loop")
-    codes: dict[str, dict[tuple, int]] = {"139": {}, "134": {}, "137": {}, "other": {}}
-    for labels, v in res["codes"]:
-        code = _count_value(labels, "exit_code")
-        c = codes[str(code) if code in (139, 134, 137) else "other"]
-        c[key_of(labels)] = c.get(key_of(labels), 0) + int(round(v))
-    reasons = per_group_by("reasons", "reason")
-    images = per_group_by("images", "image_id", lambda x: x.split("://", 1)[-1])
+    pods_n, with_r, loop, codes, reasons, images = _per_pod_counts(res["counts"], key_of)
+    nodes_n, total, maxr = per_group("nodes"), per_group("total"), per_group("max")
     fingerprints = per_group_by("fingerprints", "fingerprint")
     mixed, hours = res["mixed"], res["hours"]
     rows = []
@@ -323,6 +318,34 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         mixed_images=bool(mixed), taken_at=now.isoformat(),
         observed_hours=(window / 3600 if window else (hours[0][1] if hours else None)),
         source=client.base)
+
+
+def _per_pod_counts(series: list[tuple[dict[str, str], float]], key_of) -> tuple:
+    """pods, restarting pods, CrashLoopBackOff, exit codes, reasons and images per group, from the one
+    count_values query over the per-pod facts (see :func:`summarize_fleet_prometheus`)."""
+    pods: dict[tuple, int] = {}
+    restarting: dict[tuple, int] = {}
+    loop: dict[tuple, int] = {}
+    codes: dict[str, dict[tuple, int]] = {"139": {}, "134": {}, "137": {}, "other": {}}
+    reasons: dict[tuple, dict[str, int]] = {}
+    images: dict[tuple, dict[str, int]] = {}
+    for labels, v in series:
+        key, what, value, n = key_of(labels), labels.get(_FIGURE), _count_value(labels, _VALUE), int(round(v))
+        if what == "pods":
+            pods[key] = pods.get(key, 0) + n
+        elif what == "restarting" and value:
+            restarting[key] = restarting.get(key, 0) + n
+        elif what == "crash_loop":
+            loop[key] = loop.get(key, 0) + n
+        elif what == "exit_code":
+            c = codes[str(value) if value in (139, 134, 137) else "other"]
+            c[key] = c.get(key, 0) + n
+        elif what in ("reason", "image") and n:
+            sub = labels.get("reason", "") if what == "reason" else labels.get("image_id", "").split("://", 1)[-1]
+            if sub:
+                d = (reasons if what == "reason" else images).setdefault(key, {})
+                d[sub] = d.get(sub, 0) + n
+    return pods, restarting, loop, codes, reasons, images
 
 
 def _count_value(labels: dict[str, str], label: str) -> int:
