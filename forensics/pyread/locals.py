@@ -30,7 +30,7 @@ from forensics.pyread.objects import BadObject, Reader
 __all__ = ["LocalsLayout", "LOCALS_LAYOUTS", "TypeNames", "CallArgument", "FrameCall", "read_frame_locals",
            "read_ctypes_object", "describe_object", "read_native_call", "match_native_call", "ThreadLocals",
            "read_thread_locals", "buffer_owners", "find_stack_owner", "OWNER_STACK_WINDOW", "MAX_LOCALS",
-           "MAX_STACK"]
+           "MAX_STACK", "python_pointers", "MAX_POINTERS"]
 
 MAX_LOCALS = 512  # names read from one code object
 MAX_STACK = 256  # value-stack slots scanned in one frame
