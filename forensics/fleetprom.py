@@ -247,6 +247,10 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
     wait = f'namespace="{_esc(namespace)}", ' if namespace else ""
 
+    def of_pods(expr: str) -> str:
+        """expr's series of the pods asked about: all of the namespace's without -l (no join to evaluate)."""
+        return f"({expr} * on (namespace, pod) group_left () {pods})" if selector else expr
+
     def figure(name: str, expr: str) -> str:
         return f'label_replace({expr}, "{_FIGURE}", "{name}", "", "")'
 
@@ -270,10 +274,9 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         "total": f"sum by ({by}) ({restarting})",
         "max": f"max by ({by}) ({restarting})",
         "fingerprints": f"sum by ({by}, fingerprint) ({crashes} * on (node) group_left ({by}) {node_groups})",
-        "mixed": (f"count by (container) (count by (container, image_id) (kube_pod_container_info{ns} * on "
-                  f"(namespace, pod) group_left () {pods})) > 1"),
-        "hours": (f"avg(({at:.3f} - max by (namespace, pod) (kube_pod_start_time{ns})) * on (namespace, pod) "
-                  f"group_left () {pods}) / 3600"),
+        "mixed": (f"count by (container) (count by (container, image_id) "
+                  f"({of_pods(f'kube_pod_container_info{ns}')})) > 1"),
+        "hours": f"avg({at:.3f} - {of_pods(f'max by (namespace, pod) (kube_pod_start_time{ns})')}) / 3600",
     }
     from concurrent.futures import ThreadPoolExecutor
 
