@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from forensics.core import elf
+from forensics.records import record
 
 __all__ = ["SymtabError", "DebugSymbol", "read_symbols", "has_symtab", "section_headers", "SHT_SYMTAB",
            "SHT_NOBITS", "STT_OBJECT", "STT_FUNC", "STT_TLS"]
@@ -33,7 +33,7 @@ class SymtabError(Exception):
     """A file that cannot be read as an ELF64 object with a symbol table."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DebugSymbol:
     """A ``.symtab`` entry: link-time value (a TLS offset for ``STT_TLS``), size and type."""
 

@@ -20,9 +20,10 @@ Two sources, one shape (``{struct: {"size", "members": {name: {"offset", ...}}}}
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from forensics.records import record
 
 __all__ = [
     "MallocLayout",
@@ -59,7 +60,7 @@ class LayoutError(ValueError):
     """No layout for this glibc, or a layout source that lacks a field the reader needs."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class MallocLayout:
     """The heap bookkeeping of one glibc build (x86-64, 16-byte alignment)."""
 

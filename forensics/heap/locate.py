@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import struct
-from dataclasses import dataclass
 
 from forensics.core.image import ElfImage
 from forensics.core.libc import find_libc
@@ -41,6 +40,7 @@ from forensics.heap.layout import (
     parse_version,
 )
 from forensics.heap.walk import HeapMemory, HeapValidationError
+from forensics.records import record
 from forensics.model import CoreFile, Library, LibraryStatus
 
 __all__ = ["Glibc", "HeapUnavailable", "read_glibc_version_file", "find_glibc", "find_thread_tls",
@@ -58,7 +58,7 @@ class HeapUnavailable(Exception):
     """The heap cannot be read from this core; the message says why (internal to forensics.heap)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Glibc:
     """glibc in the crashed process, and where its heap bookkeeping is."""
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from forensics.model import BufferOwner, CoreFile, CtypesObject, LibraryStatus, NativeCall, PyLocal
 from forensics.pyread.objects import BadObject, Reader
+from forensics.records import record
 
 __all__ = ["LocalsLayout", "LOCALS_LAYOUTS", "TypeNames", "CallArgument", "FrameCall", "read_frame_locals",
            "read_ctypes_object", "describe_object", "read_native_call", "match_native_call", "ThreadLocals",
@@ -52,7 +53,7 @@ _INT_CODES = {"c_byte": (1, True), "c_ubyte": (1, False), "c_short": (2, True), 
               "c_int64": (8, True), "c_uint64": (8, False), "c_ssize_t": (8, True), "c_size_t": (8, False)}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LocalsLayout:
     """Where a CPython version keeps a frame's locals and value stack, and its code object's names."""
 
@@ -91,7 +92,7 @@ LOCALS_LAYOUTS: dict[tuple[int, int], LocalsLayout] = {
 }
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CallArgument:
     """One argument of a native call on the value stack."""
 
@@ -103,7 +104,7 @@ class CallArgument:
     integer: int | None = None  # an integer value (a Python int or a ctypes integer)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FrameCall:
     """A ctypes function pointer and its arguments, found on a frame's value stack."""
 
@@ -511,7 +512,7 @@ def _argument_text(a: CallArgument, local_names: dict[int, str]) -> str:
     return a.text
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ThreadLocals:
     """The fast locals of a thread's frames (innermost first) and the ctypes call its innermost frame is making."""
 
