@@ -11,9 +11,9 @@ fingerprints the same in every interpreter prefix, venv and image.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from ..model import PyFrame
+from ..records import record
 
 __all__ = ["PyLocation", "python_location", "describe_pyframe", "describe_pyframe_parts", "first_outside_stdlib"]
 
@@ -22,7 +22,7 @@ _STDLIB = re.compile(r"/lib(?:64)?/python\d+(?:\.\d+)?t?/|/python\d+\.zip/")
 _FROZEN = re.compile(r"<frozen ([\w.]+)>")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PyLocation:
     """Where a Python frame's code lives: its module when the path shows it, the path from the import
     root (else the file name), and whether it is the standard library."""

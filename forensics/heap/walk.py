@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from forensics.core.memory import CoreMemory, MemoryNotInCore
 from forensics.heap.layout import (
@@ -30,6 +29,7 @@ from forensics.heap.layout import (
     MallocLayout,
 )
 from forensics.model import ChunkState, HeapBin, HeapChunk
+from forensics.records import record
 
 __all__ = [
     "HeapValidationError",
@@ -128,7 +128,7 @@ class HeapMemory:
         self._view, self._base, self._end = b"", 0, 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Region:
     """A heap's chunk area: chunks from ``first`` up to ``end`` (the top chunk ends it)."""
 
