@@ -166,7 +166,9 @@ def _points_at_driver(f: Facts, runs: _Runs, crash: str, unsupported: list[str])
                         else " Run `forensics reproduce` on an affected node to confirm it from C."))
     if unsupported:
         statement += (" The Python setup is also outside what nvitop declares (" + "; ".join(unsupported) + "); "
-                      "fix that too, but the C reproducer's crash does not depend on it.")
+                      "fix that too, but "
+                      + ("the C reproducer's crash" if runs.c_bad else "what the core's heap shows")
+                      + " does not depend on it.")
     filings = (
         Filing(order=1, where=NVIDIA_WHERE, report="nvml",
                action="file first: " + ("the driver crashes in the C reproducer" if runs.c_bad else

@@ -195,9 +195,15 @@ def test_version_facts_that_do_not_apply_are_not_listed(demo):
     assert not re.search(r"(?<![\d.])251(?!\d)", doc["body"]) and "nvmlShutdown" not in doc["body"]
 
 
-def test_unsupported_setup_leads_when_the_reproducers_did_not_decide(demo):
-    # GIVEN the crash and verify-imports, without reproducers
-    doc = json.loads(run("report", "--json", str(demo / "analysis.json"), str(demo / "verify-imports.json")).stdout)
+def test_unsupported_setup_leads_when_the_reproducers_did_not_decide(demo, tmp_path):
+    # GIVEN the crash analysed without native stacks (so the heap cannot say who freed the buffer: undetermined)
+    # and verify-imports, without reproducers
+    analysis = tmp_path / "analysis.json"
+    r = run("analyze", "--json", "--method", "direct", "--native-method", "none", "-o", str(analysis),
+            str(demo / "exporter" / "core"))
+    assert r.exit_code == EXIT_OK, r.stderr
+    assert json.loads(analysis.read_text())["analysis"]["heap"]["corruption"]["verdict"] == "undetermined"
+    doc = json.loads(run("report", "--json", str(analysis), str(demo / "verify-imports.json")).stdout)
     c = doc["report"]["conclusion"]
     # THEN "upgrade and retry" comes first, and nothing is filed yet
     assert c["suspect"] == "undetermined"
@@ -206,6 +212,22 @@ def test_unsupported_setup_leads_when_the_reproducers_did_not_decide(demo):
     assert [f["where"] for f in c["filings"]] == ["nobody yet"]
     meta, _ = split_front_matter(doc["report"]["markdown"])
     assert meta["when"].startswith("not now")
+
+
+def test_the_heap_decides_for_the_driver_before_an_unsupported_setup(demo):
+    # GIVEN the demo's crash, whose heap shows libnvidia-ml overflowing a buffer of its own, and verify-imports
+    # (nvitop 1.5.0 outside its declared nvidia-ml-py range), without reproducers
+    doc = json.loads(run("report", "--json", str(demo / "analysis.json"), str(demo / "verify-imports.json")).stdout)
+    c = doc["report"]["conclusion"]
+    # THEN the heap points at the driver, and the unsupported setup is said beside it, not first
+    assert c["suspect"] == "driver"
+    assert c["statement"].startswith("The core's heap points at the NVIDIA driver library")
+    assert "libnvidia-ml.so.580.126.09's own allocation" in c["statement"]
+    assert ("The Python setup is also outside what nvitop declares (nvitop 1.5.0 has requirement "
+            "nvidia-ml-py<12.571.0a0") in c["statement"]
+    assert c["statement"].endswith("fix that too, but what the core's heap shows does not depend on it.")
+    assert [f["report"] for f in c["filings"]] == ["nvml", "nvitop"]
+    assert "a buffer it allocated and freed itself" in c["filings"][0]["action"]
 
 
 def test_a_fault_only_the_binding_pattern_triggers_goes_to_nvitop(tmp_path, core_pattern):
