@@ -17,9 +17,10 @@ NVML_FI_DEV_NVLINK_LINK_COUNT (91) query fails, or reports 0 links, is skipped.
 still querying.
 
 Output: an environment header for the upstream report (each GPU with its index, UUID and
-PCI bus id), then one line starting with ``VERDICT: ``.  A crash without ``--malloc-check`` prints no verdict: the exit signal
-and the core are the result.  Run ``nvml_nvlink_fieldvalues.c`` on the same node too:
-if only this one crashes, suspect the binding or the threads; if both do, the driver.
+PCI bus id), then one line starting with ``VERDICT: ``.  A crash without ``--malloc-check``
+prints no verdict: the exit signal and the core are the result.  Run
+``nvml_nvlink_fieldvalues.c`` on the same node too: if only this one crashes, suspect the
+binding or the threads; if both do, the driver.
 """
 from __future__ import print_function
 
@@ -143,7 +144,8 @@ def format_header(h, args):
                                                      d["uuid"], d["bus_id"])
     yield ("  call:           nvmlDeviceGetFieldValues(device, 2 x links, values): fieldId {} "
            "(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX) x scopeId 0..links-1, then fieldId {} "
-           "(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) x scopeId 0..links-1; one call per GPU per iteration".format(138, 139))
+           "(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) x scopeId 0..links-1; "
+           "one call per GPU per iteration".format(138, 139))
     yield "  calling thread: {}".format("main" if args.threads == 0 else "{} background thread(s)".format(args.threads))
     yield "  iterations:     {}{}{}".format(
         args.iterations,
@@ -229,7 +231,8 @@ class Worker(threading.Thread):
                         if old is not None:  # the rate an exporter reports, from the previous sample
                             _rates = [
                                 (n.value.ullVal - o.value.ullVal) * 1e6 / max(1, n.timestamp - o.timestamp)
-                                for o, n in zip(old, values)
+                                # both samples are of the same fields; zip(strict=) is 3.10+, this runs on 3.8
+                                for o, n in zip(old, values)  # noqa: B905
                             ]
                         previous[index] = values  # frees the previous array
                 except pynvml.NVMLError as e:
@@ -245,25 +248,8 @@ class Worker(threading.Thread):
             self.halfway.release()
 
 
-def run_test(args):
-    """Run the queries in this process; return the JSON-able result (a crash never returns)."""
-    try:
-        import pynvml
-    except ImportError:
-        return {"verdict": "error: could not start: nvidia-ml-py is not installed (pip install nvidia-ml-py)",
-                "status": "not-started"}
-    crumbs = Breadcrumbs(os.environ.get(_CHILD_ENV))
-    try:
-        pynvml.nvmlInit()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except pynvml.NVMLError as e:
-        return {"verdict": "error: could not start: NVML initialization failed: {}".format(e), "status": "not-started"}
-    header = collect_header(pynvml, handles)
-    crumbs.write("H " + json.dumps(header))
-    if not args.json:
-        for line in format_header(header, args):
-            print(line)
-        sys.stdout.flush()
+def _nvlink_devices(pynvml, handles, crumbs):
+    """nvitop's link-count rule: (index, handle, fields) per GPU with NVLinks, and why the others are skipped."""
     devices = []
     skipped = []
     for index, handle in enumerate(handles):
@@ -283,28 +269,28 @@ def run_test(args):
         crumbs.write("E {}".format(tid))
         if links == 0:
             skipped.append("GPU {}: {}".format(index, why))
-        fields = [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, l) for l in range(links)]
-        fields += [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, l) for l in range(links)]
+        fields = [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link) for link in range(links)]
+        fields += [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link) for link in range(links)]
         if fields:
             devices.append((index, handle, fields))
-    max_links = max([len(f) // 2 for _i, _h, f in devices] or [0])
-    header["nvlinks"] = [len(f) // 2 for _i, _h, f in devices]
-    if not args.json:
-        for line in skipped:
-            print("    {} -> skipped, as nvitop does".format(line))
-        counts = {len(f) // 2 for _i, _h, f in devices}
-        if len(counts) == 1 and len(devices) == len(handles):
-            print("  NVLinks:        {} on each of {} GPUs (NVML_FI_DEV_NVLINK_LINK_COUNT)".format(counts.pop(), len(handles)))
-        else:
-            print("  NVLinks:        {} (NVML_FI_DEV_NVLINK_LINK_COUNT)".format(
-                ", ".join("GPU {}: {}".format(i, len(f) // 2) for i, _h, f in devices) or "none"))
-        sys.stdout.flush()
-    if not devices:
-        pynvml.nvmlShutdown()
-        return {"header": header, "status": "not-started",
-                "verdict": "error: could not start: no GPU reports NVLinks, nothing to query "
-                           "(nvitop makes no NVLink throughput call here)"}
+    return devices, skipped
 
+
+def _print_links(devices, skipped, handles):
+    for line in skipped:
+        print("    {} -> skipped, as nvitop does".format(line))
+    counts = {len(f) // 2 for _i, _h, f in devices}
+    if len(counts) == 1 and len(devices) == len(handles):
+        print("  NVLinks:        {} on each of {} GPUs (NVML_FI_DEV_NVLINK_LINK_COUNT)".format(
+            counts.pop(), len(handles)))
+    else:
+        print("  NVLinks:        {} (NVML_FI_DEV_NVLINK_LINK_COUNT)".format(
+            ", ".join("GPU {}: {}".format(i, len(f) // 2) for i, _h, f in devices) or "none"))
+    sys.stdout.flush()
+
+
+def _run_workers(pynvml, devices, args, crumbs):
+    """Query from the main thread or from args.threads threads; return (workers, elapsed seconds)."""
     deadline = time.monotonic() + args.duration if args.duration else None
     halfway = threading.Semaphore(0)
     shutdown_done = threading.Event()
@@ -340,7 +326,41 @@ def run_test(args):
     elapsed = time.monotonic() - started
     if not shut_down:
         pynvml.nvmlShutdown()
+    return workers, elapsed
 
+
+def run_test(args):
+    """Run the queries in this process; return the JSON-able result (a crash never returns)."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"verdict": "error: could not start: nvidia-ml-py is not installed (pip install nvidia-ml-py)",
+                "status": "not-started"}
+    crumbs = Breadcrumbs(os.environ.get(_CHILD_ENV))
+    try:
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except pynvml.NVMLError as e:
+        return {"verdict": "error: could not start: NVML initialization failed: {}".format(e), "status": "not-started"}
+    header = collect_header(pynvml, handles)
+    crumbs.write("H " + json.dumps(header))
+    if not args.json:
+        for line in format_header(header, args):
+            print(line)
+        sys.stdout.flush()
+    devices, skipped = _nvlink_devices(pynvml, handles, crumbs)
+    max_links = max([len(f) // 2 for _i, _h, f in devices] or [0])
+    header["nvlinks"] = [len(f) // 2 for _i, _h, f in devices]
+    if not args.json:
+        _print_links(devices, skipped, handles)
+    if not devices:
+        pynvml.nvmlShutdown()
+        return {"header": header, "status": "not-started",
+                "verdict": "error: could not start: no GPU reports NVLinks, nothing to query "
+                           "(nvitop makes no NVLink throughput call here)"}
+
+    n_threads = max(0, args.threads)
+    workers, elapsed = _run_workers(pynvml, devices, args, crumbs)
     calls = sum(w.calls for w in workers)
     iterations = min(w.iterations for w in workers)
     errors = [w.error for w in workers if w.error]
@@ -356,7 +376,8 @@ def run_test(args):
     if errors:
         verdict, status = "error: {}{}; first: {}".format(what, extra, errors[0]), "error"
     elif field_errors:
-        verdict, status = "errors: {}, no crash, {} field values returned an error{}".format(what, field_errors, extra), "errors"
+        verdict = "errors: {}, no crash, {} field values returned an error{}".format(what, field_errors, extra)
+        status = "errors"
     else:
         verdict, status = "clean: {}, no crash{}".format(what, extra), "clean"
     return {
