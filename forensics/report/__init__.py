@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from .context import REQUIRED_FIELDS, TEMPLATES, UNKNOWN, UPSTREAM, ReportContext, build_context
-from .evidence import Evidence, load_evidence
+from .evidence import Evidence, ReportInputError, load_evidence
 from .form import IssueForm, check_form_body, load_shipped_form, read_issue_form
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown, escape, fence
+from ..errors import ForensicsError
 from ..output import escape_text
 from ..redact import Redactor, redact_tree
 
@@ -166,10 +167,26 @@ def _hosts_in(ev: Evidence) -> dict[str, str]:
     return out
 
 
-def make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bool | None = None,
-                known_hosts: dict[str, str] | None = None, tool_version: str = "",
-                reproducer_sources: dict[str, str] | None = None, issue_form: str | None = None,
-                nvidia_link: str = "", attachment_dir: str = "") -> Report:
+def make_report(paths: list[str], **kw: Any) -> Report:
+    """Read the evidence, redact it, decide, render the template, and check the result (:func:`_make_report`).
+
+    :raises ReportInputError: also for evidence of the right kind whose values have the wrong type or form
+        (a hex string that is not hex, an object where a list belongs): the documents are read where the
+        report needs each fact, so a lying document fails there, and is said to be the input's fault
+    """
+    try:
+        return _make_report(paths, **kw)
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        if isinstance(e, ForensicsError):
+            raise
+        raise ReportInputError(", ".join(paths), f"a value of the wrong type or form ({e.__class__.__name__}: "
+                                                 f"{str(e)[:200]})") from e
+
+
+def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bool | None = None,
+                 known_hosts: dict[str, str] | None = None, tool_version: str = "",
+                 reproducer_sources: dict[str, str] | None = None, issue_form: str | None = None,
+                 nvidia_link: str = "", attachment_dir: str = "") -> Report:
     """Read the evidence, redact it, decide, render the template, and check the result.
 
     :param redact_hosts: replace host, node and pod names and IPs; None: yes for the upstream templates

@@ -143,6 +143,30 @@ def test_bad_evidence_is_one_line(tmp_path):
     assert r.exit_code == 1 and "not JSON" in r.stderr
 
 
+@pytest.mark.parametrize("lie", ["analysis-a-list", "threads-a-string", "heap-bytes-not-hex"])
+def test_evidence_of_the_right_kind_with_wrong_values_is_one_line(evidence, tmp_path, lie):
+    # GIVEN a real analysis document rewritten to lie in one value (valid JSON, the right kind)
+    _, analysis = evidence
+    doc = json.loads(analysis.read_text())
+    if lie == "analysis-a-list":
+        doc["analysis"] = [1, 2]
+    elif lie == "threads-a-string":
+        doc["analysis"]["snapshot"]["threads"] = "x"
+    else:
+        doc["analysis"]["heap"] = {"corruption": {"rejected": {"address": 1, "size": 32},
+                                                  "overflow": {"length": 8, "first_bytes": "zz"}}}
+    bad = tmp_path / "lying.json"
+    bad.write_text(json.dumps(doc))
+    # WHEN a report is made from it
+    r = run("report", "--template", "nvml", str(bad))
+    # THEN one clear line naming the input, exit 1 -- never an internal error
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    if lie == "analysis-a-list":  # nothing of it can be read: refused
+        assert r.exit_code == 1 and "not report evidence" in r.stderr and str(bad) in r.stderr, r.stderr
+    else:  # the lying value is left out (the report says less), or the input is refused in one line
+        assert r.exit_code == 0 or (r.exit_code == 1 and "not report evidence" in r.stderr), r.stderr
+
+
 def test_many_threads_go_to_the_attachment_not_the_body(evidence, tmp_path):
     # GIVEN an analysis with 300 more threads
     _, analysis = evidence
