@@ -74,7 +74,7 @@ def get_json(opts: KubeOptions, action: str, args: list[str], **kw: Any) -> dict
     out = run_kubectl(opts, action, args + ["-o", "json"], **kw)
     try:
         doc = json.loads(out)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the parser goes
         raise KubeError(action, f"not JSON: {out[:200]!r}") from e
     if not isinstance(doc, dict):
         raise KubeError(action, f"not a JSON object: {out[:200]!r}")
