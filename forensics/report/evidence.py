@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import rootpath
-from ..bundle import MANIFEST, read_bundle_file, sha256_file
+from ..bundle import MANIFEST, read_bundle_file
 from ..errors import ForensicsError, InputNotFound
 
 __all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES"]
@@ -55,12 +55,13 @@ class Evidence:
         return self.docs.get(kind, [])
 
 
-def _read_json(path: str) -> dict:
-    size = os.path.getsize(path)
-    if size > MAX_INPUT_BYTES:
-        raise ReportInputError(path, f"{size} bytes is over the {MAX_INPUT_BYTES} byte limit")
+def _read_json(path: str) -> tuple[dict, bytes]:
+    """The document at ``path`` and the bytes it was parsed from (read once: what is hashed is what was read)."""
     with open(path, "rb") as f:
-        return _parse_json(path, f.read())
+        data = f.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise ReportInputError(path, f"more than the {MAX_INPUT_BYTES} byte limit")
+    return _parse_json(path, data), data
 
 
 def _parse_json(path: str, data: bytes) -> dict:
@@ -165,13 +166,12 @@ def load_evidence(paths: list[str]) -> Evidence:
             doc = _load_bundle(p, ev)
             kind = "capture"
         else:
-            doc = _read_json(p)
+            doc, data = _read_json(p)
             command = doc.get("command")
             if not isinstance(command, str) or command not in KINDS:
                 raise ReportInputError(p, f"unknown document kind {command!r} (expected one of {', '.join(KINDS)})")
             kind = command
-            digest, size = sha256_file(p)
-            ev.items.append(EvidenceItem(path=p, kind=kind, sha256=digest, size=size))
+            ev.items.append(EvidenceItem(path=p, kind=kind, sha256=hashlib.sha256(data).hexdigest(), size=len(data)))
         ev.docs.setdefault(kind, []).append(doc)
     if not ev.items:
         raise ForensicsError("no evidence given")
