@@ -46,7 +46,8 @@ from .debugcache import decompressed_debug_file
 
 __all__ = ["MAX_FRAMES", "MAX_THREADS", "unwind_core", "clear_symbol_cache"]
 
-MAX_FRAMES = 512  # per thread, physical frames
+MAX_FRAMES = 512  # per thread, physical frames; a stack that loops (a frame of the same pc and stack
+# pointer as an earlier one) is cut where it starts again
 MAX_THREADS = 4096
 _MAX_SYMBOL_CACHE = 1 << 16
 _USABLE = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
@@ -209,16 +210,28 @@ class _Unwinder:
         frame), and whether it stopped in an object whose file was withheld (missing, another build)."""
         lib = self.lib
         pcs: list[tuple[int, bool]] = []
+        # (pc, stack pointer) -> frame number: a frame equal to an earlier one starts the same frames again
+        seen: dict[tuple[int, int], int] = {}
+        loop: list[str] = []
 
         def on_frame(frame, arg) -> int:
             pc, activation = c_uint64(), c_bool()
             if not lib.dwfl_frame_pc(frame, byref(pc), byref(activation)):
                 return -1
+            sp = _stack_pointer(lib, frame)
+            if sp is not None:
+                earlier = seen.setdefault((pc.value, sp), len(pcs))
+                if earlier != len(pcs):
+                    loop.append(f"stopped after {len(pcs)} frames: the stack loops (frame #{len(pcs)} repeats "
+                                f"frame #{earlier}: pc {pc.value:#x}, stack pointer {sp:#x})")
+                    return L.DWARF_CB_ABORT
             pcs.append((pc.value, activation.value))
             return L.DWARF_CB_ABORT if len(pcs) >= MAX_FRAMES else L.DWARF_CB_OK
 
         callback = L.FRAME_CALLBACK(on_frame)
         rc = lib.dwfl_thread_getframes(thread, callback, None)
+        if rc == L.DWARF_CB_ABORT and loop:
+            return pcs, loop[0], False
         if rc == L.DWARF_CB_ABORT and len(pcs) >= MAX_FRAMES:
             return pcs, f"stopped after {MAX_FRAMES} frames", False
         if rc != -1:
@@ -453,6 +466,17 @@ class _Unwinder:
             if raw:
                 return raw.decode("utf-8", "replace")
         return None
+
+
+def _stack_pointer(lib: L.Lib, frame) -> int | None:
+    """The frame's stack pointer (a caller frame's: its CFA); None when libdw is older than 0.188 or does
+    not know it."""
+    if lib.dwfl_frame_reg is None:
+        return None
+    value = c_uint64()
+    if lib.dwfl_frame_reg(frame, L.DWARF_REG_RSP, byref(value)) != 0:
+        return None
+    return value.value
 
 
 def _identity(path: str | None) -> tuple | None:

@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 DWARF_CB_OK, DWARF_CB_ABORT = 0, 1
+DWARF_REG_RSP = 7  # x86-64's stack pointer in DWARF's numbering: a caller frame's value is its CFA
 EV_CURRENT = 1
 ELF_C_READ_MMAP = 8
 DW_TAG_entry_point, DW_TAG_lexical_block, DW_TAG_inlined_subroutine, DW_TAG_subprogram = 0x03, 0x0B, 0x1D, 0x2E
@@ -146,6 +147,10 @@ _ELF = {
     "elf_begin": (c_void_p, [c_int, c_int, c_void_p]),
     "elf_end": (c_int, [c_void_p]),
 }
+# elfutils 0.188 and later; without it a looping stack is cut only by MAX_FRAMES
+_OPTIONAL_DW = {
+    "dwfl_frame_reg": (c_int, [c_void_p, c_uint, POINTER(Dwarf_Word)]),
+}
 
 
 class Lib:
@@ -188,6 +193,7 @@ class Lib:
     elf_begin: _CFunction
     elf_end: _CFunction
     free: _CFunction
+    dwfl_frame_reg: _CFunction | None  # None: this libdw is older than 0.188
 
     def __init__(self, dw: ctypes.CDLL, libc: ctypes.CDLL) -> None:
         for table, so in ((_DW, dw), (_ELF, dw)):  # dlsym through libdw's handle finds its libelf's
@@ -195,6 +201,11 @@ class Lib:
                 fn = getattr(so, name)
                 fn.restype, fn.argtypes = restype, argtypes
                 setattr(self, name, fn)
+        for name, (restype, argtypes) in _OPTIONAL_DW.items():
+            opt = getattr(dw, name, None)
+            if opt is not None:
+                opt.restype, opt.argtypes = restype, argtypes
+            setattr(self, name, opt)
         self.free = libc.free
         self.free.restype, self.free.argtypes = None, [c_void_p]
         self.offline_section_address = ctypes.cast(dw.dwfl_offline_section_address, c_void_p).value

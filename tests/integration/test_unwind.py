@@ -23,11 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from forensics.analyze import analyze_core
 from forensics.core import open_core
 from forensics.gdb import GdbSession
 from forensics.model import CoreFile, LibraryStatus
 from forensics.unwind import unwind_core
 from tests.conftest import python_params
+from tests.crashers.make_core import crash_for_core
 
 pytestmark = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed")
 
@@ -353,3 +355,37 @@ def test_without_libdw_gdb_unwinds_and_the_snapshot_says_so(cores, newest_python
     said = " ".join(snap["warnings"])
     assert "libdw unwinder unavailable" in said and "apt-get install -y gdb" in said
     assert snap["threads"][0]["py_frames"], "the Python stacks still come from the direct reader"
+
+
+# -- a stack that loops --------------------------------------------------------------------------
+
+
+LOOPING_STACK_C = Path(__file__).resolve().parent.parent / "crashers" / "looping_stack.c"
+
+
+def test_a_looping_stack_is_cut_where_it_repeats(tmp_path, core_pattern):
+    # GIVEN a real kernel core of a C program whose two frame records point at each other
+    exe = tmp_path / "looping_stack"
+    subprocess.run(["gcc", "-O0", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(LOOPING_STACK_C)],
+                   check=True, timeout=120)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    core_path = crash_for_core([str(exe)], run_dir)
+    core = open_core(str(core_path))
+    # (the stack really loops: eu-stack, which has no such check, goes round until its own frame limit)
+    if shutil.which("eu-stack"):
+        eu = subprocess.run(["eu-stack", "--core", str(core_path), "-e", str(exe)], capture_output=True,
+                            text=True, timeout=60).stdout
+        assert eu.count(" loop_a") > 10 and eu.count(" loop_b") > 10, eu[-2000:]
+    # WHEN libdw unwinds it
+    (thread,) = unwind_core(core)["threads"]
+    # THEN it stops at the first frame equal to an earlier one (pc and stack pointer), not at MAX_FRAMES,
+    # and says why: the frames before the repeat, each once
+    assert [f["function"] for f in thread["frames"]] == ["crash", "loop_a", "loop_b"], thread["frames"]
+    assert thread["error"].startswith("stopped after 3 frames: the stack loops (frame #3 repeats frame #1: pc "), thread
+    assert f"pc {thread['frames'][1]['pc']:#x}," in thread["error"]
+    # and the analysis keeps that reason on the thread, beside its three frames
+    analysis = analyze_core(str(core_path))
+    (crashed,) = analysis.snapshot.threads
+    assert crashed.native_error == thread["error"] and crashed.native_method == "libdw"
+    assert [f.symbol for f in crashed.native_frames] == ["crash", "loop_a", "loop_b"]
