@@ -11,10 +11,8 @@ image's file name, a pod name -- what a crashed container or a cluster user cont
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
-from typing import Any
-
-import click
 
 from ..errors import ForensicsError
 from ..output import escape_text, write_new
@@ -36,7 +34,7 @@ def emit_json(document: str, output: str | None, force: bool) -> None:
 
 def _write(text: str, output: str | None, force: bool) -> None:
     if output is None:
-        click.echo(text, nl=False)
+        _echo(text, err=False)
         return
     write_new(output, text, force)
     echo(f"Wrote {output}", err=True)
@@ -44,7 +42,34 @@ def _write(text: str, output: str | None, force: bool) -> None:
 
 def echo(message: str = "", err: bool = False) -> None:
     """One line to stdout (or stderr), its control characters escaped."""
-    click.echo(escape_text(message), err=err)
+    _echo(escape_text(message) + "\n", err=err)
+
+
+def _echo(text: str, *, err: bool) -> None:
+    """``text`` written and flushed, as ``click.echo(text, nl=False)`` writes it -- without importing click
+    (a start-up cost of every command) where the stream is one click writes to as it is: a text stream
+    of an encoding other than ASCII.  The text has no ANSI sequence left for click to strip (every
+    control character is escaped before it gets here)."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
+    encoding = getattr(stream, "encoding", None)
+    if not encoding or _is_ascii(encoding) or not hasattr(stream, "buffer"):
+        import click  # click re-wraps such a stream (UTF-8, errors replaced): let it
+
+        click.echo(text, nl=False, err=err)
+        return
+    stream.write(text)
+    stream.flush()
+
+
+def _is_ascii(encoding: str) -> bool:
+    import codecs
+
+    try:
+        return codecs.lookup(encoding).name == "ascii"
+    except LookupError:
+        return True
 
 
 def warn(message: str) -> None:
@@ -52,7 +77,7 @@ def warn(message: str) -> None:
     echo(f"forensics: warning: {message}", err=True)
 
 
-def read_json_object(path: str) -> dict[str, Any]:
+def read_json_object(path: str) -> dict:
     """A JSON object from a file the user named (a saved ``kubectl ... -o json``, a ``--json`` output).
 
     :raises ForensicsError: when it cannot be read, is not JSON, or is not an object

@@ -1,0 +1,181 @@
+"""forensics analyze's work, behind its click command (:mod:`.analyze`) and without click.
+
+:func:`run` is the command's body.  :func:`parse_argv` reads ``forensics analyze``'s arguments
+the way click reads them, for the forms click accepts as they are, so that
+:func:`forensics.cli.main` can run an analysis without importing click (a third of what an
+analysis of a small core cost); for anything else -- help, a usage error, an option written
+another way -- it says None and click parses, so click's help, messages and exit codes stay
+the only ones.  ``tests/unit/test_analyze_argv.py`` holds it to click's own parse.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError
+from . import emit, emit_json, warn
+
+__all__ = ["run", "parse_argv", "METHOD_CHOICES", "NATIVE_METHOD_CHOICES"]
+
+METHOD_CHOICES = ("auto", "gdb", "direct", "both")
+NATIVE_METHOD_CHOICES = ("auto", "libdw", "gdb", "both", "none")
+
+
+def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
+        output, force, verbose):
+    """Analyze one core or bundle, or a batch; exits with the analysis' exit code."""
+    from ..analyze.batch import find_cores
+    from ..bundle import has_manifest
+
+    paths, skipped = find_cores(inputs)
+    single = len(inputs) == 1 and (not os.path.isdir(inputs[0]) or has_manifest(inputs[0]))
+    options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method,
+                   native_method=native_method, heap="full" if heap else "auto")
+    if single:
+        from ..analyze import analyze_core
+        from ..format import analysis_payload
+        from ..text.analysis import format_analysis
+        from ..output import json_document
+
+        analysis = analyze_core(paths[0], **options)
+        for w in analysis.snapshot.warnings:
+            if verbose or as_json or output:
+                warn(w)
+        if as_json:
+            emit_json(json_document("analyze", {"analysis": analysis_payload(analysis, merged=merged)}), output, force)
+        else:
+            emit(format_analysis(analysis, merged=merged), output, force)
+        sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
+    options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap
+    _analyze_batch(paths, skipped, options, jobs, as_json, output, force)
+
+
+def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
+    from ..analyze.batch import analyze_many
+    from ..analyze.signature import signature
+    from ..text.analysis import format_batch
+    from ..output import json_document
+
+    if not paths:
+        raise ForensicsError("no cores or capture bundles found in the given directories"
+                             + (f" ({len(skipped)} other files skipped, e.g. {skipped[0]})" if skipped else ""))
+    show_bar = sys.stderr.isatty() and not as_json
+    if show_bar:
+        import click  # the progress bar of a batch on a terminal: the one use of click here
+
+        with click.progressbar(length=len(paths), label="Analyzing cores", file=sys.stderr) as bar:
+            result, entries = analyze_many(paths, jobs=jobs, progress=lambda e: bar.update(1), skipped=skipped,
+                                           **options)
+    else:
+        result, entries = analyze_many(paths, jobs=jobs, skipped=skipped, **options)
+    if as_json:
+        payload = {
+            "batch": result,
+            "cores": [
+                {
+                    "path": e.path,
+                    # a bundle's directory is named by its crash id (the core handler's index.jsonl "id")
+                    "crash_id": os.path.basename(os.path.normpath(e.path)) if os.path.isdir(e.path) else None,
+                    "mtime": e.mtime,
+                    "error": e.error,
+                    "fingerprint": e.analysis.fingerprint if e.analysis else None,
+                    "signature": signature(e.analysis) if e.analysis else None,
+                    "complete": e.analysis.snapshot.is_complete if e.analysis else False,
+                    "partial": e.partial,
+                    "no_core": e.no_core,
+                }
+                for e in entries
+            ],
+        }
+        emit_json(json_document("analyze-batch", payload), output, force)
+    else:
+        emit(format_batch(result), output, force)
+    sys.exit(EXIT_FINDINGS if result.failed else EXIT_PARTIAL if result.partial else EXIT_OK)
+
+
+#: options that take a value: the spelling on the command line -> run()'s parameter
+_VALUE_OPTIONS = {"--sysroot": "sysroot", "--exe": "exe", "--method": "method", "--native-method": "native_method",
+                  "--gdb": "gdb_path", "--debuginfod": "debuginfod", "--timeout": "timeout", "-j": "jobs",
+                  "--jobs": "jobs", "-o": "output", "--output": "output"}
+_FLAG_OPTIONS = {"--native": "merged", "--heap": "heap", "--json": "as_json", "--force": "force"}
+_COUNT_OPTIONS = {"-v": "verbose", "--verbose": "verbose"}
+#: run()'s parameters as click gives them when their option is not on the command line
+DEFAULTS = {"sysroot": None, "exe": None, "merged": False, "method": "auto", "native_method": "auto",
+            "gdb_path": "gdb", "debuginfod": None, "timeout": 120.0, "heap": False, "jobs": 0, "as_json": False,
+            "output": None, "force": False, "verbose": 0}
+#: path parameters: (allowed to name a regular file, allowed to name a directory), as their click.Path says
+_PATHS = {"inputs": (True, True), "sysroot": (False, True), "exe": (True, False), "output": (True, False)}
+
+
+def parse_argv(args: list[str]) -> dict | None:
+    """``run()``'s keyword arguments for ``forensics analyze ARGS``, exactly as click would pass them; None for
+    anything click should read itself (help, an unknown or repeated option, a bundled short option,
+    ``--``, a missing input, a value click would refuse).
+
+    >>> parse_argv(["--method", "direct", "--sysroot=/", "core"])["method"]
+    'direct'
+    >>> parse_argv(["--help"]) is None, parse_argv(["--method", "fast", "core"]) is None
+    (True, True)
+    """
+    params: dict = dict(DEFAULTS)
+    inputs: list[str] = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("-"):
+            inputs.append(arg)
+            continue
+        # click reads "--long=value", never "-s=value" (that is "-s" with the value "=value")
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name in _VALUE_OPTIONS:
+            if not eq:
+                if i >= len(args):
+                    return None
+                value = args[i]
+                i += 1
+            if value.startswith("-"):
+                return None
+            dest = _VALUE_OPTIONS[name]
+            params[dest] = value
+        elif not eq and arg in _FLAG_OPTIONS:
+            dest = _FLAG_OPTIONS[arg]
+            params[dest] = True
+        elif not eq and arg in _COUNT_OPTIONS:
+            dest = _COUNT_OPTIONS[arg]
+            params[dest] += 1
+            continue
+        else:
+            return None
+        if dest in seen:
+            return None
+        seen.add(dest)
+    if not inputs or not _converted(params):
+        return None
+    return {"inputs": tuple(inputs), **params} if all(
+        _path_ok(p, *_PATHS["inputs"]) for p in inputs) else None
+
+
+def _converted(params: dict) -> bool:
+    """Convert the values as click's types do; False where click would refuse one."""
+    if params["method"] not in METHOD_CHOICES or params["native_method"] not in NATIVE_METHOD_CHOICES:
+        return False
+    try:
+        params["timeout"] = float(params["timeout"])
+        params["jobs"] = int(params["jobs"])
+    except ValueError:
+        return False
+    return all(params[k] is None or _path_ok(params[k], *_PATHS[k]) for k in ("sysroot", "exe", "output"))
+
+
+def _path_ok(path: str, file_okay: bool, dir_okay: bool) -> bool:
+    """Whether click.Path(file_okay, dir_okay) takes ``path`` (it checks only a path that exists)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return "\0" not in path
+    if (not file_okay and stat.S_ISREG(st.st_mode)) or (not dir_okay and stat.S_ISDIR(st.st_mode)):
+        return False
+    return os.access(path, os.R_OK)
