@@ -8,9 +8,10 @@ concentrate and the node label values that separate them from clean groups.
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import ForensicsError
+from .fleetmodel import DEFAULT_GROUP_LABELS, FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key
 from .kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json
 
 __all__ = [
@@ -25,11 +26,6 @@ __all__ = [
     "summarize_fleet",
 ]
 
-# GPU feature discovery labels, then the cloud instance type when those are absent.
-DEFAULT_GROUP_LABELS = ("nvidia.com/gpu.product", "nvidia.com/cuda.driver-version.full")
-_DRIVER_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev")
-_FALLBACK_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
-CRASHY_SHARE = 0.2  # a group with at least this share of pods restarting is where crashes concentrate
 MAX_PODS = 1_000_000
 
 
@@ -60,46 +56,6 @@ class PodRecord:
     @property
     def crash_looping(self) -> bool:
         return self.waiting_reason == "CrashLoopBackOff"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FleetGroup:
-    key: tuple[tuple[str, str], ...]  # (label, value) pairs that define the group
-    nodes: int
-    pods: int
-    pods_with_restarts: int
-    total_restarts: int
-    max_restarts: int
-    exit_codes: dict[str, int]  # "139", "134", "137", "other" -> pods whose last exit had it
-    reasons: dict[str, int]
-    crash_loop: int
-    images: dict[str, int]  # image digest -> pods running it
-    fingerprints: dict[str, int] = field(default_factory=dict)  # forensics fingerprint -> crashes (agents' metrics)
-
-    @property
-    def name(self) -> str:
-        return ", ".join(f"{v}" for _, v in self.key) or "(no labels)"
-
-    @property
-    def crash_share(self) -> float:
-        return self.pods_with_restarts / self.pods if self.pods else 0.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FleetSummary:
-    group_by: tuple[str, ...]
-    groups: tuple[FleetGroup, ...]
-    pods: int
-    nodes: int
-    crashing_groups: tuple[str, ...]
-    clean_groups: tuple[str, ...]
-    boundary: tuple[str, ...]  # "label=value only on crashing nodes" lines
-    baseline: str | None = None
-    mixed_images: bool = False
-    taken_at: str = ""  # when this summary was made (ISO, UTC)
-    observed_hours: float | None = None  # mean hours each pod was watched (since start, or the baseline)
-    pod_restarts: dict[str, int] = field(default_factory=dict)  # uid -> restarts (a snapshot for --since)
-    source: str | None = None  # where the figures came from: None (pod objects), or the Prometheus URL
 
 
 def read_kubectl(kind: str, *, namespace: str | None = None, selector: str | None = None,
@@ -225,22 +181,6 @@ def _node_labels(nodes_doc: dict) -> dict[str, dict[str, str]]:
     return out
 
 
-
-def _group_values(labels: dict[str, str], group_by: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    key = []
-    for label in group_by:
-        value = labels.get(label)
-        if value is None and label == "nvidia.com/cuda.driver-version.full" and all(p in labels for p in _DRIVER_PARTS):
-            value = ".".join(labels[p] for p in _DRIVER_PARTS)
-        if value is not None:
-            key.append((label, value))
-    if not key and group_by == DEFAULT_GROUP_LABELS:
-        for label in _FALLBACK_LABELS:
-            if label in labels:
-                return ((label, labels[label]),)
-    return tuple(key)
-
-
 def _exit_bucket(code: int | None) -> str | None:
     if code is None:
         return None
@@ -278,7 +218,7 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
         start = base_time or since or _parse_time(p.started)
         if start is not None:
             watched.append(max(0.0, (now - start).total_seconds() / 3600))
-        key = _group_values(labels.get(p.node or "", {}), group_by)
+        key = group_key(labels.get(p.node or "", {}), group_by)
         g = groups.setdefault(key, {"nodes": set(), "pods": 0, "with": 0, "total": 0, "max": 0, "codes": {},
                                     "reasons": {}, "loop": 0, "images": {}})
         if p.node:
@@ -302,60 +242,29 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
                    crash_loop=v["loop"], images=v["images"])
         for k, v in groups.items()
     ]
-    rows.sort(key=lambda g: (-g.total_restarts, -g.pods, g.name))
-    crashing = tuple(g.name for g in rows if g.crash_share >= CRASHY_SHARE)
-    clean = tuple(g.name for g in rows if g.pods_with_restarts == 0)
     # a rollout is mixed when one container (by name) runs more than one digest; a sidecar's image is not a mix
     per_container: dict[str, set[str]] = {}
     for p in pods:
         for cname, img in p.container_images:
             per_container.setdefault(cname, set()).add(img)
-    return FleetSummary(
-        group_by=group_by, groups=tuple(rows), pods=len(pods), nodes=len({p.node for p in pods if p.node}),
-        crashing_groups=crashing, clean_groups=clean, boundary=tuple(_boundary(labels, node_is_crashy)),
+    return finish_summary(
+        rows, group_by=group_by, nodes=len({p.node for p in pods if p.node}),
+        boundary=boundary_lines(_per_label(labels, node_is_crashy), nodes=len(node_is_crashy),
+                                crashing=sum(node_is_crashy.values())),
         baseline="snapshot" if base is not None else (since.isoformat() if since else None),
         mixed_images=any(len(v) > 1 for v in per_container.values()), pod_restarts=pod_restarts,
         taken_at=now.isoformat(), observed_hours=(sum(watched) / len(watched)) if watched else None,
     )
 
 
-_BOUNDARY_SKIP = ("kubernetes.io/hostname", "feature.node.kubernetes.io/")
-
-
-def _boundary(labels: dict[str, dict[str, str]], crashy: dict[str, bool]) -> list[str]:
-    """Label values whose nodes mostly crash, against values of the same label whose nodes never do.
-
-    For each node label, nodes are counted per value; a label is a boundary when some of its
-    values have at least half their nodes crashing, the others none, and the crashing values
-    cover at least 90% of all crashing nodes.
-    """
-    total_bad = sum(crashy.values())
-    if not total_bad or total_bad == len(crashy):
-        return []
-    per: dict[str, dict[str, list[int]]] = {}
+def _per_label(labels: dict[str, dict[str, str]], crashy: dict[str, bool]) -> dict[str, dict[str, tuple[int, int]]]:
+    """label -> value -> (nodes with pods, crashing nodes): what :func:`~forensics.fleetmodel.boundary_lines` reads."""
+    per: dict[str, dict[str, tuple[int, int]]] = {}
     for node, bad in crashy.items():
         for k, v in labels.get(node, {}).items():
-            if any(k.startswith(p) for p in _BOUNDARY_SKIP):
-                continue
-            c = per.setdefault(k, {}).setdefault(v, [0, 0])
-            c[0] += 1
-            c[1] += bad
-    out = []
-    for k in sorted(per):
-        vals = per[k]
-        if len(vals) > 16:
-            continue  # a per-node label (serial numbers, names): not a group boundary
-        hot = {v: c for v, c in vals.items() if c[1] * 2 >= c[0]}
-        cold = {v: c for v, c in vals.items() if c[1] == 0}
-        if not hot or not cold or len(hot) + len(cold) != len(vals):
-            continue
-        covered = sum(c[1] for c in hot.values())
-        if covered * 10 < total_bad * 9:
-            continue
-        hot_s = ", ".join(f"{v} ({c[1]} of {c[0]} nodes crashing)" for v, c in sorted(hot.items()))
-        cold_s = ", ".join(f"{v} ({c[0]} nodes, none crashing)" for v, c in sorted(cold.items()))
-        out.append(f"{k}: {hot_s} vs {cold_s}")
-    return out
+            n, b = per.setdefault(k, {}).get(v, (0, 0))
+            per[k][v] = (n + 1, b + bad)
+    return per
 
 
 def _parse_time(s: str | None) -> _dt.datetime | None:

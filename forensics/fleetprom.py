@@ -34,14 +34,12 @@ import urllib.request
 from dataclasses import dataclass
 
 from .errors import ForensicsError
-from .fleet import (_BOUNDARY_SKIP, _DRIVER_PARTS, _FALLBACK_LABELS, CRASHY_SHARE, DEFAULT_GROUP_LABELS, FleetGroup,
-                    FleetSummary)
+from .fleetmodel import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_FULL, DRIVER_PARTS, FALLBACK_LABELS,
+                         MAX_BOUNDARY_VALUES, FleetGroup, FleetSummary, boundary_lines, finish_summary)
 
 __all__ = ["PrometheusError", "PromAuth", "PromClient", "prom_label", "parse_window", "summarize_fleet_prometheus"]
 
-_DRIVER_FULL = "nvidia.com/cuda.driver-version.full"
 MAX_RESPONSE = 64 << 20
-MAX_BOUNDARY_VALUES = 16
 _FIGURE, _VALUE = "forensics_figure", "forensics_value"  # labels of the per-pod counts
 
 
@@ -214,14 +212,14 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     """
     now = now or _dt.datetime.now(_dt.timezone.utc)
     at = now.timestamp()
-    names = {prom_label(x): x for x in (*group_by, *_DRIVER_PARTS, *_FALLBACK_LABELS, *DEFAULT_GROUP_LABELS)}
+    names = {prom_label(x): x for x in (*group_by, *DRIVER_PARTS, *FALLBACK_LABELS, *DEFAULT_GROUP_LABELS)}
     g = [prom_label(x) for x in group_by]
     by = ", ".join(g)
     ns = _matchers(namespace)
     # node -> group labels (the driver version joined from its parts where the full label is absent)
     node_groups = f"max by (node, {by}) (kube_node_labels)"
-    if _DRIVER_FULL in group_by:
-        full, parts = prom_label(_DRIVER_FULL), [prom_label(p) for p in _DRIVER_PARTS]
+    if DRIVER_FULL in group_by:
+        full, parts = prom_label(DRIVER_FULL), [prom_label(p) for p in DRIVER_PARTS]
         node_groups = (f'max by (node, {by}) (kube_node_labels{{{full}!=""}} or '
                        f'label_join(kube_node_labels{{{full}=""}}, '
                        f'"{full}", ".", "{parts[0]}", "{parts[1]}", "{parts[2]}"))')
@@ -304,21 +302,16 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     nodes_n, total, maxr = per_group("nodes"), per_group("total"), per_group("max")
     fingerprints = per_group_by("fingerprints", "fingerprint")
     mixed, hours = res["mixed"], res["hours"]
-    rows = []
-    for key, n in pods_n.items():
-        rows.append(FleetGroup(
-            key=key, nodes=int(nodes_n.get(key, 0)), pods=int(n), pods_with_restarts=int(with_r.get(key, 0)),
-            total_restarts=int(round(total.get(key, 0))), max_restarts=int(round(maxr.get(key, 0))),
-            exit_codes={b: int(c[key]) for b, c in codes.items() if c.get(key)}, reasons=reasons.get(key, {}),
-            crash_loop=int(loop.get(key, 0)), images=images.get(key, {}), fingerprints=fingerprints.get(key, {})))
-    rows.sort(key=lambda x: (-x.total_restarts, -x.pods, x.name))
-    return FleetSummary(
-        group_by=group_by, groups=tuple(rows), pods=sum(x.pods for x in rows),
-        nodes=all_nodes,
-        crashing_groups=tuple(x.name for x in rows if x.crash_share >= CRASHY_SHARE),
-        clean_groups=tuple(x.name for x in rows if x.pods_with_restarts == 0),
-        boundary=tuple(boundary), baseline=baseline_label or (f"the last {window}s" if window else None),
-        mixed_images=bool(mixed), taken_at=now.isoformat(),
+    rows = [FleetGroup(
+        key=key, nodes=int(nodes_n.get(key, 0)), pods=int(n), pods_with_restarts=int(with_r.get(key, 0)),
+        total_restarts=int(round(total.get(key, 0))), max_restarts=int(round(maxr.get(key, 0))),
+        exit_codes={b: int(c[key]) for b, c in codes.items() if c.get(key)}, reasons=reasons.get(key, {}),
+        crash_loop=int(loop.get(key, 0)), images=images.get(key, {}), fingerprints=fingerprints.get(key, {}))
+        for key, n in pods_n.items()]
+    return finish_summary(
+        rows, group_by=group_by, nodes=all_nodes, boundary=boundary,
+        baseline=baseline_label or (f"the last {window}s" if window else None), mixed_images=bool(mixed),
+        taken_at=now.isoformat(),
         observed_hours=(window / 3600 if window else (hours[0][1] if hours else None)),
         source=client.base)
 
@@ -368,7 +361,8 @@ _LABEL_NAME = re.compile(r"label_[a-zA-Z0-9_]*")
 
 def _boundary(client: PromClient, at: float, pods: str, restarts: str,
               names: dict[str, str]) -> tuple[list[str], int]:
-    """fleet's boundary (:func:`forensics.fleet._boundary`) and the number of nodes with pods.
+    """The boundary (by :func:`forensics.fleetmodel.boundary_lines`, the rule fleet --from uses) and the number of
+    nodes with pods.
 
     Three rounds, whatever the number of node labels: the label names; each label's number of values over
     all nodes (no join) with, beside it, the nodes with pods by whether one of their pods restarted; then one
@@ -378,7 +372,7 @@ def _boundary(client: PromClient, at: float, pods: str, restarts: str,
     # per node with pods: 1 when one of its pods restarted, else 0
     state = (f"max by (node) ((({restarts}) > bool 0) * on (namespace, pod) group_left (node) {pods} "
              f"or on (namespace, pod) 0 * {pods})")
-    skip = tuple(prom_label(p.rstrip("/")) for p in _BOUNDARY_SKIP)
+    skip = tuple(prom_label(p.rstrip("/")) for p in BOUNDARY_SKIP)
     labels = [x for x in sorted(set(client.label_names("kube_node_labels")))
               if _LABEL_NAME.fullmatch(x) and not x.startswith(skip)]
     exprs = {"state": f'count_values ("restarted", {state})'}
@@ -402,28 +396,13 @@ def _boundary(client: PromClient, at: float, pods: str, restarts: str,
         return [], total
     joint = client.query(f'count_values by ({", ".join(few)}) ("restarted", max by (node, {", ".join(few)}) '
                          f"(kube_node_labels) * on (node) group_left () {state})", at=at)
-    all_n: dict[str, dict[str, int]] = {x: {} for x in few}
-    bad_n: dict[str, dict[str, int]] = {x: {} for x in few}
+    per: dict[str, dict[str, tuple[int, int]]] = {names.get(x, x[len("label_"):]): {} for x in few}
     for lab, v in joint:
         bad = _count_value(lab, "restarted")
         for x in few:
             value = lab.get(x)
             if value:
-                all_n[x][value] = all_n[x].get(value, 0) + int(v)
-                if bad:
-                    bad_n[x][value] = bad_n[x].get(value, 0) + int(v)
-    out = []
-    for label in few:
-        if len(all_n[label]) > MAX_BOUNDARY_VALUES:
-            continue  # a per-node label (serial numbers, names): not a group boundary
-        hot = {v: (n, bad_n[label].get(v, 0)) for v, n in all_n[label].items() if bad_n[label].get(v, 0) * 2 >= n}
-        cold = {v: (n, 0) for v, n in all_n[label].items() if not bad_n[label].get(v)}
-        if not hot or not cold or len(hot) + len(cold) != len(all_n[label]):
-            continue
-        if sum(b for _, b in hot.values()) * 10 < total_bad * 9:
-            continue
-        name = names.get(label, label[len("label_"):])
-        hot_s = ", ".join(f"{v} ({b} of {n} nodes crashing)" for v, (n, b) in sorted(hot.items()))
-        cold_s = ", ".join(f"{v} ({n} nodes, none crashing)" for v, (n, _) in sorted(cold.items()))
-        out.append(f"{name}: {hot_s} vs {cold_s}")
-    return sorted(out), total
+                counts = per[names.get(x, x[len("label_"):])]
+                n, b = counts.get(value, (0, 0))
+                counts[value] = (n + int(v), b + (int(v) if bad else 0))
+    return boundary_lines(per, nodes=total, crashing=total_bad), total
