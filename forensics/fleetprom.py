@@ -31,11 +31,13 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ForensicsError
-from .fleetmodel import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_FULL, DRIVER_PARTS, FALLBACK_LABELS,
-                         MAX_BOUNDARY_VALUES, FleetGroup, FleetSummary, boundary_lines, finish_summary)
+from .fleetmodel import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_PARTS, FALLBACK_LABELS, MAX_BOUNDARY_VALUES,
+                         FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key, key_labels)
 
 __all__ = ["PrometheusError", "PromAuth", "PromClient", "prom_label", "parse_window", "summarize_fleet_prometheus"]
 
@@ -166,12 +168,18 @@ class PromClient:
             out.append((metric, _sample_value(expr, r.get("value"))))
         return out
 
-    def query_many(self, exprs: dict[str, str], *, at: float | None = None, workers: int = 8) -> dict[str, list]:
-        """Several instant queries at once (Prometheus evaluates them in parallel); results by key."""
+    def query_many(self, jobs: dict[str, str | Callable[[], Any]], *, at: float | None = None,
+                   workers: int = 8) -> dict[str, Any]:
+        """Several instant queries at once (Prometheus evaluates them in parallel); results by key.
+
+        A job is a query, or a function run beside them (a chain of queries that depend on each other);
+        the first error raised by any job is raised, once all have ended.
+        """
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=min(workers, max(1, len(exprs)))) as pool:
-            futures = {k: pool.submit(self.query, e, at=at) for k, e in exprs.items()}
+        with ThreadPoolExecutor(max_workers=min(workers, max(1, len(jobs)))) as pool:
+            futures = {k: pool.submit(j) if callable(j) else pool.submit(self.query, j, at=at)
+                       for k, j in jobs.items()}
             return {k: f.result() for k, f in futures.items()}
 
     def label_names(self, match: str) -> list[str]:
@@ -195,11 +203,12 @@ def _sample_value(expr: str, sample: object) -> float:
                                            f"(for {expr[:80]})")
 
 
-def _matchers(namespace: str | None) -> str:
-    return f'{{namespace="{_esc(namespace)}"}}' if namespace else ""
-
-
 def _esc(v: str) -> str:
+    """``v`` inside a PromQL double-quoted string.
+
+    >>> _esc('a"b\\c')
+    'a\\"b\\\\c'
+    """
     return v.replace("\\", "\\\\").replace('"', '\\"')
 
 
@@ -208,144 +217,160 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
                                now: _dt.datetime | None = None, baseline_label: str | None = None) -> FleetSummary:
     """The fleet table from Prometheus (see the module docstring).
 
+    One round of queries, all at once: the per-pod figures counted by group in one query, the agents' crashes, the
+    mixed rollout and the hours observed; beside them, the chain that finds the boundary (the node label names,
+    their number of values, then the nodes with pods counted by group, crashing or not, and by every label of few
+    values: the node column and the boundary from one query).
+
     :param window: count restarts and crashes over the last ``window`` seconds (``increase``); None: all
+    :raises PrometheusError: Prometheus could not answer, or answered what no Prometheus would
     """
     now = now or _dt.datetime.now(_dt.timezone.utc)
     at = now.timestamp()
-    names = {prom_label(x): x for x in (*group_by, *DRIVER_PARTS, *FALLBACK_LABELS, *DEFAULT_GROUP_LABELS)}
-    g = [prom_label(x) for x in group_by]
+    matchers = []
+    for clause in selector.split(",") if selector else ():
+        k, sep, v = clause.partition("=")
+        if not sep or not k.strip():
+            raise PrometheusError("-l", f"{clause!r}: only equality selectors (key=value) can be asked of Prometheus")
+        matchers.append((prom_label(k.strip()), f'="{_esc(v.lstrip("=").strip())}"'))
+    # the node labels a group's key reads, asked as they are (the driver's parts and the fallbacks beside the
+    # asked labels): the key is made here, by the rule fleet --from uses
+    raw = key_labels(group_by)
+    names = {prom_label(x): x for x in (*raw, *DEFAULT_GROUP_LABELS, *DRIVER_PARTS, *FALLBACK_LABELS)}
+    g = list(dict.fromkeys(prom_label(x) for x in raw))
     by = ", ".join(g)
-    ns = _matchers(namespace)
-    # node -> group labels (the driver version joined from its parts where the full label is absent)
+    ns = f'namespace="{_esc(namespace)}"' if namespace else ""
     node_groups = f"max by (node, {by}) (kube_node_labels)"
-    if DRIVER_FULL in group_by:
-        full, parts = prom_label(DRIVER_FULL), [prom_label(p) for p in DRIVER_PARTS]
-        node_groups = (f'max by (node, {by}) (kube_node_labels{{{full}!=""}} or '
-                       f'label_join(kube_node_labels{{{full}=""}}, '
-                       f'"{full}", ".", "{parts[0]}", "{parts[1]}", "{parts[2]}"))')
-    pods = f"max by (namespace, pod, node) (kube_pod_info{ns})"
-    if selector:
-        sel = []
-        for clause in selector.split(","):
-            k, sep, v = clause.partition("=")
-            if not sep or not k.strip():
-                raise PrometheusError("-l",
-                                      f"{clause!r}: only equality selectors (key=value) can be asked of Prometheus")
-            sel.append(f'{prom_label(k.strip())}="{_esc(v.lstrip("=").strip())}"')
-        pods = (f"({pods} * on (namespace, pod) group_left () "
-                f"max by (namespace, pod) (kube_pod_labels{{{', '.join(sel)}}}))")
-    podg = f"({pods} * on (node) group_left ({by}) {node_groups})"
-    restarts = (f"round(sum by (namespace, pod) (increase(kube_pod_container_status_restarts_total{ns}[{window}s])))"
-                if window else f"sum by (namespace, pod) (kube_pod_container_status_restarts_total{ns})")
-    # the restarting pods with their group (only they count for restarts: the join is over the pods that restarted)
-    restarting = f"(({restarts}) > 0) * on (namespace, pod) group_left ({by}) {podg}"
-    started = f"(({restarts}) > 0)"
-    exitcode = f"max by (namespace, pod) (kube_pod_container_status_last_terminated_exitcode{ns})"
 
+    def pods_where(match: str) -> str:
+        """The pods asked about (namespace, -l) whose kube_pod_info matches ``match`` too."""
+        out = f"group by (namespace, pod, node) (kube_pod_info{{{', '.join(x for x in (ns, match) if x)}}})"
+        if matchers:
+            out = (f"({out} * on (namespace, pod) group_left () "
+                   f"group by (namespace, pod) (kube_pod_labels{{{', '.join(k + v for k, v in matchers)}}}))")
+        return out
+
+    pods = pods_where("")
+    # each pod with its group's labels (a pod on no node, or on a node without a kube_node_labels series, is left out)
+    podg = f"({pods} * on (node) group_left ({by}) {node_groups})"
+    restarts_total = f"kube_pod_container_status_restarts_total{{{ns}}}"
+    restarts = (f"round(sum by (namespace, pod) (increase({restarts_total}[{window}s])))" if window
+                else f"sum by (namespace, pod) ({restarts_total})")
+    started = f"(({restarts}) > 0)"
     crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
-    wait = f'namespace="{_esc(namespace)}", ' if namespace else ""
+    wait = f'{ns}, ' if namespace else ""
 
     def of_pods(expr: str) -> str:
         """expr's series of the pods asked about: all of the namespace's without -l (no join to evaluate)."""
-        return f"({expr} * on (namespace, pod) group_left () {pods})" if selector else expr
+        return f"({expr} * on (namespace, pod) group_left () {pods})" if matchers else expr
+
+    last = "kube_pod_container_status_last_terminated"
 
     def figure(name: str, expr: str) -> str:
         return f'label_replace({expr}, "{_FIGURE}", "{name}", "", "")'
 
-    # Prometheus shares nothing between queries: each evaluates its pod -> node -> group join again. So the
-    # per-pod figures that are counts go into one query: each pod's facts, tagged by figure, joined with the
-    # groups once and counted by value (count_values: a fact's value is 1, 0/1 whether the pod restarted, or the
-    # exit code of a restarting pod's last termination)
+    # Prometheus shares nothing between queries, nor between the parts of one: each evaluates its pod -> node ->
+    # group join again. So every per-pod figure goes into one query: each pod's facts, tagged by figure, joined with
+    # the groups once and counted by value (count_values): a pod is 1; a restarting pod's restarts (their
+    # histogram per group gives the restarting pods, the restarts and the most of one pod); the exit code and
+    # reason of a restarting pod's last termination; CrashLoopBackOff; the images it runs
     per_pod = " or ".join((
         figure("pods", pods),
-        figure("restarting", f"({restarts}) > bool 0"),
-        figure("exit_code", f"{exitcode} and on (namespace, pod) {started}"),
-        figure("reason", f"max by (namespace, pod, reason) (kube_pod_container_status_last_terminated_reason{ns} == 1) "
-                         f"and on (namespace, pod) {started}"),
-        figure("crash_loop", f"max by (namespace, pod) (kube_pod_container_status_waiting_reason{{{wait}"
+        figure("restarts", started),
+        f"({figure('exit_code', f'max by (namespace, pod) ({last}_exitcode{{{ns}}})')} "
+        f"or {figure('reason', f'group by (namespace, pod, reason) ({last}_reason{{{ns}}} == 1)')}) "
+        f"and on (namespace, pod) {started}",
+        figure("crash_loop", f"group by (namespace, pod) (kube_pod_container_status_waiting_reason{{{wait}"
                              f'reason="CrashLoopBackOff"}} == 1)'),
-        figure("image", f"max by (namespace, pod, image_id) (kube_pod_container_info{ns})")))
-    exprs = {
+        figure("image", f"group by (namespace, pod, image_id) (kube_pod_container_info{{{ns}}})")))
+    jobs: dict[str, str | Callable[[], Any]] = {
         "counts": (f'count_values by ({by}, {_FIGURE}, reason, image_id) ("{_VALUE}", ({per_pod}) '
                    f"* on (namespace, pod) group_left ({by}) {podg})"),
-        "nodes": f"count by ({by}) (count by (node, {by}) ({podg}))",
-        "total": f"sum by ({by}) ({restarting})",
-        "max": f"max by ({by}) ({restarting})",
         "fingerprints": f"sum by ({by}, fingerprint) ({crashes} * on (node) group_left ({by}) {node_groups})",
         "mixed": (f"count by (container) (count by (container, image_id) "
-                  f"({of_pods(f'kube_pod_container_info{ns}')})) > 1"),
-        "hours": f"avg({at:.3f} - {of_pods(f'max by (namespace, pod) (kube_pod_start_time{ns})')}) / 3600",
+                  f"({of_pods(f'kube_pod_container_info{{{ns}}}')})) > 1"),
+        "hours": f"avg({at:.3f} - {of_pods(f'max by (namespace, pod) (kube_pod_start_time{{{ns}}})')}) / 3600",
+        "nodes": lambda: _nodes(client, at, pods_where('node!=""'), restarts, g),
     }
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the boundary's few dependent queries, beside the table's
-        boundary_f = pool.submit(_boundary, client, at, pods, restarts, names)
-        res = client.query_many(exprs, at=at)
-        boundary, all_nodes = boundary_f.result()
+    res = client.query_many(jobs, at=at)
 
     def key_of(labels: dict) -> tuple:
-        return tuple((names.get(k, k), labels[k]) for k in g if labels.get(k))
+        return group_key({names.get(k, k): labels[k] for k in g if labels.get(k)}, group_by)
 
-    def per_group(name: str) -> dict[tuple, float]:
-        return {key_of(labels): v for labels, v in res[name]}
-
-    def per_group_by(name: str, label: str, strip=lambda x: x) -> dict[tuple, dict[str, int]]:
-        out: dict[tuple, dict[str, int]] = {}
-        for labels, v in res[name]:
-            sub = strip(str(labels.get(label, "")))
-            if sub and round(v):
-                d = out.setdefault(key_of(labels), {})
-                d[sub] = d.get(sub, 0) + int(round(v))
-        return out
-
-    pods_n, with_r, loop, codes, reasons, images = _per_pod_counts(res["counts"], key_of)
-    nodes_n, total, maxr = per_group("nodes"), per_group("total"), per_group("max")
-    fingerprints = per_group_by("fingerprints", "fingerprint")
-    mixed, hours = res["mixed"], res["hours"]
+    pods_n, with_r, total, maxr, loop, codes, reasons, images = _per_pod_counts(res["counts"], key_of)
+    fingerprints: dict[tuple, dict[str, int]] = {}
+    for labels, v in res["fingerprints"]:
+        fp, n = str(labels.get("fingerprint", "")), int(round(v))
+        if fp and n:
+            d = fingerprints.setdefault(key_of(labels), {})
+            d[fp] = d.get(fp, 0) + n
+    nodes_per_group, all_nodes, per_label, crashing = res["nodes"]
+    per_key: dict[tuple, int] = {}
+    for labels, n in nodes_per_group:
+        per_key[key_of(labels)] = per_key.get(key_of(labels), 0) + n
+    shown = {names.get(x, x[len("label_"):]): v for x, v in per_label.items()}
     rows = [FleetGroup(
-        key=key, nodes=int(nodes_n.get(key, 0)), pods=int(n), pods_with_restarts=int(with_r.get(key, 0)),
-        total_restarts=int(round(total.get(key, 0))), max_restarts=int(round(maxr.get(key, 0))),
-        exit_codes={b: int(c[key]) for b, c in codes.items() if c.get(key)}, reasons=reasons.get(key, {}),
-        crash_loop=int(loop.get(key, 0)), images=images.get(key, {}), fingerprints=fingerprints.get(key, {}))
+        key=key, nodes=per_key.get(key, 0), pods=n, pods_with_restarts=with_r.get(key, 0),
+        total_restarts=total.get(key, 0), max_restarts=maxr.get(key, 0),
+        exit_codes={b: c[key] for b, c in codes.items() if c.get(key)}, reasons=reasons.get(key, {}),
+        crash_loop=loop.get(key, 0), images=images.get(key, {}), fingerprints=fingerprints.get(key, {}))
         for key, n in pods_n.items()]
+    hours = res["hours"]
     return finish_summary(
-        rows, group_by=group_by, nodes=all_nodes, boundary=boundary,
-        baseline=baseline_label or (f"the last {window}s" if window else None), mixed_images=bool(mixed),
-        taken_at=now.isoformat(),
-        observed_hours=(window / 3600 if window else (hours[0][1] if hours else None)),
+        rows, group_by=group_by, nodes=all_nodes, boundary=boundary_lines(shown, nodes=all_nodes, crashing=crashing),
+        baseline=baseline_label or (f"the last {window}s" if window else None), mixed_images=bool(res["mixed"]),
+        taken_at=now.isoformat(), observed_hours=(window / 3600 if window else (hours[0][1] if hours else None)),
         source=client.base)
 
 
-def _per_pod_counts(series: list[tuple[dict[str, str], float]], key_of) -> tuple:
-    """pods, restarting pods, CrashLoopBackOff, exit codes, reasons and images per group, from the one
-    count_values query over the per-pod facts (see :func:`summarize_fleet_prometheus`)."""
+def _per_pod_counts(series: list[tuple[dict[str, str], float]], key_of: Callable[[dict], tuple]) -> tuple:
+    """pods, restarting pods, restarts, the most restarts of one pod, CrashLoopBackOff, exit codes, reasons and
+    images per group, from the one count_values query over the per-pod facts (see
+    :func:`summarize_fleet_prometheus`)."""
     pods: dict[tuple, int] = {}
     restarting: dict[tuple, int] = {}
+    total: dict[tuple, int] = {}
+    most: dict[tuple, int] = {}
     loop: dict[tuple, int] = {}
     codes: dict[str, dict[tuple, int]] = {"139": {}, "134": {}, "137": {}, "other": {}}
     reasons: dict[tuple, dict[str, int]] = {}
     images: dict[tuple, dict[str, int]] = {}
+
+    def add(d: dict, k: Any, n: int) -> None:
+        d[k] = d.get(k, 0) + n
+
     for labels, v in series:
-        key, what, value, n = key_of(labels), labels.get(_FIGURE), _count_value(labels, _VALUE), int(round(v))
+        key, what, value, n = key_of(labels), labels.get(_FIGURE), _count_value(labels, _VALUE), _count(v)
         if what == "pods":
-            pods[key] = pods.get(key, 0) + n
-        elif what == "restarting" and value:
-            restarting[key] = restarting.get(key, 0) + n
+            add(pods, key, n)
+        elif what == "restarts" and value > 0 and n:  # n pods restarted `value` times each
+            add(restarting, key, n)
+            add(total, key, n * value)
+            most[key] = max(most.get(key, 0), value)
         elif what == "crash_loop":
-            loop[key] = loop.get(key, 0) + n
+            add(loop, key, n)
         elif what == "exit_code":
-            c = codes[str(value) if value in (139, 134, 137) else "other"]
-            c[key] = c.get(key, 0) + n
+            add(codes[str(value) if value in (139, 134, 137) else "other"], key, n)
         elif what in ("reason", "image") and n:
             sub = labels.get("reason", "") if what == "reason" else labels.get("image_id", "").split("://", 1)[-1]
             if sub:
-                d = (reasons if what == "reason" else images).setdefault(key, {})
-                d[sub] = d.get(sub, 0) + n
-    return pods, restarting, loop, codes, reasons, images
+                add((reasons if what == "reason" else images).setdefault(key, {}), sub, n)
+    return pods, restarting, total, most, loop, codes, reasons, images
+
+
+def _count(v: float) -> int:
+    """A count Prometheus gave (count, count_values): a whole number, not negative."""
+    if v < 0 or v != int(v):
+        raise PrometheusError("/api/v1/query", f"a count of {v!r}, not a whole number")
+    return int(v)
 
 
 def _count_value(labels: dict[str, str], label: str) -> int:
-    """The value count_values put in ``label`` (an integer count or exit code)."""
+    """The value count_values put in ``label`` (an integer count or exit code).
+
+    >>> _count_value({"v": "139"}, "v"), _count_value({"v": "-1"}, "v")
+    (139, -1)
+    """
     try:
         value = float(labels.get(label, ""))
     except ValueError:
@@ -359,50 +384,50 @@ def _count_value(labels: dict[str, str], label: str) -> int:
 _LABEL_NAME = re.compile(r"label_[a-zA-Z0-9_]*")
 
 
-def _boundary(client: PromClient, at: float, pods: str, restarts: str,
-              names: dict[str, str]) -> tuple[list[str], int]:
-    """The boundary (by :func:`forensics.fleetmodel.boundary_lines`, the rule fleet --from uses) and the number of
-    nodes with pods.
+def _nodes(client: PromClient, at: float, pods: str, restarts: str,
+           g: list[str]) -> tuple[list[tuple[dict[str, str], int]], int, dict[str, dict[str, tuple[int, int]]], int]:
+    """The nodes with ``pods`` (those on a node): by group labels ``g``, in all, by each node label of few values
+    (value -> (nodes, crashing nodes)), and the crashing ones: the Nodes column and what the boundary rule reads.
 
-    Three rounds, whatever the number of node labels: the label names; each label's number of values over
-    all nodes (no join) with, beside it, the nodes with pods by whether one of their pods restarted; then one
-    query counting nodes with pods by the values of every label with few values and by that state. A label
-    with more values over all nodes than a boundary can have is asked on its own, over the nodes with pods.
+    A chain of two or three queries, whatever the number of node labels: the label names (an index lookup);
+    each label's number of values over all nodes (no join); then one query counting the nodes with pods by
+    whether one of their pods restarted, by the group labels and by every label of few values. A label with more
+    values over all nodes than a boundary can have is first asked on its own, over the nodes with pods.
     """
     # per node with pods: 1 when one of its pods restarted, else 0
-    state = (f"max by (node) ((({restarts}) > bool 0) * on (namespace, pod) group_left (node) {pods} "
-             f"or on (namespace, pod) 0 * {pods})")
+    state = (f"(group by (node) ({pods} * on (namespace, pod) group_left () (({restarts}) > 0)) "
+             f"or 0 * group by (node) ({pods}))")
     skip = tuple(prom_label(p.rstrip("/")) for p in BOUNDARY_SKIP)
     labels = [x for x in sorted(set(client.label_names("kube_node_labels")))
-              if _LABEL_NAME.fullmatch(x) and not x.startswith(skip)]
-    exprs = {"state": f'count_values ("restarted", {state})'}
+              if _LABEL_NAME.fullmatch(x) and not x.startswith(skip) and x not in g]
+    card: dict[str | None, float] = {}
     if labels:
-        exprs["card"] = " or ".join(f'label_replace(count(count by ({x}) (kube_node_labels{{{x}!=""}})), '
-                                    f'"node_label", "{x}", "", "")' for x in labels)
-    res = client.query_many(exprs, at=at)
-    per_state = {_count_value(lab, "restarted"): int(v) for lab, v in res["state"]}
-    total, total_bad = sum(per_state.values()), per_state.get(1, 0)
-    if not total_bad or total_bad == total or not labels:
-        return [], total
-    card = {lab.get("node_label"): v for lab, v in res.get("card", [])}
+        card = {lab.get("node_label"): v for lab, v in client.query(" or ".join(
+            f'label_replace(count(count by ({x}) (kube_node_labels{{{x}!=""}})), "node_label", "{x}", "", "")'
+            for x in labels), at=at)}
     many = [x for x in labels if card.get(x, 0) > MAX_BOUNDARY_VALUES]
     if many:  # many values over all nodes: maybe few over the nodes with pods
-        with_pods = f"count by (node) ({pods})"
+        with_pods = f"group by (node) ({pods})"
         res = client.query_many({x: f'count(count by ({x}) (kube_node_labels{{{x}!=""}} * on (node) group_left () '
                                     f"{with_pods}))" for x in many}, at=at)
         many = [x for x in many if not res[x] or res[x][0][1] > MAX_BOUNDARY_VALUES]
     few = [x for x in labels if card.get(x) and x not in many]
-    if not few:
-        return [], total
-    joint = client.query(f'count_values by ({", ".join(few)}) ("restarted", max by (node, {", ".join(few)}) '
-                         f"(kube_node_labels) * on (node) group_left () {state})", at=at)
-    per: dict[str, dict[str, tuple[int, int]]] = {names.get(x, x[len("label_"):]): {} for x in few}
-    for lab, v in joint:
-        bad = _count_value(lab, "restarted")
-        for x in few:
+    joint = [*g, *few]
+    by = ", ".join(joint)
+    # every node with pods and a kube_node_labels series, with its labels
+    series = client.query(f'count_values by ({by}) ("restarted", max by (node, {by}) (kube_node_labels) '
+                          f"* on (node) group_left () {state})", at=at)
+    per_group: list[tuple[dict[str, str], int]] = []
+    per_label: dict[str, dict[str, tuple[int, int]]] = {x: {} for x in [*g, *few]}
+    total = crashing = 0
+    for lab, v in series:
+        bad, n = _count_value(lab, "restarted"), _count(v)
+        total += n
+        crashing += n if bad else 0
+        per_group.append((lab, n))
+        for x in joint:
             value = lab.get(x)
             if value:
-                counts = per[names.get(x, x[len("label_"):])]
-                n, b = counts.get(value, (0, 0))
-                counts[value] = (n + int(v), b + (int(v) if bad else 0))
-    return boundary_lines(per, nodes=total, crashing=total_bad), total
+                nodes, b = per_label[x].get(value, (0, 0))
+                per_label[x][value] = (nodes + n, b + (n if bad else 0))
+    return per_group, total, per_label, crashing
