@@ -35,14 +35,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ForensicsError
+from .errors import EXIT_USAGE, ForensicsError
 from .fleetmodel import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_PARTS, FALLBACK_LABELS, MAX_BOUNDARY_VALUES,
                          FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key, key_labels)
 
-__all__ = ["PrometheusError", "PromAuth", "PromClient", "prom_label", "parse_window", "summarize_fleet_prometheus"]
+__all__ = ["PrometheusError", "SelectorError", "PromAuth", "PromClient", "prom_label", "parse_window",
+           "selector_matchers", "summarize_fleet_prometheus"]
 
 MAX_RESPONSE = 64 << 20
 _FIGURE, _VALUE = "forensics_figure", "forensics_value"  # labels of the per-pod counts
+
+
+class SelectorError(ForensicsError, ValueError):
+    """A ``-l`` selector that Prometheus cannot be asked exactly (a usage error: exit 2)."""
+
+    exit_code = EXIT_USAGE
+    help_text = ("With --prometheus, -l takes key=value, key!=value, key in (a,b), key notin (a,b), key and !key, "
+                 "with non-empty values, over pod labels kube-state-metrics exports (kube_pod_labels).")
+
+    def __init__(self, selector: str, detail: str) -> None:
+        super().__init__(f"-l {selector[:200]!r}: {detail}", selector=selector, detail=detail)
 
 
 class PrometheusError(ForensicsError, RuntimeError):
@@ -204,12 +216,79 @@ def _sample_value(expr: str, sample: object) -> float:
 
 
 def _esc(v: str) -> str:
-    """``v`` inside a PromQL double-quoted string.
+    r"""``v`` inside a PromQL double-quoted string.
 
     >>> _esc('a"b\\c')
     'a\\"b\\\\c'
     """
     return v.replace("\\", "\\\\").replace('"', '\\"')
+
+
+# Kubernetes' label selector grammar (apimachinery labels.Parse): a qualified key, an optional value
+_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_KEY = re.compile(rf"(?:[a-z0-9](?:[-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
+_VALUE_RE = re.compile(rf"(?:{_NAME})?")
+_REQUIREMENT = re.compile(r"\s*(?P<not>!)?\s*(?P<key>[^\s!=<>(),]+)\s*"
+                          r"(?:(?P<op>==|=|!=|<|>)\s*(?P<value>[^\s,()]*)|(?P<set>in|notin)\s*\((?P<values>[^()]*)\))?\s*")
+
+
+def selector_matchers(selector: str) -> list[tuple[str, str]]:
+    r"""The label selector ``selector`` (``kubectl -l``'s syntax) as PromQL matchers on ``kube_pod_labels``:
+    (label, matcher) pairs, each exact: ``=``/``==``, ``!=``, ``in``, ``notin``, ``key`` and ``!key``.
+
+    Prometheus holds no empty label value (kube-state-metrics' ``label_app=""`` is no ``label_app``), so a
+    requirement on an empty value, and ``<`` / ``>`` (numeric), cannot be asked exactly: a :class:`SelectorError`.
+    ``key`` and ``!key`` treat a label with an empty value as absent, as Prometheus does.
+
+    >>> selector_matchers("app=nvitop-exporter, tier!=db")
+    [('label_app', '="nvitop-exporter"'), ('label_tier', '!="db"')]
+    >>> selector_matchers("env in (prod, pre.prod),!canary")
+    [('label_env', '=~"prod|pre\\\\.prod"'), ('label_canary', '=""')]
+    """
+    out: list[tuple[str, str]] = []
+    pos = 0
+    text = selector.strip()
+    if not text:
+        raise SelectorError(selector, "an empty selector")
+    while True:
+        m = _REQUIREMENT.match(text, pos)
+        if not m or m.end() == pos:
+            raise SelectorError(selector, f"cannot read it at {text[pos:pos + 40]!r}" if text[pos:].strip()
+                                else "a requirement missing after the last comma")
+        key, op, setop = m["key"], m["op"], m["set"]
+        if not _KEY.fullmatch(key):
+            raise SelectorError(selector, f"{key[:80]!r} is not a label key")
+        label = prom_label(key)
+        if m["not"] and (op or setop):
+            raise SelectorError(selector, f"'!' goes only before a bare key (!{key})")
+        if op in ("<", ">"):
+            raise SelectorError(selector, f"{key}{op}{m['value']}: Prometheus cannot compare label values as "
+                                          "numbers")
+        if op:
+            value = m["value"]
+            if not value:
+                raise SelectorError(selector, f"{key}{op}: an empty value is no label to Prometheus (it cannot "
+                                              "tell it from a missing one)")
+            if not _VALUE_RE.fullmatch(value):
+                raise SelectorError(selector, f"{value[:80]!r} is not a label value")
+            out.append((label, f'{"!=" if op == "!=" else "="}"{_esc(value)}"'))
+        elif setop:
+            values = [v.strip() for v in m["values"].split(",")]
+            if not all(values):
+                raise SelectorError(selector, f"{key} {setop} (...): an empty value is no label to Prometheus")
+            bad = [v for v in values if not _VALUE_RE.fullmatch(v)]
+            if bad:
+                raise SelectorError(selector, f"{bad[0][:80]!r} is not a label value")
+            regex = "|".join(v.replace(".", "\\.") for v in values)
+            out.append((label, f'{"=~" if setop == "in" else "!~"}"{_esc(regex)}"'))
+        else:
+            out.append((label, '=""' if m["not"] else '!=""'))
+        pos = m.end()
+        if pos == len(text):
+            return out
+        if text[pos] != ",":
+            raise SelectorError(selector, f"cannot read it at {text[pos:pos + 40]!r}")
+        pos += 1
 
 
 def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] = DEFAULT_GROUP_LABELS,
@@ -223,16 +302,12 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     values: the node column and the boundary from one query).
 
     :param window: count restarts and crashes over the last ``window`` seconds (``increase``); None: all
+    :raises SelectorError: a ``selector`` Prometheus cannot be asked exactly
     :raises PrometheusError: Prometheus could not answer, or answered what no Prometheus would
     """
     now = now or _dt.datetime.now(_dt.timezone.utc)
     at = now.timestamp()
-    matchers = []
-    for clause in selector.split(",") if selector else ():
-        k, sep, v = clause.partition("=")
-        if not sep or not k.strip():
-            raise PrometheusError("-l", f"{clause!r}: only equality selectors (key=value) can be asked of Prometheus")
-        matchers.append((prom_label(k.strip()), f'="{_esc(v.lstrip("=").strip())}"'))
+    matchers = selector_matchers(selector) if selector else []
     # the node labels a group's key reads, asked as they are (the driver's parts and the fallbacks beside the
     # asked labels): the key is made here, by the rule fleet --from uses
     raw = key_labels(group_by)
@@ -292,7 +367,13 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         "hours": f"avg({at:.3f} - {of_pods(f'max by (namespace, pod) (kube_pod_start_time{{{ns}}})')}) / 3600",
         "nodes": lambda: _nodes(client, at, pods_where('node!=""'), restarts, g),
     }
+    if matchers:  # a label no pod series has: not allow-listed in kube-state-metrics, or a typo; never "all pods"
+        jobs["pod_labels"] = lambda: client.label_names("kube_pod_labels")
     res = client.query_many(jobs, at=at)
+    missing = sorted({k for k, _ in matchers} - set(res.get("pod_labels", ())))
+    if missing:
+        raise PrometheusError("kube_pod_labels", f"no pod has {', '.join(missing)[:200]}: kube-state-metrics exports "
+                                                 "pod labels only when allow-listed (--metric-labels-allowlist)")
 
     def key_of(labels: dict) -> tuple:
         return group_key({names.get(k, k): labels[k] for k in g if labels.get(k)}, group_by)
