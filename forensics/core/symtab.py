@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from forensics.core import elf
@@ -46,31 +48,63 @@ class DebugSymbol:
 def section_headers(f) -> list[tuple[int, int, int, int, int, int]]:
     """(name, type, offset, size, link, entsize) of every section of an open ELF64 file.
 
+    The ELF header is read by :func:`forensics.core.elf.parse_elf_header`.
+
     :raises SymtabError: when it is not ELF64 little-endian or has no usable section header table
     """
     head = f.read(elf.EHDR64_SIZE)
-    if head[:4] != elf.ELF_MAGIC or len(head) < elf.EHDR64_SIZE or head[4] != 2 or head[5] != 1:
+    try:
+        header = elf.parse_elf_header(head)
+    except ValueError:
+        raise SymtabError("not an ELF64 little-endian file") from None
+    if header.elf_class != elf.ELFCLASS64 or header.data != elf.ELFDATA2LSB or len(head) < elf.EHDR64_SIZE:
         raise SymtabError("not an ELF64 little-endian file")
-    shoff = struct.unpack_from("<Q", head, 0x28)[0]
-    shentsize, shnum = struct.unpack_from("<HH", head, 0x3A)
-    if shentsize != _SHDR.size or not 0 < shnum <= _MAX_SHNUM:
+    if header.shentsize != _SHDR.size or not 0 < header.shnum <= _MAX_SHNUM:
         raise SymtabError("no usable section header table")
-    f.seek(shoff)
-    raw = f.read(shnum * _SHDR.size)
-    if len(raw) != shnum * _SHDR.size:
+    f.seek(header.shoff)
+    raw = f.read(header.shnum * _SHDR.size)
+    if len(raw) != header.shnum * _SHDR.size:
         raise SymtabError("section header table cut short")
     out = []
-    for i in range(shnum):
+    for i in range(header.shnum):
         name, typ, _flags, _addr, offset, size, link, _info, _align, entsize = _SHDR.unpack_from(raw, i * _SHDR.size)
         out.append((name, typ, offset, size, link, entsize))
     return out
+
+
+_MAX_HEADER_CACHE = 64  # files whose section headers are kept
+_header_cache: OrderedDict[tuple[int, ...], list[tuple[int, int, int, int, int, int]]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _identity(f) -> tuple[int, ...]:
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _sections_of(f) -> list[tuple[int, int, int, int, int, int]]:
+    """:func:`section_headers` of the open file, parsed once per file (by its identity: device, inode, size,
+    modification and change times of what is open), so that asking whether it has a ``.symtab`` and then reading
+    it parses its headers once."""
+    key = _identity(f)
+    with _cache_lock:
+        hit = _header_cache.get(key)
+        if hit is not None:
+            _header_cache.move_to_end(key)
+            return hit
+    sections = section_headers(f)
+    with _cache_lock:
+        _header_cache[key] = sections
+        while len(_header_cache) > _MAX_HEADER_CACHE:
+            _header_cache.popitem(last=False)
+    return sections
 
 
 def has_symtab(path: str) -> bool:
     """Whether the file has a ``.symtab`` (an unstripped object, or a debug file)."""
     try:
         with open(path, "rb") as f:
-            return any(s[1] == SHT_SYMTAB for s in section_headers(f))
+            return any(s[1] == SHT_SYMTAB for s in _sections_of(f))
     except (OSError, SymtabError):
         return False
 
@@ -92,7 +126,7 @@ def read_symbols(path: str, names: Iterable[str]) -> dict[str, DebugSymbol]:
     out: dict[str, DebugSymbol] = {}
     with open(path, "rb") as f:
         file_size = os.fstat(f.fileno()).st_size
-        sections = section_headers(f)
+        sections = _sections_of(f)
         for _name, typ, offset, size, link, entsize in sections:
             if typ != SHT_SYMTAB or entsize != _SYM.size or link >= len(sections):
                 continue

@@ -84,3 +84,16 @@ def test_not_an_elf64_file(tmp_path):
     (tmp_path / "t").write_bytes(b"\x7fELF\x01\x01" + bytes(58))
     with pytest.raises(SymtabError, match="not an ELF64"):
         read_symbols(str(tmp_path / "t"), ["x"])
+
+
+def test_a_file_rewritten_in_place_is_read_again(unstripped, tmp_path):
+    # the section headers are parsed once per file, kept by its identity (device, inode, size, times):
+    # a file changed in place after it was read is read again, never answered from what it was
+    f = tmp_path / "in-place"
+    shutil.copy(unstripped, f)
+    assert has_symtab(str(f)) and read_symbols(str(f), ["forensics_marker"])
+    shoff, shentsize, _ = _shdrs(f)
+    with open(f, "r+b") as out:  # same inode, same size: the .symtab's type becomes PROGBITS
+        out.seek(shoff + _symtab_index(f) * shentsize + 4)
+        out.write(struct.pack("<I", 1))
+    assert not has_symtab(str(f)) and read_symbols(str(f), ["forensics_marker"]) == {}
