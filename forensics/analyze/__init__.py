@@ -493,7 +493,8 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
     if corruption and crashed is not None and crashed.py_frames and thread_locals is not None:
         from ..pyread.locals import buffer_owners
 
-        owners, locals_problem = buffer_owners(core, crashed.py_frames, thread_locals), thread_locals.problem
+        owners = buffer_owners(core, crashed.py_frames, thread_locals, sysroot=sysroot)
+        locals_problem = thread_locals.problem
     elif corruption and is_python_process(core):
         locals_problem = "the crashing thread has no Python frames"
     lookup = None

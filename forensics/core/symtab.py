@@ -7,20 +7,30 @@ few names in it without pyelftools (which walks every symbol as an object, ~50 t
 slower on libc's ~10,000).  Bounded: the section header table, the symbol and string tables
 are checked against the file's size and capped.  Used by the heap reader (libc's
 ``main_arena``) and the Python walker (``_PyRuntime`` of an interpreter that does not export it).
+
+:func:`symbol_at` names the function a code address of a core lies in (the ctypes call in progress
+that a heap verdict names), from the object's ``.dynsym`` and the ``.symtab`` of its debug file or
+its own, with one sorted index per object kept for the process.
 """
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from typing import TYPE_CHECKING
+
 from forensics.core import elf
 from forensics.records import record
 
-__all__ = ["SymtabError", "DebugSymbol", "read_symbols", "has_symtab", "section_headers", "SHT_SYMTAB",
-           "SHT_NOBITS", "STT_OBJECT", "STT_FUNC", "STT_TLS"]
+if TYPE_CHECKING:
+    from forensics.model import CoreFile
+
+__all__ = ["SymtabError", "DebugSymbol", "read_symbols", "has_symtab", "section_headers", "symbol_at",
+           "clear_symbol_indexes", "SHT_SYMTAB", "SHT_DYNSYM", "SHT_NOBITS", "STT_OBJECT", "STT_FUNC", "STT_TLS"]
 
 _MAX_SECTION = 64 << 20  # a symbol or string table larger than this is not one we read
 _MAX_SHNUM = 4096
@@ -170,3 +180,148 @@ def _first_definition(table: bytes, strtab: bytes, key: bytes) -> tuple | None:
                     break
             j = table.find(needle, j + 1)
     return best[1] if best else None
+
+
+# -- the function an address lies in ------------------------------------------------------------------
+
+SHT_DYNSYM = 11
+STT_GNU_IFUNC = 10
+_STB_RANK = {1: 0, 2: 1, 0: 2}  # of two names of one address: GLOBAL over WEAK over LOCAL (aliases)
+_MAX_FUNCTIONS = 1_000_000  # function symbols indexed from one object's tables
+_MAX_INDEXES = 32  # objects whose index is kept
+_LOOK_BACK = 8  # symbols below the address looked at for one whose range covers it (a small one inside a big one)
+
+
+@record
+class _FunctionIndex:
+    """One object's function symbols, sorted by link-time value (one name per value), and the link-time
+    address its first PT_LOAD maps at (page-aligned: the object's lowest mapped address)."""
+
+    values: tuple[int, ...]
+    entries: tuple[tuple[int, int, str], ...]  # (value, size, name)
+    first_load: int
+
+    def lookup(self, target: int) -> str | None:
+        i = bisect.bisect_right(self.values, target) - 1
+        for j in range(i, max(i - _LOOK_BACK, -1), -1):
+            value, size, name = self.entries[j]
+            if value <= target < value + max(size, 1):
+                return name
+        return None
+
+
+def _functions(f, rank: int, want: int, out: list[tuple[int, int, int, str]]) -> None:
+    """Append the defined functions of the file's first section of type ``want`` (SHT_SYMTAB or SHT_DYNSYM)
+    to ``out`` as (value, rank, size, name); a NOBITS table (a debug-only file's ``.dynsym``) has none."""
+    file_size = os.fstat(f.fileno()).st_size
+    sections = _sections_of(f)
+    for _name, typ, offset, size, link, entsize in sections:
+        if typ != want or entsize != _SYM.size or link >= len(sections) or sections[link][1] == SHT_NOBITS:
+            continue
+        table = _read_at(f, offset, size, file_size)
+        strtab = _read_at(f, sections[link][2], sections[link][3], file_size)
+        count = min(len(table) // _SYM.size, _MAX_FUNCTIONS - len(out))
+        for st_name, info, _other, shndx, value, sym_size in _SYM.iter_unpack(table[: count * _SYM.size]):
+            if info & 0xF not in (STT_FUNC, STT_GNU_IFUNC) or shndx == 0 or value == 0 or st_name >= len(strtab):
+                continue
+            end = strtab.find(b"\0", st_name)
+            name = strtab[st_name: end if end >= 0 else len(strtab)].decode("utf-8", "replace")
+            if name:
+                out.append((value, rank * 4 + _STB_RANK.get(info >> 4, 3), sym_size, name))
+        return
+
+
+def _first_load(f) -> int | None:
+    from forensics.core.image import ElfImage
+
+    image = ElfImage.from_fd(f.fileno())
+    if image is None:
+        return None
+    loads = [p.vaddr for p in image.phdrs if p.type == elf.PT_LOAD]
+    return loads[0] & ~0xFFF if loads else 0
+
+
+def _build_index(object_file: str | None, debug_file: str | None) -> _FunctionIndex | None:
+    """The index of the object's ``.dynsym`` and the ``.symtab`` of its debug file (else its own)."""
+    found: list[tuple[int, int, int, str]] = []
+    first_load = None
+    for path, rank, want in ((object_file, 0, SHT_DYNSYM), (debug_file or object_file, 1, SHT_SYMTAB)):
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as f:
+                if first_load is None:
+                    first_load = _first_load(f)
+                _functions(f, rank, want, found)
+        except (OSError, SymtabError):
+            continue
+    if first_load is None:
+        return None
+    found.sort()
+    entries: list[tuple[int, int, str]] = []
+    for value, _rank, size, name in found:
+        if entries and entries[-1][0] == value:
+            continue  # the better-ranked name of this address is already in
+        entries.append((value, size, name))
+    return _FunctionIndex(values=tuple(e[0] for e in entries), entries=tuple(entries), first_load=first_load)
+
+
+_indexes: OrderedDict[tuple, _FunctionIndex | None] = OrderedDict()
+
+
+def _file_key(path: str | None) -> tuple | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path,)
+    return path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def clear_symbol_indexes() -> None:
+    """Forget every object's function index (tests; a long-running process between batches)."""
+    with _cache_lock:
+        _indexes.clear()
+
+
+def symbol_at(core: CoreFile, address: int, *, sysroot: str | None = None) -> tuple[str | None, str | None]:
+    """(function, library path) of a code address of the core: the function symbol whose range covers it.
+
+    The names come from the library file the core reader found and build-id checked (its ``.dynsym``; an
+    exported name is preferred for an address with several) and the ``.symtab`` of its separate debug
+    file (:func:`forensics.core.debugfiles.find_debug_file`, by the build-id read from the core; inside
+    ``sysroot`` first), else the file's own ``.symtab`` when it was not stripped.  A debug-only file given
+    as the library (``objcopy --only-keep-debug``: its ``.dynsym`` is NOBITS) is read for its ``.symtab``.
+    Each object's index is built once and kept (by the object's path, build-id, file identity and the
+    sysroot), bounded in symbols and objects.
+
+    :return: ``(None, None)`` outside every file mapping; ``(None, path)`` when no symbol covers it
+    """
+    from forensics.core.debugfiles import find_debug_file
+    from forensics.model import LibraryStatus
+
+    m = core.find_mapping(address)
+    if m is None or not m.path:
+        return None, None
+    lib = next((lib for lib in core.libraries if lib.path == m.path), None)
+    if lib is None:
+        return None, m.path
+    usable = lib.file_path if lib.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED) else None
+    build_id = lib.build_id or (lib.file_build_id if usable else None)
+    key = (sysroot, lib.path, build_id, _file_key(usable))
+    with _cache_lock:
+        present = key in _indexes
+        index = _indexes.get(key)
+        if present:
+            _indexes.move_to_end(key)
+    if not present:
+        debug = find_debug_file(build_id, sysroot, lib.path) if build_id else None
+        index = _build_index(usable, debug) if usable is not None or debug is not None else None
+        with _cache_lock:
+            _indexes[key] = index
+            while len(_indexes) > _MAX_INDEXES:
+                _indexes.popitem(last=False)
+    if index is None:
+        return None, lib.path
+    return index.lookup(address - lib.base + index.first_load), lib.path

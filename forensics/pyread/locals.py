@@ -443,46 +443,21 @@ def read_native_call(names: TypeNames, objects, layout: LocalsLayout, frame: int
     return None
 
 
-def _symbol_at(core: CoreFile, address: int) -> tuple[str | None, str | None]:
-    """(symbol, library path) of a code address, from the library file's symbol tables (build-id checked)."""
-    m = core.find_mapping(address)
-    if m is None or not m.path:
-        return None, None
-    lib = next((lib for lib in core.libraries if lib.path == m.path), None)
-    if lib is None or not lib.file_path or lib.status not in (LibraryStatus.OK, LibraryStatus.UNVERIFIED):
-        return None, m.path
-    # outside the try: an ELFError named by its except clause must be bound even when the import fails
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
+def _symbol_at(core: CoreFile, address: int, sysroot: str | None = None) -> tuple[str | None, str | None]:
+    """(symbol, library path) of a code address: :func:`forensics.core.symtab.symbol_at` (the library file's
+    ``.dynsym``, its debug file's ``.symtab``, build-id checked; indexed once per object)."""
+    from forensics.core.symtab import symbol_at
 
-    try:
-        with open(lib.file_path, "rb") as f:
-            elf = ELFFile(f)
-            loads = [seg["p_vaddr"] for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"]
-            bias = lib.base - (min(loads) & ~0xFFF if loads else 0)
-            target = address - bias
-            for name in (".dynsym", ".symtab"):
-                sec = elf.get_section_by_name(name)
-                if not isinstance(sec, SymbolTableSection):  # absent, or a section of that name that is not one
-                    continue
-                for i, sym in enumerate(sec.iter_symbols()):
-                    if i > 200_000:
-                        break
-                    if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] <= target < sym["st_value"] + max(
-                            sym["st_size"], 1):
-                        return sym.name, lib.path
-    except (OSError, ELFError, ValueError, KeyError):
-        pass
-    return None, lib.path
+    return symbol_at(core, address, sysroot=sysroot)
 
 
 def match_native_call(core: CoreFile, call: FrameCall, owner: BufferOwner, frame,
-                      local_names: dict[int, str] | None = None) -> NativeCall | None:
+                      local_names: dict[int, str] | None = None, *, sysroot: str | None = None) -> NativeCall | None:
     """The :class:`~forensics.model.NativeCall` when ``call`` was passed ``owner``'s object (itself, a
     ``byref()`` of it, or a pointer to its buffer); None when it was not.
 
     :param local_names: object address -> the frame's local holding it, to name the arguments
+    :param sysroot: the crashed machine's root, searched first for the library's debug file
     """
     obj = owner.object
     index = None
@@ -495,7 +470,8 @@ def match_native_call(core: CoreFile, call: FrameCall, owner: BufferOwner, frame
         return None
     ints = [i for i, a in enumerate(call.arguments) if a.integer is not None and i != index]
     count_index = ints[0] if len(ints) == 1 else None
-    function, library = _symbol_at(core, call.function_address) if call.function_address else (None, None)
+    function, library = (_symbol_at(core, call.function_address, sysroot) if call.function_address
+                         else (None, None))
     return NativeCall(
         function=function or (f"0x{call.function_address:x}" if call.function_address else None),
         library=library, caller=frame.function, file=frame.file, line=frame.line,
@@ -588,7 +564,8 @@ def _objects_for(core: CoreFile, mem, sysroot: str | None):
     return (found.version.major, found.version.minor), reader, objects
 
 
-def buffer_owners(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple[BufferOwner, NativeCall | None]]:
+def buffer_owners(core: CoreFile, frames, locals_: ThreadLocals, *,
+                  sysroot: str | None = None) -> list[tuple[BufferOwner, NativeCall | None]]:
     """The ctypes objects with a buffer of their own among a thread's frame locals, each with the native
     call in progress it was passed to (the innermost frame's only: a ctypes call pushes no frame)."""
     out: list[tuple[BufferOwner, NativeCall | None]] = []
@@ -601,8 +578,8 @@ def buffer_owners(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple[B
                 continue
             owner = BufferOwner(name=loc.name, function=frame.function, file=frame.file, line=frame.line, object=o)
             call = locals_.call if depth == 0 else None
-            out.append((owner, match_native_call(core, call, owner, frame, local_names) if call is not None
-                        else None))
+            out.append((owner, match_native_call(core, call, owner, frame, local_names, sysroot=sysroot)
+                        if call is not None else None))
     return out
 
 
