@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from forensics.model import CoreFile
 
 __all__ = ["SymtabError", "DebugSymbol", "read_symbols", "has_symtab", "section_headers", "symbol_at",
-           "clear_symbol_indexes", "SHT_SYMTAB", "SHT_DYNSYM", "SHT_NOBITS", "STT_OBJECT", "STT_FUNC", "STT_TLS"]
+           "clear_symbol_indexes", "file_identity", "SHT_SYMTAB", "SHT_DYNSYM", "SHT_NOBITS", "STT_OBJECT",
+           "STT_FUNC", "STT_TLS"]
 
 _MAX_SECTION = 64 << 20  # a symbol or string table larger than this is not one we read
 _MAX_SHNUM = 4096
@@ -269,7 +270,10 @@ def _build_index(object_file: str | None, debug_file: str | None) -> _FunctionIn
 _indexes: OrderedDict[tuple, _FunctionIndex | None] = OrderedDict()
 
 
-def _file_key(path: str | None) -> tuple | None:
+def file_identity(path: str | None) -> tuple | None:
+    """A key for what is at ``path`` now (path, device, inode, size, modification and change times): a cache
+    keyed by it is not fooled by a file replaced or rewritten in place.  ``(path,)`` when it cannot be
+    stat'ed; None for None."""
     if path is None:
         return None
     try:
@@ -309,7 +313,7 @@ def symbol_at(core: CoreFile, address: int, *, sysroot: str | None = None) -> tu
         return None, m.path
     usable = lib.file_path if lib.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED) else None
     build_id = lib.build_id or (lib.file_build_id if usable else None)
-    key = (sysroot, lib.path, build_id, _file_key(usable))
+    key = (sysroot, lib.path, build_id, file_identity(usable))
     with _cache_lock:
         present = key in _indexes
         index = _indexes.get(key)

@@ -39,6 +39,7 @@ from ctypes import byref, c_bool, c_int, c_uint64, c_void_p
 
 from .. import rootpath
 from ..core.debugfiles import find_debug_file
+from ..core.symtab import file_identity
 from ..errors import UnwinderUnavailable
 from ..model import CoreFile, Library, LibraryStatus
 from . import libdw as L
@@ -327,7 +328,7 @@ class _Unwinder:
         if key is None:
             build_id = library.build_id or library.file_build_id
             debug = find_debug_file(build_id, self.sysroot, library.path) if build_id else None
-            key = (build_id, library.status.value, _identity(library.file_path), _identity(debug))
+            key = (build_id, library.status.value, file_identity(library.file_path), file_identity(debug))
             self._keys[mod] = key
         return key
 
@@ -477,16 +478,6 @@ def _stack_pointer(lib: L.Lib, frame) -> int | None:
     if lib.dwfl_frame_reg(frame, L.DWARF_REG_RSP, byref(value)) != 0:
         return None
     return value.value
-
-
-def _identity(path: str | None) -> tuple | None:
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (path,)
-    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _frame(pc, function, offset, library, file, line, inlined) -> dict:
