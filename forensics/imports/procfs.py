@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import NotRoot, ProcessGone
 
-__all__ = ["ProcessView", "read_process", "parse_maps_extensions", "parse_status_ids", "in_root"]
+__all__ = ["ProcessView", "read_process", "process_view", "parse_maps_extensions", "parse_status_ids", "in_root"]
 
 _EXT_RE = re.compile(r"\.(cpython-\d+[a-z]*-[\w-]+|abi3)\.so$")
 
@@ -118,6 +118,18 @@ def read_process(pid: int) -> ProcessView:
         raise _gone(pid, "exited while being read") from e
     except PermissionError as e:
         raise NotRoot(f"reading /proc/{pid} of another user's process") from e
+    return process_view(pid, f"{base}/root", cmdline=cmdline, environ=environ, root_seen=root_seen, cwd=cwd, exe=exe,
+                        maps=maps, status=status)
+
+
+def process_view(pid: int, root: str, *, cmdline: bytes, environ: bytes, root_seen: str, cwd: str, exe: str,
+                 maps: str, status: str) -> ProcessView:
+    """A :class:`ProcessView` from what was read of /proc/PID (the texts as the kernel gave them).
+
+    :param root: where the process's root is read: ``/proc/PID/root``, or ``/proc/self/fd/N`` of a descriptor of
+        it held after the process is gone (the core handler reads a crashed process's files after its core)
+    :param root_seen: ``readlink /proc/PID/root``; ``cwd``, ``exe``: their readlinks
+    """
     argv = tuple(a.decode("utf-8", "surrogateescape") for a in cmdline.split(b"\0") if a)
     env = []
     for item in environ.split(b"\0"):
@@ -128,6 +140,6 @@ def read_process(pid: int) -> ProcessView:
     strip = lambda p: p[: -len(" (deleted)")] if p.endswith(" (deleted)") else p  # noqa: E731
     root_seen = strip(root_seen)
     exts = tuple(in_root(p, root_seen) for p in parse_maps_extensions(maps))
-    return ProcessView(pid=pid, root=f"{base}/root", cwd=in_root(strip(cwd), root_seen),
+    return ProcessView(pid=pid, root=root, cwd=in_root(strip(cwd), root_seen),
                        exe=in_root(strip(exe), root_seen), argv=argv, env=tuple(env), uid=uid, gid=gid,
                        extensions=exts, root_seen=root_seen)

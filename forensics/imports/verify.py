@@ -19,7 +19,7 @@ from .checks import find_stray_trees, image_findings, lookup_user
 from .layers import LayerFS, LayerLimits, default_capture, read_layers
 from .model import (ExecuteResult, FindingKind, Guard, ImageConfig, ImageInfo, ImportReport, ManifestKind, ModuleCheck,
                     PathOrigin, Platform, PythonSetup, Transport, Verdict)
-from .procfs import read_process
+from .procfs import ProcessView, read_process
 from .pyenv import command_line, describe_command, runtime_env
 from .pysource import parse_source
 from .resolve import find_module
@@ -29,7 +29,8 @@ from .sources import SkopeoOptions, open_image, parse_image_ref
 from .verdict import DIST_OF_MODULE, check_known_issues, classify_module
 from .versions import normalize_name
 
-__all__ = ["DEFAULT_MODULES", "VerifyOptions", "verify_image", "verify_pid", "analyze_root", "find_guards"]
+__all__ = ["DEFAULT_MODULES", "VerifyOptions", "verify_image", "verify_pid", "verify_process", "analyze_root",
+           "find_guards"]
 
 DEFAULT_MODULES = ("nvitop", "nvitop_exporter", "pynvml")
 _TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu", "ppc64le": "powerpc64le-linux-gnu",
@@ -391,15 +392,7 @@ def verify_pid(pid: int, options: VerifyOptions | None = None) -> ImportReport:
     """Verify what the live process ``pid`` imports, through /proc/PID (and, with execute, nsenter)."""
     options = options or VerifyOptions()
     proc = read_process(pid)
-    fs = DirFS(proc.root)
-    root = proc.root_seen if proc.root_seen != "/" else None
-    info = ImageInfo(ref=f"pid:{pid}", transport=Transport.PID, manifest_kind=ManifestKind.NONE, root=root)
-    config = ImageConfig(working_dir=proc.cwd, env=proc.env, cmd=proc.argv, user=str(proc.uid))
-    argv = proc.argv
-    if options.entrypoint is not None:
-        raise ImageRefError(f"pid:{pid}", "--entrypoint does not apply to a live process (its cmdline is used)")
-    report, run_env, _ = analyze_root(fs, config, info, options, argv=argv, workdir=proc.cwd, env=dict(proc.env),
-                                      interpreter=proc.exe, loaded_extensions=proc.extensions)
+    report, run_env, fs = _verify_view(proc, options)
     if not options.execute:
         return report
     setup = report.python
@@ -408,3 +401,22 @@ def verify_pid(pid: int, options: VerifyOptions | None = None) -> ImportReport:
     probe, cmd, notes = run_probe_nsenter(pid, setup.entrypoint.interpreter, setup, run_env, proc.uid, proc.gid,
                                           [c.module for c in report.modules])
     return replace(report, execute=compare(fs, setup, report.modules, probe, "nsenter", cmd, notes, run_env))
+
+
+def verify_process(proc: ProcessView, options: VerifyOptions | None = None) -> ImportReport:
+    """Verify what the process ``proc`` describes imports, statically (no execute): its root may be a held
+    descriptor's ``/proc/self/fd/N``, read after the process is gone (the core handler, after the core).
+    ``options.execute`` is not done here: it needs the live process (:func:`verify_pid`)."""
+    return _verify_view(proc, options or VerifyOptions())[0]
+
+
+def _verify_view(proc: ProcessView, options: VerifyOptions) -> tuple[ImportReport, dict, RootFS]:
+    fs = DirFS(proc.root)
+    root = proc.root_seen if proc.root_seen != "/" else None
+    info = ImageInfo(ref=f"pid:{proc.pid}", transport=Transport.PID, manifest_kind=ManifestKind.NONE, root=root)
+    config = ImageConfig(working_dir=proc.cwd, env=proc.env, cmd=proc.argv, user=str(proc.uid))
+    if options.entrypoint is not None:
+        raise ImageRefError(f"pid:{proc.pid}", "--entrypoint does not apply to a live process (its cmdline is used)")
+    report, run_env, _ = analyze_root(fs, config, info, options, argv=proc.argv, workdir=proc.cwd, env=dict(proc.env),
+                                      interpreter=proc.exe, loaded_extensions=proc.extensions)
+    return report, run_env, fs
