@@ -44,16 +44,20 @@ def _open_verified(root: str, rel: str, build_id: str) -> int | None:
 
 
 def open_debug_files(pid: int, objects: list[tuple[str, str | None]],
-                     host_root: str = "/") -> list[tuple[str, str, int]]:
+                     host_root: str = "/", *, process_root: str | None = None) -> list[tuple[str, str, int]]:
     """``[(object path, build-id, descriptor)]`` of the debug files found for ``objects``.
 
     :param objects: ``(path, build-id)`` of each mapped object, as the process saw them
     :param host_root: the node's root (``/`` on the node; the host mount in the agent pod)
+    :param process_root: where the process's root is read (default ``/proc/PID/root``): the core handler passes
+        ``/proc/self/fd/N`` of a descriptor of it held with its mount namespace, to look after the core is
+        written, the process gone; ``""``: the node's root only
     """
     out: list[tuple[str, str, int]] = []
     seen: set[str] = set()
     total = 0
-    roots = (f"/proc/{pid}/root", host_root)
+    proc_root = f"/proc/{pid}/root" if process_root is None else process_root
+    roots = (proc_root, host_root) if proc_root else (host_root,)
     for path, build_id in objects:
         build_id = (build_id or "").lower()
         if not build_id or build_id in seen or len(out) >= MAX_DEBUG_FILES:

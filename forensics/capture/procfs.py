@@ -25,6 +25,8 @@ __all__ = [
     "parse_status",
     "parse_environ",
     "read_proc_text",
+    "PROC_LIMITS",
+    "PROC_DEFAULT_LIMIT",
     "open_in_root",
     "find_mount",
     "host_path_of_mount",
@@ -79,30 +81,43 @@ def proc_dir(pid: int) -> str:
     return f"/proc/{int(pid)}"
 
 
-@overload
-def read_proc_text(pid: int, name: str, *, binary: Literal[False] = False) -> str: ...
+#: the most read of each /proc/PID file: what a process controls (its mappings' names, its mounts, its environment)
+#: can make these large (65,530 mappings with 4 KiB names are 270 MB of maps); the kernel's own small files get
+#: :data:`PROC_DEFAULT_LIMIT`
+PROC_LIMITS = {"maps": 64 << 20, "mountinfo": 16 << 20, "cmdline": 1 << 20, "environ": 4 << 20}
+PROC_DEFAULT_LIMIT = 1 << 20
 
 
 @overload
-def read_proc_text(pid: int, name: str, *, binary: Literal[True]) -> bytes: ...
+def read_proc_text(pid: int, name: str, *, binary: Literal[False] = False, cut: list[str] | None = None) -> str: ...
 
 
-def read_proc_text(pid: int, name: str, *, binary: bool = False) -> str | bytes:
-    """``/proc/PID/NAME``; :class:`ProcessGone` when the process no longer exists.
+@overload
+def read_proc_text(pid: int, name: str, *, binary: Literal[True], cut: list[str] | None = None) -> bytes: ...
 
+
+def read_proc_text(pid: int, name: str, *, binary: bool = False, cut: list[str] | None = None) -> str | bytes:
+    """``/proc/PID/NAME``, at most :data:`PROC_LIMITS` bytes; :class:`ProcessGone` when the process no longer exists.
+
+    :param cut: told (``"NAME cut at N bytes"``) when the file was longer than its bound
     :raises ProcessGone: when /proc/PID is gone
     :raises OSError: for other failures (permission, a file the kernel does not offer)
     """
     path = f"{proc_dir(pid)}/{name}"
+    limit = PROC_LIMITS.get(name, PROC_DEFAULT_LIMIT)
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(limit + 1)
     except FileNotFoundError as e:
         if not os.path.exists(proc_dir(pid)):
             raise ProcessGone(pid) from e
         raise
     except ProcessLookupError as e:  # ESRCH: the process exited while we read
         raise ProcessGone(pid, "exited while being read") from e
+    if len(data) > limit:
+        data = data[:limit]
+        if cut is not None:
+            cut.append(f"/proc/{pid}/{name} cut at {limit} bytes")
     return data if binary else data.decode("utf-8", errors="surrogateescape")
 
 

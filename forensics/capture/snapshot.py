@@ -21,9 +21,9 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from ..core.buildid import read_build_id_from_file
+from ..core.buildid import read_build_id_from_fd, read_build_id_from_file
 from ..errors import ProcessGone, UnsafeContainerPath
-from .identity import ContainerIdentity, find_container_identity, read_image_name
+from .identity import ContainerIdentity, parse_cgroup, read_image_name
 from .procfs import (
     MapEntry,
     MountEntry,
@@ -45,6 +45,9 @@ __all__ = [
     "Snapshot",
     "RawProcFiles",
     "read_snapshot",
+    "resolve_python_modules",
+    "process_view_of",
+    "MAX_HASHED_SOURCE",
     "open_mapped_objects",
     "read_host_driver_version",
     "snapshot_payload",
@@ -99,6 +102,7 @@ class PythonInfo:
     version: str | None
     # nvitop / nvidia-ml-py: {module, distribution, path, sha256, version, verdict, origin, how}
     modules: tuple[dict, ...]
+    modules_skipped: str | None = None  # why ``modules`` was not looked for (empty without meaning "none found")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,9 +131,13 @@ class Snapshot:
 
 @dataclass
 class RawProcFiles:
-    """The /proc files as read, kept verbatim in the bundle."""
+    """The /proc files as read: ``files`` kept verbatim in the bundle; the rest (secrets unredacted) only in memory,
+    to resolve the process's imports later (:func:`process_view_of`)."""
 
     files: dict[str, bytes] = field(default_factory=dict)
+    cmdline: bytes = b""
+    environ: bytes = b""
+    links: dict[str, str | None] = field(default_factory=dict)  # readlink of /proc/PID/{root,cwd,exe}
 
 
 def _readlink(path: str) -> str | None:
@@ -324,6 +332,10 @@ def _python_modules(root: str, sites: list[str], warnings: list[str]) -> tuple[d
     return tuple(out)
 
 
+#: the largest module source hashed (nvitop's, pynvml's are under 1 MiB; the file is the container's)
+MAX_HASHED_SOURCE = 16 << 20
+
+
 def _hash_in_root(root: str, path: str, warnings: list[str]) -> str | None:
     try:
         fd = open_in_root(root, path)
@@ -333,27 +345,43 @@ def _hash_in_root(root: str, path: str, warnings: list[str]) -> str | None:
         warnings.append(f"{path}: {e}")
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if st.st_size > MAX_HASHED_SOURCE:
+            warnings.append(f"{path}: {st.st_size} bytes, over {MAX_HASHED_SOURCE}: not hashed")
             return None
         h = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):
+        left = MAX_HASHED_SOURCE + 1  # a file that grows while it is read stops here too
+        while left > 0 and (chunk := os.read(fd, min(1 << 20, left))):
             h.update(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            warnings.append(f"{path}: grew past {MAX_HASHED_SOURCE} bytes while hashed: not hashed")
+            return None
         return h.hexdigest()
     finally:
         os.close(fd)
 
 
-def _resolved_modules(pid: int, root: str, sites: list[str], warnings: list[str]) -> tuple[dict, ...] | None:
+def _resolved_modules(view, root: str, sites: list[str], warnings: list[str]) -> tuple[dict, ...] | None:
     """nvitop / nvitop-exporter / nvidia-ml-py as this process would import them (verify-imports' live mode:
     sys.path[0], PYTHONPATH, .pth files, editable installs), with the verdict against pip's metadata.
-    None when that resolution fails (the caller falls back to looking in site-packages)."""
-    try:
-        from ..imports.verify import verify_pid
+    None when that resolution fails (the caller falls back to looking in site-packages).
 
-        report = verify_pid(pid)
+    :param view: the process as /proc showed it (:func:`process_view_of`), None when it could not be read
+    """
+    if view is None:
+        warnings.append("import resolution: the process's root, cwd or executable could not be read; site-packages "
+                        "searched instead")
+        return None
+    try:
+        from ..imports.verify import verify_process
+
+        report = verify_process(view)
     except Exception as e:  # noqa: BLE001 - a snapshot is best effort; the fallback still names files
-        warnings.append(f"import resolution of pid {pid} failed ({type(e).__name__}: {e}); site-packages searched "
-                        "instead")
+        warnings.append(f"import resolution of pid {view.pid} failed ({type(e).__name__}: {e}); site-packages "
+                        "searched instead")
         return None
     from ..imports.verdict import DIST_OF_MODULE
 
@@ -371,8 +399,9 @@ def _resolved_modules(pid: int, root: str, sites: list[str], warnings: list[str]
     return tuple(out)
 
 
-def _python_info(objects: tuple[MappedObject, ...], exe: str | None, env: dict[str, str], cwd: str | None,
-                 root: str, warnings: list[str], pid: int | None = None) -> PythonInfo | None:
+def _python_info(objects: tuple[MappedObject, ...], exe: str | None, skipped: str | None) -> PythonInfo | None:
+    """The interpreter and libpython the process mapped; its modules are looked for by :func:`_python_modules_of`
+    (``skipped``: why they are not)."""
     libpy = next((o for o in objects if _LIBPYTHON.search(o.path.rsplit("/", 1)[-1])), None)
     exe_obj = next((o for o in objects if o.path == exe), None)
     version = None
@@ -381,14 +410,45 @@ def _python_info(objects: tuple[MappedObject, ...], exe: str | None, env: dict[s
         version = m.group(1)
     if libpy is None and not (exe and "python" in exe.rsplit("/", 1)[-1]):
         return None
-    sites = _site_dirs(exe, version, env, cwd)
     return PythonInfo(
         interpreter=exe, interpreter_build_id=exe_obj.build_id if exe_obj else None,
         libpython=libpy.path if libpy else None, libpython_build_id=libpy.build_id if libpy else None,
-        version=version,
-        modules=(_resolved_modules(pid, root, sites, warnings) if pid is not None else None)
-        or _python_modules(root, sites, warnings),
+        version=version, modules=(), modules_skipped=skipped,
     )
+
+
+def _python_modules_of(python: PythonInfo, view, root: str, env: dict[str, str], cwd: str | None,
+                       warnings: list[str]) -> tuple[dict, ...]:
+    sites = _site_dirs(python.interpreter, python.version, env, cwd)
+    return _resolved_modules(view, root, sites, warnings) or _python_modules(root, sites, warnings)
+
+
+def process_view_of(pid: int, raw: RawProcFiles, root: str):
+    """The :class:`~forensics.imports.procfs.ProcessView` of what :func:`read_snapshot` read into ``raw`` (no /proc
+    read again), its root read at ``root``; None when its root, cwd or executable could not be read."""
+    from ..imports.procfs import process_view
+
+    root_seen, cwd, exe = (raw.links.get(k) for k in ("root", "cwd", "exe"))
+    if root_seen is None or cwd is None or exe is None:
+        return None
+    return process_view(pid, root, cmdline=raw.cmdline, environ=raw.environ, root_seen=root_seen, cwd=cwd, exe=exe,
+                        maps=raw.files.get("maps", b"").decode(errors="surrogateescape"),
+                        status=raw.files.get("status", b"").decode(errors="surrogateescape"))
+
+
+def resolve_python_modules(snapshot: Snapshot, raw: RawProcFiles, root: str) -> Snapshot:
+    """``snapshot`` with its Python modules looked for (when it is a Python process's and they were not), as the
+    process imports them, in the root at ``root``: ``/proc/PID/root``, or ``/proc/self/fd/N`` of a descriptor of it
+    held while its mount namespace is held too (the core handler does this after the core, the process gone)."""
+    if snapshot.python is None or snapshot.python.modules or snapshot.python.modules_skipped is None:
+        return snapshot
+    warnings: list[str] = []
+    env = parse_environ(raw.environ)
+    modules = _python_modules_of(snapshot.python, process_view_of(snapshot.pid, raw, root), root, env,
+                                 raw.links.get("cwd"), warnings)
+    return dataclasses.replace(snapshot, python=dataclasses.replace(snapshot.python, modules=modules,
+                                                                    modules_skipped=None),
+                               warnings=snapshot.warnings + tuple(warnings))
 
 
 def read_snapshot(
@@ -397,6 +457,8 @@ def read_snapshot(
     host_root: str = "/",
     object_fds: list[tuple[MapEntry, int]] | None = None,
     raw: RawProcFiles | None = None,
+    maps_text: str | None = None,
+    skip_python_modules: str | None = None,
 ) -> Snapshot:
     """Read the snapshot of process ``pid``.
 
@@ -404,6 +466,9 @@ def read_snapshot(
     :param object_fds: descriptors from :func:`open_mapped_objects` (opened here when None,
         and closed again)
     :param raw: filled with the /proc files as read, for the bundle
+    :param maps_text: ``/proc/PID/maps`` as the caller read it (to open ``object_fds``): not read again
+    :param skip_python_modules: None: a Python process's modules are looked for now; else why they are not (the core
+        handler looks for them after the core, with :func:`resolve_python_modules`, or not at all)
     :raises ProcessGone: when the process does not exist
     """
     if not os.path.isdir(f"/proc/{pid}"):
@@ -411,27 +476,32 @@ def read_snapshot(
     warnings: list[str] = []
     texts: dict[str, str] = {}
     for name in _PROC_FILES:
+        if name == "maps" and maps_text is not None:
+            texts[name] = maps_text
+            continue
         try:
-            texts[name] = read_proc_text(pid, name)
+            texts[name] = read_proc_text(pid, name, cut=warnings)
         except ProcessGone:
             raise
         except OSError as e:
             warnings.append(f"/proc/{pid}/{name}: {e.strerror or e}")
             texts[name] = ""
     try:
-        cmdline_raw = read_proc_text(pid, "cmdline", binary=True)
-        environ_raw = read_proc_text(pid, "environ", binary=True)
+        cmdline_raw = read_proc_text(pid, "cmdline", binary=True, cut=warnings)
+        environ_raw = read_proc_text(pid, "environ", binary=True, cut=warnings)
     except OSError as e:
         if isinstance(e, ProcessGone):
             raise
         cmdline_raw, environ_raw = b"", b""
         warnings.append(f"/proc/{pid}/cmdline or environ: {e}")
-    if raw is not None:
-        for k, v in texts.items():
-            raw.files[k] = v.encode(errors="surrogateescape")
     comm = _read_small(f"/proc/{pid}/comm")
     exe = _readlink(f"/proc/{pid}/exe")
     cwd = _readlink(f"/proc/{pid}/cwd")
+    raw = raw if raw is not None else RawProcFiles()
+    for k, v in texts.items():
+        raw.files[k] = v.encode(errors="surrogateescape")
+    raw.cmdline, raw.environ = cmdline_raw, environ_raw
+    raw.links = {"root": _readlink(f"/proc/{pid}/root"), "cwd": cwd, "exe": exe}
     from ..redact import Redactor
 
     red = Redactor()
@@ -446,7 +516,7 @@ def read_snapshot(
     # the host's mount namespace: PID 1's (hostPID agent pods see the node's), else our own
     host_ns = _readlink("/proc/1/ns/mnt") or _readlink("/proc/self/ns/mnt")
     in_container = bool(ns["mnt"]) and ns["mnt"] != host_ns
-    identity = find_container_identity(pid)
+    identity = parse_cgroup(texts["cgroup"])  # read above: not again
     image = read_image_name(identity.container_id, host_root) if identity.container_id else None
 
     maps = parse_maps(texts["maps"])
@@ -464,7 +534,11 @@ def read_snapshot(
         if own_fds:
             for _, fd in fds:
                 os.close(fd)
-    python = _python_info(objects, exe, env_plain, cwd, f"/proc/{pid}/root", warnings, pid)
+    python = _python_info(objects, exe, skip_python_modules)
+    if python is not None and skip_python_modules is None:
+        root = f"/proc/{pid}/root"
+        python = dataclasses.replace(python, modules=_python_modules_of(
+            python, process_view_of(pid, raw, root), root, env_plain, cwd, warnings), modules_skipped=None)
     return Snapshot(
         pid=pid, taken_at=time.time(), comm=comm, exe=exe, cmdline=cmdline, cwd=cwd, environ=environ,
         status=parse_status(texts["status"]), limits=parse_limits(texts["limits"]),
@@ -485,7 +559,7 @@ def _objects(fds, mounts, host_mounts, in_container):
             size = os.fstat(fd).st_size
         except OSError:
             size = None
-        bid = read_build_id_from_file(f"/proc/self/fd/{fd}")
+        bid = read_build_id_from_fd(fd)
         mount: MountEntry | None = find_mount(mounts, path) if mounts else None
         bind_source = None
         injected = False

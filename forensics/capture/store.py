@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import os
 
-from ..core.buildid import read_build_id_from_file
+from ..core.buildid import read_build_id_from_fd
 
 __all__ = ["ObjectStore", "key_of_fd", "write_atomic", "fsync_dir", "disk_usage"]
 
@@ -54,7 +54,7 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o644) -> None:
 
 def key_of_fd(fd: int) -> str:
     """The store key of an open ELF object: its build-id, else ``sha256-`` of its bytes."""
-    bid = read_build_id_from_file(f"/proc/self/fd/{fd}")
+    bid = read_build_id_from_fd(fd)
     if bid:
         return bid
     h = hashlib.sha256()
