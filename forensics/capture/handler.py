@@ -5,24 +5,29 @@ as root, on the host, with no environment, and writes the core to its stdin; the
 process waits until stdin is read to the end.  The handler:
 
 1. reads ``/proc/PID`` while the process still exists (the process exists until the core
-   is fully read) and opens every mapped ELF object through ``/proc/PID/map_files``;
-2. decides, under a lock on DIR, whether to keep the core: RLIMIT_CORE (``%c``) below one
+   is fully read): what every crash's record holds, each file once and bounded, and opens every
+   mapped ELF object through ``/proc/PID/map_files`` (their build-ids); nothing more before
+2. the decision, under a lock on DIR, whether to keep the core: RLIMIT_CORE (``%c``) below one
    page keeps metadata only (as systemd-coredump does); so does the crash-loop limit (the
-   first N cores per container image and signal per hour) and the minimum free space;
+   first N cores per container image and signal per hour) and the minimum free space.  The
+   record is written; for a kept core the process's root and mount namespace are held (two
+   descriptors, nothing read);
 3. streams stdin through zstd (constant memory) to ``50-core/.core.zst.tmp``, cutting it at
-   the maximum core size (or ``%c``), while a thread copies the mapped objects into the
-   build-id store (:mod:`.spool`); on a full disk it releases a reserve made at the start, ends the zstd
-   frame and keeps the metadata;
-4. judges the stream against the ELF core's own program headers (a stream that ended early is
-   a truncated core; an empty, non-ELF or non-core stream is not a core) and renames it into
-   place (``core.zst`` whole, ``core.truncated.zst`` cut or ended early, ``core.partial.zst``
-   when even the frame end did not fit, ``stream.zst`` for what is not a core), with the reason
-   in the record and the index; writes the metadata and the
-   manifest, then deletes the oldest cores beyond the directory's budget (metadata stays,
-   and the newest core of each crash-loop key stays: same image, signal and crash site).
-   Before the record it adds the node's side at crash time: NVRM / Xid kernel log lines, and
-   ``nvidia-smi -q`` for a kept core.
+   the maximum core size (or ``%c``), nothing else meanwhile; on a full disk it releases a reserve
+   made for a kept core, ends the zstd frame and keeps the metadata; judges the stream against
+   the ELF core's own program headers (a stream that ended early is a truncated core; an empty,
+   non-ELF or non-core stream is not a core) and renames it into place (``core.zst`` whole,
+   ``core.truncated.zst`` cut or ended early, ``core.partial.zst`` when even the frame end did
+   not fit, ``stream.zst`` for what is not a core), with the reason in the record and the index;
+   then lets go of the pipe;
+4. for a written core, the process gone: copies the mapped objects and the debug files found for
+   them into the build-id store, resolves a Python process's imports in the root held for it;
+   adds the node's side at crash time (NVRM / Xid kernel log lines, ``nvidia-smi -q`` for a kept
+   core); writes the metadata and the manifest, then deletes the oldest cores beyond the
+   directory's budget (metadata stays, and the newest core of each crash-loop key stays: same
+   image, signal and crash site).
 
+A dropped core costs the dying process none of the debug-file, object or import work.
 Whatever fails, stdin is drained to the end (the kernel never waits on us) and the failure
 goes to the kernel log (``/dev/kmsg``) and syslog.
 """
@@ -35,7 +40,6 @@ import json
 import os
 import socket
 import struct
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -48,7 +52,7 @@ if TYPE_CHECKING:  # imported where they are used: the handler runs as the kerne
     from .bundle import BundleWriter
     from ..core.elf import FileMapping
     from .identity import ContainerIdentity
-    from .snapshot import Snapshot
+    from .snapshot import RawProcFiles, Snapshot
     from .spool import StreamVerdict
 
 __all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", "drain", "log_kernel",
@@ -218,21 +222,51 @@ def _crash_dir(core_dir: str, t: float, pid: int, signame: str) -> str:
     return new_bundle_dir(os.path.join(core_dir, "crashes"), f"{stamp}-{pid}-{signame}")
 
 
-def _copy_objects(store, fds, keys: dict, warnings: list, debug_fds=(), debug_keys: dict | None = None) -> None:
+#: the largest mapped object stored (libtorch_cuda.so is 1-2 GB); a larger file mapped by the crashed process
+#: (the container's to choose, a sparse one costs it nothing) is named in the record, not copied
+MAX_OBJECT_BYTES = 4 << 30
+
+
+def _copy_objects(store, fds, keys: dict, warnings: list, *, build_ids: dict[str, str | None], min_free: int,
+                  core_dir: str, debug_fds=(), debug_keys: dict | None = None) -> None:
+    """The mapped objects, then their debug files, into the store: each at most :data:`MAX_OBJECT_BYTES`, none
+    that would leave less than ``min_free`` bytes free (a store that has it already costs nothing).
+
+    :param build_ids: the snapshot's build-id of each object (not read again); an object without one is keyed by
+        the sha256 of its bytes
+    """
     from .store import key_of_fd
 
+    def room_for(fd: int, key: str, what: str) -> bool:
+        if store.has(key):
+            return True
+        size = os.fstat(fd).st_size
+        if size > MAX_OBJECT_BYTES:
+            warnings.append(f"{what}: {size} bytes, over {MAX_OBJECT_BYTES}: not stored")
+            return False
+        if min_free > 0 and free_bytes(core_dir) - size < min_free:
+            warnings.append(f"{what}: {size} bytes would leave less than {min_free} free: not stored")
+            return False
+        return True
+
     for entry, fd in fds:
+        path = entry.path[: -len(" (deleted)")] if entry.deleted else entry.path
         try:
-            key = key_of_fd(fd)
-            keys[entry.path] = key
-            store.add_from_fd(fd, key)
+            if os.fstat(fd).st_size > MAX_OBJECT_BYTES:  # not even hashed for its key
+                warnings.append(f"object {path}: {os.fstat(fd).st_size} bytes, over {MAX_OBJECT_BYTES}: not stored")
+                continue
+            key = build_ids.get(path) or key_of_fd(fd)
+            if room_for(fd, key, f"object {path}"):
+                store.add_from_fd(fd, key)
+                keys[entry.path] = key
         except OSError as e:
-            warnings.append(f"object {entry.path}: {e.strerror or e}")
+            warnings.append(f"object {path}: {e.strerror or e}")
     for path, build_id, fd in debug_fds:  # after the objects: a debug file is worth less than its object
         try:
-            store.add_from_fd(fd, f"{build_id}.debug")
-            if debug_keys is not None:
-                debug_keys[path] = f"{build_id}.debug"
+            if room_for(fd, f"{build_id}.debug", f"debug file of {path}"):
+                store.add_from_fd(fd, f"{build_id}.debug")
+                if debug_keys is not None:
+                    debug_keys[path] = f"{build_id}.debug"
         except OSError as e:
             warnings.append(f"debug file of {path}: {e.strerror or e}")
 
@@ -302,11 +336,14 @@ class _Crash:
     object_fds: list
     signame: str
     crash_dir: str
-    reserve: str | None
     bundle: BundleWriter
+    reserve: str | None = None  # room kept for the end of a kept core's frame on a full disk
     snapshot: Snapshot | None = None
+    raw: RawProcFiles | None = None  # /proc/PID as read (for the bundle, and for the imports after the core)
+    image_os: str | None = None  # the process's /etc/os-release
     image_key: str = "unknown"
-    debug_fds: list = field(default_factory=list)  # (path, build-id, fd) of the mapped objects' debug files
+    held_root: str | None = None  # /proc/self/fd/N: the process's root, held (with its mount namespace) after it
+    held_error: str | None = None  # why it could not be held
     record: dict = field(default_factory=dict)
     why: list[str] = field(default_factory=list)  # why the core is not whole (or not kept)
 
@@ -338,10 +375,17 @@ class _Streamed:
 
 
 def _handle(req: _Request, config: HandlerConfig | None, result: HandlerResult, object_fds: list) -> None:
+    # while the kernel waits (the dying process exists until its core is read), only what every crash's record
+    # needs, then the decision, then for a kept core the hold on its root and the core itself; what a kept core
+    # adds (objects, debug files, the Python imports, nvidia-smi) comes once the core is written and the pipe let go
     crash = _open_crash(req, config, result, object_fds)
-    _read_process(crash)  # 1. /proc/PID while it exists
+    _read_process(crash)  # 1. /proc/PID while it exists: the record's facts (bounded reads)
     keep = _decide(crash)  # 2. keep the core?
+    _first_record(crash, keep)  # the record, written before the core: partial evidence survives a killed handler
+    if keep:
+        _hold_process(crash)  # its root and mount namespace, for what is read of it after the core
     streamed = _stream(crash, keep)  # 3. stream it
+    _after_core(crash, streamed)  # the kept core's objects, debug files, Python imports; the node's side
     _finish(crash, streamed)  # 4. the record, the manifest, the index, the budget
 
 
@@ -355,37 +399,50 @@ def _open_crash(req: _Request, config: HandlerConfig | None, result: HandlerResu
     crash_dir = _crash_dir(req.core_dir, req.timestamp, req.pid, signame)
     result.crash_dir = crash_dir
     return _Crash(req=req, cfg=cfg, result=result, object_fds=object_fds, signame=signame, crash_dir=crash_dir,
-                  reserve=make_reserve(os.path.join(crash_dir, ".reserve")), bundle=BundleWriter(crash_dir))
+                  bundle=BundleWriter(crash_dir))
 
 
 def _read_process(crash: _Crash) -> None:
-    """Stage 1: the snapshot of /proc/PID and the image's os-release, the first record and identity."""
-    from .snapshot import RawProcFiles, open_mapped_objects, read_snapshot, snapshot_payload
+    """Stage 1: what every crash's record holds, read from /proc/PID while it exists (each read bounded, each file
+    once): the snapshot (identity, limits, mapped objects with build-ids; a Python process's imports are left for
+    after the core) and the image's os-release.  Nothing is written yet: the decision comes first."""
+    from .snapshot import RawProcFiles, open_mapped_objects, read_snapshot
     from .procfs import parse_maps, read_proc_text
 
-    req, warnings, bundle = crash.req, crash.result.warnings, crash.bundle
+    req, warnings = crash.req, crash.result.warnings
     pid = req.pid
-    raw = RawProcFiles()
+    crash.raw = raw = RawProcFiles()
     try:
-        maps = parse_maps(read_proc_text(pid, "maps"))
-        crash.object_fds.extend(open_mapped_objects(pid, maps, warnings))
-        crash.snapshot = read_snapshot(pid, host_root=req.host_root, object_fds=crash.object_fds, raw=raw)
+        maps_text = read_proc_text(pid, "maps", cut=warnings)
+        crash.object_fds.extend(open_mapped_objects(pid, parse_maps(maps_text), warnings))
+        crash.snapshot = read_snapshot(pid, host_root=req.host_root, object_fds=crash.object_fds, raw=raw,
+                                       maps_text=maps_text, skip_python_modules=_MODULES_LATER)
     except Exception as e:  # noqa: BLE001 - metadata is best effort; the core still matters
         warnings.append(f"/proc/{pid}: {type(e).__name__}: {e}")
-    if crash.snapshot is not None:
-        from .debugfiles import open_debug_files
-
-        crash.debug_fds = open_debug_files(pid, [(o.path, o.build_id) for o in crash.snapshot.objects], req.host_root)
-        crash.object_fds.extend((None, fd) for _, _, fd in crash.debug_fds)  # closed with the objects
-    image_os = None
     try:
         from .node import read_os_release
 
-        image_os = read_os_release(f"/proc/{pid}/root")  # the image's distribution, while the process exists
+        crash.image_os = read_os_release(f"/proc/{pid}/root")  # the image's distribution, while the process exists
     except Exception as e:  # noqa: BLE001
         warnings.append(f"/proc/{pid}/root/etc/os-release: {type(e).__name__}: {e}")
-    snapshot, identity = crash.snapshot, crash.identity
-    crash.image_key = _image_key(snapshot)
+    crash.image_key = _image_key(crash.snapshot)
+
+
+_MODULES_LATER = "looked for once the core is kept and written"
+_MODULES_DROPPED = "not looked for: the core was not kept (metadata only)"
+
+
+def _first_record(crash: _Crash, keep: bool) -> None:
+    """The record, identity and process snapshot as stage 1 read them, written before the core is streamed."""
+    import dataclasses
+
+    from .snapshot import snapshot_payload
+
+    req, warnings, bundle, raw = crash.req, crash.result.warnings, crash.bundle, crash.raw
+    if not keep and crash.snapshot is not None and crash.snapshot.python is not None:
+        crash.snapshot = dataclasses.replace(crash.snapshot, python=dataclasses.replace(
+            crash.snapshot.python, modules_skipped=_MODULES_DROPPED))
+    snapshot, identity, pid = crash.snapshot, crash.identity, req.pid
     crash.record = {
         "schema_version": 1,
         "crash_id": crash.crash_id,
@@ -412,15 +469,99 @@ def _read_process(crash: _Crash) -> None:
         "runtime": identity.runtime if identity else None,
     }, "who crashed: node, pid, signal, pod UID, container ID, image, time")
     if snapshot is not None:
-        bundle.add_json("40-process/snapshot.json", snapshot_payload(snapshot),
-                        "process snapshot at crash time: limits, cgroup identity, mapped objects with build-ids, NVML "
-                        "origin")
-        for name, data in raw.files.items():
+        _write_snapshot(crash)
+        for name, data in (raw.files.items() if raw else ()):
             bundle.add_bytes(f"40-process/{name}", data, f"/proc/PID/{name} as read at crash time")
-    if image_os is not None:
-        bundle.add_bytes("40-process/os-release", image_os.encode(),
+    if crash.image_os is not None:
+        bundle.add_bytes("40-process/os-release", crash.image_os.encode(),
                          "the process's /etc/os-release (its image's distribution), read inside its root")
     crash.write_record()
+
+
+def _write_snapshot(crash: _Crash) -> None:
+    from .snapshot import snapshot_payload
+
+    assert crash.snapshot is not None
+    crash.bundle.add_json("40-process/snapshot.json", snapshot_payload(crash.snapshot),
+                          "process snapshot at crash time: limits, cgroup identity, mapped objects with build-ids, "
+                          "NVML origin, the Python modules it imports")
+
+
+def _hold_process(crash: _Crash) -> None:
+    """A kept core's process: hold its root and its mount namespace (descriptors only, nothing read), so that its
+    debug files and Python imports are looked for after the core is written, the process gone, as it saw them
+    (the namespace held keeps its mounts: volumes, injected libraries)."""
+    pid = crash.req.pid
+    try:
+        ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        crash.object_fds.append((None, ns))  # closed with the objects
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        crash.object_fds.append((None, root))
+    except OSError as e:  # gone already: its debug files and imports are not looked for (the record says why)
+        crash.held_error = f"its root could not be held ({e.strerror or e})"
+        return
+    crash.held_root = f"/proc/self/fd/{root}"
+
+
+def _after_core(crash: _Crash, streamed: _Streamed) -> None:
+    """Once the core is written and the pipe let go: a kept core's mapped objects and their debug files into the
+    store, its Python imports resolved in the root held for it; then the node's side (kernel log lines, nvidia-smi
+    for a kept core).  The dying process no longer waits on any of this."""
+    from .store import ObjectStore
+
+    req, cfg, result = crash.req, crash.cfg, crash.result
+    written = result.core_path is not None and result.core_state != "not-a-core"
+    if written:
+        mapped = [(entry, fd) for entry, fd in crash.object_fds if entry is not None]
+        snapshot = crash.snapshot
+        debug_fds: list[tuple[str, str, int]] = []
+        if snapshot is not None:
+            from .debugfiles import open_debug_files
+
+            debug_fds = open_debug_files(req.pid, [(o.path, o.build_id) for o in snapshot.objects], req.host_root,
+                                         process_root=crash.held_root or "")
+            crash.object_fds.extend((None, fd) for _, _, fd in debug_fds)  # closed with the objects
+        build_ids = {o.path: o.build_id for o in snapshot.objects} if snapshot else {}
+        _copy_objects(ObjectStore(req.core_dir), mapped, streamed.keys, result.warnings, build_ids=build_ids,
+                      min_free=cfg.min_free, core_dir=req.core_dir, debug_fds=debug_fds,
+                      debug_keys=streamed.debug_keys)
+        _resolve_imports(crash)
+    elif crash.snapshot is not None and crash.snapshot.python is not None and _modules_pending(crash.snapshot):
+        import dataclasses
+
+        why = ("not looked for: the stream was not a core" if result.core_state == "not-a-core"
+               else "not looked for: no core was written")
+        crash.snapshot = dataclasses.replace(crash.snapshot, python=dataclasses.replace(crash.snapshot.python,
+                                                                                        modules_skipped=why))
+        _write_snapshot(crash)
+    _node_evidence(crash.bundle, result.warnings, nvidia_smi=result.core_path is not None, smi_timeout=cfg.smi_timeout,
+                   pid=req.pid, host_root=req.host_root)
+
+
+def _modules_pending(snapshot: Snapshot) -> bool:
+    return snapshot.python is not None and snapshot.python.modules_skipped == _MODULES_LATER
+
+
+def _resolve_imports(crash: _Crash) -> None:
+    """A kept core's Python modules, as its process imports them, from the root held for it; the snapshot rewritten."""
+    import dataclasses
+
+    from .snapshot import resolve_python_modules
+
+    snapshot = crash.snapshot
+    if snapshot is None or not _modules_pending(snapshot) or crash.raw is None:
+        return
+    if crash.held_root is None:
+        assert snapshot.python is not None
+        crash.snapshot = dataclasses.replace(snapshot, python=dataclasses.replace(
+            snapshot.python, modules_skipped=f"not looked for: {crash.held_error or 'its root was not held'}"))
+    else:
+        try:
+            crash.snapshot = resolve_python_modules(snapshot, crash.raw, crash.held_root)
+        except Exception as e:  # noqa: BLE001 - evidence is best effort; the core and record matter more
+            crash.result.warnings.append(f"Python imports: {type(e).__name__}: {e}")
+            return
+    _write_snapshot(crash)
 
 
 def _image_key(snapshot) -> str:
@@ -460,27 +601,19 @@ def _decide(crash: _Crash) -> bool:
 
 
 def _stream(crash: _Crash, keep: bool) -> _Streamed:
-    """Stage 3: stdin through zstd (cut at the size bound) while the objects are stored; then the node's side."""
-    from .store import ObjectStore
-
+    """Stage 3: stdin through zstd (cut at the size bound), nothing else while the kernel waits."""
     req, cfg, result, why = crash.req, crash.cfg, crash.result, crash.why
     limit = cfg.max_core_size
     if req.rlimit_core is not None and req.rlimit_core >= PAGE:
         limit = min(limit, req.rlimit_core)
     out = _Streamed()
-    copier = None
-    mapped = [(entry, fd) for entry, fd in crash.object_fds if entry is not None]
-    if keep and mapped:
-        copier = threading.Thread(target=_copy_objects, args=(ObjectStore(req.core_dir), mapped, out.keys,
-                                                              result.warnings, crash.debug_fds, out.debug_keys),
-                                  daemon=True)
-        copier.start()
     core_dir_sub = os.path.join(crash.crash_dir, "50-core")
     os.makedirs(core_dir_sub, exist_ok=True)
     tmp = os.path.join(core_dir_sub, ".core.zst.tmp")
     comp = None
     out_fd = -1
     if keep:
+        crash.reserve = make_reserve(os.path.join(crash.crash_dir, ".reserve"))
         out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
         comp = Compressor(out_fd, cfg.level, cfg.threads, crash.reserve)
     try:
@@ -509,11 +642,6 @@ def _stream(crash: _Crash, keep: bool) -> _Streamed:
         comp._release_reserve()
     elif crash.reserve and os.path.exists(crash.reserve):
         os.unlink(crash.reserve)
-    if copier is not None:
-        copier.join(timeout=300)
-    # the node's side at crash time; the core is in, so the dying process no longer waits on this
-    _node_evidence(crash.bundle, result.warnings, nvidia_smi=result.core_path is not None, smi_timeout=cfg.smi_timeout,
-                   pid=req.pid, host_root=req.host_root)
     return out
 
 

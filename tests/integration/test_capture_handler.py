@@ -582,3 +582,177 @@ def test_no_directory_drains_and_exits_2(small_cores, tmp_path):
     p.stdin.write(core)
     p.stdin.close()
     assert p.wait(timeout=60) == 2
+
+
+class _OpenWatch:
+    """The kernel's inotify watch on one file for opens and reads (``IN_OPEN | IN_ACCESS``): whether anything
+    opened it for reading, seen by the kernel, not by the code under test.  (Opens with ``O_PATH``, which only
+    name a file, are not events; an open that reads it is.)"""
+
+    IN_ACCESS, IN_OPEN = 0x1, 0x20
+
+    def __init__(self, path: Path) -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        assert self.fd >= 0, os.strerror(ctypes.get_errno())
+        assert libc.inotify_add_watch(self.fd, os.fsencode(path), self.IN_OPEN | self.IN_ACCESS) >= 0, \
+            os.strerror(ctypes.get_errno())
+
+    def events(self) -> list[int]:
+        """The event masks since the last call."""
+        import struct
+
+        out = []
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return out
+            at = 0
+            while at + 16 <= len(data):
+                _, mask, _, name_len = struct.unpack_from("iIII", data, at)
+                out.append(mask)
+                at += 16 + name_len
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def test_a_dropped_core_never_opens_debug_files(crasher, small_cores, tmp_path, live):
+    """The decision comes before any debug-file work: a core dropped by the crash-loop limit, RLIMIT_CORE or the
+    free-space minimum costs the dying process no debug-file lookup; a kept core's are stored after it."""
+    from forensics.core.buildid import read_build_id_from_file
+    from forensics.core.debugfiles import build_id_debug_path
+
+    # GIVEN the node's debug file of the crasher's executable (its own build-id), in a node root of this test
+    build_id = read_build_id_from_file(str(crasher))
+    assert build_id
+    node = tmp_path / "node"
+    debug = node / build_id_debug_path(build_id).lstrip("/")
+    debug.parent.mkdir(parents=True)
+    subprocess.run(["objcopy", "--only-keep-debug", str(crasher), str(debug)], check=True)
+    assert read_build_id_from_file(str(debug)) == build_id
+    debug_bytes = debug.read_bytes()
+    core_dir = tmp_path / "cores"
+    watch = _OpenWatch(debug)
+
+    def crash(limit: int | None, cfg: HandlerConfig):
+        fd = os.open(small_cores["segv"], os.O_RDONLY)
+        try:
+            r = run_core_handler(str(core_dir), live.pid, live.pid, 11, time.time(), limit, stdin_fd=fd, config=cfg,
+                                 host_root=str(node))
+        finally:
+            os.close(fd)
+        return r, json.loads((Path(r.crash_dir) / "metadata.json").read_text()), watch.events()
+
+    try:
+        # WHEN the first crash comes (kept: the crash-loop limit is 1 core per hour)
+        r, meta, events = crash(None, HandlerConfig(min_free=0, loop_limit=1))
+        # THEN its debug file was opened and read (the watch sees it) and stored by build-id
+        assert r.core_state == "kept", r.warnings
+        assert any(m & _OpenWatch.IN_OPEN for m in events), events
+        exe = next(p for p in meta["objects"] if p.endswith("/crasher"))
+        assert meta["debug_files"][exe] == f"{build_id}.debug"
+        assert (core_dir / "objects" / build_id[:2] / f"{build_id[2:]}.debug").read_bytes() == debug_bytes
+        # and WHEN the same crash comes again (the crash-loop limit), from a process not opted in (RLIMIT_CORE 0),
+        # and with too little free space
+        for limit, cfg, reason in ((None, HandlerConfig(min_free=0, loop_limit=1), "crash loop"),
+                                   (0, HandlerConfig(min_free=0, loop_limit=-1), "RLIMIT_CORE 0"),
+                                   (None, HandlerConfig(min_free=1 << 62, loop_limit=-1), "bytes free")):
+            r, meta, events = crash(limit, cfg)
+            # THEN it is metadata only, and its debug file was never opened, nor stored for it
+            assert r.core_state == "metadata-only" and reason in " ".join(meta["core"]["reasons"]), meta["core"]
+            assert events == [], (reason, events)
+            assert meta["debug_files"] == {} and meta["objects"][exe] == build_id
+    finally:
+        watch.close()
+
+
+def test_a_kept_core_s_python_imports_are_read_after_the_process_is_gone(small_cores, tmp_path):
+    """A Python process's imports are resolved once its core is written, the process gone, in its root and mount
+    namespace held for it: a module its working directory shadows, on a mount only its namespace has (a volume),
+    is still found; a dropped core's are not looked for, and its record says so."""
+    import hashlib
+
+    # GIVEN a Python process whose working directory is a tmpfs mounted in its own mount namespace only, holding
+    # pynvml.py (shadowing any installed nvidia-ml-py, as an image's WORKDIR did in the incident)
+    work = tmp_path / "work"
+    work.mkdir()
+    source = b'__version__ = "shadow"\n'
+    script = ('mount -t tmpfs forensics-test "$0" && cd "$0" && printf \'__version__ = "shadow"\\n\' > pynvml.py && '
+              'exec "$1" -c "import pynvml, sys; print(\'ready\', flush=True); sys.stdin.read()"')
+    live = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(work),
+                             sys.executable], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    core_dir = tmp_path / "cores"
+    try:
+        assert live.stdout.readline().strip() == b"ready"
+        assert not (work / "pynvml.py").exists()  # not on this namespace's side of the mount
+        # WHEN a crash of it is dropped (RLIMIT_CORE 0)
+        p = _handler_cli(core_dir, live.pid, signal.SIGSEGV, small_cores["segv"], "0")
+        assert p.returncode == 0, p.stderr
+        (dropped,) = _crashes(core_dir)
+        # THEN its modules are not looked for, and its snapshot says so (not "none found")
+        py = json.loads((dropped / "40-process" / "snapshot.json").read_text())["python"]
+        assert py["modules"] == [] and py["modules_skipped"] == "not looked for: the core was not kept (metadata only)"
+        # WHEN a crash of it is kept: the core goes in while the process exists, and the process is gone (its mount
+        # namespace with it) before the stream ends, as the kernel lets it go once its core is read
+        h = subprocess.Popen([str(FORENSICS), "core-handler", str(core_dir), str(live.pid), str(live.pid), "11",
+                              str(int(time.time())), "18446744073709551615"], stdin=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env={}, cwd="/")
+        h.stdin.write(small_cores["segv"].read_bytes())
+        h.stdin.flush()
+        time.sleep(0.2)  # the handler past its reading of /proc/PID, streaming
+        live.kill()
+        live.wait()
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{live.pid}") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not os.path.exists(f"/proc/{live.pid}")
+        h.stdin.close()
+        assert h.wait(timeout=120) == 0, h.stderr.read()
+    finally:
+        live.kill()
+        live.wait()
+    kept = next(c for c in _crashes(core_dir) if c != dropped)
+    meta = json.loads((kept / "metadata.json").read_text())
+    assert meta["core"]["state"] == "kept"
+    # THEN its imports were resolved after it was gone: pynvml from its working directory, read on the tmpfs its
+    # namespace had (hashed: the very file)
+    py = json.loads((kept / "40-process" / "snapshot.json").read_text())["python"]
+    assert py["modules_skipped"] is None
+    pynvml = next(m for m in py["modules"] if m["module"] == "pynvml")
+    assert pynvml["path"] == str(work / "pynvml.py")
+    assert pynvml["sha256"] == hashlib.sha256(source).hexdigest()
+
+
+def test_a_huge_mapped_object_is_named_not_copied(small_cores, tmp_path):
+    """A crashed process may map any file; a 5 GiB sparse one (ELF magic, then nothing) costs it nothing and was
+    copied whole into the store: objects are stored up to 4 GiB each, the rest named in the warnings."""
+    from forensics.capture.handler import MAX_OBJECT_BYTES
+
+    big = tmp_path / "libhuge.so"
+    with open(big, "wb") as f:
+        f.write(b"\x7fELF")
+        f.truncate(MAX_OBJECT_BYTES + (1 << 30))
+    live = subprocess.Popen([sys.executable, "-c", "import mmap, sys; f = open(sys.argv[1], 'rb'); "
+                             "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); print('ready', flush=True); "
+                             "sys.stdin.read()", str(big)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert live.stdout.readline().strip() == b"ready"
+        fd = os.open(small_cores["segv"], os.O_RDONLY)
+        try:
+            r = run_core_handler(str(tmp_path / "cores"), live.pid, live.pid, 11, time.time(), None, stdin_fd=fd,
+                                 config=HandlerConfig(min_free=0))
+        finally:
+            os.close(fd)
+    finally:
+        live.kill()
+        live.wait()
+    assert r.core_state == "kept", r.warnings
+    meta = json.loads((Path(r.crash_dir) / "metadata.json").read_text())
+    assert f"object {big}: {MAX_OBJECT_BYTES + (1 << 30)} bytes, over {MAX_OBJECT_BYTES}: not stored" in r.warnings
+    assert str(big) not in meta["objects"] and meta["objects"]  # the others are stored
+    stored = sum(p.stat().st_size for p in (tmp_path / "cores" / "objects").rglob("*") if p.is_file())
+    assert stored < 1 << 30
