@@ -24,6 +24,7 @@ from ..errors import CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoot
 from .procfs import open_in_root
 
 if TYPE_CHECKING:  # imported where they are used: each command loads only what it needs
+    from .identity import ContainerIdentity
     from .pattern import Destination
     from .snapshot import Snapshot
 
@@ -44,6 +45,7 @@ __all__ = [
     "find_container_pids",
     "find_pod_pids",
     "find_pod_shims",
+    "scan_pod",
     "capture_waiting_pod",
 ]
 
@@ -483,26 +485,52 @@ def find_pod_pids(pod_uid: str, proc: str = "/proc") -> list[int]:
     return _pids_where(lambda i: bool(i.pod_uid) and i.pod_uid.replace("_", "-").lower() == want, proc)
 
 
+def _shim_id(proc: str, name: str) -> str | None:
+    """The ``-id`` of a containerd shim (``containerd-shim-runc-v2 ... -id SANDBOX``), None for any other process."""
+    try:
+        with open(f"{proc}/{name}/cmdline", "rb") as f:
+            argv = f.read(8192).decode(errors="replace").split("\0")
+    except OSError:  # exited since the listing
+        return None
+    if not argv or not os.path.basename(argv[0]).startswith("containerd-shim"):
+        return None
+    return next((argv[i + 1].lower() for i, a in enumerate(argv[:-1]) if a == "-id"), None)
+
+
 def find_pod_shims(sandbox_ids: list[str], proc: str = "/proc") -> list[int]:
     """The container runtime's shim processes of a pod (``containerd-shim-runc-v2 ... -id SANDBOX``), by its
     sandbox's container ID: runc starts each new container of the pod from it, so it inherits the shim's limits."""
     ids = {i.lower() for i in sandbox_ids if i}
-    found = []
+    return sorted(int(n) for n in os.listdir(proc) if n.isdigit() and _shim_id(proc, n) in ids)
+
+
+def scan_pod(pod_uid: str, proc: str = "/proc") -> tuple[list[tuple[int, ContainerIdentity]], list[int]]:
+    """One walk of /proc for a pod: ``(its processes with their identity, oldest first; its runtime shims)``.
+
+    The processes are those in the pod's cgroups (:func:`find_pod_pids`); the shims those whose ``-id`` is the
+    container ID of one of them (:func:`find_pod_shims`: the sandbox's is among them), each process's cgroup and
+    command line read once.
+    """
+    from .identity import parse_cgroup
+
+    want = pod_uid.replace("_", "-").lower()
+    members: list[tuple[int, ContainerIdentity]] = []
+    shims: list[tuple[int, str]] = []
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
         try:
-            with open(f"{proc}/{name}/cmdline", "rb") as f:
-                argv = f.read(8192).decode(errors="replace").split("\0")
+            with open(f"{proc}/{name}/cgroup", "rb") as f:
+                ident = parse_cgroup(f.read(1 << 20).decode(errors="replace"))
         except OSError:  # exited since the listing
             continue
-        if not argv or not os.path.basename(argv[0]).startswith("containerd-shim"):
-            continue
-        for i, a in enumerate(argv[:-1]):
-            if a == "-id" and argv[i + 1].lower() in ids:
-                found.append(int(name))
-                break
-    return sorted(found)
+        if ident.pod_uid and ident.pod_uid.replace("_", "-").lower() == want:
+            members.append((int(name), ident))
+        shim = _shim_id(proc, name)
+        if shim is not None:
+            shims.append((int(name), shim))
+    ids = {i.container_id.lower() for _, i in members if i.container_id}
+    return sorted(members, key=lambda m: m[0]), sorted(pid for pid, sid in shims if sid in ids)
 
 
 def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") -> tuple[str, dict]:
@@ -517,23 +545,14 @@ def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") ->
     :return: (bundle directory, the arming record)
     """
     from .bundle import BundleWriter, new_bundle_dir
-    from .identity import find_container_identity
     from .pattern import destination_payload, explain_next_start, read_core_pattern
 
-    pids = find_pod_pids(pod_uid)
-    sandboxes = []
+    members, shims = scan_pod(pod_uid)  # one walk of /proc: the pod's processes, and its shims by their -id
+    pids = [pid for pid, _ in members]
     armed: list[dict] = []
     notes: list[str] = []
-    for pid in pids:
-        try:
-            cid = find_container_identity(pid).container_id
-        except (OSError, ForensicsError) as e:  # its shim may then go unarmed: the arming record says why
-            notes.append(f"pid {pid} of the pod: its container could not be read ({e})")
-            continue
-        if cid:
-            sandboxes.append(cid)
     limit, limit_from = None, None
-    for shim in find_pod_shims(sandboxes):
+    for shim in shims:
         try:
             before, after, _, _ = arm_process(shim, coredump_filter=DEFAULT_FILTER)
         except ForensicsError as e:

@@ -201,3 +201,48 @@ def test_an_unreadable_handler_state_is_an_error_not_an_empty_one(tmp_path):
     with pytest.raises(CoreDirectoryError, match="cannot be read"):
         uninstall_handler(str(tmp_path), proc=str(proc))
     assert (proc / "sys/kernel/core_pattern").read_text() == "|/x core-handler\n"
+
+
+def test_a_pods_processes_and_shims_are_found_in_one_walk_of_proc(tmp_path):
+    """capture of a pod whose container is not running listed /proc twice (its processes by cgroup, then its
+    runtime shims by command line); one walk finds both, each process's files read once."""
+    import ctypes
+    import struct
+
+    from forensics.capture.node import find_pod_pids, find_pod_shims, scan_pod
+
+    other_uid = "11111111-2222-3333-4444-555555555555"
+    sandbox, app, foreign = "ab" * 32, "cd" * 32, "ef" * 32
+    pod_slice = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice"
+    procs = {
+        10: (f"0::{pod_slice}/cri-containerd-{sandbox}.scope\n", b"/pause\0"),
+        12: (f"0::{pod_slice}/cri-containerd-{app}.scope\n", b"python3\0exporter.py\0"),
+        20: ("0::/system.slice/containerd.service\n",
+             b"/usr/bin/containerd-shim-runc-v2\0-namespace\0k8s.io\0-id\0" + sandbox.encode() + b"\0"),
+        21: ("0::/system.slice/containerd.service\n",
+             b"/usr/bin/containerd-shim-runc-v2\0-namespace\0k8s.io\0-id\0" + foreign.encode() + b"\0"),
+        22: ("0::/system.slice/other.service\n", b"/bin/sleep\0-id\0" + sandbox.encode() + b"\0"),  # not a shim
+        30: (f"0::/kubepods.slice/kubepods-pod{other_uid.replace('-', '_')}.slice/cri-containerd-{foreign}.scope\n",
+             b"/pause\0"),
+    }
+    proc = tmp_path / "proc"
+    for pid, (cgroup, cmdline) in procs.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(cgroup)
+        (proc / str(pid) / "cmdline").write_bytes(cmdline)
+    (proc / "self").mkdir()
+    libc = ctypes.CDLL(None, use_errno=True)
+    watch = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert watch >= 0 and libc.inotify_add_watch(watch, os.fsencode(proc), 0x20) >= 0  # IN_OPEN: the listings
+    try:
+        members, shims = scan_pod(UID, str(proc))
+        events = os.read(watch, 65536)
+    finally:
+        os.close(watch)
+    # THEN /proc was listed once, and what the two walks found is what this one found
+    masks = [struct.unpack_from("iIII", events, at)[1] for at in range(0, len(events), 16)]
+    assert masks == [0x20 | 0x40000000]  # IN_OPEN | IN_ISDIR of the directory itself, once
+    assert [(pid, i.container_id) for pid, i in members] == [(10, sandbox), (12, app)]
+    assert shims == [20]
+    assert [pid for pid, _ in members] == find_pod_pids(UID, str(proc))
+    assert shims == find_pod_shims([sandbox, app], str(proc))
