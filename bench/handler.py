@@ -106,16 +106,14 @@ def run_tool(argv: list[str], core: Path, out: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--crashes", type=int, default=10, help="rounds of (kept, loop, rlimit, zstd, cat)")
-    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--workdir", default=None, help="the core, kept for the next run (default: in the cache)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the handler reads /proc/PID/map_files of another process")
-    if a.workdir is None:
-        from forensics.cache import cache_dir
+    from forensics.cache import cache_dir
 
-        a.workdir = cache_dir() / "bench" / "handler"
-    work = Path(a.workdir)
+    work = Path(a.workdir) if a.workdir else cache_dir() / "bench" / "handler"
     work.mkdir(parents=True, exist_ok=True)
     core = make_core(work)
     run = Path(tempfile.mkdtemp(prefix="run-", dir=work))
