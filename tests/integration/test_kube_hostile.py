@@ -98,3 +98,36 @@ def test_what_a_node_sends_back_is_unpacked_within_bounds(tmp_path):
     assert out["many"] == "over 10 files" and len(list((tmp_path / "many").iterdir())) == 10
     assert out["traversal"].startswith("a member was refused") and not (tmp_path.parent / "escaped").exists()
     assert out["broken"].startswith("its stream breaks after")
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_not_json(tmp_path):
+    """kubectl (Go: 10,000 levels) passes on an object nested deeper than Python's json parser goes; that was a
+    RecursionError out of capture --pod, now 'not JSON', one line, before anything is created."""
+    import json
+
+    from tests.kube_standin import StandIn, make_node, make_pod, write_kubeconfig
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    depth = 2000
+    deep = "[" * depth + "]" * depth
+    with pytest.raises(RecursionError):  # past this interpreter's parser, or the test proves nothing
+        json.loads(deep)
+    # GIVEN an API whose node object carries a field nested 2,000 deep (served as raw bytes)
+    pod = make_pod(name="exporter-0", namespace="monitoring", uid="uid-0", node="node-a", container_id="c" * 64,
+                   restarts=3, last_exit=139)
+    node = json.dumps(make_node("node-a"))
+    node = node[:-1] + ', "deep": ' + deep + "}"
+    with StandIn(path_env="/usr/bin:/bin") as api:
+        api.pods[("monitoring", "exporter-0")] = pod
+        api.nodes["node-a"] = node.encode()
+        kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), api.url, namespace="monitoring")
+        # WHEN capture --pod reads the node through kubectl
+        r = CliRunner().invoke(cli, ["capture", "--pod", "exporter-0", "--kubeconfig", kubeconfig, "-n",
+                                     "monitoring", "--output", str(tmp_path / "out")])
+        created = [k for k in api.pods if k != ("monitoring", "exporter-0")]
+    # THEN one line says the answer is not JSON; no traceback, no agent pod
+    assert r.exit_code == 1, r.output
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("forensics: error:")]
+    assert "get node" in line and "not JSON" in line and "Traceback" not in r.output
+    assert created == []
