@@ -247,3 +247,30 @@ def test_an_unusable_cache_is_said_and_the_bundle_left_alone(handler_dir, tmp_pa
     assert r.exit_code == EXIT_ERROR
     assert "cannot use the forensics cache" in r.stderr and "FORENSICS_CACHE" in r.stderr
     assert tree(handler_dir) == before
+
+
+def test_a_damaged_compressed_core_is_one_line_and_a_cut_one_partial(handler_dir, tmp_path, monkeypatch):
+    import zstandard
+
+    monkeypatch.setenv("FORENSICS_CACHE", str(tmp_path / "cache"))
+    kept = next(p for p in (handler_dir / "crashes").iterdir() if (p / "50-core" / "core.zst").exists())
+    good = (kept / "50-core" / "core.zst").read_bytes()
+    # GIVEN copies of the bundle: one whose first zstd block header is garbage (a reserved block type), one whose
+    # stream stops in the middle of its frame (zstd says nothing: the core it gives is cut short)
+    at = zstandard.frame_header_size(good)
+    damaged, cut = tmp_path / "damaged", tmp_path / "cut"
+    for copy, data in ((damaged, good[:at] + b"\xff\xff\xff" + good[at + 3:]), (cut, good[: len(good) // 2])):
+        shutil.copytree(kept, copy)
+        (copy / "50-core" / "core.zst").write_bytes(data)
+    # WHEN each is analyzed
+    r = run("analyze", str(damaged))
+    # THEN the damaged one is one line naming the file and the stream, exit 1, no traceback, nothing left behind
+    assert r.exit_code == EXIT_ERROR
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("forensics: error:")]
+    assert f"{damaged / '50-core' / 'core.zst'}: cannot read core: damaged zstd stream:" in line, r.stderr
+    assert "Traceback" not in r.output and not list((tmp_path / "cache").rglob("*.tmp*"))
+    # and the cut one is analyzed as far as it goes: a truncated core, a partial result that says so
+    r = run("analyze", "--json", str(cut))
+    assert r.exit_code == EXIT_PARTIAL, r.output
+    core = json.loads(r.stdout)["analysis"]["snapshot"]["core"]
+    assert core["truncated"] and core["size"] < core["expected_size"]
