@@ -1,0 +1,97 @@
+"""The signal-frame reader's bounds (forensics.analyze.sigframe) on real kernel cores: how many nested signal
+frames a thread's stack is read for (MAX_NESTED), and how much of a text mapping is searched for the sigreturn
+trampoline's bytes (MAX_TEXT)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from forensics.analyze import analyze_core
+from forensics.analyze.sigframe import MAX_NESTED, MAX_TEXT, SIGRETURN_TRAMPOLINE, find_trampolines
+from forensics.core import open_core
+from forensics.core.memory import CoreMemory
+from tests.crashers.make_core import crash_for_core
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+NESTED_C = r"""
+#include <signal.h>
+#include <string.h>
+static volatile int depth;
+static void on_usr1(int sig) {
+    (void)sig;
+    if (++depth < %(handlers)d)
+        raise(SIGUSR1);              /* SA_NODEFER: delivered again inside this handler */
+    else
+        *(volatile int *)0 = 0;      /* SIGSEGV in the innermost handler: the kernel writes the core */
+}
+int main(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sa.sa_flags = SA_NODEFER;
+    sigaction(SIGUSR1, &sa, 0);
+    raise(SIGUSR1);
+    return 0;
+}
+"""
+
+# a static program (no C library mapped: its own text is searched) with the trampoline's bytes near the start
+# of its text, then MAX_TEXT + 1 MiB of nops, then glibc's __restore_rt (libc.a is linked after this object)
+BIG_TEXT_C = r"""
+__asm__(".text\n.globl early_trampoline\nearly_trampoline:\n\tmov $15, %%rax\n\tsyscall\n"
+        ".fill %(fill)d, 1, 0x90\n");
+int main(void) { return *(volatile int *)0; }
+"""
+
+
+def _crash(tmp_path, name: str, source: str, *cflags: str):
+    (tmp_path / f"{name}.c").write_text(source)
+    exe = tmp_path / name
+    p = subprocess.run(["gcc", "-O0", "-g", *cflags, "-o", str(exe), str(tmp_path / f"{name}.c")],
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0 and "-static" in cflags and "cannot find -lc" in p.stderr:
+        pytest.skip("no static C library (Debian: libc6-dev)")
+    assert p.returncode == 0, p.stderr
+    run = tmp_path / f"run-{name}"
+    run.mkdir()
+    return exe, crash_for_core([str(exe)], run)
+
+
+def test_signal_frames_past_the_nesting_bound_are_not_read(tmp_path, core_pattern):
+    # GIVEN a real core of a program that died in the 12th of 12 nested SIGUSR1 handlers
+    handlers = MAX_NESTED + 4
+    _exe, core = _crash(tmp_path, "nested", NESTED_C % {"handlers": handlers})
+    analysis = analyze_core(str(core))
+    (thread,) = analysis.snapshot.threads
+    trampolines = [i for i, f in enumerate(thread.native_frames) if f.symbol == "__restore_rt"]
+    assert len(trampolines) == handlers, [f.symbol for f in thread.native_frames]  # libdw went through all 12
+    # THEN the reader stops at MAX_NESTED: the innermost 8, each at its trampoline frame, innermost first
+    assert len(thread.signal_frames) == MAX_NESTED
+    assert [sf.native_index for sf in thread.signal_frames] == trampolines[:MAX_NESTED]
+    assert [sf.signal.name for sf in thread.signal_frames] == ["SIGUSR1"] * MAX_NESTED
+    addresses = [sf.address for sf in thread.signal_frames]
+    assert addresses == sorted(addresses)
+
+
+def test_text_past_the_search_bound_is_not_searched_for_the_trampoline(tmp_path, core_pattern):
+    # GIVEN a real core of a static program whose text maps more than MAX_TEXT bytes, the trampoline's bytes
+    # at its start and glibc's __restore_rt past MAX_TEXT (the kernel dumps none of that text: it is read
+    # from the file)
+    exe, core_path = _crash(tmp_path, "bigtext", BIG_TEXT_C % {"fill": MAX_TEXT + (1 << 20)}, "-static")
+    nm = subprocess.run(["nm", str(exe)], capture_output=True, text=True, check=True).stdout
+    symbols = {parts[2]: int(parts[0], 16) for parts in map(str.split, nm.splitlines()) if len(parts) == 3}
+    early, restore_rt = symbols["early_trampoline"], symbols["__restore_rt"]
+    core = open_core(str(core_path))
+    text = next(m for m in core.mappings if m.path == str(exe) and "x" in m.perms)
+    assert text.size > MAX_TEXT and restore_rt - text.start > MAX_TEXT > early - text.start
+    with open(exe, "rb") as f:  # glibc's is the same instruction pair
+        f.seek(text.offset + restore_rt - text.start)
+        assert f.read(len(SIGRETURN_TRAMPOLINE)) == SIGRETURN_TRAMPOLINE
+    # WHEN the trampolines are searched for by their bytes
+    with CoreMemory.open(str(core_path)) as mem:
+        found = find_trampolines(core, mem)
+    # THEN only the first MAX_TEXT bytes were searched: the early copy is found, glibc's past the bound is not
+    assert found == (early,)
