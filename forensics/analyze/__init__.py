@@ -10,8 +10,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from ..core import open_core
-from ..core.memory import one_analysis
+from ..core import open_core_memory
 from ..errors import GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
 from ..model import (
     Analysis,
@@ -40,11 +39,13 @@ from .stacks import (
 )
 
 if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses never start it
+    from ..core.memory import CoreMemory
     from ..gdb import GdbResult, GdbSession
+    from ..pyread import Interpreter
 
 __all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot",
            "check_nested_faults", "is_python_process", "registers_only", "HEAP_MODES",
-           "with_heap", "with_crashed_locals", "heap_findings"]
+           "with_heap", "with_crashed_locals", "heap_findings", "CoreReading"]
 
 METHODS = ("auto", "gdb", "direct", "both")
 
@@ -60,14 +61,19 @@ def registers_only(core: CoreFile, reason: str = "native stack not unwound: prog
 def build_snapshot(core: CoreFile, native: dict | None, python: PythonStacks | None, *, sysroot: str | None,
                    native_method: str, python_method: str, requested: str = "auto",
                    problems: tuple[str, ...] = (), disagreements: tuple[str, ...] = (),
-                   requested_native: str = "auto", native_disagreements: tuple[str, ...] = ()) -> ProcessSnapshot:
+                   requested_native: str = "auto", native_disagreements: tuple[str, ...] = (),
+                   reading: CoreReading | None = None) -> ProcessSnapshot:
     """Join the core reader's facts with the native and Python stacks into one snapshot.
 
     The Python stacks' status is said once, in ``python_stack_status`` (the ``Stacks:``
     line); ``problems`` are other methods' reasons and unwinders' errors, each one line.
+
+    :param reading: the analysis' open core (None: the core is opened again to find signal frames)
     """
     warnings: list[str] = list(problems)
-    threads = attach_signal_frames(core, build_threads(core, native or registers_only(core), python))
+    threads = build_threads(core, native or registers_only(core), python)
+    threads = attach_signal_frames(core, threads) if reading is None else \
+        attach_signal_frames(core, threads, mem=reading.mem, text=reading.text_trampolines())
     python_process = is_python_process(core) or (python is not None and python.version is not None)
     status = python_status_line(python, python_process=python_process)
     if python is None:
@@ -292,7 +298,34 @@ class _InBackground:
 HEAP_MODES = ("auto", "full", "off")
 
 
-@one_analysis
+class CoreReading:
+    """One analysis' open core: its record, its memory (open while the analysis runs) and what more than one
+    reader needs from it, computed once on first ask -- the interpreter (:func:`forensics.pyread.find_interpreter`:
+    the walker, the crashing thread's locals and the heap's owner search read with it) and the sigreturn
+    trampolines in the C library's text (the snapshot and the unwinding of handler threads ask)."""
+
+    def __init__(self, core: CoreFile, mem: CoreMemory, sysroot: str | None) -> None:
+        self.core = core
+        self.mem = mem
+        self.sysroot = sysroot
+        self._interpreter: Interpreter | PythonStacks | None = None
+        self._text: tuple[int, ...] | None = None
+
+    def interpreter(self) -> Interpreter | PythonStacks:
+        if self._interpreter is None:
+            from ..pyread import find_interpreter
+
+            self._interpreter = find_interpreter(self.core, self.mem, sysroot=self.sysroot)
+        return self._interpreter
+
+    def text_trampolines(self) -> tuple[int, ...]:
+        if self._text is None:
+            from .sigframe import text_trampolines
+
+            self._text = text_trampolines(self.core, self.mem)
+        return self._text
+
+
 def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = None, gdb: str = "gdb",
                  timeout: float = 120.0, debuginfod: str | None = None, method: str = "auto",
                  native_method: str = "auto", session: GdbSession | None = None, heap: str = "auto") -> Analysis:
@@ -324,7 +357,15 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
         raise ValueError(heap)
     plan = plan_native(native_method, method, debuginfod)
     path, sysroot = _open_input(path, sysroot)
-    core = open_core(path, sysroot=sysroot, exe=exe)
+    core, mem = open_core_memory(path, sysroot=sysroot, exe=exe)  # opened once: every reader below reads it
+    with mem:
+        return _analyze(CoreReading(core, mem, sysroot), exe=exe, gdb=gdb, timeout=timeout, debuginfod=debuginfod,
+                        method=method, native_method=native_method, plan=plan, session=session, heap=heap)
+
+
+def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float, debuginfod: str | None,
+             method: str, native_method: str, plan: str, session: GdbSession | None, heap: str) -> Analysis:
+    core, sysroot = reading.core, reading.sysroot
     exe_lib = core.libraries[0] if core.libraries else None
     usable = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
     exe_file = exe_lib.file_path if exe_lib is not None and exe_lib.status in usable else None
@@ -341,7 +382,7 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
         if method in ("direct", "both", "auto"):
             from ..pyread import read_python_stacks
 
-            direct = read_python_stacks(core, sysroot=sysroot)
+            direct = read_python_stacks(core, sysroot=sysroot, mem=reading.mem, interpreter=reading.interpreter())
     finally:
         libdw_doc = None
         if unwinding is not None:
@@ -373,24 +414,24 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     if dwarf_layout is not None:
         from ..pyread import read_python_stacks
 
-        gdb_python = read_python_stacks(core, sysroot=sysroot, dwarf=dwarf_layout)
+        gdb_python = read_python_stacks(core, sysroot=sysroot, dwarf=dwarf_layout, mem=reading.mem)
 
     native, native_notes, native_disagreements = _choose_native(plan, libdw_doc, gdb_native)
     problems.extend(native_notes)
     if native is None and plan == "none" and native_method == "auto":  # --method direct; not --native-method none
-        native = _unwind_signal_handler_threads(core, sysroot, problems)
+        native = _unwind_signal_handler_threads(reading, problems)
     disagreements: tuple[str, ...] = ()
     if method == "both":
-        disagreements = _compare_methods(core, gdb_python, direct, dwarf_layout, sysroot, problems)
+        disagreements = _compare_methods(reading, gdb_python, direct, dwarf_layout, problems)
     python, py_method = _choose_python(method, gdb_python, direct, problems)
     snapshot = build_snapshot(
         core, native, python, sysroot=sysroot,
         native_method=native_label(native), python_method=py_method, requested=method,
         problems=tuple(problems), disagreements=disagreements,
-        requested_native=native_method, native_disagreements=tuple(native_disagreements),
+        requested_native=native_method, native_disagreements=tuple(native_disagreements), reading=reading,
     )
-    snapshot, thread_locals = with_crashed_locals(snapshot, sysroot=sysroot)
-    return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot, thread_locals=thread_locals)
+    snapshot, thread_locals = with_crashed_locals(snapshot, sysroot=sysroot, reading=reading)
+    return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot, thread_locals=thread_locals, reading=reading)
 
 
 def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None]:
@@ -421,7 +462,7 @@ def _run_gdb(core: CoreFile, exe_file: str | None, session: GdbSession | None, *
                    sysroot=sysroot)
 
 
-def _compare_methods(core: CoreFile, gdb_python, direct, dwarf_layout: dict | None, sysroot: str | None,
+def _compare_methods(reading: CoreReading, gdb_python, direct, dwarf_layout: dict | None,
                      problems: list[str]) -> tuple[str, ...]:
     """``--method both``: where the two methods' stacks and layouts disagree.
 
@@ -436,7 +477,8 @@ def _compare_methods(core: CoreFile, gdb_python, direct, dwarf_layout: dict | No
     disagreements = tuple(compare_python_stacks(gdb_python, direct))
     if dwarf_layout is not None:  # always, when gdb's stacks were read: they are read with it
         disagreements += tuple(f"layout: {d} (DWARF vs direct)"
-                               for d in layout_differences(core, dwarf_layout, sysroot=sysroot))
+                               for d in layout_differences(reading.core, dwarf_layout, sysroot=reading.sysroot,
+                                                           mem=reading.mem, interpreter=reading.interpreter()))
     return disagreements
 
 
@@ -456,16 +498,21 @@ def _choose_python(method: str, gdb_python, direct, problems: list[str]):
     return python, py_method
 
 
-def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None):
+def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None, reading: CoreReading | None = None):
     """The snapshot with the crashing thread's Python frames carrying their fast locals
     (:func:`forensics.pyread.locals.read_thread_locals`), and what was read; the snapshot as it was
-    when the thread has no Python frames (the read then is None)."""
+    when the thread has no Python frames (the read then is None).
+
+    :param reading: the analysis' open core and its interpreter (None: the core is opened here)
+    """
     crashed = snapshot.crashed_thread
     if crashed is None or not crashed.py_frames:
         return snapshot, None
     from ..pyread.locals import read_thread_locals
 
-    read = read_thread_locals(snapshot.core, crashed.py_frames, sysroot=sysroot)
+    read = read_thread_locals(snapshot.core, crashed.py_frames, sysroot=sysroot) if reading is None else \
+        read_thread_locals(snapshot.core, crashed.py_frames, sysroot=sysroot, mem=reading.mem,
+                           interpreter=reading.interpreter())
     if not any(read.frames):
         return snapshot, read
     frames = tuple(dataclasses.replace(f, locals=locs) for f, locs in zip(crashed.py_frames, read.frames, strict=False))
@@ -473,13 +520,15 @@ def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None
     return dataclasses.replace(snapshot, threads=threads), read
 
 
-def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thread_locals=None) -> Analysis:
+def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thread_locals=None,
+              reading: CoreReading | None = None) -> Analysis:
     """``analysis`` with glibc's heap read (:func:`forensics.heap.read_heap`) as ``mode`` asks.
 
     ``auto`` reads it only for a heap-corruption crash, so any other crash costs nothing here.
 
     :param thread_locals: the crashing thread's locals (:func:`with_crashed_locals`): its ctypes
         buffers and the native call in progress go to the verdict
+    :param reading: the analysis' open core and its interpreter (None: the core is opened where needed)
     """
     corruption = analysis.crash.kind is CrashKind.HEAP_CORRUPTION
     if mode == "off" or (mode == "auto" and not corruption):
@@ -487,6 +536,7 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
     from ..heap import read_heap
 
     core = analysis.snapshot.core
+    mem = reading.mem if reading is not None else None
     owners: list = []
     locals_problem = None
     crashed = analysis.snapshot.crashed_thread
@@ -502,10 +552,11 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
         from ..pyread.locals import find_stack_owner
 
         def lookup(buffer: int, size: int):
-            return find_stack_owner(core, analysis.crash.tid, buffer, size, sysroot=sysroot)
+            return find_stack_owner(core, analysis.crash.tid, buffer, size, sysroot=sysroot, mem=mem,
+                                    interpreter=reading.interpreter() if reading is not None else None)
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
                        corruption=corruption, summary=mode == "full", owners=owners,
-                       is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup)
+                       is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup, mem=mem)
     if report.corruption is not None and crashed is not None and is_python_process(core):
         from ..heap.freer import library_verdict
 
@@ -519,7 +570,7 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
             else:
                 from ..pyread.locals import python_pointers
 
-                pointers = python_pointers(core, crashed.py_frames, thread_locals)
+                pointers = python_pointers(core, crashed.py_frames, thread_locals, mem=mem)
         report = dataclasses.replace(report, corruption=library_verdict(
             report.corruption, crashed.native_frames, crashed.py_frames, pointers, locals_problem))
     findings = analysis.findings + heap_findings(report, analysis.crash.tid)
@@ -552,7 +603,7 @@ def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:
     return tuple(out)
 
 
-def _unwind_signal_handler_threads(core: CoreFile, sysroot: str | None, problems: list[str]) -> dict | None:
+def _unwind_signal_handler_threads(reading: CoreReading, problems: list[str]) -> dict | None:
     """Native stacks, by libdw, of the threads running a signal handler, when no unwinder was asked for.
 
     ``--method direct`` unwinds nothing, but a thread that was running a handler needs its native stack
@@ -560,10 +611,11 @@ def _unwind_signal_handler_threads(core: CoreFile, sysroot: str | None, problems
     the fingerprint) are those.  Only such threads are unwound; the others keep their program counter.
     None when no thread runs a handler, or libdw cannot run (said in ``problems``).
     """
-    from .sigframe import attach_signal_frames
-
+    core, sysroot = reading.core, reading.sysroot
     pcs = registers_only(core)
-    tids = {t.tid for t in attach_signal_frames(core, build_threads(core, pcs, None)) if t.signal_frames}
+    threads = attach_signal_frames(core, build_threads(core, pcs, None), mem=reading.mem,
+                                   text=reading.text_trampolines())
+    tids = {t.tid for t in threads if t.signal_frames}
     if not tids:
         return None
     from ..unwind import unwind_core

@@ -49,6 +49,7 @@ __all__ = [
     "SCAN_LIMIT",
     "TextReader",
     "find_trampolines",
+    "text_trampolines",
     "parse_signal_frame",
     "signal_from_registers",
     "find_signal_frames",
@@ -77,35 +78,34 @@ _MAX_UC_FLAGS = 0x100  # UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS 
 _text_cache: dict[tuple, tuple[int, ...]] = {}
 
 
-def find_trampolines(core: CoreFile, mem: CoreMemory, threads: tuple[Thread, ...] = ()) -> tuple[int, ...]:
+def find_trampolines(core: CoreFile, mem: CoreMemory, threads: tuple[Thread, ...] = (), *,
+                     text: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """The addresses of the sigreturn trampolines in the process.
 
     From the unwound frames named ``__restore_rt``, and from the bytes of the C library's (and the
     executable's, for a static program) executable mappings: read from the core where the kernel
     dumped them, else from the library file the core reader checked (same build-id).
+
+    :param text: :func:`text_trampolines` of this core, when searched already (None: searched here)
     """
     found: set[int] = set()
     for t in threads:
         for f in t.native_frames:
             if f.symbol in TRAMPOLINE_SYMBOLS:
                 found.add(f.pc)
-    for address in _text_trampolines(core, mem):
+    for address in text_trampolines(core, mem) if text is None else text:
         found.add(address)
         if len(found) >= MAX_TRAMPOLINES:
             break
     return tuple(sorted(found))
 
 
-def _text_trampolines(core: CoreFile, mem: CoreMemory) -> tuple[int, ...]:
+def text_trampolines(core: CoreFile, mem: CoreMemory) -> tuple[int, ...]:
     """The trampolines found by their bytes in the C library's text -- or, for a program that maps no C
-    library (a static one), in the executable's.  Searched once per analysis (snapshot and unwinding both ask)."""
+    library (a static one), in the executable's.  One analysis searches once (its snapshot and its
+    unwinding both ask) and passes the result on."""
     from ..core.libc import is_libc
-    from ..core.memory import analysis_cache
 
-    cache = analysis_cache()
-    key = ("trampolines", id(core))
-    if cache is not None and key in cache and cache[key][0] is core:
-        return cache[key][1]
     text = TextReader(core, mem)
     wanted = [lib for lib in core.libraries if is_libc(lib.path)] or [
         lib for lib in core.libraries if lib.path == core.executable]
@@ -116,10 +116,7 @@ def _text_trampolines(core: CoreFile, mem: CoreMemory) -> tuple[int, ...]:
                 found.extend(m.start + offset for offset in text.matches(m))
                 if len(found) >= MAX_TRAMPOLINES:
                     break
-    out = tuple(found[:MAX_TRAMPOLINES])
-    if cache is not None:
-        cache[key] = (core, out)
-    return out
+    return tuple(found[:MAX_TRAMPOLINES])
 
 
 class TextReader:
@@ -427,22 +424,25 @@ def _inlined(f: NativeFrame) -> bool:
     return bool(getattr(f, "inlined", False))
 
 
-def attach_signal_frames(core: CoreFile, threads: tuple[Thread, ...]) -> tuple[Thread, ...]:
-    """``threads`` with their signal frames (:func:`find_signal_frames`); the core is read once.
+def attach_signal_frames(core: CoreFile, threads: tuple[Thread, ...], *, mem: CoreMemory | None = None,
+                         text: tuple[int, ...] | None = None) -> tuple[Thread, ...]:
+    """``threads`` with their signal frames (:func:`find_signal_frames`).
 
-    A core that cannot be reopened (it was removed meanwhile) leaves the threads as they are.
+    :param mem: the core's memory, open (None: the core is opened here; a core that cannot be reopened --
+        removed meanwhile -- leaves the threads as they are)
+    :param text: :func:`text_trampolines` of this core, when searched already
     """
-    try:
-        mem = CoreMemory.open(core.path)
-    except Exception:  # noqa: BLE001 - the core was read a moment ago; without it there is nothing to add
-        return threads
-    with mem:
-        trampolines = find_trampolines(core, mem, threads)
-        if not trampolines:
+    if mem is None:
+        try:
+            opened = CoreMemory.open(core.path)
+        except Exception:  # noqa: BLE001 - the core was read a moment ago; without it there is nothing to add
             return threads
-        return tuple(
-            replace(t, signal_frames=find_signal_frames(core, mem, t, trampolines)) for t in threads
-        )
+        with opened:
+            return attach_signal_frames(core, threads, mem=opened, text=text)
+    trampolines = find_trampolines(core, mem, threads, text=text)
+    if not trampolines:
+        return threads
+    return tuple(replace(t, signal_frames=find_signal_frames(core, mem, t, trampolines)) for t in threads)
 
 
 def name_handler(thread: Thread, frame: SignalFrame, *, python_process: bool = False) -> SignalHandler:

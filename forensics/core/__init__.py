@@ -31,6 +31,7 @@ from forensics.model import CoreFile, CoreThread, Library, Mapping, SigInfo
 
 __all__ = [
     "open_core",
+    "open_core_memory",
     "CoreMemory",
     "MemoryNotInCore",
     "resolve_file",
@@ -59,15 +60,31 @@ def open_core(path: str, *, sysroot: str | None = None, exe: str | None = None) 
     :raises UnsupportedTarget: when it is the core of another machine or of a 32-bit process
     :raises CoreReadError: when it cannot be read or ends before its notes
     """
+    core, mem = open_core_memory(path, sysroot=sysroot, exe=exe)
+    mem.close()
+    return core
+
+
+def open_core_memory(path: str, *, sysroot: str | None = None,
+                     exe: str | None = None) -> tuple[CoreFile, CoreMemory]:
+    """:func:`open_core`'s record and the core's memory, still open, for the readers of one analysis (the
+    caller closes it): the file is mapped and its headers and notes parsed once for all of them.
+
+    :raises ForensicsError: as :func:`open_core`
+    """
     path = os.fspath(path)
     if sysroot is not None:
         _check_input(os.fspath(sysroot), directory=True, what="--sysroot")
     if exe is not None:
         _check_input(os.fspath(exe), directory=False, what="--exe")
-    with CoreMemory.open(path) as mem:
+    mem = CoreMemory.open(path)
+    try:
         layout = mem.layout
         assert layout is not None
-        return _build(path, mem, layout, sysroot=sysroot, exe=exe)
+        return _build(path, mem, layout, sysroot=sysroot, exe=exe), mem
+    except BaseException:
+        mem.close()
+        raise
 
 
 def _check_input(path: str, *, directory: bool, what: str) -> None:

@@ -22,57 +22,18 @@ from __future__ import annotations
 
 import bisect
 import errno
-import functools
 import mmap
 import os
 import stat
-import threading
-from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Sequence
 
 from forensics.records import record
 from forensics.core import elf
 from forensics.errors import CoreNotFound, CoreReadError, InputUnreadable, NotACoreFile
 
-__all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory", "one_analysis", "analysis_cache"]
+__all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory"]
 
 _HEAD_SIZE = 4096
-
-#: what one analysis computed once for its core (its parsed headers and notes, the interpreter found in it),
-#: kept while :func:`one_analysis` runs (its threads included) and dropped when the last one returns
-_CACHE: dict[tuple, Any] = {}
-_CACHE_DEPTH = 0
-_CACHE_LOCK = threading.Lock()
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def one_analysis(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Decorate the function of one analysis: while it runs, its core's ELF structure is parsed once however
-    often it is opened, and :func:`analysis_cache` holds what readers compute once per core."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        global _CACHE_DEPTH
-        with _CACHE_LOCK:
-            _CACHE_DEPTH += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            with _CACHE_LOCK:
-                _CACHE_DEPTH -= 1
-                if not _CACHE_DEPTH:
-                    _CACHE.clear()
-
-    return wrapper
-
-
-def analysis_cache() -> dict[tuple, Any] | None:
-    """The running analysis's cache (:func:`one_analysis`), None outside one.  Key by what the value was
-    computed from, starting with the name of what it is."""
-    return _CACHE if _CACHE_DEPTH else None
-
 
 class MemoryNotInCore(LookupError):
     """An address range the core does not hold (internal to forensics.core and its callers)."""
@@ -190,16 +151,12 @@ class CoreMemory:
             if e.errno == errno.EACCES:
                 raise InputUnreadable(path) from e
             raise CoreReadError(path, e.strerror or str(e)) from e
-        # One analysis opens its core several times (the core's facts, the Python walker, the locals, the
-        # heap): inside it (:func:`one_analysis`) the file opened again is the one parsed before when it is
-        # the same inode, unchanged (size, times, ELF header), so its headers and notes are parsed once.
-        key = ("core", fst.st_dev, fst.st_ino, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns, head[:elf.EHDR64_SIZE])
         try:
-            layout, segments = _parsed(key, path, mm, header, size)
+            layout = _read_layout(path, mm, header, size)
         except BaseException:
             mm.close()
             raise
-        return cls(mm, segments, path=path, layout=layout)
+        return cls(mm, _segments(layout), path=path, layout=layout)
 
     def close(self) -> None:
         if isinstance(self._buf, mmap.mmap):
@@ -309,19 +266,6 @@ class CoreMemory:
             pos += n
             left -= n
         return b"".join(chunks)
-
-
-def _parsed(key: tuple, path: str, mm: mmap.mmap, header: elf.ElfHeader,
-            size: int) -> tuple[CoreLayout, tuple[Segment, ...]]:
-    """The layout and segments of the core open as ``mm``: parsed, or as parsed before in this analysis."""
-    cache = analysis_cache()
-    cached = cache.get(key) if cache is not None else None
-    if cached is None:
-        layout = _read_layout(path, mm, header, size)
-        cached = (layout, tuple(_segments(layout)))
-        if cache is not None:
-            cache[key] = cached
-    return cached
 
 
 def _read_layout(path: str, mm: mmap.mmap, header: elf.ElfHeader, size: int) -> CoreLayout:

@@ -27,7 +27,7 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
               corruption: bool = True, summary: bool = False,
               owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (), is_python: bool = False,
               debug_info: bool = True, locals_problem: str | None = None,
-              owner_lookup=None) -> HeapReport:
+              owner_lookup=None, mem=None) -> HeapReport:
     """Read glibc's heap from ``core``: the corruption's anatomy and/or the arena summary.
 
     Never raises for what the core holds: a heap that cannot be located gives a
@@ -45,6 +45,7 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
     :param locals_problem: why the crashing thread's Python locals were not read (for the verdict)
     :param owner_lookup: ``(buffer, size) -> BufferOwner | None``: an owner of the overflowed buffer found
         another way when no local holds it (:func:`forensics.pyread.locals.find_stack_owner`)
+    :param mem: the core's memory, open (:class:`~forensics.core.CoreMemory`; None: the core is opened here)
     """
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
@@ -52,14 +53,18 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
     from forensics.heap.walk import HeapMemory
 
     try:
-        with CoreMemory.open(core.path) as mem:
-            hm = HeapMemory(mem)
-            try:
-                return _read(core, mem, hm, sysroot=sysroot, message=message, tid=tid, corruption=corruption,
-                             summary=summary, owners=owners, is_python=is_python, debug_info=debug_info,
-                             locals_problem=locals_problem, owner_lookup=owner_lookup)
-            finally:
-                hm.release()
+        if mem is None:
+            with CoreMemory.open(core.path) as opened:
+                return read_heap(core, sysroot=sysroot, message=message, tid=tid, corruption=corruption,
+                                 summary=summary, owners=owners, is_python=is_python, debug_info=debug_info,
+                                 locals_problem=locals_problem, owner_lookup=owner_lookup, mem=opened)
+        hm = HeapMemory(mem)
+        try:
+            return _read(core, mem, hm, sysroot=sysroot, message=message, tid=tid, corruption=corruption,
+                         summary=summary, owners=owners, is_python=is_python, debug_info=debug_info,
+                         locals_problem=locals_problem, owner_lookup=owner_lookup)
+        finally:
+            hm.release()
     except HeapUnavailable as e:
         return HeapReport(problems=(str(e),))
     except ForensicsError as e:

@@ -41,7 +41,8 @@ _NOT_CPYTHON = "not a CPython process: no object in the core defines _PyRuntime"
 
 
 def read_python_stacks(core: CoreFile, *, sysroot: str | None = None, dwarf: dict | None = None,
-                       limits: Limits | None = None) -> PythonStacks:
+                       limits: Limits | None = None, mem=None,
+                       interpreter: Interpreter | PythonStacks | None = None) -> PythonStacks:
     """The Python stack of every thread of a CPython core.
 
     Never raises for what is in the core: a corrupted interpreter state yields a
@@ -53,6 +54,9 @@ def read_python_stacks(core: CoreFile, *, sysroot: str | None = None, dwarf: dic
     :param dwarf: a layout record from gdb's ``forensics-layout`` (the ``gdb`` method); None
         for the debug offsets and the table (the ``direct`` method)
     :param limits: bounds of the walk (default :class:`Limits`)
+    :param mem: the core's memory, open (:class:`~forensics.core.CoreMemory`); None: the core is opened here
+    :param interpreter: what :func:`find_interpreter` found in ``mem`` for the direct method (an analysis
+        finds it once for all its readers); None: found here.  Not used with ``dwarf``.
     :return: the record
 
     >>> from forensics.core import open_core
@@ -63,8 +67,10 @@ def read_python_stacks(core: CoreFile, *, sysroot: str | None = None, dwarf: dic
     from forensics.errors import ForensicsError
 
     try:
-        with CoreMemory.open(core.path) as mem:
-            return _read(core, mem, sysroot, dwarf, limits or Limits())
+        if mem is not None:
+            return _read(core, mem, sysroot, dwarf, limits or Limits(), interpreter)
+        with CoreMemory.open(core.path) as opened:
+            return _read(core, opened, sysroot, dwarf, limits or Limits(), interpreter)
     except ForensicsError as exc:
         return PythonStacks(status=PythonStatus.FAILED, detail=str(exc))
     except Exception as exc:  # noqa: BLE001 - a corrupted core must give a result, never a traceback
@@ -88,25 +94,13 @@ def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
     """The runtime, the version and the layout to walk with (as :func:`read_python_stacks` sets them
     up, for readers of more than stacks: frame locals); or the record saying why there are none.
 
+    One analysis finds it once (:func:`forensics.analyze.analyze_core`) and hands it to the walker, the
+    crashing thread's locals and the heap's owner search, with ``mem``: what it found may read through
+    ``mem`` (an interpreter found in the core's memory), valid while ``mem`` is open.
+
     :param mem: the core's memory (:class:`~forensics.core.CoreMemory`)
     :param dwarf: a layout record from gdb, used instead of the debug offsets and the table
     """
-    from forensics.core.memory import analysis_cache
-
-    # the walker, the crashing thread's locals and the heap's owner search each ask for the same core's
-    # interpreter in one analysis: found once.  Not kept: a DWARF layout from gdb, and an interpreter whose
-    # symbols are read from the core's memory (its image reads through ``mem``, closed after this use).
-    cache = analysis_cache() if dwarf is None else None
-    key = ("interpreter", id(core), sysroot)
-    if cache is not None and key in cache and cache[key][0] is core:
-        return cache[key][1]
-    found = _find_interpreter(core, mem, sysroot=sysroot, dwarf=dwarf)
-    if cache is not None and (isinstance(found, PythonStacks) or found.binary.file_path is not None):
-        cache[key] = (core, found)
-    return found
-
-
-def _find_interpreter(core: CoreFile, mem, *, sysroot: str | None, dwarf: dict | None) -> Interpreter | PythonStacks:
     from forensics.pyread.debug_offsets import DebugOffsetsError, parse_debug_offsets, read_size
     from forensics.pyread.layouts import Layout, LayoutError, choose_layout, debug_offset_shapes
     from forensics.pyread.locate import detect_version, find_runtime
@@ -174,9 +168,11 @@ def _files_problem(core: CoreFile) -> str | None:
     """Why the interpreter's files could not say where ``_PyRuntime`` is, naming the file: another build
     than the one that crashed (the node upgraded it since), or missing.  None when neither is the case."""
     from forensics.model import LibraryStatus
+    from forensics.pyread.locate import interpreter_objects
 
-    exe = [lib for lib in core.libraries if lib.path == core.executable]
-    for lib in exe + [lib for lib in core.libraries if lib not in exe and "python" in lib.name]:
+    candidates = interpreter_objects(core)
+    exe = [lib for lib in candidates if lib.path == core.executable]
+    for lib in candidates:
         if lib.status is LibraryStatus.MISMATCH:
             return (f"the file at {lib.file_path} is another build than the one that crashed (build-id "
                     f"{lib.file_build_id}, the core ran {lib.build_id})")
@@ -186,12 +182,14 @@ def _files_problem(core: CoreFile) -> str | None:
     return None
 
 
-def _read(core: CoreFile, mem, sysroot: str | None, dwarf: dict | None, limits: Limits) -> PythonStacks:
+def _read(core: CoreFile, mem, sysroot: str | None, dwarf: dict | None, limits: Limits,
+          interpreter: Interpreter | PythonStacks | None) -> PythonStacks:
     from forensics.pyread.locate import TYPE_SYMBOLS
     from forensics.pyread.objects import Budget, Objects, Reader
     from forensics.pyread.walk import walk_runtime
 
-    found = find_interpreter(core, mem, sysroot=sysroot, dwarf=dwarf)
+    found = interpreter if interpreter is not None and dwarf is None else \
+        find_interpreter(core, mem, sysroot=sysroot, dwarf=dwarf)
     if isinstance(found, PythonStacks):
         return found
     binary, layout = found.binary, found.layout
@@ -213,17 +211,23 @@ def _read(core: CoreFile, mem, sysroot: str | None, dwarf: dict | None, limits: 
     return stacks
 
 
-def layout_differences(core: CoreFile, dwarf: dict, *, sysroot: str | None = None) -> list[str]:
+def layout_differences(core: CoreFile, dwarf: dict, *, sysroot: str | None = None, mem=None,
+                       interpreter: Interpreter | PythonStacks | None = None) -> list[str]:
     """Where gdb's DWARF layout and the direct reader's layout of this core disagree (``--method both``).
 
     Field by field of what the walker reads; a side that has no layout is said.
+
+    :param mem: the core's memory, open; None: the core is opened here
+    :param interpreter: the direct reader's (:func:`find_interpreter` without ``dwarf``), when found already
     """
     from forensics.core.memory import CoreMemory
     from forensics.pyread.layouts import compare_layouts
 
-    with CoreMemory.open(core.path) as mem:
-        a = find_interpreter(core, mem, sysroot=sysroot, dwarf=dwarf)
-        b = find_interpreter(core, mem, sysroot=sysroot)
+    if mem is None:
+        with CoreMemory.open(core.path) as opened:
+            return layout_differences(core, dwarf, sysroot=sysroot, mem=opened, interpreter=interpreter)
+    a = find_interpreter(core, mem, sysroot=sysroot, dwarf=dwarf)
+    b = interpreter if interpreter is not None else find_interpreter(core, mem, sysroot=sysroot)
     if isinstance(a, PythonStacks) and isinstance(b, PythonStacks):
         return []
     if isinstance(a, PythonStacks):

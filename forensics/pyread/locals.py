@@ -528,9 +528,14 @@ def _read_thread(core: CoreFile, frames, *, version: tuple[int, int], objects, r
     return ThreadLocals(frames=tuple(out), call=call, unread=tuple(unread))
 
 
-def read_thread_locals(core: CoreFile, frames, *, sysroot: str | None = None) -> ThreadLocals:
+def read_thread_locals(core: CoreFile, frames, *, sysroot: str | None = None, mem=None,
+                       interpreter=None) -> ThreadLocals:
     """The locals of a thread's Python frames (the walker's records, innermost first), with the interpreter's
-    version and object readers set up the way the walker sets them up.  Never raises for what the core holds."""
+    version and object readers set up the way the walker sets them up.  Never raises for what the core holds.
+
+    :param mem: the core's memory, open (None: the core is opened here)
+    :param interpreter: what :func:`forensics.pyread.find_interpreter` found in ``mem`` (None: found here)
+    """
     if not any(getattr(f, "frame_address", None) for f in frames):
         return ThreadLocals(frames=tuple(() for _ in frames),
                             problem="the Python frames were read without their addresses in memory, so their variables "
@@ -539,24 +544,26 @@ def read_thread_locals(core: CoreFile, frames, *, sysroot: str | None = None) ->
     from forensics.errors import ForensicsError
 
     try:
-        with CoreMemory.open(core.path) as mem:
-            found = _objects_for(core, mem, sysroot)
-            if isinstance(found, str):
-                return ThreadLocals(frames=tuple(() for _ in frames), problem=found)
-            version, reader, objects = found
-            return _read_thread(core, frames, version=version, objects=objects, reader=reader)
+        if mem is None:
+            with CoreMemory.open(core.path) as opened:
+                return read_thread_locals(core, frames, sysroot=sysroot, mem=opened, interpreter=interpreter)
+        found = _objects_for(core, mem, sysroot, interpreter)
+        if isinstance(found, str):
+            return ThreadLocals(frames=tuple(() for _ in frames), problem=found)
+        version, reader, objects = found
+        return _read_thread(core, frames, version=version, objects=objects, reader=reader)
     except (ForensicsError, BadObject, ValueError) as e:
         return ThreadLocals(frames=tuple(() for _ in frames), problem=f"the frames' locals could not be read: {e}")
 
 
-def _objects_for(core: CoreFile, mem, sysroot: str | None):
+def _objects_for(core: CoreFile, mem, sysroot: str | None, interpreter=None):
     """(version, Reader, Objects) for this core's interpreter as the walker finds it, or why not (a string)."""
     from forensics.model import PythonStacks
     from forensics.pyread import find_interpreter
     from forensics.pyread.locate import TYPE_SYMBOLS
     from forensics.pyread.objects import Objects, Reader
 
-    found = find_interpreter(core, mem, sysroot=sysroot)
+    found = interpreter if interpreter is not None else find_interpreter(core, mem, sysroot=sysroot)
     if isinstance(found, PythonStacks):
         return found.detail or found.status.value
     reader = Reader(mem)
@@ -588,12 +595,15 @@ OWNER_STACK_WINDOW = 64 << 10
 
 
 def find_stack_owner(core: CoreFile, tid: int | None, buffer: int, size: int, *,
-                     sysroot: str | None = None) -> BufferOwner | None:
+                     sysroot: str | None = None, mem=None, interpreter=None) -> BufferOwner | None:
     """A ctypes object whose buffer lies in ``[buffer, buffer + size)``, held on thread ``tid``'s native stack
     -- one being deallocated (its ``PyCData_dealloc`` has it), or passed to a C function -- when no frame's
     local holds it any more.  None when there is none (or the interpreter cannot be read).
 
     The owner it returns has no frame: ``function`` is empty and ``file`` says where on the stack it was.
+
+    :param mem: the core's memory, open (None: the core is opened here)
+    :param interpreter: what :func:`forensics.pyread.find_interpreter` found in ``mem`` (None: found here)
     """
     thread = next((t for t in core.threads if t.tid == tid), None)
     if thread is None or not thread.sp:
@@ -601,41 +611,47 @@ def find_stack_owner(core: CoreFile, tid: int | None, buffer: int, size: int, *,
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
 
+    if mem is None:
+        try:
+            with CoreMemory.open(core.path) as opened:
+                return find_stack_owner(core, tid, buffer, size, sysroot=sysroot, mem=opened, interpreter=interpreter)
+        except (ForensicsError, ValueError):
+            return None
     try:
-        with CoreMemory.open(core.path) as mem:
-            found = _objects_for(core, mem, sysroot)
-            if isinstance(found, str):
-                return None
-            _version, reader, _objects = found
-            names = TypeNames(reader, core)
-            mapping = core.find_mapping(thread.sp)
-            end = min(thread.sp + OWNER_STACK_WINDOW, mapping.end if mapping else thread.sp + OWNER_STACK_WINDOW)
-            data = mem.read_prefix(thread.sp, end - thread.sp)
-            seen: set[int] = set()
-            for i, v in enumerate(struct.unpack_from(f"<{len(data) // 8}Q", data)):
-                if v in seen or v < 0x10000 or v & 7:
+        found = _objects_for(core, mem, sysroot, interpreter)
+        if isinstance(found, str):
+            return None
+        _version, reader, _objects = found
+        names = TypeNames(reader, core)
+        mapping = core.find_mapping(thread.sp)
+        end = min(thread.sp + OWNER_STACK_WINDOW, mapping.end if mapping else thread.sp + OWNER_STACK_WINDOW)
+        data = mem.read_prefix(thread.sp, end - thread.sp)
+        seen: set[int] = set()
+        for i, v in enumerate(struct.unpack_from(f"<{len(data) // 8}Q", data)):
+            if v in seen or v < 0x10000 or v & 7:
+                continue
+            seen.add(v)
+            try:
+                # the object's buffer pointer first: only an object whose buffer is in the range is read whole
+                if not buffer <= reader.ptr(v + _B_PTR) < buffer + size:
                     continue
-                seen.add(v)
-                try:
-                    # the object's buffer pointer first: only an object whose buffer is in the range is read whole
-                    if not buffer <= reader.ptr(v + _B_PTR) < buffer + size:
-                        continue
-                    o = read_ctypes_object(names, v)
-                except BadObject:
-                    continue
-                if o is not None and o.kind != "function" and buffer <= o.buffer < buffer + size:
-                    return BufferOwner(name=f"the {o.type_name} at 0x{v:x}", function="",
-                                       file=f"native stack at 0x{thread.sp + 8 * i:x}", line=None, object=o)
+                o = read_ctypes_object(names, v)
+            except BadObject:
+                continue
+            if o is not None and o.kind != "function" and buffer <= o.buffer < buffer + size:
+                return BufferOwner(name=f"the {o.type_name} at 0x{v:x}", function="",
+                                   file=f"native stack at 0x{thread.sp + 8 * i:x}", line=None, object=o)
     except (ForensicsError, ValueError):
         return None
     return None
 
 
-def python_pointers(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple[str, int, int]]:
+def python_pointers(core: CoreFile, frames, locals_: ThreadLocals, *, mem=None) -> list[tuple[str, int, int]]:
     """What the Python side of a thread holds into native memory: ``(what, start, end)`` for each ctypes
     object's buffer among its frames' locals, each ctypes pointer's target, each int local (an
     ``addressof()``), and each argument of the native call in progress (a buffer, a ``byref()``, an
-    integer).  The targets of pointers are read from the core; one that cannot be read is left out.
+    integer).  The targets of pointers are read from the core (``mem``, open; None: opened here); one that
+    cannot be read is left out.
     """
     out: list[tuple[str, int, int]] = []
     pointers: list[tuple[str, int]] = []  # (what, where the pointer value is stored)
@@ -660,18 +676,26 @@ def python_pointers(core: CoreFile, frames, locals_: ThreadLocals) -> list[tuple
             pointers.append((what, a.ctypes.buffer))
         elif a.ctypes is not None and a.ctypes.kind != "function" and a.ctypes.buffer and a.ctypes.size > 0:
             out.append((what, a.ctypes.buffer, a.ctypes.buffer + a.ctypes.size))
-    if pointers:
+    if pointers and mem is not None:
+        out.extend(_pointer_targets(mem, pointers))
+    elif pointers:
         from forensics.core.memory import CoreMemory
         from forensics.errors import ForensicsError
 
         try:
-            with CoreMemory.open(core.path) as mem:
-                for what, at in pointers[:MAX_POINTERS]:
-                    raw = mem.read_prefix(at, 8)
-                    if len(raw) == 8 and (target := int.from_bytes(raw, "little")):
-                        out.append((what, target, target + 1))
+            with CoreMemory.open(core.path) as opened:
+                out.extend(_pointer_targets(opened, pointers))
         except (ForensicsError, ValueError, OSError):
             pass
+    return out
+
+
+def _pointer_targets(mem, pointers: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    out = []
+    for what, at in pointers[:MAX_POINTERS]:
+        raw = mem.read_prefix(at, 8)
+        if len(raw) == 8 and (target := int.from_bytes(raw, "little")):
+            out.append((what, target, target + 1))
     return out
 
 

@@ -32,7 +32,7 @@ from forensics.core.memory import CoreMemory, MemoryNotInCore
 from forensics.model import CoreFile, Library, LibraryStatus
 
 __all__ = ["PythonBinary", "PythonVersion", "find_runtime", "detect_version", "format_hexversion",
-           "describe_runtime_file"]
+           "interpreter_objects", "describe_runtime_file"]
 
 TYPE_SYMBOLS = ("PyCode_Type", "PyUnicode_Type", "PyBytes_Type", "PyLong_Type", "PyDict_Type")
 
@@ -97,12 +97,17 @@ def _from_text(text: str, source: str) -> PythonVersion | None:
     return PythonVersion(major=major, minor=minor, micro=micro, text=text, source=source)
 
 
+def interpreter_objects(core: CoreFile) -> list[Library]:
+    """The objects that may hold the interpreter, most likely first: the executable, then the libraries
+    named like python (libpython3.X.so).  Every reader that looks for the interpreter looks in this order."""
+    exe = [lib for lib in core.libraries if lib.path == core.executable]
+    return exe + [lib for lib in core.libraries if lib not in exe and "python" in lib.name]
+
+
 def _search_order(core: CoreFile) -> list[Library]:
-    """The executable, then objects that look like libpython, then the rest (an order, not a filter)."""
-    libs = list(core.libraries)
-    exe = [lib for lib in libs if lib.path == core.executable]
-    named = [lib for lib in libs if lib not in exe and "python" in lib.name]
-    return exe + named + [lib for lib in libs if lib not in exe and lib not in named]
+    """:func:`interpreter_objects`, then the rest (an order, not a filter)."""
+    first = interpreter_objects(core)
+    return first + [lib for lib in core.libraries if lib not in first]
 
 
 def _file_for(lib: Library, sysroot: str | None) -> str | None:
@@ -159,8 +164,7 @@ def _runtime_from_debug_file(core: CoreFile, mem: CoreMemory, sysroot: str | Non
     from forensics.core.debugfiles import find_debug_file
     from forensics.core.symtab import SymtabError, read_symbols
 
-    exe = [lib for lib in core.libraries if lib.path == core.executable]
-    for lib in exe + [lib for lib in core.libraries if lib not in exe and "python" in lib.name]:
+    for lib in interpreter_objects(core):
         build_id = lib.build_id or lib.file_build_id
         debug = find_debug_file(build_id, sysroot, lib.path) if build_id else None
         if debug is None:

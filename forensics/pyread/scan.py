@@ -23,20 +23,15 @@ from dataclasses import replace
 from forensics.core import elf
 from forensics.core.image import ElfImage
 from forensics.core.memory import CoreMemory
-from forensics.model import CoreFile, Library
+from forensics.model import CoreFile
 from forensics.pyread.debug_offsets import COOKIE, DebugOffsetsError, parse_debug_offsets, read_size
 from forensics.pyread.layouts import LayoutError, build_layout, debug_offset_shapes
-from forensics.pyread.locate import PythonBinary, _memory_version
+from forensics.pyread.locate import PythonBinary, _memory_version, interpreter_objects
 
 __all__ = ["MAX_SCAN_BYTES", "MAX_CANDIDATES", "find_runtime_in_memory"]
 
 MAX_SCAN_BYTES = 64 << 20  # of one object's writable data
 MAX_CANDIDATES = 20_000  # words that pass the cheap test and get the deep one
-
-
-def _candidates(core: CoreFile) -> list[Library]:
-    exe = [lib for lib in core.libraries if lib.path == core.executable]
-    return exe + [lib for lib in core.libraries if lib not in exe and "python" in lib.name]
 
 
 def _writable(image: ElfImage) -> list[tuple[int, int]]:
@@ -50,7 +45,7 @@ def find_runtime_in_memory(core: CoreFile, mem: CoreMemory, *, page: int = 4096)
     """
     shapes = debug_offset_shapes()
     want = max((read_size(s) for s in shapes.values()), default=24)
-    for lib in _candidates(core):
+    for lib in interpreter_objects(core):
         image = ElfImage.from_memory(mem, lib.base, page)
         if image is None:
             continue
