@@ -629,3 +629,53 @@ def test_never_imports_gdb(cores, newest_python):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     # THEN neither gdb, pygdbmi nor pyelftools was imported
     assert out.strip() == "[]"
+
+
+# -- the bound of the memory scan -----------------------------------------------------------------
+
+BIG_DATA_C = Path(__file__).resolve().parent.parent / "crashers" / "big_data.c"
+
+
+def test_the_memory_scan_reads_at_most_64_mib_of_an_objects_data(cores, newest_python, core_pattern, tmp_path):
+    # GIVEN a real CPython's _Py_DebugOffsets (the start of _PyRuntime), read from a real core of it
+    from forensics.core.image import ElfImage
+    from forensics.pyread.debug_offsets import COOKIE
+    from forensics.pyread.locate import find_runtime
+    from forensics.pyread.scan import MAX_SCAN_BYTES, _writable, find_runtime_in_memory
+    from tests.crashers.make_core import crash_for_core
+
+    assert MAX_SCAN_BYTES == 64 << 20  # (what this test holds it to)
+    path = str(cores.get(newest_python, "segv"))
+    shapes = debug_offset_shapes()
+    with CoreMemory.open(path) as mem:
+        binary = find_runtime(open_core(path), mem)
+        assert binary is not None
+        offsets = mem.read_prefix(binary.runtime, max(read_size(s) for s in shapes.values()))
+    if offsets[:8] != COOKIE:
+        pytest.skip(f"CPython {newest_python} publishes no _Py_DebugOffsets (3.13 and later do)")
+    assert parse_debug_offsets(offsets, shapes) is not None
+    (tmp_path / "offsets").write_bytes(offsets)
+    # and a real program whose writable data is 80 MiB, holding those bytes 1 MiB in, or 70 MiB in
+    exe = tmp_path / "big_data"
+    subprocess.run(["gcc", "-O0", "-o", str(exe), str(BIG_DATA_C)], check=True, timeout=120)
+    for planted_at in (1 << 20, 70 << 20):
+        run_dir = tmp_path / f"run-{planted_at}"
+        run_dir.mkdir()
+        core_path = str(crash_for_core([str(exe), str(planted_at), str(tmp_path / "offsets")], run_dir))
+        core = open_core(core_path)
+        with CoreMemory.open(core_path) as mem:
+            image = ElfImage.from_memory(mem, core.libraries[0].base)
+            start, size = _writable(image)[0]
+            assert size > 80 << 20
+            # (the bytes are in the core, where they were put: 1 MiB or 70 MiB into the program's data)
+            data = mem.read_prefix(start, size)
+            assert len(data) == size
+            where = data.find(offsets)
+            assert planted_at <= where < planted_at + (1 << 20)
+            # WHEN the interpreter is looked for in the core's memory
+            found = find_runtime_in_memory(core, mem)
+            # THEN within the first 64 MiB it is found, past them it is not looked for
+            if planted_at < 64 << 20:
+                assert found is not None and found.runtime == start + where and found.file_path is None
+            else:
+                assert where > 64 << 20 and found is None
