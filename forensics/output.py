@@ -15,9 +15,12 @@ import enum
 import json
 import os
 import re
-from typing import Any
 
 from .errors import OutputExists
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["SCHEMA_VERSION", "to_jsonable", "json_document", "write_new", "escape_text"]
 

@@ -30,9 +30,11 @@ between records (none of ours needs them).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, TypeVar
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
 if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
     # PEP 681: tells a type checker that @record makes a dataclass-like class, frozen and keyword-only.
     # typing has it from 3.11 only; the type checker reads it from typing_extensions' stubs.
     from typing_extensions import dataclass_transform
@@ -42,7 +44,8 @@ else:
 
 __all__ = ["record"]
 
-_T = TypeVar("_T")
+if TYPE_CHECKING:
+    _T = TypeVar("_T")
 
 _MISSING = dataclasses.MISSING
 _PLAIN = object()  # a field's default when it has none

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import TYPE_CHECKING
 
 from ..core import open_core_memory
 from ..errors import GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
@@ -38,6 +37,7 @@ from .stacks import (
     python_status_line,
 )
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
 if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses never start it
     from ..core.memory import CoreMemory
     from ..gdb import GdbResult, GdbSession

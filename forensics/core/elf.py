@@ -10,7 +10,6 @@ bytes into the one-line errors of :mod:`forensics.errors`.
 """
 from __future__ import annotations
 
-import shlex
 import signal
 import struct
 from collections.abc import Iterator
@@ -221,6 +220,8 @@ def identify_non_elf(head: bytes, path: str) -> tuple[str, str]:
     >>> identify_non_elf(b"\\x1f\\x8b\\x08", "core.1234")[1]
     'decompress it first: gzip -d -c core.1234 > core.1234.core'
     """
+    import shlex  # here: only a file that is no core needs it
+
     if not head:
         return "an empty file", "the kernel wrote nothing: check the core size limit (ulimit -c) and free disk space"
     for magic, what, tool, suffix in _COMPRESSED:

@@ -99,7 +99,7 @@ def cached_struct_layouts(path: str, build_id: str, anchor: int) -> dict[str, di
 
     :raises DebugInfoError: as :func:`read_struct_layouts`
     """
-    from forensics.cache import cache_dir
+    from forensics.cache import cache_path
 
     try:
         real = os.path.realpath(path)
@@ -108,22 +108,24 @@ def cached_struct_layouts(path: str, build_id: str, anchor: int) -> dict[str, di
         raise DebugInfoError(f"{path}: {e}") from e
     identity = f"{_CACHE_FORMAT}\0{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{anchor}"
     name = f"{build_id[:40]}-{hashlib.sha256(identity.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}.json"
-    directory = cache_dir() / "heap-layouts"
-    final = directory / name
+    directory = cache_path("heap-layouts")
+    final = os.path.join(directory, name)
     try:
-        return json.loads(final.read_text())["structs"]
+        with open(final, "rb") as f:
+            return json.loads(f.read())["structs"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
     structs = read_struct_layouts(path, anchor)
     import fcntl
 
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / f".{name}.lock", "w") as lock:
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, f".{name}.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not final.is_file():
-                tmp = directory / f".{name}.tmp{os.getpid()}"
-                tmp.write_text(json.dumps({"format": _CACHE_FORMAT, "debug_file": real, "structs": structs}))
+            if not os.path.isfile(final):
+                tmp = os.path.join(directory, f".{name}.tmp{os.getpid()}")
+                with open(tmp, "w") as out:
+                    out.write(json.dumps({"format": _CACHE_FORMAT, "debug_file": real, "structs": structs}))
                 os.replace(tmp, final)
     except OSError:
         pass

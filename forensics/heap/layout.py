@@ -20,8 +20,8 @@ Two sources, one shape (``{struct: {"size", "members": {name: {"offset", ...}}}}
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
-from pathlib import Path
 
 from forensics.records import record
 
@@ -53,7 +53,7 @@ FLAG_BITS = 7
 HEAP_MAX_SIZE = 64 << 20
 OLDEST, NEWEST = (2, 31), (2, 43)
 
-_TABLE = Path(__file__).with_name("layouts.json")
+_TABLE = os.path.join(os.path.dirname(__file__), "layouts.json")
 
 
 class LayoutError(ValueError):
@@ -214,7 +214,8 @@ def layout_from_structs(version: tuple[int, int], structs: dict, source: str) ->
 
 @lru_cache(maxsize=1)
 def _table() -> dict:
-    return json.loads(_TABLE.read_text())
+    with open(_TABLE, "rb") as f:
+        return json.loads(f.read())
 
 
 def known_versions() -> tuple[tuple[int, int], ...]:

@@ -24,18 +24,16 @@ version or build: the reason says which); ``FAILED`` (nothing read).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
-
 from forensics.model import CoreFile, LayoutSource, PythonStacks, PythonStatus
+from forensics.pyread.objects import Limits
 from forensics.records import record
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
 if TYPE_CHECKING:
     from forensics.pyread.layouts import Layout
     from forensics.pyread.locate import PythonBinary, PythonVersion
 
 __all__ = ["read_python_stacks", "find_interpreter", "Interpreter", "layout_differences", "Limits"]
-
-from forensics.pyread.objects import Limits
 
 _NOT_CPYTHON = "not a CPython process: no object in the core defines _PyRuntime"
 

@@ -2,7 +2,6 @@
 libraries, the heap), one thread, and the batch table of every input."""
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Iterable, Iterator
 
 from ..analyze.signature import describe_later_fault, describe_pyframe, describe_thread, exit_explanation, signature
@@ -158,6 +157,8 @@ def _analysis_lines(analysis: Analysis, *, merged: bool, libraries: bool) -> Ite
 
 
 def _ts(t: float) -> str:
+    import datetime as _dt  # here: a batch's table shows times, one analysis' text none
+
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
