@@ -236,7 +236,7 @@ def _analyze(run: _Run, crashed: _Crashed) -> list[str]:
     from .analyze.signature import signature
     from .format import analysis_payload
     from .text.analysis import format_analysis
-    from .output import json_document
+    from .output import json_document, text_lines
 
     step, result, out_dir, core = run.step, run.result, run.out_dir, crashed.core
     analysis = analyze_core(str(core))
@@ -247,7 +247,7 @@ def _analyze(run: _Run, crashed: _Crashed) -> list[str]:
     a_json = out_dir / "analysis.json"
     a_json.write_text(json_document("analyze", {"analysis": analysis_payload(analysis)}) + "\n")
     a_txt = out_dir / "analysis.txt"
-    a_txt.write_text("\n".join(format_analysis(analysis, merged=True)) + "\n")
+    a_txt.write_text(text_lines(format_analysis(analysis, merged=True)))
     result.files["analysis (text, merged stacks)"] = str(a_txt)
     result.files["analysis (JSON)"] = str(a_json)
     step(f"forensics analyze: {result.signature}")

@@ -20,9 +20,11 @@ from .errors import OutputExists
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "to_jsonable", "json_document", "write_new", "escape_text"]
+__all__ = ["SCHEMA_VERSION", "to_jsonable", "json_document", "write_new", "escape_text", "text_lines",
+           "text_document"]
 
 SCHEMA_VERSION = 1
 
@@ -62,6 +64,27 @@ def escape_text(text: str, keep: str = "") -> str:
     if keep:
         return _NOT_PRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escape_one(m), text)
     return _NOT_PRINTABLE.sub(_escape_one, text)
+
+
+def text_lines(lines: Iterable[str]) -> str:
+    r"""Lines as the text a command prints or writes: each one line, every control character in it escaped.
+    The output boundary of every text command (stdout and files alike); renderers yield raw lines.
+
+    >>> text_lines(["a\tb", "c\x1b[2J"])
+    'a\\x09b\nc\\x1b[2J\n'
+    """
+    return "".join(escape_text(line) + "\n" for line in lines)
+
+
+def text_document(text: str) -> str:
+    r"""A document that is many lines by nature (a report's Markdown, an attachment: a log, nvidia-smi -q) as
+    it is printed or written: its line breaks and tabs kept, every other control character escaped.  The
+    output boundary of ``report``: stdout, the report file and its attachments get the same text.
+
+    >>> text_document("GPU\tH20\r\n\x1b[2J")
+    'GPU\tH20\\x0d\n\\x1b[2J'
+    """
+    return escape_text(text, keep="\n\t")
 
 
 def to_jsonable(obj: Any) -> Any:

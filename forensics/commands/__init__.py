@@ -15,15 +15,23 @@ import sys
 from collections.abc import Iterable
 
 from ..errors import ForensicsError
-from ..output import escape_text, write_new
+from ..output import escape_text, text_document, text_lines, write_new
 
-__all__ = ["emit", "emit_json", "echo", "warn", "read_json_object"]
+__all__ = ["emit", "emit_document", "emit_json", "echo", "warn", "read_json_object"]
 
 
 def emit(lines: Iterable[str], output: str | None, force: bool) -> None:
     """Print text ``lines`` to stdout, or write them to ``output`` (new unless ``force``) and say so on
-    stderr.  Each line is one line: a CR, LF, ESC or other control character inside it is escaped."""
-    _write("\n".join(escape_text(line) for line in lines) + "\n", output, force)
+    stderr.  Each line is one line: a CR, LF, ESC or other control character inside it is escaped, here
+    and only here (:func:`~forensics.output.text_lines`; renderers yield raw lines)."""
+    _write(text_lines(lines), output, force)
+
+
+def emit_document(text: str, output: str | None, force: bool) -> None:
+    """Print a document that is many lines by nature (a report's Markdown), or write it to ``output``:
+    its line breaks and tabs kept, every other control character escaped -- the same text a file of it
+    gets (:func:`~forensics.output.text_document`)."""
+    _write(text_document(text), output, force)
 
 
 def emit_json(document: str, output: str | None, force: bool) -> None:

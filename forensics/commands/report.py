@@ -7,7 +7,7 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..options import force_option, json_option, output_option
-from . import echo, emit, emit_json
+from . import echo, emit, emit_document, emit_json
 
 __all__ = ["report"]
 
@@ -75,7 +75,7 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, as_js
         for p in write_report(rep, output, force=force):
             echo(f"Wrote {p}", err=True)
     else:
-        emit(rep.markdown.rstrip("\n").split("\n"), None, force)
+        emit_document(rep.markdown, None, force)
         if rep.attachments:
             echo(f"forensics: {len(rep.attachments)} attachments not written (pass -o FILE to write them "
                  f"beside the report): {', '.join(sorted(rep.attachments))}", err=True)

@@ -492,7 +492,7 @@ def write_report(rep: Report, output: str, *, force: bool = False) -> list[str]:
     :raises OutputExists: when a file exists and not ``force``
     """
     from ..errors import OutputExists
-    from ..output import write_new
+    from ..output import text_document, write_new
 
     out = Path(output)
     files_dir = attachment_dir_for(output)
@@ -505,7 +505,7 @@ def write_report(rep: Report, output: str, *, force: bool = False) -> list[str]:
     if rep.attachments:
         files_dir.mkdir(parents=True, exist_ok=True)
     for p, text in targets:
-        write_new(str(p), text, force)
+        write_new(str(p), text_document(text), force)  # the text stdout gets: escaped once, here
         written.append(str(p))
     return written
 

@@ -7,7 +7,6 @@ from collections.abc import Iterable, Iterator
 from ..analyze.signature import describe_later_fault, describe_pyframe, describe_thread, exit_explanation, signature
 from ..analyze.stacks import merge_frames
 from ..model import Analysis, BatchResult, NativeFrame, PyFrame, SignalFrame, Thread
-from ..output import escape_text
 from .heap import format_heap
 
 __all__ = ["format_analysis", "format_thread", "format_batch"]
@@ -107,14 +106,10 @@ def _separate_lines(thread: Thread, native_marks: dict[int, SignalFrame], *, nat
 def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool = True) -> Iterator[str]:
     """The human summary: signature first, then the crash, findings, threads and libraries.
 
-    Names, paths and messages come from the crashed process: every line has its control
-    characters escaped, so a hostile thread or file name cannot drive the terminal.
+    Names, paths and messages come from the crashed process: the lines are raw, and are escaped
+    where they are printed or written (:func:`forensics.output.text_lines`, through
+    :func:`forensics.commands.emit`), so a hostile thread or file name cannot drive the terminal.
     """
-    for line in _analysis_lines(analysis, merged=merged, libraries=libraries):
-        yield escape_text(line)
-
-
-def _analysis_lines(analysis: Analysis, *, merged: bool, libraries: bool) -> Iterator[str]:
     snap = analysis.snapshot
     core = snap.core
     crash = analysis.crash
@@ -164,13 +159,8 @@ def _ts(t: float) -> str:
 
 def format_batch(result: BatchResult) -> Iterable[str]:
     """The fingerprint table of a batch: distinct crashes, most frequent first; then what was partial,
-    unreadable, a snapshot, metadata only or skipped -- every input is accounted for.  Control
-    characters (in file names, signatures) are escaped."""
-    for line in _batch_lines(result):
-        yield escape_text(line)
-
-
-def _batch_lines(result: BatchResult) -> Iterable[str]:
+    unreadable, a snapshot, metadata only or skipped -- every input is accounted for.  Raw lines: control
+    characters (in file names, signatures) are escaped where they are printed (:func:`forensics.commands.emit`)."""
     analyzed = sum(g.count for g in result.groups)
     head = [f"{result.total} inputs: {analyzed} cores analyzed ({result.partial} partial)",
             f"{len(result.groups)} distinct crashes", f"{len(result.failed)} unreadable"]

@@ -4,20 +4,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..imports.model import ExecuteResult, ImportReport, PathOrigin
-from ..output import escape_text
 
 __all__ = ["format_report"]
 
 
 def format_report(report: ImportReport, *, verbose: int = 0, strict: bool = False) -> Iterator[str]:
     """Lines for people; JSON (:func:`forensics.imports.format.report_payload`) is the contract.  The last line is
-    the result, from the same :meth:`~forensics.imports.model.ImportReport.failures` as the exit status.  Every
-    line is escaped: paths, versions and reasons come from the image."""
-    for line in _report_lines(report, verbose=verbose, strict=strict):
-        yield escape_text(line)
-
-
-def _report_lines(report: ImportReport, *, verbose: int, strict: bool) -> Iterator[str]:
+    the result, from the same :meth:`~forensics.imports.model.ImportReport.failures` as the exit status.  Raw
+    lines: paths, versions and reasons come from the image, and are escaped where they are printed
+    (:func:`forensics.commands.emit`)."""
     yield from _image_lines(report)
     yield from _python_lines(report, verbose=verbose)
     yield from _module_lines(report, verbose=verbose)

@@ -1,0 +1,58 @@
+"""`forensics report` on the demo's real evidence (reports/demo: a capture bundle, analyze, verify-imports and
+reproduce documents), changed the way a hostile or damaged input would be: what reaches the output is
+escaped once (stdout and files the same), keys as well as values; hashes are of what was verified; the
+inputs' total is bounded."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.errors import EXIT_OK
+
+DEMO = Path(__file__).resolve().parents[2] / "reports" / "demo"
+TOKEN = "ghp_" + "Q" * 36
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False, env=env)
+
+
+def demo_bundle(tmp_path: Path, files: dict[str, bytes] | None = None) -> Path:
+    """A copy of the demo's capture bundle with ``files`` written into it and its manifest made to say so."""
+    src = next((DEMO / "capture").iterdir())
+    bundle = tmp_path / src.name
+    shutil.copytree(src, bundle)
+    manifest = json.loads((bundle / "MANIFEST.json").read_text())
+    for rel, data in (files or {}).items():
+        (bundle / rel).write_bytes(data)
+        manifest["items"] = [i for i in manifest["items"] if i["path"] != rel] + [
+            {"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "what": "test"}]
+    (bundle / "MANIFEST.json").write_text(json.dumps(manifest, indent=2))
+    return bundle
+
+
+SMI = (b"Driver Version : 580.126.09\nCUDA Version : 13.0\n\nGPU 00000000:18:00.0\n"
+       b"    Product Name : NVIDIA\tH20 \x1b[2Jx\n    Persistence Mode : Enabled\n")
+
+
+def test_stdout_and_the_report_file_are_the_same_text_escaped_once(tmp_path):
+    # GIVEN a bundle whose nvidia-smi -q has a tab and an ESC in the GPU's product name
+    bundle = demo_bundle(tmp_path, {"30-kernel/nvidia-smi.txt": SMI})
+    # WHEN the nvitop issue is printed, and written with -o
+    printed = run("report", bundle)
+    assert printed.exit_code == EXIT_OK, printed.output
+    out = tmp_path / "r.md"
+    assert run("report", bundle, "-o", out).exit_code == EXIT_OK
+    written = out.read_text()
+    # THEN the line is the same in both: the tab kept (a text), the ESC escaped once, nothing escaped twice
+    line = next(x for x in printed.stdout.splitlines() if "H20" in x)
+    assert "NVIDIA\tH20 \\x1b[2Jx" in line
+    assert line in written.splitlines()
+    assert "\\x09" not in printed.stdout and "\\\\x1b" not in printed.stdout
+    body = printed.stdout.split("\n---\n", 1)[1]
+    assert body == written.split("\n---\n", 1)[1]  # the front matter names the attachments' folder
