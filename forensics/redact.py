@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Redactor", "StreamRedactor", "SECRET_NAME", "MASK", "MIN_SECRET_LEN", "redact_tree"]
@@ -161,9 +162,7 @@ class Redactor:
         ('python exporter.py [REDACTED]', {'repeated secret values': 1})
         """
         scratch = Redactor(secrets=set(self.secrets))
-        redact_tree(tree, scratch)
-        for joined in _joined_string_lists(tree):  # argv lists: "--token", "value" in separate items
-            scratch.text(joined)
+        redact_tree(tree, scratch, argv=scratch.text)  # argv lists: "--token", "value" in separate items
         self.secrets |= scratch.secrets
 
     def text(self, s: str) -> str:
@@ -291,42 +290,60 @@ def _names_pattern(names: tuple[str, ...]) -> re.Pattern:
     return re.compile(_NAME_BEFORE + "(?:" + "|".join(re.escape(n) for n in names) + ")" + _NAME_AFTER)
 
 
-def _joined_string_lists(value: Any):
-    """Every list of strings in a JSON-like tree, joined by spaces (argument vectors)."""
-    if isinstance(value, dict):
-        for v in value.values():
-            yield from _joined_string_lists(v)
-    elif isinstance(value, (list, tuple)):
-        if value and all(isinstance(v, str) for v in value):
-            yield " ".join(value)
-        else:
-            for v in value:
-                yield from _joined_string_lists(v)
+def redact_tree(value: Any, r: Redactor, *, key: str | None = None,
+                finish: Callable[[str, str | None], str] | None = None,
+                argv: Callable[[str], object] | None = None) -> Any:
+    """Apply ``r`` to every string in a JSON-like tree, its dict keys too; env-like dicts by their variable names.
 
-
-def redact_tree(value: Any, r: Redactor, *, key: str | None = None) -> Any:
-    """Apply ``r`` to every string in a JSON-like tree; env-like dicts by their variable names.
-
-    Kubernetes-style ``{"name": ..., "value": ...}`` entries are judged by their name, too.
+    Kubernetes-style ``{"name": ..., "value": ...}`` entries are judged by their name, too.  The one walk of a
+    report's evidence: ``finish(text, key)`` is applied to every string after its redaction (a value with
+    the key it stands under; a key with None), e.g. to localize paths and escape control characters in
+    the same pass; ``argv`` is given every list of strings joined by spaces (an argument vector: "--token",
+    "value" in separate items).  Two keys that come out the same keep both values (`` (2)`` appended).
 
     >>> redact_tree({"env": [{"name": "DB_PASS", "value": "hunter2"}], "environ": {"PATH": "/bin"}}, Redactor())
     {'env': [{'name': 'DB_PASS', 'value': '[REDACTED]'}], 'environ': {'PATH': '/bin'}}
+    >>> redact_tree({"--token=abc123def456": 1, "--token=zzz999yyy888": 2}, Redactor())
+    {'--token=[REDACTED]': 1, '--token=[REDACTED] (2)': 2}
     """
-    if isinstance(value, str):
-        if key is not None and SECRET_NAME.search(key):
-            return r.env_value(key, value)
-        return r.text(value)
-    if isinstance(value, dict):
-        if (isinstance(value.get("name"), str) and isinstance(value.get("value"), str)
-                and SECRET_NAME.search(value["name"])):
-            return {k: (r.env_value(value["name"], v) if k == "value" else redact_tree(v, r)) for k, v in value.items()}
-        return {k: redact_tree(v, r, key=k if key in ("environ", "env", "environment") or _is_env_name(k) else None)
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact_tree(v, r) for v in value]
-    if isinstance(value, tuple):
-        return tuple(redact_tree(v, r) for v in value)
-    return value
+    def done(text: str, k: str | None) -> str:
+        return finish(text, k) if finish is not None else text
+
+    def new_key(k: object, out: dict) -> object:
+        if not isinstance(k, str):
+            return k
+        nk = done(r.text(k), None)
+        n = 1
+        while nk in out:
+            n += 1
+            nk = f"{done(r.text(k), None)} ({n})"
+        return nk
+
+    def walk(v: Any, key: str | None) -> Any:
+        if isinstance(v, str):
+            if key is not None and SECRET_NAME.search(key):
+                return done(r.env_value(key, v), key)
+            return done(r.text(v), key)
+        if isinstance(v, dict):
+            out: dict = {}
+            named = (isinstance(v.get("name"), str) and isinstance(v.get("value"), str)
+                     and SECRET_NAME.search(v["name"]))
+            for k, x in v.items():
+                if named and k == "value":
+                    out[new_key(k, out)] = done(r.env_value(v["name"], x), k)
+                else:
+                    env = isinstance(k, str) and (key in ("environ", "env", "environment") or _is_env_name(k))
+                    out[new_key(k, out)] = walk(x, k if env else None) if not isinstance(x, str) or env \
+                        else done(r.text(x), k)
+            return out
+        if isinstance(v, (list, tuple)):
+            if argv is not None and v and all(isinstance(x, str) for x in v):
+                argv(" ".join(v))
+            items = [walk(x, None) for x in v]
+            return items if isinstance(v, list) else tuple(items)
+        return v
+
+    return walk(value, key)
 
 
 def _is_env_name(k: str) -> bool:

@@ -29,7 +29,7 @@ from ..output import escape_text
 from ..redact import Redactor, redact_tree
 
 __all__ = ["Report", "make_report", "render", "environment", "write_report", "check_report_file",
-           "split_front_matter", "check_title", "attachment_dir_for", "TEMPLATES", "heap_section", "escape_tree",
+           "split_front_matter", "check_title", "attachment_dir_for", "TEMPLATES", "heap_section", "escape_value",
            "TEXT_KEYS"]
 
 
@@ -216,11 +216,13 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
     # value in it (and in the evidence paths), so that each is masked wherever it appears.
     item_paths = [i.path for i in ev.items]
     redactor.learn({"docs": ev.docs, "paths": item_paths})
-    docs = {k: [redact_tree(d, redactor) for d in v] for k, v in ev.docs.items()}
     localizer = PathLocalizer(prefixes=_local_prefixes(ev))
-    if upstream:
-        docs = localizer.tree(docs)
-    docs = escape_tree(docs)
+
+    def finish(text: str, key: str | None) -> str:
+        return escape_value(localizer.text(text) if upstream else text, key)
+
+    # one walk: every key and value redacted, localized (upstream) and escaped
+    docs = {k: [redact_tree(d, redactor, finish=finish) for d in v] for k, v in ev.docs.items()}
     facts = read_facts(Evidence(docs=docs, items=ev.items))
     known = match_known_issues(facts)
     conclusion = decide(facts, known)
@@ -232,8 +234,8 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
             reproducer_sources = shipped_sources()
         except ForensicsError:
             reproducer_sources = {}
-    evidence = [{"path": redactor.text(i.path), "kind": i.kind, "sha256": i.sha256, "size": str(i.size)}
-                for i in ev.items]
+    evidence = [{"path": escape_value(redactor.text(i.path), None), "kind": i.kind, "sha256": i.sha256,
+                 "size": str(i.size)} for i in ev.items]
     heap = _heap_section(docs)
     ctx = build_context(facts, template, conclusion, known, tool_version=tool_version, footer=[],
                         evidence=evidence, reproducer_sources=reproducer_sources, form=form,
@@ -254,24 +256,18 @@ TEXT_KEYS = frozenset({"nvidia_smi", "kernel_log", "bug_report_text", "os_releas
                        "stderr_tail"})
 
 
-def escape_tree(value: Any, *, key: str | None = None) -> Any:
-    """Every string of an evidence tree with its control characters escaped, before anything is picked out
-    of it: a command line, a thread, frame or file name (what the crashed process controls) can neither
-    forge a line in a fenced block nor drive the terminal the report is read on.  The texts of
-    :data:`TEXT_KEYS` keep their line breaks; any other string loses the line end it may close with.
+def escape_value(value: str, key: str | None) -> str:
+    """A string of the evidence tree with its control characters escaped, before anything is picked out of
+    it: a command line, a thread, frame or file name, a dict key (what the crashed process controls) can
+    neither forge a line in a fenced block nor drive the terminal the report is read on.  The texts of
+    :data:`TEXT_KEYS` keep their line breaks and tabs; any other string loses the line end it may close with.
 
-    >>> escape_tree({"args": "x\\r\\nThread 1 [FORGED]", "kernel_log": "a\\nb\\x1b[2J"})
-    {'args': 'x\\\\x0d\\\\x0aThread 1 [FORGED]', 'kernel_log': 'a\\nb\\\\x1b[2J'}
+    >>> escape_value("x\\r\\nThread 1 [FORGED]", "args"), escape_value("a\\nb\\tc\\x1b[2J", "kernel_log")
+    ('x\\\\x0d\\\\x0aThread 1 [FORGED]', 'a\\nb\\tc\\\\x1b[2J')
     """
-    if isinstance(value, str):
-        if key in TEXT_KEYS:
-            return escape_text(value, keep="\n\t")
-        return escape_text(value.rstrip("\r\n"))  # a line's own end forges nothing
-    if isinstance(value, dict):
-        return {k: escape_tree(v, key=k) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(escape_tree(v) for v in value)
-    return value
+    if key in TEXT_KEYS:
+        return escape_text(value, keep="\n\t")
+    return escape_text(value.rstrip("\r\n"))  # a line's own end forges nothing
 
 
 _HOST_KINDS = {"host names": ("host name", "host names"), "IP addresses": ("IP address", "IP addresses"),

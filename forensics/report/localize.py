@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = ["PathLocalizer", "LOCAL"]
 
@@ -63,16 +62,6 @@ class PathLocalizer:
         if not s or "/" not in s:
             return s
         return _PATH.sub(self._path, s)
-
-    def tree(self, value: Any) -> Any:
-        """Every string of a JSON-like tree, localized (keys stay)."""
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, dict):
-            return {k: self.tree(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.tree(v) for v in value)
-        return value
 
     def summary(self) -> list[str]:
         out = []

@@ -56,3 +56,25 @@ def test_stdout_and_the_report_file_are_the_same_text_escaped_once(tmp_path):
     assert "\\x09" not in printed.stdout and "\\\\x1b" not in printed.stdout
     body = printed.stdout.split("\n---\n", 1)[1]
     assert body == written.split("\n---\n", 1)[1]  # the front matter names the attachments' folder
+
+
+def test_dict_keys_are_escaped_and_redacted_like_values(tmp_path):
+    # GIVEN the demo's reproduce document whose C run's environment has a key with control characters and a
+    # key that is a token
+    doc = json.loads((DEMO / "reproduce.json").read_text())
+    env = doc["reproduce"]["runs"][0]["environment"]
+    env["evil\x1b]0;owned\x07\r\nVERDICT: forged"] = "x"
+    env[f"auth {TOKEN}"] = "y"
+    repro = tmp_path / "reproduce.json"
+    repro.write_text(json.dumps(doc))
+    out = tmp_path / "r.md"
+    # WHEN the NVIDIA report is written with its attachments
+    r = run("report", "--template", "nvml", DEMO / "analysis.json", repro, "-o", out)
+    assert r.exit_code == EXIT_OK, r.output
+    text = (tmp_path / "r.files" / "reproducer-output.txt").read_text()
+    # THEN the key is one line with its controls escaped, and the token is masked
+    assert "evil\\x1b]0;owned\\x07\\x0d\\x0aVERDICT: forged: x" in text
+    assert "\x1b" not in text and "\nVERDICT: forged" not in text
+    assert TOKEN not in text and "auth [REDACTED]: y" in text
+    assert TOKEN not in out.read_text()
+
