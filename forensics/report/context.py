@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .facts import Facts, Phase, smi_facts, xid_summary
+from .facts import Facts, Phase, xid_summary
 from .form import IssueForm
 from .known import KnownMatch
 from .verdict import Conclusion, Suspect
@@ -312,13 +312,8 @@ def _snippet(f: Facts) -> str:
 
 # ---- the NVIDIA facts ----------------------------------------------------------------------
 
-def _smi_text(f: Facts) -> str | None:
-    """nvidia-smi -q as captured, else the copy inside nvidia-bug-report's log."""
-    return f.nvidia_smi or f.bug_report_text
-
-
 def _system_facts(f: Facts) -> list[tuple[str, str]]:
-    smi = smi_facts(_smi_text(f))
+    smi = f.smi
     rows = [("Distribution", _os_line(f).split(", kernel")[0]),
             ("Kernel", _v(f.kernel))]
     gpus = smi["gpus"]
@@ -347,7 +342,7 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
 
 
 def _smi_excerpt(f: Facts) -> str:
-    smi = smi_facts(_smi_text(f))
+    smi = f.smi
     if not smi["gpus"] and not smi.get("Driver Version"):
         return ""
     lines = [f"Driver Version: {smi.get('Driver Version', '?')}    CUDA Version: {smi.get('CUDA Version', '?')}"]

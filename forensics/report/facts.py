@@ -107,6 +107,8 @@ class Facts:
     bug_report_file: str | None = None
     bug_report_text: str | None = None  # its first megabytes: nvidia-smi -q and kernel log sections
     kernel_log: str | None = None  # the driver's kernel log lines
+    smi: dict = field(default_factory=lambda: {"gpus": []})  # nvidia-smi -q parsed once (smi_facts), else the
+    # copy inside nvidia-bug-report's log
     image: str | None = None
     # the setup
     installer: str | None = None
@@ -546,6 +548,8 @@ def read_facts(ev: Evidence) -> Facts:
     not_ok = tuple(f"{k}: {v.get('verdict')}" + (f" ({v['file']})" if v.get("file") else "") for k, v in mods.items()
                    if v.get("verdict") and str(v.get("verdict")).upper() != "OK")
     smi = cap.get("nvidia_smi") or _get(repro, "environment", "nvidia_smi")
+    smi = smi if isinstance(smi, str) else None
+    bug_text = cap.get("bug_report_text") or None
     return Facts(
         has_crash=bool(a) and crash.get("kind") != "snapshot",  # a gcore of a live process is no crash
         signal=crash.get("signal_name"), kind=crash.get("kind"),
@@ -570,8 +574,8 @@ def read_facts(ev: Evidence) -> Facts:
             _get(cap, "snapshot", "in_container_namespace"), bool) else None,
         gpus=gpus, gpu_lines=gpu_lines, nvml_library=nvml.get("path") or cap_nvml.get("path") or rh.get("libnvidia_ml"),
         nvml_build_id=nvml.get("build_id") or cap_nvml.get("build_id"), nvml_origin=cap_nvml.get("origin"),
-        nvidia_smi=smi if isinstance(smi, str) else None, bug_report=cap.get("bug_report_note"),
-        bug_report_file=cap.get("bug_report_file"), bug_report_text=cap.get("bug_report_text") or None,
+        nvidia_smi=smi, bug_report=cap.get("bug_report_note"), smi=smi_facts(smi or bug_text),
+        bug_report_file=cap.get("bug_report_file"), bug_report_text=bug_text,
         kernel_log=cap.get("kernel_log"), image=_image_of(ev, cap),
         installer=", ".join(installers) or None, environment_notes=tuple(_get(vi, "python", "notes", default=[]) or []),
         distributions=dists,

@@ -78,3 +78,16 @@ def test_dict_keys_are_escaped_and_redacted_like_values(tmp_path):
     assert TOKEN not in text and "auth [REDACTED]: y" in text
     assert TOKEN not in out.read_text()
 
+
+def test_nvidia_smi_is_parsed_once_into_the_facts(tmp_path):
+    # GIVEN a bundle with nvidia-smi -q
+    from forensics.report.evidence import load_evidence
+    from forensics.report.facts import read_facts
+
+    bundle = demo_bundle(tmp_path, {"30-kernel/nvidia-smi.txt": SMI})
+    # WHEN its facts are read
+    facts = read_facts(load_evidence([str(bundle)]))
+    # THEN they carry nvidia-smi -q parsed (what the nvml report's system facts and the nvitop excerpt both use)
+    assert facts.smi["Driver Version"] == "580.126.09"
+    assert [g["bus_id"] for g in facts.smi["gpus"]] == ["00000000:18:00.0"]
+    assert facts.smi["gpus"][0]["Persistence Mode"] == "Enabled"
