@@ -9,7 +9,6 @@ links to the stored objects by the paths the core names.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -17,6 +16,7 @@ import stat
 import time
 
 from . import rootpath
+from .digest import sha256
 from .errors import CacheUnavailable, ForensicsError, InputNotFound
 
 __all__ = [
@@ -55,7 +55,7 @@ def sha256_file(path: str) -> tuple[str, int]:
 
 
 def _sha256_fd(fd: int) -> tuple[str, int]:
-    h = hashlib.sha256()
+    h = sha256()
     n = 0
     while chunk := os.read(fd, 1 << 20):
         h.update(chunk)
@@ -240,7 +240,7 @@ def _entry_key(src: str) -> str | None:
     except OSError:
         return None
     ident = f"{os.path.realpath(src)}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+    return sha256(ident.encode()).hexdigest()[:32]
 
 
 def _clean_path(path: object) -> str | None:

@@ -31,9 +31,9 @@ fingerprint, and batch triage marks it.  A snapshot (no crash) has no fingerprin
 """
 from __future__ import annotations
 
-import hashlib
 import re
 
+from ..digest import sha256
 from ..model import Crash, CrashKind, ProcessSnapshot, PyFrame
 from .classify import is_python_process, normalize_message
 from .pyframes import python_location
@@ -121,4 +121,4 @@ def fingerprint(basis: tuple[str, ...]) -> str:
     >>> fingerprint(("kind:segv", "signal:SIGSEGV"))
     'a605487ec8c3'
     """
-    return hashlib.sha256("\n".join(basis).encode()).hexdigest()[:12]
+    return sha256("\n".join(basis).encode()).hexdigest()[:12]

@@ -19,13 +19,13 @@ string tables are capped, and only one compilation unit is parsed.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
 
 from forensics.core.debugfiles import find_debug_file
 from forensics.core.symtab import DebugSymbol, SymtabError, has_symtab, read_symbols
+from forensics.digest import sha256
 
 __all__ = ["DebugSymbol", "STRUCTS", "find_libc_debug_file", "read_symbols", "read_struct_layouts",
            "cached_struct_layouts", "DebugInfoError"]
@@ -107,7 +107,7 @@ def cached_struct_layouts(path: str, build_id: str, anchor: int) -> dict[str, di
     except OSError as e:
         raise DebugInfoError(f"{path}: {e}") from e
     identity = f"{_CACHE_FORMAT}\0{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{anchor}"
-    name = f"{build_id[:40]}-{hashlib.sha256(identity.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}.json"
+    name = f"{build_id[:40]}-{sha256(identity.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}.json"
     directory = cache_path("heap-layouts")
     final = os.path.join(directory, name)
     try:

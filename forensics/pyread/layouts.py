@@ -20,7 +20,6 @@ Every :class:`Layout` says in :attr:`Layout.description` what it was made of.
 """
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import os
@@ -155,12 +154,22 @@ def _order(key: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def _copied(value):
+    """A copy of a JSON value, dicts and lists copied all the way down (what copy.deepcopy gives for one, without
+    its memo and dispatch: a tenth of the cost)."""
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    return value
+
+
 def apply_debug_offsets(record: dict, debug: DebugOffsets) -> dict:
     """A copy of a table record with every field the debug offsets cover set from them.
 
     A struct that moved carries its bit-fields with it (str state).
     """
-    rec = copy.deepcopy(record)
+    rec = _copied(record)
     types = rec["types"]
     values = dict(debug.values)
     base = values.get("interpreter_state.gil_runtime_state")

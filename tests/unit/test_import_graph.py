@@ -14,8 +14,9 @@ from tests.import_graph import PACKAGE_DIR, find_cycles, read_graph, unit_of
 # A new module joins its unit; a new unit takes the line its imports put it on.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("records",),  # the record decorator, below every record
-    # records, errors, pure helpers, the resolver; the fleet table's records and rules (fleet and fleetprom share them)
-    ("errors", "model", "cache", "redact", "options", "rootpath", "fleetmodel"),
+    # records, errors, pure helpers, the resolver; the fleet table's records and rules (fleet and fleetprom share them);
+    # SHA-256 without hashlib (digest)
+    ("errors", "model", "cache", "redact", "options", "rootpath", "fleetmodel", "digest"),
     ("output", "resources", "guard", "kubectl"),  # shared formats, shipped files, the one kube client
     ("core", "fleet"),  # reading cores; the fleet's restarts
     # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus
