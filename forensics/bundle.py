@@ -28,6 +28,7 @@ __all__ = [
     "read_bundle_json",
     "read_manifest",
     "verify_manifest",
+    "check_manifest",
     "find_core_in_bundle",
     "find_object_store",
     "decompress_core",
@@ -104,10 +105,16 @@ def read_manifest(bundle_dir: str) -> dict:
     return doc
 
 
-def verify_manifest(bundle_dir: str) -> list[str]:
-    """The items whose size or sha256 no longer match the manifest (empty: intact)."""
-    bad = []
-    for item in read_manifest(bundle_dir).get("items") or []:
+def check_manifest(bundle_dir: str, manifest: dict | None = None) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """Each manifest item hashed as it is now, read inside the bundle only: ((path, sha256, size) of each
+    item that matches the manifest; one problem per item that does not: ``PATH: missing`` / ``changed``).
+
+    :param manifest: the manifest already read (what a caller parsed), else the bundle's
+    """
+    good: list[tuple[str, str, int]] = []
+    bad: list[str] = []
+    items = (read_manifest(bundle_dir) if manifest is None else manifest).get("items") or []
+    for item in items if isinstance(items, list) else [items]:
         if not isinstance(item, dict) or not isinstance(item.get("path"), str):
             bad.append(f"{item!r:.80}: not a manifest item")
             continue
@@ -122,7 +129,14 @@ def verify_manifest(bundle_dir: str) -> list[str]:
             os.close(fd)
         if digest != item.get("sha256") or size != item.get("size"):
             bad.append(f"{item['path']}: changed")
-    return bad
+        else:
+            good.append((item["path"], digest, size))
+    return good, bad
+
+
+def verify_manifest(bundle_dir: str) -> list[str]:
+    """The items whose size or sha256 no longer match the manifest (empty: intact)."""
+    return check_manifest(bundle_dir)[1]
 
 
 def find_core_in_bundle(bundle_dir: str) -> str | None:

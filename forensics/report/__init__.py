@@ -136,6 +136,18 @@ def _check(body: str, ctx: ReportContext) -> list[str]:
     return problems
 
 
+def _manifest_problems(docs: dict) -> list[str]:
+    """One problem per capture bundle whose files do not match its manifest (the runbook's evidence table
+    names each such file instead of a hash)."""
+    out = []
+    for doc in docs.get("capture") or []:
+        bad = doc.get("manifest_problems") or []
+        if bad:
+            out.append(f"bundle {doc.get('_bundle_dir')}: {len(bad)} file(s) do not match its MANIFEST.json: "
+                       + "; ".join(map(str, bad[:5])) + ("; ..." if len(bad) > 5 else ""))
+    return out
+
+
 def _hosts_in(ev: Evidence) -> dict[str, str]:
     """Node, pod and host names the evidence names, to be replaced consistently: the capture's identity and
     scheduling, and the values of --hostname / --host / --node-name options in the command lines."""
@@ -235,7 +247,7 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
         except ForensicsError:
             reproducer_sources = {}
     evidence = [{"path": escape_value(redactor.text(i.path), None), "kind": i.kind, "sha256": i.sha256,
-                 "size": str(i.size)} for i in ev.items]
+                 "size": str(i.size), "problem": i.problem} for i in ev.items]
     heap = _heap_section(docs)
     ctx = build_context(facts, template, conclusion, known, tool_version=tool_version, footer=[],
                         evidence=evidence, reproducer_sources=reproducer_sources, form=form,
@@ -246,7 +258,7 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
         ctx.attachments["full-report.md"] = body
         body = (body[: GITHUB_ISSUE_LIMIT - 200].rsplit("\n", 1)[0]
                 + "\n\n(cut: the whole report is attached as full-report.md)\n")
-    problems = _check(body, ctx)
+    problems = _manifest_problems(docs) + _check(body, ctx)
     return Report(title=ctx.title, body=body, markdown=_front_matter(ctx, attachment_dir) + body,
                   attachments=dict(ctx.attachments), context=ctx, problems=tuple(problems))
 

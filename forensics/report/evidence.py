@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import rootpath
-from ..bundle import MANIFEST, read_bundle_file
+from ..bundle import MANIFEST, check_manifest, read_bundle_file
 from ..errors import ForensicsError, InputNotFound
 
 __all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES"]
@@ -36,8 +36,9 @@ class ReportInputError(ForensicsError, ValueError):
 class EvidenceItem:
     path: str
     kind: str
-    sha256: str
+    sha256: str  # of what was read and verified; "" when it could not be (``problem`` says why)
     size: int
+    problem: str = ""
 
 
 @dataclass
@@ -146,10 +147,15 @@ def _load_bundle(p: str, ev: Evidence) -> dict:
         if found is not None:
             doc["bug_report_file"], doc["bug_report_text"] = found  # NVIDIA's own file: attached as it is, after review
             break
-    for item in doc["manifest"].get("items") or []:
-        if isinstance(item, dict) and item.get("path") and item.get("sha256"):
-            ev.items.append(EvidenceItem(path=str(root / str(item["path"])), kind="capture",
-                                         sha256=str(item["sha256"]), size=int(item.get("size") or 0)))
+    good, bad = check_manifest(p, doc["manifest"])  # hashed now: a hash the report states is one it verified
+    for rel, digest, size in good:
+        ev.items.append(EvidenceItem(path=str(root / rel), kind="capture", sha256=digest, size=size))
+    for problem in bad:
+        rel, _, what = problem.rpartition(": ")
+        ev.items.append(EvidenceItem(path=str(root / rel), kind="capture", sha256="", size=0,
+                                     problem=f"{what}: does not match the bundle's manifest"))
+    if bad:
+        doc["manifest_problems"] = bad
     ev.items.append(EvidenceItem(path=manifest, kind="capture", sha256=hashlib.sha256(manifest_bytes).hexdigest(),
                                  size=len(manifest_bytes)))
     return doc

@@ -12,7 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from forensics.errors import EXIT_OK
+from forensics.errors import EXIT_FINDINGS, EXIT_OK
 
 DEMO = Path(__file__).resolve().parents[2] / "reports" / "demo"
 TOKEN = "ghp_" + "Q" * 36
@@ -91,3 +91,35 @@ def test_nvidia_smi_is_parsed_once_into_the_facts(tmp_path):
     assert facts.smi["Driver Version"] == "580.126.09"
     assert [g["bus_id"] for g in facts.smi["gpus"]] == ["00000000:18:00.0"]
     assert facts.smi["gpus"][0]["Persistence Mode"] == "Enabled"
+
+
+def test_a_bundle_that_does_not_match_its_manifest_is_said_so_and_no_unverified_hash_is_stated(tmp_path):
+    # GIVEN the demo's bundle with one file changed and one removed after its manifest was written
+    bundle = demo_bundle(tmp_path)
+    manifest = json.loads((bundle / "MANIFEST.json").read_text())
+    stated = {i["path"]: i["sha256"] for i in manifest["items"]}
+    (bundle / "40-process" / "cgroup").write_text("0::/tampered\n")
+    (bundle / "40-process" / "limits").unlink()
+    # WHEN the runbook is made and checked
+    r = run("report", "--template", "runbook", "--check", bundle)
+    # THEN it says which files do not match, states no hash for them, and --check exits 3
+    assert r.exit_code == EXIT_FINDINGS, r.output
+    assert "2 file(s) do not match its MANIFEST.json: 40-process/cgroup: changed; 40-process/limits: missing" \
+        in r.stderr
+    rows = {name: next(x for x in r.stdout.splitlines() if x.startswith("| ") and f"/40-process/{name} |" in x)
+            for name in ("cgroup", "limits")}
+    assert stated["40-process/cgroup"] not in r.stdout
+    assert "**changed: does not match the bundle's manifest**" in rows["cgroup"]
+    assert "**missing: does not match the bundle's manifest**" in rows["limits"]
+    assert "A capture bundle does not match its manifest" in r.stdout
+    # every hash it states is the hash of the file as it is
+    for rel in ("00-identity.json", "40-process/maps", "40-process/status"):
+        assert hashlib.sha256((bundle / rel).read_bytes()).hexdigest() in r.stdout
+
+
+def test_an_intact_bundle_states_its_verified_hashes(tmp_path):
+    bundle = demo_bundle(tmp_path)
+    r = run("report", "--template", "runbook", bundle)
+    assert r.exit_code == EXIT_OK and "do not match" not in r.output
+    for item in json.loads((bundle / "MANIFEST.json").read_text())["items"]:
+        assert f"`{hashlib.sha256((bundle / item['path']).read_bytes()).hexdigest()}`" in r.stdout
