@@ -3,7 +3,9 @@
 Each input is recognised by its ``command`` field (``analyze``, ``analyze-batch``,
 ``verify-imports``, ``reproduce``, ``fleet``) or, for a directory, by its
 bundle manifest.  Every file read is listed with its sha256 for the report's
-evidence section.  Reading is bounded: a file larger than MAX_INPUT_BYTES is refused.
+evidence section.  Reading is bounded: a file larger than MAX_INPUT_BYTES is refused, and so are inputs
+that together are more than :func:`max_total_bytes` (MAX_TOTAL_BYTES, FORENSICS_MAX_REPORT_BYTES): every
+byte read into memory counts, the JSON documents, a bundle's files and its bug report's decompressed text.
 """
 from __future__ import annotations
 
@@ -18,9 +20,37 @@ from .. import rootpath
 from ..bundle import MANIFEST, check_manifest, read_bundle_file
 from ..errors import ForensicsError, InputNotFound
 
-__all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES"]
+__all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES", "MAX_TOTAL_BYTES",
+           "max_total_bytes"]
 
 MAX_INPUT_BYTES = 256 * 1024 * 1024
+MAX_TOTAL_BYTES = 1 << 30  # bytes of all of a report's inputs together (FORENSICS_MAX_REPORT_BYTES)
+
+
+def max_total_bytes() -> int:
+    """The bound on a report's inputs together: FORENSICS_MAX_REPORT_BYTES, else MAX_TOTAL_BYTES."""
+    try:
+        return max(1, int(os.environ.get("FORENSICS_MAX_REPORT_BYTES") or MAX_TOTAL_BYTES))
+    except ValueError:
+        return MAX_TOTAL_BYTES
+
+
+class _Budget:
+    """What is left of the inputs' total: each read asks for at most that much (and one byte more, to tell)."""
+
+    def __init__(self) -> None:
+        self.total = max_total_bytes()
+        self.left = self.total
+
+    def limit(self, n: int) -> int:
+        """How many bytes a read of at most ``n`` may ask for: past the budget by one byte at most."""
+        return min(n, self.left + 1)
+
+    def take(self, path: str, n: int) -> None:
+        if n > self.left:
+            raise ReportInputError(path, f"the report's inputs together are more than {self.total} bytes "
+                                         "(FORENSICS_MAX_REPORT_BYTES)")
+        self.left -= n
 KINDS = ("analyze", "analyze-batch", "verify-imports", "reproduce", "fleet", "capture")
 
 
@@ -56,12 +86,13 @@ class Evidence:
         return self.docs.get(kind, [])
 
 
-def _read_json(path: str) -> tuple[dict, bytes]:
+def _read_json(path: str, budget: _Budget) -> tuple[dict, bytes]:
     """The document at ``path`` and the bytes it was parsed from (read once: what is hashed is what was read)."""
     with open(path, "rb") as f:
-        data = f.read(MAX_INPUT_BYTES + 1)
+        data = f.read(budget.limit(MAX_INPUT_BYTES + 1))
     if len(data) > MAX_INPUT_BYTES:
         raise ReportInputError(path, f"more than the {MAX_INPUT_BYTES} byte limit")
+    budget.take(path, len(data))
     return _parse_json(path, data), data
 
 
@@ -94,7 +125,7 @@ MAX_TEXT = 64 * 1024
 BUG_REPORT_READ = 4 << 20  # decompressed bytes of nvidia-bug-report.log(.gz) read for its facts
 
 
-def _read_bug_report(bundle: str, rel: str) -> tuple[str, str] | None:
+def _read_bug_report(bundle: str, rel: str, budget: _Budget) -> tuple[str, str] | None:
     """(its path, the start of it) for NVIDIA's bug report at ``rel`` in the bundle, read inside the bundle
     only, decompressed as a stream and cut at BUG_REPORT_READ bytes (its nvidia-smi -q and kernel log
     sections come early); None when the bundle has no such file, "" as the text when it cannot be read."""
@@ -113,37 +144,44 @@ def _read_bug_report(bundle: str, rel: str) -> tuple[str, str] | None:
         try:
             if rel.endswith(".gz"):
                 with gzip.open(raw, "rb") as f:
-                    data = f.read(BUG_REPORT_READ)
+                    data = f.read(min(BUG_REPORT_READ, budget.limit(BUG_REPORT_READ)))
             else:
-                data = raw.read(BUG_REPORT_READ)
+                data = raw.read(min(BUG_REPORT_READ, budget.limit(BUG_REPORT_READ)))
         except (OSError, EOFError, zlib.error):
             return path, ""
+    budget.take(path, len(data))
     return path, data.decode("utf-8", "replace")
 
 
-def _load_bundle(p: str, ev: Evidence) -> dict:
+def _load_bundle(p: str, ev: Evidence, budget: _Budget) -> dict:
     """A capture bundle (``forensics capture``, the core handler) as one evidence document.
 
     Its files are read inside the bundle only (:func:`forensics.bundle.read_bundle_file`): a
     symlink in a bundle never leads the report to a file of the machine that reads it.
     """
     root = Path(p)
-    manifest_bytes = read_bundle_file(p, MANIFEST, MAX_INPUT_BYTES + 1)
+    def read(rel: str, limit: int) -> bytes | None:
+        data = read_bundle_file(p, rel, budget.limit(limit))
+        if data is not None:
+            budget.take(str(root / rel), min(len(data), limit))
+        return data
+
+    manifest_bytes = read(MANIFEST, MAX_INPUT_BYTES + 1)
     if manifest_bytes is None:
         raise ReportInputError(p, f"a directory without a capture bundle {MANIFEST}")
     manifest = str(root / MANIFEST)
     doc: dict = {"command": "capture", "_bundle_dir": str(root.resolve()),
                  "manifest": _parse_json(manifest, manifest_bytes)}
     for key, rel in _BUNDLE_JSON:
-        data = read_bundle_file(p, rel, MAX_INPUT_BYTES + 1)
+        data = read(rel, MAX_INPUT_BYTES + 1)
         if data is not None:
             doc[key] = _parse_json(str(root / rel), data)
     for key, rel in _BUNDLE_TEXT:
-        data = read_bundle_file(p, rel, MAX_TEXT)
+        data = read(rel, MAX_TEXT)
         if data is not None:
             doc[key] = data.decode("utf-8", "replace")
     for rel in _BUG_REPORT:
-        found = _read_bug_report(p, rel)
+        found = _read_bug_report(p, rel, budget)
         if found is not None:
             doc["bug_report_file"], doc["bug_report_text"] = found  # NVIDIA's own file: attached as it is, after review
             break
@@ -164,15 +202,16 @@ def _load_bundle(p: str, ev: Evidence) -> dict:
 def load_evidence(paths: list[str]) -> Evidence:
     """Read every input; raise :class:`ReportInputError` for one that is not evidence."""
     ev = Evidence()
+    budget = _Budget()
     for p in paths:
         if not os.path.lexists(p):
             raise InputNotFound(p, hint="report reads what the other commands wrote: the --json of analyze, "
                                         "verify-imports, reproduce, canary and fleet, and capture bundles")
         if os.path.isdir(p):
-            doc = _load_bundle(p, ev)
+            doc = _load_bundle(p, ev, budget)
             kind = "capture"
         else:
-            doc, data = _read_json(p)
+            doc, data = _read_json(p, budget)
             command = doc.get("command")
             if not isinstance(command, str) or command not in KINDS:
                 raise ReportInputError(p, f"unknown document kind {command!r} (expected one of {', '.join(KINDS)})")

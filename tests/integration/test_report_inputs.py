@@ -12,7 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from forensics.errors import EXIT_FINDINGS, EXIT_OK
+from forensics.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK
 
 DEMO = Path(__file__).resolve().parents[2] / "reports" / "demo"
 TOKEN = "ghp_" + "Q" * 36
@@ -123,3 +123,28 @@ def test_an_intact_bundle_states_its_verified_hashes(tmp_path):
     assert r.exit_code == EXIT_OK and "do not match" not in r.output
     for item in json.loads((bundle / "MANIFEST.json").read_text())["items"]:
         assert f"`{hashlib.sha256((bundle / item['path']).read_bytes()).hexdigest()}`" in r.stdout
+
+
+def test_the_inputs_together_are_bounded(tmp_path):
+    # GIVEN the demo's analysis and reproduce documents, each under the per-input bound
+    a, rep = DEMO / "analysis.json", DEMO / "reproduce.json"
+    total = a.stat().st_size + rep.stat().st_size
+    # WHEN the bound on all inputs together is one byte less than they are
+    r = run("report", a, rep, env={"FORENSICS_MAX_REPORT_BYTES": str(total - 1)})
+    # THEN one line names the input that went past it, exit 1, no report
+    assert r.exit_code == EXIT_ERROR
+    assert r.stdout == ""
+    assert f"{rep}: not report evidence: the report's inputs together are more than {total - 1} bytes " \
+           "(FORENSICS_MAX_REPORT_BYTES)" in r.stderr
+    assert "Traceback" not in r.output
+    # and exactly their size is enough
+    assert run("report", a, rep, env={"FORENSICS_MAX_REPORT_BYTES": str(total)}).exit_code == EXIT_OK
+
+
+def test_a_bundles_files_count_towards_the_bound(tmp_path):
+    bundle = demo_bundle(tmp_path)
+    r = run("report", DEMO / "analysis.json", bundle,
+            env={"FORENSICS_MAX_REPORT_BYTES": str((DEMO / "analysis.json").stat().st_size + 1000)})
+    assert r.exit_code == EXIT_ERROR
+    assert "the report's inputs together are more than" in r.stderr and str(bundle) in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # one line (and its hint)
