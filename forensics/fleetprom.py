@@ -216,12 +216,12 @@ def _sample_value(expr: str, sample: object) -> float:
 
 
 def _esc(v: str) -> str:
-    r"""``v`` inside a PromQL double-quoted string.
+    r"""``v`` inside a PromQL double-quoted string (its backslashes, quotes and newlines escaped).
 
     >>> _esc('a"b\\c')
     'a\\"b\\\\c'
     """
-    return v.replace("\\", "\\\\").replace('"', '\\"')
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 # Kubernetes' label selector grammar (apimachinery labels.Parse): a qualified key, an optional value
