@@ -1,15 +1,20 @@
 """``forensics fleet --prometheus URL``: the fleet table from PromQL over kube-state-metrics and the agents' crashes.
 
-The same :class:`~forensics.fleet.FleetSummary` as ``fleet --from`` (groups by node labels, pods,
+The same :class:`~forensics.fleetmodel.FleetSummary` as ``fleet --from`` (groups by node labels, pods,
 restarting pods, restarts, exit codes, CrashLoopBackOff, images, the boundary), built from
-instant queries that aggregate in Prometheus (``count by`` / ``sum by`` / ``max by`` over the
-group labels), so what travels grows with the number of groups, never with the number of pods:
+instant queries that aggregate in Prometheus (``count_values`` / ``count by`` / ``sum by`` over the
+group labels), so what travels grows with the number of groups (times the distinct restart counts of
+one group's pods, for the restarts' histogram), never with the number of pods. One round: the table's
+queries and the nodes' chain (node label names, their number of values, then one query) at once.
 
 - pods and their nodes: ``kube_pod_info`` (``namespace``, ``pod``, ``node``); ``-l`` selects on
-  ``kube_pod_labels`` (``label_KEY``, which kube-state-metrics exports for allow-listed labels);
+  ``kube_pod_labels`` (``label_KEY``, which kube-state-metrics exports for allow-listed labels), Kubernetes'
+  selector syntax translated exactly (:func:`selector_matchers`);
 - node groups: ``kube_node_labels`` (``label_nvidia_com_gpu_product``...; kube-state-metrics
   exports node labels only when allow-listed: ``--metric-labels-allowlist=nodes=[nvidia.com/gpu.product,...]``);
-  the driver version is joined from GPU feature discovery's major/minor/rev when the full one is absent;
+  the group key is made here from them by ``fleet --from``'s rule (:func:`forensics.fleetmodel.group_key`: the
+  driver version from GPU feature discovery's major/minor/rev when the full one is absent, the instance type
+  when the GPU labels are);
 - restarts: ``kube_pod_container_status_restarts_total`` (its value, or ``increase`` over ``--window``);
 - last exit codes and reasons: ``kube_pod_container_status_last_terminated_exitcode`` (kube-state-metrics
   2.10+) and ``..._last_terminated_reason``; CrashLoopBackOff: ``kube_pod_container_status_waiting_reason``;

@@ -52,7 +52,7 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
 
     \b
     Exit codes: 0 printed; 1 error (kubectl or Prometheus failed, bad input: files swapped, no pods,
-    no nodes); 2 usage.
+    no nodes); 2 usage (with --prometheus: a -l selector PromQL cannot ask exactly).
     """
     import datetime as dt
 
