@@ -76,7 +76,6 @@ def _read(core, mem, hm, *, sysroot, message, tid, corruption, summary, owners, 
     from forensics.heap.anatomy import find_corruption
     from forensics.heap.arenas import read_arenas
     from forensics.heap.locate import find_glibc
-    from forensics.heap.summary import find_tcaches, summarize_heap
 
     page = mem.layout.page_size if mem.layout is not None else 4096
     glibc = find_glibc(core, mem, sysroot=sysroot, page_size=page, debug_info=debug_info)
@@ -85,9 +84,15 @@ def _read(core, mem, hm, *, sysroot, message, tid, corruption, summary, owners, 
     found = None
     if corruption and message:
         if "tcache" in message:
+            from forensics.heap.summary import find_tcaches
+
             tcaches = find_tcaches(heap, core)
         cache_addrs = [t for t, _a, _h in (tcaches or {}).values() if t]
         found = find_corruption(heap, message, tid, tcaches=cache_addrs, owners=owners, is_python=is_python,
                                 locals_problem=locals_problem, owner_lookup=owner_lookup)
-    summ = summarize_heap(heap, core, tcaches=tcaches) if summary else None
+    summ = None
+    if summary:  # analyze --heap: the whole heap's summary (the corruption's anatomy needs none of it)
+        from forensics.heap.summary import summarize_heap
+
+        summ = summarize_heap(heap, core, tcaches=tcaches)
     return HeapReport(corruption=found, summary=summ, problems=tuple(heap.problems))

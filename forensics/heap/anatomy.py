@@ -27,7 +27,6 @@ crashing thread) and the native call it was passed to are matched by
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 from forensics.core import elf
 from forensics.heap.arenas import Heap
@@ -41,6 +40,7 @@ from forensics.heap.walk import (
     validate_fastbin,
     validate_tcache_bin,
 )
+from forensics.records import record
 from forensics.model import (
     BufferOwner,
     ChunkState,
@@ -60,7 +60,7 @@ _REGISTER_ORDER = ("rdi", "rsi", "rbx", "rbp", "r12", "r13", "r14", "r15", "rdx"
                    "r10", "r11")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Check:
     """One of glibc's malloc checks: the message's text, what it tests, and what it tested."""
 
@@ -69,38 +69,42 @@ class Check:
     looks_at: str
 
 
+def _check(text: str, kind: str, looks_at: str) -> Check:
+    return Check(text=text, kind=kind, looks_at=looks_at)
+
+
 #: longest text first: "corrupted size vs. prev_size while consolidating" before "corrupted size vs. prev_size"
 CHECKS = tuple(sorted((
-    Check("free(): invalid next size", "next-size", "the size of the chunk after the one being freed"),
-    Check("realloc(): invalid next size", "next-size", "the size of the chunk after the one being reallocated"),
-    Check("double free or corruption (!prev)", "next-prev-inuse",
+    _check("free(): invalid next size", "next-size", "the size of the chunk after the one being freed"),
+    _check("realloc(): invalid next size", "next-size", "the size of the chunk after the one being reallocated"),
+    _check("double free or corruption (!prev)", "next-prev-inuse",
           "the PREV_INUSE bit of the chunk after the one being freed"),
-    Check("double free or corruption (out)", "out", "whether the chunk after the one being freed is in the arena"),
-    Check("double free or corruption (top)", "top", "whether the chunk being freed is the arena's top chunk"),
-    Check("double free or corruption (fasttop)", "fasttop",
+    _check("double free or corruption (out)", "out", "whether the chunk after the one being freed is in the arena"),
+    _check("double free or corruption (top)", "top", "whether the chunk being freed is the arena's top chunk"),
+    _check("double free or corruption (fasttop)", "fasttop",
           "whether the chunk being freed is already first in its fastbin"),
-    Check("free(): invalid pointer", "invalid-pointer", "the freed pointer's alignment and the chunk's size"),
-    Check("realloc(): invalid pointer", "invalid-pointer", "the pointer's alignment and the chunk's size"),
-    Check("free(): invalid size", "invalid-size", "the size field of the chunk being freed"),
-    Check("realloc(): invalid old size", "invalid-size", "the size field of the chunk being reallocated"),
-    Check("munmap_chunk(): invalid pointer", "munmap", "the prev_size and size of an mmapped chunk"),
-    Check("free(): double free detected in tcache", "tcache-double", "the key of the chunk being freed"),
-    Check("free(): unaligned chunk detected in tcache", "tcache-list", "the entries of a tcache list"),
-    Check("free(): too many chunks detected in tcache", "tcache-list", "the length of a tcache list"),
-    Check("malloc(): unaligned tcache chunk detected", "tcache-list", "the entries of a tcache list"),
-    Check("tcache_thread_shutdown(): unaligned tcache chunk", "tcache-list", "the entries of a tcache list"),
-    Check("corrupted size vs. prev_size while consolidating", "consolidate-prev",
+    _check("free(): invalid pointer", "invalid-pointer", "the freed pointer's alignment and the chunk's size"),
+    _check("realloc(): invalid pointer", "invalid-pointer", "the pointer's alignment and the chunk's size"),
+    _check("free(): invalid size", "invalid-size", "the size field of the chunk being freed"),
+    _check("realloc(): invalid old size", "invalid-size", "the size field of the chunk being reallocated"),
+    _check("munmap_chunk(): invalid pointer", "munmap", "the prev_size and size of an mmapped chunk"),
+    _check("free(): double free detected in tcache", "tcache-double", "the key of the chunk being freed"),
+    _check("free(): unaligned chunk detected in tcache", "tcache-list", "the entries of a tcache list"),
+    _check("free(): too many chunks detected in tcache", "tcache-list", "the length of a tcache list"),
+    _check("malloc(): unaligned tcache chunk detected", "tcache-list", "the entries of a tcache list"),
+    _check("tcache_thread_shutdown(): unaligned tcache chunk", "tcache-list", "the entries of a tcache list"),
+    _check("corrupted size vs. prev_size while consolidating", "consolidate-prev",
           "the freed chunk's prev_size against the size of the chunk before it"),
-    Check("corrupted size vs. prev_size", "bins", "a free chunk's size against the next chunk's prev_size"),
-    Check("corrupted double-linked list", "bins", "a free chunk's fd/bk links"),
-    Check("malloc(): corrupted top size", "top-size", "the size of the arena's top chunk"),
-    Check("(unsorted)", "bins", "the chunks of the unsorted bin"),
-    Check("corrupted unsorted chunks", "bins", "the links of the unsorted bin"),
-    Check("double linked list corrupted", "bins", "the links of a bin"),
-    Check("malloc(): memory corruption (fast)", "fast-list", "the size of a fastbin's first chunk"),
-    Check("fastbin chunk detected", "fast-list", "the entries of a fastbin"),
-    Check("malloc_consolidate(): invalid chunk size", "fast-list", "the sizes of fastbin chunks"),
-    Check("invalid fastbin entry (free)", "fast-list", "the first chunk of a fastbin"),
+    _check("corrupted size vs. prev_size", "bins", "a free chunk's size against the next chunk's prev_size"),
+    _check("corrupted double-linked list", "bins", "a free chunk's fd/bk links"),
+    _check("malloc(): corrupted top size", "top-size", "the size of the arena's top chunk"),
+    _check("(unsorted)", "bins", "the chunks of the unsorted bin"),
+    _check("corrupted unsorted chunks", "bins", "the links of the unsorted bin"),
+    _check("double linked list corrupted", "bins", "the links of a bin"),
+    _check("malloc(): memory corruption (fast)", "fast-list", "the size of a fastbin's first chunk"),
+    _check("fastbin chunk detected", "fast-list", "the entries of a fastbin"),
+    _check("malloc_consolidate(): invalid chunk size", "fast-list", "the sizes of fastbin chunks"),
+    _check("invalid fastbin entry (free)", "fast-list", "the first chunk of a fastbin"),
 ), key=lambda c: -len(c.text)))
 
 _OWN_HEADER = {"invalid-pointer", "invalid-size", "munmap", "out", "top", "consolidate-prev", "tcache-double",
@@ -127,7 +131,7 @@ def classify_message(message: str | None) -> Check | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Candidate:
     """A value the crashing thread held, and where."""
 
@@ -151,13 +155,13 @@ def candidates(heap: Heap, tid: int | None) -> Iterator[Candidate]:
     if regs is None:
         return
     for name in _REGISTER_ORDER:
-        yield Candidate(regs[name], f"register {name}")
+        yield Candidate(value=regs[name], where=f"register {name}")
     sp = regs["rsp"]
     mapping = heap.core.find_mapping(sp)
     end = min(sp + STACK_WINDOW, mapping.end if mapping else sp + STACK_WINDOW)
     data = heap.hm.mem.read_prefix(sp, end - sp)
     for i in range(0, len(data) - 7, 8):
-        yield Candidate(int.from_bytes(data[i:i + 8], "little"), f"stack at 0x{sp + i:x} (sp+0x{i:x})")
+        yield Candidate(value=int.from_bytes(data[i:i + 8], "little"), where=f"stack at 0x{sp + i:x} (sp+0x{i:x})")
 
 
 def _chunk(heap: Heap, addr: int, region: Region | None, state: ChunkState = ChunkState.UNKNOWN) -> HeapChunk | None:

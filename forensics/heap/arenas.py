@@ -8,8 +8,6 @@ keeping what it read before any link that fails its check.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from forensics.heap.layout import MALLOC_ALIGNMENT, SIZE_SZ, MallocLayout
 from forensics.heap.locate import Glibc
 from forensics.heap.walk import (
@@ -24,32 +22,41 @@ from forensics.model import CoreFile
 __all__ = ["ArenaInfo", "Heap", "read_arenas", "main_heap_region"]
 
 
-@dataclass(slots=True)
 class ArenaInfo:
-    """An arena as read: its fields and its heap regions (mutable while being read)."""
+    """An arena as read: its fields and its heap regions (mutable while being read).
 
-    address: int
-    kind: str
-    top: int
-    top_size: int | None
-    system_mem: int
-    attached_threads: int
-    regions: list[Region] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    A plain class (``dataclass`` compiles its methods at import: a cost of every heap read)."""
+
+    __slots__ = ("address", "kind", "top", "top_size", "system_mem", "attached_threads", "regions", "problems")
+
+    def __init__(self, *, address: int, kind: str, top: int, top_size: int | None, system_mem: int,
+                 attached_threads: int, regions: list[Region] | None = None, problems: list[str] | None = None) -> None:
+        self.address = address
+        self.kind = kind
+        self.top = top
+        self.top_size = top_size
+        self.system_mem = system_mem
+        self.attached_threads = attached_threads
+        self.regions: list[Region] = [] if regions is None else regions
+        self.problems: list[str] = [] if problems is None else problems
 
 
-@dataclass(slots=True)
 class Heap:
     """glibc's heap in one core: where it is, how it is laid out, its arenas."""
 
-    glibc: Glibc
-    hm: HeapMemory
-    core: CoreFile
-    arenas: list[ArenaInfo]
-    sbrk_base: int | None
-    problems: list[str]
-    core_page_size: int = 4096
-    cached: set[int] = field(default_factory=set)  # user pointers in tcache lists (filled when a check needs them)
+    __slots__ = ("glibc", "hm", "core", "arenas", "sbrk_base", "problems", "core_page_size", "cached")
+
+    def __init__(self, *, glibc: Glibc, hm: HeapMemory, core: CoreFile, arenas: list[ArenaInfo], sbrk_base: int | None,
+                 problems: list[str], core_page_size: int = 4096, cached: set[int] | None = None) -> None:
+        self.glibc = glibc
+        self.hm = hm
+        self.core = core
+        self.arenas = arenas
+        self.sbrk_base = sbrk_base
+        self.problems = problems
+        self.core_page_size = core_page_size
+        #: user pointers in tcache lists (filled when a check needs them)
+        self.cached: set[int] = set() if cached is None else cached
 
     @property
     def layout(self) -> MallocLayout:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from forensics.model import BufferOwner, CoreFile, CtypesObject, LibraryStatus, NativeCall, PyLocal
 from forensics.pyread.objects import BadObject, Reader
@@ -119,15 +119,18 @@ def _untag(layout: LocalsLayout, value: int) -> int:
     return value & ~3 if layout.tagged_slots else value
 
 
-@dataclass(slots=True)
 class TypeNames:
     """Type objects' names: ``tp_name`` read from the core, or -- for a static type, whose name
     string lies in its library's read-only data, which cores leave out -- from that library's file
-    (only a file whose build-id matched the core's)."""
+    (only a file whose build-id matched the core's).  A plain class: ``dataclass`` compiles its methods
+    at import, a cost of every analysis."""
 
-    rd: Reader
-    core: CoreFile | None = None
-    cache: dict[int, str] = field(default_factory=dict)
+    __slots__ = ("rd", "core", "cache")
+
+    def __init__(self, rd: Reader, core: CoreFile | None = None, cache: dict[int, str] | None = None) -> None:
+        self.rd = rd
+        self.core = core
+        self.cache: dict[int, str] = {} if cache is None else cache
 
     def name(self, tp: int) -> str:
         """The name of the type object at ``tp``.
