@@ -21,11 +21,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from typing import TYPE_CHECKING
-
 from forensics.core import elf
 from forensics.records import record
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
 if TYPE_CHECKING:
     from forensics.model import CoreFile
 

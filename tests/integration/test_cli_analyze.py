@@ -347,3 +347,24 @@ def test_broken_frame_pointer_in_text_and_with_both_methods(cores, newest_python
     snap = json.loads(r.stdout)["analysis"]["snapshot"]
     assert snap["method_disagreements"] == []
     assert garbage in split_threads(snap)[0]["python_error"]
+
+
+def test_the_console_script_analyzes_a_core_without_click_and_as_click_does(heap_core):
+    # GIVEN a real heap-corruption core (its analysis reads the heap's anatomy too)
+    probe = ("import sys\nsys.argv[0] = 'forensics'\nfrom forensics.cli import main\ntry:\n    main()\nfinally:\n"
+             "    heavy = ('click', 'typing', 'pathlib', 'hashlib', '_hashlib', 'datetime', 'shlex', 'urllib.parse')\n"
+             "    print(sorted(m for m in heavy if m in sys.modules), file=sys.stderr)")
+    for args in (["--method", "direct"], ["--method", "direct", "--json"], ["--json"]):
+        # WHEN the console script's main analyzes it, and the click group does
+        fast = subprocess.run([sys.executable, "-c", probe, "analyze", *args, str(heap_core)], capture_output=True,
+                              text=True, timeout=300)
+        slow = subprocess.run([sys.executable, "-c", "import sys\nfrom forensics.cli import cli\n"
+                               "cli(sys.argv[1:], prog_name='forensics')", "analyze", *args, str(heap_core)],
+                              capture_output=True, text=True, timeout=300)
+        # THEN the same analysis comes out with the same exit code
+        assert (fast.returncode, fast.stdout) == (slow.returncode, slow.stdout), args
+        assert fast.returncode == EXIT_OK and "0x" in fast.stdout
+        assert fast.stderr.splitlines()[:-1] == slow.stderr.splitlines()
+        # and --method direct imported none of what was only start-up cost (click, typing, pathlib, hashlib...)
+        imported = fast.stderr.splitlines()[-1]
+        assert imported == "[]" or "direct" not in args, (args, imported)
