@@ -13,7 +13,7 @@ import os
 import stat
 import sys
 
-from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, ForensicsError
+from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, CoreNotFound, ForensicsError
 from . import emit, emit_json, warn
 
 __all__ = ["run", "parse_argv", "METHOD_CHOICES", "NATIVE_METHOD_CHOICES"]
@@ -25,26 +25,36 @@ NATIVE_METHOD_CHOICES = ("auto", "libdw", "gdb", "both", "none")
 def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
         output, force, verbose):
     """Analyze one core or bundle, or a batch; exits with the analysis' exit code."""
-    from ..analyze.batch import find_cores
-    from ..bundle import has_manifest
+    if len(inputs) == 1 and not os.path.isdir(inputs[0]):
+        # one core (not a bundle, not a directory): what find_cores would say of it, without loading the batch
+        # and bundle readers it does not need
+        if not os.path.lexists(inputs[0]):
+            raise CoreNotFound(inputs[0])
+        paths, single = [inputs[0]], True
+        skipped: list[str] = []
+    else:
+        from ..analyze.batch import find_cores
+        from ..bundle import has_manifest
 
-    paths, skipped = find_cores(inputs)
-    single = len(inputs) == 1 and (not os.path.isdir(inputs[0]) or has_manifest(inputs[0]))
+        paths, skipped = find_cores(inputs)
+        single = len(inputs) == 1 and has_manifest(inputs[0])
     options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method,
                    native_method=native_method, heap="full" if heap else "auto")
     if single:
         from ..analyze import analyze_core
-        from ..format import analysis_payload
-        from ..text.analysis import format_analysis
-        from ..output import json_document
 
         analysis = analyze_core(paths[0], **options)
         for w in analysis.snapshot.warnings:
             if verbose or as_json or output:
                 warn(w)
         if as_json:
+            from ..format import analysis_payload
+            from ..output import json_document
+
             emit_json(json_document("analyze", {"analysis": analysis_payload(analysis, merged=merged)}), output, force)
         else:
+            from ..text.analysis import format_analysis
+
             emit(format_analysis(analysis, merged=merged), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
     options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap
