@@ -26,6 +26,7 @@ crashing thread) and the native call it was passed to are matched by
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterator, Sequence
 
 from forensics.core import elf
@@ -131,12 +132,34 @@ def classify_message(message: str | None) -> Check | None:
     return None
 
 
-@record
 class Candidate:
-    """A value the crashing thread held, and where."""
+    """A value the crashing thread held, and where.  A plain class: one is made for each of the thousands of
+    words of the thread's stack (a record's generic ``__init__`` costs more than the check that follows)."""
 
-    value: int
-    where: str
+    __slots__ = ("value", "_where", "_sp", "_offset")
+
+    def __init__(self, value: int, where: str | None = None, *, sp: int = 0, offset: int = 0) -> None:
+        """``where`` in words, or (for a stack word) the stack pointer and the word's offset from it, said in
+        words only when asked (one candidate is ever said)."""
+        self.value = value
+        self._where = where
+        self._sp = sp
+        self._offset = offset
+
+    @property
+    def where(self) -> str:
+        if self._where is not None:
+            return self._where
+        return f"stack at 0x{self._sp + self._offset:x} (sp+0x{self._offset:x})"
+
+    def __repr__(self) -> str:
+        return f"Candidate(value={self.value!r}, where={self.where!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Candidate) and (self.value, self.where) == (other.value, other.where)
+
+    def __hash__(self) -> int:
+        return hash((self.value, self.where))
 
 
 def candidates(heap: Heap, tid: int | None) -> Iterator[Candidate]:
@@ -155,13 +178,13 @@ def candidates(heap: Heap, tid: int | None) -> Iterator[Candidate]:
     if regs is None:
         return
     for name in _REGISTER_ORDER:
-        yield Candidate(value=regs[name], where=f"register {name}")
+        yield Candidate(regs[name], f"register {name}")
     sp = regs["rsp"]
     mapping = heap.core.find_mapping(sp)
     end = min(sp + STACK_WINDOW, mapping.end if mapping else sp + STACK_WINDOW)
     data = heap.hm.mem.read_prefix(sp, end - sp)
-    for i in range(0, len(data) - 7, 8):
-        yield Candidate(value=int.from_bytes(data[i:i + 8], "little"), where=f"stack at 0x{sp + i:x} (sp+0x{i:x})")
+    for i, value in enumerate(struct.unpack_from(f"<{len(data) // 8}Q", data)):
+        yield Candidate(value, sp=sp, offset=8 * i)
 
 
 def _chunk(heap: Heap, addr: int, region: Region | None, state: ChunkState = ChunkState.UNKNOWN) -> HeapChunk | None:
