@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..output import escape_text
-from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index
+from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index_since
 from .spool import TAIL, Compressor, check_core_stream, make_reserve, with_room
 
 if TYPE_CHECKING:  # imported where they are used: the handler runs as the kernel's pipe, every import costs
@@ -584,7 +584,7 @@ def _decide(crash: _Crash) -> bool:
     with DirLock(req.core_dir):
         if keep and cfg.loop_limit >= 0:
             since = req.timestamp - cfg.loop_window
-            n = sum(1 for e in read_index(req.core_dir)
+            n = sum(1 for e in read_index_since(req.core_dir, since)
                     if e.get("key") == crash.image_key and e.get("signal") == req.signo and e.get("core")
                     and (e.get("time") or 0) >= since)
             if n >= cfg.loop_limit:

@@ -246,3 +246,42 @@ def test_a_pods_processes_and_shims_are_found_in_one_walk_of_proc(tmp_path):
     assert shims == [20]
     assert [pid for pid, _ in members] == find_pod_pids(UID, str(proc))
     assert shims == find_pod_shims([sandbox, app], str(proc))
+
+
+def _rchar() -> int:
+    """Bytes this process has read (``/proc/self/io``: every read and pread, counted by the kernel)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def test_the_crash_loop_decision_reads_only_the_index_tail(tmp_path):
+    """The crash-loop limit is decided while the dying process waits; the index keeps a line per crash for ever
+    (a 12,000-crash loop is 6 MB, 100 ms to parse whole): only its tail back to the window is read."""
+    from forensics.capture.budget import INDEX_SLACK, INDEX_TAIL_MAX, read_index, read_index_since
+
+    now = 1_800_000_000.0
+    since = now - 3600
+
+    def entry(i: int, t: float) -> str:
+        return json.dumps({"id": f"c{i}", "time": t, "signal": 11, "key": "img", "core": "core.zst",
+                           "reasons": ["x" * 300]}) + "\n"
+
+    # GIVEN 50,000 crashes older than the window, then three in it, then a line torn by a killed handler
+    old = "".join(entry(i, since - INDEX_SLACK - 60 - i) for i in range(50_000))
+    recent = "".join(entry(50_000 + i, now - 100 + i) for i in range(3))
+    (tmp_path / "index.jsonl").write_text(old + recent + '{"id": "torn", "ti')
+    before = _rchar()
+    got = read_index_since(str(tmp_path), since)
+    cost = _rchar() - before
+    # THEN the three are read, newest first, and about a MiB of the 20 MB, not the whole
+    assert [e["id"] for e in got] == ["c50002", "c50001", "c50000"]
+    assert cost <= 2 << 20 < len(old), cost
+    assert len(read_index(str(tmp_path))) == 50_003  # (the whole, for the budget, still reads every entry)
+    # and an index whose start is damage (a 1 GiB hole of zeros) is read at most INDEX_TAIL_MAX back
+    with open(tmp_path / "index.jsonl", "wb") as f:
+        f.truncate(1 << 30)
+        f.seek(1 << 30)
+        f.write(recent.encode())
+    before = _rchar()
+    assert [e["id"] for e in read_index_since(str(tmp_path), since)] == ["c50002", "c50001", "c50000"]
+    assert _rchar() - before <= INDEX_TAIL_MAX + (1 << 20)
