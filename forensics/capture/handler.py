@@ -581,7 +581,9 @@ def _decide(crash: _Crash) -> bool:
     if req.rlimit_core is not None and req.rlimit_core < PAGE:
         keep = False
         why.append(f"RLIMIT_CORE {req.rlimit_core} < one page: metadata only (the process was not opted in)")
-    with DirLock(req.core_dir):
+    # the lock only when the index or the free space is read: a crash RLIMIT_CORE drops does not wait for another
+    # handler's budget pass
+    with DirLock(req.core_dir) if keep else contextlib.nullcontext():
         if keep and cfg.loop_limit >= 0:
             since = req.timestamp - cfg.loop_window
             n = sum(1 for e in read_index_since(req.core_dir, since)
