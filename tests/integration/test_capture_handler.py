@@ -5,6 +5,7 @@ and a small C program compiled here (``crasher.c`` below: small cores, fast to m
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -756,3 +758,39 @@ def test_a_huge_mapped_object_is_named_not_copied(small_cores, tmp_path):
     assert str(big) not in meta["objects"] and meta["objects"]  # the others are stored
     stored = sum(p.stat().st_size for p in (tmp_path / "cores" / "objects").rglob("*") if p.is_file())
     assert stored < 1 << 30
+
+
+def test_a_crash_rlimit_core_drops_does_not_wait_for_the_directory_lock(small_cores, tmp_path, live):
+    """Another handler's budget pass holds the directory's lock (it walks every crash); the decision for a process
+    not opted in (RLIMIT_CORE 0) needs neither the index nor the free space, so its process is let go meanwhile."""
+    import fcntl
+
+    core_dir = tmp_path / "cores"
+    core_dir.mkdir()
+    lock = os.open(core_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # GIVEN the lock held, as a budget pass holds it
+    try:
+        cmd = [str(FORENSICS), "core-handler", str(core_dir), str(live.pid), str(live.pid), "11",
+               str(int(time.time())), "0"]
+        h = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env={}, cwd="/")
+
+        def feed():  # as the kernel writes: blocked while the handler does not read
+            with contextlib.suppress(BrokenPipeError):
+                h.stdin.write(small_cores["segv"].read_bytes())
+                h.stdin.close()
+
+        threading.Thread(target=feed, daemon=True).start()
+        # WHEN its process crashes with RLIMIT_CORE 0: THEN the handler lets go of the pipe while the lock is held
+        deadline, released = time.monotonic() + 60, False
+        while not released and time.monotonic() < deadline and h.poll() is None:
+            with contextlib.suppress(OSError):
+                released = os.readlink(f"/proc/{h.pid}/fd/0") == "/dev/null"
+            time.sleep(0.01)
+        assert released, "the handler held the dying process while another handler had the directory's lock"
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.close(lock)
+    # and, the lock free, it records the crash (the index is appended under the lock)
+    assert h.wait(timeout=60) == 0, h.stderr.read()
+    (crash,) = _crashes(core_dir)
+    assert json.loads((crash / "metadata.json").read_text())["core"]["state"] == "metadata-only"
