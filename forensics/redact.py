@@ -312,11 +312,11 @@ def redact_tree(value: Any, r: Redactor, *, key: str | None = None,
     def new_key(k: object, out: dict) -> object:
         if not isinstance(k, str):
             return k
-        nk = done(r.text(k), None)
+        base = nk = done(r.text(k), None)
         n = 1
         while nk in out:
             n += 1
-            nk = f"{done(r.text(k), None)} ({n})"
+            nk = f"{base} ({n})"
         return nk
 
     def walk(v: Any, key: str | None) -> Any:

@@ -135,3 +135,10 @@ def test_kubernetes_env_entries_are_judged_by_name():
     r = Redactor()
     out = redact_tree({"env": [{"name": "DB_PASS", "value": "hunter2"}, {"name": "PORT", "value": "8000"}]}, r)
     assert out == {"env": [{"name": "DB_PASS", "value": MASK}, {"name": "PORT", "value": "8000"}]}
+
+
+def test_keys_are_redacted_counted_once_and_never_merged():
+    r = Redactor()
+    out = redact_tree({"env": {"--token=abc123def456": "a", "--token=zzz999yyy888": "b", "x\x1b": "c"}}, r)
+    assert out == {"env": {"--token=[REDACTED]": "a", "--token=[REDACTED] (2)": "b", "x\x1b": "c"}}
+    assert r.counts == {"secret-like NAME=value pairs": 2}
