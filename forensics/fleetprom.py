@@ -475,8 +475,8 @@ def _nodes(client: PromClient, at: float, pods: str, restarts: str,
     """The nodes with ``pods`` (those on a node): by group labels ``g``, in all, by each node label of few values
     (value -> (nodes, crashing nodes)), and the crashing ones: the Nodes column and what the boundary rule reads.
 
-    A chain of two or three queries, whatever the number of node labels: the label names (an index lookup);
-    each label's number of values over all nodes (no join); then one query counting the nodes with pods by
+    A chain of two to four requests, whatever the number of node labels: the label names (an index lookup);
+    each other label's number of values over all nodes (no join); then one query counting the nodes with pods by
     whether one of their pods restarted, by the group labels and by every label of few values. A label with more
     values over all nodes than a boundary can have is first asked on its own, over the nodes with pods.
     """

@@ -1,5 +1,8 @@
 """`fleet --prometheus -l SELECTOR` against a real Prometheus: every selector kubectl takes that PromQL can ask
 exactly gives the table `fleet --from` gives on the pods the selector picks; the rest is a usage error (exit 2).
+The nodes carry labels of every kind the boundary's chain sorts: few values (`zone`, crossing the groups), one
+value per node (`serial`), and many values over all nodes but two over the nodes with pods (`pool`: 20 spare
+nodes without pods have their own), so both tables' boundary is found by the same rule from the same counts.
 
 It used to split `-l` on '=' only: `app!=x` became `label_app!="=x"`... and matched nothing, silently.
 The pods the selector picks are stated here, by Kubernetes' meaning of each operator, for the incident's
@@ -44,6 +47,13 @@ def fleet(tmp_path_factory):
             labels["canary"] = "yes"
         if i % 2:
             labels["example.com/team"] = "gpu.infra" if i % 4 == 1 else "gpuXinfra"  # '.' is no regex wildcard
+    for i, node in enumerate(nodes["items"]):
+        labels = node["metadata"]["labels"]
+        labels.update({"zone": "ab"[i % 2], "serial": f"sn-{i:04d}",
+                       "pool": "h20" if labels["nvidia.com/gpu.product"] == "NVIDIA-H20" else "ada"})
+    spare = [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"spare-{i}", "labels": {
+        "kubernetes.io/hostname": f"spare-{i}", "pool": f"spare-{i}"}}} for i in range(20)]
+    nodes = {"kind": "List", "items": nodes["items"] + spare}
     ksm, port = serve_ksm(ksm_text(pods, nodes))
     prom = Prometheus(tmp, {"kube-state-metrics": [f"127.0.0.1:{port}"]})
     try:
@@ -53,6 +63,22 @@ def fleet(tmp_path_factory):
         prom.stop()
         ksm.shutdown()
         ksm.server_close()
+
+
+def test_the_boundary_is_found_among_labels_of_every_kind(fleet):
+    prom, pods, nodes, tmp = fleet
+    (tmp / "all-pods.json").write_text(json.dumps(pods))
+    (tmp / "all-nodes.json").write_text(json.dumps(nodes))
+    r = CliRunner().invoke(cli, ["fleet", "--prometheus", prom.url, "--json"])
+    assert r.exit_code == 0, r.output
+    r2 = CliRunner().invoke(cli, ["fleet", "--from", str(tmp / "all-pods.json"), "--nodes",
+                                  str(tmp / "all-nodes.json"), "--json"])
+    from_prom, from_objects = json.loads(r.stdout), json.loads(r2.stdout)
+    assert _groups(from_prom) == _groups(from_objects)
+    boundary = from_prom["fleet"]["boundary"]
+    assert "pool: h20 (106 of 108 nodes crashing) vs ada (99 nodes, none crashing)" in boundary
+    assert not [x for x in boundary if x.startswith(("zone", "serial", "kubernetes"))]
+    assert from_prom["fleet"]["nodes"] == 207
 
 
 @pytest.mark.parametrize("selector", list(SELECTORS))
