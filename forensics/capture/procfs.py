@@ -29,6 +29,7 @@ __all__ = [
     "PROC_DEFAULT_LIMIT",
     "open_in_root",
     "find_mount",
+    "MountIndex",
     "host_path_of_mount",
     "proc_dir",
 ]
@@ -248,6 +249,33 @@ def host_path_of_mount(mount: MountEntry, path: str, host_mounts: tuple[MountEnt
     tail = inner[len(best.root.rstrip("/")):] if best.root != "/" else inner
     base = best.mount_point.rstrip("/")
     return (base + tail) or "/"
+
+
+class MountIndex:
+    """:func:`find_mount` and :func:`host_path_of_mount` for many paths: the mounts indexed once (by mount point,
+    the host's by device), each lookup a walk up the path's components, not a pass over every mount (a process's
+    mountinfo is its own to fill: 100,000 mounts, once per mapped object, while the kernel waits on a core)."""
+
+    def __init__(self, mounts: tuple[MountEntry, ...], host_mounts: tuple[MountEntry, ...] = ()) -> None:
+        self.by_point: dict[str, MountEntry] = {}
+        for m in mounts:  # in mount order: the last mounted on a point is what the path reaches
+            self.by_point[m.mount_point.rstrip("/") or "/"] = m
+        self.host_by_dev: dict[str, list[MountEntry]] = {}
+        for h in host_mounts:
+            self.host_by_dev.setdefault(h.dev, []).append(h)
+
+    def find(self, path: str) -> MountEntry | None:
+        """:func:`find_mount` of ``path``."""
+        p = path.rstrip("/") or "/"
+        while True:
+            m = self.by_point.get(p)
+            if m is not None or p == "/":
+                return m
+            p = p.rsplit("/", 1)[0] or "/"
+
+    def host_path(self, mount: MountEntry, path: str) -> str | None:
+        """:func:`host_path_of_mount` of ``path`` in ``mount``."""
+        return host_path_of_mount(mount, path, tuple(self.host_by_dev.get(mount.dev, ())))
 
 
 def open_in_root(root: str, path: str, flags: int = os.O_RDONLY) -> int:

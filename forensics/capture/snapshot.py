@@ -27,8 +27,7 @@ from .identity import ContainerIdentity, parse_cgroup, read_image_name
 from .procfs import (
     MapEntry,
     MountEntry,
-    find_mount,
-    host_path_of_mount,
+    MountIndex,
     open_in_root,
     parse_environ,
     parse_limits,
@@ -48,6 +47,7 @@ __all__ = [
     "resolve_python_modules",
     "process_view_of",
     "MAX_HASHED_SOURCE",
+    "MAX_MAPPED_FILES",
     "open_mapped_objects",
     "read_host_driver_version",
     "snapshot_payload",
@@ -162,16 +162,25 @@ def _map_entries_by_file(maps: tuple[MapEntry, ...]) -> list[MapEntry]:
     return out
 
 
+#: the most mapped files opened (and held) for one process: a process with PyTorch maps ~1,000 objects; one
+#: that maps 65,000 files (each its own) would cost a descriptor, a build-id and a mount lookup each
+MAX_MAPPED_FILES = 4096
+
+
 def open_mapped_objects(pid: int, maps: tuple[MapEntry, ...],
                         warnings: list[str] | None = None) -> list[tuple[MapEntry, int]]:
     """Open every mapped ELF file through ``/proc/PID/map_files``: ``[(entry, fd)]``.
 
-    Holding the descriptors keeps the files readable after the process is gone.  Files
+    Holding the descriptors keeps the files readable after the process is gone; at most
+    :data:`MAX_MAPPED_FILES` files are opened (the rest said in ``warnings``).  Files
     that are not ELF (locale archives, fonts) are skipped; one that cannot be opened or read is
     said in ``warnings`` (its build-id and bytes are then not captured).
     """
-    out = []
-    for m in _map_entries_by_file(maps):
+    out: list[tuple[MapEntry, int]] = []
+    files = _map_entries_by_file(maps)
+    if len(files) > MAX_MAPPED_FILES and warnings is not None:
+        warnings.append(f"{len(files)} files mapped: the first {MAX_MAPPED_FILES} opened, the rest not captured")
+    for m in files[:MAX_MAPPED_FILES]:
         try:
             fd = os.open(f"/proc/{pid}/map_files/{m.range}", os.O_RDONLY)
         except OSError as e:
@@ -553,6 +562,7 @@ def _objects(fds, mounts, host_mounts, in_container):
 
     objects = []
     nvml_pair = None
+    index = MountIndex(mounts, host_mounts)
     for m, fd in fds:
         path = m.path[: -len(" (deleted)")] if m.deleted else m.path
         try:
@@ -560,16 +570,16 @@ def _objects(fds, mounts, host_mounts, in_container):
         except OSError:
             size = None
         bid = read_build_id_from_fd(fd)
-        mount: MountEntry | None = find_mount(mounts, path) if mounts else None
+        mount: MountEntry | None = index.find(path) if mounts else None
         bind_source = None
         injected = False
         if mount is not None and in_container:
             # a mount other than the container's root filesystem that the host also has: a bind mount
-            host = host_path_of_mount(mount, path, host_mounts)
+            host = index.host_path(mount, path)
             if mount.mount_point != "/" and host is not None:
                 bind_source, injected = host, True
         elif mount is not None and mount.is_bind_of_subtree:
-            bind_source = host_path_of_mount(mount, path, host_mounts)
+            bind_source = index.host_path(mount, path)
             injected = bind_source is not None and bind_source != path
         obj = MappedObject(
             path=path, dev=m.dev, inode=m.inode, size=size, build_id=bid,

@@ -794,3 +794,33 @@ def test_a_crash_rlimit_core_drops_does_not_wait_for_the_directory_lock(small_co
     assert h.wait(timeout=60) == 0, h.stderr.read()
     (crash,) = _crashes(core_dir)
     assert json.loads((crash / "metadata.json").read_text())["core"]["state"] == "metadata-only"
+
+
+def test_a_process_mapping_thousands_of_files_gets_a_bounded_snapshot(tmp_path):
+    """Each mapped file costs the dying process a descriptor, a build-id and a mount lookup while it waits: a
+    process that maps more files than any real one (4,200 here; PyTorch maps ~1,000) gets the first 4,096."""
+    from forensics.capture.procfs import parse_maps, read_proc_text
+    from forensics.capture.snapshot import MAX_MAPPED_FILES, open_mapped_objects
+
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    for i in range(MAX_MAPPED_FILES + 104):
+        (libs / f"lib{i}.so").write_bytes(b"\x7fELF" + bytes(4092))
+    code = ("import mmap, os, sys\nkeep = []\nfor n in sorted(os.listdir(sys.argv[1])):\n"
+            "    with open(os.path.join(sys.argv[1], n), 'rb') as f:\n"
+            "        keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))\n"
+            "print('ready', flush=True)\nsys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(libs)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    fds: list = []
+    try:
+        assert p.stdout.readline().strip() == b"ready"
+        warnings: list[str] = []
+        fds = open_mapped_objects(p.pid, parse_maps(read_proc_text(p.pid, "maps")), warnings)
+    finally:
+        p.kill()
+        p.wait()
+        for _, fd in fds:
+            os.close(fd)
+    mapped = sum(1 for _, fd in fds)
+    assert MAX_MAPPED_FILES - 20 < mapped <= MAX_MAPPED_FILES  # (the interpreter's own files among the first)
+    assert any(w.endswith(f"the first {MAX_MAPPED_FILES} opened, the rest not captured") for w in warnings), warnings

@@ -285,3 +285,31 @@ def test_the_crash_loop_decision_reads_only_the_index_tail(tmp_path):
     before = _rchar()
     assert [e["id"] for e in read_index_since(str(tmp_path), since)] == ["c50002", "c50001", "c50000"]
     assert _rchar() - before <= INDEX_TAIL_MAX + (1 << 20)
+
+
+def test_the_mount_index_answers_as_the_mount_scan_does():
+    """The snapshot finds each mapped object's mount through an index (a process fills its own mountinfo: a
+    scan of every mount for every object was unbounded work while the kernel waited); same answers."""
+    from forensics.capture.procfs import MountIndex, find_mount, host_path_of_mount, parse_mountinfo
+
+    def line(mid: int, point: str, root: str = "/", dev: str = "0:50") -> str:
+        return f"{mid} 1 {dev} {root} {point} rw,relatime shared:1 - tmpfs t rw\n"
+
+    with open("/proc/self/mountinfo") as f:
+        real = f.read()
+    with open("/proc/1/mountinfo") as f:
+        host = parse_mountinfo(f.read())
+    # this machine's mounts, then two stacked on one point (the last wins), a bind of a subtree, a trailing slash
+    mounts = parse_mountinfo(real + line(9001, "/srv/x") + line(9002, "/srv/x", dev="0:51")
+                             + line(9003, "/srv/x/y/", root="/sub") + line(9004, "/srvx"))
+    paths = [m.mount_point for m in mounts] + [m.mount_point.rstrip("/") + "/lib/libc.so.6" for m in mounts]
+    with open("/proc/self/maps") as f:
+        paths += [p.path for p in parse_maps(f.read()) if p.path and p.path.startswith("/")]
+    paths += ["/", "/srv/x/z", "/srv/x/y", "/srv/x/y/lib.so", "/srvx/a", "/srv/xa", "/nonexistent/dir/f"]
+    index = MountIndex(mounts, host)
+    for p in paths:
+        m = find_mount(mounts, p)
+        assert index.find(p) == m, p
+        if m is not None:
+            assert index.host_path(m, p) == host_path_of_mount(m, p, host), p
+    assert index.find("/srv/x/z").mount_id == 9002 and index.find("/srv/x/y/a").mount_id == 9003
