@@ -17,8 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import KubeError, KubectlNotFound
+from .subproc import OutputTooLarge, run_bounded
 
-__all__ = ["KubeOptions", "run_kubectl", "get_json", "as_dict", "as_list", "as_str", "as_count"]
+__all__ = ["KubeOptions", "run_kubectl", "get_json", "as_dict", "as_list", "as_str", "as_count", "KUBECTL_MAX_BYTES"]
+
+#: the most of one kubectl answer read (a pod list of 10,000 pods as the API writes them is ~100-200 MiB)
+KUBECTL_MAX_BYTES = 512 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +53,21 @@ class KubeOptions:
 
 
 def run_kubectl(opts: KubeOptions, action: str, args: list[str], *, stdin: str | None = None, namespaced: bool = True,
-                timeout: float = 60.0) -> str:
+                timeout: float = 60.0, max_bytes: int = KUBECTL_MAX_BYTES) -> str:
     """kubectl's stdout for ``args``; ``action`` names the call in errors ("get pod", "create agent pod").
+    kubectl runs bounded (:func:`forensics.subproc.run_bounded`): an answer past ``max_bytes`` is an error.
 
     :raises KubectlNotFound: kubectl is missing
-    :raises KubeError: kubectl failed (its last line) or did not answer within ``timeout``
+    :raises KubeError: kubectl failed (its last line), did not answer within ``timeout`` or answered more than
+        ``max_bytes``
     """
     cmd = opts.argv(namespaced) + args
     try:
-        p = subprocess.run(cmd, input=stdin, stdin=subprocess.DEVNULL if stdin is None else None, capture_output=True,
-                           text=True, timeout=timeout)
+        p = run_bounded(cmd, input=stdin, timeout=timeout, max_stdout=max_bytes)
     except subprocess.TimeoutExpired as e:
         raise KubeError(action, f"no answer in {timeout:g}s") from e
+    except OutputTooLarge as e:
+        raise KubeError(action, f"an answer larger than {max_bytes >> 20} MiB (stopped); narrow it with -n/-l") from e
     except OSError as e:
         raise KubectlNotFound(opts.kubectl) from e
     if p.returncode != 0:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoot, ProcessGone, UnsafeContainerPath
+from ..subproc import run_bounded
 from .procfs import open_in_root
 
 if TYPE_CHECKING:  # imported where they are used: each command loads only what it needs
@@ -188,7 +189,7 @@ def _dmesg_fallback(limit: int, pid: int | None = None) -> list[str]:
     if not shutil.which("dmesg"):
         return ["(kernel log not read: /dev/kmsg cannot be opened and there is no dmesg)"]
     try:
-        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+        out = run_bounded(["dmesg"], timeout=10).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return [f"(kernel log not read: /dev/kmsg cannot be opened and dmesg failed: {e})"]
     # dmesg prefixes "[  12.345678] ": judge the message after it
@@ -218,7 +219,7 @@ def read_node_logs(ids: list[str], limit: int = 400, *, host_root: str = "/") ->
             for d in journal_dirs:
                 cmd += ["-D", d]
             try:
-                p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+                p = run_bounded(cmd, timeout=20)
             except (OSError, subprocess.SubprocessError) as e:  # said in the file, as nvidia-smi's failures are
                 out[f"{unit}.log"] = f"(not read: journalctl failed: {e})\n"
                 continue
@@ -267,28 +268,19 @@ def read_nvidia_smi(timeout: float = 20.0) -> str | None:
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
-    try:
-        p = subprocess.Popen([exe, "-q"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, errors="replace", start_new_session=True)
-    except OSError as e:
+    try:  # bounded: the group killed at the timeout, no more than 2 s waited for a process stuck in the driver
+        p = run_bounded([exe, "-q"], timeout=timeout, max_stdout=SMI_MAX_OUTPUT)
+    except subprocess.TimeoutExpired as e:
+        return f"nvidia-smi -q did not finish in {timeout:g} s (killed); its output so far:\n{e.output or ''}"
+    except (OSError, subprocess.SubprocessError) as e:
         return f"nvidia-smi failed: {e}\n"
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:  # its own session: the whole group, so no child keeps the output pipe open
-            os.killpg(p.pid, signal.SIGKILL)
-        except OSError:
-            p.kill()
-        try:
-            out, _ = p.communicate(timeout=2)
-        except subprocess.TimeoutExpired:
-            return (f"nvidia-smi -q did not finish in {timeout:g} s and did not stop when killed (stuck in the "
-                    "driver?)\n")
-        return f"nvidia-smi -q did not finish in {timeout:g} s (killed); its output so far:\n{out or ''}"
+    out, err = p.stdout, p.stderr
     return out + (f"\n[stderr]\n{err}" if err else "")
 
 
 OS_RELEASE_MAX = 16 << 10
+#: the most of ``nvidia-smi -q`` read (~15 KiB a GPU)
+SMI_MAX_OUTPUT = 16 << 20
 
 
 def redacted(text: str) -> bytes:

@@ -16,12 +16,15 @@ import shutil
 import subprocess
 
 from ..errors import ExecuteError
+from ..subproc import OutputTooLarge, run_bounded
 from .model import ExecutedModule, ExecuteResult, ModuleCheck, PythonSetup
 from .rootfs import RootFS, norm
 
 __all__ = ["PROBE", "StartupFailed", "run_probe_bwrap", "run_probe_nsenter", "compare", "startup_result"]
 
 _MARK = "FORENSICS-PROBE "
+#: the most of the probe's standard output read (its JSON is a few KiB a module; the image's code may print more)
+PROBE_MAX_OUTPUT = 16 << 20
 PROBE = r"""
 import sys, json, os
 names = json.loads(sys.argv[1]); script_dir = sys.argv[2]
@@ -97,12 +100,16 @@ def _probe_args(setup: PythonSetup, names: list[str]) -> list[str]:
 
 
 def _run(cmd: list[str], env: dict[str, str] | None, timeout: float, sandbox: str = "") -> dict:
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    try:  # bounded: the image's own code runs in the probe and writes what it likes
+        p = run_bounded(cmd, timeout=timeout, env=env, max_stdout=PROBE_MAX_OUTPUT)
     except subprocess.TimeoutExpired as e:
         raise ExecuteError("probe", f"timed out after {timeout:g}s",
                            hint="The image's interpreter did not finish importing the modules in time "
                                 "(an import that blocks or loops at start-up); the static verdicts stand.") from e
+    except OutputTooLarge as e:
+        raise ExecuteError("probe", f"the image's interpreter wrote more than {PROBE_MAX_OUTPUT >> 20} MiB (stopped)",
+                           hint="Code that runs at start-up in the image floods its output; the static verdicts "
+                                "stand.") from e
     except OSError as e:
         raise ExecuteError(cmd[0], e.strerror or str(e)) from e
     for line in reversed(p.stdout.splitlines()):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import BinaryIO
 
 from ..errors import ImageFormatError, ImageRefError, SkopeoError, SkopeoNotFound
+from ..subproc import OutputTooLarge, run_bounded
 from .imagemeta import (MT_DOCKER_LIST, Descriptor, Manifest, parse_digest, parse_json,
                         read_archive_manifest, read_image_config, read_index, read_manifest, read_runtime_config)
 from .layers import LayerBlob
@@ -398,10 +399,11 @@ def _skopeo(ref_name: str, opts: SkopeoOptions, action: str, args: list[str]) ->
     if exe is None:
         raise SkopeoNotFound(ref_name)
     try:
-        p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=opts.timeout,
-                           stdin=subprocess.DEVNULL)
+        p = run_bounded([exe, *args], timeout=opts.timeout)
     except subprocess.TimeoutExpired as e:
         raise SkopeoError(ref_name, action, f"timed out after {opts.timeout:g}s") from e
+    except OutputTooLarge as e:  # a registry's answer (a manifest, a config) is a few KiB
+        raise SkopeoError(ref_name, action, str(e)) from e
     if p.returncode != 0:
         detail = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
         if opts.creds:

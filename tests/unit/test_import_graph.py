@@ -15,8 +15,8 @@ from tests.import_graph import PACKAGE_DIR, find_cycles, read_graph, unit_of
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("records",),  # the record decorator, below every record
     # records, errors, pure helpers, the resolver; the fleet table's records and rules (fleet and fleetprom share them);
-    # SHA-256 without hashlib (digest)
-    ("errors", "model", "cache", "redact", "options", "rootpath", "fleetmodel", "digest"),
+    # SHA-256 without hashlib (digest); another program run bounded in time and bytes (subproc)
+    ("errors", "model", "cache", "redact", "options", "rootpath", "fleetmodel", "digest", "subproc"),
     ("output", "resources", "guard", "kubectl"),  # shared formats, shipped files, the one kube client
     ("core", "fleet"),  # reading cores; the fleet's restarts
     # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus

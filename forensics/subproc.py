@@ -1,0 +1,113 @@
+"""Run another program and read what it writes, bounded in time and in bytes.
+
+``subprocess.run(capture_output=True)`` keeps everything a program writes until it exits: an image's
+interpreter (verify-imports' probe runs the image's own code), a kubectl answering for a cluster, or a
+tool stuck in a loop can fill this process's memory before the timeout comes.  :func:`run_bounded`
+reads both pipes as the program writes them: standard output whole up to ``max_stdout`` (past it the
+program's process group is killed and :class:`OutputTooLarge` raised: a cut answer is no answer), the
+last ``max_stderr`` bytes of standard error (the tail is what says why), and it gives up ``timeout``
+seconds after the start, killing the group (:class:`subprocess.TimeoutExpired`, as ``subprocess.run``
+raises it, with what was read so far).  A program stuck in the kernel that even SIGKILL does not stop is
+not waited for past two more seconds.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import time
+
+__all__ = ["OutputTooLarge", "run_bounded", "DEFAULT_MAX_STDOUT", "DEFAULT_MAX_STDERR"]
+
+DEFAULT_MAX_STDOUT = 64 << 20
+DEFAULT_MAX_STDERR = 1 << 20
+_CHUNK = 1 << 16
+
+
+class OutputTooLarge(subprocess.SubprocessError):
+    """The program wrote more than ``limit`` bytes on standard output (it was killed)."""
+
+    def __init__(self, cmd: list[str], limit: int) -> None:
+        super().__init__(f"{os.path.basename(cmd[0])} wrote more than {limit >> 20} MiB (stopped)")
+        self.cmd = cmd
+        self.limit = limit
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:  # its own session: the whole group, so no child keeps a pipe open
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        with contextlib.suppress(OSError):
+            proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel: not waited for past 2 s
+        proc.wait(timeout=2)
+
+
+def run_bounded(cmd: list[str], *, timeout: float, input: str | None = None, env: dict[str, str] | None = None,
+                cwd: str | None = None, max_stdout: int = DEFAULT_MAX_STDOUT,
+                max_stderr: int = DEFAULT_MAX_STDERR) -> subprocess.CompletedProcess[str]:
+    """``cmd``'s exit status, standard output and the tail of its standard error, as text (undecodable bytes
+    replaced).  Standard input is ``input`` or nothing (/dev/null).
+
+    :raises OSError: the program could not be started
+    :raises subprocess.TimeoutExpired: it ran past ``timeout`` seconds (killed); ``output`` holds what it wrote
+    :raises OutputTooLarge: its standard output passed ``max_stdout`` bytes (killed)
+    """
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+                            start_new_session=True)
+    out = bytearray()
+    err = bytearray()
+    pending = memoryview(input.encode()) if input is not None else None
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None and proc.stderr is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        if proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), False)
+            sel.register(proc.stdin, selectors.EVENT_WRITE, None)
+        try:
+            while sel.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _kill_group(proc)
+                    raise subprocess.TimeoutExpired(cmd, timeout, output=out.decode(errors="replace"),
+                                                    stderr=err.decode(errors="replace"))
+                for key, _ in sel.select(min(left, 1.0)):
+                    if key.data is None:  # standard input
+                        assert proc.stdin is not None and pending is not None
+                        try:
+                            pending = pending[os.write(proc.stdin.fileno(), pending[:_CHUNK]):]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(proc.stdin)
+                            proc.stdin.close()
+                        continue
+                    data = os.read(key.fd, _CHUNK)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        continue
+                    buf: bytearray = key.data
+                    buf += data
+                    if buf is out and len(out) > max_stdout:
+                        _kill_group(proc)
+                        raise OutputTooLarge(cmd, max_stdout)
+                    if buf is err and len(err) > 2 * max_stderr:  # keep the tail, trimmed now and then
+                        del err[:-max_stderr]
+        finally:
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None and not stream.closed:
+                    stream.close()
+    try:
+        code = proc.wait(timeout=max(deadline - time.monotonic(), 0) + 2)
+    except subprocess.TimeoutExpired:  # closed its pipes but did not exit
+        _kill_group(proc)
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out.decode(errors="replace")) from None
+    return subprocess.CompletedProcess(cmd, code, out.decode(errors="replace"),
+                                       err[-max_stderr:].decode(errors="replace"))
