@@ -174,6 +174,10 @@ def _build(final: Path, suite: str, packages: Sequence[str], date: str, mirror: 
     os.rename(tmp, final)
 
 
+#: the root's own top-level directories, never hidden under a tmpfs for a host path bound below them
+_SYSTEM_TOPS = frozenset({"bin", "boot", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr", "var"})
+
+
 def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequence[Path] = ()) -> list[str]:
     """``argv`` run inside ``root`` (read-only) with bubblewrap; ``cwd`` and ``binds`` are bound
     read-write at their own host paths, so a core written to ``cwd`` lands on the host and the
@@ -186,12 +190,17 @@ def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequen
         raise RootUnavailable("bubblewrap is not installed (apt-get install -y bubblewrap)")
     # bwrap's own / is an empty tmpfs: the root's top-level entries are bound read-only into it,
     # which leaves room to make the mount points of the host paths bound beside them
+    # A host path under a directory the root has but nothing in it needs (/root, /home: the forensics cache
+    # under $HOME) gets an empty tmpfs there instead: a read-only bind leaves no room for its mount point.
+    tops = {Path(p).parts[1] for p in (cwd, *binds) if len(Path(p).parts) > 1} - _SYSTEM_TOPS
     cmd = [bwrap]
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.name in ("proc", "dev", "tmp", "run") or entry.name.startswith("."):
             continue
         if entry.is_symlink():
             cmd += ["--symlink", os.readlink(entry.path), f"/{entry.name}"]
+        elif entry.name in tops:
+            cmd += ["--tmpfs", f"/{entry.name}"]
         elif entry.is_dir():
             cmd += ["--ro-bind", entry.path, f"/{entry.name}"]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]

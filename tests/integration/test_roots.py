@@ -25,3 +25,26 @@ def test_sid_root_runs_its_own_interpreters_and_glibc(sid_root, tmp_path):
     from tests.conftest import SID_PACKAGES
 
     assert build_root("sid", list(reversed(SID_PACKAGES))) == sid_root
+
+
+def test_a_working_directory_under_a_directory_of_the_root_is_bound(sid_root):
+    """bench/analyze.py makes its sid cores in the forensics cache, under $HOME (/root for root): the root's own
+    /root is bound read-only, so bubblewrap could not make the mount point ('Read-only file system')."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    home = Path(os.path.expanduser("~"))
+    if home.parts[1:2] in ((), ("tmp",)) or not (sid_root / home.parts[1]).is_dir():
+        import pytest
+
+        pytest.skip(f"$HOME ({home}) is not under a directory the root has")
+    work = Path(tempfile.mkdtemp(prefix=".forensics-test-roots-", dir=home))
+    try:
+        cmd = sandbox_command(sid_root, ["/usr/bin/sh", "-c", "echo inside > made-here"], cwd=work)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert (work / "made-here").read_text() == "inside\n"
+    finally:
+        shutil.rmtree(work)
