@@ -135,24 +135,29 @@ def verdict(out: str) -> str:
 STACK_IDS = [pytest.param("incident", id="stack=incident"), pytest.param("current", id="stack=current")]
 
 
+_PER_GPU = ("gpu_utilization", "gpu_memory_used", "gpu_memory_total", "gpu_temperature", "gpu_power_usage",
+            "gpu_clock_sm", "gpu_pcie_tx_throughput", "gpu_nvlink_total_tx_throughput",
+            "gpu_nvlink_total_rx_throughput")
+
+
 @pytest.mark.parametrize("stack", STACK_IDS)
 def test_exporter_serves_every_gpu_and_nvlink_from_the_sim(stack, sim_dir, tmp_path):
     # GIVEN the real nvitop-exporter of the stack on the simulated node, no fault
     python = stack_python(stack)
     proc, port = start_exporter(python, sim_environment(sim_dir), tmp_path)
     try:
-        # WHEN /metrics has per-link NVLink values for every GPU
+        # WHEN /metrics has per-link NVLink values for every GPU, and every family below has been set for every
+        # GPU (the exporter sets them one device after another: a scrape during its first pass can lack GPU 7's)
         def ready(t):
             got = samples(t, "gpu_nvlink_tx_throughput")
-            return len(got) == GPUS * LINKS and all(v == v for _l, v in got)
+            return (len(got) == GPUS * LINKS and all(v == v for _l, v in got)
+                    and all(len(samples(t, f)) >= GPUS for f in _PER_GPU))
 
         text = scrape_until(port, proc, ready)
     finally:
         _out, err = stop(proc)
-    # THEN every GPU metric family has all 8 GPUs and NVLink traffic is flowing
-    for family in ("gpu_utilization", "gpu_memory_used", "gpu_memory_total", "gpu_temperature", "gpu_power_usage",
-                   "gpu_clock_sm", "gpu_pcie_tx_throughput", "gpu_nvlink_total_tx_throughput",
-                   "gpu_nvlink_total_rx_throughput"):
+    # THEN every GPU metric family has all 8 GPUs (no more: one each) and NVLink traffic is flowing
+    for family in _PER_GPU:
         got = samples(text, family)
         assert sorted(int(lab["index"]) for lab, _v in got) == list(range(GPUS)), family
         assert {lab["devicename"] for lab, _v in got} == {"NVIDIA H20"}, family
