@@ -212,6 +212,12 @@ def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_pat
     earlier_cg = pod_cgroup(pod_uid, uuid.uuid4().hex * 2)
     earlier_proc = subprocess.Popen(["sleep", "60"])
     try:
+        # (the shim is what capture looks for by its command line: wait until bash has exec'd it, which a loaded
+        # machine can delay past the capture -- the test then found nothing to arm)
+        deadline = time.monotonic() + 30
+        while not Path(f"/proc/{shim.pid}/cmdline").read_bytes().startswith(b"containerd-shim-runc-v2\0"):
+            assert time.monotonic() < deadline, "the stand-in shim never started"
+            time.sleep(0.02)
         sandbox_cg.mkdir(parents=True)
         (sandbox_cg / "cgroup.procs").write_text(str(sandbox.pid))
         earlier_cg.mkdir(parents=True)
