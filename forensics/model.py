@@ -410,6 +410,9 @@ class Thread:
     interpreter_id: int | None = None  # the interpreter its innermost Python frame runs in (0: the main one)
     is_main: bool = False  # the process's main thread (its tid is the pid), named or not
     signal_frames: tuple[SignalFrame, ...] = ()  # signal handlers running on this thread, innermost first
+    # why the outer signal frames were not read (more nested than the reader's bound): the frames "below the
+    # outermost handler" are then still inside a handler, and the first signal is not known
+    signal_frames_cut: str | None = None
 
     @property
     def interrupted_native_frames(self) -> tuple[NativeFrame, ...]:
@@ -473,14 +476,15 @@ class ProcessSnapshot:
 
     @property
     def is_complete(self) -> bool:
-        """False when stacks are missing or cut short (no unwinder, no CPython symbols, a broken frame chain),
-        the methods disagree, or the core is truncated or had malformed notes."""
+        """False when stacks are missing or cut short (no unwinder, no CPython symbols, a broken frame chain,
+        signal handlers nested past the reader's bound), the methods disagree, or the core is truncated or had
+        malformed notes."""
         native_ok = (self.native_method != "registers" or self.requested_native_method == "none"
                      or (self.requested_native_method == "auto" and self.requested_method == "direct"))
         return (
             native_ok
             and self.python_status in (PythonStatus.OK, PythonStatus.NOT_PYTHON)
-            and not any(t.python_error for t in self.threads)
+            and not any(t.python_error or t.signal_frames_cut for t in self.threads)
             and not self.core.truncated
             and not self.core.problems
             and not self.method_disagreements

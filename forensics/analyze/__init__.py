@@ -90,6 +90,9 @@ def build_snapshot(core: CoreFile, native: dict | None, python: PythonStacks | N
             status = f"partial: {truncated}; the interpreter's state is read only as far as the core goes"
         else:
             status = f"unavailable: {truncated}; the interpreter's state lies in the part not written"
+    for t in threads:
+        if t.signal_frames_cut:
+            warnings.append(f"thread {t.tid}: {t.signal_frames_cut}")
     for d in disagreements:
         warnings.append(f"methods disagree: {d}")
     for d in native_disagreements:

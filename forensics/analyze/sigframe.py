@@ -53,6 +53,7 @@ __all__ = [
     "parse_signal_frame",
     "signal_from_registers",
     "find_signal_frames",
+    "read_signal_frames",
     "attach_signal_frames",
     "split_python_frames",
     "name_handler",
@@ -323,14 +324,14 @@ def _info(signo: int, code: int, *, addr: int | None = None, sender: int | None 
                    addr=addr, sender_pid=sender)
 
 
-def _scan(core: CoreFile, mem: CoreMemory, sp: int, trampolines: tuple[int, ...]) -> list[SignalFrame]:
+def _scan(core: CoreFile, mem: CoreMemory, sp: int, trampolines: tuple[int, ...], limit: int) -> list[SignalFrame]:
     """Signal frames from ``sp`` up, innermost first: the lowest frame above ``sp``, then the lowest
-    above the stack pointer it interrupted, and so on."""
+    above the stack pointer it interrupted, and so on; at most ``limit``."""
     out: list[SignalFrame] = []
     pos = sp & ~7
     needles = [t.to_bytes(8, "little") for t in trampolines]
     text = TextReader(core, mem)
-    while len(out) < MAX_NESTED:
+    while len(out) < limit:
         m = core.find_mapping(pos)
         if m is None:
             break
@@ -375,17 +376,25 @@ def _match_frames(found: list[SignalFrame], frames: tuple[NativeFrame, ...]) -> 
 
 def find_signal_frames(core: CoreFile, mem: CoreMemory, thread: Thread,
                        trampolines: tuple[int, ...]) -> tuple[SignalFrame, ...]:
-    """The signal frames on ``thread``'s stack, innermost first (see the module docstring).
+    """The signal frames on ``thread``'s stack, innermost first (see the module docstring): the innermost
+    :data:`MAX_NESTED` (:func:`read_signal_frames` also says whether there were more)."""
+    return read_signal_frames(core, mem, thread, trampolines)[0]
+
+
+def read_signal_frames(core: CoreFile, mem: CoreMemory, thread: Thread,
+                       trampolines: tuple[int, ...]) -> tuple[tuple[SignalFrame, ...], str | None]:
+    """The signal frames on ``thread``'s stack, innermost first, and why the outer ones were not read (None:
+    every one was).
 
     When the thread's native stack was unwound (more than its program counter), a frame is kept
     only where the unwinder passed through it, with the index of its trampoline frame.
     """
     if not trampolines:
-        return ()
+        return (), None
     regs = next((t for t in core.threads if t.tid == thread.tid), None)
     if regs is None or not regs.sp:
-        return ()
-    found = _scan(core, mem, regs.sp, trampolines)
+        return (), None
+    found = _scan(core, mem, regs.sp, trampolines, MAX_NESTED + 1)  # one more: to know there were more
     if len(thread.native_frames) > 1:
         matched = _match_frames(found, thread.native_frames)
         if thread.native_error and len(matched) < len(found):
@@ -393,10 +402,15 @@ def find_signal_frames(core: CoreFile, mem: CoreMemory, thread: Thread,
             last = matched[-1].address if matched else -1
             matched += [f for f in found if f.address > last]
         found = matched
+    cut = None
+    if len(found) > MAX_NESTED:
+        found = found[:MAX_NESTED]
+        cut = (f"more than {MAX_NESTED} signal handlers nested: the outer ones were not read, so the frames "
+               "below the last handler shown still ran in a handler, and the first signal is not known")
     frames = tuple(found)
     if frames and all(f.native_index is not None for f in frames):
         frames = split_python_frames(thread, frames)
-    return frames
+    return frames, cut
 
 
 def split_python_frames(thread: Thread, frames: tuple[SignalFrame, ...]) -> tuple[SignalFrame, ...]:
@@ -442,7 +456,11 @@ def attach_signal_frames(core: CoreFile, threads: tuple[Thread, ...], *, mem: Co
     trampolines = find_trampolines(core, mem, threads, text=text)
     if not trampolines:
         return threads
-    return tuple(replace(t, signal_frames=find_signal_frames(core, mem, t, trampolines)) for t in threads)
+    out = []
+    for t in threads:
+        frames, cut = read_signal_frames(core, mem, t, trampolines)
+        out.append(replace(t, signal_frames=frames, signal_frames_cut=cut))
+    return tuple(out)
 
 
 def name_handler(thread: Thread, frame: SignalFrame, *, python_process: bool = False) -> SignalHandler:

@@ -45,6 +45,8 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
         yield from _separate_lines(thread, native_marks, native=native)
     if thread.native_error:
         yield f"    ({thread.native_error})"
+    if thread.signal_frames_cut:
+        yield f"    ({thread.signal_frames_cut})"
 
 
 def _thread_flags(thread: Thread, *, first_fault: bool) -> str:

@@ -7,9 +7,11 @@ import shutil
 import subprocess
 
 import pytest
+from click.testing import CliRunner
 
 from forensics.analyze import analyze_core
 from forensics.analyze.sigframe import MAX_NESTED, MAX_TEXT, SIGRETURN_TRAMPOLINE, find_trampolines
+from forensics.cli import cli
 from forensics.core import open_core
 from forensics.core.memory import CoreMemory
 from tests.crashers.make_core import crash_for_core
@@ -74,6 +76,23 @@ def test_signal_frames_past_the_nesting_bound_are_not_read(tmp_path, core_patter
     assert [sf.signal.name for sf in thread.signal_frames] == ["SIGUSR1"] * MAX_NESTED
     addresses = [sf.address for sf in thread.signal_frames]
     assert addresses == sorted(addresses)
+    # and the cut is said: on the thread, as a warning, and the analysis is partial (the frames below the 8th
+    # handler ran in a handler too, and the first signal is not known)
+    assert thread.signal_frames_cut and f"more than {MAX_NESTED} signal handlers nested" in thread.signal_frames_cut
+    assert any(w.startswith(f"thread {thread.tid}: more than {MAX_NESTED}") for w in analysis.snapshot.warnings)
+    assert not analysis.snapshot.is_complete
+    r = CliRunner().invoke(cli, ["analyze", str(core)])
+    assert r.exit_code == 4 and f"(more than {MAX_NESTED} signal handlers nested" in r.stdout, r.output
+
+
+def test_signal_frames_up_to_the_nesting_bound_are_all_read(tmp_path, core_pattern):
+    # GIVEN a real core of a program that died in the 8th of 8 nested handlers (the bound, not past it)
+    _exe, core = _crash(tmp_path, "nested8", NESTED_C % {"handlers": MAX_NESTED})
+    analysis = analyze_core(str(core))
+    (thread,) = analysis.snapshot.threads
+    # THEN all 8 are read and nothing is said to be cut
+    assert len(thread.signal_frames) == MAX_NESTED and thread.signal_frames_cut is None
+    assert analysis.snapshot.is_complete, analysis.snapshot.warnings
 
 
 def test_text_past_the_search_bound_is_not_searched_for_the_trampoline(tmp_path, core_pattern):
