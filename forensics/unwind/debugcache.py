@@ -17,7 +17,6 @@ bounded; anything unexpected leaves the original file in use.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 import struct
@@ -25,6 +24,7 @@ import zlib
 from typing import BinaryIO, cast
 
 from ..cache import cache_dir
+from ..digest import sha256
 
 __all__ = ["decompressed_debug_file", "has_compressed_sections", "write_decompressed"]
 
@@ -229,7 +229,7 @@ def _entry_name(path: str, build_id: str) -> str | None:
     except OSError:
         return None
     identity = f"{FORMAT}\0{real}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
-    return f"{build_id}-{hashlib.sha256(identity.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}.debug"
+    return f"{build_id}-{sha256(identity.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}.debug"
 
 
 def decompressed_debug_file(path: str, build_id: str) -> str:
