@@ -46,8 +46,9 @@ def ksm_text(pods_doc: dict, nodes_doc: dict) -> str:
             "created_by_name": "nvitop-exporter", "priority_class": "", "host_network": "false"}, 1))
         out.setdefault("kube_pod_labels", []).append(_fmt("kube_pod_labels", {
             **base, **{_label(k): v for k, v in sorted((meta.get("labels") or {}).items())}}, 1))
-        start = dt.datetime.fromisoformat(status["startTime"].replace("Z", "+00:00")).timestamp()
-        out.setdefault("kube_pod_start_time", []).append(_fmt("kube_pod_start_time", base, start))
+        if status.get("startTime"):  # a pod not yet scheduled has none, and kube-state-metrics no series for it
+            start = dt.datetime.fromisoformat(status["startTime"].replace("Z", "+00:00")).timestamp()
+            out.setdefault("kube_pod_start_time", []).append(_fmt("kube_pod_start_time", base, start))
         for cs in status.get("containerStatuses") or []:
             c = {**base, "container": cs["name"]}
             image_id = cs.get("imageID", "")
