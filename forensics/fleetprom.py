@@ -14,7 +14,8 @@ queries and the nodes' chain (node label names, their number of values, then one
   exports node labels only when allow-listed: ``--metric-labels-allowlist=nodes=[nvidia.com/gpu.product,...]``);
   the group key is made here from them by ``fleet --from``'s rule (:func:`forensics.fleetmodel.group_key`: the
   driver version from GPU feature discovery's major/minor/rev when the full one is absent, the instance type
-  when the GPU labels are);
+  when the GPU labels are); a pod on no node (``node=""``: unscheduled) or on a node without a ``kube_node_labels``
+  series is in the group "(no labels)", as ``fleet --from`` counts it;
 - restarts: ``kube_pod_container_status_restarts_total`` (its value, or ``increase`` over ``--window``);
 - last exit codes and reasons: ``kube_pod_container_status_last_terminated_exitcode`` (kube-state-metrics
   2.10+) and ``..._last_terminated_reason``; CrashLoopBackOff: ``kube_pod_container_status_waiting_reason``;
@@ -320,7 +321,10 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     g = list(dict.fromkeys(prom_label(x) for x in raw))
     by = ", ".join(g)
     ns = f'namespace="{_esc(namespace)}"' if namespace else ""
-    node_groups = f"max by (node, {by}) (kube_node_labels)"
+    # each node's group labels; none for a node of the pods asked about without a kube_node_labels series, nor for
+    # their series of no node (the unscheduled pods'): the group "(no labels)", as fleet --from counts their pods
+    unlabelled = f"group by (node) (kube_pod_info{{{ns}}})"
+    node_groups = f"(max by (node, {by}) (kube_node_labels) or on (node) {unlabelled})"
 
     def pods_where(match: str) -> str:
         """The pods asked about (namespace, -l) whose kube_pod_info matches ``match`` too."""
@@ -331,7 +335,7 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         return out
 
     pods = pods_where("")
-    # each pod with its group's labels (a pod on no node, or on a node without a kube_node_labels series, is left out)
+    # each pod with its group's labels
     podg = f"({pods} * on (node) group_left ({by}) {node_groups})"
     restarts_total = f"kube_pod_container_status_restarts_total{{{ns}}}"
     restarts = (f"round(sum by (namespace, pod) (increase({restarts_total}[{window}s])))" if window
@@ -370,7 +374,7 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         "mixed": (f"count by (container) (count by (container, image_id) "
                   f"({of_pods(f'kube_pod_container_info{{{ns}}}')})) > 1"),
         "hours": f"avg({at:.3f} - {of_pods(f'max by (namespace, pod) (kube_pod_start_time{{{ns}}})')}) / 3600",
-        "nodes": lambda: _nodes(client, at, pods_where('node!=""'), restarts, g),
+        "nodes": lambda: _nodes(client, at, pods_where('node!=""'), restarts, g, unlabelled),
     }
     if matchers:  # a label no pod series has: not allow-listed in kube-state-metrics, or a typo; never "all pods"
         jobs["pod_labels"] = lambda: client.label_names("kube_pod_labels")
@@ -470,8 +474,8 @@ def _count_value(labels: dict[str, str], label: str) -> int:
 _LABEL_NAME = re.compile(r"label_[a-zA-Z0-9_]*")
 
 
-def _nodes(client: PromClient, at: float, pods: str, restarts: str,
-           g: list[str]) -> tuple[list[tuple[dict[str, str], int]], int, dict[str, dict[str, tuple[int, int]]], int]:
+def _nodes(client: PromClient, at: float, pods: str, restarts: str, g: list[str],
+           unlabelled: str) -> tuple[list[tuple[dict[str, str], int]], int, dict[str, dict[str, tuple[int, int]]], int]:
     """The nodes with ``pods`` (those on a node): by group labels ``g``, in all, by each node label of few values
     (value -> (nodes, crashing nodes)), and the crashing ones: the Nodes column and what the boundary rule reads.
 
@@ -500,9 +504,11 @@ def _nodes(client: PromClient, at: float, pods: str, restarts: str,
     few = [x for x in labels if card.get(x) and x not in many]
     joint = [*g, *few]
     by = ", ".join(joint)
-    # every node with pods and a kube_node_labels series, with its labels
-    series = client.query(f'count_values by ({by}) ("restarted", max by (node, {by}) (kube_node_labels) '
-                          f"* on (node) group_left () {state})", at=at)
+    # every node with pods, with its labels: none for a node without a kube_node_labels series (``unlabelled``: the
+    # nodes of the pods asked about, or a superset, as one series each), which counts as "(no labels)" does in
+    # fleet --from: in the Nodes column and in the boundary's number of nodes, in no label's values
+    series = client.query(f'count_values by ({by}) ("restarted", (max by (node, {by}) (kube_node_labels) '
+                          f"or on (node) {unlabelled}) * on (node) group_left () {state})", at=at)
     per_group: list[tuple[dict[str, str], int]] = []
     per_label: dict[str, dict[str, tuple[int, int]]] = {x: {} for x in [*g, *few]}
     total = crashing = 0
