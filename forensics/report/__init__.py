@@ -253,6 +253,7 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
                         evidence=evidence, reproducer_sources=reproducer_sources, form=form,
                         nvidia_link=nvidia_link, heap=heap, attachment_dir=attachment_dir)
     ctx.footer = _footer(redactor, localizer, upstream, hosts)
+    ctx.manifest_mismatch = [str(p) for d in docs.get("capture") or [] for p in d.get("manifest_problems") or []]
     body = render(ctx)
     if len(body) >= GITHUB_ISSUE_LIMIT:
         ctx.attachments["full-report.md"] = body

@@ -107,6 +107,8 @@ class ReportContext:
     evidence: list[dict[str, str]]
     heap: dict[str, Any] | None = None  # what the core's heap says (#21); None: no heap reading in the evidence
     missing: list[str] = field(default_factory=list)
+    # the capture bundles' files that do not match their MANIFEST.json ("RELPATH: changed"), said in every report
+    manifest_mismatch: list[str] = field(default_factory=list)
 
     def value(self, name: str) -> Any:
         if hasattr(self, name):

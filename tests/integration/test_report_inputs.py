@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
@@ -115,6 +116,25 @@ def test_a_bundle_that_does_not_match_its_manifest_is_said_so_and_no_unverified_
     # every hash it states is the hash of the file as it is
     for rel in ("00-identity.json", "40-process/maps", "40-process/status"):
         assert hashlib.sha256((bundle / rel).read_bytes()).hexdigest() in r.stdout
+
+
+@pytest.mark.parametrize("template", ["nvml", "nvitop"])
+def test_an_upstream_report_from_a_bundle_that_does_not_match_its_manifest_says_so_in_its_body(tmp_path, template):
+    """The upstream reports have no evidence table: their reader (NVIDIA, nvitop's maintainer) learns it from the
+    body, right under the conclusion, not only from our stderr."""
+    bundle = demo_bundle(tmp_path)
+    (bundle / "40-process" / "cgroup").write_text("0::/tampered\n")
+    r = run("report", "--template", template, bundle)
+    lines = [x for x in r.stdout.splitlines() if x.strip()]
+    i = next(n for n, x in enumerate(lines) if "does not match its capture manifest" in x)
+    assert "1 file(s) of the capture bundle changed or went missing" in lines[i]
+    assert "40-process/cgroup: changed" in lines[i]
+    # right after the conclusion, which stays first
+    conclusion = next(x for x in r.stderr.splitlines() if x.startswith("forensics: conclusion: "))
+    assert lines[i - 1][:40] == conclusion[len("forensics: conclusion: "):][:40]
+    # and an intact bundle's report says nothing of the kind
+    r = run("report", "--template", template, demo_bundle(tmp_path / "intact"))
+    assert "capture manifest" not in r.stdout
 
 
 def test_an_intact_bundle_states_its_verified_hashes(tmp_path):
