@@ -156,13 +156,14 @@ class TextReader:
 
 
 def _file_key(path: str | None, offset: int, size: int) -> tuple | None:
-    if path is None:
+    """The text cache's key: what is at ``path`` now (:func:`forensics.core.symtab.file_identity`) and the
+    range read; None when there is no file to read."""
+    from ..core.symtab import file_identity
+
+    identity = file_identity(path)
+    if identity is None or len(identity) == 1:  # no path, or nothing there to stat
         return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, offset, size)
+    return (*identity, offset, size)
 
 
 def _read_file(path: str | None, offset: int, size: int) -> bytes:
