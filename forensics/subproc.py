@@ -19,6 +19,11 @@ import signal
 import subprocess
 import time
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import BinaryIO
+
 __all__ = ["OutputTooLarge", "run_bounded", "DEFAULT_MAX_STDOUT", "DEFAULT_MAX_STDERR"]
 
 DEFAULT_MAX_STDOUT = 64 << 20
@@ -45,26 +50,45 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=2)
 
 
+def _feed(proc: subprocess.Popen, sel: selectors.BaseSelector, pending: memoryview) -> memoryview:
+    """What is left of standard input after one write that does not block; at its end, stdin closed."""
+    assert proc.stdin is not None
+    try:
+        pending = pending[os.write(proc.stdin.fileno(), pending[:_CHUNK]):]
+    except BlockingIOError:
+        return pending
+    except BrokenPipeError:  # it stopped reading: the rest is not wanted
+        pending = pending[:0]
+    if not pending:
+        sel.unregister(proc.stdin)
+        proc.stdin.close()
+    return pending
+
+
 def run_bounded(cmd: list[str], *, timeout: float, input: str | None = None, env: dict[str, str] | None = None,
-                cwd: str | None = None, max_stdout: int = DEFAULT_MAX_STDOUT,
-                max_stderr: int = DEFAULT_MAX_STDERR) -> subprocess.CompletedProcess[str]:
+                cwd: str | None = None, max_stdout: int = DEFAULT_MAX_STDOUT, max_stderr: int = DEFAULT_MAX_STDERR,
+                stdout: BinaryIO | None = None,
+                preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
     """``cmd``'s exit status, standard output and the tail of its standard error, as text (undecodable bytes
-    replaced).  Standard input is ``input`` or nothing (/dev/null).
+    replaced).  Standard input is ``input`` or nothing (/dev/null).  With ``stdout`` (a file of the caller's)
+    the program writes its standard output there, unread (the result's ``stdout`` is empty).  The program runs
+    in a session of its own (``preexec_fn`` runs after that, in the child, as :class:`subprocess.Popen`'s).
 
     :raises OSError: the program could not be started
     :raises subprocess.TimeoutExpired: it ran past ``timeout`` seconds (killed); ``output`` holds what it wrote
     :raises OutputTooLarge: its standard output passed ``max_stdout`` bytes (killed)
     """
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                            start_new_session=True)
+                            stdout=subprocess.PIPE if stdout is None else stdout, stderr=subprocess.PIPE, env=env,
+                            cwd=cwd, start_new_session=True, preexec_fn=preexec_fn)
     out = bytearray()
     err = bytearray()
     pending = memoryview(input.encode()) if input is not None else None
     deadline = time.monotonic() + timeout
-    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stderr is not None
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        if proc.stdout is not None:
+            sel.register(proc.stdout, selectors.EVENT_READ, out)
         sel.register(proc.stderr, selectors.EVENT_READ, err)
         if proc.stdin is not None:
             os.set_blocking(proc.stdin.fileno(), False)
@@ -78,16 +102,8 @@ def run_bounded(cmd: list[str], *, timeout: float, input: str | None = None, env
                                                     stderr=err.decode(errors="replace"))
                 for key, _ in sel.select(min(left, 1.0)):
                     if key.data is None:  # standard input
-                        assert proc.stdin is not None and pending is not None
-                        try:
-                            pending = pending[os.write(proc.stdin.fileno(), pending[:_CHUNK]):]
-                        except BlockingIOError:
-                            continue
-                        except BrokenPipeError:
-                            pending = pending[:0]
-                        if not pending:
-                            sel.unregister(proc.stdin)
-                            proc.stdin.close()
+                        assert pending is not None
+                        pending = _feed(proc, sel, pending)
                         continue
                     data = os.read(key.fd, _CHUNK)
                     if not data:

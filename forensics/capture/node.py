@@ -13,7 +13,6 @@ import os
 import re
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -338,24 +337,14 @@ def run_nvidia_bug_report(out_dir: str, *, timeout: float = BUG_REPORT_TIMEOUT,
     work = os.path.join(out_dir, ".nvidia-bug-report")
     os.makedirs(work, exist_ok=True)
     target = os.path.join(work, "nvidia-bug-report.log")
-    try:
-        p = subprocess.Popen([exe, "--safe-mode", "--output-file", target], cwd=work, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    except OSError as e:
-        shutil.rmtree(work, ignore_errors=True)
-        return None, f"nvidia-bug-report.sh failed to start: {e.strerror or e}"
-    note = ""
-    try:
-        p.wait(timeout=timeout)
+    try:  # its own session, killed with its children at the timeout (one stuck in the driver is left)
+        p = run_bounded([exe, "--safe-mode", "--output-file", target], timeout=timeout, cwd=work)
         note = f"nvidia-bug-report.sh --safe-mode exited {p.returncode}"
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except OSError:
-            p.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the driver: it is left; the note says killed
-            p.wait(timeout=5)
         note = f"nvidia-bug-report.sh --safe-mode did not finish in {timeout:g} s (killed)"
+    except (OSError, subprocess.SubprocessError) as e:  # not started, or its progress output past the bound
+        shutil.rmtree(work, ignore_errors=True)
+        return None, f"nvidia-bug-report.sh failed: {getattr(e, 'strerror', None) or e}"
     produced = next((os.path.join(work, n) for n in ("nvidia-bug-report.log.gz", "nvidia-bug-report.log")
                      if os.path.isfile(os.path.join(work, n))), None)
     kept = None

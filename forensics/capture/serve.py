@@ -36,6 +36,7 @@ import threading
 import time
 
 from ..output import escape_text
+from ..subproc import run_bounded
 from .nodeindex import ANALYSIS_DIR, NOT_KEPT_REASONS, NodeIndex, build_index
 
 __all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve"]
@@ -69,8 +70,7 @@ class ServeConfig:
 
 
 def _lowest_priority(memory: int):
-    def setup() -> None:
-        os.setsid()  # its own group: a timeout kills gdb too
+    def setup() -> None:  # (in a session of its own already: run_bounded's)
         # the lowest priorities are a courtesy to the node's workloads: the analysis runs without them too
         with contextlib.suppress(OSError, AttributeError):
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -118,24 +118,19 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     out_path = os.path.join(adir, f".analysis.{os.getpid()}.tmp")
     t0 = time.monotonic()
     reason, detail = None, None
+    p = None
     with open(out_path, "wb") as out:
-        try:
-            p = subprocess.Popen([*cfg.analyze_argv, crash_dir], stdout=out, stderr=subprocess.PIPE,
-                                 stdin=subprocess.DEVNULL, preexec_fn=_lowest_priority(cfg.analysis_memory))
-        except OSError as e:
+        try:  # its own session (a timeout kills gdb too), the stderr's tail kept, bounded in time
+            p = run_bounded([*cfg.analyze_argv, crash_dir], timeout=cfg.analysis_timeout, stdout=out,
+                            max_stderr=2000, preexec_fn=_lowest_priority(cfg.analysis_memory))
+        except subprocess.TimeoutExpired:
+            reason, detail = "timeout", f"killed after {cfg.analysis_timeout:g}s"
+        except (OSError, subprocess.SubprocessError) as e:
             reason, detail = "error", f"cannot start the analysis: {e}"
-            p = None
-        if p is not None:
-            try:
-                _, err = p.communicate(timeout=cfg.analysis_timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                _, err = p.communicate()
-                reason, detail = "timeout", f"killed after {cfg.analysis_timeout:g}s"
-            text = err.decode(errors="replace")[-2000:]
-            if reason is None and p.returncode not in (0, 3, 4):
-                reason = "memory" if "MemoryError" in text or "Cannot allocate memory" in text else "error"
-                detail = f"exit status {p.returncode}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+        if p is not None and p.returncode not in (0, 3, 4):
+            text = p.stderr
+            reason = "memory" if "MemoryError" in text or "Cannot allocate memory" in text else "error"
+            detail = f"exit status {p.returncode}: {text.strip().splitlines()[-1] if text.strip() else ''}"
     try:
         if reason is None and p is not None:
             with open(out_path, "rb") as f:

@@ -116,3 +116,15 @@ def test_kubectl_answering_past_its_bound_is_one_line(tmp_path):
         with pytest.raises(KubeError) as e:
             get_json(opts, "get node", ["get", "node", "node-a"], namespaced=False, max_bytes=1 << 20)
     assert str(e.value).count("\n") == 0 and "larger than 1 MiB" in str(e.value)
+
+
+def test_standard_output_into_a_file_and_a_preexec_function(tmp_path):
+    # GIVEN the agent's way of running an analysis: its output into a file of ours, its priority set in the child
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        p = run_bounded([sys.executable, "-c", "import os, sys; print(os.nice(0), os.getsid(0) == os.getpid()); "
+                         "sys.stderr.write('tail')"], timeout=30, stdout=f, preexec_fn=lambda: os.nice(7))
+    # THEN what it wrote is in the file (nothing read here), in a session of its own, niced, its stderr kept
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "tail"
+    nice, leader = out.read_text().split()
+    assert int(nice) >= 7 and leader == "True"
