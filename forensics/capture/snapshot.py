@@ -528,12 +528,12 @@ def read_snapshot(
     identity = parse_cgroup(texts["cgroup"])  # read above: not again
     image = read_image_name(identity.container_id, host_root) if identity.container_id else None
 
-    maps = parse_maps(texts["maps"])
     mounts = parse_mountinfo(texts["mountinfo"])
     host_mounts = parse_mountinfo(_read_small("/proc/1/mountinfo", 4 << 20)
                                   or _read_small("/proc/self/mountinfo", 4 << 20) or "")
     own_fds = object_fds is None
-    fds = open_mapped_objects(pid, maps, warnings) if object_fds is None else object_fds
+    # (the core handler opened them from the maps it parsed: they are not parsed again here)
+    fds = open_mapped_objects(pid, parse_maps(texts["maps"]), warnings) if object_fds is None else object_fds
     try:
         objects, nvml_pair = _objects(fds, mounts, host_mounts, in_container)
         nvml = None

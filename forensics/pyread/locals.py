@@ -446,14 +446,6 @@ def read_native_call(names: TypeNames, objects, layout: LocalsLayout, frame: int
     return None
 
 
-def _symbol_at(core: CoreFile, address: int, sysroot: str | None = None) -> tuple[str | None, str | None]:
-    """(symbol, library path) of a code address: :func:`forensics.core.symtab.symbol_at` (the library file's
-    ``.dynsym``, its debug file's ``.symtab``, build-id checked; indexed once per object)."""
-    from forensics.core.symtab import symbol_at
-
-    return symbol_at(core, address, sysroot=sysroot)
-
-
 def match_native_call(core: CoreFile, call: FrameCall, owner: BufferOwner, frame,
                       local_names: dict[int, str] | None = None, *, sysroot: str | None = None) -> NativeCall | None:
     """The :class:`~forensics.model.NativeCall` when ``call`` was passed ``owner``'s object (itself, a
@@ -473,7 +465,9 @@ def match_native_call(core: CoreFile, call: FrameCall, owner: BufferOwner, frame
         return None
     ints = [i for i, a in enumerate(call.arguments) if a.integer is not None and i != index]
     count_index = ints[0] if len(ints) == 1 else None
-    function, library = (_symbol_at(core, call.function_address, sysroot) if call.function_address
+    from forensics.core.symtab import symbol_at  # (indexed once per object; its debug file's .symtab too)
+
+    function, library = (symbol_at(core, call.function_address, sysroot=sysroot) if call.function_address
                          else (None, None))
     return NativeCall(
         function=function or (f"0x{call.function_address:x}" if call.function_address else None),
