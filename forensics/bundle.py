@@ -105,30 +105,32 @@ def read_manifest(bundle_dir: str) -> dict:
     return doc
 
 
-def check_manifest(bundle_dir: str, manifest: dict | None = None) -> tuple[list[tuple[str, str, int]], list[str]]:
+def check_manifest(bundle_dir: str,
+                   manifest: dict | None = None) -> tuple[list[tuple[str, str, int]], list[tuple[str, str]]]:
     """Each manifest item hashed as it is now, read inside the bundle only: ((path, sha256, size) of each
-    item that matches the manifest; one problem per item that does not: ``PATH: missing`` / ``changed``).
+    item that matches the manifest; (path, why) of each that does not: ``missing`` / ``changed`` / ``not a
+    manifest item``).
 
     :param manifest: the manifest already read (what a caller parsed), else the bundle's
     """
     good: list[tuple[str, str, int]] = []
-    bad: list[str] = []
+    bad: list[tuple[str, str]] = []
     items = (read_manifest(bundle_dir) if manifest is None else manifest).get("items") or []
     for item in items if isinstance(items, list) else [items]:
         if not isinstance(item, dict) or not isinstance(item.get("path"), str):
-            bad.append(f"{item!r:.80}: not a manifest item")
+            bad.append((f"{item!r:.80}", "not a manifest item"))
             continue
         try:
             fd = rootpath.open_in_root(os.path.abspath(bundle_dir), item["path"])
         except (OSError, ValueError):
-            bad.append(f"{item['path']}: missing")
+            bad.append((item["path"], "missing"))
             continue
         try:
             digest, size = _sha256_fd(fd)
         finally:
             os.close(fd)
         if digest != item.get("sha256") or size != item.get("size"):
-            bad.append(f"{item['path']}: changed")
+            bad.append((item["path"], "changed"))
         else:
             good.append((item["path"], digest, size))
     return good, bad
@@ -136,7 +138,7 @@ def check_manifest(bundle_dir: str, manifest: dict | None = None) -> tuple[list[
 
 def verify_manifest(bundle_dir: str) -> list[str]:
     """The items whose size or sha256 no longer match the manifest (empty: intact)."""
-    return check_manifest(bundle_dir)[1]
+    return [f"{path}: {why}" for path, why in check_manifest(bundle_dir)[1]]
 
 
 def find_core_in_bundle(bundle_dir: str) -> str | None:

@@ -136,16 +136,19 @@ def _check(body: str, ctx: ReportContext) -> list[str]:
     return problems
 
 
-def _manifest_problems(docs: dict) -> list[str]:
-    """One problem per capture bundle whose files do not match its manifest (the runbook's evidence table
-    names each such file instead of a hash)."""
-    out = []
+def _manifest_problems(docs: dict) -> tuple[list[str], list[str]]:
+    """The capture bundles' files that do not match their manifest (``PATH: changed``: what every report says
+    under its conclusion), and one problem line per such bundle (the runbook's evidence table also names each
+    file instead of a hash)."""
+    files: list[str] = []
+    lines = []
     for doc in docs.get("capture") or []:
-        bad = doc.get("manifest_problems") or []
+        bad = [str(p) for p in doc.get("manifest_problems") or []]
+        files += bad
         if bad:
-            out.append(f"bundle {doc.get('_bundle_dir')}: {len(bad)} file(s) do not match its MANIFEST.json: "
-                       + "; ".join(map(str, bad[:5])) + ("; ..." if len(bad) > 5 else ""))
-    return out
+            lines.append(f"bundle {doc.get('_bundle_dir')}: {len(bad)} file(s) do not match its MANIFEST.json: "
+                         + "; ".join(bad[:5]) + ("; ..." if len(bad) > 5 else ""))
+    return files, lines
 
 
 def _hosts_in(ev: Evidence) -> dict[str, str]:
@@ -253,13 +256,13 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
                         evidence=evidence, reproducer_sources=reproducer_sources, form=form,
                         nvidia_link=nvidia_link, heap=heap, attachment_dir=attachment_dir)
     ctx.footer = _footer(redactor, localizer, upstream, hosts)
-    ctx.manifest_mismatch = [str(p) for d in docs.get("capture") or [] for p in d.get("manifest_problems") or []]
+    ctx.manifest_mismatch, manifest_lines = _manifest_problems(docs)
     body = render(ctx)
     if len(body) >= GITHUB_ISSUE_LIMIT:
         ctx.attachments["full-report.md"] = body
         body = (body[: GITHUB_ISSUE_LIMIT - 200].rsplit("\n", 1)[0]
                 + "\n\n(cut: the whole report is attached as full-report.md)\n")
-    problems = _manifest_problems(docs) + _check(body, ctx)
+    problems = manifest_lines + _check(body, ctx)
     return Report(title=ctx.title, body=body, markdown=_front_matter(ctx, attachment_dir) + body,
                   attachments=dict(ctx.attachments), context=ctx, problems=tuple(problems))
 

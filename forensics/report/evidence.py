@@ -144,9 +144,9 @@ def _read_bug_report(bundle: str, rel: str, budget: _Budget) -> tuple[str, str] 
         try:
             if rel.endswith(".gz"):
                 with gzip.open(raw, "rb") as f:
-                    data = f.read(min(BUG_REPORT_READ, budget.limit(BUG_REPORT_READ)))
+                    data = f.read(budget.limit(BUG_REPORT_READ))
             else:
-                data = raw.read(min(BUG_REPORT_READ, budget.limit(BUG_REPORT_READ)))
+                data = raw.read(budget.limit(BUG_REPORT_READ))
         except (OSError, EOFError, zlib.error):
             return path, ""
     budget.take(path, len(data))
@@ -188,12 +188,11 @@ def _load_bundle(p: str, ev: Evidence, budget: _Budget) -> dict:
     good, bad = check_manifest(p, doc["manifest"])  # hashed now: a hash the report states is one it verified
     for rel, digest, size in good:
         ev.items.append(EvidenceItem(path=str(root / rel), kind="capture", sha256=digest, size=size))
-    for problem in bad:
-        rel, _, what = problem.rpartition(": ")
+    for rel, why in bad:
         ev.items.append(EvidenceItem(path=str(root / rel), kind="capture", sha256="", size=0,
-                                     problem=f"{what}: does not match the bundle's manifest"))
+                                     problem=f"{why}: does not match the bundle's manifest"))
     if bad:
-        doc["manifest_problems"] = bad
+        doc["manifest_problems"] = [f"{rel}: {why}" for rel, why in bad]
     ev.items.append(EvidenceItem(path=manifest, kind="capture", sha256=hashlib.sha256(manifest_bytes).hexdigest(),
                                  size=len(manifest_bytes)))
     return doc
