@@ -443,7 +443,7 @@ def _pids_where(match, proc: str = "/proc") -> list[int]:
             continue
         try:
             with open(f"{proc}/{name}/cgroup") as f:
-                ident = parse_cgroup(f.read())
+                ident = parse_cgroup(f.read(1 << 20))  # bounded as scan_pod's read
         except OSError:  # exited since the listing
             continue
         if match(ident):

@@ -87,8 +87,9 @@ _header_cache: OrderedDict[tuple[int, ...], list[tuple[int, int, int, int, int, 
 _cache_lock = threading.Lock()
 
 
-def _identity(f) -> tuple[int, ...]:
-    st = os.fstat(f.fileno())
+def _stat_key(st: os.stat_result) -> tuple[int, ...]:
+    """What a file's cache key holds: device, inode, size, modification and change times (one place for
+    :func:`_sections_of`'s open files and :func:`file_identity`'s paths)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -96,7 +97,7 @@ def _sections_of(f) -> list[tuple[int, int, int, int, int, int]]:
     """:func:`section_headers` of the open file, parsed once per file (by its identity: device, inode, size,
     modification and change times of what is open), so that asking whether it has a ``.symtab`` and then reading
     it parses its headers once."""
-    key = _identity(f)
+    key = _stat_key(os.fstat(f.fileno()))
     with _cache_lock:
         hit = _header_cache.get(key)
         if hit is not None:
@@ -279,7 +280,7 @@ def file_identity(path: str | None) -> tuple | None:
         st = os.stat(path)
     except OSError:
         return (path,)
-    return path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+    return (path, *_stat_key(st))
 
 
 def clear_symbol_indexes() -> None:
