@@ -30,13 +30,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as _dt
+import http.client
 import json
 import math
 import re
+import socket
 import ssl
-import urllib.error
+import threading
+import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +48,11 @@ from .fleetmodel import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_PARTS, FALL
                          FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key, key_labels)
 
 __all__ = ["PrometheusError", "SelectorError", "PromAuth", "PromClient", "prom_label", "parse_window",
-           "selector_matchers", "summarize_fleet_prometheus"]
+           "selector_matchers", "summarize_fleet_prometheus", "DEFAULT_DEADLINE", "MAX_ANSWERS"]
 
-MAX_RESPONSE = 64 << 20
+MAX_ANSWERS = 32 << 20  # all the answers of one run together (a 10,000-node fleet's are ~1 MiB)
+DEFAULT_DEADLINE = 60.0  # seconds for all the requests of one run (a 10,000-node fleet's take ~2 s)
+MAX_REDIRECTS = 5
 _FIGURE, _VALUE = "forensics_figure", "forensics_value"  # labels of the per-pod counts
 
 
@@ -105,14 +109,34 @@ class PromAuth:
 
 
 class PromClient:
-    """Instant queries against Prometheus' HTTP API (``/api/v1/query``), bounded in time and size."""
+    """Instant queries against Prometheus' HTTP API (``/api/v1/query``), bounded in time and size.
 
-    def __init__(self, url: str, auth: PromAuth = PromAuth(), *, timeout: float = 30.0) -> None:
+    - time: ``timeout`` seconds per socket operation, and ``deadline`` seconds for all the client's requests
+      together (a watchdog shuts a request's socket down when it passes: a server that drips its headers or its
+      answer a byte at a time cannot hold the run past it);
+    - size: ``max_bytes`` for all the client's answers together (the queries run in parallel and their answers
+      are kept until the table is built), each answer parsed one at a time;
+    - redirects: followed within the URL's origin (scheme, host, port), the request repeated as it was; one to
+      another origin is refused, so that the credentials go nowhere else.
+    """
+
+    def __init__(self, url: str, auth: PromAuth = PromAuth(), *, timeout: float = 30.0,
+                 deadline: float = DEFAULT_DEADLINE, max_bytes: int = MAX_ANSWERS) -> None:
         u = urllib.parse.urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise PrometheusError(url, "not an http:// or https:// URL")
+        try:
+            self.origin = _origin(url)
+        except ValueError as e:
+            raise PrometheusError(url, f"not a URL: {e}") from e
         self.base = url.rstrip("/")
         self.timeout = timeout
+        self.deadline = deadline
+        self._ends = time.monotonic() + deadline
+        self._left = max_bytes
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()  # the byte budget's
+        self._parsing = threading.Lock()  # answers are parsed one at a time
         self.headers = {"Accept": "application/json", "User-Agent": "forensics-fleet"}
         if auth.bearer_token_file:
             try:
@@ -133,26 +157,37 @@ class PromClient:
                 self.ctx.verify_mode = ssl.CERT_NONE
         self.queries = 0
 
-    def _get(self, path: str, params: dict) -> dict:
+    def _get(self, path: str, params: dict) -> Any:
         data = urllib.parse.urlencode(params, doseq=True).encode()
-        req = urllib.request.Request(self.base + path, data=data, headers={
-            **self.headers, "Content-Type": "application/x-www-form-urlencoded"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self.ctx) as r:
-                body = r.read(MAX_RESPONSE + 1)
-        except urllib.error.HTTPError as e:
-            detail = e.read(4096).decode(errors="replace")
-            with contextlib.suppress(ValueError):  # not Prometheus's JSON: the body itself is the detail
+        url = self.base + path
+        for _ in range(MAX_REDIRECTS + 1):
+            status, location, body = self._post(url, path, data)
+            if status not in (301, 302, 303, 307, 308) or location is None:
+                break
+            target = urllib.parse.urljoin(url, location)
+            try:
+                same = _origin(target) == self.origin
+            except ValueError:
+                same = False
+            if not same:
+                raise PrometheusError(path, f"redirected to another origin ({_shown_origin(target)}): not followed, "
+                                            f"the credentials go only to {_shown_origin(self.base)}; give "
+                                            "Prometheus' own URL")
+            url = target
+        else:
+            raise PrometheusError(path, f"more than {MAX_REDIRECTS} redirects")
+        if status >= 300 or status < 200:
+            detail = body.decode(errors="replace")
+            with contextlib.suppress(ValueError, AttributeError):  # not Prometheus's JSON: the body is the detail
                 detail = json.loads(detail).get("error") or detail
-            raise PrometheusError(path, f"HTTP {e.code}: {str(detail).strip()[:300]}") from e
-        except (urllib.error.URLError, OSError) as e:
-            raise PrometheusError(self.base, f"cannot reach it: {getattr(e, 'reason', e)}") from e
-        if len(body) > MAX_RESPONSE:
-            raise PrometheusError(path, f"answer over {MAX_RESPONSE} bytes")
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError) as e:
-            raise PrometheusError(path, "the answer is not JSON (is this Prometheus' URL?)") from e
+            raise PrometheusError(path, f"HTTP {status}: {str(detail).strip()[:300]}")
+        with self._parsing:
+            try:
+                doc = json.loads(body)
+            except (ValueError, RecursionError) as e:
+                raise PrometheusError(path, "the answer is not JSON (is this Prometheus' URL?)") from e
+            finally:
+                del body
         if not isinstance(doc, dict) or "status" not in doc:
             raise PrometheusError(path, "the answer is not a Prometheus API response (is this Prometheus' URL?)")
         if doc.get("status") != "success":
@@ -161,6 +196,70 @@ class PromClient:
             raise PrometheusError(path, "a successful answer without data")
         self.queries += 1
         return doc["data"]
+
+    def _post(self, url: str, path: str, data: bytes) -> tuple[int, str | None, bytes]:
+        """(status, Location, body) of one POST of ``data`` to ``url``: an error body read up to 4 KiB, a success's
+        whole within the byte budget, all of it before the deadline."""
+        u = urllib.parse.urlsplit(url)
+        remaining = self._ends - time.monotonic()
+        if remaining <= 0:
+            raise self._late(path)
+        conn: http.client.HTTPConnection
+        if u.scheme == "https":
+            conn = http.client.HTTPSConnection(u.hostname or "", u.port, timeout=min(self.timeout, remaining),
+                                               context=self.ctx)
+        else:
+            conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=min(self.timeout, remaining))
+        expired = threading.Event()
+        sockets: list[socket.socket] = []  # the connection's (it forgets it once an answer says it ends at close)
+
+        def expire() -> None:  # wakes a read blocked on a server that drips
+            expired.set()
+            for sock in sockets or [s for s in (conn.sock,) if s is not None]:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        watchdog = threading.Timer(remaining, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.connect()
+            sockets.append(conn.sock)
+            conn.request("POST", (u.path or "/") + (f"?{u.query}" if u.query else ""), body=data, headers={
+                **self.headers, "Content-Type": "application/x-www-form-urlencoded"})
+            r = conn.getresponse()
+            if not 200 <= r.status < 300:
+                return r.status, r.getheader("Location"), r.read(4096)
+            return r.status, None, self._read_body(r, path)
+        except (OSError, http.client.HTTPException) as e:
+            if expired.is_set():
+                raise self._late(path) from e
+            raise PrometheusError(self.base, f"cannot reach it: {getattr(e, 'strerror', None) or e!r}") from e
+        finally:
+            watchdog.cancel()
+            conn.close()
+            if expired.is_set():
+                raise self._late(path)
+
+    def _read_body(self, r: http.client.HTTPResponse, path: str) -> bytes:
+        """The answer's bytes, each piece taken from the budget of all answers before it is kept."""
+        parts: list[bytes] = []
+        declared = r.getheader("Content-Length") or ""
+        if declared.isdigit() and int(declared) > self._left:
+            raise PrometheusError(path, f"answers over {self.max_bytes >> 20} MiB in all")
+        while True:
+            chunk = r.read(1 << 20)
+            if not chunk:
+                return b"".join(parts)
+            with self._lock:
+                self._left -= len(chunk)
+                over = self._left < 0
+            if over:
+                raise PrometheusError(path, f"answers over {self.max_bytes >> 20} MiB in all")
+            parts.append(chunk)
+
+    def _late(self, path: str) -> PrometheusError:
+        return PrometheusError(path, f"no complete answer within {self.deadline:g} s (--deadline)")
 
     def query(self, expr: str, *, at: float | None = None) -> list[tuple[dict[str, str], float]]:
         """(labels, value) of each series of an instant vector (a scalar answer is one series with no labels)."""
@@ -205,6 +304,25 @@ class PromClient:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise PrometheusError("/api/v1/labels", "the label names are not a list of strings")
         return names
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of ``url``: where a request may go with the credentials.
+
+    >>> _origin("http://Prometheus:80/x"), _origin("https://[::1]/")
+    (('http', 'prometheus', 80), ('https', '::1', 443))
+    """
+    u = urllib.parse.urlsplit(url)
+    return u.scheme.lower(), (u.hostname or "").lower(), u.port or (443 if u.scheme.lower() == "https" else 80)
+
+
+def _shown_origin(url: str) -> str:
+    """``url``'s origin as text (its path and query, which may carry a token, left out), escaped."""
+    try:
+        scheme, host, port = _origin(url)
+    except ValueError:
+        return "an unreadable URL"
+    return ascii(f"{scheme}://{host}:{port}")[1:-1][:200]
 
 
 def _sample_value(expr: str, sample: object) -> float:

@@ -35,20 +35,22 @@ __all__ = ["fleet"]
               help="With --prometheus: basic auth (or FORENSICS_PROMETHEUS_BASIC_AUTH, kept out of the process list).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --prometheus: CA for https.")
+@click.option("--deadline", type=click.FloatRange(1, 86400), default=None, metavar="SECONDS",
+              help="With --prometheus: seconds all its requests may take together (default 60).")
 @click.option("--kubeconfig", default=None, help="kubeconfig for kubectl.")
 @click.option("--context", "kube_context", default=None, help="kubectl context.")
 @json_option
 @output_option
 @force_option
 def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheus, window, bearer_token_file,
-          basic_auth, ca_file, kubeconfig, kube_context, as_json, output, force):
+          basic_auth, ca_file, deadline, kubeconfig, kube_context, as_json, output, force):
     """Cross-compare restarts and exit codes of pods by node group, and name the boundary.
 
     \b
     \b
     forensics fleet -n monitoring -l app=nvitop-exporter
     forensics fleet --from pods.json --nodes nodes.json
-    forensics fleet --prometheus http://prometheus:9090 --window 6h [--bearer-token-file F] [--ca-file CA]
+    forensics fleet --prometheus http://prometheus:9090 --window 6h [--bearer-token-file F] [--deadline S]
 
     \b
     Exit codes: 0 printed; 1 error (kubectl or Prometheus failed, bad input: files swapped, no pods,
@@ -65,11 +67,12 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
     if prometheus:
         if pods_file:
             raise click.UsageError("--prometheus and --from are exclusive")
-        _fleet_prometheus(prometheus, window, since, bearer_token_file, basic_auth, ca_file, namespace, selector,
-                          tuple(group_by) or DEFAULT_GROUP_LABELS, as_json, output, force)
+        _fleet_prometheus(prometheus, window, since, bearer_token_file, basic_auth, ca_file, deadline, namespace,
+                          selector, tuple(group_by) or DEFAULT_GROUP_LABELS, as_json, output, force)
         return
-    if window or bearer_token_file or basic_auth or ca_file:
-        raise click.UsageError("--window, --bearer-token-file, --basic-auth and --ca-file go with --prometheus")
+    if window or bearer_token_file or basic_auth or ca_file or deadline:
+        raise click.UsageError("--window, --bearer-token-file, --basic-auth, --ca-file and --deadline go with "
+                               "--prometheus")
     if pods_file:
         pods_doc, nodes_doc = read_json_object(pods_file), read_json_object(nodes_file)
         check_documents(pods_doc, nodes_doc, pods_from=f"--from {pods_file}", nodes_from=f"--nodes {nodes_file}")
@@ -102,12 +105,13 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
     sys.exit(EXIT_OK)
 
 
-def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file, namespace, selector, group_by,
-                      as_json, output, force) -> None:
+def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file, deadline, namespace, selector,
+                      group_by, as_json, output, force) -> None:
     import datetime as dt
 
     from ..text.fleet import format_fleet
-    from ..fleetprom import PromAuth, PromClient, PrometheusError, parse_window, summarize_fleet_prometheus
+    from ..fleetprom import (DEFAULT_DEADLINE, PromAuth, PromClient, PrometheusError, parse_window,
+                             summarize_fleet_prometheus)
     from ..output import json_document
 
     now = dt.datetime.now(dt.timezone.utc)
@@ -136,7 +140,8 @@ def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file
         if t0.tzinfo is None:
             t0 = t0.replace(tzinfo=dt.timezone.utc)
         seconds = max(1, int((now - t0).total_seconds()))
-    client = PromClient(url, PromAuth(bearer_token_file=bearer_token_file, basic_auth=basic_auth, ca_file=ca_file))
+    client = PromClient(url, PromAuth(bearer_token_file=bearer_token_file, basic_auth=basic_auth, ca_file=ca_file),
+                        deadline=deadline or DEFAULT_DEADLINE)
     summary = summarize_fleet_prometheus(client, group_by=group_by, namespace=namespace, selector=selector,
                                          window=seconds, now=now, baseline_label=label)
     if not summary.pods:
