@@ -384,3 +384,22 @@ class LimitNotRaised(ForensicsError, PermissionError):
 
 
 __all__ += ["LimitNotRaised"]
+
+
+# -- reading back what another command wrote (forensics.jsonrecords) -------------------------------
+
+
+class ArtifactFormatError(ForensicsError, ValueError):
+    """A JSON document another forensics command writes (``analyze``, ``reproduce``, ``verify-imports``,
+    ``fleet`` ``--json``) that is not one this version reads: the wrong or no ``schema_version``, another
+    command's document, or a value of the wrong type or form (``where``: its path in the document)."""
+
+    help_text = ("Pass the --json document the command wrote, from a forensics of the same schema version; "
+                 "write it again with this version when it came from another.")
+
+    def __init__(self, command: str, reason: str, where: str = "") -> None:
+        super().__init__(f"not a `forensics {command} --json` document this version reads: "
+                         + (f"{where}: " if where else "") + reason, command=command, reason=reason, where=where)
+
+
+__all__ += ["ArtifactFormatError"]

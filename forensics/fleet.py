@@ -24,6 +24,7 @@ __all__ = [
     "check_documents",
     "parse_pods",
     "summarize_fleet",
+    "load_fleet",
 ]
 
 MAX_PODS = 1_000_000
@@ -274,3 +275,13 @@ def _parse_time(s: str | None) -> _dt.datetime | None:
         return _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def load_fleet(doc: object) -> FleetSummary:
+    """The :class:`FleetSummary` a ``forensics fleet --json`` document holds (what ``forensics report`` reads).
+
+    :raises ArtifactFormatError: not a ``fleet`` document of this schema version, or a value of the wrong type
+    """
+    from .jsonrecords import load_document
+
+    return load_document(doc, "fleet", "fleet", FleetSummary)

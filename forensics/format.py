@@ -10,7 +10,7 @@ from .analyze.stacks import merge_frames
 from .model import Analysis
 from .output import to_jsonable
 
-__all__ = ["analysis_payload"]
+__all__ = ["analysis_payload", "load_analysis"]
 
 
 def analysis_payload(analysis: Analysis, *, merged: bool = False) -> dict:
@@ -25,3 +25,16 @@ def analysis_payload(analysis: Analysis, *, merged: bool = False) -> dict:
                 {"kind": kind.value, **to_jsonable(frame)} for kind, frame in merge_frames(thread)
             ]
     return data
+
+
+def load_analysis(doc: object) -> Analysis:
+    """The :class:`Analysis` a ``forensics analyze --json`` document holds: the inverse of
+    :func:`analysis_payload` (the values it adds, ``signature``, ``exit_explanation``, ``merged``, are derived
+    from the record again).  The one way an analysis is read back (``forensics report``).
+
+    :raises ArtifactFormatError: not an ``analyze`` document, another or no ``schema_version``, a value of the
+        wrong type or form
+    """
+    from .jsonrecords import load_document
+
+    return load_document(doc, "analyze", "analysis", Analysis)

@@ -63,6 +63,10 @@ __all__ = [
 ]
 
 _FRAME_KINDS_IN_LIBC = ("libc.so", "libc-", "ld-linux", "libpthread", "libm.so")
+_LIBC_ABORT = ("libc.so", "libc-", "libc_malloc_debug")  # where abort() and malloc's checks run
+_NVML = "libnvidia-ml"
+# nvidia-ml-py's wrappers (pynvml.py; nvitop's libnvml.py wraps it): the caller that matters is above them
+_BINDING_FILES = ("pynvml.py", "/api/libnvml.py", "libnvml.py")
 
 
 class Source(enum.Enum):
@@ -345,6 +349,22 @@ class NativeFrame:
         name = self.library_name or ""
         return name.startswith("libpython") or name.startswith("python")
 
+    @property
+    def is_nvml(self) -> bool:
+        """The frame is in the driver's NVML library (libnvidia-ml.so)."""
+        return _NVML in (self.library_name or "")
+
+    def describe(self, *, brief: bool = False) -> str:
+        """The frame as one line, the one wording of analyze's text and the reports' stacks:
+        ``#0   0x00007f... nvmlDeviceGetFieldValues+112 (libnvidia-ml.so.1) at /src/nvml.c:40``; ``brief``:
+        without the address (it differs from run to run) and the source file's directory."""
+        off = f"+{self.offset}" if self.offset else ""
+        mark = " [inlined]" if self.inlined else (" [tail call]" if self.tailcall else "")
+        src = self.file.rsplit("/", 1)[-1] if brief and self.file else self.file
+        where = f" at {src}:{self.line}" if src and self.line else ""
+        address = "" if brief else f"0x{self.pc:016x} "
+        return f"#{self.index:<3} {address}{self.symbol or '??'}{off}{mark} ({self.library_name or '?'}){where}"
+
 
 @record
 class PyFrame:
@@ -442,7 +462,40 @@ class Thread:
 
     @property
     def inside_nvml(self) -> bool:
-        return any("libnvidia-ml" in (f.library_name or "") for f in self.native_frames)
+        """The thread faulted inside libnvidia-ml: the innermost of its interrupted native frames past libc's
+        abort machinery (abort, malloc's checks) is NVML's.  The one definition of "crashed inside NVML";
+        an NVML call merely in progress further out is :attr:`nvml_on_stack`."""
+        for f in self.interrupted_native_frames:
+            if any(x in (f.library or "") for x in _LIBC_ABORT):
+                continue
+            return f.is_nvml
+        return False
+
+    @property
+    def nvml_on_stack(self) -> bool:
+        """An NVML call was in progress when the thread was interrupted (a frame of libnvidia-ml anywhere in
+        its interrupted native frames)."""
+        return any(f.is_nvml for f in self.interrupted_native_frames)
+
+    @property
+    def nvml_api(self) -> str | None:
+        """The NVML entry point the thread was in: libnvidia-ml's ``nvml*`` frame, else nvidia-ml-py's wrapper
+        of that name on the Python stack."""
+        for f in self.interrupted_native_frames:
+            if f.is_nvml and (f.symbol or "").startswith("nvml"):
+                return f.symbol
+        for p in self.interrupted_py_frames or ():
+            if p.file.endswith("pynvml.py") and p.function.startswith("nvml"):
+                return p.function
+        return None
+
+    @property
+    def binding_caller(self) -> str | None:
+        """The innermost Python function above the NVML binding's wrappers: the caller that matters."""
+        for p in self.interrupted_py_frames or ():
+            if not p.file.endswith(_BINDING_FILES):
+                return p.function
+        return None
 
 
 @record
@@ -567,6 +620,19 @@ class OverflowVerdict(enum.Enum):
     # object of the Python side points into it: no buffer or count of the binding was involved
     LIBRARY = "library-own-buffer"
     UNDETERMINED = "undetermined"  # the core does not hold what decides it (the reason says what is missing)
+
+    @property
+    def words(self) -> str:
+        """The verdict in words: the one wording of analyze's text and the reports."""
+        return _VERDICT_WORDS[self.value]
+
+
+_VERDICT_WORDS = {
+    "driver-wrote-past-buffer": "the native library wrote past a correctly sized buffer (not the binding)",
+    "binding-count-too-large": "the binding passed a count larger than its buffer (not the native library)",
+    "library-own-buffer": "points at the native library that freed it (not the binding)",
+    "undetermined": "undetermined from the heap",
+}
 
 
 @record
@@ -749,6 +815,18 @@ class HeapCorruption:
     problems: tuple[str, ...] = ()
     freed_by: NativeFree | None = None  # Python processes: the native code whose free() glibc aborted in
 
+    @property
+    def freed_in(self) -> str | None:
+        """The base name of the object file whose free() glibc aborted in."""
+        return (self.freed_by.library or "").rsplit("/", 1)[-1] or None if self.freed_by else None
+
+    @property
+    def verdict_words(self) -> str:
+        """The verdict in words, naming the library whose own buffer it was when it is one."""
+        if self.verdict is OverflowVerdict.LIBRARY and self.freed_in:
+            return f"points at {self.freed_in}, not the binding"
+        return self.verdict.words
+
 
 @record
 class HeapReport:
@@ -768,6 +846,22 @@ class Analysis:
     findings: tuple[Finding, ...] = field(default_factory=tuple)
     heap: HeapReport | None = None  # heap-corruption crashes, and any core with --heap
     fingerprint_partial: str | None = None  # why a part the definition uses was unavailable (then it differs)
+
+    @property
+    def is_crash(self) -> bool:
+        """A crash, not a snapshot of a live process (gcore)."""
+        return self.crash.kind is not CrashKind.SNAPSHOT
+
+    @property
+    def fault_thread(self) -> Thread | None:
+        """The thread of the first fault (a crash reporter's handler that faulted on top is ``crash.then``),
+        else the thread the core marks crashed, else the first."""
+        threads = self.snapshot.threads
+        if self.crash.tid is not None:
+            for t in threads:
+                if t.tid == self.crash.tid:
+                    return t
+        return self.snapshot.crashed_thread or (threads[0] if threads else None)
 
 
 @record

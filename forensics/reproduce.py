@@ -25,8 +25,9 @@ from pathlib import Path
 
 from .errors import ForensicsError, InputNotFound
 
-__all__ = ["Outcome", "ReproRun", "ReproduceResult", "ReproducerNotStarted", "parse_header", "parse_crash_verdict",
-           "conclude", "run_reproducers", "nvml_dir_for", "reproduce_payload", "NvmlLibraryNotFound"]
+__all__ = ["Outcome", "ReproRun", "ReproduceResult", "load_reproduce", "ReproducerNotStarted", "gpu_lines_of",
+           "parse_header", "parse_crash_verdict", "conclude",
+           "run_reproducers", "nvml_dir_for", "reproduce_payload", "NvmlLibraryNotFound"]
 
 OUTPUT_LIMIT = 1 << 20  # bytes of a reproducer's stdout kept from its start (the header) and from its end
 _FATAL = (_signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL)
@@ -330,6 +331,17 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
     )
 
 
+def load_reproduce(doc: object) -> ReproduceResult:
+    """The :class:`ReproduceResult` a ``forensics reproduce --json`` document holds (the inverse of
+    :func:`reproduce_payload`: its ``environment`` and ``runs`` summaries are derived from the record again).
+
+    :raises ArtifactFormatError: not a ``reproduce`` document of this schema version, or a value of the wrong type
+    """
+    from .jsonrecords import load_document
+
+    return load_document(doc, "reproduce", "reproduce", ReproduceResult)
+
+
 def reproduce_payload(result: ReproduceResult) -> dict:
     """The body of ``forensics reproduce --json`` (what ``forensics report`` reads)."""
     h = result.environment
@@ -342,13 +354,13 @@ def reproduce_payload(result: ReproduceResult) -> dict:
         "runs": [{"name": r.name, "status": r.status.value, "outcome": r.outcome, "signature": r.signature,
                   "fingerprint": r.fingerprint, "core": r.core, "verdict": r.verdict, "seconds": round(r.seconds, 3),
                   "calls_to_crash": r.calls_to_crash, "seconds_to_crash": r.seconds_to_crash,
-                  "command": list(r.command), "gpus": _gpu_lines(r.environment)}
+                  "command": list(r.command), "gpus": gpu_lines_of(r.environment)}
                  for r in result.runs],
         "conclusion": result.conclusion,
     }
 
 
-def _gpu_lines(header: dict[str, str]) -> list[str]:
+def gpu_lines_of(header: dict[str, str]) -> list[str]:
     """``GPU 0: NVIDIA H20, GPU-<uuid>, PCI bus 00000000:18:00.0`` lines of a header, in index order."""
     keys = sorted((k for k in header if re.fullmatch(r"gpu \d+", k)), key=lambda k: int(k.split()[1]))
     return [f"GPU {k.split()[1]}: {header[k]}" for k in keys]

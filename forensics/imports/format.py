@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..output import to_jsonable
 from .model import ImportReport
 
-__all__ = ["report_payload"]
+__all__ = ["report_payload", "load_import_report"]
 
 
 def report_payload(report: ImportReport, *, strict: bool = False) -> dict:
@@ -24,3 +24,15 @@ def report_payload(report: ImportReport, *, strict: bool = False) -> dict:
     if report.execute is not None:
         data["execute"]["agrees"] = report.execute.agrees
     return data
+
+
+def load_import_report(doc: object) -> ImportReport:
+    """The :class:`ImportReport` a ``forensics verify-imports --json`` document holds (the inverse of
+    :func:`report_payload`; its conveniences are the record's properties again).
+
+    :raises ArtifactFormatError: not a ``verify-imports`` document of this schema version, or a value of the
+        wrong type
+    """
+    from ..jsonrecords import load_document
+
+    return load_document(doc, "verify-imports", "result", ImportReport)

@@ -25,8 +25,12 @@ from .evidence import Evidence, ReportInputError, load_evidence
 from .form import IssueForm, check_form_body, load_shipped_form, read_issue_form
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown, escape, fence
 from ..errors import ForensicsError
+from ..format import load_analysis
+from ..imports.format import load_import_report
+from ..model import HeapChunk, HeapCorruption, HeapReport
 from ..output import escape_text
 from ..redact import Redactor, redact_tree
+from ..reproduce import load_reproduce
 
 __all__ = ["Report", "make_report", "render", "environment", "write_report", "check_report_file",
            "split_front_matter", "check_title", "attachment_dir_for", "TEMPLATES", "heap_section", "escape_value",
@@ -166,15 +170,13 @@ def _hosts_in(ev: Evidence) -> dict[str, str]:
                            ((doc.get("identity") or {}).get("hostname"), "host")):
             if isinstance(name, str) and name:
                 out.setdefault(name, kind)
-    texts = []
-    for doc in ev.all("analyze"):
-        texts.append(str((((doc.get("analysis") or {}).get("snapshot") or {}).get("core") or {}).get("args") or ""))
+    texts = [load_analysis(doc).snapshot.core.args for doc in ev.all("analyze")]
     for doc in ev.all("capture"):
         cmd = (doc.get("snapshot") or {}).get("cmdline")
         texts.append(" ".join(cmd) if isinstance(cmd, list) else str(cmd or ""))
     for doc in ev.all("verify-imports"):
-        argv = ((((doc.get("result") or {}).get("python") or {}).get("entrypoint") or {}).get("argv")) or []
-        texts.append(" ".join(str(a) for a in argv))
+        python = load_import_report(doc).python
+        texts.append(" ".join(python.entrypoint.argv) if python else "")
     for t in texts:
         for m in re.finditer(r"--(?:hostname|host|node-name|nodename)(?:=|\s+)([A-Za-z0-9][A-Za-z0-9.-]{0,252})", t):
             if not re.fullmatch(r"[\d.]+", m.group(1)) and m.group(1) not in ("localhost",):
@@ -251,7 +253,7 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
             reproducer_sources = {}
     evidence = [{"path": escape_value(redactor.text(i.path), None), "kind": i.kind, "sha256": i.sha256,
                  "size": str(i.size), "problem": i.problem} for i in ev.items]
-    heap = _heap_section(docs)
+    heap = heap_section(facts.analysis.heap) if facts.analysis and facts.analysis.heap else None
     ctx = build_context(facts, template, conclusion, known, tool_version=tool_version, footer=[],
                         evidence=evidence, reproducer_sources=reproducer_sources, form=form,
                         nvidia_link=nvidia_link, heap=heap, attachment_dir=attachment_dir)
@@ -330,12 +332,11 @@ def _local_prefixes(ev: Evidence) -> tuple[str, ...]:
         if doc.get("_bundle_dir"):
             out.add(str(Path(doc["_bundle_dir"]).parent))
     for doc in ev.all("reproduce"):
-        for r in ((doc.get("reproduce") or {}).get("runs") or []):
-            if isinstance(r, dict) and isinstance(r.get("run_dir"), str):
-                out.add(str(Path(r["run_dir"]).parent.parent))  # <workdir>/reproduce-<stamp>/<name>
+        for r in load_reproduce(doc).runs:
+            out.add(str(Path(r.run_dir).parent.parent))  # <workdir>/reproduce-<stamp>/<name>
     for doc in ev.all("analyze"):
-        core = ((((doc.get("analysis") or {}).get("snapshot") or {}).get("core")) or {}).get("path")
-        if isinstance(core, str) and core.startswith("/"):
+        core = load_analysis(doc).snapshot.core.path
+        if core.startswith("/"):
             out.add(str(Path(core).parent))
     try:
         from ..cache import cache_dir
@@ -347,130 +348,111 @@ def _local_prefixes(ev: Evidence) -> tuple[str, ...]:
     return tuple(sorted(p for p in out if p not in ("/", "")))
 
 
-def _heap_section(docs: dict) -> dict | None:
-    """What the core's heap says (#21), when an analysis carries a heap reading: {"summary", "lines"}.
-
-    ``summary`` is one paragraph (which buffer overflowed, by how much, who wrote past it);
-    ``brief`` the same without glibc's check and the bytes (for a line in the nvitop issue and the
-    runbook); ``lines`` are the facts it rests on, one each.
-    """
-    for doc in docs.get("analyze") or []:
-        heap = (doc.get("analysis") or {}).get("heap")
-        if isinstance(heap, dict) and (heap.get("corruption") or heap.get("summary") or heap.get("problems")):
-            return heap_section(heap)
-    return None
+def _hexaddr(v: int | None) -> str:
+    return f"0x{v:x}" if v is not None else "?"
 
 
-def _hexaddr(v: object) -> str:
-    return f"0x{v:x}" if isinstance(v, int) else str(v)
+def _buffer_phrase(c: HeapCorruption, over: HeapChunk) -> str:
+    """The buffer that overflowed: the Python object holding it and the call it was passed to, or the chunk."""
+    chunk = f"the chunk at {_hexaddr(over.address)} (size {_hexaddr(over.size)}, {c.usable_size} usable bytes)"
+    owner, call = c.owner, c.call
+    if owner is None:
+        same = c.rejected is not None and c.rejected.address == over.address
+        return chunk + (", the chunk glibc was freeing" if same else "")
+    obj = owner.object
+    entries = f"{obj.length} entries of {obj.element_size} bytes, " if obj.length is not None and obj.element_size \
+        else ""
+    where = owner.file.rsplit("/", 1)[-1]
+    buffer = (f"`{owner.name}`, a {obj.type_name} ({entries}{obj.size} bytes)"
+              + (f", a local of {owner.function} ({where}:{owner.line})" if owner.function else "") + f", in {chunk}")
+    if call is not None:
+        args = call.arguments
+        bi, ci = call.buffer_argument, call.count_argument
+        passed = args[bi] if 0 <= bi < len(args) else owner.name
+        count = (f" with count={call.count}" + (f" ({args[ci]})" if ci is not None and 0 <= ci < len(args) else "")
+                 if call.count is not None else "")
+        lib = (call.library or "").rsplit("/", 1)[-1]
+        buffer += (f", passed as {passed}{count} to {call.function or 'a native function'}"
+                   + (f" in {lib}" if lib else ""))
+    return buffer
 
 
-#: the heap's verdict (``OverflowVerdict``'s values) as the report states it
-_VERDICT_WORDS = {
-    "driver-wrote-past-buffer": "the native library wrote past a correctly sized buffer (not the binding)",
-    "binding-count-too-large": "the binding passed a count larger than its buffer (not the native library)",
-    "library-own-buffer": "points at the native library that freed it (not the binding)",
-    "undetermined": "undetermined from the heap",
-}
-
-
-def _overflow_summary(c: dict, rejected: dict, over: dict, owner: dict | None, call: dict | None,
-                      length: str, *, brief: bool = False) -> str:
+def _overflow_summary(c: HeapCorruption, over: HeapChunk, *, brief: bool = False) -> str:
     """The heap section's paragraph, conclusion first: who wrote past the buffer (or why the heap cannot
     say), then the chunk, the Python object and the call it was passed to, the overflow and its first bytes."""
-    verdict = c.get("verdict")
-    words = _VERDICT_WORDS.get(str(verdict), str(verdict))
-    freed_in = str((c.get("freed_by") or {}).get("library") or "").rsplit("/", 1)[-1]
-    if verdict == "library-own-buffer" and freed_in:
-        words = f"points at {freed_in}, not the binding"
-    out = [f"Conclusion: {words}: {c.get('verdict_reason')}."]
-    chunk = (f"the chunk at {_hexaddr(over.get('address'))} (size {_hexaddr(over.get('size'))}, "
-             f"{c.get('usable_size')} usable bytes)")
-    if owner:
-        obj = owner.get("object") or {}
-        entries = (f"{obj.get('length')} entries of {obj.get('element_size')} bytes, "
-                   if obj.get("length") is not None and obj.get("element_size") else "")
-        where = str(owner.get("file") or "?").rsplit("/", 1)[-1]
-        buffer = (f"`{owner.get('name')}`, a {obj.get('type_name')} ({entries}{obj.get('size')} bytes)"
-                  + (f", a local of {owner.get('function')} ({where}:{owner.get('line')})" if owner.get("function")
-                     else "") + f", in {chunk}")
-        if call:
-            args = call.get("arguments") or []
-            bi, ci = call.get("buffer_argument"), call.get("count_argument")
-            passed = args[bi] if isinstance(bi, int) and 0 <= bi < len(args) else owner.get("name")
-            count = (f" with count={call.get('count')}"
-                     + (f" ({args[ci]})" if isinstance(ci, int) and 0 <= ci < len(args) else "")
-                     if call.get("count") is not None else "")
-            lib = str(call.get("library") or "").rsplit("/", 1)[-1]
-            buffer += (f", passed as {passed}{count} to {call.get('function') or 'a native function'}"
-                       + (f" in {lib}" if lib else ""))
-        out.append(f"The buffer: {buffer}.")
-    else:
-        same = rejected.get("address") == over.get("address")
-        out.append(f"The buffer: {chunk}" + (", the chunk glibc was freeing" if same else "") + ".")
-    past = (f"{length} past the {c.get('buffer_size')}-byte buffer's end ({c.get('overflow_past_usable')} past "
-            "the chunk's usable size)" if c.get("buffer_size") is not None else f"{length} past its usable size")
+    out = [f"Conclusion: {c.verdict_words}: {c.verdict_reason}.", f"The buffer: {_buffer_phrase(c, over)}."]
+    length = f"{'' if c.overflow_exact else 'at least '}{c.overflow_length} bytes"
+    past = (f"{length} past the {c.buffer_size}-byte buffer's end ({c.overflow_past_usable} past "
+            "the chunk's usable size)" if c.buffer_size is not None else f"{length} past its usable size")
     if brief:
         out.append(f"Overflow: {past}.")
         return " ".join(out)
-    damaged = (c.get("damaged") or {}).get("address")
+    damaged = c.damaged.address if c.damaged else None
     out.append(f"Overflow: {past}, over the header of the chunk at {_hexaddr(damaged)}; glibc aborted with "
-               f"\"{c.get('message')}\" ({c.get('check')}).")
-    raw = bytes.fromhex(c.get("first_bytes") or "")
+               f"\"{c.message}\" ({c.check}).")
+    raw = bytes.fromhex(c.first_bytes or "")
     if raw:
         shown = "".join(chr(b) if 32 <= b < 127 else "." for b in raw)
         out.append(f"First bytes past the end: {raw.hex(' ')} ({shown}).")
     return " ".join(out)
 
 
-def heap_section(heap: dict) -> dict:
-    """The report's heap section from the ``heap`` object of ``analyze --json`` (pure).
+def _corruption_lines(c: HeapCorruption) -> list[str]:
+    """The facts the heap section's paragraph rests on, one each."""
+    lines = []
+    if c.rejected is not None:
+        lines.append(f"rejected chunk {_hexaddr(c.rejected.address)}, size {_hexaddr(c.rejected.size)}, "
+                     f"found in {c.rejected_found_by}")
+    lines += [f"inconsistent: {i}" for i in c.inconsistencies]
+    if c.overflowed is not None and c.overflow_basis:  # the chunk, the length and the first bytes are in the summary
+        lines.append(f"overflow measured by: {c.overflow_basis}")
+    if c.call is not None:
+        lines.append(f"native call in progress: {c.call.function}({', '.join(c.call.arguments)}) "
+                     f"from {c.call.caller} ({c.call.file}:{c.call.line})")
+    freed = c.freed_by
+    if freed is not None:
+        lines.append(f"glibc aborted in {freed.entry}() called by {freed.function} ({c.freed_in or '?'})"
+                     + (f" inside {freed.call}" if freed.call else "")
+                     + (f"; the Python frame making the call: {freed.python_caller}" if freed.python_caller else ""))
+    return lines + [f"note: {p}" for p in c.problems]
 
-    >>> heap_section({"corruption": None, "summary": None, "problems": ["no libc mapped"]})["summary"]
+
+def heap_section(heap: HeapReport) -> dict[str, Any] | None:
+    """The report's heap section from an analysis's heap reading (#21), None when it has nothing to say:
+    {"summary", "brief", "lines"}.
+
+    ``summary`` is one paragraph (which buffer overflowed, by how much, who wrote past it);
+    ``brief`` the same without glibc's check and the bytes (for a line in the nvitop issue and the
+    runbook); ``lines`` are the facts it rests on, one each.
+
+    >>> from forensics.model import HeapReport
+    >>> heap_section(HeapReport(problems=("no libc mapped",)))["summary"]
     "The core's heap could not be read: no libc mapped."
     """
-    c = heap.get("corruption") or None
+    c = heap.corruption
+    if c is None and heap.summary is None and not heap.problems:
+        return None
     lines: list[str] = []
     brief = None
     if c is None:
-        summary = ("The core's heap could not be read: " + "; ".join(map(str, heap.get("problems") or [])) + "."
-                   if heap.get("problems") else "The crash is not a heap corruption glibc detected.")
+        summary = ("The core's heap could not be read: " + "; ".join(heap.problems) + "." if heap.problems
+                   else "The crash is not a heap corruption glibc detected.")
     else:
-        rejected, over = c.get("rejected") or {}, c.get("overflowed") or {}
-        owner, call = c.get("owner") or None, c.get("call") or None
-        length = f"{'' if c.get('overflow_exact') else 'at least '}{c.get('overflow_length')} bytes"
-        if over:
-            summary = _overflow_summary(c, rejected, over, owner, call, length)
-            brief = _overflow_summary(c, rejected, over, owner, call, length, brief=True)
-        elif rejected:
-            found = "; ".join(map(str, c.get("inconsistencies") or [])) or "the overflowing buffer was not found"
-            summary = f"glibc rejected the chunk at {_hexaddr(rejected.get('address'))} ({c.get('check')}); {found}."
+        if c.overflowed is not None:
+            summary = _overflow_summary(c, c.overflowed)
+            brief = _overflow_summary(c, c.overflowed, brief=True)
+        elif c.rejected is not None:
+            found = "; ".join(c.inconsistencies) or "the overflowing buffer was not found"
+            summary = f"glibc rejected the chunk at {_hexaddr(c.rejected.address)} ({c.check}); {found}."
         else:
-            summary = f"glibc's check ({c.get('check')}) names no chunk found in the core: " + \
-                "; ".join(map(str, c.get("problems") or [c.get("verdict_reason")]))
-        if rejected:
-            lines.append(f"rejected chunk {_hexaddr(rejected.get('address'))}, size {_hexaddr(rejected.get('size'))}, "
-                         f"found in {c.get('rejected_found_by')}")
-        lines += [f"inconsistent: {i}" for i in c.get("inconsistencies") or []]
-        if over and c.get("overflow_basis"):  # the chunk, the length and the first bytes are in the summary
-            lines.append(f"overflow measured by: {c.get('overflow_basis')}")
-        if call:
-            lines.append(f"native call in progress: {call.get('function')}({', '.join(call.get('arguments') or [])}) "
-                         f"from {call.get('caller')} ({call.get('file')}:{call.get('line')})")
-        freed = c.get("freed_by") or None
-        if isinstance(freed, dict):
-            lib = str(freed.get("library") or "?").rsplit("/", 1)[-1]
-            lines.append(f"glibc aborted in {freed.get('entry')}() called by {freed.get('function')} ({lib})"
-                         + (f" inside {freed.get('call')}" if freed.get("call") else "")
-                         + (f"; the Python frame making the call: {freed.get('python_caller')}"
-                            if freed.get("python_caller") else ""))
-        lines += [f"note: {p}" for p in c.get("problems") or []]
-    s = heap.get("summary") or None
-    if s:
-        arenas = s.get("arenas") or []
-        heaps = sum(len(a.get("heaps") or []) for a in arenas)
-        broken = [p for a in arenas for p in a.get("problems") or []]
-        lines.append(f"glibc {s.get('glibc_version')}: {len(arenas)} arena(s), {heaps} heap(s)"
+            summary = f"glibc's check ({c.check}) names no chunk found in the core: " + \
+                "; ".join(c.problems or (c.verdict_reason,))
+        lines += _corruption_lines(c)
+    s = heap.summary
+    if s is not None:
+        heaps = sum(len(a.heaps) for a in s.arenas)
+        broken = [p for a in s.arenas for p in a.problems]
+        lines.append(f"glibc {s.glibc_version}: {len(s.arenas)} arena(s), {heaps} heap(s)"
                      + (f"; {len(broken)} problem(s): " + "; ".join(broken[:3]) if broken else ", every chain whole"))
     return {"summary": summary, "brief": brief or summary, "lines": lines}
 
@@ -481,9 +463,8 @@ def _analyze_bundles(ev: Evidence) -> None:
         return
     from ..analyze import analyze_core
     from ..bundle import is_bundle
-    from ..errors import ForensicsError
     from ..format import analysis_payload
-    from ..output import to_jsonable
+    from ..output import json_document
 
     for doc in ev.all("capture"):
         bundle = doc.get("_bundle_dir")
@@ -492,7 +473,7 @@ def _analyze_bundles(ev: Evidence) -> None:
                 a = analyze_core(bundle)
             except ForensicsError:
                 continue
-            doc = to_jsonable({"command": "analyze", "analysis": analysis_payload(a)})
+            doc = json.loads(json_document("analyze", {"analysis": analysis_payload(a)}))
             ev.docs.setdefault("analyze", []).append(doc)
             return
 

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..model import NativeFrame, PyFrame
+from ..reproduce import Outcome, ReproRun
 from .facts import Facts, Phase, xid_summary
 from .form import IssueForm
 from .known import KnownMatch
@@ -185,45 +187,34 @@ def make_title(template: str, f: Facts, c: Conclusion, form: IssueForm | None = 
 _INTERPRETER = re.compile(r"libpython|/python\d|^python\d")
 
 
-def _native_line(i: int, fr: dict) -> str:
-    lib = str(fr.get("library") or "?").rsplit("/", 1)[-1]
-    src = str(fr.get("file") or "").rsplit("/", 1)[-1]
-    where = f" at {src}:{fr['line']}" if src and fr.get("line") else ""
-    off = f"+{fr['offset']}" if fr.get("offset") else ""
-    mark = " [inlined]" if fr.get("inlined") else (" [tail call]" if fr.get("tailcall") else "")
-    return f"#{fr.get('index', i):<3} {fr.get('symbol') or '??'}{off}{mark} ({lib}){where}"
-
-
-def _native_top(frames: tuple[dict, ...]) -> tuple[list[str], int]:
+def _native_top(frames: tuple[NativeFrame, ...]) -> tuple[list[str], int]:
     """The frames down to the interpreter (the part that matters), and how many interpreter frames follow."""
     shown: list[str] = []
     for i, fr in enumerate(frames):
-        lib = str(fr.get("library") or "").rsplit("/", 1)[-1]
-        if _INTERPRETER.search(lib) and shown:
+        if _INTERPRETER.search(fr.library_name or "") and shown:
             return shown, len(frames) - i
-        shown.append(_native_line(i, fr))
+        shown.append(fr.describe(brief=True))
         if len(shown) >= NATIVE_SHOWN:
             return shown, len(frames) - i - 1
     return shown, 0
 
 
-def _py_lines(py_frames) -> list[str]:
-    return [f'  File "{fr.get("file")}", line {fr.get("line") if fr.get("line") is not None else "?"}, '
-            f'in {fr.get("function")}' for fr in reversed(list(py_frames))]
+def _py_lines(py_frames: tuple[PyFrame, ...]) -> list[str]:
+    return [f'  File "{fr.file}", line {fr.line if fr.line is not None else "?"}, in {fr.function}'
+            for fr in reversed(py_frames)]
 
 
 def _stacks_text(f: Facts) -> str:
-    """Every thread's stacks as read from the core (the attachment)."""
+    """Every thread's stacks as read from the core (the attachment): the first fault's thread first, its frames
+    from before any signal handler ran."""
     out = [f"Stacks of every thread, read from the core file of pid {f.pid} ({f.process or '?'}).", ""]
-    threads = [({"name": f.thread_name, "tid": f.tid, "native_frames": f.native_frames, "py_frames": f.py_frames},
-                True)] + [(t, False) for t in f.other_threads]
-    for t, crashed in threads:
-        out.append(f"Thread {t.get('name') or 'unnamed'} (tid {t.get('tid')})" + ("  [crashed]" if crashed else ""))
-        frames = t.get("native_frames") or []
-        if frames:
+    threads = [(f.thread_name, f.tid, f.native_frames, f.py_frames, True)] + [
+        (t.name, t.tid, t.native_frames, t.py_frames, False) for t in f.other_threads]
+    for name, tid, native, py, crashed in threads:
+        out.append(f"Thread {name or 'unnamed'} (tid {tid})" + ("  [crashed]" if crashed else ""))
+        if native:
             out.append("  native stack (innermost first):")
-            out += ["    " + _native_line(i, fr) for i, fr in enumerate(frames)]
-        py = t.get("py_frames") or []
+            out += ["    " + fr.describe(brief=True) for fr in native]
         if py:
             out.append("  Python stack (most recent call last):")
             out += ["  " + x for x in _py_lines(py)]
@@ -243,23 +234,25 @@ def _cmd(argv: list[str], name: str) -> str:
     return " ".join(["./nvml_nvlink_fieldvalues", *argv[1:]])
 
 
+def _who(r: ReproRun, long: bool = False) -> str:
+    if long:
+        return "Python reproducer (nvidia-ml-py)" if r.name == "python" else "C reproducer (no Python)"
+    return "Python reproducer" if r.name == "python" else "C reproducer"
+
+
 def _repro_output(f: Facts) -> str:
     out = []
     for r in f.repro_runs:
-        who = "Python reproducer (nvidia-ml-py)" if r.get("name") == "python" else "C reproducer (no Python)"
-        out.append(f"== {who}")
-        out.append(f"$ {_cmd(list(r.get('command') or []), str(r.get('name')))}")
-        for k, v in (r.get("environment") or {}).items():
+        out.append(f"== {_who(r, long=True)}")
+        out.append(f"$ {_cmd(list(r.command), r.name)}")
+        for k, v in r.environment.items():
             out.append(f"  {k}: {v}")
-        if r.get("verdict"):
-            out.append(f"VERDICT: {r['verdict']}")
-        if r.get("stderr_tail"):
+        if r.verdict:
+            out.append(f"VERDICT: {r.verdict}")
+        if r.stderr_tail:
             out.append("stderr (last lines):")
-            out += ["  " + x for x in str(r["stderr_tail"]).splitlines()[-10:]]
-        status = r.get("status")
-        took = f" after {r['seconds']:.2f} s" if isinstance(r.get("seconds"), (int, float)) else ""
-        out.append(f"outcome: {r.get('outcome') or status}{took}" +
-                   (f"; core: {r.get('signature')}" if r.get("signature") else ""))
+            out += ["  " + x for x in r.stderr_tail.splitlines()[-10:]]
+        out.append(f"outcome: {r.outcome} after {r.seconds:.2f} s" + (f"; core: {r.signature}" if r.signature else ""))
         out.append("")
     return "\n".join(out)
 
@@ -267,10 +260,9 @@ def _repro_output(f: Facts) -> str:
 def _observed(f: Facts) -> list[str]:
     out = []
     for r in f.repro_runs:
-        who = "Python reproducer" if r.get("name") == "python" else "C reproducer"
-        line = f"{who}: {r.get('outcome') or r.get('status')}"
-        if r.get("status") == "crashed" and str(r.get("verdict") or "").startswith("crashed: "):
-            line = f"{who}: crashed: {str(r['verdict']).removeprefix('crashed: ')}"
+        line = f"{_who(r)}: {r.outcome}"
+        if r.status is Outcome.CRASHED and (r.verdict or "").startswith("crashed: "):
+            line = f"{_who(r)}: crashed: {(r.verdict or '').removeprefix('crashed: ')}"
         out.append(line)
     return out
 
@@ -278,19 +270,18 @@ def _observed(f: Facts) -> list[str]:
 def _rate(f: Facts) -> list[str]:
     out = []
     for r in f.repro_runs:
-        who = "C reproducer" if r.get("name") == "c" else "Python reproducer"
-        if r.get("status") not in ("crashed", "heap corruption detected"):
-            if r.get("status") == "clean":
-                out.append(f"{who}: no crash in its run ({r.get('verdict') or 'clean'})")
+        who = _who(r)
+        if not r.failed:
+            if r.status is Outcome.CLEAN:
+                out.append(f"{who}: no crash in its run ({r.verdict or 'clean'})")
             continue
-        if r.get("calls_to_crash"):
-            t = r.get("seconds_to_crash")
-            out.append(f"{who}: crashed in field-value call #{r['calls_to_crash']} (1 crash in {r['calls_to_crash']} "
-                       f"calls)" + (f", {t * 1000:.2f} ms after its first query" if isinstance(t, (int, float)) else "")
-                       + (f"; {r['seconds']:.2f} s from its start"
-                          if isinstance(r.get("seconds"), (int, float)) else ""))
-        elif isinstance(r.get("seconds"), (int, float)):
-            out.append(f"{who}: crashed {r['seconds']:.2f} s after it started (process start included), in 1 of 1 runs")
+        if r.calls_to_crash:
+            t = r.seconds_to_crash
+            out.append(f"{who}: crashed in field-value call #{r.calls_to_crash} (1 crash in {r.calls_to_crash} "
+                       f"calls)" + (f", {t * 1000:.2f} ms after its first query" if t is not None else "")
+                       + f"; {r.seconds:.2f} s from its start")
+        else:
+            out.append(f"{who}: crashed {r.seconds:.2f} s after it started (process start included), in 1 of 1 runs")
     out += list(f.frequency)
     return out
 
@@ -332,8 +323,7 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
         rows.append(("VBIOS, persistence / MIG mode, Fabric Manager", "not captured (no nvidia-smi -q output)"))
     else:
         rows.append(("GPUs", _v(f.gpus)))
-    links = next((str(r["environment"]["nvlinks"]) for r in f.repro_runs
-                  if (r.get("environment") or {}).get("nvlinks")), None)
+    links = next((r.environment["nvlinks"] for r in f.repro_runs if r.environment.get("nvlinks")), None)
     rows.append(("NVLink", f"{links}, as the reproducers read it" if links else "not in the evidence"))
     if f.kernel_log is None and not f.bug_report_text:
         rows.append(("Xid summary", "kernel log not captured"))
@@ -482,8 +472,7 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
         signature=_v(f.signature), crash_prose=crash_prose, crash_rows=crash_rows, process=_v(f.process), call=call,
         native_top=native_top or [UNKNOWN], native_more=native_more, traceback=traceback, stack_label=stack_label,
         logs="\n".join(native_top), glibc_message=f.abort_message or "",
-        verdicts=[f"{'C' if r.get('name') == 'c' else 'Python'} reproducer: VERDICT: {r['verdict']}" if r.get("verdict")
-                  else f"{'C' if r.get('name') == 'c' else 'Python'} reproducer: {r.get('outcome') or r.get('status')}"
+        verdicts=[f"{_who(r)}: VERDICT: {r.verdict}" if r.verdict else f"{_who(r)}: {r.outcome}"
                   for r in f.repro_runs],
         snippet=_snippet(f), commands=commands, observed=_observed(f), rate=_rate(f),
         known_issues=known, unsupported=list(conclusion.unsupported), frequency=list(f.frequency),
@@ -504,11 +493,11 @@ def _commands(f: Facts) -> list[str]:
     if binding:
         commands.append(f"pip install {binding}")
     for r in f.repro_runs:
-        line = _cmd(list(r.get("command") or []), str(r.get("name")))
-        if r.get("name") == "c" and line:
+        line = _cmd(list(r.command), r.name)
+        if r.name == "c" and line:
             commands.append("gcc -O1 -g -o nvml_nvlink_fieldvalues nvml_nvlink_fieldvalues.c -ldl")
         if line:
-            commands.append(line + f"   # {r.get('outcome') or r.get('status')}")
+            commands.append(line + f"   # {r.outcome}")
     if f.process:
         commands.append(f"{f.process}   # the process that crashed")
     return commands

@@ -198,6 +198,25 @@ def _load_bundle(p: str, ev: Evidence, budget: _Budget) -> dict:
     return doc
 
 
+def _check_artifact(path: str, kind: str, doc: dict) -> None:
+    """Read a document of another command into its record once, here at the edge: one that this version cannot
+    read (another or no schema_version, a value of the wrong type) is refused in one line naming its file,
+    before anything is redacted or written."""
+    from ..errors import ArtifactFormatError
+    from ..fleet import load_fleet
+    from ..format import load_analysis
+    from ..imports.format import load_import_report
+    from ..reproduce import load_reproduce
+
+    loaders = {"analyze": load_analysis, "reproduce": load_reproduce, "verify-imports": load_import_report,
+               "fleet": load_fleet}
+    if kind in loaders:
+        try:
+            loaders[kind](doc)
+        except ArtifactFormatError as e:
+            raise ReportInputError(path, str(e)) from None
+
+
 def load_evidence(paths: list[str]) -> Evidence:
     """Read every input; raise :class:`ReportInputError` for one that is not evidence."""
     ev = Evidence()
@@ -215,6 +234,7 @@ def load_evidence(paths: list[str]) -> Evidence:
             if not isinstance(command, str) or command not in KINDS:
                 raise ReportInputError(p, f"unknown document kind {command!r} (expected one of {', '.join(KINDS)})")
             kind = command
+            _check_artifact(p, kind, doc)
             ev.items.append(EvidenceItem(path=p, kind=kind, sha256=hashlib.sha256(data).hexdigest(), size=len(data)))
         ev.docs.setdefault(kind, []).append(doc)
     if not ev.items:

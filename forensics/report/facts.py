@@ -15,6 +15,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from ..analyze.signature import exit_explanation, signature
+from ..fleet import load_fleet
+from ..fleetmodel import FleetSummary
+from ..format import load_analysis
+from ..imports.format import load_import_report
+from ..imports.model import ImportReport, KnownIssueHit
+from ..model import Analysis, HeapCorruption, NativeFrame, OverflowVerdict, PyFrame, Thread
+from ..reproduce import ReproduceResult, ReproRun, gpu_lines_of, load_reproduce
 from .evidence import Evidence
 
 __all__ = ["Facts", "Phase", "Query", "read_facts", "parse_os_release", "pretty_os", "smi_facts", "xid_summary",
@@ -36,7 +44,6 @@ NVLINK_QUERY: NvlinkQuery = {
     "link_count_field": 91,
 }
 _EXIT_FRAMES = ("Py_FinalizeEx", "Py_Exit", "_PyAtExit_Call", "atexit_callfuncs", "__run_exit_handlers")
-_LIBC_ABORT = ("libc.so", "libc-", "libc_malloc_debug")
 
 
 class Phase(enum.Enum):
@@ -58,6 +65,7 @@ class Query:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Facts:
     # the crash
+    analysis: Analysis | None = None  # the analysis, as load_analysis read it
     has_crash: bool = False
     signal: str | None = None
     kind: str | None = None
@@ -71,9 +79,9 @@ class Facts:
     api: str | None = None  # the NVML entry point on the crashing stack
     caller: str | None = None  # the first Python frame above the binding's wrappers
     query: Query | None = None
-    native_frames: tuple[dict, ...] = ()
-    py_frames: tuple[dict, ...] = ()
-    other_threads: tuple[dict, ...] = ()
+    native_frames: tuple[NativeFrame, ...] = ()  # the first fault's thread's, from before any handler ran
+    py_frames: tuple[PyFrame, ...] = ()
+    other_threads: tuple[Thread, ...] = ()
     process: str | None = None  # the command line
     pid: int | None = None
     core_time: float | None = None
@@ -115,29 +123,36 @@ class Facts:
     environment_notes: tuple[str, ...] = ()
     distributions: tuple[tuple[str, str], ...] = ()  # (name, version), all of them
     requirement_problems: tuple[str, ...] = ()  # pip check
-    version_facts: tuple[dict, ...] = ()  # verify-imports' known issues (knowledge-file hits)
+    version_facts: tuple[KnownIssueHit, ...] = ()  # verify-imports' known issues (knowledge-file hits)
     shadowing: tuple[str, ...] = ()  # modules not OK
     imports_checked: bool = False
+    imports: tuple[ImportReport, ...] = ()  # verify-imports' results, as load_import_report read them
     # the reproducers
-    repro: dict = field(default_factory=dict)  # the reproduce document (redacted)
-    repro_runs: tuple[dict, ...] = ()
+    repro: ReproduceResult | None = None  # the reproducers' result, as load_reproduce read it
+    repro_runs: tuple[ReproRun, ...] = ()
+    fleets: tuple[FleetSummary, ...] = ()
     # the core's heap (#21): who wrote past the buffer that overflowed
-    # "driver-wrote-past-buffer" | "binding-count-too-large" | "library-own-buffer" | "undetermined"
-    heap_verdict: str | None = None
-    heap_reason: str | None = None
-    heap_freed_in: str | None = None  # the object file whose free() glibc aborted in (its base name)
+    heap: HeapCorruption | None = None
     # how often
     frequency: tuple[str, ...] = ()
     first_seen: str | None = None
     affected: tuple[str, ...] = ()
 
     @property
-    def python_run(self) -> dict | None:
-        return next((r for r in self.repro_runs if r.get("name") == "python"), None)
+    def python_run(self) -> ReproRun | None:
+        return next((r for r in self.repro_runs if r.name == "python"), None)
 
     @property
-    def c_run(self) -> dict | None:
-        return next((r for r in self.repro_runs if r.get("name") == "c"), None)
+    def c_run(self) -> ReproRun | None:
+        return next((r for r in self.repro_runs if r.name == "c"), None)
+
+    @property
+    def heap_verdict(self) -> OverflowVerdict | None:
+        return self.heap.verdict if self.heap else None
+
+    @property
+    def heap_reason(self) -> str | None:
+        return self.heap.verdict_reason if self.heap else None
 
 
 def _get(doc: Any, *path: str, default: Any = None) -> Any:
@@ -260,79 +275,22 @@ def xid_summary(kernel_log: str | None, gpu_bus_ids: tuple[str, ...] = ()) -> li
     return out
 
 
-def _analysis(ev: Evidence) -> dict:
-    doc = ev.first("analyze")
-    if doc:
-        return doc.get("analysis") or {}
-    return _get(ev.first("capture"), "analysis", default={}) or {}
-
-
-_BINDING_FILES = ("pynvml.py", "/api/libnvml.py", "libnvml.py")
-
-
-def _interrupted_frames(thread: dict) -> tuple[list[dict], list[dict]]:
-    """A thread's native and Python frames from before any signal handler ran on it (all of them when
-    none did): the outermost signal frame splits them (``native_index``, ``py_index``)."""
-    native = [f for f in thread.get("native_frames") or [] if isinstance(f, dict)]
-    py = [f for f in thread.get("py_frames") or [] if isinstance(f, dict)]
-    frames = [sf for sf in thread.get("signal_frames") or [] if isinstance(sf, dict)]
-    if frames:
-        outer = frames[-1]
-        if isinstance(outer.get("native_index"), int):
-            native = native[outer["native_index"] + 1:]
-        if isinstance(outer.get("py_index"), int):
-            py = py[outer["py_index"]:]
-    return native, py
-
-
-def _caller(py_frames: list[dict]) -> str | None:
-    """The innermost Python frame above the NVML binding's wrappers: the caller that matters."""
-    for f in py_frames:
-        if not str(f.get("file") or "").endswith(_BINDING_FILES):
-            return f.get("function")
-    return None
-
-
-def _api(native: list[dict], py: list[dict]) -> str | None:
-    for f in native:
-        sym = str(f.get("symbol") or "")
-        if "libnvidia-ml" in str(f.get("library") or "") and sym.startswith("nvml"):
-            return sym
-    for f in py:
-        fn = str(f.get("function") or "")
-        if str(f.get("file") or "").endswith("pynvml.py") and fn.startswith("nvml"):
-            return fn
-    return None
-
-
-def _inside_nvml(native: list[dict]) -> bool:
-    """The crashing thread was in libnvidia-ml: its first frame past libc's abort machinery is NVML's."""
-    for f in native:
-        lib = str(f.get("library") or "")
-        if any(x in lib for x in _LIBC_ABORT):
-            continue
-        return "libnvidia-ml" in lib
-    return False
-
-
-def _phase(threads: list[dict]) -> Phase:
-    if not any(t.get("native_frames") for t in threads):
+def _phase(threads: tuple[Thread, ...]) -> Phase:
+    if not any(t.native_frames for t in threads):
         return Phase.UNKNOWN
     for t in threads:
-        for f in t.get("native_frames") or []:
-            if str(f.get("symbol") or "") in _EXIT_FRAMES:
-                return Phase.EXIT
+        if any((f.symbol or "") in _EXIT_FRAMES for f in t.native_frames):
+            return Phase.EXIT
     return Phase.RUNNING
 
 
-def _query(api: str | None, py: list[dict], repro: dict) -> Query | None:
-    functions = [str(f.get("function") or "") for f in py]
-    nvlink = any("nvlink_throughput" in fn for fn in functions)
-    call = _get(repro, "environment", "call")
+def _query(api: str | None, py: tuple[PyFrame, ...], repro: ReproduceResult | None) -> Query | None:
+    nvlink = any("nvlink_throughput" in f.function for f in py)
+    call = repro.environment.get("call") if repro else None
     if api == "nvmlDeviceGetFieldValues" and (nvlink or (call and not py)):
         links = None  # what the reproducers read (NVML_FI_DEV_NVLINK_LINK_COUNT), else NVML's maximum, 18
-        for r in _get(repro, "reproduce", "runs", default=[]) or []:
-            m = re.match(r"(\d+) on each", str(_get(r, "environment", "nvlinks") or ""))
+        for r in repro.runs if repro else ():
+            m = re.match(r"(\d+) on each", r.environment.get("nvlinks") or "")
             if m:
                 links = int(m.group(1))
                 break
@@ -350,19 +308,18 @@ def _query(api: str | None, py: list[dict], repro: dict) -> Query | None:
     return None
 
 
-def _modules(ev: Evidence) -> dict[str, dict]:
+def _modules(reports: list[ImportReport], ev: Evidence) -> dict[str, dict]:
     """module -> {version, file, verdict}: verify-imports first, then a capture's live resolution."""
     out: dict[str, dict] = {}
-    for doc in ev.all("verify-imports"):
-        for m in _get(doc, "result", "modules", default=None) or doc.get("modules") or []:
-            if isinstance(m, dict) and m.get("module"):
-                out.setdefault(str(m["module"]), {"version": m.get("effective_version") or m.get("version"),
-                                                  "file": m.get("file"), "verdict": m.get("verdict")})
+    for rep in reports:
+        for m in rep.modules:
+            out.setdefault(m.module, {"version": m.effective_version, "file": m.resolved.file if m.resolved else None,
+                                      "verdict": m.verdict.value})
     for doc in ev.all("capture"):
-        for m in _get(doc, "snapshot", "python", "modules", default=[]) or []:
-            if isinstance(m, dict) and m.get("module"):
-                out.setdefault(str(m["module"]), {"version": m.get("version"), "file": m.get("path"),
-                                                  "verdict": m.get("verdict")})
+        for c in _get(doc, "snapshot", "python", "modules", default=[]) or []:
+            if isinstance(c, dict) and c.get("module"):
+                out.setdefault(str(c["module"]), {"version": c.get("version"), "file": c.get("path"),
+                                                  "verdict": c.get("verdict")})
     return out
 
 
@@ -374,67 +331,35 @@ def _label_driver(labels: dict) -> str | None:
     return full if isinstance(full, str) else None
 
 
-def _glibc(repro: dict) -> str | None:
-    for src in [_get(repro, "environment", "glibc")] + [_get(r, "environment", "glibc") for r in
-                                                         _get(repro, "reproduce", "runs", default=[]) or []]:
-        if isinstance(src, str) and src:
+def _glibc(repro: ReproduceResult | None) -> str | None:
+    if repro is None:
+        return None
+    for src in [repro.environment.get("glibc")] + [r.environment.get("glibc") for r in repro.runs]:
+        if src:
             return src.replace("glibc", "").strip()
     return None
 
 
-def _python_version(snap: dict, repro: dict) -> str | None:
-    if snap.get("python_version"):
-        return str(snap["python_version"])
-    v = _get(repro, "environment", "python")
-    m = re.search(r"(\d+\.\d+\.\d+\S*)", v or "")
+def _python_version(a: Analysis | None, repro: ReproduceResult | None) -> str | None:
+    if a is not None and a.snapshot.python_version:
+        return a.snapshot.python_version
+    m = re.search(r"(\d+\.\d+\.\d+\S*)", (repro.environment.get("python") if repro else None) or "")
     return m.group(1) if m else None
 
 
-def _repro_runs(repro: dict) -> list[dict]:
-    """Each run with what report needs: name, status, outcome, verdict, command, seconds, the crash details."""
-    detailed = {r.get("name"): r for r in _get(repro, "reproduce", "runs", default=[]) or [] if isinstance(r, dict)}
-    out = []
-    for r in repro.get("runs") or []:
-        if not isinstance(r, dict):
-            continue
-        d = detailed.get(r.get("name"), {})
-        status = r.get("status") or _status_of(r, d)
-        out.append({**d, **r, "status": status, "command": r.get("command") or d.get("command") or [],
-                    "environment": d.get("environment") or {}})
-    return out
-
-
-def _status_of(r: dict, d: dict) -> str:
-    """The status of a run recorded before ``status`` existed (older reproduce documents)."""
-    outcome = str(r.get("outcome") or "")
-    verdict = str(r.get("verdict") or d.get("verdict") or "")
-    if outcome.startswith("crashed"):
-        return "crashed"
-    if "heap corruption detected" in outcome or verdict.startswith("heap corruption detected"):
-        return "heap corruption detected"
-    if "could not start" in verdict or "cannot load" in verdict or "initialization failed" in verdict:
-        return "could not start"
-    return "clean" if outcome == "clean" else "failed"
-
-
-def _frequency(ev: Evidence) -> list[str]:
+def _frequency(ev: Evidence, fleets: list[FleetSummary]) -> list[str]:
     out = []
     for doc in ev.all("analyze-batch"):
         for g in _get(doc, "batch", "groups", default=[]) or []:
             out.append(f"{g.get('count')} cores of this crash in the batch (first {_when(g.get('first_seen'))}, "
                        f"last {_when(g.get('last_seen'))})")
-    for doc in ev.all("fleet"):
-        for g in _get(doc, "fleet", "groups", default=[]) or []:
-            if isinstance(g, dict):
-                name = ", ".join(str(kv[1]) for kv in g.get("key") or [] if isinstance(kv, list) and len(kv) == 2)
-                codes = g.get("exit_codes") or {}
-                codes_text = (", ".join(f"exit {k}: {v}" for k, v in sorted(codes.items()))
-                              if isinstance(codes, dict) else str(codes))
-                out.append(f"{name or 'all nodes'}: {g.get('pods_with_restarts', '?')} of {g.get('pods', '?')} pods "
-                           f"restarted, {g.get('total_restarts', '?')} restarts"
-                           + (f" ({codes_text})" if codes_text else ""))
-        for b in _get(doc, "fleet", "boundary", default=[]) or []:
-            out.append(f"boundary: {b}")
+    for fleet in fleets:
+        for fg in fleet.groups:
+            name = ", ".join(value for _, value in fg.key)
+            codes = ", ".join(f"exit {k}: {v}" for k, v in sorted(fg.exit_codes.items()))
+            out.append(f"{name or 'all nodes'}: {fg.pods_with_restarts} of {fg.pods} pods restarted, "
+                       f"{fg.total_restarts} restarts" + (f" ({codes})" if codes else ""))
+        out += [f"boundary: {b}" for b in fleet.boundary]
     return out
 
 
@@ -444,7 +369,7 @@ def _when(t: Any) -> str:
     return str(t or "?")
 
 
-def _first_seen(ev: Evidence) -> str | None:
+def _first_seen(ev: Evidence, a: Analysis | None) -> str | None:
     """The earliest crash the evidence dates: a batch's oldest core, an analysed core's write time, a core
     handler's record, a pod's last terminated container (the source is named)."""
     times: list[tuple[float, str]] = []
@@ -452,10 +377,8 @@ def _first_seen(ev: Evidence) -> str | None:
         for g in _get(doc, "batch", "groups", default=[]) or []:
             if isinstance(g.get("first_seen"), (int, float)):
                 times.append((float(g["first_seen"]), "oldest core of the batch"))
-    for doc in ev.all("analyze"):
-        t = _get(doc, "analysis", "snapshot", "core", "mtime")
-        if isinstance(t, (int, float)):
-            times.append((float(t), "the core file's write time"))
+    if a is not None and a.snapshot.core.mtime is not None:
+        times.append((a.snapshot.core.mtime, "the core file's write time"))
     for doc in ev.all("capture"):
         t = _get(doc, "record", "time")
         if isinstance(t, (int, float)) and _get(doc, "record", "signal"):
@@ -496,99 +419,112 @@ def _affected(ev: Evidence) -> list[str]:
     return out
 
 
-def _image_of(ev: Evidence, cap: dict) -> str | None:
+def _image_of(cap: dict, imports: list[ImportReport]) -> str | None:
     pod = _get(cap, "scheduling", "pod") or {}
     for c in pod.get("containers") or []:
         if isinstance(c, dict) and c.get("image_id"):
             return str(c["image_id"])
-    vi = ev.first("verify-imports")
-    return (_get(cap, "record", "image") or _get(cap, "identity", "image") or _get(vi, "result", "image", "digest")
-            or (_get(vi, "result", "image", "ref") if _get(vi, "result", "image",
-                                                           "transport") not in (None, "pid") else None))
+    image = imports[0].image if imports else None
+    return (_get(cap, "record", "image") or _get(cap, "identity", "image")
+            or (image.manifest_digest if image else None)
+            or (image.ref if image and image.transport.value != "pid" else None))
 
 
 def read_facts(ev: Evidence) -> Facts:
-    """The facts of ``ev`` (already redacted / localized by the caller)."""
-    a = _analysis(ev)
-    snap = a.get("snapshot") or {}
-    core = snap.get("core") or {}
-    crash = a.get("crash") or {}
-    threads = [t for t in snap.get("threads") or [] if isinstance(t, dict)]
+    """The facts of ``ev`` (already redacted / localized by the caller): the analysis, the reproducers' result,
+    verify-imports' and fleet's read back into their records first (:func:`_records`)."""
+    a, repro, imports, fleets = _records(ev)
     # the first fault's thread, and its frames from before any signal handler ran (a crash reporter's
     # handler that faulted on top is not the crash: analyze puts it in crash.then)
-    crashed = (next((t for t in threads if crash.get("tid") is not None and t.get("tid") == crash.get("tid")), None)
-               or next((t for t in threads if t.get("is_crashed")), threads[0] if threads else {}))
-    native, py = _interrupted_frames(crashed)
+    crashed = a.fault_thread if a is not None else None
+    native = crashed.interrupted_native_frames if crashed else ()
+    py = (crashed.interrupted_py_frames or ()) if crashed else ()
+    core = a.snapshot.core if a is not None else None
+    crash = a.crash if a is not None else None
     cap = ev.first("capture") or {}
-    repro = ev.first("reproduce") or {}
-    rh = repro.get("environment") or {}
-    mods = _modules(ev)
+    rh = repro.environment if repro else {}
+    mods = _modules(imports, ev)
     cap_nvml = _get(cap, "snapshot", "nvml") or {}
-    nvml = core.get("nvml") or {}
     labels = _get(cap, "scheduling", "node", "gpu_labels") or {}
-    vi = _get(ev.first("verify-imports"), "result") or {}
-    api = _api(native, py)
-    pid, tid = core.get("pid"), crashed.get("tid")
-    fault = (f"0x{crash['fault_address']:x} ({crash.get('fault_kind')})"
-             if isinstance(crash.get("fault_address"), int) else None)
+    vi = imports[0] if imports else None
+    api = crashed.nvml_api if crashed else None
+    tid = crashed.tid if crashed else None
+    fault = (f"0x{crash.fault_address:x} ({crash.fault_kind.value if crash.fault_kind else '?'})"
+             if crash and crash.fault_address is not None else None)
     words: list[str] = []
     for f in native:
-        words += [str(f.get("symbol") or ""), str(f.get("library") or "")]
-    for f in py:
-        words += [str(f.get("file") or ""), str(f.get("function") or "")]
-    gpus = rh.get("gpus") or (f"{labels.get('nvidia.com/gpu.count', '?')} x {labels['nvidia.com/gpu.product']}"
-                              if labels.get("nvidia.com/gpu.product") else None)
-    run_docs = _repro_runs(repro)
-    gpu_lines = next((tuple(r.get("gpus") or ()) for r in run_docs if r.get("gpus")), ())
-    dists = tuple((str(d.get("name")), str(d.get("version"))) for d in vi.get("distributions") or []
-                  if isinstance(d, dict) and d.get("name"))
-    installers = sorted({str(d.get("installer")) for d in vi.get("distributions") or []
-                         if isinstance(d, dict) and d.get("installer") and str(d.get("name")).lower()
-                         in ("nvitop", "nvitop-exporter", "nvidia-ml-py")})
+        words += [f.symbol or "", f.library or ""]
+    for p in py:
+        words += [p.file, p.function]
+    gpus = rh.get("gpu") or (f"{labels.get('nvidia.com/gpu.count', '?')} x {labels['nvidia.com/gpu.product']}"
+                             if labels.get("nvidia.com/gpu.product") else None)
+    runs = repro.runs if repro else ()
+    gpu_lines = next((tuple(gpu_lines_of(r.environment)) for r in runs if gpu_lines_of(r.environment)), ())
+    dists = vi.distributions if vi else ()
+    installers = sorted({d.installer for d in dists if d.installer
+                         and d.name.lower() in ("nvitop", "nvitop-exporter", "nvidia-ml-py")})
     not_ok = tuple(f"{k}: {v.get('verdict')}" + (f" ({v['file']})" if v.get("file") else "") for k, v in mods.items()
                    if v.get("verdict") and str(v.get("verdict")).upper() != "OK")
-    smi = cap.get("nvidia_smi") or _get(repro, "environment", "nvidia_smi")
+    smi = cap.get("nvidia_smi") or rh.get("nvidia_smi")
     smi = smi if isinstance(smi, str) else None
     bug_text = cap.get("bug_report_text") or None
+    in_container = _get(cap, "snapshot", "in_container_namespace")
+    nvml = core.nvml if core else None
     return Facts(
-        has_crash=bool(a) and crash.get("kind") != "snapshot",  # a gcore of a live process is no crash
-        signal=crash.get("signal_name"), kind=crash.get("kind"),
-        abort_message=crash.get("abort_message"), fault=fault, thread_name=crashed.get("name"), tid=tid,
-        is_main_thread=(tid == pid) if isinstance(tid, int) and isinstance(pid, int) else None,
-        phase=_phase(threads), inside_nvml=_inside_nvml(native), api=api, caller=_caller(py),
-        query=_query(api, py, repro), native_frames=tuple(native), py_frames=tuple(py),
-        other_threads=tuple(t for t in threads if t is not crashed),
-        process=core.get("args") or core.get("command"), pid=pid, core_time=core.get("mtime"),
-        signature=a.get("signature"), fingerprint=a.get("fingerprint"), frame_words=tuple(w for w in words if w),
-        exit_status=crash.get("exit_status") if isinstance(crash.get("exit_status"), int) else None,
-        exit_explanation=a.get("exit_explanation") if isinstance(a.get("exit_explanation"), str) else None,
-        nested=bool(crash.get("then")) or bool(crash.get("handler")),
+        analysis=a, has_crash=a is not None and a.is_crash,  # a gcore of a live process is no crash
+        signal=crash.signal_name if crash else None, kind=crash.kind.value if crash else None,
+        abort_message=crash.abort_message if crash else None, fault=fault,
+        thread_name=crashed.name if crashed else None, tid=tid,
+        is_main_thread=(tid == core.pid) if tid is not None and core else None,
+        phase=_phase(a.snapshot.threads) if a else Phase.UNKNOWN,
+        inside_nvml=bool(crashed and crashed.inside_nvml), api=api,
+        caller=crashed.binding_caller if crashed else None,
+        query=_query(api, py, repro), native_frames=native, py_frames=py,
+        other_threads=tuple(t for t in a.snapshot.threads if t is not crashed) if a else (),
+        process=(core.args or core.command) if core else None, pid=core.pid if core else None,
+        core_time=core.mtime if core else None,
+        signature=signature(a) if a and a.is_crash else None, fingerprint=a.fingerprint if a else None,
+        frame_words=tuple(w for w in words if w),
+        exit_status=crash.exit_status if crash else None,
+        exit_explanation=exit_explanation(a) if a else None,
+        nested=bool(crash and (crash.then or crash.handler)),
         nvitop=(mods.get("nvitop") or {}).get("version"), exporter=(mods.get("nvitop_exporter") or {}).get("version"),
         binding=(mods.get("pynvml") or {}).get("version") or _binding_from(rh.get("binding")),
-        python=_python_version(snap, repro), glibc=_glibc(repro), nvml=rh.get("nvml"),
-        driver=(nvml.get("driver_version") or cap_nvml.get("version") or rh.get("driver") or _label_driver(labels)),
-        cuda=rh.get("cuda") or labels.get("nvidia.com/cuda.runtime.major"),
+        python=_python_version(a, repro), glibc=_glibc(repro), nvml=rh.get("nvml"),
+        driver=((nvml.driver_version if nvml else None) or cap_nvml.get("version") or rh.get("driver")
+                or _label_driver(labels)),
+        cuda=rh.get("cuda driver") or labels.get("nvidia.com/cuda.runtime.major"),
         kernel=(_get(cap, "scheduling", "node", "kernel") or _get(cap, "snapshot", "kernel") or rh.get("kernel")),
         os_image=pretty_os(cap.get("os_release_image")), os_node=pretty_os(cap.get("os_release_node")),
-        in_container=_get(cap, "snapshot", "in_container_namespace") if isinstance(
-            _get(cap, "snapshot", "in_container_namespace"), bool) else None,
-        gpus=gpus, gpu_lines=gpu_lines, nvml_library=nvml.get("path") or cap_nvml.get("path") or rh.get("libnvidia_ml"),
-        nvml_build_id=nvml.get("build_id") or cap_nvml.get("build_id"), nvml_origin=cap_nvml.get("origin"),
+        in_container=in_container if isinstance(in_container, bool) else None,
+        gpus=gpus, gpu_lines=gpu_lines,
+        nvml_library=(nvml.path if nvml else None) or cap_nvml.get("path") or rh.get("libnvidia-ml"),
+        nvml_build_id=(nvml.build_id if nvml else None) or cap_nvml.get("build_id"), nvml_origin=cap_nvml.get("origin"),
         nvidia_smi=smi, bug_report=cap.get("bug_report_note"), smi=smi_facts(smi or bug_text),
         bug_report_file=cap.get("bug_report_file"), bug_report_text=bug_text,
-        kernel_log=cap.get("kernel_log"), image=_image_of(ev, cap),
-        installer=", ".join(installers) or None, environment_notes=tuple(_get(vi, "python", "notes", default=[]) or []),
-        distributions=dists,
-        requirement_problems=tuple(str(p.get("message")) for p in vi.get("requirement_problems") or []
-                                   if isinstance(p, dict) and p.get("message")),
-        version_facts=tuple(k for k in vi.get("known_issues") or [] if isinstance(k, dict)),
-        shadowing=not_ok, imports_checked=bool(mods),
-        repro=repro, repro_runs=tuple(run_docs),
-        frequency=tuple(_frequency(ev)), first_seen=_first_seen(ev), affected=tuple(_affected(ev)),
-        heap_verdict=_get(a, "heap", "corruption", "verdict"),
-        heap_reason=_get(a, "heap", "corruption", "verdict_reason"),
-        heap_freed_in=(str(_get(a, "heap", "corruption", "freed_by", "library") or "").rsplit("/", 1)[-1] or None),
+        kernel_log=cap.get("kernel_log"), image=_image_of(cap, imports),
+        installer=", ".join(installers) or None,
+        environment_notes=vi.python.notes if vi and vi.python else (),
+        distributions=tuple((d.name, d.version) for d in dists),
+        requirement_problems=tuple(p.message for p in vi.requirement_problems if p.message) if vi else (),
+        version_facts=vi.known_issues if vi else (),
+        shadowing=not_ok, imports_checked=bool(mods), imports=tuple(imports),
+        repro=repro, repro_runs=runs, fleets=tuple(fleets),
+        frequency=tuple(_frequency(ev, fleets)), first_seen=_first_seen(ev, a), affected=tuple(_affected(ev)),
+        heap=a.heap.corruption if a is not None and a.heap is not None else None,
     )
+
+
+def _records(ev: Evidence) -> tuple[Analysis | None, ReproduceResult | None, list[ImportReport], list[FleetSummary]]:
+    """The documents of the other commands as the records they were written from: the first analysis (through
+    :func:`~forensics.format.load_analysis`, the one way report reads one), the first reproduce result, every
+    verify-imports result and fleet summary."""
+    doc = ev.first("analyze")
+    a = load_analysis(doc) if doc is not None else None
+    doc = ev.first("reproduce")
+    repro = load_reproduce(doc) if doc is not None else None
+    return (a, repro, [load_import_report(d) for d in ev.all("verify-imports")],
+            [load_fleet(d) for d in ev.all("fleet")])
 
 
 def _binding_from(text: str | None) -> str | None:

@@ -138,14 +138,14 @@ def match_known_issues(f: Facts) -> list[KnownMatch]:
                                   sources=_sources(e.get("sources")), matched_on=tuple(held)))
     facts = load_version_facts()
     for hit in f.version_facts:
-        entry = facts.get(str(hit.get("id")), {})
+        entry = facts.get(hit.id, {})
         if entry.get("kind") != "fields":
             continue
         held = _holds({"fields_any": entry.get("fields") or []}, f)
         if held:
             out.append(KnownMatch(id=entry["id"], title=entry["summary"], summary=entry.get("detail", ""),
                                   fix=entry.get("fix", ""), sources=_sources(entry.get("sources")),
-                                  matched_on=tuple(held) + tuple(hit.get("matched") or ())))
+                                  matched_on=tuple(held) + hit.matched))
     return out
 
 
@@ -154,9 +154,9 @@ def support_facts(f: Facts) -> list[dict]:
     facts = load_version_facts()
     out = []
     for hit in f.version_facts:
-        entry = facts.get(str(hit.get("id")), {})
+        entry = facts.get(hit.id, {})
         if entry.get("kind") == "support":
             out.append({"id": entry["id"], "summary": entry["summary"], "detail": entry.get("detail", ""),
                         "fix": entry.get("fix", ""), "severity": entry.get("severity", ""),
-                        "sources": _sources(entry.get("sources")), "matched": tuple(hit.get("matched") or ())})
+                        "sources": _sources(entry.get("sources")), "matched": hit.matched})
     return out

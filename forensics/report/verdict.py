@@ -21,6 +21,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ..model import OverflowVerdict
+from ..reproduce import Outcome, ReproRun
 from .facts import Facts
 from .known import KnownMatch, support_facts
 
@@ -61,24 +63,23 @@ class Conclusion:
         return self.suspect is Suspect.DRIVER
 
 
-def _run_phrase(r: dict) -> str:
+def _run_phrase(r: ReproRun) -> str:
     """What one reproducer run did, as a clause: ``crashed (SIGABRT) in field-value call #41, 0.003 s after ...``."""
-    status = r.get("status")
-    if status == "crashed":
-        sig = str(r.get("outcome") or "").removeprefix("crashed").strip(" ()") or "a signal"
-        detail = f"crashed ({sig})"
-        if r.get("calls_to_crash"):
-            detail += f" in field-value call #{r['calls_to_crash']}"
-        if isinstance(r.get("seconds_to_crash"), (int, float)):
-            detail += f", {_seconds(r['seconds_to_crash'])} after its first query"
+    status = r.status
+    if status is Outcome.CRASHED:
+        detail = f"crashed ({r.signal or 'a signal'})"
+        if r.calls_to_crash:
+            detail += f" in field-value call #{r.calls_to_crash}"
+        if r.seconds_to_crash is not None:
+            detail += f", {_seconds(r.seconds_to_crash)} after its first query"
         return detail
-    if status == "heap corruption detected":
+    if status is Outcome.DETECTED:
         return "stopped at the call that corrupted the heap, under glibc's checking allocator"
-    if status == "could not start":
-        return f"could not start ({str(r.get('outcome') or '').removeprefix('could not start: ')})"
-    if status == "clean":
+    if status is Outcome.NOT_STARTED:
+        return f"could not start ({r.outcome.removeprefix('could not start: ')})"
+    if status is Outcome.CLEAN:
         return "ran clean"
-    return str(r.get("outcome") or status)
+    return r.outcome
 
 
 def _sentence(s: str) -> str:
@@ -90,24 +91,24 @@ def _seconds(t: float) -> str:
     return f"{t * 1000:.2f} ms" if t < 1 else f"{t:.2f} s"
 
 
-def _who(r: dict) -> str:
-    return "the C reproducer" if r.get("name") == "c" else "the Python reproducer"
+def _who(r: ReproRun) -> str:
+    return "the C reproducer" if r.name == "c" else "the Python reproducer"
 
 
 def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
     py, c = f.python_run, f.c_run
-    bad = ("crashed", "heap corruption detected")
-    py_bad = bool(py and py.get("status") in bad)
-    c_bad = bool(c and c.get("status") in bad)
-    idle = [r for r in (py, c) if r and r.get("status") == "could not start"]
+    py_bad = bool(py and py.failed)
+    c_bad = bool(c and c.failed)
+    idle = [r for r in (py, c) if r and r.status is Outcome.NOT_STARTED]
     evidence = [f"{_who(r)} {_run_phrase(r)}" for r in (py, c) if r]
     # the driver library's own buffer: only libnvidia-ml's free() points at the driver (another library's
     # own buffer is that library's bug, which this report's parties do not own)
-    heap_own = f.heap_verdict == "library-own-buffer" and (f.heap_freed_in or "").startswith("libnvidia-ml")
-    heap_driver = f.heap_verdict == "driver-wrote-past-buffer" or heap_own
-    heap_binding = f.heap_verdict == "binding-count-too-large"
+    heap_own = f.heap_verdict is OverflowVerdict.LIBRARY and ((f.heap and f.heap.freed_in) or "").startswith(
+        "libnvidia-ml")
+    heap_driver = f.heap_verdict is OverflowVerdict.DRIVER or heap_own
+    heap_binding = f.heap_verdict is OverflowVerdict.BINDING
     if f.heap_verdict:
-        evidence.append(f"the core's heap: {f.heap_verdict}: {f.heap_reason}")
+        evidence.append(f"the core's heap: {f.heap_verdict.value}: {f.heap_reason}")
     support = support_facts(f)
     unsupported = [p.rstrip(".") for p in f.requirement_problems]  # pip check, as pip says it
     for s in support:  # a declared bound the knowledge file knows, unless pip check already said it
@@ -139,8 +140,8 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
 @dataclass(frozen=True)
 class _Runs:
     """The reproducers' runs and what the core's heap said, as decide() reads them."""
-    py: dict | None
-    c: dict | None
+    py: ReproRun | None
+    c: ReproRun | None
     py_bad: bool
     c_bad: bool
     heap_driver: bool
@@ -219,7 +220,7 @@ def _known_issue(k: KnownMatch) -> _Outcome:
     return suspect, statement, filings, ask
 
 
-def _undetermined(runs: _Runs, idle: list[dict], crash: str, unsupported: list[str]) -> _Outcome:
+def _undetermined(runs: _Runs, idle: list[ReproRun], crash: str, unsupported: list[str]) -> _Outcome:
     py, c = runs.py, runs.c
     suspect = Suspect.UNDETERMINED
     if idle:

@@ -15,11 +15,7 @@ _MAX_LINE = 200
 
 
 def _native_line(f: NativeFrame) -> str:
-    sym = f.symbol or "??"
-    off = f"+{f.offset}" if f.offset else ""
-    mark = " [inlined]" if f.inlined else (" [tail call]" if f.tailcall else "")
-    where = f" at {f.file}:{f.line}" if f.file and f.line else ""
-    return f"#{f.index:<3} 0x{f.pc:016x} {sym}{off}{mark} ({f.library_name or '?'}){where}"
+    return f.describe()
 
 
 def _signal_line(sf) -> str:

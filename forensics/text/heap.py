@@ -28,7 +28,7 @@ def _chunk(c: HeapChunk) -> str:
 def format_heap_corruption(c: HeapCorruption) -> Iterator[str]:
     """Lines for a heap corruption, the verdict first: who wrote past the buffer (or why the heap cannot
     say), then the rejected chunk, the buffer, the overflow and the native call."""
-    yield f"  verdict:         {c.verdict.value}: {c.verdict_reason}"
+    yield f"  verdict:         {c.verdict.value} ({c.verdict_words}): {c.verdict_reason}"
     yield f"  glibc checked:   {c.check}" + (f' ("{c.message}")' if c.message else "")
     if c.rejected is not None:
         yield f"  rejected chunk:  {_chunk(c.rejected)}, state {c.rejected.state.value}" + (

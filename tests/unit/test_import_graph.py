@@ -18,12 +18,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # SHA-256 without hashlib (digest); another program run bounded in time and bytes (subproc)
     ("errors", "model", "cache", "redact", "options", "rootpath", "fleetmodel", "digest", "subproc"),
     ("output", "resources", "guard", "kubectl"),  # shared formats, shipped files, the one kube client
+    ("jsonrecords",),  # records back from the JSON another command wrote (analyze, reproduce, fleet...)
     ("core", "fleet"),  # reading cores; the fleet's restarts
     # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus
     ("gdb", "pyread", "bundle", "unwind", "heap", "fleetprom"),
     ("analyze", "imports"),  # analyze's pipeline; verify-imports' library
     ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
-    ("report", "reproduce"),
+    ("reproduce",),  # the reproducers, and their result read back
+    ("report",),  # evidence -> the incident's reports
     ("text",),  # plain text for people: every command's renderers
     ("demo",),
     ("commands",),  # one module per command

@@ -1,18 +1,35 @@
 """The heap's verdict in a report's conclusion (forensics.report.verdict.decide, pure)."""
 from __future__ import annotations
 
+import dataclasses
+
+from forensics.model import HeapCorruption, NativeFree, OverflowVerdict
 from forensics.report.facts import Facts
 from forensics.report.verdict import Suspect, decide
+from forensics.reproduce import ReproRun
 
 DRIVER = ("nvmlDeviceGetFieldValues wrote 24 bytes past the end of the 36-entry values "
           "(c_nvmlFieldValue_t_Array_36, 1440 bytes) that pynvml.nvmlDeviceGetFieldValues passed with count=36")
 BINDING = "pynvml.nvmlDeviceGetFieldValues passed count=37 to nvmlDeviceGetFieldValues for the 36-entry values"
 
 
+def _heap(verdict: str, reason: str) -> HeapCorruption:
+    return HeapCorruption(message="munmap_chunk(): invalid pointer", check="munmap_chunk", rejected=None,
+                          rejected_found_by=None, damaged=None, inconsistencies=(), overflowed=None, usable_size=None,
+                          buffer_size=None, overflow_length=None, overflow_past_usable=None, overflow_exact=False,
+                          overflow_basis="", first_bytes="", verdict=OverflowVerdict(verdict), verdict_reason=reason)
+
+
+def _run(name: str, *, crashed: bool) -> ReproRun:
+    return ReproRun(name=name, command=(), run_dir="/tmp/r", exit_code=-6 if crashed else 0,
+                    signal="SIGABRT" if crashed else None, verdict="crashed: SIGABRT" if crashed else "clean",
+                    crashed=crashed, core=None, core_note=None, signature=None, fingerprint=None, environment={},
+                    seconds=0.1, stderr_tail="")
+
+
 def _facts(verdict, reason, runs=()):
     return Facts(has_crash=True, signal="SIGABRT", kind="heap-corruption",
-                 abort_message="munmap_chunk(): invalid pointer", heap_verdict=verdict, heap_reason=reason,
-                 repro_runs=tuple(runs))
+                 abort_message="munmap_chunk(): invalid pointer", heap=_heap(verdict, reason), repro_runs=tuple(runs))
 
 
 def test_the_heap_alone_points_at_the_driver():
@@ -35,7 +52,7 @@ def test_an_undetermined_heap_decides_nothing_but_is_evidence():
 
 
 def test_the_c_reproducer_and_the_heap_agree():
-    runs = [{"name": "c", "status": "crashed", "outcome": "crashed (SIGABRT)"}]
+    runs = [_run("c", crashed=True)]
     c = decide(_facts("driver-wrote-past-buffer", DRIVER, runs), [])
     assert c.suspect is Suspect.DRIVER and "The core's heap says the same" in c.statement
 
@@ -58,6 +75,6 @@ def test_another_librarys_own_buffer_is_not_the_drivers():
 
 
 def _own(f: Facts, lib: str) -> Facts:
-    import dataclasses
-
-    return dataclasses.replace(f, heap_freed_in=lib)
+    assert f.heap is not None
+    freed = NativeFree(entry="free", function="nvlink_scratch_overflow", library=f"/usr/lib/{lib}")
+    return dataclasses.replace(f, heap=dataclasses.replace(f.heap, freed_by=freed))

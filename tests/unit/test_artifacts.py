@@ -1,0 +1,97 @@
+"""The JSON other commands write, read back into their records at the edge (#28 item 2).
+
+``report`` reads an analysis only through :func:`forensics.format.load_analysis` (and reproduce's,
+verify-imports' and fleet's documents only through their loaders): no module of the report package
+picks a value out of those documents by key.  Each loader is the inverse of its payload, on the demo's
+real documents (``reports/demo``), and refuses a document of another or no schema version in one line.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.errors import EXIT_ERROR, ArtifactFormatError
+from forensics.format import analysis_payload, load_analysis
+from forensics.imports.format import load_import_report, report_payload
+from forensics.output import json_document
+from forensics.reproduce import load_reproduce, reproduce_payload
+from tests.import_graph import PACKAGE_DIR
+
+DEMO = Path(__file__).resolve().parents[2] / "reports" / "demo"
+# the keys under which the documents' records lie, and fields of those records: report must not read any of them
+# out of a dict (a record's attribute of that name is fine).  A capture bundle's process snapshot and its modules,
+# and analyze-batch's groups, are other artifacts (the bundle package's), not named here.
+RECORD_KEYS = {"analysis", "crash", "heap", "threads", "native_frames", "py_frames", "signal_frames", "corruption",
+               "fingerprint", "runs", "reproduce", "result", "distributions", "known_issues", "requirement_problems",
+               "fleet", "boundary"}
+
+
+def _keyed_reads(path: Path) -> list[str]:
+    """``doc["analysis"]``, ``doc.get("crash")``, ``_get(doc, "analysis", ...)`` in a module: where it is."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        keys: list[ast.expr] = []
+        if isinstance(node, ast.Subscript):
+            keys = [node.slice]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr == "get":
+                keys = node.args[:1]
+            elif isinstance(func, ast.Name) and func.id == "_get":
+                keys = node.args[1:]
+        for k in keys:
+            if isinstance(k, ast.Constant) and k.value in RECORD_KEYS:
+                out.append(f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}: {k.value!r}")
+    return out
+
+
+def test_report_reads_the_other_commands_documents_only_through_their_loaders():
+    report = PACKAGE_DIR / "report"
+    found = [hit for p in sorted(report.rglob("*.py")) for hit in _keyed_reads(p)]
+    assert found == [], "read the document with load_analysis / load_reproduce / load_import_report / load_fleet"
+    facts = (report / "facts.py").read_text()
+    assert "load_analysis(" in facts and "load_reproduce(" in facts and "load_import_report(" in facts
+
+
+@pytest.mark.parametrize("name, loader, payload, key", [
+    ("analysis.json", load_analysis, analysis_payload, "analysis"),
+    ("reproduce.json", load_reproduce, reproduce_payload, None),
+    ("verify-imports.json", load_import_report, report_payload, "result"),
+])
+def test_each_loader_is_the_inverse_of_its_payload(name, loader, payload, key):
+    doc = json.loads((DEMO / name).read_text())
+    record = loader(doc)
+    body = payload(record)
+    again = json.loads(json_document(doc["command"], {key: body} if key else body))
+    assert again == doc
+
+
+def _analysis_doc() -> dict:
+    return json.loads((DEMO / "analysis.json").read_text())
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda d: d.pop("schema_version"), "it has no schema_version"),
+    (lambda d: d.update(schema_version=2), "its schema_version is 2; this forensics reads 1"),
+    (lambda d: d["analysis"]["crash"].update(tid="1367"), "$.analysis.crash.tid: expected int, found str"),
+    (lambda d: d["analysis"]["crash"].update(kind="melted"), "$.analysis.crash.kind: 'melted' is not one of"),
+    (lambda d: d["analysis"]["snapshot"].pop("threads"), "$.analysis.snapshot.threads: missing"),
+])
+def test_a_document_this_version_cannot_read_is_one_clear_error(change, said, tmp_path):
+    doc = _analysis_doc()
+    change(doc)
+    with pytest.raises(ArtifactFormatError) as e:
+        load_analysis(doc)
+    assert said in str(e.value) and "\n" not in str(e.value)
+    # and report refuses it in one line naming the file, before writing anything
+    path = tmp_path / "analysis.json"
+    path.write_text(json.dumps(doc))
+    r = CliRunner().invoke(cli, ["report", str(path)])
+    assert r.exit_code == EXIT_ERROR
+    assert f"{path}: not report evidence: not a `forensics analyze --json` document this version reads" in r.stderr
+    assert said in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
