@@ -846,6 +846,9 @@ class Analysis:
     findings: tuple[Finding, ...] = field(default_factory=tuple)
     heap: HeapReport | None = None  # heap-corruption crashes, and any core with --heap
     fingerprint_partial: str | None = None  # why a part the definition uses was unavailable (then it differs)
+    # the previous definition's (analyze.fingerprint.fingerprint_basis_v2), so stored keys map to the new ones
+    fingerprint_v2: str | None = None
+    fingerprint_v2_basis: tuple[str, ...] = ()
 
     @property
     def is_crash(self) -> bool:

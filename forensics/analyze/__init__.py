@@ -26,7 +26,7 @@ from ..model import (
     Source,
 )
 from .classify import classify_crash, is_python_process
-from .fingerprint import fingerprint, fingerprint_basis
+from .fingerprint import fingerprint, fingerprint_basis, fingerprint_basis_v2
 from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
 from .sigframe import attach_signal_frames
 from .stacks import (
@@ -259,17 +259,22 @@ def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
     """Judge a snapshot: the crash (its first fault), its fingerprint, the findings."""
     crash = classify_crash(snapshot.core, snapshot.threads, python_process=is_python_process(snapshot.core))
     basis: tuple[str, ...]
+    basis_v2: tuple[str, ...]
     if crash.kind is CrashKind.SNAPSHOT:
-        basis, partial, fp = (), None, None
+        basis, partial, fp, basis_v2, fp_v2 = (), None, None, (), None
     else:
         basis, partial = fingerprint_basis(snapshot, crash)
         fp = fingerprint(basis)
+        basis_v2 = fingerprint_basis_v2(snapshot, crash)
+        fp_v2 = fingerprint(basis_v2)
     return Analysis(
         snapshot=snapshot,
         crash=crash,
         fingerprint=fp,
         fingerprint_basis=basis,
         fingerprint_partial=partial,
+        fingerprint_v2=fp_v2,
+        fingerprint_v2_basis=basis_v2,
         findings=check_snapshot(snapshot, crash),
     )
 
@@ -422,7 +427,7 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
     native, native_notes, native_disagreements = _choose_native(plan, libdw_doc, gdb_native)
     problems.extend(native_notes)
     if native is None and plan == "none" and native_method == "auto":  # --method direct; not --native-method none
-        native = _unwind_signal_handler_threads(reading, problems)
+        native = _unwind_signal_handler_threads(reading, problems, direct)
     disagreements: tuple[str, ...] = ()
     if method == "both":
         disagreements = _compare_methods(reading, gdb_python, direct, dwarf_layout, problems)
@@ -606,19 +611,26 @@ def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:
     return tuple(out)
 
 
-def _unwind_signal_handler_threads(reading: CoreReading, problems: list[str]) -> dict | None:
-    """Native stacks, by libdw, of the threads running a signal handler, when no unwinder was asked for.
+def _unwind_signal_handler_threads(reading: CoreReading, problems: list[str],
+                                   python: PythonStacks | None = None) -> dict | None:
+    """Native stacks, by libdw, of the threads running a signal handler -- and of the crashed thread when
+    it ran no Python code -- when no unwinder was asked for.
 
     ``--method direct`` unwinds nothing, but a thread that was running a handler needs its native stack
     to tell the handler's frames from the ones it interrupted: the first fault's Python frames (and so
-    the fingerprint) are those.  Only such threads are unwound; the others keep their program counter.
-    None when no thread runs a handler, or libdw cannot run (said in ``problems``).
+    the fingerprint) are those; and a crashed thread without Python frames (a native library's own
+    thread) is told apart by its native frames alone.  Only such threads are unwound; the others keep
+    their program counter.  None when there is none, or libdw cannot run (said in ``problems``).
     """
     core, sysroot = reading.core, reading.sysroot
     pcs = registers_only(core)
     threads = attach_signal_frames(core, build_threads(core, pcs, None), mem=reading.mem,
                                    text=reading.text_trampolines())
     tids = {t.tid for t in threads if t.signal_frames}
+    if python is not None and python.status in (PythonStatus.OK, PythonStatus.NOT_PYTHON) \
+            and core.crashed_tid is not None \
+            and not any(t.frames for t in python.threads if t.native_thread_id == core.crashed_tid):
+        tids.add(core.crashed_tid)
     if not tids:
         return None
     from ..unwind import unwind_core

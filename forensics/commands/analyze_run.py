@@ -90,6 +90,7 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
                     "mtime": e.mtime,
                     "error": e.error,
                     "fingerprint": e.analysis.fingerprint if e.analysis else None,
+                    "fingerprint_v2": e.analysis.fingerprint_v2 if e.analysis else None,
                     "signature": signature(e.analysis) if e.analysis else None,
                     "complete": e.analysis.snapshot.is_complete if e.analysis else False,
                     "partial": e.partial,

@@ -75,3 +75,46 @@ int forensics_bus(void)
     p[4096] = 1; /* the second page has no file behind it */
     return 0;
 }
+
+/* An assertion that fails: glibc's __assert_fail writes "PROGRAM: FILE:LINE: FUNCTION: Assertion ..."
+ * (PROGRAM is argv[0]'s name) and aborts. */
+#include <assert.h>
+int forensics_assert(int channels)
+{
+    assert(channels > 0);
+    return channels;
+}
+
+/* A native library's own thread (no Python frames on it) that faults in one of two functions:
+ * two different bugs of one library. */
+#include <pthread.h>
+static volatile int sink;
+
+__attribute__((noinline)) static void forensics_poll_events(volatile int *table)
+{
+    sink = table[8]; /* reads 0x20 */
+}
+
+__attribute__((noinline)) static void forensics_update_clocks(volatile long *clocks)
+{
+    clocks[6] = sink + 1; /* writes 0x30 */
+}
+
+static void *forensics_native_worker(void *which)
+{
+    if ((uintptr_t)which == 0)
+        forensics_poll_events((volatile int *)0);
+    else
+        forensics_update_clocks((volatile long *)0);
+    return 0;
+}
+
+int forensics_native_thread(int which)
+{
+    pthread_t t;
+    if (pthread_create(&t, 0, forensics_native_worker, (void *)(uintptr_t)which) != 0)
+        return -1;
+    pthread_join(t, 0);
+    return 0;
+}
+

@@ -1,0 +1,60 @@
+"""One bug per mode, the same program under every CPython: the cores a fingerprint must not split.
+
+usage: same_bug.py LIBCRASH.so {thread-method,c-extension,assert,native-a,native-b,null}
+
+``thread-method``: a method on a thread (``Poller.read_label``, run by ``Thread.run``) calls into
+libcrash.so, which writes near NULL; ``c-extension``: a C extension of the standard library
+(``_ctypes``: its ``c_int`` getter) reads address 0x10; ``assert``: a C assertion fails in libcrash.so
+(glibc's message names the program); ``native-a`` / ``native-b``: a thread libcrash.so starts itself
+(no Python frames on it) faults in one of two functions; ``null``: libcrash.so writes to address 0
+(with ``PYTHONFAULTHANDLER=1`` faulthandler handles it and raises SIGSEGV again).
+"""
+import ctypes
+import sys
+import threading
+
+LIB = ctypes.CDLL(sys.argv[1])
+MODE = sys.argv[2]
+
+
+class Poller:
+    def read_label(self):
+        return LIB.forensics_bad_write(0)
+
+    def poll(self):
+        return self.read_label()
+
+
+def read_counter():
+    return ctypes.c_int.from_address(0x10).value
+
+
+def check_channels():
+    return LIB.forensics_assert(0)
+
+
+def start_native_worker():
+    return LIB.forensics_native_thread(0 if MODE == "native-a" else 1)
+
+
+def write_null():
+    return LIB.forensics_bad_write(-0x10)
+
+
+def main():
+    if MODE == "thread-method":
+        worker = threading.Thread(target=Poller().poll, name="poller")
+        worker.start()
+        worker.join()
+    elif MODE == "c-extension":
+        read_counter()
+    elif MODE == "assert":
+        check_channels()
+    elif MODE in ("native-a", "native-b"):
+        start_native_worker()
+    elif MODE == "null":
+        write_null()
+    raise SystemExit(f"{MODE}: did not crash")
+
+
+main()

@@ -1,0 +1,123 @@
+"""The fingerprint is "the same bug" (issue #27): one program, crashed under every CPython the suite has
+(this machine's 3.8-3.13 and Debian unstable's 3.13-3.15, release and debug builds, in the sid root),
+gives one fingerprint for each bug, and two bugs give two.
+
+Real kernel cores of tests/crashers/same_bug.py: a method on a thread faulting in a native library
+(3.11+ name its frames ``Poller.read_label``, ``Thread.run``; 3.8-3.10 ``read_label``, ``run``), a C
+extension of the standard library faulting (``_ctypes.cpython-38-...so`` to ``_ctypes.cpython-315d-...so``),
+a C assertion (glibc's message starts with argv[0]'s name: ``python3``, ``python3.14d``, a venv's
+``python``), a native library's own thread faulting in one of two functions, and a NULL write with and
+without faulthandler.
+"""
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from forensics.analyze import analyze_core
+from forensics.analyze.fingerprint import fingerprint, fingerprint_basis_v2
+from forensics.model import CrashKind
+from tests.conftest import PYTHONS, SID_BUILDS
+from tests.crashers.make_core import HERE, build_libcrash, crash_for_core
+
+SAME_BUG = HERE / "same_bug.py"
+
+
+class SameBugCores:
+    """Cores of same_bug.py, one per (interpreter, mode, faulthandler), made on first use; and their analyses."""
+
+    def __init__(self, cores, sid_root: Path | None) -> None:
+        self.factory = cores
+        self.lib = build_libcrash(cores.base)
+        self.keys = list(PYTHONS) + ([f"sid-{b}" for b in SID_BUILDS] if sid_root is not None else [])
+        self._cores: dict[tuple, Path] = {}
+        self._analyses: dict[tuple, object] = {}
+
+    def core(self, key: str, mode: str, *, faulthandler: bool = False, python: str | None = None) -> Path:
+        """A core of ``mode`` under interpreter ``key`` (``python``: another path to run it by, a venv's)."""
+        k = (key, mode, faulthandler, python)
+        if k not in self._cores:
+            interp = self.factory.interpreter(key)
+            run = Path(tempfile.mkdtemp(prefix=f"run-same-{mode}-", dir=self.factory.base))
+            env = {"PYTHONFAULTHANDLER": "1"} if faulthandler else {"PYTHONFAULTHANDLER": ""}
+            self._cores[k] = crash_for_core([python or interp.python, str(SAME_BUG), str(self.lib), mode], run,
+                                            env=env, root=interp.root, binds=(SAME_BUG, self.lib))
+        return self._cores[k]
+
+    def analysis(self, key: str, mode: str, *, faulthandler: bool = False, python: str | None = None, **kw):
+        k = (key, mode, faulthandler, python, tuple(sorted(kw.items())))
+        if k not in self._analyses:
+            root = self.factory.interpreter(key).root
+            self._analyses[k] = analyze_core(str(self.core(key, mode, faulthandler=faulthandler, python=python)),
+                                             sysroot=str(root) if root else None, **kw)
+        return self._analyses[k]
+
+
+@pytest.fixture(scope="module")
+def same_bug(cores, request) -> SameBugCores:
+    if not PYTHONS:
+        pytest.skip("no CPython 3.8-3.13 found on this machine")
+    try:
+        root = request.getfixturevalue("sid_root")
+    except pytest.skip.Exception:
+        root = None  # this machine's interpreters only: Debian's root could not be built or found
+    return SameBugCores(cores, root)
+
+
+@pytest.fixture(scope="module")
+def venv_python(same_bug, tmp_path_factory) -> str:
+    """A venv of the newest interpreter here: its ``bin/python`` is what glibc's messages name."""
+    newest = list(PYTHONS)[-1]
+    venv = tmp_path_factory.mktemp("venv") / "v"
+    subprocess.run([PYTHONS[newest], "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return str(venv / "bin" / "python")
+
+
+EXPECTED = {
+    "thread-method": ("pc:libcrash.so", "python:same_bug.py:read_label", "python:same_bug.py:poll",
+                      "python:threading.py:run"),
+    "c-extension": ("pc:_ctypes.so", "python:same_bug.py:read_counter"),
+    "assert": ("abort:libcrash.c:<line>: forensics_assert: Assertion `channels > 0' failed.",
+               "python:same_bug.py:check_channels"),
+}
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED))
+def test_one_bug_one_fingerprint_under_every_interpreter(same_bug, venv_python, mode):
+    # GIVEN one bug crashed under every interpreter the suite has (and, for the newest here, from a venv)
+    got = {key: same_bug.analysis(key, mode) for key in same_bug.keys}
+    got["venv"] = same_bug.analysis(list(PYTHONS)[-1], mode, python=venv_python)
+    # THEN each is the bug's class, read whole
+    for key, a in got.items():
+        assert a.crash.kind is (CrashKind.ABORT if mode == "assert" else CrashKind.SEGV), key
+        assert a.fingerprint_partial is None, (key, a.fingerprint_partial)
+    # and they have one fingerprint, whose basis names the bug without a version, tag or program name
+    assert len({a.fingerprint for a in got.values()}) == 1, {k: a.fingerprint_basis for k, a in got.items()}
+    basis = next(iter(got.values())).fingerprint_basis
+    assert set(EXPECTED[mode]) <= set(basis), basis
+    # the previous definition's key stays readable beside it, so a fleet can map its stored keys
+    for a in got.values():
+        assert a.fingerprint_v2 == fingerprint(fingerprint_basis_v2(a.snapshot, a.crash))
+
+
+@pytest.mark.parametrize("method", ["libdw", "gdb", "direct"])
+def test_two_functions_of_a_native_librarys_thread_are_two_bugs(same_bug, method):
+    # GIVEN a native library's own thread (no Python frames) faulting in one of two functions, near NULL
+    # both times, under every interpreter, read by each native method
+    kw = {"libdw": {}, "gdb": {"method": "gdb", "native_method": "gdb"}, "direct": {"method": "direct"}}[method]
+    prints = {}
+    for which, function in (("native-a", "forensics_poll_events"), ("native-b", "forensics_update_clocks")):
+        got = {key: same_bug.analysis(key, which, **kw) for key in same_bug.keys}
+        for key, a in got.items():
+            assert a.fingerprint_partial is None, (key, a.fingerprint_partial)
+            # THEN the basis holds the faulting function and the one below it
+            assert a.fingerprint_basis[-2:] == (f"native:libcrash.so:{function}",
+                                                "native:libcrash.so:forensics_native_worker"), a.fingerprint_basis
+        # and one fingerprint per function, whatever the interpreter
+        (prints[which],) = {a.fingerprint for a in got.values()}
+    # and two functions are two bugs
+    assert prints["native-a"] != prints["native-b"]
+
