@@ -89,6 +89,9 @@ def _requires_txt(text: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+_Claim = tuple[str, str, "str | None"]  # (file, metadata directory, the hash it recorded)
+
+
 @dataclass
 class InstalledFiles:
     """Which distribution installed which file (in-root absolute paths), with the hash it recorded, and
@@ -96,9 +99,16 @@ class InstalledFiles:
 
     owner: dict[str, tuple[Distribution, str | None]]
     definers: dict[tuple[str, str], tuple[tuple[Distribution, str], ...]] = dataclasses.field(default_factory=dict)
+    claims: dict[str, tuple[tuple[Distribution, str | None], ...]] = dataclasses.field(default_factory=dict)
 
     def claim(self, path: str) -> tuple[Distribution, str | None] | None:
         return self.owner.get(path)
+
+    def claims_of(self, path: str) -> tuple[tuple[Distribution, str | None], ...]:
+        """Every (distribution, recorded hash) that claims ``path``, in the order they were read; more
+        than one where two installs wrote the same file (``pip install --target --upgrade`` leaves the
+        old version's dist-info beside the new one's)."""
+        return self.claims.get(path, ())
 
     def defined_by(self, location: str, top: str) -> tuple[tuple[Distribution, str], ...]:
         """(distribution, file) for every distribution installing ``top``'s own module file in ``location``."""
@@ -129,7 +139,7 @@ def find_distributions(fs: RootFS,
     file->distribution map; notes."""
     dists: list[Distribution] = []
     owner: dict[str, tuple[Distribution, str | None]] = {}
-    claims: list[tuple[str, str]] = []  # (file, metadata_dir): every claim, also of a file another already claims
+    claims: list[_Claim] = []  # (file, metadata_dir, hash): every claim, also of a file another already claims
     notes: list[str] = []
     seen_dirs: set[str] = set()
     no_record: list[Distribution] = []
@@ -158,11 +168,11 @@ def find_distributions(fs: RootFS,
         final = by_dir.get(d.metadata_dir, d)
         if final.package is None:
             notes.append(f"{d.metadata_dir}: no RECORD; files of {d.name} cannot be attributed")
-    return dists, InstalledFiles(owner, _definers(claims, by_dir)), notes
+    return dists, InstalledFiles(owner, _definers(claims, by_dir), _every_claim(claims, by_dir)), notes
 
 
 def _read_dist_info(fs: RootFS, location: str, name: str, mdir: str, owner: dict[str, tuple[Distribution, str | None]],
-                    claims: list[tuple[str, str]]) -> tuple[Distribution, bool] | None:
+                    claims: list[_Claim]) -> tuple[Distribution, bool] | None:
     """A ``.dist-info`` directory's distribution (None without METADATA) and whether it has a RECORD; its
     RECORD's files go into ``owner`` (first claim wins) and ``claims``."""
     meta = fs.read_text(mdir + "/METADATA")
@@ -182,7 +192,7 @@ def _read_dist_info(fs: RootFS, location: str, name: str, mdir: str, owner: dict
     for rel, h in rows:
         path = join(location, rel)
         owner.setdefault(path, (dist, h))
-        claims.append((path, mdir))
+        claims.append((path, mdir, h))
         first = rel.split("/", 1)[0]
         if not first.endswith((".dist-info", ".data")) and first != ".." and not first.startswith("__pycache__"):
             tops.add(first[:-3] if first.endswith(".py") else first.split(".", 1)[0])
@@ -190,7 +200,7 @@ def _read_dist_info(fs: RootFS, location: str, name: str, mdir: str, owner: dict
 
 
 def _read_egg_info(fs: RootFS, location: str, mdir: str, owner: dict[str, tuple[Distribution, str | None]],
-                   claims: list[tuple[str, str]]) -> Distribution | None:
+                   claims: list[_Claim]) -> Distribution | None:
     """An ``.egg-info`` file or directory's distribution (None without PKG-INFO); the files its
     installed-files.txt lists go into ``owner`` and ``claims``."""
     is_dir = fs.is_dir(mdir)
@@ -207,15 +217,15 @@ def _read_egg_info(fs: RootFS, location: str, mdir: str, owner: dict[str, tuple[
     for rel in (files or "").splitlines():
         if rel.strip():
             owner.setdefault(join(mdir, rel.strip()), (dist, None))
-            claims.append((join(mdir, rel.strip()), mdir))
+            claims.append((join(mdir, rel.strip()), mdir, None))
     return dist
 
 
-def _definers(claims: list[tuple[str, str]],
+def _definers(claims: list[_Claim],
               by_dir: dict[str, Distribution]) -> dict[tuple[str, str], tuple[tuple[Distribution, str], ...]]:
     """(site directory, top-level name) -> every (distribution, file) whose own module file defines that name."""
     definers: dict[tuple[str, str], dict[str, tuple[Distribution, str]]] = {}
-    for path, mdir in claims:
+    for path, mdir, _ in claims:
         d = by_dir.get(mdir)
         if d is None or not path.startswith(d.location.rstrip("/") + "/"):
             continue
@@ -225,7 +235,17 @@ def _definers(claims: list[tuple[str, str]],
     return {k: tuple(v.values()) for k, v in definers.items()}
 
 
-def _add_dpkg(fs: RootFS, dists: list[Distribution], owner: dict, claims: list[tuple[str, str]],
+def _every_claim(claims: list[_Claim],
+                 by_dir: dict[str, Distribution]) -> dict[str, tuple[tuple[Distribution, str | None], ...]]:
+    """file -> every (distribution, hash) claiming it, for the files more than one metadata directory claims."""
+    seen: dict[str, dict[str, str | None]] = {}
+    for path, mdir, h in claims:
+        seen.setdefault(path, {}).setdefault(mdir, h)
+    return {path: tuple((by_dir[m], h) for m, h in owners.items() if m in by_dir)
+            for path, owners in seen.items() if len(owners) > 1}
+
+
+def _add_dpkg(fs: RootFS, dists: list[Distribution], owner: dict, claims: list[_Claim],
               site_dirs: tuple[str, ...]) -> tuple[list[Distribution], list[str]]:
     """dpkg's file lists as package metadata: each package's files claimed by the egg-info/dist-info it
     installed (now marked with the package), or by a distribution made for the package when it has none."""
@@ -258,7 +278,7 @@ def _add_dpkg(fs: RootFS, dists: list[Distribution], owner: dict, claims: list[t
             by_dir[dist.metadata_dir] = dist
         if path not in owner or owner[path][0].package is None and owner[path][0].metadata_dir == dist.metadata_dir:
             owner[path] = (dist, f"md5:{md5}" if md5 else None)
-        claims.append((path, dist.metadata_dir))
+        claims.append((path, dist.metadata_dir, f"md5:{md5}" if md5 else None))
     # every claim made before now names the marked distribution
     for path, (d, h) in list(owner.items()):
         if d.metadata_dir in by_dir and by_dir[d.metadata_dir] is not d:

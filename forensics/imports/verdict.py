@@ -128,6 +128,10 @@ def _read_winner(module: str, winner: Resolution, candidates: list[Resolution], 
         data = read_bytes(winner.file)
         if data is not None:
             hash_ok = record_hash_matches(data, rhash)
+            if hash_ok is False:  # several RECORDs claim the file: it is the one whose hash it has
+                match = next(((d, h) for d, h in files.claims_of(winner.file) if record_hash_matches(data, h)), None)
+                if match is not None:
+                    (dist, rhash), hash_ok = match, True
     # the managed installs further down sys.path that the winner hides (the first: what should have won)
     managed: tuple[Resolution, Distribution] | None = None
     hidden: list[HiddenCopy] = []
@@ -228,9 +232,18 @@ def _conflict(w: _Winner, owners: tuple[tuple[Distribution, str], ...]) -> Modul
     losers = [d for d, _ in owners if dist is None or d.metadata_dir != dist.metadata_dir]
     why = ("a package directory beats a module file in one directory" if winner.kind is ModuleKind.PACKAGE
            else "both claim the same file: the last installed overwrote it")
+    if winner.kind is not ModuleKind.PACKAGE and w.record_hash_ok is True and dist is not None:
+        why += f"; its content has the RECORD hash of {dist.label}"
+    elif winner.kind is not ModuleKind.PACKAGE and w.record_hash_ok is False:
+        why += "; its content matches none of their RECORD hashes: changed after install"
     expected = DIST_OF_MODULE.get(module)
     keep = next((d for d, _ in owners if expected and normalize_name(d.name) == normalize_name(expected)), None)
-    if keep is not None and dist is not None and keep.metadata_dir != dist.metadata_dir:
+    if keep is not None and dist is not None and normalize_name(keep.name) == normalize_name(dist.name):
+        keep = dist  # the expected distribution's version that runs
+    if dist is not None and losers and all(normalize_name(d.name) == normalize_name(dist.name) for d in losers):
+        fix = (f"remove the stale metadata {', '.join(d.metadata_dir for d in losers)} (what `pip install --target "
+               f"--upgrade` leaves of the version it replaced): the files are {dist.label}'s")
+    elif keep is not None and dist is not None and keep.metadata_dir != dist.metadata_dir:
         drop = [d for d, _ in owners if d.metadata_dir != keep.metadata_dir]
         fix = (f"uninstall {' and '.join(d.name for d in drop)} ({_uninstall(drop)}), then reinstall "
                f"{keep.name} ({_reinstall(keep)}) so that its files are whole again")

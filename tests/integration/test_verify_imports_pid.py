@@ -160,3 +160,39 @@ def test_pid_of_a_chrooted_process_reads_its_paths_inside_its_root(chrooted_proc
 
 def mod_of(doc: dict, name: str) -> dict:
     return next(m for m in doc["result"]["modules"] if m["module"] == name)
+
+
+@pytest.fixture
+def upgraded_in_place(tmp_path):
+    """A process importing pynvml from a directory where ``pip install --target`` put nvidia-ml-py 12.575.51
+    and nvitop 1.6.0, then ``pip install --target --upgrade`` nvidia-ml-py 13.580.126: both dist-infos stay
+    and claim pynvml.py, whose content is 13.580.126's."""
+    lib = tmp_path / "lib"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(lib)]
+    subprocess.run([*pip, str(wheel("nvidia-ml-py", "12.575.51")), str(wheel("nvitop", "1.6.0"))], check=True,
+                   capture_output=True, timeout=300)
+    subprocess.run([*pip, "--upgrade", str(wheel("nvidia-ml-py", "13.580.126"))], check=True, capture_output=True,
+                   timeout=300)
+    assert {p.name for p in lib.glob("nvidia_ml_py-*.dist-info")} == {"nvidia_ml_py-12.575.51.dist-info",
+                                                                      "nvidia_ml_py-13.580.126.dist-info"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "PYTHONPATH": str(lib)}
+    code = "import sys, pynvml; print('ready', pynvml.__file__, flush=True); sys.stdin.readline()"
+    with ready_process([host_python(), "-c", code], cwd=tmp_path, env=env) as (proc, words):
+        yield proc, lib, words[0]
+
+
+def test_a_conflict_runs_the_distribution_whose_record_hash_the_file_has(upgraded_in_place):
+    proc, lib, imported = upgraded_in_place
+    assert imported == f"{lib}/pynvml.py"
+    # WHEN verified through /proc/PID
+    code, doc, out = run("--pid", str(proc.pid), "--json")
+    # THEN the file on disk is 13.580.126's (its RECORD hash), so that is what runs, and its known issues apply
+    pv = mod_of(doc, "pynvml")
+    assert pv["verdict"] == "CONFLICT", out
+    assert pv["distribution"]["version"] == "13.580.126" and pv["record_hash_ok"] is True
+    assert "the code of nvidia-ml-py 13.580.126 runs and nvidia-ml-py 12.575.51 never imports" in pv["reason"]
+    assert "its content has the RECORD hash of nvidia-ml-py 13.580.126" in pv["reason"]
+    assert f"remove the stale metadata {lib}/nvidia_ml_py-12.575.51.dist-info" in pv["fix"]
+    assert "12.575.51" not in pv["fix"].split("dist-info", 1)[1]  # no downgrade advised
+    hits = {h["id"] for h in doc["result"]["known_issues"]}
+    assert "nvitop-cuda13-extra-13.580.126" in hits, hits
