@@ -9,11 +9,13 @@ links to the stored objects by the paths the core names.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import stat
 import time
+from collections.abc import Callable
 
 from . import rootpath
 from .digest import sha256
@@ -55,10 +57,12 @@ def sha256_file(path: str) -> tuple[str, int]:
         os.close(fd)
 
 
-def _sha256_fd(fd: int) -> tuple[str, int]:
+def _sha256_fd(fd: int, limit: int | None = None) -> tuple[str, int]:
+    """sha256 and size of what ``fd`` reads, at most ``limit`` + 1 bytes of it (one more than a bound, to tell)."""
     h = sha256()
     n = 0
-    while chunk := os.read(fd, 1 << 20):
+    while (limit is None or n <= limit) and (chunk := os.read(fd, 1 << 20 if limit is None
+                                                              else min(1 << 20, limit + 1 - n))):
         h.update(chunk)
         n += len(chunk)
     return h.hexdigest(), n
@@ -105,28 +109,47 @@ def read_manifest(bundle_dir: str) -> dict:
     return doc
 
 
-def check_manifest(bundle_dir: str,
-                   manifest: dict | None = None) -> tuple[list[tuple[str, str, int]], list[tuple[str, str]]]:
+def check_manifest(bundle_dir: str, manifest: dict | None = None, *, take: Callable[[str, int], None] | None = None,
+                   ) -> tuple[list[tuple[str, str, int]], list[tuple[str, str]]]:
     """Each manifest item hashed as it is now, read inside the bundle only: ((path, sha256, size) of each
     item that matches the manifest; (path, why) of each that does not: ``missing`` / ``changed`` / ``not a
-    manifest item``).
+    regular file`` / ``not a manifest item``), each path once.
+
+    Each distinct file (device and inode) is hashed once, however many items name it, and at most the size
+    it had when opened (a file that grows while it is read has ``changed``).
 
     :param manifest: the manifest already read (what a caller parsed), else the bundle's
+    :param take: called with (path, size) before a distinct file is hashed: the caller's budget, which may raise
     """
     good: list[tuple[str, str, int]] = []
     bad: list[tuple[str, str]] = []
+    hashed: dict[tuple[int, int], tuple[str, int]] = {}
+    seen: set[str] = set()
+    root = os.path.abspath(bundle_dir)
     items = (read_manifest(bundle_dir) if manifest is None else manifest).get("items") or []
     for item in items if isinstance(items, list) else [items]:
         if not isinstance(item, dict) or not isinstance(item.get("path"), str):
             bad.append((f"{item!r:.80}", "not a manifest item"))
             continue
+        if item["path"] in seen:
+            continue
+        seen.add(item["path"])
         try:
-            fd = rootpath.open_in_root(os.path.abspath(bundle_dir), item["path"])
-        except (OSError, ValueError):
-            bad.append((item["path"], "missing"))
+            fd = rootpath.open_in_root(root, item["path"])
+        except (OSError, ValueError) as e:  # EINVAL: a FIFO, device or socket, which the resolver will not open
+            bad.append((item["path"], "not a regular file" if getattr(e, "errno", None) == errno.EINVAL
+                        else "missing"))
             continue
         try:
-            digest, size = _sha256_fd(fd)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                bad.append((item["path"], "not a regular file"))
+                continue
+            if (st.st_dev, st.st_ino) not in hashed:
+                if take is not None:
+                    take(item["path"], st.st_size)
+                hashed[st.st_dev, st.st_ino] = _sha256_fd(fd, st.st_size)
+            digest, size = hashed[st.st_dev, st.st_ino]
         finally:
             os.close(fd)
         if digest != item.get("sha256") or size != item.get("size"):

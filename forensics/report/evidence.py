@@ -185,7 +185,8 @@ def _load_bundle(p: str, ev: Evidence, budget: _Budget) -> dict:
         if found is not None:
             doc["bug_report_file"], doc["bug_report_text"] = found  # NVIDIA's own file: attached as it is, after review
             break
-    good, bad = check_manifest(p, doc["manifest"])  # hashed now: a hash the report states is one it verified
+    # hashed now (a hash the report states is one it verified), each file once, inside the inputs' budget
+    good, bad = check_manifest(p, doc["manifest"], take=lambda rel, n: budget.take(str(root / rel), n))
     for rel, digest, size in good:
         ev.items.append(EvidenceItem(path=str(root / rel), kind="capture", sha256=digest, size=size))
     for rel, why in bad:
