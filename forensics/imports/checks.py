@@ -29,17 +29,21 @@ def _ascii_int(text: str) -> int | None:
 
 
 def lookup_user(fs: RootFS, user: str) -> tuple[int, int, str | None, str | None]:
-    """(uid, gid, home, problem) of an image's ``User`` (``name``, ``uid``, ``name:group``, ``uid:gid``).
+    """(uid, gid, home, problem) of an image's ``User`` (``name``, ``uid``, ``name:group``, ``uid:gid``),
+    by the rules of runc's ``GetExecUser`` (moby/sys/user): no User is uid 0 (its /etc/passwd line, if any,
+    gives gid and home; a scratch image with no /etc/passwd runs as 0:0); a numeric uid the image does not
+    list runs as it is, with gid 0 unless User names a group; only a user or group *name* needs the file
+    that lists it.
 
     ``problem`` says why the runtime would refuse to start the container (a name that
     /etc/passwd does not list); uid and gid are then 0.
     """
-    name, _, group = (user or "root").partition(":")
+    name, _, group = (user or "").partition(":")
     uid = gid = None
     home = None
     problem = None
     passwd = fs.read_text("/etc/passwd", 4 << 20) or ""
-    numeric = _ascii_int(name)
+    numeric = 0 if name == "" else _ascii_int(name)
     for line in passwd.splitlines():
         f = line.split(":")
         if len(f) < 7:
@@ -47,12 +51,13 @@ def lookup_user(fs: RootFS, user: str) -> tuple[int, int, str | None, str | None
         puid, pgid = _ascii_int(f[2]), _ascii_int(f[3])
         if puid is None or pgid is None:
             continue  # a malformed line: getpwnam skips it too
-        if f[0] == name or (numeric is not None and puid == numeric):
+        if (name and f[0] == name) or (numeric is not None and puid == numeric):
             uid, gid, home = puid, pgid, f[5]
             break
     if uid is None:
         if numeric is not None:
-            uid, gid = numeric, numeric  # a uid the image does not list: runtimes run it as is
+            # a uid the image does not list (or no User, and no line for uid 0): runtimes run it as is, gid 0
+            uid, gid = numeric, 0
         else:
             problem = (f"User {name[:80]!r} is not in the image's /etc/passwd: the runtime refuses to start the "
                        "container (unable to find user)")

@@ -125,6 +125,46 @@ def test_passwd_and_user_that_do_not_parse(tmp_path):
     assert doc["findings"][0]["kind"] == "user-not-found"
 
 
+@pytest.mark.parametrize("user,refused", [
+    (None, False),  # no User: uid 0, which needs no /etc/passwd (runc's GetExecUser)
+    ("1000", False),  # a numeric uid runs as it is
+    ("1000:1000", False),
+    ("root", True),  # a name needs the file that lists it: "unable to find user root"
+    ("0:wheel", True),  # so does a group name
+], ids=["no-user", "uid", "uid-gid", "root-by-name", "group-by-name"])
+def test_a_scratch_style_image_without_passwd_runs_as_the_runtime_runs_it(tmp_path, user, refused):
+    # GIVEN an image with no /etc/passwd and no /etc/group (FROM scratch plus an interpreter)
+    img = SeedImage()
+    img.layers = [[(ti, d) for ti, d in layer if ti.name not in ("etc/passwd", "etc/group")] for layer in img.layers]
+    if user is None:
+        del img.config["config"]["User"]
+    else:
+        img.config["config"]["User"] = user
+    # WHEN it is verified
+    code, out, err = run(img.write_oci(tmp_path / "oci"), "--json")
+    doc = json.loads(out)["result"]
+    # THEN only a user or group given by name is "the runtime refuses to start the container"
+    kinds = [f["kind"] for f in doc["findings"]]
+    assert ("user-not-found" in kinds) is refused, doc["findings"]
+    assert code == 3 and "internal error" not in err
+
+
+def test_user_ids_are_what_runc_gives_without_and_with_passwd(tmp_path):
+    from forensics.imports.checks import lookup_user
+    from forensics.imports.rootfs import DirFS
+
+    fs = DirFS(str(tmp_path))  # no /etc/passwd at all
+    assert lookup_user(fs, "") == (0, 0, None, None)
+    assert lookup_user(fs, "1000") == (1000, 0, None, None)  # `docker run --user 1000`: uid=1000 gid=0(root)
+    assert lookup_user(fs, "1000:5") == (1000, 5, None, None)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n")
+    assert lookup_user(fs, "") == (0, 0, "/root", None)
+    assert lookup_user(fs, "app") == (1000, 1001, "/home/app", None)
+    assert lookup_user(fs, "1000") == (1000, 1001, "/home/app", None)
+    assert lookup_user(fs, "2000") == (2000, 0, None, None)
+
+
 @pytest.mark.parametrize("source", ["1" + "+1" * 200_000, "-" * 200_000 + "1", "x = (" * 300 + "1" + ")" * 300],
                          ids=["recursion", "memory", "nesting"])
 def test_an_entrypoint_script_that_breaks_the_parser(tmp_path, source):
