@@ -11,12 +11,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-__all__ = ["PACKAGE_DIR", "read_graph", "find_cycles", "floors", "unit_of"]
+__all__ = ["PACKAGE_DIR", "read_graph", "find_cycles", "floors", "unit_of", "module_files", "string_literals"]
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "forensics"
 
 
-def _module_files(root: Path) -> dict[str, Path]:
+def module_files(root: Path = PACKAGE_DIR) -> dict[str, Path]:
+    """``{dotted module name: its file}`` for every module of the package under ``root``."""
     out = {}
     for path in sorted(root.rglob("*.py")):
         parts = list(path.relative_to(root.parent).with_suffix("").parts)
@@ -35,7 +36,7 @@ def _target(modules: dict[str, Path], name: str) -> str | None:
 
 def read_graph(root: Path = PACKAGE_DIR) -> dict[str, set[str]]:
     """``{module: {modules it imports}}`` for every module of the package under ``root``."""
-    modules = _module_files(root)
+    modules = module_files(root)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
@@ -56,6 +57,20 @@ def read_graph(root: Path = PACKAGE_DIR) -> dict[str, set[str]]:
                 if target is not None and target != module:
                     graph[module].add(target)
     return graph
+
+
+def string_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of each string constant of a module but its docstrings, an f-string's constant parts
+    each on its own: what the code spells, not what it documents."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:

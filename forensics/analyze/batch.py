@@ -12,6 +12,7 @@ import stat
 from collections.abc import Callable, Iterable, Sequence
 
 from ..bundle import bundle_crash_time, bundle_no_core_reason, find_core_in_bundle, has_manifest
+from ..bundle.layout import OBJECTS
 from ..errors import CoreNotFound, ForensicsError, GdbError, GdbNotFound
 from ..model import Analysis, BatchEntry, BatchGroup, BatchResult
 from .signature import signature
@@ -48,7 +49,7 @@ def find_cores(inputs: Iterable[str]) -> tuple[list[str], list[str]]:
                     continue
                 linked = [d for d in dirs if os.path.islink(os.path.join(root, d))]
                 skipped.extend(os.path.join(root, d) for d in sorted(linked))  # a link to a directory: not followed
-                dirs[:] = sorted(d for d in dirs if d not in ("objects", ".sysroot") and d not in linked)
+                dirs[:] = sorted(d for d in dirs if d not in (OBJECTS, ".sysroot") and d not in linked)
                 for name in sorted(files):
                     path = os.path.join(root, name)
                     (found if _is_core(path) else skipped).append(path)

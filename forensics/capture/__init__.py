@@ -13,11 +13,11 @@ Submodules, one per step of a capture:
 - :mod:`.handler`: ``forensics core-handler``, the program the kernel pipes cores to
 - :mod:`.snapshot`: the process snapshot (NVML library and its origin, interpreter, libpython,
   nvitop / nvidia-ml-py files)
-- :mod:`.bundle`: the evidence bundle (ordered items, sha256 manifest) and its sysroot
 - :mod:`.pod`: ``forensics capture --pod`` through the one kube client (:mod:`forensics.kubectl`)
 - :mod:`.agent`: the agent pod's side of ``capture --pod`` and the bundle's way back through its log
 - :mod:`.manifests`: the agent pod and the core handler's DaemonSet, as YAML
 
+The bundle they write (its layout, records, writer and reader) is :mod:`forensics.bundle`'s.
 Importing this package imports none of them: the core handler must start fast.
 """
 from __future__ import annotations

@@ -17,13 +17,13 @@ import shutil
 import tarfile
 from dataclasses import dataclass
 
+from ..bundle.layout import CORE_DIR, CRASHES, LEFT_ON_NODE, OBJECTS, RECORD
 from ..errors import EXIT_ERROR, EXIT_OK, AgentFailed, ForensicsError
 
-__all__ = ["BEGIN", "END", "LEFT_ON_NODE", "AgentRun", "frame_bundle", "decode_bundle", "run_agent", "plan_inline"]
+__all__ = ["BEGIN", "END", "AgentRun", "frame_bundle", "decode_bundle", "run_agent", "plan_inline"]
 
 BEGIN = "----- FORENSICS BUNDLE BEGIN -----"
 END = "----- FORENSICS BUNDLE END -----"
-LEFT_ON_NODE = "left-on-node.json"
 _B64_LINE = re.compile(r"[A-Za-z0-9+/=]{1,76}")
 
 
@@ -141,10 +141,10 @@ def plan_inline(bundle_dir: str, max_inline: int) -> tuple[list[str], list[dict]
             rel = os.path.relpath(p, bundle_dir)
             if rel == LEFT_ON_NODE:
                 continue
-            if f.endswith(".zst") and "50-core" in rel.split(os.sep)[0]:
+            if f.endswith(".zst") and CORE_DIR in rel.split(os.sep)[0]:
                 rank = 2
             else:
-                rank = 1 if rel.startswith("objects" + os.sep) else 0
+                rank = 1 if rel.startswith(OBJECTS + os.sep) else 0
             files.append((rank, os.lstat(p).st_size, rel))
     take, left, total = [], [], 0
     for rank, size, rel in sorted(files):
@@ -171,19 +171,19 @@ def _add_earlier_crashes(bundle_dir: str, core_dir: str, container_id: str | Non
         if not e.get("id") or not ((container_id and e.get("container_id") == container_id)
                                    or _same_pod(e.get("pod_uid"), pod_uid)):
             continue
-        src = os.path.join(core_dir, "crashes", e["id"])
-        dest = os.path.join(bundle_dir, "50-core", e["id"])
+        src = os.path.join(core_dir, CRASHES, e["id"])
+        dest = os.path.join(bundle_dir, CORE_DIR, e["id"])
         if not os.path.isdir(src) or os.path.exists(dest):
             continue
         shutil.copytree(src, dest)
         try:
-            with open(os.path.join(src, "metadata.json")) as f:
+            with open(os.path.join(src, RECORD)) as f:
                 keys = (json.load(f).get("objects") or {}).values()
         except (OSError, ValueError):
             keys = ()
         for key in keys:
-            s = os.path.join(core_dir, "objects", key[:2], key[2:])
-            d = os.path.join(bundle_dir, "objects", key[:2], key[2:])
+            s = os.path.join(core_dir, OBJECTS, key[:2], key[2:])
+            d = os.path.join(bundle_dir, OBJECTS, key[:2], key[2:])
             if os.path.isfile(s) and not os.path.exists(d):
                 os.makedirs(os.path.dirname(d), exist_ok=True)
                 shutil.copy2(s, d)

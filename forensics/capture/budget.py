@@ -12,7 +12,9 @@ import json
 import os
 import time
 
-from .store import disk_usage, write_atomic
+from ..bundle.layout import CORE_DIR, CRASHES, INDEX, OBJECTS, RECORD
+from ..bundle.write import write_atomic
+from .store import disk_usage
 
 __all__ = ["enforce_budget", "collect_objects", "read_index", "read_index_since", "append_index", "free_bytes",
            "DirLock", "INDEX_SLACK", "INDEX_TAIL_MAX"]
@@ -34,7 +36,7 @@ class DirLock:
 def read_index(core_dir: str) -> list[dict]:
     out = []
     try:
-        with open(os.path.join(core_dir, "index.jsonl"), "rb") as f:
+        with open(os.path.join(core_dir, INDEX), "rb") as f:
             for line in f:
                 try:
                     out.append(json.loads(line))
@@ -63,7 +65,7 @@ def read_index_since(core_dir: str, since: float, *, slack: float = INDEX_SLACK,
     """
     out: list[dict] = []
     try:
-        fd = os.open(os.path.join(core_dir, "index.jsonl"), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(os.path.join(core_dir, INDEX), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:  # no crash yet
         return out
     try:
@@ -99,7 +101,7 @@ def read_index_since(core_dir: str, since: float, *, slack: float = INDEX_SLACK,
 
 
 def append_index(core_dir: str, entry: dict) -> None:
-    fd = os.open(os.path.join(core_dir, "index.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(core_dir, INDEX), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
         os.fsync(fd)
@@ -156,7 +158,7 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
     """
     now = time.time() if now is None else now
     used: set[str] = set()
-    crashes = os.path.join(core_dir, "crashes")
+    crashes = os.path.join(core_dir, CRASHES)
     try:
         names = os.listdir(crashes)
     except FileNotFoundError:  # no crash yet
@@ -164,7 +166,7 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
     for name in names:
         d = os.path.join(crashes, name)
         try:
-            with open(os.path.join(d, "metadata.json")) as f:
+            with open(os.path.join(d, RECORD)) as f:
                 meta = json.load(f)
             if not (meta.get("core") or {}).get("file") or meta["core"].get("state") == "deleted-for-budget":
                 continue
@@ -174,7 +176,7 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
             if unreadable is not None:
                 unreadable.append(name)
             continue
-    root = os.path.join(core_dir, "objects")
+    root = os.path.join(core_dir, OBJECTS)
     gone = 0
     for dirpath, _, files in os.walk(root):
         prefix = os.path.basename(dirpath)
@@ -208,7 +210,7 @@ def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], li
             break
         if e["id"] in keep:
             continue
-        core = os.path.join(core_dir, "crashes", e["id"], "50-core", e["core"])
+        core = os.path.join(core_dir, CRASHES, e["id"], CORE_DIR, e["core"])
         try:
             size = os.lstat(core).st_blocks * 512
             os.unlink(core)
@@ -219,14 +221,14 @@ def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], li
             continue
         total -= size
         deleted.append(e["id"])
-        if not _mark_core_deleted(os.path.join(core_dir, "crashes", e["id"])):
+        if not _mark_core_deleted(os.path.join(core_dir, CRASHES, e["id"])):
             unmarked.append(e["id"])
     return deleted, unmarked, stuck
 
 
 def _mark_core_deleted(crash_dir: str) -> bool:
     """Say in the crash's record that its core went for the budget; False when the record could not say it."""
-    p = os.path.join(crash_dir, "metadata.json")
+    p = os.path.join(crash_dir, RECORD)
     try:
         with open(p) as f:
             meta = json.load(f)

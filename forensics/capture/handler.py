@@ -44,12 +44,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..bundle import layout
 from ..output import escape_text
 from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index_since
 from .spool import TAIL, Compressor, check_core_stream, make_reserve, with_room
 
 if TYPE_CHECKING:  # imported where they are used: the handler runs as the kernel's pipe, every import costs
-    from .bundle import BundleWriter
+    from ..bundle.write import BundleWriter
     from ..core.elf import FileMapping
     from .identity import ContainerIdentity
     from .snapshot import RawProcFiles, Snapshot
@@ -161,7 +162,7 @@ def release_pipe(fd: int) -> None:
 
 def load_config(core_dir: str) -> HandlerConfig:
     try:
-        with open(os.path.join(core_dir, "handler.json")) as f:
+        with open(os.path.join(core_dir, layout.HANDLER_STATE)) as f:
             return HandlerConfig.from_dict(json.load(f).get("config") or {})
     except (OSError, ValueError, AttributeError):
         return HandlerConfig()
@@ -216,10 +217,10 @@ def _crash_loop_key(key: str, signo: int, head_info: dict) -> str:
 
 def _crash_dir(core_dir: str, t: float, pid: int, signame: str) -> str:
     """A new directory for this crash under ``DIR/crashes`` (never an existing one)."""
-    from .bundle import new_bundle_dir
+    from ..bundle.write import new_bundle_dir
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
-    return new_bundle_dir(os.path.join(core_dir, "crashes"), f"{stamp}-{pid}-{signame}")
+    return new_bundle_dir(os.path.join(core_dir, layout.CRASHES), f"{stamp}-{pid}-{signame}")
 
 
 #: the largest mapped object stored (libtorch_cuda.so is 1-2 GB); a larger file mapped by the crashed process
@@ -356,9 +357,9 @@ class _Crash:
         return self.snapshot.identity if self.snapshot else None
 
     def write_record(self) -> None:
-        from .store import write_atomic
+        from ..bundle.write import write_atomic
 
-        write_atomic(os.path.join(self.crash_dir, "metadata.json"),
+        write_atomic(os.path.join(self.crash_dir, layout.RECORD),
                      json.dumps(self.record, indent=2, sort_keys=True, default=str).encode())
 
 
@@ -391,7 +392,7 @@ def _handle(req: _Request, config: HandlerConfig | None, result: HandlerResult, 
 
 def _open_crash(req: _Request, config: HandlerConfig | None, result: HandlerResult, object_fds: list) -> _Crash:
     from ..core.elf import signal_name
-    from .bundle import BundleWriter
+    from ..bundle.write import BundleWriter
 
     cfg = config or load_config(req.core_dir)
     signame = signal_name(req.signo) if req.signo else "SIG0"
@@ -461,7 +462,7 @@ def _first_record(crash: _Crash, keep: bool) -> None:
         "config": crash.cfg.__dict__,
         "warnings": warnings,
     }
-    bundle.add_json("00-identity.json", {
+    bundle.add_json(layout.IDENTITY, {
         "crash_id": crash.crash_id, "node": crash.record["node"], "pid": pid, "tid": req.tid, "signal": crash.signame,
         "time": req.timestamp, "comm": snapshot.comm if snapshot else None, "exe": snapshot.exe if snapshot else None,
         "image": snapshot.image if snapshot else None,
@@ -471,9 +472,9 @@ def _first_record(crash: _Crash, keep: bool) -> None:
     if snapshot is not None:
         _write_snapshot(crash)
         for name, data in (raw.files.items() if raw else ()):
-            bundle.add_bytes(f"40-process/{name}", data, f"/proc/PID/{name} as read at crash time")
+            bundle.add_bytes(layout.process_file(name), data, f"/proc/PID/{name} as read at crash time")
     if crash.image_os is not None:
-        bundle.add_bytes("40-process/os-release", crash.image_os.encode(),
+        bundle.add_bytes(layout.PROCESS_OS_RELEASE, crash.image_os.encode(),
                          "the process's /etc/os-release (its image's distribution), read inside its root")
     crash.write_record()
 
@@ -482,7 +483,7 @@ def _write_snapshot(crash: _Crash) -> None:
     from .snapshot import snapshot_payload
 
     assert crash.snapshot is not None
-    crash.bundle.add_json("40-process/snapshot.json", snapshot_payload(crash.snapshot),
+    crash.bundle.add_json(layout.PROCESS_SNAPSHOT, snapshot_payload(crash.snapshot),
                           "process snapshot at crash time: limits, cgroup identity, mapped objects with build-ids, "
                           "NVML origin, the Python modules it imports")
 
@@ -609,13 +610,13 @@ def _stream(crash: _Crash, keep: bool) -> _Streamed:
     if req.rlimit_core is not None and req.rlimit_core >= PAGE:
         limit = min(limit, req.rlimit_core)
     out = _Streamed()
-    core_dir_sub = os.path.join(crash.crash_dir, "50-core")
+    core_dir_sub = os.path.join(crash.crash_dir, layout.CORE_DIR)
     os.makedirs(core_dir_sub, exist_ok=True)
-    tmp = os.path.join(core_dir_sub, ".core.zst.tmp")
+    tmp = os.path.join(core_dir_sub, layout.CORE_TMP)
     comp = None
     out_fd = -1
     if keep:
-        crash.reserve = make_reserve(os.path.join(crash.crash_dir, ".reserve"))
+        crash.reserve = make_reserve(os.path.join(crash.crash_dir, layout.RESERVE))
         out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
         comp = Compressor(out_fd, cfg.level, cfg.threads, crash.reserve)
     try:
@@ -654,16 +655,16 @@ def _name_core(crash: _Crash, out: _Streamed, comp: Compressor, stream: StreamVe
     if stream.reason:
         why.append(stream.reason)
     if not whole_frame:
-        out.core_name, state = "core.partial.zst", "partial"
+        out.core_name, state = layout.CORE_PARTIAL, "partial"
         if not any("disk filled up" in w for w in why):  # the compressor held its output until the end
             why.append(f"the disk filled up while the core was written ({comp.out} compressed bytes on "
                        "disk): the zstd frame could not be ended")
     elif stream.kind == "not-a-core":
-        out.core_name, state = ("stream.zst" if result.bytes_in else None), "not-a-core"
+        out.core_name, state = (layout.NOT_A_CORE if result.bytes_in else None), "not-a-core"
     elif cut or stream.kind == "short":
-        out.core_name, state = "core.truncated.zst", "truncated"
+        out.core_name, state = layout.CORE_TRUNCATED, "truncated"
     else:
-        out.core_name, state = "core.zst", "kept"
+        out.core_name, state = layout.CORE_WHOLE, "kept"
     result.core_state = state
     if out.core_name is None:
         return
@@ -672,7 +673,7 @@ def _name_core(crash: _Crash, out: _Streamed, comp: Compressor, stream: StreamVe
     result.bytes_out = comp.out
     result.core_path = os.path.join(core_dir_sub, out.core_name)
     out.sha256 = comp.sha.hexdigest()
-    crash.bundle.note_file(f"50-core/{out.core_name}", "what the kernel sent, zstd-compressed (not a core)"
+    crash.bundle.note_file(layout.core_item(out.core_name), "what the kernel sent, zstd-compressed (not a core)"
                            if state == "not-a-core" else f"the core, zstd-compressed ({state})")
 
 
@@ -740,11 +741,11 @@ def _finish(crash: _Crash, streamed: _Streamed) -> None:
         },
     })
     with_room(crash.write_record, result, record)
-    bundle.note_file("metadata.json", "the handler's record: decision, sizes, crash-loop key, objects by build-id")
-    for rel in [r for r in bundle.items if r.startswith("50-core/")]:
+    bundle.note_file(layout.RECORD, "the handler's record: decision, sizes, crash-loop key, objects by build-id")
+    for rel in [r for r in bundle.items if r.startswith(layout.core_item(""))]:
         del bundle.items[rel]
     if result.core_path:  # the name may have changed to make room for the metadata
-        bundle.note_file(f"50-core/{os.path.basename(result.core_path)}",
+        bundle.note_file(layout.core_item(os.path.basename(result.core_path)),
                          f"the core, zstd-compressed ({result.core_state})")
     try:
         with_room(lambda: bundle.write_manifest({"crash_id": crash.crash_id}), result, record, crash.write_record)
@@ -778,12 +779,12 @@ def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: flo
     try:
         node_os = read_os_release(host_root)
         if node_os is not None:
-            bundle.add_bytes("20-node/os-release", node_os.encode(), "the node's /etc/os-release")
+            bundle.add_bytes(layout.NODE_OS_RELEASE, node_os.encode(), "the node's /etc/os-release")
     except Exception as e:  # noqa: BLE001 - evidence is best effort; the core and record matter more
         warnings.append(f"os-release: {type(e).__name__}: {e}")
     try:
         lines = read_kernel_log(pid=pid)
-        bundle.add_bytes("30-kernel/kernel-nvidia.log", redacted("\n".join(lines) + "\n"),
+        bundle.add_bytes(layout.KERNEL_LOG, redacted("\n".join(lines) + "\n"),
                          "kernel log lines at crash time: the NVIDIA driver's (NVRM, Xid, its modules), this "
                          "process's fault")
     except Exception as e:  # noqa: BLE001 - evidence is best effort; the core and record matter more
@@ -793,7 +794,7 @@ def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: flo
     try:
         smi = read_nvidia_smi(timeout=smi_timeout)
         if smi is not None:
-            bundle.add_bytes("30-kernel/nvidia-smi.txt", redacted(smi), "nvidia-smi -q at crash time, secrets masked")
+            bundle.add_bytes(layout.NVIDIA_SMI, redacted(smi), "nvidia-smi -q at crash time, secrets masked")
     except Exception as e:  # noqa: BLE001
         warnings.append(f"nvidia-smi: {type(e).__name__}: {e}")
 

@@ -525,7 +525,8 @@ def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") ->
     node's logs and kernel lines.
     :return: (bundle directory, the arming record)
     """
-    from .bundle import BundleWriter, new_bundle_dir
+    from ..bundle import layout
+    from ..bundle.write import BundleWriter, new_bundle_dir
     from .pattern import destination_payload, explain_next_start, read_core_pattern
 
     members, shims = scan_pod(pod_uid)  # one walk of /proc: the pod's processes, and its shims by their -id
@@ -557,19 +558,19 @@ def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") ->
               "notes": notes, "pod_pids": pids, "rlimit_core_next": limit, "rlimit_core_next_from": limit_from,
               "core_pattern": pattern, "destination": destination_payload(dest)}
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    bdir = new_bundle_dir(os.path.join(core_dir, "bundles"), f"{stamp}-pod{pod_uid[:8]}")
+    bdir = new_bundle_dir(os.path.join(core_dir, layout.BUNDLES), f"{stamp}-pod{pod_uid[:8]}")
     w = BundleWriter(bdir)
-    w.add_json("00-identity.json", {"kind": "capture-waiting", "node": socket.gethostname(), "captured_at": time.time(),
+    w.add_json(layout.IDENTITY, {"kind": "capture-waiting", "node": socket.gethostname(), "captured_at": time.time(),
                                     "pod_uid": pod_uid, "core_dir": os.path.abspath(core_dir)},
                "who was captured: node, pod UID, time (the container was not running)")
     for name, text in read_node_logs([pod_uid], host_root=host_root).items():
-        w.add_bytes(f"20-node/{name}", text.encode(), f"node log lines ({name})")
+        w.add_bytes(layout.node_log(name), text.encode(), f"node log lines ({name})")
     node_os = read_os_release(host_root)
     if node_os is not None:
-        w.add_bytes("20-node/os-release", node_os.encode(), "the node's /etc/os-release")
-    w.add_bytes("30-kernel/kernel-nvidia.log", ("\n".join(read_kernel_log()) + "\n").encode(),
+        w.add_bytes(layout.NODE_OS_RELEASE, node_os.encode(), "the node's /etc/os-release")
+    w.add_bytes(layout.KERNEL_LOG, ("\n".join(read_kernel_log()) + "\n").encode(),
                 "kernel log lines of the NVIDIA driver (NVRM, Xid, its modules)")
-    w.add_json("40-process/arming.json", arming,
+    w.add_json(layout.PROCESS_ARMING, arming,
                "arming of a container that is not running: core_pattern and what its next start gets")
     w.write_manifest()
     return bdir, arming
@@ -595,7 +596,8 @@ def capture_pid(
     :raises NotRoot, ProcessGone: see :func:`arm_process`
     :raises CoreDirectoryError: when the bundle cannot be written
     """
-    from .bundle import BundleWriter, new_bundle_dir
+    from ..bundle import layout
+    from ..bundle.write import BundleWriter, new_bundle_dir
     from .pattern import destination_payload, explain_destination, read_core_pattern
     from .snapshot import RawProcFiles, read_snapshot, snapshot_payload
 
@@ -605,14 +607,14 @@ def capture_pid(
     snap = read_snapshot(pid, host_root=host_root, raw=raw)
     pattern = read_core_pattern()
     dest = explain_destination(pattern, snap)
-    parent = bundle_parent or os.path.join(core_dir, "bundles")
+    parent = bundle_parent or os.path.join(core_dir, layout.BUNDLES)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     bdir: str | None = None
     try:
         bdir = new_bundle_dir(parent, f"{stamp}-pid{pid}")
         w = BundleWriter(bdir)
         ident = snap.identity
-        w.add_json("00-identity.json", {
+        w.add_json(layout.IDENTITY, {
             "kind": "capture", "node": socket.gethostname(), "pid": pid, "captured_at": time.time(),
             "comm": snap.comm, "exe": snap.exe, "pod_uid": ident.pod_uid, "container_id": ident.container_id,
             "runtime": ident.runtime, "qos_class": ident.qos_class, "image": snap.image,
@@ -621,33 +623,33 @@ def capture_pid(
         for rel, (obj, what) in (extra_items or {}).items():
             w.add_json(rel, obj, what)
         for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""], host_root=host_root).items():
-            w.add_bytes(f"20-node/{name}", redacted(text), f"node log lines ({name}), secrets masked")
+            w.add_bytes(layout.node_log(name), redacted(text), f"node log lines ({name}), secrets masked")
         node_os = read_os_release(host_root)
         if node_os is not None:
-            w.add_bytes("20-node/os-release", node_os.encode(), "the node's /etc/os-release")
-        w.add_bytes("30-kernel/kernel-nvidia.log", redacted("\n".join(read_kernel_log(pid=pid)) + "\n"),
+            w.add_bytes(layout.NODE_OS_RELEASE, node_os.encode(), "the node's /etc/os-release")
+        w.add_bytes(layout.KERNEL_LOG, redacted("\n".join(read_kernel_log(pid=pid)) + "\n"),
                     "kernel log lines of the NVIDIA driver (NVRM, Xid, its modules) and of this process's faults")
         smi = read_nvidia_smi()
         if smi is not None:
-            w.add_bytes("30-kernel/nvidia-smi.txt", redacted(smi), "nvidia-smi -q, secrets masked")
+            w.add_bytes(layout.NVIDIA_SMI, redacted(smi), "nvidia-smi -q, secrets masked")
         if bug_report:
-            kept, note = run_nvidia_bug_report(os.path.join(bdir, "30-kernel"))
+            kept, note = run_nvidia_bug_report(os.path.join(bdir, layout.KERNEL_DIR))
             if kept:
-                w.note_file(f"30-kernel/{os.path.basename(kept)}", f"NVIDIA's bug report: {note}")
-            w.add_bytes("30-kernel/nvidia-bug-report.txt", (note + "\n").encode(), "what nvidia-bug-report.sh did")
+                w.note_file(f"{layout.KERNEL_DIR}/{os.path.basename(kept)}", f"NVIDIA's bug report: {note}")
+            w.add_bytes(layout.BUG_REPORT_NOTE, (note + "\n").encode(), "what nvidia-bug-report.sh did")
         image_os = read_os_release(f"/proc/{pid}/root")
         if image_os is not None:
-            w.add_bytes("40-process/os-release", image_os.encode(),
+            w.add_bytes(layout.PROCESS_OS_RELEASE, image_os.encode(),
                         "the process's /etc/os-release (its image's distribution), read inside its root")
-        w.add_json("40-process/arming.json", {
+        w.add_json(layout.PROCESS_ARMING, {
             "rlimit_core_before": before, "rlimit_core_after": after,
             "coredump_filter_before": f_before, "coredump_filter_after": f_after,
             "core_pattern": pattern, "destination": destination_payload(dest),
         }, "arming: RLIMIT_CORE and coredump_filter before/after (read back), core_pattern and where the core goes")
-        w.add_json("40-process/snapshot.json", snapshot_payload(snap),
+        w.add_json(layout.PROCESS_SNAPSHOT, snapshot_payload(snap),
                    "process snapshot: limits, cgroup identity, mapped objects with build-ids, NVML origin, Python")
         for name, data in raw.files.items():
-            w.add_bytes(f"40-process/{name}", data, f"/proc/PID/{name} as read")
+            w.add_bytes(layout.process_file(name), data, f"/proc/PID/{name} as read")
         w.write_manifest()
     except CoreDirectoryError:
         raise

@@ -17,10 +17,11 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
-__all__ = ["ANALYSIS_DIR", "CrashEntry", "FingerprintGroup", "NodeIndex", "read_crash", "build_index",
+from ..bundle.layout import ANALYSIS, ANALYSIS_FAILED, ANALYSIS_POD, CRASHES, RECORD
+
+__all__ = ["CrashEntry", "FingerprintGroup", "NodeIndex", "read_crash", "build_index",
            "NOT_KEPT_REASONS"]
 
-ANALYSIS_DIR = "60-analysis"
 #: why a crash's core is not on disk whole, as the metrics label it (bounded: these values only)
 NOT_KEPT_REASONS = ("rlimit", "loop-limit", "disk-full", "min-free", "cut", "truncated-stream", "not-a-core",
                     "budget", "failed")
@@ -132,16 +133,15 @@ def _not_kept(core: dict) -> tuple[str, ...]:
 
 def read_crash(crash_dir: str) -> CrashEntry | None:
     """The entry of one crash bundle; None when it has no readable record yet."""
-    meta = _read_json(os.path.join(crash_dir, "metadata.json"))
+    meta = _read_json(os.path.join(crash_dir, RECORD))
     if meta is None:
         return None
     core_v, ident_v = meta.get("core"), meta.get("identity")
     core = core_v if isinstance(core_v, dict) else {}
     ident = ident_v if isinstance(ident_v, dict) else {}
-    adir = os.path.join(crash_dir, ANALYSIS_DIR)
-    analysis = _read_json(os.path.join(adir, "analysis.json"))
-    failed = _read_json(os.path.join(adir, "failed.json"))
-    pod = _read_json(os.path.join(adir, "pod.json")) or {}
+    analysis = _read_json(os.path.join(crash_dir, ANALYSIS))
+    failed = _read_json(os.path.join(crash_dir, ANALYSIS_FAILED))
+    pod = _read_json(os.path.join(crash_dir, ANALYSIS_POD)) or {}
     has_core = bool(core.get("file")) and core.get("state") in ("kept", "truncated", "partial")
     if meta.get("state") != "done":
         status = "pending" if meta.get("state") == "in-progress" else "none"
@@ -179,7 +179,7 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
 
 def build_index(core_dir: str, *, limit: int = 1_000_000) -> NodeIndex:
     """Read every crash bundle under ``DIR/crashes`` (oldest first) and group them by fingerprint."""
-    crashes_dir = os.path.join(core_dir, "crashes")
+    crashes_dir = os.path.join(core_dir, CRASHES)
     try:
         names = sorted(os.listdir(crashes_dir))[:limit]
     except OSError:

@@ -24,6 +24,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from ..bundle.layout import HANDLER_STATE
 from ..errors import CoreDirectoryError, ForensicsError, NotRoot
 
 __all__ = [
@@ -46,7 +47,6 @@ CORE_PATTERN = "/proc/sys/kernel/core_pattern"
 CORE_USES_PID = "/proc/sys/kernel/core_uses_pid"
 CORENAME_MAX_SIZE = 128
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-HANDLER_STATE = "handler.json"
 _SPEC = re.compile(r"%(.)")
 
 

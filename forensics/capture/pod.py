@@ -23,7 +23,8 @@ from collections.abc import Callable
 from ..errors import (AgentFailed, ContainerNotRunning, ForensicsError, KubectlNotFound, KubeError, NodeUnreachable,
                       PodNotFound)
 from ..kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json, run_kubectl
-from .agent import LEFT_ON_NODE, decode_bundle
+from ..bundle.layout import LEFT_ON_NODE
+from .agent import decode_bundle
 from .manifests import agent_pod_manifest, to_yaml
 
 __all__ = ["capture_pod", "summarize_pod", "summarize_node", "extract_node_bundle", "NODE_BUNDLE_MAX_BYTES",
@@ -266,7 +267,8 @@ def _node_json(bdir: str, rel: str) -> dict:
 
 
 def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name, running=True) -> dict:
-    from .bundle import BundleWriter, new_bundle_dir
+    from ..bundle import layout
+    from ..bundle.write import BundleWriter, new_bundle_dir
 
     data = decode_bundle(log)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -276,27 +278,27 @@ def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, 
     for dirpath, _, files in os.walk(bdir):
         for f in files:
             rel = os.path.relpath(os.path.join(dirpath, f), bdir)
-            if rel != "MANIFEST.json":
+            if rel != layout.MANIFEST:
                 w.note_file(rel, "from the agent on the node" + (f" (the node's bundle was cut: {cut})" if cut else ""))
-    ident = _node_json(bdir, "00-identity.json")
+    ident = _node_json(bdir, layout.IDENTITY)
     ident.update({"pod": summary["name"], "namespace": summary["namespace"], "pod_uid": summary["uid"],
                   "owners": summary["owners"], "node_uid": node_summary["uid"], "node": summary["node"],
                   "container": chosen["name"], "container_id": chosen["container_id"], "agent_pod": agent_name})
-    w.add_json("00-identity.json", ident, "who was captured: pod, owners (job), node and container UIDs, time")
+    w.add_json(layout.IDENTITY, ident, "who was captured: pod, owners (job), node and container UIDs, time")
     items = sorted(events.get("items", []), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-    w.add_json("10-kubernetes/events.json", [{
+    w.add_json(layout.KUBERNETES_EVENTS, [{
         "time": e.get("lastTimestamp") or e.get("eventTime"), "type": e.get("type"), "reason": e.get("reason"),
         "message": e.get("message"), "count": e.get("count"), "source": e.get("source")} for e in items],
         "the pod's events, oldest first")
-    w.add_json("10-kubernetes/scheduling.json", {"pod": summary, "node": node_summary},
+    w.add_json(layout.KUBERNETES_SCHEDULING, {"pod": summary, "node": node_summary},
                "scheduling state: node, phase, containers with restart counts and last exit code / signal, node GPU "
                "labels")
-    w.add_json("10-kubernetes/pod.json", pod, "the pod object as the API server returned it")
-    w.add_json("10-kubernetes/node.json", node, "the node object as the API server returned it")
+    w.add_json(layout.KUBERNETES_POD, pod, "the pod object as the API server returned it")
+    w.add_json(layout.KUBERNETES_NODE, node, "the node object as the API server returned it")
     w.write_manifest({"pod": f"{summary['namespace']}/{summary['name']}"})
     from .pattern import destination_survives, format_destination
 
-    arming = _node_json(bdir, "40-process/arming.json")
+    arming = _node_json(bdir, layout.PROCESS_ARMING)
     dest = as_dict(arming.get("destination"))
     state = chosen["state"] or "unknown"
     detail = (chosen["state_detail"] or {}).get("reason") if isinstance(chosen["state_detail"], dict) else None
@@ -320,10 +322,10 @@ def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, 
             lines.append(f"  - {note}")
     lines.append(f"core_pattern:    {arming.get('core_pattern', '?')}")
     lines += format_destination(dest) if dest else ["core:            unknown (the agent sent no arming.json)"]
-    core_sub = os.path.join(bdir, "50-core")
+    core_sub = os.path.join(bdir, layout.CORE_DIR)
     earlier = sorted(os.listdir(core_sub)) if os.path.isdir(core_sub) else []
     lines.append(f"earlier crashes recorded by the node's core handler for this pod: {len(earlier)}"
-                 + (f" (in {os.path.join(bdir, '50-core')})" if earlier else ""))
+                 + (f" (in {core_sub})" if earlier else ""))
     lines.append(f"Wrote {bdir}")
     left_path = os.path.join(bdir, LEFT_ON_NODE)
     if os.path.isfile(left_path):

@@ -37,7 +37,8 @@ import time
 
 from ..output import escape_text
 from ..subproc import run_bounded
-from .nodeindex import ANALYSIS_DIR, NOT_KEPT_REASONS, NodeIndex, build_index
+from ..bundle import layout
+from .nodeindex import NOT_KEPT_REASONS, NodeIndex, build_index
 
 __all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve"]
 
@@ -101,9 +102,9 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
 
     :return: "done" or a failure reason
     """
-    adir = os.path.join(crash_dir, ANALYSIS_DIR)
+    adir = os.path.join(crash_dir, layout.ANALYSIS_DIR)
     os.makedirs(adir, exist_ok=True)
-    started = os.path.join(adir, "attempts.json")
+    started = os.path.join(crash_dir, layout.ANALYSIS_ATTEMPTS)
     attempts = 0
     try:
         with open(started) as f:
@@ -111,7 +112,7 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     except (OSError, ValueError, AttributeError):  # none yet (or cut by a full disk): counted from 0
         pass
     if attempts >= cfg.max_attempts:  # the agent died (or was killed) during each earlier attempt
-        _write_atomic_json(os.path.join(adir, "failed.json"), {
+        _write_atomic_json(os.path.join(crash_dir, layout.ANALYSIS_FAILED), {
             "reason": "interrupted", "detail": f"{attempts} earlier analyses never finished", "time": time.time()})
         return "interrupted"
     _write_atomic_json(started, {"attempts": attempts + 1, "last_start": time.time()})
@@ -137,14 +138,15 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
                 doc = json.loads(f.read())
             doc["agent"] = {"seconds": round(time.monotonic() - t0, 3), "exit_status": p.returncode,
                             "analyzed_at": time.time(), "node": cfg.node}
-            _write_atomic_json(os.path.join(adir, "analysis.json"), doc)
+            _write_atomic_json(os.path.join(crash_dir, layout.ANALYSIS), doc)
             return "done"
     except (OSError, ValueError) as e:
         reason, detail = "error", f"the analysis wrote no JSON document: {e}"
     finally:
         with contextlib.suppress(OSError):  # our temporary output: absent when the analysis never started
             os.unlink(out_path)
-    _write_atomic_json(os.path.join(adir, "failed.json"), {"reason": reason, "detail": detail, "time": time.time()})
+    _write_atomic_json(os.path.join(crash_dir, layout.ANALYSIS_FAILED),
+                       {"reason": reason, "detail": detail, "time": time.time()})
     return reason or "error"
 
 
@@ -300,11 +302,11 @@ class Agent:
         self.index = build_index(self.cfg.core_dir)
         from .store import disk_usage
 
-        crashes = disk_usage(os.path.join(self.cfg.core_dir, "crashes"))
-        self.stored = {"cores": crashes, "objects": disk_usage(os.path.join(self.cfg.core_dir, "objects"))}
+        crashes = disk_usage(os.path.join(self.cfg.core_dir, layout.CRASHES))
+        self.stored = {"cores": crashes, "objects": disk_usage(os.path.join(self.cfg.core_dir, layout.OBJECTS))}
         # derived data, rebuilt on every round, for people reading the node: the crashes' records hold the facts
         with contextlib.suppress(OSError):
-            _write_atomic_json(os.path.join(self.cfg.core_dir, "agent-index.json"),
+            _write_atomic_json(os.path.join(self.cfg.core_dir, layout.AGENT_INDEX),
                                {"node": self.cfg.node, "written_at": time.time(), **self.index.as_document()})
         if self.events is not None:
             self.events.offer(self.index)
@@ -342,7 +344,7 @@ class Agent:
             if name is None:  # an earlier container of the pod: the container name of the pod's first container
                 name, digest = p["first"]
             with contextlib.suppress(OSError):  # the crash stays unnamed in the index until a later round writes it
-                _write_atomic_json(os.path.join(c.path, ANALYSIS_DIR, "pod.json"), {
+                _write_atomic_json(os.path.join(c.path, layout.ANALYSIS_POD), {
                     "namespace": p["namespace"], "name": p["name"], "container": name, "image_digest": digest,
                     "resolved_at": time.time()})
 

@@ -14,6 +14,8 @@ import hashlib
 import os
 from dataclasses import dataclass
 
+from ..bundle.layout import CORE_PARTIAL
+
 __all__ = ["Compressor", "make_reserve", "with_room", "RESERVE", "StreamVerdict", "check_core_stream", "TAIL"]
 
 RESERVE = 1 << 20
@@ -186,13 +188,13 @@ def with_room(fn, result, record: dict, rewrite=None) -> None:
         if size == 0:
             raise OSError(errno.ENOSPC, "no space left for the crash's metadata")
         os.truncate(path, max(0, size - _SHRINK))
-        if not path.endswith("core.partial.zst"):
-            new = os.path.join(os.path.dirname(path), "core.partial.zst")
+        if os.path.basename(path) != CORE_PARTIAL:
+            new = os.path.join(os.path.dirname(path), CORE_PARTIAL)
             os.rename(path, new)
             result.core_path = path = new
         result.core_state = "partial"
         core = record["core"]
-        core.update(state="partial", file="core.partial.zst", bytes_compressed=os.path.getsize(path),
+        core.update(state="partial", file=CORE_PARTIAL, bytes_compressed=os.path.getsize(path),
                     sha256_compressed=None)
         if "shortened to make room for the metadata" not in " ".join(core["reasons"]):
             core["reasons"].append("the disk filled up: the saved core was shortened to make room for the metadata")

@@ -12,44 +12,11 @@ import contextlib
 import hashlib
 import os
 
+from ..bundle.layout import OBJECTS
+from ..bundle.write import fsync_dir, replacing, write_atomic
 from ..core.buildid import read_build_id_from_fd
 
 __all__ = ["ObjectStore", "key_of_fd", "write_atomic", "fsync_dir", "disk_usage"]
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _replacing(path: str, tmp: str, mode: int):
-    """A descriptor on ``tmp``; when the block ends well: fsync, rename onto ``path``; else ``tmp`` is removed."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        yield fd
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):  # our own temporary file; the error being raised is what matters
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.rename(tmp, path)
-
-
-def write_atomic(path: str, data: bytes, *, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` through a temporary name, fsync, rename, fsync the directory."""
-    d = os.path.dirname(path) or "."
-    with _replacing(path, os.path.join(d, f".{os.path.basename(path)}.tmp{os.getpid()}"), mode) as fd:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-    fsync_dir(d)
 
 
 def key_of_fd(fd: int) -> str:
@@ -72,7 +39,7 @@ class ObjectStore:
     """The ``objects/`` directory of a core directory."""
 
     def __init__(self, core_dir: str) -> None:
-        self.root = os.path.join(core_dir, "objects")
+        self.root = os.path.join(core_dir, OBJECTS)
 
     def path_of(self, key: str) -> str:
         return os.path.join(self.root, key[:2], key[2:])
@@ -91,7 +58,7 @@ class ObjectStore:
         d = os.path.dirname(dest)
         os.makedirs(d, exist_ok=True)
         total = 0
-        with _replacing(dest, f"{dest}.tmp{os.getpid()}.{id(self):x}", 0o444) as out:
+        with replacing(dest, f"{dest}.tmp{os.getpid()}.{id(self):x}", 0o444) as out:
             size = os.fstat(fd).st_size
             while total < size:
                 try:

@@ -11,6 +11,7 @@ import os
 import re
 
 from ..bundle import read_bundle_file, read_bundle_json
+from ..bundle.layout import NVIDIA_SMI, PROCESS_SNAPSHOT
 from ..errors import InputNotFound
 
 __all__ = ["find_driver_version", "read_bundle_driver"]
@@ -52,7 +53,7 @@ def read_bundle_driver(bundle: str) -> str | None:
     """
     if not os.path.isdir(bundle):
         raise InputNotFound(bundle)
-    doc = read_bundle_json(bundle, "40-process/snapshot.json")
-    smi_bytes = read_bundle_file(bundle, "30-kernel/nvidia-smi.txt", 1 << 20)
+    doc = read_bundle_json(bundle, PROCESS_SNAPSHOT)
+    smi_bytes = read_bundle_file(bundle, NVIDIA_SMI, 1 << 20)
     smi = smi_bytes.decode("utf-8", "replace") if smi_bytes is not None else None
     return find_driver_version(doc, smi)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import rootpath
-from ..bundle import MANIFEST, check_manifest, read_bundle_file
+from ..bundle import MANIFEST, check_manifest, layout, read_bundle_file
 from ..errors import ForensicsError, InputNotFound
 
 __all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES", "MAX_TOTAL_BYTES",
@@ -109,16 +109,16 @@ def _parse_json(path: str, data: bytes) -> dict:
 
 
 _BUNDLE_JSON = (
-    ("identity", "00-identity.json"),
-    ("scheduling", "10-kubernetes/scheduling.json"),
-    ("events", "10-kubernetes/events.json"),
-    ("snapshot", "40-process/snapshot.json"),
-    ("record", "metadata.json"),
+    ("identity", layout.IDENTITY),
+    ("scheduling", layout.KUBERNETES_SCHEDULING),
+    ("events", layout.KUBERNETES_EVENTS),
+    ("snapshot", layout.PROCESS_SNAPSHOT),
+    ("record", layout.RECORD),
 )
-_BUNDLE_TEXT = (("kernel_log", "30-kernel/kernel-nvidia.log"), ("nvidia_smi", "30-kernel/nvidia-smi.txt"),
-                ("os_release_node", "20-node/os-release"), ("os_release_image", "40-process/os-release"),
-                ("bug_report_note", "30-kernel/nvidia-bug-report.txt"))
-_BUG_REPORT = ("30-kernel/nvidia-bug-report.log.gz", "30-kernel/nvidia-bug-report.log")
+_BUNDLE_TEXT = (("kernel_log", layout.KERNEL_LOG), ("nvidia_smi", layout.NVIDIA_SMI),
+                ("os_release_node", layout.NODE_OS_RELEASE), ("os_release_image", layout.PROCESS_OS_RELEASE),
+                ("bug_report_note", layout.BUG_REPORT_NOTE))
+_BUG_REPORT = layout.BUG_REPORT_LOGS
 MAX_TEXT = 64 * 1024
 
 

@@ -275,7 +275,7 @@ def test_report_from_a_real_capture_and_its_core(tmp_path, core_pattern, newest_
 def _pod_bundle(parent: Path, *, node: str, pod: str, namespace: str, smi: str, scheduling: bool = True,
                 last_finished: str | None = None) -> Path:
     """A pod capture bundle as `forensics capture --pod` writes it (its directory name embeds the pod name)."""
-    from forensics.capture.bundle import BundleWriter, new_bundle_dir
+    from forensics.bundle.write import BundleWriter, new_bundle_dir
     from forensics.capture.pod import summarize_node, summarize_pod
 
     pod_obj = {"metadata": {"name": pod, "namespace": namespace, "uid": "0b8e-pod-uid"},

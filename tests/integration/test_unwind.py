@@ -227,7 +227,7 @@ def test_a_stripped_library_is_named_from_its_debug_file_in_the_root(cores, newe
 
 
 def make_bundle(core_path: str, where: Path) -> Path:
-    from forensics.capture.bundle import BundleWriter
+    from forensics.bundle.write import BundleWriter
 
     core = open_core(core_path)
     bundle = where / "bundle"

@@ -1,14 +1,15 @@
 """The package's structure: no import cycle, every arrow points down, only the CLI layer speaks click,
-and the CLI loads a command's code only when that command runs."""
+the CLI loads a command's code only when that command runs, and only the bundle package spells a bundle's items."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.import_graph import PACKAGE_DIR, find_cycles, read_graph, unit_of
+from tests.import_graph import PACKAGE_DIR, find_cycles, module_files, read_graph, string_literals, unit_of
 
 # The package's units by floor: a unit imports only units on a lower line (and itself).
 # A new module joins its unit; a new unit takes the line its imports put it on.
@@ -101,3 +102,36 @@ def test_a_command_loads_only_its_own_module():
         "from forensics.cli import cli\n"
         "try:\n    cli(['guard', '--help'], prog_name='forensics')\nexcept SystemExit:\n    pass")
     assert [m for m in loaded if m.startswith("forensics.commands.")] == ["forensics.commands.guard"]
+
+
+# What names a bundle's item: the numbered items and folders, the records, the core's file names.  Matched at the
+# start of a string constant (a path, or the first piece of an f-string), so prose that mentions one is not.
+_BUNDLE_ITEM = re.compile(r"""(?x)
+    [0-6]0-(identity|kubernetes|node|kernel|process|core|analysis)\b
+  | (metadata|snapshot|arming|left-on-node|attempts|failed)\.json$ | MANIFEST\.json$ | index\.jsonl$
+  | (core|core\.truncated|core\.partial|stream)\.zst$ | \.core\.zst\.tmp$
+""")
+
+
+def bundle_item_literals(root=PACKAGE_DIR) -> list[str]:
+    """``module:line: 'text'`` of each string constant outside the bundle package that spells a bundle item."""
+    return [f"{module}:{line}: {text!r}" for module, path in sorted(module_files(root).items())
+            if not module.startswith("forensics.bundle")
+            for line, text in string_literals(path) if _BUNDLE_ITEM.match(text)]
+
+
+def test_no_module_but_the_bundle_package_spells_a_bundle_item():
+    # GIVEN every module of the package; WHEN their string constants are read (docstrings aside)
+    # THEN none names an item of the bundle: its layout is forensics.bundle.layout's, imported by name
+    assert bundle_item_literals() == []
+
+
+def test_the_bundle_item_check_sees_a_spelled_item(tmp_path):
+    # GIVEN a package whose capture module writes a record by its spelling, and documents another
+    (tmp_path / "forensics" / "capture").mkdir(parents=True)
+    (tmp_path / "forensics" / "capture" / "m.py").write_text(
+        '"""Writes 40-process/snapshot.json."""\nimport os\n\n\ndef f(d, name):\n'
+        '    return os.path.join(d, "metadata.json"), f"50-core/{name}", "the agent sent no arming.json"\n')
+    # THEN the code's two spellings are found; the docstring and the prose are not
+    assert bundle_item_literals(tmp_path / "forensics") == [
+        "forensics.capture.m:6: 'metadata.json'", "forensics.capture.m:6: '50-core/'"]

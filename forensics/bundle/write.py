@@ -1,31 +1,55 @@
-"""The evidence bundle as capture writes it: numbered items in the order an on-call engineer reads them.
+"""Writing a bundle: a new directory, its items written atomically, and at the end its manifest.
 
-::
-
-    00-identity.json          pod / job / node UIDs, container, image, timestamps
-    10-kubernetes/            pod, events, node (scheduling state)            [--pod]
-    20-node/                  kubelet, container runtime, device plugin lines  [when the node offers them]
-    30-kernel/                NVRM / Xid kernel log lines, nvidia-smi output   [when present]
-    40-process/               the process snapshot and the /proc files as read
-    50-core/                  the compressed core and its record               [after a crash]
-    objects/                  the ELF objects the core maps, by build-id        [pod bundles; node bundles
-                                                                                 share the core directory's]
-    MANIFEST.json             every item: path, size, sha256, what it is
-
+The layout (what each item is called, in the order an on-call engineer reads them) is :mod:`.layout`'s.
 A bundle directory is created new (never reused): a second capture gets its own.
-Reading a bundle (its manifest, its core, its sysroot) is :mod:`forensics.bundle`'s, below
-both capture and the commands that read bundles.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 
-from ..bundle import MANIFEST, sha256_file
 from ..errors import CoreDirectoryError
+from .layout import MANIFEST
+from .read import sha256_file
 
-__all__ = ["BundleWriter", "new_bundle_dir"]
+__all__ = ["BundleWriter", "new_bundle_dir", "write_atomic", "fsync_dir"]
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def replacing(path: str, tmp: str, mode: int):
+    """A descriptor on ``tmp``; when the block ends well: fsync, rename onto ``path``; else ``tmp`` is removed."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        yield fd
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):  # our own temporary file; the error being raised is what matters
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+
+
+def write_atomic(path: str, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` through a temporary name, fsync, rename, fsync the directory."""
+    d = os.path.dirname(path) or "."
+    with replacing(path, os.path.join(d, f".{os.path.basename(path)}.tmp{os.getpid()}"), mode) as fd:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    fsync_dir(d)
 
 
 def new_bundle_dir(parent: str, name: str) -> str:
@@ -62,8 +86,6 @@ class BundleWriter:
         return p
 
     def add_bytes(self, rel: str, data: bytes, what: str) -> str:
-        from .store import write_atomic
-
         p = self._abs(rel)
         write_atomic(p, data)
         self.items[rel] = what
@@ -88,8 +110,6 @@ class BundleWriter:
         return self.add_bytes_raw(MANIFEST, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
 
     def add_bytes_raw(self, rel: str, data: bytes) -> str:
-        from .store import write_atomic
-
         p = self._abs(rel)
         write_atomic(p, data)
         return p

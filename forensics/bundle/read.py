@@ -1,10 +1,10 @@
 """Reading a capture bundle: its manifest, its core, and a sysroot that makes the core analyzable.
 
-A bundle (``forensics capture``, the core handler; written by :mod:`forensics.capture.bundle`)
-is read by ``analyze``, ``report`` and ``verify-imports --bundle``: this module sits below
-all of them and below capture.  Reading never writes into the bundle: :func:`bundle_sysroot`
-decompresses the core once into the forensics cache and lays out, beside it, a sysroot of
-links to the stored objects by the paths the core names.
+A bundle (``forensics capture``, the core handler; written by :mod:`.write`) is read by ``analyze``,
+``report`` and ``verify-imports --bundle``: this package sits below all of them and below capture.
+Reading never writes into the bundle: :func:`bundle_sysroot` decompresses the core once into the
+forensics cache and lays out, beside it, a sysroot of links to the stored objects by the paths the
+core names.
 """
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import stat
 import time
 from collections.abc import Callable
 
-from . import rootpath
-from .digest import sha256
-from .errors import CacheUnavailable, ForensicsError, InputNotFound
+from .. import rootpath
+from ..digest import sha256
+from ..errors import CacheUnavailable, ForensicsError, InputNotFound
+from .layout import (CORE_DIR, CORE_NAMES, CORE_PLAIN, CORE_WHOLE, IDENTITY, MANIFEST, OBJECTS, PROCESS_SNAPSHOT,
+                     RECORD, core_item)
 
 __all__ = [
-    "MANIFEST",
-    "CORE_NAMES",
     "sha256_file",
     "is_bundle",
     "read_bundle_file",
@@ -39,10 +39,6 @@ __all__ = [
     "max_core_bytes",
 ]
 
-#: Core file names in ``50-core``, whole first: a truncated core is a valid zstd stream of the
-#: first bytes; a partial one ends in the middle of a zstd frame (the disk filled up).
-CORE_NAMES = ("core.zst", "core.truncated.zst", "core.partial.zst")
-MANIFEST = "MANIFEST.json"
 MAX_JSON = 64 << 20  # a bundle's JSON documents are read whole: bounded
 #: A key of the object store: a GNU build-id in hex, or ``sha256-`` and the file's digest.
 _STORE_KEY = re.compile(r"[0-9a-f]{4,128}|sha256-[0-9a-f]{64}")
@@ -78,7 +74,7 @@ def read_bundle_file(bundle_dir: str, rel: str, limit: int) -> bytes | None:
     """At most ``limit`` bytes of the regular file ``rel`` of a bundle, read inside the bundle only;
     None when there is no such file there (a symlink out of the bundle leads nowhere).
 
-    >>> read_bundle_file("/nonexistent-bundle", "00-identity.json", 100) is None
+    >>> read_bundle_file("/nonexistent-bundle", IDENTITY, 100) is None
     True
     """
     try:
@@ -169,8 +165,8 @@ def find_core_in_bundle(bundle_dir: str) -> str | None:
 
     The path returned has its symlinks resolved inside the bundle: it names a file of the bundle.
     """
-    for sub in ("50-core", "."):
-        for name in CORE_NAMES + ("core",):
+    for sub in (CORE_DIR, "."):
+        for name in CORE_NAMES + (CORE_PLAIN,):
             try:
                 if stat.S_ISREG(rootpath.stat_in_root(os.path.abspath(bundle_dir), f"{sub}/{name}").st_mode):
                     return _inside(bundle_dir, f"{sub}/{name}")
@@ -184,7 +180,7 @@ def find_object_store(bundle_dir: str) -> str | None:
     directory, not a symlink."""
     d = os.path.abspath(bundle_dir)
     for _ in range(3):
-        p = os.path.join(d, "objects")
+        p = os.path.join(d, OBJECTS)
         if os.path.isdir(p) and not os.path.islink(p):
             return p
         d = os.path.dirname(d)
@@ -204,7 +200,7 @@ def max_core_bytes() -> int:
 
 def _core_size_bound(head: bytes) -> int | None:
     """The size the core's own program headers give it (what the kernel wrote), from its first bytes."""
-    from .core import elf  # the ELF parsers are pure: no core is opened here
+    from ..core import elf  # the ELF parsers are pure: no core is opened here
 
     try:
         header = elf.parse_elf_header(head)
@@ -229,7 +225,7 @@ def decompress_core(src: str, dest: str, *, limit: int | None = None) -> int:
     """
     import zstandard
 
-    from .errors import CoreReadError
+    from ..errors import CoreReadError
 
     limit = limit or max_core_bytes()
     d, name = os.path.split(os.path.abspath(dest))
@@ -304,12 +300,12 @@ def _wanted_objects(bundle_dir: str, core_libraries: list[tuple[str, str | None]
         if p is not None and k is not None:
             wanted.setdefault(p, k)
 
-    snap = read_bundle_json(bundle_dir, "40-process/snapshot.json")
+    snap = read_bundle_json(bundle_dir, PROCESS_SNAPSHOT)
     objects = snap.get("objects") if isinstance(snap, dict) else None
     for o in objects if isinstance(objects, list) else []:
         if isinstance(o, dict):
             want(o.get("path"), o.get("build_id"))
-    meta = read_bundle_json(bundle_dir, "metadata.json")
+    meta = read_bundle_json(bundle_dir, RECORD)
     recorded = meta.get("objects") if isinstance(meta, dict) else None
     for path, key in (recorded.items() if isinstance(recorded, dict) else ()):
         want(path, key)
@@ -385,12 +381,12 @@ def bundle_sysroot(bundle_dir: str) -> tuple[str, str | None]:
     """
     import fcntl
 
-    from .cache import cache_dir
+    from ..cache import cache_dir
 
     bundle_dir = os.path.abspath(bundle_dir)
     src = find_core_in_bundle(bundle_dir)
     if src is None:
-        raise InputNotFound(os.path.join(bundle_dir, "50-core/core.zst"))
+        raise InputNotFound(os.path.join(bundle_dir, core_item(CORE_WHOLE)))
     key = _entry_key(src)
     if key is None:
         raise InputNotFound(src)
@@ -427,7 +423,7 @@ def _build_sysroot(bundle_dir: str, core: str, entry) -> None:
     the bundle names, at the path the process saw it (:func:`_link_object`)."""
     import shutil  # here, not above: a plain core's analysis imports this module, and needs neither
 
-    from .core import open_core  # here, not above: capture writes bundles and never reads a core
+    from ..core import open_core  # here, not above: capture writes bundles and never reads a core
 
     tmp = entry / f".sysroot.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -436,7 +432,7 @@ def _build_sysroot(bundle_dir: str, core: str, entry) -> None:
     if store is not None:
         fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            from .core.debugfiles import build_id_debug_path
+            from ..core.debugfiles import build_id_debug_path
 
             libraries = [(lib.path, lib.build_id) for lib in open_core(core).libraries]
             for path, key in _wanted_objects(bundle_dir, libraries).items():
@@ -459,7 +455,7 @@ def prune_bundle_cache(*, keep=None, budget: int | None = None) -> list[str]:
     """Delete the least recently used bundle entries of the cache beyond ``budget`` bytes (default
     ``FORENSICS_BUNDLE_CACHE_BYTES`` or 4 GiB); never ``keep`` nor an entry used in the last hour.
     :return: the entries deleted"""
-    from .cache import cache_dir
+    from ..cache import cache_dir
 
     if budget is None:
         try:
@@ -526,7 +522,7 @@ def has_manifest(path: str) -> bool:
 def bundle_crash_time(bundle_dir: str) -> float | None:
     """When the crash happened, as the bundle recorded it (the core handler's ``metadata.json`` time,
     else ``00-identity.json``'s), or None when it recorded none."""
-    for name in ("metadata.json", "00-identity.json"):
+    for name in (RECORD, IDENTITY):
         t = _record(bundle_dir, name).get("time")
         if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
             return float(t)
@@ -538,7 +534,7 @@ def bundle_no_core_reason(bundle_dir: str) -> str | None:
     has a core; a bundle without a core and without a reason says so."""
     if find_core_in_bundle(bundle_dir) is not None:
         return None
-    doc = _record(bundle_dir, "metadata.json")
+    doc = _record(bundle_dir, RECORD)
     core_v = doc.get("core")
     core = core_v if isinstance(core_v, dict) else {}
     reasons = [str(r) for r in (core.get("reasons") or []) if r] if isinstance(core.get("reasons"), list) else []
