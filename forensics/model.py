@@ -567,6 +567,9 @@ class Crash:
     tid: int | None
     handler: SignalHandler | None = None  # the handler that ran for the first fault (faulthandler, a reporter)
     then: LaterFault | None = None  # the fault that killed the process, when it is not the first
+    # the handler the first fault happened in: one for a signal that is no fault (SIGUSR1, SIGTERM), whose own
+    # frames (above its signal frame) are the fault's, not the frames it interrupted
+    handling: SignalHandler | None = None
 
     @property
     def fatal_signal(self) -> int | None:

@@ -7,10 +7,22 @@ from __future__ import annotations
 import re
 import signal as _signal
 
-from ..model import CoreFile, Crash, CrashKind, FaultKind, LaterFault, NativeFrame, SignalHandler, SigInfo, Thread
+from ..model import (
+    CoreFile,
+    Crash,
+    CrashKind,
+    FaultKind,
+    LaterFault,
+    NativeFrame,
+    PyFrame,
+    SignalHandler,
+    SigInfo,
+    Thread,
+)
 
 __all__ = ["HEAP_MESSAGES", "CORE_DUMPING_SIGNALS", "FAULT_SIGNALS", "classify_crash", "classify_fault_address",
-           "final_signal", "is_heap_message", "is_python_process", "is_reraise", "is_snapshot", "normalize_message"]
+           "final_signal", "first_fault_frames", "is_heap_message", "is_python_process", "is_reraise", "is_snapshot",
+           "normalize_message"]
 
 # The texts glibc's malloc passes to malloc_printerr() before it aborts (glibc 2.26-2.40).
 HEAP_MESSAGES = (
@@ -204,6 +216,12 @@ def classify_crash(core: CoreFile, threads: tuple[Thread, ...] = (), *, python_p
                      tid=aborting.tid if aborting is not None else None, handler=abort_handler,
                      then=_later(sig, signo, core, pc, tid, None))
     frames = crashed.native_frames if crashed is not None else ()
+    handling: SignalHandler | None = None
+    if crashed is not None and crashed.signal_frames and signo in FAULT_SIGNALS:
+        # every signal frame is one of a signal that is no fault (SIGUSR1): the fault came inside that handler
+        from .sigframe import name_handler
+
+        handling = name_handler(crashed, crashed.signal_frames[0], python_process=python_process)
     if not signo:
         kind, addr, fkind = CrashKind.OTHER_SIGNAL, None, None
     else:
@@ -211,7 +229,21 @@ def classify_crash(core: CoreFile, threads: tuple[Thread, ...] = (), *, python_p
         if sig is None:
             addr = fkind = None
     return Crash(kind=kind, signal=signo or None, signal_name=name, abort_message=core.abort_message,
-                 fault_address=addr, fault_kind=fkind, tid=tid)
+                 fault_address=addr, fault_kind=fkind, tid=tid, handling=handling)
+
+
+def first_fault_frames(thread: Thread, crash: Crash) -> tuple[tuple[NativeFrame, ...], tuple[PyFrame, ...] | None]:
+    """The native and Python frames that ran the first fault on its thread: those below any handler (what
+    the handler interrupted), or, for a fault inside the handler of a signal that is no fault
+    (``crash.handling``), the handler's own frames, above its signal frame.  The Python frames are None
+    when the split is unknown (the native stack was not unwound)."""
+    if crash.handling is None or not thread.signal_frames:
+        return thread.interrupted_native_frames, thread.interrupted_py_frames
+    inner = thread.signal_frames[0]
+    if inner.native_index is None:
+        return thread.native_frames[:1], None
+    py = thread.py_frames[:inner.py_index] if inner.py_index is not None else None
+    return thread.native_frames[:inner.native_index], py
 
 
 def _signame(signo: int) -> str:

@@ -12,6 +12,9 @@ be explained; ``analyze --json`` carries them as ``fingerprint_basis``):
 ``kind:``      the class of the first fault (a crash reporter's handler that faulted afterwards,
                or faulthandler, changes nothing: the fingerprint is the first fault's)
 ``signal:``    its signal
+``handling:``  the signal whose handler the fault happened in, for a fault inside the handler of a signal
+               that is no fault (SIGUSR1, SIGTERM); the parts below are then the handler's own frames,
+               not the ones it interrupted (the same bug, wherever the signal arrived)
 ``abort:``     glibc's abort message (when there is one) with what differs between runs of one bug
                blanked: addresses and numbers in hex, the program name glibc puts first (argv[0]'s:
                ``python3.11:``, a venv's ``python:``), an assertion's source directory and line
@@ -47,10 +50,11 @@ frames) stays computable (:func:`fingerprint_basis_v2`); ``analyze --json`` carr
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from ..digest import sha256
 from ..model import Crash, CrashKind, NativeFrame, ProcessSnapshot, PyFrame, Thread
-from .classify import is_python_process, normalize_message
+from .classify import first_fault_frames, is_python_process, normalize_message
 from .pyframes import python_location
 from .stacks import skip_abort_machinery
 
@@ -133,7 +137,7 @@ def crash_python_frames(snapshot: ProcessSnapshot, crash: Crash) -> tuple[tuple[
         if crash.tid is None and crash.then is not None:
             return None, "the thread that aborted is not known (its native stack was not unwound)"
         return None, None
-    frames = thread.interrupted_py_frames
+    frames = first_fault_frames(thread, crash)[1]
     if frames is None:
         return None, "the handler's and the interrupted Python frames cannot be told apart without native stacks"
     if status == "not a Python process":
@@ -177,21 +181,23 @@ def fingerprint_basis(snapshot: ProcessSnapshot, crash: Crash) -> tuple[tuple[st
     See the module docstring for the parts.
     """
     basis = _head(snapshot, crash, v2=False)
+    if crash.handling is not None:
+        basis.insert(2, f"handling:{crash.handling.signal_name}")
     frames, partial = crash_python_frames(snapshot, crash)
     kept = [p for p in frames or () if p.function not in _COMPREHENSIONS]
     for p in kept[:PYTHON_DEPTH]:
         basis.append(f"python:{python_location(p.file).path}:{p.function.rsplit('.', 1)[-1]}")
     thread = _crashed(snapshot, crash)
     if frames is not None and not frames and thread is not None:
-        native, why = _native_parts(snapshot, thread)
+        native, why = _native_parts(snapshot, thread, crash)
         basis += native
         partial = partial or why
     return tuple(basis), partial
 
 
-def _native_parts(snapshot: ProcessSnapshot, thread: Thread) -> tuple[list[str], str | None]:
+def _native_parts(snapshot: ProcessSnapshot, thread: Thread, crash: Crash) -> tuple[list[str], str | None]:
     """``native:`` parts of a thread that ran no Python code, and why they are partial (None: whole)."""
-    frames = [f for f in skip_abort_machinery(thread.interrupted_native_frames)
+    frames = [f for f in skip_abort_machinery(first_fault_frames(thread, crash)[0])
               if not f.is_libc and not f.inlined and not f.tailcall]
     if thread.native_method in (None, "registers"):
         return [], "the native stack of a thread without Python frames was not unwound"
@@ -211,7 +217,7 @@ def fingerprint_basis_v2(snapshot: ProcessSnapshot, crash: Crash) -> tuple[str, 
     """The previous definition's basis (:data:`FINGERPRINT_VERSION` 2; see the module docstring), kept so
     that the keys a fleet stored can be mapped to the new ones."""
     basis = _head(snapshot, crash, v2=True)
-    frames, _ = crash_python_frames(snapshot, crash)
+    frames, _ = crash_python_frames(snapshot, replace(crash, handling=None))  # v2 knew no handler's own frames
     for p in (frames or ())[:PYTHON_DEPTH]:
         basis.append(f"python:{python_location(p.file).path}:{p.function}")
     return tuple(basis)

@@ -293,7 +293,9 @@ def signal_from_registers(core: CoreFile, regs: tuple[int, ...], text: Callable[
     if sent is not None:
         return sent, "registers"
     after_syscall = text is not None and text(rip - 2, 2) == _SYSCALL
-    if trapno == 14 and cr2:
+    # a page fault at address 0 leaves cr2 0: a user-mode fault (error code bit 2) that did not follow a
+    # syscall is one all the same (a NULL dereference, the commonest fault there is)
+    if trapno == 14 and (cr2 or (err & 4 and not after_syscall)):
         m = core.find_mapping(cr2)
         writing = bool(err & 2)
         if m is not None and m.path and (("w" in m.perms) if writing else ("r" in m.perms)):

@@ -13,6 +13,7 @@ fault that came after it — in a crash reporter's handler, or in another thread
 from __future__ import annotations
 
 from ..model import Analysis, CrashKind, NativeFrame, PyFrame, Thread
+from .classify import first_fault_frames
 from .pyframes import describe_pyframe, first_outside_stdlib, python_location
 from .stacks import skip_abort_machinery
 
@@ -115,8 +116,15 @@ def signature(analysis: Analysis) -> str:
     thread = next((t for t in snap.threads if t.tid == crash.tid), None) if crash.tid is not None else None
     if thread is not None:
         parts.append(_in_thread(thread))
-        parts += describe_location(thread.interrupted_py_frames, thread.interrupted_native_frames, bases,
-                                   unwound=_unwound(thread))
+        native, py = first_fault_frames(thread, crash)
+        where = describe_location(py, native, bases, unwound=_unwound(thread))
+        if crash.handling is not None:  # a fault inside a handler: which signal, whose handler, its own frames
+            parts.append(f"in its {crash.handling.signal_name} handler {crash.handling.label}")
+            if crash.handling.name:
+                where = [w for w in where if not w.startswith(f"via {crash.handling.name} ")]
+            if thread.interrupted_py_frames:
+                where.append(f"(the signal came at {describe_pyframe(thread.interrupted_py_frames[0])})")
+        parts += where
     elif crash.tid is not None:
         parts.append(f"in tid {crash.tid}")
     else:

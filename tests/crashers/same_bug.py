@@ -1,13 +1,14 @@
 """One bug per mode, the same program under every CPython: the cores a fingerprint must not split.
 
-usage: same_bug.py LIBCRASH.so {thread-method,c-extension,assert,native-a,native-b,null}
+usage: same_bug.py LIBCRASH.so {thread-method,c-extension,assert,native-a,native-b,null,usr1-handler}
 
 ``thread-method``: a method on a thread (``Poller.read_label``, run by ``Thread.run``) calls into
 libcrash.so, which writes near NULL; ``c-extension``: a C extension of the standard library
 (``_ctypes``: its ``c_int`` getter) reads address 0x10; ``assert``: a C assertion fails in libcrash.so
 (glibc's message names the program); ``native-a`` / ``native-b``: a thread libcrash.so starts itself
 (no Python frames on it) faults in one of two functions; ``null``: libcrash.so writes to address 0
-(with ``PYTHONFAULTHANDLER=1`` faulthandler handles it and raises SIGSEGV again).
+(with ``PYTHONFAULTHANDLER=1`` faulthandler handles it and raises SIGSEGV again); ``usr1-handler``: a
+SIGUSR1 handler in libcrash.so writes through NULL, run when ``forensics_raise`` raised SIGUSR1.
 """
 import ctypes
 import sys
@@ -41,6 +42,12 @@ def write_null():
     return LIB.forensics_bad_write(-0x10)
 
 
+def dump_state():
+    if LIB.forensics_install_usr1_handler():
+        raise SystemExit("sigaction failed")
+    return LIB.forensics_raise(10)  # SIGUSR1
+
+
 def main():
     if MODE == "thread-method":
         worker = threading.Thread(target=Poller().poll, name="poller")
@@ -54,6 +61,8 @@ def main():
         start_native_worker()
     elif MODE == "null":
         write_null()
+    elif MODE == "usr1-handler":
+        dump_state()
     raise SystemExit(f"{MODE}: did not crash")
 
 

@@ -19,7 +19,8 @@ import pytest
 
 from forensics.analyze import analyze_core
 from forensics.analyze.fingerprint import fingerprint, fingerprint_basis_v2
-from forensics.model import CrashKind
+from forensics.analyze.signature import signature
+from forensics.model import CrashKind, FaultKind, HandlerKind
 from tests.conftest import PYTHONS, SID_BUILDS
 from tests.crashers.make_core import HERE, build_libcrash, crash_for_core
 
@@ -121,3 +122,42 @@ def test_two_functions_of_a_native_librarys_thread_are_two_bugs(same_bug, method
     # and two functions are two bugs
     assert prints["native-a"] != prints["native-b"]
 
+
+def test_faulthandler_on_and_off_give_one_fingerprint(same_bug):
+    # GIVEN a write to address 0, with faulthandler (PYTHONFAULTHANDLER=1) and without, under every interpreter
+    for key in same_bug.keys:
+        plain = same_bug.analysis(key, "null")
+        handled = same_bug.analysis(key, "null", faulthandler=True)
+        assert "Fatal Python error: Segmentation fault" in \
+            (same_bug.core(key, "null", faulthandler=True).parent / ".stderr").read_text()
+        # THEN faulthandler's core is the same SIGSEGV at address 0 (near NULL), not an "unknown signal"
+        crash = handled.crash
+        assert (crash.kind, crash.signal_name, crash.fault_address, crash.fault_kind) == \
+            (CrashKind.SEGV, "SIGSEGV", 0, FaultKind.NEAR_NULL), (key, crash)
+        assert (plain.crash.fault_address, plain.crash.fault_kind) == (0, FaultKind.NEAR_NULL)
+        # faulthandler is named as the handler that ran, and re-raised: no second fault
+        assert crash.handler is not None and crash.handler.kind is HandlerKind.FAULTHANDLER, (key, crash.handler)
+        assert crash.then is None
+        # and the fingerprint is the one without faulthandler
+        assert handled.fingerprint == plain.fingerprint and handled.fingerprint_partial is None, \
+            (key, handled.fingerprint_basis, plain.fingerprint_basis)
+
+
+def test_a_fault_inside_a_sigusr1_handler_is_the_handlers(same_bug):
+    # GIVEN a SIGUSR1 handler (a reporter's "dump your state") that writes through NULL, run when
+    # forensics_raise raised SIGUSR1, under every interpreter
+    got = {key: same_bug.analysis(key, "usr1-handler") for key in same_bug.keys}
+    for key, a in got.items():
+        crash = a.crash
+        # THEN the crash is the SIGSEGV, inside the SIGUSR1 handler, attributed to the handler's own frame
+        assert (crash.kind, crash.fault_address, crash.then) == (CrashKind.SEGV, 0, None), (key, crash)
+        assert crash.handling is not None and crash.handling.signal_name == "SIGUSR1"
+        assert crash.handling.name == "forensics_on_usr1", crash.handling
+        sig = signature(a)
+        assert "in its SIGUSR1 handler forensics_on_usr1 (libcrash.so)" in sig, sig
+        assert "forensics_raise" not in sig and "(the signal came at dump_state (same_bug.py:" in sig, sig
+        # and the fingerprint says which signal was handled and whose frame faulted, not where it arrived
+        assert a.fingerprint_basis[2] == "handling:SIGUSR1"
+        assert a.fingerprint_basis[-1] == "native:libcrash.so:forensics_on_usr1", a.fingerprint_basis
+        assert a.fingerprint_partial is None
+    assert len({a.fingerprint for a in got.values()}) == 1
