@@ -355,8 +355,8 @@ class SkopeoError(ForensicsError, RuntimeError):
 class ExecuteError(ForensicsError, RuntimeError):
     """--execute could not run the image's interpreter (no sandbox tool, the interpreter failed)."""
 
-    help_text = ("--execute needs bubblewrap (apt-get install -y bubblewrap) for images and nsenter (util-linux) "
-                 "plus root for --pid.")
+    help_text = ("--execute needs bubblewrap (apt-get install -y bubblewrap) for images, and root for --pid (it "
+                 "enters the process's namespaces with its credentials).")
 
     def __init__(self, what: str, detail: str, hint: str | None = None) -> None:
         extra = {"help_text": hint} if hint is not None else {}

@@ -33,7 +33,8 @@ __all__ = ["verify_imports"]
               help="Environment variable added to the image's Env (repeatable).")
 @click.option("--platform", default="linux/amd64", show_default=True, help="Platform to pick from an image index.")
 @click.option("--execute", is_flag=True,
-              help="Also run the image's interpreter in a sandbox (bubblewrap; nsenter for --pid) and compare.")
+              help="Also run the image's interpreter in a sandbox (bubblewrap; for --pid, the process's own "
+                   "namespaces and credentials) and compare.")
 @click.option("--driver", default=None, metavar="VERSION",
               help="NVIDIA driver version (e.g. 580.126.09) for the known-issue checks.")
 @click.option("--bundle", default=None, type=click.Path(file_okay=False),

@@ -1,26 +1,37 @@
 """Ground truth for ``--execute``: run the image's own interpreter as the runtime would and ask it.
 
-Images: bubblewrap over the unpacked root (read-only), new user/pid/net/ipc/uts
-namespaces (no network), the image's WorkingDir, Env and User.  Processes:
-``nsenter`` into the process's mount namespace with its root, cwd, uid/gid and
-environment.  The interpreter runs with the command's own options and ``-c``
-and a probe printing, for each module, the file it imports and its
-``__version__``; for a script the probe puts the script's directory first, as
-CPython does for ``python script.py``.
+The image's start-up code (``sitecustomize``, ``.pth`` import lines, ``PYTHONPATH``) runs in the probe, so
+the probe gets no more than the container would.  Images: bubblewrap over the unpacked root (read-only), new
+user/pid/net/ipc/uts/cgroup namespaces (no network), the image's WorkingDir, Env and User.  Processes: every
+namespace of the process that differs from ours (user, mount, pid, net, ipc, uts, cgroup, time), its root and
+cwd, its uid, gid and groups, its capability bounding set and no_new_privs (:data:`_ENTER`), or a refusal
+that says why.  Both: the limits below (memory, file size, /tmp, processes).  The interpreter runs with the
+command's own options and ``-c`` and a probe printing, for each module, the file it imports and its
+``__version__``; for a script the probe puts the script's directory first, as CPython does for
+``python script.py``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
+import secrets
 import shutil
+import signal
 import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..errors import ExecuteError
 from ..subproc import OutputTooLarge, run_bounded
 from .model import ExecutedModule, ExecuteResult, ModuleCheck, PythonSetup
 from .rootfs import RootFS, norm
 
-__all__ = ["PROBE", "StartupFailed", "run_probe_bwrap", "run_probe_nsenter", "compare", "startup_result"]
+__all__ = ["PROBE", "PROBE_LIMITS", "StartupFailed", "run_probe_bwrap", "run_probe_nsenter", "compare",
+           "startup_result", "parse_credentials", "map_id", "limit_notes"]
 
 _MARK = "FORENSICS-PROBE "
 #: the most of the probe's standard output read (its JSON is a few KiB a module; the image's code may print more)
@@ -99,23 +110,156 @@ def _probe_args(setup: PythonSetup, names: list[str]) -> list[str]:
     return [*entry.flags, "-c", PROBE, json.dumps(names), script_dir]
 
 
-def _run(cmd: list[str], env: dict[str, str] | None, timeout: float, sandbox: str = "") -> dict:
-    try:  # bounded: the image's own code runs in the probe and writes what it likes
-        p = run_bounded(cmd, timeout=timeout, env=env, max_stdout=PROBE_MAX_OUTPUT)
-    except subprocess.TimeoutExpired as e:
-        raise ExecuteError("probe", f"timed out after {timeout:g}s",
-                           hint="The image's interpreter did not finish importing the modules in time "
-                                "(an import that blocks or loops at start-up); the static verdicts stand.") from e
-    except OutputTooLarge as e:
-        raise ExecuteError("probe", f"the image's interpreter wrote more than {PROBE_MAX_OUTPUT >> 20} MiB (stopped)",
-                           hint="Code that runs at start-up in the image floods its output; the static verdicts "
-                                "stand.") from e
-    except OSError as e:
-        raise ExecuteError(cmd[0], e.strerror or str(e)) from e
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeLimits:
+    """What the probe's process tree may use: the image's start-up code runs in it and may be hostile."""
+
+    data: int = 1 << 30  #: RLIMIT_DATA: heap and private writable memory (a 1.5 GB allocation fails)
+    address_space: int = 8 << 30  #: RLIMIT_AS: every mapping, shared anonymous memory included
+    file_size: int = 64 << 20  #: RLIMIT_FSIZE: the largest file it may write (EFBIG past it)
+    tmpfs: int = 128 << 20  #: bubblewrap's --size of the image's /tmp and /dev/shm (ENOSPC past it)
+    processes: int = 64  #: pids.max of a cgroup of its own (tasks: processes and threads)
+
+
+PROBE_LIMITS = ProbeLimits()
+
+
+def _limit_texts(limits: ProbeLimits) -> dict[str, str]:
+    return {"memory": f"memory limit ({limits.data >> 20} MiB of data, RLIMIT_DATA; {limits.address_space >> 30} "
+                      f"GiB of address space, RLIMIT_AS)",
+            "file-size": f"file-size limit ({limits.file_size >> 20} MiB a file, RLIMIT_FSIZE)",
+            "space": f"space limit (/tmp and /dev/shm {limits.tmpfs >> 20} MiB each)",
+            "processes": f"process limit ({limits.processes} tasks)"}
+
+
+_LIMIT_SIGNS = (("memory", "MemoryError"), ("file-size", "[Errno 27]"), ("space", "[Errno 28]"),
+                ("processes", "[Errno 11]"))
+
+
+def limit_notes(stderr: str, limits: ProbeLimits = PROBE_LIMITS) -> list[str]:
+    r"""One note for each limit the image's start-up code ran into, from the interpreter's standard error (what
+    ``site`` prints for a ``.pth`` line or a ``sitecustomize`` that raised), with where it was.
+
+    >>> [n[-51:] for n in limit_notes("Error processing line 1 of /s/x.pth:\n  Traceback\nMemoryError\n")]
+    [': MemoryError (Error processing line 1 of /s/x.pth)']
+    """
+    notes: list[str] = []
+    texts = _limit_texts(limits)
+    lines = stderr.splitlines()
+    for kind, sign in _LIMIT_SIGNS:
+        for i, line in enumerate(lines):
+            if sign not in line:
+                continue
+            where = next((ln.strip().rstrip(":") for ln in reversed(lines[:i])
+                          if ln.startswith(("Error processing line", "Error in sitecustomize",
+                                            "Error in usercustomize"))), "")
+            notes.append(f"start-up code hit the probe's {texts[kind]}: {line.strip()[:200]}"
+                         + (f" ({where[:300]})" if where else ""))
+            break
+    return notes
+
+
+class _ProbeCgroup:
+    """A pids cgroup of the probe's own (cgroup v2 at /sys/fs/cgroup, else v1's pids hierarchy), at most
+    ``limit`` tasks; what is still in it at the end is killed, and it is removed.  RLIMIT_NPROC cannot do this:
+    it is not enforced for a task whose uid is root outside its user namespace (bubblewrap run by root maps
+    the sandbox's user to root), so ``why`` says it when no cgroup can be made."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.path: str | None = None
+        self.fd: int | None = None
+        self.why = ""
+
+    def __enter__(self) -> _ProbeCgroup:
+        name = f"forensics-probe-{os.getpid()}-{secrets.token_hex(4)}"
+        v2 = os.path.isfile("/sys/fs/cgroup/cgroup.controllers")
+        base = "/sys/fs/cgroup" if v2 else "/sys/fs/cgroup/pids"
+        try:
+            if v2:
+                with open(f"{base}/cgroup.subtree_control", encoding="ascii") as f:
+                    if "pids" not in f.read().split():
+                        raise OSError(0, "the pids controller is not enabled at the cgroup root")
+            os.mkdir(f"{base}/{name}", 0o700)
+            self.path = f"{base}/{name}"
+            with open(f"{self.path}/pids.max", "w", encoding="ascii") as f:
+                f.write(str(self.limit))
+            self.fd = os.open(f"{self.path}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as e:
+            self.why = f"no pids cgroup could be made under {base} ({e.strerror or e})"
+            self.__exit__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.path is None:
+            return
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with open(f"{self.path}/cgroup.procs", encoding="ascii") as f:
+                    pids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.rmdir(self.path)
+                break
+            time.sleep(0.02)
+        self.path = None
+
+
+def _limited(cgroup: _ProbeCgroup, limits: ProbeLimits) -> Callable[[], None]:
+    """The preexec function: into the cgroup, then the rlimits (inherited by bubblewrap, the helper and the
+    interpreter); no core (SIGXFSZ's default action dumps one; CPython ignores it and gets EFBIG)."""
+    fd = cgroup.fd
+
+    def apply() -> None:
+        if fd is not None:
+            os.write(fd, b"0")
+        for res, value in ((resource.RLIMIT_DATA, limits.data), (resource.RLIMIT_AS, limits.address_space),
+                           (resource.RLIMIT_FSIZE, limits.file_size), (resource.RLIMIT_CORE, 0)):
+            hard = resource.getrlimit(res)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(res, (value, value))
+
+    return apply
+
+
+def _run(cmd: list[str], env: dict[str, str] | None, timeout: float, sandbox: str = "", *, input: str | None = None,
+         limits: ProbeLimits = PROBE_LIMITS) -> tuple[dict, list[str]]:
+    """The probe's answer and the notes about it (the limits it ran into, a limit that could not be set)."""
+    with _ProbeCgroup(limits.processes) as cgroup:
+        try:  # bounded: the image's own code runs in the probe and writes what it likes
+            p = run_bounded(cmd, timeout=timeout, env=env, input=input, max_stdout=PROBE_MAX_OUTPUT,
+                            preexec_fn=_limited(cgroup, limits))
+        except subprocess.TimeoutExpired as e:
+            raise ExecuteError("probe", f"timed out after {timeout:g}s",
+                               hint="The image's interpreter did not finish importing the modules in time "
+                                    "(an import that blocks or loops at start-up); the static verdicts stand.") from e
+        except OutputTooLarge as e:
+            raise ExecuteError("probe", f"the image's interpreter wrote more than {PROBE_MAX_OUTPUT >> 20} MiB "
+                                        "(stopped)",
+                               hint="Code that runs at start-up in the image floods its output; the static verdicts "
+                                    "stand.") from e
+        except subprocess.SubprocessError as e:  # the preexec function failed: no limits, so no probe
+            raise ExecuteError("limits", f"the probe's limits could not be set ({e})") from e
+        except OSError as e:
+            raise ExecuteError(cmd[0], e.strerror or str(e)) from e
+    notes = limit_notes(p.stderr, limits)
+    if cgroup.why:
+        notes.append(f"the probe's processes were not counted: {cgroup.why}")
     for line in reversed(p.stdout.splitlines()):
         if line.startswith(_MARK):
-            return _clean_probe(line[len(_MARK):])
+            return _clean_probe(line[len(_MARK):]), notes
     tail = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-3:]
+    if sandbox and p.returncode == _ENTER_FAILED and _ENTER_MARK in p.stderr:
+        why = next(ln for ln in reversed(p.stderr.splitlines()) if ln.startswith(_ENTER_MARK))
+        raise ExecuteError("namespaces", f"not run: {why[len(_ENTER_MARK):].strip()}", hint=_REFUSED_HINT)
     if sandbox and p.returncode != 0 and any(s in p.stderr for s in _SANDBOX_FAILS):
         raise ExecuteError(sandbox, " | ".join(tail))
     raise StartupFailed(" | ".join(tail), p.returncode)
@@ -159,12 +303,13 @@ class StartupFailed(ExecuteError):
         self.command: list[str] = []  # the sandbox's command line, set by whoever ran it
 
 
-_SANDBOX_FAILS = ("bwrap:", "nsenter:")
+_SANDBOX_FAILS = ("bwrap:",)
 
 
 def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int, gid: int, names: list[str],
                     *, timeout: float = 120.0) -> tuple[dict, list[str], list[str]]:
-    """Run the probe in a bubblewrap sandbox over ``root``; returns (probe output, command, notes)."""
+    """Run the probe in a bubblewrap sandbox over ``root``, within :data:`PROBE_LIMITS`; returns (probe output,
+    command, notes)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise ExecuteError("bubblewrap", "bwrap is not on PATH (Debian/Ubuntu: apt-get install -y bubblewrap)")
@@ -172,16 +317,19 @@ def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int
         raise ExecuteError("workdir", f"{setup.working_dir[:80]}...: longer than PATH_MAX (4096 bytes)",
                            hint="No runtime can enter this working directory; fix the image's WorkingDir.")
     notes = []
+    size = ["--size", str(PROBE_LIMITS.tmpfs)]
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
            "--ro-bind", root, "/"]
-    for mnt, opt in (("/proc", "--proc"), ("/dev", "--dev"), ("/tmp", "--tmpfs")):
+    for mnt, opt in (("/proc", ["--proc"]), ("/dev", ["--dev"]), ("/tmp", [*size, "--tmpfs"])):
         if not os.path.isdir(root + mnt) or os.path.islink(root + mnt):
             notes.append(f"{mnt} absent in the image: not mounted in the sandbox")
         elif mnt == "/tmp" and os.listdir(root + mnt):
             # a runtime shows the image's /tmp as it is (code can live there): keep it, read-only
             notes.append("/tmp holds files in the image: kept as it is (read-only), not replaced by a tmpfs")
         else:
-            cmd += [opt, mnt]
+            cmd += [*opt, mnt]
+        if mnt == "/dev" and cmd[-1] == "/dev":  # bubblewrap's /dev is a tmpfs of half the RAM: bounded /dev/shm,
+            cmd += [*size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]  # the rest read-only
     cmd += ["--chdir", setup.working_dir, "--clearenv"]
     for k, v in sorted(env.items()):
         cmd += ["--setenv", k, v]
@@ -190,23 +338,212 @@ def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int
         raise ExecuteError("interpreter", "no Python interpreter in the image to run")
     cmd += ["--uid", str(uid), "--gid", str(gid), "--", interpreter, *_probe_args(setup, names)]
     try:
-        return _run(cmd, None, timeout, "bubblewrap"), cmd, notes
+        probe, more = _run(cmd, None, timeout, "bubblewrap")
     except StartupFailed as e:
         e.command = cmd
         raise
+    return probe, cmd, notes + more
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Credentials:
+    """A process's ids and capabilities as /proc/PID/status shows them to us (ids in our user namespace)."""
+
+    uid: int  # effective
+    gid: int
+    groups: tuple[int, ...]
+    cap_bounding: int
+    cap_permitted: int
+
+
+def parse_credentials(status: str) -> Credentials:
+    r"""The effective uid and gid, the supplementary groups and two capability sets of /proc/PID/status.
+
+    >>> c = parse_credentials("Uid:\t0\t1000\t0\t0\nGid:\t5\t5\t5\t5\nGroups:\t4 27 \nCapPrm:\t00000000000000ff\n"
+    ...                       "CapBnd:\t000001ffffffffff\n")
+    >>> c.uid, c.gid, c.groups, hex(c.cap_permitted & c.cap_bounding)
+    (1000, 5, (4, 27), '0xff')
+    """
+    fields: dict[str, list[str]] = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.split()
+    try:
+        return Credentials(uid=int(fields["Uid"][1]), gid=int(fields["Gid"][1]),
+                           groups=tuple(int(g) for g in fields.get("Groups", [])),
+                           cap_bounding=int(fields["CapBnd"][0], 16), cap_permitted=int(fields["CapPrm"][0], 16))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ExecuteError("namespaces", f"not run: /proc/PID/status has no readable {e} line",
+                           hint=_REFUSED_HINT) from None
+
+
+def map_id(outside: int, id_map: str) -> int | None:
+    r"""The id inside a user namespace of ``outside`` (an id in ours), by the namespace's uid_map or gid_map as we
+    read it (``inside outside count`` a line); None when it is not mapped.
+
+    >>> map_id(100000, "0 100000 65536\n"), map_id(0, "0 0 1\n"), map_id(5, "0 100000 65536\n")
+    (0, 0, None)
+    """
+    for line in id_map.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            inside, start, count = map(int, parts)
+            if start <= outside < start + count:
+                return inside + outside - start
+    return None
+
+
+#: namespaces in the order they are entered: the user namespace last, while we still hold every capability in
+#: the namespaces that own the others (a pod whose network namespace belongs to the host's user namespace)
+_NAMESPACES = ("cgroup", "ipc", "uts", "net", "pid", "time", "mnt", "user")
+_ENTER_MARK = "forensics-enter: "
+_ENTER_FAILED = 125
+_REFUSED_HINT = ("--execute runs the process's own start-up code, so it runs it only inside all of the "
+                 "process's namespaces with its credentials; where that cannot be done it runs nothing. Run "
+                 "without --execute for the static verdicts.")
+#: enter the namespaces of a process, take its root, cwd, ids and capability bounding set, set no_new_privs and
+#: run its interpreter.  Run by our own interpreter (-I -S: nothing of the target's environment touches it);
+#: the plan in argv[1], the environment for the interpreter on standard input.  nsenter cannot do this with
+#: setpriv: the capabilities must be dropped after setns, inside the target's root, where no setpriv is.  Every
+#: import is done before the first setns (the host's standard library is not in the target's root).
+_ENTER = r"""
+import ctypes, json, os, select, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def oops(kind, value, tb):
+    sys.stderr.write("forensics-enter: %s: %s\n" % (kind.__name__, value))
+    sys.stderr.flush()
+    os._exit(125)
+sys.excepthook = oops
+def fail(step, err):
+    sys.stderr.write("forensics-enter: %s: %s\n" % (step, os.strerror(err)))
+    sys.stderr.flush()
+    os._exit(125)
+def call(step, r):
+    if r != 0:
+        fail(step, ctypes.get_errno())
+plan = json.loads(sys.argv[1]); argv = sys.argv[sys.argv.index("--") + 1:]
+env = json.loads(sys.stdin.buffer.read(16 << 20))
+try:
+    null = os.open("/dev/null", os.O_RDONLY)
+    proc = os.open("/proc/%d" % plan["pid"], os.O_RDONLY | os.O_DIRECTORY)
+    with os.fdopen(os.open("stat", os.O_RDONLY, dir_fd=proc), "rb") as f:
+        start = f.read(4096).rsplit(b")", 1)[-1].split()[19].decode()
+    if start != plan["start"]:
+        fail("process %d" % plan["pid"], 3)
+    ns = [(name, os.open("ns/" + name, os.O_RDONLY, dir_fd=proc)) for name in plan["ns"]]
+    root = os.open("root", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
+    cwd = os.open("cwd", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
+except OSError as e:
+    fail("opening /proc/%d/%s" % (plan["pid"], e.filename or ""), e.errno or 0)
+os.dup2(null, 0)
+try:
+    os.setgroups(plan["groups"])
+except OSError as e:
+    fail("taking its groups", e.errno)
+for name, fd in ns:
+    call("entering its %s namespace" % name, libc.setns(fd, 0))
+alive, held = os.pipe()
+child = os.fork()
+if child:
+    st = os.waitpid(child, 0)[1]
+    code = os.waitstatus_to_exitcode(st)
+    os._exit(code if code >= 0 else 128 - code)
+try:
+    os.fchdir(root); os.chroot("."); os.fchdir(cwd)
+except OSError as e:
+    fail("entering its root", e.errno)
+for cap in range(64):
+    if not plan["caps"] >> cap & 1 and libc.prctl(24, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
+        fail("dropping capability %d from the bounding set" % cap, ctypes.get_errno())
+try:
+    os.setresgid(plan["gid"], plan["gid"], plan["gid"]); os.setresuid(plan["uid"], plan["uid"], plan["uid"])
+except OSError as e:
+    fail("taking its uid %d / gid %d" % (plan["uid"], plan["gid"]), e.errno)
+libc.prctl(47, 4, 0, 0, 0)
+call("setting the parent-death signal", libc.prctl(1, 9, 0, 0, 0))
+os.close(held)
+if select.select([alive], [], [], 0)[0]:
+    os._exit(125)
+head = (ctypes.c_uint32 * 2)(0x20080522, 0); caps = (ctypes.c_uint32 * 6)()
+call("reading capabilities", libc.capget(head, caps))
+caps[2] = caps[5] = 0
+call("clearing the inheritable capabilities", libc.capset(head, caps))
+call("setting no_new_privs", libc.prctl(38, 1, 0, 0, 0))
+try:
+    os.execve(argv[0], argv, env)
+except OSError as e:
+    fail("running " + argv[0], e.errno)
+"""
+
+
+def _differing_namespaces(pid: int) -> list[str]:
+    """The namespaces of ``pid`` that are not ours, in :data:`_NAMESPACES`'s order."""
+    out = []
+    for name in _NAMESPACES:
+        try:
+            ours = os.stat(f"/proc/self/ns/{name}")
+        except FileNotFoundError:
+            continue  # this kernel has no such namespace
+        try:
+            theirs = os.stat(f"/proc/{pid}/ns/{name}")
+        except OSError as e:
+            raise ExecuteError("namespaces", f"not run: /proc/{pid}/ns/{name}: {e.strerror or e}",
+                               hint=_REFUSED_HINT) from e
+        if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+            out.append(name)
+    return out
+
+
+def _read_proc(pid: int, name: str) -> str:
+    try:
+        with open(f"/proc/{pid}/{name}", encoding="ascii", errors="replace") as f:
+            return f.read(1 << 20)
+    except OSError as e:
+        raise ExecuteError("namespaces", f"not run: /proc/{pid}/{name}: {e.strerror or e}",
+                           hint=_REFUSED_HINT) from e
+
+
+def _enter_plan(pid: int) -> dict:
+    """What :data:`_ENTER` does for ``pid``: its namespaces, ids (inside its user namespace), groups (ours: set
+    before entering), capability bounding set (what it has: bounding and permitted), its start time."""
+    ns = _differing_namespaces(pid)
+    cred = parse_credentials(_read_proc(pid, "status"))
+    start = _read_proc(pid, "stat").rsplit(")", 1)[-1].split()[19:20]
+    uid: int | None = cred.uid
+    gid: int | None = cred.gid
+    if "user" in ns:
+        uid, gid = map_id(cred.uid, _read_proc(pid, "uid_map")), map_id(cred.gid, _read_proc(pid, "gid_map"))
+    if uid is None or gid is None or not start:
+        raise ExecuteError("namespaces", f"not run: the uid {cred.uid} / gid {cred.gid} of process {pid} is not "
+                                         "mapped in its user namespace", hint=_REFUSED_HINT)
+    return {"pid": pid, "start": start[0], "ns": ns, "uid": uid, "gid": gid, "groups": list(cred.groups),
+            "caps": cred.cap_bounding & cred.cap_permitted}
 
 
 def run_probe_nsenter(pid: int, interpreter: str, setup: PythonSetup, env: dict[str, str], uid: int, gid: int,
                       names: list[str], *, timeout: float = 120.0) -> tuple[dict, list[str], list[str]]:
-    """Run the probe inside process ``pid``'s mount namespace, root and cwd, as its uid/gid, with its environment."""
-    nsenter = shutil.which("nsenter")
-    if nsenter is None:
-        raise ExecuteError("nsenter", "nsenter is not on PATH (util-linux)")
+    """Run the probe as process ``pid`` would start it: in all its namespaces, its root and cwd, its ids and
+    groups, no capability it does not hold, no_new_privs, its environment, within :data:`PROBE_LIMITS`.
+
+    ``uid`` and ``gid`` (what the caller read) must still be the process's.
+
+    :raises ExecuteError: not root, or the process's namespaces or credentials cannot be taken (nothing ran)
+    """
     if os.geteuid() != 0:
         raise ExecuteError("nsenter", "entering another process's namespaces needs root")
-    cmd = [nsenter, "-t", str(pid), "-m", "-r", "-w", "-S", str(uid), "-G", str(gid), "--",
-           interpreter, *_probe_args(setup, names)]
-    return _run(cmd, dict(env), timeout, "nsenter"), cmd, []
+    plan = _enter_plan(pid)
+    if "user" not in plan["ns"] and (plan["uid"], plan["gid"]) != (uid, gid):
+        raise ExecuteError("namespaces", f"not run: process {pid} changed its uid/gid while it was read",
+                           hint=_REFUSED_HINT)
+    probe = [interpreter, *_probe_args(setup, names)]
+    text = json.dumps(plan, sort_keys=True)
+    cmd = [sys.executable, "-I", "-S", "-c", _ENTER, text, "--", *probe]
+    shown = [sys.executable, "-I", "-S", "-c", "<forensics: enter the process>", text, "--", *probe]
+    probe_out, notes = _run(cmd, None, timeout, "nsenter", input=json.dumps(env))
+    ran = ", ".join(plan["ns"]) or "none (it shares ours)"
+    notes.insert(0, f"ran in the process's namespaces ({ran}) as uid {plan['uid']} gid {plan['gid']}, "
+                    f"capabilities {plan['caps']:#x}, no_new_privs")
+    return probe_out, shown, notes
 
 
 def compare(fs: RootFS, setup: PythonSetup, checks: tuple[ModuleCheck, ...], probe: dict, method: str,

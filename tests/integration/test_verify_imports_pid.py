@@ -82,7 +82,7 @@ def test_pid_catches_the_shadowing_working_directory(shadowed_process, venv):
     assert mods["pynvml"]["verdict"] == "OK"
 
 
-@pytest.mark.skipif(shutil.which("nsenter") is None or os.geteuid() != 0, reason="needs nsenter and root")
+@pytest.mark.skipif(os.geteuid() != 0, reason="entering a process's namespaces needs root")
 def test_pid_execute_agrees(shadowed_process):
     proc, workdir, _ = shadowed_process
     code, doc, out = run("--pid", str(proc.pid), "--json", "--execute")
@@ -151,7 +151,7 @@ def test_pid_of_a_chrooted_process_reads_its_paths_inside_its_root(chrooted_proc
     assert nv["expected"]["file"] == "/usr/local/lib/python3.11/dist-packages/nvitop/__init__.py"
     assert r["python"]["entrypoint"]["interpreter_real"] == "/usr/bin/python3.11" and code == 3
     assert f"root:        {root} (the process runs in a chroot" in run("--pid", str(proc.pid))[2]
-    if shutil.which("nsenter"):
+    if os.geteuid() == 0:
         code, doc, out = run("--pid", str(proc.pid), "--json", "--execute")
         x = doc["result"]["execute"]
         assert x["agrees"], out
