@@ -13,6 +13,7 @@ command's own options and ``-c`` and a probe printing, for each module, the file
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -306,6 +307,16 @@ class StartupFailed(ExecuteError):
 _SANDBOX_FAILS = ("bwrap:",)
 
 
+@functools.lru_cache(maxsize=4)
+def _bwrap_sizes(bwrap: str) -> bool:
+    """Does this bubblewrap take ``--size`` (a tmpfs's size)?"""
+    try:
+        p = run_bounded([bwrap, "--help"], timeout=10, max_stdout=1 << 20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--size" in p.stdout + p.stderr
+
+
 def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int, gid: int, names: list[str],
                     *, timeout: float = 120.0) -> tuple[dict, list[str], list[str]]:
     """Run the probe in a bubblewrap sandbox over ``root``, within :data:`PROBE_LIMITS`; returns (probe output,
@@ -317,7 +328,10 @@ def run_probe_bwrap(root: str, setup: PythonSetup, env: dict[str, str], uid: int
         raise ExecuteError("workdir", f"{setup.working_dir[:80]}...: longer than PATH_MAX (4096 bytes)",
                            hint="No runtime can enter this working directory; fix the image's WorkingDir.")
     notes = []
-    size = ["--size", str(PROBE_LIMITS.tmpfs)]
+    size = ["--size", str(PROBE_LIMITS.tmpfs)] if _bwrap_sizes(bwrap) else []
+    if not size:
+        notes.append(f"this bubblewrap has no --size (0.8 has): /tmp and /dev/shm not bounded to "
+                     f"{PROBE_LIMITS.tmpfs >> 20} MiB (each file still to {PROBE_LIMITS.file_size >> 20} MiB)")
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
            "--ro-bind", root, "/"]
     for mnt, opt in (("/proc", ["--proc"]), ("/dev", ["--dev"]), ("/tmp", [*size, "--tmpfs"])):

@@ -101,7 +101,10 @@ def _descendant(pid: int, exe: str) -> int:
 
 
 @pytest.fixture
-def container(tmp_path):
+def container(tmp_path, request):
+    """The container's pid on this machine (its python3), the listener, the host file, the records; its user is
+    ``request.param`` inside (root by default; bubblewrap maps it to root outside)."""
+    uid = getattr(request, "param", 0)
     problem = _problem()
     if problem:
         pytest.skip(problem)
@@ -119,7 +122,7 @@ def container(tmp_path):
     cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
            "--tmpfs", "/tmp", "--bind", str(report), "/tmp/report", "--ro-bind", str(hostile), "/tmp/hostile",
            "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "PYTHONPATH", "/tmp/hostile",
-           "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--chdir", "/", "--uid", "0", "--gid", "0",
+           "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--chdir", "/", "--uid", str(uid), "--gid", str(uid),
            "--", PYTHON, "-c", WAITER]
     try:
         with ready_process(cmd) as (proc, _):
@@ -140,6 +143,7 @@ def _accepted(listener: socket.socket) -> list[bytes]:
         conn.close()
 
 
+@pytest.mark.parametrize("container", [0, 1000], indirect=True, ids=lambda u: f"container-uid={u}")
 def test_the_probe_does_no_more_than_the_container(container):
     pid, listener, target, records = container
     # GIVEN the container started: its own start-up code ran once, and could do none of it
