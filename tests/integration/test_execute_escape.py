@@ -192,6 +192,21 @@ def test_a_process_gone_before_the_probe_is_refused_in_one_line(container, monke
     assert len(records.read_text().splitlines()) == 1
 
 
+def test_a_process_whose_user_namespace_maps_no_uid_is_refused(tmp_path):
+    # GIVEN a python3 in a user namespace of its own with no uid_map (unshare --user: it runs as the overflow
+    # uid, and no id of ours means anything in it)
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (util-linux)")
+    with ready_process(["unshare", "--user", PYTHON, "-c", WAITER], cwd=tmp_path) as (proc, _):
+        pid = proc.pid  # unshare without --fork execs python3
+        # WHEN --execute is asked for
+        result = CliRunner().invoke(cli, ["verify-imports", "--pid", str(pid), "--execute"])
+    # THEN it runs nothing, and says why in one line
+    assert result.exit_code == 1, result.output
+    assert (f"--execute: namespaces: not run: the uid 0 / gid 0 of process {pid} is not mapped in its user "
+            "namespace") in result.output and "Traceback" not in result.output
+
+
 # -- the image's sandbox: memory, /tmp, file size, processes -----------------------------------------------
 
 HOGS = {
