@@ -105,6 +105,7 @@ class FaultKind(enum.Enum):
     NOT_WRITABLE = "not-writable"
     NOT_EXECUTABLE = "not-executable"
     MAPPED = "mapped"  # mapped with the needed permission (SEGV_PKUERR, stack guard, races)
+    INSTRUCTION = "instruction"  # SIGILL, SIGFPE: the address is the faulting instruction's, no data access
     UNKNOWN = "unknown"
 
 
@@ -295,6 +296,7 @@ class CoreFile:
     expected_size: int  # what the program headers promise; > size when truncated
     mtime: float | None = None  # when the core file was last written (the kernel writes it at the crash)
     problems: tuple[str, ...] = ()  # malformed notes read around: what the core reader left out (partial)
+    args_cut: bool = False  # ``args`` is pr_psargs cut at 80 bytes: the stack holding the whole line was not read
 
     @property
     def crashed_tid(self) -> int | None:

@@ -431,7 +431,7 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
     disagreements: tuple[str, ...] = ()
     if method == "both":
         disagreements = _compare_methods(reading, gdb_python, direct, dwarf_layout, problems)
-    python, py_method = _choose_python(method, gdb_python, direct, problems)
+    python, py_method = _choose_python(method, gdb_python, direct, problems, truncated=core.truncated)
     snapshot = build_snapshot(
         core, native, python, sysroot=sysroot,
         native_method=native_label(native), python_method=py_method, requested=method,
@@ -490,9 +490,11 @@ def _compare_methods(reading: CoreReading, gdb_python, direct, dwarf_layout: dic
     return disagreements
 
 
-def _choose_python(method: str, gdb_python, direct, problems: list[str]):
+def _choose_python(method: str, gdb_python, direct, problems: list[str], *, truncated: bool = False):
     """The Python stacks shown and the method that read them: the requested method's, or for auto/both the
-    best whole one; for auto, the other method's reason is said once when it was tried and did not give them."""
+    best whole one; for auto, the other method's reason is said once when it was tried and did not give them
+    -- except on a truncated core, where what is missing is the memory, which the stacks line says: the
+    other method's reason (gdb's "no DWARF ...; install python3.X-dbg") would blame debug symbols."""
     if method == "gdb":
         python, py_method = gdb_python, "gdb"
     elif method == "direct":
@@ -500,7 +502,7 @@ def _choose_python(method: str, gdb_python, direct, problems: list[str]):
     else:
         python, py_method = choose_python_stacks(direct, gdb_python)
     other, other_name = (gdb_python, "gdb") if py_method == "direct" else (direct, "direct")
-    if (method == "auto" and python is not None and not python.is_whole and other is not None
+    if (method == "auto" and not truncated and python is not None and not python.is_whole and other is not None
             and not other.is_whole and other.status is not PythonStatus.NOT_PYTHON and other.detail != python.detail):
         problems.append(f"Python stacks by {other_name}: {python_status_line(other, python_process=True)}")
     return python, py_method

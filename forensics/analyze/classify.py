@@ -74,12 +74,18 @@ def normalize_message(message: str | None) -> str:
     return _HEX.sub("<hex>", message.strip())
 
 
-def classify_fault_address(core: CoreFile, addr: int | None, code: int, pc: int | None) -> FaultKind:
+def classify_fault_address(core: CoreFile, addr: int | None, code: int, pc: int | None,
+                           signo: int | None = None) -> FaultKind:
     """Where a SIGSEGV/SIGBUS address points, judged against the core's mappings.
 
     :param code: si_code of the signal (SEGV_MAPERR=1, SEGV_ACCERR=2, SI_KERNEL=0x80)
     :param pc: the crashing thread's instruction pointer (an execute fault has addr == pc)
+    :param signo: the signal: SIGILL's and SIGFPE's address is the faulting instruction's
+        (:attr:`FaultKind.INSTRUCTION`), and their codes are no SEGV codes (ILL_ILLOPN is 2,
+        SEGV_ACCERR's value: no "not-writable" for an illegal instruction)
     """
+    if signo in (_signal.SIGILL, _signal.SIGFPE) and addr is not None:
+        return FaultKind.INSTRUCTION
     if addr is None or code == SI_KERNEL:
         # A general-protection fault (non-canonical address, ...): the kernel reports no address.
         return FaultKind.UNKNOWN
@@ -143,14 +149,15 @@ def _kind_of(core: CoreFile, signo: int, code: int, addr: int | None, pc: int | 
         heap = is_heap_message(core.abort_message) or in_printerr
         return (CrashKind.HEAP_CORRUPTION if heap else CrashKind.ABORT), None, None
     if signo in _KIND_BY_SIGNAL:
-        return _KIND_BY_SIGNAL[signo], addr, classify_fault_address(core, addr, code, pc)
+        return _KIND_BY_SIGNAL[signo], addr, classify_fault_address(core, addr, code, pc, signo)
     return CrashKind.OTHER_SIGNAL, None, None
 
 
 def _later(sig: SigInfo | None, signo: int, core: CoreFile, pc: int | None, tid: int | None,
            handler: SignalHandler | None) -> LaterFault:
     addr = sig.addr if sig is not None else None
-    kind = classify_fault_address(core, addr, sig.code, pc) if sig is not None and signo in _KIND_BY_SIGNAL else None
+    kind = classify_fault_address(core, addr, sig.code, pc, signo) \
+        if sig is not None and signo in _KIND_BY_SIGNAL else None
     return LaterFault(signal=signo, signal_name=sig.name if sig is not None else _signame(signo), fault_address=addr,
                       fault_kind=kind, tid=tid, handler=handler)
 

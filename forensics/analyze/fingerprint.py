@@ -53,8 +53,8 @@ import re
 from dataclasses import replace
 
 from ..digest import sha256
-from ..model import Crash, CrashKind, NativeFrame, ProcessSnapshot, PyFrame, Thread
-from .classify import first_fault_frames, is_python_process, normalize_message
+from ..model import Crash, CrashKind, FaultKind, NativeFrame, ProcessSnapshot, PyFrame, Thread
+from .classify import classify_fault_address, first_fault_frames, is_python_process, normalize_message
 from .pyframes import python_location
 from .stacks import skip_abort_machinery
 
@@ -162,9 +162,12 @@ def _head(snapshot: ProcessSnapshot, crash: Crash, *, v2: bool) -> list[str]:
     if crash.abort_message and crash.kind in (CrashKind.HEAP_CORRUPTION, CrashKind.ABORT):
         message = normalize_message(crash.abort_message) if v2 else normalize_abort_message(crash.abort_message)
         basis.append(f"abort:{message}")
-    if crash.fault_kind is not None:
-        basis.append(f"fault:{crash.fault_kind.value}")
     core = snapshot.core
+    if crash.fault_kind is FaultKind.INSTRUCTION and v2:  # v2 judged SIGILL/SIGFPE's address as a data address
+        code = _signal_code(snapshot, crash)
+        basis.append(f"fault:{classify_fault_address(core, crash.fault_address, code, crash.fault_address).value}")
+    elif crash.fault_kind is not None:
+        basis.append(f"fault:{crash.fault_kind.value}")
     name = _lib if v2 else object_name
     if crash.kind in _MEMORY_FAULTS:
         pc = _first_fault_pc(snapshot, crash)
@@ -221,6 +224,17 @@ def fingerprint_basis_v2(snapshot: ProcessSnapshot, crash: Crash) -> tuple[str, 
     for p in (frames or ())[:PYTHON_DEPTH]:
         basis.append(f"python:{python_location(p.file).path}:{p.function}")
     return tuple(basis)
+
+
+def _signal_code(snapshot: ProcessSnapshot, crash: Crash) -> int:
+    """The si_code of the first fault's signal: its signal frame's, else the core's."""
+    thread = _crashed(snapshot, crash)
+    frame = next((f for f in reversed(thread.signal_frames) if f.signal.signo == crash.signal), None) \
+        if thread is not None else None
+    if frame is not None:
+        return frame.signal.code
+    sig = snapshot.core.signal
+    return sig.code if sig is not None and sig.signo == crash.signal else 0
 
 
 def _first_fault_pc(snapshot: ProcessSnapshot, crash: Crash) -> int | None:

@@ -139,12 +139,14 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
     libraries = _libraries(mem, layout, exe_path, sysroot=sysroot, exe=exe)
     exe_lib = next((lib for lib in libraries if lib.path == exe_path), None)
     pid = psinfo.pid if psinfo is not None else (threads[0].tid if threads else 0)
+    args, args_cut = _command_line(mem, auxv, auxv_raw, psinfo)
     return CoreFile(
         path=path,
         size=layout.size,
         pid=pid,
         command=psinfo.command if psinfo is not None else "",
-        args=_command_line(mem, auxv, auxv_raw, psinfo),
+        args=args,
+        args_cut=args_cut,
         executable=exe_path,
         build_id=exe_lib.build_id if exe_lib is not None else None,
         signal=siginfo,
@@ -167,16 +169,23 @@ def _mtime(path: str) -> float | None:
         return None
 
 
-def _command_line(mem: CoreMemory, auxv: dict[int, int], auxv_raw: bytes, psinfo: elf.PsInfo | None) -> str:
-    """The whole command line from the stack; NT_PRPSINFO's first 80 bytes when the stack does not hold it."""
+#: pr_psargs keeps at most this many characters of the command line (ELF_PRARGSZ 80, less its NUL)
+_PSARGS_MAX = 79
+
+
+def _command_line(mem: CoreMemory, auxv: dict[int, int], auxv_raw: bytes,
+                  psinfo: elf.PsInfo | None) -> tuple[str, bool]:
+    """The whole command line from the stack; NT_PRPSINFO's first 80 bytes when the stack does not hold it
+    (a truncated core) -- and whether that copy is cut (it is as long as the kernel keeps)."""
     short = psinfo.args if psinfo is not None else ""
+    cut = len(short) >= _PSARGS_MAX
     execfn = auxv.get(elf.AT_EXECFN)
     argv = read_argv(mem, auxv_raw, execfn) if execfn else None
     if not argv:
-        return short
+        return short, cut
     full = " ".join(argv)
     # the stack is the process's own memory; keep it only when it agrees with the kernel's copy
-    return full if full.startswith(short) or short.startswith(full) else short
+    return (full, False) if full.startswith(short) or short.startswith(full) else (short, cut)
 
 
 def _mappings(layout: CoreLayout) -> tuple[Mapping, ...]:

@@ -116,7 +116,9 @@ def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool
     yield f"Core:        {core.path} ({core.size:,} bytes{', TRUNCATED' if core.truncated else ''})"
     yield f"Process:     pid {core.pid}, {core.executable or core.command}"
     if core.args:
-        yield f"Command:     {core.args[:_MAX_LINE]}"
+        cut = ("... (cut: the core's process record keeps 80 bytes, and the stack that holds the whole line "
+               "is not in the core)") if core.args_cut else ""
+        yield f"Command:     {core.args[:_MAX_LINE]}{cut}"
     same = core.signal is not None and crash.then is None and crash.signal == core.signal.signo
     code = f" (si_code {core.signal.code})" if same and core.signal is not None else ""
     yield f"Signal:      {crash.signal_name or 'none'}{code}"

@@ -161,3 +161,43 @@ def test_a_fault_inside_a_sigusr1_handler_is_the_handlers(same_bug):
         assert a.fingerprint_basis[-1] == "native:libcrash.so:forensics_on_usr1", a.fingerprint_basis
         assert a.fingerprint_partial is None
     assert len({a.fingerprint for a in got.values()}) == 1
+
+
+@pytest.mark.parametrize("scenario", ["ill", "fpe"])
+def test_sigill_and_sigfpe_addresses_are_the_faulting_instruction(cores, newest_python, scenario):
+    # GIVEN a ud2 (SIGILL, si_code ILL_ILLOPN: 2, SEGV_ACCERR's value) and a division by zero (SIGFPE)
+    a = analyze_core(str(cores.get(newest_python, scenario)))
+    crash = a.crash
+    # THEN the address is called the faulting instruction's, not a data access ("not-writable", "mapped")
+    assert crash.fault_address == a.snapshot.core.threads[0].pc
+    assert crash.fault_kind is FaultKind.INSTRUCTION
+    assert f"at 0x{crash.fault_address:x} (instruction)" in signature(a)
+    # and no data-access word enters the fingerprint; the previous basis keeps its own word, readable
+    assert "fault:instruction" in a.fingerprint_basis
+    assert "fault:instruction" not in a.fingerprint_v2_basis
+    assert ("fault:not-writable" if scenario == "ill" else "fault:mapped") in a.fingerprint_v2_basis
+
+
+def test_a_truncated_cores_hint_blames_the_truncation_and_shows_its_command_line_cut(same_bug, newest_python,
+                                                                                     tmp_path):
+    # GIVEN a core cut to a third (a size limit, a full disk), its process's command line longer than the
+    # 80 bytes the core's process record keeps
+    core = same_bug.core(newest_python, "thread-method")
+    cut = tmp_path / "core.cut"
+    with open(core, "rb") as f:
+        cut.write_bytes(f.read(core.stat().st_size // 3))
+    from click.testing import CliRunner
+
+    from forensics.cli import cli
+
+    r = CliRunner().invoke(cli, ["analyze", str(cut)], catch_exceptions=False)
+    # THEN nothing blames debug symbols: what is missing is memory
+    assert r.exit_code == 4, r.output
+    assert "-dbg" not in r.output and "DWARF" not in r.output and "debug symbols" not in r.output, r.output
+    assert "the core is truncated" in r.output
+    # and the command line is shown as cut, not as if it were whole
+    (line,) = [ln for ln in r.output.splitlines() if ln.startswith("Command:")]
+    whole = f"{PYTHONS[newest_python]} {SAME_BUG} {same_bug.lib} thread-method"
+    assert len(whole) > 80 and whole.startswith(line.split(None, 1)[1][:79])
+    assert line.endswith("... (cut: the core's process record keeps 80 bytes, and the stack that holds the "
+                         "whole line is not in the core)"), line
