@@ -26,6 +26,7 @@ from .output import json_document
 
 __all__ = [
     "describe_wait_status",
+    "describe_returncode",
     "CanaryError",
     "CanaryResult",
     "PodWatch",
@@ -235,6 +236,72 @@ def describe_wait_status(status: int) -> str:
     return f"exited with status {(status >> 8) & 0xFF}"
 
 
+def describe_returncode(returncode: int) -> str:
+    """A :class:`subprocess.Popen` return code as a person reads it (a signal is negative there).
+
+    >>> describe_returncode(-6), describe_returncode(139), describe_returncode(3)
+    ('killed by SIGABRT, exit status 134', 'exited with status 139', 'exited with status 3')
+    """
+    return describe_wait_status(-returncode if returncode < 0 else (returncode & 0xFF) << 8)
+
+
+class _ExitListener:
+    """The kernel's process events (the proc connector, ``NETLINK_CONNECTOR``): the wait status of the watched
+    process when it exits, whoever reaps it -- a shell, a container runtime or an init reaps at once, leaving
+    no zombie whose ``/proc/PID/stat`` holds it.  Needs CAP_NET_ADMIN in the initial network namespace; where
+    the kernel refuses, ``status`` stays None (the zombie is then the only witness)."""
+
+    _EXIT = 0x80000000  # PROC_EVENT_EXIT
+
+    def __init__(self, pid: int) -> None:
+        import socket
+        import struct
+        import threading
+
+        self.pid = pid
+        self.status: int | None = None
+        self._closed = False
+        self._sock = None
+        try:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 11)  # NETLINK_CONNECTOR
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            sock.bind((0, 1))  # CN_IDX_PROC
+            # nlmsghdr (NLMSG_DONE), cn_msg (CN_IDX_PROC, CN_VAL_PROC), PROC_CN_MCAST_LISTEN
+            sock.send(struct.pack("=IHHII", 40, 3, 0, 0, 0) + struct.pack("=IIIIHH", 1, 1, 0, 0, 4, 0)
+                      + struct.pack("=I", 1))
+            sock.settimeout(0.2)
+        except (OSError, AttributeError):
+            return
+        self._sock = sock
+        threading.Thread(target=self._read, name="forensics-exit-listener", daemon=True).start()
+
+    def _read(self) -> None:
+        import struct
+
+        sock = self._sock
+        assert sock is not None
+        while not self._closed:
+            try:
+                data = sock.recv(8192)
+            except TimeoutError:
+                continue
+            except OSError:  # ENOBUFS (events dropped), or closed: keep listening until closed
+                if self._closed:
+                    return
+                continue
+            # nlmsghdr (16) + cn_msg (20) + proc_event: what, cpu, timestamp (16) + exit_proc_event
+            if len(data) >= 68 and struct.unpack_from("=I", data, 36)[0] == self._EXIT:
+                pid, tgid, code = struct.unpack_from("=iiI", data, 52)
+                if pid == tgid == self.pid:
+                    self.status = code
+                    return
+
+    def close(self) -> None:
+        self._closed = True
+        if self._sock is not None:
+            self._sock.close()
+
+
 class _Watch:
     """Watches a local process (pid) for exit and new core files in its working directory."""
 
@@ -242,11 +309,13 @@ class _Watch:
         self.pid = pid
         self.name = f"pid {pid}"
         self.core_dirs = list(core_dirs)
+        self.exits: _ExitListener | None = None
         if pid is not None:
             try:
                 self.core_dirs.append(os.readlink(f"/proc/{pid}/cwd"))
             except OSError as e:
                 raise ProcessGone(pid, e.strerror or "") from e
+            self.exits = _ExitListener(pid)
         self.before = self._cores()
         self.alive = True
 
@@ -263,9 +332,18 @@ class _Watch:
         return out
 
     def poll(self, result: CanaryResult) -> None:
-        if self.pid is not None and self.alive and not os.path.exists(f"/proc/{self.pid}"):
+        if self.pid is not None and self.alive and self.exits is not None and self.exits.status is not None:
             self.alive = False
-            result.process_events.append(f"pid {self.pid} exited during the run")
+            result.process_events.append(f"pid {self.pid} died during the run: "
+                                         f"{describe_wait_status(self.exits.status)}")
+        if self.pid is not None and self.alive and not os.path.exists(f"/proc/{self.pid}"):
+            time.sleep(0.05)  # the kernel's exit event may trail the reaping by a moment
+            if self.exits is not None and self.exits.status is not None:
+                self.poll(result)
+                return
+            self.alive = False
+            result.process_events.append(f"pid {self.pid} exited during the run (its exit status is gone: its "
+                                         "parent reaped it, and the kernel's process events were not readable)")
         if self.pid is not None and self.alive:
             try:
                 with open(f"/proc/{self.pid}/stat") as f:
@@ -279,6 +357,8 @@ class _Watch:
 
     def finish(self, result: CanaryResult) -> None:
         self.poll(result)
+        if self.exits is not None:
+            self.exits.close()
         if self.pid is None and not self.core_dirs:
             return
         new = sorted(self._cores() - self.before)

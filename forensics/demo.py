@@ -163,7 +163,7 @@ def _prepare(out: str | None, work: str | None, log: Callable[[str], None]) -> _
 def _crash_the_exporter(run: _Run, fault_after: int, timeout: float) -> _Crashed:
     """The simulated node and the incident's stack; nvitop-exporter started, captured, verified, scraped to its
     crash."""
-    from .canary import Thresholds, canary_document, run_canary
+    from .canary import Thresholds, canary_document, describe_returncode, run_canary
     from .simnvml import build_simnvml, ensure_stack_venv, sim_environment
 
     step, result, out_dir, work_dir = run.step, run.result, run.out_dir, run.work_dir
@@ -218,10 +218,10 @@ def _crash_the_exporter(run: _Run, fault_after: int, timeout: float) -> _Crashed
         canary_file = out_dir / "canary.json"
         canary_file.write_text(canary_document(canary) + "\n")
         result.files["canary (scrapes until the crash)"] = str(canary_file)
-        step(f"exporter died: exit status {rc} after {canary.requests} scrapes ({canary.ok} answered); "
+        step(f"exporter died: {describe_returncode(rc)} after {canary.requests} scrapes ({canary.ok} answered); "
              f"canary verdict {canary.verdict}")
     else:
-        step(f"exporter died: exit status {rc}")
+        step(f"exporter died: {describe_returncode(rc)}")
     core = next((p for p in sorted(run_dir.glob("core*")) if p.is_file()), None)
     if core is None:
         pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()

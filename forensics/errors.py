@@ -20,6 +20,7 @@ __all__ = [
     "InputNotFound",
     "CoreNotFound",
     "InputUnreadable",
+    "check_input_exists",
     "NotACoreFile",
     "NoCoreKept",
     "UnsupportedTarget",
@@ -30,6 +31,7 @@ __all__ = [
     "GdbTimeout",
     "UnwinderUnavailable",
     "OutputExists",
+    "OutputUnwritable",
     "BuildError",
 ]
 
@@ -83,6 +85,25 @@ class InputUnreadable(ForensicsError, PermissionError):
 
     def __init__(self, path: str, reason: str = "permission denied") -> None:
         super().__init__(f"{path}: {reason}", path=path, reason=reason)
+
+
+def check_input_exists(path: str, missing: type[InputNotFound] | None = None, hint: str | None = None) -> None:
+    """Say why ``path`` cannot be used when it is not there: a directory on the way this user may not search
+    is ``permission denied`` (InputUnreadable), not ``no such file``.
+
+    :raises InputUnreadable: when looking it up is refused
+    :raises InputNotFound: (or ``missing``) when it does not exist
+    """
+    import os
+
+    try:
+        os.lstat(path)
+    except PermissionError:
+        raise InputUnreadable(path) from None
+    except (OSError, ValueError):
+        if missing is not None:
+            raise missing(path) from None
+        raise InputNotFound(path, hint) from None
 
 
 class NotACoreFile(ForensicsError, ValueError):
@@ -175,6 +196,17 @@ class OutputExists(ForensicsError, FileExistsError):
         self.help_text = f"Choose another {option} path, or pass --force to replace it."
 
 
+class OutputUnwritable(ForensicsError, OSError):
+    """A file the command was asked to write (``-o``) cannot be made there: its directory does not exist
+    (forensics creates none for ``-o``), is not a directory, or may not be written; the file is not a
+    regular file."""
+
+    def __init__(self, path: str, reason: str, option: str = "--output") -> None:
+        super().__init__(f"{path}: cannot write it: {reason}", path=path, reason=reason, option=option)
+        self.help_text = (f"Choose another {option} path in a directory that exists and that you may write "
+                          f"(forensics creates no directory for it), or {option} - for standard output.")
+
+
 class BuildError(ForensicsError, RuntimeError):
     """A build step forensics runs itself failed: gcc for the simulated NVML or a
     reproducer, or pip for a cached test stack; ``what`` names the artifact."""
@@ -194,6 +226,27 @@ class ProcessGone(ForensicsError, ProcessLookupError):
     def __init__(self, pid: int, detail: str = "") -> None:
         msg = f"process {pid} does not exist" + (f" ({detail})" if detail else "")
         super().__init__(msg, pid=pid, detail=detail)
+
+
+class ProcessExited(ProcessGone):
+    """The process was there when the command began and exited while it was read: what was read of it is
+    no verdict on it."""
+
+    help_text = ("It exited (or was restarted) while forensics read it; run the command again on its new PID, or "
+                 "analyze the core it left (forensics analyze DIR).")
+
+    def __init__(self, pid: int, during: str) -> None:
+        ForensicsError.__init__(self, f"process {pid} exited during {during}", pid=pid, detail=during)
+
+
+class KernelThread(ForensicsError, ValueError):
+    """The PID is a kernel thread (kthreadd, a kworker): no user memory, no core, no Python."""
+
+    help_text = "Give the PID of a user process, e.g. the exporter's: pgrep -f nvitop_exporter."
+
+    def __init__(self, pid: int, comm: str) -> None:
+        super().__init__(f"process {pid} ({comm}) is a kernel thread: it has no user memory and writes no core",
+                         pid=pid, comm=comm)
 
 
 class NotRoot(ForensicsError, PermissionError):
@@ -280,6 +333,8 @@ class AgentFailed(ForensicsError, RuntimeError):
 
 __all__ += [
     "ProcessGone",
+    "ProcessExited",
+    "KernelThread",
     "NotRoot",
     "UnsafeContainerPath",
     "UnsafeBundle",

@@ -7,9 +7,21 @@ __all__ = ["json_option", "output_option", "force_option", "verbose_option", "SI
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Write one JSON document to stdout (logs go to stderr).")
+def _output(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``-o -`` is standard output; any other path is checked before the command works (its directory exists:
+    none is created; it is no directory, device or kernel file)."""
+    from .output import STDOUT, check_output_path
+
+    if value is None or value == STDOUT:
+        return None
+    check_output_path(value)
+    return value
+
+
 output_option = click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), default=None,
-    help="Write the result to FILE instead of stdout (never overwrites without --force).",
+    "-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None, callback=_output,
+    help="Write the result to FILE instead of stdout (never overwrites without --force; - is stdout; the "
+         "directory must exist).",
 )
 force_option = click.option("--force", is_flag=True, help="Allow --output to replace an existing file.")
 verbose_option = click.option("-v", "--verbose", count=True,

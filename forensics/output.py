@@ -16,15 +16,17 @@ import json
 import os
 import re
 
-from .errors import OutputExists
+from .errors import OutputExists, OutputUnwritable
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "to_jsonable", "json_document", "write_new", "escape_text", "text_lines",
-           "text_document"]
+__all__ = ["SCHEMA_VERSION", "to_jsonable", "json_document", "write_new", "check_output_path", "escape_text",
+           "text_lines", "text_document", "STDOUT"]
+
+STDOUT = "-"  # ``-o -``: standard output, as every Unix tool reads it
 
 SCHEMA_VERSION = 1
 
@@ -113,15 +115,58 @@ def json_document(command: str, payload: dict[str, Any]) -> str:
     return json.dumps(to_jsonable(doc), sort_keys=True, indent=2)
 
 
-def write_new(path: str, text: str, force: bool) -> None:
+def check_output_path(path: str, option: str = "--output") -> None:
+    """Say before any work is done that ``path`` cannot be written as a new file: its directory is missing
+    (nothing is created for it) or not a directory, or it names a directory or a kernel file
+    (``/proc/version``).  Whether it may be written is known only by writing (a device or a pipe, such as
+    ``/dev/stdout``, is written with ``--force``).
+
+    :raises OutputUnwritable: as above
+    """
+    import stat
+
+    parent = os.path.dirname(path) or "."
+    try:
+        st = os.stat(parent)
+    except FileNotFoundError:
+        raise OutputUnwritable(path, f"the directory {parent} does not exist", option) from None
+    except OSError as e:
+        raise OutputUnwritable(path, f"{parent}: {_reason(e)}", option) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutputUnwritable(path, f"{parent} is not a directory", option)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputUnwritable(path, "a directory", option)
+    if stat.S_ISREG(st.st_mode) and os.path.realpath(path).startswith(("/proc/", "/sys/")):
+        raise OutputUnwritable(path, "a file of the kernel's (/proc, /sys), not one to write a result into", option)
+
+
+def _reason(e: OSError) -> str:
+    """``permission denied``: strerror as one of our messages says it."""
+    text = e.strerror or str(e)
+    return text[:1].lower() + text[1:]
+
+
+def write_new(path: str, text: str, force: bool, option: str = "--output") -> None:
     """Write a file; without ``force`` never replace an existing one (O_EXCL, no race).
 
     :raises OutputExists: when ``path`` exists and ``force`` is false
+    :raises OutputUnwritable: when it cannot be written (no such directory, permission denied, read-only
+        file system, no space left)
     """
+    check_output_path(path, option)
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
     try:
         fd = os.open(path, flags, 0o644)
     except FileExistsError as e:
-        raise OutputExists(path) from e
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+        raise OutputExists(path, option) from e
+    except OSError as e:
+        raise OutputUnwritable(path, _reason(e), option) from e
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:  # no space left, a quota: what was written is cut short
+        raise OutputUnwritable(path, f"{_reason(e)} (the file is incomplete)", option) from e

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..bundle import bundle_crash_time, bundle_no_core_reason, find_core_in_bundle, has_manifest
 from ..bundle.layout import OBJECTS
-from ..errors import CoreNotFound, ForensicsError, GdbError, GdbNotFound
+from ..errors import CoreNotFound, ForensicsError, GdbError, GdbNotFound, check_input_exists
 from ..model import Analysis, BatchEntry, BatchGroup, BatchResult
 from .signature import signature
 
@@ -36,8 +36,7 @@ def find_cores(inputs: Iterable[str]) -> tuple[list[str], list[str]]:
     out: list[str] = []
     skipped: list[str] = []
     for item in inputs:
-        if not os.path.lexists(item):
-            raise CoreNotFound(item)
+        check_input_exists(item, CoreNotFound)
         if has_manifest(item):
             out.append(item)
         elif os.path.isdir(item):

@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoot, ProcessGone, UnsafeContainerPath
+from ..errors import (CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoot, ProcessExited, ProcessGone,
+                      UnsafeContainerPath)
+from ..pidstat import check_user_process
 from ..subproc import run_bounded
 from .procfs import open_in_root
 
@@ -116,6 +118,7 @@ def arm_process(pid: int, *,
         raise NotRoot(f"raising RLIMIT_CORE of process {pid}")
     if not os.path.isdir(f"/proc/{pid}"):
         raise ProcessGone(pid)
+    check_user_process(pid)
     before = _limits_core(pid)
     inf = resource.RLIM_INFINITY
     try:
@@ -146,8 +149,8 @@ def arm_process(pid: int, *,
             f.write(f"0x{coredump_filter:x}")
         with open(fpath) as f:
             f_after = f.read().strip()
-    except FileNotFoundError as e:
-        raise ProcessGone(pid, "exited while armed") from e
+    except (FileNotFoundError, ProcessLookupError) as e:
+        raise ProcessExited(pid, "its arming") from e
     if int(f_after, 16) != coredump_filter:
         raise ForensicsError(f"process {pid}: coredump_filter reads back as {f_after}, not 0x{coredump_filter:x}")
     return before, after, f_before, f_after

@@ -10,11 +10,11 @@ __all__ = ["analyze"]
 
 
 @click.command("analyze")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path())
-@click.option("--sysroot", type=click.Path(file_okay=False),
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(readable=False))
+@click.option("--sysroot", type=click.Path(file_okay=False, readable=False),
               help="Directory holding the crashed process's files at the paths the core names (an unpacked image, "
                    "/proc/PID/root).")
-@click.option("--exe", type=click.Path(dir_okay=False),
+@click.option("--exe", type=click.Path(dir_okay=False, readable=False),
               help="The executable, when it is not at the path the core names.")
 @click.option("--native", "merged", is_flag=True,
               help="Merged view: Python frames placed where their evaluation-loop native frames stand.")

@@ -13,7 +13,7 @@ import os
 import stat
 import sys
 
-from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, CoreNotFound, ForensicsError
+from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, CoreNotFound, ForensicsError, check_input_exists
 from . import emit, emit_json, warn
 
 __all__ = ["run", "parse_argv", "METHOD_CHOICES", "NATIVE_METHOD_CHOICES"]
@@ -28,8 +28,7 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
     if len(inputs) == 1 and not os.path.isdir(inputs[0]):
         # one core (not a bundle, not a directory): what find_cores would say of it, without loading the batch
         # and bundle readers it does not need
-        if not os.path.lexists(inputs[0]):
-            raise CoreNotFound(inputs[0])
+        check_input_exists(inputs[0], CoreNotFound)
         paths, single = [inputs[0]], True
         skipped: list[str] = []
     else:
@@ -182,11 +181,10 @@ def _converted(params: dict) -> bool:
 
 
 def _path_ok(path: str, file_okay: bool, dir_okay: bool) -> bool:
-    """Whether click.Path(file_okay, dir_okay) takes ``path`` (it checks only a path that exists)."""
+    """Whether click.Path(file_okay, dir_okay, readable=False) takes ``path`` (it checks only a path that
+    exists; one this user may not read is the command's to say: ``PATH: permission denied``, exit 1)."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return "\0" not in path
-    if (not file_okay and stat.S_ISREG(st.st_mode)) or (not dir_okay and stat.S_ISDIR(st.st_mode)):
-        return False
-    return os.access(path, os.R_OK)
+    return not ((not file_okay and stat.S_ISREG(st.st_mode)) or (not dir_okay and stat.S_ISDIR(st.st_mode)))

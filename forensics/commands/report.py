@@ -13,7 +13,7 @@ __all__ = ["report"]
 
 
 @click.command("report")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(readable=False))
 @click.option("--template", type=click.Choice(["nvitop", "nvml", "runbook"]), default="nvitop", show_default=True,
               help="nvitop: an issue in nvitop's bug report form; nvml: a defect report for NVIDIA; runbook: an "
                    "incident record.")

@@ -10,7 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..errors import NotRoot, ProcessGone
+from ..errors import NotRoot, ProcessExited, ProcessGone
+from ..pidstat import check_user_process
 
 __all__ = ["ProcessView", "read_process", "process_view", "parse_maps_extensions", "parse_status_ids", "in_root"]
 
@@ -105,6 +106,7 @@ def read_process(pid: int) -> ProcessView:
     base = f"/proc/{pid}"
     if not os.path.isdir(base):
         raise _gone(pid)
+    check_user_process(pid)
     try:
         cmdline = _read(f"{base}/cmdline", 1 << 20)
         environ = _read(f"{base}/environ", 4 << 20)
@@ -114,8 +116,8 @@ def read_process(pid: int) -> ProcessView:
         maps = _read(f"{base}/maps", 64 << 20).decode("utf-8", "replace")
         status = _read(f"{base}/status", 1 << 20).decode("utf-8", "replace")
         os.listdir(f"{base}/root/")
-    except FileNotFoundError as e:
-        raise _gone(pid, "exited while being read") from e
+    except (FileNotFoundError, ProcessLookupError) as e:
+        raise ProcessExited(pid, "its reading") from e
     except PermissionError as e:
         raise NotRoot(f"reading /proc/{pid} of another user's process") from e
     return process_view(pid, f"{base}/root", cmdline=cmdline, environ=environ, root_seen=root_seen, cwd=cwd, exe=exe,

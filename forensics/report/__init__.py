@@ -485,8 +485,9 @@ def write_report(rep: Report, output: str, *, force: bool = False) -> list[str]:
     :raises OutputExists: when a file exists and not ``force``
     """
     from ..errors import OutputExists
-    from ..output import text_document, write_new
+    from ..output import check_output_path, text_document, write_new
 
+    check_output_path(output)  # its directory exists: nothing is created above the report
     out = Path(output)
     files_dir = attachment_dir_for(output)
     written = []
@@ -496,7 +497,7 @@ def write_report(rep: Report, output: str, *, force: bool = False) -> list[str]:
             if p.exists():
                 raise OutputExists(str(p))
     if rep.attachments:
-        files_dir.mkdir(parents=True, exist_ok=True)
+        files_dir.mkdir(exist_ok=True)
     for p, text in targets:
         write_new(str(p), text_document(text), force)  # the text stdout gets: escaped once, here
         written.append(str(p))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import rootpath
 from ..bundle import MANIFEST, check_manifest, layout, read_bundle_file
-from ..errors import ForensicsError, InputNotFound
+from ..errors import ForensicsError, InputUnreadable, check_input_exists
 
 __all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES", "MAX_TOTAL_BYTES",
            "max_total_bytes"]
@@ -88,8 +88,13 @@ class Evidence:
 
 def _read_json(path: str, budget: _Budget) -> tuple[dict, bytes]:
     """The document at ``path`` and the bytes it was parsed from (read once: what is hashed is what was read)."""
-    with open(path, "rb") as f:
-        data = f.read(budget.limit(MAX_INPUT_BYTES + 1))
+    try:
+        with open(path, "rb") as f:
+            data = f.read(budget.limit(MAX_INPUT_BYTES + 1))
+    except PermissionError:
+        raise InputUnreadable(path) from None
+    except OSError as e:
+        raise ReportInputError(path, f"cannot read it: {e.strerror or e}") from None
     if len(data) > MAX_INPUT_BYTES:
         raise ReportInputError(path, f"more than the {MAX_INPUT_BYTES} byte limit")
     budget.take(path, len(data))
@@ -223,9 +228,8 @@ def load_evidence(paths: list[str]) -> Evidence:
     ev = Evidence()
     budget = _Budget()
     for p in paths:
-        if not os.path.lexists(p):
-            raise InputNotFound(p, hint="report reads what the other commands wrote: the --json of analyze, "
-                                        "verify-imports, reproduce, canary and fleet, and capture bundles")
+        check_input_exists(p, hint="report reads what the other commands wrote: the --json of analyze, "
+                                   "verify-imports, reproduce, canary and fleet, and capture bundles")
         if os.path.isdir(p):
             doc = _load_bundle(p, ev, budget)
             kind = "capture"

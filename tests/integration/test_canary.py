@@ -219,3 +219,25 @@ def test_ctrl_c_prints_the_partial_summary_and_exits_130(server):
     assert first.startswith(f"INTERRUPTED: {s.url}: ") and "success 100.00%" in first, out
     assert "stopped early: interrupted (Ctrl-C)" in out
     assert "Traceback" not in err
+
+
+def test_a_watched_process_its_parent_reaps_is_named_with_its_signal(server, tmp_path):
+    # GIVEN a process whose parent (a shell, as a runtime or an init would) reaps it the moment it dies of
+    # SIGABRT: no zombie is left whose /proc/PID/stat holds the status
+    if os.geteuid() != 0:
+        pytest.skip("the kernel's process events need CAP_NET_ADMIN")
+    s = server()
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(1.5); os.abort()"
+    shell = subprocess.Popen(["sh", "-c", f'ulimit -c 0; {sys.executable} -c "{code}"; sleep 30'],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pid = int(shell.stdout.readline())
+        # WHEN the canary watches it
+        r = run("canary", s.url, "--json", "--requests", "1000000", "--duration", "6", "--pid", str(pid))
+    finally:
+        os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()
+    # THEN the run fails and says what it died of
+    c = json.loads(r.stdout)["canary"]
+    assert r.exit_code == EXIT_FINDINGS
+    assert f"pid {pid} died during the run: killed by SIGABRT, exit status 134" in c["process_events"], c

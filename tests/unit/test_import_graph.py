@@ -17,9 +17,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("records",),  # the record decorator, below every record
     # records, errors, pure helpers, the resolver; the fleet table's records and rules (fleet and fleetprom share them);
     # SHA-256 without hashlib (digest); another program run bounded in time and bytes (subproc)
-    ("errors", "model", "cache", "redact", "options", "rootpath", "fleetmodel", "digest", "subproc"),
-    ("output", "resources", "guard", "kubectl"),  # shared formats, shipped files, the one kube client
-    ("jsonrecords",),  # records back from the JSON another command wrote (analyze, reproduce, fleet...)
+    ("errors", "model", "cache", "redact", "rootpath", "fleetmodel", "digest", "subproc"),
+    # shared formats, shipped files, the one kube client; who a PID is (/proc/PID/stat)
+    ("output", "resources", "guard", "kubectl", "pidstat"),
+    # records back from the JSON another command wrote (analyze, reproduce, fleet...); the shared click options
+    # (-o checks its path through output)
+    ("jsonrecords", "options"),
     ("core", "fleet"),  # reading cores; the fleet's restarts
     # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus
     ("gdb", "pyread", "bundle", "unwind", "heap", "fleetprom"),

@@ -1,0 +1,122 @@
+"""User mistakes with outputs and inputs, run as a user runs them: one `error:` line, a hint, exit 1.
+
+``-o`` into a directory that does not exist (nothing is created), into /proc or /sys, ``-o -`` as standard
+output, an input this user may not read (a real unprivileged process), a kernel thread's PID.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.errors import EXIT_ERROR, EXIT_OK
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def fleet_files(tmp_path):
+    pods = {"kind": "List", "items": [{"kind": "Pod", "metadata": {"name": "a", "namespace": "x", "uid": "u1"},
+                                       "spec": {"nodeName": "n"}, "status": {"phase": "Running"}}]}
+    nodes = {"kind": "List", "items": [{"kind": "Node", "metadata": {"name": "n", "labels": {}}}]}
+    (tmp_path / "pods.json").write_text(json.dumps(pods))
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))
+    return ["fleet", "--from", str(tmp_path / "pods.json"), "--nodes", str(tmp_path / "nodes.json")]
+
+
+@pytest.mark.parametrize("where,why", [
+    ("missing/out.txt", "the directory {tmp}/missing does not exist"),
+    ("/proc/version", "a file of the kernel's (/proc, /sys)"),
+    ("/proc/forensics-out.txt", "no such file or directory"),
+    ("/sys/forensics-out.txt", "permission denied"),
+], ids=["missing-directory", "proc-file", "proc-new", "sys"])
+def test_an_output_that_cannot_be_written_is_one_error(fleet_files, tmp_path, where, why):
+    path = where if where.startswith("/") else str(tmp_path / where)
+    r = run(*fleet_files, "-o", path, "--force")
+    assert r.exit_code == EXIT_ERROR, r.output
+    assert r.stderr.startswith(f"forensics: error: {path}: cannot write it: {why.format(tmp=tmp_path)}"), r.stderr
+    assert "forensics: hint:" in r.stderr and "internal error" not in r.stderr
+    assert not (tmp_path / "missing").exists()  # no directory made for it
+
+
+def test_dash_is_standard_output(fleet_files, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run(*fleet_files, "-o", "-")
+    assert r.exit_code == EXIT_OK, r.output
+    assert "1 pods on 1 nodes" in r.stdout and "Wrote" not in r.stderr
+    assert not (tmp_path / "-").exists()
+
+
+def test_report_makes_no_directory_for_its_output(tmp_path, fleet_files):
+    doc = tmp_path / "fleet.json"
+    r = run(*fleet_files, "--json", "-o", str(doc))
+    assert r.exit_code == EXIT_OK, r.output
+    target = tmp_path / "nonexistent" / "r.md"
+    r = run("report", str(doc), "-o", str(target))
+    assert r.exit_code == EXIT_ERROR and "does not exist" in r.stderr, r.output
+    assert not target.parent.exists()
+
+
+def _as_nobody() -> list[str] | None:
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        return None
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.mark.parametrize("command", [["analyze"], ["analyze", "--json"], ["report"]])
+@pytest.mark.parametrize("closed", ["file", "directory"])
+def test_an_input_this_user_may_not_read_is_permission_denied(command, closed):
+    # GIVEN a file only root may read (or in a directory only root may search), and a real process of an
+    # unprivileged user
+    nobody = _as_nobody()
+    if nobody is None:
+        pytest.skip("needs root and setpriv to run a command as another user")
+    d = Path(tempfile.mkdtemp(prefix="forensics-unreadable-"))
+    try:
+        core = d / "core.4242"
+        core.write_bytes(b"\x7fELF" + b"\0" * 200)
+        core.chmod(0o600 if closed == "file" else 0o644)
+        d.chmod(0o755 if closed == "file" else 0o700)
+        # WHEN forensics is run on it as that user
+        p = subprocess.run([*nobody, sys.executable, "-m", "forensics", *command, str(core)], capture_output=True,
+                           text=True, timeout=120, cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    finally:
+        shutil.rmtree(d)
+    # THEN one error line, its hint, exit 1 (not click's usage error, exit 2; not "no such file")
+    assert p.returncode == EXIT_ERROR, p.stderr
+    assert p.stderr.startswith(f"forensics: error: {core}: permission denied\nforensics: hint: "), p.stderr
+
+
+def _a_kernel_thread() -> int | None:
+    from forensics.pidstat import read_pid_stat
+
+    for name in sorted(os.listdir("/proc"), key=lambda n: (len(n), n)):
+        if name.isdigit():
+            st = read_pid_stat(int(name))
+            if st is not None and st.kernel_thread:
+                return st.pid
+    return None
+
+
+@pytest.mark.parametrize("command", [["capture", "--pid"], ["verify-imports", "--pid"]])
+def test_a_kernel_thread_is_no_process_to_capture(command, tmp_path):
+    pid = _a_kernel_thread()
+    if pid is None:
+        pytest.skip("no kernel thread visible in this PID namespace")
+    r = run(*command, str(pid), *(["-o", str(tmp_path / "b")] if command[0] == "capture" else []))
+    assert r.exit_code == EXIT_ERROR, r.output
+    assert f"forensics: error: process {pid} (" in r.stderr and "is a kernel thread" in r.stderr, r.stderr
+    assert "internal error" not in r.stderr
