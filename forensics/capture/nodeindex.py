@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 from ..bundle.layout import ANALYSIS, ANALYSIS_FAILED, ANALYSIS_POD, CRASHES, RECORD
 
 __all__ = ["CrashEntry", "FingerprintGroup", "NodeIndex", "read_crash", "build_index",
-           "NOT_KEPT_REASONS"]
+           "NOT_KEPT_REASONS", "MAX_READ"]
 
 #: why a crash's core is not on disk whole, as the metrics label it (bounded: these values only)
 NOT_KEPT_REASONS = ("rlimit", "loop-limit", "disk-full", "min-free", "cut", "truncated-stream", "not-a-core",
                     "budget", "failed")
-_MAX_READ = 8 << 20  # a record or an analysis larger than this is not read (a bundle is data from the node)
+MAX_READ = 8 << 20  # a record or an analysis larger than this is not read (the agent writes none larger)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,10 +93,10 @@ class NodeIndex:
 def _read_json(path: str) -> dict | None:
     try:
         with open(path, "rb") as f:
-            data = f.read(_MAX_READ + 1)
+            data = f.read(MAX_READ + 1)
     except OSError:  # not written (yet): the entry says what is missing (status "none" or "pending")
         return None
-    if len(data) > _MAX_READ:
+    if len(data) > MAX_READ:
         return None
     try:
         doc = json.loads(data)

@@ -27,6 +27,7 @@ deletes anything.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -34,15 +35,20 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from ..output import escape_text
 from ..subproc import run_bounded
 from ..bundle import layout
-from .nodeindex import NOT_KEPT_REASONS, NodeIndex, build_index
+from .nodeindex import MAX_READ, NOT_KEPT_REASONS, NodeIndex, build_index
 
-__all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve"]
+__all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve",
+           "fit_document", "NOT_STARTED"]
 
 ANALYSIS_FAILURES = ("timeout", "memory", "error", "interrupted")
+NOT_STARTED = "not-started"
+_TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+MAX_ANALYSIS_OUTPUT = 256 << 20  # what an analysis may print (it is read back whole, then fit to MAX_READ)
 _IOPRIO_SET = 251  # x86-64 syscall number
 _IOPRIO_CLASS_IDLE = 3
 
@@ -97,10 +103,79 @@ def _write_atomic_json(path: str, doc: dict) -> None:
     write_atomic(path, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode(), mode=0o640)
 
 
+def _write_analysis(path: str, doc: dict) -> None:
+    """Write the analysis within what the index reads back (:data:`~.nodeindex.MAX_READ`): a larger one was read
+    as none, so the crash stayed pending, was analyzed again, and ended "interrupted" with no fingerprint."""
+    from .store import write_atomic
+
+    data, cut = fit_document(doc, MAX_READ)
+    if cut:
+        print(f"forensics agent serve: {path}: the analysis cut to fit {MAX_READ >> 20} MiB ({cut})", file=sys.stderr)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_atomic(path, data, mode=0o640)
+
+
+#: what the index reads of an analysis and never cut: the fingerprint, the signature, the crash, libnvidia-ml
+_KEEP = (("analysis", "fingerprint"), ("analysis", "signature"), ("analysis", "crash"),
+         ("analysis", "snapshot", "core", "nvml"), ("schema_version",), ("command",), ("agent",))
+
+
+def fit_document(doc: dict, limit: int) -> tuple[bytes, str]:
+    """``doc`` as JSON of at most ``limit`` bytes, and what was cut to fit (empty: nothing).
+
+    Past the limit, strings and lists are cut shorter and shorter (everything but :data:`_KEEP`), the cut said
+    in ``doc["agent"]["cut"]``; if even that does not fit, only :data:`_KEEP` is left.
+
+    >>> data, cut = fit_document({"analysis": {"fingerprint": "ab", "threads": ["x" * 100] * 100}}, 4000)
+    >>> len(data) <= 4000, json.loads(data)["analysis"]["fingerprint"], cut
+    (True, 'ab', '11,071 bytes: strings cut at 64 characters, lists and objects at 8 items')
+    """
+    def dump(d: object) -> bytes:
+        return (json.dumps(d, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+    data = dump(doc)
+    if len(data) <= limit:
+        return data, ""
+    size = len(data)
+    for longest, most in ((4096, 4096), (1024, 512), (256, 64), (64, 8), (16, 2)):
+        cut = f"{size:,} bytes: strings cut at {longest} characters, lists and objects at {most} items"
+        small = _shrink(doc, longest, most, ())
+        small.setdefault("agent", {})["cut"] = cut
+        data = dump(small)
+        if len(data) <= limit:
+            return data, cut
+    cut = f"{size:,} bytes: only the fingerprint, signature, crash and libnvidia-ml kept"
+    kept: dict = {}
+    for path in _KEEP:
+        src: object = doc
+        for k in path:
+            src = src.get(k) if isinstance(src, dict) else None
+        if src is not None:
+            dst = kept
+            for k in path[:-1]:
+                dst = dst.setdefault(k, {})
+            dst[path[-1]] = _shrink(src, 4096, 64, ()) if path[-1] != "fingerprint" else src
+    kept.setdefault("agent", {})["cut"] = cut
+    return dump(kept)[:limit], cut
+
+
+def _shrink(v: Any, longest: int, most: int, at: tuple) -> Any:
+    if at in _KEEP:
+        return v
+    if isinstance(v, str):
+        return v if len(v) <= longest else v[:longest] + f"...[{len(v) - longest} more characters cut]"
+    if isinstance(v, list):
+        return [_shrink(x, longest, most, (*at, "[]")) for x in v[:most]]
+    if isinstance(v, dict):
+        return {k: _shrink(x, longest, most, (*at, k)) for k, x in list(v.items())[:most]}
+    return v
+
+
 def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     """Analyze one crash bundle in a bounded, lowest-priority child; write the result into the bundle.
 
-    :return: "done" or a failure reason
+    :return: "done", a failure reason, or :data:`NOT_STARTED` (the analysis could not be started for want of a
+        process, memory or a descriptor: not counted as an attempt, tried again later)
     """
     adir = os.path.join(crash_dir, layout.ANALYSIS_DIR)
     os.makedirs(adir, exist_ok=True)
@@ -115,18 +190,32 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
         _write_atomic_json(os.path.join(crash_dir, layout.ANALYSIS_FAILED), {
             "reason": "interrupted", "detail": f"{attempts} earlier analyses never finished", "time": time.time()})
         return "interrupted"
-    _write_atomic_json(started, {"attempts": attempts + 1, "last_start": time.time()})
     out_path = os.path.join(adir, f".analysis.{os.getpid()}.tmp")
+    try:
+        out = open(out_path, "wb")  # noqa: SIM115 - closed by the with below, opened first: EMFILE is no attempt
+    except OSError as e:
+        if e.errno in _TRANSIENT:
+            return NOT_STARTED
+        raise
+    _write_atomic_json(started, {"attempts": attempts + 1, "last_start": time.time()})
     t0 = time.monotonic()
     reason, detail = None, None
     p = None
-    with open(out_path, "wb") as out:
+    with out:
         try:  # its own session (a timeout kills gdb too), the stderr's tail kept, bounded in time
             p = run_bounded([*cfg.analyze_argv, crash_dir], timeout=cfg.analysis_timeout, stdout=out,
                             max_stderr=2000, preexec_fn=_lowest_priority(cfg.analysis_memory))
         except subprocess.TimeoutExpired:
             reason, detail = "timeout", f"killed after {cfg.analysis_timeout:g}s"
-        except (OSError, subprocess.SubprocessError) as e:
+        except OSError as e:
+            if e.errno in _TRANSIENT:  # no process, memory or descriptor now (a pids limit): not this crash's fault
+                _write_atomic_json(started, {"attempts": attempts, "last_start": time.time(),
+                                             "not_started": f"{e.strerror or e}"})
+                with contextlib.suppress(OSError):
+                    os.unlink(out_path)
+                return NOT_STARTED
+            reason, detail = "error", f"cannot start the analysis: {e}"
+        except subprocess.SubprocessError as e:
             reason, detail = "error", f"cannot start the analysis: {e}"
         if p is not None and p.returncode not in (0, 3, 4):
             text = p.stderr
@@ -135,10 +224,14 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     try:
         if reason is None and p is not None:
             with open(out_path, "rb") as f:
-                doc = json.loads(f.read())
+                data = f.read(MAX_ANALYSIS_OUTPUT + 1)
+            if len(data) > MAX_ANALYSIS_OUTPUT:
+                raise ValueError(f"more than {MAX_ANALYSIS_OUTPUT >> 20} MiB")
+            doc = json.loads(data)
+            del data
             doc["agent"] = {"seconds": round(time.monotonic() - t0, 3), "exit_status": p.returncode,
                             "analyzed_at": time.time(), "node": cfg.node}
-            _write_atomic_json(os.path.join(crash_dir, layout.ANALYSIS), doc)
+            _write_analysis(os.path.join(crash_dir, layout.ANALYSIS), doc)
             return "done"
     except (OSError, ValueError) as e:
         reason, detail = "error", f"the analysis wrote no JSON document: {e}"
@@ -355,14 +448,17 @@ class Agent:
         pending = [c for c in self.index.crashes if c.analysis == "pending" and c.core_state != "in-progress"]
         if not pending:
             return False
-        analyze_crash(pending[0].path, self.cfg)
-        return True
+        return analyze_crash(pending[0].path, self.cfg) != NOT_STARTED  # not started: after a pause
 
     def run(self) -> None:
         if self.events is not None:
             self.events.start()
         while not self.stopping.is_set():
-            worked = self.step()
+            try:
+                worked = self.step()
+            except Exception as e:  # noqa: BLE001 - a round that failed (no thread, no descriptor): the next retries
+                print(f"forensics agent serve: {type(e).__name__}: {e}", file=sys.stderr)
+                worked = False
             if not worked:
                 self.stopping.wait(self.cfg.poll)
         self.refresh()
@@ -372,8 +468,10 @@ class Agent:
 
 def serve(cfg: ServeConfig) -> None:
     """Run the agent until SIGTERM / SIGINT, serving metrics on ``metrics_address:metrics_port``."""
-    from prometheus_client import start_http_server
     from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+    from .metricsserver import MetricsServer
 
     # the agent's own work (reading bundles, serving scrapes) also yields to the handler the kernel waits on (a
     # courtesy: it runs without)
@@ -383,7 +481,9 @@ def serve(cfg: ServeConfig) -> None:
     registry = CollectorRegistry()  # only the index's families: no process / platform collectors
     registry.register(IndexCollector(agent))
     agent.refresh()
-    start_http_server(cfg.metrics_port, addr=cfg.metrics_address, registry=registry)
+    if cfg.metrics_port:  # its threads made now, once: a flood of connections makes no more (metricsserver)
+        MetricsServer(cfg.metrics_address, cfg.metrics_port, lambda: generate_latest(registry),
+                      content_type=CONTENT_TYPE_LATEST).start()
 
     def stop(signum, frame):
         agent.stopping.set()

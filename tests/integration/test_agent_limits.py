@@ -1,0 +1,213 @@
+"""`forensics agent serve` under a pod's pids limit and a flood of idle connections (#33: the agent).
+
+The agent runs as its own process in a cgroup with a pids limit, as in its pod.  prometheus_client's server
+gave each metrics connection a thread and no read timeout: 306 idle connections used up the pids, scrapes
+stopped, and the next crash's analysis could not be forked, which was recorded as its failure for good.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.cgroups import CGROUP_ROOT, remove_cgroup
+from tests.integration import test_agent_serve as _serve
+from tests.integration.test_agent_serve import AgentProcess, handle, wait_analyzed
+
+kernel_cores, container = _serve.kernel_cores, _serve.container  # the agent tests' fixtures
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the core handler reads /proc/PID of other processes as root"),
+]
+
+
+@pytest.fixture
+def pids_cgroup():
+    """A cgroup of the pids controller (v1's hierarchy, or v2 with pids enabled) for the agent; removed after."""
+    if not (CGROUP_ROOT / "cgroup.procs").exists():
+        pytest.skip("no cgroup hierarchy")
+    if CGROUP_ROOT.name != "pids" and "pids" not in (CGROUP_ROOT / "cgroup.subtree_control").read_text().split():
+        pytest.skip("the pids controller is not enabled in the cgroup v2 root")
+    cg = CGROUP_ROOT / f"forensics-test-agent-{uuid.uuid4().hex[:12]}"
+    cg.mkdir()
+    try:
+        yield cg
+    finally:
+        remove_cgroup(cg)
+
+
+def _into(cg: Path, pid: int, limit: int | str) -> None:
+    (cg / "pids.max").write_text(str(limit))
+    (cg / "cgroup.procs").write_text(str(pid))
+
+
+def _flood(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        socks.append(s)
+    return socks
+
+
+def test_idle_connections_neither_stop_scrapes_nor_the_next_analysis(kernel_cores, container, pids_cgroup, tmp_path):
+    core_dir = tmp_path / "cores"
+    # GIVEN the agent in a cgroup of 64 pids, as in a pod
+    agent = AgentProcess(core_dir, "node-flood", None, tmp_path)
+    flood: list[socket.socket] = []
+    try:
+        _into(pids_cgroup, agent.proc.pid, 64)
+        # WHEN 306 connections are opened to its metrics port and left idle
+        flood = _flood(agent.port, 306)
+        # THEN a scrape still answers, while they are open
+        samples = agent.scrape()
+        assert "forensics_crashes" in samples
+        # and a crash that comes now is analysed, once, with a fingerprint
+        handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+        idx = wait_analyzed(core_dir, 1, timeout=300)
+        (crash,) = (core_dir / "crashes").iterdir()
+        assert not (crash / "60-analysis" / "failed.json").exists(), (crash / "60-analysis" / "failed.json").read_text()
+        assert json.loads((crash / "60-analysis" / "attempts.json").read_text())["attempts"] == 1
+        assert list(idx["fingerprints"]) != ["unknown"]
+        assert agent.scrape()["forensics_crashes"]
+        # and the idle connections were closed by the agent (read timeout), not kept for ever
+        closed = 0
+        for s in flood:
+            s.settimeout(30)
+            try:
+                closed += s.recv(1) == b""
+            except OSError:
+                closed += 1
+        assert closed == len(flood)
+    finally:
+        for s in flood:
+            s.close()
+        agent.stop()
+
+
+def test_an_analysis_that_cannot_start_is_retried_not_failed(kernel_cores, container, pids_cgroup, tmp_path):
+    core_dir = tmp_path / "cores"
+    # GIVEN the agent in a cgroup that has no pid to spare: the analysis' fork fails (EAGAIN)
+    agent = AgentProcess(core_dir, "node-pids", None, tmp_path)
+    try:
+        _into(pids_cgroup, agent.proc.pid, "max")
+        current = int((pids_cgroup / "pids.current").read_text())
+        (pids_cgroup / "pids.max").write_text(str(current))
+        # WHEN a crash comes and the agent tries to analyse it for a while
+        handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+        (crash,) = (core_dir / "crashes").iterdir()
+        adir = crash / "60-analysis"
+        deadline = time.monotonic() + 60
+        while not ((adir / "attempts.json").exists() or (adir / "failed.json").exists()):
+            assert time.monotonic() < deadline, "the agent never tried"
+            time.sleep(0.1)
+        time.sleep(3)  # a few more rounds
+        # THEN the crash is not failed, its attempts not spent, it stays pending, and scrapes answer
+        assert not (crash / "60-analysis" / "failed.json").exists(), (crash / "60-analysis" / "failed.json").read_text()
+        attempts = crash / "60-analysis" / "attempts.json"
+        assert not attempts.exists() or json.loads(attempts.read_text())["attempts"] == 0
+        assert json.loads((core_dir / "agent-index.json").read_text())["pending"] == 1
+        assert "forensics_crashes" in agent.scrape()
+        # WHEN pids are free again: it is analysed, at its first attempt
+        (pids_cgroup / "pids.max").write_text("max")
+        wait_analyzed(core_dir, 1, timeout=300)
+        assert (crash / "60-analysis" / "analysis.json").exists()
+        assert json.loads(attempts.read_text())["attempts"] == 1
+    finally:
+        agent.stop()
+
+
+LONG = "frame_" + "x" * 2000  # one C function whose name is 2,006 characters
+DEEP_C = r"""
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+static volatile int ready;
+__attribute__((noinline)) int NAME(int n, int crash) {
+    if (n == 0) {
+        if (crash) { while (ready < 16) usleep(1000); usleep(200000); *(volatile int *)16 = 1; }
+        __sync_fetch_and_add(&ready, 1);
+        for (;;) pause();
+    }
+    return NAME(n - 1, crash) + 1;
+}
+static void *worker(void *arg) { (void)arg; NAME(400, 0); return 0; }
+int main(int argc, char **argv) {
+    if (!strcmp(argv[1], "sleep")) { for (;;) pause(); }
+    pthread_t t[16];
+    for (int i = 0; i < 16; i++) pthread_create(&t[i], 0, worker, 0);
+    return NAME(400, 1);
+}
+""".replace("NAME", LONG)
+
+
+@pytest.fixture(scope="module")
+def deep_core(tmp_path_factory, core_pattern) -> dict[str, Path]:
+    """A real kernel core of a process whose 17 threads are 400 frames deep in a function with a 2,006-character
+    name: its analysis is larger than the 8 MiB the agent's index reads back."""
+    import resource
+    import subprocess
+    import tempfile
+
+    d = tmp_path_factory.mktemp("deep-core")
+    (d / "deep.c").write_text(DEEP_C)
+    subprocess.run(["gcc", "-g", "-O0", "-pthread", "-o", str(d / "deep"), str(d / "deep.c")], check=True)
+    run = Path(tempfile.mkdtemp(prefix="core-deep-", dir=d))
+    p = subprocess.run([str(d / "deep"), "crash"], cwd=run, capture_output=True, timeout=60, preexec_fn=lambda: (
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))))
+    assert p.returncode < 0
+    (core,) = list(run.iterdir())
+    return {"core": core, "binary": d / "deep"}
+
+
+@pytest.fixture
+def deep_container(deep_core):
+    """The same program, alive in a pod container's cgroup (the handler stores its mapped objects)."""
+    import subprocess
+
+    from tests.cgroups import pod_cgroup
+
+    pod_uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
+    p = subprocess.Popen([str(deep_core["binary"]), "sleep"])
+    cg = pod_cgroup(pod_uid, cid)
+    try:
+        cg.mkdir(parents=True)
+        (cg / "cgroup.procs").write_text(str(p.pid))
+        yield {"pid": p.pid}
+    finally:
+        remove_cgroup(cg)
+        p.kill()
+        p.wait()
+
+
+def test_an_analysis_larger_than_the_index_reads_is_kept_with_its_fingerprint(deep_core, deep_container, tmp_path):
+    from tests.integration.test_agent_serve import oracle_fingerprint
+
+    core_dir = tmp_path / "cores"
+    # GIVEN a crash whose analysis is larger than 8 MiB (long function names, deep stacks, many threads)
+    handle(core_dir, deep_container["pid"], signal.SIGSEGV, deep_core["core"])
+    (crash,) = (core_dir / "crashes").iterdir()
+    # WHEN the agent analyses it
+    agent = AgentProcess(core_dir, "node-deep", None, tmp_path)
+    try:
+        idx = wait_analyzed(core_dir, 1, timeout=600)
+    finally:
+        agent.stop()
+    # THEN the analysis it wrote is one the index reads back (8 MiB at most), cut and saying so, analysed once,
+    # with analyze's own fingerprint
+    adir = crash / "60-analysis"
+    assert not (adir / "failed.json").exists(), (adir / "failed.json").read_text()
+    assert json.loads((adir / "attempts.json").read_text())["attempts"] == 1
+    written = (adir / "analysis.json").read_bytes()
+    assert len(written) <= 8 << 20
+    doc = json.loads(written)
+    assert "bytes" in doc["agent"]["cut"]
+    fp = oracle_fingerprint(crash)
+    assert doc["analysis"]["fingerprint"] == fp and list(idx["fingerprints"]) == [fp]
