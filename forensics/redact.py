@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from collections.abc import Callable
-from typing import Any
 
-__all__ = ["Redactor", "StreamRedactor", "SECRET_NAME", "MASK", "MIN_SECRET_LEN", "redact_tree"]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (analyze --json redacts its document)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+__all__ = ["Redactor", "StreamRedactor", "SECRET_NAME", "MASK", "MIN_SECRET_LEN", "TITLE_KEYS", "redact_tree",
+           "redact_document", "facts_of", "masked_titles"]
 
 # Word edges inside a variable or option name: start, end, or one of _ - . (case-insensitive).
 _W0, _W1 = r"(?<![A-Za-z0-9])", r"(?![A-Za-z0-9])"
@@ -25,13 +29,22 @@ SECRET_NAME = re.compile(
     rf"|{_W0}CREDS{_W1}"
     rf"|(?<!BY)(?<!COM)(?<!SUR)(?<!MULTI)PASS{_W1}"  # DB_PASS, PGPASS, --pass; not BYPASS, COMPASS
     rf"|(?<=[_.-])PWD{_W1}"  # MYSQL_PWD; not PWD, OLDPWD (working directories)
+    rf"|(?:{_W0}|(?<=BIND)|(?<=DB))PW{_W1}"  # DB_PW, --pw, LDAP_BINDPW, DBPW
+    rf"|(?:MASTER|ACCOUNT|SHARED|SIGNING|ENCRYPTION|CLIENT|LICEN[CS]E|SERVICE|SESSION|DEPLOY|ADMIN)_?KEY"
     r"|AUTH(?!OR(?!I[SZ]))"  # AUTH_TOKEN, OAUTH, AUTHORIZATION; not AUTHOR, AUTHORITY
     r"|WEBHOOK|(?<![A-Z])DSN(?![A-Z])"  # SLACK_WEBHOOK_URL, SENTRY_DSN: the URL is the secret
     r"|(?-i:(?<=[a-z0-9])(?:Key|Token|Secret|Pass|Pwd)s?(?![a-z]))",  # camelCase: accountKey, dbPass
     re.I,
 )
 MASK = "[REDACTED]"
-MIN_SECRET_LEN = 6  # a secret value this long is masked wherever else it appears
+#: a secret value this long is masked wherever else it appears (a learned secret); a shorter one only where its
+#: structure names it: "--api-key SIGSEGV" must not blank every "SIGSEGV" of the report
+MIN_SECRET_LEN = 8
+#: keys whose strings are a document's title or signature: a mask there is reported (Redactor.masked_in)
+TITLE_KEYS = frozenset({"signature", "title"})
+#: query and connection-string parameters that are secrets though their names do not say so
+_PARAM_SECRETS = frozenset({"sig", "signature", "x-amz-signature", "x-amz-credential", "x-goog-signature",
+                            "x-goog-credential", "pwd"})
 _VALUE = r"(?:\"[^\"\n]*\"|'[^'\n]*'|[^\s'\"]+)"  # "x y", 'x y' or a bare word
 _ENV_PAIR = re.compile(rf"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)=(?P<value>{_VALUE})")
 _OPTION_PAIR = re.compile(rf"(?<![A-Za-z0-9_-])(?P<opt>--?[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>=|\s+)(?P<value>{_VALUE})")
@@ -72,7 +85,9 @@ _KNOWN_TOKENS = re.compile(
     r"|xox[abposre]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"
     r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}|whsec_[A-Za-z0-9]{16,}"
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}"
-    r"|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{20,}"
+    r"|gl(?:pat|ptt|dt|rt|rtr|soat|cbt|oas|imt|agent|ffct|ft|wt|sa)-[A-Za-z0-9_-]{20,}(?:\.[0-9a-z]{9})?"  # GitLab
+    r"|GR1348941[A-Za-z0-9_-]{20,}|nvapi-[A-Za-z0-9_-]{20,}"  # GitLab runner registration; NVIDIA NGC
+    r"|hf_[A-Za-z0-9]{20,}"
     r"|sk-(?:proj-|ant-[a-z0-9]+-)?[A-Za-z0-9_-]{20,}"
     r"|npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{40,}|dckr_pat_[A-Za-z0-9_-]{20,}"
     r"|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
@@ -81,7 +96,40 @@ _KNOWN_TOKENS = re.compile(
 _JSON_PAIR = re.compile(r"(?P<q>[\"'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=q)\s*:\s*"
                         r"(?P<vq>[\"'])(?P<value>(?:\\.|(?!(?P=vq))[^\\\n])*)(?P=vq)")
 _COLON_PAIR = re.compile(r"(?<![A-Za-z0-9_.-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*:\s+)"
-                         r"(?P<value>[^\s\"',;]+)")
+                         r"(?P<q>[\"'])?(?P<value>(?(q)[^\"'\n]+|[^\s\"',;]+))(?(q)(?P=q))")
+# NAME=value pairs joined by ";" or "&" (Azure and SQL Server connection strings, query strings, JDBC URLs): each
+# pair judged by its name; a value ends at the separator that starts the next pair, or is quoted or {braced}
+_JOINED_PAIR = re.compile(
+    r"(?:(?P<sep>(?<=[;&?]))|(?<![^\s\"'(,{]))"
+    r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*(?: [A-Z][A-Za-z0-9_]*)?)\s*=\s*"
+    r"(?P<value>\"[^\"\n]*\"|'[^'\n]*'|\{[^}\n]*\}"
+    r"|[^;&\s'\"]+(?:[ ][^;&\s'\"=]+)+(?=;)"
+    r"|[^;&\s'\"]+?(?=[;&][A-Za-z_ ][A-Za-z0-9_. -]*=|[;&]\s*(?:$|[\s'\"])|[\s'\"]|$))")
+# "key = value" and "key: value" lines (AWS credentials and other ini files, YAML), judged by the key
+_LINE_PAIR = re.compile(r"(?m)^(?P<pre>[ \t]*(?:- )?(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)[ \t]*(?:=|:(?=[ \t]))[ \t]*)"
+                        r"(?P<q>[\"']?)(?P<value>[^\n]*?)(?P=q)[ \t]*$")
+# YAML's "- name: X" then "value: Y" (Kubernetes env, kubeconfig exec env), judged by X
+_YAML_NAME_VALUE = re.compile(r"(?m)^(?P<pre>[ \t]*-?[ \t]*name:[ \t]*[\"']?(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)[\"']?"
+                              r"[ \t]*\n[ \t]*value:[ \t]*)(?P<q>[\"']?)(?P<value>[^\n]*?)(?P=q)[ \t]*$")
+_YAML_NAME_LINE = re.compile(r"[ \t]*-?[ \t]*name:")
+# cookies: every value of a Cookie / Set-Cookie header and of curl's -b / --cookie, attributes kept
+_COOKIE = re.compile(r"(?i)(?P<head>\b(?:set-)?cookie[\"']?\s*:\s*)(?P<q>)(?P<body>[^\n\"']*?)(?=\s+-|[\n\"']|$)")
+_COOKIE_OPTION = re.compile(r"(?P<head>(?<![\w-])(?:-b|--cookie)[ =])(?P<q>[\"'])?(?P<body>(?(q)[^\n\"']*|[^\n\"' ]*))")
+_COOKIE_PAIR = re.compile(r"(?P<name>[^=;\s]+)=(?P<value>[^;\s]*)")
+_COOKIE_ATTRS = frozenset({"path", "domain", "expires", "max-age", "samesite", "priority"})
+# mysql's password glued to -p (mysql -pSECRET), for the MySQL/MariaDB clients only (-p is a port elsewhere)
+_MYSQL_P = re.compile(r"\b(?P<cmd>mysql\w*|mariadb\w*)\b(?P<mid>[^\n|;&]*?\s)-p(?P<value>[^\s'\"]+)")
+# jdbc:oracle:thin:user/password@host
+_JDBC_ORACLE = re.compile(r"(?P<pre>\bjdbc:oracle:[a-z]+:[^/@\s:]+/)(?P<value>[^@\s]+)(?=@)")
+# .netrc: "machine H login U password P" on one line or several
+_NETRC = re.compile(r"(?P<pre>(?:\b(?:machine|default|login|account)\b[^\n]*?|^[ \t]*)\bpassword[ \t]+)(?P<value>\S+)",
+                    re.M)
+# .pgpass: hostname:port:database:username:password
+_PGPASS = re.compile(r"(?m)(?:^|(?<=\s))(?P<pre>(?=[^:\s]*[A-Za-z*])[^:\s#]+:(?:\d+|\*):[^:\s]+:[^:\s]+:)"
+                     r"(?P<value>\S+)(?=\s|$)")
+# <add key="Password" value="..."/> (.NET config, XML properties)
+_XML_KEY_VALUE = re.compile(r"(?P<pre>\b(?:key|name)=(?P<q>[\"'])(?P<name>[^\"'\n]*)(?P=q)\s+value=(?P<vq>[\"']))"
+                            r"(?P<value>[^\"'\n]*)(?P=vq)")
 _IPV4 = re.compile(r"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)\b")
 # four or more groups, or a "::" -- not a PCI address (0000:3b:00, 00000000:18:00.0), which NVIDIA's
 # logs and reports are full of
@@ -124,6 +172,12 @@ class Redactor:
     known_hosts: dict[str, str] = field(default_factory=dict)  # name -> kind ("node", "pod", "host")
     counts: dict[str, int] = field(default_factory=dict)
     secrets: set[str] = field(default_factory=set, repr=False)  # values masked once: masked everywhere
+    #: the document's own facts (signal, function, library names, versions: :func:`facts_of`): a learned secret
+    #: equal to one is not chased through the text (it is still masked where its structure names it)
+    facts: set[str] = field(default_factory=set, repr=False)
+    masked_in: set[str] = field(default_factory=set)  # the TITLE_KEYS under which redact_tree masked something
+    _window_key: tuple[int, int] = field(default=(-1, -1), repr=False)
+    _window_set: frozenset[str] = field(default=frozenset(), repr=False)
     _mapping: dict[str, str] = field(default_factory=dict)
     _per_kind: dict[str, int] = field(default_factory=dict)
 
@@ -136,6 +190,25 @@ class Redactor:
         if len(value) >= MIN_SECRET_LEN and MASK not in value and value not in MASK:
             self.secrets.add(value)
         return MASK
+
+    def absorb(self, docs: dict[str, list]) -> None:
+        """Add to :attr:`counts` what the documents' writers masked already (the ``redaction`` member
+        :func:`redact_document` writes), so that a report says what was masked before it read them.
+
+        :param docs: documents by kind (a report's evidence: ``{"analyze": [doc, ...], ...}``)
+        """
+        for doc in (d for v in docs.values() for d in v):
+            red = doc.get("redaction") if isinstance(doc, dict) else None
+            counts = red.get("counts") if isinstance(red, dict) else None
+            for what, n in (counts.items() if isinstance(counts, dict) else ()):
+                if isinstance(what, str) and isinstance(n, int) and n > 0:
+                    self.counts[what] = self.counts.get(what, 0) + n
+
+    def title_note(self, docs: Any, title: str) -> list[str]:
+        """A footer line when a secret was masked in a signature of ``docs`` (by this redaction or its writer's)
+        or in the ``title``; none otherwise."""
+        masked = sorted(masked_titles(docs) | ({"title"} if MASK in title else set()))
+        return [f"a secret of the crashed process was masked in the crash's {' and '.join(masked)}"] if masked else []
 
     def alias(self, value: str, kind: str) -> str:
         if value not in self._mapping:
@@ -168,7 +241,7 @@ class Redactor:
     def text(self, s: str) -> str:
         if not s:
             return s
-        s = _PRIVATE_KEY.sub(lambda m: self._secret("private keys", m.group(0)), s)
+        s = _PRIVATE_KEY.sub(self._private_key, s)
         s = _WEBHOOK.sub(lambda m: m["base"] + self._secret("webhook URLs", m["secret"]), s)
         s = _URL_USERINFO.sub(self._userinfo, s)
         s = _URL_TOKEN_USER.sub(lambda m: m["scheme"] + self._secret("tokens in URLs", m["user"]) + "@", s)
@@ -180,11 +253,12 @@ class Redactor:
         s = _JWT.sub(lambda m: self._secret("bearer tokens", m.group(0)), s)
         s = _KNOWN_TOKENS.sub(lambda m: self._secret("access tokens", m.group(0)), s)
         s = _JSON_PAIR.sub(self._json_pair, s)
+        s = self._structures(s)
         s = _COLON_PAIR.sub(self._colon_pair, s)
 
         def pair(m: re.Match) -> str:
             q, value = _unquote(m["value"])
-            if SECRET_NAME.search(m["name"]) and value != MASK:
+            if SECRET_NAME.search(m["name"]) and MASK not in value:
                 return f"{m['name']}={q}{self._secret('secret-like NAME=value pairs', value)}{q}"
             return m.group(0)
 
@@ -202,6 +276,59 @@ class Redactor:
             s = self._hosts(s)
         return s
 
+    def _private_key(self, m: re.Match) -> str:
+        # its lines are learned one by one too: a quote of memory or a log line may hold one line of the block
+        self.secrets.update(ln.strip() for ln in m.group(0).splitlines()
+                            if len(ln.strip()) >= MIN_SECRET_LEN and not ln.startswith("-----") and MASK not in ln)
+        return self._secret("private keys", m.group(0))
+
+    def _structures(self, s: str) -> str:
+        """The rules for files and strings that join many pairs: connection strings, query strings, ini and
+        YAML lines, cookies, .netrc, .pgpass, mysql -pSECRET, XML key/value attributes."""
+        def named(what: str) -> Callable[[re.Match], str]:
+            return lambda m: self._mask_value(m, what) if SECRET_NAME.search(m["name"]) else m.group(0)
+
+        def plain(what: str) -> Callable[[re.Match], str]:
+            return lambda m: self._mask_value(m, what)
+
+        s = _XML_KEY_VALUE.sub(named("secret-like XML key/value attributes"), s)
+        s = _JOINED_PAIR.sub(self._joined_pair, s)
+        s = _YAML_NAME_VALUE.sub(named("secret-like YAML name/value entries"), s)
+        s = _LINE_PAIR.sub(named("secret-like key = value lines"), s)
+        s = _COOKIE.sub(self._cookie, s)
+        s = _COOKIE_OPTION.sub(self._cookie, s)
+        s = _MYSQL_P.sub(plain("mysql -p passwords"), s)
+        s = _JDBC_ORACLE.sub(plain("passwords in JDBC URLs"), s)
+        s = _NETRC.sub(plain(".netrc passwords"), s)
+        return _PGPASS.sub(plain(".pgpass passwords"), s)
+
+    def _mask_value(self, m: re.Match, what: str) -> str:
+        """``m``'s text with its ``value`` group masked (kept when empty or already masked)."""
+        value = m["value"]
+        if not value or MASK in value:
+            return m.group(0)
+        a, b = m.start("value") - m.start(), m.end("value") - m.start()
+        return m.group(0)[:a] + self._secret(what, value) + m.group(0)[b:]
+
+    def _joined_pair(self, m: re.Match) -> str:
+        q, value = _unquote(m["value"])
+        if value.startswith("{") and value.endswith("}"):
+            q, value = "{", value[1:-1]
+        name = m["name"]
+        secret = SECRET_NAME.search(name) or (m["sep"] is not None and name.lower() in _PARAM_SECRETS)
+        if not secret or not value or MASK in value:
+            return m.group(0)
+        close = "}" if q == "{" else q
+        head = m.group(0)[:m.start("value") - m.start()]
+        return f"{head}{q}{self._secret('secret-like NAME=value pairs', value)}{close}"
+
+    def _cookie(self, m: re.Match) -> str:
+        def one(p: re.Match) -> str:
+            if p["name"].lower() in _COOKIE_ATTRS or not p["value"] or MASK in p["value"]:
+                return p.group(0)
+            return f"{p['name']}={self._secret('cookie values', p['value'])}"
+        return m["head"] + (m["q"] or "") + _COOKIE_PAIR.sub(one, m["body"])
+
     def _userinfo(self, m: re.Match) -> str:
         if m["pw"] == MASK or not m["pw"]:
             return m.group(0)
@@ -217,7 +344,8 @@ class Redactor:
         # "Authorization: Bearer x" is the header rule's; a value already masked stays
         if not SECRET_NAME.search(m["name"]) or MASK in m["value"] or m["name"].lower() in ("authorization",):
             return m.group(0)
-        return f"{m['name']}{m['sep']}{self._secret('secret-like name: value pairs', m['value'])}"
+        q = m["q"] or ""
+        return f"{m['name']}{m['sep']}{q}{self._secret('secret-like name: value pairs', m['value'])}{q}"
 
     def _header(self, m: re.Match) -> str:
         if m["value"] == MASK:
@@ -231,9 +359,66 @@ class Redactor:
             return m.group(0)
         return f"{m['opt']}{m['sep']}{q}{user}:{self._secret('user:password options', pw)}{q}"
 
+    def _chased(self) -> list[str]:
+        """The learned secrets masked wherever they appear (longest first): none shorter than
+        :data:`MIN_SECRET_LEN`, none equal to one of the document's facts."""
+        return sorted((v for v in self.secrets if len(v) >= MIN_SECRET_LEN and v not in self.facts),
+                      key=len, reverse=True)
+
+    def hex_quote(self, quote: str) -> str:
+        """A hex quote of memory (``first_bytes``) masked as its bytes read as text (:meth:`cut_quote`).
+        A masked quote is the hex of the masked text.
+
+        >>> r = Redactor()
+        >>> _ = r.text("--password hunter2hunter2")
+        >>> bytes.fromhex(r.hex_quote(b"ter2hunter2\\0\\0".hex()))
+        b'[REDACTED]\\x00\\x00'
+        """
+        try:
+            raw = bytes.fromhex(quote)
+        except ValueError:
+            return self.cut_quote(quote)
+        text = raw.decode("latin-1")
+        out = self.cut_quote(text)
+        return quote if out == text else out.encode("latin-1", "replace").hex()
+
+    def cut_quote(self, text: str) -> str:
+        """A quote of memory that may cut a value anywhere (the first bytes past a buffer, a str local cut at 77
+        characters): masked by the rules of :meth:`text`, and wherever :data:`MIN_SECRET_LEN` or more of its
+        characters in a row are part of a learned secret.
+
+        >>> r = Redactor()
+        >>> _ = r.text("--token 0123456789abcdefXYZ")
+        >>> r.cut_quote("'...a long str local ending in 0123456789ab...'")
+        "'...a long str local ending in [REDACTED]...'"
+        """
+        out = self.text(text)
+        windows = self._windows()
+        n, i, parts = MIN_SECRET_LEN, 0, []
+        while windows and i <= len(out) - n:
+            if out[i:i + n] not in windows:
+                i += 1
+                continue
+            j = i + n
+            while j < len(out) and out[j - n + 1:j + 1] in windows:
+                j += 1
+            self._count("secrets in quotes of memory")
+            parts.append(out[:i] + MASK)
+            out, i = out[j:], 0
+        return "".join(parts) + out
+
+    def _windows(self) -> frozenset[str]:
+        """Every run of :data:`MIN_SECRET_LEN` characters of the chased secrets (cached until they change)."""
+        key = (len(self.secrets), len(self.facts))
+        if self._window_key != key:
+            n = MIN_SECRET_LEN
+            self._window_set = frozenset(v[i:i + n] for v in self._chased() for i in range(len(v) - n + 1))
+            self._window_key = key
+        return self._window_set
+
     def _known_secrets(self, s: str) -> str:
         """Mask every secret value already found elsewhere (longest first)."""
-        for value in sorted(self.secrets, key=len, reverse=True):
+        for value in self._chased():
             if value in s:
                 self.counts["repeated secret values"] = self.counts.get("repeated secret values", 0) + s.count(value)
                 s = s.replace(value, MASK)
@@ -334,16 +519,120 @@ def redact_tree(value: Any, r: Redactor, *, key: str | None = None,
                 else:
                     env = isinstance(k, str) and (key in ("environ", "env", "environment") or _is_env_name(k))
                     out[new_key(k, out)] = walk(x, k if env else None) if not isinstance(x, str) or env \
-                        else done(r.text(x), k)
+                        else _leaf(r, x, k, done)
             return out
         if isinstance(v, (list, tuple)):
             if argv is not None and v and all(isinstance(x, str) for x in v):
                 argv(" ".join(v))
-            items = [walk(x, None) for x in v]
+            name = _env_pair_name(v)  # ["DB_PW", "value"]: verify-imports' environment, judged by the name
+            items = [walk(x, name if i == 1 else None) for i, x in enumerate(v)]
             return items if isinstance(v, list) else tuple(items)
         return v
 
     return walk(value, key)
+
+
+#: how a quote cut short ends (a str local: its repr cut at 77 characters, "...")
+_CUT_ENDS = ("...", "...'", '..."')
+#: keys whose strings are hex quotes of memory (the heap verdict's first bytes past a buffer's end)
+_HEX_KEYS = frozenset({"first_bytes"})
+#: keys whose strings are a document's own facts (analyze's records: frames, libraries, the signal, versions)
+_FACT_KEYS = frozenset({"signal_name", "function", "symbol", "library", "file", "executable", "command", "kind",
+                        "fault_kind", "python_version", "driver_version", "version", "entry", "caller", "module",
+                        "type_name"})
+_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGKILL", "SIGTERM", "SIGQUIT",
+            "SIGXCPU", "SIGXFSZ", "SIGINT", "SIGHUP", "SIGPIPE", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
+_FACT_PARTS = re.compile(r"[.:()<>\[\], ]+")
+
+
+def facts_of(tree: Any, *, limit: int = 100_000) -> set[str]:
+    """The facts of a document that redaction must not erase: signal names, frame and function names and their
+    dotted parts, library and file names (the last path component and its parts), versions -- the strings under
+    the record keys analyze writes (at most ``limit``).  Directories are not facts: a token may be one.
+
+    >>> f = facts_of({"frames": [{"function": "Device.nvlink_throughput", "library": "/x/libnvidia-ml.so.1"}]})
+    >>> sorted(f - set(_SIGNALS))
+    ['1', 'Device', 'Device.nvlink_throughput', 'libnvidia-ml', 'libnvidia-ml.so.1', 'nvlink_throughput', 'so']
+    """
+    out: set[str] = set(_SIGNALS)
+    stack: list[tuple[Any, Any]] = [(tree, None)]
+    while stack and len(out) < limit:
+        v, key = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, k) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, key) for x in v)
+        elif isinstance(v, str) and key in _FACT_KEYS and v:
+            name = v.rstrip("/").rsplit("/", 1)[-1]
+            out.add(name)
+            out.update(p for p in _FACT_PARTS.split(name) if p)
+            if key in ("kind", "fault_kind", "python_version", "driver_version", "version"):
+                out.add(v)
+    return out
+
+
+def redact_document(doc: Any, r: Redactor | None = None) -> Any:
+    """A JSON document as it may leave the process: its secrets learned from the whole of it, then masked
+    everywhere (:func:`redact_tree`), its own facts kept (:func:`facts_of`).  A dict gets a ``redaction``
+    member: what was masked (``counts``) and under which title or signature keys (``masked_in``).
+
+    >>> d = redact_document({"args": "exporter --api-key s3cr3tvalue1", "signature": "crash in thread s3cr3tvalue1"})
+    >>> d["args"], d["signature"], d["redaction"]["masked_in"]
+    ('exporter --api-key [REDACTED]', 'crash in thread [REDACTED]', ['signature'])
+    """
+    r = r if r is not None else Redactor()
+    before = None
+    if isinstance(doc, dict) and "redaction" in doc:  # an earlier pass's account (kept, added to)
+        before, doc = doc["redaction"], {k: v for k, v in doc.items() if k != "redaction"}
+    r.facts |= facts_of(doc)
+    r.learn(doc)
+    out = redact_tree(doc, r)
+    if isinstance(out, dict):
+        counts, masked_in = dict(r.counts), set(r.masked_in)
+        if isinstance(before, dict):
+            for what, n in (before.get("counts") or {}).items():
+                if isinstance(n, int):
+                    counts[str(what)] = counts.get(str(what), 0) + n
+            masked_in |= {str(k) for k in before.get("masked_in") or () if str(k) in TITLE_KEYS}
+        out["redaction"] = {"counts": dict(sorted(counts.items())), "masked_in": sorted(masked_in)}
+    return out
+
+
+def masked_titles(tree: Any, *, limit: int = 100_000) -> set[str]:
+    """The :data:`TITLE_KEYS` of ``tree`` whose strings hold a mask: a title or signature a secret was cut out of,
+    by this redaction or an earlier one (an analysis redacted where it was written).
+
+    >>> sorted(masked_titles({"analysis": {"signature": "crash in thread [REDACTED]"}, "title": "x"}))
+    ['signature']
+    """
+    out: set[str] = set()
+    stack: list[Any] = [tree]
+    while stack and limit > 0:
+        limit -= 1
+        v = stack.pop()
+        if isinstance(v, dict):
+            out.update(k for k, x in v.items() if k in TITLE_KEYS and isinstance(x, str) and MASK in x)
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return out
+
+
+def _leaf(r: Redactor, x: str, k: str, done: Callable[[str, str | None], str]) -> str:
+    """One string of a tree under key ``k``: a hex quote of memory, a title (a mask there is noted), or text."""
+    if k in _HEX_KEYS:
+        return done(r.hex_quote(x), k)
+    out = r.cut_quote(x) if x.endswith(_CUT_ENDS) else r.text(x)
+    if k in TITLE_KEYS and out != x:
+        r.masked_in.add(k)
+    return done(out, k)
+
+
+def _env_pair_name(v: list | tuple) -> str | None:
+    """The variable's name of a ``[NAME, value]`` pair (an environment as a list of pairs), or None."""
+    if len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], str) and _is_env_name(v[0]):
+        return v[0]
+    return None
 
 
 def _is_env_name(k: str) -> bool:
@@ -352,7 +641,8 @@ def _is_env_name(k: str) -> bool:
 
 class StreamRedactor:
     r""":class:`Redactor` over a text too large to hold whole (NVIDIA's bug report: tens of megabytes),
-    fed in pieces: each call masks the whole lines it has, with the rules of :meth:`Redactor.text`.
+    fed in pieces: each call masks the whole lines it has, with the rules of :meth:`Redactor.text` (a YAML
+    ``name:`` line waits for the ``value:`` line that may follow it).
 
     What spans pieces is carried, bounded: a private-key block cut by a piece's end is masked on
     into the next pieces up to its END line (at most :attr:`MAX_KEY_BLOCK` characters: a real key
@@ -382,6 +672,9 @@ class StreamRedactor:
         """The whole lines of ``self``'s remainder + ``text``, redacted; an unfinished last line waits."""
         text = self._partial + text
         cut = text.rfind("\n") + 1
+        last = text.rfind("\n", 0, max(cut - 1, 0)) + 1
+        if cut and _YAML_NAME_LINE.match(text, last):
+            cut = last  # YAML's "- name: DB_PASSWORD" waits for its "value: ..." line
         if len(text) - cut > self.MAX_LINE:
             cut = len(text)
         self._partial = text[cut:]
