@@ -177,6 +177,8 @@ class Redactor:
     facts: set[str] = field(default_factory=set, repr=False)
     masked_in: set[str] = field(default_factory=set)  # the TITLE_KEYS under which redact_tree masked something
     _window_key: tuple[int, int] = field(default=(-1, -1), repr=False)
+    _cache: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict, repr=False)
+    _cache_state: tuple[int, int, int] = field(default=(-1, -1, -1), repr=False)
     _window_set: frozenset[str] = field(default=frozenset(), repr=False)
     _mapping: dict[str, str] = field(default_factory=dict)
     _per_kind: dict[str, int] = field(default_factory=dict)
@@ -239,8 +241,26 @@ class Redactor:
         self.secrets |= scratch.secrets
 
     def text(self, s: str) -> str:
-        if not s:
-            return s
+        """``s`` with every secret masked (counted, and learned to be masked wherever else it appears)."""
+        if not s or (len(s) < MIN_SECRET_LEN and not self.hosts and "=" not in s and ":" not in s):
+            return s  # too short for a token or a learned secret, and no pair in it
+        state = (len(self.secrets), len(self.facts), len(self.known_hosts))
+        if self._cache_state != state:
+            self._cache.clear()
+            self._cache_state = state
+        hit = self._cache.get(s)
+        if hit is not None:  # the same text again (a key, a path, a frame): the same result, counted again
+            for what, n in hit[1]:
+                self.counts[what] = self.counts.get(what, 0) + n
+            return hit[0]
+        before = dict(self.counts)
+        out = self._text(s)
+        if (len(self.secrets), len(self.facts), len(self.known_hosts)) == state and len(self._cache) < 65536:
+            self._cache[s] = (out, tuple((w, n - before.get(w, 0)) for w, n in self.counts.items()
+                                         if n != before.get(w, 0)))
+        return out
+
+    def _text(self, s: str) -> str:
         s = _PRIVATE_KEY.sub(self._private_key, s)
         s = _WEBHOOK.sub(lambda m: m["base"] + self._secret("webhook URLs", m["secret"]), s)
         s = _URL_USERINFO.sub(self._userinfo, s)
