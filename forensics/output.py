@@ -109,10 +109,16 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def json_document(command: str, payload: dict[str, Any]) -> str:
-    """One JSON document: ``schema_version`` and ``command`` first-class, keys sorted."""
-    doc = {"schema_version": SCHEMA_VERSION, "command": command, **payload}
-    return json.dumps(to_jsonable(doc), sort_keys=True, indent=2)
+def json_document(command: str, payload: dict[str, Any], *, redact: bool = True) -> str:
+    """One JSON document: ``schema_version`` and ``command`` first-class, keys sorted; its secrets masked
+    (:func:`~forensics.redact.redact_document`: a ``redaction`` member says what was) unless ``redact`` is
+    false -- for a document redacted on its own terms (a report) or made only of our own configuration."""
+    doc = to_jsonable({"schema_version": SCHEMA_VERSION, "command": command, **payload})
+    if redact:
+        from .redact import redact_document
+
+        doc = redact_document(doc)
+    return json.dumps(doc, sort_keys=True, indent=2)
 
 
 def check_output_path(path: str, option: str = "--output") -> None:

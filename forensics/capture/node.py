@@ -44,6 +44,7 @@ __all__ = [
     "redact_bug_report",
     "is_driver_line",
     "redacted",
+    "process_secrets",
     "find_container_pids",
     "find_pod_pids",
     "find_pod_shims",
@@ -285,12 +286,25 @@ OS_RELEASE_MAX = 16 << 10
 SMI_MAX_OUTPUT = 16 << 20
 
 
-def redacted(text: str) -> bytes:
+def redacted(text: str, secrets: frozenset[str] = frozenset()) -> bytes:
     """``text`` with its secrets masked by their structure (URL credentials, tokens, key blocks, secret-like
-    names), as UTF-8: what the node's text evidence (logs, nvidia-smi) is written into a bundle as."""
+    names), and the values in ``secrets`` (the captured process's: :func:`process_secrets`) wherever they
+    appear, as UTF-8: what the node's text evidence (logs, nvidia-smi) is written into a bundle as."""
     from ..redact import Redactor
 
-    return Redactor().text(text).encode()  # whole: a private-key block spans lines
+    return Redactor(secrets=set(secrets)).text(text).encode()  # whole: a private-key block spans lines
+
+
+def process_secrets(cmdline: bytes, environ: bytes) -> frozenset[str]:
+    """The secret values a process's argv and environment give away (``--token VALUE``, ``DB_PW=...``): the node's
+    text is masked with them too, since no later reader of the bundle can learn them from its redacted files."""
+    from ..redact import Redactor
+    from .procfs import parse_environ
+
+    r = Redactor()
+    r.learn({"cmdline": [a.decode(errors="replace") for a in cmdline.split(b"\0") if a],
+             "environ": parse_environ(environ)})
+    return frozenset(r.secrets)
 
 
 def read_os_release(root: str) -> str | None:
@@ -608,6 +622,7 @@ def capture_pid(
     before, after, f_before, f_after = arm_process(pid, coredump_filter=filt)
     raw = RawProcFiles()
     snap = read_snapshot(pid, host_root=host_root, raw=raw)
+    learned = process_secrets(raw.cmdline, raw.environ)
     pattern = read_core_pattern()
     dest = explain_destination(pattern, snap)
     parent = bundle_parent or os.path.join(core_dir, layout.BUNDLES)
@@ -626,15 +641,15 @@ def capture_pid(
         for rel, (obj, what) in (extra_items or {}).items():
             w.add_json(rel, obj, what)
         for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""], host_root=host_root).items():
-            w.add_bytes(layout.node_log(name), redacted(text), f"node log lines ({name}), secrets masked")
+            w.add_bytes(layout.node_log(name), redacted(text, learned), f"node log lines ({name}), secrets masked")
         node_os = read_os_release(host_root)
         if node_os is not None:
             w.add_bytes(layout.NODE_OS_RELEASE, node_os.encode(), "the node's /etc/os-release")
-        w.add_bytes(layout.KERNEL_LOG, redacted("\n".join(read_kernel_log(pid=pid)) + "\n"),
+        w.add_bytes(layout.KERNEL_LOG, redacted("\n".join(read_kernel_log(pid=pid)) + "\n", learned),
                     "kernel log lines of the NVIDIA driver (NVRM, Xid, its modules) and of this process's faults")
         smi = read_nvidia_smi()
         if smi is not None:
-            w.add_bytes(layout.NVIDIA_SMI, redacted(smi), "nvidia-smi -q, secrets masked")
+            w.add_bytes(layout.NVIDIA_SMI, redacted(smi, learned), "nvidia-smi -q, secrets masked")
         if bug_report:
             kept, note = run_nvidia_bug_report(os.path.join(bdir, layout.KERNEL_DIR))
             if kept:

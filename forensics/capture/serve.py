@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 from ..output import escape_text
+from ..redact import Redactor, redact_document
 from ..subproc import run_bounded
 from ..bundle import layout
 from .nodeindex import MAX_READ, NOT_KEPT_REASONS, NodeIndex, build_index
@@ -231,6 +232,7 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
             del data
             doc["agent"] = {"seconds": round(time.monotonic() - t0, 3), "exit_status": p.returncode,
                             "analyzed_at": time.time(), "node": cfg.node}
+            doc = redact_document(doc)  # whichever analysis wrote it: the bundle leaves the node (capture --pod)
             _write_analysis(os.path.join(crash_dir, layout.ANALYSIS), doc)
             return "done"
     except (OSError, ValueError) as e:
@@ -358,8 +360,8 @@ class EventSink:
         name = self.name_of(ns, pod, fp)
         iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
         # shown by kubectl describe: the signature names threads and frames of the crashed process
-        message = escape_text(f"{c.signature or 'native crash'}; fingerprint {fp}; bundle {c.path} "
-                                 f"on node {self.node}")[:1024]
+        message = escape_text(Redactor().text(f"{c.signature or 'native crash'}; fingerprint {fp}; bundle {c.path} "
+                                              f"on node {self.node}"))[:1024]
         patch = {"count": w["count"], "lastTimestamp": iso(w["last"]), "message": message}
         try:
             _run(self.kube, "patch event", ["patch", "event", name, "--namespace", ns, "--type", "merge",

@@ -66,7 +66,8 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
     if as_json:
         from ..output import json_document
 
-        emit_json(json_document("agent-manifest", {"manifest": {"apiVersion": "v1", "kind": "List", "items": objects}}),
+        emit_json(json_document("agent-manifest", {"manifest": {"apiVersion": "v1", "kind": "List", "items": objects}},
+                                redact=False),  # our own manifests, applied as they are
                   None, False)
     else:
         click.echo(to_yaml_documents(objects), nl=False)  # YAML: every string is JSON-quoted (escaped)

@@ -49,7 +49,8 @@ def guard(target, returns, env, removes, out_dir, as_json, force):
         warn(f"{check.detail}; a guard acts only when {spec.module} is imported and has {spec.attr}")
     written = write_guard(spec, out_dir, force=force)
     if as_json:
-        emit_json(json_document("guard", {"guard": spec, "files": written, "target_check": check}), None, False)
+        emit_json(json_document("guard", {"guard": spec, "files": written, "target_check": check}, redact=False),
+                  None, False)  # our own spec
     else:
         emit([f"Wrote {w}" for w in written]
              + [f"Drop both files into site-packages; {spec.env}=0 turns the guard off."], None, False)

@@ -70,7 +70,7 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, as_js
                                        for x in c.filings]},
             "known_issues": [{"id": k.id, "title": k.title, "matched_on": list(k.matched_on),
                               "sources": [url for _label, url in k.sources]} for k in rep.context.known_issues]}}
-        emit_json(json_document("report", payload), output, force)
+        emit_json(json_document("report", payload, redact=False), output, force)  # redacted as the report is
     elif output:
         for p in write_report(rep, output, force=force):
             echo(f"Wrote {p}", err=True)

@@ -29,7 +29,7 @@ from ..format import load_analysis
 from ..imports.format import load_import_report
 from ..model import HeapChunk, HeapCorruption, HeapReport
 from ..output import escape_text
-from ..redact import Redactor, redact_tree
+from ..redact import Redactor, facts_of, redact_tree
 from ..reproduce import load_reproduce
 
 __all__ = ["Report", "make_report", "render", "environment", "write_report", "check_report_file",
@@ -232,6 +232,7 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
     # Redact the whole evidence tree once, before anything is picked out of it; first learn every secret
     # value in it (and in the evidence paths), so that each is masked wherever it appears.
     item_paths = [i.path for i in ev.items]
+    redactor.facts |= facts_of(ev.docs)  # a learned secret equal to a signal, frame or library name stays there
     redactor.learn({"docs": ev.docs, "paths": item_paths})
     localizer = PathLocalizer(prefixes=_local_prefixes(ev))
 
@@ -257,7 +258,8 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
     ctx = build_context(facts, template, conclusion, known, tool_version=tool_version, footer=[],
                         evidence=evidence, reproducer_sources=reproducer_sources, form=form,
                         nvidia_link=nvidia_link, heap=heap, attachment_dir=attachment_dir)
-    ctx.footer = _footer(redactor, localizer, upstream, hosts)
+    redactor.absorb(ev.docs)  # what analyze --json, verify-imports --json... masked before this report read them
+    ctx.footer = _footer(redactor, localizer, upstream, hosts) + redactor.title_note(docs, ctx.title)
     ctx.manifest_mismatch, manifest_lines = _manifest_problems(docs)
     body = render(ctx)
     if len(body) >= GITHUB_ISSUE_LIMIT:

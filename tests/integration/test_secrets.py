@@ -88,10 +88,20 @@ def crashed(tmp_path_factory, core_pattern, newest_python):
     core = next(run_dir.glob("core*"))
     analysis = d / "analysis.json"
     assert run("analyze", "--json", "-o", str(analysis), str(core)).exit_code == 0
-    raw = analysis.read_text()  # the core's command line (evidence is not redacted): the secrets really are there
+    raw = core.read_bytes()  # the core's command line and memory: the secrets really are there
     for s in (REDIS_PW, AT_PW, JSON_PW, SLACK_SECRET, STRIPE, GITHUB):
-        assert s in raw or json.dumps(s)[1:-1] in raw, s
+        assert s.encode() in raw, s
     return d, bundle, analysis
+
+
+def test_the_analysis_json_keeps_no_secret(crashed):
+    # analyze --json is an artifact too: the agent writes it into the bundle, users attach it (#33 item 2)
+    _, _, analysis = crashed
+    text = analysis.read_text()
+    assert [s for s in PLANTED if s in text or json.dumps(s)[1:-1] in text] == []
+    doc = json.loads(text)
+    assert "redis://:[REDACTED]@cache.internal" in doc["analysis"]["snapshot"]["core"]["args"]
+    assert doc["redaction"]["counts"]
 
 
 def test_the_capture_bundle_keeps_no_secret(crashed):
@@ -144,12 +154,14 @@ def test_a_command_line_cut_inside_a_url_keeps_no_password_tail(tmp_path, core_p
                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (64 << 10, 64 << 10)))
     assert p.returncode == -11
     core = next(tmp_path.glob("core*"))
+    psargs = " ".join(args)[:79]  # NT_PRPSINFO's pr_psargs: 80 bytes, the last a NUL
+    assert psargs.encode() + b"\0" in core.read_bytes()  # the cut the test is about
+    tail = psargs.split("redis://alice:", 1)[1]
+    assert tail and password.startswith(tail) and "@" not in psargs
     analysis = tmp_path / "analysis.json"
     run("analyze", "--json", "-o", str(analysis), str(core))
     args_seen = json.loads(analysis.read_text())["analysis"]["snapshot"]["core"]["args"]
-    assert "redis://alice:" in args_seen and "@" not in args_seen, args_seen  # the cut the test is about
-    tail = args_seen.split("redis://alice:", 1)[1]
-    assert tail and password.startswith(tail)
+    assert args_seen.endswith("redis://alice:[REDACTED]") and tail not in args_seen, args_seen
     for template in ("nvitop", "nvml", "runbook"):
         doc = run("report", "--json", "--template", template, str(analysis)).stdout
         assert tail not in doc.replace("redis://alice:[REDACTED]", ""), template

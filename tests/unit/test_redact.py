@@ -142,3 +142,13 @@ def test_keys_are_redacted_counted_once_and_never_merged():
     out = redact_tree({"env": {"--token=abc123def456": "a", "--token=zzz999yyy888": "b", "x\x1b": "c"}}, r)
     assert out == {"env": {"--token=[REDACTED]": "a", "--token=[REDACTED] (2)": "b", "x\x1b": "c"}}
     assert r.counts == {"secret-like NAME=value pairs": 2}
+
+
+def test_the_node_text_of_a_capture_is_masked_with_the_process_secrets():
+    # GIVEN a process whose argv and environment give values away, and node text naming them bare
+    from forensics.capture.node import process_secrets, redacted
+
+    learned = process_secrets(b"exporter\0--token\0tok3n-value-9\0", b"DB_PW=dbpw-secret-1\0PATH=/bin\0")
+    # THEN the node's text is masked with them (a later reader of the bundle cannot learn them any more)
+    assert redacted("Name : python tok3n-value-9 dbpw-secret-1 /bin", learned) == \
+        b"Name : python [REDACTED] [REDACTED] /bin"
