@@ -25,6 +25,7 @@ Pure over records plus bounded reads of the core (and of the C library's text); 
 """
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from ..core import elf
 from ..core.memory import CoreMemory, MemoryNotInCore
 from ..model import (
     CoreFile,
+    CoreThread,
     HandlerKind,
     Mapping,
     NativeFrame,
@@ -63,7 +65,8 @@ __all__ = [
 SIGRETURN_TRAMPOLINE = bytes.fromhex("48c7c00f0000000f05")
 TRAMPOLINE_SYMBOLS = frozenset({"__restore_rt", "restore_rt"})
 MAX_NESTED = 8  # signal frames per thread
-SCAN_LIMIT = 16 << 20  # bytes of one stack searched from the stack pointer up
+SCAN_LIMIT = 16 << 20  # bytes of one stack searched from the stack pointer up, at most
+SCAN_STEP = 64 << 10  # bytes of stack read at a time
 MAX_TEXT = 64 << 20  # bytes of one library's text searched for the trampoline
 MAX_TRAMPOLINES = 16
 
@@ -327,18 +330,55 @@ def _info(signo: int, code: int, *, addr: int | None = None, sender: int | None 
                    addr=addr, sender_pid=sender)
 
 
-def _scan(core: CoreFile, mem: CoreMemory, sp: int, trampolines: tuple[int, ...], limit: int) -> list[SignalFrame]:
-    """Signal frames from ``sp`` up, innermost first: the lowest frame above ``sp``, then the lowest
-    above the stack pointer it interrupted, and so on; at most ``limit``."""
+def _scan(core: CoreFile, mem: CoreMemory, regs: CoreThread, trampolines: tuple[int, ...],
+          limit: int) -> list[SignalFrame]:
+    """Signal frames from the thread's stack pointer up, innermost first: the lowest frame above it, then the
+    lowest above the stack pointer it interrupted, and so on; at most ``limit``.  Each search ends at the top of
+    the stack it starts on (:func:`_stack_top`) and reads in steps of :data:`SCAN_STEP`, so what it costs is
+    the stack in use, not the mapping around it."""
     out: list[SignalFrame] = []
-    pos = sp & ~7
+    pos = regs.sp & ~7
     needles = [t.to_bytes(8, "little") for t in trampolines]
     text = TextReader(core, mem)
+    others = sorted(t.sp for t in core.threads if t.tid != regs.tid)
     while len(out) < limit:
         m = core.find_mapping(pos)
         if m is None:
             break
-        data = mem.read_prefix(pos, min(m.end, pos + SCAN_LIMIT) - pos)
+        best = _lowest_frame(core, mem, pos, _stack_top(m, pos, regs, others), needles, text)
+        if best is None:
+            break
+        out.append(best)
+        if best.sp <= best.address and core.find_mapping(best.sp) is m:
+            break  # an interrupted stack pointer below its own frame on the same stack: stop here
+        pos = best.sp & ~7
+    return out
+
+
+def _stack_top(m: Mapping, pos: int, regs: CoreThread, others: list[int]) -> int:
+    """Where the stack holding ``pos`` ends, at most: the end of its mapping, no more than :data:`SCAN_LIMIT`
+    above ``pos`` -- and, where the mapping holds more than one stack, the thread's own TCB and the next
+    thread's stack pointer above ``pos``.
+
+    glibc (and musl) put a thread's TCB (``fs_base``) at the top of the block its stack grows down in, and
+    glibc 2.43 marks the guard page below a stack with ``MADV_GUARD_INSTALL`` instead of mapping it: the
+    kernel then merges the stacks of many threads into one mapping, and a search bounded by the mapping
+    alone reads every stack above this one.  Another thread's stack pointer is in a block above this one
+    (or on an alternate stack, which a frame of this thread does not lie above either)."""
+    top = min(m.end, pos + SCAN_LIMIT)
+    if pos < regs.fs_base < top:
+        top = regs.fs_base
+    i = bisect.bisect_right(others, pos)
+    if i < len(others) and others[i] < top:
+        top = others[i]
+    return top
+
+
+def _lowest_frame(core: CoreFile, mem: CoreMemory, pos: int, top: int, needles: list[bytes],
+                  text: TextReader) -> SignalFrame | None:
+    """The lowest signal frame whose return-address slot lies in [``pos``, ``top``), read a step at a time."""
+    while pos < top:
+        data = mem.read_prefix(pos, min(top - pos, SCAN_STEP))  # pos is 8-aligned: no slot spans two steps
         best: SignalFrame | None = None
         for needle in needles:
             i = data.find(needle)
@@ -353,13 +393,10 @@ def _scan(core: CoreFile, mem: CoreMemory, sp: int, trampolines: tuple[int, ...]
                         best = frame
                         break
                 i = data.find(needle, i + 1)
-        if best is None:
-            break
-        out.append(best)
-        if best.sp <= best.address and core.find_mapping(best.sp) is m:
-            break  # an interrupted stack pointer below its own frame on the same stack: stop here
-        pos = best.sp & ~7
-    return out
+        if best is not None or len(data) < min(top - pos, SCAN_STEP):
+            return best
+        pos += len(data)
+    return None
 
 
 def _match_frames(found: list[SignalFrame], frames: tuple[NativeFrame, ...]) -> list[SignalFrame]:
@@ -397,7 +434,7 @@ def read_signal_frames(core: CoreFile, mem: CoreMemory, thread: Thread,
     regs = next((t for t in core.threads if t.tid == thread.tid), None)
     if regs is None or not regs.sp:
         return (), None
-    found = _scan(core, mem, regs.sp, trampolines, MAX_NESTED + 1)  # one more: to know there were more
+    found = _scan(core, mem, regs, trampolines, MAX_NESTED + 1)  # one more: to know there were more
     if len(thread.native_frames) > 1:
         matched = _match_frames(found, thread.native_frames)
         if thread.native_error and len(matched) < len(found):

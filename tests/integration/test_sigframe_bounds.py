@@ -10,11 +10,20 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.analyze import analyze_core
-from forensics.analyze.sigframe import MAX_NESTED, MAX_TEXT, SIGRETURN_TRAMPOLINE, find_trampolines
+from forensics.analyze.sigframe import (
+    MAX_NESTED,
+    MAX_TEXT,
+    SIGRETURN_TRAMPOLINE,
+    find_trampolines,
+    read_signal_frames,
+    text_trampolines,
+)
+from forensics.analyze.stacks import build_threads
 from forensics.cli import cli
+from forensics.analyze import registers_only
 from forensics.core import open_core
 from forensics.core.memory import CoreMemory
-from tests.crashers.make_core import crash_for_core
+from tests.crashers.make_core import HERE, build_libcrash, crash_for_core
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
@@ -114,3 +123,50 @@ def test_text_past_the_search_bound_is_not_searched_for_the_trampoline(tmp_path,
         found = find_trampolines(core, mem)
     # THEN only the first MAX_TEXT bytes were searched: the early copy is found, glibc's past the bound is not
     assert found == (early,)
+
+
+class CountingMemory(CoreMemory):
+    """The core reader, counting the bytes each read returns."""
+
+    bytes_read = 0
+
+    def read(self, addr: int, size: int) -> bytes:
+        data = super().read(addr, size)
+        self.bytes_read += len(data)
+        return data
+
+    def read_prefix(self, addr: int, size: int) -> bytes:
+        data = super().read_prefix(addr, size)
+        self.bytes_read += len(data)
+        return data
+
+
+def test_each_stack_is_searched_only_up_to_its_own_top(tmp_path, core_pattern, sid_root):
+    # GIVEN a real core of Debian unstable's CPython 3.15 (glibc 2.43: thread stacks with no guard mapping, so
+    # the kernel merged them into one mapping) with 40 threads waiting and the main thread faulting
+    threads = 40
+    lib = build_libcrash(tmp_path)
+    script = HERE / "many_threads.py"
+    run = tmp_path / "run-many"
+    run.mkdir()
+    path = crash_for_core(["/usr/bin/python3.15", str(script), str(lib), str(threads)], run, root=sid_root,
+                          binds=(script, lib), timeout=120)
+    core = open_core(str(path), sysroot=str(sid_root))
+    assert len(core.threads) == threads + 1
+    merged = max(sum(1 for t in core.threads if m.contains(t.sp)) for m in core.mappings)
+    assert merged >= 3, "no stacks merged into one mapping: this core tests nothing"
+    with CountingMemory.open(str(path)) as counting:
+        text = text_trampolines(core, counting)
+        assert text
+        counting.bytes_read = 0
+        # WHEN each thread's stack is searched for signal frames
+        per_thread = {}
+        for t in build_threads(core, registers_only(core), None):
+            before = counting.bytes_read
+            frames, cut = read_signal_frames(core, counting, t, text)
+            per_thread[t.tid] = counting.bytes_read - before
+            assert frames == () and cut is None  # no thread ran a handler
+    # THEN each search read the stack in use (under 256 KiB: the main thread's [stack] mapping, or a thread's
+    # stack up to its TCB), not SCAN_LIMIT (16 MiB) of the stacks above it
+    assert max(per_thread.values()) < 256 << 10, per_thread
+    assert sum(per_thread.values()) < 2 << 20, sum(per_thread.values())
