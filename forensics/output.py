@@ -109,15 +109,16 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def json_document(command: str, payload: dict[str, Any], *, redact: bool = True) -> str:
+def json_document(command: str, payload: dict[str, Any], *, redact: bool = True, learn_from: Any = None) -> str:
     """One JSON document: ``schema_version`` and ``command`` first-class, keys sorted; its secrets masked
     (:func:`~forensics.redact.redact_document`: a ``redaction`` member says what was) unless ``redact`` is
-    false -- for a document redacted on its own terms (a report) or made only of our own configuration."""
+    false -- for a document redacted on its own terms (a report) or made only of our own configuration.
+    ``learn_from``: evidence the document was made of, not in it (a command line), to learn secrets from."""
     doc = to_jsonable({"schema_version": SCHEMA_VERSION, "command": command, **payload})
     if redact:
         from .redact import redact_document
 
-        doc = redact_document(doc)
+        doc = redact_document(doc, learn_from=learn_from)
     return json.dumps(doc, sort_keys=True, indent=2)
 
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (analyze --json redacts its document)
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Iterator
     from typing import Any
 
 __all__ = ["Redactor", "StreamRedactor", "SECRET_NAME", "MASK", "MIN_SECRET_LEN", "TITLE_KEYS", "redact_tree",
-           "redact_document", "facts_of", "masked_titles"]
+           "redact_document", "redact_lines", "facts_of", "masked_titles"]
 
 # Word edges inside a variable or option name: start, end, or one of _ - . (case-insensitive).
 _W0, _W1 = r"(?<![A-Za-z0-9])", r"(?![A-Za-z0-9])"
@@ -591,7 +591,7 @@ def facts_of(tree: Any, *, limit: int = 100_000) -> set[str]:
     return out
 
 
-def redact_document(doc: Any, r: Redactor | None = None) -> Any:
+def redact_document(doc: Any, r: Redactor | None = None, *, learn_from: Any = None) -> Any:
     """A JSON document as it may leave the process: its secrets learned from the whole of it, then masked
     everywhere (:func:`redact_tree`), its own facts kept (:func:`facts_of`).  A dict gets a ``redaction``
     member: what was masked (``counts``) and under which title or signature keys (``masked_in``).
@@ -604,8 +604,8 @@ def redact_document(doc: Any, r: Redactor | None = None) -> Any:
     before = None
     if isinstance(doc, dict) and "redaction" in doc:  # an earlier pass's account (kept, added to)
         before, doc = doc["redaction"], {k: v for k, v in doc.items() if k != "redaction"}
-    r.facts |= facts_of(doc)
-    r.learn(doc)
+    r.facts |= facts_of(doc) | facts_of(learn_from)
+    r.learn(doc if learn_from is None else [doc, learn_from])  # learn_from: what the document was made of
     out = redact_tree(doc, r)
     if isinstance(out, dict):
         counts, masked_in = dict(r.counts), set(r.masked_in)
@@ -616,6 +616,33 @@ def redact_document(doc: Any, r: Redactor | None = None) -> Any:
             masked_in |= {str(k) for k in before.get("masked_in") or () if str(k) in TITLE_KEYS}
         out["redaction"] = {"counts": dict(sorted(counts.items())), "masked_in": sorted(masked_in)}
     return out
+
+
+# a text renderer's quote of memory: "first bytes:     68 75 6e 74  |hunt|" (text/heap.py)
+_HEX_LINE = re.compile(r"(?P<head>first bytes:\s+)(?P<hex>[0-9a-f]{2}(?: [0-9a-f]{2})*)(?P<mid>\s+\|).*\|$")
+
+
+def redact_lines(lines: Iterable[str], doc: Any) -> Iterator[str]:
+    """A text rendering's lines with the secrets of ``doc`` (the same result as a JSON document) masked: each
+    learned from the whole document, its facts kept (:func:`redact_document`'s rules); a quote of memory is
+    masked in its hex and its characters alike.
+
+    >>> list(redact_lines(["args: x --api-key s3cr3tvalue1", "thread s3cr3tvalue1",
+    ...                    "first bytes:     68 75 6e 74 65 72 32 32 32  |hunter222|"],
+    ...                   {"args": "x --api-key s3cr3tvalue1 --password hunter222"}))[1:]
+    ['thread [REDACTED]', 'first bytes:     5b 52 45 44 41 43 54 45 44 5d  |[REDACTED]|']
+    """
+    r = Redactor()
+    r.facts |= facts_of(doc)
+    r.learn(doc)
+    for line in lines:
+        m = _HEX_LINE.search(line)
+        if m is None:
+            yield r.text(line)
+            continue
+        raw = bytes.fromhex(r.hex_quote(m["hex"].replace(" ", "")))
+        shown = "".join(chr(b) if 32 <= b < 127 else "." for b in raw)
+        yield r.text(line[:m.start()]) + f"{m['head']}{raw.hex(' ')}{m['mid']}{shown}|"
 
 
 def masked_titles(tree: Any, *, limit: int = 100_000) -> set[str]:

@@ -52,9 +52,13 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
 
             emit_json(json_document("analyze", {"analysis": analysis_payload(analysis, merged=merged)}), output, force)
         else:
+            from ..format import analysis_payload
+            from ..output import to_jsonable
+            from ..redact import redact_lines
             from ..text.analysis import format_analysis
 
-            emit(format_analysis(analysis, merged=merged), output, force)
+            doc = to_jsonable(analysis_payload(analysis, merged=merged))  # what the secrets are learned from
+            emit(redact_lines(format_analysis(analysis, merged=merged), doc), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
     options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap
     _analyze_batch(paths, skipped, options, jobs, as_json, output, force)
@@ -78,6 +82,14 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
                                            **options)
     else:
         result, entries = analyze_many(paths, jobs=jobs, skipped=skipped, **options)
+    # the signatures name threads: their secrets are learned from each core's command line (not shown), the crashed
+    # threads' frames are facts (a value equal to one is not masked there)
+    seen = [{"args": e.analysis.snapshot.core.args, "signature": signature(e.analysis),
+             "frames": [{"function": f.function} for t in e.analysis.snapshot.threads if t.is_crashed
+                        for f in t.py_frames]
+             + [{"symbol": f.symbol, "library": f.library} for t in e.analysis.snapshot.threads if t.is_crashed
+                for f in t.native_frames]}
+            for e in entries if e.analysis]
     if as_json:
         payload = {
             "batch": result,
@@ -98,9 +110,11 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
                 for e in entries
             ],
         }
-        emit_json(json_document("analyze-batch", payload), output, force)
+        emit_json(json_document("analyze-batch", payload, learn_from=seen), output, force)
     else:
-        emit(format_batch(result), output, force)
+        from ..redact import redact_lines
+
+        emit(redact_lines(format_batch(result), seen), output, force)
     sys.exit(EXIT_FINDINGS if result.failed else EXIT_PARTIAL if result.partial else EXIT_OK)
 
 

@@ -153,6 +153,10 @@ def outputs(hostile, tmp_path_factory) -> dict[str, dict[str, str]]:
     analysis = tmp / "analysis.json"
     assert run("analyze", "--json", "-o", str(analysis), str(hostile["core"])).exit_code in (0, 4)
     out["analyze --json"] = {"analysis.json": analysis.read_text()}
+    out["analyze (text)"] = {"stdout": run("analyze", str(hostile["core"])).stdout}
+    cores = hostile["core"].parent
+    out["analyze, a batch"] = {"--json": run("analyze", "--json", str(cores)).stdout,
+                               "text": run("analyze", str(cores)).stdout}
     reports: dict[str, str] = {}
     for template in ("nvitop", "nvml", "runbook"):
         rdir = tmp / f"report-{template}"
@@ -211,11 +215,17 @@ def weapon(tmp_path_factory, core_pattern, newest_python):
                            "--api-key", "SIGSEGV", "--token", "string_at"], run_dir)
     analysis = d / "analysis.json"
     assert run("analyze", "--json", "-o", str(analysis), str(core)).exit_code in (0, 4)
-    return analysis
+    return analysis, core
 
 
 def test_a_secret_equal_to_the_crash_site_does_not_blank_it(weapon):
+    weapon, core = weapon
     # THEN the analysis keeps its crash site, and masks the values where the argv gives them
+    text = run("analyze", str(core)).stdout
+    assert "string_at" in text and "SIGSEGV" in text and "--token [REDACTED]" in text
+    batch = json.loads(run("analyze", "--json", str(core.parent)).stdout)
+    (entry,) = batch["cores"]
+    assert "string_at" in entry["signature"] and "[REDACTED]" not in entry["signature"]
     doc = json.loads(weapon.read_text())
     a = doc["analysis"]
     assert a["signature"].startswith("SIGSEGV at ") and "string_at" in a["signature"], a["signature"]
