@@ -154,7 +154,7 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
         mappings=mappings,
         libraries=libraries,
         nvml=find_nvml(mem, mappings, libraries),
-        abort_message=find_abort_message(mem, libraries, layout.page_size),
+        abort_message=find_abort_message(mem, libraries, layout.page_size, mappings),
         truncated=layout.truncated,
         expected_size=layout.expected_size,
         mtime=_mtime(path),

@@ -20,7 +20,7 @@ import pytest
 from forensics.analyze import analyze_core
 from forensics.analyze.fingerprint import fingerprint, fingerprint_basis_v2
 from forensics.analyze.signature import signature
-from forensics.model import CrashKind, FaultKind, HandlerKind
+from forensics.model import CrashKind, FaultKind, HandlerKind, LibraryStatus
 from tests.conftest import PYTHONS, SID_BUILDS
 from tests.crashers.make_core import HERE, build_libcrash, crash_for_core
 
@@ -201,3 +201,23 @@ def test_a_truncated_cores_hint_blames_the_truncation_and_shows_its_command_line
     assert len(whole) > 80 and whole.startswith(line.split(None, 1)[1][:79])
     assert line.endswith("... (cut: the core's process record keeps 80 bytes, and the stack that holds the "
                          "whole line is not in the core)"), line
+
+
+def test_abort_message_is_read_from_the_core_without_the_crashed_libc(same_bug, cores, request):
+    # GIVEN Debian unstable's cores (glibc 2.43) analyzed here, where /usr/lib/x86_64-linux-gnu/libc.so.6 is
+    # another build (left out, so __abort_msg cannot be looked up in it), and with the root as --sysroot
+    root = request.getfixturevalue("sid_root")
+    for key in [k for k in same_bug.keys if k.startswith("sid-")]:
+        core = str(same_bug.core(key, "assert"))
+        without, with_root = analyze_core(core), analyze_core(core, sysroot=str(root))
+        libc = next(lib for lib in without.snapshot.core.libraries if lib.name == "libc.so.6")
+        assert libc.status is LibraryStatus.MISMATCH, libc
+        # THEN glibc's message is read from the core's own memory all the same: one class, one fingerprint
+        assert without.crash.abort_message == with_root.crash.abort_message
+        assert without.crash.abort_message.endswith("forensics_assert: Assertion `channels > 0' failed."), key
+        assert without.fingerprint == with_root.fingerprint and without.fingerprint_partial is None, key
+    # and a heap corruption's message, which makes the class
+    heap = analyze_core(str(cores.get("sid-3.14", "heap-prev")))
+    assert heap.crash.abort_message == "double free or corruption (!prev)"
+    assert heap.crash.kind is CrashKind.HEAP_CORRUPTION
+    assert heap.fingerprint == analyze_core(str(cores.get("sid-3.14", "heap-prev")), sysroot=str(root)).fingerprint
