@@ -14,9 +14,10 @@ __all__ = ["report"]
 
 @click.command("report")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(readable=False))
-@click.option("--template", type=click.Choice(["nvitop", "nvml", "runbook"]), default="nvitop", show_default=True,
-              help="nvitop: an issue in nvitop's bug report form; nvml: a defect report for NVIDIA; runbook: an "
-                   "incident record.")
+@click.option("--template", type=click.Choice(["nvitop", "nvml", "binding", "runbook"]), default="nvitop",
+              show_default=True,
+              help="nvitop: an issue in nvitop's bug report form; nvml: a defect report for NVIDIA (the driver); "
+                   "binding: one for NVIDIA as nvidia-ml-py's maintainer; runbook: an incident record.")
 @click.option("--redact-hosts/--keep-hosts", default=None,
               help="Replace host, node and pod names and IPs (host-1, node-1...). Default: replaced in the nvitop and "
                    "nvml reports (with local paths), kept in the runbook.")
@@ -26,10 +27,12 @@ __all__ = ["report"]
 @click.option("--nvidia-link", default="", help="The URL of the NVIDIA report, for the nvitop issue to link.")
 @click.option("--check", is_flag=True, help="Exit 3 when a required field is unfilled, the title is not plain text, "
               "the form is not followed or the Markdown would render wrong. Given report .md files, check those.")
+@click.option("--explain", is_flag=True, help="Also list, on stderr, each claim of the conclusion with the evidence "
+              "items it rests on, who gets which report and the steps (--json: always in the document).")
 @json_option
 @output_option
 @force_option
-def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, as_json, output, force):
+def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, explain, as_json, output, force):
     """Write an upstream-ready defect report (Markdown) from forensics evidence.
 
     INPUTS: any mix of `analyze --json`, `verify-imports --json`, `reproduce --json` and
@@ -44,6 +47,7 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, as_js
     from .. import __version__ as version
     from ..output import json_document
     from ..report import attachment_dir_for, check_report_file, make_report, write_report
+    from ..report.explain import explain_lines, explanation
 
     if check and all(str(p).endswith(".md") for p in inputs):
         results = [(p, *check_report_file(p, issue_form=issue_form)) for p in inputs]
@@ -64,7 +68,8 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, as_js
             "template": template, "title": rep.title, "markdown": rep.markdown, "body": rep.body,
             "attachments": rep.attachments, "problems": list(rep.problems), "missing_fields": rep.context.missing,
             "footer": rep.context.footer,
-            "conclusion": {"suspect": c.suspect.name.lower(), "statement": c.statement,
+            "conclusion": {"incident": c.incident.value, "statement": c.statement,
+                           "explain": explanation(c),
                            "unsupported": list(c.unsupported), "upgrade": list(c.upgrade),
                            "filings": [{"order": x.order, "where": x.where, "report": x.report, "action": x.action}
                                        for x in c.filings]},
@@ -80,6 +85,10 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, as_js
             echo(f"forensics: {len(rep.attachments)} attachments not written (pass -o FILE to write them "
                  f"beside the report): {', '.join(sorted(rep.attachments))}", err=True)
     echo(f"forensics: conclusion: {c.statement}", err=True)
+    echo(f"forensics: incident: {c.incident.value} ({c.incident.words})", err=True)
+    if explain:
+        for line in explain_lines(c):
+            echo(f"forensics: explain: {line}", err=True)
     for x in c.filings:
         echo(f"forensics: file ({x.order}) the {x.report} report -> {x.where}: {x.action}", err=True)
     for p in rep.problems:

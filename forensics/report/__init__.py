@@ -80,9 +80,13 @@ def _front_matter(ctx: ReportContext, attachment_dir: str) -> str:
     if ctx.template == "nvitop" and ctx.form:
         where = ctx.form.new_issue_url
     elif ctx.template == "nvml":
-        from .verdict import NVIDIA_WHERE
+        from .decision import NVIDIA_WHERE
 
         where = NVIDIA_WHERE
+    elif ctx.template == "binding":
+        from .decision import BINDING_WHERE
+
+        where = BINDING_WHERE
     else:
         where = "the incident record (internal)"
     lines = ["---", f"title: {json.dumps(ctx.title, ensure_ascii=False)}", f"file-at: {json.dumps(where)}"]
@@ -90,7 +94,7 @@ def _front_matter(ctx: ReportContext, attachment_dir: str) -> str:
         lines.append(f"when: {json.dumps(f'{filing.order}. {filing.action}', ensure_ascii=False)}")
     elif ctx.template in UPSTREAM:
         lines.append(f"when: {json.dumps('not now: ' + '; '.join(x.action for x in ctx.conclusion.filings))}")
-    lines.append(f"conclusion: {json.dumps(ctx.conclusion.suspect.name.lower())}")
+    lines.append(f"conclusion: {json.dumps(ctx.conclusion.incident.value)}")
     if ctx.template == "nvitop" and ctx.form:
         lines.append(f"labels: {json.dumps(list(ctx.form.labels))}")
         lines.append(f"form: {json.dumps(ctx.form.source)}")
@@ -132,7 +136,10 @@ def check_title(title: str) -> list[str]:
 
 
 def _check(body: str, ctx: ReportContext) -> list[str]:
-    problems = [f"required field {f!r} is not filled" for f in ctx.missing if f in REQUIRED_FIELDS[ctx.template]]
+    # an upstream report the incident does not route to its owner is not to be filed: its fields are not required
+    routed = ctx.template == "runbook" or any(x.report == ctx.template for x in ctx.conclusion.filings)
+    problems = [f"required field {f!r} is not filled" for f in ctx.missing
+                if f in REQUIRED_FIELDS[ctx.template] and routed]
     problems += check_title(ctx.title)
     problems += check_markdown(body)
     if ctx.template == "nvitop" and ctx.form:
@@ -266,7 +273,7 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
         ctx.attachments["full-report.md"] = body
         body = (body[: GITHUB_ISSUE_LIMIT - 200].rsplit("\n", 1)[0]
                 + "\n\n(cut: the whole report is attached as full-report.md)\n")
-    problems = manifest_lines + _check(body, ctx)
+    problems = manifest_lines + _check(body, ctx) + conclusion.unsupported_claims()
     return Report(title=ctx.title, body=body, markdown=_front_matter(ctx, attachment_dir) + body,
                   attachments=dict(ctx.attachments), context=ctx, problems=tuple(problems))
 
@@ -530,7 +537,9 @@ def check_report_file(path: str, *, issue_form: str | None = None) -> tuple[str,
     problems += check_title(title)
     problems += check_markdown(body)
     form_src = str(meta.get("form") or "")
-    template = "nvitop" if form_src else ("nvml" if "NVIDIA" in str(meta.get("file-at") or "") else "")
+    file_at = str(meta.get("file-at") or "")
+    template = "nvitop" if form_src else ("binding" if "nvidia-ml-py" in file_at else
+                                          "nvml" if "NVIDIA" in file_at else "")
     if template == "nvitop":
         form = read_issue_form(issue_form) if issue_form else load_shipped_form()
         problems += check_form_body(body, form)

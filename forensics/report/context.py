@@ -25,15 +25,16 @@ from ..reproduce import Outcome, ReproRun
 from .facts import Facts, Phase, xid_summary
 from .form import IssueForm
 from .known import KnownMatch
-from .verdict import Conclusion, Suspect
+from .decision import IncidentClass
+from .verdict import Conclusion
 
 __all__ = ["UNKNOWN", "OPEN", "TEMPLATES", "UPSTREAM", "REQUIRED_FIELDS", "ReportContext", "build_context",
            "make_title"]
 
 UNKNOWN = "unknown (not in the evidence)"
 OPEN = "OPEN: not determined yet"
-TEMPLATES = ("nvitop", "nvml", "runbook")
-UPSTREAM = ("nvitop", "nvml")  # shared outside: local paths and host names replaced by default
+TEMPLATES = ("nvitop", "nvml", "binding", "runbook")
+UPSTREAM = ("nvitop", "nvml", "binding")  # shared outside: local paths and host names replaced by default
 NATIVE_SHOWN = 14
 TITLE_MAX = 256  # GitHub's limit for an issue title
 
@@ -41,6 +42,7 @@ TITLE_MAX = 256  # GitHub's limit for an issue title
 REQUIRED_FIELDS = {
     "nvitop": ("title", "nvitop_version", "os", "driver", "crash_prose", "traceback"),
     "nvml": ("title", "gpus", "driver", "nvml_library", "call", "native_top"),
+    "binding": ("title", "driver", "call", "native_top"),
     "runbook": ("title", "signature", "first_seen", "affected", "versions", "reproduction", "diagnostics",
                 "mitigation", "recovery", "conclusion", "recurrence"),
 }
@@ -100,6 +102,8 @@ class ReportContext:
     frequency: list[str]
     ruled_out: list[str]
     workaround: list[str]
+    steps: list[dict[str, Any]]  # the runbook's "do now" steps, in order: {"text", "command"}
+    upgrade: list[str]  # the upgrades this report may ask for (never its own project's, in an upstream report)
     attachments: dict[str, str]
     attachment_dir: str
     footer: list[str]
@@ -152,34 +156,51 @@ def _failure(f: Facts) -> str:
 
 
 def make_title(template: str, f: Facts, c: Conclusion, form: IssueForm | None = None) -> str:
-    """A plain-text title naming the failing API and the versions.
+    """A plain-text title that says what the incident is (its class) and names the failing call and the versions
+    that ran; an upstream report of a class it is not for says so first.
 
     >>> from forensics.report.facts import Facts
     >>> from forensics.report.verdict import decide
     >>> f = Facts(has_crash=True, signal="SIGSEGV", api="nvmlShutdown", driver="580.126.09")
-    >>> make_title("nvml", f, decide(f, []))
-    'nvmlShutdown crashes with SIGSEGV - driver 580.126.09'
+    >>> make_title("runbook", f, decide(f, []))
+    'the process crashes with SIGSEGV in nvmlShutdown on driver 580.126.09: not determined yet'
     """
+    k = c.incident
     api = f.api or (f"{f.caller}()" if f.caller else "an NVML call")
     what = f" ({f.query.what}" + (f", fields {'/'.join(map(str, f.query.fields))}" if f.query.fields else "") + ")" \
         if f.query and f.query.what else ""
-    if template == "nvml":
+    failure = f"{_process_name(f)} {_failure(f)}" if f.has_crash or f.kind == "snapshot" else \
+        f"{_process_name(f)}: no crash observed"
+    where = f" in {api}" if f.has_crash and (f.api or f.caller) else ""
+    if template in ("nvml", "binding"):
+        owner = IncidentClass.DRIVER if template == "nvml" else IncidentClass.BINDING
+        if k is not owner or (template == "binding" and c.decision.pattern):
+            whom = "the NVIDIA driver" if template == "nvml" else "nvidia-ml-py"
+            return _plain(f"not for {whom} ({k.words}): {failure}{where}")
         versions = ", ".join(x for x in (f"driver {f.driver}" if f.driver else "", f"NVML {f.nvml}" if f.nvml else "",
                                           f.gpus or "") if x)
         verb = ("corrupts the heap: glibc aborts with \"" + f.abort_message + "\""
                 if f.kind == "heap-corruption" and f.abort_message else _failure(f))
+        if template == "binding":
+            ran = next((v.ran for v in c.decision.versions if v.package == "nvidia-ml-py"), None) or f.binding
+            return _plain(f"nvidia-ml-py {ran or ''} passes a count larger than its buffer to {api}{what}: the heap "
+                          f"{'is corrupted' if f.kind == 'heap-corruption' else 'overflows'}"
+                          + (f" - {versions}" if versions else ""))
         return _plain(f"{api}{what} {verb}" + (f" - {versions}" if versions else ""))
     if template == "nvitop":
         prefix = (form.title_prefix if form else "[BUG] ")
-        versions = ", ".join(x for x in (f"nvidia-ml-py {f.binding}" if f.binding else "",
-                                          f"driver {f.driver}" if f.driver else "") if x)
-        head = f"{_process_name(f)} {_failure(f)} in {api}{what}"
-        if c.suspect is Suspect.DRIVER:
-            head = f"{_process_name(f)} crashes in {api}{what} on driver {f.driver or '?'}, in C too"
+        if not any(r.report == "nvitop" for r in c.decision.routes):
+            return _plain(f"{prefix}not for nvitop ({k.words}): {failure}{where}")
+        if k is IncidentClass.DRIVER:
+            head = f"{_process_name(f)} crashes in {api}{what} on driver {f.driver or '?'}" + (
+                ", in C too" if f.c_run and f.c_run.failed else "")
             return _plain(f"{prefix}{head}: please allow turning NVLink metrics off"
                           if f.query and f.query.what == "NVLink throughput" else f"{prefix}{head}")
-        return _plain(f"{prefix}{head}" + (f" with {versions}" if versions else ""))
-    return _plain(f"{_process_name(f)} {_failure(f)} in {api}" + (f" on driver {f.driver}" if f.driver else ""))
+        versions = ", ".join(x for x in (f"nvidia-ml-py {f.binding}" if f.binding else "",
+                                          f"driver {f.driver}" if f.driver else "") if x)
+        return _plain(f"{prefix}{failure}{where}{what}" + (f" with {versions}" if versions else ""))
+    return _plain(f"{failure}{where}" + (f" on driver {f.driver}" if f.driver and f.has_crash else "")
+                  + f": {k.words}")
 
 
 # ---- stacks ------------------------------------------------------------------------------
@@ -353,6 +374,8 @@ def _os_line(f: Facts) -> str:
     kernel = f", kernel {f.kernel}" if f.kernel else ""
     if f.in_container is False:
         return f"{f.os_node or f.os_image} (on the node itself, no container){kernel}"
+    if f.in_container is None:  # the capture did not say: no "in the container" it cannot back
+        return f"{f.os_image or UNKNOWN} (the process's root); node: {f.os_node or UNKNOWN}{kernel}"
     return f"{f.os_image or UNKNOWN} in the container; node: {f.os_node or UNKNOWN}{kernel}"
 
 
@@ -375,10 +398,11 @@ def _pyenv(f: Facts) -> dict[str, Any]:
 
 def _ruled_out(f: Facts) -> list[str]:
     out = []
-    if f.imports_checked:
-        out.append("Old source shadowing the installed packages: " +
-                   ("NOT ruled out: " + "; ".join(f.shadowing) if f.shadowing else
-                    "ruled out (every module imports the installed distribution's files)"))
+    if f.imports_checked and not f.shadowing:
+        out.append("Old source shadowing the installed packages: ruled out (every module imports the installed "
+                   "distribution's files)")
+    elif f.shadowing:
+        out.append("Old source shadowing the installed packages: FOUND: " + "; ".join(f.shadowing))
     if f.nvml_origin:
         out.append(f"Which libnvidia-ml.so: the mapped library comes from the {f.nvml_origin}")
     return out
@@ -404,7 +428,7 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
         f"{_v((f.nvml_library or '').rsplit('/', 1)[-1] or None)}"
         + (f" (build-id {f.nvml_build_id})" if f.nvml_build_id else "")
         + f". glibc {_v(f.glibc)}, Python {_v(f.python)}, nvidia-ml-py {_v(f.binding)}; "
-        f"OS: {f.os_image or UNKNOWN} in the container, {f.os_node or UNKNOWN} on the node; kernel {_v(f.kernel)}."
+        f"OS: {_os_line(f)}."
     )
     crash_prose = (f"{_process_name(f)} (pid {f.pid}) " + _failure(f)
                    + (f" in thread {thread}" if f.tid is not None else "")
@@ -432,25 +456,19 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
                   else (f"not captured: {f.bug_report.strip()}" if f.bug_report
                         else "not captured: run `sudo nvidia-bug-report.sh` on the node and attach "
                              "nvidia-bug-report.log.gz"))
-    workaround = []
-    if f.query and f.query.what == "NVLink throughput":
-        workaround.append("Stop the crashing call: nvitop-exporter has no option to skip NVLink metrics, so the "
-                          "NVLink throughput query has to be switched off in the deployed code (e.g. `forensics guard "
-                          "--target nvitop.api.device:Device.nvlink_throughput --returns '[]'`), or the node group "
-                          "moved to a driver branch without the crash.")
-    workaround += list(conclusion.upgrade)
+    d = conclusion.decision
+    workaround = [s.text + (f": `{s.command}`" if s.command else "") for s in d.steps]
     runbook = {
         "signature": _v(f.signature),
         "first_seen": _v(f.first_seen),
         "affected": "; ".join(list(f.affected) + list(f.frequency)) or UNKNOWN,
-        "versions": f"driver {_v(f.driver)}, NVML {_v(f.nvml)}, CUDA {_v(f.cuda)}, GPUs {_v(f.gpus)}; nvitop "
-                    f"{_v(f.nvitop)}, nvitop-exporter {_v(f.exporter)}, nvidia-ml-py {_v(f.binding)}, Python "
-                    f"{_v(f.python)}, glibc {_v(f.glibc)}",
+        "versions": f"driver {_v(f.driver)}, NVML {_v(f.nvml)}, CUDA {_v(f.cuda)}, GPUs {_v(f.gpus)}; "
+                    + ", ".join(v.phrase for v in d.versions) + f"; Python {_v(f.python)}, glibc {_v(f.glibc)}",
         "reproduction": "; ".join(_observed(f)) or OPEN,
         "diagnostics": "; ".join(sorted({f"forensics {e['kind']}" for e in evidence})) or OPEN,
         "mitigation": workaround[0] if workaround else OPEN,
         "recovery": OPEN + " (verify with forensics canary after the mitigation)",
-        "conclusion": (conclusion.statement if conclusion.suspect is not Suspect.UNDETERMINED
+        "conclusion": (conclusion.statement if conclusion.incident is not IncidentClass.UNDETERMINED
                        else OPEN + ": " + conclusion.statement),
         "where_to_file": "; ".join(f"{x.order}. {x.report} report -> {x.where}: {x.action}"
                                    for x in conclusion.filings),
@@ -476,7 +494,10 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
                   for r in f.repro_runs],
         snippet=_snippet(f), commands=commands, observed=_observed(f), rate=_rate(f),
         known_issues=known, unsupported=list(conclusion.unsupported), frequency=list(f.frequency),
-        ruled_out=_ruled_out(f), workaround=workaround, attachments=attachments, attachment_dir=attachment_dir,
+        ruled_out=_ruled_out(f), workaround=workaround,
+        steps=[{"text": st.text, "command": st.command} for st in d.steps],
+        upgrade=[u for u in conclusion.upgrade if not (template == "nvitop" and "nvitop" in u.lower())],
+        attachments=attachments, attachment_dir=attachment_dir,
         footer=footer, form=form, nvidia_link=nvidia_link, runbook=runbook, evidence=evidence, heap=heap,
     )
     ctx.missing = [name for name in REQUIRED_FIELDS[template] if _is_unknown(ctx.value(name))]
@@ -487,11 +508,8 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
 def _commands(f: Facts) -> list[str]:
     """The commands that reproduce it: the Python stack installed, the reproducers as they ran, the process."""
     commands: list[str] = []
-    binding = " ".join(x for x in (f"nvitop=={f.nvitop}" if f.nvitop else "",
-                                   f"nvitop-exporter=={f.exporter}" if f.exporter else "",
-                                   f"nvidia-ml-py=={f.binding}" if f.binding else "") if x)
-    if binding:
-        commands.append(f"pip install {binding}")
+    if f.binding:  # the Python reproducer needs only the binding (nvitop may declare another range)
+        commands.append(f"pip install nvidia-ml-py=={f.binding}   # for the Python reproducer")
     for r in f.repro_runs:
         line = _cmd(list(r.command), r.name)
         if r.name == "c" and line:
@@ -518,7 +536,7 @@ def _attachments(f: Facts, template: str, reproducer_sources: dict[str, str]) ->
             attachments["reproducer-output.txt"] = _repro_output(f)
         if f.nvidia_smi:
             attachments["nvidia-smi-q.txt"] = f.nvidia_smi
-        if template == "nvml" and f.kernel_log and f.kernel_log.strip():
+        if template in ("nvml", "binding") and f.kernel_log and f.kernel_log.strip():
             attachments["kernel-nvidia.log"] = f.kernel_log
     elif f.has_crash:  # the runbook: every thread's stacks, with the team's paths
         attachments["crash-stacks.txt"] = _stacks_text(f)

@@ -1,66 +1,66 @@
-"""Stage 2 of a report: the conclusion the evidence supports, and which report to file where.
+"""Stage 2 of a report: the conclusion in words, claim by claim, from the incident decision.
 
-Pure: :class:`~.facts.Facts` and the known-issue matches in, :class:`Conclusion` out.
-
-- The reproducers decide binding vs driver: the C reproducer calls libnvidia-ml without Python
-  or nvidia-ml-py; if it crashes, the driver library is the suspect (whatever else is true);
-  if only the Python one crashes, the binding or the calling pattern is.
-- verify-imports decides whether the setup is supported: a pairing outside what a package
-  declares (``pip check`` fails, a ``support`` version fact) is the first thing a maintainer
-  answers ("upgrade and retry"), so it leads -- unless the C reproducer already took the
-  binding out of the question.
-- A known crash whose definition holds, with a fix released, means "upgrade", not "file".
-- The core's heap (#21) decides it too when the crash is caught during the native call: the
-  buffer that overflowed, the count it was passed with, its size; or a buffer libnvidia-ml
-  allocated and freed itself inside the call, with nothing of the Python side pointing into it
-  (``library-own-buffer``).  It settles the question when no reproducer has, and stands beside the
-  reproducers when they ran.
+Pure: :class:`~.facts.Facts` and the known-issue matches in, :class:`Conclusion` out.  The class of
+the incident, its evidence, the routing and the runbook's steps are decided once, in
+:func:`~.decision.decide_incident`; this module words the conclusion for that class only, as
+:class:`Claim` s, each naming the evidence items (:class:`~.decision.Item`) it rests on, so that
+``report --explain`` can list them and ``report --check`` can refuse a claim the evidence does not carry.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from ..model import OverflowVerdict
 from ..reproduce import Outcome, ReproRun
+from .decision import (BINDING_WHERE, NVIDIA_WHERE, NVITOP_REPO, Decision, IncidentClass, decide_incident)
 from .facts import Facts
 from .known import KnownMatch, support_facts
 
-__all__ = ["Suspect", "Filing", "Conclusion", "decide", "NVIDIA_WHERE", "NVITOP_REPO"]
-
-NVITOP_REPO = "XuehaiPan/nvitop"
-NVIDIA_WHERE = ("NVIDIA: an NVIDIA Enterprise Support case, or the NVIDIA Developer Forums "
-                "(https://forums.developer.nvidia.com/) -- with the C reproducer and nvidia-bug-report.log.gz")
-
-
-class Suspect(enum.Enum):
-    DRIVER = "the driver library (libnvidia-ml.so)"
-    BINDING_OR_CALLER = "the binding (nvidia-ml-py) or the calling pattern (threads, shutdown)"
-    KNOWN = "a known issue, fixed in a later release"
-    UNDETERMINED = "not determined yet"
+__all__ = ["Claim", "Filing", "Conclusion", "decide", "NVIDIA_WHERE", "BINDING_WHERE", "NVITOP_REPO",
+           "IncidentClass"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Filing:
     order: int
     where: str  # who gets it
-    report: str  # the template: nvml | nvitop | runbook
+    report: str  # the template: nvml | binding | nvitop | runbook
     action: str  # what to do with it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """One sentence of the conclusion and the keys of the evidence items it rests on."""
+
+    text: str
+    evidence: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Conclusion:
-    suspect: Suspect
-    statement: str  # the conclusion, in one paragraph, plain text, first in every report
+    incident: IncidentClass
+    decision: Decision
+    claims: tuple[Claim, ...]  # the statement, sentence by sentence, with its evidence
     evidence: tuple[str, ...]  # the facts it rests on, one line each
     unsupported: tuple[str, ...]  # the setup outside what the packages declare (pip check, support facts)
     upgrade: tuple[str, ...]  # what to upgrade to, from the support facts and known issues
     filings: tuple[Filing, ...]
-    ask_nvitop: str  # what the nvitop issue asks for
+    ask_nvitop: str  # what the nvitop issue asks for ("" when nvitop is asked nothing)
+
+    @property
+    def statement(self) -> str:
+        """The conclusion, in one paragraph, plain text, first in every report."""
+        return " ".join(c.text for c in self.claims)
 
     @property
     def driver_suspected(self) -> bool:
-        return self.suspect is Suspect.DRIVER
+        return self.incident is IncidentClass.DRIVER
+
+    def unsupported_claims(self) -> list[str]:
+        """Claims naming evidence the decision does not hold (``report --check`` fails on each)."""
+        keys = self.decision.keys
+        return [f"claim without evidence: {c.text[:120]!r} rests on {', '.join(k for k in c.evidence if k not in keys)}"
+                for c in self.claims if not c.evidence or any(k not in keys for k in c.evidence)]
 
 
 def _run_phrase(r: ReproRun) -> str:
@@ -96,148 +96,176 @@ def _who(r: ReproRun) -> str:
 
 
 def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
-    py, c = f.python_run, f.c_run
-    py_bad = bool(py and py.failed)
-    c_bad = bool(c and c.failed)
-    idle = [r for r in (py, c) if r and r.status is Outcome.NOT_STARTED]
-    evidence = [f"{_who(r)} {_run_phrase(r)}" for r in (py, c) if r]
-    # the driver library's own buffer: only libnvidia-ml's free() points at the driver (another library's
-    # own buffer is that library's bug, which this report's parties do not own)
-    heap_own = f.heap_verdict is OverflowVerdict.LIBRARY and ((f.heap and f.heap.freed_in) or "").startswith(
-        "libnvidia-ml")
-    heap_driver = f.heap_verdict is OverflowVerdict.DRIVER or heap_own
-    heap_binding = f.heap_verdict is OverflowVerdict.BINDING
-    if f.heap_verdict:
-        evidence.append(f"the core's heap: {f.heap_verdict.value}: {f.heap_reason}")
-    support = support_facts(f)
-    unsupported = [p.rstrip(".") for p in f.requirement_problems]  # pip check, as pip says it
-    for s in support:  # a declared bound the knowledge file knows, unless pip check already said it
-        named = " ".join(s["summary"].split()[:2])  # "nvitop 1.5.0"
-        if s["severity"] == "error" and not any(u.startswith(named) for u in unsupported):
-            unsupported.append(s["summary"])
-    for sh in f.shadowing:  # the code that runs is not the installed distribution's
-        if sh.split(":")[0] in ("nvitop", "nvitop_exporter", "pynvml"):
-            unsupported.append(f"the process imports {sh}, not the installed distribution: fix the image first")
-    upgrade = list(dict.fromkeys(_sentence(s["fix"]) for s in support if s.get("fix")))
+    """The incident decision (:func:`~.decision.decide_incident`) and its conclusion in words, claim by claim."""
+    d = decide_incident(f, known)
+    upgrade = list(dict.fromkeys(_sentence(s["fix"]) for s in support_facts(f) if s.get("fix")))
     fixed = [k for k in known if k.fix]
     upgrade += [_sentence(k.fix) for k in fixed if _sentence(k.fix) not in upgrade]
-    crash = _crash_phrase(f)
+    claims = _CLAIMS[d.incident](f, d, fixed)
+    evidence = [i.fact for i in d.items if i.key in d.basis]
+    ask = ""
+    if d.incident is IncidentClass.DRIVER and any(r.report == "nvitop" for r in d.routes):
+        ask = ("nvitop cannot fix the driver, but it can avoid the crashing call: a switch (option or "
+               "environment variable) that turns the NVLink throughput metrics off, or skipping them on the "
+               "affected driver branch, would keep nvitop-exporter up until NVIDIA fixes the driver.")
+    elif d.incident is IncidentClass.BINDING and d.pattern:
+        ask = "Please look at how nvitop calls this NVML query from its threads: the same query from C does not crash."
+    filings = tuple(Filing(order=r.order, where=r.where, report=r.report, action=r.action) for r in d.routes)
+    return Conclusion(incident=d.incident, decision=d, claims=tuple(claims), evidence=tuple(evidence),
+                      unsupported=d.unsupported, upgrade=tuple(upgrade) if d.incident in _UPGRADING else (),
+                      filings=filings, ask_nvitop=ask)
 
-    runs = _Runs(py=py, c=c, py_bad=py_bad, c_bad=c_bad, heap_driver=heap_driver, heap_binding=heap_binding,
-                 heap_own=heap_own)
-    if c_bad or (heap_driver and not py_bad):
-        suspect, statement, filings, ask = _points_at_driver(f, runs, crash, unsupported)
-    elif py_bad or heap_binding:
-        suspect, statement, filings, ask = _points_at_binding(f, runs, crash, unsupported)
-    elif fixed:
-        suspect, statement, filings, ask = _known_issue(fixed[0])
+
+#: the classes whose conclusion is an upgrade (the others' upgrades are steps of the runbook, if any)
+_UPGRADING = (IncidentClass.INSTALL, IncidentClass.KNOWN, IncidentClass.DRIVER, IncidentClass.BINDING)
+
+
+_MODULE_KEYS = ("imports.nvitop", "imports.nvitop_exporter", "imports.pynvml")
+
+
+def _has(d: Decision, *keys: str) -> tuple[str, ...]:
+    return tuple(k for k in keys if k in d.keys)
+
+
+def _runs_claim(f: Facts, d: Decision) -> list[Claim]:
+    runs = [r for r in (f.python_run, f.c_run) if r]
+    if not runs:
+        return []
+    return [Claim(text=_sentence("; ".join(f"{_who(r)} {_run_phrase(r)}" for r in runs)) + ".",
+                  evidence=_has(d, *(f"repro.{r.name}" for r in runs)))]
+
+
+def _setup_claims(f: Facts, d: Decision, also: str) -> list[Claim]:
+    out = []
+    if d.shadowed:
+        out.append(Claim(text="The code that ran is not the installed distribution's: " + "; ".join(d.shadowed)
+                         + f". Fix the image {also}.", evidence=_has(d, *_MODULE_KEYS)))
+    if d.unsupported:
+        out.append(Claim(text=f"The Python setup is also outside what nvitop declares ({'; '.join(d.unsupported)}); "
+                              f"fix that {also}.", evidence=_has(d, "imports.requirements", "imports.support")))
+    return out
+
+
+def _driver(f: Facts, d: Decision, fixed: list[KnownMatch]) -> list[Claim]:
+    c, py = f.c_run, f.python_run
+    core = _has(d, "core", "core.inside_nvml")
+    out = []
+    if c is not None and c.failed:
+        out.append(Claim(text=f"The evidence points at the NVIDIA driver library: {_crash_phrase(f)}." if core else
+                         "The evidence points at the NVIDIA driver library.", evidence=core + _has(d, "repro.c")))
+        out.append(Claim(text=f"The C reproducer, which makes the same NVML calls without Python or nvidia-ml-py, "
+                              f"{_run_phrase(c)}" + (f"; the Python reproducer {_run_phrase(py)}" if py else "") + ".",
+                         evidence=_has(d, "repro.c", "repro.python")))
+        if f.heap_verdict in (OverflowVerdict.DRIVER, OverflowVerdict.LIBRARY):
+            out.append(Claim(text=f"The core's heap says the same: {f.heap_reason}.", evidence=_has(d, "heap")))
+        why = "the C reproducer's crash"
     else:
-        suspect, statement, filings, ask = _undetermined(runs, idle, crash, unsupported)
-    return Conclusion(suspect=suspect, statement=statement, evidence=tuple(evidence), unsupported=tuple(unsupported),
-                      upgrade=tuple(upgrade), filings=filings, ask_nvitop=ask)
+        out.append(Claim(text=f"The core's heap points at the NVIDIA driver library: {_crash_phrase(f)}, and "
+                              f"{f.heap_reason}.", evidence=core + _has(d, "heap")))
+        out.append(Claim(text="The reproducers did not crash here; run them on an affected node too." if (py or c) else
+                         "Run `forensics reproduce` on an affected node to confirm it from C.",
+                         evidence=_has(d, "repro.c", "repro.python") or _has(d, "heap")))
+        why = "what the core's heap shows"
+    return out + _setup_claims(f, d, f"too, but {why} does not depend on it")
 
 
-@dataclass(frozen=True)
-class _Runs:
-    """The reproducers' runs and what the core's heap said, as decide() reads them."""
-    py: ReproRun | None
-    c: ReproRun | None
-    py_bad: bool
-    c_bad: bool
-    heap_driver: bool
-    heap_binding: bool
-    heap_own: bool = False  # heap_driver because libnvidia-ml overflowed a buffer of its own
+def _binding(f: Facts, d: Decision, fixed: list[KnownMatch]) -> list[Claim]:
+    c, py = f.c_run, f.python_run
+    core = _has(d, "core", "core.inside_nvml")
+    if d.pattern and py is not None:
+        out = [Claim(text=f"The evidence points at the binding or the calling pattern: {_crash_phrase(f)}." if core
+                     else "The evidence points at the binding or the calling pattern.",
+                     evidence=core + _has(d, "repro.python")),
+               Claim(text=f"The Python reproducer {_run_phrase(py)}; the C reproducer, making the same queries without "
+                          f"Python from one thread, {_run_phrase(c) if c else 'did not run'}.",
+                     evidence=_has(d, "repro.python", "repro.c"))]
+        if d.unsupported:
+            out.insert(0, Claim(text="The setup is unsupported: " + "; ".join(d.unsupported) + ".",
+                                evidence=_has(d, "imports.requirements", "imports.support")))
+            out.append(Claim(text="Make the setup supported and run the reproducers again before filing.",
+                             evidence=_has(d, "imports.requirements", "imports.support")))
+        return out
+    binding = next((v.ran for v in d.versions if v.package == "nvidia-ml-py"), None)
+    out = [Claim(text=f"The core's heap points at the binding, nvidia-ml-py{' ' + binding if binding else ''}, not the "
+                      f"driver: {_crash_phrase(f)}, and {f.heap_reason}.", evidence=core + _has(d, "heap"))]
+    if c is not None:
+        out.append(Claim(text="The C reproducer, which makes the same NVML calls without nvidia-ml-py, "
+                              f"{_run_phrase(c)}.", evidence=_has(d, "repro.c")))
+    out.append(Claim(text="nvidia-ml-py is NVIDIA's: the binding report goes to them; pin nvidia-ml-py away from this "
+                          "release meanwhile.", evidence=_has(d, "heap")))
+    return out + _setup_claims(f, d, "too")
 
 
-_Outcome = tuple[Suspect, str, tuple[Filing, ...], str]  # suspect, statement, filings, the ask of nvitop
+def _install(f: Facts, d: Decision, fixed: list[KnownMatch]) -> list[Claim]:
+    keys = _has(d, *(i.key for i in d.items if i.key.startswith("imports.")))
+    out = []
+    if d.shadowed:
+        out.append(Claim(text="The code that ran is not the installed distribution's: " + "; ".join(d.shadowed) + ".",
+                         evidence=_has(d, *_MODULE_KEYS)))
+    if d.unsupported:
+        out.append(Claim(text="The setup is unsupported: " + "; ".join(d.unsupported) + ".",
+                         evidence=_has(d, "imports.requirements", "imports.support")))
+    out.append(Claim(text="Fix the image first and check it with verify-imports; nothing is filed upstream until the "
+                          "supported, installed code still crashes.", evidence=keys))
+    if f.has_crash:
+        out.append(Claim(text=_sentence(f"the crash: {_crash_phrase(f)}."),
+                         evidence=_has(d, "core", "core.inside_nvml")))
+    return out + _runs_claim(f, d)
 
 
-def _points_at_driver(f: Facts, runs: _Runs, crash: str, unsupported: list[str]) -> _Outcome:
-    py, c = runs.py, runs.c
-    suspect = Suspect.DRIVER
-    if runs.c_bad and c is not None:  # c_bad: the C run crashed
-        statement = (f"The evidence points at the NVIDIA driver library: {crash}. The C reproducer, which makes "
-                     f"the same NVML calls without Python or nvidia-ml-py, {_run_phrase(c)}"
-                     + (f"; the Python reproducer {_run_phrase(py)}" if py else "") + ".")
-        if runs.heap_driver:
-            statement += f" The core's heap says the same: {f.heap_reason}."
+def _known(f: Facts, d: Decision, fixed: list[KnownMatch]) -> list[Claim]:
+    k = fixed[0]
+    return [Claim(text=f"This is a known issue: {k.title} (matched on {'; '.join(k.matched_on)}). "
+                       f"{_sentence(k.fix)} before filing anything new.", evidence=(f"known.{k.id}",))]
+
+
+def _not_nvml(f: Facts, d: Decision, fixed: list[KnownMatch]) -> list[Claim]:
+    keys = _has(d, "core", "core.frame")
+    if d.incident is IncidentClass.PROGRAM:
+        text = (f"Not NVML: the program's own code crashed, in {d.owner or 'its code'}, with no NVML call in progress: "
+                f"{_crash_phrase(f)}.")
+        owner = "the program's owner fixes it"
     else:
-        statement = (f"The core's heap points at the NVIDIA driver library: {crash}, and {f.heap_reason}."
-                     + (" The reproducers did not crash here; run them on an affected node too." if (py or c)
-                        else " Run `forensics reproduce` on an affected node to confirm it from C."))
-    if unsupported:
-        statement += (" The Python setup is also outside what nvitop declares (" + "; ".join(unsupported) + "); "
-                      "fix that too, but "
-                      + ("the C reproducer's crash" if runs.c_bad else "what the core's heap shows")
-                      + " does not depend on it.")
-    filings = (
-        Filing(order=1, where=NVIDIA_WHERE, report="nvml",
-               action="file first: " + ("the driver crashes in the C reproducer" if runs.c_bad else
-                                        "the core shows the driver overflowing a buffer it allocated and freed "
-                                        "itself" if runs.heap_own else
-                                        "the core shows the driver writing past a buffer sized for the count")),
-        Filing(order=2, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
-               action="file after the NVIDIA report, linking it: ask for a way to switch the NVLink "
-                      "throughput metrics off until the driver is fixed"),
-    )
-    ask = ("nvitop cannot fix the driver, but it can avoid the crashing call: a switch (option or "
-           "environment variable) that turns the NVLink throughput metrics off, or skipping them on the "
-           "affected driver branch, would keep nvitop-exporter up until NVIDIA fixes the driver.")
-    return suspect, statement, filings, ask
+        text = (f"Not NVML: the crash is in {d.owner or 'another library'}, outside libnvidia-ml, with no NVML call in "
+                f"progress: {_crash_phrase(f)}.")
+        owner = "the owner of that library gets it"
+    return [Claim(text=text, evidence=keys)] + _runs_claim(f, d) + [
+        Claim(text=f"Nothing is to be filed with NVIDIA or nvitop; {owner}.", evidence=keys)]
 
 
-def _points_at_binding(f: Facts, runs: _Runs, crash: str, unsupported: list[str]) -> _Outcome:
-    py, c = runs.py, runs.c
-    suspect = Suspect.BINDING_OR_CALLER
-    if runs.py_bad and py is not None:  # py_bad: the Python run crashed
-        statement = (f"The evidence points at the binding or the calling pattern: {crash}. The Python reproducer "
-                     f"{_run_phrase(py)}; the C reproducer, making the same queries without Python from one "
-                     f"thread, {_run_phrase(c) if c else 'did not run'}.")
-        if runs.heap_binding:
-            statement += f" The core's heap says the same: {f.heap_reason}."
-    else:
-        statement = f"The core's heap points at the binding: {crash}, and {f.heap_reason}."
-    if unsupported:
-        statement = ("The setup is unsupported: " + "; ".join(unsupported) + ". " + statement +
-                     " Make the setup supported and run the reproducers again before filing.")
-    filings = (
-        Filing(order=1, where=f"nvitop (https://github.com/{NVITOP_REPO}/issues)", report="nvitop",
-               action=("file once the setup is supported and it still crashes" if unsupported
-                       else "file: the crash needs the binding's calling pattern")),
-    )
-    ask = "Please look at how nvitop calls this NVML query from its threads: the same query from C does not crash."
-    return suspect, statement, filings, ask
+def _no_crash(f: Facts, d: Decision, fixed: list[KnownMatch]) -> list[Claim]:
+    out = []
+    if f.analysis is not None:
+        out.append(Claim(text="No crash was observed: the core is a snapshot of the live process (as gcore leaves it).",
+                         evidence=_has(d, "core")))
+    elif f.repro_runs:
+        out.append(Claim(text="No crash was observed: no core of a crash is in the evidence.",
+                         evidence=_has(d, "missing", "repro.python", "repro.c")))
+    out += _runs_claim(f, d)
+    out.append(Claim(text="Nothing is to be filed; capture the next crash (its core) first.",
+                     evidence=_has(d, "missing", "core", "repro.python", "repro.c")))
+    return out
 
 
-def _known_issue(k: KnownMatch) -> _Outcome:
-    suspect = Suspect.KNOWN
-    statement = (f"This is a known issue: {k.title} (matched on {'; '.join(k.matched_on)}). "
-                 f"{k.fix[0].upper() + k.fix[1:]}"
-                 " before filing anything new.")
-    filings = (Filing(order=1, where=k.sources[0][1] if k.sources else "the known issue", report="runbook",
-                      action="upgrade; comment on the known issue only if the upgrade does not help"),)
-    ask = f"The crash matches {k.title}; it still happens after: {k.fix}."
-    return suspect, statement, filings, ask
-
-
-def _undetermined(runs: _Runs, idle: list[ReproRun], crash: str, unsupported: list[str]) -> _Outcome:
-    py, c = runs.py, runs.c
-    suspect = Suspect.UNDETERMINED
+def _undetermined(f: Facts, d: Decision, fixed: list[KnownMatch]) -> list[Claim]:
+    idle = [r for r in (f.python_run, f.c_run) if r and r.status is Outcome.NOT_STARTED]
     if idle:
         why = "the reproducers could not run here (" + "; ".join(f"{_who(r)} {_run_phrase(r)}" for r in idle) + ")"
-    elif py or c:
+    elif f.repro_runs:
         why = "neither reproducer crashed under these conditions"
     else:
         why = "no reproducer ran on an affected node"
-    statement = (f"Driver or binding is not determined yet: {crash}, but {why}. Run `forensics reproduce` on an "
-                 "affected node (both reproducers, the same driver) before filing upstream.")
-    if unsupported:
-        statement = ("The setup is unsupported: " + "; ".join(unsupported) + ". Upgrade and retry first; "
-                     + statement[0].lower() + statement[1:])
-    filings = (Filing(order=1, where="nobody yet", report="runbook",
-                      action="reproduce on an affected node, then file where the reproducers point"),)
-    ask = "Driver or binding is not determined yet; the reproducers did not settle it."
-    return suspect, statement, filings, ask
+    crash = _crash_phrase(f) if f.has_crash else "no crash core was analysed"
+    return [Claim(text=f"Not determined yet: {crash}, but {why}.",
+                  evidence=_has(d, "core", "core.inside_nvml", "repro.python", "repro.c", "missing")),
+            Claim(text="Missing: " + "; ".join(d.missing) + "." if d.missing else
+                  "Run `forensics reproduce` on an affected node (both reproducers, the same driver) before filing.",
+                  evidence=_has(d, "missing") or _has(d, "core"))]
+
+
+_CLAIMS = {IncidentClass.DRIVER: _driver, IncidentClass.BINDING: _binding, IncidentClass.INSTALL: _install,
+           IncidentClass.KNOWN: _known, IncidentClass.PROGRAM: _not_nvml, IncidentClass.OUTSIDE_NVML: _not_nvml,
+           IncidentClass.NO_CRASH: _no_crash, IncidentClass.UNDETERMINED: _undetermined}
 
 
 def _crash_phrase(f: Facts) -> str:

@@ -115,13 +115,13 @@ def test_hosts_are_replaced_consistently(evidence):
 
 def test_check_reports_unfilled_fields_and_json(evidence):
     _, analysis = evidence
-    r = run("report", "--check", "--json", str(analysis))
-    # the evidence has no driver (no NVML in this process): --check says so and exits 3
+    r = run("report", "--check", "--json", "--template", "runbook", str(analysis))
+    # the evidence has no capture (who was affected is not known): --check says so and exits 3
     assert r.exit_code == EXIT_FINDINGS
     doc = json.loads(r.stdout)
     assert doc["command"] == "report"
-    assert "driver" in doc["report"]["missing_fields"]
-    assert any("driver" in p for p in doc["report"]["problems"])
+    assert "affected" in doc["report"]["missing_fields"]
+    assert any("affected" in p for p in doc["report"]["problems"])
     assert SECRET not in r.stdout
 
 

@@ -64,7 +64,7 @@ def test_demo_reports_state_the_conclusion_and_file_where_it_points(demo, templa
     if template == "nvml":
         assert "NVML 13.580.126" in title and "8 x NVIDIA H20" in title
     # and the conclusion comes first: the C reproducer crashed, so the driver is the suspect
-    assert meta["conclusion"] == "driver"
+    assert meta["conclusion"] == "driver-fault"
     first = body.split("\n\n### ")[0] if template == "nvitop" else body[:1200]
     statement = "The evidence points at the NVIDIA driver library"
     if template == "nvitop":
@@ -205,11 +205,11 @@ def test_unsupported_setup_leads_when_the_reproducers_did_not_decide(demo, tmp_p
     assert json.loads(analysis.read_text())["analysis"]["heap"]["corruption"]["verdict"] == "undetermined"
     doc = json.loads(run("report", "--json", str(analysis), str(demo / "verify-imports.json")).stdout)
     c = doc["report"]["conclusion"]
-    # THEN "upgrade and retry" comes first, and nothing is filed yet
-    assert c["suspect"] == "undetermined"
+    # THEN the incident is the unsupported install: making it supported comes first, and nothing is filed yet
+    assert c["incident"] == "shadowed-or-unsupported-install"
     assert c["statement"].startswith("The setup is unsupported: nvitop 1.5.0 has requirement nvidia-ml-py<12.571.0a0")
-    assert "Upgrade and retry first" in c["statement"] and "forensics reproduce" in c["statement"]
-    assert [f["where"] for f in c["filings"]] == ["nobody yet"]
+    assert "nothing is filed upstream until the supported, installed code still crashes" in c["statement"]
+    assert [(f["report"], f["where"]) for f in c["filings"]] == [("runbook", "the incident record (internal)")]
     meta, _ = split_front_matter(doc["report"]["markdown"])
     assert meta["when"].startswith("not now")
 
@@ -220,7 +220,7 @@ def test_the_heap_decides_for_the_driver_before_an_unsupported_setup(demo):
     doc = json.loads(run("report", "--json", str(demo / "analysis.json"), str(demo / "verify-imports.json")).stdout)
     c = doc["report"]["conclusion"]
     # THEN the heap points at the driver, and the unsupported setup is said beside it, not first
-    assert c["suspect"] == "driver"
+    assert c["incident"] == "driver-fault"
     assert c["statement"].startswith("The core's heap points at the NVIDIA driver library")
     assert "libnvidia-ml.so.580.126.09's own allocation" in c["statement"]
     assert ("The Python setup is also outside what nvitop declares (nvitop 1.5.0 has requirement "
@@ -242,7 +242,7 @@ def test_a_fault_only_the_binding_pattern_triggers_goes_to_nvitop(tmp_path, core
     assert run("analyze", "--json", "-o", str(analysis), core).exit_code == EXIT_OK
     doc = json.loads(run("report", "--json", str(analysis), str(repro)).stdout)["report"]
     c = doc["conclusion"]
-    assert c["suspect"] == "binding_or_caller"
+    assert c["incident"] == "binding-fault"
     assert c["statement"].startswith("The evidence points at the binding or the calling pattern")
     assert "the C reproducer, making the same queries without Python from one thread, ran clean" in c["statement"]
     assert [(f["order"], f["report"]) for f in c["filings"]] == [(1, "nvitop")]
@@ -304,7 +304,7 @@ def test_the_exit_time_race_is_known_by_what_defines_it(tmp_path, core_pattern):
     assert "while the interpreter exits" in on and "nvitop 1.5.0 < 1.7.1" in on
     assert "https://github.com/XuehaiPan/nvitop/issues/222" in k["sources"]
     assert "https://pypi.org/project/nvitop/1.7.1/" in k["sources"]
-    assert doc["conclusion"]["suspect"] == "known"
+    assert doc["conclusion"]["incident"] == "known-issue"
     assert "Upgrade nvitop and nvitop-exporter to 1.7.1 or later" in doc["conclusion"]["statement"]
 
 

@@ -184,7 +184,7 @@ def test_demo_incident_end_to_end(tmp_path, core_pattern):
     assert section.lstrip().startswith("Conclusion: points at libnvidia-ml.so.580.126.09, not the binding: the buffer "
                                        "that overflowed is libnvidia-ml.so.580.126.09's own allocation"), section
     # the report's conclusion stays the driver's (the C reproducer crashed too), and the heap says the same
-    assert 'conclusion: "driver"' in text.split("\n---", 1)[0]
+    assert 'conclusion: "driver-fault"' in text.split("\n---", 1)[0]
     assert "The core's heap says the same: the buffer that overflowed is libnvidia-ml.so.580.126.09's own" in text
     assert "Overflow: 8 bytes past its usable size" in section and "First bytes past the end: 10 05 00" in section
     for internal in ("walker", "pyread", "anatomy", "fast locals"):

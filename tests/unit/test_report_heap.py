@@ -5,7 +5,7 @@ import dataclasses
 
 from forensics.model import HeapCorruption, NativeFree, OverflowVerdict
 from forensics.report.facts import Facts
-from forensics.report.verdict import Suspect, decide
+from forensics.report.verdict import IncidentClass, decide
 from forensics.reproduce import ReproRun
 
 DRIVER = ("nvmlDeviceGetFieldValues wrote 24 bytes past the end of the 36-entry values "
@@ -34,7 +34,7 @@ def _facts(verdict, reason, runs=()):
 
 def test_the_heap_alone_points_at_the_driver():
     c = decide(_facts("driver-wrote-past-buffer", DRIVER), [])
-    assert c.suspect is Suspect.DRIVER
+    assert c.incident is IncidentClass.DRIVER
     assert c.statement.startswith("The core's heap points at the NVIDIA driver library") and DRIVER in c.statement
     assert c.filings[0].report == "nvml" and "writing past a buffer" in c.filings[0].action
     assert any(e.startswith("the core's heap: driver-wrote-past-buffer") for e in c.evidence)
@@ -42,19 +42,19 @@ def test_the_heap_alone_points_at_the_driver():
 
 def test_the_heap_alone_points_at_the_binding():
     c = decide(_facts("binding-count-too-large", BINDING), [])
-    assert c.suspect is Suspect.BINDING_OR_CALLER and BINDING in c.statement
+    assert c.incident is IncidentClass.BINDING and BINDING in c.statement
 
 
 def test_an_undetermined_heap_decides_nothing_but_is_evidence():
     c = decide(_facts("undetermined", "the call had returned"), [])
-    assert c.suspect is Suspect.UNDETERMINED
+    assert c.incident is IncidentClass.UNDETERMINED
     assert "the core's heap: undetermined: the call had returned" in c.evidence
 
 
 def test_the_c_reproducer_and_the_heap_agree():
     runs = [_run("c", crashed=True)]
     c = decide(_facts("driver-wrote-past-buffer", DRIVER, runs), [])
-    assert c.suspect is Suspect.DRIVER and "The core's heap says the same" in c.statement
+    assert c.incident is IncidentClass.DRIVER and "The core's heap says the same" in c.statement
 
 
 OWN = ("the buffer that overflowed is libnvidia-ml.so.580.126.09's own allocation (chunk 0x5000, size 0x510, 1288 "
@@ -64,14 +64,14 @@ OWN = ("the buffer that overflowed is libnvidia-ml.so.580.126.09's own allocatio
 
 def test_libnvidia_mls_own_buffer_points_at_the_driver():
     c = decide(_own(_facts("library-own-buffer", OWN), "libnvidia-ml.so.580.126.09"), [])
-    assert c.suspect is Suspect.DRIVER and OWN in c.statement
+    assert c.incident is IncidentClass.DRIVER and OWN in c.statement
     assert c.filings[0].report == "nvml" and "a buffer it allocated and freed itself" in c.filings[0].action
     assert any(e.startswith("the core's heap: library-own-buffer: ") for e in c.evidence)
 
 
 def test_another_librarys_own_buffer_is_not_the_drivers():
     c = decide(_own(_facts("library-own-buffer", OWN.replace("libnvidia-ml", "libfoo")), "libfoo.so.1"), [])
-    assert c.suspect is Suspect.UNDETERMINED
+    assert c.incident is IncidentClass.UNDETERMINED
 
 
 def _own(f: Facts, lib: str) -> Facts:

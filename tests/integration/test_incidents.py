@@ -1,0 +1,315 @@
+"""One incident of each class, made with real processes, reported end to end (issue #26).
+
+Each incident is what a user hands to ``forensics report``: the core of a process that really crashed (the
+real nvitop-exporter or the Python reproducer on the simulated NVML, a program with its own ctypes bug, a
+native library's segfault), analysed; the reproducers' runs; verify-imports of a live process with the same
+install.  The tests read every report the way its reader would: the incident's class, each title, who gets
+which report, the asks, no sentence the class does not hold for, every claim carried by an evidence item
+(``--explain``), ``report --check`` clean, each report under 20,000 characters, and every command the
+runbook prints run exactly as printed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.errors import EXIT_FINDINGS, EXIT_OK, BuildError
+from forensics.report import split_front_matter
+from forensics.simnvml import build_simnvml, ensure_stack_venv, find_reproducers, seed_binding_fault, sim_environment
+from tests.conftest import PYTHONS
+from tests.crashers.make_core import HERE as CRASHERS
+from tests.crashers.make_core import crash_for_core, make_core
+
+TEMPLATES = ("nvml", "binding", "nvitop", "runbook")
+REPRO_PY = find_reproducers() / "nvml_nvlink_fieldvalues.py"
+FORENSICS = str(Path(sys.executable).with_name("forensics"))
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory) -> Path:
+    return build_simnvml(tmp_path_factory.mktemp("incident-sim"))
+
+
+def stack_copy(name: str, into: Path) -> Path:
+    """A private copy of a cached stack venv (its interpreter): what a runbook step writes into stays here."""
+    try:
+        python = ensure_stack_venv(name)
+    except BuildError as e:
+        pytest.skip(f"stack {name} unavailable: {e}")
+    root = into / f"venv-{name}"
+    shutil.copytree(Path(python).parent.parent, root, symlinks=True)
+    return root / "bin" / "python"
+
+
+def analyze(core: Path, out: Path) -> Path:
+    r = run("analyze", "--json", "-o", out, core)
+    assert r.exit_code in (EXIT_OK, 4), r.stderr
+    return out
+
+
+def reproduce(tmp: Path, *args: str) -> Path:
+    work = tmp / "repro"
+    work.mkdir()
+    r = run("reproduce", "--json", "--sim", "--iterations", "20", "--workdir", work, *args)
+    assert r.exit_code in (EXIT_OK, EXIT_FINDINGS), r.stderr
+    out = tmp / "reproduce.json"
+    out.write_text(r.stdout)
+    return out
+
+
+def verify_imports(python: Path, tmp: Path, cwd: Path | None = None) -> Path:
+    """verify-imports --pid of a live process of ``python`` that imported the stack (from ``cwd``)."""
+    out = tmp / "verify-imports.json"
+    sleeper = subprocess.Popen([str(python), "-c", "import nvitop, nvitop_exporter, pynvml, sys, time; "
+                                "print('ready', flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        assert sleeper.stdout.readline() == "ready\n"
+        r = run("verify-imports", "--json", "--pid", sleeper.pid, "-o", out)
+        assert r.exit_code in (EXIT_OK, EXIT_FINDINGS), r.stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    return out
+
+
+def exporter_core(python: Path, env: dict[str, str], run_dir: Path) -> Path:
+    run_dir.mkdir(exist_ok=True)
+    argv = [str(python), "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", "0", "--interval", "0.25"]
+    return crash_for_core(argv, run_dir, env=env, timeout=120)
+
+
+class Reports:
+    """Every template's report of one incident, as ``report --json`` gives it and as ``report -o`` writes it."""
+
+    def __init__(self, evidence: list[Path], tmp: Path):
+        self.doc: dict[str, dict] = {}
+        self.meta: dict[str, dict] = {}
+        self.files: dict[str, Path] = {}
+        for t in TEMPLATES:
+            r = run("report", "--json", "--template", t, *evidence)
+            assert r.exit_code == EXIT_OK, r.stderr
+            self.doc[t] = json.loads(r.stdout)["report"]
+            self.meta[t] = split_front_matter(self.doc[t]["markdown"])[0]
+            self.files[t] = tmp / f"report-{t}.md"
+            r = run("report", "--template", t, "-o", self.files[t], *evidence)
+            assert r.exit_code == EXIT_OK, r.stderr
+        self.conclusion = self.doc["runbook"]["conclusion"]
+        self.explain = self.conclusion["explain"]
+
+    def title(self, t: str) -> str:
+        return self.meta[t]["title"]
+
+    def text(self, t: str) -> str:
+        return self.doc[t]["markdown"] + "".join(self.doc[t]["attachments"].values())
+
+    def commands(self) -> list[str]:
+        """The commands the runbook's "Do now" steps print (its fenced bash blocks)."""
+        body = self.doc["runbook"]["body"].split("## Do now", 1)[1].split("\n## ", 1)[0]
+        return [line.strip() for block in re.findall(r"```bash\n(.*?)```", body, re.S)
+                for line in block.splitlines() if line.strip()]
+
+
+def check_every_report(rep: Reports, incident: str) -> None:
+    for t in TEMPLATES:
+        c = rep.doc[t]["conclusion"]
+        # the class is decided once: the same in every report, and in the front matter
+        assert c["incident"] == incident and rep.meta[t]["conclusion"] == incident
+        # every claim rests on evidence items, and --check (here and on the written file) finds nothing
+        assert c["explain"]["unsupported_claims"] == [] and all(cl["evidence"] for cl in c["explain"]["claims"])
+        # (a field the evidence cannot fill -- no capture here, so no OS -- is named by --check, nothing else)
+        problems = [p for p in rep.doc[t]["problems"] if not p.startswith("required field")]
+        assert problems == [], (t, problems)
+        r = run("report", "--check", rep.files[t])
+        assert r.exit_code == EXIT_OK, r.stdout
+        assert len(rep.files[t].read_text()) < 20_000
+        assert "\\" not in rep.title(t) and "\n" not in rep.title(t)
+    # an issue never asks its own project to upgrade itself
+    assert not re.search(r"upgrade nvitop", rep.doc["nvitop"]["markdown"], re.I)
+    # the upstream reports that are not for this incident say so in their title, and are not to be filed now
+    routed = {f["report"] for f in rep.conclusion["filings"]}
+    for t in ("nvml", "binding", "nvitop"):
+        if t not in routed:
+            assert re.match(r"(\[BUG\] )?not for ", rep.title(t)), rep.title(t)
+            assert rep.meta[t]["when"].startswith("not now")
+
+
+def run_printed(commands: list[str], cwd: Path) -> list[subprocess.CompletedProcess]:
+    """Each command exactly as printed, by a shell, with this checkout's forensics first on PATH."""
+    env = dict(os.environ, PATH=str(Path(FORENSICS).parent) + os.pathsep + os.environ.get("PATH", ""))
+    return [subprocess.run(["bash", "-c", c], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+            for c in commands]
+
+
+# ---- the classes --------------------------------------------------------------------------------------------
+
+def test_driver_fault(sim, tmp_path, core_pattern):
+    # GIVEN the real nvitop-exporter 1.5.0 killed by the driver overflowing a buffer of its own inside
+    # nvmlDeviceGetFieldValues, the C reproducer crashing too, and verify-imports of the same install
+    python = stack_copy("incident", tmp_path)
+    core = exporter_core(python, sim_environment(sim, fault="heap", fault_after=2), tmp_path / "exporter")
+    evidence = [analyze(core, tmp_path / "analysis.json"),
+                reproduce(tmp_path, "--sim-fault", "heap", "--stack", "incident"),
+                verify_imports(python, tmp_path)]
+    rep = Reports(evidence, tmp_path)
+    check_every_report(rep, "driver-fault")
+    # THEN NVIDIA's driver report goes first, nvitop's second (its NVLink query is the call that can be avoided)
+    assert [(f["order"], f["report"]) for f in rep.conclusion["filings"]] == [(1, "nvml"), (2, "nvitop")]
+    assert "nvmlDeviceGetFieldValues (NVLink throughput" in rep.title("nvml")
+    assert "corrupts the heap" in rep.title("nvml") and "driver 580.126.09" in rep.title("nvml")
+    assert rep.title("nvitop").startswith("[BUG] nvitop-exporter 1.5.0 crashes in nvmlDeviceGetFieldValues")
+    assert rep.title("nvitop").endswith("in C too: please allow turning NVLink metrics off")
+    assert "What we ask of nvitop: nvitop cannot fix the driver" in rep.doc["nvitop"]["markdown"]
+    assert rep.title("binding").startswith("not for nvidia-ml-py (a fault of the NVIDIA driver library")
+    # and the runbook's first step is the guard, into the site-packages nvitop is installed in; it works as printed
+    site = python.parent.parent / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site = next((python.parent.parent / "lib").glob("python3*/site-packages"), site)
+    (cmd,) = rep.commands()
+    assert cmd == ("forensics guard --target nvitop.api.device:Device.nvlink_throughput --returns '[]' --out "
+                   f"{site}")
+    (done,) = run_printed([cmd], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert list(site.glob("*guard*.pth"))
+    steps = [s["text"] for s in rep.explain["steps"]]
+    assert any(s.startswith("Move the affected node groups to a driver branch") for s in steps)
+
+
+def test_binding_fault(sim, tmp_path, core_pattern):
+    # GIVEN nvidia-ml-py passing count=37 for its 36-entry array (the binding's bug, seeded into the real
+    # binding's code) in the Python reproducer; the reproducers with the unseeded binding run clean
+    python = stack_copy("incident", tmp_path)
+    seeded = seed_binding_fault(python, tmp_path / "binding", 1)
+    env = sim_environment(sim, fault="none", detect="call", fault_after=2)
+    env["PYTHONPATH"] = str(seeded)
+    (tmp_path / "run").mkdir()
+    core = crash_for_core([str(python), str(REPRO_PY), "--threads", "1", "--iterations", "20"], tmp_path / "run",
+                          env=env, timeout=120)
+    evidence = [analyze(core, tmp_path / "analysis.json"), reproduce(tmp_path, "--stack", "incident")]
+    rep = Reports(evidence, tmp_path)
+    check_every_report(rep, "binding-fault")
+    # THEN the binding report goes to NVIDIA as nvidia-ml-py's maintainer; not the driver report, not nvitop
+    assert [(f["order"], f["report"]) for f in rep.conclusion["filings"]] == [(1, "binding")]
+    assert "nvidia-ml-py" in rep.meta["binding"]["file-at"]
+    assert rep.title("binding").startswith("nvidia-ml-py 12.575.51 passes a count larger than its buffer to "
+                                           "nvmlDeviceGetFieldValues")
+    assert rep.title("nvml").startswith("not for the NVIDIA driver (a fault of the binding")
+    assert "corrupts the heap" not in rep.title("nvml")
+    assert rep.conclusion["statement"].startswith("The core's heap points at the binding, nvidia-ml-py 12.575.51, "
+                                                  "not the driver")
+    # and the runbook pins the binding; it neither moves driver branches nor guards nvitop
+    steps = " ".join(s["text"] for s in rep.explain["steps"])
+    assert "Pin the binding in the image's requirements to `nvidia-ml-py!=12.575.51`" in steps
+    assert "driver branch" not in steps and rep.commands() == []
+
+
+def test_shadowed_install(sim, tmp_path, core_pattern):
+    # GIVEN the "fixed" image (nvitop 1.7.2 installed) whose WORKDIR still holds the stale nvitop 1.5.0 tree:
+    # the exporter imports it and crashes inside NVML; verify-imports of a process started there says SHADOWED
+    python = stack_copy("current", tmp_path)
+    old = Path(ensure_stack_venv("incident")).parent.parent
+    workdir = tmp_path / "app"
+    workdir.mkdir()
+    for tree in ("nvitop", "nvitop_exporter"):
+        shutil.copytree(next(old.glob(f"lib/python3*/site-packages/{tree}")), workdir / tree)
+    env = sim_environment(sim, fault="segv", fault_after=2)
+    run_dir = workdir  # python -m puts the working directory first on sys.path
+    argv = [str(python), "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", "0", "--interval", "0.25"]
+    core = crash_for_core(argv, run_dir, env=env, timeout=120, outputs=("nvitop", "nvitop_exporter"))
+    evidence = [analyze(core, tmp_path / "analysis.json"), verify_imports(python, tmp_path, cwd=workdir)]
+    rep = Reports(evidence, tmp_path)
+    check_every_report(rep, "shadowed-or-unsupported-install")
+    # THEN the image is fixed first and nothing goes upstream
+    assert [f["report"] for f in rep.conclusion["filings"]] == ["runbook"]
+    # the versions are the ones that ran: 1.5.0 from the stale tree, not pip's 1.7.2
+    assert "nvitop-exporter 1.5.0" in rep.title("runbook")
+    versions = {v["package"]: v for v in rep.explain["versions"]}
+    assert versions["nvitop"]["ran"] == "1.5.0" and versions["nvitop"]["installed"] == "1.7.2"
+    assert "nvitop 1.5.0 ran" in rep.doc["runbook"]["markdown"]
+    # a confirmed shadowing is said so, with verify-imports' fix, and never "upgrade nvitop"
+    md = rep.doc["runbook"]["markdown"].replace("\\", "")
+    assert "NOT ruled out" not in md and "Old source shadowing the installed packages: FOUND" in md
+    assert "PYTHONSAFEPATH=1" in md and "stale tree" in md
+    # and the command that proves the fix works as printed: NOT OK now, OK once the stale trees are gone
+    (cmd,) = rep.commands()
+    assert cmd.startswith("forensics verify-imports dir:/ --entrypoint ")
+    (before,) = run_printed([cmd], tmp_path)
+    assert before.returncode == EXIT_FINDINGS and "SHADOWED" in before.stdout
+    for tree in ("nvitop", "nvitop_exporter"):
+        shutil.rmtree(workdir / tree)
+    (after,) = run_printed([cmd], tmp_path)
+    assert after.returncode == EXIT_OK, after.stdout[-2000:]
+
+
+def test_programs_own_bug(sim, tmp_path, core_pattern):
+    # GIVEN a program that overflows its own ctypes array (glibc aborts in the free() it calls through ctypes),
+    # and the reproducers clean on the same node
+    (tmp_path / "run").mkdir()
+    core = crash_for_core([sys.executable, str(CRASHERS / "ctypes_overflow.py"), str(tmp_path / "oracle.json")],
+                          tmp_path / "run", timeout=60)
+    evidence = [analyze(core, tmp_path / "analysis.json"), reproduce(tmp_path, "--stack", "incident")]
+    rep = Reports(evidence, tmp_path)
+    check_every_report(rep, "program-bug")
+    # THEN it says "not NVML", names the program's frame, and files nothing with NVIDIA or nvitop
+    assert rep.conclusion["statement"].startswith("Not NVML: the program's own code crashed, in query "
+                                                  "(ctypes_overflow.py:")
+    assert [f["report"] for f in rep.conclusion["filings"]] == ["runbook"]
+    assert rep.title("nvml").startswith("not for the NVIDIA driver (the program's own bug, not NVML)")
+    assert "| Inside libnvidia-ml | no |" in rep.doc["nvml"]["markdown"]
+    # and no ask to run the reproducers again, no driver branch, no guard
+    for t in TEMPLATES:
+        assert "forensics reproduce" not in rep.doc[t]["conclusion"]["statement"]
+    assert rep.commands() == []
+
+
+def test_crash_outside_nvml(tmp_path, core_pattern, newest_python):
+    # GIVEN a segfault in another native library (libcrash.so), no NVML call anywhere
+    core = make_core(tmp_path, PYTHONS[newest_python], "segv")
+    rep = Reports([analyze(core, tmp_path / "analysis.json")], tmp_path)
+    check_every_report(rep, "crash-outside-nvml")
+    assert rep.conclusion["statement"].startswith("Not NVML: the crash is in ") and "libcrash.so" in \
+        rep.conclusion["statement"]
+    assert [f["report"] for f in rep.conclusion["filings"]] == ["runbook"]
+    assert "libcrash.so" in rep.conclusion["filings"][0]["action"]
+
+
+def test_no_crash(sim, tmp_path):
+    # GIVEN both reproducers clean on the simulated node, verify-imports of the incident's install, and no core
+    python = stack_copy("incident", tmp_path)
+    evidence = [reproduce(tmp_path, "--stack", "incident"), verify_imports(python, tmp_path)]
+    rep = Reports(evidence, tmp_path)
+    check_every_report(rep, "no-crash")
+    # THEN no report says that anything crashes, and nothing is filed
+    for t in TEMPLATES:
+        assert "crash" not in rep.title(t).replace("no crash observed", "")
+        assert "an NVML call crashes" not in rep.doc[t]["markdown"]
+    assert rep.conclusion["statement"].startswith("No crash was observed")
+    assert [f["report"] for f in rep.conclusion["filings"]] == ["runbook"]
+    assert rep.commands() == []
+
+
+def test_undetermined(sim, tmp_path, core_pattern):
+    # GIVEN only the core of a segfault inside NVML (the Python reproducer's), no reproducer runs, no heap reading
+    python = stack_copy("incident", tmp_path)
+    (tmp_path / "run").mkdir()
+    core = crash_for_core([str(python), str(REPRO_PY), "--threads", "0", "--iterations", "20"], tmp_path / "run",
+                          env=sim_environment(sim, fault="segv", fault_after=2), timeout=120)
+    rep = Reports([analyze(core, tmp_path / "analysis.json")], tmp_path)
+    check_every_report(rep, "undetermined")
+    # THEN it says what is missing, and nothing is filed yet
+    assert "the reproducers' runs on an affected node (forensics reproduce --json)" in rep.explain["missing"]
+    assert rep.conclusion["statement"].startswith("Not determined yet: the process dies of SIGSEGV")
+    assert rep.title("runbook").endswith(": not determined yet")
+    assert [f["report"] for f in rep.conclusion["filings"]] == ["runbook"]
