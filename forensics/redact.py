@@ -709,8 +709,10 @@ class StreamRedactor:
     MAX_KEY_BLOCK = 64 << 10
     MAX_LINE = 1 << 20  # a longer "line" (binary noise, a file of zeros) is masked in pieces of this size
 
-    def __init__(self) -> None:
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        """:param secrets: values to mask wherever they appear, from the start (a captured process's)"""
         self.counts: dict[str, int] = {}
+        self._seeds = frozenset(sorted(secrets)[:self.MAX_CARRIED])  # kept for good, unlike what is found on the way
         self._secrets: list[str] = []
         self._partial = ""  # the unfinished last line of the previous piece
         self._in_key = 0  # characters of a private-key block masked since its BEGIN (0: not in one)
@@ -746,10 +748,10 @@ class StreamRedactor:
         begins = list(_KEY_BEGIN.finditer(text))
         if begins and _KEY_END.search(text, begins[-1].end()) is None:
             self._in_key = len(text) - begins[-1].start()  # the last block goes on into the next piece
-        r = Redactor(secrets=set(self._secrets))
+        r = Redactor(secrets=set(self._secrets) | self._seeds)
         out = r.text(text)
         for what, n in r.counts.items():
             self.counts[what] = self.counts.get(what, 0) + n
-        self._secrets += [v for v in r.secrets if v not in self._secrets]
+        self._secrets += [v for v in r.secrets if v not in self._secrets and v not in self._seeds]
         del self._secrets[:-self.MAX_CARRIED]
         return out

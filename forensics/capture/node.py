@@ -338,8 +338,8 @@ BUG_REPORT_TEXT_MAX = 64 << 20
 _BUG_REPORT_PIECE = 1 << 20
 
 
-def run_nvidia_bug_report(out_dir: str, *, timeout: float = BUG_REPORT_TIMEOUT,
-                          max_bytes: int = BUG_REPORT_MAX) -> tuple[str | None, str]:
+def run_nvidia_bug_report(out_dir: str, *, timeout: float = BUG_REPORT_TIMEOUT, max_bytes: int = BUG_REPORT_MAX,
+                          secrets: frozenset[str] = frozenset()) -> tuple[str | None, str]:
     """Run ``nvidia-bug-report.sh --safe-mode`` when the node has it; bounded in time and size.
 
     The script writes ``nvidia-bug-report.log.gz`` into ``out_dir`` (its working directory is a
@@ -375,14 +375,15 @@ def run_nvidia_bug_report(out_dir: str, *, timeout: float = BUG_REPORT_TIMEOUT,
             note += f"; its report ({size} bytes) is over the {max_bytes} byte limit and is not kept"
         else:
             kept = os.path.join(out_dir, "nvidia-bug-report.log.gz")
-            note += f"; report of {size} bytes {redact_bug_report(produced, kept)}"
+            note += f"; report of {size} bytes {redact_bug_report(produced, kept, secrets=secrets)}"
             if not os.path.isfile(kept):
                 kept = None
     shutil.rmtree(work, ignore_errors=True)
     return kept, note
 
 
-def redact_bug_report(src: str, dest: str, *, max_text: int = BUG_REPORT_TEXT_MAX) -> str:
+def redact_bug_report(src: str, dest: str, *, max_text: int = BUG_REPORT_TEXT_MAX,
+                      secrets: frozenset[str] = frozenset()) -> str:
     """Write ``src`` (NVIDIA's bug report, gzip or plain) to ``dest`` (gzip) with its secrets masked by
     their structure, as the node's other text is (:class:`~forensics.redact.StreamRedactor`): the report
     holds the node's journal and syslog, where any service may have logged a token or a password.
@@ -399,7 +400,7 @@ def redact_bug_report(src: str, dest: str, *, max_text: int = BUG_REPORT_TEXT_MA
 
     from ..redact import StreamRedactor
 
-    red = StreamRedactor()
+    red = StreamRedactor(secrets)  # the captured process's values too: its command line may be in the report
     read = 0
     cut = ""
     tmp = dest + ".part"
@@ -651,7 +652,7 @@ def capture_pid(
         if smi is not None:
             w.add_bytes(layout.NVIDIA_SMI, redacted(smi, learned), "nvidia-smi -q, secrets masked")
         if bug_report:
-            kept, note = run_nvidia_bug_report(os.path.join(bdir, layout.KERNEL_DIR))
+            kept, note = run_nvidia_bug_report(os.path.join(bdir, layout.KERNEL_DIR), secrets=learned)
             if kept:
                 w.note_file(f"{layout.KERNEL_DIR}/{os.path.basename(kept)}", f"NVIDIA's bug report: {note}")
             w.add_bytes(layout.BUG_REPORT_NOTE, (note + "\n").encode(), "what nvidia-bug-report.sh did")

@@ -152,3 +152,20 @@ def test_the_node_text_of_a_capture_is_masked_with_the_process_secrets():
     # THEN the node's text is masked with them (a later reader of the bundle cannot learn them any more)
     assert redacted("Name : python tok3n-value-9 dbpw-secret-1 /bin", learned) == \
         b"Name : python [REDACTED] [REDACTED] /bin"
+
+
+def test_nvidia_bug_report_is_masked_with_the_process_secrets(tmp_path):
+    # GIVEN NVIDIA's bug report (gzip) whose process list holds the captured process's command line
+    import gzip
+
+    from forensics.capture.node import process_secrets, redact_bug_report
+
+    learned = process_secrets(b"python\0exporter.py\0--api-key\0k3y-of-the-exporter\0", b"")
+    src = tmp_path / "nvidia-bug-report.log.gz"
+    src.write_bytes(gzip.compress(b"ps:\n 4242 python exporter.py --api-key k3y-of-the-exporter\n" * 3
+                                  + b"journal: exporter started with k3y-of-the-exporter\n"))
+    # WHEN it is kept in the bundle
+    redact_bug_report(str(src), str(tmp_path / "kept.gz"), secrets=learned)
+    text = gzip.decompress((tmp_path / "kept.gz").read_bytes()).decode()
+    # THEN the value is masked where its option names it and where it stands bare
+    assert "k3y-of-the-exporter" not in text and "journal: exporter started with [REDACTED]" in text
