@@ -1,10 +1,12 @@
 """Open a core file once and read the crashed process's memory from it.
 
 :meth:`CoreMemory.open` checks the file (missing, a directory, compressed, not a
-core, another machine), maps it with :mod:`mmap` and parses the ELF header,
-program headers and notes; it never reads the whole file, so a 2 GB core costs
-only the pages that are touched.  :class:`CoreMemory` then reads virtual
-addresses through the PT_LOAD segments.
+core, another machine), keeps it open and parses the ELF header, program
+headers and notes.  :class:`CoreMemory` then reads virtual addresses through the
+PT_LOAD segments, with ``pread`` into windows of :data:`WINDOW` bytes of which
+the :data:`KEEP` last used are kept: the file is never mapped, so an analysis
+costs the memory its reads need, not the core's size (a 2 GB core of a small
+process analyzes in a 1 GB address space).
 
 What is readable:
 
@@ -22,18 +24,68 @@ from __future__ import annotations
 
 import bisect
 import errno
-import mmap
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from forensics.records import record
 from forensics.core import elf
 from forensics.errors import CoreNotFound, CoreReadError, InputUnreadable, NotACoreFile
 
-__all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory"]
+__all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory", "CoreFileReader", "WINDOW", "KEEP"]
 
 _HEAD_SIZE = 4096
+WINDOW = 256 << 10  # bytes of the core file read at a time
+KEEP = 16  # windows kept, the last used: 4 MiB
+
+
+class CoreFileReader:
+    """Bytes of an open file at an offset: through windows of :data:`WINDOW` bytes, the :data:`KEEP` last used
+    kept (most reads are small and near the last one); a read longer than a window is read on its own."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self._windows: OrderedDict[int, bytes] = OrderedDict()
+
+    def window(self, offset: int) -> tuple[int, bytes]:
+        """The window holding file offset ``offset``: (its start offset, its bytes; fewer at the file's end)."""
+        start = offset - offset % WINDOW
+        data = self._windows.get(start)
+        if data is None:
+            data = self._pread(start, WINDOW)
+            self._windows[start] = data
+            if len(self._windows) > KEEP:
+                self._windows.popitem(last=False)
+        else:
+            self._windows.move_to_end(start)
+        return start, data
+
+    def __getitem__(self, key: slice) -> bytes:
+        lo, hi = key.start, key.stop
+        if hi - lo > WINDOW:
+            return self._pread(lo, hi - lo)
+        start, data = self.window(lo)
+        if hi <= start + WINDOW:
+            return data[lo - start:hi - start]
+        return data[lo - start:] + self.window(start + WINDOW)[1][:hi - start - WINDOW]
+
+    def _pread(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self.size - offset))
+        chunks = []
+        while size:
+            chunk = os.pread(self.fd, size, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+            size -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def close(self) -> None:
+        self._windows.clear()
+        os.close(self.fd)
 
 class MemoryNotInCore(LookupError):
     """An address range the core does not hold (internal to forensics.core and its callers)."""
@@ -78,19 +130,19 @@ class CoreLayout:
 
 
 class CoreMemory:
-    """Memory of the crashed process, read from a memory-mapped core file.
+    """Memory of the crashed process, read from a core file.
 
     Use :meth:`open` and a ``with`` block::
 
         with CoreMemory.open("core") as mem:
             mem.read_u64(0x7F00_0000_1000)
 
-    The constructor takes any buffer plus the segments; tests may pass bytes.
+    The constructor takes the file's bytes (a :class:`CoreFileReader`) plus the segments; tests may pass bytes.
     """
 
     def __init__(
         self,
-        buffer: bytes | mmap.mmap,
+        buffer: bytes | CoreFileReader,
         segments: Sequence[Segment],
         *,
         path: str = "",
@@ -106,7 +158,7 @@ class CoreMemory:
 
     @classmethod
     def open(cls, path: str) -> CoreMemory:
-        """Check and map a core file.
+        """Check and open a core file.
 
         :raises CoreNotFound: when the path does not exist
         :raises InputUnreadable: when this user may not read it
@@ -129,22 +181,23 @@ class CoreMemory:
             raise NotACoreFile(path, "a directory")
         if not stat.S_ISREG(st.st_mode):
             raise NotACoreFile(path, "not a regular file (a pipe, socket or device)")
+        fd = -1
         try:
-            with open(path, "rb") as f:
-                head = f.read(_HEAD_SIZE)
-                if head[:4] != elf.ELF_MAGIC:
-                    what, hint = elf.identify_non_elf(head, path)
-                    raise NotACoreFile(path, what, hint)
-                try:
-                    header = elf.parse_elf_header(head)
-                except ValueError as e:
-                    raise CoreReadError(path, f"truncated inside the ELF header ({len(head)} bytes)") from e
-                elf.check_core_header(header, path)
-                fst = os.fstat(f.fileno())
-                size = fst.st_size
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except OSError as e:
-            if isinstance(e, (NotACoreFile, CoreReadError)):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            head = os.pread(fd, _HEAD_SIZE, 0)
+            if head[:4] != elf.ELF_MAGIC:
+                what, hint = elf.identify_non_elf(head, path)
+                raise NotACoreFile(path, what, hint)
+            try:
+                header = elf.parse_elf_header(head)
+            except ValueError as e:
+                raise CoreReadError(path, f"truncated inside the ELF header ({len(head)} bytes)") from e
+            elf.check_core_header(header, path)
+            reader = CoreFileReader(fd, os.fstat(fd).st_size)
+        except BaseException as e:
+            if fd >= 0:
+                os.close(fd)
+            if not isinstance(e, OSError) or isinstance(e, (NotACoreFile, CoreReadError)):
                 raise
             if e.errno == errno.ENOENT:
                 raise CoreNotFound(path) from e
@@ -152,14 +205,14 @@ class CoreMemory:
                 raise InputUnreadable(path) from e
             raise CoreReadError(path, e.strerror or str(e)) from e
         try:
-            layout = _read_layout(path, mm, header, size)
+            layout = _read_layout(path, reader, header, reader.size)
         except BaseException:
-            mm.close()
+            reader.close()
             raise
-        return cls(mm, _segments(layout), path=path, layout=layout)
+        return cls(reader, _segments(layout), path=path, layout=layout)
 
     def close(self) -> None:
-        if isinstance(self._buf, mmap.mmap):
+        if isinstance(self._buf, CoreFileReader):
             self._buf.close()
 
     def __enter__(self) -> CoreMemory:
@@ -212,11 +265,11 @@ class CoreMemory:
         return out[0] if len(out) == 1 else b"".join(out)
 
     def view(self, addr: int) -> tuple[int, memoryview] | None:
-        """A zero-copy view of the bytes of the segment holding ``addr`` that the file has:
-        ``(the view's start address, view)``; None when ``addr`` is not in such bytes.
+        """A view of bytes around ``addr`` in the segment holding it, as the file has them: ``(the view's start
+        address, view)``; None when ``addr`` is not in such bytes.  From a core file: the window of
+        :data:`WINDOW` bytes holding ``addr``, cut to the segment.
 
-        For readers that walk a large region in small steps (the heap walker); the view is
-        valid while this object is open.
+        For readers that walk a large region in small steps (the heap walker).
         """
         i = bisect.bisect_right(self._starts, addr) - 1
         if i < 0:
@@ -224,7 +277,12 @@ class CoreMemory:
         seg = self._segments[i]
         if not seg.vaddr <= addr < seg.vaddr + seg.present:
             return None
-        return seg.vaddr, memoryview(self._buf)[seg.offset:seg.offset + seg.present]
+        if not isinstance(self._buf, CoreFileReader):
+            return seg.vaddr, memoryview(self._buf)[seg.offset:seg.offset + seg.present]
+        start, data = self._buf.window(seg.offset + addr - seg.vaddr)
+        lo = max(start, seg.offset)
+        hi = min(start + len(data), seg.offset + seg.present)
+        return seg.vaddr + lo - seg.offset, memoryview(data)[lo - start:hi - start]
 
     def is_readable(self, addr: int, size: int) -> bool:
         """Whether :meth:`read` of this range would succeed."""
@@ -268,7 +326,7 @@ class CoreMemory:
         return b"".join(chunks)
 
 
-def _read_layout(path: str, mm: mmap.mmap, header: elf.ElfHeader, size: int) -> CoreLayout:
+def _read_layout(path: str, mm: CoreFileReader, header: elf.ElfHeader, size: int) -> CoreLayout:
     phnum = header.phnum
     if phnum == elf.PN_XNUM:
         if header.shoff + elf.SHDR64_SIZE > size:

@@ -260,7 +260,9 @@ class _Unwinder:
         fd = os.open(self.core.path, os.O_RDONLY | os.O_CLOEXEC)
         elf = dwfl = None
         try:
-            elf = lib.elf_begin(fd, L.ELF_C_READ_MMAP, None)
+            # the core through pread, never mapped whole: libelf reads the headers, the notes and the few
+            # words of stack each frame needs (an address space the size of the core would be the cost otherwise)
+            elf = lib.elf_begin(fd, L.ELF_C_READ, None)
             if not elf:
                 raise UnwinderUnavailable(f"libelf cannot read {self.core.path}")
             dwfl = lib.dwfl_begin(byref(self.callbacks))

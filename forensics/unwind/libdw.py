@@ -48,6 +48,7 @@ __all__ = [
     "THREAD_CALLBACK",
     "DWARF_CB_OK",
     "DWARF_CB_ABORT",
+    "ELF_C_READ",
     "ELF_C_READ_MMAP",
     "DW_TAG_entry_point",
     "DW_TAG_lexical_block",
@@ -61,6 +62,7 @@ __all__ = [
 DWARF_CB_OK, DWARF_CB_ABORT = 0, 1
 DWARF_REG_RSP = 7  # x86-64's stack pointer in DWARF's numbering: a caller frame's value is its CFA
 EV_CURRENT = 1
+ELF_C_READ = 1  # read through pread, as asked: nothing of the file mapped
 ELF_C_READ_MMAP = 8
 DW_TAG_entry_point, DW_TAG_lexical_block, DW_TAG_inlined_subroutine, DW_TAG_subprogram = 0x03, 0x0B, 0x1D, 0x2E
 DW_AT_name, DW_AT_call_file, DW_AT_call_line = 0x03, 0x58, 0x59

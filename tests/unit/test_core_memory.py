@@ -106,3 +106,34 @@ def test_zero_fill_only_for_readable_anonymous_memory_of_a_complete_core():
     cut = {s.vaddr: s for s in _segments(layout(0x2800, phdrs, [lib]))}
     assert [cut[a].zero_fill for a in (0x10000, 0x20000, 0x30000)] == [False, False, False]
     assert (cut[0x10000].present, cut[0x20000].present) == (0x1000, 0x800)
+
+
+def test_a_file_is_read_through_windows_as_its_bytes_read(tmp_path):
+    # GIVEN a file of 3.5 windows of distinct bytes and two segments over it, one starting inside a window
+    import os
+
+    from forensics.core.memory import KEEP, WINDOW, CoreFileReader
+
+    data = os.urandom(WINDOW * 7 // 2)
+    (tmp_path / "f").write_bytes(data)
+    tail = WINDOW * 3 // 2 - 0x1000  # the second segment's bytes in the file, from 0x1000 into the third window
+    segs = [seg(0x100000, WINDOW * 2, 0, WINDOW * 2), seg(0x800000, WINDOW * 2, WINDOW * 2 + 0x1000, tail,
+                                                          zero_fill=True)]
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    mem = CoreMemory(CoreFileReader(fd, len(data)), segs)
+    ref = CoreMemory(data, segs)
+    try:
+        # THEN every read, across a window's end, longer than a window, into the zero fill, reads the same
+        for addr, size in [(0x100000, 8), (0x100000 + WINDOW - 4, 8), (0x100000 + 10, WINDOW + 100),
+                           (0x100000, WINDOW * 2), (0x800000 + WINDOW - 0x1000 - 4, 8), (0x800000 + tail - 8, 16),
+                           (0x800000, WINDOW * 2)]:
+            assert mem.read(addr, size) == ref.read(addr, size), (hex(addr), size)
+        assert mem.read_prefix(0x100000 + WINDOW * 2 - 4, 64) == ref.read_prefix(0x100000 + WINDOW * 2 - 4, 64)
+        # and a view is the window holding the address, cut to its segment
+        start, view = mem.view(0x800000 + 8)
+        assert start == 0x800000 and bytes(view) == data[WINDOW * 2 + 0x1000:WINDOW * 3]
+        start, view = mem.view(0x100000 + WINDOW + 5)
+        assert start == 0x100000 + WINDOW and bytes(view) == data[WINDOW:WINDOW * 2]
+        assert len(mem._buf._windows) <= KEEP
+    finally:
+        mem.close()
