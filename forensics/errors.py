@@ -458,3 +458,41 @@ class ArtifactFormatError(ForensicsError, ValueError):
 
 
 __all__ += ["ArtifactFormatError"]
+
+
+class ObjectStoreError(ForensicsError, OSError):
+    """An S3-compatible object store could not do what was asked (``forensics upload``, an ``s3://`` input).
+    ``url`` is the object's ``s3://bucket/key``; the message never holds a credential."""
+
+    help_text = ("Check the endpoint (AWS_ENDPOINT_URL or --endpoint-url), the region and the bucket; "
+                 "nothing on this node was deleted.")
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}", url=url, reason=reason)
+
+
+class ObjectStoreDenied(ObjectStoreError, PermissionError):
+    """The object store refused the credentials, or found none (what the AWS SDKs' chain reads)."""
+
+    help_text = ("Give credentials as the AWS SDKs read them: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+                 "(AWS_SESSION_TOKEN), AWS_PROFILE with a config file, or AWS_WEB_IDENTITY_TOKEN_FILE and "
+                 "AWS_ROLE_ARN (EKS); nothing on this node was deleted.")
+
+
+class ObjectStoreUnavailable(ObjectStoreError, ConnectionError):
+    """The object store did not answer, or kept failing, through every retry."""
+
+
+class ObjectNotFound(ObjectStoreError, FileNotFoundError):
+    help_text = "Check the bucket and key (forensics upload prints the URL of each bundle it uploads)."
+
+
+class UploadNotVerified(ObjectStoreError, ValueError):
+    """An uploaded object's checksum (or size) is not the bundle's: the node's copy is kept."""
+
+    help_text = ("The bundle changed on disk or the object store holds other bytes; the node's copy was kept. "
+                 "Check the bundle (forensics report on it lists files that no longer match MANIFEST.json).")
+
+
+__all__ += ["ObjectStoreError", "ObjectStoreDenied", "ObjectStoreUnavailable", "ObjectNotFound",
+            "UploadNotVerified"]

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("core", "fleet"),  # reading cores; the fleet's restarts
     # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus
     ("gdb", "pyread", "bundle", "unwind", "heap", "fleetprom"),
-    ("analyze", "imports"),  # analyze's pipeline; verify-imports' library
+    ("analyze", "imports", "objstore"),  # analyze's pipeline; verify-imports' library; bundles in S3 buckets
     ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
     ("reproduce",),  # the reproducers, and their result read back
     ("report",),  # evidence -> the incident's reports
@@ -138,3 +138,15 @@ def test_the_bundle_item_check_sees_a_spelled_item(tmp_path):
     # THEN the code's two spellings are found; the docstring and the prose are not
     assert bundle_item_literals(tmp_path / "forensics") == [
         "forensics.capture.m:6: 'metadata.json'", "forensics.capture.m:6: '50-core/'"]
+
+
+def test_boto3_is_loaded_only_where_an_object_store_is_used():
+    # GIVEN the modules of analyze's start-up path and the object store's client
+    probe = ("import sys\n"
+             "import forensics.cli, forensics.commands.analyze_run, forensics.objstore.client\n"
+             "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 's3transfer')))")
+    # WHEN they are imported
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    # THEN no S3 library was (a client is made, and boto3 imported, only when an s3:// URL is used)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == []

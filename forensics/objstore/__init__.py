@@ -1,0 +1,10 @@
+"""Bundles in S3-compatible object storage: uploaded from the node, verified, and read back.
+
+- :mod:`.client`: ``s3://`` URLs, the store's options, a boto3 client, its errors as ours
+
+boto3 is imported by these modules' functions, never by importing the package: a command that reads only
+local files does not load it.
+"""
+from __future__ import annotations
+
+__all__: list[str] = []
