@@ -43,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "guard": "guard:guard",
     "report": "report:report",
     "reproduce": "reproduce:reproduce",
+    "upload": "upload:upload",
     "verify-imports": "verify_imports:verify_imports",
 }
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-__all__ = ["json_option", "output_option", "force_option", "verbose_option", "SIZE", "parse_coredump_filter"]
+__all__ = ["json_option", "output_option", "force_option", "verbose_option", "SIZE", "parse_coredump_filter",
+           "store_options"]
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Write one JSON document to stdout (logs go to stderr).")
@@ -66,3 +67,17 @@ def parse_coredump_filter(ctx: click.Context, param: click.Parameter, value: str
     if not 0 <= v <= 0x1FF:
         raise click.BadParameter("coredump_filter has 9 bits (0x0-0x1ff)")
     return v
+
+
+def store_options(f):
+    """--endpoint-url, --region, --profile: an S3-compatible store, over what the AWS SDKs' environment says
+    (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE); credentials only from that environment, never a flag."""
+    for option in reversed((
+            click.option("--endpoint-url", default=None, metavar="URL",
+                         help="The S3 endpoint (MinIO, Ceph RGW, SeaweedFS...); default AWS_ENDPOINT_URL, else AWS."),
+            click.option("--region", default=None, help="The bucket's region; default AWS_REGION."),
+            click.option("--profile", default=None,
+                         help="A profile of the AWS config files; default AWS_PROFILE (credentials are read the AWS "
+                              "SDKs' way: environment, profile, web-identity token file; never from a flag)."))):
+        f = option(f)
+    return f

@@ -1,6 +1,8 @@
-"""Bundles in S3-compatible object storage: uploaded from the node, verified, and read back.
+"""Bundles in S3-compatible object storage: uploaded from the node, verified.
 
 - :mod:`.client`: ``s3://`` URLs, the store's options, a boto3 client, its errors as ours
+- :mod:`.transfer`: one file into one object (multipart, bounded memory, retried) and its verification
+- :mod:`.upload`: a sealed bundle into the bucket, by cluster, node, namespace, pod, time and fingerprint
 
 boto3 is imported by these modules' functions, never by importing the package: a command that reads only
 local files does not load it.

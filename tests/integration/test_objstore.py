@@ -1,11 +1,47 @@
-"""forensics' S3 client against a real S3 server on 127.0.0.1 (SeaweedFS's ``weed server -s3``, tests/s3_env.py);
-every check of what the bucket holds goes through the test's own boto3 client, not through forensics.
+"""Bundles shipped to a real S3 server on 127.0.0.1 (SeaweedFS).
+
+Bundles come from real crashes: a small C program crashed by the kernel, its core fed to the installed
+``forensics core-handler`` as the kernel feeds it, while a live process stands for /proc.  The S3 server
+is SeaweedFS's ``weed server -s3`` (tests/s3_env.py); every check of what the bucket holds goes through the
+test's own boto3 client, not through forensics.
 """
 from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
 from tests.s3_env import SECRET_KEY, S3Server
+
+FORENSICS = Path(sys.executable).parent / "forensics"
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the core handler reads /proc/PID of other processes as root")
+
+CRASHER_C = r"""
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (!strcmp(argv[1], "sleep")) { for (;;) pause(); }
+    if (!strcmp(argv[1], "random-abort")) {  /* 16 MiB of random heap: a core that does not compress */
+        size_t n = 16u << 20; unsigned char *b = malloc(n); int r = open("/dev/urandom", O_RDONLY);
+        size_t got = 0; while (got < n) { ssize_t k = read(r, b + got, n - got); if (k <= 0) break; got += k; }
+        fprintf(stderr, "%d\n", b[n / 2]);
+    }
+    abort();
+}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +51,58 @@ def s3(tmp_path_factory):
         yield server.start()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def crasher(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("s3-crasher")
+    (d / "crasher.c").write_text(CRASHER_C)
+    subprocess.run(["gcc", "-g", "-O1", "-o", str(d / "crasher"), str(d / "crasher.c")], check=True)
+    return d / "crasher"
+
+
+@pytest.fixture(scope="module")
+def kernel_cores(crasher, tmp_path_factory, core_pattern) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("s3-cores")
+    out = {}
+    for mode in ("abort", "random-abort"):
+        run = Path(tempfile.mkdtemp(prefix=f"core-{mode}-", dir=d))
+        p = subprocess.run([str(crasher), mode], cwd=run, capture_output=True, timeout=60, preexec_fn=lambda: (
+            resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))))
+        assert p.returncode < 0, p
+        (out[mode],) = list(run.iterdir())
+    return out
+
+
+@pytest.fixture
+def live(crasher):
+    p = subprocess.Popen([str(crasher), "sleep"])
+    try:
+        time.sleep(0.05)
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
+def make_bundle(core_dir: Path, core: Path, pid: int) -> Path:
+    """The core handler's bundle of a real kernel core, made as the kernel runs the handler."""
+    cmd = [str(FORENSICS), "core-handler", str(core_dir), str(pid), str(pid), str(signal.SIGABRT),
+           str(int(time.time())), "18446744073709551615"]
+    with open(core, "rb") as f:
+        p = subprocess.run(cmd, stdin=f, capture_output=True, text=True, env={}, cwd="/", timeout=120)
+    assert p.returncode == 0, p.stderr
+    (crash,) = sorted((core_dir / "crashes").iterdir())
+    return crash
+
+
+def forensics(*args: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(FORENSICS), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def bucket_keys(s3: S3Server, bucket: str, prefix: str = "") -> dict[str, int]:
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
 
 
 def test_the_client_takes_the_sdk_environment_and_names_a_refusal(s3, monkeypatch):
@@ -44,3 +132,162 @@ def test_the_client_takes_the_sdk_environment_and_names_a_refusal(s3, monkeypatc
     with pytest.raises(botocore.exceptions.ClientError) as missing:
         open_client(StoreOptions()).head_object(Bucket="no-such-bucket-here", Key="k")
     assert isinstance(translate_error(missing.value, "s3://no-such-bucket-here/k", StoreOptions()), ObjectNotFound)
+
+
+def test_upload_a_real_bundle_verified_then_the_node_copy_deleted(s3, kernel_cores, live, tmp_path):
+    # GIVEN a real crash's bundle
+    env = s3.env(FORENSICS_CACHE=str(tmp_path / "cache"), HOME=str(tmp_path))
+    bucket = s3.make_bucket("crashes-equal")
+    crash = make_bundle(tmp_path / "cores", kernel_cores["abort"], live.pid)
+    local = forensics("analyze", "--json", str(crash), env=env)
+    assert local.returncode == 0, local.stderr
+    import hashlib
+
+    files = {str(f.relative_to(crash)): hashlib.sha256(f.read_bytes()).hexdigest()
+             for f in crash.rglob("*") if f.is_file()}
+    # WHEN it is uploaded (the node's copy deleted after the verified upload)
+    up = forensics("upload", "--json", "--cluster", "prod", "--node", "gpu-7", str(crash), f"s3://{bucket}/fleet",
+                   env=env)
+    # THEN every file of the bundle and the objects the core maps are in the bucket, verified
+    assert up.returncode == 0, up.stderr
+    (result,) = json.loads(up.stdout)["uploads"]
+    assert result["deleted"] and not crash.exists()
+    prefix = result["url"][len(f"s3://{bucket}/"):]
+    assert re.fullmatch(r"fleet/prod/gpu-7/_/_/\d{8}T\d{6}Z-unknown-[^/]+/", prefix), prefix
+    keys = bucket_keys(s3, bucket)
+    assert f"{prefix}MANIFEST.json" in keys and f"{prefix}50-core/core.zst" in keys and f"{prefix}UPLOAD.json" in keys
+    assert any(k.startswith("fleet/objects/") for k in keys)
+    assert all(o["verified_by"] == "sha256" for o in result["objects"])
+    # (each file's bytes, read back by the test's own client, are the node's; the record lists them all)
+    got = {rel: hashlib.sha256(s3.client().get_object(Bucket=bucket, Key=f"{prefix}{rel}")["Body"].read()).hexdigest()
+           for rel in files}
+    assert got == files
+    record = json.loads(s3.client().get_object(Bucket=bucket, Key=f"{prefix}UPLOAD.json")["Body"].read())
+    assert {i["path"]: i["sha256"] for i in record["items"]} == files
+    assert record["objects"] and all(k.startswith("fleet/objects/") for k in (o["key"] for o in record["objects"]))
+
+
+def test_wrong_credentials_one_line_and_nothing_deleted(s3, kernel_cores, live, tmp_path):
+    # GIVEN a real bundle and a secret key the server does not know
+    bucket = s3.make_bucket("crashes-denied")
+    crash = make_bundle(tmp_path / "cores", kernel_cores["abort"], live.pid)
+    before = {p.relative_to(crash): p.read_bytes() for p in crash.rglob("*") if p.is_file()}
+    env = s3.env(AWS_SECRET_ACCESS_KEY="not-the-secret-key-0123456789")
+    # WHEN it is uploaded
+    r = forensics("upload", "--rounds", "2", str(crash), f"s3://{bucket}/x", env=env)
+    # THEN one error line names the refusal, the secret is nowhere, and the bundle is whole
+    assert r.returncode == 1
+    errors = [line for line in r.stderr.splitlines() if line.startswith("forensics: error:")]
+    assert len(errors) == 1 and "refused the credentials" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and "not-the-secret-key" not in r.stderr + r.stdout
+    assert SECRET_KEY not in r.stderr + r.stdout
+    assert {p.relative_to(crash): p.read_bytes() for p in crash.rglob("*") if p.is_file()} == before
+    assert bucket_keys(s3, bucket) == {}
+
+
+def test_server_killed_mid_upload_keeps_the_node_copy_then_completes(kernel_cores, live, tmp_path):
+    # GIVEN a server of its own and a bundle with an incompressible core, sent at 2 MB/s in 5 MiB parts
+    server = S3Server(tmp_path / "s3").start()
+    try:
+        bucket = server.make_bucket("crashes-cut")
+        crash = make_bundle(tmp_path / "cores", kernel_cores["random-abort"], live.pid)
+        assert (crash / "50-core" / "core.zst").stat().st_size > 12 << 20
+        env = server.env()
+        argv = [str(FORENSICS), "upload", "--part-size", "5M", "--concurrency", "1", "--max-bandwidth", "2M",
+                "--attempts", "2", "--rounds", "2", str(crash), f"s3://{bucket}/cut"]
+        # WHEN the server is killed while the core is on its way
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.monotonic() + 60
+        while not any(k.endswith("MANIFEST.json") or "50-core" in k for k in _uploads_seen(server, bucket)):
+            assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+            time.sleep(0.2)
+        time.sleep(1.0)
+        server.kill()
+        out, err = p.communicate(timeout=180)
+        # THEN the upload fails in one line and the node's copy is whole
+        assert p.returncode == 1, (out, err)
+        assert "did not answer" in err and "50-core/core.zst" in err, err
+        assert len([x for x in err.splitlines() if x.startswith("forensics: error:")]) == 1, err
+        assert crash.is_dir()
+        from forensics.bundle import verify_manifest
+
+        assert verify_manifest(str(crash)) == []
+        # AND once the server is back, a second run completes it, sending only what is missing
+        server.start()
+        r = subprocess.run([*argv[:1], "upload", "--json", "--part-size", "5M", str(crash), f"s3://{bucket}/cut"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        (result,) = json.loads(r.stdout)["uploads"]
+        assert result["deleted"] and not crash.exists()
+        keys = bucket_keys(server, bucket)
+        record = json.loads(server.client().get_object(Bucket=bucket, Key=result["record"].split("/", 3)[3])
+                            ["Body"].read())
+        assert sorted(o["key"] for o in record["items"] + record["objects"]) == sorted(
+            k for k in keys if not k.endswith("UPLOAD.json"))
+    finally:
+        server.stop()
+
+
+def _uploads_seen(server: S3Server, bucket: str) -> list[str]:
+    """Keys present and multipart uploads under way."""
+    c = server.client()
+    try:
+        ups = [u["Key"] for u in c.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+    except Exception:  # noqa: BLE001 -- a poll while the server is busy: next time
+        ups = []
+    return ups + list(bucket_keys(server, bucket))
+
+
+def _sealed_bundle(directory: Path, files: dict[str, int]) -> Path:
+    """A bundle of random files of the given sizes and its MANIFEST.json, computed here (the test's oracle)."""
+    import hashlib
+
+    directory.mkdir(parents=True)
+    items = []
+    for rel, size in files.items():
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256()
+        with open(path, "wb") as f:
+            for _ in range(0, size, 1 << 20):
+                block = os.urandom(min(1 << 20, size - f.tell()))
+                h.update(block)
+                f.write(block)
+        items.append({"path": rel, "size": size, "sha256": h.hexdigest(), "what": "random"})
+    (directory / "MANIFEST.json").write_text(json.dumps({"schema_version": 1, "items": items}))
+    return directory
+
+
+def _peak_rss_of(argv: list[str], env: dict) -> tuple[subprocess.CompletedProcess, int]:
+    """Run ``argv`` as the only child of a fresh interpreter: (its result, its peak RSS in bytes)."""
+    probe = ("import resource, subprocess, sys, json\n"
+             "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+             "print(json.dumps([p.returncode, p.stdout, p.stderr,"
+             " resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024]))\n")
+    r = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env, timeout=600)
+    code, out, err, peak = json.loads(r.stdout)
+    return subprocess.CompletedProcess(argv, code, out, err), peak
+
+
+def test_a_large_file_goes_in_parts_with_memory_bounded(s3, tmp_path):
+    # GIVEN a sealed bundle holding a 384 MiB random file, and one holding 1 MiB
+    size = 384 << 20
+    big = _sealed_bundle(tmp_path / "big", {"50-core/core.zst": size})
+    small = _sealed_bundle(tmp_path / "small", {"50-core/core.zst": 1 << 20})
+    bucket = s3.make_bucket("crashes-large")
+    env = s3.env()
+    # WHEN each is uploaded in 16 MiB parts, 4 at a time
+    peaks = {}
+    for name, bundle in (("small", small), ("big", big)):
+        r, peaks[name] = _peak_rss_of([str(FORENSICS), "upload", "--json", "--keep", "--part-size", "16M",
+                                       "--concurrency", "4", str(bundle), f"s3://{bucket}/{name}"], env)
+        assert r.returncode == 0, r.stderr
+        (result,) = json.loads(r.stdout)["uploads"]
+    # THEN the large file went in 24 parts, verified by the server's composite SHA-256 of them
+    core = next(o for o in result["objects"] if o["path"] == "50-core/core.zst")
+    assert core["verified_by"] == "sha256" and core["size"] == size
+    head = s3.client().head_object(Bucket=bucket, Key=core["key"], ChecksumMode="ENABLED")
+    assert head["ContentLength"] == size and head["ChecksumSHA256"].endswith("-24")
+    # AND the uploader's memory grew by less than 4 parts (in flight at once, each sent from the file)
+    print(f"peak RSS: small {peaks['small'] >> 20} MiB, big {peaks['big'] >> 20} MiB, file {size >> 20} MiB")
+    assert peaks["big"] - peaks["small"] < 4 * (16 << 20), peaks
