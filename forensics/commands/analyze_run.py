@@ -25,7 +25,12 @@ NATIVE_METHOD_CHOICES = ("auto", "libdw", "gdb", "both", "none")
 def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
         output, force, verbose):
     """Analyze one core or bundle, or a batch; exits with the analysis' exit code."""
-    if len(inputs) == 1 and not os.path.isdir(inputs[0]):
+    batch = False  # a prefix of bundles in a bucket is a batch, as a directory of them is
+    if any(i.startswith("s3://") for i in inputs):  # objects: fetched into the cache first (boto3 only then)
+        from ..objstore.fetch import fetch_inputs
+
+        inputs, batch = fetch_inputs(inputs)
+    if len(inputs) == 1 and not os.path.isdir(inputs[0]) and not batch:
         # one core (not a bundle, not a directory): what find_cores would say of it, without loading the batch
         # and bundle readers it does not need
         check_input_exists(inputs[0], CoreNotFound)
@@ -36,7 +41,7 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
         from ..bundle import has_manifest
 
         paths, skipped = find_cores(inputs)
-        single = len(inputs) == 1 and has_manifest(inputs[0])
+        single = len(inputs) == 1 and has_manifest(inputs[0]) and not batch
     options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method,
                    native_method=native_method, heap="full" if heap else "auto")
     if single:

@@ -59,6 +59,10 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, expla
                   for line in [f"{p}: " + ("OK" if not pr else f"{len(pr)} problem(s)")] + [f"  {x}" for x in pr]],
                  output, force)
         sys.exit(EXIT_FINDINGS if any(pr for _p, _t, pr in results) else EXIT_OK)
+    if any(str(p).startswith("s3://") for p in inputs):  # bundles in a bucket: fetched into the cache first
+        from ..objstore.fetch import fetch_inputs
+
+        inputs = fetch_inputs(inputs)[0]
     files_dir = attachment_dir_for(output).name if output else ""
     rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version,
                       issue_form=issue_form, nvidia_link=nvidia_link, attachment_dir=files_dir)

@@ -1,4 +1,4 @@
-"""Bundles shipped to a real S3 server on 127.0.0.1 (SeaweedFS).
+"""Bundles shipped to a real S3 server on 127.0.0.1 (SeaweedFS) and read back from it.
 
 Bundles come from real crashes: a small C program crashed by the kernel, its core fed to the installed
 ``forensics core-handler`` as the kernel feeds it, while a live process stands for /proc.  The S3 server
@@ -11,6 +11,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,13 +135,15 @@ def test_the_client_takes_the_sdk_environment_and_names_a_refusal(s3, monkeypatc
     assert isinstance(translate_error(missing.value, "s3://no-such-bucket-here/k", StoreOptions()), ObjectNotFound)
 
 
-def test_upload_a_real_bundle_verified_then_the_node_copy_deleted(s3, kernel_cores, live, tmp_path):
-    # GIVEN a real crash's bundle
+def test_upload_wipe_and_analyze_from_the_bucket_alone(s3, kernel_cores, live, tmp_path):
+    # GIVEN a real crash's bundle and its analysis made on the node
     env = s3.env(FORENSICS_CACHE=str(tmp_path / "cache"), HOME=str(tmp_path))
     bucket = s3.make_bucket("crashes-equal")
     crash = make_bundle(tmp_path / "cores", kernel_cores["abort"], live.pid)
     local = forensics("analyze", "--json", str(crash), env=env)
     assert local.returncode == 0, local.stderr
+    local_reports = {t: forensics("report", "--template", t, str(crash), env=env) for t in ("nvml", "runbook")}
+    assert all(r.returncode == 0 for r in local_reports.values()), local_reports
     import hashlib
 
     files = {str(f.relative_to(crash)): hashlib.sha256(f.read_bytes()).hexdigest()
@@ -165,6 +168,58 @@ def test_upload_a_real_bundle_verified_then_the_node_copy_deleted(s3, kernel_cor
     record = json.loads(s3.client().get_object(Bucket=bucket, Key=f"{prefix}UPLOAD.json")["Body"].read())
     assert {i["path"]: i["sha256"] for i in record["items"]} == files
     assert record["objects"] and all(k.startswith("fleet/objects/") for k in (o["key"] for o in record["objects"]))
+    # AND the analysis made from the bucket alone (the node's directory wiped) equals the node's
+    shutil.rmtree(tmp_path / "cores")
+    shutil.rmtree(tmp_path / "cache")
+    remote = forensics("analyze", "--json", result["url"], env=env)
+    assert remote.returncode == 0, remote.stderr
+    a, b = _without_paths(json.loads(remote.stdout)), _without_paths(json.loads(local.stdout))
+    assert _differences(a, b) == []
+    assert a == b
+    # (read with the bundle's own objects, fetched from the bucket's build-id store)
+    snap = json.loads(remote.stdout)["analysis"]["snapshot"]
+    libc = next(lib for lib in snap["core"]["libraries"] if lib["path"].endswith("/libc.so.6"))
+    assert snap["sysroot"] and libc["status"] == "ok" and libc["file_path"].startswith(snap["sysroot"])
+    # AND the core object alone is analyzed the same (libraries from this machine, the crash's own)
+    core = forensics("analyze", "--json", f"s3://{bucket}/{prefix}50-core/core.zst", env=env)
+    assert core.returncode == 0, core.stderr
+    assert json.loads(core.stdout)["analysis"]["fingerprint"] == json.loads(local.stdout)["analysis"]["fingerprint"]
+    # AND a prefix of uploaded bundles is a batch
+    batch = forensics("analyze", "--json", f"s3://{bucket}/fleet/prod/", env=env)
+    assert batch.returncode == 0, batch.stderr
+    doc = json.loads(batch.stdout)
+    assert doc["batch"]["total"] == 1
+    assert [c["fingerprint"] for c in doc["cores"]] == [json.loads(local.stdout)["analysis"]["fingerprint"]]
+    # AND so are the reports
+    for template, report in local_reports.items():
+        r = forensics("report", "--template", template, result["url"], env=env)
+        assert r.returncode == 0, r.stderr
+        assert _report_lines(r.stdout, tmp_path) == _report_lines(report.stdout, tmp_path), template
+
+
+def _report_lines(markdown: str, tmp: Path) -> list[str]:
+    """The report's lines, the bundle's directory (on the node, or fetched into the cache) named BUNDLE."""
+    where = re.compile(r"/\S*?/(?:cores/crashes/[^/|\s]+|cache/s3/[0-9a-f]{32}/bundle)")
+    return [where.sub("BUNDLE", line) for line in markdown.splitlines()]
+
+
+def _without_paths(doc):
+    """An analysis document with the places it was read from left out (the node's bundle, the cache) and the
+    time its core was decompressed into the cache."""
+    if isinstance(doc, dict):
+        return {k: _without_paths(v) for k, v in doc.items()
+                if k not in ("path", "sysroot", "file_path", "source", "mtime")}
+    if isinstance(doc, list):
+        return [_without_paths(v) for v in doc]
+    return doc
+
+
+def _differences(a, b, where="") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{where}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {a!r:.200} != {b!r:.200}"]
 
 
 def test_wrong_credentials_one_line_and_nothing_deleted(s3, kernel_cores, live, tmp_path):
@@ -291,3 +346,45 @@ def test_a_large_file_goes_in_parts_with_memory_bounded(s3, tmp_path):
     # AND the uploader's memory grew by less than 4 parts (in flight at once, each sent from the file)
     print(f"peak RSS: small {peaks['small'] >> 20} MiB, big {peaks['big'] >> 20} MiB, file {size >> 20} MiB")
     assert peaks["big"] - peaks["small"] < 4 * (16 << 20), peaks
+
+
+@pytest.mark.parametrize("case", ["dotdot-path", "changed-object", "absolute-path", "longer-object"])
+def test_a_hostile_bucket_record_writes_nothing_outside_the_cache_entry(s3, tmp_path, case):
+    # GIVEN a bundle prefix whose UPLOAD.json lies: a path out of the bundle, or an object not its SHA-256 / size
+    import hashlib
+
+    c = s3.client()
+    bucket = s3.make_bucket("hostile-records")
+    body = b"core bytes"
+    c.put_object(Bucket=bucket, Key=f"{case}/obj", Body=body + (b"x" * 100 if case == "longer-object" else b""))
+    path = {"dotdot-path": "../../escaped", "absolute-path": "/tmp/escaped"}.get(case, "50-core/core.zst")
+    digest = hashlib.sha256(b"other bytes" if case == "changed-object" else body).hexdigest()
+    record = {"schema_version": 1, "items": [{"path": path, "key": f"{case}/obj", "size": len(body), "sha256": digest}],
+              "objects": []}
+    c.put_object(Bucket=bucket, Key=f"{case}/b/UPLOAD.json", Body=json.dumps(record).encode())
+    env = s3.env(FORENSICS_CACHE=str(tmp_path / "cache"), HOME=str(tmp_path))
+    # WHEN it is analyzed
+    r = forensics("analyze", f"s3://{bucket}/{case}/b/", env=env)
+    # THEN one error line, and nothing was written anywhere but (nor left in) the cache entry
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith(f"forensics: error: s3://{bucket}/") and "Traceback" not in r.stderr, r.stderr
+    assert not any(p.name == "escaped" for p in tmp_path.rglob("*")) and not Path("/tmp/escaped").exists()
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.name != ".lock"]
+
+
+def test_fetched_entries_are_pruned_oldest_first_past_the_budget(tmp_path, monkeypatch):
+    # GIVEN three fetched entries of 1 MiB, used 3 h, 2 h and a minute ago
+    from forensics.objstore.fetch import prune_fetched
+
+    monkeypatch.setenv("FORENSICS_CACHE", str(tmp_path))
+    now = time.time()
+    for name, age in (("old", 3 * 3600), ("older-than-hour", 2 * 3600), ("recent", 60)):
+        entry = tmp_path / "s3" / name / "bundle"
+        entry.mkdir(parents=True)
+        (entry / "core.zst").write_bytes(b"\0" * (1 << 20))
+        os.utime(entry.parent, (now - age, now - age))
+    # WHEN the budget is 1.5 MiB
+    deleted = prune_fetched(budget=3 << 19)
+    # THEN the oldest two went (the recent one is kept even past the budget)
+    assert sorted(Path(p).name for p in deleted) == ["old", "older-than-hour"]
+    assert [p.name for p in (tmp_path / "s3").iterdir()] == ["recent"]

@@ -141,9 +141,10 @@ def test_the_bundle_item_check_sees_a_spelled_item(tmp_path):
 
 
 def test_boto3_is_loaded_only_where_an_object_store_is_used():
-    # GIVEN the modules of analyze's start-up path and the object store's client
+    # GIVEN the modules of analyze's start-up path, the object store's package and its reader and uploader
     probe = ("import sys\n"
-             "import forensics.cli, forensics.commands.analyze_run, forensics.objstore.client\n"
+             "import forensics.cli, forensics.commands.analyze_run\n"
+             "import forensics.objstore.fetch, forensics.objstore.upload\n"
              "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 's3transfer')))")
     # WHEN they are imported
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
