@@ -33,7 +33,7 @@ from ..cache import cache_path
 from ..digest import sha256
 from ..errors import CacheUnavailable, ForensicsError, ObjectNotFound, ObjectStoreError
 from .client import ObjectURL, StoreOptions, open_client, parse_object_url, translate_error
-from .upload import UPLOAD_RECORD
+from .upload import UPLOAD_RECORD, object_store_key
 
 __all__ = ["fetch_inputs", "fetch_url", "prune_fetched", "MAX_BUNDLES"]
 
@@ -179,8 +179,8 @@ def _plan(client, prefix: ObjectURL) -> tuple[list[Planned], str] | None:
         doc = _json_object(got[0], prefix.child(UPLOAD_RECORD))
         items: list[tuple[object, object, object, object]] = [
             (i.get("path"), i.get("key"), i.get("size"), i.get("sha256")) for i in _dicts(doc.get("items"))]
-        items += [(f"objects/{o['store_key'][:2]}/{o['store_key'][2:]}", o.get("key"), o.get("size"),
-                   o.get("sha256")) for o in _dicts(doc.get("objects")) if isinstance(o.get("store_key"), str)]
+        items += [(object_store_key(o["store_key"]), o.get("key"), o.get("size"), o.get("sha256"))
+                  for o in _dicts(doc.get("objects")) if isinstance(o.get("store_key"), str)]
         return [(p, k, s, h) for p, k, s, h in items if isinstance(p, str) and isinstance(k, str)], got[1]
     got = _get_small(client, prefix.child(MANIFEST))
     if got is None:

@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass
 
 from .. import rootpath
-from ..bundle import MANIFEST, find_object_store, read_bundle_json, read_manifest
+from ..bundle import find_object_store, read_bundle_json, read_manifest
+from ..bundle.layout import ANALYSIS, ANALYSIS_POD, MANIFEST, OBJECTS, PROCESS_SNAPSHOT, RECORD
 from ..errors import InputNotFound, UnsafeBundle, UploadNotVerified
 from .client import ObjectURL, StoreOptions, open_client
 from .transfer import Transfer, digest_file, part_layout
@@ -40,10 +41,6 @@ __all__ = ["UPLOAD_RECORD", "BundlePlace", "UploadedObject", "UploadResult", "re
 
 UPLOAD_RECORD = "UPLOAD.json"
 MAX_FILES = 20_000  # files of one bundle uploaded (a bundle is data from the node: bounded)
-_RECORD = "metadata.json"  # the core handler's record of the crash
-_ANALYSIS = "60-analysis/analysis.json"
-_POD = "60-analysis/pod.json"
-_SNAPSHOT = "40-process/snapshot.json"
 _STORE_KEY = re.compile(r"[0-9a-f]{4,128}|sha256-[0-9a-f]{64}")
 _KEY_PART = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -94,10 +91,10 @@ def _doc(bundle_dir: str, rel: str) -> dict:
 def read_place(bundle_dir: str, *, cluster: str, node: str | None = None) -> BundlePlace:
     """A bundle's place from its own records: the handler's (node, time, crash id, pod UID), the agent's
     analysis (fingerprint) and pod (namespace, name); ``node`` overrides the recorded one."""
-    meta = _doc(bundle_dir, _RECORD)
+    meta = _doc(bundle_dir, RECORD)
     manifest = _doc(bundle_dir, MANIFEST)
-    analysis = _doc(bundle_dir, _ANALYSIS).get("analysis")
-    pod = _doc(bundle_dir, _POD)
+    analysis = _doc(bundle_dir, ANALYSIS).get("analysis")
+    pod = _doc(bundle_dir, ANALYSIS_POD)
     ident = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
     t = meta.get("time")
     fp = analysis.get("fingerprint") if isinstance(analysis, dict) else None
@@ -140,7 +137,7 @@ def object_store_key(store_key: str) -> str:
     >>> object_store_key("0a1b2c3d")
     'objects/0a/1b2c3d'
     """
-    return f"objects/{store_key[:2]}/{store_key[2:]}"
+    return f"{OBJECTS}/{store_key[:2]}/{store_key[2:]}"
 
 
 def _bundle_files(bundle_dir: str) -> list[str]:
@@ -166,9 +163,9 @@ def _store_objects(bundle_dir: str) -> tuple[str | None, list[str]]:
     if store is None or os.path.dirname(store) == os.path.abspath(bundle_dir):
         return None, []
     keys: set[str] = set()
-    recorded = _doc(bundle_dir, _RECORD).get("objects")
+    recorded = _doc(bundle_dir, RECORD).get("objects")
     keys.update(v for v in (recorded.values() if isinstance(recorded, dict) else ()) if isinstance(v, str))
-    objects = _doc(bundle_dir, _SNAPSHOT).get("objects")
+    objects = _doc(bundle_dir, PROCESS_SNAPSHOT).get("objects")
     keys.update(str(o["build_id"]) for o in (objects if isinstance(objects, list) else ()) if isinstance(o, dict)
                 and isinstance(o.get("build_id"), str))
     found = []

@@ -198,9 +198,11 @@ def test_upload_wipe_and_analyze_from_the_bucket_alone(s3, kernel_cores, live, t
 
 
 def _report_lines(markdown: str, tmp: Path) -> list[str]:
-    """The report's lines, the bundle's directory (on the node, or fetched into the cache) named BUNDLE."""
+    """The report's lines, the bundle's directory (on the node, or fetched into the cache) named BUNDLE, the minute
+    the report was made DATE."""
     where = re.compile(r"/\S*?/(?:cores/crashes/[^/|\s]+|cache/s3/[0-9a-f]{32}/bundle)")
-    return [where.sub("BUNDLE", line) for line in markdown.splitlines()]
+    when = re.compile(r"\b\d{4}-\d\d-\d\d \d\d:\d\d UTC\b")
+    return [when.sub("DATE", where.sub("BUNDLE", line)) for line in markdown.splitlines()]
 
 
 def _without_paths(doc):
