@@ -103,6 +103,7 @@ class ReportContext:
     ruled_out: list[str]
     workaround: list[str]
     steps: list[dict[str, Any]]  # the runbook's "do now" steps, in order: {"text", "command"}
+    ask: str  # what this report asks of its owner ("" when it is not routed to them, or asks nothing)
     upgrade: list[str]  # the upgrades this report may ask for (never its own project's, in an upstream report)
     attachments: dict[str, str]
     attachment_dir: str
@@ -181,6 +182,12 @@ def make_title(template: str, f: Facts, c: Conclusion, form: IssueForm | None = 
                                           f.gpus or "") if x)
         verb = ("corrupts the heap: glibc aborts with \"" + f.abort_message + "\""
                 if f.kind == "heap-corruption" and f.abort_message else _failure(f))
+        if not f.api and f.earlier_api and f.kind == "heap-corruption":  # the damage was found later, elsewhere
+            frame = c.decision.item("core.frame")
+            where_found = frame.fact.removeprefix("the innermost frame past libc: ") if frame else "later"
+            api = f.earlier_api
+            verb = (f"corrupts the heap: glibc notices it later, in {where_found}"
+                    + (f", and aborts with \"{f.abort_message}\"" if f.abort_message else ""))
         if template == "binding":
             ran = next((v.ran for v in c.decision.versions if v.package == "nvidia-ml-py"), None) or f.binding
             return _plain(f"nvidia-ml-py {ran or ''} passes a count larger than its buffer to {api}{what}: the heap "
@@ -496,6 +503,7 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
         known_issues=known, unsupported=list(conclusion.unsupported), frequency=list(f.frequency),
         ruled_out=_ruled_out(f), workaround=workaround,
         steps=[{"text": st.text, "command": st.command} for st in d.steps],
+        ask=next((r.ask for r in d.routes if r.report == template), ""),
         upgrade=[u for u in conclusion.upgrade if not (template == "nvitop" and "nvitop" in u.lower())],
         attachments=attachments, attachment_dir=attachment_dir,
         footer=footer, form=form, nvidia_link=nvidia_link, runbook=runbook, evidence=evidence, heap=heap,

@@ -103,6 +103,7 @@ class Route:
     report: str  # the template: nvml | binding | nvitop | runbook
     action: str
     evidence: tuple[str, ...]
+    ask: str = ""  # what the report asks of its owner ("" for the runbook)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -364,8 +365,12 @@ def _routes(d: Decision, f: Facts, fixed: list[KnownMatch]) -> list[Route]:
                "the core shows the driver overflowing a buffer it allocated and freed itself"
                if f.heap_verdict is OverflowVerdict.LIBRARY else
                "the core shows the driver writing past a buffer sized for the count")
+        api = f.api or f.earlier_api or "the NVML call"
         out = [Route(order=1, owner="NVIDIA (the driver)", where=NVIDIA_WHERE, report="nvml",
-                     action="file first: " + why, evidence=basis)]
+                     action="file first: " + why, evidence=basis,
+                     ask=f"Please fix {api} in driver {f.driver or '(version in the evidence)'}: " + why + "; "
+                         + ("the C reproducer attached shows it without Python or nvidia-ml-py."
+                            if f.c_run and f.c_run.failed else "the core's heap reading is below."))]
         if _nvlink(f):
             out.append(Route(order=2, owner="nvitop", where=NVITOP_WHERE, report="nvitop",
                              action="file after the NVIDIA report, linking it: ask for a way to switch the NVLink "
@@ -374,7 +379,8 @@ def _routes(d: Decision, f: Facts, fixed: list[KnownMatch]) -> list[Route]:
         return out
     if k is IncidentClass.BINDING and not d.pattern:
         return [Route(order=1, owner="NVIDIA (nvidia-ml-py)", where=BINDING_WHERE, report="binding",
-                      action="file: nvidia-ml-py passes a count larger than its buffer", evidence=basis)]
+                      action="file: nvidia-ml-py passes a count larger than its buffer", evidence=basis,
+                      ask=f"Please fix nvidia-ml-py{' ' + f.binding if f.binding else ''}: {f.heap_reason}.")]
     if k is IncidentClass.BINDING:
         return [Route(order=1, owner="nvitop", where=NVITOP_WHERE, report="nvitop",
                       action=("file once the setup is supported and it still crashes" if d.unsupported

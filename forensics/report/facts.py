@@ -77,6 +77,9 @@ class Facts:
     phase: Phase = Phase.UNKNOWN
     inside_nvml: bool = False
     api: str | None = None  # the NVML entry point on the crashing stack
+    # the NVML call the evidence ties the damage to when it is not on the crashing stack (glibc noticed later):
+    # the native call the heap reading names, else the call of the C reproducer that crashed too
+    earlier_api: str | None = None
     caller: str | None = None  # the first Python frame above the binding's wrappers
     query: Query | None = None
     native_frames: tuple[NativeFrame, ...] = ()  # the first fault's thread's, from before any handler ran
@@ -477,7 +480,7 @@ def read_facts(ev: Evidence) -> Facts:
         thread_name=crashed.name if crashed else None, tid=tid,
         is_main_thread=(tid == core.pid) if tid is not None and core else None,
         phase=_phase(a.snapshot.threads) if a else Phase.UNKNOWN,
-        inside_nvml=bool(crashed and crashed.inside_nvml), api=api,
+        inside_nvml=bool(crashed and crashed.inside_nvml), api=api, earlier_api=None if api else _earlier_api(a, repro),
         caller=crashed.binding_caller if crashed else None,
         query=_query(api, py, repro), native_frames=native, py_frames=py,
         other_threads=tuple(t for t in a.snapshot.threads if t is not crashed) if a else (),
@@ -525,6 +528,17 @@ def _records(ev: Evidence) -> tuple[Analysis | None, ReproduceResult | None, lis
     repro = load_reproduce(doc) if doc is not None else None
     return (a, repro, [load_import_report(d) for d in ev.all("verify-imports")],
             [load_fleet(d) for d in ev.all("fleet")])
+
+
+def _earlier_api(a: Analysis | None, repro: ReproduceResult | None) -> str | None:
+    heap = a.heap.corruption if a is not None and a.heap is not None else None
+    if heap is not None and heap.call is not None and (heap.call.function or "").startswith("nvml"):
+        return heap.call.function
+    c = next((r for r in repro.runs if r.name == "c"), None) if repro else None
+    call = (repro.environment.get("call") or "") if repro else ""
+    if c is not None and c.failed and call.startswith("nvml"):
+        return call.split("(", 1)[0]
+    return None
 
 
 def _binding_from(text: str | None) -> str | None:

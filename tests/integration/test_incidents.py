@@ -174,6 +174,10 @@ def test_driver_fault(sim, tmp_path, core_pattern):
     assert rep.title("nvitop").endswith("in C too: please allow turning NVLink metrics off")
     assert "What we ask of nvitop: nvitop cannot fix the driver" in rep.doc["nvitop"]["markdown"]
     assert rep.title("binding").startswith("not for nvidia-ml-py (a fault of the NVIDIA driver library")
+    assert ("**What we ask:** Please fix nvmlDeviceGetFieldValues in driver 580.126.09: file first: the driver crashes"
+            not in rep.doc["nvml"]["body"])  # the ask is worded for NVIDIA, not as our filing note
+    assert "**What we ask:** Please fix nvmlDeviceGetFieldValues in driver 580.126.09: the driver crashes in the C " \
+           "reproducer; the C reproducer attached shows it without Python or nvidia-ml-py." in rep.doc["nvml"]["body"]
     # and the runbook's first step is the guard, into the site-packages nvitop is installed in; it works as printed
     site = python.parent.parent / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     site = next((python.parent.parent / "lib").glob("python3*/site-packages"), site)
@@ -207,6 +211,8 @@ def test_binding_fault(sim, tmp_path, core_pattern):
                                            "nvmlDeviceGetFieldValues")
     assert rep.title("nvml").startswith("not for the NVIDIA driver (a fault of the binding")
     assert "corrupts the heap" not in rep.title("nvml")
+    assert "**What we ask:** Please fix nvidia-ml-py 12.575.51: " in rep.doc["binding"]["body"]
+    assert "What we ask" not in rep.doc["nvml"]["body"]
     assert rep.conclusion["statement"].startswith("The core's heap points at the binding, nvidia-ml-py 12.575.51, "
                                                   "not the driver")
     # and the runbook pins the binding; it neither moves driver branches nor guards nvitop
@@ -313,3 +319,21 @@ def test_undetermined(sim, tmp_path, core_pattern):
     assert rep.conclusion["statement"].startswith("Not determined yet: the process dies of SIGSEGV")
     assert rep.title("runbook").endswith(": not determined yet")
     assert [f["report"] for f in rep.conclusion["filings"]] == ["runbook"]
+
+
+def test_driver_fault_detected_later(sim, tmp_path, core_pattern):
+    # GIVEN the driver writing past the exporter's array, noticed by glibc only later, in CPython's own free()
+    # (no NVML frame on the crashing stack), and the C reproducer crashing on the same node
+    python = stack_copy("incident", tmp_path)
+    core = exporter_core(python, sim_environment(sim, fault="overflow", detect="later", fault_after=2),
+                         tmp_path / "exporter")
+    evidence = [analyze(core, tmp_path / "analysis.json"),
+                reproduce(tmp_path, "--sim-fault", "heap", "--stack", "incident")]
+    rep = Reports(evidence, tmp_path)
+    check_every_report(rep, "driver-fault")
+    # THEN NVIDIA's title names the NVML call the evidence ties the damage to, not nvitop's Python function, and
+    # says where glibc noticed it
+    title = rep.title("nvml")
+    assert title.startswith("nvmlDeviceGetFieldValues corrupts the heap: glibc notices it later, in ")
+    assert "query_nvlink_throughput_counters" not in title and "nvitop" not in title
+    assert "| Inside libnvidia-ml | no |" in rep.doc["nvml"]["markdown"]

@@ -321,6 +321,9 @@ def test_runbook_states_the_fleet_in_words_not_a_dict(tmp_path, demo):
     assert "{'" not in md and "'}" not in md
     nvml = run("report", "--template", "nvml", str(demo / "analysis.json"), str(fleet)).stdout
     assert "106 of 108 pods restarted" in nvml.split("## How often", 1)[1].split("##", 1)[0]
+    # and nvitop's maintainer sees the same fleet (where it crashes and where it does not)
+    nvitop = run("report", str(demo / "analysis.json"), str(fleet)).stdout.replace("\\", "")
+    assert "Where and how often it crashes (the fleet):" in nvitop and "106 of 108 pods restarted" in nvitop
 
 
 def test_a_newer_issue_form_is_followed(tmp_path, demo):
