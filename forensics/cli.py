@@ -21,7 +21,7 @@ import os
 import sys
 
 from . import __version__
-from .errors import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, ForensicsError
+from .errors import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED, ForensicsError, Terminated
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every command)
 if TYPE_CHECKING:
@@ -65,6 +65,9 @@ def failure_exit_code(e: BaseException) -> int | None:
     if isinstance(e, KeyboardInterrupt):
         echo("forensics: interrupted", err=True)
         return EXIT_INTERRUPTED
+    if isinstance(e, Terminated):
+        echo("forensics: terminated (SIGTERM)", err=True)
+        return EXIT_TERMINATED
     if isinstance(e, BrokenPipeError):
         # the reader went away (`forensics ... | head`): stop quietly, as a pipe tool should
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -100,7 +103,7 @@ def _build_cli() -> click.Group:
                 return super().invoke(ctx)
             except (click.exceptions.Exit, click.ClickException, click.Abort):
                 raise
-            except (Exception, KeyboardInterrupt) as e:
+            except (Exception, KeyboardInterrupt, Terminated) as e:
                 code = failure_exit_code(e)
                 if code is None:
                     raise
@@ -126,8 +129,34 @@ def __getattr__(name: str) -> click.Group:
     return _CLI[0]
 
 
+def _signals():
+    """signal's C half: ``signal.py`` imports enum, a start-up cost of every command."""
+    import _signal  # type: ignore[import-not-found]
+
+    return _signal
+
+
+def _raise_on_sigterm(signum, frame) -> None:
+    _signals().signal(_signals().SIGTERM, _signals().SIG_IGN)  # one is enough: a second must not cut clean-up short
+    raise Terminated()
+
+
 def main() -> None:
-    """The ``forensics`` console script."""
+    """The ``forensics`` console script.  SIGTERM becomes :class:`~forensics.errors.Terminated` (its
+    default would end the process where it stands, its children and temporary files left behind); an
+    interrupted or terminated command kills what it started before it exits (130, 143)."""
+    _signals().signal(_signals().SIGTERM, _raise_on_sigterm)
+    try:
+        _main()
+    except SystemExit as e:
+        if e.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+            from .subproc import kill_children
+
+            kill_children()
+        raise
+
+
+def _main() -> None:
     args = sys.argv[1:]
     if args[:1] == ["analyze"] and _COMPLETE_VAR not in os.environ:
         from .commands.analyze_run import parse_argv, run
@@ -136,7 +165,7 @@ def main() -> None:
         if params is not None:  # what click would accept, read as click reads it: run as the group would
             try:
                 run(**params)
-            except (Exception, KeyboardInterrupt) as e:
+            except (Exception, KeyboardInterrupt, Terminated) as e:
                 code = failure_exit_code(e)
                 if code is None:
                     raise

@@ -204,6 +204,8 @@ def _crash_the_exporter(run: _Run, fault_after: int, timeout: float) -> _Crashed
                                     duration=min(timeout, 60.0), pid=proc.pid, thresholds=Thresholds())
             except ForensicsError as e:  # it died as the soak started
                 step(f"forensics canary: {e}")
+            if canary is not None and canary.interrupted:  # Ctrl-C: the canary's summary is no end of the demo
+                raise KeyboardInterrupt
         else:
             step("the exporter died before the scrape soak started (a loaded machine: raise --fault-after)")
         try:

@@ -15,6 +15,8 @@ __all__ = [
     "EXIT_FINDINGS",
     "EXIT_PARTIAL",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
+    "Terminated",
     "EXIT_BROKEN_PIPE",
     "ForensicsError",
     "InputNotFound",
@@ -41,7 +43,13 @@ EXIT_USAGE = 2  # click's usage errors
 EXIT_FINDINGS = 3  # the command ran and found problems (failed checks, failed cores in a batch)
 EXIT_PARTIAL = 4  # the command ran but its result is incomplete (no gdb, no CPython symbols, truncated core)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15): kill, systemd, a pod's deletion
 EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (128 + SIGPIPE): `forensics ... | head`
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread as KeyboardInterrupt is for SIGINT, so that every ``finally`` runs:
+    children killed, temporary roots removed.  Not an Exception: no ``except Exception`` swallows it."""
 
 
 class ForensicsError(Exception):

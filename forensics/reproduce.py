@@ -259,6 +259,10 @@ def _run_one(name: str, cmd: list[str], env: dict[str, str], run_dir: Path, time
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = proc.wait()
+        except BaseException:  # Ctrl-C, SIGTERM (Terminated): the reproducer does not outlive the command
+            proc.kill()
+            proc.wait()
+            raise
     seconds = time.perf_counter() - t0
     head, tail = _read_ends(run_dir / "stdout.txt")
     _, stderr = _read_ends(run_dir / "stderr.txt")

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import BinaryIO
 
-__all__ = ["OutputTooLarge", "run_bounded", "DEFAULT_MAX_STDOUT", "DEFAULT_MAX_STDERR"]
+__all__ = ["OutputTooLarge", "run_bounded", "kill_children", "DEFAULT_MAX_STDOUT", "DEFAULT_MAX_STDERR"]
 
 DEFAULT_MAX_STDOUT = 64 << 20
 DEFAULT_MAX_STDERR = 1 << 20
@@ -116,6 +116,9 @@ def run_bounded(cmd: list[str], *, timeout: float, input: str | None = None, env
                         raise OutputTooLarge(cmd, max_stdout)
                     if buf is err and len(err) > 2 * max_stderr:  # keep the tail, trimmed now and then
                         del err[:-max_stderr]
+        except BaseException:  # Ctrl-C, SIGTERM (Terminated): its session gets neither from us or the terminal
+            _kill_group(proc)
+            raise
         finally:
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None and not stream.closed:
@@ -125,5 +128,50 @@ def run_bounded(cmd: list[str], *, timeout: float, input: str | None = None, env
     except subprocess.TimeoutExpired:  # closed its pipes but did not exit
         _kill_group(proc)
         raise subprocess.TimeoutExpired(cmd, timeout, output=out.decode(errors="replace")) from None
+    except BaseException:
+        _kill_group(proc)
+        raise
     return subprocess.CompletedProcess(cmd, code, out.decode(errors="replace"),
                                        err[-max_stderr:].decode(errors="replace"))
+
+
+def kill_children(grace: float = 2.0) -> list[int]:
+    """Kill every child of this process -- with the process group it leads, when it leads one of its own (a
+    program started in a session of its own) -- and reap them: what an interrupted command started does not
+    outlive it with parent 1, whichever ``finally`` the signal came too early or too late for (between fork
+    and ``Popen`` returning).  A child stuck in the kernel is not waited for past ``grace`` seconds.
+
+    :return: the PIDs killed
+    """
+    me, my_group = os.getpid(), os.getpgid(0)
+    killed = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read(4096)
+        except OSError:
+            continue
+        rest = data[data.rfind(b")") + 1:].split()
+        if len(rest) < 3 or not rest[1].isdigit() or int(rest[1]) != me:
+            continue
+        pid, group = int(name), int(rest[2])
+        with contextlib.suppress(OSError):
+            if group == pid and group != my_group:
+                os.killpg(group, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+    deadline = time.monotonic() + grace
+    left = set(killed)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    left.discard(pid)
+            except ChildProcessError:
+                left.discard(pid)
+        if left:
+            time.sleep(0.01)
+    return killed

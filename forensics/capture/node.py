@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import (CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoot, ProcessExited, ProcessGone,
                       UnsafeContainerPath)
-from ..pidstat import check_user_process
+from ..pidstat import check_still_running, check_user_process, read_pid_stat
 from ..subproc import run_bounded
 from .procfs import open_in_root
 
@@ -620,9 +620,15 @@ def capture_pid(
     from .snapshot import RawProcFiles, read_snapshot, snapshot_payload
 
     filt = coredump_filter if coredump_filter is not None else (FULL_FILTER if full else DEFAULT_FILTER)
-    before, after, f_before, f_after = arm_process(pid, coredump_filter=filt)
-    raw = RawProcFiles()
-    snap = read_snapshot(pid, host_root=host_root, raw=raw)
+    who = read_pid_stat(pid)  # the process that is captured: not one that exits meanwhile, nor its PID's next owner
+    try:
+        before, after, f_before, f_after = arm_process(pid, coredump_filter=filt)
+        raw = RawProcFiles()
+        snap = read_snapshot(pid, host_root=host_root, raw=raw)
+    except ProcessGone as e:
+        if who is None or isinstance(e, ProcessExited):
+            raise
+        raise ProcessExited(pid, "its capture") from e
     learned = process_secrets(raw.cmdline, raw.environ)
     pattern = read_core_pattern()
     dest = explain_destination(pattern, snap)
@@ -679,5 +685,7 @@ def capture_pid(
             f"writing the capture bundle failed ({e.strerror or e}); the process is armed "
             f"(core limit {after[0]}), and the items written so far stay",
         ) from e
+    check_still_running(who, f"its capture (what it says of the core would be about a process gone; the bundle "
+                             f"written so far stays: {bdir})")
     return ArmResult(pid=pid, rlimit_core_before=before, rlimit_core_after=after, coredump_filter_before=f_before,
                      coredump_filter_after=f_after, core_pattern=pattern, destination=dest, snapshot=snap, bundle=bdir)

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 
 from ..errors import ExecuteError, ImageRefError
+from ..pidstat import check_still_running, read_pid_stat
 from .dists import check_requirements, find_distributions
 from .execute import StartupFailed, compare, run_probe_bwrap, run_probe_nsenter, startup_result
 from .checks import find_stray_trees, image_findings, lookup_user
@@ -391,16 +392,18 @@ def _rmtree(path: str) -> int:
 def verify_pid(pid: int, options: VerifyOptions | None = None) -> ImportReport:
     """Verify what the live process ``pid`` imports, through /proc/PID (and, with execute, nsenter)."""
     options = options or VerifyOptions()
+    who = read_pid_stat(pid)  # what its root says is true of it only while it runs: checked again at the end
     proc = read_process(pid)
     report, run_env, fs = _verify_view(proc, options)
-    if not options.execute:
-        return report
-    setup = report.python
-    if setup is None or setup.entrypoint.interpreter is None:
-        raise ExecuteError("interpreter", f"process {pid} does not run a Python interpreter")
-    probe, cmd, notes = run_probe_nsenter(pid, setup.entrypoint.interpreter, setup, run_env, proc.uid, proc.gid,
-                                          [c.module for c in report.modules])
-    return replace(report, execute=compare(fs, setup, report.modules, probe, "nsenter", cmd, notes, run_env))
+    if options.execute:
+        setup = report.python
+        if setup is None or setup.entrypoint.interpreter is None:
+            raise ExecuteError("interpreter", f"process {pid} does not run a Python interpreter")
+        probe, cmd, notes = run_probe_nsenter(pid, setup.entrypoint.interpreter, setup, run_env, proc.uid, proc.gid,
+                                              [c.module for c in report.modules])
+        report = replace(report, execute=compare(fs, setup, report.modules, probe, "nsenter", cmd, notes, run_env))
+    check_still_running(who, "its verification (its files were read from a root that went with it)")
+    return report
 
 
 def verify_process(proc: ProcessView, options: VerifyOptions | None = None) -> ImportReport:
