@@ -111,7 +111,7 @@ def site_packages(work: Path) -> Path:
     wheels = work / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
                     str(ROOT)], check=True)
-    (wheel,) = wheels.glob("forensics-*.whl")
+    (wheel,) = wheels.glob("crash_forensics-*.whl")
     site = work / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(site),
                     "--python-version", PY, "--implementation", "cp", "--platform", "manylinux2014_x86_64",

@@ -45,8 +45,13 @@ def test_wheel_ships_gdb_scripts_and_analyzes_outside_the_checkout(tmp_path, cor
         capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    wheel = next((tmp_path / "w").glob("forensics-*.whl"))
+    wheel = next((tmp_path / "w").glob("crash_forensics-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
+    # the distribution is crash-forensics ("forensics" on PyPI is another project); the command is forensics
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    assert "\nName: crash-forensics\n" in zipfile.ZipFile(wheel).read(meta).decode()
+    points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
+    assert "forensics = forensics.cli:main" in points.decode()
     assert "forensics/gdb_scripts/forensics_python.py" in names
     assert "forensics/gdb_scripts/forensics_native.py" in names
     target = tmp_path / "site"
@@ -64,3 +69,14 @@ def test_wheel_ships_gdb_scripts_and_analyzes_outside_the_checkout(tmp_path, cor
     a = json.loads(r.stdout)["analysis"]
     assert a["snapshot"]["python_stack_status"] == "ok"
     assert a["snapshot"]["threads"][0]["py_frames"][0]["function"] == "query_nvlink_throughput_counters"
+
+
+def test_readme_starts_with_the_install_and_the_two_set_up_commands():
+    # the distribution name a user installs is the one pyproject.toml builds, and the two set-up commands stay
+    readme = (ROOT / "README.md").read_text()
+    head = readme[:readme.index("## Set up and run")]
+    name = next(line.split('"')[1] for line in (ROOT / "pyproject.toml").read_text().splitlines()
+                if line.startswith("name = "))
+    assert name == "crash-forensics" and f"## Install\n\n```sh\npipx install {name} " in head
+    assert "```sh\nbash .ci/main\n```" in readme
+    assert "```sh\nbash .ci/setup && .venv/bin/python -m pytest -q tests\n```" in readme
