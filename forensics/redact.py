@@ -562,7 +562,7 @@ _FACT_KEYS = frozenset({"signal_name", "function", "symbol", "library", "file", 
                         "type_name"})
 _SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGKILL", "SIGTERM", "SIGQUIT",
             "SIGXCPU", "SIGXFSZ", "SIGINT", "SIGHUP", "SIGPIPE", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
-_FACT_PARTS = re.compile(r"[.:()<>\[\], ]+")
+_FACT_PARTS = re.compile(r"[.:()<>\[\],]+")
 
 
 def facts_of(tree: Any, *, limit: int = 100_000) -> set[str]:
@@ -582,7 +582,8 @@ def facts_of(tree: Any, *, limit: int = 100_000) -> set[str]:
             stack.extend((x, k) for k, x in v.items())
         elif isinstance(v, (list, tuple)):
             stack.extend((x, key) for x in v)
-        elif isinstance(v, str) and key in _FACT_KEYS and v:
+        elif isinstance(v, str) and key in _FACT_KEYS and v and not any(c.isspace() for c in v):
+            # a value with a space is no name (a command line under "command"): its words may be secrets
             name = v.rstrip("/").rsplit("/", 1)[-1]
             out.add(name)
             out.update(p for p in _FACT_PARTS.split(name) if p)

@@ -169,3 +169,21 @@ def test_nvidia_bug_report_is_masked_with_the_process_secrets(tmp_path):
     text = gzip.decompress((tmp_path / "kept.gz").read_bytes()).decode()
     # THEN the value is masked where its option names it and where it stands bare
     assert "k3y-of-the-exporter" not in text and "journal: exporter started with [REDACTED]" in text
+
+
+def test_a_learned_value_never_blanks_the_documents_own_facts():
+    # GIVEN a process started with --api-key SIGSEGV --token string_at that crashes in string_at with SIGSEGV
+    from forensics.redact import redact_document
+
+    doc = {"args": "python exporter.py --api-key SIGSEGV --token string_at --pw Secr3tLongValue",
+           "signature": "SIGSEGV at 0x10 in thread \"w Secr3tLongValue\" at ctypes.string_at (ctypes/__init__.py:519)",
+           "threads": [{"py_frames": [{"function": "string_at", "file": "/usr/lib/python3/ctypes/__init__.py"}]}],
+           "crash": {"signal_name": "SIGSEGV"}}
+    out = redact_document(doc)
+    # THEN the values are masked where the argv gives them, the crash site stays, the real secret goes
+    assert out["args"] == "python exporter.py --api-key [REDACTED] --token [REDACTED] --pw [REDACTED]"
+    assert out["signature"] == 'SIGSEGV at 0x10 in thread "w [REDACTED]" at ctypes.string_at (ctypes/__init__.py:519)'
+    assert out["redaction"]["masked_in"] == ["signature"]
+    # and a command line under a fact's key is no fact: its words stay secrets
+    cmd = redact_document({"command": "exporter --token Tok3nValue99", "log": "saw Tok3nValue99"})
+    assert cmd["log"] == "saw [REDACTED]"
