@@ -104,15 +104,24 @@ def native_label(doc: dict | None) -> str:
 
 
 def _same_frame(a: dict, b: dict) -> bool:
-    """One frame as two unwinders describe it: same pc, place and inlined mark, and the same function
-    (or, for two ELF symbols at one address such as ``clone3`` and ``__clone3``, the same offset)."""
+    """One frame as two unwinders describe it: same pc, inlined mark and line, the same source file by its base
+    name, and the same function (or, for two ELF symbols at one address such as ``clone3`` and ``__clone3``,
+    the same offset).  Where an address has several line-table rows (DWARF 5 location views) libdw names the
+    last and gdb the last statement: libdw's frame carries that one too (``statement_row``)."""
     if a.get("pc") != b.get("pc") or bool(a.get("inlined")) != bool(b.get("inlined")):
         return False
-    if (a.get("file"), a.get("line")) != (b.get("file"), b.get("line")):
-        return False
+    theirs = (_base(b.get("file")), b.get("line"))
+    if (_base(a.get("file")), a.get("line")) != theirs:
+        row = a.get("statement_row")  # the address' statement row, which gdb names, where libdw's row is not one
+        if not row or (_base(row[0]), row[1]) != theirs:
+            return False
     if a.get("function") == b.get("function"):
         return True
     return a.get("offset") is not None and a.get("offset") == b.get("offset")
+
+
+def _base(path: str | None) -> str | None:
+    return path.rsplit("/", 1)[-1] if path else path
 
 
 def _describe(f: dict) -> str:
@@ -122,34 +131,64 @@ def _describe(f: dict) -> str:
 
 
 def compare_native_docs(libdw: dict | None, gdb: dict | None) -> list[str]:
-    """Where libdw's and gdb's native stacks differ, thread by thread (matched by LWP), frame for frame.
+    """Where libdw's and gdb's native stacks differ, said in one line (an empty list: they agree).
 
-    gdb's tail-call frames (reconstructed from DWARF call-site records; no return address of theirs is
-    on the stack, and libdw, like eu-stack and pystack, shows the stack as it is) are left out.
+    Threads are matched by LWP, frames one for one; two frames agree on their pc, inlined mark, function
+    (or, for two ELF symbols at one address such as ``clone3`` and ``__clone3``, the same offset) and line
+    (libdw's row of the address, or its statement row, which gdb prefers),
+    the source file compared by its base name (the unwinders spell a build's paths differently:
+    ``./nptl/x.c``, ``/build/glibc/nptl/x.c``).  Not differences: gdb's tail-call frames (reconstructed
+    from DWARF call-site records; no return address of theirs is on the stack, and libdw, like eu-stack and
+    pystack, shows the stack as it is), and the frames one unwinder shows past the program's entry (gdb
+    stops at ``main``; libdw goes on to ``__libc_start_main`` and ``_start``).
 
     >>> f = {"pc": 16, "function": "main", "offset": 4, "file": "a.c", "line": 3, "inlined": False}
-    >>> compare_native_docs({"threads": [{"lwp": 7, "frames": [f]}]},
-    ...                     {"threads": [{"lwp": 7, "frames": [f, {**f, "tailcall": True}]}]})
+    >>> start = {"pc": 32, "function": "__libc_start_call_main", "offset": 8, "file": None, "line": None}
+    >>> compare_native_docs({"threads": [{"lwp": 7, "frames": [f, start]}]},
+    ...                     {"threads": [{"lwp": 7, "frames": [{**f, "file": "/src/a.c"}, {**f, "tailcall": True}]}]})
     []
-    >>> compare_native_docs({"threads": [{"lwp": 7, "frames": [f]}]},
-    ...                     {"threads": [{"lwp": 7, "frames": [{**f, "line": 4}]}]})
-    ['thread 7 frame 0: main at 0x10 a.c:3 (libdw) vs main at 0x10 a.c:4 (gdb)']
+    >>> (line,) = compare_native_docs({"threads": [{"lwp": 7, "frames": [f]}, {"lwp": 8, "frames": [f]}]},
+    ...                               {"threads": [{"lwp": 7, "frames": [{**f, "line": 4}]}, {"lwp": 8, "frames": []}]})
+    >>> print(*line.split("; "), sep=chr(10))
+    2 of 2 threads differ: thread 7 frame 0: main at 0x10 a.c:3 (libdw) vs main at 0x10 a.c:4 (gdb)
+    thread 8: 1 frames (libdw) vs 0 (gdb, tail-call frames left out)
     """
     if not libdw or not gdb:
         return ["one method gave no result"]
-    out = []
     ta = {int(t["lwp"]): t for t in libdw.get("threads", [])}
     tb = {int(t["lwp"]): t for t in gdb.get("threads", [])}
-    for tid in sorted(set(ta) | set(tb)):
+    tids = sorted(set(ta) | set(tb))
+    out = []
+    for tid in tids:
         if tid not in ta or tid not in tb:
             out.append(f"thread {tid} only in {'libdw' if tid in ta else 'gdb'}")
             continue
-        fa = ta[tid].get("frames", [])
-        fb = [f for f in tb[tid].get("frames", []) if not f.get("tailcall")]
-        for i, (x, y) in enumerate(zip(fa, fb, strict=False)):  # the common part; a longer stack is said below
-            if not _same_frame(x, y):
-                out.append(f"thread {tid} frame {i}: {_describe(x)} (libdw) vs {_describe(y)} (gdb)")
-                break
-        if len(fa) != len(fb):
-            out.append(f"thread {tid}: {len(fa)} frames (libdw) vs {len(fb)} (gdb, tail-call frames left out)")
-    return out
+        diff = _thread_difference(ta[tid].get("frames", []),
+                                  [f for f in tb[tid].get("frames", []) if not f.get("tailcall")])
+        if diff:
+            out.append(f"thread {tid}{diff}")
+    if not out:
+        return []
+    shown = "; ".join(out[:_SHOWN]) + (f"; and {len(out) - _SHOWN} more" if len(out) > _SHOWN else "")
+    return [f"{len(out)} of {len(tids)} threads differ: {shown}" if len(out) > 1 else shown]
+
+
+_SHOWN = 3  # threads described in the one line
+#: functions at or past a program's (or a thread's) entry: where one unwinder stops and the other goes on
+_ENTRY = frozenset({"_start", "__libc_start_main", "__libc_start_main_impl", "__libc_start_main_alias_2",
+                    "__libc_start_call_main", "start_thread", "clone", "clone3", "__clone", "__clone3",
+                    "__clone_internal"})
+
+
+def _thread_difference(fa: list[dict], fb: list[dict]) -> str | None:
+    """Where one thread's two stacks differ (``" frame N: ..."``, ``": N frames ..."``), or None."""
+    for i, (x, y) in enumerate(zip(fa, fb, strict=False)):  # the common part; a longer stack is said below
+        if not _same_frame(x, y):
+            return f" frame {i}: {_describe(x)} (libdw) vs {_describe(y)} (gdb)"
+    if len(fa) == len(fb):
+        return None
+    shorter, longer = (fa, fb) if len(fa) < len(fb) else (fb, fa)
+    if shorter and (shorter[-1].get("function") == "main"
+                    or all(f.get("function") in _ENTRY for f in longer[len(shorter):])):
+        return None  # one unwinder went on past the entry: nothing of the program's own differs
+    return f": {len(fa)} frames (libdw) vs {len(fb)} (gdb, tail-call frames left out)"

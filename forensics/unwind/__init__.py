@@ -35,7 +35,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from ctypes import byref, c_bool, c_int, c_uint64, c_void_p
+from ctypes import byref, c_bool, c_int, c_size_t, c_uint64, c_void_p
 
 from .. import rootpath
 from ..core.debugfiles import find_debug_file
@@ -56,6 +56,7 @@ _FUNCTION_TAGS = (L.DW_TAG_subprogram, L.DW_TAG_inlined_subroutine, L.DW_TAG_ent
 _CODE_TAGS = _FUNCTION_TAGS + (L.DW_TAG_lexical_block,)
 _MAX_DEPTH = 256  # nesting of scopes walked
 _MAX_VDSO = 1 << 20
+_MAX_ROWS_AT_ONE_ADDRESS = 64  # line-table rows of one address searched for a statement
 
 # (build-id and the files read, address relative to the object's base, is activation) -> frame templates
 _symbols: OrderedDict[tuple, tuple[dict, ...]] = OrderedDict()
@@ -339,11 +340,13 @@ class _Unwinder:
         lib = self.lib
         file = line = None
         src = lib.dwfl_module_getsrc(mod, addr)
+        statement = None
         if src:
             lineno = c_int()
             name = lib.dwfl_lineinfo(src, None, byref(lineno), None, None, None)
             if name:
                 file, line = name.decode("utf-8", "replace"), (lineno.value or None)
+                statement = self._statement_row(src)
         adjust = 0 if activation else 1
         chain = self._function_scopes(mod, addr)
         if not chain or chain[-1][0] == L.DW_TAG_inlined_subroutine or chain[-1][1] is None:
@@ -369,7 +372,48 @@ class _Unwinder:
                 off = addr - first[0] + adjust
             out.append({"function": name, "offset": off, "file": file, "line": line, "inlined": not physical})
             file, line = call_file, call_line  # where this function was called from, for the next frame out
+        if statement is not None:
+            out[0]["statement_row"] = statement
         return out
+
+    def _statement_row(self, src: int) -> tuple[str, int] | None:
+        """Where the line-table row libdw chose (``src``: the last row of its address) is not a statement, the
+        last statement row of that address: (file, line) -- the row gdb names (DWARF 5 location views give
+        one address several rows).  None when the row is a statement, or its address has no other."""
+        lib = self.lib
+        flag, bias = c_bool(), L.Dwarf_Addr()
+        line = lib.dwfl_dwarf_line(src, byref(bias))
+        if not line or lib.dwarf_linebeginstatement(line, byref(flag)) != 0 or flag.value:
+            return None
+        at, count = L.Dwarf_Addr(), c_size_t()
+        cu = lib.dwfl_linecu(src)
+        if not lib.dwfl_lineinfo(src, byref(at), None, None, None, None) or not cu \
+                or lib.dwfl_getsrclines(cu, byref(count)) != 0:
+            return None
+        lo, hi = 0, count.value  # the rows are in address order: the first row past ``at``
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._row_address(cu, mid) <= at.value:
+                lo = mid + 1
+            else:
+                hi = mid
+        for i in range(lo - 1, max(lo - 1 - _MAX_ROWS_AT_ONE_ADDRESS, -1), -1):
+            row = lib.dwfl_onesrcline(cu, i)
+            addr, lineno = L.Dwarf_Addr(), c_int()
+            name = lib.dwfl_lineinfo(row, byref(addr), byref(lineno), None, None, None) if row else None
+            if not name or addr.value != at.value:
+                return None
+            raw = lib.dwfl_dwarf_line(row, byref(bias))
+            if raw and lib.dwarf_linebeginstatement(raw, byref(flag)) == 0 and flag.value and lineno.value:
+                return name.decode("utf-8", "replace"), lineno.value
+        return None
+
+    def _row_address(self, cu: int, i: int) -> int:
+        addr = L.Dwarf_Addr()
+        row = self.lib.dwfl_onesrcline(cu, i)
+        if not row or not self.lib.dwfl_lineinfo(row, byref(addr), None, None, None, None):
+            return -1
+        return addr.value
 
     def _function_scopes(self, mod: int, addr: int) -> list[tuple]:
         """(tag, name, first address range, call file, call line) of each function scope holding ``addr``,

@@ -128,6 +128,11 @@ _DW = {
     "dwfl_module_getsrc": (c_void_p, [c_void_p, Dwarf_Addr]),
     "dwfl_lineinfo": (c_char_p, [c_void_p, POINTER(Dwarf_Addr), POINTER(c_int), POINTER(c_int),
                                  POINTER(Dwarf_Word), POINTER(Dwarf_Word)]),
+    "dwfl_dwarf_line": (c_void_p, [c_void_p, POINTER(Dwarf_Addr)]),
+    "dwfl_linecu": (c_void_p, [c_void_p]),
+    "dwfl_getsrclines": (c_int, [c_void_p, POINTER(c_size_t)]),
+    "dwfl_onesrcline": (c_void_p, [c_void_p, c_size_t]),
+    "dwarf_linebeginstatement": (c_int, [c_void_p, POINTER(c_bool)]),
     "dwarf_getscopes": (c_int, [POINTER(DwarfDie), Dwarf_Addr, POINTER(POINTER(DwarfDie))]),
     "dwarf_getscopes_die": (c_int, [POINTER(DwarfDie), POINTER(POINTER(DwarfDie))]),
     "dwarf_tag": (c_int, [POINTER(DwarfDie)]),
@@ -177,6 +182,11 @@ class Lib:
     dwfl_module_addrdie: _CFunction
     dwfl_module_getsrc: _CFunction
     dwfl_lineinfo: _CFunction
+    dwfl_dwarf_line: _CFunction
+    dwfl_linecu: _CFunction
+    dwfl_getsrclines: _CFunction
+    dwfl_onesrcline: _CFunction
+    dwarf_linebeginstatement: _CFunction
     dwarf_getscopes: _CFunction
     dwarf_getscopes_die: _CFunction
     dwarf_tag: _CFunction

@@ -91,9 +91,31 @@ def test_comparison_names_the_first_difference(change, said):
     assert len(out) == 1 and out[0].startswith(f"thread 7 {said}:")
 
 
-def test_comparison_of_missing_threads_and_lengths():
-    ours = {"threads": [thread(7, [frame(0x10, "main")]), thread(8, [])]}
-    gdbs = {"threads": [thread(7, [frame(0x10, "main"), frame(0x20, "start")], method="gdb")]}
+def test_comparison_of_missing_threads_and_lengths_in_one_line():
+    ours = {"threads": [thread(7, [frame(0x10, "poll")]), thread(8, [])]}
+    gdbs = {"threads": [thread(7, [frame(0x10, "poll"), frame(0x20, "run")], method="gdb")]}
     assert compare_native_docs(ours, gdbs) == [
-        "thread 7: 1 frames (libdw) vs 2 (gdb, tail-call frames left out)", "thread 8 only in libdw"]
+        "2 of 2 threads differ: thread 7: 1 frames (libdw) vs 2 (gdb, tail-call frames left out); "
+        "thread 8 only in libdw"]
     assert compare_native_docs(ours, None) == ["one method gave no result"]
+    many = {"threads": [thread(t, [frame(0x10, "poll")]) for t in range(1, 6)]}
+    other = {"threads": [thread(t, [frame(0x11, "poll")], method="gdb") for t in range(1, 6)]}
+    (line,) = compare_native_docs(many, other)
+    assert line.startswith("5 of 5 threads differ: thread 1 frame 0: ") and line.endswith("; and 2 more")
+
+
+def test_comparison_ignores_frames_past_the_entry_and_how_a_path_is_spelled():
+    # gdb stops at main (backtrace past-main off); libdw goes on into glibc's start-up and _start
+    ours = {"threads": [thread(7, [{**frame(0x10, "main"), "file": "./prog/main.c"},
+                                   frame(0x20, "__libc_start_call_main"), frame(0x30, "__libc_start_main_impl"),
+                                   frame(0x40, "_start")]),
+                        thread(8, [frame(0x50, "worker"), frame(0x60, "start_thread"), frame(0x70, "__clone3")])]}
+    gdbs = {"threads": [thread(7, [{**frame(0x10, "main"), "file": "/build/prog-1.0/prog/main.c"}], method="gdb"),
+                        thread(8, [frame(0x50, "worker"), frame(0x60, "start_thread")], method="gdb")]}
+    assert compare_native_docs(ours, gdbs) == []
+    # but a stack that stops early, short of the entry, is a difference, and so is another file
+    early = {"threads": [thread(8, [frame(0x50, "worker")], method="gdb")]}
+    assert compare_native_docs({"threads": [thread(8, [frame(0x50, "worker"), frame(0x58, "dispatch")])]}, early) == [
+        "thread 8: 2 frames (libdw) vs 1 (gdb, tail-call frames left out)"]
+    elsewhere = {"threads": [thread(7, [{**frame(0x10, "main"), "file": "/build/prog/other.c"}], method="gdb")]}
+    assert compare_native_docs({"threads": [thread(7, [{**frame(0x10, "main"), "file": "main.c"}])]}, elsewhere)
