@@ -224,12 +224,12 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
                                     "reasons": {}, "loop": 0, "images": {}})
         if p.node:
             g["nodes"].add(p.node)
-            node_is_crashy[p.node] = node_is_crashy.get(p.node, False) or restarts > 0
+            node_is_crashy[p.node] = node_is_crashy.get(p.node, False) or restarts > 0 or p.crash_looping
         g["pods"] += 1
         g["with"] += restarts > 0
         g["total"] += restarts
         g["max"] = max(g["max"], restarts)
-        b = _exit_bucket(p.last_exit_code) if restarts else None
+        b = _exit_bucket(p.last_exit_code) if restarts or p.crash_looping else None
         if b:
             g["codes"][b] = g["codes"].get(b, 0) + 1
         if restarts and p.last_reason:

@@ -54,8 +54,14 @@ class FleetGroup:
         return ", ".join(f"{v}" for _, v in self.key) or "(no labels)"
 
     @property
+    def failing_pods(self) -> int:
+        """Pods restarting in the window, or crash-looping now (at least): right after a baseline, a pod in
+        CrashLoopBackOff has no restart counted yet -- it waits out its back-off -- and is no clean pod."""
+        return max(self.pods_with_restarts, self.crash_loop)
+
+    @property
     def crash_share(self) -> float:
-        return self.pods_with_restarts / self.pods if self.pods else 0.0
+        return self.failing_pods / self.pods if self.pods else 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,11 +155,11 @@ def boundary_lines(per_label: dict[str, dict[str, tuple[int, int]]], *, nodes: i
 def finish_summary(groups: list[FleetGroup], *, group_by: tuple[str, ...], nodes: int, boundary: list[str],
                    **rest) -> FleetSummary:
     """The summary of ``groups``: sorted by restarts then pods, the groups where crashes concentrate (a share of
-    :data:`CRASHY_SHARE` of their pods restarting) and the clean ones; ``rest``: the other fields of
-    :class:`FleetSummary` as the reader knows them."""
+    :data:`CRASHY_SHARE` of their pods restarting or crash-looping) and the clean ones (neither); ``rest``: the
+    other fields of :class:`FleetSummary` as the reader knows them."""
     rows = sorted(groups, key=lambda g: (-g.total_restarts, -g.pods, g.name))
     return FleetSummary(
         group_by=group_by, groups=tuple(rows), pods=sum(g.pods for g in rows), nodes=nodes,
         crashing_groups=tuple(g.name for g in rows if g.crash_share >= CRASHY_SHARE),
-        clean_groups=tuple(g.name for g in rows if g.pods_with_restarts == 0),
+        clean_groups=tuple(g.name for g in rows if g.failing_pods == 0),
         boundary=tuple(boundary), **rest)

@@ -161,3 +161,20 @@ def test_files_that_cannot_be_a_fleet_are_refused(saved, tmp_path, case):
                 "nodes-are-pods": f"--nodes {p} holds no nodes (207 Pod)"}[case]
     assert expected in message, r.stderr
     assert "0 pods on 0 nodes" not in r.output
+
+
+def test_since_a_fresh_snapshot_crash_looping_pods_are_not_clean(saved, tmp_path):
+    # GIVEN a snapshot taken now, and the same pods a moment later: 36 H20 pods wait out CrashLoopBackOff, no
+    # restart of any pod counted since
+    p, n = saved
+    snap = tmp_path / "baseline.json"
+    assert run("fleet", "--json", "-o", str(snap), "--from", str(p), "--nodes", str(n)).exit_code == 0
+    r = run("fleet", "--json", "--from", str(p), "--nodes", str(n), "--since", str(snap))
+    f = json.loads(r.stdout)["fleet"]
+    h20 = next(g for g in f["groups"] if g["key"][0][1] == "NVIDIA-H20")
+    assert (h20["total_restarts"], h20["crash_loop"]) == (0, 36)
+    # THEN the group is not called clean: its crash-looping pods fail now
+    assert f["clean_groups"] == ["NVIDIA-RTX-6000-Ada-Generation, 570.172.08"]
+    assert "NVIDIA-H20, 580.126.09" in f["crashing_groups"]
+    text = run("fleet", "--from", str(p), "--nodes", str(n), "--since", str(snap)).stdout
+    assert "Clean: NVIDIA-RTX-6000-Ada-Generation, 570.172.08\n" in text and "Clean: NVIDIA-H20" not in text
