@@ -130,6 +130,7 @@ _PGPASS = re.compile(r"(?m)(?:^|(?<=\s))(?P<pre>(?=[^:\s]*[A-Za-z*])[^:\s#]+:(?:
 # <add key="Password" value="..."/> (.NET config, XML properties)
 _XML_KEY_VALUE = re.compile(r"(?P<pre>\b(?:key|name)=(?P<q>[\"'])(?P<name>[^\"'\n]*)(?P=q)\s+value=(?P<vq>[\"']))"
                             r"(?P<value>[^\"'\n]*)(?P=vq)")
+_XML_VALUE_NEXT = re.compile(r"\s+value=")
 _IPV4 = re.compile(r"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)\b")
 # four or more groups, or a "::" -- not a PCI address (0000:3b:00, 00000000:18:00.0), which NVIDIA's
 # logs and reports are full of
@@ -278,7 +279,7 @@ class Redactor:
 
         def pair(m: re.Match) -> str:
             q, value = _unquote(m["value"])
-            if SECRET_NAME.search(m["name"]) and MASK not in value:
+            if SECRET_NAME.search(m["name"]) and MASK not in value and not _XML_VALUE_NEXT.match(m.string, m.end()):
                 return f"{m['name']}={q}{self._secret('secret-like NAME=value pairs', value)}{q}"
             return m.group(0)
 
@@ -335,9 +336,10 @@ class Redactor:
         if value.startswith("{") and value.endswith("}"):
             q, value = "{", value[1:-1]
         name = m["name"]
-        secret = SECRET_NAME.search(name) or (m["sep"] is not None and name.lower() in _PARAM_SECRETS)
-        if not secret or not value or MASK in value:
-            return m.group(0)
+        joined = m["sep"] is not None or m.string[m.end():m.end() + 1] in (";", "&")  # not "" (the end)
+        secret = SECRET_NAME.search(name) or (joined and name.lower() in _PARAM_SECRETS)
+        if not secret or not value or MASK in value or _XML_VALUE_NEXT.match(m.string, m.end()):
+            return m.group(0)  # key="Password" value="...": the attribute names the secret, the XML rule masks it
         close = "}" if q == "{" else q
         head = m.group(0)[:m.start("value") - m.start()]
         return f"{head}{q}{self._secret('secret-like NAME=value pairs', value)}{close}"

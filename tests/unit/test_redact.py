@@ -187,3 +187,14 @@ def test_a_learned_value_never_blanks_the_documents_own_facts():
     # and a command line under a fact's key is no fact: its words stay secrets
     cmd = redact_document({"command": "exporter --token Tok3nValue99", "log": "saw Tok3nValue99"})
     assert cmd["log"] == "saw [REDACTED]"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('<add key="Password" value="XmlAttrPw085"/>', '<add key="Password" value="[REDACTED]"/>'),
+    ("Server=tcp:sql,1433;User ID=sa;Password=My Secret Pw;Encrypt=True;",
+     "Server=tcp:sql,1433;User ID=sa;Password=[REDACTED];Encrypt=True;"),
+    ("PWD={a;b};UID=sa", "PWD={[REDACTED]};UID=sa"),
+    ("https://x/y?page=2&sig=AbCdEf123456%3D&sp=r", "https://x/y?page=2&sig=[REDACTED]&sp=r"),
+])
+def test_structures_around_a_mask_are_kept(text, expected):
+    assert Redactor().text(text) == expected
