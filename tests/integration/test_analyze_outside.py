@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import re
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -26,15 +29,30 @@ def run(*args: str):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-def _stripped_system_python() -> str | None:
-    """A distribution's CPython whose executable has no symbol table (Debian's python3.X), or None."""
-    for exe in sorted(glob.glob("/usr/bin/python3.[0-9]*")):
-        if not re.fullmatch(r"/usr/bin/python3\.\d+", exe):
+def _stripped_copy(directory: Path) -> str | None:
+    """A CPython made stripped here, as a distribution ships it: a copy of an interpreter whose executable holds
+    CPython itself (no libpython it needs), without symbol table, DWARF or debug link, and with a build-id of its
+    own, so that no debug package installed on this machine (Debian's python3.X-dbg) gives its symbols back."""
+    for exe in sorted(glob.glob("/usr/bin/python3.[0-9]*")) + list(PYTHONS.values()):
+        real = os.path.realpath(exe)
+        if not re.fullmatch(r".*/python3\.\d+", real):
             continue
-        with open(exe, "rb") as f:
+        with open(real, "rb") as f:
             elf = ELFFile(f)
-            if elf.get_section_by_name(".symtab") is None and elf.get_section_by_name(".dynsym") is not None:
-                return exe
+            dynamic = elf.get_section_by_name(".dynamic")
+            needed = [t.needed for t in dynamic.iter_tags() if t.entry.d_tag == "DT_NEEDED"] if dynamic else []
+            if any(n.startswith("libpython") for n in needed) or elf.get_section_by_name(".dynsym") is None:
+                continue
+        dst = directory / "stripped" / os.path.basename(real)
+        dst.parent.mkdir(exist_ok=True)
+        shutil.copy2(real, dst)
+        subprocess.run(["strip", "--strip-all", "--remove-section=.gnu_debuglink", str(dst)], check=True, timeout=120)
+        with open(dst, "r+b") as f:
+            note = ELFFile(f).get_section_by_name(".note.gnu.build-id")
+            if note is not None:  # namesz, descsz, type, "GNU\0", then the id itself
+                f.seek(note["sh_offset"] + 16)
+                f.write(os.urandom(note["sh_size"] - 16))
+        return str(dst)
     return None
 
 
@@ -45,9 +63,9 @@ def workdir(tmp_path_factory, core_pattern) -> Path:
 
 @pytest.fixture(scope="module")
 def stripped_abort(workdir) -> Path:
-    python = _stripped_system_python()
+    python = _stripped_copy(workdir)
     if python is None:
-        pytest.skip("no stripped distribution CPython (/usr/bin/python3.X without .symtab) on this machine")
+        pytest.skip("no CPython whose executable holds CPython itself (not in a libpython) on this machine")
     return make_core(workdir, python, "py-abort")
 
 
