@@ -187,7 +187,9 @@ def _crash_the_exporter(run: _Run, fault_after: int, timeout: float) -> _Crashed
         try:
             from .capture.node import capture_pid
 
-            armed = capture_pid(proc.pid, core_dir=str(work_dir / "cores"), bundle_parent=str(out_dir / "capture"))
+            # the node is simulated: this machine's kernel log is not its driver's (kernel_log=False)
+            armed = capture_pid(proc.pid, core_dir=str(work_dir / "cores"), bundle_parent=str(out_dir / "capture"),
+                                kernel_log=False)
             bundle = armed.bundle
             step(f"forensics capture --pid {proc.pid}: core limit {armed.rlimit_core_before[0]} -> "
                  f"{armed.rlimit_core_after[0]} (read back from /proc), evidence bundle written")

@@ -604,6 +604,7 @@ def capture_pid(
     host_root: str = "/",
     extra_items: dict | None = None,
     bug_report: bool = True,
+    kernel_log: bool = True,
 ) -> ArmResult:
     """Arm process ``pid`` and write its capture bundle under ``bundle_parent`` (default ``CORE_DIR/bundles``).
 
@@ -611,6 +612,8 @@ def capture_pid(
     ``nvidia-smi -q`` and (``bug_report``, when the node has it) ``nvidia-bug-report.sh --safe-mode``'s
     report, each bounded in time and size.
 
+    :param kernel_log: read this machine's kernel log (False for a simulated node: the demo's driver is not this
+        machine's, and its kernel log lines would be another GPU's, or a test's)
     :raises NotRoot, ProcessGone: see :func:`arm_process`
     :raises CoreDirectoryError: when the bundle cannot be written
     """
@@ -652,8 +655,9 @@ def capture_pid(
         node_os = read_os_release(host_root)
         if node_os is not None:
             w.add_bytes(layout.NODE_OS_RELEASE, node_os.encode(), "the node's /etc/os-release")
-        w.add_bytes(layout.KERNEL_LOG, redacted("\n".join(read_kernel_log(pid=pid)) + "\n", learned),
-                    "kernel log lines of the NVIDIA driver (NVRM, Xid, its modules) and of this process's faults")
+        if kernel_log:
+            w.add_bytes(layout.KERNEL_LOG, redacted("\n".join(read_kernel_log(pid=pid)) + "\n", learned),
+                        "kernel log lines of the NVIDIA driver (NVRM, Xid, its modules) and of this process's faults")
         smi = read_nvidia_smi()
         if smi is not None:
             w.add_bytes(layout.NVIDIA_SMI, redacted(smi, learned), "nvidia-smi -q, secrets masked")
