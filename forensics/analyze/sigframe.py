@@ -37,6 +37,7 @@ from ..model import (
     CoreFile,
     CoreThread,
     HandlerKind,
+    LibraryStatus,
     Mapping,
     NativeFrame,
     SignalFrame,
@@ -52,6 +53,7 @@ __all__ = [
     "TextReader",
     "find_trampolines",
     "text_trampolines",
+    "shape_trampolines",
     "parse_signal_frame",
     "signal_from_registers",
     "find_signal_frames",
@@ -101,7 +103,50 @@ def find_trampolines(core: CoreFile, mem: CoreMemory, threads: tuple[Thread, ...
         found.add(address)
         if len(found) >= MAX_TRAMPOLINES:
             break
+    if not found:
+        found.update(shape_trampolines(core, mem))
     return tuple(sorted(found))
+
+
+#: bytes of the crashed thread's stack searched for a frame of the kernel's shape when the trampoline's
+#: bytes cannot be read (its C library another build, or none, and its text not in the core)
+SHAPE_SCAN = 1 << 20
+
+
+def shape_trampolines(core: CoreFile, mem: CoreMemory) -> tuple[int, ...]:
+    """Trampolines known by the frames that return to them, for a core whose C library's text cannot be
+    read (analyzed on another machine, without ``--sysroot``): a word on the crashed thread's stack, from its
+    stack pointer up (:data:`SHAPE_SCAN` bytes), that points into the C library's executable mappings (the
+    executable's for a static program) and whose bytes read as a signal frame the kernel pushed --
+    :func:`parse_signal_frame`'s checks, and the FPU state the kernel puts just above every x86-64 signal
+    frame (64-byte aligned, within 128 bytes past its end), which stale stack bytes do not have."""
+    from ..core.libc import is_libc
+
+    regs = next((t for t in core.threads if t.tid == core.crashed_tid), None)
+    if regs is None or not regs.sp:
+        return ()
+    paths = {lib.path for lib in core.libraries if is_libc(lib.path)} or {core.executable or ""}
+    code = [(m.start, m.end) for m in core.mappings if m.path in paths and "x" in m.perms]
+    stack = core.find_mapping(regs.sp)
+    if not code or stack is None:
+        return ()
+    pos = regs.sp & ~7
+    data = mem.read_prefix(pos, min(stack.end - pos, SHAPE_SCAN))
+    text = TextReader(core, mem)
+    found: list[int] = []
+    for i, word in enumerate(memoryview(data[: len(data) & ~7]).cast("Q")):
+        if not any(lo <= word < hi for lo, hi in code) or word in found:
+            continue
+        address = pos + 8 * i
+        raw = data[8 * i: 8 * i + FRAME_SIZE]
+        fpstate = struct.unpack_from("<Q", raw, _MCONTEXT + 23 * 8)[0] if len(raw) == FRAME_SIZE else 0
+        if fpstate % 64 or not address + FRAME_SIZE <= fpstate <= address + FRAME_SIZE + 128:
+            continue
+        if parse_signal_frame(core, raw, address, text) is not None:
+            found.append(word)
+            if len(found) >= MAX_TRAMPOLINES:
+                break
+    return tuple(found)
 
 
 def text_trampolines(core: CoreFile, mem: CoreMemory) -> tuple[int, ...]:
@@ -130,7 +175,9 @@ class TextReader:
     def __init__(self, core: CoreFile, mem: CoreMemory) -> None:
         self.core = core
         self.mem = mem
-        self._files = {lib.path: lib.file_path for lib in core.libraries}
+        # only a file of the build that ran (another build's bytes are at other offsets: a wrong trampoline)
+        self._files = {lib.path: lib.file_path for lib in core.libraries
+                       if lib.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED)}
 
     def __call__(self, addr: int, size: int) -> bytes:
         data = self.mem.read_prefix(addr, size)
@@ -313,14 +360,19 @@ def signal_from_registers(core: CoreFile, regs: tuple[int, ...], text: Callable[
 def _self_signal(core: CoreFile, regs: tuple[int, ...], text: Callable[[int, int], bytes] | None
                  ) -> SigInfo | None:
     """The signal the thread sent itself, when it was interrupted right after a ``tgkill(pid, tid, sig)`` or
-    ``kill``/``tkill(id, sig)`` syscall naming this process (its argument registers are still in place)."""
+    ``kill``/``tkill(id, sig)`` syscall naming this process (its argument registers are still in place).
+
+    Where the code bytes cannot be read (the C library another build, its text not in the core), the
+    three arguments of ``tgkill`` -- this process, one of its threads, a signal -- say it alone; the
+    two of ``kill``/``tkill`` are too common a pair of small numbers to."""
     rdi, rsi, rdx, rip = regs[8], regs[9], regs[12], regs[16]
-    if text is None or text(rip - 2, 2) != _SYSCALL:
+    code = text(rip - 2, 2) if text is not None else b""
+    if code != _SYSCALL and (code or text is None):
         return None
     tids = {t.tid for t in core.threads} | {core.pid}
     if rdi == core.pid and rsi in tids and 1 <= rdx <= 64:
         return _info(rdx, -6, sender=core.pid)
-    if rdi in tids and 1 <= rsi <= 64:
+    if code and rdi in tids and 1 <= rsi <= 64:
         return _info(rsi, 0, sender=core.pid)
     return None
 

@@ -221,3 +221,24 @@ def test_abort_message_is_read_from_the_core_without_the_crashed_libc(same_bug, 
     assert heap.crash.abort_message == "double free or corruption (!prev)"
     assert heap.crash.kind is CrashKind.HEAP_CORRUPTION
     assert heap.fingerprint == analyze_core(str(cores.get("sid-3.14", "heap-prev")), sysroot=str(root)).fingerprint
+
+
+def test_signal_frames_read_without_the_crashed_libc(same_bug, request):
+    # GIVEN Debian unstable's cores analyzed here without --sysroot: libc.so.6 here is another build, whose
+    # trampoline bytes lie elsewhere, and the core holds no page of libc's text
+    request.getfixturevalue("sid_root")
+    for key in [k for k in same_bug.keys if k.startswith("sid-")]:
+        handled = analyze_core(str(same_bug.core(key, "null", faulthandler=True)))
+        usr1 = analyze_core(str(same_bug.core(key, "usr1-handler")))
+        # THEN faulthandler's signal frame is found by its shape: the fault is the SIGSEGV at address 0
+        (sf,) = handled.snapshot.crashed_thread.signal_frames
+        assert sf.signal.name == "SIGSEGV" and sf.alternate_stack, (key, sf)
+        crash = handled.crash
+        assert (crash.signal_name, crash.fault_address, crash.fault_kind) == ("SIGSEGV", 0, FaultKind.NEAR_NULL), key
+        # and the SIGUSR1 handler's fault is inside the SIGUSR1 handler (its signal read from the tgkill
+        # registers, not guessed from a stale trap number)
+        assert usr1.crash.handling is not None and usr1.crash.handling.signal_name == "SIGUSR1", (key, usr1.crash)
+        assert usr1.crash.kind is CrashKind.SEGV and usr1.crash.fault_address == 0
+        # the unwinder stops in libc without its file, so which Python frames ran in the handler is not
+        # known: both fingerprints say they are partial rather than hash the wrong frames
+        assert handled.fingerprint_partial and usr1.fingerprint_partial
