@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field, replace
 
-from ..bundle.layout import ANALYSIS, ANALYSIS_FAILED, ANALYSIS_POD, CRASHES, RECORD
+from ..bundle.layout import ANALYSIS, ANALYSIS_DIR, ANALYSIS_FAILED, ANALYSIS_POD, CRASHES, RECORD
 
 __all__ = ["CrashEntry", "FingerprintGroup", "NodeIndex", "read_crash", "build_index",
-           "NOT_KEPT_REASONS", "MAX_READ"]
+           "NOT_KEPT_REASONS", "MAX_READ", "group_crashes", "IndexReader"]
 
 #: why a crash's core is not on disk whole, as the metrics label it (bounded: these values only)
 NOT_KEPT_REASONS = ("rlimit", "loop-limit", "disk-full", "min-free", "cut", "truncated-stream", "not-a-core",
@@ -184,8 +185,12 @@ def build_index(core_dir: str, *, limit: int = 1_000_000) -> NodeIndex:
         names = sorted(os.listdir(crashes_dir))[:limit]
     except OSError:
         names = []
-    entries = [e for e in (read_crash(os.path.join(crashes_dir, n)) for n in names) if e is not None]
-    entries.sort(key=lambda e: (e.time, e.id))
+    return group_crashes([e for e in (read_crash(os.path.join(crashes_dir, n)) for n in names) if e is not None])
+
+
+def group_crashes(entries: list[CrashEntry]) -> NodeIndex:
+    """The index of crash entries (any order): oldest first, grouped by fingerprint."""
+    entries = sorted(entries, key=lambda e: (e.time, e.id))
     # a crash with nothing to analyze takes the fingerprint of an analyzed crash with the same crash-loop key
     by_key: dict[str, CrashEntry] = {}
     for e in entries:
@@ -213,3 +218,93 @@ def build_index(core_dir: str, *, limit: int = 1_000_000) -> NodeIndex:
             if v:
                 s.add(v)
     return NodeIndex(crashes=out, groups=groups)
+
+
+#: a bundle whose record or analysis directory changed this recently is read again on the next round too: two
+#: changes within one tick of the file system's clock leave the same mtime (git's "racy" rule)
+_SETTLE_NS = 2_000_000_000
+
+
+def _bundle_key(crash_dir: str) -> tuple:
+    """What says a bundle changed, for the index: the record and the analysis directory (dev, inode, mtime, size).
+
+    Everything the index reads is written by a rename (``write_atomic``): the record's inode changes, or the
+    analysis directory's mtime does (analysis, failure, pod, attempts)."""
+    return tuple(_stat_key(os.path.join(crash_dir, rel)) for rel in (RECORD, ANALYSIS_DIR))
+
+
+class IndexReader:
+    """The node index kept between rounds (``agent serve``): each bundle is read once, and again only when it
+    changed (:func:`_bundle_key`).
+
+    A round lists ``crashes/`` only when its mtime moved, and looks at the bundles that may change on their own
+    (no readable record yet, the handler still writing, an analysis pending, changed in the last 2 s) and those
+    :meth:`touch` named; every ``full_every`` seconds it looks at all (a record the budget rewrote, a bundle
+    removed by hand). An idle round costs a ``stat`` of the directory. The index it gives is what
+    :func:`build_index` would read then; a restarted agent reads every bundle again.
+    """
+
+    def __init__(self, core_dir: str, *, limit: int = 1_000_000, full_every: float = 10.0) -> None:
+        self.crashes_dir = os.path.join(core_dir, CRASHES)
+        self.limit = limit
+        self.full_every = full_every
+        self.index = NodeIndex(crashes=[], groups={})
+        self._read: dict[str, tuple[tuple | None, CrashEntry | None]] = {}  # name -> (key when settled, entry)
+        self._names: list[str] = []
+        self._listed: tuple | None = None  # the directory's key when it was listed (settled)
+        self._full_at = -float("inf")
+        self._touched: set[str] = set()
+
+    def touch(self, crash_dir: str) -> None:
+        """Read this bundle again on the next round (the agent wrote into it)."""
+        self._touched.add(os.path.basename(crash_dir.rstrip("/")))
+
+    def refresh(self) -> bool:
+        """Read what changed since the last call; True when the index changed."""
+        now, mono = time.time_ns(), time.monotonic()
+        full = mono - self._full_at >= self.full_every
+        if full:
+            self._full_at = mono
+        listed = _stat_key(self.crashes_dir)
+        if full or listed is None or listed != self._listed:
+            try:
+                self._names = sorted(os.listdir(self.crashes_dir))[:self.limit]
+            except OSError:
+                self._names = []
+            self._listed = listed if listed is not None and listed[2] < now - _SETTLE_NS else None
+        touched, self._touched = self._touched, set()
+        changed = len(self._names) != len(self._read)
+        read: dict[str, tuple[tuple | None, CrashEntry | None]] = {}
+        for name in self._names:
+            before = self._read.get(name)
+            if not full and before is not None and before[0] is not None and name not in touched \
+                    and not _may_change(before[1]):
+                read[name] = before
+                continue
+            crash_dir = os.path.join(self.crashes_dir, name)
+            key = _bundle_key(crash_dir)
+            if before is not None and before[0] == key and name not in touched:
+                read[name] = before
+                continue
+            entry = read_crash(crash_dir)
+            changed = changed or before is None or before[1] != entry
+            settled = all(k is None or k[2] < now - _SETTLE_NS for k in key)
+            read[name] = (key if settled else None, entry)
+        self._read = read
+        if changed:
+            self.index = group_crashes([e for _, e in read.values() if e is not None])
+        return changed
+
+
+def _stat_key(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _may_change(entry: CrashEntry | None) -> bool:
+    """A bundle that changes without the agent: no readable record yet, the handler still writing, or its
+    analysis pending (the agent's own writes are :meth:`IndexReader.touch`-ed)."""
+    return entry is None or entry.analysis == "pending" or entry.core_state == "in-progress"

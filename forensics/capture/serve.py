@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import signal
 import subprocess
@@ -41,7 +42,7 @@ from ..output import escape_text
 from ..redact import Redactor, redact_document
 from ..subproc import run_bounded
 from ..bundle import layout
-from .nodeindex import MAX_READ, NOT_KEPT_REASONS, NodeIndex, build_index
+from .nodeindex import MAX_READ, NOT_KEPT_REASONS, IndexReader, NodeIndex
 
 __all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve",
            "fit_document", "NOT_STARTED"]
@@ -49,6 +50,7 @@ __all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_fail
 ANALYSIS_FAILURES = ("timeout", "memory", "error", "interrupted")
 NOT_STARTED = "not-started"
 _TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+STORED_EVERY = 60.0  # seconds between counts of the bytes stored when no bundle changed
 MAX_ANALYSIS_OUTPUT = 256 << 20  # what an analysis may print (it is read back whole, then fit to MAX_READ)
 _IOPRIO_SET = 251  # x86-64 syscall number
 _IOPRIO_CLASS_IDLE = 3
@@ -386,20 +388,29 @@ class Agent:
 
     def __init__(self, cfg: ServeConfig) -> None:
         self.cfg = cfg
-        self.index = NodeIndex(crashes=[], groups={})
+        self.reader = IndexReader(cfg.core_dir)
+        self.index = self.reader.index
         self.stored = {"cores": 0, "objects": 0}
+        self.stored_at = -math.inf
         self.pods: dict[str, dict] = {}  # pod uid -> {"namespace", "name", "containers": {id: (name, digest)}}
         self.pods_read = 0.0
         self.events = EventSink(cfg.kube, cfg.node) if cfg.events and cfg.kube is not None else None
         self.stopping = threading.Event()
 
     def refresh(self) -> None:
-        self.index = build_index(self.cfg.core_dir)
-        from .store import disk_usage
+        """Read the bundles that changed; publish (agent-index.json, Events) when the index did. The bytes stored
+        are counted again then, and every :data:`STORED_EVERY` seconds (a walk of every file)."""
+        changed = self.reader.refresh()
+        self.index = self.reader.index
+        if changed or time.monotonic() - self.stored_at > STORED_EVERY:
+            from .store import disk_usage
 
-        crashes = disk_usage(os.path.join(self.cfg.core_dir, layout.CRASHES))
-        self.stored = {"cores": crashes, "objects": disk_usage(os.path.join(self.cfg.core_dir, layout.OBJECTS))}
-        # derived data, rebuilt on every round, for people reading the node: the crashes' records hold the facts
+            crashes = disk_usage(os.path.join(self.cfg.core_dir, layout.CRASHES))
+            self.stored = {"cores": crashes, "objects": disk_usage(os.path.join(self.cfg.core_dir, layout.OBJECTS))}
+            self.stored_at = time.monotonic()
+        if not changed:
+            return
+        # derived data, rewritten when the index changes, for people reading the node: the records hold the facts
         with contextlib.suppress(OSError):
             _write_atomic_json(os.path.join(self.cfg.core_dir, layout.AGENT_INDEX),
                                {"node": self.cfg.node, "written_at": time.time(), **self.index.as_document()})
@@ -438,6 +449,7 @@ class Agent:
             name, digest = p["containers"].get(c.container_id or "", (None, None))
             if name is None:  # an earlier container of the pod: the container name of the pod's first container
                 name, digest = p["first"]
+            self.reader.touch(c.path)
             with contextlib.suppress(OSError):  # the crash stays unnamed in the index until a later round writes it
                 _write_atomic_json(os.path.join(c.path, layout.ANALYSIS_POD), {
                     "namespace": p["namespace"], "name": p["name"], "container": name, "image_digest": digest,
@@ -450,6 +462,7 @@ class Agent:
         pending = [c for c in self.index.crashes if c.analysis == "pending" and c.core_state != "in-progress"]
         if not pending:
             return False
+        self.reader.touch(pending[0].path)
         return analyze_crash(pending[0].path, self.cfg) != NOT_STARTED  # not started: after a pause
 
     def run(self) -> None:

@@ -211,3 +211,94 @@ def test_an_analysis_larger_than_the_index_reads_is_kept_with_its_fingerprint(de
     assert "bytes" in doc["agent"]["cut"]
     fp = oracle_fingerprint(crash)
     assert doc["analysis"]["fingerprint"] == fp and list(idx["fingerprints"]) == [fp]
+
+
+def _clone(bundle: Path, crashes: Path, n: int) -> list[Path]:
+    """``n`` copies of a crash bundle under other names (the record and analysis copied, the rest hard-linked), all
+    last changed an hour ago."""
+    import shutil
+
+    out = []
+    for i in range(n):
+        d = crashes / f"{bundle.name}-copy{i:04d}"
+        for src in bundle.rglob("*"):
+            dst = d / src.relative_to(bundle)
+            if src.is_dir():
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.name.endswith(".json"):
+                shutil.copyfile(src, dst)
+            else:
+                os.link(src, dst)
+        out.append(d)
+    hour_ago = time.time() - 3600  # history: its files are not being written (the index re-reads those)
+    for d in [bundle, *out]:
+        for p in (d / "metadata.json", d / "60-analysis"):
+            os.utime(p, (hour_ago, hour_ago))
+    return out
+
+
+def _rchar(pid: int) -> int:
+    return int(next(x for x in Path(f"/proc/{pid}/io").read_text().splitlines() if x.startswith("rchar:")).split()[1])
+
+
+def test_the_idle_agent_reads_each_bundle_once_and_again_only_when_it_changes(kernel_cores, container, tmp_path):
+    from forensics.capture.store import write_atomic
+
+    core_dir = tmp_path / "cores"
+    # GIVEN a node with 301 analysed crashes (one real, analysed by the agent, and 300 copies of it)
+    handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+    agent = AgentProcess(core_dir, "node-idle", None, tmp_path)
+    try:
+        wait_analyzed(core_dir, 1)
+    finally:
+        agent.stop()
+    (first,) = (core_dir / "crashes").iterdir()
+    copies = _clone(first, core_dir / "crashes", 300)
+    one_read = sum(p.stat().st_size for p in first.rglob("*.json"))
+    agent = AgentProcess(core_dir, "node-idle", None, tmp_path)
+    try:
+        wait_analyzed(core_dir, 301)
+        time.sleep(2)
+        # WHEN it is idle for 3 s
+        before = _rchar(agent.proc.pid)
+        time.sleep(3)
+        read = _rchar(agent.proc.pid) - before
+        # THEN it read less than a tenth of one pass over the bundles (0 bytes here; it read them all again
+        # on every round, a pass a second and more)
+        assert read < 30 * one_read, f"{read:,} bytes read idle; one pass is {301 * one_read:,}"
+        # WHEN the budget rewrites a record, a bundle is removed, and a crash comes
+        rec = json.loads((copies[0] / "metadata.json").read_text())
+        rec["core"] = {**rec["core"], "state": "deleted-for-budget"}
+        write_atomic(str(copies[0] / "metadata.json"), json.dumps(rec).encode())
+        import shutil
+
+        shutil.rmtree(copies[1])
+        handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+        # THEN the index, and the metrics, follow (within the 10 s between full rounds)
+        idx = wait_analyzed(core_dir, 301, timeout=120)
+        deadline = time.monotonic() + 30
+        while True:
+            not_kept = {s.labels["reason"]: s.value for s in agent.scrape()["forensics_cores_not_kept"]}
+            if not_kept["budget"] == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert not_kept["budget"] == 1
+        assert sum(g["count"] for g in idx["fingerprints"].values()) == 301
+    finally:
+        agent.stop()
+    # and a reader kept between rounds gives what reading every bundle gives: a bundle removed at once, a change
+    # the handler or the agent did not make at its next full round
+    from forensics.capture.nodeindex import IndexReader, build_index
+
+    reader = IndexReader(str(core_dir), full_every=3600)
+    reader.refresh()
+    assert reader.index.as_document() == build_index(str(core_dir)).as_document()
+    shutil.rmtree(copies[2])
+    assert reader.refresh()
+    assert reader.index.as_document() == build_index(str(core_dir)).as_document()
+    (copies[3] / "60-analysis" / "analysis.json").unlink()
+    reader.full_every = 0
+    assert reader.refresh()
+    assert reader.index.as_document() == build_index(str(core_dir)).as_document()
+    assert reader.index.as_document()["pending"] == 1
