@@ -10,6 +10,9 @@ container.  The real core handler takes the core, the real agent analyzes it int
 Event to the API stand-in, and the analyst's side runs analyze --json, report (three templates, with their
 attachments and as JSON) and verify-imports --pid --json.  Each output's (planted, masked, leaked) is printed.
 
+A heap overflow whose bytes past the buffer's end are the password its argv gives: the heap verdict's quote
+of them (first_bytes), the report's "First bytes past the end" and analyze's text mask it in hex and text.
+
 And redaction is no weapon: a process started with ``--api-key SIGSEGV --token string_at`` that crashes in
 ctypes.string_at with SIGSEGV keeps its crash site in the signature, the report's title and body.
 """
@@ -238,3 +241,41 @@ def test_a_secret_equal_to_the_crash_site_does_not_blank_it(weapon):
         assert "[REDACTED]" not in rep["title"], rep["title"]
         assert "SIGSEGV" in rep["body"] and "string_at" in rep["body"], template
         assert not any("masked in the crash's" in line for line in rep["footer"])
+
+
+HEAP_OVERFLOW = r'''
+import ctypes, sys
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+secret = sys.argv[sys.argv.index("--password") + 1].encode()
+a = libc.malloc(2000)
+b = libc.malloc(2000)
+ctypes.memmove(a, b"A" * 2000 + secret, 2000 + len(secret))  # the copy runs on over b's header: glibc aborts in free
+libc.free(a)
+'''
+
+
+def test_a_quote_of_memory_past_a_buffer_keeps_no_password(tmp_path, core_pattern, newest_python):
+    # GIVEN a process whose copy overflows a heap buffer with the password its argv gives: glibc aborts in free()
+    password = "HeapPassw0rdQuote77"
+    (tmp_path / "heap.py").write_text(HEAP_OVERFLOW)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    core = crash_for_core([PYTHONS[newest_python], str(tmp_path / "heap.py"), "--password", password], run_dir)
+    assert password.encode() in core.read_bytes()
+    # WHEN it is analyzed and reported
+    analysis = tmp_path / "analysis.json"
+    assert run("analyze", "--json", "-o", str(analysis), str(core)).exit_code in (0, 4)
+    doc = json.loads(analysis.read_text())
+    rep = run("report", "--json", "--template", "nvml", str(analysis)).stdout
+    text = run("analyze", str(core)).stdout
+    # THEN the heap verdict quotes the bytes past the buffer's end, with the password masked in hex and text alike
+    quoted = bytes.fromhex(doc["analysis"]["heap"]["corruption"]["first_bytes"])
+    assert b"[REDACTED]" in quoted, quoted
+    assert "secrets in quotes of memory" in doc["redaction"]["counts"]
+    windows = {password[i:i + 8] for i in range(len(password) - 7)}
+    hexes = {w.encode().hex() for w in windows} | {w.encode().hex(" ") for w in windows}
+    for name, out in (("analysis.json", analysis.read_text()), ("report", rep), ("analyze (text)", text)):
+        assert not [w for w in windows | hexes if w in out], name
+    assert "First bytes past the end: 5b 52 45 44 41 43 54 45 44 5d" in json.loads(rep)["report"]["markdown"]
