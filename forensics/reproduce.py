@@ -323,7 +323,9 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
         runs["python"] = _run_one("python", cmd, base_env, runs_dir / "python", timeout, analyze)
     if "c" in which:
         binary = build_c_reproducer(workdir / "bin")
-        cmd = [str(binary), "--iterations", str(iterations)] + (["--duration", str(duration)] if duration else [])
+        # the Python reproducer's calling pattern: a fault only calls from threads meet crashes both, the driver's
+        cmd = [str(binary), "--iterations", str(iterations), "--threads", str(threads)] + (
+            ["--duration", str(duration)] if duration else [])
         if malloc_check:
             cmd.append("--malloc-check")
         runs["c"] = _run_one("c", cmd, base_env, runs_dir / "c", timeout, analyze)

@@ -28,7 +28,7 @@ __all__ = ["reproduce"]
                    "12.575.51).")
 @click.option("--iterations", type=int, default=1000, show_default=True)
 @click.option("--threads", type=int, default=2, show_default=True,
-              help="Querying threads of the Python reproducer (0: main thread).")
+              help="Querying threads of both reproducers, each querying every GPU (0: the main thread).")
 @click.option("--duration", type=float, default=None, help="Stop each reproducer after S seconds.")
 @click.option("--shutdown-race", is_flag=True, help="Call nvmlShutdown while threads still query (Python reproducer).")
 @click.option("--malloc-check", is_flag=True,

@@ -30,21 +30,23 @@ def test_clean_node_reproduces_nothing(workdir):
     assert doc["conclusion"].startswith("neither")
 
 
-def test_fault_only_the_python_pattern_triggers_is_blamed_on_the_binding(workdir):
-    # GIVEN a sim fault keyed to calls from non-main threads: only the Python reproducer makes such calls
+def test_a_driver_fault_keyed_to_threads_crashes_both_and_is_the_drivers(workdir):
+    # GIVEN a fault of the simulated driver keyed to calls from non-main threads: the C reproducer makes its calls
+    # from as many threads as the Python one (--threads, 2 by default)
     r = run("reproduce", "--json", "--sim", "--sim-fault", "heap", "--sim-fault-thread", "non-main",
             "--iterations", "20", "--workdir", str(workdir))
     assert r.exit_code == EXIT_FINDINGS, r.stderr
     doc = json.loads(r.stdout)
     runs = {x["name"]: x for x in doc["runs"]}
-    # THEN the report names the Python reproducer, with its core analysed, and not the C one
-    assert runs["python"]["outcome"] == "crashed (SIGABRT)" and runs["c"]["outcome"] == "clean"
-    assert doc["conclusion"].startswith("only the Python reproducer failed")
+    # THEN both crash, and the driver is blamed -- not the binding, whose code the C reproducer does not run
+    assert runs["python"]["outcome"] == "crashed (SIGABRT)" and runs["c"]["outcome"] == "crashed (SIGABRT)"
+    assert doc["conclusion"].startswith("both reproducers failed") and "driver" in doc["conclusion"]
     assert Path(runs["python"]["core"]).is_file()
     sig = runs["python"]["signature"]
     assert sig.startswith('SIGABRT "double free or corruption (!prev)"')
     # the simulated library is found by its soname (libnvidia-ml.so.1) and its frames are named
     assert "via nvlink_scratch_overflow (libnvidia-ml.so.580.126.09)" in sig
+    assert " in thread " in runs["c"]["verdict"]
 
 
 def test_fault_in_the_driver_crashes_both(workdir):

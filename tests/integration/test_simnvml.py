@@ -247,16 +247,22 @@ def test_both_reproducers_crash_under_a_driver_fault(fault, message, sig, glibc,
             assert "VERDICT" not in proc.stdout
 
 
-def test_a_fault_keyed_to_threads_crashes_only_the_python_reproducer(sim_dir, c_repro, tmp_path):
+def test_a_fault_keyed_to_threads_crashes_the_reproducers_that_call_from_threads(sim_dir, c_repro, tmp_path):
     # GIVEN a fault only in calls from threads other than the main one
     python = stack_python("current")
     env = sim_environment(sim_dir, fault="heap", fault_thread="non-main")
-    # WHEN both reproducers run (Python from background threads, C from its main thread)
+    # WHEN the reproducers run from background threads, and the C one from its main thread
     py = run([python, REPRO_PY, "--iterations", "20", "--threads", "2"], env, tmp_path)
-    c = run([c_repro, "--iterations", "20"], env, tmp_path)
-    # THEN only the Python one crashes: the calling pattern, not the queries, triggers it
+    c_main = run([c_repro, "--iterations", "20"], env, tmp_path)
+    c_threads = run([c_repro, "--iterations", "20", "--threads", "2"], env, tmp_path)
+    # THEN the calling pattern, not the queries, triggers it: every run from threads crashes, in C as in Python
     assert py.returncode == -signal.SIGABRT, py.stderr[-500:]
-    assert c.returncode == 0 and verdict(c.stdout).startswith("VERDICT: clean:")
+    assert c_main.returncode == 0 and verdict(c_main.stdout).startswith("VERDICT: clean:")
+    assert "calling thread: main" in c_main.stdout
+    assert c_threads.returncode == -signal.SIGABRT, c_threads.stdout[-500:]
+    line = verdict(c_threads.stdout)
+    assert line.startswith("VERDICT: crashed: SIGABRT inside call #") and " in thread " in line, line
+    assert "calling thread: 2 background thread(s)" in c_threads.stdout
 
 
 def test_malloc_check_names_the_culprit_of_a_delayed_corruption(sim_dir, tmp_path):
