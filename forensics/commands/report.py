@@ -27,12 +27,16 @@ __all__ = ["report"]
 @click.option("--nvidia-link", default="", help="The URL of the NVIDIA report, for the nvitop issue to link.")
 @click.option("--check", is_flag=True, help="Exit 3 when a required field is unfilled, the title is not plain text, "
               "the form is not followed or the Markdown would render wrong. Given report .md files, check those.")
+@click.option("--body-only", is_flag=True,
+              help="Write the body alone, without the YAML front matter (the title goes to stderr): "
+                   "for `gh issue create --title TITLE --body-file FILE`.")
 @click.option("--explain", is_flag=True, help="Also list, on stderr, each claim of the conclusion with the evidence "
               "items it rests on, who gets which report and the steps (--json: always in the document).")
 @json_option
 @output_option
 @force_option
-def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, explain, as_json, output, force):
+def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, body_only, explain, as_json, output,
+           force):
     """Write an upstream-ready defect report (Markdown) from forensics evidence.
 
     INPUTS: any mix of `analyze --json`, `verify-imports --json`, `reproduce --json` and
@@ -67,6 +71,11 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, expla
     rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version,
                       issue_form=issue_form, nvidia_link=nvidia_link, attachment_dir=files_dir)
     c = rep.context.conclusion
+    if body_only:  # what an issue tracker's body is: its title is given apart (gh issue create --title)
+        import dataclasses
+
+        rep = dataclasses.replace(rep, markdown=rep.body)
+        echo(f"forensics: title: {rep.title}", err=True)
     if as_json:
         payload = {"report": {
             "template": template, "title": rep.title, "markdown": rep.markdown, "body": rep.body,

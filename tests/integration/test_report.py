@@ -188,6 +188,24 @@ def test_many_threads_go_to_the_attachment_not_the_body(evidence, tmp_path):
     assert "report.files/crash-stacks.txt" in body
 
 
+def test_body_only_is_what_gh_issue_create_body_file_pastes(evidence, tmp_path):
+    # GIVEN the report written whole, and the same with --body-only
+    _, analysis = evidence
+    whole, body = tmp_path / "report.md", tmp_path / "body.md"
+    assert run("report", "-o", str(whole), str(analysis)).exit_code == EXIT_OK
+    r = run("report", "--body-only", "-o", str(body), str(analysis))
+    assert r.exit_code == EXIT_OK, r.stderr
+    # THEN the body file has no YAML front matter: it is the report's body, and the title is said apart
+    text, full = body.read_text(), whole.read_text()
+    assert not text.startswith("---") and full.startswith("---\n")
+    assert full.endswith(text) and len(text) < len(full)
+    title = next(line for line in full.splitlines() if line.startswith("title: "))
+    assert "forensics: title: " in r.stderr and "title: " not in text.split("\n", 1)[0]
+    assert title.split(": ", 1)[1].strip("'\"")[:20] in r.stderr
+    # and printed to stdout the same
+    assert run("report", "--body-only", str(analysis)).stdout == text
+
+
 # Secrets planted where capture does not mask them: separate argv items, NAME forms and a header capture's
 # rules missed, a thread name, and the bundle's text files.  Each must be in the raw evidence and in no report.
 TOKEN = "tok3n-9f8e7d6c5b"
