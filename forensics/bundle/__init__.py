@@ -5,6 +5,8 @@
 - :mod:`.read`: the manifest, the items (read inside the bundle only), the core and the sysroot that
   makes it analyzable
 - :mod:`.write`: a new bundle directory, its items written atomically, its manifest
+- :mod:`.record`: the core handler's record of a crash, its core's state, the core directory's index
+  entries, as records with ``to_json`` / ``from_json``
 
 Importing the package loads the layout and the reader (what ``analyze`` needs of a bundle); the writer is
 imported by the writers (capture, the core handler).
@@ -26,6 +28,7 @@ from .read import (
     prune_bundle_cache,
     read_bundle_file,
     read_bundle_json,
+    read_crash_record,
     read_manifest,
     sha256_file,
     verify_manifest,
@@ -34,5 +37,6 @@ from .read import (
 __all__ = [
     "CORE_NAMES", "MANIFEST", "bundle_crash_time", "bundle_no_core_reason", "bundle_sysroot", "check_manifest",
     "decompress_core", "find_core_in_bundle", "find_object_store", "has_manifest", "is_bundle", "max_core_bytes",
-    "prune_bundle_cache", "read_bundle_file", "read_bundle_json", "read_manifest", "sha256_file", "verify_manifest",
+    "prune_bundle_cache", "read_bundle_file", "read_bundle_json", "read_crash_record", "read_manifest", "sha256_file",
+    "verify_manifest",
 ]

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from .. import rootpath
 from ..digest import sha256
 from ..errors import CacheUnavailable, ForensicsError, InputNotFound
+from .record import CrashRecord, Identity
 from .layout import (CORE_DIR, CORE_NAMES, CORE_PLAIN, CORE_WHOLE, IDENTITY, MANIFEST, OBJECTS, PROCESS_SNAPSHOT,
                      RECORD, core_item)
 
@@ -305,12 +306,11 @@ def _wanted_objects(bundle_dir: str, core_libraries: list[tuple[str, str | None]
     for o in objects if isinstance(objects, list) else []:
         if isinstance(o, dict):
             want(o.get("path"), o.get("build_id"))
-    meta = read_bundle_json(bundle_dir, RECORD)
-    recorded = meta.get("objects") if isinstance(meta, dict) else None
-    for path, key in (recorded.items() if isinstance(recorded, dict) else ()):
+    rec = read_crash_record(bundle_dir, MAX_JSON)
+    for path, key in (rec.objects.items() if rec is not None else ()):
         want(path, key)
-    for path, key in core_libraries:
-        want(path, key)
+    for lib_path, build_id in core_libraries:
+        want(lib_path, build_id)
     return wanted
 
 
@@ -503,10 +503,10 @@ def is_bundle(path: str) -> bool:
 MAX_RECORD = 1 << 20  # bytes of a bundle's record read (metadata.json, 00-identity.json)
 
 
-def _record(bundle_dir: str, name: str) -> dict:
-    """A record of the bundle as a JSON object (read inside it, bounded); empty when absent or not one."""
-    doc = read_bundle_json(bundle_dir, name, MAX_RECORD)
-    return doc if isinstance(doc, dict) else {}
+def read_crash_record(bundle_dir: str, limit: int = MAX_RECORD) -> CrashRecord | None:
+    """The core handler's record of the crash (``metadata.json``), read inside the bundle and bounded; None when
+    the bundle has none (not a handler's bundle, or a record cut by a full disk, or not a JSON object)."""
+    return CrashRecord.from_json(read_bundle_json(bundle_dir, RECORD, limit))
 
 
 def has_manifest(path: str) -> bool:
@@ -522,11 +522,11 @@ def has_manifest(path: str) -> bool:
 def bundle_crash_time(bundle_dir: str) -> float | None:
     """When the crash happened, as the bundle recorded it (the core handler's ``metadata.json`` time,
     else ``00-identity.json``'s), or None when it recorded none."""
-    for name in (RECORD, IDENTITY):
-        t = _record(bundle_dir, name).get("time")
-        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
-            return float(t)
-    return None
+    rec = read_crash_record(bundle_dir)
+    if rec is not None and rec.time is not None and rec.time > 0:
+        return float(rec.time)
+    ident = Identity.from_json(read_bundle_json(bundle_dir, IDENTITY, MAX_RECORD))
+    return float(ident.time) if ident is not None and ident.time is not None and ident.time > 0 else None
 
 
 def bundle_no_core_reason(bundle_dir: str) -> str | None:
@@ -534,14 +534,12 @@ def bundle_no_core_reason(bundle_dir: str) -> str | None:
     has a core; a bundle without a core and without a reason says so."""
     if find_core_in_bundle(bundle_dir) is not None:
         return None
-    doc = _record(bundle_dir, RECORD)
-    core_v = doc.get("core")
-    core = core_v if isinstance(core_v, dict) else {}
-    reasons = [str(r) for r in (core.get("reasons") or []) if r] if isinstance(core.get("reasons"), list) else []
+    rec = read_crash_record(bundle_dir)
+    reasons = [r for r in rec.core.reasons if r] if rec is not None else []
     if reasons:
         return "; ".join(reasons)[:500]
-    state = core.get("state")
-    return f"core {state}" if isinstance(state, str) and state else "the bundle holds no core"
+    state = rec.core.state_name if rec is not None else None
+    return f"core {state}" if state else "the bundle holds no core"
 
 
-__all__ += ["has_manifest", "bundle_crash_time", "bundle_no_core_reason"]
+__all__ += ["has_manifest", "bundle_crash_time", "bundle_no_core_reason", "read_crash_record"]

@@ -17,7 +17,7 @@ import shutil
 import tarfile
 from dataclasses import dataclass
 
-from ..bundle.layout import CORE_DIR, CRASHES, LEFT_ON_NODE, OBJECTS, RECORD
+from ..bundle.layout import CORE_DIR, CRASHES, LEFT_ON_NODE, OBJECTS
 from ..errors import EXIT_ERROR, EXIT_OK, AgentFailed, ForensicsError
 
 __all__ = ["BEGIN", "END", "AgentRun", "frame_bundle", "decode_bundle", "run_agent", "plan_inline"]
@@ -165,23 +165,21 @@ def _same_pod(a: str | None, b: str | None) -> bool:
 
 def _add_earlier_crashes(bundle_dir: str, core_dir: str, container_id: str | None, pod_uid: str | None = None) -> None:
     """Copy the core handler's records of this container, or of any earlier container of the pod, into the bundle."""
+    from ..bundle.read import read_crash_record
+    from ..bundle.record import IndexEntry
     from .budget import read_index
 
     for e in read_index(core_dir):
-        if not e.get("id") or not ((container_id and e.get("container_id") == container_id)
-                                   or _same_pod(e.get("pod_uid"), pod_uid)):
+        if not isinstance(e, IndexEntry) or not ((container_id and e.container_id == container_id)
+                                                 or _same_pod(e.pod_uid, pod_uid)):
             continue
-        src = os.path.join(core_dir, CRASHES, e["id"])
-        dest = os.path.join(bundle_dir, CORE_DIR, e["id"])
+        src = os.path.join(core_dir, CRASHES, e.id)
+        dest = os.path.join(bundle_dir, CORE_DIR, e.id)
         if not os.path.isdir(src) or os.path.exists(dest):
             continue
         shutil.copytree(src, dest)
-        try:
-            with open(os.path.join(src, RECORD)) as f:
-                keys = (json.load(f).get("objects") or {}).values()
-        except (OSError, ValueError):
-            keys = ()
-        for key in keys:
+        rec = read_crash_record(src)
+        for key in rec.objects.values() if rec is not None else ():
             s = os.path.join(core_dir, OBJECTS, key[:2], key[2:])
             d = os.path.join(bundle_dir, OBJECTS, key[:2], key[2:])
             if os.path.isfile(s) and not os.path.exists(d):

@@ -11,8 +11,10 @@ import fcntl
 import json
 import os
 import time
+from dataclasses import replace
 
 from ..bundle.layout import CORE_DIR, CRASHES, INDEX, OBJECTS, RECORD
+from ..bundle.record import BudgetEvent, CoreState, CrashRecord, IndexEntry, parse_index_line
 from ..bundle.write import write_atomic
 from .store import disk_usage
 
@@ -33,15 +35,18 @@ class DirLock:
         os.close(self.fd)
 
 
-def read_index(core_dir: str) -> list[dict]:
-    out = []
+def read_index(core_dir: str) -> list[IndexEntry | BudgetEvent]:
+    """Every line of the index, oldest first: crashes' entries and budget passes (damage skipped)."""
+    out: list[IndexEntry | BudgetEvent] = []
     try:
         with open(os.path.join(core_dir, INDEX), "rb") as f:
             for line in f:
                 try:
-                    out.append(json.loads(line))
+                    e = parse_index_line(json.loads(line))
                 except ValueError:  # a line torn by a handler killed mid-append: the others still count
                     continue
+                if e is not None:
+                    out.append(e)
     except FileNotFoundError:  # no crash yet
         pass
     return out
@@ -55,15 +60,15 @@ _INDEX_LINE_MAX = 64 << 10  # an entry is a few hundred bytes: a longer "line" i
 
 
 def read_index_since(core_dir: str, since: float, *, slack: float = INDEX_SLACK,
-                     max_bytes: int = INDEX_TAIL_MAX) -> list[dict]:
-    """The index's entries from its end back to the first one older than ``since - slack``, newest first.
+                     max_bytes: int = INDEX_TAIL_MAX) -> list[IndexEntry]:
+    """The index's crash entries from its end back to the first one older than ``since - slack``, newest first.
 
     The core handler's decision while the kernel waits: the whole index (one line per crash, kept for ever:
     12,000 crashes of a crash loop are 6 MB, 100 ms to parse) is not read, only its tail, at most ``max_bytes``
     (past that, an older entry of the window is not counted: the crash-loop limit keeps a core more, never
     fewer).  A torn or overlong line is skipped.
     """
-    out: list[dict] = []
+    out: list[IndexEntry] = []
     try:
         fd = os.open(os.path.join(core_dir, INDEX), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:  # no crash yet
@@ -94,16 +99,18 @@ def read_index_since(core_dir: str, since: float, *, slack: float = INDEX_SLACK,
                 t = e.get("time")
                 if isinstance(t, (int, float)) and t < since - slack:
                     return out
-                out.append(e)
+                entry = IndexEntry.from_json(e)
+                if entry is not None:
+                    out.append(entry)
     finally:
         os.close(fd)
     return out
 
 
-def append_index(core_dir: str, entry: dict) -> None:
+def append_index(core_dir: str, entry: IndexEntry | BudgetEvent) -> None:
     fd = os.open(os.path.join(core_dir, INDEX), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+        os.write(fd, (json.dumps(entry.to_json(), sort_keys=True) + "\n").encode())
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -134,15 +141,12 @@ def enforce_budget(core_dir: str, budget: int, *, object_grace: float = 3600.0) 
     if disk_usage(core_dir) > budget:
         freed = collect_objects(core_dir, grace=object_grace, unreadable=unreadable)
     if deleted or freed or stuck:
-        event: dict[str, object] = {"event": "budget", "deleted": deleted, "objects_deleted": freed,
-                                    "time": time.time()}
-        if unmarked:  # their records still say "kept": the index is where the deletion is told
-            event["records_not_updated"] = unmarked
-        if stuck:  # cores that could not be deleted: the directory stays over its budget
-            event["not_deleted"] = stuck
-        if unreadable and freed:  # crashes whose objects were not known to be in use when objects went
-            event["records_unreadable"] = unreadable
-        append_index(core_dir, event)
+        # unmarked: their records still say "kept", the index is where the deletion is told; stuck: cores that
+        # could not be deleted, the directory stays over its budget; unreadable: crashes whose objects were not
+        # known to be in use when objects went
+        append_index(core_dir, BudgetEvent(time=time.time(), deleted=tuple(deleted), objects_deleted=freed,
+                                           records_not_updated=tuple(unmarked), not_deleted=tuple(stuck),
+                                           records_unreadable=tuple(unreadable) if freed else ()))
     return deleted
 
 
@@ -167,15 +171,17 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
         d = os.path.join(crashes, name)
         try:
             with open(os.path.join(d, RECORD)) as f:
-                meta = json.load(f)
-            if not (meta.get("core") or {}).get("file") or meta["core"].get("state") == "deleted-for-budget":
-                continue
-            used.update(v for v in (meta.get("objects") or {}).values() if isinstance(v, str))
-            used.update(v for v in (meta.get("debug_files") or {}).values() if isinstance(v, str))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                rec = CrashRecord.from_json(json.load(f))
+        except (OSError, ValueError):
+            rec = None
+        if rec is None:
             if unreadable is not None:
                 unreadable.append(name)
             continue
+        if not rec.core.file or rec.core.state is CoreState.DELETED_FOR_BUDGET:
+            continue
+        used.update(rec.objects.values())
+        used.update((rec.debug_files or {}).values())
     root = os.path.join(core_dir, OBJECTS)
     gone = 0
     for dirpath, _, files in os.walk(root):
@@ -196,11 +202,10 @@ def collect_objects(core_dir: str, *, grace: float = 3600.0, now: float | None =
 def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], list[str], list[str]]:
     """(crash ids whose core was deleted, those of them whose record could not be marked so, those whose
     core could not be deleted: "ID: why")."""
-    entries = [e for e in read_index(core_dir) if e.get("core")]
+    entries = [e for e in read_index(core_dir) if isinstance(e, IndexEntry) and e.core]
     newest: dict[str, str] = {}
     for e in entries:  # the index is in time order: the last of each crash-loop key wins
-        # ("fingerprint": the key's name in indexes written before it was named for what it is)
-        newest[e.get("crash_loop_key") or e.get("fingerprint") or e["id"]] = e["id"]
+        newest[e.crash_loop_key or e.id] = e.id
     keep = set(newest.values())
     deleted: list[str] = []
     unmarked: list[str] = []
@@ -208,21 +213,21 @@ def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], li
     for e in entries:
         if total <= budget:
             break
-        if e["id"] in keep:
+        if e.id in keep or e.core is None:
             continue
-        core = os.path.join(core_dir, CRASHES, e["id"], CORE_DIR, e["core"])
+        core = os.path.join(core_dir, CRASHES, e.id, CORE_DIR, e.core)
         try:
             size = os.lstat(core).st_blocks * 512
             os.unlink(core)
         except FileNotFoundError:  # deleted by an earlier pass
             continue
         except OSError as err:
-            stuck.append(f"{e['id']}: {err.strerror or err}")
+            stuck.append(f"{e.id}: {err.strerror or err}")
             continue
         total -= size
-        deleted.append(e["id"])
-        if not _mark_core_deleted(os.path.join(core_dir, CRASHES, e["id"])):
-            unmarked.append(e["id"])
+        deleted.append(e.id)
+        if not _mark_core_deleted(os.path.join(core_dir, CRASHES, e.id)):
+            unmarked.append(e.id)
     return deleted, unmarked, stuck
 
 
@@ -231,11 +236,13 @@ def _mark_core_deleted(crash_dir: str) -> bool:
     p = os.path.join(crash_dir, RECORD)
     try:
         with open(p) as f:
-            meta = json.load(f)
-        meta["core"]["state"] = "deleted-for-budget"
-        meta["core"]["deleted_at"] = time.time()
-        write_atomic(p, json.dumps(meta, indent=2, sort_keys=True).encode())
-    except (OSError, ValueError, KeyError, TypeError):  # told by the caller (records_not_updated)
+            doc = json.load(f)
+        rec = CrashRecord.from_json(doc)
+        if rec is None or not isinstance(doc.get("core"), dict):  # not a record it can say it in
+            return False
+        rec = replace(rec, core=rec.core.deleted_for_budget(time.time()))
+        write_atomic(p, json.dumps(rec.to_json(), indent=2, sort_keys=True).encode())
+    except (OSError, ValueError):  # told by the caller (records_not_updated)
         return False
     return True
 

@@ -41,10 +41,12 @@ import os
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..bundle import layout
+from ..bundle.record import (CoreRecord, CoreState, CoreStream, CrashRecord, CrashSite, Identity, IndexEntry,
+                             RecordState)
 from ..output import escape_text
 from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index_since
 from .spool import TAIL, Compressor, check_core_stream, make_reserve, with_room
@@ -92,7 +94,7 @@ class HandlerConfig:
 class HandlerResult:
     crash_dir: str | None = None
     core_path: str | None = None
-    core_state: str = "none"  # "kept", "truncated", "partial", "not-a-core", "metadata-only", "failed"
+    core_state: CoreState = CoreState.NONE
     reasons: list[str] = field(default_factory=list)
     bytes_in: int = 0
     bytes_kept: int = 0
@@ -168,10 +170,10 @@ def load_config(core_dir: str) -> HandlerConfig:
         return HandlerConfig()
 
 
-def parse_core_head(head: bytes) -> dict:
+def parse_core_head(head: bytes) -> CrashSite:
     """From the first bytes of a core: signal, crashing thread's pc and the file it is in.
 
-    :return: ``{"signal", "pc", "module", "module_offset"}`` (values None when not found)
+    :return: the crash site (its fields None when not found)
     """
     from ..core import elf
 
@@ -203,15 +205,15 @@ def parse_core_head(head: bytes) -> dict:
                 base = min((f.start for f in files if f.path == fm.path and f.offset == 0), default=fm.start)
                 module, module_offset = fm.path, pc - base
                 break
-    return {"signal": signal, "pc": pc, "module": module, "module_offset": module_offset}
+    return CrashSite(signal=signal, pc=pc, module=module, module_offset=module_offset)
 
 
-def _crash_loop_key(key: str, signo: int, head_info: dict) -> str:
+def _crash_loop_key(key: str, signo: int, site: CrashSite) -> str:
     """What makes two cores "the same crash again" for the budget: the container image, the signal and
     the crashing pc's module and offset (read from the core's first bytes, without analysis).  Not
     analyze's fingerprint, which is computed from the whole analysis."""
-    module = (head_info.get("module") or "?").rsplit("/", 1)[-1]
-    basis = f"{key}|{signo}|{module}|{head_info.get('module_offset')}"
+    module = (site.module or "?").rsplit("/", 1)[-1]
+    basis = f"{key}|{signo}|{module}|{site.module_offset}"
     return hashlib.sha256(basis.encode()).hexdigest()[:12]
 
 
@@ -302,8 +304,8 @@ def run_core_handler(
         result.warnings.append(f"handler failed: {type(e).__name__}: {e}")
         log_kernel(f"pid {pid} signal {signo}: handler failed: {type(e).__name__}: {e}"
                    + (f" (what was saved is in {result.crash_dir})" if result.crash_dir else ""))
-        if result.core_state in ("none",):
-            result.core_state = "failed"
+        if result.core_state is CoreState.NONE:
+            result.core_state = CoreState.FAILED
     finally:
         result.bytes_in += drain(stdin_fd)
         release_pipe(stdin_fd)
@@ -345,7 +347,7 @@ class _Crash:
     image_key: str = "unknown"
     held_root: str | None = None  # /proc/self/fd/N: the process's root, held (with its mount namespace) after it
     held_error: str | None = None  # why it could not be held
-    record: dict = field(default_factory=dict)
+    record: CrashRecord | None = None  # written before the core streams in (stage 2), rewritten at the end
     why: list[str] = field(default_factory=list)  # why the core is not whole (or not kept)
 
     @property
@@ -359,8 +361,16 @@ class _Crash:
     def write_record(self) -> None:
         from ..bundle.write import write_atomic
 
+        assert self.record is not None
+        # the warnings as they are now: each rewrite carries those added since
+        rec = replace(self.record, warnings=tuple(self.result.warnings))
         write_atomic(os.path.join(self.crash_dir, layout.RECORD),
-                     json.dumps(self.record, indent=2, sort_keys=True, default=str).encode())
+                     json.dumps(rec.to_json(), indent=2, sort_keys=True, default=str).encode())
+
+    def shorten_core(self, bytes_compressed: int) -> None:
+        """The saved core was cut to make room for the metadata: the record says so."""
+        assert self.record is not None
+        self.record = replace(self.record, core=self.record.core.shortened(bytes_compressed))
 
 
 @dataclass
@@ -368,7 +378,7 @@ class _Streamed:
     """What stage 3 leaves: the core's file name (None: not kept), its first bytes' facts, the objects stored."""
 
     core_name: str | None = None
-    head_info: dict = field(default_factory=dict)
+    head_info: CrashSite = field(default_factory=CrashSite)
     keys: dict[str, str] = field(default_factory=dict)
     debug_keys: dict[str, str] = field(default_factory=dict)
     sha256: str | None = None
@@ -444,31 +454,18 @@ def _first_record(crash: _Crash, keep: bool) -> None:
         crash.snapshot = dataclasses.replace(crash.snapshot, python=dataclasses.replace(
             crash.snapshot.python, modules_skipped=_MODULES_DROPPED))
     snapshot, identity, pid = crash.snapshot, crash.identity, req.pid
-    crash.record = {
-        "schema_version": 1,
-        "crash_id": crash.crash_id,
-        "pid": pid,
-        "tid": req.tid,
-        "signal": req.signo,
-        "signal_name": crash.signame,
-        "time": req.timestamp,
-        "rlimit_core": req.rlimit_core,
-        "node": socket.gethostname(),
-        "image_key": crash.image_key,
-        "identity": snapshot_payload(snapshot)["identity"] if snapshot else None,
-        "state": "in-progress",
-        "core": {"state": "pending"},
-        "objects": {},
-        "config": crash.cfg.__dict__,
-        "warnings": warnings,
-    }
-    bundle.add_json(layout.IDENTITY, {
-        "crash_id": crash.crash_id, "node": crash.record["node"], "pid": pid, "tid": req.tid, "signal": crash.signame,
-        "time": req.timestamp, "comm": snapshot.comm if snapshot else None, "exe": snapshot.exe if snapshot else None,
-        "image": snapshot.image if snapshot else None,
-        "pod_uid": identity.pod_uid if identity else None, "container_id": identity.container_id if identity else None,
-        "runtime": identity.runtime if identity else None,
-    }, "who crashed: node, pid, signal, pod UID, container ID, image, time")
+    crash.record = CrashRecord(
+        crash_id=crash.crash_id, pid=pid, tid=req.tid, signal=req.signo, signal_name=crash.signame,
+        time=req.timestamp, rlimit_core=req.rlimit_core, node=socket.gethostname(), image_key=crash.image_key,
+        identity=snapshot_payload(snapshot)["identity"] if snapshot else None, state=RecordState.IN_PROGRESS,
+        core=CoreRecord(state=CoreState.PENDING), objects={}, config=dict(crash.cfg.__dict__),
+        warnings=tuple(warnings))
+    bundle.add_json(layout.IDENTITY, Identity(
+        kind="crash", crash_id=crash.crash_id, node=crash.record.node, pid=pid, tid=req.tid, signal=crash.signame,
+        time=req.timestamp, comm=snapshot.comm if snapshot else None, exe=snapshot.exe if snapshot else None,
+        image=snapshot.image if snapshot else None, pod_uid=identity.pod_uid if identity else None,
+        container_id=identity.container_id if identity else None, runtime=identity.runtime if identity else None,
+    ).to_json(), "who crashed: node, pid, signal, pod UID, container ID, image, time")
     if snapshot is not None:
         _write_snapshot(crash)
         for name, data in (raw.files.items() if raw else ()):
@@ -511,7 +508,7 @@ def _after_core(crash: _Crash, streamed: _Streamed) -> None:
     from .store import ObjectStore
 
     req, cfg, result = crash.req, crash.cfg, crash.result
-    written = result.core_path is not None and result.core_state != "not-a-core"
+    written = result.core_path is not None and result.core_state is not CoreState.NOT_A_CORE
     if written:
         mapped = [(entry, fd) for entry, fd in crash.object_fds if entry is not None]
         snapshot = crash.snapshot
@@ -530,7 +527,7 @@ def _after_core(crash: _Crash, streamed: _Streamed) -> None:
     elif crash.snapshot is not None and crash.snapshot.python is not None and _modules_pending(crash.snapshot):
         import dataclasses
 
-        why = ("not looked for: the stream was not a core" if result.core_state == "not-a-core"
+        why = ("not looked for: the stream was not a core" if result.core_state is CoreState.NOT_A_CORE
                else "not looked for: no core was written")
         crash.snapshot = dataclasses.replace(crash.snapshot, python=dataclasses.replace(crash.snapshot.python,
                                                                                         modules_skipped=why))
@@ -588,8 +585,7 @@ def _decide(crash: _Crash) -> bool:
         if keep and cfg.loop_limit >= 0:
             since = req.timestamp - cfg.loop_window
             n = sum(1 for e in read_index_since(req.core_dir, since)
-                    if e.get("key") == crash.image_key and e.get("signal") == req.signo and e.get("core")
-                    and (e.get("time") or 0) >= since)
+                    if e.key == crash.image_key and e.signal == req.signo and e.core and (e.time or 0) >= since)
             if n >= cfg.loop_limit:
                 keep = False
                 why.append(f"crash loop: {n} cores of {crash.image_key} {crash.signame} in the last {cfg.loop_window}s "
@@ -635,7 +631,7 @@ def _stream(crash: _Crash, keep: bool) -> _Streamed:
             out_fd = -1
             _name_core(crash, out, comp, stream, cut=cut, whole_frame=whole_frame, tmp=tmp)
         else:
-            result.core_state = "metadata-only"
+            result.core_state = CoreState.METADATA_ONLY
     finally:
         if out_fd >= 0:
             os.close(out_fd)
@@ -655,16 +651,16 @@ def _name_core(crash: _Crash, out: _Streamed, comp: Compressor, stream: StreamVe
     if stream.reason:
         why.append(stream.reason)
     if not whole_frame:
-        out.core_name, state = layout.CORE_PARTIAL, "partial"
+        out.core_name, state = layout.CORE_PARTIAL, CoreState.PARTIAL
         if not any("disk filled up" in w for w in why):  # the compressor held its output until the end
             why.append(f"the disk filled up while the core was written ({comp.out} compressed bytes on "
                        "disk): the zstd frame could not be ended")
     elif stream.kind == "not-a-core":
-        out.core_name, state = (layout.NOT_A_CORE if result.bytes_in else None), "not-a-core"
+        out.core_name, state = (layout.NOT_A_CORE if result.bytes_in else None), CoreState.NOT_A_CORE
     elif cut or stream.kind == "short":
-        out.core_name, state = layout.CORE_TRUNCATED, "truncated"
+        out.core_name, state = layout.CORE_TRUNCATED, CoreState.TRUNCATED
     else:
-        out.core_name, state = layout.CORE_WHOLE, "kept"
+        out.core_name, state = layout.CORE_WHOLE, CoreState.KEPT
     result.core_state = state
     if out.core_name is None:
         return
@@ -674,7 +670,7 @@ def _name_core(crash: _Crash, out: _Streamed, comp: Compressor, stream: StreamVe
     result.core_path = os.path.join(core_dir_sub, out.core_name)
     out.sha256 = comp.sha.hexdigest()
     crash.bundle.note_file(layout.core_item(out.core_name), "what the kernel sent, zstd-compressed (not a core)"
-                           if state == "not-a-core" else f"the core, zstd-compressed ({state})")
+                           if state is CoreState.NOT_A_CORE else f"the core, zstd-compressed ({state.value})")
 
 
 def _pump(stdin_fd: int, comp: Compressor | None, limit: int, rlimit_core: int | None, result: HandlerResult,
@@ -725,44 +721,49 @@ def _finish(crash: _Crash, streamed: _Streamed) -> None:
     snapshot, identity, stream = crash.snapshot, crash.identity, streamed.stream
     assert stream is not None  # stage 3 judges every stream before it returns
     crash_loop_key = _crash_loop_key(crash.image_key, req.signo, streamed.head_info)
-    record.update({
-        "state": "done",
-        "crash_loop_key": crash_loop_key,
-        "crash_pc": streamed.head_info,
-        "objects": streamed.keys or ({o.path: o.build_id for o in snapshot.objects if o.build_id} if snapshot else {}),
-        "debug_files": streamed.debug_keys,
-        "core": {
-            "state": result.core_state, "file": streamed.core_name, "bytes_in": result.bytes_in,
-            "bytes_kept": result.bytes_kept, "bytes_compressed": result.bytes_out,
-            "sha256_compressed": streamed.sha256 if streamed.core_name else None,
-            "reasons": why,
-            "stream": {"kind": stream.kind, "bytes": stream.size, "expected_bytes": stream.expected,
-                       "reason": stream.reason},
-        },
-    })
-    with_room(crash.write_record, result, record)
+    assert record is not None  # written before the core
+    crash.record = replace(
+        record, state=RecordState.DONE, crash_loop_key=crash_loop_key, crash_pc=streamed.head_info,
+        objects=streamed.keys or ({o.path: o.build_id for o in snapshot.objects if o.build_id} if snapshot else {}),
+        debug_files=dict(streamed.debug_keys),
+        core=CoreRecord(state=result.core_state, file=streamed.core_name, bytes_in=result.bytes_in,
+                        bytes_kept=result.bytes_kept, bytes_compressed=result.bytes_out,
+                        sha256_compressed=streamed.sha256 if streamed.core_name else None, reasons=tuple(why),
+                        stream=CoreStream(kind=stream.kind, bytes=stream.size, expected_bytes=stream.expected,
+                                          reason=stream.reason)))
+
+    def rewrite(bytes_compressed: int) -> None:  # the core shortened after the record was written: rewritten
+        crash.shorten_core(bytes_compressed)
+        crash.write_record()
+
+    with_room(crash.write_record, result, crash.shorten_core)
     bundle.note_file(layout.RECORD, "the handler's record: decision, sizes, crash-loop key, objects by build-id")
     for rel in [r for r in bundle.items if r.startswith(layout.core_item(""))]:
         del bundle.items[rel]
     if result.core_path:  # the name may have changed to make room for the metadata
         bundle.note_file(layout.core_item(os.path.basename(result.core_path)),
-                         f"the core, zstd-compressed ({result.core_state})")
+                         f"the core, zstd-compressed ({result.core_state.value})")
     try:
-        with_room(lambda: bundle.write_manifest({"crash_id": crash.crash_id}), result, record, crash.write_record)
+        with_room(lambda: bundle.write_manifest({"crash_id": crash.crash_id}), result, rewrite)
     except OSError as e:
         result.warnings.append(f"manifest: {e}")
-    entry = {"id": crash.crash_id, "time": req.timestamp, "pid": req.pid, "signal": req.signo, "key": crash.image_key,
-             "crash_loop_key": crash_loop_key, "core": record["core"]["file"], "state": result.core_state,
-             "reasons": record["core"]["reasons"],
-             "pod_uid": identity.pod_uid if identity else None,
-             "container_id": identity.container_id if identity else None}
+
+    def entry() -> IndexEntry:  # from the record as it is when written (a shortened core has its new name)
+        assert crash.record is not None
+        core = crash.record.core
+        return IndexEntry(id=crash.crash_id, time=req.timestamp, pid=req.pid, signal=req.signo, key=crash.image_key,
+                          crash_loop_key=crash_loop_key, core=core.file, state=core.state, reasons=core.reasons,
+                          pod_uid=identity.pod_uid if identity else None,
+                          container_id=identity.container_id if identity else None)
+
     with DirLock(req.core_dir):
-        with_room(lambda: append_index(req.core_dir, entry), result, record, crash.write_record)
+        with_room(lambda: append_index(req.core_dir, entry()), result, rewrite)
         deleted = enforce_budget(req.core_dir, crash.cfg.budget, object_grace=crash.cfg.object_grace)
     if deleted:
         result.reasons.append(f"budget: deleted the cores of {', '.join(deleted)}")
-    log_kernel(f"pid {req.pid} ({snapshot.comm if snapshot else '?'}) {crash.signame}: core {result.core_state}"
-               f" in {crash.crash_dir}" + (f" ({'; '.join(why)})" if why else ""), level=6)
+    reasons = crash.record.core.reasons
+    log_kernel(f"pid {req.pid} ({snapshot.comm if snapshot else '?'}) {crash.signame}: core {result.core_state.value}"
+               f" in {crash.crash_dir}" + (f" ({'; '.join(reasons)})" if reasons else ""), level=6)
 
 
 def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: float, pid: int | None = None,

@@ -544,6 +544,7 @@ def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") ->
     :return: (bundle directory, the arming record)
     """
     from ..bundle import layout
+    from ..bundle.record import Identity
     from ..bundle.write import BundleWriter, new_bundle_dir
     from .pattern import destination_payload, explain_next_start, read_core_pattern
 
@@ -578,8 +579,8 @@ def capture_waiting_pod(pod_uid: str, *, core_dir: str, host_root: str = "/") ->
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     bdir = new_bundle_dir(os.path.join(core_dir, layout.BUNDLES), f"{stamp}-pod{pod_uid[:8]}")
     w = BundleWriter(bdir)
-    w.add_json(layout.IDENTITY, {"kind": "capture-waiting", "node": socket.gethostname(), "captured_at": time.time(),
-                                    "pod_uid": pod_uid, "core_dir": os.path.abspath(core_dir)},
+    w.add_json(layout.IDENTITY, Identity(kind="capture-waiting", node=socket.gethostname(), captured_at=time.time(),
+                                         pod_uid=pod_uid, core_dir=os.path.abspath(core_dir)).to_json(),
                "who was captured: node, pod UID, time (the container was not running)")
     for name, text in read_node_logs([pod_uid], host_root=host_root).items():
         w.add_bytes(layout.node_log(name), text.encode(), f"node log lines ({name})")
@@ -618,6 +619,7 @@ def capture_pid(
     :raises CoreDirectoryError: when the bundle cannot be written
     """
     from ..bundle import layout
+    from ..bundle.record import Identity
     from ..bundle.write import BundleWriter, new_bundle_dir
     from .pattern import destination_payload, explain_destination, read_core_pattern
     from .snapshot import RawProcFiles, read_snapshot, snapshot_payload
@@ -642,12 +644,11 @@ def capture_pid(
         bdir = new_bundle_dir(parent, f"{stamp}-pid{pid}")
         w = BundleWriter(bdir)
         ident = snap.identity
-        w.add_json(layout.IDENTITY, {
-            "kind": "capture", "node": socket.gethostname(), "pid": pid, "captured_at": time.time(),
-            "comm": snap.comm, "exe": snap.exe, "pod_uid": ident.pod_uid, "container_id": ident.container_id,
-            "runtime": ident.runtime, "qos_class": ident.qos_class, "image": snap.image,
-            "core_dir": os.path.abspath(core_dir),
-        }, "who was captured: node, pid, pod UID, container ID, image, time")
+        w.add_json(layout.IDENTITY, Identity(
+            kind="capture", node=socket.gethostname(), pid=pid, captured_at=time.time(), comm=snap.comm, exe=snap.exe,
+            pod_uid=ident.pod_uid, container_id=ident.container_id, runtime=ident.runtime, qos_class=ident.qos_class,
+            image=snap.image, core_dir=os.path.abspath(core_dir),
+        ).to_json(), "who was captured: node, pid, pod UID, container ID, image, time")
         for rel, (obj, what) in (extra_items or {}).items():
             w.add_json(rel, obj, what)
         for name, text in read_node_logs([ident.pod_uid or "", ident.container_id or ""], host_root=host_root).items():

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..bundle.layout import ANALYSIS, ANALYSIS_DIR, ANALYSIS_FAILED, ANALYSIS_POD, CRASHES, RECORD
+from ..bundle.record import CoreRecord, CoreState, CrashRecord, RecordState
 
 __all__ = ["CrashEntry", "FingerprintGroup", "NodeIndex", "read_crash", "build_index",
            "NOT_KEPT_REASONS", "MAX_READ", "group_crashes", "IndexReader"]
@@ -42,7 +43,8 @@ class CrashEntry:
     container_id: str | None
     image: str | None
     loop_key: str | None  # the handler's crash-loop key (not a fingerprint)
-    core_state: str  # kept, truncated, partial, not-a-core, metadata-only, deleted-for-budget, failed, in-progress
+    core_state: CoreState | None  # None: a state this version does not know
+    in_progress: bool  # the handler is still at it (its first record): nothing to analyze yet
     not_kept: tuple[str, ...]  # NOT_KEPT_REASONS that apply
     analysis: str  # "done", "failed", "pending", "none" (nothing to analyze)
     analysis_failure: str | None
@@ -106,46 +108,44 @@ def _read_json(path: str) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _not_kept(core: dict) -> tuple[str, ...]:
-    state = core.get("state")
-    reasons = " ".join(str(r) for r in core.get("reasons") or ())
+def _not_kept(core: CoreRecord) -> tuple[str, ...]:
+    state = core.state
+    reasons = " ".join(core.reasons)
     out = []
-    if state == "metadata-only":
+    if state is CoreState.METADATA_ONLY:
         if "RLIMIT_CORE" in reasons:
             out.append("rlimit")
         if "crash loop" in reasons:
             out.append("loop-limit")
         if "below the minimum" in reasons:
             out.append("min-free")
-    if "disk filled up" in reasons or state == "partial":
+    if "disk filled up" in reasons or state is CoreState.PARTIAL:
         out.append("disk-full")
     if "core cut at" in reasons:
         out.append("cut")
     if "the stream ended" in reasons:
         out.append("truncated-stream")
-    if state == "not-a-core":
+    if state is CoreState.NOT_A_CORE:
         out.append("not-a-core")
-    if state == "deleted-for-budget":
+    if state is CoreState.DELETED_FOR_BUDGET:
         out.append("budget")
-    if state == "failed":
+    if state is CoreState.FAILED:
         out.append("failed")
     return tuple(out)
 
 
 def read_crash(crash_dir: str) -> CrashEntry | None:
     """The entry of one crash bundle; None when it has no readable record yet."""
-    meta = _read_json(os.path.join(crash_dir, RECORD))
-    if meta is None:
+    rec = CrashRecord.from_json(_read_json(os.path.join(crash_dir, RECORD)))
+    if rec is None:
         return None
-    core_v, ident_v = meta.get("core"), meta.get("identity")
-    core = core_v if isinstance(core_v, dict) else {}
-    ident = ident_v if isinstance(ident_v, dict) else {}
+    core = rec.core
     analysis = _read_json(os.path.join(crash_dir, ANALYSIS))
     failed = _read_json(os.path.join(crash_dir, ANALYSIS_FAILED))
     pod = _read_json(os.path.join(crash_dir, ANALYSIS_POD)) or {}
-    has_core = bool(core.get("file")) and core.get("state") in ("kept", "truncated", "partial")
-    if meta.get("state") != "done":
-        status = "pending" if meta.get("state") == "in-progress" else "none"
+    has_core = bool(core.file) and core.state is not None and core.state.has_core
+    if rec.state is not RecordState.DONE:
+        status = "pending" if rec.state is RecordState.IN_PROGRESS else "none"
     elif analysis is not None:
         status = "done"
     elif failed is not None:
@@ -159,15 +159,11 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
     nvml_v = snap_core.get("nvml")
     nvml = nvml_v if isinstance(nvml_v, dict) else {}
     fp = a.get("fingerprint") if isinstance(a.get("fingerprint"), str) else None
-    signo = meta.get("signal") if isinstance(meta.get("signal"), int) else None
     return CrashEntry(
-        id=os.path.basename(crash_dir), path=crash_dir,
-        time=float(meta.get("time") or 0.0) if isinstance(meta.get("time"), (int, float)) else 0.0,
-        signal=signo, signal_name=meta.get("signal_name") if isinstance(meta.get("signal_name"), str) else None,
-        pod_uid=ident.get("pod_uid"), container_id=ident.get("container_id"),
-        image=meta.get("image_key") if isinstance(meta.get("image_key"), str) else None,
-        loop_key=meta.get("crash_loop_key") or meta.get("fingerprint"),
-        core_state=str(core.get("state") or meta.get("state") or "unknown"), not_kept=_not_kept(core),
+        id=os.path.basename(crash_dir), path=crash_dir, time=float(rec.time or 0.0), signal=rec.signal,
+        signal_name=rec.signal_name, pod_uid=rec.pod_uid, container_id=rec.container_id, image=rec.image_key,
+        loop_key=rec.loop_key, core_state=core.state, in_progress=rec.state is RecordState.IN_PROGRESS,
+        not_kept=_not_kept(core),
         analysis=status, analysis_failure=(failed or {}).get("reason") if status == "failed" else None,
         fingerprint=fp, fingerprint_source="analysis" if fp else None,
         signature=a.get("signature") if isinstance(a.get("signature"), str) else None,
@@ -307,4 +303,4 @@ def _stat_key(path: str) -> tuple[int, int, int, int] | None:
 def _may_change(entry: CrashEntry | None) -> bool:
     """A bundle that changes without the agent: no readable record yet, the handler still writing, or its
     analysis pending (the agent's own writes are :meth:`IndexReader.touch`-ed)."""
-    return entry is None or entry.analysis == "pending" or entry.core_state == "in-progress"
+    return entry is None or entry.analysis == "pending" or entry.in_progress

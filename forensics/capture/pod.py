@@ -268,6 +268,7 @@ def _node_json(bdir: str, rel: str) -> dict:
 
 def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name, running=True) -> dict:
     from ..bundle import layout
+    from ..bundle.record import Identity
     from ..bundle.write import BundleWriter, new_bundle_dir
 
     data = decode_bundle(log)
@@ -280,11 +281,11 @@ def _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, 
             rel = os.path.relpath(os.path.join(dirpath, f), bdir)
             if rel != layout.MANIFEST:
                 w.note_file(rel, "from the agent on the node" + (f" (the node's bundle was cut: {cut})" if cut else ""))
-    ident = _node_json(bdir, layout.IDENTITY)
-    ident.update({"pod": summary["name"], "namespace": summary["namespace"], "pod_uid": summary["uid"],
-                  "owners": summary["owners"], "node_uid": node_summary["uid"], "node": summary["node"],
-                  "container": chosen["name"], "container_id": chosen["container_id"], "agent_pod": agent_name})
-    w.add_json(layout.IDENTITY, ident, "who was captured: pod, owners (job), node and container UIDs, time")
+    ident = Identity.from_json(_node_json(bdir, layout.IDENTITY)) or Identity(kind=None)
+    ident = ident.with_pod(pod=summary["name"], namespace=summary["namespace"], pod_uid=summary["uid"],
+                           owners=tuple(summary["owners"] or ()), node_uid=node_summary["uid"], node=summary["node"],
+                           container=chosen["name"], container_id=chosen["container_id"], agent_pod=agent_name)
+    w.add_json(layout.IDENTITY, ident.to_json(), "who was captured: pod, owners (job), node and container UIDs, time")
     items = sorted(events.get("items", []), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
     w.add_json(layout.KUBERNETES_EVENTS, [{
         "time": e.get("lastTimestamp") or e.get("eventTime"), "type": e.get("type"), "reason": e.get("reason"),

@@ -459,7 +459,7 @@ class Agent:
         """One round: re-index, name pods, analyze the oldest pending crash. True when work was done."""
         self.refresh()
         self._resolve_pods()
-        pending = [c for c in self.index.crashes if c.analysis == "pending" and c.core_state != "in-progress"]
+        pending = [c for c in self.index.crashes if c.analysis == "pending" and not c.in_progress]
         if not pending:
             return False
         self.reader.touch(pending[0].path)

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 from ..bundle.layout import CORE_PARTIAL
+from ..bundle.record import CoreState
 
 __all__ = ["Compressor", "make_reserve", "with_room", "RESERVE", "StreamVerdict", "check_core_stream", "TAIL"]
 
@@ -168,12 +169,12 @@ def make_reserve(path: str) -> str | None:
 _SHRINK = 256 << 10
 
 
-def with_room(fn, result, record: dict, rewrite=None) -> None:
+def with_room(fn, result, shortened) -> None:
     """Run ``fn``; on a full disk, shorten the saved core (marking it partial) to make room, and retry.
 
     :param result: the handler's result (``core_path``, ``core_state`` are updated)
-    :param record: the crash record whose ``core`` entry is updated
-    :param rewrite: called after each shortening (to rewrite the record)
+    :param shortened: called after each shortening with the core's compressed size now (the handler
+        updates its record, and rewrites it where ``fn`` does not)
 
     Metadata is worth more than the last bytes of a core that the disk could not hold anyway.
     """
@@ -192,12 +193,6 @@ def with_room(fn, result, record: dict, rewrite=None) -> None:
             new = os.path.join(os.path.dirname(path), CORE_PARTIAL)
             os.rename(path, new)
             result.core_path = path = new
-        result.core_state = "partial"
-        core = record["core"]
-        core.update(state="partial", file=CORE_PARTIAL, bytes_compressed=os.path.getsize(path),
-                    sha256_compressed=None)
-        if "shortened to make room for the metadata" not in " ".join(core["reasons"]):
-            core["reasons"].append("the disk filled up: the saved core was shortened to make room for the metadata")
-        if rewrite is not None:
-            rewrite()
+        result.core_state = CoreState.PARTIAL
+        shortened(os.path.getsize(path))
     return fn()

@@ -119,4 +119,6 @@ def core_handler(args):
     r = run_core_handler(os.path.abspath(values["core_dir"]), values["pid"], values["tid"], values["signal"],
                          values["time"], values["rlimit_core"], stdin_fd=stdin_fd, config=cfg,
                          argument_problems=problems)
-    sys.exit(EXIT_ERROR if r.core_state == "failed" else EXIT_OK)
+    from ..bundle.record import CoreState
+
+    sys.exit(EXIT_ERROR if r.core_state is CoreState.FAILED else EXIT_OK)

@@ -23,6 +23,7 @@ import zstandard
 
 from forensics.bundle import bundle_sysroot, verify_manifest
 from forensics.capture.handler import HandlerConfig, run_core_handler
+from forensics.bundle.record import CoreState
 from forensics.core import open_core
 from forensics.model import LibraryStatus
 
@@ -391,7 +392,7 @@ def test_full_filesystem_keeps_metadata_and_marks_the_partial_core(crasher, tmp_
         except zstandard.ZstdError:
             assert meta["core"]["state"] == "partial"
     assert len(data) > 0 and core.read_bytes().startswith(data)
-    assert r.core_state == meta["core"]["state"]
+    assert r.core_state.value == meta["core"]["state"]
 
 
 def test_installed_into_the_kernel_for_real(cores, newest_python, tmp_path, short_core_dir, core_pattern):
@@ -653,7 +654,7 @@ def test_a_dropped_core_never_opens_debug_files(crasher, small_cores, tmp_path, 
         # WHEN the first crash comes (kept: the crash-loop limit is 1 core per hour)
         r, meta, events = crash(None, HandlerConfig(min_free=0, loop_limit=1))
         # THEN its debug file was opened and read (the watch sees it) and stored by build-id
-        assert r.core_state == "kept", r.warnings
+        assert r.core_state is CoreState.KEPT, r.warnings
         assert any(m & _OpenWatch.IN_OPEN for m in events), events
         exe = next(p for p in meta["objects"] if p.endswith("/crasher"))
         assert meta["debug_files"][exe] == f"{build_id}.debug"
@@ -665,7 +666,7 @@ def test_a_dropped_core_never_opens_debug_files(crasher, small_cores, tmp_path, 
                                    (None, HandlerConfig(min_free=1 << 62, loop_limit=-1), "bytes free")):
             r, meta, events = crash(limit, cfg)
             # THEN it is metadata only, and its debug file was never opened, nor stored for it
-            assert r.core_state == "metadata-only" and reason in " ".join(meta["core"]["reasons"]), meta["core"]
+            assert r.core_state is CoreState.METADATA_ONLY and reason in " ".join(meta["core"]["reasons"]), meta["core"]
             assert events == [], (reason, events)
             assert meta["debug_files"] == {} and meta["objects"][exe] == build_id
     finally:
@@ -752,7 +753,7 @@ def test_a_huge_mapped_object_is_named_not_copied(small_cores, tmp_path):
     finally:
         live.kill()
         live.wait()
-    assert r.core_state == "kept", r.warnings
+    assert r.core_state is CoreState.KEPT, r.warnings
     meta = json.loads((Path(r.crash_dir) / "metadata.json").read_text())
     assert f"object {big}: {MAX_OBJECT_BYTES + (1 << 30)} bytes, over {MAX_OBJECT_BYTES}: not stored" in r.warnings
     assert str(big) not in meta["objects"] and meta["objects"]  # the others are stored

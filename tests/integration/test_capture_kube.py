@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.bundle import verify_manifest
+from forensics.bundle.record import CoreState
 from forensics.capture.handler import HandlerConfig, run_core_handler
 from forensics.cli import cli
 from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
@@ -330,7 +331,7 @@ def test_agent_keeps_big_files_on_the_node_within_its_log_budget(pod_process, tm
     core_dir = tmp_path / "cores"
     core = cores.get(newest_python, "heap-prev")  # a real kernel core of a Python process: MBs compressed
     earlier = _handled_crash(core_dir, pod_process["pid"], 6, core)
-    assert earlier.core_state == "kept" and Path(earlier.core_path).stat().st_size > 64 << 10
+    assert earlier.core_state is CoreState.KEPT and Path(earlier.core_path).stat().st_size > 64 << 10
     r = CliRunner().invoke(cli, ["agent", "run", "--container-id", f"containerd://{pod_process['cid']}",
                                  "--core-dir", str(core_dir), "--max-inline", "64K"])
     assert r.exit_code == 0, r.output

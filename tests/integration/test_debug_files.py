@@ -14,6 +14,7 @@ import pytest
 from forensics.core import open_core
 from forensics.core.debugfiles import build_id_debug_path, find_debug_file, path_debug_path
 from forensics.core.image import ElfImage
+from forensics.bundle.record import CoreState
 from forensics.model import PythonStatus
 from forensics.pyread import read_python_stacks
 from tests.integration.test_pyread import thread_named
@@ -161,7 +162,7 @@ def test_a_bundle_keeps_the_debug_files_and_analyzes_the_same_anywhere(cores, tm
     finally:
         proc.kill()
         proc.wait()
-    assert r.core_state == "kept", r.warnings
+    assert r.core_state is CoreState.KEPT, r.warnings
     (crash,) = sorted((tmp_path / "cores" / "crashes").iterdir())
     meta = json.loads((crash / "metadata.json").read_text())
     # THEN the debug files the container had are in the object store, by build-id

@@ -149,6 +149,7 @@ def test_handler_pattern_fits_128_bytes():
 
 
 def test_a_core_deleted_for_the_budget_is_told_even_when_its_record_cannot_say_it(tmp_path):
+    from forensics.bundle.record import BudgetEvent, CoreState, IndexEntry
     from forensics.capture.budget import append_index, enforce_budget, read_index
 
     # GIVEN two cores of one crash loop, the older with a record that cannot be rewritten
@@ -157,15 +158,18 @@ def test_a_core_deleted_for_the_budget_is_told_even_when_its_record_cannot_say_i
         (d / "50-core").mkdir(parents=True)
         (d / "50-core/core.zst").write_bytes(os.urandom(1 << 20))
         (d / "metadata.json").write_text(meta)
-        append_index(str(tmp_path), {"id": cid, "core": "core.zst", "crash_loop_key": "k"})
+        append_index(str(tmp_path), IndexEntry(id=cid, time=None, pid=None, signal=None, key=None, crash_loop_key="k",
+                                               core="core.zst", state=CoreState.KEPT))
     # WHEN the budget leaves room for one core
     deleted = enforce_budget(str(tmp_path), 3 << 19)
     # THEN the older core went, and the index says its record still claims it
     assert deleted == ["old"] and not (tmp_path / "crashes/old/50-core/core.zst").exists()
-    assert read_index(str(tmp_path))[-1]["records_not_updated"] == ["old"]
+    event = read_index(str(tmp_path))[-1]
+    assert isinstance(event, BudgetEvent) and event.records_not_updated == ("old",)
 
 
 def test_a_core_the_budget_cannot_delete_is_told_in_the_index(tmp_path):
+    from forensics.bundle.record import BudgetEvent, CoreState, IndexEntry
     from forensics.capture.budget import append_index, enforce_budget, read_index
 
     # GIVEN two cores of one crash loop, the older one a directory where its file should be (unlink fails,
@@ -174,7 +178,8 @@ def test_a_core_the_budget_cannot_delete_is_told_in_the_index(tmp_path):
         d = tmp_path / "crashes" / cid
         (d / "50-core").mkdir(parents=True)
         (d / "metadata.json").write_text(json.dumps({"core": {"state": "kept", "file": "core.zst"}}))
-        append_index(str(tmp_path), {"id": cid, "core": "core.zst", "crash_loop_key": "k"})
+        append_index(str(tmp_path), IndexEntry(id=cid, time=None, pid=None, signal=None, key=None, crash_loop_key="k",
+                                               core="core.zst", state=CoreState.KEPT))
     (tmp_path / "crashes/old/50-core/core.zst").mkdir()
     (tmp_path / "crashes/old/50-core/core.zst/x").write_bytes(os.urandom(1 << 20))
     (tmp_path / "crashes/new/50-core/core.zst").write_bytes(os.urandom(1 << 20))
@@ -183,7 +188,7 @@ def test_a_core_the_budget_cannot_delete_is_told_in_the_index(tmp_path):
     # THEN nothing was deleted, and the index says which core stays and why
     assert deleted == []
     event = read_index(str(tmp_path))[-1]
-    assert event["event"] == "budget" and event["not_deleted"] == ["old: Is a directory"]
+    assert isinstance(event, BudgetEvent) and event.not_deleted == ("old: Is a directory",)
 
 
 def test_an_unreadable_handler_state_is_an_error_not_an_empty_one(tmp_path):
@@ -274,7 +279,7 @@ def test_the_crash_loop_decision_reads_only_the_index_tail(tmp_path):
     got = read_index_since(str(tmp_path), since)
     cost = _rchar() - before
     # THEN the three are read, newest first, and about a MiB of the 20 MB, not the whole
-    assert [e["id"] for e in got] == ["c50002", "c50001", "c50000"]
+    assert [e.id for e in got] == ["c50002", "c50001", "c50000"]
     assert cost <= 2 << 20 < len(old), cost
     assert len(read_index(str(tmp_path))) == 50_003  # (the whole, for the budget, still reads every entry)
     # and an index whose start is damage (a 1 GiB hole of zeros) is read at most INDEX_TAIL_MAX back
@@ -283,7 +288,7 @@ def test_the_crash_loop_decision_reads_only_the_index_tail(tmp_path):
         f.seek(1 << 30)
         f.write(recent.encode())
     before = _rchar()
-    assert [e["id"] for e in read_index_since(str(tmp_path), since)] == ["c50002", "c50001", "c50000"]
+    assert [e.id for e in read_index_since(str(tmp_path), since)] == ["c50002", "c50001", "c50000"]
     assert _rchar() - before <= INDEX_TAIL_MAX + (1 << 20)
 
 
