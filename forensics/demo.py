@@ -151,7 +151,10 @@ def _prepare(out: str | None, work: str | None, log: Callable[[str], None]) -> _
     if out:
         out_dir = Path(out).resolve()
         if out_dir.exists() and any(out_dir.iterdir()):
-            raise DemoError("prepare", f"{out_dir} is not empty (the demo never overwrites earlier output)")
+            e = DemoError("prepare", f"{out_dir} is not empty (the demo never overwrites earlier output)")
+            e.help_text = ("Give --out a new or empty directory, or leave --out out: each run then gets a new "
+                           "directory under ./forensics-demo/.")
+            raise e
         out_dir.mkdir(parents=True, exist_ok=True)
     else:
         out_dir = _new_dir(Path("forensics-demo").resolve())

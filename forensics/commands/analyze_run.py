@@ -76,8 +76,13 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
     from ..output import json_document
 
     if not paths:
-        raise ForensicsError("no cores or capture bundles found in the given directories"
-                             + (f" ({len(skipped)} other files skipped, e.g. {skipped[0]})" if skipped else ""))
+        e = ForensicsError("no cores or capture bundles found in the given directories"
+                           + (f" ({len(skipped)} other files skipped, e.g. {skipped[0]})" if skipped else ""))
+        e.help_text = ("analyze DIR takes ELF core files (the kernel names them by kernel.core_pattern: cat "
+                       "/proc/sys/kernel/core_pattern) and capture bundles (directories with a MANIFEST.json, as the "
+                       "core handler keeps them under its directory's crashes/); a compressed core is one bundle's "
+                       "core.zst, not a loose file")
+        raise e
     show_bar = sys.stderr.isatty() and not as_json
     if show_bar:
         import click  # the progress bar of a batch on a terminal: the one use of click here

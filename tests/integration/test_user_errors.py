@@ -120,3 +120,19 @@ def test_a_kernel_thread_is_no_process_to_capture(command, tmp_path):
     assert r.exit_code == EXIT_ERROR, r.output
     assert f"forensics: error: process {pid} (" in r.stderr and "is a kernel thread" in r.stderr, r.stderr
     assert "internal error" not in r.stderr
+
+
+def test_the_demos_non_empty_out_gets_a_hint_about_out(tmp_path):
+    (tmp_path / "earlier.txt").write_text("x")
+    r = run("demo", "--out", str(tmp_path))
+    assert r.exit_code == EXIT_ERROR
+    assert "is not empty" in r.stderr and "forensics: hint: Give --out a new or empty directory" in r.stderr
+    assert "exporter.log" not in r.stderr  # the exporter never started
+
+
+def test_an_empty_batch_says_what_analyze_looks_for(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    r = run("analyze", str(tmp_path))
+    assert r.exit_code == EXIT_ERROR
+    assert r.stderr.startswith("forensics: error: no cores or capture bundles found in the given directories (1 other")
+    assert "forensics: hint: analyze DIR takes ELF core files" in r.stderr and "core_pattern" in r.stderr
