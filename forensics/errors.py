@@ -25,6 +25,7 @@ __all__ = [
     "check_input_exists",
     "NotACoreFile",
     "NoCoreKept",
+    "CapturedBeforeCrash",
     "UnsupportedTarget",
     "CoreReadError",
     "CacheUnavailable",
@@ -135,6 +136,17 @@ class NoCoreKept(ForensicsError, LookupError):
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: metadata only (no core kept: {reason})", path=path, reason=reason)
+
+
+class CapturedBeforeCrash(NoCoreKept):
+    """A bundle ``capture --pid`` / ``--pod`` wrote of a live process: evidence taken before any crash, no core."""
+
+    def __init__(self, path: str, core_dir: str | None = None) -> None:
+        ForensicsError.__init__(self, f"{path}: a capture of a live process (forensics capture), taken before any "
+                                      "crash: it holds no core", path=path, reason="captured before any crash")
+        self.help_text = ("Its core comes when the process crashes, where its 40-process/arming.json says (the "
+                          "kernel's core_pattern); analyze that core, or the core handler's bundle of the crash"
+                          + (f" (forensics analyze {core_dir})" if core_dir else "") + ".")
 
 
 class UnsupportedTarget(ForensicsError, ValueError):

@@ -10,7 +10,7 @@ import os
 import threading
 
 from ..core import open_core_memory
-from ..errors import GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
+from ..errors import CapturedBeforeCrash, GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
 from ..model import (
     Analysis,
     CoreFile,
@@ -442,6 +442,19 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
     return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot, thread_locals=thread_locals, reading=reading)
 
 
+def _no_core(path: str, reason: str) -> NoCoreKept:
+    """Why a bundle has no core: a capture of a live process has none yet; a crash's bundle kept metadata only."""
+    from ..bundle import read_bundle_json
+    from ..bundle.layout import IDENTITY
+    from ..bundle.read import MAX_RECORD
+    from ..bundle.record import Identity
+
+    ident = Identity.from_json(read_bundle_json(path, IDENTITY, MAX_RECORD))
+    if ident is not None and ident.kind in ("capture", "capture-waiting"):
+        return CapturedBeforeCrash(path, ident.core_dir)
+    return NoCoreKept(path, reason)
+
+
 def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None]:
     """(the core's path, the sysroot): a capture bundle is its own sysroot; a bundle without a core is an error."""
     if not os.path.isdir(path):
@@ -450,7 +463,7 @@ def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None]:
     from ..bundle import bundle_no_core_reason, bundle_sysroot, has_manifest, is_bundle
 
     if has_manifest(path) and not is_bundle(path):
-        raise NoCoreKept(path, bundle_no_core_reason(path) or "the bundle holds no core")
+        raise _no_core(path, bundle_no_core_reason(path) or "the bundle holds no core")
     if not is_bundle(path):
         return path, sysroot
     # A capture bundle carries its core and every mapped object, keyed by build-id:

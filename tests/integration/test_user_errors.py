@@ -136,3 +136,23 @@ def test_an_empty_batch_says_what_analyze_looks_for(tmp_path):
     assert r.exit_code == EXIT_ERROR
     assert r.stderr.startswith("forensics: error: no cores or capture bundles found in the given directories (1 other")
     assert "forensics: hint: analyze DIR takes ELF core files" in r.stderr and "core_pattern" in r.stderr
+
+
+def test_analyze_of_a_capture_taken_before_any_crash_says_so(tmp_path):
+    # GIVEN the bundle capture --pid wrote of a live process (before it crashed)
+    if os.geteuid() != 0:
+        pytest.skip("capture --pid needs root")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        r = run("capture", "--pid", str(sleeper.pid), "--core-dir", str(tmp_path / "cores"), "-o", str(tmp_path / "b"))
+        assert r.exit_code in (0, 4), r.output
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    (bundle,) = (tmp_path / "b").iterdir()
+    # WHEN it is analyzed
+    r = run("analyze", str(bundle))
+    # THEN it says what it is and where the core will come from -- not the core handler's metadata-only hint
+    assert r.exit_code == EXIT_ERROR
+    assert "a capture of a live process (forensics capture), taken before any crash: it holds no core" in r.stderr
+    assert "arming.json" in r.stderr and str(tmp_path / "cores") in r.stderr and "RLIMIT_CORE" not in r.stderr
