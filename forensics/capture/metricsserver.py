@@ -84,11 +84,15 @@ class MetricsServer:
         with selectors.DefaultSelector() as sel:
             sel.register(self.listener, selectors.EVENT_READ, None)
             while not self._stop.is_set():
-                for key, _ in sel.select(timeout=min(1.0, self.timeout / 2)):
-                    if key.data is None:
-                        self._accept(sel, conns)
-                    else:
-                        self._read_head(sel, conns, key.data)
+                try:
+                    for key, _ in sel.select(timeout=min(1.0, self.timeout / 2)):
+                        if key.data is None:
+                            self._accept(sel, conns)
+                        else:
+                            self._read_head(sel, conns, key.data)
+                except Exception as e:  # noqa: BLE001 - the endpoint outlives one connection's oddity
+                    print(f"forensics agent serve: metrics: {type(e).__name__}: {e}", file=sys.stderr)
+                    time.sleep(0.1)
                 now = time.monotonic()
                 while conns and now - next(iter(conns.values())).since > self.timeout:  # idle, or too slow
                     self._drop(sel, conns, next(iter(conns)))
