@@ -103,22 +103,36 @@ def _limits_core(pid: int) -> tuple[str, str]:
     return parse_limits(read_proc_text(pid, "limits")).get("Max core file size", ("?", "?"))
 
 
+def _own_process(pid: int) -> bool:
+    """Whether ``pid`` runs as this user, real, effective and saved uid alike (what prlimit(2) asks without
+    CAP_SYS_RESOURCE)."""
+    try:
+        st = os.stat(f"/proc/{pid}")
+        with open(f"/proc/{pid}/status", "rb") as f:
+            uids = next((line.split()[1:5] for line in f.read(1 << 16).splitlines() if line.startswith(b"Uid:")), [])
+    except OSError:
+        return False
+    me = os.getuid()
+    return st.st_uid == me and len(uids) == 4 and all(u.isdigit() and int(u) == me for u in uids[:3])
+
+
 def arm_process(pid: int, *,
                 coredump_filter: int = DEFAULT_FILTER) -> tuple[tuple[str, str], tuple[str, str], str | None,
                                                                 str | None]:
     """Raise RLIMIT_CORE to unlimited and set coredump_filter; the before / after values read back.
 
-    Without CAP_SYS_RESOURCE the hard limit cannot go up: the soft limit is raised to it.
+    Without CAP_SYS_RESOURCE the hard limit cannot go up: the soft limit is raised to it.  A process of one's
+    own user needs no root for that (prlimit(2) and its coredump_filter are the owner's).
 
-    :raises NotRoot: when not root (raising another process's hard limit needs CAP_SYS_RESOURCE)
+    :raises NotRoot: when not root and the process is another user's
     :raises ProcessGone: when the process does not exist
     :raises LimitNotRaised: when the hard limit is 0 and cannot be raised
     :raises ForensicsError: when the limit reads back as anything but soft == hard > 0
     """
-    if os.geteuid() != 0:
-        raise NotRoot(f"raising RLIMIT_CORE of process {pid}")
     if not os.path.isdir(f"/proc/{pid}"):
         raise ProcessGone(pid)
+    if os.geteuid() != 0 and not _own_process(pid):
+        raise NotRoot(f"raising RLIMIT_CORE of process {pid}, another user's")
     check_user_process(pid)
     before = _limits_core(pid)
     inf = resource.RLIM_INFINITY

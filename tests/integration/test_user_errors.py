@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,31 @@ def test_analyze_of_a_capture_taken_before_any_crash_says_so(tmp_path):
     assert r.exit_code == EXIT_ERROR
     assert "a capture of a live process (forensics capture), taken before any crash: it holds no core" in r.stderr
     assert "arming.json" in r.stderr and str(tmp_path / "cores") in r.stderr and "RLIMIT_CORE" not in r.stderr
+
+
+def test_capture_of_ones_own_process_needs_no_root():
+    # GIVEN an unprivileged user's process whose soft core limit is 0 (its hard limit unlimited)
+    nobody = _as_nobody()
+    if nobody is None:
+        pytest.skip("needs root and setpriv to run as another user")
+    tmp_path = Path(tempfile.mkdtemp(prefix="forensics-own-"))  # pytest's own directories are root's alone
+    tmp_path.chmod(0o777)
+    sleeper = subprocess.Popen([*nobody, "prlimit", "--core=0:unlimited", "sleep", "60"])
+    try:
+        pid = sleeper.pid  # setpriv and prlimit exec: the PID is the sleeper's own
+        deadline = time.monotonic() + 10
+        while b"sleep" not in Path(f"/proc/{pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # WHEN the same user captures it
+        p = subprocess.run([*nobody, sys.executable, "-m", "forensics", "capture", "--pid", str(pid), "--core-dir",
+                            str(tmp_path / "cores"), "-o", str(tmp_path / "b")], capture_output=True, text=True,
+                           timeout=300, cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+        limits = Path(f"/proc/{pid}/limits").read_text()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        shutil.rmtree(tmp_path)
+    # THEN its soft limit is raised to its hard one, without root
+    assert p.returncode in (0, 4), p.stderr
+    assert "needs root" not in p.stderr and f"process {pid} (sleep) armed" in p.stdout
+    assert re.search(r"Max core file size\s+unlimited\s+unlimited", limits), limits
