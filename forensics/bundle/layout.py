@@ -10,6 +10,7 @@
     50-core/                  the compressed core (or, in a pod bundle, the handler's earlier crashes)
     metadata.json             the core handler's record of the crash (its decision, sizes, objects)
     60-analysis/              the agent's analysis of the crash (analysis.json or failed.json)
+    70-upload.json            where agent serve --upload put the bundle (what stays on the node after it)
     objects/                  the ELF objects the core maps, by build-id      [pod bundles; node bundles
                                                                                share the core directory's]
     left-on-node.json         what did not fit the pod log                    [pod bundles]
@@ -29,7 +30,7 @@ __all__ = [
     "PROCESS_SNAPSHOT", "PROCESS_ARMING", "PROCESS_OS_RELEASE", "process_file",
     "CORE_DIR", "CORE_WHOLE", "CORE_TRUNCATED", "CORE_PARTIAL", "CORE_PLAIN", "NOT_A_CORE", "CORE_NAMES", "CORE_TMP",
     "core_item", "RECORD", "ANALYSIS_DIR", "ANALYSIS", "ANALYSIS_FAILED", "ANALYSIS_ATTEMPTS", "ANALYSIS_POD",
-    "OBJECTS", "LEFT_ON_NODE", "MANIFEST", "RESERVE",
+    "OBJECTS", "LEFT_ON_NODE", "MANIFEST", "RESERVE", "UPLOADED",
     "CRASHES", "INDEX", "HANDLER_STATE", "AGENT_INDEX", "BUNDLES",
 ]
 
@@ -66,6 +67,7 @@ ANALYSIS_FAILED = f"{ANALYSIS_DIR}/failed.json"
 ANALYSIS_ATTEMPTS = f"{ANALYSIS_DIR}/attempts.json"
 ANALYSIS_POD = f"{ANALYSIS_DIR}/pod.json"
 OBJECTS = "objects"
+UPLOADED = "70-upload.json"  # written by agent serve --upload after a verified upload, never uploaded itself
 LEFT_ON_NODE = "left-on-node.json"
 MANIFEST = "MANIFEST.json"
 RESERVE = ".reserve"  # room held for the end of a kept core's frame on a full disk

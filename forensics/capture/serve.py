@@ -22,7 +22,7 @@ with the reason).  It publishes:
   twice — through kubectl with the agent's own service account (:class:`EventSink`).
 
 A restarted agent reads the bundles again: nothing is counted twice, nothing is lost, and it never
-deletes anything.
+deletes anything but, with ``upload``, what a verified upload put in a bucket (:mod:`.shipper`).
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class ServeConfig:
     def __init__(self, *, core_dir: str, node: str, metrics_port: int = 9847, metrics_address: str = "127.0.0.1",
                  analysis_timeout: float = 300.0, analysis_memory: int = 1 << 30, poll: float = 1.0,
                  max_series: int = 500, events: bool = True, kube=None, analyze_argv: list[str] | None = None,
-                 max_attempts: int = 2) -> None:
+                 max_attempts: int = 2, upload=None) -> None:
         self.core_dir = os.path.abspath(core_dir)
         self.node = node
         self.metrics_port = metrics_port
@@ -77,6 +77,7 @@ class ServeConfig:
         self.kube = kube  # capture.kube.KubeOptions; None: no API calls
         self.analyze_argv = analyze_argv or [sys.executable, "-m", "forensics", "analyze", "--json"]
         self.max_attempts = max_attempts
+        self.upload = upload  # shipper.UploadConfig: each bundle into a bucket once analyzed; None: none
 
 
 def _lowest_priority(memory: int):
@@ -396,6 +397,11 @@ class Agent:
         self.pods_read = 0.0
         self.events = EventSink(cfg.kube, cfg.node) if cfg.events and cfg.kube is not None else None
         self.stopping = threading.Event()
+        self.shipper = None
+        if cfg.upload is not None:
+            from .shipper import Shipper
+
+            self.shipper = Shipper(cfg.upload, cfg.node)
 
     def refresh(self) -> None:
         """Read the bundles that changed; publish (agent-index.json, Events) when the index did. The bytes stored
@@ -460,8 +466,8 @@ class Agent:
         self.refresh()
         self._resolve_pods()
         pending = [c for c in self.index.crashes if c.analysis == "pending" and not c.in_progress]
-        if not pending:
-            return False
+        if not pending:  # the analyses first; then, with --upload, one bundle into the bucket
+            return self.shipper is not None and self.shipper.ship_next(self.index)
         self.reader.touch(pending[0].path)
         return analyze_crash(pending[0].path, self.cfg) != NOT_STARTED  # not started: after a pause
 

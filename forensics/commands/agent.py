@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..options import SIZE, json_option, parse_coredump_filter
+from ..options import SIZE, json_option, parse_coredump_filter, store_options
 from . import echo, emit_json
 
 __all__ = ["agent", "agent_manifest", "agent_serve", "agent_run"]
@@ -92,14 +92,28 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
               help="kubeconfig for the API (default: in-cluster, the pod's service account).")
 @click.option("--context", "kube_context", default=None, help="kubeconfig context.")
 @click.option("--kubectl", default="kubectl", show_default=True, help="kubectl to run.")
+@click.option("--upload", "upload_url", default=None, metavar="s3://BUCKET/PREFIX",
+              help="Upload each crash's bundle there once analyzed (forensics upload's keys and checks), then keep "
+                   "only its record, 60-analysis/ and 70-upload.json on the node.")
+@click.option("--upload-keep", is_flag=True, help="With --upload: keep the whole bundle on the node too.")
+@click.option("--cluster", envvar="FORENSICS_CLUSTER", default="default", show_default=True,
+              help="The cluster's name in the uploaded keys (FORENSICS_CLUSTER).")
+@click.option("--upload-max-bandwidth", type=SIZE, default="50M", show_default=True,
+              help="Bytes per second an upload may send (a crash storm must not take the node's network).")
+@click.option("--upload-concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Parts of one file in flight at once (memory is about this many parts' buffers).")
+@store_options
 def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_timeout, analysis_memory, max_series,
-                events, kubeconfig, kube_context, kubectl):
+                events, kubeconfig, kube_context, kubectl, upload_url, upload_keep, cluster, upload_max_bandwidth,
+                upload_concurrency, endpoint_url, region, profile):
     """On-node analysis of each new crash, a crash index rebuilt from the bundles, Prometheus metrics, Events.
 
     \b
     Runs until SIGTERM. Each crash with a core is analyzed once, at the lowest CPU and I/O
     priority, bounded in time and memory; the analysis goes into the crash's bundle
-    (60-analysis/). Nothing is deleted; a restart counts nothing twice.
+    (60-analysis/). A restart counts nothing twice. With --upload, each analyzed crash's bundle
+    goes to the bucket (verified) and the node keeps its record, 60-analysis/ and
+    70-upload.json (where it went); nothing else is ever deleted.
     """
     import shutil
     import socket
@@ -115,9 +129,23 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
             kube = KubeOptions(kubectl=kubectl, kubeconfig=kubeconfig, context=kube_context)
         else:
             echo("forensics agent serve: no kubeconfig and not in a pod: no Events, pods named by UID only", err=True)
+    upload = None
+    if upload_url:
+        from ..capture.shipper import UploadConfig
+        from ..errors import ForensicsError
+        from ..objstore.client import StoreOptions, parse_object_url
+
+        try:
+            dest = parse_object_url(upload_url)
+        except ForensicsError as e:
+            raise click.BadParameter(str(e), param_hint="--upload") from e
+        upload = UploadConfig(dest=dest, cluster=cluster, keep=upload_keep, opts=StoreOptions(
+            endpoint_url=endpoint_url, region=region, profile=profile, max_bandwidth=upload_max_bandwidth or None,
+            concurrency=upload_concurrency))
     serve(ServeConfig(core_dir=core_dir, node=node_name or socket.gethostname(), metrics_port=metrics_port,
                       metrics_address=metrics_address, analysis_timeout=analysis_timeout,
-                      analysis_memory=analysis_memory, max_series=max_series, events=events, kube=kube))
+                      analysis_memory=analysis_memory, max_series=max_series, events=events, kube=kube,
+                      upload=upload))
 
 
 @agent.command("run", hidden=True)

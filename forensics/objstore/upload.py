@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from .. import rootpath
 from ..bundle import find_object_store, read_bundle_json, read_manifest
-from ..bundle.layout import ANALYSIS, ANALYSIS_POD, MANIFEST, OBJECTS, PROCESS_SNAPSHOT, RECORD
+from ..bundle.layout import ANALYSIS, ANALYSIS_POD, MANIFEST, OBJECTS, PROCESS_SNAPSHOT, RECORD, UPLOADED
 from ..errors import InputNotFound, UnsafeBundle, UploadNotVerified
 from .client import ObjectURL, StoreOptions, open_client
 from .transfer import Transfer, digest_file, part_layout
@@ -142,13 +142,15 @@ def object_store_key(store_key: str) -> str:
 
 def _bundle_files(bundle_dir: str) -> list[str]:
     """The bundle's regular files (relative paths, MANIFEST.json last); names starting with ``.`` (a file
-    being written, a lock) and symlinks are left out; directories are not followed out of the bundle."""
+    being written, a lock), symlinks and the agent's record of the upload are left out; directories are not
+    followed out of the bundle."""
     out: list[str] = []
     for root, dirs, files in os.walk(bundle_dir, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             path = os.path.join(root, name)
-            if name.startswith(".") or not stat.S_ISREG(os.lstat(path).st_mode):
+            if name.startswith(".") or (root == bundle_dir and name == UPLOADED) \
+                    or not stat.S_ISREG(os.lstat(path).st_mode):
                 continue
             out.append(os.path.relpath(path, bundle_dir))
             if len(out) > MAX_FILES:

@@ -86,13 +86,16 @@ def live(crasher):
         p.wait()
 
 
-def make_bundle(core_dir: Path, core: Path, pid: int) -> Path:
-    """The core handler's bundle of a real kernel core, made as the kernel runs the handler."""
+def make_bundle(core_dir: Path, core: Path, pid: int, *, only: bool = True) -> Path | None:
+    """The core handler's bundle of a real kernel core, made as the kernel runs the handler (``only``: the one
+    bundle of ``core_dir``, returned)."""
     cmd = [str(FORENSICS), "core-handler", str(core_dir), str(pid), str(pid), str(signal.SIGABRT),
            str(int(time.time())), "18446744073709551615"]
     with open(core, "rb") as f:
         p = subprocess.run(cmd, stdin=f, capture_output=True, text=True, env={}, cwd="/", timeout=120)
     assert p.returncode == 0, p.stderr
+    if not only:
+        return None
     (crash,) = sorted((core_dir / "crashes").iterdir())
     return crash
 
@@ -390,3 +393,86 @@ def test_fetched_entries_are_pruned_oldest_first_past_the_budget(tmp_path, monke
     # THEN the oldest two went (the recent one is kept even past the budget)
     assert sorted(Path(p).name for p in deleted) == ["old", "older-than-hour"]
     assert [p.name for p in (tmp_path / "s3").iterdir()] == ["recent"]
+
+
+def _serve(core_dir: Path, bucket: str, env: dict) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [str(FORENSICS), "agent", "serve", "--core-dir", str(core_dir), "--node-name", "gpu-3", "--no-events",
+            "--metrics-port", str(port), "--analysis-timeout", "120", "--upload", f"s3://{bucket}/agent",
+            "--cluster", "prod"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), \
+        f"http://127.0.0.1:{port}/metrics"
+
+
+def _stop(p: subprocess.Popen) -> str:
+    p.send_signal(signal.SIGTERM)
+    try:
+        _out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _out, err = p.communicate()
+    return err
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.3)
+
+
+def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel_cores, live, tmp_path):
+    # GIVEN two real crashes taken by the handler, and an agent whose bucket refuses its credentials
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    core_dir = tmp_path / "cores"
+    for _ in range(2):
+        make_bundle(core_dir, kernel_cores["abort"], live.pid, only=False)
+    crashes = sorted((core_dir / "crashes").iterdir())
+    bucket = s3.make_bucket("agent-uploads")
+    env = s3.env(HOME=str(tmp_path), FORENSICS_CACHE=str(tmp_path / "cache"))
+    agent, _url = _serve(core_dir, bucket, {**env, "AWS_SECRET_ACCESS_KEY": "wrong-secret-0123456789"})
+    try:
+        # WHEN it has analyzed them and tried to upload
+        _wait(lambda: all((c / "60-analysis" / "analysis.json").is_file() for c in crashes), 300, "no analyses")
+        time.sleep(3)
+    finally:
+        err = _stop(agent)
+    # THEN each failed upload is one line, the bundles are whole, nothing is in the bucket
+    assert "refused the credentials" in err and "the bundle stays whole" in err and "wrong-secret" not in err, err
+    assert all((c / "MANIFEST.json").is_file() and not (c / "70-upload.json").exists() for c in crashes)
+    assert bucket_keys(s3, bucket) == {}
+    # WHEN the agent starts again with the right credentials (the pending uploads found on disk)
+    agent, url = _serve(core_dir, bucket, env)
+    try:
+        _wait(lambda: all((c / "70-upload.json").is_file() for c in crashes), 300, "not uploaded")
+        _wait(lambda: all(sorted(p.name for p in c.iterdir()) == ["60-analysis", "70-upload.json", "metadata.json"]
+                          for c in crashes), 30, "not trimmed")
+        with urllib.request.urlopen(url, timeout=10) as r:
+            families = {f.name: f.samples for f in text_string_to_metric_families(r.read().decode())}
+    finally:
+        _stop(agent)
+    # THEN the node keeps each crash's record, analysis and where its bundle went; the index still counts both
+    fingerprints = {json.loads((c / "60-analysis" / "analysis.json").read_text())["analysis"]["fingerprint"]
+                    for c in crashes}
+    (fp,) = fingerprints
+    counted = {s.labels["fingerprint"]: s.value for s in families["forensics_crashes"]
+               if s.name == "forensics_crashes_total"}
+    assert counted == {fp: 2.0}, counted
+    # AND each bundle in the bucket is keyed by its fingerprint, holds its core and the agent's analysis, and
+    # analyzes from the bucket to the same fingerprint
+    for c in crashes:
+        where = json.loads((c / "70-upload.json").read_text())
+        prefix = where["url"][len(f"s3://{bucket}/"):]
+        assert re.fullmatch(rf"agent/prod/gpu-3/_/_/\d{{8}}T\d{{6}}Z-{fp}-[^/]+/", prefix), prefix
+        keys = bucket_keys(s3, bucket, prefix)
+        assert {f"{prefix}50-core/core.zst", f"{prefix}60-analysis/analysis.json", f"{prefix}UPLOAD.json"} <= set(keys)
+        r = forensics("analyze", "--json", where["url"], env=env)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["analysis"]["fingerprint"] == fp
