@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 
 from .. import rootpath
-from ..bundle import find_object_store, read_bundle_json, read_manifest
-from ..bundle.layout import ANALYSIS, ANALYSIS_POD, MANIFEST, OBJECTS, PROCESS_SNAPSHOT, RECORD, UPLOADED
+from ..bundle import find_object_store, read_bundle_json, read_crash_record, read_manifest
+from ..bundle.layout import ANALYSIS, ANALYSIS_POD, MANIFEST, OBJECTS, PROCESS_SNAPSHOT, UPLOADED
 from ..errors import InputNotFound, UnsafeBundle, UploadNotVerified
 from .client import ObjectURL, StoreOptions, open_client
 from .transfer import Transfer, digest_file, part_layout
@@ -91,20 +91,18 @@ def _doc(bundle_dir: str, rel: str) -> dict:
 def read_place(bundle_dir: str, *, cluster: str, node: str | None = None) -> BundlePlace:
     """A bundle's place from its own records: the handler's (node, time, crash id, pod UID), the agent's
     analysis (fingerprint) and pod (namespace, name); ``node`` overrides the recorded one."""
-    meta = _doc(bundle_dir, RECORD)
+    rec = read_crash_record(bundle_dir)
     manifest = _doc(bundle_dir, MANIFEST)
     analysis = _doc(bundle_dir, ANALYSIS).get("analysis")
     pod = _doc(bundle_dir, ANALYSIS_POD)
-    ident = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
-    t = meta.get("time")
     fp = analysis.get("fingerprint") if isinstance(analysis, dict) else None
-    crash_id = meta.get("crash_id") or manifest.get("crash_id") or os.path.basename(os.path.normpath(bundle_dir))
+    crash_id = (rec.crash_id if rec else None) or manifest.get("crash_id") \
+        or os.path.basename(os.path.normpath(bundle_dir))
     return BundlePlace(
-        cluster=cluster, node=node or str(meta.get("node") or os.uname().nodename),
+        cluster=cluster, node=node or (rec.node if rec else None) or os.uname().nodename,
         namespace=pod.get("namespace") if isinstance(pod.get("namespace"), str) else None,
-        pod=pod.get("name") if isinstance(pod.get("name"), str) else (ident or {}).get("pod_uid"),
-        time=float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None,
-        fingerprint=fp if isinstance(fp, str) else None, crash_id=str(crash_id))
+        pod=pod.get("name") if isinstance(pod.get("name"), str) else (rec.pod_uid if rec else None),
+        time=rec.time if rec else None, fingerprint=fp if isinstance(fp, str) else None, crash_id=str(crash_id))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,9 +162,8 @@ def _store_objects(bundle_dir: str) -> tuple[str | None, list[str]]:
     store = find_object_store(bundle_dir)
     if store is None or os.path.dirname(store) == os.path.abspath(bundle_dir):
         return None, []
-    keys: set[str] = set()
-    recorded = _doc(bundle_dir, RECORD).get("objects")
-    keys.update(v for v in (recorded.values() if isinstance(recorded, dict) else ()) if isinstance(v, str))
+    rec = read_crash_record(bundle_dir)
+    keys: set[str] = set(rec.objects.values()) if rec else set()
     objects = _doc(bundle_dir, PROCESS_SNAPSHOT).get("objects")
     keys.update(str(o["build_id"]) for o in (objects if isinstance(objects, list) else ()) if isinstance(o, dict)
                 and isinstance(o.get("build_id"), str))
