@@ -716,6 +716,30 @@ def _add_header_lines(heap: Heap, damaged: HeapChunk, overflowed: HeapChunk | No
             inconsistencies.append(line)
 
 
+def own_size_rewritten(overflowed: HeapChunk, damaged: HeapChunk, owner: BufferOwner | None,
+                       buffer_size: int | None) -> str | None:
+    """Why the chunk holding a buffer has its own size word written over, or None: its size cannot hold the buffer
+    its owner says it holds (a write before the buffer, or over its own header).  The "next chunk" glibc checked,
+    at the chunk plus that size, then lies inside the buffer: its header is the buffer's own bytes, and nothing
+    ran past the buffer's end that the core shows."""
+    if owner is None or buffer_size is None or overflowed.flags & IS_MMAPPED:
+        return None
+    usable = overflowed.size - SIZE_SZ
+    if buffer_size <= usable:
+        return None
+    obj = owner.object
+    needed = (buffer_size + SIZE_SZ + MALLOC_ALIGNMENT - 1) & ~(MALLOC_ALIGNMENT - 1)
+    out = (f"the size word of the chunk at 0x{overflowed.address:x} says 0x{overflowed.size:x} ({usable} usable "
+           f"bytes), too small for the {buffer_size}-byte {obj.type_name} it holds (its chunk is at least "
+           f"0x{max(needed, MINSIZE):x}): that chunk's own header was written over, not the next chunk's")
+    inside = damaged.address - obj.buffer
+    if damaged.address != overflowed.address and 0 <= inside < buffer_size:
+        out += (f"; the next chunk glibc checked, at 0x{damaged.address:x}, lies {inside} bytes inside the buffer"
+                + (f" (entry {inside // obj.element_size}, byte {inside % obj.element_size})" if obj.element_size
+                   else ""))
+    return out
+
+
 def _owner_of(overflowed: HeapChunk, owners: Sequence[tuple[BufferOwner, NativeCall | None]],
               owner_lookup: Callable[[int, int], BufferOwner | None] | None,
               ) -> tuple[BufferOwner | None, NativeCall | None]:
@@ -764,10 +788,21 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
     basis = ""
     first = b""
     buffer_size = None
+    rewritten = None
     if overflowed is not None:
         owner, call = _owner_of(overflowed, owners, owner_lookup)
         if owner is not None and owner.object.buffer == overflowed.mem:
             buffer_size = owner.object.size
+        rewritten = own_size_rewritten(overflowed, damaged, owner, buffer_size)
+    if overflowed is not None and rewritten is not None:
+        # the chunk's own size word was written over: what glibc took for the next chunk is inside the buffer,
+        # and no length past the buffer's end is shown (none is made up)
+        inconsistencies.append(rewritten)
+        damaged = overflowed
+        usable = overflowed.size - SIZE_SZ
+        basis = "no write past the buffer's end is shown: the chunk's own size word is what was written over"
+        first = heap.hm.mem.read_prefix(overflowed.address + SIZE_SZ, SIZE_SZ)
+    elif overflowed is not None:
         usable, past_buffer, past_usable, exact, basis, first = measure_overflow(
             heap, overflowed, damaged, buffer_size=buffer_size, zero_filled=owner is not None)
         if call is not None and call.count is not None and owner is not None and owner.object.length \

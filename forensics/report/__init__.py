@@ -390,6 +390,11 @@ def _overflow_summary(c: HeapCorruption, over: HeapChunk, *, brief: bool = False
     """The heap section's paragraph, conclusion first: who wrote past the buffer (or why the heap cannot
     say), then the chunk, the Python object and the call it was passed to, the overflow and its first bytes."""
     out = [f"Conclusion: {c.verdict_words}: {c.verdict_reason}.", f"The buffer: {_buffer_phrase(c, over)}."]
+    if c.overflow_length is None:  # the chunk's own header was written over: no length past the end is shown
+        own = next((i for i in c.inconsistencies if "own header was written over" in i), c.overflow_basis)
+        out.append(f"No write past the buffer's end is shown: {own}" + (
+            "." if brief else f"; glibc aborted with \"{c.message}\" ({c.check})."))
+        return " ".join(out)
     length = f"{'' if c.overflow_exact else 'at least '}{c.overflow_length} bytes"
     past = (f"{length} past the {c.buffer_size}-byte buffer's end ({c.overflow_past_usable} past "
             "the chunk's usable size)" if c.buffer_size is not None else f"{length} past its usable size")

@@ -38,8 +38,10 @@ def format_heap_corruption(c: HeapCorruption) -> Iterator[str]:
     for i in c.inconsistencies:
         yield f"    - {i}"
     if c.overflowed is not None:
+        own = c.damaged is not None and c.damaged.address == c.overflowed.address and c.overflow_length is None
         yield (f"  overflowed:      chunk {_chunk(c.overflowed)}: usable size {c.usable_size} bytes "
-               f"(0x{c.usable_size or 0:x}), the chunk before the damaged header")
+               f"(0x{c.usable_size or 0:x}), " + ("the chunk whose own header was written over" if own
+                                                   else "the chunk before the damaged header"))
         if c.owner is not None:
             o = c.owner.object
             count = f", {o.length} x {o.element_size} bytes" if o.length is not None and o.element_size else ""
@@ -58,7 +60,8 @@ def format_heap_corruption(c: HeapCorruption) -> Iterator[str]:
                 yield f"    measured by:   {c.overflow_basis}"
         if c.first_bytes:
             raw = bytes.fromhex(c.first_bytes)
-            yield f"  first bytes:     {raw.hex(' ')}  |{_ascii(raw)}|"
+            label = "its size word: " if own else "first bytes:    "
+            yield f"  {label} {raw.hex(' ')}  |{_ascii(raw)}|"
     if c.call is not None:
         call = c.call
         yield (f"  native call:     {call.function or '?'}({', '.join(call.arguments)}) from "

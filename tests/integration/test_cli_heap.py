@@ -101,4 +101,4 @@ def test_reports_carry_what_the_heap_says(cores, newest_python, tmp_path):
         assert "What the core's heap says: Conclusion: points at libcrash.so, not the binding" in texts[template], \
             template
     # and libcrash.so is not the driver: its own buffer does not point the report at NVIDIA
-    assert 'conclusion: "driver"' not in nvml.split("\n---", 1)[0]
+    assert 'conclusion: "driver-fault"' not in nvml.split("\n---", 1)[0]

@@ -297,7 +297,7 @@ def test_the_nvidia_report_states_the_library_own_buffer(sim_dir, tmp_path, core
     assert "glibc aborted in free() called by nvlink_scratch_overflow (libnvidia-ml.so.580.126.09) inside " \
            "nvmlDeviceGetFieldValues" in section
     # and the report's conclusion is the driver's, from the heap alone (no reproducer ran here)
-    assert 'conclusion: "driver"' in texts["nvml"].split("\n---", 1)[0]
+    assert 'conclusion: "driver-fault"' in texts["nvml"].split("\n---", 1)[0]
     assert "The core's heap points at the NVIDIA driver library" in texts["nvml"]
     # and the nvitop issue and the runbook say it in one line
     for template in ("nvitop", "runbook"):

@@ -337,3 +337,42 @@ def test_driver_fault_detected_later(sim, tmp_path, core_pattern):
     assert title.startswith("nvmlDeviceGetFieldValues corrupts the heap: glibc notices it later, in ")
     assert "query_nvlink_throughput_counters" not in title and "nvitop" not in title
     assert "| Inside libnvidia-ml | no |" in rep.doc["nvml"]["markdown"]
+
+
+def _gdb_words(core: Path, address: int, count: int) -> list[int]:
+    """``count`` 8-byte words at ``address`` of the core, as gdb reads them (the oracle)."""
+    out = subprocess.run(["gdb", "-batch", "-nx", "-c", str(core), "-ex", f"x/{count}gx {address:#x}"],
+                         capture_output=True, text=True, timeout=120).stdout
+    words = [int(w, 16) for line in out.splitlines() if ":" in line for w in line.split(":", 1)[1].split()]
+    assert len(words) == count, out
+    return words
+
+
+def test_a_late_detection_of_a_write_over_the_arrays_own_header(sim, tmp_path, core_pattern):
+    # GIVEN the driver writing a record over the malloc header of the exporter's field-value array (values[-1])
+    # and into it; glibc notices when CPython frees the array, outside NVML (issue #26 item 5)
+    python = stack_copy("incident", tmp_path)
+    core = exporter_core(python, sim_environment(sim, fault="heap-delayed", fault_after=2), tmp_path / "exporter")
+    analysis = analyze(core, tmp_path / "analysis.json")
+    c = json.loads(analysis.read_text())["analysis"]["heap"]["corruption"]
+    over, damaged, buffer = c["overflowed"], c["damaged"], c["owner"]["object"]
+    # THEN the damaged header is the array chunk's own, no overflow length is made up, and the "next chunk"
+    # glibc checked is named as lying inside the buffer
+    assert damaged["address"] == over["address"] and c["overflow_length"] is None
+    assert buffer["size"] == 1440 and over["size"] - 8 < buffer["size"]
+    own = next(i for i in c["inconsistencies"] if "own header was written over" in i)
+    nxt = over["address"] + over["size"]
+    assert buffer["buffer"] <= nxt < buffer["buffer"] + buffer["size"]
+    assert f"lies {nxt - buffer['buffer']} bytes inside the buffer (entry {(nxt - buffer['buffer']) // 40}" in own
+    # as gdb reads the core: the array chunk's size word is the one reported (written over: too small for the
+    # array), and the "next chunk" header glibc read is the array's own bytes
+    size_word = _gdb_words(core, over["address"] + 8, 1)[0]
+    assert size_word & ~7 == over["size"] and size_word.to_bytes(8, "little").hex() == c["first_bytes"]
+    assert _gdb_words(core, nxt + 8, 1)[0] & ~7 == next(
+        int(i.split("size field ")[1].split(":")[0], 16) & ~7 for i in c["inconsistencies"] if "size field" in i)
+    # and the reports say what the bytes show, with no length past the end
+    rep = Reports([analysis], tmp_path)
+    for t in ("nvml", "runbook"):
+        assert "bytes past the 1440-byte buffer" not in rep.doc[t]["markdown"]
+    assert "No write past the buffer's end is shown: the size word of the chunk at" in \
+        rep.doc["nvml"]["body"].replace("\\", "")
