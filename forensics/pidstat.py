@@ -15,6 +15,7 @@ from .errors import KernelThread, ProcessExited
 __all__ = ["PidStat", "parse_pid_stat", "read_pid_stat", "check_user_process", "check_still_running"]
 
 _PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+_PF_EXITING = 0x00000004  # set as exit begins: its files, root and memory go before it is a zombie
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +29,11 @@ class PidStat:
     @property
     def kernel_thread(self) -> bool:
         return bool(self.flags & _PF_KTHREAD)
+
+    @property
+    def exiting(self) -> bool:
+        """Exited, or exiting (a zombie, or past the start of exit(2): its root may already be gone)."""
+        return self.state in ("Z", "X", "x") or bool(self.flags & _PF_EXITING)
 
 
 def parse_pid_stat(pid: int, data: bytes) -> PidStat | None:
@@ -48,13 +54,14 @@ def parse_pid_stat(pid: int, data: bytes) -> PidStat | None:
 
 
 def read_pid_stat(pid: int) -> PidStat | None:
-    """The record of a running process, None when there is none (a zombie counts as exited)."""
+    """The record of a running process, None when there is none (one that has exited or is exiting counts as
+    gone: a zombie, or one whose exit has begun)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             st = parse_pid_stat(pid, f.read(4096))
     except OSError:
         return None
-    return None if st is None or st.state in ("Z", "X") else st
+    return None if st is None or st.exiting else st
 
 
 def check_user_process(pid: int) -> PidStat | None:
