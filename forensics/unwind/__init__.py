@@ -30,6 +30,7 @@ each library's DWARF once.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import stat
@@ -39,10 +40,12 @@ from ctypes import byref, c_bool, c_int, c_size_t, c_uint64, c_void_p
 
 from .. import rootpath
 from ..core.debugfiles import find_debug_file
+from ..core.memory import CoreMemory
 from ..core.symtab import file_identity
 from ..errors import UnwinderUnavailable
 from ..model import CoreFile, Library, LibraryStatus
 from . import libdw as L
+from .coreattach import CoreState
 from .debugcache import decompressed_debug_file
 
 __all__ = ["MAX_FRAMES", "MAX_THREADS", "unwind_core", "clear_symbol_cache"]
@@ -260,6 +263,7 @@ class _Unwinder:
         lib = self.lib
         fd = os.open(self.core.path, os.O_RDONLY | os.O_CLOEXEC)
         elf = dwfl = None
+        stack = contextlib.ExitStack()
         try:
             # the core through pread, never mapped whole: libelf reads the headers, the notes and the few
             # words of stack each frame needs (an address space the size of the core would be the cost otherwise)
@@ -270,7 +274,10 @@ class _Unwinder:
             if not dwfl:
                 raise UnwinderUnavailable(f"dwfl_begin: {lib.errmsg()}")
             self._report(dwfl)
-            if lib.dwfl_core_file_attach(dwfl, elf) < 0:
+            # the threads' registers and memory from our reader (coreattach: linear in the words read)
+            mem = stack.enter_context(CoreMemory.open(self.core.path))
+            state = CoreState(lib, self.core, mem)
+            if not state.attach(dwfl, elf):
                 raise UnwinderUnavailable(f"cannot read the core's threads: {lib.errmsg()}")
             raw: list[tuple[int, list[tuple[int, bool]], str | None, bool]] = []
 
@@ -300,6 +307,7 @@ class _Unwinder:
             if elf:
                 lib.elf_end(elf)
             os.close(fd)
+            stack.close()
 
     # -- naming frames ----------------------------------------------------------------------------
 

@@ -98,6 +98,21 @@ FRAME_CALLBACK = CFUNCTYPE(c_int, c_void_p, c_void_p)  # int (*) (Dwfl_Frame *, 
 THREAD_CALLBACK = CFUNCTYPE(c_int, c_void_p, c_void_p)  # int (*) (Dwfl_Thread *, void *arg)
 
 
+# pid_t (*next_thread) (Dwfl *, void *dwfl_arg, void **thread_argp)
+NEXT_THREAD = CFUNCTYPE(c_int, c_void_p, c_void_p, POINTER(c_void_p))
+# bool (*memory_read) (Dwfl *, Dwarf_Addr, Dwarf_Word *result, void *dwfl_arg)
+MEMORY_READ = CFUNCTYPE(c_bool, c_void_p, Dwarf_Addr, POINTER(Dwarf_Word), c_void_p)
+# bool (*set_initial_registers) (Dwfl_Thread *, void *thread_arg)
+SET_INITIAL_REGISTERS = CFUNCTYPE(c_bool, c_void_p, c_void_p)
+
+
+class DwflThreadCallbacks(Structure):
+    """``Dwfl_Thread_Callbacks``: the threads and memory of a process, handed to ``dwfl_attach_state``."""
+
+    _fields_ = [("next_thread", NEXT_THREAD), ("get_thread", c_void_p), ("memory_read", MEMORY_READ),
+                ("set_initial_registers", SET_INITIAL_REGISTERS), ("detach", c_void_p), ("thread_detach", c_void_p)]
+
+
 class DwflCallbacks(Structure):
     _fields_ = [("find_elf", FIND_ELF), ("find_debuginfo", FIND_DEBUGINFO), ("section_address", c_void_p),
                 ("debuginfo_path", c_void_p)]
@@ -116,6 +131,9 @@ _DW = {
     "dwfl_report_module": (c_void_p, [c_void_p, c_char_p, Dwarf_Addr, Dwarf_Addr]),
     "dwfl_report_end": (c_int, [c_void_p, c_void_p, c_void_p]),
     "dwfl_core_file_attach": (c_int, [c_void_p, c_void_p]),
+    "dwfl_attach_state": (c_bool, [c_void_p, c_void_p, c_int, POINTER(DwflThreadCallbacks), c_void_p]),
+    "dwfl_thread_state_registers": (c_bool, [c_void_p, c_int, c_uint, POINTER(Dwarf_Word)]),
+    "dwfl_thread_state_register_pc": (None, [c_void_p, Dwarf_Word]),
     "dwfl_getthreads": (c_int, [c_void_p, THREAD_CALLBACK, c_void_p]),
     "dwfl_thread_tid": (c_int, [c_void_p]),
     "dwfl_thread_getframes": (c_int, [c_void_p, FRAME_CALLBACK, c_void_p]),
@@ -172,6 +190,9 @@ class Lib:
     dwfl_report_module: _CFunction
     dwfl_report_end: _CFunction
     dwfl_core_file_attach: _CFunction
+    dwfl_attach_state: _CFunction
+    dwfl_thread_state_registers: _CFunction
+    dwfl_thread_state_register_pc: _CFunction
     dwfl_getthreads: _CFunction
     dwfl_thread_tid: _CFunction
     dwfl_thread_getframes: _CFunction
