@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING
 
 from .cache import cache_dir
 from .errors import GdbError, GdbNotFound, GdbTimeout
-from .model import CoreFile, LibraryStatus
+from .model import CoreFile, LibraryStatus, NativeFrame, NativeStack
 from .resources import find_shipped
 
 if TYPE_CHECKING:
     from pygdbmi.gdbcontroller import GdbController
 
-__all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "update_link_farm",
-           "update_debug_farm"]
+__all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "parse_native_stacks",
+           "update_link_farm", "update_debug_farm"]
 
 NATIVE_MARKER = "FORENSICS-NATIVE-JSON: "
 LAYOUT_MARKER = "FORENSICS-LAYOUT-JSON: "
@@ -58,9 +58,47 @@ def find_gdb_scripts() -> Path:
 class GdbResult:
     """The raw, parsed output of our two scripts for one core."""
 
-    native: dict | None  # None when native stacks were not asked for
+    native: tuple[NativeStack, ...] | None  # None when native stacks were not asked for
     layout: dict | None  # CPython's layout from DWARF (``{"error": ...}`` without it); None when not asked
     log: tuple[str, ...]
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _str(v: object) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def _parse_frames(frames: object) -> tuple[NativeFrame, ...]:
+    out: list[NativeFrame] = []
+    for f in frames if isinstance(frames, list) else ():
+        if not isinstance(f, dict):
+            continue
+        out.append(NativeFrame(index=len(out), pc=_int(f.get("pc")) or 0, symbol=_str(f.get("function")),
+                               offset=_int(f.get("offset")), library=_str(f.get("library")),
+                               file=_str(f.get("file")), line=_int(f.get("line")), inlined=bool(f.get("inlined")),
+                               tailcall=bool(f.get("tailcall"))))
+    return tuple(out)
+
+
+def parse_native_stacks(doc: object) -> tuple[NativeStack, ...]:
+    """``forensics-native``'s document (``{"threads": [{"num", "lwp", "frames": [{"pc", "function", "offset",
+    "library", "file", "line", "inlined", "tailcall"}], "error", "method"}]}``) as records, where it enters.
+
+    >>> parse_native_stacks({"threads": [{"num": 1, "lwp": 7, "frames": [{"pc": 16, "function": "main"}]}]})[0].tid
+    7
+    """
+    threads = doc.get("threads") if isinstance(doc, dict) else None
+    out: list[NativeStack] = []
+    for t in threads if isinstance(threads, list) else ():
+        tid = _int(t.get("lwp")) if isinstance(t, dict) else None
+        if tid is None:
+            continue
+        out.append(NativeStack(num=_int(t.get("num")) or 0, tid=tid, frames=_parse_frames(t.get("frames")),
+                               error=_str(t.get("error")), method=_str(t.get("method"))))
+    return tuple(out)
 
 
 def parse_marker_json(text: str, marker: str) -> dict | None:
@@ -231,9 +269,10 @@ class GdbSession:
         native_doc = None
         if native:
             self._stage = "reading native stacks"
-            native_doc = parse_marker_json(self.console("forensics-native"), NATIVE_MARKER)
-            if native_doc is None:
+            doc = parse_marker_json(self.console("forensics-native"), NATIVE_MARKER)
+            if doc is None:
                 raise GdbError(self._stage, "forensics-native printed no result")
+            native_doc = parse_native_stacks(doc)
         layout = None
         if python:
             self._stage = "reading CPython's layout from DWARF"

@@ -21,6 +21,7 @@ __all__ = [
     "FaultKind",
     "LibraryStatus",
     "FrameKind",
+    "NativeStack",
     "PythonStatus",
     "LayoutSource",
     "SigInfo",
@@ -366,6 +367,22 @@ class NativeFrame:
         where = f" at {src}:{self.line}" if src and self.line else ""
         address = "" if brief else f"0x{self.pc:016x} "
         return f"#{self.index:<3} {address}{self.symbol or '??'}{off}{mark} ({self.library_name or '?'}){where}"
+
+
+@record
+class NativeStack:
+    """One thread's native stack as an unwinder returned it (libdw's, or gdb's ``forensics-native`` parsed):
+    its frames innermost first, the library each names as the unwinder found it."""
+
+    num: int  # the unwinder's number for the thread
+    tid: int  # the LWP
+    frames: tuple[NativeFrame, ...]
+    error: str | None = None  # why the stack stops where it does (None: it ran to its end)
+    method: str | None = None  # "libdw", "gdb", "registers" (program counter only: not unwound), None
+    stopped_in_withheld: bool = False  # libdw stopped in an object whose file it was not given (gdb has none)
+    # (frame index, file, line) where libdw's line-table row of the frame's address is not a statement: the
+    # address' last statement row, the one gdb names (DWARF 5 location views give one address several rows)
+    statement_rows: tuple[tuple[int, str, int], ...] = ()
 
 
 @record

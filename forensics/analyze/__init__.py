@@ -19,6 +19,8 @@ from ..model import (
     Finding,
     HeapReport,
     LibraryStatus,
+    NativeFrame,
+    NativeStack,
     ProcessSnapshot,
     PythonStacks,
     PythonStatus,
@@ -50,15 +52,16 @@ __all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analy
 METHODS = ("auto", "gdb", "direct", "both")
 
 
-def registers_only(core: CoreFile, reason: str = "native stack not unwound: program counter only") -> dict:
-    """A native-stack document with each thread's program counter only (no unwinder ran, or none could)."""
-    return {"threads": [
-        {"num": i + 1, "lwp": t.tid, "frames": [{"pc": t.pc}], "error": reason, "method": None}
-        for i, t in enumerate(core.threads)
-    ]}
+def registers_only(core: CoreFile,
+                   reason: str = "native stack not unwound: program counter only") -> tuple[NativeStack, ...]:
+    """Each thread's program counter only, as its native stack (no unwinder ran, or none could)."""
+    return tuple(NativeStack(num=i + 1, tid=t.tid, error=reason,
+                             frames=(NativeFrame(index=0, pc=t.pc or 0, symbol=None, offset=None, library=None),))
+                 for i, t in enumerate(core.threads))
 
 
-def build_snapshot(core: CoreFile, native: dict | None, python: PythonStacks | None, *, sysroot: str | None,
+def build_snapshot(core: CoreFile, native: tuple[NativeStack, ...] | None, python: PythonStacks | None, *,
+                   sysroot: str | None,
                    native_method: str, python_method: str, requested: str = "auto",
                    problems: tuple[str, ...] = (), disagreements: tuple[str, ...] = (),
                    requested_native: str = "auto", native_disagreements: tuple[str, ...] = (),
@@ -71,7 +74,7 @@ def build_snapshot(core: CoreFile, native: dict | None, python: PythonStacks | N
     :param reading: the analysis' open core (None: the core is opened again to find signal frames)
     """
     warnings: list[str] = list(problems)
-    threads = build_threads(core, native or registers_only(core), python)
+    threads = build_threads(core, native if native is not None else registers_only(core), python)
     threads = attach_signal_frames(core, threads) if reading is None else \
         attach_signal_frames(core, threads, mem=reading.mem, text=reading.text_trampolines())
     python_process = is_python_process(core) or (python is not None and python.version is not None)
@@ -627,7 +630,7 @@ def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:
 
 
 def _unwind_signal_handler_threads(reading: CoreReading, problems: list[str],
-                                   python: PythonStacks | None = None) -> dict | None:
+                                   python: PythonStacks | None = None) -> tuple[NativeStack, ...] | None:
     """Native stacks, by libdw, of the threads running a signal handler -- and of the crashed thread when
     it ran no Python code -- when no unwinder was asked for.
 
@@ -651,26 +654,25 @@ def _unwind_signal_handler_threads(reading: CoreReading, problems: list[str],
     from ..unwind import unwind_core
 
     try:
-        doc = unwind_core(core, sysroot=sysroot)
+        stacks = unwind_core(core, sysroot=sysroot)
     except UnwinderUnavailable as e:
         problems.append(f"{e}: the threads running a signal handler are not split into handler and interrupted "
                         "frames")
         return None
-    unwound = {int(t["lwp"]): t for t in doc.get("threads", [])}
-    pcs["threads"] = [unwound.get(int(t["lwp"]), t) if int(t["lwp"]) in tids else {**t, "method": "registers"}
-                      for t in pcs["threads"]]
-    return pcs
+    unwound = {t.tid: t for t in stacks}
+    return tuple(unwound.get(t.tid, t) if t.tid in tids else dataclasses.replace(t, method="registers") for t in pcs)
 
 
-def _choose_native(plan: str, libdw: dict | None, gdb: dict | None) -> tuple[dict | None, list[str], list[str]]:
-    """The native document to show, notes on where it came from, and (``both``) the disagreements."""
+def _choose_native(plan: str, libdw: tuple[NativeStack, ...] | None, gdb: tuple[NativeStack, ...] | None
+                   ) -> tuple[tuple[NativeStack, ...] | None, list[str], list[str]]:
+    """The native stacks to show, notes on where they came from, and (``both``) the disagreements."""
     if plan == "none":
         return None, [], []
     if plan == "gdb":
         return gdb, [], []
     if plan == "both":
         if libdw is None or gdb is None:
-            return libdw or gdb, [], []
+            return libdw if libdw is not None else gdb, [], []
         return libdw, [], compare_native_docs(libdw, gdb)
     if libdw is None:
         return gdb, [], []

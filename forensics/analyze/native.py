@@ -1,11 +1,14 @@
 """Native stacks for ``analyze``: which unwinder runs, gdb for the threads libdw could not unwind,
 and the frame-for-frame comparison of the two (``--native-method both``).
 
-Pure functions over native-stack documents (``{"threads": [{"num", "lwp", "frames", "error",
-"method"}]}``), the shape both :func:`forensics.unwind.unwind_core` and the gdb script
-``forensics-native`` produce.
+Pure functions over native stacks as records (:class:`~forensics.model.NativeStack`), what both
+:func:`forensics.unwind.unwind_core` and :func:`forensics.gdb.parse_native_stacks` return.
 """
 from __future__ import annotations
+
+from dataclasses import replace
+
+from ..model import NativeFrame, NativeStack
 
 __all__ = ["NATIVE_METHODS", "plan_native", "failed_threads", "with_gdb_fallback", "compare_native_docs",
            "native_label"]
@@ -34,103 +37,102 @@ def plan_native(native_method: str, method: str, debuginfod: str | None) -> str:
     return "libdw"
 
 
-def failed_threads(doc: dict) -> set[int]:
+def failed_threads(stacks: tuple[NativeStack, ...]) -> set[int]:
     """The threads (LWPs) whose stack libdw could not unwind: none at all, or cut short by an error in
     an object whose file it had.  Reaching the frame limit, or an object whose file was withheld
     (missing, another build), is not a failure gdb would mend: it has no more to go on.
 
-    >>> failed_threads({"threads": [{"lwp": 1, "frames": [{}], "error": None},
-    ...                             {"lwp": 2, "frames": [], "error": None},
-    ...                             {"lwp": 3, "frames": [{}], "error": "unwinding stopped at frame 1: x"},
-    ...                             {"lwp": 4, "frames": [{}], "error": "y", "stopped_in_withheld": True}]})
+    >>> f = NativeFrame(index=0, pc=16, symbol="main", offset=4, library=None)
+    >>> failed_threads((NativeStack(num=1, tid=1, frames=(f,)), NativeStack(num=2, tid=2, frames=()),
+    ...                 NativeStack(num=3, tid=3, frames=(f,), error="unwinding stopped at frame 1: x"),
+    ...                 NativeStack(num=4, tid=4, frames=(f,), error="y", stopped_in_withheld=True)))
     {2, 3}
     """
     out = set()
-    for t in doc.get("threads", []):
-        error = t.get("error") or ""
-        if not t.get("frames") or (error and not error.startswith("stopped after")
-                                   and not t.get("stopped_in_withheld")):
-            out.add(int(t["lwp"]))
+    for t in stacks:
+        error = t.error or ""
+        if not t.frames or (error and not error.startswith("stopped after") and not t.stopped_in_withheld):
+            out.add(t.tid)
     return out
 
 
-def _better(gdb: dict, libdw: dict) -> bool:
+def _better(gdb: NativeStack, libdw: NativeStack) -> bool:
     """Whether gdb's stack of a thread is the better one: it goes further than libdw's, and agrees with
     libdw's physical frames as far as libdw got (so its extra frames continue the same stack)."""
-    mine = [f.get("pc") for f in libdw.get("frames", []) if not f.get("inlined")]
-    theirs = [f.get("pc") for f in gdb.get("frames", []) if not f.get("inlined") and not f.get("tailcall")]
-    if len(theirs) <= len(mine) and (gdb.get("error") or not libdw.get("error")):
+    mine = [f.pc for f in libdw.frames if not f.inlined]
+    theirs = [f.pc for f in gdb.frames if not f.inlined and not f.tailcall]
+    if len(theirs) <= len(mine) and (gdb.error or not libdw.error):
         return False
     return theirs[: len(mine)] == mine
 
 
-def with_gdb_fallback(libdw: dict, gdb: dict | None) -> tuple[dict, list[str]]:
-    """libdw's document, with each thread libdw could not unwind taken from gdb when gdb did better.
+def with_gdb_fallback(libdw: tuple[NativeStack, ...],
+                      gdb: tuple[NativeStack, ...] | None) -> tuple[tuple[NativeStack, ...], list[str]]:
+    """libdw's stacks, with each thread libdw could not unwind taken from gdb when gdb did better.
 
-    :return: the document (each thread's ``method`` says who unwound it) and one line per thread
-        taken from gdb, saying why
+    :return: the stacks (each thread's ``method`` says who unwound it) and one line per thread taken
+        from gdb, saying why
     """
     failed = failed_threads(libdw)
     if not failed or gdb is None:
         return libdw, []
-    by_tid = {int(t["lwp"]): t for t in gdb.get("threads", [])}
+    by_tid = {t.tid: t for t in gdb}
     threads, notes = [], []
-    for t in libdw.get("threads", []):
-        tid = int(t["lwp"])
-        other = by_tid.get(tid)
-        if tid in failed and other is not None and _better(other, t):
-            threads.append({**other, "num": t["num"], "method": "gdb"})
-            notes.append(f"tid {tid}: libdw: {t.get('error') or 'no frames'}; native stack by gdb")
+    for t in libdw:
+        other = by_tid.get(t.tid)
+        if t.tid in failed and other is not None and _better(other, t):
+            threads.append(replace(other, num=t.num, method="gdb"))
+            notes.append(f"tid {t.tid}: libdw: {t.error or 'no frames'}; native stack by gdb")
         else:
             threads.append(t)
-    return {**libdw, "threads": threads}, notes
+    return tuple(threads), notes
 
 
-def native_label(doc: dict | None) -> str:
-    """What produced a document's native stacks, for the snapshot: ``libdw``, ``gdb``, ``libdw+gdb``,
+def native_label(stacks: tuple[NativeStack, ...] | None) -> str:
+    """What produced the native stacks, for the snapshot: ``libdw``, ``gdb``, ``libdw+gdb``,
     ``registers``, or ``libdw+registers`` (some threads unwound, the rest at their program counter).
 
-    >>> native_label({"threads": [{"method": "libdw"}, {"method": "gdb"}]})
+    >>> native_label((NativeStack(num=1, tid=1, frames=(), method="libdw"),
+    ...               NativeStack(num=2, tid=2, frames=(), method="gdb")))
     'libdw+gdb'
     """
-    if doc is None:
+    if stacks is None:
         return "registers"
-    methods = {t.get("method") or "gdb" for t in doc.get("threads", [])}
+    methods = {t.method or "gdb" for t in stacks}
     if not methods:
-        return "libdw" if doc.get("method") == "libdw" else "gdb"
+        return "gdb"
     # "registers": threads left at their program counter beside unwound ones (--method direct unwinds
     # only the threads running a signal handler)
     return "+".join(m for m in ("libdw", "gdb", "registers") if m in methods)
 
 
-def _same_frame(a: dict, b: dict) -> bool:
+def _same_frame(a: NativeFrame, b: NativeFrame, statement_row: tuple[str, int] | None = None) -> bool:
     """One frame as two unwinders describe it: same pc, inlined mark and line, the same source file by its base
     name, and the same function (or, for two ELF symbols at one address such as ``clone3`` and ``__clone3``,
     the same offset).  Where an address has several line-table rows (DWARF 5 location views) libdw names the
-    last and gdb the last statement: libdw's frame carries that one too (``statement_row``)."""
-    if a.get("pc") != b.get("pc") or bool(a.get("inlined")) != bool(b.get("inlined")):
+    last and gdb the last statement: libdw's stack carries that one too (``statement_rows``)."""
+    if a.pc != b.pc or a.inlined != b.inlined:
         return False
-    theirs = (_base(b.get("file")), b.get("line"))
-    if (_base(a.get("file")), a.get("line")) != theirs:
-        row = a.get("statement_row")  # the address' statement row, which gdb names, where libdw's row is not one
+    theirs = (_base(b.file), b.line)
+    if (_base(a.file), a.line) != theirs:
+        row = statement_row  # the address' statement row, which gdb names, where libdw's row is not one
         if not row or (_base(row[0]), row[1]) != theirs:
             return False
-    if a.get("function") == b.get("function"):
+    if a.symbol == b.symbol:
         return True
-    return a.get("offset") is not None and a.get("offset") == b.get("offset")
+    return a.offset is not None and a.offset == b.offset
 
 
 def _base(path: str | None) -> str | None:
     return path.rsplit("/", 1)[-1] if path else path
 
 
-def _describe(f: dict) -> str:
-    name = f.get("function") or "??"
-    where = f" {f['file']}:{f['line']}" if f.get("file") else ""
-    return f"{name}{' [inlined]' if f.get('inlined') else ''} at {int(f.get('pc') or 0):#x}{where}"
+def _describe(f: NativeFrame) -> str:
+    where = f" {f.file}:{f.line}" if f.file else ""
+    return f"{f.symbol or '??'}{' [inlined]' if f.inlined else ''} at {f.pc:#x}{where}"
 
 
-def compare_native_docs(libdw: dict | None, gdb: dict | None) -> list[str]:
+def compare_native_docs(libdw: tuple[NativeStack, ...] | None, gdb: tuple[NativeStack, ...] | None) -> list[str]:
     """Where libdw's and gdb's native stacks differ, said in one line (an empty list: they agree).
 
     Threads are matched by LWP, frames one for one; two frames agree on their pc, inlined mark, function
@@ -142,29 +144,30 @@ def compare_native_docs(libdw: dict | None, gdb: dict | None) -> list[str]:
     pystack, shows the stack as it is), and the frames one unwinder shows past the program's entry (gdb
     stops at ``main``; libdw goes on to ``__libc_start_main`` and ``_start``).
 
-    >>> f = {"pc": 16, "function": "main", "offset": 4, "file": "a.c", "line": 3, "inlined": False}
-    >>> start = {"pc": 32, "function": "__libc_start_call_main", "offset": 8, "file": None, "line": None}
-    >>> compare_native_docs({"threads": [{"lwp": 7, "frames": [f, start]}]},
-    ...                     {"threads": [{"lwp": 7, "frames": [{**f, "file": "/src/a.c"}, {**f, "tailcall": True}]}]})
+    >>> f = NativeFrame(index=0, pc=16, symbol="main", offset=4, library=None, file="a.c", line=3)
+    >>> start = NativeFrame(index=1, pc=32, symbol="__libc_start_call_main", offset=8, library=None)
+    >>> compare_native_docs((NativeStack(num=1, tid=7, frames=(f, start)),),
+    ...                     (NativeStack(num=1, tid=7, frames=(replace(f, file="/src/a.c"),
+    ...                                                        replace(f, index=1, tailcall=True))),))
     []
-    >>> (line,) = compare_native_docs({"threads": [{"lwp": 7, "frames": [f]}, {"lwp": 8, "frames": [f]}]},
-    ...                               {"threads": [{"lwp": 7, "frames": [{**f, "line": 4}]}, {"lwp": 8, "frames": []}]})
+    >>> (line,) = compare_native_docs(
+    ...     (NativeStack(num=1, tid=7, frames=(f,)), NativeStack(num=2, tid=8, frames=(f,))),
+    ...     (NativeStack(num=1, tid=7, frames=(replace(f, line=4),)), NativeStack(num=2, tid=8, frames=())))
     >>> print(*line.split("; "), sep=chr(10))
     2 of 2 threads differ: thread 7 frame 0: main at 0x10 a.c:3 (libdw) vs main at 0x10 a.c:4 (gdb)
     thread 8: 1 frames (libdw) vs 0 (gdb, tail-call frames left out)
     """
-    if not libdw or not gdb:
+    if libdw is None or gdb is None:
         return ["one method gave no result"]
-    ta = {int(t["lwp"]): t for t in libdw.get("threads", [])}
-    tb = {int(t["lwp"]): t for t in gdb.get("threads", [])}
+    ta = {t.tid: t for t in libdw}
+    tb = {t.tid: t for t in gdb}
     tids = sorted(set(ta) | set(tb))
     out = []
     for tid in tids:
         if tid not in ta or tid not in tb:
             out.append(f"thread {tid} only in {'libdw' if tid in ta else 'gdb'}")
             continue
-        diff = _thread_difference(ta[tid].get("frames", []),
-                                  [f for f in tb[tid].get("frames", []) if not f.get("tailcall")])
+        diff = _thread_difference(ta[tid], [f for f in tb[tid].frames if not f.tailcall])
         if diff:
             out.append(f"thread {tid}{diff}")
     if not out:
@@ -180,15 +183,17 @@ _ENTRY = frozenset({"_start", "__libc_start_main", "__libc_start_main_impl", "__
                     "__clone_internal"})
 
 
-def _thread_difference(fa: list[dict], fb: list[dict]) -> str | None:
+def _thread_difference(libdw: NativeStack, fb: list[NativeFrame]) -> str | None:
     """Where one thread's two stacks differ (``" frame N: ..."``, ``": N frames ..."``), or None."""
+    fa = libdw.frames
+    rows = {i: (file, line) for i, file, line in libdw.statement_rows}
     for i, (x, y) in enumerate(zip(fa, fb, strict=False)):  # the common part; a longer stack is said below
-        if not _same_frame(x, y):
+        if not _same_frame(x, y, rows.get(i)):
             return f" frame {i}: {_describe(x)} (libdw) vs {_describe(y)} (gdb)"
     if len(fa) == len(fb):
         return None
     shorter, longer = (fa, fb) if len(fa) < len(fb) else (fb, fa)
-    if shorter and (shorter[-1].get("function") == "main"
-                    or all(f.get("function") in _ENTRY for f in longer[len(shorter):])):
+    if shorter and (shorter[-1].symbol == "main"
+                    or all(f.symbol in _ENTRY for f in longer[len(shorter):])):
         return None  # one unwinder went on past the entry: nothing of the program's own differs
     return f": {len(fa)} frames (libdw) vs {len(fb)} (gdb, tail-call frames left out)"

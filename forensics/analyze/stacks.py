@@ -1,7 +1,7 @@
 """Build threads from the native frames and the walker's Python stacks, and merge them.
 
-Pure functions: the native dicts come from an unwinder's JSON (libdw's, or
-``gdb_scripts/forensics_native.py``'s) and become records here; the Python stacks arrive as
+Pure functions: the native stacks arrive as records from an unwinder (:mod:`forensics.unwind`'s libdw,
+or gdb's ``forensics-native`` parsed by :mod:`forensics.gdb`); the Python stacks arrive as
 records (:class:`~forensics.model.PythonStacks`, from :mod:`forensics.pyread`).
 """
 from __future__ import annotations
@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 from collections.abc import Iterator
 
-from ..model import CoreFile, FrameKind, NativeFrame, PyFrame, PythonStacks, PythonStatus, PyThreadStack, Thread
+from ..model import (CoreFile, FrameKind, NativeFrame, NativeStack, PyFrame, PythonStacks, PythonStatus, PyThreadStack,
+                     Thread)
 from .classify import is_snapshot
 
-__all__ = ["parse_native_frames", "build_threads", "join_thread_states", "merge_frames", "meaningful_native_frames",
+__all__ = ["with_core_libraries", "build_threads", "join_thread_states", "merge_frames", "meaningful_native_frames",
            "skip_abort_machinery", "choose_python_stacks", "compare_python_stacks", "python_stacks_problem",
            "python_status_line"]
 
@@ -25,31 +26,18 @@ _ABORT_MACHINERY = frozenset(
 )
 
 
-def parse_native_frames(core: CoreFile, frames: list[dict]) -> tuple[NativeFrame, ...]:
-    """Native frames from a native-stack document (libdw's or forensics-native's JSON); the library is
-    named as the core names it."""
+def with_core_libraries(core: CoreFile, frames: tuple[NativeFrame, ...]) -> tuple[NativeFrame, ...]:
+    """An unwinder's frames with each library named as the core names it (a caller frame by its call
+    instruction, ``pc - 1``); the unwinder's name where the core maps nothing there."""
     out = []
     for i, f in enumerate(frames):
-        pc = int(f.get("pc") or 0)
-        mapping = core.find_mapping(pc - 1 if i and pc else pc)
-        library = mapping.path if mapping is not None and mapping.path else f.get("library")
-        out.append(
-            NativeFrame(
-                index=i,
-                pc=pc,
-                symbol=f.get("function") or None,
-                offset=f.get("offset"),
-                library=library,
-                file=f.get("file"),
-                line=f.get("line"),
-                inlined=bool(f.get("inlined")),
-                tailcall=bool(f.get("tailcall")),
-            )
-        )
+        mapping = core.find_mapping(f.pc - 1 if i and f.pc else f.pc)
+        library = mapping.path if mapping is not None and mapping.path else f.library
+        out.append(f if f.index == i and f.library == library else replace(f, index=i, library=library))
     return tuple(out)
 
 
-def build_threads(core: CoreFile, native: dict, python: PythonStacks | None) -> tuple[Thread, ...]:
+def build_threads(core: CoreFile, native: tuple[NativeStack, ...], python: PythonStacks | None) -> tuple[Thread, ...]:
     """Threads ordered crashed first, then as the unwinder numbers them; Python threads matched by LWP.
 
     A Python thread's ``error`` (its stack stopped short) becomes the thread's ``python_error``.
@@ -69,8 +57,8 @@ def build_threads(core: CoreFile, native: dict, python: PythonStacks | None) -> 
     crashed = None if is_snapshot(core) else core.crashed_tid
     threads = []
     seen = set()
-    for t in native.get("threads", []):
-        tid = int(t["lwp"])
+    for stack in native:
+        tid = stack.tid
         seen.add(tid)
         py = py_by_tid.get(tid)
         threads.append(
@@ -79,10 +67,10 @@ def build_threads(core: CoreFile, native: dict, python: PythonStacks | None) -> 
                 name=py.name if py else None,
                 is_crashed=tid == crashed,
                 holds_gil=bool(py and py.holds_gil) or (gil_tid is not None and gil_tid == tid),
-                native_frames=parse_native_frames(core, t.get("frames", [])),
+                native_frames=with_core_libraries(core, stack.frames),
                 py_frames=py.frames if py else (),
-                native_error=t.get("error"),
-                native_method=t.get("method"),
+                native_error=stack.error,
+                native_method=stack.method,
                 python_error=py.error if py else None,
                 interpreter_id=py.interpreter_id if py else None,
                 is_main=tid == core.pid,

@@ -1,9 +1,9 @@
 """Native stacks of a core without gdb: elfutils' libdwfl, called in-process through ctypes.
 
-:func:`unwind_core` returns every thread's native frames as the same document
-the gdb method's ``forensics-native`` prints (``{"threads": [{"num", "lwp",
-"frames", "error", "method"}]}``), so the two methods are interchangeable
-thread by thread.
+:func:`unwind_core` returns every thread's native frames as records
+(:class:`~forensics.model.NativeStack` of :class:`~forensics.model.NativeFrame`), the
+records gdb's ``forensics-native`` output is parsed into (:mod:`forensics.gdb`), so the
+two methods are interchangeable thread by thread.
 
 Which files libdwfl reads is decided here, never by libdwfl: each object the
 core maps is reported at the address the core maps it, and when libdwfl asks for
@@ -43,7 +43,7 @@ from ..core.debugfiles import find_debug_file
 from ..core.memory import CoreMemory
 from ..core.symtab import file_identity
 from ..errors import UnwinderUnavailable
-from ..model import CoreFile, Library, LibraryStatus
+from ..model import CoreFile, Library, LibraryStatus, NativeFrame, NativeStack
 from . import libdw as L
 from .coreattach import CoreState
 from .debugcache import decompressed_debug_file
@@ -259,7 +259,7 @@ class _Unwinder:
                          f"table to go on (libdwfl: {reason})"), True
         return pcs, f"unwinding stopped at frame {len(pcs)} in {library.name}: {reason}", False
 
-    def run(self) -> dict:
+    def run(self) -> tuple[NativeStack, ...]:
         lib = self.lib
         fd = os.open(self.core.path, os.O_RDONLY | os.O_CLOEXEC)
         elf = dwfl = None
@@ -293,14 +293,13 @@ class _Unwinder:
             lib.dwfl_getthreads(dwfl, callback, None)
             threads = []
             for num, (tid, pcs, error, withheld) in enumerate(raw, 1):
-                frames = []
+                frames: list[dict] = []
                 for pc, activation in pcs:
                     frames.extend(self._symbolize(dwfl, pc, activation))
-                thread = {"num": num, "lwp": tid, "frames": frames, "error": error, "method": "libdw"}
-                if withheld:
-                    thread["stopped_in_withheld"] = True  # no file to unwind further with: gdb has none either
-                threads.append(thread)
-            return {"threads": threads}
+                # withheld: no file to unwind further with, gdb has none either
+                threads.append(NativeStack(num=num, tid=tid, frames=_records(frames), error=error, method="libdw",
+                                           stopped_in_withheld=withheld, statement_rows=_statement_rows(frames)))
+            return tuple(threads)
         finally:
             if dwfl:
                 lib.dwfl_end(dwfl)
@@ -534,18 +533,30 @@ def _stack_pointer(lib: L.Lib, frame) -> int | None:
     return value.value
 
 
+def _records(frames: list[dict]) -> tuple[NativeFrame, ...]:
+    """The frames as the unwinder returns them: records, innermost first."""
+    return tuple(NativeFrame(index=i, pc=f["pc"], symbol=f["function"] or None, offset=f["offset"],
+                             library=f["library"], file=f["file"], line=f["line"], inlined=bool(f["inlined"]))
+                 for i, f in enumerate(frames))
+
+
+def _statement_rows(frames: list[dict]) -> tuple[tuple[int, str, int], ...]:
+    """(index, file, line) of the frames whose address' statement row is not the row libdw chose."""
+    return tuple((i, f["statement_row"][0], f["statement_row"][1]) for i, f in enumerate(frames)
+                 if f.get("statement_row"))
+
+
 def _frame(pc, function, offset, library, file, line, inlined) -> dict:
     return {"pc": pc, "function": function, "offset": offset, "library": library, "file": file, "line": line,
             "inlined": inlined}
 
 
-def unwind_core(core: CoreFile, *, sysroot: str | None = None) -> dict:
+def unwind_core(core: CoreFile, *, sysroot: str | None = None) -> tuple[NativeStack, ...]:
     """Every thread's native stack, unwound by libdwfl from the core and the files the core reader checked.
 
     :param core: the core, as :func:`forensics.core.open_core` read it (its libraries' files are used)
     :param sysroot: the crashed machine's root, searched for separate debug files
-    :return: ``{"threads": [{"num", "lwp", "frames": [...], "error", "method": "libdw"}]}``; each frame
-        ``{"pc", "function", "offset", "library", "file", "line", "inlined"}``, innermost first
+    :return: each thread's stack (``method`` "libdw"), as libdwfl numbers the threads
     :raises UnwinderUnavailable: when libdw cannot be loaded or cannot read the core
     """
     return _Unwinder(L.load(), core, sysroot).run()

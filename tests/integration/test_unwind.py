@@ -26,7 +26,7 @@ import pytest
 from forensics.analyze import analyze_core
 from forensics.core import open_core
 from forensics.gdb import GdbSession
-from forensics.model import CoreFile, LibraryStatus
+from forensics.model import CoreFile, LibraryStatus, NativeFrame, NativeStack
 from forensics.unwind import unwind_core
 from tests.conftest import python_params
 from tests.crashers.make_core import crash_for_core
@@ -37,16 +37,16 @@ SCENARIOS = ("heap-prev", "heap-next-size", "segv", "py-abort", "qsort-abort")
 NEWEST_ONLY = ("fpe", "ill", "bus")
 
 
-def gdb_frames(core: CoreFile, sysroot: str | None = None) -> dict:
-    """gdb's native stacks of ``core``, each frame's library resolved to the file gdb read."""
+def gdb_frames(core: CoreFile, sysroot: str | None = None) -> tuple[tuple[NativeStack, ...], dict]:
+    """gdb's native stacks of ``core``, and the file gdb read for each frame's library ({(tid, index): path})."""
     exe = core.libraries[0] if core.libraries else None
     exe_file = exe.file_path if exe is not None and exe.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED) else None
     with GdbSession() as session:
         doc = session.analyze(core, exe_file, python=False, sysroot=sysroot)
-        for t in doc.native["threads"]:
-            for f in t["frames"]:  # the link farm exists while the session does
-                f["file_read"] = os.path.realpath(f["library"]) if f.get("library") else None
-    return doc.native
+        assert doc.native is not None
+        read = {(t.tid, f.index): os.path.realpath(f.library) if f.library else None  # while the link farm exists
+                for t in doc.native for f in t.frames}
+    return doc.native, read
 
 
 def library_file(core: CoreFile, path: str | None) -> str | None:
@@ -70,42 +70,42 @@ class Agreement:
 
 def assert_same_as_gdb(core: CoreFile, sysroot: str | None = None) -> Agreement:
     ours = unwind_core(core, sysroot=sysroot)
-    theirs = gdb_frames(core, sysroot)
+    theirs, file_read = gdb_frames(core, sysroot)
     seen = Agreement()
-    assert [t["lwp"] for t in ours["threads"]] == [t["lwp"] for t in theirs["threads"]]
-    for mine, gdb in zip(ours["threads"], theirs["threads"], strict=True):
-        tid = mine["lwp"]
-        assert mine["method"] == "libdw"
-        gdb_list = [f for f in gdb["frames"] if not f["tailcall"]]
-        seen.tailcalls_left_out += len(gdb["frames"]) - len(gdb_list)
-        if mine.get("stopped_in_withheld") and len(gdb_list) > len(mine["frames"]):
+    assert [t.tid for t in ours] == [t.tid for t in theirs]
+    for mine, gdb in zip(ours, theirs, strict=True):
+        tid = mine.tid
+        assert mine.method == "libdw"
+        gdb_list = [f for f in gdb.frames if not f.tailcall]
+        seen.tailcalls_left_out += len(gdb.frames) - len(gdb_list)
+        if mine.stopped_in_withheld and len(gdb_list) > len(mine.frames):
             # libdw stops where it has no file to unwind with; gdb guesses on, into frames it cannot name
             # and a stack it calls corrupt itself
-            beyond = gdb_list[len(mine["frames"]):]
-            assert all(f["function"] is None and f["file"] is None for f in beyond), (tid, beyond)
-            assert gdb["error"], (tid, gdb)
+            beyond = gdb_list[len(mine.frames):]
+            assert all(f.symbol is None and f.file is None for f in beyond), (tid, beyond)
+            assert gdb.error, (tid, gdb)
             seen.guessed_by_gdb += len(beyond)
-            gdb_list = gdb_list[: len(mine["frames"])]
+            gdb_list = gdb_list[: len(mine.frames)]
         else:
-            assert bool(mine["error"]) == bool(gdb["error"]), (tid, mine["error"], gdb["error"])
-        assert len(mine["frames"]) == len(gdb_list), (tid, [f["function"] for f in mine["frames"]],
-                                                      [f["function"] for f in gdb_list])
-        for i, (a, b) in enumerate(zip(mine["frames"], gdb_list, strict=True)):
+            assert bool(mine.error) == bool(gdb.error), (tid, mine.error, gdb.error)
+        assert len(mine.frames) == len(gdb_list), (tid, [f.symbol for f in mine.frames], [f.symbol for f in gdb_list])
+        for i, (a, b) in enumerate(zip(mine.frames, gdb_list, strict=True)):
             where = f"thread {tid} frame {i}: libdw {a} vs gdb {b}"
-            assert a["pc"] == b["pc"], where
-            assert a["inlined"] == b["inlined"], where
-            if (a["file"], a["line"]) != (b["file"], b["line"]):
-                assert_one_address_two_rows(core, sysroot, a, b, i > 0 and not a["inlined"]), where
+            assert a.pc == b.pc, where
+            assert a.inlined == b.inlined, where
+            if (a.file, a.line) != (b.file, b.line):
+                assert_one_address_two_rows(core, sysroot, a, b, i > 0 and not a.inlined), where
                 seen.line_rows_differ += 1
-            assert a["offset"] == b["offset"], where
+            assert a.offset == b.offset, where
             # the same function, or two ELF symbols of one address (the same offset from one start)
-            assert a["function"] == b["function"] or (a["offset"] is not None and not a["inlined"]), where
-            if a["library"] not in (None, "[vdso]") and b["file_read"] is not None:
-                assert library_file(core, a["library"]) == b["file_read"], where
+            assert a.symbol == b.symbol or (a.offset is not None and not a.inlined), where
+            read = file_read[(gdb.tid, b.index)]
+            if a.library not in (None, "[vdso]") and read is not None:
+                assert library_file(core, a.library) == read, where
             seen.frames += 1
-            seen.inlined += a["inlined"]
-            seen.with_line += a["line"] is not None
-            seen.named += a["function"] is not None
+            seen.inlined += a.inlined
+            seen.with_line += a.line is not None
+            seen.named += a.symbol is not None
     return seen
 
 
@@ -132,16 +132,17 @@ def line_rows(core: CoreFile, sysroot: str | None, pc: int) -> list[tuple[str, i
             for r in rows if r.address == at]
 
 
-def assert_one_address_two_rows(core: CoreFile, sysroot: str | None, ours: dict, gdbs: dict, caller: bool) -> None:
+def assert_one_address_two_rows(core: CoreFile, sysroot: str | None, ours: NativeFrame, gdbs: NativeFrame,
+                                caller: bool) -> None:
     """Where libdw and gdb name different lines for one frame: both must be rows of the same address (DWARF 5
     location views give one address several rows), gdb's a statement row (gdb prefers those, and drops a
     non-statement row that switches files at the same address), libdw's the last row of that address."""
-    rows = line_rows(core, sysroot, ours["pc"] - (1 if caller else 0))
+    rows = line_rows(core, sysroot, ours.pc - (1 if caller else 0))
     base = lambda path: (path or "").rsplit("/", 1)[-1]  # noqa: E731
     keys = [(base(f), line) for f, line, _ in rows]
     assert len(rows) > 1, rows
-    assert (base(ours["file"]), ours["line"]) == keys[-1], (ours, rows)
-    assert (base(gdbs["file"]), gdbs["line"], True) in [(base(f), line, stmt) for f, line, stmt in rows], (gdbs, rows)
+    assert (base(ours.file), ours.line) == keys[-1], (ours, rows)
+    assert (base(gdbs.file), gdbs.line, True) in [(base(f), line, stmt) for f, line, stmt in rows], (gdbs, rows)
 
 
 def cases():
@@ -199,9 +200,9 @@ def test_same_frames_as_gdb_from_stripped_files(cores, version, mode, tmp_path):
     # THEN both read the stripped copies and agree: names from what is left (.symtab, .dynsym), no invented lines
     seen = assert_same_as_gdb(core, str(root))
     assert seen.frames >= 20, seen
-    crashed = unwind_core(core, sysroot=str(root))["threads"][0]["frames"]
-    culprit = next(f for f in crashed if f["function"] == "forensics_heap_overflow")  # exported: in .dynsym
-    assert culprit["file"] is None and culprit["line"] is None
+    crashed = unwind_core(core, sysroot=str(root))[0].frames
+    culprit = next(f for f in crashed if f.symbol == "forensics_heap_overflow")  # exported: in .dynsym
+    assert culprit.file is None and culprit.line is None
 
 
 def test_a_stripped_library_is_named_from_its_debug_file_in_the_root(cores, newest_python, tmp_path):
@@ -216,11 +217,11 @@ def test_a_stripped_library_is_named_from_its_debug_file_in_the_root(cores, newe
     debug.parent.mkdir(parents=True)
     subprocess.run(["objcopy", "--only-keep-debug", lib.file_path, str(debug)], check=True)
     # WHEN the stacks are read through that root
-    frames = unwind_core(open_core(path, sysroot=str(root)), sysroot=str(root))["threads"][0]["frames"]
+    frames = unwind_core(open_core(path, sysroot=str(root)), sysroot=str(root))[0].frames
     # THEN the culprit has its source line back, as it has with the unstripped file
-    culprit = next(f for f in frames if f["function"] == "forensics_heap_overflow")
-    want = next(f for f in unwind_core(full)["threads"][0]["frames"] if f["function"] == "forensics_heap_overflow")
-    assert (culprit["file"], culprit["line"]) == (want["file"], want["line"]) and want["line"]
+    culprit = next(f for f in frames if f.symbol == "forensics_heap_overflow")
+    want = next(f for f in unwind_core(full)[0].frames if f.symbol == "forensics_heap_overflow")
+    assert (culprit.file, culprit.line) == (want.file, want.line) and want.line
 
 
 # -- a capture bundle: files from its object store, by build-id ----------------------------------
@@ -272,12 +273,12 @@ def test_a_library_of_another_build_is_withheld_not_misnamed(cores, newest_pytho
     core = open_core(path, sysroot=str(root))
     assert next(x for x in core.libraries if x.name == "libcrash.so").status is LibraryStatus.MISMATCH
     # THEN the frame in it is unnamed (never named from the wrong file), and gdb agrees
-    frames = unwind_core(core, sysroot=str(root))["threads"][0]["frames"]
-    in_lib = [f for f in frames if f["library"] == lib.path]
-    assert in_lib and all(f["function"] is None and f["file"] is None for f in in_lib)
+    frames = unwind_core(core, sysroot=str(root))[0].frames
+    in_lib = [f for f in frames if f.library == lib.path]
+    assert in_lib and all(f.symbol is None and f.file is None for f in in_lib)
     # and the unwinding stops there, saying why, where gdb guesses on through frames it cannot name
-    crashed = unwind_core(core, sysroot=str(root))["threads"][0]
-    assert crashed["stopped_in_withheld"] and "libcrash.so" in crashed["error"] and "another build" in crashed["error"]
+    crashed = unwind_core(core, sysroot=str(root))[0]
+    assert crashed.stopped_in_withheld and "libcrash.so" in crashed.error and "another build" in crashed.error
     seen = assert_same_as_gdb(core, str(root))
     assert seen.guessed_by_gdb > 0, seen
 
@@ -321,8 +322,8 @@ def test_same_frames_as_gdb_relocated_into_a_root(sid_root, sid_cores, version, 
     seen = assert_same_as_gdb(core, str(sid_root))
     assert seen.frames >= 20 and seen.inlined > 0 and seen.with_line >= 15, seen
     # the interpreter's and glibc's own functions are named from the root's debug files
-    frames = unwind_core(core, sysroot=str(sid_root))["threads"][0]["frames"]
-    names = {f["function"] for f in frames}
+    frames = unwind_core(core, sysroot=str(sid_root))[0].frames
+    names = {f.symbol for f in frames}
     assert "Py_RunMain" in names and "__libc_start_call_main" in names, names
 
 
@@ -378,14 +379,14 @@ def test_a_looping_stack_is_cut_where_it_repeats(tmp_path, core_pattern):
                             text=True, timeout=60).stdout
         assert eu.count(" loop_a") > 10 and eu.count(" loop_b") > 10, eu[-2000:]
     # WHEN libdw unwinds it
-    (thread,) = unwind_core(core)["threads"]
+    (thread,) = unwind_core(core)
     # THEN it stops at the first frame equal to an earlier one (pc and stack pointer), not at MAX_FRAMES,
     # and says why: the frames before the repeat, each once
-    assert [f["function"] for f in thread["frames"]] == ["crash", "loop_a", "loop_b"], thread["frames"]
-    assert thread["error"].startswith("stopped after 3 frames: the stack loops (frame #3 repeats frame #1: pc "), thread
-    assert f"pc {thread['frames'][1]['pc']:#x}," in thread["error"]
+    assert [f.symbol for f in thread.frames] == ["crash", "loop_a", "loop_b"], thread.frames
+    assert thread.error.startswith("stopped after 3 frames: the stack loops (frame #3 repeats frame #1: pc "), thread
+    assert f"pc {thread.frames[1].pc:#x}," in thread.error
     # and the analysis keeps that reason on the thread, beside its three frames
     analysis = analyze_core(str(core_path))
     (crashed,) = analysis.snapshot.threads
-    assert crashed.native_error == thread["error"] and crashed.native_method == "libdw"
+    assert crashed.native_error == thread.error and crashed.native_method == "libdw"
     assert [f.symbol for f in crashed.native_frames] == ["crash", "loop_a", "loop_b"]

@@ -93,8 +93,11 @@ def broken() -> PythonStacks:
 
 def test_snapshot_with_a_thread_error_is_partial_and_says_which_thread_once():
     # GIVEN native stacks and Python stacks whose main thread's stack could not be read
-    native = {"threads": [{"num": 1, "lwp": 7, "frames": [{"pc": 1, "function": "f"}]},
-                          {"num": 2, "lwp": 8, "frames": [{"pc": 2, "function": "g"}]}]}
+    from forensics.model import NativeFrame, NativeStack
+
+    native = tuple(NativeStack(num=i, tid=tid, frames=(NativeFrame(index=0, pc=pc, symbol=f, offset=None,
+                                                                   library=None),))
+                   for i, tid, pc, f in ((1, 7, 1, "f"), (2, 8, 2, "g")))
     snap = build_snapshot(make_core(), native, broken(), sysroot=None, native_method="gdb", python_method="gdb")
     # THEN the Python stage is partial, said once (the Stacks line), and the thread carries the reason
     assert snap.python_status is PythonStatus.PARTIAL

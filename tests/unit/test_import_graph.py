@@ -151,3 +151,23 @@ def test_boto3_is_loaded_only_where_an_object_store_is_used():
     # THEN no S3 library was (a client is made, and boto3 imported, only when an s3:// URL is used)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == []
+
+
+# The unwinders: where a native stack may be a dict (libdw's frame templates, gdb's JSON as it arrives).
+UNWINDERS = ("forensics.unwind", "forensics.gdb")
+
+
+def test_no_dict_shaped_native_stack_past_the_unwinders():
+    # GIVEN every module but the unwinders; WHEN their string constants are read
+    # THEN none keys a native stack's thread as gdb's wire JSON does ("lwp"): past the unwinders a stack is a record
+    spelled = [f"{module}:{line}" for module, path in sorted(module_files().items())
+               if not module.startswith(UNWINDERS) for line, text in string_literals(path) if text == "lwp"]
+    assert spelled == []
+    # and what the unwinders hand on is typed so: libdw's unwind_core, gdb's GdbResult.native
+    unwind = ast.parse((PACKAGE_DIR / "unwind" / "__init__.py").read_text())
+    (returns,) = [n.returns for n in unwind.body if isinstance(n, ast.FunctionDef) and n.name == "unwind_core"]
+    gdb = ast.parse((PACKAGE_DIR / "gdb.py").read_text())
+    (result,) = [n for n in gdb.body if isinstance(n, ast.ClassDef) and n.name == "GdbResult"]
+    (native,) = [n.annotation for n in result.body if isinstance(n, ast.AnnAssign) and n.target.id == "native"]
+    assert ast.unparse(returns) == "tuple[NativeStack, ...]"
+    assert ast.unparse(native) == "tuple[NativeStack, ...] | None"

@@ -13,7 +13,7 @@ from forensics.analyze.stacks import build_threads, merge_frames
 from forensics.format import analysis_payload
 from forensics.gdb import NATIVE_MARKER, _soname_aliases, parse_marker_json
 from forensics.model import (
-    CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, ProcessSnapshot, PyFrame,
+    CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, NativeStack, ProcessSnapshot, PyFrame,
     PythonStacks, PythonStatus, PyThreadStack, SigInfo, Source, Thread,
 )
 from forensics.output import json_document
@@ -92,8 +92,8 @@ def test_merge_frames_groups_python_frames_by_entry():
 
 def test_build_threads_matches_python_threads_by_native_id():
     core = make_core()
-    native = {"threads": [{"num": 2, "lwp": 8, "frames": []},
-                          {"num": 1, "lwp": 7, "frames": [{"pc": 1, "function": "f"}]}]}
+    native = (NativeStack(num=2, tid=8, frames=()),
+              NativeStack(num=1, tid=7, frames=(NativeFrame(index=0, pc=1, symbol="f", offset=None, library=None),)))
     python = PythonStacks(status=PythonStatus.OK, gil_holder=8, threads=(
         PyThreadStack(native_thread_id=8, thread_id=2, name="worker", holds_gil=False,
                       frames=(PyFrame(function="w", file="w.py", line=1),)),
