@@ -514,7 +514,9 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
 
 
 def _commands(f: Facts) -> list[str]:
-    """The commands that reproduce it: the Python stack installed, the reproducers as they ran, the process."""
+    """The commands that reproduce it, each runnable as printed beside the attachments: the binding the Python
+    reproducer needs, the reproducers as they ran.  (The crashed process's command line is evidence, shown on its
+    own: its paths are the node's, and replaced in an upstream report.)"""
     commands: list[str] = []
     if f.binding:  # the Python reproducer needs only the binding (nvitop may declare another range)
         commands.append(f"pip install nvidia-ml-py=={f.binding}   # for the Python reproducer")
@@ -524,8 +526,6 @@ def _commands(f: Facts) -> list[str]:
             commands.append("gcc -O1 -g -o nvml_nvlink_fieldvalues nvml_nvlink_fieldvalues.c -ldl")
         if line:
             commands.append(line + f"   # {r.outcome}")
-    if f.process:
-        commands.append(f"{f.process}   # the process that crashed")
     return commands
 
 

@@ -177,7 +177,7 @@ def _binding(f: Facts, d: Decision, fixed: list[KnownMatch]) -> list[Claim]:
                      else "The evidence points at the binding or the calling pattern.",
                      evidence=core + _has(d, "repro.python")),
                Claim(text=f"The Python reproducer {_run_phrase(py)}; the C reproducer, making the same queries without "
-                          f"Python from one thread, {_run_phrase(c) if c else 'did not run'}.",
+                          f"Python, {_run_phrase(c) if c else 'did not run'}.",
                      evidence=_has(d, "repro.python", "repro.c"))]
         if d.unsupported:
             out.insert(0, Claim(text="The setup is unsupported: " + "; ".join(d.unsupported) + ".",

@@ -189,6 +189,18 @@ def test_driver_fault(sim, tmp_path, core_pattern):
     assert list(site.glob("*guard*.pth"))
     steps = [s["text"] for s in rep.explain["steps"]]
     assert any(s.startswith("Move the affected node groups to a driver branch") for s in steps)
+    # and NVIDIA's Steps to reproduce run as printed, beside the report's attachments, on a node with the fault
+    # (here: the simulated driver on the library path, the stack's python3 and pip first on PATH)
+    block = rep.doc["nvml"]["body"].split("## Steps to reproduce", 1)[1]
+    lines = [x for x in re.search(r"```bash\n(.*?)```", block, re.S).group(1).splitlines() if x.strip()]
+    assert lines[0] == "pip install nvidia-ml-py==12.575.51   # for the Python reproducer"
+    files = rep.files["nvml"].with_name("report-nvml.files")
+    env = dict(sim_environment(sim, fault="heap"), PATH=f"{python.parent}{os.pathsep}{os.environ['PATH']}")
+    ran = [subprocess.run(["bash", "-c", x], cwd=files, env=env, capture_output=True, text=True, timeout=300)
+           for x in lines]
+    # pip and gcc succeed; both reproducers die of SIGABRT, as the report says they did
+    assert [r.returncode for r in ran] == [0, -6, 0, -6], [(x, r.returncode, r.stderr[-300:])
+                                                            for x, r in zip(lines, ran, strict=True)]
 
 
 def test_binding_fault(sim, tmp_path, core_pattern):

@@ -230,8 +230,9 @@ def test_the_heap_decides_for_the_driver_before_an_unsupported_setup(demo):
     assert "a buffer it allocated and freed itself" in c["filings"][0]["action"]
 
 
-def test_a_fault_only_the_binding_pattern_triggers_goes_to_nvitop(tmp_path, core_pattern):
-    # GIVEN a fault only in calls from threads other than the main one: the Python reproducer crashes, C does not
+def test_a_driver_fault_keyed_to_threads_is_the_drivers_in_the_report(tmp_path, core_pattern):
+    # GIVEN a driver fault only in calls from threads other than the main one: both reproducers query from threads
+    # (the C one too, since cfcce2b), and both crash
     r = run("reproduce", "--json", "--sim", "--sim-fault", "heap", "--sim-fault-thread", "non-main",
             "--stack", "incident", "--iterations", "20", "--workdir", str(tmp_path))
     assert r.exit_code == EXIT_FINDINGS, r.stderr
@@ -242,12 +243,12 @@ def test_a_fault_only_the_binding_pattern_triggers_goes_to_nvitop(tmp_path, core
     assert run("analyze", "--json", "-o", str(analysis), core).exit_code == EXIT_OK
     doc = json.loads(run("report", "--json", str(analysis), str(repro)).stdout)["report"]
     c = doc["conclusion"]
-    assert c["incident"] == "binding-fault"
-    assert c["statement"].startswith("The evidence points at the binding or the calling pattern")
-    assert "the C reproducer, making the same queries without Python from one thread, ran clean" in c["statement"]
-    assert [(f["order"], f["report"]) for f in c["filings"]] == [(1, "nvitop")]
+    # THEN the report says the driver's, on the C reproducer's crash, and NVIDIA's report goes first
+    assert c["incident"] == "driver-fault"
+    assert "The C reproducer, which makes the same NVML calls without Python or nvidia-ml-py, crashed" in c["statement"]
+    assert [f["report"] for f in c["filings"]][0] == "nvml"
     nvml = json.loads(run("report", "--json", "--template", "nvml", str(analysis), str(repro)).stdout)["report"]
-    assert split_front_matter(nvml["markdown"])[0]["when"].startswith("not now")
+    assert split_front_matter(nvml["markdown"])[0]["when"].startswith("1. file first")
 
 
 RACE = """

@@ -1,7 +1,7 @@
 /* nvml_nvlink_fieldvalues: nvitop's NVLink throughput query, in C, without Python.
  *
  * Build:  gcc -O1 -g -o nvml_nvlink_fieldvalues nvml_nvlink_fieldvalues.c -ldl
- * Run:    ./nvml_nvlink_fieldvalues [--iterations N] [--duration S] [--malloc-check] [--trace]
+ * Run:    ./nvml_nvlink_fieldvalues [--iterations N] [--threads T] [--duration S] [--malloc-check] [--trace]
  *
  * What it calls, in this order, each return code checked and printed:
  *   dlopen("libnvidia-ml.so.1")          whatever the dynamic loader finds, as nvidia-ml-py does
@@ -18,8 +18,10 @@
  *            into a malloc'd array as the Python binding allocates one; the previous sample
  *            of each GPU is kept and freed when replaced, as an exporter computing rates does.
  *   nvmlShutdown
- * The main thread only, on purpose: a fault that needs the binding's calling pattern
- * (background threads) shows in the Python reproducer alone.
+ * From the main thread (--threads 0, the default) or, as the Python reproducer calls, from T
+ * background threads, each querying every GPU every iteration: a driver fault that only calls
+ * from threads other than the main one meet crashes this one too, with the same --threads, so
+ * a crash of the Python reproducer alone points at the binding, not at the calling pattern.
  *
  * nvitop's link-count rule: a GPU whose NVML_FI_DEV_NVLINK_LINK_COUNT query fails (the
  * call or the field's own return code) or reports 0 links is skipped -- nvitop returns no
@@ -45,6 +47,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <gnu/libc-version.h>
 #include <link.h>
 #include <signal.h>
@@ -107,10 +110,14 @@ struct gpu_id {
     char bus[32];
 };
 static struct gpu_id g_ids[MAX_GPUS];
-static volatile long g_calls;           /* field-value calls started */
-static volatile long g_iteration = -1;  /* -1: the link-count queries */
-static volatile int g_gpu = -1;
-static volatile int g_in_call;          /* 1 while inside nvmlDeviceGetFieldValues */
+static volatile long g_calls;           /* field-value calls started, by every thread */
+/* The calling thread's own state: a fault is handled on the thread that faulted (abort's raise too). */
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+static TLS volatile long g_iteration = -1;  /* -1: the link-count queries */
+static TLS volatile int g_gpu = -1;
+static TLS volatile int g_in_call;          /* 1 while inside nvmlDeviceGetFieldValues */
+static TLS volatile int g_thread = -1;      /* -1: the main thread; else the querying thread's index */
+static volatile int g_stop;                 /* a thread met an error: the others stop */
 static volatile int g_checked;          /* --malloc-check is in effect */
 static struct timespec g_t0;            /* the first field-value call */
 static volatile int g_started;
@@ -174,6 +181,10 @@ static void on_fatal(int sig, siginfo_t *info, void *uc)
         put(" after call #");
         put_num((unsigned long long)calls);
         put(" returned");
+    }
+    if (g_thread >= 0) {
+        put(" in thread ");
+        put_num((unsigned long long)g_thread);
     }
     if (g_gpu >= 0 && g_gpu < MAX_GPUS) {
         put(" on GPU ");
@@ -282,23 +293,103 @@ static nvmlReturn_t field_values(int gpu, nvmlDevice_t dev, int n, nvmlFieldValu
         g_started = 1;
     }
     g_gpu = gpu;
-    g_calls = g_calls + 1;
+    __atomic_add_fetch(&g_calls, 1, __ATOMIC_SEQ_CST);
     g_in_call = 1;
     nvmlReturn_t r = p_fields(dev, n, v);
     g_in_call = 0;
     return r;
 }
 
+#define MAX_THREADS 64
+
+/* One querying loop: the main thread's, or one background thread's. */
+struct loop {
+    int index;                  /* -1: the main thread */
+    long iterations;
+    double duration;
+    const struct timespec *t0;
+    unsigned int count;
+    nvmlDevice_t *dev;
+    unsigned int *links;
+    int trace;
+    long done, field_errors;
+    int error;
+};
+
+static void *query_loop(void *arg)
+{
+    struct loop *l = arg;
+    g_thread = l->index;
+    nvmlFieldValue_t *previous[MAX_GPUS] = {0};
+    for (long it = 0; it < l->iterations && !__atomic_load_n(&g_stop, __ATOMIC_SEQ_CST); it++, l->done++) {
+        if (l->duration > 0 && since(l->t0) >= l->duration)
+            break;
+        g_iteration = it;
+        for (unsigned int i = 0; i < l->count; i++) {
+            unsigned int n = 2 * l->links[i];
+            if (n == 0)
+                continue;
+            nvmlFieldValue_t *v = calloc(n, sizeof *v);
+            if (!v) {
+                printf("VERDICT: error: out of memory for %u field values\n", n);
+                l->error = 1;
+                __atomic_store_n(&g_stop, 1, __ATOMIC_SEQ_CST);
+                break;
+            }
+            for (unsigned int k = 0; k < l->links[i]; k++) {
+                v[k].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX;
+                v[k].scopeId = k;
+                v[l->links[i] + k].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX;
+                v[l->links[i] + k].scopeId = k;
+            }
+            if ((it == 0 && l->index <= 0) || l->trace)
+                printf("query #%ld: GPU %u (%s, %s) nvmlDeviceGetFieldValues(%u values: fieldId %d x scopeId 0-%u, "
+                       "fieldId %d x scopeId 0-%u), iteration %ld%s\n",
+                       g_calls + 1, i, g_ids[i].uuid, g_ids[i].bus, n, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                       l->links[i] - 1, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, l->links[i] - 1, it,
+                       l->index >= 0 ? ", thread 0" : "");
+            nvmlReturn_t r = field_values((int)i, l->dev[i], (int)n, v);
+            if (r) {
+                printf("VERDICT: error: call #%ld nvmlDeviceGetFieldValues on GPU %u (%s, %s), %u values, returned %s (%d) "
+                       "at iteration %ld\n", g_calls, i, g_ids[i].uuid, g_ids[i].bus, n, err(r), r, it);
+                free(v);
+                l->error = 1;
+                __atomic_store_n(&g_stop, 1, __ATOMIC_SEQ_CST);
+                break;
+            }
+            for (unsigned int k = 0; k < n; k++)
+                l->field_errors += v[k].nvmlReturn != 0;
+            if (g_checked) {
+                /* free at once: the checking allocator validates the array and its neighbours now */
+                free(v);
+                free(malloc(4096));
+            } else {
+                free(previous[i]); /* the previous sample: a rate would be computed from it */
+                previous[i] = v;
+            }
+        }
+        if (l->error)
+            break;
+    }
+    for (unsigned int i = 0; i < l->count; i++)
+        free(previous[i]);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     long iterations = 1000;
     double duration = 0; /* seconds; 0: no limit */
-    int malloc_check = 0, trace = 0;
+    int malloc_check = 0, trace = 0, threads = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iterations") && i + 1 < argc)
             iterations = strtol(argv[++i], NULL, 10);
         else if (!strncmp(argv[i], "--iterations=", 13))
             iterations = strtol(argv[i] + 13, NULL, 10);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads = (int)strtol(argv[++i], NULL, 10);
+        else if (!strncmp(argv[i], "--threads=", 10))
+            threads = (int)strtol(argv[i] + 10, NULL, 10);
         else if (!strcmp(argv[i], "--duration") && i + 1 < argc)
             duration = strtod(argv[++i], NULL);
         else if (!strncmp(argv[i], "--duration=", 11))
@@ -308,9 +399,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--trace"))
             trace = 1;
         else {
-            fprintf(stderr, "usage: %s [--iterations N] [--duration S] [--malloc-check] [--trace]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--iterations N] [--threads T] [--duration S] [--malloc-check] [--trace]\n",
+                    argv[0]);
             return 2;
         }
+    }
+    if (threads < 0 || threads > MAX_THREADS) {
+        fprintf(stderr, "%s: --threads takes 0 (the main thread) to %d\n", argv[0], MAX_THREADS);
+        return 2;
     }
     const char *checked = getenv(CHECK_ENV);
     if (malloc_check && !checked)
@@ -326,7 +422,10 @@ int main(int argc, char **argv)
     printf("  binding:        none (C, dlopen)\n");
     printf("  glibc:          %s\n", gnu_get_libc_version());
     printf("  kernel:         %s %s %s\n", u.sysname, u.release, u.machine);
-    printf("  calling thread: main\n");
+    if (threads == 0)
+        printf("  calling thread: main\n");
+    else
+        printf("  calling thread: %d background thread(s), each querying every GPU every iteration\n", threads);
     if (duration > 0)
         printf("  iterations:     %ld, duration %gs\n", iterations, duration);
     else
@@ -477,67 +576,56 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    nvmlFieldValue_t *previous[MAX_GPUS] = {0};
-    long field_errors = 0, done = 0, throughput_calls = 0;
+    struct loop loops[MAX_THREADS];
+    pthread_t tids[MAX_THREADS];
+    int n_loops = threads > 0 ? threads : 1;
     struct timespec loop_t0;
     clock_gettime(CLOCK_MONOTONIC, &loop_t0);
-    for (long it = 0; it < iterations; it++, done++) {
-        if (duration > 0 && since(&loop_t0) >= duration)
-            break;
-        g_iteration = it;
-        for (unsigned int i = 0; i < count; i++) {
-            unsigned int n = 2 * links[i];
-            if (n == 0)
-                continue;
-            nvmlFieldValue_t *v = calloc(n, sizeof *v);
-            if (!v) {
-                printf("VERDICT: error: out of memory for %u field values\n", n);
-                return 1;
+    for (int t = 0; t < n_loops; t++) {
+        memset(&loops[t], 0, sizeof loops[t]);
+        loops[t].index = threads > 0 ? t : -1;
+        loops[t].iterations = iterations;
+        loops[t].duration = duration;
+        loops[t].t0 = &loop_t0;
+        loops[t].count = count;
+        loops[t].dev = dev;
+        loops[t].links = links;
+        loops[t].trace = trace;
+    }
+    if (threads == 0) {
+        query_loop(&loops[0]);
+    } else {
+        for (int t = 0; t < n_loops; t++)
+            if (pthread_create(&tids[t], NULL, query_loop, &loops[t])) {
+                printf("VERDICT: error: could not start: pthread_create failed for thread %d\n", t);
+                return 2;
             }
-            for (unsigned int l = 0; l < links[i]; l++) {
-                v[l].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX;
-                v[l].scopeId = l;
-                v[links[i] + l].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX;
-                v[links[i] + l].scopeId = l;
-            }
-            if (it == 0 || trace)
-                printf("query #%ld: GPU %u (%s, %s) nvmlDeviceGetFieldValues(%u values: fieldId %d x scopeId 0-%u, "
-                       "fieldId %d x scopeId 0-%u), iteration %ld\n",
-                       g_calls + 1, i, g_ids[i].uuid, g_ids[i].bus, n, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-                       links[i] - 1, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, links[i] - 1, it);
-            r = field_values((int)i, dev[i], (int)n, v);
-            throughput_calls++;
-            if (r) {
-                printf("VERDICT: error: call #%ld nvmlDeviceGetFieldValues on GPU %u (%s, %s), %u values, returned %s (%d) "
-                       "at iteration %ld\n", g_calls, i, g_ids[i].uuid, g_ids[i].bus, n, err(r), r, it);
-                return 1;
-            }
-            for (unsigned int k = 0; k < n; k++)
-                field_errors += v[k].nvmlReturn != 0;
-            if (g_checked) {
-                /* free at once: the checking allocator validates the array and its neighbours now */
-                free(v);
-                free(malloc(4096));
-            } else {
-                free(previous[i]); /* the previous sample: a rate would be computed from it */
-                previous[i] = v;
-            }
-        }
+        for (int t = 0; t < n_loops; t++)
+            pthread_join(tids[t], NULL);
+    }
+    long field_errors = 0, done = iterations;
+    for (int t = 0; t < n_loops; t++) {
+        if (loops[t].error)
+            return 1;
+        field_errors += loops[t].field_errors;
+        if (loops[t].done < done)
+            done = loops[t].done;
     }
     double elapsed = since(&g_t0);
-    for (unsigned int i = 0; i < count; i++)
-        free(previous[i]);
     r = p_shutdown();
     if (r) {
         printf("VERDICT: error: nvmlShutdown returned %s (%d) after %ld calls in %.2fs\n", err(r), r, g_calls, elapsed);
         return 1;
     }
+    char who[32] = "main thread";
+    if (threads > 0)
+        snprintf(who, sizeof who, "%d thread%s", threads, threads == 1 ? "" : "s");
     if (field_errors || failures)
         printf("VERDICT: errors: %u GPUs x %u links x %ld iterations, no crash; %ld field values and %d calls returned an "
-               "error (%ld calls in %.2fs, main thread)\n", with_links, max_links, done, field_errors, failures, g_calls,
-               elapsed);
+               "error (%ld calls in %.2fs, %s)\n", with_links, max_links, done, field_errors, failures, g_calls,
+               elapsed, who);
     else
-        printf("VERDICT: clean: %u GPUs x %u links x %ld iterations, no crash (%ld calls in %.2fs, %.0f calls/s, main "
-               "thread)\n", with_links, max_links, done, g_calls, elapsed, elapsed > 0 ? g_calls / elapsed : 0.0);
+        printf("VERDICT: clean: %u GPUs x %u links x %ld iterations, no crash (%ld calls in %.2fs, %.0f calls/s, %s)\n",
+               with_links, max_links, done, g_calls, elapsed, elapsed > 0 ? g_calls / elapsed : 0.0, who);
     return field_errors || failures ? 1 : 0;
 }
