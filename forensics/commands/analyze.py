@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import force_option, json_option, output_option, verbose_option
+from ..options import force_option, json_option, output_option, store_options, verbose_option
 from .analyze_run import METHOD_CHOICES, NATIVE_METHOD_CHOICES, run
 
 __all__ = ["analyze"]
@@ -35,17 +35,19 @@ __all__ = ["analyze"]
               help="Walk glibc's heap whatever the crash: every arena, heap, bin and tcache (a heap-corruption "
                    "crash always gets the anatomy of the overflow; other crashes pay nothing without this).")
 @click.option("-j", "--jobs", type=int, default=0, help="Worker processes for several cores (0: one per CPU).")
+@store_options
 @json_option
 @output_option
 @force_option
 @verbose_option
 def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
-            output, force, verbose):
+            output, force, verbose, endpoint_url, region, profile):
     """Analyze a core: signal, abort message, every thread's native and Python stack.
 
     INPUTS is one core or capture bundle, or several cores / bundles / directories of
     them (a core handler's directory) for batch triage: a table of distinct crashes by
-    fingerprint.
+    fingerprint.  An s3://BUCKET/KEY input is a bundle, a core or a prefix of bundles (a
+    batch) in a bucket, fetched into the forensics cache first.
 
     \b
     Exit codes: 0 analysed; 1 error (bad input, see the message; a bundle
@@ -56,4 +58,5 @@ def analyze(inputs, sysroot, exe, merged, method, native_method, gdb_path, debug
     """
     run(inputs, sysroot=sysroot, exe=exe, merged=merged, method=method, native_method=native_method,
         gdb_path=gdb_path, debuginfod=debuginfod, timeout=timeout, heap=heap, jobs=jobs, as_json=as_json,
-        output=output, force=force, verbose=verbose)
+        output=output, force=force, verbose=verbose, endpoint_url=endpoint_url,
+        region=region, profile=profile)

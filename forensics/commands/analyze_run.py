@@ -23,13 +23,14 @@ NATIVE_METHOD_CHOICES = ("auto", "libdw", "gdb", "both", "none")
 
 
 def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
-        output, force, verbose):
+        output, force, verbose, endpoint_url=None, region=None, profile=None):
     """Analyze one core or bundle, or a batch; exits with the analysis' exit code."""
     batch = False  # a prefix of bundles in a bucket is a batch, as a directory of them is
     if any(i.startswith("s3://") for i in inputs):  # objects: fetched into the cache first (boto3 only then)
+        from ..objstore.client import StoreOptions
         from ..objstore.fetch import fetch_inputs
 
-        inputs, batch = fetch_inputs(inputs)
+        inputs, batch = fetch_inputs(inputs, StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile))
     if len(inputs) == 1 and not os.path.isdir(inputs[0]) and not batch:
         # one core (not a bundle, not a directory): what find_cores would say of it, without loading the batch
         # and bundle readers it does not need
@@ -131,13 +132,14 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
 #: options that take a value: the spelling on the command line -> run()'s parameter
 _VALUE_OPTIONS = {"--sysroot": "sysroot", "--exe": "exe", "--method": "method", "--native-method": "native_method",
                   "--gdb": "gdb_path", "--debuginfod": "debuginfod", "--timeout": "timeout", "-j": "jobs",
-                  "--jobs": "jobs", "-o": "output", "--output": "output"}
+                  "--jobs": "jobs", "-o": "output", "--output": "output", "--endpoint-url": "endpoint_url",
+                  "--region": "region", "--profile": "profile"}
 _FLAG_OPTIONS = {"--native": "merged", "--heap": "heap", "--json": "as_json", "--force": "force"}
 _COUNT_OPTIONS = {"-v": "verbose", "--verbose": "verbose"}
 #: run()'s parameters as click gives them when their option is not on the command line
 DEFAULTS = {"sysroot": None, "exe": None, "merged": False, "method": "auto", "native_method": "auto",
             "gdb_path": "gdb", "debuginfod": None, "timeout": 120.0, "heap": False, "jobs": 0, "as_json": False,
-            "output": None, "force": False, "verbose": 0}
+            "output": None, "force": False, "verbose": 0, "endpoint_url": None, "region": None, "profile": None}
 #: path parameters: (allowed to name a regular file, allowed to name a directory), as their click.Path says
 _PATHS = {"inputs": (True, True), "sysroot": (False, True), "exe": (True, False), "output": (True, False)}
 

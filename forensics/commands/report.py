@@ -6,7 +6,7 @@ import sys
 import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
-from ..options import force_option, json_option, output_option
+from ..options import force_option, json_option, output_option, store_options
 from . import echo, emit, emit_document, emit_json
 
 __all__ = ["report"]
@@ -32,15 +32,17 @@ __all__ = ["report"]
                    "for `gh issue create --title TITLE --body-file FILE`.")
 @click.option("--explain", is_flag=True, help="Also list, on stderr, each claim of the conclusion with the evidence "
               "items it rests on, who gets which report and the steps (--json: always in the document).")
+@store_options
 @json_option
 @output_option
 @force_option
 def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, body_only, explain, as_json, output,
-           force):
+           force, endpoint_url, region, profile):
     """Write an upstream-ready defect report (Markdown) from forensics evidence.
 
     INPUTS: any mix of `analyze --json`, `verify-imports --json`, `reproduce --json` and
-    `fleet --json` documents and capture bundle directories. Secrets are always redacted.
+    `fleet --json` documents and capture bundle directories (s3://BUCKET/KEY: a bundle in a
+    bucket, fetched into the forensics cache first). Secrets are always redacted.
     The report states the conclusion first and says where to file it; with -o FILE its
     attachments (reproducers, every thread's stacks, nvidia-smi -q) go into FILE's stem +
     ".files/" beside it.  `report --check REPORT.md ...` checks written reports.
@@ -64,9 +66,10 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, body_
                  output, force)
         sys.exit(EXIT_FINDINGS if any(pr for _p, _t, pr in results) else EXIT_OK)
     if any(str(p).startswith("s3://") for p in inputs):  # bundles in a bucket: fetched into the cache first
+        from ..objstore.client import StoreOptions
         from ..objstore.fetch import fetch_inputs
 
-        inputs = fetch_inputs(inputs)[0]
+        inputs = fetch_inputs(inputs, StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile))[0]
     files_dir = attachment_dir_for(output).name if output else ""
     rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version,
                       issue_form=issue_form, nvidia_link=nvidia_link, attachment_dir=files_dir)

@@ -13,6 +13,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.s3_env import SECRET_KEY, S3Server
+from tests.s3_env import ACCESS_KEY, SECRET_KEY, S3Server
 
 FORENSICS = Path(sys.executable).parent / "forensics"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the core handler reads /proc/PID of other processes as root")
@@ -396,8 +397,6 @@ def test_fetched_entries_are_pruned_oldest_first_past_the_budget(tmp_path, monke
 
 
 def _serve(core_dir: Path, bucket: str, env: dict) -> tuple[subprocess.Popen, str]:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -476,3 +475,31 @@ def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel
         r = forensics("analyze", "--json", where["url"], env=env)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["analysis"]["fingerprint"] == fp
+
+
+def test_endpoint_and_profile_from_flags(s3, kernel_cores, live, tmp_path):
+    # GIVEN credentials only in a profile of a credentials file, and no endpoint in the environment
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[bucket-writer]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n")
+    env = {k: v for k, v in s3.env(HOME=str(tmp_path), FORENSICS_CACHE=str(tmp_path / "cache")).items()
+           if k not in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env["AWS_SHARED_CREDENTIALS_FILE"] = str(creds)
+    flags = ["--endpoint-url", s3.endpoint, "--profile", "bucket-writer", "--region", "us-east-1"]
+    bucket = s3.make_bucket("flags")
+    crash = make_bundle(tmp_path / "cores", kernel_cores["abort"], live.pid)
+    # WHEN upload, analyze and report are told where and who by their flags
+    up = forensics("upload", "--json", "--keep", *flags, str(crash), f"s3://{bucket}/f", env=env)
+    assert up.returncode == 0, up.stderr
+    url = json.loads(up.stdout)["uploads"][0]["url"]
+    a = forensics("analyze", "--json", *flags, url, env=env)
+    r = forensics("report", "--template", "nvml", *flags, url, env=env)
+    # THEN they reach the bucket; without the endpoint flag they do not (AWS itself is never asked: a closed
+    # port on 127.0.0.1 stands for a wrong endpoint), in one line
+    assert a.returncode == 0 and r.returncode == 0, (a.stderr, r.stderr)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    bad = forensics("analyze", "--endpoint-url", closed, "--profile", "bucket-writer", url, env=env)
+    assert bad.returncode == 1 and "did not answer" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    missing = forensics("analyze", *flags[:2], "--profile", "nobody", url, env=env)
+    assert missing.returncode == 1 and "no such AWS profile" in missing.stderr, missing.stderr
