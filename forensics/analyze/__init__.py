@@ -27,6 +27,7 @@ from ..model import (
     Severity,
     Source,
 )
+from ..modes import HeapMode, StackMethod, values
 from .classify import classify_crash, is_python_process
 from .fingerprint import fingerprint, fingerprint_basis, fingerprint_basis_v2
 from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
@@ -49,7 +50,7 @@ __all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analy
            "check_nested_faults", "is_python_process", "registers_only", "HEAP_MODES",
            "with_heap", "with_crashed_locals", "heap_findings", "CoreReading"]
 
-METHODS = ("auto", "gdb", "direct", "both")
+METHODS = values(StackMethod)
 
 
 def registers_only(core: CoreFile,
@@ -306,7 +307,7 @@ class _InBackground:
         return self.result
 
 
-HEAP_MODES = ("auto", "full", "off")
+HEAP_MODES = values(HeapMode)
 
 
 class CoreReading:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..model import NativeFrame, NativeStack
+from ..modes import NativeMethod, values
 
 __all__ = ["NATIVE_METHODS", "plan_native", "failed_threads", "with_gdb_fallback", "compare_native_docs",
            "native_label"]
 
-NATIVE_METHODS = ("auto", "libdw", "gdb", "both", "none")
+NATIVE_METHODS = values(NativeMethod)
 
 
 def plan_native(native_method: str, method: str, debuginfod: str | None) -> str:

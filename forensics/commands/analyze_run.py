@@ -14,12 +14,13 @@ import stat
 import sys
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, CoreNotFound, ForensicsError, check_input_exists
+from ..modes import NativeMethod, StackMethod, values
 from . import emit, emit_json, warn
 
 __all__ = ["run", "parse_argv", "METHOD_CHOICES", "NATIVE_METHOD_CHOICES"]
 
-METHOD_CHOICES = ("auto", "gdb", "direct", "both")
-NATIVE_METHOD_CHOICES = ("auto", "libdw", "gdb", "both", "none")
+METHOD_CHOICES = values(StackMethod)  # click's choices and the fast path's, from the one definition
+NATIVE_METHOD_CHOICES = values(NativeMethod)
 
 
 def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,

@@ -14,7 +14,7 @@ from tests.import_graph import PACKAGE_DIR, find_cycles, module_files, read_grap
 # The package's units by floor: a unit imports only units on a lower line (and itself).
 # A new module joins its unit; a new unit takes the line its imports put it on.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("records",),  # the record decorator, below every record
+    ("records", "modes"),  # the record decorator, below every record; analyze's modes (enum only)
     # records, errors, pure helpers, the resolver; the fleet table's records and rules (fleet and fleetprom share them);
     # SHA-256 without hashlib (digest); another program run bounded in time and bytes (subproc)
     ("errors", "model", "cache", "redact", "rootpath", "fleetmodel", "digest", "subproc"),
@@ -95,8 +95,9 @@ def test_help_loads_the_commands_but_none_of_their_work():
         loaded = _loaded_after(
             "from forensics.cli import cli\n"
             f"try:\n    cli({argv!r}, prog_name='forensics')\nexcept SystemExit:\n    pass")
-        # THEN only the command layer and the shared output helpers were imported
-        assert [m for m in loaded if not m.startswith(CLI_LAYER + ("forensics.errors", "forensics.output"))] \
+        # THEN only the command layer, the shared output helpers and analyze's modes were imported
+        assert [m for m in loaded if not m.startswith(CLI_LAYER + ("forensics.errors", "forensics.output",
+                                                                   "forensics.modes"))] \
             == ["forensics"], argv
 
 
