@@ -101,25 +101,31 @@ def _unit_tests(exported) -> dict:
                                     "`forensics fleet` groups its bundles."}}]},
              # an hour on, the fingerprint is known: the alert resolves
              {"eval_time": "160m", "alertname": "ForensicsNewCrashFingerprint", "exp_alerts": []}]},
-        {"interval": "1m",  # gpu-a (a p4d node) and gpu-b (not in kube_node_labels) crash once a minute
-         "input_series": [
+        {"interval": "1m",  # gpu-a (H100, driver full), gpu-d (H100, driver parts) and gpu-b (no labels) crash
+         "input_series": [  # once a minute, gpu-c (only an instance type) never
              {"series": s(crash, node="gpu-a"), "values": "0+1x60"},
              {"series": s(crash, node="gpu-b"), "values": "0+1x60"},
              {"series": s(crash, node="gpu-c"), "values": "0+0x60"},
-             {"series": 'kube_node_labels{node="gpu-a",label_node_kubernetes_io_instance_type="p4d.24xlarge"}',
-              "values": "1+0x60"},
+             {"series": s(crash, node="gpu-d"), "values": "0+2x60"},
+             {"series": 'kube_node_labels{node="gpu-a",label_nvidia_com_gpu_product="NVIDIA-H100-80GB-HBM3",'
+                        'label_nvidia_com_cuda_driver_version_full="580.126.09",'
+                        'label_node_kubernetes_io_instance_type="p5.48xlarge"}', "values": "1+0x60"},
+             {"series": 'kube_node_labels{node="gpu-d",label_nvidia_com_gpu_product="NVIDIA-H100-80GB-HBM3",'
+                        'label_nvidia_com_cuda_driver_major="580",label_nvidia_com_cuda_driver_minor="126",'
+                        'label_nvidia_com_cuda_driver_rev="09"}', "values": "1+0x60"},
              {"series": 'kube_node_labels{node="gpu-c",label_node_kubernetes_io_instance_type="g5.xlarge"}',
               "values": "1+0x60"}],
          "promql_expr_test": [
              {"expr": "forensics:crashes:rate15m_by_node_group * 3600", "eval_time": "30m", "exp_samples": [
-                 {"labels": '{node_group="p4d.24xlarge"}', "value": 60},
+                 {"labels": '{node_group="NVIDIA-H100-80GB-HBM3 580.126.09"}', "value": 180},
                  {"labels": '{node_group="g5.xlarge"}', "value": 0},
                  {"labels": "{}", "value": 60}]}],
          "alert_rule_test": [
              {"eval_time": "10m", "alertname": "ForensicsCrashRateHigh", "exp_alerts": []},
              {"eval_time": "40m", "alertname": "ForensicsCrashRateHigh", "exp_alerts": [
-                 {"exp_labels": {"severity": "warning", "node_group": "p4d.24xlarge"},
-                  "exp_annotations": {"summary": "Native crashes at 60/h in node group p4d.24xlarge"}},
+                 {"exp_labels": {"severity": "warning", "node_group": "NVIDIA-H100-80GB-HBM3 580.126.09"},
+                  "exp_annotations": {"summary": "Native crashes at 180/h in node group "
+                                                 "NVIDIA-H100-80GB-HBM3 580.126.09"}},
                  {"exp_labels": {"severity": "warning"},
                   "exp_annotations": {"summary": "Native crashes at 60/h in node group "}}]}]},
         {"interval": "1m",
