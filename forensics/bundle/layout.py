@@ -31,7 +31,7 @@ __all__ = [
     "CORE_DIR", "CORE_WHOLE", "CORE_TRUNCATED", "CORE_PARTIAL", "CORE_PLAIN", "NOT_A_CORE", "CORE_NAMES", "CORE_TMP",
     "core_item", "RECORD", "ANALYSIS_DIR", "ANALYSIS", "ANALYSIS_FAILED", "ANALYSIS_ATTEMPTS", "ANALYSIS_POD",
     "OBJECTS", "LEFT_ON_NODE", "MANIFEST", "RESERVE", "UPLOADED",
-    "CRASHES", "INDEX", "HANDLER_STATE", "AGENT_INDEX", "BUNDLES",
+    "CRASHES", "INDEX", "HANDLER_STATE", "AGENT_INDEX", "BUNDLES", "RESERVATIONS",
 ]
 
 IDENTITY = "00-identity.json"
@@ -78,6 +78,7 @@ INDEX = "index.jsonl"
 HANDLER_STATE = "handler.json"
 BUNDLES = "bundles"  # capture --pid's bundles, by default
 AGENT_INDEX = "agent-index.json"
+RESERVATIONS = ".reservations"  # one file per handler that keeps a core, while it runs (the crash-loop limit)
 
 
 def node_log(name: str) -> str:

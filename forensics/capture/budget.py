@@ -7,19 +7,20 @@ objects that no remaining core uses.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import time
 from dataclasses import replace
 
-from ..bundle.layout import CORE_DIR, CRASHES, INDEX, OBJECTS, RECORD
-from ..bundle.record import BudgetEvent, CoreState, CrashRecord, IndexEntry, parse_index_line
+from ..bundle.layout import CORE_DIR, CORE_TMP, CRASHES, INDEX, OBJECTS, RECORD, RESERVATIONS
+from ..bundle.record import BudgetEvent, CoreState, CrashRecord, IndexEntry, RecordState, parse_index_line
 from ..bundle.write import write_atomic
 from .store import disk_usage
 
 __all__ = ["enforce_budget", "collect_objects", "read_index", "read_index_since", "append_index", "free_bytes",
-           "DirLock", "INDEX_SLACK", "INDEX_TAIL_MAX"]
+           "DirLock", "INDEX_SLACK", "INDEX_TAIL_MAX", "reserve", "release", "live_reservations", "start_time"]
 
 
 class DirLock:
@@ -33,6 +34,86 @@ class DirLock:
     def __exit__(self, *exc):
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
+
+
+def start_time(pid: int) -> str | None:
+    """``/proc/PID/stat``'s start time (clock ticks since boot): with the pid, what names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read(4096)
+    except OSError:  # no such process
+        return None
+    fields = data[data.rfind(b")") + 2:].split()  # after the comm, which may hold spaces and parentheses
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def reserve(core_dir: str, loop: str, crash_id: str) -> str:
+    """Say, under the directory lock, that this handler keeps a core of crash-loop count ``loop``: its file in
+    ``DIR/.reservations``, named by the handler's pid and start time (a dead handler's is reclaimed).
+
+    :raises OSError: when the file cannot be made (no inode left): the caller keeps metadata only
+    """
+    d = os.path.join(core_dir, RESERVATIONS)
+    os.makedirs(d, exist_ok=True)
+    me = os.getpid()
+    path = os.path.join(d, f"{me}-{start_time(me)}-{loop}-{crash_id}")
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    return path
+
+
+def release(path: str | None) -> None:
+    """The handler is done (its index line appended): its reservation goes."""
+    if path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def live_reservations(core_dir: str) -> list[tuple[str, str]]:
+    """``(loop, crash id)`` of each handler alive that keeps a core.  Call with the directory lock held.
+
+    A reservation whose handler is gone (killed mid-stream: its pid no longer runs with that start time) is
+    reclaimed: its unfinished core file (the space reserved for it) is deleted, its record finished as failed
+    and its index line appended, so it neither holds the disk nor counts against the crash-loop limit for ever.
+    """
+    d = os.path.join(core_dir, RESERVATIONS)
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:  # no core kept yet
+        return []
+    out: list[tuple[str, str]] = []
+    for name in names:
+        parts = name.split("-", 3)
+        if len(parts) != 4 or not parts[0].isdigit():
+            continue
+        pid, started, loop, crash_id = parts
+        if start_time(int(pid)) == started:
+            out.append((loop, crash_id))
+            continue
+        _reclaim(core_dir, crash_id, int(pid))
+        release(os.path.join(d, name))
+    return out
+
+
+def _reclaim(core_dir: str, crash_id: str, pid: int) -> None:
+    """A dead handler's crash: its half-written core deleted, its record and index line say so."""
+    if "/" in crash_id or crash_id in (".", ".."):
+        return
+    crash = os.path.join(core_dir, CRASHES, crash_id)
+    with contextlib.suppress(OSError):  # not made yet, or gone: nothing to give back
+        os.unlink(os.path.join(crash, CORE_DIR, CORE_TMP))
+    why = f"the core handler (pid {pid}) ended before it finished this crash: its unfinished core was deleted"
+    rec = None
+    with contextlib.suppress(OSError, ValueError), open(os.path.join(crash, RECORD)) as f:  # none: the index says it
+        rec = CrashRecord.from_json(json.load(f))
+    if rec is not None:
+        rec = replace(rec, state=RecordState.DONE, core=replace(rec.core, state=CoreState.FAILED, file=None,
+                                                                reasons=(*rec.core.reasons, why)))
+        with contextlib.suppress(OSError):  # the index line still says it
+            write_atomic(os.path.join(crash, RECORD), json.dumps(rec.to_json(), indent=2, sort_keys=True).encode())
+    with contextlib.suppress(OSError):  # a full disk: the next pass of a live handler finds nothing more to do
+        append_index(core_dir, IndexEntry(id=crash_id, time=rec.time if rec else None, pid=rec.pid if rec else None,
+                                          signal=rec.signal if rec else None, key=rec.image_key if rec else None,
+                                          crash_loop_key=None, core=None, state=CoreState.FAILED, reasons=(why,)))
 
 
 def read_index(core_dir: str) -> list[IndexEntry | BudgetEvent]:

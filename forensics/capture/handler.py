@@ -34,6 +34,7 @@ goes to the kernel log (``/dev/kmsg``) and syslog.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -48,8 +49,10 @@ from ..bundle import layout
 from ..bundle.record import (CoreRecord, CoreState, CoreStream, CrashRecord, CrashSite, Identity, IndexEntry,
                              RecordState)
 from ..output import escape_text
-from .budget import DirLock, append_index, enforce_budget, free_bytes, read_index_since
-from .spool import TAIL, Compressor, check_core_stream, make_reserve, with_room
+from .budget import (DirLock, append_index, enforce_budget, free_bytes, live_reservations, read_index_since, release,
+                     reserve)
+from .spool import (RESERVE, TAIL, Compressor, check_core_stream, compressed_bound, expected_core_bytes, headers_end,
+                    make_reserve, with_room)
 
 if TYPE_CHECKING:  # imported where they are used: the handler runs as the kernel's pipe, every import costs
     from ..bundle.write import BundleWriter
@@ -296,19 +299,27 @@ def run_core_handler(
     result = HandlerResult()
     result.warnings.extend(f"argument: {p}" for p in argument_problems)
     object_fds: list = []
+    held: list[_Crash] = []
+    req = _Request(core_dir=core_dir, pid=pid, tid=tid, signo=signo, timestamp=timestamp, rlimit_core=rlimit_core,
+                   stdin_fd=stdin_fd, host_root=host_root)
     try:
-        req = _Request(core_dir=core_dir, pid=pid, tid=tid, signo=signo, timestamp=timestamp, rlimit_core=rlimit_core,
-                       stdin_fd=stdin_fd, host_root=host_root)
-        _handle(req, config, result, object_fds)
+        _handle(req, config, result, object_fds, held)
     except BaseException as e:  # noqa: BLE001 - the dying process must never wait on us
         result.warnings.append(f"handler failed: {type(e).__name__}: {e}")
         log_kernel(f"pid {pid} signal {signo}: handler failed: {type(e).__name__}: {e}"
                    + (f" (what was saved is in {result.crash_dir})" if result.crash_dir else ""))
-        if result.core_state is CoreState.NONE:
+        if result.core_state in (CoreState.NONE, CoreState.PENDING):
             result.core_state = CoreState.FAILED
+        with contextlib.suppress(Exception):  # the record is best effort here: the kernel log line says it
+            _record_failure(req, held[0] if held else None, result, e)
     finally:
         result.bytes_in += drain(stdin_fd)
         release_pipe(stdin_fd)
+        for crash in held:
+            release(crash.reservation)
+            if crash.core_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(crash.core_fd)
         for _, fd in object_fds:
             with contextlib.suppress(OSError):  # read-only descriptors: nothing is lost if close fails
                 os.close(fd)
@@ -348,6 +359,9 @@ class _Crash:
     held_root: str | None = None  # /proc/self/fd/N: the process's root, held (with its mount namespace) after it
     held_error: str | None = None  # why it could not be held
     record: CrashRecord | None = None  # written before the core streams in (stage 2), rewritten at the end
+    head: bytes = b""  # the core's first bytes, to the end of its program headers: read before the decision
+    reservation: str | None = None  # DIR/.reservations/...: this handler keeps a core (the crash-loop limit counts it)
+    core_fd: int = -1  # the core's file, its room reserved under the lock (stage 2), until stage 3 takes it
     why: list[str] = field(default_factory=list)  # why the core is not whole (or not kept)
 
     @property
@@ -385,12 +399,15 @@ class _Streamed:
     stream: StreamVerdict | None = None  # what the kernel sent, against the core's own program headers
 
 
-def _handle(req: _Request, config: HandlerConfig | None, result: HandlerResult, object_fds: list) -> None:
+def _handle(req: _Request, config: HandlerConfig | None, result: HandlerResult, object_fds: list,
+            held: list[_Crash]) -> None:
     # while the kernel waits (the dying process exists until its core is read), only what every crash's record
     # needs, then the decision, then for a kept core the hold on its root and the core itself; what a kept core
     # adds (objects, debug files, the Python imports, nvidia-smi) comes once the core is written and the pipe let go
     crash = _open_crash(req, config, result, object_fds)
+    held.append(crash)
     _read_process(crash)  # 1. /proc/PID while it exists: the record's facts (bounded reads)
+    crash.head = _read_head(req.stdin_fd)  # the core's own size, from its program headers
     keep = _decide(crash)  # 2. keep the core?
     _first_record(crash, keep)  # the record, written before the core: partial evidence survives a killed handler
     if keep:
@@ -460,6 +477,8 @@ def _first_record(crash: _Crash, keep: bool) -> None:
         identity=snapshot_payload(snapshot)["identity"] if snapshot else None, state=RecordState.IN_PROGRESS,
         core=CoreRecord(state=CoreState.PENDING), objects={}, config=dict(crash.cfg.__dict__),
         warnings=tuple(warnings))
+    crash.write_record()  # first: a directory with no inode left for the other files still has its record
+    said = len(warnings)
     bundle.add_json(layout.IDENTITY, Identity(
         kind="crash", crash_id=crash.crash_id, node=crash.record.node, pid=pid, tid=req.tid, signal=crash.signame,
         time=req.timestamp, comm=snapshot.comm if snapshot else None, exe=snapshot.exe if snapshot else None,
@@ -473,7 +492,8 @@ def _first_record(crash: _Crash, keep: bool) -> None:
     if crash.image_os is not None:
         bundle.add_bytes(layout.PROCESS_OS_RELEASE, crash.image_os.encode(),
                          "the process's /etc/os-release (its image's distribution), read inside its root")
-    crash.write_record()
+    if len(warnings) != said:
+        crash.write_record()
 
 
 def _write_snapshot(crash: _Crash) -> None:
@@ -574,29 +594,107 @@ def _image_key(snapshot) -> str:
 
 def _decide(crash: _Crash) -> bool:
     """Stage 2: keep the core, or metadata only (RLIMIT_CORE under a page, a crash loop, too little free space)."""
-    req, cfg, why = crash.req, crash.cfg, crash.why
+    req, why = crash.req, crash.why
     keep = True
     if req.rlimit_core is not None and req.rlimit_core < PAGE:
         keep = False
         why.append(f"RLIMIT_CORE {req.rlimit_core} < one page: metadata only (the process was not opted in)")
     # the lock only when the index or the free space is read: a crash RLIMIT_CORE drops does not wait for another
     # handler's budget pass
-    with DirLock(req.core_dir) if keep else contextlib.nullcontext():
-        if keep and cfg.loop_limit >= 0:
-            since = req.timestamp - cfg.loop_window
-            n = sum(1 for e in read_index_since(req.core_dir, since)
-                    if e.key == crash.image_key and e.signal == req.signo and e.core and (e.time or 0) >= since)
-            if n >= cfg.loop_limit:
-                keep = False
-                why.append(f"crash loop: {n} cores of {crash.image_key} {crash.signame} in the last {cfg.loop_window}s "
-                           f"(limit {cfg.loop_limit}): metadata only")
-        if keep and cfg.min_free > 0:
-            free = free_bytes(req.core_dir)
-            if free < cfg.min_free:
-                keep = False
-                why.append(f"{free} bytes free on {req.core_dir}, below the minimum {cfg.min_free}: metadata only")
+    if keep:
+        with DirLock(req.core_dir):
+            keep = _reserve_under_lock(crash)
     crash.result.reasons.extend(why)
     return keep
+
+
+def _loop_id(crash: _Crash) -> str:
+    """What the crash-loop limit counts: the image and the signal (a process cannot multiply it by its crash site)."""
+    return hashlib.sha256(f"{crash.image_key}|{crash.req.signo}".encode()).hexdigest()[:12]
+
+
+def _core_bound(crash: _Crash) -> tuple[int, str]:
+    """The most bytes the compressed core can take (its own program headers' size, else the size bound), and how
+    that was known."""
+    req, cfg = crash.req, crash.cfg
+    limit = cfg.max_core_size
+    if req.rlimit_core is not None and req.rlimit_core >= PAGE:
+        limit = min(limit, req.rlimit_core)
+    expected = expected_core_bytes(crash.head)
+    if expected is not None and expected <= limit:
+        return compressed_bound(expected), f"a core of {expected:,} bytes"
+    return compressed_bound(limit), f"a core of unknown size (at most {limit:,} bytes kept)"
+
+
+def _reserve_under_lock(crash: _Crash) -> bool:
+    """Under the directory lock: the crash-loop limit counted with the cores being written now, the free space
+    with the room they reserved, and, for a kept core, its room reserved (its file made at its bound) before the
+    lock goes: two crashes at once never both take the last core of the limit or the last bytes of the disk."""
+    req, cfg, why = crash.req, crash.cfg, crash.why
+    running = live_reservations(req.core_dir)
+    if cfg.loop_limit >= 0:
+        since = req.timestamp - cfg.loop_window
+        n = sum(1 for e in read_index_since(req.core_dir, since)
+                if e.key == crash.image_key and e.signal == req.signo and e.core and (e.time or 0) >= since)
+        now = sum(1 for loop, _ in running if loop == _loop_id(crash))
+        if n + now >= cfg.loop_limit:
+            why.append(f"crash loop: {n} cores of {crash.image_key} {crash.signame} in the last {cfg.loop_window}s"
+                       + (f" and {now} being written" if now else "") + f" (limit {cfg.loop_limit}): metadata only")
+            return False
+    bound, what = _core_bound(crash)
+    if cfg.min_free > 0:
+        free = free_bytes(req.core_dir)
+        if free - bound - RESERVE < cfg.min_free:
+            why.append(f"{free} bytes free on {req.core_dir}: {what} (up to {bound:,} compressed) would leave it "
+                       f"below the minimum {cfg.min_free} (cores being written hold their room): metadata only")
+            return False
+    try:
+        crash.reservation = reserve(req.core_dir, _loop_id(crash), crash.crash_id)
+        crash.core_fd = _open_core_file(crash, bound)
+    except OSError as e:
+        release(crash.reservation)
+        crash.reservation = None
+        why.append(f"no room to create the core's file on {req.core_dir} ({e.strerror or e}; out of space or of "
+                   "inodes): metadata only")
+        return False
+    return True
+
+
+def _open_core_file(crash: _Crash, bound: int) -> int:
+    """The core's file, its room reserved at ``bound`` bytes (allocated, so that no other crash takes it); without
+    ``--min-free`` a disk that cannot hold the bound still gets what fits (cut, as before: no minimum was asked)."""
+    sub = os.path.join(crash.crash_dir, layout.CORE_DIR)
+    os.makedirs(sub, exist_ok=True)
+    tmp = os.path.join(sub, layout.CORE_TMP)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+    try:
+        os.posix_fallocate(fd, 0, bound)
+    except OSError as e:
+        if crash.cfg.min_free > 0 and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.ftruncate(fd, 0)
+        crash.result.warnings.append(f"core: its room ({bound:,} bytes) not reserved ({e.strerror or e})")
+    return fd
+
+
+def _read_head(fd: int) -> bytes:
+    """The core's first bytes, to the end of its program headers (at most 4 MiB): its size, known before the
+    decision.  The kernel writes the headers first; what is read here goes to the core like the rest."""
+    head = bytearray()
+    want = 64
+    while len(head) < want:
+        try:
+            chunk = os.read(fd, min(_CHUNK, _HEAD - len(head)))
+        except InterruptedError:  # a signal: read again
+            continue
+        if not chunk:
+            break
+        head += chunk
+        end = headers_end(bytes(head[:64]))
+        want = min(_HEAD, end) if end is not None else 64
+    return bytes(head)
 
 
 def _stream(crash: _Crash, keep: bool) -> _Streamed:
@@ -607,22 +705,24 @@ def _stream(crash: _Crash, keep: bool) -> _Streamed:
         limit = min(limit, req.rlimit_core)
     out = _Streamed()
     core_dir_sub = os.path.join(crash.crash_dir, layout.CORE_DIR)
-    os.makedirs(core_dir_sub, exist_ok=True)
+    with contextlib.suppress(OSError) if not keep else contextlib.nullcontext():  # (a kept core's is made)
+        os.makedirs(core_dir_sub, exist_ok=True)  # empty for a dropped core; no inode left: no matter
     tmp = os.path.join(core_dir_sub, layout.CORE_TMP)
     comp = None
     out_fd = -1
     if keep:
         crash.reserve = make_reserve(os.path.join(crash.crash_dir, layout.RESERVE))
-        out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        out_fd, crash.core_fd = crash.core_fd, -1  # made, its room reserved, under the lock
         comp = Compressor(out_fd, cfg.level, cfg.threads, crash.reserve)
     try:
-        head, cut, tail = _pump(req.stdin_fd, comp, limit, req.rlimit_core, result, why)
+        head, cut, tail = _pump(req.stdin_fd, comp, limit, req.rlimit_core, result, why, pre=crash.head)
         out.head_info = parse_core_head(bytes(head))
         # what the kernel sent, against the core's own program headers: a stream that ended early, random
         # bytes or an empty stdin is never recorded as a whole core
         stream = out.stream = check_core_stream(bytes(head), result.bytes_in, tail)
         if comp is not None:
             whole_frame = comp.finish()
+            os.ftruncate(out_fd, comp.out)  # the room reserved and not used goes back
             try:
                 os.fsync(out_fd)
             except OSError as e:  # the core may not be whole on disk after a power loss: the record says so
@@ -674,9 +774,10 @@ def _name_core(crash: _Crash, out: _Streamed, comp: Compressor, stream: StreamVe
 
 
 def _pump(stdin_fd: int, comp: Compressor | None, limit: int, rlimit_core: int | None, result: HandlerResult,
-          why: list[str]) -> tuple[bytearray, bool, bytes]:
+          why: list[str], *, pre: bytes = b"") -> tuple[bytearray, bool, bytes]:
     """Read the core from the pipe to its end: the first bytes kept aside, at most ``limit`` into ``comp``.
 
+    :param pre: the first bytes, read already (for the decision)
     :return: (the first bytes, whether the core was cut, the last bytes: where a PN_XNUM core's
         segment count is)
     """
@@ -685,18 +786,23 @@ def _pump(stdin_fd: int, comp: Compressor | None, limit: int, rlimit_core: int |
     with contextlib.suppress(OSError):  # above the node's pipe-max-size: the default pipe works, more slowly
         fcntl.fcntl(stdin_fd, _F_SETPIPE_SZ, _CHUNK)
     head = bytearray()
-    buf = bytearray(_CHUNK)
+    buf = bytearray(max(_CHUNK, len(pre)))
     view = memoryview(buf)
     cut = False
     tail = b""
+    buf[: len(pre)] = pre
+    pending = len(pre)
     while True:
-        try:
-            k = os.readv(stdin_fd, [buf])
-        except InterruptedError:  # a signal: read again
-            continue
-        if k <= 0:
-            release_pipe(stdin_fd)
-            return head, cut, tail
+        if pending:
+            k, pending = pending, 0
+        else:
+            try:
+                k = os.readv(stdin_fd, [buf])
+            except InterruptedError:  # a signal: read again
+                continue
+            if k <= 0:
+                release_pipe(stdin_fd)
+                return head, cut, tail
         result.bytes_in += k
         if len(head) < _HEAD:
             head += view[: min(k, _HEAD - len(head))]
@@ -758,12 +864,56 @@ def _finish(crash: _Crash, streamed: _Streamed) -> None:
 
     with DirLock(req.core_dir):
         with_room(lambda: append_index(req.core_dir, entry()), result, rewrite)
+        release(crash.reservation)  # its core counted by the index now, under the same lock
+        crash.reservation = None
         deleted = enforce_budget(req.core_dir, crash.cfg.budget, object_grace=crash.cfg.object_grace)
     if deleted:
         result.reasons.append(f"budget: deleted the cores of {', '.join(deleted)}")
     reasons = crash.record.core.reasons
     log_kernel(f"pid {req.pid} ({snapshot.comm if snapshot else '?'}) {crash.signame}: core {result.core_state.value}"
                f" in {crash.crash_dir}" + (f" ({'; '.join(reasons)})" if reasons else ""), level=6)
+
+
+def _record_failure(req: _Request, crash: _Crash | None, result: HandlerResult, err: BaseException) -> None:
+    """The handler failed (a disk out of space or inodes...): the crash's record finished with the reason and its
+    index line appended, never left ``in-progress``; on a disk with no inode left the record is rewritten in place."""
+    why = f"the handler failed: {type(err).__name__}: {err}"
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        why += " (out of space or of inodes)"
+    core_file = os.path.basename(result.core_path) if result.core_path else None
+    reasons = (*(crash.why if crash else ()), why)
+    if crash is not None and crash.record is not None:
+        crash.record = replace(crash.record, state=RecordState.DONE, core=replace(
+            crash.record.core, state=result.core_state, file=core_file, bytes_in=result.bytes_in,
+            bytes_kept=result.bytes_kept, bytes_compressed=result.bytes_out, reasons=reasons))
+        try:
+            crash.write_record()
+        except OSError:  # no inode for the temporary name: the record rewritten in place (if it was ever made)
+            rec = replace(crash.record, warnings=tuple(result.warnings))
+            with contextlib.suppress(OSError):  # never made: the index line says it
+                _write_in_place(os.path.join(crash.crash_dir, layout.RECORD),
+                                json.dumps(rec.to_json(), indent=2, sort_keys=True, default=str).encode())
+    crash_id = crash.crash_id if crash else f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(req.timestamp))}-{req.pid}"
+    entry = IndexEntry(id=crash_id, time=req.timestamp, pid=req.pid, signal=req.signo,
+                       key=crash.image_key if crash else None, crash_loop_key=None, core=core_file,
+                       state=result.core_state, reasons=reasons)
+    with DirLock(req.core_dir):
+        append_index(req.core_dir, entry)
+        if crash is not None:
+            release(crash.reservation)
+            crash.reservation = None
+
+
+def _write_in_place(path: str, data: bytes) -> None:
+    """Overwrite an existing file without a new inode (a directory out of inodes); not atomic."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _node_evidence(bundle, warnings: list, *, nvidia_smi: bool, smi_timeout: float, pid: int | None = None,

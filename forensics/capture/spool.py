@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from ..bundle.layout import CORE_PARTIAL
 from ..bundle.record import CoreState
 
-__all__ = ["Compressor", "make_reserve", "with_room", "RESERVE", "StreamVerdict", "check_core_stream", "TAIL"]
+__all__ = ["Compressor", "make_reserve", "with_room", "RESERVE", "StreamVerdict", "check_core_stream", "TAIL",
+           "headers_end", "expected_core_bytes", "compressed_bound"]
 
 RESERVE = 1 << 20
 TAIL = 64  # the last bytes of the stream the handler keeps: a PN_XNUM core's section header is there
@@ -85,6 +86,45 @@ def check_core_stream(head: bytes, size: int, tail: bytes = b"") -> StreamVerdic
         return verdict("short", f"the stream ended after {size:,} bytes; the core's program headers claim "
                                 f"{expected:,}: the core is cut short", expected)
     return verdict("core", None, expected)
+
+
+def headers_end(head: bytes) -> int | None:
+    """Where a 64-bit core's program headers end, from its ELF header (None: not such a core, or not known yet)."""
+    from ..core import elf
+
+    if len(head) < elf.EHDR64_SIZE or not head.startswith(elf.ELF_MAGIC):
+        return None
+    try:
+        hdr = elf.parse_elf_header(head[: elf.EHDR64_SIZE])
+    except ValueError:
+        return None
+    if hdr.type != elf.ET_CORE or hdr.elf_class != 2 or hdr.phentsize != elf.PHDR64_SIZE or hdr.phnum == elf.PN_XNUM:
+        return None
+    return hdr.phoff + hdr.phnum * elf.PHDR64_SIZE
+
+
+def expected_core_bytes(head: bytes) -> int | None:
+    """The size of the whole core by its own program headers, read from its first bytes (None: not known).
+
+    >>> expected_core_bytes(b"not a core") is None
+    True
+    """
+    from ..core import elf
+
+    end = headers_end(head)
+    if end is None or end > len(head):
+        return None
+    hdr = elf.parse_elf_header(head[: elf.EHDR64_SIZE])
+    return elf.core_extent(elf.parse_program_headers(head[hdr.phoff: end], hdr.phnum), end)
+
+
+def compressed_bound(n: int) -> int:
+    """The most bytes a zstd frame of ``n`` bytes takes (ZSTD_COMPRESSBOUND, plus a frame's header and checksum).
+
+    >>> compressed_bound(1 << 20)
+    1052690
+    """
+    return n + (n >> 8) + (((128 << 10) - n) >> 11 if n < (128 << 10) else 0) + 18
 
 
 class Compressor:
