@@ -7,8 +7,9 @@ the crashed machine's root (``--sysroot``, a bundle's sysroot) first, resolving 
 component inside it (:mod:`forensics.rootpath`), then on this machine, and keeps a
 candidate only when its own build-id note is the one asked for: the build-id names
 the build, so a file of that id is that build's debug info wherever it lies, and a
-file of another id is never used.  One lookup for every reader of debug info (the
-libdw unwinder, gdb, the heap reader and the Python walker).
+file of another id is never used.  Found nowhere, it is fetched from the debuginfod servers
+``DEBUGINFOD_URLS`` names, when it names any (:mod:`forensics.core.debuginfod`).  One lookup for every
+reader of debug info (the libdw unwinder, gdb, the heap reader and the Python walker).
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def find_debug_file(build_id: str | None, sysroot: str | None = None, path: str 
     :param build_id: the object's GNU build-id (hex), as read from the core or its file
     :param sysroot: the crashed machine's root here (searched first, every component resolved inside it)
     :param path: the object's path as the core names it, for ``/usr/lib/debug/PATH.debug``
-    :return: a path whose build-id note equals ``build_id``
+    :return: a path whose build-id note equals ``build_id`` (in the cache when a debuginfod server sent it)
     """
     rel = build_id_debug_path(build_id) if build_id else None
     if rel is None or build_id is None:
@@ -86,4 +87,8 @@ def find_debug_file(build_id: str | None, sysroot: str | None = None, path: str 
     for r in rels:
         if os.path.isfile(r) and read_build_id_from_file(r) == build_id:
             return r
+    if os.environ.get("DEBUGINFOD_URLS"):  # the last resort: a debuginfod server (nothing fetched when unset)
+        from forensics.core.debuginfod import fetch_debuginfo
+
+        return fetch_debuginfo(build_id)
     return None
