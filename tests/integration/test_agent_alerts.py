@@ -36,23 +36,35 @@ def promtool() -> str:
     return str(tool)
 
 
+def crash_entry(**overrides) -> CrashEntry:
+    """One analyzed crash as the node index holds it (its analysis failed: a timeout; its core cut for the budget)."""
+    fields = dict(id="c1", path="/c1", time=0.0, signal=11, signal_name="SIGSEGV", pod_uid="u", container_id="k",
+                  image="img", loop_key=None, core_state=CoreState.KEPT, in_progress=False, not_kept=("budget",),
+                  analysis="failed", analysis_failure="timeout", fingerprint=FP_OLD, fingerprint_source="analysis",
+                  signature="free", crash_class="double-free", nvml_build_id=None, driver=None, namespace="ml",
+                  pod="exporter-0", container="exporter", image_digest="sha256:" + "0" * 64)
+    fields.update(overrides)
+    return CrashEntry(**fields)  # type: ignore[arg-type]
+
+
+def agent_registry(core_dir: str, node: str, crashes: list[CrashEntry]):
+    """A registry holding the agent's real collector (as `agent serve` registers it) over ``crashes``."""
+    from prometheus_client.core import CollectorRegistry
+
+    agent = Agent(ServeConfig(core_dir=core_dir, node=node, events=False))
+    agent.index = NodeIndex(crashes=crashes, groups={})
+    registry = CollectorRegistry()
+    registry.register(IndexCollector(agent))
+    return registry
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> dict[str, dict[str, str]]:
     """Sample name -> the labels of one of its samples, from a scrape of a real IndexCollector over one crash."""
-    from prometheus_client.core import CollectorRegistry
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    agent = Agent(ServeConfig(core_dir=str(tmp_path_factory.mktemp("cores")), node="gpu-a", events=False))
-    crash = CrashEntry(id="c1", path="/c1", time=0.0, signal=11, signal_name="SIGSEGV", pod_uid="u", container_id="k",
-                       image="img", loop_key=None, core_state=CoreState.KEPT, in_progress=False,
-                       not_kept=("budget",), analysis="failed", analysis_failure="timeout", fingerprint=FP_OLD,
-                       fingerprint_source="analysis", signature="free", crash_class="double-free",
-                       nvml_build_id=None, driver=None, namespace="ml", pod="exporter-0", container="exporter",
-                       image_digest="sha256:" + "0" * 64)
-    agent.index = NodeIndex(crashes=[crash], groups={})
-    registry = CollectorRegistry()
-    registry.register(IndexCollector(agent))
+    registry = agent_registry(str(tmp_path_factory.mktemp("cores")), "gpu-a", [crash_entry()])
     text = generate_latest(registry).decode()
     return {s.name: dict(s.labels) for fam in text_string_to_metric_families(text) for s in fam.samples}
 

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the core handler read
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, targets: dict[str, list[str]], *, web_config: str | None = None) -> None:
+    def __init__(self, workdir: Path, targets: dict[str, list[str]], *, web_config: str | None = None,
+                 rule_files: tuple[str, ...] = ()) -> None:
         from tests.prometheus_env import PrometheusUnavailable, prometheus_binary
 
         try:
@@ -44,7 +45,9 @@ class Prometheus:
             jobs.append(f"  - job_name: {job}\n    honor_labels: true\n    static_configs:\n"
                         f"      - targets: [{', '.join(repr(t) for t in tg)}]\n")
         cfg = workdir / "prometheus.yml"
-        cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n" + "".join(jobs))
+        rules = "rule_files:\n" + "".join(f"  - {json.dumps(r)}\n" for r in rule_files) if rule_files else ""
+        cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n" + rules + "scrape_configs:\n"
+                       + "".join(jobs))
         web = []
         if web_config:
             (workdir / "web.yml").write_text(web_config)

@@ -58,7 +58,8 @@ def test_chart_lints_and_carries_the_forensics_version(helm):
 
 @pytest.mark.parametrize("scrape", ["annotations", "podmonitor", "servicemonitor", "none"])
 def test_rendered_objects_validate_against_the_kubernetes_schemas(helm, tmp_path, scrape):
-    objects = _render(helm, tmp_path, {"metrics": {"scrape": scrape}, "prometheusRule": {"enabled": True}})
+    objects = _render(helm, tmp_path, {"metrics": {"scrape": scrape}, "prometheusRule": {"enabled": True},
+                                       "grafanaDashboard": {"enabled": True}})
     version = kubernetes_validate.latest_version()
     for obj in objects:
         if obj["kind"] not in CRDS:
@@ -66,7 +67,7 @@ def test_rendered_objects_validate_against_the_kubernetes_schemas(helm, tmp_path
     kinds = sorted(o["kind"] for o in objects)
     extra = {"podmonitor": ["PodMonitor"], "servicemonitor": ["Service", "ServiceMonitor"]}.get(scrape, [])
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "PrometheusRule",
-                            *extra])
+                            "ConfigMap", *extra])
 
 
 def test_a_scrape_mode_it_does_not_know_is_one_clear_error(helm, tmp_path):
@@ -122,3 +123,12 @@ def test_prometheusrule_holds_the_rule_file(helm, tmp_path):
     assert rule["metadata"]["labels"]["release"] == "kp"
     rules_file = yaml.safe_load((CHART / "files/forensics-alerts.yaml").read_text())
     assert rule["spec"] == {"groups": rules_file["groups"]}
+
+
+def test_dashboard_configmap_holds_the_dashboard_for_grafanas_sidecar(helm, tmp_path):
+    objects = _render(helm, tmp_path, {"grafanaDashboard": {"enabled": True, "namespace": "monitoring"}})
+    (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert cm["metadata"]["namespace"] == "monitoring" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["forensics-agent.json"]) == json.loads((CHART / "files/forensics-dashboard.json")
+                                                                          .read_text())
+    assert not [o for o in _render(helm, tmp_path, {}) if o["kind"] == "ConfigMap"]  # off by default
