@@ -34,6 +34,9 @@ def _normal(text: str, where: str) -> str:
 
 def _files(report: Path) -> dict[str, str]:
     files = {report.name: report.read_text()}
+    claims = report.with_name(report.stem + ".claims.json")  # the claims and their evidence, for report --check
+    if claims.is_file():
+        files[claims.name] = claims.read_text()
     folder = report.with_name(report.stem + ".files")
     if folder.is_dir():
         files.update({f"{folder.name}/{p.name}": p.read_text() for p in sorted(folder.iterdir())})

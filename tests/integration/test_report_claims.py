@@ -1,0 +1,83 @@
+"""``report --check FILE`` checks the conclusion's claims of a written report against the evidence ``report -o``
+recorded beside it (``FILE``'s stem + ``.claims.json``: each claim with the evidence items it rests on), issue #26
+item 2.  The evidence is the committed demo's (the real nvitop-exporter killed by the simulated driver)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import cli
+from forensics.errors import EXIT_FINDINGS, EXIT_OK
+
+DEMO = Path(__file__).resolve().parents[2] / "reports" / "demo"
+ADDED = "The GPU firmware is at fault as well."
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def written(template: str, tmp_path: Path) -> Path:
+    (bundle,) = (DEMO / "capture").iterdir()
+    out = tmp_path / f"report-{template}.md"
+    r = run("report", "--template", template, "-o", out, DEMO / "analysis.json", bundle, DEMO / "verify-imports.json",
+            DEMO / "reproduce.json")
+    assert r.exit_code == EXIT_OK, r.stderr
+    return out
+
+
+@pytest.mark.parametrize("template", ["nvml", "nvitop", "binding", "runbook"])
+def test_a_claim_added_by_hand_fails_check_naming_it(template, tmp_path):
+    # GIVEN a report written with -o: its claims record lies beside it, each claim with its evidence items
+    out = written(template, tmp_path)
+    record = json.loads(out.with_name(f"report-{template}.claims.json").read_text())
+    assert record["incident"] == "driver-fault" and record["claims"]
+    assert all(cl["evidence"] and all(i["fact"] for i in cl["evidence"]) for cl in record["claims"])
+    # an intact report passes
+    r = run("report", "--check", out)
+    assert r.exit_code == EXIT_OK, r.stdout
+    # WHEN a sentence is added by hand to the conclusion (every line that states it)
+    text = out.read_text()
+    first = record["claims"][0]["written"]
+    assert first in text
+    out.write_text(text.replace(first, f"{first} {ADDED}"))
+    # THEN --check fails, one line naming the sentence, for each line that holds it
+    r = run("report", "--check", out)
+    assert r.exit_code == EXIT_FINDINGS, r.stdout
+    lines = [x.strip() for x in r.stdout.splitlines()[1:]]
+    assert lines and all(x == f"claim without evidence: {ADDED!r} (not in the claims record)" for x in lines), lines
+    assert len(lines) == text.count(first)
+
+
+def test_a_claim_whose_recorded_evidence_is_gone_fails_check(tmp_path):
+    out = written("nvml", tmp_path)
+    sidecar = out.with_name("report-nvml.claims.json")
+    record = json.loads(sidecar.read_text())
+    record["claims"][0]["evidence"] = []
+    sidecar.write_text(json.dumps(record))
+    r = run("report", "--check", out)
+    assert r.exit_code == EXIT_FINDINGS
+    assert f"  claim without evidence: {record['claims'][0]['text'][:120]!r}" in r.stdout.splitlines()
+
+
+def test_a_report_without_its_claims_record_or_its_conclusion_fails_check(tmp_path):
+    out = written("runbook", tmp_path)
+    sidecar = out.with_name("report-runbook.claims.json")
+    record = json.loads(sidecar.read_text())
+    # the conclusion rewritten by hand: none of the recorded claims is left
+    text = out.read_text()
+    for cl in record["claims"]:
+        text = text.replace(cl["written"], "Someone says the driver is fine.")
+    out.write_text(text)
+    r = run("report", "--check", out)
+    assert r.exit_code == EXIT_FINDINGS
+    assert "  the conclusion is not in the report as written: none of its recorded claims is there" in \
+        r.stdout.splitlines()
+    sidecar.unlink()
+    r = run("report", "--check", out)
+    assert r.exit_code == EXIT_FINDINGS
+    assert r.stdout.splitlines()[1:] == ["  no claims record report-runbook.claims.json beside it (report -o writes "
+                                         "one): its claims cannot be checked"]
