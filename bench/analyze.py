@@ -68,7 +68,16 @@ or core they need was not measured):
   (f) ``analyze --native`` CPU time at most 1.0x ``pystack core --native`` on every core (medians);
   (g) ``analyze --native`` peak memory (process tree) at most pystack's on every core;
   (h) Python stacks only, on the interpreters current images run: ``analyze --method direct`` CPU
-      time at most ``pystack core``'s (no native frames) on every CPython 3.14 and 3.15 core.
+      time at most ``pystack core``'s (no native frames) on every CPython 3.14 and 3.15 core;
+  (i) many threads: ``analyze --native`` on a 200+ thread core at most 2x ``pystack core --native``'s CPU
+      and under 300 MB (process tree).
+
+Many threads (``--threads 10,60,200``, ``--threads-repeat``, ``--threads-only``, ``--no-threads``): cores of
+``tests/crashers/many_threads.py`` (N threads waiting in ``Event.wait``, the main thread faulting in
+libcrash.so) from Debian unstable's CPython 3.15 in the sid root (glibc 2.43, whose thread stacks have no
+guard mapping between them), else from this machine's newest CPython; ``analyze --native --sysroot ROOT``
+against ``pystack core --native CORE PYTHON --lib-search-path DIRS``, alternately, CPU, peak RSS and the CPU
+per thread (the slope from the fewest threads to the most).
 
 The last comparison runs on Debian unstable's CPython 3.14 and 3.15 (release builds), crashed
 inside the cached sid root of ``tests/roots.py`` (``heap-prev`` and ``py-abort``) and read from
@@ -82,6 +91,7 @@ Usage, from the repository root::
     .venv/bin/python bench/analyze.py --quick    # newest CPython, no big core, 20-core batch
     .venv/bin/python bench/analyze.py --json     # one JSON document on stdout
     .venv/bin/python bench/analyze.py --stacks-only   # only (h): 3.14/3.15 Python stacks vs pystack
+    .venv/bin/python bench/analyze.py --threads-only  # only (i): 10, 60, 200 threads vs pystack
 """
 from __future__ import annotations
 
@@ -97,6 +107,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -107,13 +118,15 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.crashers.make_core import build_libcrash, core_pattern_problem, make_core  # noqa: E402
+from tests.crashers.make_core import HERE as CRASHERS  # noqa: E402
+from tests.crashers.make_core import build_libcrash, core_pattern_problem, crash_for_core, make_core  # noqa: E402
 from tests.pythons import discover_pythons  # noqa: E402
 from tests.roots import RootUnavailable, build_root, sandbox_command  # noqa: E402
 
 __all__ = ["Measurement", "CoreCase", "measure", "main"]
 
 BENCH_VENV = REPO / "bench" / ".venv"
+MANY_THREADS = CRASHERS / "many_threads.py"
 PYSTACK_SPEC = "pystack==1.7.2"
 SCENARIOS = ("heap-prev", "segv")  # glibc abort, SIGSEGV
 BIG_SCENARIO = "heap-prev"
@@ -135,6 +148,12 @@ GOAL_STACKS_CPU_RATIO = 1.0  # analyze --method direct / pystack core, CPython 3
 SID_VERSIONS = ("3.14", "3.15")
 SID_SCENARIOS = ("heap-prev", "py-abort")
 STACK_TOOLS = ("direct", "pystack")
+THREAD_COUNTS = "10,60,200"
+THREADS_MINOR = "3.15"
+THREAD_TOOLS = ("forensics", "pystack")
+GOAL_THREADS_MIN = 200
+GOAL_THREADS_CPU_RATIO = 2.0  # analyze --native / pystack core --native, on a 200+ thread core
+GOAL_THREADS_PEAK_MB = 300.0
 
 
 def log(msg: str) -> None:
@@ -302,7 +321,7 @@ def ensure_wheel() -> tuple[str | None, str]:
         log("building the forensics wheel of this checkout")
         proc = subprocess.run([str(py), "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
                               capture_output=True, text=True, timeout=600)
-        wheel = next(wheels.glob("forensics-*.whl"), None)
+        wheel = next(wheels.glob("*forensics-*.whl"), None)  # the distribution is crash-forensics
         if proc.returncode != 0 or wheel is None:
             return None, f"pip wheel failed: {proc.stderr.strip()[-300:]}"
         proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", str(wheel)],
@@ -659,6 +678,130 @@ def print_stacks(st: dict) -> None:
               f"{_f(p.get('wall_s'), '12.3f')} {_f(r['wall_ratio'], '5.2f')}{flag}")
 
 
+# -- many threads: the cost per thread, against pystack ----------------------------------------------
+
+@dataclass
+class ThreadCase:
+    """A core of tests/crashers/many_threads.py: N threads waiting, the main thread faulting."""
+
+    threads: int
+    python: str  # the interpreter's path (inside ``root`` when there is one)
+    root: str | None
+    path: str
+    size: int
+    results: dict[str, list[Measurement]] = field(default_factory=dict)
+
+
+def prepare_thread_cores(workdir: Path, counts: list[int]) -> tuple[list[ThreadCase], str]:
+    """The many-thread cores (cached in the workdir): Debian unstable's CPython 3.15 in the sid root of
+    tests/roots.py (glibc 2.43: thread stacks with no guard mapping), else this machine's newest CPython."""
+    from tests.conftest import SID_PACKAGES
+
+    try:
+        root: Path | None = build_root("sid", SID_PACKAGES)
+        python, key, where = f"/usr/bin/python{THREADS_MINOR}", f"{root.name}-{THREADS_MINOR}", "the sid root"
+    except RootUnavailable as e:
+        root, found = None, discover_pythons()
+        if not found:
+            return [], f"no sid root ({e}) and no CPython here"
+        minor, python = list(found.items())[-1]
+        key, where = f"host-{minor}", f"this machine (no sid root: {e})"
+    cores = workdir / "thread-cores"
+    cores.mkdir(parents=True, exist_ok=True)
+    lib = build_libcrash(workdir / "lib")
+    cases = []
+    for n in counts:
+        dest = cores / f"{key}-{n}.core"
+        if not dest.exists():
+            log(f"making core: {n} threads, {python} in {where}")
+            run = Path(tempfile.mkdtemp(prefix=f"threads-{n}-", dir=workdir))
+            core = crash_for_core([python, str(MANY_THREADS), str(lib), str(n)], run, root=root,
+                                  binds=(MANY_THREADS, lib), timeout=300)
+            os.replace(core, dest)
+            shutil.rmtree(run, ignore_errors=True)
+        cases.append(ThreadCase(threads=n, python=python, root=str(root) if root else None, path=str(dest),
+                                size=dest.stat().st_size))
+    return cases, ""
+
+
+def thread_commands(case: ThreadCase, pystack: str | None) -> dict[str, list[str] | None]:
+    """Native and Python stacks of every thread: ``analyze --native`` (the defaults) and ``pystack core --native``."""
+    if case.root is None:
+        return {"forensics": [forensics_exe(), "analyze", "--native", case.path],
+                "pystack": [pystack, "core", "--native", case.path, case.python] if pystack else None}
+    minor = THREADS_MINOR
+    dirs = ":".join(f"{case.root}/{d}" for d in ("usr/lib/x86_64-linux-gnu", f"usr/lib/python{minor}/lib-dynload"))
+    return {
+        "forensics": [forensics_exe(), "analyze", "--native", "--sysroot", case.root, case.path],
+        "pystack": ([pystack, "core", "--native", case.path, f"{case.root}{case.python}", "--lib-search-path", dirs]
+                    if pystack else None),
+    }
+
+
+def bench_threads(case: ThreadCase, cmds: dict[str, list[str] | None], repeat: int, timeout: float,
+                  workdir: Path) -> None:
+    read_through(case.path)
+    tools = [t for t in THREAD_TOOLS if cmds[t]]
+    out = workdir / "out"
+    out.mkdir(exist_ok=True)
+    for rep in range(repeat):
+        for tool in tools[rep % len(tools):] + tools[:rep % len(tools)]:
+            m = measure(cmds[tool], timeout=timeout, out_path=out / f"threads-{tool}.txt", expect=b"many_threads.py")
+            case.results.setdefault(tool, []).append(m)
+            log(f"  {case.threads:>4} threads {tool:<9} cpu {m.cpu_s or 0:6.3f}s peak {m.peak_tree_mb:7.1f} MB"
+                + ("" if m.ok else f"  NOT OK: {m.note}"))
+
+
+def threads_report(cases: list[ThreadCase], why_none: str) -> dict:
+    rows = []
+    for c in cases:
+        tools = {t: summarize(ms) for t, ms in c.results.items()}
+        f, p = tools.get("forensics"), tools.get("pystack")
+        rows.append({"threads": c.threads, "core": c.path, "core_mb": c.size / MiB, "sid": c.root is not None,
+                     "tools": tools, "cpu_ratio": _ratio(f and f["cpu_s"], p and p["cpu_s"]),
+                     "peak_ratio": _ratio(f and f["peak_tree_mb"], p and p["peak_tree_mb"])})
+    per_thread = {}
+    if len(rows) >= 2:  # CPU per thread: the slope from the fewest threads to the most
+        lo, hi = min(rows, key=lambda r: r["threads"]), max(rows, key=lambda r: r["threads"])
+        for tool in THREAD_TOOLS:
+            a, b = lo["tools"].get(tool), hi["tools"].get(tool)
+            if a and b and hi["threads"] > lo["threads"]:
+                per_thread[tool] = (b["cpu_s"] - a["cpu_s"]) / (hi["threads"] - lo["threads"]) * 1000
+    goal = {"id": "i", "goal": f"(i) analyze --native on a {GOAL_THREADS_MIN}+ thread core: CPU <= "
+                               f"{GOAL_THREADS_CPU_RATIO:g}x pystack's, peak under {GOAL_THREADS_PEAK_MB:g} MB",
+            "value": None, "detail": why_none or "not measured", "pass": None}
+    big = [r for r in rows if r["threads"] >= GOAL_THREADS_MIN and r["cpu_ratio"] is not None]
+    if big:
+        r = max(big, key=lambda r: r["threads"])
+        peak = r["tools"]["forensics"]["peak_tree_mb"]
+        ok = all(t["ok"] for t in r["tools"].values())
+        goal.update(value=round(r["cpu_ratio"], 3),
+                    detail=f"{r['threads']} threads: {r['cpu_ratio']:.2f}x pystack's CPU, peak {peak:.0f} MB"
+                           + ("" if ok else "; a run was not ok"))
+        goal["pass"] = ok and r["cpu_ratio"] <= GOAL_THREADS_CPU_RATIO and peak < GOAL_THREADS_PEAK_MB
+    return {"cores": rows, "per_thread_ms": per_thread, "goal": goal}
+
+
+def print_threads(th: dict) -> None:
+    if not th["cores"]:
+        return
+    where = "Debian unstable's CPython 3.15 in the sid root" if th["cores"][0]["sid"] else "this machine's CPython"
+    print(f"\nMany threads: forensics analyze --native vs pystack core --native, {where}, medians "
+          "(peak: the process tree's RSS)")
+    print(f"{'threads':>7} {'core MB':>8} | {'f cpu':>7} {'p cpu':>7} {'f/p':>5} | "
+          f"{'f peak':>7} {'p peak':>7} {'f/p':>5}")
+    for r in th["cores"]:
+        f, p = r["tools"].get("forensics", {}), r["tools"].get("pystack", {})
+        flag = "" if all(v["ok"] for v in r["tools"].values()) else "  !" + ",".join(
+            k for k, v in r["tools"].items() if not v["ok"])
+        print(f"{r['threads']:>7} {r['core_mb']:>8.0f} | {_f(f.get('cpu_s'), '7.3f')} {_f(p.get('cpu_s'), '7.3f')} "
+              f"{_f(r['cpu_ratio'], '5.2f')} | {_f(f.get('peak_tree_mb'), '7.1f')} {_f(p.get('peak_tree_mb'), '7.1f')} "
+              f"{_f(r['peak_ratio'], '5.2f')}{flag}")
+    if th["per_thread_ms"]:
+        print("  CPU per thread (slope, fewest to most threads): " + ", ".join(
+            f"{tool} {ms:.2f} ms" for tool, ms in th["per_thread_ms"].items()))
+
+
 # -- report ------------------------------------------------------------------------------------
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -856,6 +999,7 @@ def print_report(rep: dict) -> None:
               f"(complete {b['complete']}), peak {b['peak_tree_mb']:.1f} MB tree ({b['peak_single_mb']:.1f} MB "
               f"largest process)" + (f"  NOTE: {b['note']}" if b["note"] else ""))
     print_stacks(rep.get("stacks") or {"cores": []})
+    print_threads(rep.get("threads") or {"cores": []})
     print("\nGoals")
     for g in rep["goals"]:
         verdict = "n/a " if g["pass"] is None else ("PASS" if g["pass"] else "MISS")
@@ -872,7 +1016,20 @@ def _eu_stack_version() -> str:
 
 # -- main --------------------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
+def run_threads(args: argparse.Namespace, pystack: str | None) -> dict:
+    """(i): the many-thread cores, each measured; the report's ``threads`` section."""
+    if args.no_threads or args.stacks_only:
+        return threads_report([], "--no-threads" if args.no_threads else "--stacks-only")
+    counts = sorted({int(n) for n in args.threads.split(",") if n.strip()})
+    cases, why = prepare_thread_cores(args.workdir, counts)
+    if why:
+        log(f"no many-thread cores: {why}")
+    for c in cases:
+        bench_threads(c, thread_commands(c, pystack), args.threads_repeat, args.timeout, args.workdir)
+    return threads_report(cases, why)
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workdir", type=Path, default=None,
                     help="cores and outputs, reused (default: bench/analyze/ in the forensics cache)")
@@ -893,7 +1050,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stacks-repeat", type=int, default=7, help="runs per tool per 3.14/3.15 core")
     ap.add_argument("--editable", action="store_true",
                     help="measure the checkout's .venv instead of an installed wheel (not for the goals)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--threads-only", action="store_true",
+                    help="only (i): many-thread cores against pystack (Debian's 3.15 if the sid root is there)")
+    ap.add_argument("--no-threads", action="store_true", help="skip (i)")
+    ap.add_argument("--threads", default=THREAD_COUNTS,
+                    help=f"thread counts of the cores (default {THREAD_COUNTS})")
+    ap.add_argument("--threads-repeat", type=int, default=3, help="runs per tool per many-thread core")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
     batch_n = args.batch if args.batch is not None else (20 if args.quick else 200)
 
@@ -932,7 +1099,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     cases: list[CoreCase] = []
     batch = None
-    if not args.stacks_only:
+    if not args.stacks_only and not args.threads_only:
         cases = prepare_cores(args.workdir, pythons, None if (args.no_big or args.quick) else args.big_mb,
                               None if args.quick else args.heap_mb)
         for c in cases:
@@ -940,7 +1107,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_core(c, tool_commands(Path(c.path), c.python, pystack, gdb), repeat, args.timeout, args.workdir)
             c.heap = heap_probe(c, repeat)
         batch = run_batch(args.workdir, cases, batch_n, max(args.timeout, 10.0 * batch_n)) if batch_n else None
-    stack_cases, why = ([], "--no-stacks") if args.no_stacks else prepare_sid_cores(args.workdir)
+    stack_cases, why = ([], "--no-stacks") if args.no_stacks or args.threads_only else \
+        prepare_sid_cores(args.workdir)
     if why:
         log(f"no CPython 3.14/3.15 cores: {why}")
     for c in stack_cases:
@@ -957,7 +1125,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     rep = build_report(cases, batch, settings)
     rep["stacks"] = stacks_report(stack_cases, why)
-    rep["goals"].append(rep["stacks"]["goal"])
+    rep["threads"] = run_threads(args, pystack)
+    rep["goals"] += [rep["stacks"]["goal"], rep["threads"]["goal"]]
     if args.json:
         json.dump(rep, sys.stdout, indent=2, default=lambda o: asdict(o))
         print()
