@@ -2,8 +2,8 @@
 
 ``DIR/index.jsonl`` lists every crash the handler saw (appended under a lock);
 :func:`enforce_budget` deletes the oldest cores when the directory is over its
-budget, keeping all metadata and the newest core of each crash-loop key, then the stored
-objects that no remaining core uses.
+budget, keeping all metadata, the newest core of each crash-loop key while they fit and the newest core of
+each image always, then the stored objects that no remaining core uses.
 """
 from __future__ import annotations
 
@@ -204,7 +204,8 @@ def free_bytes(path: str) -> int:
 
 
 def enforce_budget(core_dir: str, budget: int, *, object_grace: float = 3600.0) -> list[str]:
-    """Delete the oldest cores until DIR fits ``budget``; the newest of each crash-loop key stays.
+    """Delete the oldest cores until DIR fits ``budget``; the newest of each crash-loop key stays while the budget
+    allows it, the newest of each image (or executable) always.
 
     Then, if DIR is still over budget, delete the stored objects that no remaining core uses
     (see :func:`collect_objects`).  Call with the directory lock held.  Metadata stays; each
@@ -285,16 +286,23 @@ def _delete_cores(core_dir: str, budget: int, total: int) -> tuple[list[str], li
     core could not be deleted: "ID: why")."""
     entries = [e for e in read_index(core_dir) if isinstance(e, IndexEntry) and e.core]
     newest: dict[str, str] = {}
+    last: dict[str, str] = {}
     for e in entries:  # the index is in time order: the last of each crash-loop key wins
         newest[e.crash_loop_key or e.id] = e.id
-    keep = set(newest.values())
+        last[e.key or e.id] = e.id
+    spared = set(newest.values())
+    kept = set(last.values())
+    # first the cores no crash-loop key needs, oldest first; then, while still over, the newest of each crash site
+    # but the last of its image: a process that crashes at many sites on purpose (each site its own key) does not
+    # hold the directory over its budget
+    order = [e for e in entries if e.id not in spared] + [e for e in entries if e.id in spared and e.id not in kept]
     deleted: list[str] = []
     unmarked: list[str] = []
     stuck: list[str] = []
-    for e in entries:
+    for e in order:
         if total <= budget:
             break
-        if e.id in keep or e.core is None:
+        if e.core is None:
             continue
         core = os.path.join(core_dir, CRASHES, e.id, CORE_DIR, e.core)
         try:

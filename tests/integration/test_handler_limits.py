@@ -216,3 +216,26 @@ def test_a_dead_handler_s_reservation_is_reclaimed(cores, tmp_path, live):
     assert "ended before it finished" in rec["core"]["reasons"][-1]
     assert not (dead / "50-core" / ".core.zst.tmp").exists()
     assert not list((d / ".reservations").iterdir())
+
+
+def _usage(d: Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in d.rglob("*") if p.is_file())
+
+
+def test_the_budget_holds_whatever_the_crash_sites(cores, tmp_path, live):
+    """Each crash site is its own crash-loop key, and the newest core of each key was kept whatever the budget: a
+    process that crashes at six sites kept six cores over it."""
+    # GIVEN a budget of what one crash takes (metadata, objects, its ~650 KiB core) and 2 MiB more
+    d = tmp_path / "cores"
+    _handle(d, live.pid, cores[(0, 640)], HandlerConfig(min_free=0, loop_limit=100))
+    budget = _usage(d) + (2 << 20)
+    cfg = HandlerConfig(budget=budget, min_free=0, loop_limit=100)
+    # WHEN the same program crashes at six sites
+    for site in range(1, 6):
+        _handle(d, live.pid, cores[(site, 640)], cfg)
+    recs = _records(d)
+    assert len({r["crash_loop_key"] for r in recs}) == 6  # six crash sites, six crash-loop keys
+    # THEN the directory fits its budget, and the newest crash keeps its core
+    assert _usage(d) <= budget, (_usage(d), budget, [r["core"]["state"] for r in recs])
+    assert recs[-1]["core"]["state"] == "kept"
+    assert sum(r["core"]["state"] == "deleted-for-budget" for r in recs) >= 2
