@@ -9,7 +9,7 @@ import click
 from ..options import SIZE, json_option, parse_coredump_filter, store_options
 from . import echo, emit_json
 
-__all__ = ["agent", "agent_manifest", "agent_serve", "agent_run"]
+__all__ = ["agent", "agent_manifest", "agent_chart", "agent_serve", "agent_run"]
 
 
 @click.group("agent")
@@ -71,6 +71,32 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
                   None, False)
     else:
         click.echo(to_yaml_documents(objects), nl=False)  # YAML: every string is JSON-quoted (escaped)
+
+
+@agent.command("chart")
+@click.option("-o", "--output", default="forensics-agent", show_default=True,
+              help="The directory to write the chart into (made here; its parent must exist).")
+@click.option("--force", is_flag=True, help="Write into an existing directory, replacing the chart's files there.")
+@json_option
+def agent_chart(output, force, as_json):
+    """Write the node agent's Helm chart (shipped in the package) into a directory: the objects of `agent manifest`,
+    with the alert rules as a PrometheusRule and the Grafana dashboard behind values.
+
+    \b
+    forensics agent chart -o ./forensics-agent
+    helm install forensics ./forensics-agent -n forensics --set metrics.scrape=podmonitor
+    """
+    from ..capture.helmchart import write_chart
+
+    files = write_chart(output, force=force)
+    if as_json:
+        from .. import __version__
+        from ..output import json_document
+
+        emit_json(json_document("agent-chart", {"chart": os.path.abspath(output), "files": files,
+                                                "version": __version__}), None, False)
+    else:
+        echo(f"Wrote {output} ({len(files)} files)")
 
 
 @agent.command("serve")

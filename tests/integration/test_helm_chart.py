@@ -49,9 +49,16 @@ def _without_helm_labels(obj: dict) -> dict:
     return obj
 
 
-def test_chart_lints_and_carries_the_forensics_version(helm):
-    p = subprocess.run([helm, "lint", "--strict", str(CHART)], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout + p.stderr
+def test_chart_lints_and_carries_the_forensics_version(helm, tmp_path):
+    # the chart as shipped, and as `forensics agent chart` writes it out of the package
+    from click.testing import CliRunner
+
+    from forensics.cli import cli
+
+    assert CliRunner().invoke(cli, ["agent", "chart", "-o", str(tmp_path / "forensics-agent")]).exit_code == 0
+    for chart_dir in (CHART, tmp_path / "forensics-agent"):
+        p = subprocess.run([helm, "lint", "--strict", str(chart_dir)], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == forensics.__version__
 

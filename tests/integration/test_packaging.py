@@ -54,6 +54,10 @@ def test_wheel_ships_gdb_scripts_and_analyzes_outside_the_checkout(tmp_path, cor
     assert "forensics = forensics.cli:main" in points.decode()
     assert "forensics/gdb_scripts/forensics_python.py" in names
     assert "forensics/gdb_scripts/forensics_native.py" in names
+    # the agent's Helm chart, its alert rules and dashboard are package data (`forensics agent chart` copies them)
+    assert {"forensics/capture/chart/Chart.yaml", "forensics/capture/chart/templates/daemonset.yaml",
+            "forensics/capture/chart/files/forensics-alerts.yaml",
+            "forensics/capture/chart/files/forensics-dashboard.json"} <= set(names)
     target = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                        capture_output=True, text=True, timeout=300)
