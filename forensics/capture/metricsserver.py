@@ -23,7 +23,9 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["MetricsServer"]
+__all__ = ["MetricsServer", "HEALTH_PATH"]
+
+HEALTH_PATH = "/healthz"  # a probe's path: the process's health, never the metrics
 
 MAX_HEAD = 8192
 
@@ -38,7 +40,9 @@ class _Conn:
 
 
 class MetricsServer:
-    """Serve ``render()`` (bytes of ``content_type``) at ``/metrics`` and ``/`` on ``address:port``.
+    """Serve ``render()`` (bytes of ``content_type``) at ``/metrics`` and ``/`` on ``address:port``, and the
+    process's health at ``/healthz``: ``200 ok`` while ``health()`` says None, else ``503`` and its reason (a
+    probe's answer, never the metrics).
 
     :param workers: threads that answer requests (made at :meth:`start`, never more)
     :param max_connections: connections open at once (the oldest closed first past it)
@@ -46,8 +50,10 @@ class MetricsServer:
     """
 
     def __init__(self, address: str, port: int, render: Callable[[], bytes], *, content_type: str,
-                 workers: int = 2, max_connections: int = 256, timeout: float = 10.0) -> None:
+                 workers: int = 2, max_connections: int = 256, timeout: float = 10.0,
+                 health: Callable[[], str | None] | None = None) -> None:
         self.render = render
+        self.health = health
         self.content_type = content_type
         self.workers = workers
         self.max_connections = max_connections
@@ -163,6 +169,13 @@ class MetricsServer:
         path = path.split("?", 1)[0]
         if method not in ("GET", "HEAD"):
             status, body, ctype = "405 Method Not Allowed", b"GET /metrics\n", "text/plain"
+        elif path == HEALTH_PATH:
+            try:
+                why = self.health() if self.health is not None else None
+            except Exception as e:  # noqa: BLE001 - a health check that fails says the process is not well
+                why = type(e).__name__
+            status, body, ctype = ("200 OK", b"ok\n", "text/plain") if why is None else \
+                ("503 Service Unavailable", why.encode("utf-8", "replace")[:1024] + b"\n", "text/plain")
         elif path not in ("/metrics", "/"):
             status, body, ctype = "404 Not Found", b"GET /metrics\n", "text/plain"
         else:

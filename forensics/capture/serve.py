@@ -31,6 +31,7 @@ import errno
 import json
 import math
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -64,7 +65,7 @@ class ServeConfig:
     def __init__(self, *, core_dir: str, node: str, metrics_port: int = 9847, metrics_address: str = "127.0.0.1",
                  analysis_timeout: float = 300.0, analysis_memory: int = 1 << 30, poll: float = 1.0,
                  max_series: int = 500, events: bool = True, kube=None, analyze_argv: list[str] | None = None,
-                 max_attempts: int = 2, upload=None) -> None:
+                 max_attempts: int = 2, upload=None, version: str = "unknown") -> None:
         self.core_dir = os.path.abspath(core_dir)
         self.node = node
         self.metrics_port = metrics_port
@@ -78,6 +79,7 @@ class ServeConfig:
         self.analyze_argv = analyze_argv or [sys.executable, "-m", "forensics", "analyze", "--json"]
         self.max_attempts = max_attempts
         self.upload = upload  # shipper.UploadConfig: each bundle into a bucket once analyzed; None: none
+        self.version = version  # forensics_build_info's
 
 
 def _lowest_priority(memory: int):
@@ -298,6 +300,11 @@ class IndexCollector:
         for kind, n in self.agent.stored.items():
             stored.add_metric([node, kind], n)
         yield stored
+        # the build running, as Prometheus' own and the exporters' *_build_info: 1, the facts in its labels
+        build = GaugeMetricFamily("forensics_build_info", "The forensics agent's version and Python (always 1)",
+                                  labels=["version", "python"])
+        build.add_metric([self.agent.cfg.version, platform.python_version()], 1)
+        yield build
 
 
 class EventSink:
@@ -397,6 +404,7 @@ class Agent:
         self.pods_read = 0.0
         self.events = EventSink(cfg.kube, cfg.node) if cfg.events and cfg.kube is not None else None
         self.stopping = threading.Event()
+        self.beat = time.monotonic()  # when the loop last began a round (health)
         self.shipper = None
         if cfg.upload is not None:
             from .shipper import Shipper
@@ -471,10 +479,17 @@ class Agent:
         self.reader.touch(pending[0].path)
         return analyze_crash(pending[0].path, self.cfg) != NOT_STARTED  # not started: after a pause
 
+    def health(self) -> str | None:
+        """Why the agent is not well (/healthz answers 503 with it), or None: its loop has not come round within
+        an analysis' time limit and a minute (a round analyzes at most one crash)."""
+        late = time.monotonic() - self.beat - (self.cfg.analysis_timeout + 60.0 + self.cfg.poll)
+        return f"the agent's loop has not come round for {late:.0f} s past its limit" if late > 0 else None
+
     def run(self) -> None:
         if self.events is not None:
             self.events.start()
         while not self.stopping.is_set():
+            self.beat = time.monotonic()
             try:
                 worked = self.step()
             except Exception as e:  # noqa: BLE001 - a round that failed (no thread, no descriptor): the next retries
@@ -504,7 +519,7 @@ def serve(cfg: ServeConfig) -> None:
     agent.refresh()
     if cfg.metrics_port:  # its threads made now, once: a flood of connections makes no more (metricsserver)
         MetricsServer(cfg.metrics_address, cfg.metrics_port, lambda: generate_latest(registry),
-                      content_type=CONTENT_TYPE_LATEST).start()
+                      content_type=CONTENT_TYPE_LATEST, health=agent.health).start()
 
     def stop(signum, frame):
         agent.stopping.set()

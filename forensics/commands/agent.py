@@ -145,6 +145,7 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
     import socket
 
     from ..kubectl import KubeOptions
+    from .. import __version__
     from ..capture.serve import ServeConfig, serve
 
     kube = None
@@ -171,7 +172,7 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
     serve(ServeConfig(core_dir=core_dir, node=node_name or socket.gethostname(), metrics_port=metrics_port,
                       metrics_address=metrics_address, analysis_timeout=analysis_timeout,
                       analysis_memory=analysis_memory, max_series=max_series, events=events, kube=kube,
-                      upload=upload))
+                      upload=upload, version=__version__))
 
 
 @agent.command("run", hidden=True)

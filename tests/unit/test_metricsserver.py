@@ -89,3 +89,46 @@ def test_a_dripping_or_oversized_request_head_is_closed(server):
     finally:
         drip.close()
         big.close()
+
+
+def test_the_health_path_answers_health_never_the_metrics():
+    # GIVEN an endpoint whose process is well, then one whose health check names a reason
+    why: list[str | None] = [None]
+    s = MetricsServer("127.0.0.1", 0, lambda: b"forensics_up 1\n", content_type="text/plain; version=0.0.4",
+                      health=lambda: why[0])
+    s.start()
+    try:
+        # THEN /healthz says ok (not the metrics), and 503 with the reason once it is not well
+        assert _get(s, "/healthz") == (200, b"ok\n")
+        why[0] = "the agent's loop has not come round"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _get(s, "/healthz")
+        assert e.value.code == 503 and e.value.read() == b"the agent's loop has not come round\n"
+        assert _get(s, "/metrics") == (200, b"forensics_up 1\n")  # the metrics stay where they are
+    finally:
+        s.close()
+
+
+def test_the_agent_exports_its_build_and_its_health(tmp_path):
+    import platform
+
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from forensics.capture.serve import Agent, IndexCollector, ServeConfig
+
+    # GIVEN an agent of a given version, its collector registered as agent serve registers it
+    agent = Agent(ServeConfig(core_dir=str(tmp_path / "cores"), node="gpu-a", events=False, version="9.8.7"))
+    registry = CollectorRegistry()
+    registry.register(IndexCollector(agent))
+    agent.refresh()
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    # THEN forensics_build_info is 1 with the version and the Python in its labels
+    [sample] = families["forensics_build_info"].samples
+    assert sample.labels == {"version": "9.8.7", "python": platform.python_version()} and sample.value == 1
+    assert families["forensics_build_info"].type == "gauge"
+    # AND the agent is well until its loop has not come round for an analysis' time limit and a minute
+    assert agent.health() is None
+    agent.beat -= agent.cfg.analysis_timeout + 61 + agent.cfg.poll
+    assert "has not come round" in (agent.health() or "")
