@@ -19,9 +19,10 @@ needs them on a fresh cluster:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
-__all__ = ["AGENT_NAME", "AGENT_IMAGE", "METRICS_PORT", "agent_image", "agent_objects", "agent_pod_manifest",
-           "to_yaml", "to_yaml_documents"]
+__all__ = ["AGENT_NAME", "AGENT_IMAGE", "METRICS_PORT", "AgentUpload", "agent_image", "agent_objects",
+           "agent_pod_manifest", "to_yaml", "to_yaml_documents"]
 
 
 def agent_pod_manifest(*, name: str, namespace: str, node: str, container_id: str | None, core_dir: str, image: str,
@@ -75,6 +76,36 @@ METRICS_PORT = 9847
 _LABELS = {"app.kubernetes.io/name": AGENT_NAME, "app.kubernetes.io/part-of": "forensics"}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentUpload:
+    """``agent serve --upload``'s settings in the DaemonSet: each analyzed crash's bundle into a bucket.
+
+    Credentials never travel as flags: ``secret`` names a Secret whose keys become the container's environment
+    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``...), or the service account's annotations give a web
+    identity (EKS: ``eks.amazonaws.com/role-arn``).
+    """
+
+    url: str  # s3://BUCKET/PREFIX
+    cluster: str = "default"
+    keep: bool = False
+    max_bandwidth: int = 50 << 20  # bytes per second (agent serve's 50M)
+    concurrency: int = 4
+    endpoint_url: str | None = None
+    region: str | None = None
+    secret: str | None = None
+
+    def serve_args(self) -> list[str]:
+        args = ["--upload", self.url, "--cluster", self.cluster, "--upload-max-bandwidth", str(self.max_bandwidth),
+                "--upload-concurrency", str(self.concurrency)]
+        if self.keep:
+            args.append("--upload-keep")
+        if self.endpoint_url:
+            args += ["--endpoint-url", self.endpoint_url]
+        if self.region:
+            args += ["--region", self.region]
+        return args
+
+
 def agent_image(version: str) -> str:
     """The agent image of forensics ``version``, as the image recipe tags it.
 
@@ -87,7 +118,8 @@ def agent_image(version: str) -> str:
 def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, host_prefix: str,
                   bounds: dict[str, int | None] | None = None, scrape: str = "annotations",
                   metrics_port: int = METRICS_PORT, analysis_timeout: int = 300,
-                  analysis_memory: int = 1 << 30) -> list[dict]:
+                  analysis_memory: int = 1 << 30, upload: AgentUpload | None = None,
+                  service_account_annotations: dict[str, str] | None = None) -> list[dict]:
     """Every object the node agent needs, in apply order.
 
     :param gpu_label: ``KEY=VALUE`` node selector of the GPU nodes
@@ -96,6 +128,9 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
         or ``none``
     :param analysis_memory: bytes one on-node analysis may use (its address space); the container's
         memory limit leaves room above it for the agent itself
+    :param upload: each analyzed crash's bundle into a bucket (``agent serve --upload``); None: none
+    :param service_account_annotations: on the ServiceAccount (a web identity: EKS's role-arn, GKE's
+        workload identity)
     """
     if scrape not in ("annotations", "podmonitor", "none"):
         raise ValueError(f"scrape must be annotations, podmonitor or none, not {scrape!r}")
@@ -108,6 +143,8 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
     serve = [handler, "agent", "serve", "--core-dir", core_dir, "--metrics-port", str(metrics_port),
              "--metrics-address", "$(POD_IP)", "--node-name", "$(NODE_NAME)", "--analysis-timeout",
              str(analysis_timeout), "--analysis-memory", str(analysis_memory)]
+    if upload is not None:
+        serve += upload.serve_args()
     shell = " ".join(_sh(a) for a in install) + " && exec " + " ".join(_sh(a) for a in serve)
     pod_meta: dict = {"labels": dict(_LABELS)}
     if scrape == "annotations":
@@ -118,7 +155,8 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
         {"apiVersion": "v1", "kind": "Namespace",
          "metadata": {"name": namespace, "labels": {**_LABELS, "pod-security.kubernetes.io/enforce": "privileged"}}},
         {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)}},
+         "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS),
+                      **({"annotations": dict(service_account_annotations)} if service_account_annotations else {})}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
          "metadata": {"name": AGENT_NAME, "labels": dict(_LABELS)},
          "rules": [
@@ -155,23 +193,9 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
                          "volumeMounts": [{"name": "prefix", "mountPath": f"/host{host_prefix}"}],
                          "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
                      }],
-                     "containers": [{
-                         "name": "agent",
-                         "image": image,
-                         "command": ["sh", "-c", shell],
-                         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-                         "ports": [{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}],
-                         "lifecycle": {"preStop": {"exec": {"command": [handler, "capture", "--uninstall-handler",
-                                                                        "--core-dir", core_dir]}}},
-                         "securityContext": {"privileged": True},  # writes /proc/sys/kernel/core_pattern
-                         "volumeMounts": [{"name": "cores", "mountPath": core_dir},
-                                          {"name": "prefix", "mountPath": host_prefix}],
-                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
-                                       "limits": {"memory": f"{memory_limit >> 20}Mi"}},
-                         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
-                                            "periodSeconds": 30},
-                     }],
+                     "containers": [_agent_container(image=image, shell=shell, handler=handler, core_dir=core_dir,
+                                                     host_prefix=host_prefix, metrics_port=metrics_port,
+                                                     memory_limit=memory_limit, upload=upload)],
                      "volumes": [
                          {"name": "cores", "hostPath": {"path": core_dir, "type": "DirectoryOrCreate"}},
                          {"name": "prefix", "hostPath": {"path": host_prefix, "type": "DirectoryOrCreate"}},
@@ -188,6 +212,30 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
                      "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}]},
         })
     return objects
+
+
+def _agent_container(*, image: str, shell: str, handler: str, core_dir: str, host_prefix: str, metrics_port: int,
+                     memory_limit: int, upload: AgentUpload | None) -> dict:
+    """The DaemonSet's agent container: install the handler, then exec ``agent serve`` (``shell``)."""
+    return {
+        "name": "agent",
+        "image": image,
+        "command": ["sh", "-c", shell],
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        **({"envFrom": [{"secretRef": {"name": upload.secret}}]}
+           if upload is not None and upload.secret else {}),
+        "ports": [{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}],
+        "lifecycle": {"preStop": {"exec": {"command": [handler, "capture", "--uninstall-handler",
+                                                       "--core-dir", core_dir]}}},
+        "securityContext": {"privileged": True},  # writes /proc/sys/kernel/core_pattern
+        "volumeMounts": [{"name": "cores", "mountPath": core_dir},
+                         {"name": "prefix", "mountPath": host_prefix}],
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
+                      "limits": {"memory": f"{memory_limit >> 20}Mi"}},
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
+                           "periodSeconds": 30},
+    }
 
 
 def _sh(arg: str) -> str:

@@ -43,9 +43,25 @@ def agent():
               help="Seconds one on-node analysis may take.")
 @click.option("--analysis-memory", type=SIZE, default="1G", show_default=True,
               help="Memory one on-node analysis may use (the container's limit is this plus 512Mi).")
+@click.option("--upload", "upload_url", default=None, metavar="s3://BUCKET/PREFIX",
+              help="agent serve --upload: each analyzed crash's bundle into this bucket.")
+@click.option("--upload-keep", is_flag=True, help="With --upload: keep the whole bundle on the node too.")
+@click.option("--cluster", default="default", show_default=True, help="With --upload: the cluster's name in the keys.")
+@click.option("--upload-max-bandwidth", type=SIZE, default="50M", show_default=True,
+              help="With --upload: bytes per second an upload may send.")
+@click.option("--upload-concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--upload-secret", default=None, metavar="SECRET",
+              help="With --upload: a Secret in the namespace whose keys become the agent's environment "
+                   "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY...); credentials never travel as flags.")
+@click.option("--endpoint-url", default=None, metavar="URL", help="With --upload: the S3 endpoint (MinIO, Ceph...).")
+@click.option("--region", default=None, help="With --upload: the bucket's region.")
+@click.option("--service-account-annotation", "sa_annotations", multiple=True, metavar="KEY=VALUE",
+              help="An annotation on the agent's ServiceAccount (a web identity: eks.amazonaws.com/role-arn=ARN).")
 @json_option
 def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_size, budget, min_free, loop_limit,
-                   scrape, metrics_port, analysis_timeout, analysis_memory, as_json):
+                   scrape, metrics_port, analysis_timeout, analysis_memory, upload_url, upload_keep, cluster,
+                   upload_max_bandwidth, upload_concurrency, upload_secret, endpoint_url, region, sa_annotations,
+                   as_json):
     """Print the node agent's objects: Namespace, ServiceAccount and RBAC, the DaemonSet (core handler with its
     disk bounds, on-node analysis, metrics port), and a PodMonitor on request.
 
@@ -54,15 +70,30 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
     forensics agent manifest --json | jq .manifest | kubectl apply -f -     # a v1 List
     """
     from .. import __version__
-    from ..capture.manifests import agent_image, agent_objects, to_yaml_documents
+    from ..capture.manifests import AgentUpload, agent_image, agent_objects, to_yaml_documents
 
     if "=" not in gpu_label:
         raise click.BadParameter("KEY=VALUE", param_hint="--gpu-label")
+    if any("=" not in a for a in sa_annotations):
+        raise click.BadParameter("KEY=VALUE", param_hint="--service-account-annotation")
+    upload = None
+    if upload_url:
+        from ..errors import ForensicsError
+        from ..objstore.client import parse_object_url
+
+        try:
+            parse_object_url(upload_url)
+        except ForensicsError as e:
+            raise click.BadParameter(str(e), param_hint="--upload") from e
+        upload = AgentUpload(url=upload_url, cluster=cluster, keep=upload_keep, max_bandwidth=upload_max_bandwidth,
+                             concurrency=upload_concurrency, endpoint_url=endpoint_url, region=region,
+                             secret=upload_secret)
     bounds = {"max_core_size": max_core_size, "budget": budget, "min_free": min_free, "loop_limit": loop_limit}
     objects = agent_objects(core_dir=core_dir, image=image or agent_image(__version__), namespace=namespace,
                             gpu_label=gpu_label, host_prefix=host_prefix, bounds=bounds, scrape=scrape,
                             metrics_port=metrics_port, analysis_timeout=analysis_timeout,
-                            analysis_memory=analysis_memory)
+                            analysis_memory=analysis_memory, upload=upload,
+                            service_account_annotations=dict(a.partition("=")[::2] for a in sa_annotations))
     if as_json:
         from ..output import json_document
 

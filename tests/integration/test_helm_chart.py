@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import forensics
-from forensics.capture.manifests import agent_image, agent_objects
+from forensics.capture.manifests import AgentUpload, agent_image, agent_objects
 from tests.helm_env import HelmUnavailable, helm_binary
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the test extra's kubernetes-validate")
@@ -100,6 +100,15 @@ SETTINGS = {
          "bounds": {"max_core_size": 4 * GiB, "budget": 50 * GiB, "min_free": 2 * GiB, "loop_limit": 3},
          "analysis_timeout": 600, "analysis_memory": 2 * GiB, "metrics_port": 9999, "scrape": "podmonitor",
          "gpu_label": "node.kubernetes.io/instance-type=p4d.24xlarge"}),
+    "upload": (
+        {"upload": {"url": "s3://crash-bundles/gpu", "cluster": "prod-eu", "keep": True, "maxBandwidth": 10 << 20,
+                    "concurrency": 2, "endpointUrl": "http://127.0.0.1:9000", "region": "eu-west-1",
+                    "credentialsSecret": "s3-creds"},
+         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/f"}}},
+        {"upload": AgentUpload(url="s3://crash-bundles/gpu", cluster="prod-eu", keep=True, max_bandwidth=10 << 20,
+                               concurrency=2, endpoint_url="http://127.0.0.1:9000", region="eu-west-1",
+                               secret="s3-creds"),
+         "service_account_annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/f"}}),
     "no-budget": ({"handler": {"budget": None, "maxCoreSize": None}, "metrics": {"scrape": "none"}},
                   {"bounds": {}, "scrape": "none"}),
 }

@@ -89,3 +89,34 @@ def test_the_container_runs_commands_forensics_accepts():
     sctx = sub.make_context("serve", sargv[3:])
     assert sctx.params["metrics_port"] == 9847 and sctx.params["node_name"] == "$(NODE_NAME)"
     assert agent_c["lifecycle"]["preStop"]["exec"]["command"][1:3] == ["capture", "--uninstall-handler"]
+
+
+def test_upload_settings_reach_agent_serve_and_credentials_never_travel_as_flags():
+    """--upload and its settings become `agent serve` flags it parses back to the same values; the credentials come
+    from a Secret (envFrom) or the service account's web identity, never a flag."""
+    from forensics.commands.agent import agent
+
+    role_key, role = "eks.amazonaws.com/role-arn", "arn:aws:iam::1:role/f"
+    # GIVEN an upload to a MinIO bucket with a Secret of keys, and an EKS role on the service account
+    objects = {o["kind"]: o for o in _objects(
+        "--upload", "s3://crash-bundles/gpu", "--upload-keep", "--cluster", "prod-eu", "--upload-max-bandwidth", "10M",
+        "--upload-concurrency", "2", "--endpoint-url", "http://127.0.0.1:9000", "--region", "eu-west-1",
+        "--upload-secret", "s3-creds", "--service-account-annotation", f"{role_key}={role}")}
+    (agent_c,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    serve = shlex.split(agent_c["command"][2].split(" && exec ")[1])
+    # WHEN agent serve parses its command line
+    sub = agent.get_command(agent.make_context("agent", serve[2:], resilient_parsing=True), "serve")
+    params = sub.make_context("serve", serve[3:]).params
+    # THEN it uploads as asked
+    assert (params["upload_url"], params["upload_keep"]) == ("s3://crash-bundles/gpu", True)
+    assert params["cluster"] == "prod-eu"
+    assert (params["upload_max_bandwidth"], params["upload_concurrency"]) == (10 << 20, 2)
+    assert (params["endpoint_url"], params["region"]) == ("http://127.0.0.1:9000", "eu-west-1")
+    assert agent_c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert objects["ServiceAccount"]["metadata"]["annotations"] == {role_key: role}
+    version = kubernetes_validate.latest_version()
+    for kind in ("DaemonSet", "ServiceAccount"):
+        kubernetes_validate.validate(objects[kind], version, strict=True)
+    # and a URL that is no bucket is a usage error, not a manifest
+    r = CliRunner().invoke(cli, ["agent", "manifest", "--upload", "http://127.0.0.1/x"])
+    assert r.exit_code == 2 and "not an object URL" in r.output

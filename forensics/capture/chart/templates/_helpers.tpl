@@ -43,6 +43,15 @@ kubelet's expansion. */}}
 {{- $serve := list $handler "agent" "serve" "--core-dir" $v.coreDir "--metrics-port" (toString (int64 $v.metrics.port))
       "--metrics-address" "$(POD_IP)" "--node-name" "$(NODE_NAME)"
       "--analysis-timeout" (toString (int64 $v.analysis.timeout)) "--analysis-memory" (toString (int64 $v.analysis.memory)) -}}
+{{- with $v.upload -}}
+{{- if .url -}}
+{{- $serve = concat $serve (list "--upload" .url "--cluster" .cluster "--upload-max-bandwidth" (toString (int64 .maxBandwidth))
+      "--upload-concurrency" (toString (int64 .concurrency))) -}}
+{{- if .keep -}}{{- $serve = append $serve "--upload-keep" -}}{{- end -}}
+{{- if .endpointUrl -}}{{- $serve = concat $serve (list "--endpoint-url" .endpointUrl) -}}{{- end -}}
+{{- if .region -}}{{- $serve = concat $serve (list "--region" .region) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
 {{ include "forensics.words" $install }} && exec {{ include "forensics.words" $serve }}
 {{- end }}
 
