@@ -58,6 +58,7 @@ __all__ = [
     "HeapCorruption",
     "HeapReport",
     "Analysis",
+    "StoreEntry",
     "BatchEntry",
     "BatchGroup",
     "BatchResult",
@@ -860,6 +861,17 @@ class HeapReport:
 
 
 @record
+class StoreEntry:
+    """``Analysis.store``: a core read from systemd-coredump's store (``/var/lib/systemd/coredump``)."""
+
+    path: str  # the compressed file, as given (the analysis read its decompressed copy in the cache)
+    compression: str  # zstd, lz4 or xz
+    # systemd-coredump's journal fields for it, COREDUMP_ dropped and lower-cased: unit, cmdline, signal, ...
+    journal: tuple[tuple[str, str], ...] = ()
+    journal_missing: str | None = None  # why the journal said nothing of it (no journalctl, no entry)
+
+
+@record
 class Analysis:
     snapshot: ProcessSnapshot
     crash: Crash
@@ -871,6 +883,7 @@ class Analysis:
     # the previous definition's (analyze.fingerprint.fingerprint_basis_v2), so stored keys map to the new ones
     fingerprint_v2: str | None = None
     fingerprint_v2_basis: tuple[str, ...] = ()
+    store: StoreEntry | None = None  # a core from systemd-coredump's store: the file and its journal metadata
 
     @property
     def is_crash(self) -> bool:

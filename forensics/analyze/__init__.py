@@ -42,6 +42,7 @@ from .stacks import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
 if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses never start it
+    from ..model import StoreEntry
     from ..core.memory import CoreMemory
     from ..gdb import GdbResult, GdbSession
     from ..pyread import Interpreter
@@ -368,11 +369,13 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     if heap not in HEAP_MODES:
         raise ValueError(heap)
     plan = plan_native(native_method, method, debuginfod)
-    path, sysroot = _open_input(path, sysroot)
+    path, sysroot, store = _open_input(path, sysroot)
     core, mem = open_core_memory(path, sysroot=sysroot, exe=exe)  # opened once: every reader below reads it
     with mem:
-        return _analyze(CoreReading(core, mem, sysroot), exe=exe, gdb=gdb, timeout=timeout, debuginfod=debuginfod,
-                        method=method, native_method=native_method, plan=plan, session=session, heap=heap)
+        analysis = _analyze(CoreReading(core, mem, sysroot), exe=exe, gdb=gdb, timeout=timeout,
+                            debuginfod=debuginfod, method=method, native_method=native_method, plan=plan,
+                            session=session, heap=heap)
+    return analysis if store is None else dataclasses.replace(analysis, store=store)
 
 
 def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float, debuginfod: str | None,
@@ -459,21 +462,30 @@ def _no_core(path: str, reason: str) -> NoCoreKept:
     return NoCoreKept(path, reason)
 
 
-def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None]:
-    """(the core's path, the sysroot): a capture bundle is its own sysroot; a bundle without a core is an error."""
+def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None, StoreEntry | None]:
+    """(the core's path, the sysroot, what systemd-coredump's store says of it): a capture bundle is its own
+    sysroot, a bundle without a core is an error; a compressed core (systemd-coredump's) is read from its
+    decompressed copy in the cache, with its journal metadata."""
     if not os.path.isdir(path):
-        return path, sysroot
+        from ..coredumpd import find_codec
+
+        codec = find_codec(path)
+        if codec is None:
+            return path, sysroot, None
+        from ..coredumpd import open_store_core, store_entry
+
+        return open_store_core(path, codec), sysroot, store_entry(path, codec)
     # a capture bundle (its reader is loaded only for one: most inputs are cores)
     from ..bundle import bundle_no_core_reason, bundle_sysroot, has_manifest, is_bundle
 
     if has_manifest(path) and not is_bundle(path):
         raise _no_core(path, bundle_no_core_reason(path) or "the bundle holds no core")
     if not is_bundle(path):
-        return path, sysroot
+        return path, sysroot, None
     # A capture bundle carries its core and every mapped object, keyed by build-id:
     # the bundle is its own sysroot, so it analyzes on any machine.
     core_path, bundle_root = bundle_sysroot(path)
-    return core_path, sysroot or bundle_root
+    return core_path, sysroot or bundle_root, None
 
 
 def _run_gdb(core: CoreFile, exe_file: str | None, session: GdbSession | None, *, gdb: str, timeout: float,

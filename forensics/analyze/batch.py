@@ -63,7 +63,12 @@ def find_cores(inputs: Iterable[str]) -> tuple[list[str], list[str]]:
 
 
 def _is_core(path: str) -> bool:
-    """An ELF core file: a regular file, or a symlink to one (followed), whose header says ET_CORE."""
+    """An ELF core file: a regular file, or a symlink to one (followed), whose header says ET_CORE; or one
+    compressed as systemd-coredump keeps them (zstd, lz4, xz)."""
+    if path.endswith((".zst", ".lz4", ".xz")):
+        from ..coredumpd import find_codec
+
+        return find_codec(path) is not None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:

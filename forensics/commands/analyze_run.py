@@ -75,7 +75,7 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
     from ..analyze.batch import analyze_many
     from ..analyze.signature import signature
     from ..text.analysis import format_batch
-    from ..output import json_document
+    from ..output import json_document, to_jsonable
 
     if not paths:
         e = ForensicsError("no cores or capture bundles found in the given directories"
@@ -118,6 +118,8 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
                     "complete": e.analysis.snapshot.is_complete if e.analysis else False,
                     "partial": e.partial,
                     "no_core": e.no_core,
+                    # a core from systemd-coredump's store: its file, compression and journal fields
+                    "store": to_jsonable(e.analysis.store) if e.analysis and e.analysis.store else None,
                 }
                 for e in entries
             ],

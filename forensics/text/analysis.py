@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from ..analyze.signature import describe_later_fault, describe_pyframe, describe_thread, exit_explanation, signature
 from ..analyze.stacks import merge_frames
-from ..model import Analysis, BatchResult, NativeFrame, PyFrame, SignalFrame, Thread
+from ..model import Analysis, BatchResult, NativeFrame, PyFrame, SignalFrame, StoreEntry, Thread
 from .heap import format_heap
 
 __all__ = ["format_analysis", "format_thread", "format_batch"]
@@ -114,6 +114,8 @@ def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool
     yield signature(analysis)
     yield ""
     yield f"Core:        {core.path} ({core.size:,} bytes{', TRUNCATED' if core.truncated else ''})"
+    if analysis.store is not None:
+        yield from _store_lines(analysis.store)
     yield f"Process:     pid {core.pid}, {core.executable or core.command}"
     if core.args:
         cut = ("... (cut: the core's process record keeps 80 bytes, and the stack that holds the whole line "
@@ -155,6 +157,21 @@ def _ts(t: float) -> str:
     import datetime as _dt  # here: a batch's table shows times, one analysis' text none
 
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+#: the journal's fields shown, in this order (the JSON has every one kept)
+_JOURNAL_SHOWN = ("unit", "user_unit", "container_cmdline", "cmdline", "signal_name", "timestamp", "hostname")
+
+
+def _store_lines(store: StoreEntry) -> Iterator[str]:
+    """Where a core from systemd-coredump's store came from, and what its journal entry says."""
+    yield f"From:        {store.path} ({store.compression}, systemd-coredump's store; read decompressed in the cache)"
+    fields = dict(store.journal)
+    if not fields:
+        yield f"Journal:     none ({store.journal_missing or 'no entry'})"
+        return
+    shown = [f"{k}={fields[k][:_MAX_LINE]}" for k in _JOURNAL_SHOWN if fields.get(k)]
+    yield "Journal:     " + ("; ".join(shown) or "an entry without a unit, command line or signal")
 
 
 def format_batch(result: BatchResult) -> Iterable[str]:

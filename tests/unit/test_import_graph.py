@@ -24,8 +24,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # (-o checks its path through output)
     ("jsonrecords", "options"),
     ("core", "fleet"),  # reading cores; the fleet's restarts
-    # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus
-    ("gdb", "pyread", "bundle", "unwind", "heap", "fleetprom"),
+    # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus; systemd-coredump's
+    # store (its compressed cores, its journal)
+    ("gdb", "pyread", "bundle", "unwind", "heap", "fleetprom", "coredumpd"),
     ("analyze", "imports", "objstore"),  # analyze's pipeline; verify-imports' library; bundles in S3 buckets
     ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
     ("reproduce",),  # the reproducers, and their result read back

@@ -1,0 +1,305 @@
+"""systemd-coredump's store (``/var/lib/systemd/coredump``) read as it is: compressed cores and the journal.
+
+systemd-coredump keeps each core compressed as it was built and configured (``Compress=``: zstd, lz4
+or xz), named ``core.COMM.UID.BOOTID.PID.USEC.EXT``, and writes what it knew of the process to the
+journal (``COREDUMP_UNIT``, ``COREDUMP_CMDLINE``, ``COREDUMP_SIGNAL``, ``COREDUMP_CONTAINER_CMDLINE``...).
+
+- :func:`find_codec`: whether a file is a compressed ELF core (its magic, then the first bytes it
+  decompresses to say ``ET_CORE``): what lets a batch over the store find its cores.
+- :func:`open_store_core`: the core decompressed into ``CACHE/coredump/<key>/core``, keyed by the file's
+  identity (real path, device, inode, size, times), reused while the file is unchanged; never a byte
+  written beside it.  Bounded: no more than the core's own program headers say it holds, nor
+  ``FORENSICS_MAX_CORE_BYTES`` (256 GiB), nor what would leave less than 1 GiB free in the cache; entries
+  past ``FORENSICS_COREDUMP_CACHE_BYTES`` (8 GiB) are deleted, least recently used first, never one used in
+  the last hour.
+- :func:`read_journal`: the journal entry systemd-coredump wrote for the file, through
+  ``journalctl -o json COREDUMP_FILENAME=...`` (bounded in time and bytes), from the system journal or the
+  journal files in ``FORENSICS_JOURNAL_DIR`` (a node's ``/var/log/journal`` copied with its store).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+
+from .cache import cache_path
+from .digest import sha256
+from .errors import CacheUnavailable, CoreReadError
+from .model import StoreEntry
+
+__all__ = ["find_codec", "open_store_core", "prune_cache", "read_journal", "store_entry", "CODECS", "JOURNAL_FIELDS",
+           "DEFAULT_MAX_CORE", "DEFAULT_CACHE_BYTES"]
+
+#: magic -> codec name, for the three systemd-coredump writes
+CODECS = {b"\x28\xb5\x2f\xfd": "zstd", b"\x04\x22\x4d\x18": "lz4", b"\xfd7zXZ\x00": "xz"}
+DEFAULT_MAX_CORE = 256 << 30  # bytes a core may decompress to (FORENSICS_MAX_CORE_BYTES), as a bundle's
+DEFAULT_CACHE_BYTES = 8 << 30  # the decompressed cores kept (FORENSICS_COREDUMP_CACHE_BYTES)
+_FREE_RESERVE = 1 << 30
+_CHUNK = 1 << 20
+_PRUNE_AGE = 3600.0
+_ELF_CORE = b"\x7fELF"
+#: what is kept of a journal entry: systemd-coredump's fields that say where and what crashed
+JOURNAL_FIELDS = ("COREDUMP_UNIT", "COREDUMP_USER_UNIT", "COREDUMP_SLICE", "COREDUMP_CGROUP", "COREDUMP_CMDLINE",
+                  "COREDUMP_EXE", "COREDUMP_COMM", "COREDUMP_PID", "COREDUMP_UID", "COREDUMP_GID",
+                  "COREDUMP_SIGNAL", "COREDUMP_SIGNAL_NAME", "COREDUMP_TIMESTAMP", "COREDUMP_HOSTNAME",
+                  "COREDUMP_CONTAINER_CMDLINE", "COREDUMP_PACKAGE_NAME", "COREDUMP_PACKAGE_VERSION",
+                  "COREDUMP_FILENAME", "COREDUMP_TRUNCATED")
+_JOURNAL_TIMEOUT = 10.0
+_JOURNAL_MAX = 4 << 20  # bytes of journalctl's output read (an entry with its stack trace is some KiB)
+_FIELD_MAX = 4096  # characters of one field kept
+STORE_DIR = "/var/lib/systemd/coredump"
+
+
+def _magic_codec(head: bytes) -> str | None:
+    return next((c for m, c in CODECS.items() if head.startswith(m)), None)
+
+
+def _reader(codec: str, fin):
+    """A file-like ``read(n)`` over the decompressed stream (each codec's own bounded streaming reader)."""
+    if codec == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(fin, read_across_frames=True)
+    if codec == "lz4":
+        import lz4.frame
+
+        return lz4.frame.LZ4FrameFile(fin, mode="rb")
+    import lzma
+
+    return lzma.LZMAFile(fin, mode="rb")
+
+
+def _damaged() -> tuple[type[BaseException], ...]:
+    import lzma
+
+    errors: list[type[BaseException]] = [lzma.LZMAError, EOFError, RuntimeError]  # lz4 says RuntimeError
+    with contextlib.suppress(ImportError):
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    return tuple(errors)
+
+
+def find_codec(path: str) -> str | None:
+    """``zstd``, ``lz4`` or ``xz`` when ``path`` is a regular file (or a link to one) holding a compressed ELF
+    core, else None (the first bytes only are decompressed).
+
+    >>> find_codec("/nonexistent") is None
+    True
+    """
+    try:
+        fin = open(path, "rb")  # noqa: SIM115 -- closed below, after the reader that wraps it
+    except OSError:
+        return None
+    with fin:
+        try:
+            if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
+                return None
+            codec = _magic_codec(fin.read(8))
+            if codec is None:
+                return None
+            fin.seek(0)
+            head = _reader(codec, fin).read(18)
+        except (OSError, ImportError):
+            return None
+        except _damaged():
+            return None
+    # e_ident[EI_DATA] little endian, e_type (offset 16) ET_CORE
+    return codec if len(head) == 18 and head[:4] == _ELF_CORE and head[16:18] == b"\x04\x00" else None
+
+
+def _env_bytes(name: str, default: int) -> int:
+    try:
+        return max(1 << 20, int(os.environ.get(name) or default))
+    except ValueError:
+        return default
+
+
+def _entry_key(st: os.stat_result, real: str) -> str:
+    ident = f"{real}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    return sha256(ident.encode()).hexdigest()[:32]
+
+
+def open_store_core(path: str, codec: str | None = None) -> str:
+    """The decompressed core of a compressed one (systemd-coredump's), in the forensics cache; made once.
+
+    :param path: the compressed core (left untouched: nothing is written beside it)
+    :param codec: what :func:`find_codec` said of it (read again when None)
+    :return: the path of the decompressed core under ``CACHE/coredump``
+    :raises CoreReadError: the stream is damaged, or would decompress past a bound
+    :raises CacheUnavailable: the cache cannot take it
+    """
+    codec = codec or find_codec(path)
+    if codec is None:
+        raise CoreReadError(path, "not a zstd, lz4 or xz compressed core")
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CoreReadError(path, e.strerror or str(e)) from None
+    entry = cache_path("coredump", _entry_key(st, os.path.realpath(path)))
+    core = os.path.join(entry, "core")
+    if os.path.isfile(core):
+        with contextlib.suppress(OSError):
+            os.utime(entry)  # recently used: not pruned under an analysis
+        return core
+    try:
+        os.makedirs(entry, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise CacheUnavailable(entry, f"cannot create it: {e.strerror or e}") from None
+    _decompress(path, codec, core)
+    prune_cache()
+    return core
+
+
+def _decompress(src: str, codec: str, dest: str) -> int:
+    """Stream ``src`` into ``dest`` (a new file, mode 0600, renamed into place), bounded; bytes written."""
+    from .core import elf
+
+    limit = _env_bytes("FORENSICS_MAX_CORE_BYTES", DEFAULT_MAX_CORE)
+    d = os.path.dirname(dest)
+    tmp = f"{dest}.tmp{os.getpid()}"
+    n = 0
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise CacheUnavailable(tmp, f"cannot write it: {e.strerror or e}") from None
+    try:
+        with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
+            reader = _reader(codec, fin)
+            st = os.statvfs(d)
+            room = st.f_bavail * st.f_frsize - _FREE_RESERVE
+            bound = None
+            try:
+                while chunk := reader.read(_CHUNK):
+                    if bound is None:
+                        said = _core_size(elf, chunk)
+                        bound = min(limit, said) if said else limit
+                        if said and bound > room:
+                            raise CoreReadError(src, f"decompressing needs {bound:,} bytes; {d} has "
+                                                     f"{max(0, room):,} to spare (1 GiB stays free)")
+                    chunk = chunk[: max(0, bound - n)]
+                    fout.write(chunk)
+                    n += len(chunk)
+                    if n > room:
+                        raise CoreReadError(src, f"decompressing filled {d} past its last free GiB")
+                    if n >= bound:
+                        if bound == limit and reader.read(1):
+                            raise CoreReadError(src, f"decompresses to more than {limit:,} bytes "
+                                                     "(FORENSICS_MAX_CORE_BYTES)")
+                        break
+            except _damaged() as e:
+                raise CoreReadError(src, f"damaged {codec} stream: {e}") from None
+        os.rename(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):  # our own temporary file
+            os.unlink(tmp)
+        raise
+    return n
+
+
+def _core_size(elf, head: bytes) -> int | None:
+    """The size the core's program headers give it (what the kernel wrote), from its first bytes."""
+    try:
+        header = elf.parse_elf_header(head)
+        end = header.phoff + header.phnum * elf.PHDR64_SIZE
+        if header.phnum == elf.PN_XNUM or end > len(head):
+            return None
+        phdrs = elf.parse_program_headers(head[header.phoff:end], header.phnum)
+    except (ValueError, AttributeError):
+        return None
+    return max((p.offset + p.filesz for p in phdrs), default=len(head))
+
+
+def prune_cache(budget: int | None = None) -> list[str]:
+    """Delete the least recently used decompressed cores beyond ``budget`` bytes (default
+    ``FORENSICS_COREDUMP_CACHE_BYTES`` or 8 GiB), never one used in the last hour.  :return: those deleted"""
+    budget = budget if budget is not None else _env_bytes("FORENSICS_COREDUMP_CACHE_BYTES", DEFAULT_CACHE_BYTES)
+    entries = []
+    for e in _scandir(cache_path("coredump")):
+        with contextlib.suppress(OSError):
+            if e.is_dir(follow_symlinks=False):
+                size = sum(os.lstat(os.path.join(e.path, f)).st_size for f in os.listdir(e.path))
+                entries.append((e.stat(follow_symlinks=False).st_mtime, size, e.path))
+    total = sum(size for _, size, _ in entries)
+    deleted = []
+    for mtime, size, path in sorted(entries):
+        if total <= budget:
+            break
+        if time.time() - mtime < _PRUNE_AGE:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        total -= size
+        deleted.append(path)
+    return deleted
+
+
+def _scandir(path: str) -> Iterator[os.DirEntry]:
+    try:
+        yield from os.scandir(path)
+    except OSError:
+        return
+
+
+def read_journal(path: str) -> tuple[dict[str, str], str | None]:
+    """(the ``COREDUMP_*`` fields systemd-coredump logged for ``path``, None) or ({}, why there are none).
+
+    The entry is matched on ``COREDUMP_FILENAME``: the path given, and the same name under
+    ``/var/lib/systemd/coredump`` (a store copied off its node keeps its names); the newest entry wins.
+    """
+    import subprocess
+
+    from .subproc import OutputTooLarge, run_bounded
+
+    wanted = {os.path.abspath(path), os.path.join(STORE_DIR, os.path.basename(path))}
+    cmd = ["journalctl", "--no-pager", "-o", "json", "-r", "-n", "1"]
+    journal_dir = os.environ.get("FORENSICS_JOURNAL_DIR")
+    if journal_dir:
+        cmd += ["-D", journal_dir]
+    cmd += [f"COREDUMP_FILENAME={p}" for p in sorted(wanted)]
+    try:
+        r = run_bounded(cmd, timeout=_JOURNAL_TIMEOUT, max_stdout=_JOURNAL_MAX)
+    except FileNotFoundError:
+        return {}, "journalctl not found: no journal metadata"
+    except OSError as e:
+        return {}, f"journalctl could not run: {e.strerror or e}"
+    except subprocess.TimeoutExpired:
+        return {}, f"journalctl ran past {_JOURNAL_TIMEOUT:.0f} s"
+    except OutputTooLarge:
+        return {}, f"journalctl wrote more than {_JOURNAL_MAX:,} bytes"
+    line = r.stdout.strip().splitlines()[0] if r.stdout.strip() else ""
+    if r.returncode != 0 or not line:
+        if r.returncode != 0 and r.stderr.strip():
+            return {}, f"journalctl: {r.stderr.strip().splitlines()[-1]}"
+        return {}, "no journal entry names this file (COREDUMP_FILENAME)"
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return {}, "journalctl's output is not JSON"
+    return _fields(doc), None
+
+
+def _fields(doc: object) -> dict[str, str]:
+    """The kept fields of one ``journalctl -o json`` entry, as text (a field journalctl gives as bytes -- a list of
+    numbers, when not UTF-8 -- decoded with replacement; a repeated field's values joined)."""
+    out: dict[str, str] = {}
+    if not isinstance(doc, dict):
+        return out
+    for name in JOURNAL_FIELDS:
+        value = doc.get(name)
+        if isinstance(value, list) and value and all(isinstance(b, int) for b in value):
+            value = bytes(b & 0xFF for b in value[:_FIELD_MAX]).decode("utf-8", "replace")
+        elif isinstance(value, list):
+            value = " ".join(str(v) for v in value)
+        if isinstance(value, str):
+            out[name.removeprefix("COREDUMP_").lower()] = value[:_FIELD_MAX]
+    return out
+
+
+def store_entry(path: str, codec: str) -> StoreEntry:
+    """What the store says of one compressed core: the file, its compression, the journal's fields."""
+    fields, missing = read_journal(path)
+    return StoreEntry(path=path, compression=codec, journal=tuple(fields.items()), journal_missing=missing)
