@@ -447,7 +447,7 @@ def _steps(d: Decision, f: Facts, fixed: list[KnownMatch]) -> list[Step]:
         steps.append(Step(text=f"Move the affected node groups to a driver branch without the crash (this is driver "
                                f"{f.driver or 'of unknown version'})", command=None, evidence=basis))
     elif k is IncidentClass.BINDING and not d.pattern:
-        steps.append(Step(text=_pin_text(d, f), command=None, evidence=basis))
+        steps += _pin_steps(d, f, basis)
     elif k is IncidentClass.BINDING:
         if _nvlink(f):
             steps.append(_guard_step(f, basis))
@@ -487,7 +487,10 @@ def _install_steps(d: Decision, f: Facts) -> list[Step]:
     return out
 
 
-def _pin_text(d: Decision, f: Facts) -> str:
+def _pin_steps(d: Decision, f: Facts, evidence: tuple[str, ...]) -> list[Step]:
+    """The supported nvidia-ml-py pin (what nvitop declares, without the release whose count overflowed the
+    buffer), as the requirement line and the pip command that installs it into the image's environment, then the
+    command that proves it took: the binding that interpreter imports is not that release (exit 1 while it is)."""
     ran = next((v.ran for v in d.versions if v.package == "nvidia-ml-py"), None) or f.binding
     declared = None
     for rep in f.imports:
@@ -497,6 +500,14 @@ def _pin_text(d: Decision, f: Facts) -> str:
     pin = (declared.split(";")[0].strip() if declared else "nvidia-ml-py")
     if ran:
         pin += ("," if any(c in pin for c in "<>=!~") else "") + f"!={ran}"
-    return (f"Pin the binding in the image's requirements to `{pin}`"
-            + (f" (what nvitop declares, without {ran}, whose count overflowed the buffer)" if declared and ran else
-               f" (not {ran}, whose count overflowed the buffer)" if ran else ""))
+    why = (f" (what nvitop declares, without {ran}, whose count overflowed the buffer)" if declared and ran else
+           f" (not {ran}, whose count overflowed the buffer)" if ran else "")
+    out = [Step(text=f"Pin the binding in the image's requirements to `{pin}`{why}, and install it into the image's "
+                     "environment (the python3 that runs the program)",
+                command=f"python3 -m pip install {shlex.quote(pin)}", evidence=evidence)]
+    if ran:
+        check = ("import importlib.metadata as m, pynvml; v = m.version('nvidia-ml-py'); "
+                 f"print('nvidia-ml-py', v, pynvml.__file__); raise SystemExit(v == {ran!r})")
+        out.append(Step(text=f"Prove it: the binding that python3 imports is not {ran} (exit 1 while it is)",
+                        command=f"python3 -c {shlex.quote(check)}", evidence=evidence))
+    return out

@@ -6,7 +6,7 @@ native library's segfault), analysed; the reproducers' runs; verify-imports of a
 install.  The tests read every report the way its reader would: the incident's class, each title, who gets
 which report, the asks, no sentence the class does not hold for, every claim carried by an evidence item
 (``--explain``), ``report --check`` clean, each report under 20,000 characters, and every command the
-runbook prints run exactly as printed.
+report prints (nvml, binding, nvitop, runbook: every fenced shell block) run exactly as printed.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -147,11 +148,61 @@ def check_every_report(rep: Reports, incident: str) -> None:
             assert rep.meta[t]["when"].startswith("not now")
 
 
-def run_printed(commands: list[str], cwd: Path) -> list[subprocess.CompletedProcess]:
-    """Each command exactly as printed, by a shell, with this checkout's forensics first on PATH."""
-    env = dict(os.environ, PATH=str(Path(FORENSICS).parent) + os.pathsep + os.environ.get("PATH", ""))
-    return [subprocess.run(["bash", "-c", c], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+def run_printed(commands: list[str], cwd: Path, env: dict[str, str] | None = None,
+                python: Path | None = None) -> list[subprocess.CompletedProcess]:
+    """Each command exactly as printed, by a shell, with this checkout's forensics first on PATH (and the
+    stack's python3 and pip before it, when given: the image's environment the report speaks of)."""
+    path = str(Path(FORENSICS).parent) + os.pathsep + os.environ.get("PATH", "")
+    if python is not None:
+        path = str(python.parent) + os.pathsep + path
+    env = dict(env if env is not None else os.environ, PATH=path)
+    return [subprocess.run(["bash", "-c", c], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
             for c in commands]
+
+
+def fenced_commands(markdown: str) -> list[str]:
+    """Every line of every fenced shell block of a report (the runbook's are indented under their list item:
+    Markdown's indentation, not the command's), as printed."""
+    return [line.strip() for block in re.findall(r"^ *(`{3,})(?:bash|sh|shell|console)\n(.*?)^ *\1 *$", markdown,
+                                                 re.S | re.M)
+            for line in block[1].splitlines() if line.strip()]
+
+
+def _expected(command: str) -> int:
+    """What a printed command exits with: a reproducer line says what it did in its comment (``# crashed
+    (SIGABRT)`` dies of that signal, ``# clean`` exits 0); anything else (pip, gcc, forensics guard) succeeds."""
+    outcome = command.rsplit("   # ", 1)[1] if "   # " in command else ""
+    if outcome.startswith("crashed ("):
+        return -signal.Signals[outcome.removeprefix("crashed (").split(")")[0]].value
+    assert outcome in ("", "clean", "for the Python reproducer"), f"an outcome this test does not know: {command}"
+    return 0
+
+
+def run_every_command(rep: Reports, sim: Path | None, python: Path, *, fault: str = "none",
+                      exits: dict[str, int] | None = None) -> dict[str, list[int]]:
+    """Every fenced shell command of every report (nvml, binding, nvitop, runbook), run exactly as printed: an
+    upstream report's beside its attachments (its Steps to reproduce run the attached reproducers) on a node with
+    the incident's fault (the simulated driver on the library path, ``fault`` as the reproducers ran with), with
+    the stack's python3 and pip first on PATH; the runbook's from a scratch directory, the runbook last (its steps
+    change the environment: they are the fix).  Each exits as :func:`_expected` (or ``exits``) says.
+
+    No report prints a command that needs a GPU node or a cluster (kubectl): every one runs here.
+
+    :return: each command's exit statuses, in the order run
+    """
+    env = sim_environment(sim, fault=fault) if sim is not None else dict(os.environ)
+    scratch = rep.files["runbook"].with_name("runbook-scratch")
+    scratch.mkdir(exist_ok=True)
+    ran: dict[str, list[int]] = {}
+    for t in TEMPLATES:  # the runbook last
+        commands = fenced_commands(rep.doc[t]["markdown"])
+        files = rep.files[t].with_name(f"report-{t}.files")
+        cwd = files if files.is_dir() else scratch
+        for c, done in zip(commands, run_printed(commands, cwd, env, python), strict=True):
+            want = (exits or {}).get(c, _expected(c))
+            assert done.returncode == want, (t, c, done.returncode, done.stdout[-1000:], done.stderr[-1000:])
+            ran.setdefault(c, []).append(done.returncode)
+    return ran
 
 
 # ---- the classes --------------------------------------------------------------------------------------------
@@ -184,23 +235,19 @@ def test_driver_fault(sim, tmp_path, core_pattern):
     (cmd,) = rep.commands()
     assert cmd == ("forensics guard --target nvitop.api.device:Device.nvlink_throughput --returns '[]' --out "
                    f"{site}")
-    (done,) = run_printed([cmd], tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert list(site.glob("*guard*.pth"))
     steps = [s["text"] for s in rep.explain["steps"]]
     assert any(s.startswith("Move the affected node groups to a driver branch") for s in steps)
-    # and NVIDIA's Steps to reproduce run as printed, beside the report's attachments, on a node with the fault
-    # (here: the simulated driver on the library path, the stack's python3 and pip first on PATH)
+    # and NVIDIA's Steps to reproduce (printed by the nvitop issue too) name the binding the Python reproducer needs
     block = rep.doc["nvml"]["body"].split("## Steps to reproduce", 1)[1]
     lines = [x for x in re.search(r"```bash\n(.*?)```", block, re.S).group(1).splitlines() if x.strip()]
     assert lines[0] == "pip install nvidia-ml-py==12.575.51   # for the Python reproducer"
-    files = rep.files["nvml"].with_name("report-nvml.files")
-    env = dict(sim_environment(sim, fault="heap"), PATH=f"{python.parent}{os.pathsep}{os.environ['PATH']}")
-    ran = [subprocess.run(["bash", "-c", x], cwd=files, env=env, capture_output=True, text=True, timeout=300)
-           for x in lines]
-    # pip and gcc succeed; both reproducers die of SIGABRT, as the report says they did
-    assert [r.returncode for r in ran] == [0, -6, 0, -6], [(x, r.returncode, r.stderr[-300:])
-                                                            for x, r in zip(lines, ran, strict=True)]
+    assert set(lines) <= set(fenced_commands(rep.doc["nvitop"]["markdown"]))
+    # and every command of every report runs as printed: pip and gcc succeed, both reproducers die of SIGABRT as
+    # the report says they did (on a node with the fault), and the guard is written where nvitop is installed
+    ran = run_every_command(rep, sim, python, fault="heap")
+    assert [ran[x][0] for x in lines] == [0, -6, 0, -6]
+    assert all(len(ran[x]) >= 2 for x in lines)  # run from the NVIDIA report and from the nvitop issue alike
+    assert ran[cmd] == [0] and list(site.glob("*guard*.pth"))
 
 
 def test_binding_fault(sim, tmp_path, core_pattern):
@@ -230,7 +277,19 @@ def test_binding_fault(sim, tmp_path, core_pattern):
     # and the runbook pins the binding; it neither moves driver branches nor guards nvitop
     steps = " ".join(s["text"] for s in rep.explain["steps"])
     assert "Pin the binding in the image's requirements to `nvidia-ml-py!=12.575.51`" in steps
-    assert "driver branch" not in steps and rep.commands() == []
+    assert "driver branch" not in steps
+    # the pin is a command that installs it into the image's environment, and one that proves it took
+    pin, prove = rep.commands()
+    assert pin == "python3 -m pip install 'nvidia-ml-py!=12.575.51'" and prove.startswith("python3 -c ")
+    # which fails while the overflowing release is what imports (before the pin), and every command of every
+    # report runs as printed (the reproducers clean, as they ran; the pin, then the proof, succeed)
+    (before,) = run_printed([prove], tmp_path, python=python)
+    assert before.returncode == 1 and "nvidia-ml-py 12.575.51" in before.stdout, before.stderr
+    ran = run_every_command(rep, sim, python)
+    assert ran[pin] == [0] and ran[prove] == [0]
+    installed = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('nvidia-ml-py'))"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    assert installed != "12.575.51"
 
 
 def test_shadowed_install(sim, tmp_path, core_pattern):
@@ -265,6 +324,9 @@ def test_shadowed_install(sim, tmp_path, core_pattern):
     assert cmd.startswith("forensics verify-imports dir:/ --entrypoint ")
     (before,) = run_printed([cmd], tmp_path)
     assert before.returncode == EXIT_FINDINGS and "SHADOWED" in before.stdout
+    # (every other report's commands too, with the image still shadowed: the verify-imports proof says so, exit 3)
+    ran = run_every_command(rep, sim, python, fault="segv", exits={cmd: EXIT_FINDINGS})
+    assert ran[cmd] == [EXIT_FINDINGS]
     for tree in ("nvitop", "nvitop_exporter"):
         shutil.rmtree(workdir / tree)
     (after,) = run_printed([cmd], tmp_path)
@@ -290,6 +352,8 @@ def test_programs_own_bug(sim, tmp_path, core_pattern):
     for t in TEMPLATES:
         assert "forensics reproduce" not in rep.doc[t]["conclusion"]["statement"]
     assert rep.commands() == []
+    # and every command the reports print runs as printed (the reproducers clean, as they ran)
+    run_every_command(rep, sim, stack_copy("incident", tmp_path))
 
 
 def test_crash_outside_nvml(tmp_path, core_pattern, newest_python):
@@ -301,6 +365,8 @@ def test_crash_outside_nvml(tmp_path, core_pattern, newest_python):
         rep.conclusion["statement"]
     assert [f["report"] for f in rep.conclusion["filings"]] == ["runbook"]
     assert "libcrash.so" in rep.conclusion["filings"][0]["action"]
+    # no report prints a command for it (no reproducer ran, no binding is known, nothing to do but hand it over)
+    assert [c for t in TEMPLATES for c in fenced_commands(rep.doc[t]["markdown"])] == []
 
 
 def test_no_crash(sim, tmp_path):
@@ -316,6 +382,7 @@ def test_no_crash(sim, tmp_path):
     assert rep.conclusion["statement"].startswith("No crash was observed")
     assert [f["report"] for f in rep.conclusion["filings"]] == ["runbook"]
     assert rep.commands() == []
+    run_every_command(rep, sim, python)
 
 
 def test_undetermined(sim, tmp_path, core_pattern):
@@ -331,6 +398,7 @@ def test_undetermined(sim, tmp_path, core_pattern):
     assert rep.conclusion["statement"].startswith("Not determined yet: the process dies of SIGSEGV")
     assert rep.title("runbook").endswith(": not determined yet")
     assert [f["report"] for f in rep.conclusion["filings"]] == ["runbook"]
+    run_every_command(rep, sim, python, fault="segv")
 
 
 def test_driver_fault_detected_later(sim, tmp_path, core_pattern):
@@ -349,6 +417,7 @@ def test_driver_fault_detected_later(sim, tmp_path, core_pattern):
     assert title.startswith("nvmlDeviceGetFieldValues corrupts the heap: glibc notices it later, in ")
     assert "query_nvlink_throughput_counters" not in title and "nvitop" not in title
     assert "| Inside libnvidia-ml | no |" in rep.doc["nvml"]["markdown"]
+    run_every_command(rep, sim, python, fault="heap")
 
 
 def _gdb_words(core: Path, address: int, count: int) -> list[int]:
@@ -388,3 +457,4 @@ def test_a_late_detection_of_a_write_over_the_arrays_own_header(sim, tmp_path, c
         assert "bytes past the 1440-byte buffer" not in rep.doc[t]["markdown"]
     assert "No write past the buffer's end is shown: the size word of the chunk at" in \
         rep.doc["nvml"]["body"].replace("\\", "")
+    run_every_command(rep, sim, python, fault="heap-delayed")
