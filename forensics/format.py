@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from .analyze.signature import exit_explanation, signature
 from .analyze.stacks import merge_frames
-from .model import Analysis
+from .model import Analysis, BatchResult
 from .output import to_jsonable
 
-__all__ = ["analysis_payload", "load_analysis"]
+__all__ = ["analysis_payload", "load_analysis", "load_batch"]
 
 
 def analysis_payload(analysis: Analysis, *, merged: bool = False) -> dict:
@@ -38,3 +38,15 @@ def load_analysis(doc: object) -> Analysis:
     from .jsonrecords import load_document
 
     return load_document(doc, "analyze", "analysis", Analysis)
+
+
+def load_batch(doc: object) -> BatchResult:
+    """The :class:`BatchResult` a ``forensics analyze --json`` document of several cores (``analyze-batch``)
+    holds under ``batch``: its groups (count, first and last seen), the cores that failed, the snapshots.
+
+    :raises ArtifactFormatError: not an ``analyze-batch`` document, another or no ``schema_version``, a value of
+        the wrong type or form
+    """
+    from .jsonrecords import load_document
+
+    return load_document(doc, "analyze-batch", "batch", BatchResult)

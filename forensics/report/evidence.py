@@ -210,12 +210,12 @@ def _check_artifact(path: str, kind: str, doc: dict) -> None:
     before anything is redacted or written."""
     from ..errors import ArtifactFormatError
     from ..fleet import load_fleet
-    from ..format import load_analysis
+    from ..format import load_analysis, load_batch
     from ..imports.format import load_import_report
     from ..reproduce import load_reproduce
 
-    loaders = {"analyze": load_analysis, "reproduce": load_reproduce, "verify-imports": load_import_report,
-               "fleet": load_fleet}
+    loaders = {"analyze": load_analysis, "analyze-batch": load_batch, "reproduce": load_reproduce,
+               "verify-imports": load_import_report, "fleet": load_fleet}
     if kind in loaders:
         try:
             loaders[kind](doc)

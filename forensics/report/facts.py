@@ -18,10 +18,10 @@ from typing import Any, TypedDict
 from ..analyze.signature import exit_explanation, signature
 from ..fleet import load_fleet
 from ..fleetmodel import FleetSummary
-from ..format import load_analysis
+from ..format import load_analysis, load_batch
 from ..imports.format import load_import_report
 from ..imports.model import ImportReport, KnownIssueHit
-from ..model import Analysis, HeapCorruption, NativeFrame, OverflowVerdict, PyFrame, Thread
+from ..model import Analysis, BatchResult, HeapCorruption, NativeFrame, OverflowVerdict, PyFrame, Thread
 from ..reproduce import ReproduceResult, ReproRun, gpu_lines_of, load_reproduce
 from .evidence import Evidence
 
@@ -350,12 +350,12 @@ def _python_version(a: Analysis | None, repro: ReproduceResult | None) -> str | 
     return m.group(1) if m else None
 
 
-def _frequency(ev: Evidence, fleets: list[FleetSummary]) -> list[str]:
+def _frequency(batches: list[BatchResult], fleets: list[FleetSummary]) -> list[str]:
     out = []
-    for doc in ev.all("analyze-batch"):
-        for g in _get(doc, "batch", "groups", default=[]) or []:
-            out.append(f"{g.get('count')} cores of this crash in the batch (first {_when(g.get('first_seen'))}, "
-                       f"last {_when(g.get('last_seen'))})")
+    for batch in batches:
+        for g in batch.groups:
+            out.append(f"{g.count} cores of this crash in the batch (first {_when(g.first_seen)}, "
+                       f"last {_when(g.last_seen)})")
     for fleet in fleets:
         for fg in fleet.groups:
             name = ", ".join(value for _, value in fg.key)
@@ -372,14 +372,10 @@ def _when(t: Any) -> str:
     return str(t or "?")
 
 
-def _first_seen(ev: Evidence, a: Analysis | None) -> str | None:
+def _first_seen(ev: Evidence, batches: list[BatchResult], a: Analysis | None) -> str | None:
     """The earliest crash the evidence dates: a batch's oldest core, an analysed core's write time, a core
     handler's record, a pod's last terminated container (the source is named)."""
-    times: list[tuple[float, str]] = []
-    for doc in ev.all("analyze-batch"):
-        for g in _get(doc, "batch", "groups", default=[]) or []:
-            if isinstance(g.get("first_seen"), (int, float)):
-                times.append((float(g["first_seen"]), "oldest core of the batch"))
+    times: list[tuple[float, str]] = [(g.first_seen, "oldest core of the batch") for b in batches for g in b.groups]
     if a is not None and a.snapshot.core.mtime is not None:
         times.append((a.snapshot.core.mtime, "the core file's write time"))
     for doc in ev.all("capture"):
@@ -437,6 +433,7 @@ def read_facts(ev: Evidence) -> Facts:
     """The facts of ``ev`` (already redacted / localized by the caller): the analysis, the reproducers' result,
     verify-imports' and fleet's read back into their records first (:func:`_records`)."""
     a, repro, imports, fleets = _records(ev)
+    batches = [load_batch(d) for d in ev.all("analyze-batch")]
     # the first fault's thread, and its frames from before any signal handler ran (a crash reporter's
     # handler that faulted on top is not the crash: analyze puts it in crash.then)
     crashed = a.fault_thread if a is not None else None
@@ -513,7 +510,8 @@ def read_facts(ev: Evidence) -> Facts:
         version_facts=vi.known_issues if vi else (),
         shadowing=not_ok, imports_checked=bool(mods), imports=tuple(imports),
         repro=repro, repro_runs=runs, fleets=tuple(fleets),
-        frequency=tuple(_frequency(ev, fleets)), first_seen=_first_seen(ev, a), affected=tuple(_affected(ev)),
+        frequency=tuple(_frequency(batches, fleets)), first_seen=_first_seen(ev, batches, a),
+        affected=tuple(_affected(ev)),
         heap=a.heap.corruption if a is not None and a.heap is not None else None,
     )
 

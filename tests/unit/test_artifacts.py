@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from forensics.cli import cli
 from forensics.errors import EXIT_ERROR, ArtifactFormatError
-from forensics.format import analysis_payload, load_analysis
+from forensics.format import analysis_payload, load_analysis, load_batch
+from forensics.model import BatchEntry, BatchGroup, BatchResult
 from forensics.imports.format import load_import_report, report_payload
 from forensics.output import json_document
 from forensics.reproduce import load_reproduce, reproduce_payload
@@ -24,11 +25,11 @@ from tests.import_graph import PACKAGE_DIR
 
 DEMO = Path(__file__).resolve().parents[2] / "reports" / "demo"
 # the keys under which the documents' records lie, and fields of those records: report must not read any of them
-# out of a dict (a record's attribute of that name is fine).  A capture bundle's process snapshot and its modules,
-# and analyze-batch's groups, are other artifacts (the bundle package's), not named here.
+# out of a dict (a record's attribute of that name is fine).  A capture bundle's process snapshot and its modules
+# are other artifacts (the bundle package's), not named here.
 RECORD_KEYS = {"analysis", "crash", "heap", "threads", "native_frames", "py_frames", "signal_frames", "corruption",
                "fingerprint", "runs", "reproduce", "result", "distributions", "known_issues", "requirement_problems",
-               "fleet", "boundary"}
+               "fleet", "boundary", "batch", "groups", "first_seen", "last_seen"}
 
 
 def _keyed_reads(path: Path) -> list[str]:
@@ -53,7 +54,8 @@ def _keyed_reads(path: Path) -> list[str]:
 def test_report_reads_the_other_commands_documents_only_through_their_loaders():
     report = PACKAGE_DIR / "report"
     found = [hit for p in sorted(report.rglob("*.py")) for hit in _keyed_reads(p)]
-    assert found == [], "read the document with load_analysis / load_reproduce / load_import_report / load_fleet"
+    assert found == [], ("read the document with load_analysis / load_batch / load_reproduce / load_import_report / "
+                         "load_fleet")
     facts = (report / "facts.py").read_text()
     assert "load_analysis(" in facts and "load_reproduce(" in facts and "load_import_report(" in facts
 
@@ -108,3 +110,32 @@ def test_a_document_this_version_cannot_read_is_one_clear_error(change, said, tm
     assert r.exit_code == EXIT_ERROR
     assert f"{path}: not report evidence: not a `forensics analyze --json` document this version reads" in r.stderr
     assert said in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+
+
+def _batch() -> BatchResult:
+    group = BatchGroup(fingerprint="f" * 16, signature="SIGABRT heap-corruption in nvmlDeviceGetFieldValues", count=3,
+                       first_seen=1_700_000_000.0, last_seen=1_700_007_200.0, example="/cores/core.1",
+                       paths=("/cores/core.1", "/cores/core.2", "/cores/core.3"), partial=("/cores/core.3: truncated",))
+    return BatchResult(groups=(group,), failed=(BatchEntry(path="/cores/core.4", mtime=1.0, analysis=None,
+                                                           error="not a core"),), total=4, skipped=("notes.txt",))
+
+
+def test_an_analyze_batch_document_is_read_into_its_record(tmp_path):
+    # GIVEN analyze's batch document (the record analyze --json writes for several cores)
+    batch = _batch()
+    doc = json.loads(json_document("analyze-batch", {"batch": batch, "cores": []}))
+    # THEN load_batch gives the record back whole
+    assert load_batch(doc) == batch
+    # and report reads its groups through it: the batch's count and oldest core reach the runbook
+    path = tmp_path / "batch.json"
+    path.write_text(json.dumps(doc))
+    r = CliRunner().invoke(cli, ["report", "--template", "runbook", str(DEMO / "analysis.json"), str(path)])
+    assert r.exit_code == 0, r.stderr
+    assert "3 cores of this crash in the batch (first 2023-11-14 22:13 UTC, last 2023-11-15 00:13 UTC)" in r.stdout
+    # and a batch whose values are of the wrong type is refused in one line naming the file, nothing written
+    doc["batch"]["groups"][0]["count"] = "3"
+    path.write_text(json.dumps(doc))
+    r = CliRunner().invoke(cli, ["report", str(DEMO / "analysis.json"), str(path)])
+    assert r.exit_code == EXIT_ERROR and r.stdout == "" and "Traceback" not in r.stderr
+    assert f"{path}: not report evidence: not a `forensics analyze-batch --json` document this version reads" in \
+        r.stderr and "$.batch.groups[0].count: expected int, found str" in r.stderr
