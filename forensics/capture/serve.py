@@ -305,6 +305,29 @@ class IndexCollector:
                                   labels=["version", "python"])
         build.add_metric([self.agent.cfg.version, platform.python_version()], 1)
         yield build
+        if self.agent.shipper is not None:
+            yield from _upload_families(node, self.agent.shipper.stats)
+
+
+def _upload_families(node: str, s):
+    """agent serve --upload's families (shipper.UploadStats): uploads and their bytes counted from the crashes'
+    directories, failed attempts since the agent started, the crashes waiting and the oldest one's age."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    for family, help_text, value in (
+            (CounterMetricFamily, ("forensics_uploads", "Crash bundles uploaded to the bucket and verified"),
+             s.uploaded),
+            (CounterMetricFamily, ("forensics_uploaded_bytes", "Bytes of the crash bundles uploaded"),
+             s.uploaded_bytes),
+            (CounterMetricFamily, ("forensics_upload_failures", "Upload attempts that failed since the agent started"),
+             s.failures),
+            (GaugeMetricFamily, ("forensics_uploads_pending", "Crashes whose bundle is not uploaded yet"), s.pending),
+            (GaugeMetricFamily, ("forensics_upload_oldest_pending_seconds",
+                                 "Age of the oldest crash whose bundle is not uploaded yet"),
+             s.oldest_pending_seconds)):
+        m = family(*help_text, labels=["node"])
+        m.add_metric([node], value)
+        yield m
 
 
 class EventSink:

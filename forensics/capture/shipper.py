@@ -30,7 +30,7 @@ from ..objstore.client import ObjectURL, StoreOptions
 from ..output import escape_text
 from .nodeindex import NodeIndex
 
-__all__ = ["UploadConfig", "Shipper", "is_uploaded", "trim_uploaded"]
+__all__ = ["UploadConfig", "UploadStats", "Shipper", "is_uploaded", "trim_uploaded"]
 
 RETRY_FIRST = 30.0
 RETRY_MAX = 3600.0
@@ -62,36 +62,79 @@ def trim_uploaded(crash_dir: str) -> None:
             os.unlink(entry.path)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UploadStats:
+    """What the metrics say of the uploads: counted from the crashes' directories (``70-upload.json``), but the
+    failures (attempts since the agent started)."""
+
+    uploaded: int = 0
+    uploaded_bytes: int = 0
+    failures: int = 0
+    pending: int = 0  # crashes not uploaded yet (their analysis first)
+    oldest_pending_seconds: float = 0.0  # since the oldest of them crashed
+
+
+def _uploaded_bytes(crash_dir: str) -> int:
+    try:
+        with open(os.path.join(crash_dir, layout.UPLOADED), "rb") as f:
+            doc = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):  # cut by a full disk: counted, its bytes unknown
+        return 0
+    n = doc.get("bytes") if isinstance(doc, dict) else None
+    return n if isinstance(n, int) and n >= 0 else 0
+
+
 class Shipper:
-    """Uploads the oldest ready crash on each call of :meth:`ship_next`."""
+    """Uploads the oldest ready crash on each call of :meth:`ship_next`; :attr:`stats` for the metrics (a new
+    record each round: the metrics thread reads it whole)."""
 
     def __init__(self, cfg: UploadConfig, node: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.node = node
         self.clock = clock
         self.retry: dict[str, tuple[float, float]] = {}  # crash directory -> (not before, last delay)
-        # crash directories uploaded (and trimmed): skipped without a look at the disk, so an idle agent's round
-        # costs no stat per crash
-        self.done: set[str] = set()
+        # crash directories uploaded, with their bytes: skipped without a look at the disk, so an idle agent's
+        # round costs no stat per crash
+        self.done: dict[str, int] = {}
+        self.failures = 0
+        self.stats = UploadStats()
 
     def ship_next(self, index: NodeIndex) -> bool:
         """Upload one ready crash (or finish trimming one); True when one was."""
         now = self.clock()
+        ready: list[tuple[str, str]] = []
+        pending: dict[str, float] = {}  # crash directory -> when it crashed
+        trim: str | None = None
         for c in index.crashes:
-            if c.path in self.done or c.analysis == "pending" or c.in_progress:
+            if c.path in self.done or c.in_progress:
                 continue
             if is_uploaded(c.path):
-                self.done.add(c.path)
+                self.done[c.path] = _uploaded_bytes(c.path)
                 if not self.cfg.keep and os.path.lexists(os.path.join(c.path, layout.MANIFEST)):
-                    trim_uploaded(c.path)  # an agent stopped between the record and the trim
-                    return True
+                    trim = trim or c.path  # an agent stopped between the record and the trim
                 continue
             if not os.path.isdir(c.path):
                 continue
-            if self.retry.get(c.path, (0.0, 0.0))[0] > now:
-                continue
-            return self._ship(c.path, c.id)
-        return False
+            pending[c.path] = c.time
+            if c.analysis != "pending" and self.retry.get(c.path, (0.0, 0.0))[0] <= now:
+                ready.append((c.path, c.id))
+        self._count(pending)
+        if trim is not None:
+            trim_uploaded(trim)
+            return True
+        if not ready:
+            return False
+        shipped = self._ship(*ready[0])
+        if shipped:
+            pending.pop(ready[0][0], None)
+        self._count(pending)
+        return shipped
+
+    def _count(self, pending: dict[str, float]) -> None:
+        self.stats = UploadStats(
+            uploaded=len(self.done), uploaded_bytes=sum(self.done.values()), failures=self.failures,
+            pending=len(pending),
+            oldest_pending_seconds=max(0.0, time.time() - min(pending.values())) if pending else 0.0)
 
     def _ship(self, crash_dir: str, crash_id: str) -> bool:
         from ..objstore.upload import read_place, upload_bundle
@@ -103,15 +146,17 @@ class Shipper:
         except (ForensicsError, OSError) as e:
             delay = min(RETRY_MAX, max(RETRY_FIRST, 2 * self.retry.get(crash_dir, (0.0, 0.0))[1]))
             self.retry[crash_dir] = (self.clock() + delay, delay)
+            self.failures += 1
             print(escape_text(f"forensics agent serve: upload of {crash_id}: {e} (again in {delay:g}s; the "
                               "bundle stays whole)"), file=sys.stderr, flush=True)
             return False
         self.retry.pop(crash_dir, None)
-        doc = {"url": result.url, "record": result.record, "objects": len(result.objects),
-               "bytes": sum(o.size for o in result.objects), "uploaded_at": time.time(), "kept": self.cfg.keep}
+        sent = sum(o.size for o in result.objects)
+        doc = {"url": result.url, "record": result.record, "objects": len(result.objects), "bytes": sent,
+               "uploaded_at": time.time(), "kept": self.cfg.keep}
         write_atomic(os.path.join(crash_dir, layout.UPLOADED),
                      (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), mode=0o640)
         if not self.cfg.keep:
             trim_uploaded(crash_dir)
-        self.done.add(crash_dir)
+        self.done[crash_dir] = sent
         return True

@@ -424,25 +424,40 @@ def _wait(predicate, timeout: float, what: str) -> None:
         time.sleep(0.3)
 
 
-def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel_cores, live, tmp_path):
-    # GIVEN two real crashes taken by the handler, and an agent whose bucket refuses its credentials
+def _scrape(url: str) -> dict[str, list]:
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return {f.name: f.samples for f in text_string_to_metric_families(r.read().decode())}
+
+
+def _value(families: dict[str, list], sample: str) -> float:
+    """The value of the one sample named ``sample`` (the node's), or -1 when there is none."""
+    found = [s.value for samples in families.values() for s in samples if s.name == sample]
+    return found[0] if len(found) == 1 else -1.0
+
+
+def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel_cores, live, tmp_path):
+    # GIVEN two real crashes taken by the handler, and an agent whose bucket refuses its credentials
     core_dir = tmp_path / "cores"
     for _ in range(2):
         make_bundle(core_dir, kernel_cores["abort"], live.pid, only=False)
     crashes = sorted((core_dir / "crashes").iterdir())
     bucket = s3.make_bucket("agent-uploads")
     env = s3.env(HOME=str(tmp_path), FORENSICS_CACHE=str(tmp_path / "cache"))
-    agent, _url = _serve(core_dir, bucket, {**env, "AWS_SECRET_ACCESS_KEY": "wrong-secret-0123456789"})
+    agent, url = _serve(core_dir, bucket, {**env, "AWS_SECRET_ACCESS_KEY": "wrong-secret-0123456789"})
     try:
         # WHEN it has analyzed them and tried to upload
         _wait(lambda: all((c / "60-analysis" / "analysis.json").is_file() for c in crashes), 300, "no analyses")
-        time.sleep(3)
+        _wait(lambda: _value(_scrape(url), "forensics_upload_failures_total") >= 2, 60, "no failed attempts")
+        failing = _scrape(url)
     finally:
         err = _stop(agent)
+    # THEN the metrics say two uploads wait, the oldest since the first crash, and the attempts failed
+    assert _value(failing, "forensics_uploads_pending") == 2 and _value(failing, "forensics_uploads_total") == 0
+    assert _value(failing, "forensics_upload_oldest_pending_seconds") > 0
     # THEN each failed upload is one line, the bundles are whole, nothing is in the bucket
     assert "refused the credentials" in err and "the bundle stays whole" in err and "wrong-secret" not in err, err
     assert all((c / "MANIFEST.json").is_file() and not (c / "70-upload.json").exists() for c in crashes)
@@ -453,10 +468,14 @@ def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel
         _wait(lambda: all((c / "70-upload.json").is_file() for c in crashes), 300, "not uploaded")
         _wait(lambda: all(sorted(p.name for p in c.iterdir()) == ["60-analysis", "70-upload.json", "metadata.json"]
                           for c in crashes), 30, "not trimmed")
-        with urllib.request.urlopen(url, timeout=10) as r:
-            families = {f.name: f.samples for f in text_string_to_metric_families(r.read().decode())}
+        _wait(lambda: _value(_scrape(url), "forensics_uploads_total") == 2, 30, "uploads not counted")
+        families = _scrape(url)
     finally:
         _stop(agent)
+    # THEN the metrics count both uploads, their bytes as the node recorded them, none waiting
+    recorded = sum(json.loads((c / "70-upload.json").read_text())["bytes"] for c in crashes)
+    assert _value(families, "forensics_uploaded_bytes_total") == recorded > 0
+    assert _value(families, "forensics_uploads_pending") == 0
     # THEN the node keeps each crash's record, analysis and where its bundle went; the index still counts both
     fingerprints = {json.loads((c / "60-analysis" / "analysis.json").read_text())["analysis"]["fingerprint"]
                     for c in crashes}
