@@ -49,6 +49,10 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+class _ExitedEarly(RuntimeError):
+    pass
+
+
 class S3Server:
     """``weed server`` with a filer and the S3 gateway, all on 127.0.0.1; :meth:`start` waits until a
     bucket can be written."""
@@ -68,6 +72,7 @@ class S3Server:
         self.ports = dict(zip(_PORTS, _free_ports(len(_PORTS)), strict=True))
         self.proc: subprocess.Popen | None = None
         self.log = base / "weed.log"
+        self.started = False
 
     @property
     def endpoint(self) -> str:
@@ -94,14 +99,28 @@ class S3Server:
                 f"-s3.localSocket={b / 's3.sock'}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
 
     def start(self, timeout: float = 90) -> S3Server:
+        """Start weed and wait until a bucket is writable.  The first start takes other free ports and tries again
+        (three times) when weed exits at once: a port chosen free here may be taken by another process before weed
+        binds it; a restart keeps its ports (the data names them)."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except _ExitedEarly:
+                if self.started or attempt == 2:
+                    raise
+                self.ports = dict(zip(_PORTS, _free_ports(len(_PORTS)), strict=True))
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> S3Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+                raise _ExitedEarly(f"weed exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             if self._writable():
+                self.started = True
                 return self
             if time.monotonic() > deadline:
                 self.stop()
