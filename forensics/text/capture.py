@@ -5,12 +5,14 @@ destination by :func:`forensics.capture.pattern.format_destination`.)
 """
 from __future__ import annotations
 
+import os
+import shlex
 from typing import Any
 
 from ..capture.node import ArmResult
 from ..capture.pattern import destination_payload, format_destination
 
-__all__ = ["format_armed", "format_installed", "format_uninstalled"]
+__all__ = ["format_armed", "format_installed", "format_uninstalled", "pattern_owner"]
 
 
 def format_armed(r: ArmResult) -> list[str]:
@@ -37,8 +39,30 @@ def format_armed(r: ArmResult) -> list[str]:
 
 
 def format_installed(r: dict[str, Any]) -> list[str]:
-    """``capture --install-handler``: the pattern set, the one it replaced, where that is recorded."""
-    return [f"core_pattern: {r['pattern']}", f"previous:     {r['previous']}", f"recorded in:  {r['state']}"]
+    """``capture --install-handler``: the pattern set, the one it replaced (whose it was), where that is recorded
+    and how it comes back.
+
+    >>> format_installed({"pattern": "|/f core-handler", "state": "/c/handler.json",
+    ...                   "previous": "|/lib/systemd/systemd-coredump %P %u"})[1]
+    'previous:     |/lib/systemd/systemd-coredump %P %u (systemd-coredump)'
+    """
+    core_dir = shlex.quote(os.path.dirname(r["state"]))
+    return [f"core_pattern: {r['pattern']}", f"previous:     {r['previous']} ({pattern_owner(r['previous'])})",
+            f"recorded in:  {r['state']}", f"restore it:   forensics capture --uninstall-handler --core-dir {core_dir}"]
+
+
+def pattern_owner(pattern: str) -> str:
+    """Whose a core_pattern is, in a few words: the program it pipes to, or where it writes files.
+
+    >>> pattern_owner("|/usr/share/apport/apport -p%p -s%s"), pattern_owner("core")
+    ('apport', "core files named 'core', in the crashing process's directory")
+    """
+    if pattern.startswith("|"):
+        program = pattern[1:].split()[0] if pattern[1:].split() else ""
+        return os.path.basename(program) or "a pipe to no program"
+    if "/" in pattern:
+        return f"core files written to {pattern!r}"
+    return f"core files named {pattern!r}, in the crashing process's directory"
 
 
 def format_uninstalled(r: dict[str, Any]) -> list[str]:
