@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import field
 
+from forensics.modes import NativeMethod, StackMethod
 from forensics.records import record
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "FrameKind",
     "NativeStack",
     "PythonStatus",
+    "PythonMethod",
     "LayoutSource",
     "SigInfo",
     "SignalFrame",
@@ -137,6 +139,14 @@ class PythonStatus(enum.Enum):
     NO_RUNTIME = "no-runtime"  # a CPython process whose _PyRuntime could not be located (files missing)
     UNSUPPORTED = "unsupported"  # _PyRuntime found, but no layout for its version or build
     FAILED = "failed"  # reading stopped before the first thread (the runtime's memory is not in the core)
+
+
+class PythonMethod(enum.Enum):
+    """Whose layout the Python stacks shown were walked with (``--method`` chooses; auto and both pick one)."""
+
+    GDB = "gdb"  # CPython's DWARF, read by gdb
+    DIRECT = "direct"  # the core's _Py_DebugOffsets and the table
+    NONE = "none"  # no Python stacks
 
 
 class LayoutSource(enum.Enum):
@@ -530,13 +540,13 @@ class ProcessSnapshot:
     python_stack_status: str  # "ok", or in one line why Python stacks are missing or partial
     native_method: str  # what produced the native stacks: "libdw", "gdb", "libdw+gdb" (gdb for the threads
     # libdw could not unwind), or "registers" (program counters only)
-    python_method: str  # whose layout the Python stacks were walked with: "gdb" (DWARF), "direct" or "none"
+    python_method: PythonMethod  # whose layout the Python stacks were walked with
     sysroot: str | None
     python_layout: str | None = None  # the layout trusted, in words (which debug offsets, which table record)
-    requested_method: str = "auto"  # --method as asked
+    requested_method: StackMethod = StackMethod.AUTO  # --method as asked
     method_disagreements: tuple[str, ...] = ()  # --method both: where gdb and direct differ
     warnings: tuple[str, ...] = ()
-    requested_native_method: str = "auto"  # --native-method as asked
+    requested_native_method: NativeMethod = NativeMethod.AUTO  # --native-method as asked
     native_disagreements: tuple[str, ...] = ()  # --native-method both: where libdw and gdb differ
 
     @property
@@ -552,8 +562,9 @@ class ProcessSnapshot:
         """False when stacks are missing or cut short (no unwinder, no CPython symbols, a broken frame chain,
         signal handlers nested past the reader's bound), the methods disagree, or the core is truncated or had
         malformed notes."""
-        native_ok = (self.native_method != "registers" or self.requested_native_method == "none"
-                     or (self.requested_native_method == "auto" and self.requested_method == "direct"))
+        native_ok = (self.native_method != "registers" or self.requested_native_method is NativeMethod.NONE
+                     or (self.requested_native_method is NativeMethod.AUTO
+                         and self.requested_method is StackMethod.DIRECT))
         return (
             native_ok
             and self.python_status in (PythonStatus.OK, PythonStatus.NOT_PYTHON)

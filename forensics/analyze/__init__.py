@@ -22,12 +22,13 @@ from ..model import (
     NativeFrame,
     NativeStack,
     ProcessSnapshot,
+    PythonMethod,
     PythonStacks,
     PythonStatus,
     Severity,
     Source,
 )
-from ..modes import HeapMode, StackMethod, values
+from ..modes import HeapMode, NativeMethod, StackMethod, values
 from .classify import classify_crash, is_python_process
 from .fingerprint import fingerprint, fingerprint_basis, fingerprint_basis_v2
 from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
@@ -127,12 +128,12 @@ def build_snapshot(core: CoreFile, native: tuple[NativeStack, ...] | None, pytho
         python_stack_status=status,
         python_layout=python.layout if python is not None else None,
         native_method=native_method,
-        python_method=python_method if python else "none",
-        requested_method=requested,
+        python_method=PythonMethod(python_method) if python else PythonMethod.NONE,
+        requested_method=StackMethod(requested),
         method_disagreements=tuple(disagreements),
         sysroot=sysroot,
         warnings=tuple(warnings),
-        requested_native_method=requested_native,
+        requested_native_method=NativeMethod(requested_native),
         native_disagreements=tuple(native_disagreements),
     )
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from ..analyze.signature import describe_later_fault, describe_pyframe, describe_thread, exit_explanation, signature
 from ..analyze.stacks import merge_frames
-from ..model import Analysis, BatchResult, NativeFrame, PyFrame, SignalFrame, StoreEntry, Thread
+from ..model import Analysis, BatchResult, NativeFrame, PyFrame, PythonMethod, SignalFrame, StoreEntry, Thread
 from .heap import format_heap
 
 __all__ = ["format_analysis", "format_thread", "format_batch"]
@@ -127,8 +127,8 @@ def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool
     yield from _crash_lines(analysis)
     if snap.python_version:
         yield f"Python:      {snap.python_version}"
-    layout = f" ({snap.python_layout})" if snap.python_layout and snap.python_method != "none" else ""
-    yield (f"Stacks:      native by {snap.native_method}; Python by {snap.python_method}{layout}: "
+    layout = f" ({snap.python_layout})" if snap.python_layout and snap.python_method is not PythonMethod.NONE else ""
+    yield (f"Stacks:      native by {snap.native_method}; Python by {snap.python_method.value}{layout}: "
            f"{snap.python_stack_status}")
     if core.nvml is not None:
         n = core.nvml

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from forensics.cli import cli
 from forensics.errors import EXIT_ERROR, ArtifactFormatError
 from forensics.format import analysis_payload, load_analysis, load_batch
-from forensics.model import BatchEntry, BatchGroup, BatchResult
+from forensics.model import BatchEntry, BatchGroup, BatchResult, PythonMethod
+from forensics.modes import NativeMethod, StackMethod
 from forensics.imports.format import load_import_report, report_payload
 from forensics.output import json_document
 from forensics.reproduce import load_reproduce, reproduce_payload
@@ -139,3 +140,27 @@ def test_an_analyze_batch_document_is_read_into_its_record(tmp_path):
     assert r.exit_code == EXIT_ERROR and r.stdout == "" and "Traceback" not in r.stderr
     assert f"{path}: not report evidence: not a `forensics analyze-batch --json` document this version reads" in \
         r.stderr and "$.batch.groups[0].count: expected int, found str" in r.stderr
+
+
+@pytest.mark.parametrize("method, native, python, complete", [
+    ("auto", "auto", "direct", False), ("direct", "auto", "direct", True), ("gdb", "none", "gdb", True),
+    ("both", "libdw", "none", False),
+])
+def test_the_snapshots_modes_are_enums_spelled_as_before(method, native, python, complete):
+    # GIVEN the demo's analysis with the modes asked and the method used set, as analyze --json writes them
+    doc = _analysis_doc()
+    assert load_analysis(doc).snapshot.is_complete  # as the demo wrote it
+    snap = doc["analysis"]["snapshot"]
+    snap.update(requested_method=method, requested_native_method=native, python_method=python,
+                native_method="registers")
+    # WHEN it is read back
+    a = load_analysis(doc)
+    # THEN each is its enum's member, is_complete compares members (program counters only is complete only when
+    # no unwinder was asked for), and the JSON spells them as it did
+    s = a.snapshot
+    assert (s.requested_method, s.requested_native_method, s.python_method) == (
+        StackMethod(method), NativeMethod(native), PythonMethod(python))
+    assert s.is_complete is complete
+    again = analysis_payload(a)["snapshot"]
+    assert [again[k] for k in ("requested_method", "requested_native_method", "python_method")] == [
+        method, native, python]

@@ -14,7 +14,7 @@ from forensics.format import analysis_payload
 from forensics.gdb import NATIVE_MARKER, _soname_aliases, parse_marker_json
 from forensics.model import (
     CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, NativeStack, ProcessSnapshot, PyFrame,
-    PythonStacks, PythonStatus, PyThreadStack, SigInfo, Source, Thread,
+    PythonMethod, PythonStacks, PythonStatus, PyThreadStack, SigInfo, Source, Thread,
 )
 from forensics.output import json_document
 from forensics.text.analysis import format_analysis
@@ -115,7 +115,7 @@ def _analysis(abort="double free or corruption (!prev)", py_line=5):
     )
     snap = ProcessSnapshot(source=Source.CORE, core=core, threads=(t,), python_version="3.12.1",
                            python_status=PythonStatus.OK, python_stack_status="ok", native_method="gdb",
-                           python_method="gdb", sysroot=None)
+                           python_method=PythonMethod.GDB, sysroot=None)
     return analyze_snapshot(snap)
 
 
