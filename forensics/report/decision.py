@@ -195,7 +195,7 @@ def _items(f: Facts, known: list[KnownMatch]) -> list[Item]:
     for p in f.requirement_problems:
         items.append(Item(key="imports.requirements", source="verify-imports (pip check)", fact=p.rstrip(".")))
     for s in support_facts(f):
-        items.append(Item(key="imports.support", source="verify-imports (version facts)", fact=s["summary"]))
+        items.append(Item(key="imports.support", source="verify-imports (version facts)", fact=s.summary))
     for k in known:
         items.append(Item(key=f"known.{k.id}", source="known crashes", fact=f"{k.title}: {'; '.join(k.matched_on)}"))
     for line in f.frequency:
@@ -268,9 +268,9 @@ def _shadowed(f: Facts) -> list[str]:
 def _unsupported(f: Facts) -> list[str]:
     out = [p.rstrip(".") for p in f.requirement_problems]
     for s in support_facts(f):
-        named = " ".join(s["summary"].split()[:2])  # "nvitop 1.5.0"
-        if s["severity"] == "error" and not any(u.startswith(named) for u in out):
-            out.append(s["summary"])
+        named = " ".join(s.summary.split()[:2])  # "nvitop 1.5.0"
+        if s.severity == "error" and not any(u.startswith(named) for u in out):
+            out.append(s.summary)
     return out
 
 

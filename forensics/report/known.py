@@ -20,11 +20,14 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 
 from .facts import Facts, Phase
 
-__all__ = ["KnownMatch", "load_known_crashes", "load_version_facts", "match_known_issues", "version_tuple",
-           "support_facts"]
+__all__ = ["KnownMatch", "KnownCrash", "CrashDefinition", "VersionFactEntry", "SupportFact", "Source",
+           "load_known_crashes", "load_version_facts", "match_known_issues", "version_tuple", "support_facts"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,17 +40,92 @@ class KnownMatch:
     matched_on: tuple[str, ...]  # each part of the definition, as it held
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Source:
+    url: str
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashDefinition:
+    """What makes a known crash that crash (``defined_by``): each part set must hold; None: not part of it."""
+
+    signal: tuple[str, ...] | None = None
+    kind: tuple[str, ...] | None = None
+    thread: str | None = None  # "main" | "non-main"
+    phase: str | None = None  # "running" | "exit"
+    fields_any: tuple[int, ...] | None = None
+    frames_any: tuple[str, ...] | None = None
+    package_below: dict[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnownCrash:
+    """An entry of ``known_crashes.json``."""
+
+    id: str
+    title: str
+    defined_by: CrashDefinition
+    summary: str = ""
+    fix: str = ""
+    sources: tuple[Source | str, ...] = ()
+    verified: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VersionFactEntry:
+    """An entry of ``forensics/data/known_issues.json`` (what verify-imports matches versions against)."""
+
+    id: str
+    kind: str  # "support" | "fields" | "crash"
+    severity: str
+    summary: str
+    detail: str = ""
+    fix: str = ""
+    fields: tuple[int, ...] = ()
+    sources: tuple[Source | str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SupportFact:
+    """A version fact verify-imports matched that says the setup is outside what a package declares."""
+
+    id: str
+    summary: str
+    detail: str
+    fix: str
+    severity: str
+    sources: tuple[tuple[str, str], ...]
+    matched: tuple[str, ...]
+
+
+def _read_entries(text: str, key: str, cls: type[_T], name: str) -> tuple[_T, ...]:
+    """The entries under ``key`` of a shipped JSON file, read into records here (a broken file is one error)."""
+    from ..errors import ForensicsError
+    from ..jsonrecords import RecordFormatError, from_jsonable
+
+    try:
+        doc = json.loads(text)
+        entries = doc.get(key) if isinstance(doc, dict) else None
+        if not isinstance(entries, list):
+            raise RecordFormatError(f"$.{key}", "expected a list")
+        return tuple(from_jsonable(cls, e, f"$.{key}[{i}]") for i, e in enumerate(entries))
+    except (ValueError, RecordFormatError) as e:
+        raise ForensicsError(f"{name}: the shipped file is broken: {e}") from None
+
+
 @functools.lru_cache(maxsize=1)
-def load_known_crashes() -> tuple[dict, ...]:
+def load_known_crashes() -> tuple[KnownCrash, ...]:
     text = resources.files("forensics.report").joinpath("known_crashes.json").read_text()
-    return tuple(json.loads(text)["entries"])
+    return _read_entries(text, "entries", KnownCrash, "known_crashes.json")
 
 
 @functools.lru_cache(maxsize=1)
-def load_version_facts() -> dict[str, dict]:
+def load_version_facts() -> dict[str, VersionFactEntry]:
     """``forensics/data/known_issues.json`` by id (what verify-imports matches against)."""
     path = Path(__file__).resolve().parent.parent / "data" / "known_issues.json"
-    return {i["id"]: i for i in json.loads(path.read_text(encoding="utf-8"))["issues"]}
+    return {i.id: i for i in _read_entries(path.read_text(encoding="utf-8"), "issues", VersionFactEntry,
+                                           "known_issues.json")}
 
 
 def version_tuple(v: str) -> tuple[int, ...]:
@@ -67,40 +145,40 @@ def version_tuple(v: str) -> tuple[int, ...]:
 _PACKAGE_FACT = {"nvitop": "nvitop", "nvitop-exporter": "exporter", "nvidia-ml-py": "binding"}
 
 
-def _holds(defined: dict, f: Facts) -> list[str] | None:
+def _holds(defined: CrashDefinition, f: Facts) -> list[str] | None:
     """Each part of ``defined`` as it holds in ``f``; None as soon as one does not."""
     held: list[str] = []
-    if "signal" in defined:
-        if f.signal not in defined["signal"]:
+    if defined.signal is not None:
+        if f.signal not in defined.signal:
             return None
         held.append(f"signal {f.signal}")
-    if "kind" in defined:
-        if f.kind not in defined["kind"]:
+    if defined.kind is not None:
+        if f.kind not in defined.kind:
             return None
         held.append(f"crash class {f.kind}")
-    if "thread" in defined:
-        want_main = defined["thread"] == "main"
+    if defined.thread is not None:
+        want_main = defined.thread == "main"
         if f.is_main_thread is None or f.is_main_thread != want_main:
             return None
         held.append("the main thread" if want_main else
                     f"a thread other than the main one ({f.thread_name or 'unnamed'}, tid {f.tid})")
-    if "phase" in defined:
-        if f.phase is Phase.UNKNOWN or f.phase.value != defined["phase"]:
+    if defined.phase is not None:
+        if f.phase is Phase.UNKNOWN or f.phase.value != defined.phase:
             return None
         held.append("while the interpreter exits (a thread is in Py_FinalizeEx / the exit handlers)"
                     if f.phase is Phase.EXIT else "while the process runs (no thread is exiting)")
-    if "fields_any" in defined:
+    if defined.fields_any is not None:
         used = set(f.query.fields) if f.query else set()
-        common = sorted(used & set(defined["fields_any"]))
+        common = sorted(used & set(defined.fields_any))
         if not common:
             return None
         held.append("the failing query uses NVML field ids " + ", ".join(map(str, common)))
-    if "frames_any" in defined:
-        hits = sorted({w for w in defined["frames_any"] for x in f.frame_words if w in x})
+    if defined.frames_any is not None:
+        hits = sorted({w for w in defined.frames_any for x in f.frame_words if w in x})
         if not hits:
             return None
         held.append("the crashing thread's stack has " + ", ".join(hits))
-    for pkg, fixed in (defined.get("package_below") or {}).items():
+    for pkg, fixed in (defined.package_below or {}).items():
         have = getattr(f, _PACKAGE_FACT.get(pkg, ""), None)
         if not have or not version_tuple(have) < version_tuple(fixed):
             return None
@@ -108,14 +186,8 @@ def _holds(defined: dict, f: Facts) -> list[str] | None:
     return held
 
 
-def _sources(urls) -> tuple[tuple[str, str], ...]:
-    out = []
-    for s in urls or ():
-        if isinstance(s, dict):
-            out.append((str(s.get("label") or s.get("url")), str(s.get("url"))))
-        else:
-            out.append((_label_url(str(s)), str(s)))
-    return tuple(out)
+def _sources(sources: tuple[Source | str, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((s.label or s.url, s.url) if isinstance(s, Source) else (_label_url(s), s) for s in sources)
 
 
 def _label_url(url: str) -> str:
@@ -132,31 +204,29 @@ def match_known_issues(f: Facts) -> list[KnownMatch]:
     """The known crashes whose definition holds, then the field-id facts the failing query touches."""
     out = []
     for e in load_known_crashes():
-        held = _holds(e.get("defined_by") or {}, f)
+        held = _holds(e.defined_by, f)
         if held:
-            out.append(KnownMatch(id=e["id"], title=e["title"], summary=e.get("summary", ""), fix=e.get("fix", ""),
-                                  sources=_sources(e.get("sources")), matched_on=tuple(held)))
+            out.append(KnownMatch(id=e.id, title=e.title, summary=e.summary, fix=e.fix, sources=_sources(e.sources),
+                                  matched_on=tuple(held)))
     facts = load_version_facts()
     for hit in f.version_facts:
-        entry = facts.get(hit.id, {})
-        if entry.get("kind") != "fields":
+        entry = facts.get(hit.id)
+        if entry is None or entry.kind != "fields":
             continue
-        held = _holds({"fields_any": entry.get("fields") or []}, f)
+        held = _holds(CrashDefinition(fields_any=entry.fields), f)
         if held:
-            out.append(KnownMatch(id=entry["id"], title=entry["summary"], summary=entry.get("detail", ""),
-                                  fix=entry.get("fix", ""), sources=_sources(entry.get("sources")),
-                                  matched_on=tuple(held) + hit.matched))
+            out.append(KnownMatch(id=entry.id, title=entry.summary, summary=entry.detail, fix=entry.fix,
+                                  sources=_sources(entry.sources), matched_on=tuple(held) + hit.matched))
     return out
 
 
-def support_facts(f: Facts) -> list[dict]:
+def support_facts(f: Facts) -> list[SupportFact]:
     """verify-imports' version facts that say the setup is outside what a package declares (``support``)."""
     facts = load_version_facts()
     out = []
     for hit in f.version_facts:
-        entry = facts.get(hit.id, {})
-        if entry.get("kind") == "support":
-            out.append({"id": entry["id"], "summary": entry["summary"], "detail": entry.get("detail", ""),
-                        "fix": entry.get("fix", ""), "severity": entry.get("severity", ""),
-                        "sources": _sources(entry.get("sources")), "matched": hit.matched})
+        entry = facts.get(hit.id)
+        if entry is not None and entry.kind == "support":
+            out.append(SupportFact(id=entry.id, summary=entry.summary, detail=entry.detail, fix=entry.fix,
+                                   severity=entry.severity, sources=_sources(entry.sources), matched=hit.matched))
     return out

@@ -98,7 +98,7 @@ def _who(r: ReproRun) -> str:
 def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
     """The incident decision (:func:`~.decision.decide_incident`) and its conclusion in words, claim by claim."""
     d = decide_incident(f, known)
-    upgrade = list(dict.fromkeys(_sentence(s["fix"]) for s in support_facts(f) if s.get("fix")))
+    upgrade = list(dict.fromkeys(_sentence(s.fix) for s in support_facts(f) if s.fix))
     fixed = [k for k in known if k.fix]
     upgrade += [_sentence(k.fix) for k in fixed if _sentence(k.fix) not in upgrade]
     claims = _CLAIMS[d.incident](f, d, fixed)

@@ -30,7 +30,8 @@ DEMO = Path(__file__).resolve().parents[2] / "reports" / "demo"
 # are other artifacts (the bundle package's), not named here.
 RECORD_KEYS = {"analysis", "crash", "heap", "threads", "native_frames", "py_frames", "signal_frames", "corruption",
                "fingerprint", "runs", "reproduce", "result", "distributions", "known_issues", "requirement_problems",
-               "fleet", "boundary", "batch", "groups", "first_seen", "last_seen"}
+               "fleet", "boundary", "batch", "groups", "first_seen", "last_seen", "entries", "issues", "defined_by",
+               "fields_any", "frames_any", "package_below", "severity"}
 
 
 def _keyed_reads(path: Path) -> list[str]:
@@ -164,3 +165,23 @@ def test_the_snapshots_modes_are_enums_spelled_as_before(method, native, python,
     again = analysis_payload(a)["snapshot"]
     assert [again[k] for k in ("requested_method", "requested_native_method", "python_method")] == [
         method, native, python]
+
+
+def test_the_known_issue_files_are_read_into_records():
+    from forensics.errors import ForensicsError
+    from forensics.report.known import (CrashDefinition, KnownCrash, VersionFactEntry, _read_entries,
+                                        load_known_crashes, load_version_facts)
+
+    # the shipped files, whole: every entry a record, every definition's parts typed
+    crashes = load_known_crashes()
+    assert crashes and all(isinstance(c, KnownCrash) and isinstance(c.defined_by, CrashDefinition) for c in crashes)
+    assert crashes[0].defined_by.package_below == {"nvitop": "1.7.1"} and crashes[0].defined_by.kind is None
+    facts = load_version_facts()
+    assert all(isinstance(v, VersionFactEntry) and v.id == k for k, v in facts.items())
+    assert 251 in facts["nvidia-ml-py-12.575.51-field-ids"].fields
+    # a broken entry is one error naming where, not a KeyError deep in the matching
+    bad = json.dumps({"entries": [{"id": "x", "title": "t", "defined_by": {"fields_any": ["251"]}}]})
+    with pytest.raises(ForensicsError) as e:
+        _read_entries(bad, "entries", KnownCrash, "known_crashes.json")
+    assert str(e.value) == ("known_crashes.json: the shipped file is broken: $.entries[0].defined_by.fields_any[0]: "
+                            "expected int, found str")
