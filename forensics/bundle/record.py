@@ -193,7 +193,7 @@ class CoreRecord:
 
 _CRASH_KEYS = ("schema_version", "crash_id", "pid", "tid", "signal", "signal_name", "time", "rlimit_core", "node",
                "image_key", "identity", "state", "core", "objects", "config", "warnings", "crash_loop_key",
-               "crash_pc", "debug_files")
+               "crash_pc", "debug_files", "objects_bytes")
 
 
 @record
@@ -219,6 +219,7 @@ class CrashRecord:
     crash_loop_key: str | None = None  # same image, signal and crash site (the budget's unit); not a fingerprint
     crash_pc: CrashSite | None = None
     debug_files: dict[str, str] | None = None  # path -> store key of its separate debug file
+    objects_bytes: int | None = None  # disk the objects and debug files this crash stored new take (the budget's)
     schema_version: int = 1
     extra: dict = field(default_factory=dict)
 
@@ -237,6 +238,8 @@ class CrashRecord:
             doc["crash_pc"] = self.crash_pc.to_json()
         if self.debug_files is not None:
             doc["debug_files"] = dict(self.debug_files)
+        if self.objects_bytes is not None:
+            doc["objects_bytes"] = self.objects_bytes
         return {**doc, **self.extra}
 
     @classmethod
@@ -255,7 +258,8 @@ class CrashRecord:
             core=CoreRecord.from_json(g("core")), objects=_str_map(g("objects")),
             config=_dict(g("config")), warnings=_strs(g("warnings")),
             crash_loop_key=_str(g("crash_loop_key")), crash_pc=CrashSite.from_json(g("crash_pc")),
-            debug_files=_str_map(g("debug_files")) if isinstance(g("debug_files"), dict) else None, extra=extra)
+            debug_files=_str_map(g("debug_files")) if isinstance(g("debug_files"), dict) else None,
+            objects_bytes=_int(g("objects_bytes")), extra=extra)
 
     @property
     def state_name(self) -> str | None:

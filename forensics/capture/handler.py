@@ -82,6 +82,7 @@ class HandlerConfig:
     level: int = 1  # zstd level
     threads: int = 1  # zstd worker threads: 1 overlaps compression with reading the pipe (0: same thread)
     object_grace: int = 3600  # an object no core uses may go (over budget) once unused this long
+    max_objects: int = 4 << 30  # bytes of data one crash may add to the object store (mapped objects, debug files)
     smi_timeout: int = 15  # seconds for nvidia-smi -q at crash time (kept cores only)
 
     @classmethod
@@ -233,28 +234,63 @@ def _crash_dir(core_dir: str, t: float, pid: int, signame: str) -> str:
 MAX_OBJECT_BYTES = 4 << 30
 
 
-def _copy_objects(store, fds, keys: dict, warnings: list, *, build_ids: dict[str, str | None], min_free: int,
-                  core_dir: str, debug_fds=(), debug_keys: dict | None = None) -> None:
-    """The mapped objects, then their debug files, into the store: each at most :data:`MAX_OBJECT_BYTES`, none
-    that would leave less than ``min_free`` bytes free (a store that has it already costs nothing).
+class _ObjectRoom:
+    """What one crash may still add to the object store: each object at most :data:`MAX_OBJECT_BYTES` long, together
+    at most ``cfg.max_objects`` bytes of data new to the store, none that would leave less than ``cfg.min_free``
+    free or take the directory over ``cfg.budget``; a store that has it already costs nothing."""
 
-    :param build_ids: the snapshot's build-id of each object (not read again); an object without one is keyed by
-        the sha256 of its bytes
-    """
-    from .store import key_of_fd
+    def __init__(self, store, cfg: HandlerConfig, core_dir: str, warnings: list) -> None:
+        self.store, self.cfg, self.core_dir, self.warnings = store, cfg, core_dir, warnings
+        self.added = 0  # disk taken by this crash's new copies (holes kept)
+        self.data_added = 0
+        self.usage: int | None = None  # the directory's, read once when a budget is set
 
-    def room_for(fd: int, key: str, what: str) -> bool:
-        if store.has(key):
+    def fits(self, fd: int, key: str, what: str) -> bool:
+        from .store import data_bytes, disk_usage
+
+        cfg = self.cfg
+        if self.store.has(key):
             return True
         size = os.fstat(fd).st_size
         if size > MAX_OBJECT_BYTES:
-            warnings.append(f"{what}: {size} bytes, over {MAX_OBJECT_BYTES}: not stored")
+            self.warnings.append(f"{what}: {size} bytes, over {MAX_OBJECT_BYTES}: not stored")
             return False
-        if min_free > 0 and free_bytes(core_dir) - size < min_free:
-            warnings.append(f"{what}: {size} bytes would leave less than {min_free} free: not stored")
-            return False
-        return True
+        data = data_bytes(fd)  # what a copy takes: a sparse file's holes stay holes
+        why = None
+        if self.data_added + data > cfg.max_objects:
+            why = f"{data} bytes of data would take this crash's objects over {cfg.max_objects}"
+        elif cfg.min_free > 0 and free_bytes(self.core_dir) - data < cfg.min_free:
+            why = f"{data} bytes would leave less than {cfg.min_free} free"
+        elif cfg.budget > 0:
+            if self.usage is None:
+                self.usage = disk_usage(self.core_dir)
+            if self.usage + self.added + data > cfg.budget:
+                why = f"{data} bytes would take {self.core_dir} over its budget {cfg.budget}"
+        if why:
+            self.warnings.append(f"{what}: {why}: not stored")
+        return why is None
 
+    def add(self, fd: int, key: str) -> None:
+        from .store import data_bytes
+
+        data = data_bytes(fd)
+        n = self.store.add_from_fd(fd, key)
+        if n:
+            self.added += n
+            self.data_added += data
+
+
+def _copy_objects(store, fds, keys: dict, warnings: list, *, build_ids: dict[str, str | None], cfg: HandlerConfig,
+                  core_dir: str, debug_fds=(), debug_keys: dict | None = None) -> int:
+    """The mapped objects, then their debug files, into the store, holes kept, as far as :class:`_ObjectRoom` lets.
+
+    :param build_ids: the snapshot's build-id of each object (not read again); an object without one is keyed by
+        the sha256 of its bytes
+    :return: the disk the new copies take (the record's ``objects_bytes``)
+    """
+    from .store import key_of_fd
+
+    room = _ObjectRoom(store, cfg, core_dir, warnings)
     for entry, fd in fds:
         path = entry.path[: -len(" (deleted)")] if entry.deleted else entry.path
         try:
@@ -262,19 +298,20 @@ def _copy_objects(store, fds, keys: dict, warnings: list, *, build_ids: dict[str
                 warnings.append(f"object {path}: {os.fstat(fd).st_size} bytes, over {MAX_OBJECT_BYTES}: not stored")
                 continue
             key = build_ids.get(path) or key_of_fd(fd)
-            if room_for(fd, key, f"object {path}"):
-                store.add_from_fd(fd, key)
+            if room.fits(fd, key, f"object {path}"):
+                room.add(fd, key)
                 keys[entry.path] = key
         except OSError as e:
             warnings.append(f"object {path}: {e.strerror or e}")
     for path, build_id, fd in debug_fds:  # after the objects: a debug file is worth less than its object
         try:
-            if room_for(fd, f"{build_id}.debug", f"debug file of {path}"):
-                store.add_from_fd(fd, f"{build_id}.debug")
+            if room.fits(fd, f"{build_id}.debug", f"debug file of {path}"):
+                room.add(fd, f"{build_id}.debug")
                 if debug_keys is not None:
                     debug_keys[path] = f"{build_id}.debug"
         except OSError as e:
             warnings.append(f"debug file of {path}: {e.strerror or e}")
+    return room.added
 
 
 def run_core_handler(
@@ -397,6 +434,7 @@ class _Streamed:
     debug_keys: dict[str, str] = field(default_factory=dict)
     sha256: str | None = None
     stream: StreamVerdict | None = None  # what the kernel sent, against the core's own program headers
+    objects_bytes: int = 0  # disk the objects and debug files stored new for this crash take
 
 
 def _handle(req: _Request, config: HandlerConfig | None, result: HandlerResult, object_fds: list,
@@ -540,9 +578,9 @@ def _after_core(crash: _Crash, streamed: _Streamed) -> None:
                                          process_root=crash.held_root or "")
             crash.object_fds.extend((None, fd) for _, _, fd in debug_fds)  # closed with the objects
         build_ids = {o.path: o.build_id for o in snapshot.objects} if snapshot else {}
-        _copy_objects(ObjectStore(req.core_dir), mapped, streamed.keys, result.warnings, build_ids=build_ids,
-                      min_free=cfg.min_free, core_dir=req.core_dir, debug_fds=debug_fds,
-                      debug_keys=streamed.debug_keys)
+        streamed.objects_bytes = _copy_objects(ObjectStore(req.core_dir), mapped, streamed.keys, result.warnings,
+                                               build_ids=build_ids, cfg=cfg, core_dir=req.core_dir,
+                                               debug_fds=debug_fds, debug_keys=streamed.debug_keys)
         _resolve_imports(crash)
     elif crash.snapshot is not None and crash.snapshot.python is not None and _modules_pending(crash.snapshot):
         import dataclasses
@@ -831,7 +869,7 @@ def _finish(crash: _Crash, streamed: _Streamed) -> None:
     crash.record = replace(
         record, state=RecordState.DONE, crash_loop_key=crash_loop_key, crash_pc=streamed.head_info,
         objects=streamed.keys or ({o.path: o.build_id for o in snapshot.objects if o.build_id} if snapshot else {}),
-        debug_files=dict(streamed.debug_keys),
+        debug_files=dict(streamed.debug_keys), objects_bytes=streamed.objects_bytes,
         core=CoreRecord(state=result.core_state, file=streamed.core_name, bytes_in=result.bytes_in,
                         bytes_kept=result.bytes_kept, bytes_compressed=result.bytes_out,
                         sha256_compressed=streamed.sha256 if streamed.core_name else None, reasons=tuple(why),

@@ -9,6 +9,7 @@ two handlers storing the same object at once both succeed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 
@@ -16,7 +17,7 @@ from ..bundle.layout import OBJECTS
 from ..bundle.write import fsync_dir, replacing, write_atomic
 from ..core.buildid import read_build_id_from_fd
 
-__all__ = ["ObjectStore", "key_of_fd", "write_atomic", "fsync_dir", "disk_usage"]
+__all__ = ["ObjectStore", "key_of_fd", "write_atomic", "fsync_dir", "disk_usage", "data_extents", "data_bytes"]
 
 
 def key_of_fd(fd: int) -> str:
@@ -48,7 +49,7 @@ class ObjectStore:
         return os.path.exists(self.path_of(key))
 
     def add_from_fd(self, fd: int, key: str) -> int:
-        """Copy the file open at ``fd`` in under ``key`` unless it is there; bytes written."""
+        """Copy the file open at ``fd`` in under ``key`` unless it is there, holes kept; the disk it takes."""
         dest = self.path_of(key)
         if os.path.exists(dest):
             # in use again: the budget's object collection goes by this time (a read-only store keeps the old one)
@@ -57,20 +58,12 @@ class ObjectStore:
             return 0
         d = os.path.dirname(dest)
         os.makedirs(d, exist_ok=True)
-        total = 0
         with replacing(dest, f"{dest}.tmp{os.getpid()}.{id(self):x}", 0o444) as out:
             size = os.fstat(fd).st_size
-            while total < size:
-                try:
-                    n = os.copy_file_range(fd, out, min(size - total, 8 << 20), total, total)
-                except OSError:
-                    n = 0
-                if n == 0:  # copy_file_range across filesystems or from procfs links: fall back
-                    chunk = os.pread(fd, min(size - total, 1 << 20), total)
-                    if not chunk:
-                        break
-                    n = os.pwrite(out, chunk, total)
-                total += n
+            for start, end in data_extents(fd, size):  # its holes stay holes: a sparse file costs what it holds
+                _copy_range(fd, out, start, end)
+            os.ftruncate(out, size)
+            total = os.fstat(out).st_blocks * 512
         return total
 
     def add_file(self, path: str, key: str | None = None) -> tuple[str, int]:
@@ -84,6 +77,46 @@ class ObjectStore:
 
     def size(self) -> int:
         return disk_usage(self.root)
+
+
+def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """The ``(start, end)`` byte ranges of the file open at ``fd`` that hold data (SEEK_DATA / SEEK_HOLE); the whole
+    file where the filesystem cannot tell."""
+    out: list[tuple[int, int]] = []
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # a hole to the end
+                break
+            return [*out, (pos, size)]  # no SEEK_DATA here: all of it is data
+        if start >= size:
+            break
+        out.append((start, end))
+        pos = end
+    return out
+
+
+def data_bytes(fd: int) -> int:
+    """Bytes of the file open at ``fd`` that hold data (a sparse file's holes not counted)."""
+    return sum(end - start for start, end in data_extents(fd, os.fstat(fd).st_size))
+
+
+def _copy_range(fd: int, out: int, start: int, end: int) -> None:
+    pos = start
+    while pos < end:
+        try:
+            n = os.copy_file_range(fd, out, min(end - pos, 8 << 20), pos, pos)
+        except OSError:
+            n = 0
+        if n == 0:  # copy_file_range across filesystems or from procfs links: fall back
+            chunk = os.pread(fd, min(end - pos, 1 << 20), pos)
+            if not chunk:
+                return
+            n = os.pwrite(out, chunk, pos)
+        pos += n
 
 
 def disk_usage(path: str) -> int:

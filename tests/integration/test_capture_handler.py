@@ -303,7 +303,7 @@ def test_budget_collects_objects_no_remaining_core_uses(crasher, small_cores, tm
     subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", str(old_lib), str(tmp_path / "old.c")],
                    check=True)
     d = tmp_path / "cores"
-    cfg = HandlerConfig(budget=1, min_free=0, loop_limit=100, object_grace=0)
+    cfg = HandlerConfig(budget=0, min_free=0, loop_limit=100, object_grace=0)
 
     def crash_with(env):
         live = subprocess.Popen([str(crasher), "sleep"], env=env)
@@ -323,6 +323,9 @@ def test_budget_collects_objects_no_remaining_core_uses(crasher, small_cores, tm
     first_meta = json.loads((Path(first.crash_dir) / "metadata.json").read_text())
     old_key = first_meta["objects"][str(old_lib)]
     assert (d / "objects" / old_key[:2] / old_key[2:]).is_file()
+    # (a budget the first crash fits, objects included: the budget counts them, and stores none over it)
+    cfg = HandlerConfig(budget=sum(p.stat().st_blocks * 512 for p in d.rglob("*") if p.is_file()) + 4096,
+                        min_free=0, loop_limit=100, object_grace=0)
     second = crash_with({})
     # THEN the first core went for the budget (the second is the newest of the crash-loop key),
     meta1 = json.loads((Path(first.crash_dir) / "metadata.json").read_text())

@@ -239,3 +239,61 @@ def test_the_budget_holds_whatever_the_crash_sites(cores, tmp_path, live):
     assert _usage(d) <= budget, (_usage(d), budget, [r["core"]["state"] for r in recs])
     assert recs[-1]["core"]["state"] == "kept"
     assert sum(r["core"]["state"] == "deleted-for-budget" for r in recs) >= 2
+
+
+_MAP = ("import mmap, sys\nfiles = [open(p, 'rb') for p in sys.argv[1:]]\n"
+        "keep = [mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) for f in files]\n"
+        "print('ready', flush=True)\nsys.stdin.read()\n")
+
+
+def _mapping(files: list[str]) -> subprocess.Popen:
+    """A process that maps ``files`` (a crashed process may map any file it can open)."""
+    return subprocess.Popen([sys.executable, "-c", _MAP, *files], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def test_sparse_mapped_files_are_bounded_and_counted(cores, tmp_path):
+    """Three sparse 1 GiB files mapped by the crashing process (ELF magic, then holes) cost it nothing."""
+    files = []
+    for i in range(3):
+        p = tmp_path / f"libsparse{i}.so"
+        with open(p, "wb") as f:
+            f.write(b"\x7fELF" + bytes([i]) * 60)
+            f.truncate(1 << 30)
+        files.append(str(p))
+    proc = _mapping(files)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        r = _handle(tmp_path / "cores", proc.pid, cores[(0, 4)], HandlerConfig(min_free=0, loop_limit=100))
+    finally:
+        proc.kill()
+        proc.wait()
+    # THEN the store holds them sparse (or not at all): their holes take no disk
+    objects = tmp_path / "cores" / "objects"
+    on_disk = sum(p.stat().st_blocks * 512 for p in objects.rglob("*") if p.is_file())
+    assert on_disk < 256 << 20, (on_disk, r.warnings)
+    rec = json.loads((Path(r.crash_dir) / "metadata.json").read_text())
+    assert rec["state"] == "done" and rec["core"]["state"] == "kept"
+    # and what the crash stored is counted in its record
+    assert 0 < rec["objects_bytes"] <= on_disk, rec
+
+
+def test_the_objects_one_crash_stores_are_bounded(cores, tmp_path):
+    """Three mapped files of 1 MiB of data each (ELF magic, then random bytes) under a bound of 2.5 MiB a crash."""
+    files = []
+    for i in range(3):
+        p = tmp_path / f"libdata{i}.so"
+        p.write_bytes(b"\x7fELF" + os.urandom((1 << 20) - 4))
+        files.append(str(p))
+    proc = _mapping(files)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        r = _handle(tmp_path / "cores", proc.pid, cores[(0, 4)],
+                    HandlerConfig(min_free=0, loop_limit=100, max_objects=(5 << 20) // 2))
+    finally:
+        proc.kill()
+        proc.wait()
+    rec = json.loads((Path(r.crash_dir) / "metadata.json").read_text())
+    stored = [f for f in files if f in rec["objects"]]
+    refused = [w for w in rec["warnings"] if "would take this crash's objects over" in w]
+    assert len(stored) <= 2 and refused, (stored, rec["warnings"])
+    assert rec["objects_bytes"] <= (5 << 20) // 2 + (1 << 20)  # data bound, plus a page per file
