@@ -89,6 +89,12 @@ def text_document(text: str) -> str:
     return escape_text(text, keep="\n\t")
 
 
+#: the field names of each dataclass :func:`to_jsonable` has met (dataclasses.fields() is slow)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+#: the types that are JSON values as they are (exactly these: a str enum is an enum)
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses, enums and paths as plain JSON values (addresses stay integers).
 
@@ -96,8 +102,18 @@ def to_jsonable(obj: Any) -> Any:
     >>> to_jsonable({"path": PurePath("/x"), "n": (1, 2)})
     {'path': '/x', 'n': [1, 2]}
     """
+    t = type(obj)
+    if t in _PLAIN:  # most of a document, returned before any other test (and in its container, uncalled)
+        return obj
+    if t is dict:
+        return {str(k): v if type(v) in _PLAIN else to_jsonable(v) for k, v in obj.items()}
+    if t is list or t is tuple:
+        return [v if type(v) in _PLAIN else to_jsonable(v) for v in obj]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        names = _FIELD_NAMES.get(t)
+        if names is None:
+            names = _FIELD_NAMES[t] = tuple(f.name for f in dataclasses.fields(obj))
+        return {name: to_jsonable(getattr(obj, name)) for name in names}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, os.PathLike):  # pathlib's paths (not imported here: the analyze command has no use for it)

@@ -238,7 +238,7 @@ class Redactor:
         ('python exporter.py [REDACTED]', {'repeated secret values': 1})
         """
         scratch = Redactor(secrets=set(self.secrets))
-        redact_tree(tree, scratch, argv=scratch.text)  # argv lists: "--token", "value" in separate items
+        _learn_tree(tree, scratch)
         self.secrets |= scratch.secrets
 
     def text(self, s: str) -> str:
@@ -554,6 +554,78 @@ def redact_tree(value: Any, r: Redactor, *, key: str | None = None,
     return walk(value, key)
 
 
+def _learn_tree(tree: Any, r: Redactor) -> None:
+    """What ``redact_tree(tree, r, argv=r.text)`` learns into ``r.secrets``, without building its result, each
+    distinct string read once in each of its roles.  What a string teaches depends on it alone (the rules of
+    :meth:`Redactor.text` read no learned secret but to mask it, and a mask is never learned), so the order and
+    the repeats of redact_tree's walk do not matter; the roles (a value under a secret-like name, a hex quote,
+    a quote cut short, text) and which string stands in which are redact_tree's own."""
+    _Learner(r).tree(tree)
+
+
+class _Learner:
+    """:func:`_learn_tree`'s walk: the strings read so far, in each role."""
+
+    def __init__(self, r: Redactor) -> None:
+        self.r = r
+        self.texts: set[str] = set()
+        self.named: set[tuple[str, str]] = set()
+        self.env_keys: dict[Any, bool] = {}  # each key met: whether it names an environment variable (text read)
+
+    def text(self, s: str) -> None:
+        if s not in self.texts:
+            self.texts.add(s)
+            self.r.text(s)  # a quote cut short (cut_quote) learns what text does
+
+    def env_value(self, name: str, s: str) -> None:
+        if (name, s) not in self.named:
+            self.named.add((name, s))
+            self.r.env_value(name, s)
+
+    def key_env(self, k: Any) -> bool:
+        """A key met the first time: its text read; whether it names an environment variable."""
+        if isinstance(k, str):
+            self.text(k)
+        env = self.env_keys[k] = isinstance(k, str) and _is_env_name(k)
+        return env
+
+    def tree(self, tree: Any) -> None:
+        stack: list[tuple[Any, str | None]] = [(tree, None)]
+        while stack:
+            v, key = stack.pop()
+            if isinstance(v, str):
+                if key is not None and SECRET_NAME.search(key):
+                    self.env_value(key, v)
+                else:
+                    self.text(v)
+            elif isinstance(v, dict):
+                self.dict(v, key, stack)
+            elif isinstance(v, (list, tuple)):
+                if v and all(isinstance(x, str) for x in v):
+                    self.text(" ".join(v))  # an argument vector: "--token", "value" in separate items
+                name = _env_pair_name(v)
+                stack.extend((x, name if i == 1 else None) for i, x in enumerate(v))
+
+    def dict(self, v: dict, key: str | None, stack: list[tuple[Any, str | None]]) -> None:
+        secret_name = (isinstance(v.get("name"), str) and isinstance(v.get("value"), str)
+                       and SECRET_NAME.search(v["name"]))
+        in_env = key in ("environ", "env", "environment")
+        env_keys, texts = self.env_keys, self.texts
+        for k, x in v.items():
+            env = env_keys.get(k)
+            if env is None:
+                env = self.key_env(k)
+            env = env or (in_env and isinstance(k, str))
+            if secret_name and k == "value":
+                self.env_value(v["name"], x)
+            elif env or not isinstance(x, str):
+                stack.append((x, k if env else None))
+            elif k in _HEX_KEYS:
+                self.r.hex_quote(x)
+            elif x not in texts:
+                self.text(x)
+
+
 #: how a quote cut short ends (a str local: its repr cut at 77 characters, "...")
 _CUT_ENDS = ("...", "...'", '..."')
 #: keys whose strings are hex quotes of memory (the heap verdict's first bytes past a buffer's end)
@@ -565,6 +637,9 @@ _FACT_KEYS = frozenset({"signal_name", "function", "symbol", "library", "file", 
 _SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGKILL", "SIGTERM", "SIGQUIT",
             "SIGXCPU", "SIGXFSZ", "SIGINT", "SIGHUP", "SIGPIPE", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
 _FACT_PARTS = re.compile(r"[.:()<>\[\],]+")
+_VERSION_KEYS = frozenset({"kind", "fault_kind", "python_version", "driver_version", "version"})
+_SPACE = re.compile(r"\s")  # str.isspace's characters (both are Py_UNICODE_ISSPACE)
+_LEAVES = (str, int, float, bool, type(None))  # what holds no fact unless it stands under a fact key
 
 
 def facts_of(tree: Any, *, limit: int = 100_000) -> set[str]:
@@ -576,7 +651,10 @@ def facts_of(tree: Any, *, limit: int = 100_000) -> set[str]:
     >>> sorted(f - set(_SIGNALS))
     ['1', 'Device', 'Device.nvlink_throughput', 'libnvidia-ml', 'libnvidia-ml.so.1', 'nvlink_throughput', 'so']
     """
-    out: set[str] = set(_SIGNALS)
+    out = _all_facts(tree)
+    if len(out) < limit:
+        return out  # what the walk below finds when the limit does not cut it short
+    out = set(_SIGNALS)
     stack: list[tuple[Any, Any]] = [(tree, None)]
     while stack and len(out) < limit:
         v, key = stack.pop()
@@ -584,13 +662,49 @@ def facts_of(tree: Any, *, limit: int = 100_000) -> set[str]:
             stack.extend((x, k) for k, x in v.items())
         elif isinstance(v, (list, tuple)):
             stack.extend((x, key) for x in v)
-        elif isinstance(v, str) and key in _FACT_KEYS and v and not any(c.isspace() for c in v):
-            # a value with a space is no name (a command line under "command"): its words may be secrets
-            name = v.rstrip("/").rsplit("/", 1)[-1]
-            out.add(name)
-            out.update(p for p in _FACT_PARTS.split(name) if p)
-            if key in ("kind", "fault_kind", "python_version", "driver_version", "version"):
-                out.add(v)
+        elif isinstance(v, str) and key in _FACT_KEYS:
+            _add_fact(out, v, key)
+    return out
+
+
+def _add_fact(out: set[str], v: str, key: str) -> None:
+    """The facts of one string ``v`` under the fact key ``key`` into ``out``."""
+    if not v or _SPACE.search(v) is not None:
+        return  # a value with a space is no name (a command line under "command"): its words may be secrets
+    name = v.rstrip("/").rsplit("/", 1)[-1]
+    out.add(name)
+    out.update(p for p in _FACT_PARTS.split(name) if p)
+    if key in _VERSION_KEYS:
+        out.add(v)
+
+
+def _all_facts(tree: Any) -> set[str]:
+    """:func:`facts_of` without a limit: each distinct string read once (an analysis repeats its frames' names
+    in every thread)."""
+    out: set[str] = set(_SIGNALS)
+    seen: set[str] = set()
+    versions: set[str] = set()
+    stack: list[tuple[Any, Any]] = [(tree, None)]
+    while stack:
+        v, key = stack.pop()
+        if isinstance(v, dict):
+            items: Iterable[tuple[Any, Any]] = v.items()
+        elif isinstance(v, (list, tuple)):
+            items = ((key, x) for x in v)
+        else:
+            items = ((key, v),)
+        for k, x in items:
+            if isinstance(x, str):
+                if k not in _FACT_KEYS:
+                    continue
+                if k in _VERSION_KEYS and x not in versions:
+                    versions.add(x)
+                    _add_fact(out, x, k)
+                elif x not in seen:
+                    seen.add(x)
+                    _add_fact(out, x, "")
+            elif isinstance(x, (dict, list, tuple)):
+                stack.append((x, k))
     return out
 
 
