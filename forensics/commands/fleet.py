@@ -110,7 +110,7 @@ def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file
     import datetime as dt
 
     from ..text.fleet import format_fleet
-    from ..fleetprom import (DEFAULT_DEADLINE, PromAuth, PromClient, PrometheusError, parse_window,
+    from ..fleet.prom import (DEFAULT_DEADLINE, PromAuth, PromClient, PrometheusError, parse_window,
                              summarize_fleet_prometheus)
     from ..output import json_document
 

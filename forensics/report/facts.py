@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 
 from ..analyze.signature import exit_explanation, signature
 from ..fleet import load_fleet
-from ..fleetmodel import FleetSummary
+from ..fleet.model import FleetSummary
 from ..format import load_analysis, load_batch
 from ..imports.format import load_import_report
 from ..imports.model import ImportReport, KnownIssueHit

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from forensics.fleetprom import PromAuth, PromClient
+from forensics.fleet.prom import PromAuth, PromClient
 
 TOKEN = "s3cr3t-bearer-token-planted"
 PASSWORD = "planted-basic-password"

@@ -1,4 +1,4 @@
-"""The fleet table's one boundary rule and summary tail (forensics/fleetmodel.py), used by `fleet --from` and
+"""The fleet table's one boundary rule and summary tail (forensics/fleet/model.py), used by `fleet --from` and
 `fleet --prometheus` alike: the cases the rule decides, and that both readers reach it."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 from forensics.fleet import summarize_fleet
-from forensics.fleetmodel import (DEFAULT_GROUP_LABELS, MAX_BOUNDARY_VALUES, FleetGroup, boundary_lines,
+from forensics.fleet.model import (DEFAULT_GROUP_LABELS, MAX_BOUNDARY_VALUES, FleetGroup, boundary_lines,
                                   finish_summary, group_key)
 from tests.fleetgen import incident_fleet
 
@@ -79,7 +79,7 @@ def test_fleet_from_pod_objects_names_the_incident_boundary():
 
 def test_both_readers_call_the_one_rule_and_define_none_of_their_own():
     root = Path(__file__).resolve().parents[2] / "forensics"
-    for module in ("fleet.py", "fleetprom.py"):
+    for module in ("fleet/__init__.py", "fleet/prom.py"):
         tree = ast.parse((root / module).read_text())
         called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         assert {"boundary_lines", "finish_summary"} <= called, module

@@ -1,4 +1,4 @@
-"""forensics/fleetprom.py's pure parts (windows, label names and escaping, selectors, sample and count values) and
+"""forensics/fleet/prom.py's pure parts (windows, label names and escaping, selectors, sample and count values) and
 its client and table against a real small HTTP server on 127.0.0.1 that answers as Prometheus' API would, or as a
 broken or hostile one might: every wrong answer is one clear PrometheusError, never a traceback."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from forensics.errors import EXIT_ERROR, EXIT_USAGE
-from forensics.fleetprom import (PromClient, PrometheusError, SelectorError, _count_value, _esc, _sample_value,
+from forensics.fleet.prom import (PromClient, PrometheusError, SelectorError, _count_value, _esc, _sample_value,
                                  parse_window, prom_label, selector_matchers, summarize_fleet_prometheus)
 
 

@@ -15,18 +15,18 @@ from tests.import_graph import PACKAGE_DIR, find_cycles, module_files, read_grap
 # A new module joins its unit; a new unit takes the line its imports put it on.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("records", "modes"),  # the record decorator, below every record; analyze's modes (enum only)
-    # records, errors, pure helpers, the resolver; the fleet table's records and rules (fleet and fleetprom share them);
-    # SHA-256 without hashlib (digest); another program run bounded in time and bytes (subproc)
-    ("errors", "model", "cache", "redact", "rootpath", "fleetmodel", "digest", "subproc"),
+    # records, errors, pure helpers, the resolver; SHA-256 without hashlib (digest); another program run bounded in
+    # time and bytes (subproc)
+    ("errors", "model", "cache", "redact", "rootpath", "digest", "subproc"),
     # shared formats, shipped files, the one kube client; who a PID is (/proc/PID/stat)
     ("output", "resources", "guard", "kubectl", "pidstat"),
     # records back from the JSON another command wrote (analyze, reproduce, fleet...); the shared click options
     # (-o checks its path through output)
     ("jsonrecords", "options"),
-    ("core", "fleet"),  # reading cores; the fleet's restarts
-    # stacks by gdb / our reader / libdw; capture bundles; glibc heap; the fleet from Prometheus; systemd-coredump's
-    # store (its compressed cores, its journal)
-    ("gdb", "pyread", "bundle", "unwind", "heap", "fleetprom", "coredumpd"),
+    ("core", "fleet"),  # reading cores; the fleet's restarts (its table's records, from pods or from Prometheus)
+    # stacks by gdb / our reader / libdw; capture bundles; glibc heap; systemd-coredump's store (its compressed
+    # cores, its journal)
+    ("gdb", "pyread", "bundle", "unwind", "heap", "coredumpd"),
     ("analyze", "imports", "objstore"),  # analyze's pipeline; verify-imports' library; bundles in S3 buckets
     ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
     ("reproduce",),  # the reproducers, and their result read back

@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 
-from .errors import ForensicsError
-from .fleetmodel import DEFAULT_GROUP_LABELS, FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key
-from .kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json
+from ..errors import ForensicsError
+from .model import DEFAULT_GROUP_LABELS, FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key
+from ..kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json
 
 __all__ = [
     "DEFAULT_GROUP_LABELS",
@@ -259,7 +259,7 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
 
 
 def _per_label(labels: dict[str, dict[str, str]], crashy: dict[str, bool]) -> dict[str, dict[str, tuple[int, int]]]:
-    """label -> value -> (nodes with pods, crashing nodes): what :func:`~forensics.fleetmodel.boundary_lines` reads."""
+    """label -> value -> (nodes with pods, crashing nodes): what :func:`~forensics.fleet.model.boundary_lines` reads."""
     per: dict[str, dict[str, tuple[int, int]]] = {}
     for node, bad in crashy.items():
         for k, v in labels.get(node, {}).items():
@@ -282,6 +282,6 @@ def load_fleet(doc: object) -> FleetSummary:
 
     :raises ArtifactFormatError: not a ``fleet`` document of this schema version, or a value of the wrong type
     """
-    from .jsonrecords import load_document
+    from ..jsonrecords import load_document
 
     return load_document(doc, "fleet", "fleet", FleetSummary)

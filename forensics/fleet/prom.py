@@ -1,6 +1,6 @@
 """``forensics fleet --prometheus URL``: the fleet table from PromQL over kube-state-metrics and the agents' crashes.
 
-The same :class:`~forensics.fleetmodel.FleetSummary` as ``fleet --from`` (groups by node labels, pods,
+The same :class:`~forensics.fleet.model.FleetSummary` as ``fleet --from`` (groups by node labels, pods,
 restarting pods, restarts, exit codes, CrashLoopBackOff, images, the boundary), built from
 instant queries that aggregate in Prometheus (``count_values`` / ``count by`` / ``sum by`` over the
 group labels), so what travels grows with the number of groups (times the distinct restart counts of
@@ -12,7 +12,7 @@ queries and the nodes' chain (node label names, their number of values, then one
   selector syntax translated exactly (:func:`selector_matchers`);
 - node groups: ``kube_node_labels`` (``label_nvidia_com_gpu_product``...; kube-state-metrics
   exports node labels only when allow-listed: ``--metric-labels-allowlist=nodes=[nvidia.com/gpu.product,...]``);
-  the group key is made here from them by ``fleet --from``'s rule (:func:`forensics.fleetmodel.group_key`: the
+  the group key is made here from them by ``fleet --from``'s rule (:func:`forensics.fleet.model.group_key`: the
   driver version from GPU feature discovery's major/minor/rev when the full one is absent, the instance type
   when the GPU labels are); a pod on no node (``node=""``: unscheduled) or on a node without a ``kube_node_labels``
   series is in the group "(no labels)", as ``fleet --from`` counts it;
@@ -43,8 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import EXIT_USAGE, ForensicsError
-from .fleetmodel import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_PARTS, FALLBACK_LABELS, MAX_BOUNDARY_VALUES,
+from ..errors import EXIT_USAGE, ForensicsError
+from .model import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_PARTS, FALLBACK_LABELS, MAX_BOUNDARY_VALUES,
                          FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key, key_labels)
 
 __all__ = ["PrometheusError", "SelectorError", "PromAuth", "PromClient", "prom_label", "parse_window",

@@ -1,5 +1,5 @@
 """The fleet table's model, shared by ``fleet`` from pod objects (:mod:`forensics.fleet`) and ``fleet --prometheus``
-(:mod:`forensics.fleetprom`): the group and summary records, the group key of a node, the boundary rule (which
+(:mod:`forensics.fleet.prom`): the group and summary records, the group key of a node, the boundary rule (which
 node label's values separate the crashing nodes from the clean ones) and how a summary is finished from its groups.
 
 Both readers count what they read into the same shapes and call the same rule, so the two tables agree by
