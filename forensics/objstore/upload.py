@@ -13,7 +13,10 @@ the core directory's build-id store the bundle's record names.  Each file is che
 bundle's MANIFEST.json (SHA-256 and size) as it is read for the upload, and each object against the
 file after it (:mod:`.transfer`).  ``UPLOAD.json``, the upload's record (every object: path, key, size,
 SHA-256, how it was verified), is the last object written: a bundle prefix without it is an upload
-cut short, which a second run completes (objects already there and verified are not sent again).
+cut short, which a second run completes (objects already there and verified are not sent again).  A bundle
+whose core the core directory's budget deleted (its record says so) uploads what is left: the missing core
+and the rewritten record are named in ``UPLOAD.json``'s ``not_as_sealed``; any other missing or changed
+file is refused.
 
 The node's copy is deleted only when every object is verified and the record written, and never with
 ``keep``.  The build-id store's objects stay (other crashes share them; the store's budget ages them).
@@ -31,7 +34,8 @@ from dataclasses import dataclass
 
 from .. import rootpath
 from ..bundle import find_object_store, read_bundle_json, read_crash_record, read_manifest
-from ..bundle.layout import ANALYSIS, ANALYSIS_POD, MANIFEST, OBJECTS, PROCESS_SNAPSHOT, UPLOADED
+from ..bundle.layout import ANALYSIS, ANALYSIS_POD, CORE_DIR, MANIFEST, OBJECTS, PROCESS_SNAPSHOT, RECORD, UPLOADED
+from ..bundle.record import CoreState
 from ..errors import InputNotFound, UnsafeBundle, UploadNotVerified
 from .client import ObjectURL, StoreOptions, open_client
 from .transfer import Transfer, digest_file, part_layout
@@ -219,11 +223,14 @@ def upload_bundle(bundle_dir: str, dest: ObjectURL, place: BundlePlace, opts: St
     bundle_dir = os.path.abspath(bundle_dir)
     listed = _manifest_items(bundle_dir)
     files = _bundle_files(bundle_dir)
-    missing = sorted(set(listed) - set(files))
+    unsealed = _budget_changes(bundle_dir, listed, files)
+    missing = sorted(set(listed) - set(files) - set(unsealed))
     if missing:
         raise InputNotFound(os.path.join(bundle_dir, missing[0]),
                             f"The bundle's MANIFEST.json lists {len(missing)} file(s) it no longer has; "
                             "nothing was uploaded.")
+    for rel in unsealed:  # not compared with the manifest: the budget changed them after the seal, and says so
+        listed.pop(rel, None)
     base = dest.child(place.prefix())
     store, store_keys = _store_objects(bundle_dir)
     done: list[UploadedObject] = []
@@ -237,14 +244,30 @@ def upload_bundle(bundle_dir: str, dest: ObjectURL, place: BundlePlace, opts: St
                                        verified_by=obj.verified_by, uploaded=obj.uploaded, in_manifest=False,
                                        store_key=key))
         record = base.child(UPLOAD_RECORD)
-        t.put_bytes(record, _record_document(place, base, done))
+        t.put_bytes(record, _record_document(place, base, done, unsealed))
     if not keep:
         _delete_bundle(bundle_dir)
     return UploadResult(url=f"{base}/", record=str(record), objects=tuple(done), deleted=not keep)
 
 
-def _record_document(place: BundlePlace, base: ObjectURL, done: list[UploadedObject]) -> bytes:
+def _budget_changes(bundle_dir: str, listed: dict[str, tuple[str, int]], files: list[str]) -> dict[str, str]:
+    """{path: why} of the manifest's items the core directory's budget changed after the bundle was sealed, as
+    the handler's record says: a core deleted for the budget (missing) and the record that says so (rewritten).
+    Nothing when the record says no such thing: then a missing or changed item is refused."""
+    rec = read_crash_record(bundle_dir)
+    if rec is None or rec.core.state is not CoreState.DELETED_FOR_BUDGET:
+        return {}
+    out = {rel: "deleted for the core directory's budget" for rel in listed
+           if rel not in files and rel.startswith(f"{CORE_DIR}/")}
+    if RECORD in listed:
+        out[RECORD] = "rewritten: the core deleted for the budget"
+    return out
+
+
+def _record_document(place: BundlePlace, base: ObjectURL, done: list[UploadedObject],
+                     unsealed: dict[str, str]) -> bytes:
     doc = {
+        "not_as_sealed": [{"path": p, "why": why} for p, why in sorted(unsealed.items())],
         "schema_version": 1, "uploaded_at": time.time(), "bundle": base.key + "/",
         "place": {"cluster": place.cluster, "node": place.node, "namespace": place.namespace, "pod": place.pod,
                   "time": place.time, "fingerprint": place.fingerprint, "crash_id": place.crash_id},

@@ -522,3 +522,37 @@ def test_endpoint_and_profile_from_flags(s3, kernel_cores, live, tmp_path):
     assert bad.returncode == 1 and "did not answer" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     missing = forensics("analyze", *flags[:2], "--profile", "nobody", url, env=env)
     assert missing.returncode == 1 and "no such AWS profile" in missing.stderr, missing.stderr
+
+
+def test_a_core_the_budget_deleted_uploads_what_is_left_and_says_so(s3, kernel_cores, live, tmp_path):
+    # GIVEN two real crashes of one program, and the core directory's real budget enforced down to one core
+    from forensics.capture.budget import enforce_budget
+
+    core_dir = tmp_path / "cores"
+    for _ in range(2):
+        make_bundle(core_dir, kernel_cores["abort"], live.pid, only=False)
+    older, newer = sorted((core_dir / "crashes").iterdir())
+    assert enforce_budget(str(core_dir), 1, object_grace=1e9) == [older.name]
+    assert not (older / "50-core" / "core.zst").exists()
+    bucket = s3.make_bucket("budget-left")
+    env = s3.env(HOME=str(tmp_path), FORENSICS_CACHE=str(tmp_path / "cache"))
+    # WHEN the older bundle (core deleted, record rewritten to say so) is uploaded
+    r = forensics("upload", "--json", str(older), f"s3://{bucket}/b", env=env)
+    # THEN what is left goes, and the upload's record names what is not as sealed and why
+    assert r.returncode == 0, r.stderr
+    (result,) = json.loads(r.stdout)["uploads"]
+    prefix = result["url"][len(f"s3://{bucket}/"):]
+    record = json.loads(s3.client().get_object(Bucket=bucket, Key=f"{prefix}UPLOAD.json")["Body"].read())
+    assert record["not_as_sealed"] == [
+        {"path": "50-core/core.zst", "why": "deleted for the core directory's budget"},
+        {"path": "metadata.json", "why": "rewritten: the core deleted for the budget"}]
+    assert f"{prefix}metadata.json" in bucket_keys(s3, bucket) and f"{prefix}50-core/core.zst" not in bucket_keys(
+        s3, bucket)
+    # AND analyzed from the bucket, it says what the node's copy said: no core kept
+    a = forensics("analyze", result["url"], env=env)
+    assert a.returncode == 1 and "no core kept" in a.stderr, a.stderr
+    # AND a core deleted by hand (the record saying nothing of it) is refused, the bundle kept
+    (newer / "50-core" / "core.zst").unlink()
+    r = forensics("upload", str(newer), f"s3://{bucket}/c", env=env)
+    assert r.returncode == 1 and "lists 1 file(s) it no longer has" in r.stderr, r.stderr
+    assert newer.is_dir() and bucket_keys(s3, bucket, "c/") == {}
