@@ -556,3 +556,40 @@ def test_a_core_the_budget_deleted_uploads_what_is_left_and_says_so(s3, kernel_c
     r = forensics("upload", str(newer), f"s3://{bucket}/c", env=env)
     assert r.returncode == 1 and "lists 1 file(s) it no longer has" in r.stderr, r.stderr
     assert newer.is_dir() and bucket_keys(s3, bucket, "c/") == {}
+
+
+@pytest.mark.parametrize("parts", [0, 3], ids=["whole", "3-parts"])
+def test_verification_falls_back_to_the_etag_where_the_server_has_no_sha256(s3, tmp_path, parts):
+    # GIVEN objects another client wrote without a SHA-256 checksum (botocore's default CRC32), whole or in parts
+    from boto3.s3.transfer import TransferConfig
+
+    from forensics.errors import UploadNotVerified
+    from forensics.objstore.client import ObjectURL, StoreOptions
+    from forensics.objstore.transfer import Transfer, digest_file, part_layout
+
+    opts = StoreOptions(part_size=5 << 20)
+    size = 3 * (5 << 20) - 1000 if parts else 1 << 20
+    path = tmp_path / "file"
+    path.write_bytes(os.urandom(size))
+    bucket = s3.make_bucket("etag-fallback")
+    c = s3.client()
+    config = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    c.upload_file(str(path), bucket, "same", Config=config)
+    other = tmp_path / "other"
+    other.write_bytes(os.urandom(size))
+    c.upload_file(str(other), bucket, "other", Config=config)
+    assert "ChecksumSHA256" not in c.head_object(Bucket=bucket, Key="same", ChecksumMode="ENABLED")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        digests = digest_file(fd, part_layout(size, opts))
+        with Transfer(s3.client(), opts) as t:
+            # WHEN forensics verifies the file against them
+            how = t.verify(ObjectURL(bucket=bucket, key="same"), digests, fd=fd, must_exist=True)
+            # THEN the ETag (MD5, or the MD5 of the parts' MD5s) says the same object is the file, another is not
+            assert how == "etag"
+            with pytest.raises(UploadNotVerified, match="its ETag is"):
+                t.verify(ObjectURL(bucket=bucket, key="other"), digests, fd=fd, must_exist=True)
+            # AND read back, the SHA-256 of the bytes says the same
+            assert t.read_back(ObjectURL(bucket=bucket, key="same")) == digests.sha256
+    finally:
+        os.close(fd)
