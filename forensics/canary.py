@@ -20,7 +20,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
-from .errors import ForensicsError, ProcessGone
+from .errors import CanaryError, ForensicsError, ProcessGone
 from .kubectl import KubeOptions, get_json
 from .output import json_document
 
@@ -46,11 +46,6 @@ MAX_BODY = 64 * 1024 * 1024
 PARSE_BUDGET_PER_S = 20  # distinct bodies parsed per second of soak, at most
 
 
-class CanaryError(ForensicsError, ValueError):
-    help_text = "The URL must be http://HOST:PORT/PATH; the canary only speaks plain HTTP."
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"canary: {what}", what=what)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,19 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 
-from .errors import ForensicsError
+from .errors import DemoError, ForensicsError
 
 __all__ = ["DemoResult", "DemoError", "run_demo"]
 
 HOSTNAME = "demo-node"  # what the exporter labels its metrics with (never a real address)
 
 
-class DemoError(ForensicsError, RuntimeError):
-    help_text = ("The exporter's log is exporter/exporter.log in the demo directory; the timeline says which step "
-                 "failed.")
-
-    def __init__(self, step: str, detail: str) -> None:
-        super().__init__(f"demo failed at '{step}': {detail}", step=step, detail=detail)
 
 
 @dataclass

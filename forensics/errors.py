@@ -516,3 +516,122 @@ class UploadNotVerified(ObjectStoreError, ValueError):
 
 __all__ += ["ObjectStoreError", "ObjectStoreDenied", "ObjectStoreUnavailable", "ObjectNotFound",
             "UploadNotVerified"]
+
+
+# -- the commands' own input and run errors (each raised by the module named; imported from here) ------
+
+
+class FleetInputError(ForensicsError, ValueError):
+    """``forensics fleet --from/--nodes``: a document that holds no pods, or nodes where pods were expected
+    (:mod:`forensics.fleet`)."""
+
+    help_text = "Pass `kubectl get pods -o json` with --from and `kubectl get nodes -o json` with --nodes."
+
+    def __init__(self, message: str, *, help_text: str | None = None) -> None:
+        super().__init__(message)
+        if help_text:
+            self.help_text = help_text
+
+
+class SelectorError(ForensicsError, ValueError):
+    """A ``-l`` selector that Prometheus cannot be asked exactly (a usage error: exit 2;
+    :mod:`forensics.fleet.prom`)."""
+
+    exit_code = EXIT_USAGE
+    help_text = ("With --prometheus, -l takes key=value, key!=value, key in (a,b), key notin (a,b), key and !key, "
+                 "with non-empty values, over pod labels kube-state-metrics exports (kube_pod_labels).")
+    selector: str  # set by ForensicsError from the fields
+    detail: str
+
+    def __init__(self, selector: str, detail: str) -> None:
+        super().__init__(f"-l {selector[:200]!r}: {detail}", selector=selector, detail=detail)
+
+
+class PrometheusError(ForensicsError, RuntimeError):
+    """Prometheus could not answer, or answered what no Prometheus would (:mod:`forensics.fleet.prom`)."""
+
+    help_text = ("Check the Prometheus URL, its authentication (--bearer-token-file, --basic-auth, --ca-file), "
+                 "and that it scrapes kube-state-metrics.")
+    what: str
+    detail: str
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(f"prometheus: {what}: {detail}", what=what, detail=detail)
+
+
+class GuardError(ForensicsError, ValueError):
+    """``forensics guard``: a target, value or variable it cannot guard (:mod:`forensics.guard`)."""
+
+    help_text = ("Example: forensics guard --target nvitop.api.device:Device.nvlink_throughput --returns '[]' "
+                 "--env FORENSICS_GUARD_NVLINK --out SITE_PACKAGES")
+    what: str
+
+    def __init__(self, what: str, hint: str | None = None) -> None:
+        super().__init__(f"bad guard: {what}", what=what)
+        if hint:
+            self.help_text = hint
+
+
+class CanaryError(ForensicsError, ValueError):
+    """``forensics canary``: an endpoint or threshold it cannot use (:mod:`forensics.canary`)."""
+
+    help_text = "The URL must be http://HOST:PORT/PATH; the canary only speaks plain HTTP."
+    what: str
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"canary: {what}", what=what)
+
+
+class DemoError(ForensicsError, RuntimeError):
+    """``forensics demo``: the step that failed (:mod:`forensics.demo`)."""
+
+    help_text = ("The exporter's log is exporter/exporter.log in the demo directory; the timeline says which step "
+                 "failed.")
+    step: str
+    detail: str
+
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(f"demo failed at '{step}': {detail}", step=step, detail=detail)
+
+
+class ReproducerNotStarted(ForensicsError, RuntimeError):
+    """A reproducer did not get to make its queries: no evidence about the driver or the binding
+    (:mod:`forensics.reproduce`)."""
+
+    help_text = ("Point the reproducers at the driver's library with --nvml FILE (e.g. "
+                 "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<driver>, or the directory holding "
+                 "libnvidia-ml.so.1), or use --sim for the simulated NVML.")
+    runs: list[str]
+
+    def __init__(self, runs: list[str]) -> None:
+        super().__init__("no conclusion: " + "; ".join(runs), runs=runs)
+
+
+class NvmlLibraryNotFound(InputNotFound):
+    """``forensics reproduce --nvml``: no such library or directory (:mod:`forensics.reproduce`)."""
+
+    help_text = ("--nvml takes the driver's libnvidia-ml.so.<driver> (on Debian/Ubuntu under "
+                 "/usr/lib/x86_64-linux-gnu/, in a container where the NVIDIA toolkit mounts it) or its directory; "
+                 "--sim runs on the simulated NVML.")
+
+
+class StartupFailed(ExecuteError):
+    """The image's interpreter ran and died before the probe's first line: the container would too
+    (:mod:`forensics.imports.execute`)."""
+
+    returncode: int
+    stderr_tail: str
+    command: list[str]  # the sandbox's command line, set by whoever ran it
+
+    def __init__(self, detail: str, returncode: int) -> None:
+        super().__init__("the image's interpreter", f"failed at start-up (exit status {returncode}): {detail}",
+                         hint="The image's own interpreter fails before running any code (its message is above); "
+                              "the container's command fails the same way. Fix the image; the static verdicts "
+                              "say what it would import once it starts.")
+        self.returncode = returncode
+        self.stderr_tail = detail
+        self.command = []
+
+
+__all__ += ["FleetInputError", "SelectorError", "PrometheusError", "GuardError", "CanaryError", "DemoError",
+            "ReproducerNotStarted", "NvmlLibraryNotFound", "StartupFailed"]

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ForensicsError, OutputExists
+from .errors import GuardError, OutputExists
 
 __all__ = ["GuardSpec", "GuardError", "TargetState", "TargetCheck", "parse_target", "default_env", "check_target",
            "render_guard", "write_guard", "GUARD_MARKER", "SWITCHED_OFF"]
@@ -30,14 +30,6 @@ _TARGET = re.compile(r"^(?P<module>[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*):(?P<attr>[A-
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class GuardError(ForensicsError, ValueError):
-    help_text = ("Example: forensics guard --target nvitop.api.device:Device.nvlink_throughput --returns '[]' "
-                 "--env FORENSICS_GUARD_NVLINK --out SITE_PACKAGES")
-
-    def __init__(self, what: str, hint: str | None = None) -> None:
-        super().__init__(f"bad guard: {what}", what=what)
-        if hint:
-            self.help_text = hint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ForensicsError, InputNotFound
+from .errors import ForensicsError, NvmlLibraryNotFound, ReproducerNotStarted
 
 __all__ = ["Outcome", "ReproRun", "ReproduceResult", "load_reproduce", "ReproducerNotStarted", "gpu_lines_of",
            "parse_header", "parse_crash_verdict", "conclude",
@@ -42,15 +42,6 @@ class Outcome(enum.Enum):
     FAILED = "failed"  # any other exit (a timeout, an unexpected status)
 
 
-class ReproducerNotStarted(ForensicsError, RuntimeError):
-    """A reproducer did not get to make its queries: no evidence about the driver or the binding."""
-
-    help_text = ("Point the reproducers at the driver's library with --nvml FILE (e.g. "
-                 "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<driver>, or the directory holding "
-                 "libnvidia-ml.so.1), or use --sim for the simulated NVML.")
-
-    def __init__(self, runs: list[str]) -> None:
-        super().__init__("no conclusion: " + "; ".join(runs), runs=runs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,10 +179,6 @@ def _label(r: ReproRun) -> str:
     return "Python" if r.name == "python" else "C"
 
 
-class NvmlLibraryNotFound(InputNotFound):
-    help_text = ("--nvml takes the driver's libnvidia-ml.so.<driver> (on Debian/Ubuntu under "
-                 "/usr/lib/x86_64-linux-gnu/, in a container where the NVIDIA toolkit mounts it) or its directory; "
-                 "--sim runs on the simulated NVML.")
 
 
 def nvml_dir_for(path: str, workdir: Path) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 
-from ..errors import ForensicsError
+from ..errors import FleetInputError
 from .model import DEFAULT_GROUP_LABELS, FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key
 from ..kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json
 
@@ -30,13 +30,6 @@ __all__ = [
 MAX_PODS = 1_000_000
 
 
-class FleetInputError(ForensicsError, ValueError):
-    help_text = "Pass `kubectl get pods -o json` with --from and `kubectl get nodes -o json` with --nodes."
-
-    def __init__(self, message: str, *, help_text: str | None = None) -> None:
-        super().__init__(message)
-        if help_text:
-            self.help_text = help_text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

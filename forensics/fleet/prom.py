@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import EXIT_USAGE, ForensicsError
+from ..errors import PrometheusError, SelectorError
 from .model import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_PARTS, FALLBACK_LABELS, MAX_BOUNDARY_VALUES,
                          FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key, key_labels)
 
@@ -56,23 +56,8 @@ MAX_REDIRECTS = 5
 _FIGURE, _VALUE = "forensics_figure", "forensics_value"  # labels of the per-pod counts
 
 
-class SelectorError(ForensicsError, ValueError):
-    """A ``-l`` selector that Prometheus cannot be asked exactly (a usage error: exit 2)."""
-
-    exit_code = EXIT_USAGE
-    help_text = ("With --prometheus, -l takes key=value, key!=value, key in (a,b), key notin (a,b), key and !key, "
-                 "with non-empty values, over pod labels kube-state-metrics exports (kube_pod_labels).")
-
-    def __init__(self, selector: str, detail: str) -> None:
-        super().__init__(f"-l {selector[:200]!r}: {detail}", selector=selector, detail=detail)
 
 
-class PrometheusError(ForensicsError, RuntimeError):
-    help_text = ("Check the Prometheus URL, its authentication (--bearer-token-file, --basic-auth, --ca-file), "
-                 "and that it scrapes kube-state-metrics.")
-
-    def __init__(self, what: str, detail: str) -> None:
-        super().__init__(f"prometheus: {what}: {detail}", what=what, detail=detail)
 
 
 def prom_label(label: str) -> str:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ExecuteError
+from ..errors import ExecuteError, StartupFailed
 from ..subproc import OutputTooLarge, run_bounded
 from .model import ExecutedModule, ExecuteResult, ModuleCheck, PythonSetup
 from .rootfs import RootFS, norm
@@ -291,17 +291,6 @@ def _clean_probe(text: str) -> dict:
             "customize": _strs(doc.get("customize"))}
 
 
-class StartupFailed(ExecuteError):
-    """The image's interpreter ran and died before the probe's first line: the container would too."""
-
-    def __init__(self, detail: str, returncode: int) -> None:
-        super().__init__("the image's interpreter", f"failed at start-up (exit status {returncode}): {detail}",
-                         hint="The image's own interpreter fails before running any code (its message is above); "
-                              "the container's command fails the same way. Fix the image; the static verdicts "
-                              "say what it would import once it starts.")
-        self.returncode = returncode
-        self.stderr_tail = detail
-        self.command: list[str] = []  # the sandbox's command line, set by whoever ran it
 
 
 _SANDBOX_FAILS = ("bwrap:",)

@@ -173,3 +173,31 @@ def test_no_dict_shaped_native_stack_past_the_unwinders():
     (native,) = [n.annotation for n in result.body if isinstance(n, ast.AnnAssign) and n.target.id == "native"]
     assert ast.unparse(returns) == "tuple[NativeStack, ...]"
     assert ast.unparse(native) == "tuple[NativeStack, ...] | None"
+
+
+# Errors still defined beside the code that raises them, to move into the catalogue (report/ is being reworked).
+ERRORS_NOT_YET_IN_THE_CATALOGUE = {"forensics.report.evidence:ReportInputError", "forensics.report.form:IssueFormError"}
+
+
+def errors_outside_the_catalogue(root=PACKAGE_DIR) -> list[str]:
+    """``module:Class`` of each class outside ``errors.py`` that derives from one of the catalogue's classes."""
+    catalogue = {n.name for n in ast.walk(ast.parse((root / "errors.py").read_text())) if isinstance(n, ast.ClassDef)}
+    return sorted(f"{module}:{node.name}" for module, path in module_files(root).items() if module != "forensics.errors"
+                  for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+                  and {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases} & catalogue)
+
+
+def test_every_error_the_tool_reports_is_in_the_catalogue():
+    # GIVEN every module but errors.py; THEN none defines a ForensicsError of its own: the catalogue holds each
+    # class with its fields, help text and exit code, and the raising module imports it
+    assert errors_outside_the_catalogue() == sorted(ERRORS_NOT_YET_IN_THE_CATALOGUE)
+
+
+def test_the_catalogue_check_sees_an_error_defined_elsewhere(tmp_path):
+    (tmp_path / "forensics").mkdir()
+    (tmp_path / "forensics" / "errors.py").write_text("class ForensicsError(Exception):\n    pass\n")
+    (tmp_path / "forensics" / "m.py").write_text(
+        "from . import errors\nfrom .errors import ForensicsError\n\n\n"
+        "class A(ForensicsError, ValueError):\n    pass\n\n\n"
+        "class B(errors.ForensicsError):\n    pass\n\n\nclass C(ValueError):\n    pass\n")
+    assert errors_outside_the_catalogue(tmp_path / "forensics") == ["forensics.m:A", "forensics.m:B"]
