@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-from ..bundle.layout import ANALYSIS, ANALYSIS_DIR, ANALYSIS_FAILED, ANALYSIS_POD, CRASHES, RECORD
+from ..bundle.layout import ANALYSIS, ANALYSIS_DIR, ANALYSIS_FAILED, ANALYSIS_POD, CRASHES, RECORD, UPLOADED
 from ..bundle.record import CoreRecord, CoreState, CrashRecord, RecordState
 
 __all__ = ["CrashEntry", "FingerprintGroup", "NodeIndex", "read_crash", "build_index",
@@ -58,6 +58,7 @@ class CrashEntry:
     pod: str | None
     container: str | None
     image_digest: str | None
+    uploaded_to: str | None = None  # the bucket's URL of the bundle (agent serve --upload's 70-upload.json)
 
 
 @dataclass(slots=True)
@@ -143,6 +144,7 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
     analysis = _read_json(os.path.join(crash_dir, ANALYSIS))
     failed = _read_json(os.path.join(crash_dir, ANALYSIS_FAILED))
     pod = _read_json(os.path.join(crash_dir, ANALYSIS_POD)) or {}
+    uploaded = _read_json(os.path.join(crash_dir, UPLOADED)) or {}
     has_core = bool(core.file) and core.state is not None and core.state.has_core
     if rec.state is not RecordState.DONE:
         status = "pending" if rec.state is RecordState.IN_PROGRESS else "none"
@@ -171,6 +173,7 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
         nvml_build_id=nvml.get("build_id"), driver=nvml.get("driver_version"),
         namespace=pod.get("namespace"), pod=pod.get("name"), container=pod.get("container"),
         image_digest=pod.get("image_digest"),
+        uploaded_to=uploaded.get("url") if isinstance(uploaded.get("url"), str) else None,
     )
 
 

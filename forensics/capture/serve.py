@@ -393,8 +393,9 @@ class EventSink:
         name = self.name_of(ns, pod, fp)
         iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
         # shown by kubectl describe: the signature names threads and frames of the crashed process
-        message = escape_text(Redactor().text(f"{c.signature or 'native crash'}; fingerprint {fp}; bundle {c.path} "
-                                              f"on node {self.node}"))[:1024]
+        where = f"bundle {c.uploaded_to} (from node {self.node})" if c.uploaded_to else \
+            f"bundle {c.path} on node {self.node}"
+        message = escape_text(Redactor().text(f"{c.signature or 'native crash'}; fingerprint {fp}; {where}"))[:1024]
         patch = {"count": w["count"], "lastTimestamp": iso(w["last"]), "message": message}
         try:
             _run(self.kube, "patch event", ["patch", "event", name, "--namespace", ns, "--type", "merge",
@@ -498,7 +499,13 @@ class Agent:
         self._resolve_pods()
         pending = [c for c in self.index.crashes if c.analysis == "pending" and not c.in_progress]
         if not pending:  # the analyses first; then, with --upload, one bundle into the bucket
-            return self.shipper is not None and self.shipper.ship_next(self.index)
+            if self.shipper is None:
+                return False
+            shipped = self.shipper.ship_next(self.index)
+            if self.shipper.last_shipped is not None:  # read again: the index names where its bundle went
+                self.reader.touch(self.shipper.last_shipped)
+                self.shipper.last_shipped = None
+            return shipped
         self.reader.touch(pending[0].path)
         return analyze_crash(pending[0].path, self.cfg) != NOT_STARTED  # not started: after a pause
 

@@ -98,6 +98,7 @@ class Shipper:
         self.done: dict[str, int] = {}
         self.failures = 0
         self.stats = UploadStats()
+        self.last_shipped: str | None = None  # the crash directory uploaded last (for the index to read again)
 
     def ship_next(self, index: NodeIndex) -> bool:
         """Upload one ready crash (or finish trimming one); True when one was."""
@@ -159,4 +160,5 @@ class Shipper:
         if not self.cfg.keep:
             trim_uploaded(crash_dir)
         self.done[crash_dir] = sent
+        self.last_shipped = crash_dir
         return True

@@ -593,3 +593,56 @@ def test_verification_falls_back_to_the_etag_where_the_server_has_no_sha256(s3, 
             assert t.read_back(ObjectURL(bucket=bucket, key="same")) == digests.sha256
     finally:
         os.close(fd)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_the_event_names_the_uploaded_bundle_and_its_key_the_pod(s3, crasher, kernel_cores, tmp_path):
+    # GIVEN a crash of a process in a pod's cgroup, the pod in the API stand-in, and agent serve --upload
+    import uuid
+
+    from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
+    from tests.kube_standin import StandIn, make_node, make_pod, write_kubeconfig
+
+    if not CGROUP_ROOT.is_dir():
+        pytest.skip("no cgroup hierarchy to place the container's process")
+    node, ns = socket.gethostname(), "monitoring"
+    pod_uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
+    proc = subprocess.Popen([str(crasher), "sleep"])
+    cg = pod_cgroup(pod_uid, cid)
+    bucket = s3.make_bucket("event-url")
+    env = s3.env(HOME=str(tmp_path), FORENSICS_CACHE=str(tmp_path / "cache"))
+    try:
+        cg.mkdir(parents=True)
+        (cg / "cgroup.procs").write_text(str(proc.pid))
+        with StandIn(path_env=os.environ["PATH"]) as api:
+            api.nodes[node] = make_node(node)
+            api.pods[(ns, "exporter-a1")] = make_pod(name="exporter-a1", namespace=ns, uid=pod_uid, node=node,
+                                                     container_id=cid, restarts=1, last_exit=134)
+            kubeconfig = write_kubeconfig(str(tmp_path / "kc"), api.url, context="standin")
+            make_bundle(tmp_path / "cores", kernel_cores["abort"], proc.pid, only=False)
+            (crash,) = (tmp_path / "cores" / "crashes").iterdir()
+            argv = [str(FORENSICS), "agent", "serve", "--core-dir", str(tmp_path / "cores"), "--node-name", node,
+                    "--metrics-port", "0", "--kubeconfig", kubeconfig, "--upload", f"s3://{bucket}/ev",
+                    "--cluster", "prod"]
+            agent = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            try:
+                # WHEN the agent has analyzed, named the pod, uploaded and told the API
+                def event_message() -> str:
+                    r = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get", "events", "-n", ns, "-o",
+                                        "json"], capture_output=True, text=True, env=env)
+                    items = [e for e in json.loads(r.stdout or "{}").get("items", []) if e["reason"] == "NativeCrash"]
+                    return items[0]["message"] if items else ""
+
+                _wait(lambda: "s3://" in event_message(), 300, "no Event naming the bucket")
+                message = event_message()
+            finally:
+                _stop(agent)
+    finally:
+        remove_cgroup(cg)
+        proc.kill()
+        proc.wait()
+    # THEN the bundle's key names the namespace and the pod, and the Event names the bundle in the bucket
+    where = json.loads((crash / "70-upload.json").read_text())["url"]
+    assert re.fullmatch(rf"s3://{bucket}/ev/prod/{re.escape(node)}/{ns}/exporter-a1/\d{{8}}T\d{{6}}Z-[0-9a-f]{{12}}-.+/",
+                        where), where
+    assert f"bundle {where} (from node {node})" in message, message
