@@ -244,6 +244,7 @@ class _ObjectRoom:
         self.added = 0  # disk taken by this crash's new copies (holes kept)
         self.data_added = 0
         self.usage: int | None = None  # the directory's, read once when a budget is set
+        self.hashed = 0  # bytes read to key the objects without a build-id
 
     def fits(self, fd: int, key: str, what: str) -> bool:
         from .store import data_bytes, disk_usage
@@ -270,6 +271,19 @@ class _ObjectRoom:
             self.warnings.append(f"{what}: {why}: not stored")
         return why is None
 
+    def hashed_key(self, fd: int, what: str) -> str | None:
+        """The store key of an object without a build-id (the sha256 of its bytes); None past ``cfg.max_objects``
+        bytes hashed for this crash (a process mapping a thousand large files without one is not hashed for hours)."""
+        from .store import key_of_fd
+
+        size = os.fstat(fd).st_size
+        if self.hashed + size > self.cfg.max_objects:
+            self.warnings.append(f"{what}: no build-id, {size} bytes to hash over the {self.cfg.max_objects} "
+                                 "bytes hashed a crash: not stored")
+            return None
+        self.hashed += size
+        return key_of_fd(fd)
+
     def add(self, fd: int, key: str) -> None:
         from .store import data_bytes
 
@@ -288,8 +302,6 @@ def _copy_objects(store, fds, keys: dict, warnings: list, *, build_ids: dict[str
         the sha256 of its bytes
     :return: the disk the new copies take (the record's ``objects_bytes``)
     """
-    from .store import key_of_fd
-
     room = _ObjectRoom(store, cfg, core_dir, warnings)
     for entry, fd in fds:
         path = entry.path[: -len(" (deleted)")] if entry.deleted else entry.path
@@ -297,8 +309,8 @@ def _copy_objects(store, fds, keys: dict, warnings: list, *, build_ids: dict[str
             if os.fstat(fd).st_size > MAX_OBJECT_BYTES:  # not even hashed for its key
                 warnings.append(f"object {path}: {os.fstat(fd).st_size} bytes, over {MAX_OBJECT_BYTES}: not stored")
                 continue
-            key = build_ids.get(path) or key_of_fd(fd)
-            if room.fits(fd, key, f"object {path}"):
+            key = build_ids.get(path) or room.hashed_key(fd, f"object {path}")
+            if key and room.fits(fd, key, f"object {path}"):
                 room.add(fd, key)
                 keys[entry.path] = key
         except OSError as e:
@@ -706,7 +718,7 @@ def _open_core_file(crash: _Crash, bound: int) -> int:
     tmp = os.path.join(sub, layout.CORE_TMP)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
     try:
-        os.posix_fallocate(fd, 0, bound)
+        _fallocate(fd, bound)
     except OSError as e:
         if crash.cfg.min_free > 0 and e.errno in (errno.ENOSPC, errno.EDQUOT):
             os.close(fd)
@@ -715,6 +727,18 @@ def _open_core_file(crash: _Crash, bound: int) -> int:
         os.ftruncate(fd, 0)
         crash.result.warnings.append(f"core: its room ({bound:,} bytes) not reserved ({e.strerror or e})")
     return fd
+
+
+def _fallocate(fd: int, size: int) -> None:
+    """fallocate(2), never glibc's posix_fallocate, which on a filesystem without it writes a byte every block
+    (minutes for a 32 GiB bound, while the dying process waits): there it raises EOPNOTSUPP."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if libc.fallocate(fd, 0, 0, size) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def _read_head(fd: int) -> bytes:

@@ -275,6 +275,30 @@ def test_sparse_mapped_files_are_bounded_and_counted(cores, tmp_path):
     assert rec["state"] == "done" and rec["core"]["state"] == "kept"
     # and what the crash stored is counted in its record
     assert 0 < rec["objects_bytes"] <= on_disk, rec
+    assert all(f in rec["objects"] for f in files), rec["warnings"]  # stored, sparse
+
+
+def test_objects_without_a_build_id_are_hashed_within_a_bound(cores, tmp_path):
+    """An object without a build-id is keyed by the sha256 of its bytes: three sparse 1 GiB ones under a bound of
+    1.5 GiB a crash get one hashed and stored, the others named (a thousand would have been hashed for hours)."""
+    files = []
+    for i in range(3):
+        p = tmp_path / f"libnoid{i}.so"
+        with open(p, "wb") as f:
+            f.write(b"\x7fELF" + bytes([i]) * 60)
+            f.truncate(1 << 30)
+        files.append(str(p))
+    proc = _mapping(files)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        r = _handle(tmp_path / "cores", proc.pid, cores[(0, 4)],
+                    HandlerConfig(min_free=0, loop_limit=100, max_objects=3 << 29))
+    finally:
+        proc.kill()
+        proc.wait()
+    rec = json.loads((Path(r.crash_dir) / "metadata.json").read_text())
+    assert sum(f in rec["objects"] for f in files) == 1, rec["objects"]
+    assert sum("bytes hashed a crash: not stored" in w for w in rec["warnings"]) == 2, rec["warnings"]
 
 
 def test_the_objects_one_crash_stores_are_bounded(cores, tmp_path):
