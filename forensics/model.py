@@ -441,10 +441,6 @@ class PythonStacks:
     def is_whole(self) -> bool:
         return self.status is PythonStatus.OK
 
-    @property
-    def has_threads(self) -> bool:
-        return bool(self.threads)
-
 
 @record
 class Thread:
@@ -485,10 +481,6 @@ class Thread:
     @property
     def is_python(self) -> bool:
         return bool(self.py_frames)
-
-    @property
-    def in_free(self) -> bool:
-        return any(f.symbol in ("free", "__libc_free", "_int_free", "cfree") for f in self.native_frames)
 
     @property
     def inside_nvml(self) -> bool:

@@ -45,10 +45,6 @@ class ContainerIdentity:
     def in_container(self) -> bool:
         return self.container_id is not None
 
-    @property
-    def short_id(self) -> str | None:
-        return self.container_id[:12] if self.container_id else None
-
 
 def _identity_of_path(path: str, version: int) -> ContainerIdentity | None:
     rt = cid = None

@@ -21,7 +21,6 @@ from forensics.core.memory import CoreMemory, MemoryNotInCore
 from forensics.heap.layout import (
     FLAG_BITS,
     HEAP_MAX_SIZE,
-    IS_MMAPPED,
     MALLOC_ALIGNMENT,
     MINSIZE,
     PREV_INUSE,
@@ -499,6 +498,3 @@ def read_tcache(hm: HeapMemory, layout: MallocLayout, tcache: int, regions: list
         out.append(b)
     return tuple(out)
 
-
-def is_mmapped(chunk: HeapChunk) -> bool:
-    return bool(chunk.flags & IS_MMAPPED)
