@@ -321,3 +321,27 @@ def test_the_objects_one_crash_stores_are_bounded(cores, tmp_path):
     refused = [w for w in rec["warnings"] if "would take this crash's objects over" in w]
     assert len(stored) <= 2 and refused, (stored, rec["warnings"])
     assert rec["objects_bytes"] <= (5 << 20) // 2 + (1 << 20)  # data bound, plus a page per file
+
+
+def test_concurrent_handler_processes_keep_at_most_the_loop_limit(cores, tmp_path, live):
+    """As the kernel runs them: one handler process per crash, all at once (each reservation named by its own pid
+    and start time, none taken for a dead one's)."""
+    d = tmp_path / "cores"
+    forensics = Path(sys.executable).parent / "forensics"
+    core = cores[(0, 4)]
+    procs = []
+    for _ in range(12):
+        cmd = [str(forensics), "core-handler", str(d), str(live.pid), str(live.pid), "11", str(int(time.time())),
+               "18446744073709551615", "--loop-limit", "3", "--min-free", "0"]
+        fd = os.open(core, os.O_RDONLY)
+        try:
+            procs.append(subprocess.Popen(cmd, stdin=fd, stderr=subprocess.PIPE, env={}, cwd="/"))
+        finally:
+            os.close(fd)
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()
+        p.stderr.close()
+    recs = _records(d)
+    assert len(recs) == 12 and all(r["state"] == "done" for r in recs)
+    assert sum(1 for r in recs if r["core"]["file"]) == 3, [r["core"]["state"] for r in recs]
+    assert not list((d / ".reservations").iterdir())
