@@ -92,6 +92,13 @@ _KNOWN_TOKENS = re.compile(
     r"|npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{40,}|dckr_pat_[A-Za-z0-9_-]{20,}"
     r"|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
     r")(?![A-Za-z0-9])")
+# What every rule of Redactor._text but the learned secrets' needs in a text it changes, one search: "=" or ":"
+# (pairs, headers, URLs, user:password, JSON, YAML, cookies, JDBC, .pgpass), a private key's BEGIN, a bearer token,
+# a JWT, .netrc's password, curl's -b/--cookie, mysql's -p, a known token; a command-line option (the one rule
+# left: "--api-key VALUE") is matched only under a secret-like name, which _text looks for apart.  A rule added
+# to _text that needs none of these must add what it needs here.
+_TRIGGER = re.compile("|".join([r"[=:]", r"-----BEGIN", r"(?i:bearer|token)", r"eyJ", r"password", r"-[bp]",
+                                r"--cookie", _KNOWN_TOKENS.pattern]))
 # "name": "value" in JSON (and Python reprs), name: value in YAML and logs -- judged by the name
 _JSON_PAIR = re.compile(r"(?P<q>[\"'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=q)\s*:\s*"
                         r"(?P<vq>[\"'])(?P<value>(?:\\.|(?!(?P=vq))[^\\\n])*)(?P=vq)")
@@ -181,6 +188,8 @@ class Redactor:
     _cache: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict, repr=False)
     _cache_state: tuple[int, int, int] = field(default=(-1, -1, -1), repr=False)
     _window_set: frozenset[str] = field(default=frozenset(), repr=False)
+    _chased_key: tuple[int, int] = field(default=(-1, -1), repr=False)
+    _chased_re: re.Pattern | None = field(default=None, repr=False)  # any of _chased(), one alternation
     _mapping: dict[str, str] = field(default_factory=dict)
     _per_kind: dict[str, int] = field(default_factory=dict)
 
@@ -262,6 +271,8 @@ class Redactor:
         return out
 
     def _text(self, s: str) -> str:
+        if not self.hosts and _TRIGGER.search(s) is None and not ("-" in s and SECRET_NAME.search(s.replace("-", "_"))):
+            return self._known_secrets(s)  # no rule below can change it (most frames, files, lines of a report)
         s = _PRIVATE_KEY.sub(self._private_key, s)
         s = _WEBHOOK.sub(lambda m: m["base"] + self._secret("webhook URLs", m["secret"]), s)
         s = _URL_USERINFO.sub(self._userinfo, s)
@@ -440,6 +451,13 @@ class Redactor:
 
     def _known_secrets(self, s: str) -> str:
         """Mask every secret value already found elsewhere (longest first)."""
+        key = (len(self.secrets), len(self.facts))
+        if self._chased_key != key:
+            chased = self._chased()
+            self._chased_re = re.compile("|".join(map(re.escape, chased))) if chased else None
+            self._chased_key = key
+        if self._chased_re is None or self._chased_re.search(s) is None:
+            return s  # none in it (one search, not one for each secret)
         for value in self._chased():
             if value in s:
                 self.counts["repeated secret values"] = self.counts.get("repeated secret values", 0) + s.count(value)
@@ -571,6 +589,7 @@ class _Learner:
         self.texts: set[str] = set()
         self.named: set[tuple[str, str]] = set()
         self.env_keys: dict[Any, bool] = {}  # each key met: whether it names an environment variable (text read)
+        self.dicts: set[tuple] = set()  # the dicts of strings and numbers read (a frame: 200 threads, one read)
 
     def text(self, s: str) -> None:
         if s not in self.texts:
@@ -610,6 +629,8 @@ class _Learner:
         secret_name = (isinstance(v.get("name"), str) and isinstance(v.get("value"), str)
                        and SECRET_NAME.search(v["name"]))
         in_env = key in ("environ", "env", "environment")
+        if _seen_dict(self.dicts, v, in_env):
+            return
         env_keys, texts = self.env_keys, self.texts
         for k, x in v.items():
             env = env_keys.get(k)
@@ -618,8 +639,10 @@ class _Learner:
             env = env or (in_env and isinstance(k, str))
             if secret_name and k == "value":
                 self.env_value(v["name"], x)
-            elif env or not isinstance(x, str):
+            elif env or isinstance(x, (dict, list, tuple)):
                 stack.append((x, k if env else None))
+            elif not isinstance(x, str):
+                continue  # a number: nothing to learn
             elif k in _HEX_KEYS:
                 self.r.hex_quote(x)
             elif x not in texts:
@@ -678,16 +701,32 @@ def _add_fact(out: set[str], v: str, key: str) -> None:
         out.add(v)
 
 
+def _seen_dict(seen: set[tuple], v: dict, *context: object) -> bool:
+    """Whether a dict equal to ``v`` (the same items in the same order, in the same ``context``) is in ``seen``;
+    ``v`` is added.  A dict holding a container is never seen (it has no hash)."""
+    try:
+        sig = (context, tuple(v.items()))
+        if sig in seen:
+            return True
+        seen.add(sig)
+    except TypeError:
+        pass
+    return False
+
+
 def _all_facts(tree: Any) -> set[str]:
     """:func:`facts_of` without a limit: each distinct string read once (an analysis repeats its frames' names
     in every thread)."""
     out: set[str] = set(_SIGNALS)
     seen: set[str] = set()
     versions: set[str] = set()
+    dicts: set[tuple] = set()
     stack: list[tuple[Any, Any]] = [(tree, None)]
     while stack:
         v, key = stack.pop()
         if isinstance(v, dict):
+            if _seen_dict(dicts, v):
+                continue
             items: Iterable[tuple[Any, Any]] = v.items()
         elif isinstance(v, (list, tuple)):
             items = ((key, x) for x in v)
