@@ -45,6 +45,7 @@ class StandIn:
         self.event_writes: list[tuple[str, str]] = []
         self.procs: dict[tuple[str, str], tuple[subprocess.Popen, list[bytes]]] = {}
         self.created: list[str] = []
+        self.created_in: list[tuple[str, str]] = []  # (namespace, name) of each pod created
         self.deleted: list[str] = []
         self.refuse_delete = False  # answer DELETE as an RBAC that allows create but not delete would
         self.path_env = path_env
@@ -199,6 +200,7 @@ class StandIn:
                     return h._send(409, _status(409, "AlreadyExists", f'pods "{name}" already exists'))
                 self.pods[(ns, name)] = body
                 self.created.append(name)
+                self.created_in.append((ns, name))
                 if body["spec"].get("nodeName") in self.nodes:
                     self._start(ns, name, body)
             return h._send(201, body)

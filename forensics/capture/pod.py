@@ -88,10 +88,12 @@ class _Terminate(BaseException):
 
 def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core_dir: str, agent_image: str,
                 dry_run: bool, output: str, warn: Callable[[str], None], timeout: float = 300.0,
-                coredump_filter: int | None = None, full: bool = False) -> dict:
+                coredump_filter: int | None = None, full: bool = False, agent_namespace: str | None = None) -> dict:
     """Capture ``pod_name``'s container through kubectl; see the module docstring.
 
     :param warn: told what the user must know even when the capture fails (the agent pod not deleted)
+    :param agent_namespace: where the privileged agent pod is made (default: the target pod's namespace; one
+        whose Pod Security level is baseline or restricted refuses it)
 
     :raises KubectlNotFound, PodNotFound, KubeError, ContainerNotRunning, NodeUnreachable, AgentFailed:
     """
@@ -106,7 +108,8 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
             raise
         # --dry-run needs no API server: the values only the API knows are shown as placeholders
         ns = opts.namespace or "default"
-        manifest = agent_pod_manifest(name=agent_name, namespace=ns, node=f"<node of {ns}/{pod_name}>",
+        manifest = agent_pod_manifest(name=agent_name, namespace=agent_namespace or ns,
+                                      node=f"<node of {ns}/{pod_name}>",
                                       container_id=f"<container ID of {container or 'its first container'}>",
                                       core_dir=core_dir, image=image, timeout=timeout, coredump_filter=coredump_filter,
                                       full=full, pod_uid=f"<uid of {ns}/{pod_name}>")
@@ -130,7 +133,8 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
     # A container that is not running (CrashLoopBackOff, between restarts) is still worth the trip: its next
     # start inherits the node's core handler, and the cores of its earlier runs are on the node.
     running = chosen["state"] == "running" and bool(chosen["container_id"])
-    manifest = agent_pod_manifest(name=agent_name, namespace=ns, node=node_name,
+    agent_ns = agent_namespace or ns
+    manifest = agent_pod_manifest(name=agent_name, namespace=agent_ns, node=node_name,
                                   container_id=chosen["container_id"] if running else None,
                                   core_dir=core_dir, image=image, timeout=timeout, coredump_filter=coredump_filter,
                                   full=full, pod_uid=summary["uid"])
@@ -144,7 +148,7 @@ def capture_pod(pod_name: str, *, container: str | None, opts: KubeOptions, core
     events = get_json(opts, "get events", ["get", "events", "--namespace", ns,
                                             "--field-selector", f"involvedObject.uid={summary['uid']}"],
                       namespaced=False)
-    log = _run_agent(opts, ns, agent_name, manifest, timeout, warn)
+    log = _run_agent(opts, agent_ns, agent_name, manifest, timeout, warn)
     return _write_pod_bundle(output, pod, summary, node, node_summary, events, chosen, log, agent_name, running)
 
 

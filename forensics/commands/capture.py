@@ -36,6 +36,10 @@ __all__ = ["capture"]
 @click.option("--kubectl", "kubectl", default="kubectl", show_default=True, help="kubectl to run.")
 @click.option("--agent-image", default=None,
               help="Image of the agent pod (forensics installed, with its 'forensics' on PATH).")
+@click.option("--agent-namespace", default=None, metavar="NS",
+              help="With --pod: create the privileged agent pod in NS (a namespace that allows privileged pods, "
+                   "e.g. one labelled pod-security.kubernetes.io/enforce=privileged) instead of the target's, which "
+                   "Pod Security baseline/restricted rejects it in.")
 @click.option("--dry-run", is_flag=True,
               help="With --pod: print the agent pod manifest and create nothing (no API server needed: what only it "
                    "knows is then a placeholder).")
@@ -44,8 +48,8 @@ __all__ = ["capture"]
               help="Directory to create the bundle in (pod mode: default ./forensics-bundles).")
 @json_option
 def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_handler, max_core_size, budget,
-                    min_free, loop_limit, pod, namespace, container, context, kubeconfig, kubectl, agent_image, dry_run,
-                    timeout, output, as_json):
+                    min_free, loop_limit, pod, namespace, container, context, kubeconfig, kubectl, agent_image,
+                    agent_namespace, dry_run, timeout, output, as_json):
     """Arm a process for a useful core and collect the evidence around it.
 
     \b
@@ -96,7 +100,7 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
 
         opts = KubeOptions(kubectl=kubectl, kubeconfig=kubeconfig, context=context, namespace=namespace)
         r = capture_pod(pod, container=container, opts=opts, core_dir=core_dir,
-                        agent_image=agent_image or default_agent_image(__version__),
+                        agent_image=agent_image or default_agent_image(__version__), agent_namespace=agent_namespace,
                         dry_run=dry_run, output=output or "forensics-bundles", timeout=timeout,
                         coredump_filter=coredump_filter, full=full,
                         warn=warn)

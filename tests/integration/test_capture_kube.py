@@ -291,6 +291,23 @@ def test_dry_run_prints_the_agent_pod(cluster, pod_process, tmp_path):
     assert not standin.created
 
 
+def test_the_agent_pod_goes_into_the_agent_namespace(cluster, pod_process, tmp_path):
+    # GIVEN a target namespace whose Pod Security level would reject a privileged pod
+    standin, kubeconfig = cluster
+    # WHEN the pod is captured with --agent-namespace
+    r = _capture(kubeconfig, tmp_path / "cores", tmp_path / "out", "--pod", "exporter-7d9f", "--json",
+                 "--agent-namespace", "forensics-system")
+    assert r.exit_code in (0, 4), r.output
+    # THEN the privileged agent pod is made (and deleted) there, and the target's evidence is still its own
+    assert [ns for ns, _ in standin.created_in] == ["forensics-system"]
+    assert standin.deleted == standin.created
+    bundle = Path(json.loads(r.output)["bundle"])
+    assert json.loads((bundle / "00-identity.json").read_text())["namespace"] == NS
+    dry = _capture(kubeconfig, tmp_path / "cores", tmp_path, "--pod", "exporter-7d9f", "--dry-run",
+                   "--agent-namespace", "forensics-system")
+    assert 'namespace: "forensics-system"' in dry.output, dry.output
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
