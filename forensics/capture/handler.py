@@ -366,9 +366,11 @@ def run_core_handler(
         release_pipe(stdin_fd)
         for crash in held:
             release(crash.reservation)
-            if crash.core_fd >= 0:
+            if crash.core_fd >= 0:  # reserved, never streamed into (the handler failed first): its room goes back
                 with contextlib.suppress(OSError):
                     os.close(crash.core_fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(crash.crash_dir, layout.CORE_DIR, layout.CORE_TMP))
         for _, fd in object_fds:
             with contextlib.suppress(OSError):  # read-only descriptors: nothing is lost if close fails
                 os.close(fd)
@@ -427,8 +429,14 @@ class _Crash:
         assert self.record is not None
         # the warnings as they are now: each rewrite carries those added since
         rec = replace(self.record, warnings=tuple(self.result.warnings))
-        write_atomic(os.path.join(self.crash_dir, layout.RECORD),
-                     json.dumps(rec.to_json(), indent=2, sort_keys=True, default=str).encode())
+        path = os.path.join(self.crash_dir, layout.RECORD)
+        data = json.dumps(rec.to_json(), indent=2, sort_keys=True, default=str).encode()
+        try:
+            write_atomic(path, data)
+        except OSError as e:  # no inode for the temporary name: the record there rewritten in place
+            if not _no_room(e) or not os.path.exists(path) or _inodes_free(self.crash_dir) != 0:
+                raise
+            _write_in_place(path, data)
 
     def shorten_core(self, bytes_compressed: int) -> None:
         """The saved core was cut to make room for the metadata: the record says so."""
@@ -529,21 +537,49 @@ def _first_record(crash: _Crash, keep: bool) -> None:
         warnings=tuple(warnings))
     crash.write_record()  # first: a directory with no inode left for the other files still has its record
     said = len(warnings)
-    bundle.add_json(layout.IDENTITY, Identity(
-        kind="crash", crash_id=crash.crash_id, node=crash.record.node, pid=pid, tid=req.tid, signal=crash.signame,
-        time=req.timestamp, comm=snapshot.comm if snapshot else None, exe=snapshot.exe if snapshot else None,
-        image=snapshot.image if snapshot else None, pod_uid=identity.pod_uid if identity else None,
-        container_id=identity.container_id if identity else None, runtime=identity.runtime if identity else None,
-    ).to_json(), "who crashed: node, pid, signal, pod UID, container ID, image, time")
+    with _unless_no_room(warnings, layout.IDENTITY):
+        bundle.add_json(layout.IDENTITY, Identity(
+            kind="crash", crash_id=crash.crash_id, node=crash.record.node, pid=pid, tid=req.tid,
+            signal=crash.signame, time=req.timestamp, comm=snapshot.comm if snapshot else None,
+            exe=snapshot.exe if snapshot else None, image=snapshot.image if snapshot else None,
+            pod_uid=identity.pod_uid if identity else None, container_id=identity.container_id if identity else None,
+            runtime=identity.runtime if identity else None,
+        ).to_json(), "who crashed: node, pid, signal, pod UID, container ID, image, time")
     if snapshot is not None:
-        _write_snapshot(crash)
+        with _unless_no_room(warnings, layout.PROCESS_SNAPSHOT):
+            _write_snapshot(crash)
         for name, data in (raw.files.items() if raw else ()):
-            bundle.add_bytes(layout.process_file(name), data, f"/proc/PID/{name} as read at crash time")
+            with _unless_no_room(warnings, layout.process_file(name)):
+                bundle.add_bytes(layout.process_file(name), data, f"/proc/PID/{name} as read at crash time")
     if crash.image_os is not None:
-        bundle.add_bytes(layout.PROCESS_OS_RELEASE, crash.image_os.encode(),
-                         "the process's /etc/os-release (its image's distribution), read inside its root")
+        with _unless_no_room(warnings, layout.PROCESS_OS_RELEASE):
+            bundle.add_bytes(layout.PROCESS_OS_RELEASE, crash.image_os.encode(),
+                             "the process's /etc/os-release (its image's distribution), read inside its root")
     if len(warnings) != said:
         crash.write_record()
+
+
+def _no_room(e: OSError) -> bool:
+    return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _inodes_free(path: str) -> int | None:
+    try:
+        return os.statvfs(path).f_favail
+    except OSError:  # not known
+        return None
+
+
+@contextlib.contextmanager
+def _unless_no_room(warnings: list[str], item: str):
+    """A bundle item written unless the disk has no room (space or inodes) for it: then a warning, and on: the
+    record and the core are worth more."""
+    try:
+        yield
+    except OSError as e:
+        if not _no_room(e):
+            raise
+        warnings.append(f"{item}: not written ({e.strerror or e}; out of space or of inodes)")
 
 
 def _write_snapshot(crash: _Crash) -> None:

@@ -209,6 +209,13 @@ def make_reserve(path: str) -> str | None:
 _SHRINK = 256 << 10
 
 
+def _out_of_inodes(path: str) -> bool:
+    try:
+        return os.statvfs(path).f_favail == 0
+    except OSError:  # not known: as for a full disk
+        return False
+
+
 def with_room(fn, result, shortened) -> None:
     """Run ``fn``; on a full disk, shorten the saved core (marking it partial) to make room, and retry.
 
@@ -224,6 +231,8 @@ def with_room(fn, result, shortened) -> None:
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not result.core_path:
                 raise
+            if _out_of_inodes(os.path.dirname(result.core_path)):
+                raise  # out of inodes, not of bytes: shortening the core would not make room
         path = result.core_path
         size = os.path.getsize(path)
         if size == 0:
