@@ -110,6 +110,12 @@ def _read_json(path: str) -> dict | None:
 
 
 def _not_kept(core: CoreRecord) -> tuple[str, ...]:
+    """Why a crash's core is not whole, as the metric's reasons.
+
+    >>> _not_kept(CoreRecord(state=CoreState.METADATA_ONLY, reasons=("no room to create the core's file on /d "
+    ...                      "(No space left on device; out of space or of inodes): metadata only",)))
+    ('disk-full',)
+    """
     state = core.state
     reasons = " ".join(core.reasons)
     out = []
@@ -120,7 +126,7 @@ def _not_kept(core: CoreRecord) -> tuple[str, ...]:
             out.append("loop-limit")
         if "below the minimum" in reasons:
             out.append("min-free")
-    if "disk filled up" in reasons or state is CoreState.PARTIAL:
+    if "disk filled up" in reasons or "no room to create the core's file" in reasons or state is CoreState.PARTIAL:
         out.append("disk-full")
     if "core cut at" in reasons:
         out.append("cut")
