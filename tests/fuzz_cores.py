@@ -48,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fuzzing import SENTINEL_DIR, Harness, RunSpec, fuzz_count, fuzz_seed
+from tests.scriptenv import require_checkout_python
 
 __all__ = ["Profile", "profile_core", "mutate", "specs", "main", "SEED_SCENARIOS"]
 
@@ -618,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", metavar="DIR", help="write each mutant to DIR/SEED.core instead of running it "
                                                  "(to reproduce a violation: --seed S --count 1 --keep DIR)")
     args = ap.parse_args(argv)
+    require_checkout_python("tests/fuzz_cores.py")
     # imported once; every run is a fork of this process
     import forensics.analyze
     import forensics.cli

@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fuzzing import SENTINEL_DIR, Harness, RunSpec, fuzz_count, fuzz_seed
+from tests.scriptenv import require_checkout_python
 
 __all__ = ["SeedImage", "mutate", "specs", "main", "SENTINEL_DIR"]
 SITE = "/usr/local/lib/python3.11/site-packages"
@@ -428,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--execute-every", type=int, default=25, help="run every Nth mutant with --execute too")
     ap.add_argument("--json", action="store_true", help="one JSON line per run on stdout")
     args = ap.parse_args(argv)
+    require_checkout_python("tests/fuzz_images.py", ("zstandard",))
     # imported once; every run is a fork of this process
     import forensics.cli
     import forensics.commands.verify_imports

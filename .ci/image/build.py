@@ -158,6 +158,10 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="OCI layout directory to create")
     ap.add_argument("--tag", default=__version__)
     a = ap.parse_args()
+    from tests.scriptenv import require_checkout_python
+
+    # pip builds the checkout's wheel with hatchling (no build isolation); _needed reads ELF files with pyelftools
+    require_checkout_python(".ci/image/build.py", ("pip", "hatchling", "elftools"))
     out = Path(a.out)
     if out.exists():
         raise SystemExit(f"{out}: already exists (not overwritten)")
