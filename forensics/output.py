@@ -106,14 +106,14 @@ def to_jsonable(obj: Any) -> Any:
     if t in _PLAIN:  # most of a document, returned before any other test (and in its container, uncalled)
         return obj
     if t is dict:
-        return {str(k): v if type(v) in _PLAIN else to_jsonable(v) for k, v in obj.items()}
+        return {k if type(k) is str else str(k): v if type(v) in _PLAIN else to_jsonable(v) for k, v in obj.items()}
     if t is list or t is tuple:
         return [v if type(v) in _PLAIN else to_jsonable(v) for v in obj]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         names = _FIELD_NAMES.get(t)
         if names is None:
             names = _FIELD_NAMES[t] = tuple(f.name for f in dataclasses.fields(obj))
-        return {name: to_jsonable(getattr(obj, name)) for name in names}
+        return {name: v if type(v := getattr(obj, name)) in _PLAIN else to_jsonable(v) for name in names}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, os.PathLike):  # pathlib's paths (not imported here: the analyze command has no use for it)

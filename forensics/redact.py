@@ -190,6 +190,7 @@ class Redactor:
     _window_set: frozenset[str] = field(default=frozenset(), repr=False)
     _chased_key: tuple[int, int] = field(default=(-1, -1), repr=False)
     _chased_re: re.Pattern | None = field(default=None, repr=False)  # any of _chased(), one alternation
+    _facts_from: list = field(default_factory=list, repr=False)  # documents whose facts are read when first needed
     _mapping: dict[str, str] = field(default_factory=dict)
     _per_kind: dict[str, int] = field(default_factory=dict)
 
@@ -392,6 +393,17 @@ class Redactor:
             return m.group(0)
         return f"{m['opt']}{m['sep']}{q}{user}:{self._secret('user:password options', pw)}{q}"
 
+    def facts_from(self, *trees: Any) -> None:
+        """Add :func:`facts_of` each of ``trees`` to :attr:`facts` when a learned secret first needs them: facts
+        only keep a learned secret from being chased, and most evidence teaches none."""
+        self._facts_from += trees
+
+    def _read_facts(self) -> None:
+        if self._facts_from and self.secrets:
+            trees, self._facts_from = self._facts_from, []
+            for t in trees:
+                self.facts |= facts_of(t)
+
     def _chased(self) -> list[str]:
         """The learned secrets masked wherever they appear (longest first): none shorter than
         :data:`MIN_SECRET_LEN`, none equal to one of the document's facts."""
@@ -442,6 +454,7 @@ class Redactor:
 
     def _windows(self) -> frozenset[str]:
         """Every run of :data:`MIN_SECRET_LEN` characters of the chased secrets (cached until they change)."""
+        self._read_facts()
         key = (len(self.secrets), len(self.facts))
         if self._window_key != key:
             n = MIN_SECRET_LEN
@@ -451,6 +464,7 @@ class Redactor:
 
     def _known_secrets(self, s: str) -> str:
         """Mask every secret value already found elsewhere (longest first)."""
+        self._read_facts()
         key = (len(self.secrets), len(self.facts))
         if self._chased_key != key:
             chased = self._chased()
@@ -720,13 +734,10 @@ def _all_facts(tree: Any) -> set[str]:
     out: set[str] = set(_SIGNALS)
     seen: set[str] = set()
     versions: set[str] = set()
-    dicts: set[tuple] = set()
     stack: list[tuple[Any, Any]] = [(tree, None)]
     while stack:
         v, key = stack.pop()
         if isinstance(v, dict):
-            if _seen_dict(dicts, v):
-                continue
             items: Iterable[tuple[Any, Any]] = v.items()
         elif isinstance(v, (list, tuple)):
             items = ((key, x) for x in v)
@@ -760,7 +771,7 @@ def redact_document(doc: Any, r: Redactor | None = None, *, learn_from: Any = No
     before = None
     if isinstance(doc, dict) and "redaction" in doc:  # an earlier pass's account (kept, added to)
         before, doc = doc["redaction"], {k: v for k, v in doc.items() if k != "redaction"}
-    r.facts |= facts_of(doc) | facts_of(learn_from)
+    r.facts_from(doc, learn_from)
     r.learn(doc if learn_from is None else [doc, learn_from])  # learn_from: what the document was made of
     out = redact_tree(doc, r)
     if isinstance(out, dict):
@@ -789,7 +800,7 @@ def redact_lines(lines: Iterable[str], doc: Any) -> Iterator[str]:
     ['thread [REDACTED]', 'first bytes:     5b 52 45 44 41 43 54 45 44 5d  |[REDACTED]|']
     """
     r = Redactor()
-    r.facts |= facts_of(doc)
+    r.facts_from(doc)
     r.learn(doc)
     for line in lines:
         m = _HEX_LINE.search(line)
