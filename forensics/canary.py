@@ -1,9 +1,11 @@
 """``forensics canary``: a bounded scrape soak of a Prometheus endpoint, with pass/fail.
 
-An asyncio HTTP/1.1 client (keep-alive when the server allows it) runs
-``concurrency`` workers until ``requests`` scrapes are done or ``duration``
-has passed, whichever is first — both are bounded.  Bodies are validated with
-prometheus_client's exposition parser (every distinct body up to a budget per
+An asyncio HTTP/1.1 client (keep-alive when the server allows it; https with a CA file or unverified; a
+bearer token read from a file, sent to the URL's origin only) runs ``concurrency`` workers, each starting
+a scrape every ``interval`` seconds as Prometheus does (0: back to back), until ``requests`` scrapes are
+done or ``duration`` has passed, whichever is first — both are bounded.  It sends Prometheus' Accept
+(OpenMetrics first) and Accept-Encoding (gzip, inflated to MAX_BODY at most).  Bodies are validated with
+prometheus_client's exposition parser for their Content-Type (every distinct body up to a budget per
 second, so validation never throttles the soak; the result says how many were
 parsed).  With a pid or a pod it also watches for exits, restarts and new cores.
 """
@@ -15,8 +17,10 @@ import hashlib
 import json
 import math
 import os
+import ssl
 import time
 import urllib.parse
+import zlib
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
@@ -39,11 +43,32 @@ __all__ = [
     "read_pod_state",
     "canary_document",
     "MAX_REQUESTS",
+    "PROMETHEUS_ACCEPT",
+    "ScrapeOptions",
 ]
 
 MAX_REQUESTS = 10_000_000
 MAX_BODY = 64 * 1024 * 1024
 PARSE_BUDGET_PER_S = 20  # distinct bodies parsed per second of soak, at most
+MAX_TOKEN = 64 * 1024
+# What Prometheus (2.x) asks a target for: OpenMetrics first, then the text format
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScrapeOptions:
+    """How each scrape is made, as Prometheus' scrape config says it.
+
+    ``interval``: seconds between the starts of one worker's scrapes (``scrape_interval``; 0: as fast as the
+    target answers, a load test).  ``bearer_token_file``: ``authorization.credentials_file`` -- its token is
+    sent to the URL's origin only (redirects are not followed) and never shown.
+    """
+
+    interval: float = 0.0
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    bearer_token_file: str | None = None
 
 
 
@@ -73,6 +98,9 @@ class CanaryResult:
     families: dict[str, int] = field(default_factory=dict)  # family -> samples in the last parsed body
     nan_samples: dict[str, int] = field(default_factory=dict)  # family -> NaN samples in the last parsed body
     missing_families: list[str] = field(default_factory=list)
+    content_types: dict[str, int] = field(default_factory=dict)  # Content-Type of the 200 answers -> count
+    gzip_bodies: int = 0  # 200 answers that came gzip-encoded (decoded before they are judged)
+    interval: float = 0.0
     process_events: list[str] = field(default_factory=list)  # exits, restarts, new cores
     new_cores: list[str] = field(default_factory=list)
     stopped_early: str | None = None  # why the soak ended before its requests / duration were done
@@ -97,12 +125,16 @@ class CanaryResult:
         return self.requests / self.elapsed if self.elapsed else 0.0
 
 
-def parse_exposition(body: str) -> tuple[dict[str, int], dict[str, int]]:
-    """(samples per family, NaN samples per family) of a Prometheus text exposition.
+def parse_exposition(body: str, content_type: str = "text/plain") -> tuple[dict[str, int], dict[str, int]]:
+    """(samples per family, NaN samples per family) of a Prometheus text or OpenMetrics exposition
+    (by its ``content_type``).
 
     :raises ValueError: when the text is not valid exposition format
     """
-    from prometheus_client.parser import text_string_to_metric_families
+    if content_type.split(";")[0].strip().lower() == "application/openmetrics-text":
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    else:
+        from prometheus_client.parser import text_string_to_metric_families
 
     families: dict[str, int] = {}
     nans: dict[str, int] = {}
@@ -114,15 +146,76 @@ def parse_exposition(body: str) -> tuple[dict[str, int], dict[str, int]]:
     return families, nans
 
 
-def _split_url(url: str) -> tuple[str, int, str]:
+def _split_url(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path?query) of an http:// or https:// URL."""
     u = urllib.parse.urlsplit(url)
-    if u.scheme != "http" or not u.hostname:
-        raise CanaryError(f"{url!r} is not an http:// URL")
-    return u.hostname, u.port or 80, (u.path or "/") + (f"?{u.query}" if u.query else "")
+    try:
+        port = u.port
+    except ValueError:
+        port = -1
+    if u.scheme not in ("http", "https") or not u.hostname or port == -1:
+        raise CanaryError(f"{url!r} is not an http:// or https:// URL")
+    return u.scheme, u.hostname, port or (443 if u.scheme == "https" else 80), \
+        (u.path or "/") + (f"?{u.query}" if u.query else "")
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """(status, body, keep-alive) of one HTTP/1.x response."""
+class _Target:
+    """The URL's connection and the request Prometheus would send it (token, gzip, Accept)."""
+
+    def __init__(self, url: str, opts: ScrapeOptions, timeout: float) -> None:
+        scheme, self.host, self.port, path = _split_url(url)
+        self.ssl: ssl.SSLContext | None = None
+        if scheme == "https":
+            try:
+                self.ssl = ssl.create_default_context(cafile=opts.ca_file)
+            except (OSError, ssl.SSLError) as e:
+                why = getattr(e, "strerror", None) or e
+                raise CanaryError(f"{opts.ca_file}: cannot load the CA file: {why}") from e
+            if opts.insecure_skip_verify:
+                self.ssl.check_hostname = False
+                self.ssl.verify_mode = ssl.CERT_NONE
+        elif opts.ca_file or opts.insecure_skip_verify:
+            raise CanaryError("--ca-file and --insecure-skip-verify go with an https:// URL")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        head = (f"GET {path} HTTP/1.1\r\nHost: {host}:{self.port}\r\nAccept: {PROMETHEUS_ACCEPT}\r\n"
+                f"Accept-Encoding: gzip\r\nUser-Agent: forensics-canary\r\n"
+                f"X-Prometheus-Scrape-Timeout-Seconds: {timeout:g}\r\n")
+        if opts.bearer_token_file:
+            head += f"Authorization: Bearer {_read_token(opts.bearer_token_file)}\r\n"
+        self.request = (head + "\r\n").encode()
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.host, self.port, ssl=self.ssl,
+                                             server_hostname=self.host if self.ssl else None)
+
+
+def _read_token(path: str) -> str:
+    """The bearer token in ``path`` (surrounding white space stripped); never put in a message."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKEN + 1)
+    except OSError as e:
+        raise CanaryError(f"{path}: cannot read the bearer token: {e.strerror or e}") from e
+    token = raw.strip()
+    if len(raw) > MAX_TOKEN or not token or any(c < 0x21 or c > 0x7E for c in token):
+        raise CanaryError(f"{path}: not a bearer token (one line of printable ASCII, at most {MAX_TOKEN} bytes)")
+    return token.decode("ascii")
+
+
+def _gunzip(body: bytes) -> bytes:
+    """A gzip body decoded, at most MAX_BODY bytes of it (a bomb is refused, not inflated)."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(body, MAX_BODY + 1)
+    except zlib.error as e:
+        raise ValueError(f"gzip body not decodable: {e}") from e
+    if len(out) > MAX_BODY or d.unconsumed_tail:
+        raise ValueError("decompressed body over the size limit")
+    return out
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool, dict[str, str]]:
+    """(status, body, keep-alive, headers) of one HTTP/1.x response."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
@@ -146,60 +239,87 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
                 raise ValueError("body over the size limit")
             chunks.append(await reader.readexactly(size))
             await reader.readexactly(2)
-        return status, b"".join(chunks), keep
+        return status, b"".join(chunks), keep, headers
     if "content-length" in headers:
         n = int(headers["content-length"])
         if n > MAX_BODY:
             raise ValueError("body over the size limit")
-        return status, await reader.readexactly(n), keep
+        return status, await reader.readexactly(n), keep, headers
     body = await reader.read(MAX_BODY)
-    return status, body, False
+    return status, body, False, headers
 
 
-async def _soak(url: str, requests: int, concurrency: int, duration: float, timeout: float,
-                result: CanaryResult, on_body: Callable[[bytes], None], stop: dict | None = None,
-                on_failure: Callable[[], None] | None = None) -> None:
-    host, port, path = _split_url(url)
-    request = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/plain\r\n"
-               "User-Agent: forensics-canary\r\n\r\n").encode()
+def _record_answer(result: CanaryResult, status: int, body: bytes, headers: dict[str, str],
+                   on_body: Callable[[bytes, str], None]) -> None:
+    """One answer into the result: a 200's body decoded (gzip) and judged, any other status counted."""
+    if status != 200:
+        key = f"HTTP {status}"
+        if 300 <= status < 400:
+            key += " (redirect: not followed, give the final URL)"
+        result.errors[key] = result.errors.get(key, 0) + 1
+        return
+    encoding = headers.get("content-encoding", "identity").lower()
+    if encoding == "gzip":
+        body = _gunzip(body)
+        result.gzip_bodies += 1
+    elif encoding != "identity":
+        raise ValueError(f"Content-Encoding {encoding[:40]!r} not asked for")
+    result.ok += 1
+    ctype = headers.get("content-type", "")
+    result.content_types[ctype[:200]] = result.content_types.get(ctype[:200], 0) + 1
+    n = len(body)
+    result.body_total += n
+    result.body_min = n if result.body_min == 0 else min(result.body_min, n)
+    result.body_max = max(result.body_max, n)
+    on_body(body, ctype)
+
+
+async def _soak(target: _Target, requests: int, concurrency: int, duration: float, timeout: float,
+                result: CanaryResult, on_body: Callable[[bytes, str], None], stop: dict,
+                on_failure: Callable[[], None] | None = None, interval: float = 0.0) -> None:
     deadline = time.monotonic() + duration
     issued = 0
 
-    async def worker() -> None:
+    async def worker(k: int) -> None:
         nonlocal issued
         conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        next_start = time.monotonic() + interval * k / concurrency  # spread, as Prometheus spreads its targets
         # A flag as well as cancellation: asyncio.wait_for can swallow a cancel that races a
         # finished connect (3.11), and a refused connect finishes at once.
-        while issued < requests and time.monotonic() < deadline and not (stop and stop["now"]):
+        while issued < requests and not stop["now"]:
+            if next_start >= deadline:  # no scrape starts after the deadline, but the watch lasts until it
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+                break
+            if next_start > time.monotonic():
+                await asyncio.sleep(next_start - time.monotonic())
+                continue  # the stop flag and the request count may have changed meanwhile
             issued += 1
+            next_start = time.monotonic() + interval
             t0 = time.perf_counter()
             try:
                 if conn is None:
-                    conn = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+                    conn = await asyncio.wait_for(target.connect(), timeout)
                 reader, writer = conn
-                writer.write(request)
-                status, body, keep = await asyncio.wait_for(_read_response(reader), timeout)
-                dt = time.perf_counter() - t0
+                writer.write(target.request)
+                status, body, keep, headers = await asyncio.wait_for(_read_response(reader), timeout)
                 result.requests += 1
-                result.latencies.append(dt)
-                if status == 200:
-                    result.ok += 1
-                    n = len(body)
-                    result.body_total += n
-                    result.body_min = n if result.body_min == 0 else min(result.body_min, n)
-                    result.body_max = max(result.body_max, n)
-                    on_body(body)
-                else:
-                    key = f"HTTP {status}"
-                    result.errors[key] = result.errors.get(key, 0) + 1
+                result.latencies.append(time.perf_counter() - t0)
+                _record_answer(result, status, body, headers, on_body)
                 if not keep:
                     writer.close()
                     conn = None
+            except ssl.SSLCertVerificationError as e:
+                # the set-up is wrong, not the target: no soak can be judged
+                stop["now"] = True
+                stop["fatal"] = f"certificate verify failed ({e.verify_message or e.reason}): give the server's " \
+                                "CA with --ca-file (or --insecure-skip-verify)"
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                     ValueError) as e:
                 result.requests += 1
                 result.latencies.append(time.perf_counter() - t0)
                 key = type(e).__name__ if not isinstance(e, OSError) or not e.strerror else e.strerror
+                if isinstance(e, ValueError) and str(e):
+                    key = str(e)[:120]
                 result.errors[key] = result.errors.get(key, 0) + 1
                 if conn is not None:
                     conn[1].close()
@@ -210,7 +330,7 @@ async def _soak(url: str, requests: int, concurrency: int, duration: float, time
         if conn is not None:
             conn[1].close()
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
 
 
 def describe_wait_status(status: int) -> str:
@@ -422,22 +542,25 @@ class PodWatch:
 def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duration: float = 60.0,
                timeout: float = 10.0, pid: int | None = None, core_dirs: tuple[str, ...] = (),
                thresholds: Thresholds = Thresholds(), stop_on_exit: bool = True,
-               pod_watch: PodWatch | None = None) -> CanaryResult:
+               pod_watch: PodWatch | None = None, scrape: ScrapeOptions = ScrapeOptions()) -> CanaryResult:
     """Soak ``url`` and judge the result against ``thresholds``.
 
     :param stop_on_exit: end the soak as soon as the watched ``pid`` (or pod) dies: scrapes of a dead
         target only add connection failures
     :param pod_watch: watch a pod's restarts (``--pod``) instead of a local process
+    :param scrape: how each scrape is made (interval, TLS, bearer token)
+    :raises CanaryError: for a certificate the CA does not vouch for (before anything is judged)
     """
-    _check_soak(url, requests, concurrency, duration)
-    result = CanaryResult(url=url, concurrency=concurrency)
+    _check_soak(url, requests, concurrency, duration, timeout, scrape.interval)
+    target = _Target(url, scrape, timeout)
+    result = CanaryResult(url=url, concurrency=concurrency, interval=scrape.interval)
     watch: PodWatch | _Watch | None
     if pod_watch is not None:
         watch = pod_watch
     else:
         watch = _Watch(pid, list(core_dirs)) if (pid is not None or core_dirs) else None
     on_body = _BodyParser(result)
-    stop = {"now": False}
+    stop: dict = {"now": False}
 
     def check_watch(failed: bool = False) -> None:
         if watch is None or stop["now"]:
@@ -451,8 +574,9 @@ def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duratio
             result.stopped_early = result.stopped_early or f"{watch.name} died: scraping stopped"
 
     async def main() -> None:
-        task = asyncio.ensure_future(_soak(url, requests, concurrency, duration, timeout, result, on_body, stop,
-                                           (lambda: check_watch(True)) if watch is not None else None))
+        task = asyncio.ensure_future(_soak(target, requests, concurrency, duration, timeout, result, on_body, stop,
+                                           (lambda: check_watch(True)) if watch is not None else None,
+                                           scrape.interval))
         while not task.done():
             check_watch()
             if stop["now"]:
@@ -488,16 +612,29 @@ def run_canary(url: str, *, requests: int = 1000, concurrency: int = 10, duratio
     result.elapsed = time.perf_counter() - t0
     if watch is not None:
         watch.finish(result)
+    _raise_fatal(url, stop)
     return judge(result, thresholds)
 
 
-def _check_soak(url: str, requests: int, concurrency: int, duration: float) -> None:
+def _raise_fatal(url: str, stop: dict) -> None:
+    """A set-up mistake met while scraping (a certificate the CA does not vouch for) as one error line."""
+    if stop.get("fatal"):
+        raise CanaryError(f"{url}: TLS: {stop['fatal']}")
+
+
+def _check_soak(url: str, requests: int, concurrency: int, duration: float, timeout: float = 10.0,
+                interval: float = 0.0) -> None:
     if not (1 <= requests <= MAX_REQUESTS):
         raise CanaryError(f"--requests must be between 1 and {MAX_REQUESTS}")
     if not (1 <= concurrency <= 10_000):
         raise CanaryError("--concurrency must be between 1 and 10000")
     if not (0 < duration <= 7 * 86400):
         raise CanaryError("--duration must be between 0 and 7 days")
+    if not (0 <= interval <= 86400):
+        raise CanaryError("--interval must be between 0 and 86400 seconds")
+    if interval and timeout > interval:
+        raise CanaryError(f"--timeout {timeout:g} is longer than --interval {interval:g} (Prometheus refuses a "
+                          "scrape_timeout over its scrape_interval)")
     _split_url(url)
 
 
@@ -510,9 +647,9 @@ class _BodyParser:
         self.start = time.monotonic()
         self.parsed = 0
 
-    def __call__(self, body: bytes) -> None:
+    def __call__(self, body: bytes, content_type: str = "text/plain") -> None:
         result = self.result
-        digest = hashlib.blake2b(body, digest_size=16).digest()
+        digest = hashlib.blake2b(body + b"\0" + content_type.encode("latin-1", "replace"), digest_size=16).digest()
         if digest in self.seen:
             return
         now = time.monotonic()
@@ -522,7 +659,7 @@ class _BodyParser:
         self.parsed += 1
         result.parsed_bodies += 1
         try:
-            fams, nans = parse_exposition(body.decode("utf-8"))
+            fams, nans = parse_exposition(body.decode("utf-8"), content_type)
         except (ValueError, UnicodeDecodeError) as e:
             result.invalid_bodies += 1
             result.invalid_example = result.invalid_example or f"{type(e).__name__}: {e}"[:200]

@@ -575,7 +575,8 @@ class GuardError(ForensicsError, ValueError):
 class CanaryError(ForensicsError, ValueError):
     """``forensics canary``: an endpoint or threshold it cannot use (:mod:`forensics.canary`)."""
 
-    help_text = "The URL must be http://HOST:PORT/PATH; the canary only speaks plain HTTP."
+    help_text = ("The URL must be http:// or https://HOST:PORT/PATH; for https give the server's CA with --ca-file "
+                 "(or --insecure-skip-verify), a token with --bearer-token-file.")
     what: str
 
     def __init__(self, what: str) -> None:

@@ -15,9 +15,19 @@ __all__ = ["canary"]
 @click.command("canary")
 @click.argument("url")
 @click.option("--requests", "n_requests", type=int, default=1000, show_default=True, help="Scrapes to make (at most).")
-@click.option("--concurrency", type=int, default=10, show_default=True, help="Scrapes in flight at once.")
+@click.option("--interval", type=float, default=15.0, show_default=True, metavar="SECONDS",
+              help="Seconds between the starts of one scraper's scrapes, as Prometheus' scrape_interval "
+                   "(0: as fast as the target answers, a load test).")
+@click.option("--concurrency", type=int, default=1, show_default=True,
+              help="Scrapers at once (Prometheus: one per target and server).")
 @click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds the soak may run (at most).")
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds one scrape may take.")
+@click.option("--timeout", type=float, default=10.0, show_default=True,
+              help="Seconds one scrape may take (at most --interval, as Prometheus' scrape_timeout).")
+@click.option("--ca-file", type=click.Path(dir_okay=False), default=None, help="With https: the CA of the server.")
+@click.option("--insecure-skip-verify", is_flag=True, help="With https: do not verify the server's certificate.")
+@click.option("--bearer-token-file", type=click.Path(dir_okay=False), default=None,
+              help="Send the token in this file (Prometheus' authorization.credentials_file); to the URL's origin "
+                   "only, redirects are not followed.")
 @click.option("--pid", type=int, default=None, help="Watch this local process for an exit and new cores in its cwd.")
 @click.option("--pod", default=None, help="Watch this pod's restarts and exit codes through kubectl.")
 @click.option("-n", "--namespace", default=None, help="Namespace of --pod.")
@@ -34,7 +44,8 @@ __all__ = ["canary"]
 @json_option
 @output_option
 @force_option
-def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace, kubeconfig, kube_context, core_dirs,
+def canary(url, n_requests, interval, concurrency, duration, timeout, ca_file, insecure_skip_verify,
+           bearer_token_file, pid, pod, namespace, kubeconfig, kube_context, core_dirs,
            min_success, max_p99, expect, fleet_file, as_json, output, force):
     """Soak a Prometheus endpoint and pass or fail it: success, latency, format, families, crashes.
 
@@ -42,7 +53,8 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
     Exit codes: 0 PASS; 1 error; 2 usage; 3 FAIL (a threshold was missed or the process crashed);
     130 interrupted (Ctrl-C: the summary of the scrapes made so far is printed first).
     """
-    from ..canary import PodWatch, Thresholds, canary_document, fleet_hint, read_pod_state, run_canary
+    from ..canary import (PodWatch, ScrapeOptions, Thresholds, canary_document, fleet_hint, read_pod_state,
+                          run_canary)
     from ..kubectl import KubeOptions
     from ..text.canary import format_canary
 
@@ -53,7 +65,10 @@ def canary(url, n_requests, concurrency, duration, timeout, pid, pod, namespace,
     result = run_canary(url, requests=n_requests, concurrency=concurrency, duration=duration, timeout=timeout,
                         pid=pid, core_dirs=tuple(core_dirs), pod_watch=pod_watch,
                         thresholds=Thresholds(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None,
-                                              expect=tuple(expect)))
+                                              expect=tuple(expect)),
+                        scrape=ScrapeOptions(interval=interval, ca_file=ca_file,
+                                             insecure_skip_verify=insecure_skip_verify,
+                                             bearer_token_file=bearer_token_file))
     if fleet_file:
         result.hint = fleet_hint(read_json_object(fleet_file), result.elapsed)
     if as_json:

@@ -12,8 +12,9 @@ def format_canary(r: CanaryResult) -> list[str]:
     def ms(x):
         return "-" if x is None else f"{x * 1000:.1f} ms"
 
+    pace = f"one every {r.interval:g}s" if r.interval else f"{r.rate:.0f}/s"
     lines = [
-        f"{r.verdict}: {r.url}: {r.requests} scrapes in {r.elapsed:.1f}s ({r.rate:.0f}/s, concurrency "
+        f"{r.verdict}: {r.url}: {r.requests} scrapes in {r.elapsed:.1f}s ({pace}, concurrency "
         f"{r.concurrency}), "
         f"success {r.success_rate:.2%}",
         f"latency p50 {ms(r.percentile(50))}, p95 {ms(r.percentile(95))}, p99 {ms(r.percentile(99))}, "
@@ -21,6 +22,9 @@ def format_canary(r: CanaryResult) -> list[str]:
         f"body {r.body_min}-{r.body_max} bytes; {r.parsed_bodies} distinct bodies parsed, {r.invalid_bodies} invalid; "
         f"{len(r.families)} metric families",
     ]
+    if r.content_types:
+        kinds = ", ".join(f"{k or '(no Content-Type)'}: {v}" for k, v in sorted(r.content_types.items()))
+        lines.append(f"format: {kinds}; gzip {r.gzip_bodies} of {r.ok}")
     if r.errors:
         lines.append("errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())))
     if r.nan_samples:

@@ -66,7 +66,8 @@ def server(tmp_path):
 
 def test_healthy_endpoint_passes_with_figures(server):
     s = server("--nan")
-    r = run("canary", s.url, "--json", "--requests", "300", "--concurrency", "20", "--expect", "nvitop_gpu_utilization")
+    r = run("canary", s.url, "--interval", "0",
+            "--json", "--requests", "300", "--concurrency", "20", "--expect", "nvitop_gpu_utilization")
     assert r.exit_code == EXIT_OK, r.stdout
     doc = json.loads(r.stdout)
     c, summary = doc["canary"], doc["summary"]
@@ -80,23 +81,23 @@ def test_healthy_endpoint_passes_with_figures(server):
 
 def test_missing_family_and_http_errors_fail(server):
     s = server("--status", "500")
-    r = run("canary", s.url, "--requests", "50")
+    r = run("canary", s.url, "--interval", "0", "--requests", "50")
     assert r.exit_code == EXIT_FINDINGS
     assert "FAIL because success rate 0.0000 < 1.0" in r.stdout and "HTTP 500: 50" in r.stdout
     s2 = server()
-    r = run("canary", s2.url, "--requests", "50", "--expect", "nvitop_nvlink_throughput")
+    r = run("canary", s2.url, "--interval", "0", "--requests", "50", "--expect", "nvitop_nvlink_throughput")
     assert r.exit_code == EXIT_FINDINGS and "missing metric families: nvitop_nvlink_throughput" in r.stdout
 
 
 def test_invalid_exposition_fails(server):
     s = server("--garbage")
-    r = run("canary", s.url, "--requests", "20")
+    r = run("canary", s.url, "--interval", "0", "--requests", "20")
     assert r.exit_code == EXIT_FINDINGS and "not valid exposition format" in r.stdout
 
 
 def test_p99_threshold(server):
     s = server()
-    r = run("canary", s.url, "--requests", "50", "--max-p99", "0.0001")
+    r = run("canary", s.url, "--interval", "0", "--requests", "50", "--max-p99", "0.0001")
     assert r.exit_code == EXIT_FINDINGS and "p99 latency" in r.stdout
 
 
@@ -106,7 +107,8 @@ def test_crash_of_the_watched_process_fails_the_run_and_names_the_core(server, c
     timer = threading.Timer(0.5, lambda: os.kill(s.proc.pid, signal.SIGSEGV))
     timer.start()
     try:
-        r = run("canary", s.url, "--json", "--requests", "1000000", "--duration", "3", "--pid", str(s.proc.pid))
+        r = run("canary", s.url, "--interval", "0",
+                "--json", "--requests", "1000000", "--duration", "3", "--pid", str(s.proc.pid))
     finally:
         timer.cancel()
         s.proc.wait()
@@ -128,13 +130,13 @@ def test_too_short_hint_from_fleet_data(server, tmp_path):
     assert run("fleet", "--json", "-o", str(fleet_json), "--from", str(tmp_path / "p.json"),
                "--nodes", str(tmp_path / "n.json")).exit_code == 0
     s = server()
-    r = run("canary", s.url, "--requests", "20", "--fleet", str(fleet_json))
+    r = run("canary", s.url, "--interval", "0", "--requests", "20", "--fleet", str(fleet_json))
     assert "hint: the fleet crashes" in r.stdout and "run at least" in r.stdout
 
 
 def test_bad_arguments():
     r = run("canary", "ftp://127.0.0.1/x")
-    assert r.exit_code == 1 and "not an http:// URL" in r.stderr
+    assert r.exit_code == 1 and "is not an http:// or https:// URL" in r.stderr
     r = run("canary", "http://127.0.0.1:9/metrics", "--requests", "0")
     assert r.exit_code == 1 and "--requests" in r.stderr
 
@@ -182,7 +184,8 @@ def test_the_soak_stops_as_soon_as_the_watched_process_dies(server):
     timer = threading.Timer(0.5, lambda: os.kill(s.proc.pid, signal.SIGKILL))
     timer.start()
     try:
-        r = run("canary", s.url, "--json", "--requests", "10000000", "--duration", "20", "--concurrency", "50",
+        r = run("canary", s.url, "--interval", "0",
+                "--json", "--requests", "10000000", "--duration", "20", "--concurrency", "50",
                 "--pid", str(s.proc.pid))
     finally:
         timer.cancel()
@@ -233,7 +236,8 @@ def test_a_watched_process_its_parent_reaps_is_named_with_its_signal(server, tmp
     try:
         pid = int(shell.stdout.readline())
         # WHEN the canary watches it
-        r = run("canary", s.url, "--json", "--requests", "1000000", "--duration", "6", "--pid", str(pid))
+        r = run("canary", s.url, "--interval", "0",
+                "--json", "--requests", "1000000", "--duration", "6", "--pid", str(pid))
     finally:
         os.killpg(shell.pid, signal.SIGKILL)
         shell.wait()

@@ -98,7 +98,8 @@ def test_canary_against_the_real_exporter(case, guarded_venv, sim, tmp_path, cor
         env["FORENSICS_GUARD_NVLINK"] = "0"  # the guard is installed but switched off
     proc, url = _start_exporter(python, env, tmp_path)
     try:
-        r = run("canary", url, "--json", "--requests", "100000", "--duration", "8", "--concurrency", "4",
+        r = run("canary", url, "--json", "--interval", "0",
+                "--requests", "100000", "--duration", "8", "--concurrency", "4",
                 "--pid", str(proc.pid), "--expect", "gpu_utilization_Percentage")
         alive_at_end = proc.poll() is None
     finally:
@@ -121,3 +122,39 @@ def test_canary_against_the_real_exporter(case, guarded_venv, sim, tmp_path, cor
             # the guard's missing NVLink metrics show up as NaN families; the exporter survived the fault
             assert all(c["nan_samples"].get(f) == 8 for f in NVLINK_FAMILIES)
             assert alive_at_end and not c["process_events"]
+
+
+def _readme_canary_example() -> list[str]:
+    """The README's first `forensics canary http://127.0.0.1:8000/metrics ...` line, as its words."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("forensics canary http://127.0.0.1:8000/metrics"))
+    return line.split()[1:]
+
+
+def test_the_readme_canary_example_passes_a_healthy_exporter(guarded_venv, sim, tmp_path):
+    """#32: the README's example (50 scrapes in flight, no pause) failed the healthy exporter with timeouts;
+    Prometheus scrapes a target once per scrape_interval."""
+    python, _ = guarded_venv
+    env = sim_environment(sim, fault="none")
+    env["FORENSICS_GUARD_NVLINK"] = "0"
+    proc, url = _start_exporter(python, env, tmp_path)
+    (tmp_path / "baseline.json").write_text("{}")
+    words = _readme_canary_example()
+    args = [url if w == "http://127.0.0.1:8000/metrics" else str(proc.pid) if w == "4242"
+            else str(tmp_path / "baseline.json") if w == "baseline.json" else w for w in words]
+    try:
+        # as written, but 31 s instead of its --duration (the last one counts)
+        r = run(*args, "--json", "--duration", "31")
+        alive = proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert r.exit_code == EXIT_OK, r.output
+    c = json.loads(r.stdout)["canary"]
+    assert alive and c["verdict"] == "PASS" and not c["errors"]
+    # at a Prometheus pace: one scrape in flight, 15 s apart (0, 15, 30)
+    assert c["concurrency"] == 1 and c["requests"] == 3 and c["ok"] == 3
+    # the exporter (prometheus_client) answered what Prometheus asks for: OpenMetrics, gzip-encoded
+    assert c["gzip_bodies"] == 3
+    assert all(t.startswith("application/openmetrics-text") for t in c["content_types"])
+    assert c["families"]["gpu_utilization_Percentage"] == 8
