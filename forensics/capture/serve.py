@@ -372,12 +372,13 @@ class EventSink:
 
     def flush(self) -> None:
         with self.lock:
+            # sent again when the count changes, or when the bundle went to a bucket (the message names it)
             todo = [(k, v) for k, v in self.wanted.items()
-                    if self.sent.get(k, {}).get("count") != v["count"]]
+                    if self.sent.get(k) != {"count": v["count"], "uploaded_to": v["example"].uploaded_to}]
         for key, w in todo:
             try:
                 self._send(key, w)
-                self.sent[key] = {"count": w["count"]}
+                self.sent[key] = {"count": w["count"], "uploaded_to": w["example"].uploaded_to}
             except Exception:  # noqa: BLE001 - the API server may be away; the next flush retries
                 self.errors += 1
 

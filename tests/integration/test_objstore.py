@@ -596,8 +596,9 @@ def test_verification_falls_back_to_the_etag_where_the_server_has_no_sha256(s3, 
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_the_event_names_the_uploaded_bundle_and_its_key_the_pod(s3, crasher, kernel_cores, tmp_path):
-    # GIVEN a crash of a process in a pod's cgroup, the pod in the API stand-in, and agent serve --upload
+def test_the_event_names_the_uploaded_bundle_and_its_key_the_pod(crasher, kernel_cores, tmp_path):
+    # GIVEN a crash of a process in a pod's cgroup, the pod in the API stand-in, and agent serve --upload to an S3
+    # server not started yet
     import uuid
 
     from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
@@ -609,7 +610,8 @@ def test_the_event_names_the_uploaded_bundle_and_its_key_the_pod(s3, crasher, ke
     pod_uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
     proc = subprocess.Popen([str(crasher), "sleep"])
     cg = pod_cgroup(pod_uid, cid)
-    bucket = s3.make_bucket("event-url")
+    bucket = "event-url"
+    s3 = S3Server(tmp_path / "s3")
     env = s3.env(HOME=str(tmp_path), FORENSICS_CACHE=str(tmp_path / "cache"))
     try:
         cg.mkdir(parents=True)
@@ -633,15 +635,21 @@ def test_the_event_names_the_uploaded_bundle_and_its_key_the_pod(s3, crasher, ke
                     items = [e for e in json.loads(r.stdout or "{}").get("items", []) if e["reason"] == "NativeCrash"]
                     return items[0]["message"] if items else ""
 
-                _wait(lambda: "s3://" in event_message(), 300, "no Event naming the bucket")
+                # (first the Event names the bundle on the node: the upload fails, no server answers)
+                _wait(lambda: " on node " in event_message(), 300, "no Event")
+                s3.start()
+                s3.make_bucket(bucket)
+                # THEN, once the upload is tried again (30 s) and verified, the same Event names the bucket
+                _wait(lambda: "s3://" in event_message(), 120, "the Event does not name the bucket")
                 message = event_message()
             finally:
                 _stop(agent)
     finally:
+        s3.stop()
         remove_cgroup(cg)
         proc.kill()
         proc.wait()
-    # THEN the bundle's key names the namespace and the pod, and the Event names the bundle in the bucket
+    # AND the bundle's key names the namespace and the pod
     where = json.loads((crash / "70-upload.json").read_text())["url"]
     assert re.fullmatch(rf"s3://{bucket}/ev/prod/{re.escape(node)}/{ns}/exporter-a1/\d{{8}}T\d{{6}}Z-[0-9a-f]{{12}}-.+/",
                         where), where
