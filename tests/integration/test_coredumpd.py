@@ -1,29 +1,203 @@
-"""systemd-coredump's store as analyze's input: a real Python crash's core, compressed as systemd-coredump
-keeps it (zstd, lz4, xz; named core.COMM.UID.BOOTID.PID.USEC.EXT), read from the cache, never beside it."""
+"""systemd-coredump's store as analyze's input: real processes crashed into Debian's systemd-coredump.
+
+systemd-coredump has two halves: the one the kernel runs through ``core_pattern`` (it reads what it can
+of the process, then hands the core's pipe over the ``/run/systemd/coredump`` socket) and the one that
+socket starts (``systemd-coredump@.service``, ``Accept=yes``: it compresses the core into
+``/var/lib/systemd/coredump`` and logs ``COREDUMP_*`` to the journal).  Where systemd is not PID 1 (a
+container, CI) the socket and journald are not there, so this test starts them as systemd would: the
+journal by ``systemd-journald`` itself, the socket by ``systemd-socket-activate --seqpacket --accept``
+(systemd's own tool for socket activation), each instance the real ``/lib/systemd/systemd-coredump``.
+Where systemd runs them, theirs are used.  ``kernel.core_pattern`` is set to Debian's value
+(``/usr/lib/sysctl.d/50-coredump.conf``) under the suite's lock and restored.
+"""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 FORENSICS = Path(sys.executable).parent / "forensics"
+COREDUMP = "/lib/systemd/systemd-coredump"
+STORE = Path("/var/lib/systemd/coredump")
+SOCKET = "/run/systemd/coredump"
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+#: Debian's kernel.core_pattern for systemd-coredump (/usr/lib/sysctl.d/50-coredump.conf)
+PATTERN = f"|{COREDUMP} %P %u %g %s %t 9223372036854775808 %h %d"
 CRASHER = "import ctypes, sys\nopen(sys.argv[1]).read()\nctypes.string_at(0)\n"  # waits on a FIFO, then SIGSEGV
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="kernel.core_pattern and systemd-coredump's store need root"),
+    pytest.mark.skipif(not os.path.exists(COREDUMP), reason="Debian's systemd-coredump is not installed "
+                                                            "(apt-get install systemd-coredump)"),
+]
+
+
+def _listening(path: str, kind: int) -> bool:
+    """Whether a program listens on the unix socket ``path`` (a file left by one that ended does not)."""
+    with socket.socket(socket.AF_UNIX, kind) as s:
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _wait_for(path: str, kind: int, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not _listening(path, kind):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _start(cmd: list[str], path: str, kind: int, started: list[subprocess.Popen]) -> None:
+    """Start ``cmd`` (the program that listens on ``path``), unless one already does; skip when it does not."""
+    if _listening(path, kind):
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # left by one that ended
+    started.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    if not _wait_for(path, kind):
+        pytest.skip(f"{cmd[0]} did not listen on {path}")
+
+
+@pytest.fixture(scope="module")
+def systemd_coredump():
+    """journald and systemd-coredump's socket, as systemd would run them (started here when missing)."""
+    started: list[subprocess.Popen] = []
+    journald = shutil.which("systemd-journald", path="/lib/systemd:/usr/lib/systemd")
+    activate = shutil.which("systemd-socket-activate")
+    if journald is None or activate is None:
+        pytest.skip("no systemd-journald / systemd-socket-activate to run systemd-coredump's service as systemd does")
+    try:
+        _start([journald], JOURNAL_SOCKET, socket.SOCK_DGRAM, started)
+        _start([activate, "--seqpacket", "--accept", "-l", SOCKET, COREDUMP], SOCKET, socket.SOCK_SEQPACKET, started)
+        yield
+    finally:
+        for p in reversed(started):
+            p.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if started:  # what ours left: the next run starts its own again
+            for path in (SOCKET, JOURNAL_SOCKET):
+                with contextlib.suppress(OSError):
+                    if not _listening(path, socket.SOCK_SEQPACKET if path == SOCKET else socket.SOCK_DGRAM):
+                        os.unlink(path)
 
 
 def _unlimited_core() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
+@pytest.fixture(scope="module")
+def store_cores(systemd_coredump, core_pattern_lock, tmp_path_factory):
+    """Two real Python processes crashed into systemd-coredump: {pid: the store file it wrote}."""
+    tmp = tmp_path_factory.mktemp("coredumpd")
+    before = set(STORE.iterdir()) if STORE.is_dir() else set()
+    procs, fifos = [], []
+    for i in range(2):
+        fifo = tmp / f"go{i}"
+        os.mkfifo(fifo)
+        fifos.append(fifo)
+        procs.append(subprocess.Popen([sys.executable, "-c", CRASHER, str(fifo)], preexec_fn=_unlimited_core,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    pattern = Path("/proc/sys/kernel/core_pattern")
+    with core_pattern_lock.exclusive():  # no other test session crashes a process into this pattern meanwhile
+        old = pattern.read_text()
+        try:
+            pattern.write_text(PATTERN)
+            for fifo in fifos:
+                with open(fifo, "w") as f:
+                    f.write("go\n")
+            for p in procs:
+                p.wait(timeout=120)
+        finally:
+            pattern.write_text(old)
+        assert pattern.read_text() == old
+    assert [p.returncode for p in procs] == [-signal.SIGSEGV] * 2
+    # the socket's instance compresses and logs after the kernel is done: wait for both files and entries
+    made: dict[int, Path] = {}
+    deadline = time.monotonic() + 120
+    while len(made) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        for f in set(STORE.iterdir()) - before if STORE.is_dir() else ():
+            for p in procs:
+                if f".{p.pid}." in f.name and not f.name.startswith(".#"):
+                    made[p.pid] = f
+    if len(made) < 2:
+        pytest.fail(f"systemd-coredump stored {len(made)} of 2 cores in {STORE}")
+    for f in made.values():  # its journal entry follows the file
+        for _ in range(100):
+            r = subprocess.run(["journalctl", "--no-pager", "-o", "json", f"COREDUMP_FILENAME={f}"],
+                               capture_output=True, text=True, timeout=30)
+            if r.stdout.strip():
+                break
+            time.sleep(0.2)
+    try:
+        yield made
+    finally:
+        for f in made.values():
+            with contextlib.suppress(OSError):
+                f.unlink()
+
+
 def _analyze(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([str(FORENSICS), "analyze", *args], capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
+
+
+def test_the_store_analyzed_as_one_batch_with_its_journal_metadata(store_cores, tmp_path):
+    # GIVEN systemd-coredump's store holding two real Python crashes (zstd, as Debian builds it)
+    assert all(f.name.endswith(".zst") for f in store_cores.values()), store_cores
+    listing = sorted(os.listdir(STORE))
+    cache = tmp_path / "cache"
+    # WHEN the store is analyzed as one batch
+    r = _analyze("--json", str(STORE), env={"FORENSICS_CACHE": str(cache)})
+    assert r.returncode in (0, 4), r.stderr
+    doc = json.loads(r.stdout)
+    rows = {row["path"]: row for row in doc["cores"]}
+    # THEN each of our cores is analyzed, from the store, with what the journal says of it
+    fingerprints = set()
+    for pid, f in store_cores.items():
+        row = rows[str(f)]
+        assert row["error"] is None and row["fingerprint"], row
+        fingerprints.add(row["fingerprint"])
+        store = row["store"]
+        assert store["path"] == str(f) and store["compression"] == "zstd"
+        journal = dict(store["journal"])
+        assert journal["pid"] == str(pid)
+        assert journal["signal"] == "11" and journal["signal_name"] == "SIGSEGV"
+        assert "ctypes.string_at(0)" in journal["cmdline"]
+        assert journal["exe"] == os.path.realpath(sys.executable)
+        assert journal["filename"] == str(f)
+        assert int(journal["timestamp"]) > 0
+    assert len(fingerprints) == 1  # the same crash twice: one row of the fingerprint table
+    # AND nothing was written into the store: the cores were read decompressed in the cache
+    assert sorted(os.listdir(STORE)) == listing
+    assert len(list((cache / "coredump").iterdir())) >= 2
+
+
+def test_one_store_core_in_text_names_its_file_and_journal(store_cores, tmp_path):
+    pid, f = sorted(store_cores.items())[0]
+    r = _analyze(str(f), env={"FORENSICS_CACHE": str(tmp_path / "cache")})
+    assert r.returncode in (0, 4), r.stderr
+    assert f"From:        {f} (zstd, systemd-coredump's store" in r.stdout
+    journal = next(line for line in r.stdout.splitlines() if line.startswith("Journal:"))
+    assert "signal_name=SIGSEGV" in journal and "cmdline=" in journal, journal
 
 
 @pytest.fixture(scope="module")
