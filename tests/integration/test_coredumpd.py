@@ -31,6 +31,7 @@ COREDUMP = "/lib/systemd/systemd-coredump"
 STORE = Path("/var/lib/systemd/coredump")
 SOCKET = "/run/systemd/coredump"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
+_JOURNALD_SOCKETS = ("socket", "dev-log", "stdout", "io.systemd.journal")
 #: Debian's kernel.core_pattern for systemd-coredump (/usr/lib/sysctl.d/50-coredump.conf)
 PATTERN = f"|{COREDUMP} %P %u %g %s %t 9223372036854775808 %h %d"
 CRASHER = "import ctypes, sys\nopen(sys.argv[1]).read()\nctypes.string_at(0)\n"  # waits on a FIFO, then SIGSEGV
@@ -92,11 +93,14 @@ def systemd_coredump():
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        if started:  # what ours left: the next run starts its own again
-            for path in (SOCKET, JOURNAL_SOCKET):
-                with contextlib.suppress(OSError):
-                    if not _listening(path, socket.SOCK_SEQPACKET if path == SOCKET else socket.SOCK_DGRAM):
-                        os.unlink(path)
+        # the sockets ours left (journald makes four): the machine as it was, and the next run starts its own
+        owned = {tuple(p.args): p for p in started}
+        leftovers = ([os.path.join(os.path.dirname(JOURNAL_SOCKET), n) for n in _JOURNALD_SOCKETS]
+                     if (journald,) in owned else [])
+        leftovers += [SOCKET] if any(a[0] == activate for a in owned) else []
+        for path in leftovers:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _unlimited_core() -> None:
