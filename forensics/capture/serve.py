@@ -408,7 +408,9 @@ class EventSink:
         event = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"name": name, "namespace": ns},
                  "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": pod, "namespace": ns, "uid": w["uid"]},
-                 "reason": "NativeCrash", "type": "Warning", "message": message, "count": w["count"],
+                 # action: what the reporting component did about it (core/v1's field; events.k8s.io/v1 requires it)
+                 "reason": "NativeCrash", "action": "Analyzed", "type": "Warning", "message": message,
+                 "count": w["count"],
                  "firstTimestamp": iso(w["first"]), "lastTimestamp": iso(w["last"]),
                  "source": {"component": "forensics-agent", "host": self.node},
                  "reportingComponent": "forensics-agent", "reportingInstance": self.node}

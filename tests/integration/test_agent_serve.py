@@ -215,6 +215,7 @@ def test_agent_analyzes_each_crash_once_and_publishes_metrics_and_events(kernel_
             assert sorted(e["count"] for e in items) == [1, 3], items
             for e in items:
                 assert e["type"] == "Warning" and e["involvedObject"]["uid"] == container["pod_uid"]
+                assert e["action"] == "Analyzed" and e["reportingComponent"] == "forensics-agent"
                 assert e["involvedObject"]["name"] == "exporter-a1"
                 assert any(fp in e["message"] for fp in (segv_fp, abort_fp)) and str(core_dir) in e["message"]
             # WHEN the same crash happens again: the Event's count goes up, no second Event
