@@ -3,8 +3,10 @@
 Every listener (master, volume, filer, S3 and their gRPC ports) is bound to 127.0.0.1 on a port chosen
 free here; the extra HTTP services weed starts by default (Iceberg, Lance) are off, and so is its
 telemetry (it would post to seaweedfs.com).  Its unix sockets live in the server's own directory where
-weed lets us name them.  One identity (access key, secret key) may do everything.  :class:`S3Server`
-can be killed and restarted on the same ports and data (the tests of an upload cut short).
+weed lets us name them.  Each bucket is a collection with volumes of its own (several each): 300 volumes
+of at most 256 MB (grown as written, never preallocated) leave room for every bucket a test module makes.
+One identity (access key, secret key) may do everything.  :class:`S3Server` can be killed and restarted
+on the same ports and data (the tests of an upload cut short).
 """
 from __future__ import annotations
 
@@ -91,8 +93,8 @@ class S3Server:
         p, b = self.ports, self.base
         return [self.weed, "server", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}", "-master.telemetry=false",
-                "-master.volumeSizeLimitMB=1024", f"-volume.port={p['volume']}",
-                f"-volume.port.grpc={p['volume.grpc']}", "-volume.max=0", "-volume.preStopSeconds=0",
+                "-master.volumeSizeLimitMB=256", f"-volume.port={p['volume']}",
+                f"-volume.port.grpc={p['volume.grpc']}", "-volume.max=300", "-volume.preStopSeconds=0",
                 "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
                 f"-filer.localSocket={b / 'filer.sock'}",
                 "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={self.config}",
