@@ -417,19 +417,26 @@ def test_installed_into_the_kernel_for_real(cores, newest_python, tmp_path, shor
                                       preexec_fn=setup, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         fifos.append(fifo)
     program = str(FORENSICS)  # the installed script, as the kernel runs it
-    with core_pattern.exclusive():  # no other test session on this machine sees the pattern meanwhile
-        before = read_core_pattern()
-        try:
-            install_handler(str(core_dir), program=program, config={"min_free": 0})
-            for fifo in fifos:
-                with open(fifo) as f:
-                    assert f.read() == "ready\n"
-            for p in procs:
-                p.wait(timeout=60)
-        finally:
-            if read_core_pattern() != before:
-                uninstall_handler(str(core_dir))
-        assert read_core_pattern() == before
+    try:
+        with core_pattern.exclusive():  # no other test session on this machine sees the pattern meanwhile
+            before = read_core_pattern()
+            try:
+                install_handler(str(core_dir), program=program, config={"min_free": 0})
+                for fifo in fifos:
+                    with open(fifo) as f:
+                        assert f.read() == "ready\n"
+                for p in procs:
+                    p.wait(timeout=60)
+            finally:
+                if read_core_pattern() != before:
+                    uninstall_handler(str(core_dir))
+            assert read_core_pattern() == before
+    finally:
+        # a skip (the lock not had in time) or a failure leaves the crashers blocked on their FIFOs: end them
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for p in procs:
         assert p.returncode == -signal.SIGABRT
     # the handler may still be writing after the process is reaped: wait for both records

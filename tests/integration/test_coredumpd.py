@@ -120,18 +120,25 @@ def store_cores(systemd_coredump, core_pattern_lock, tmp_path_factory):
         procs.append(subprocess.Popen([sys.executable, "-c", CRASHER, str(fifo)], preexec_fn=_unlimited_core,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     pattern = Path("/proc/sys/kernel/core_pattern")
-    with core_pattern_lock.exclusive():  # no other test session crashes a process into this pattern meanwhile
-        old = pattern.read_text()
-        try:
-            pattern.write_text(PATTERN)
-            for fifo in fifos:
-                with open(fifo, "w") as f:
-                    f.write("go\n")
-            for p in procs:
-                p.wait(timeout=120)
-        finally:
-            pattern.write_text(old)
-        assert pattern.read_text() == old
+    try:
+        with core_pattern_lock.exclusive():  # no other test session crashes a process into this pattern meanwhile
+            old = pattern.read_text()
+            try:
+                pattern.write_text(PATTERN)
+                for fifo in fifos:
+                    with open(fifo, "w") as f:
+                        f.write("go\n")
+                for p in procs:
+                    p.wait(timeout=120)
+            finally:
+                pattern.write_text(old)
+            assert pattern.read_text() == old
+    finally:
+        # a skip (the lock not had in time) or a failure leaves the crashers blocked on their FIFOs: end them
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert [p.returncode for p in procs] == [-signal.SIGSEGV] * 2
     # the socket's instance compresses and logs after the kernel is done: wait for both files and entries
     made: dict[int, Path] = {}
