@@ -233,8 +233,11 @@ def _agent_container(*, image: str, shell: str, handler: str, core_dir: str, hos
                          {"name": "prefix", "mountPath": host_prefix}],
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
                       "limits": {"memory": f"{memory_limit >> 20}Mi"}},
-        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
+        # the process's health (its loop comes round), never a scrape of the metrics (metricsserver.HEALTH_PATH)
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
                            "periodSeconds": 30},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                          "periodSeconds": 30, "failureThreshold": 3},
     }
 
 

@@ -148,3 +148,18 @@ def test_dashboard_configmap_holds_the_dashboard_for_grafanas_sidecar(helm, tmp_
     assert json.loads(cm["data"]["forensics-agent.json"]) == json.loads((CHART / "files/forensics-dashboard.json")
                                                                           .read_text())
     assert not [o for o in _render(helm, tmp_path, {}) if o["kind"] == "ConfigMap"]  # off by default
+
+
+def test_probes_ask_the_health_path_never_the_metrics(helm, tmp_path):
+    # GIVEN the chart's DaemonSet and `forensics agent manifest`'s
+    from forensics.capture.metricsserver import HEALTH_PATH
+
+    chart = [o for o in _render(helm, tmp_path, {}, namespace="gpu-crashes") if o["kind"] == "DaemonSet"]
+    manifest = [o for o in agent_objects(core_dir="/var/lib/forensics/cores", image=agent_image(forensics.__version__),
+                                         namespace="gpu-crashes", gpu_label="nvidia.com/gpu.present=true",
+                                         host_prefix="/opt/forensics") if o["kind"] == "DaemonSet"]
+    # THEN both probes of the agent's container ask /healthz (the loop's health), not a scrape of /metrics
+    for ds in chart + manifest:
+        container = ds["spec"]["template"]["spec"]["containers"][0]
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"] == {"path": HEALTH_PATH, "port": "metrics"}, probe
