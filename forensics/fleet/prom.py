@@ -444,8 +444,13 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     restarts = (f"round(sum by (namespace, pod) (increase({restarts_total}[{window}s])))" if window
                 else f"sum by (namespace, pod) ({restarts_total})")
     started = f"(({restarts}) > 0)"
-    crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
     wait = f'{ns}, ' if namespace else ""
+    looping = (f"group by (namespace, pod) (kube_pod_container_status_waiting_reason{{{wait}"
+               f'reason="CrashLoopBackOff"}} == 1)')
+    # failing as fleet --from counts it: restarting in the window, or in CrashLoopBackOff now (after a fresh
+    # baseline such a pod waits out its back-off with no restart counted yet); its last exit code and its node count
+    failing = f"({started} or {looping})"
+    crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
 
     def of_pods(expr: str) -> str:
         """expr's series of the pods asked about: all of the namespace's without -l (no join to evaluate)."""
@@ -460,15 +465,16 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     # group join again. So every per-pod figure goes into one query: each pod's facts, tagged by figure, joined with
     # the groups once and counted by value (count_values): a pod is 1; a restarting pod's restarts (their
     # histogram per group gives the restarting pods, the restarts and the most of one pod); the exit code and
-    # reason of a restarting pod's last termination; CrashLoopBackOff; the images it runs
+    # last exit code of a failing pod; the reason of a restarting pod's last termination; CrashLoopBackOff; the
+    # images it runs
     per_pod = " or ".join((
         figure("pods", pods),
         figure("restarts", started),
-        f"({figure('exit_code', f'max by (namespace, pod) ({last}_exitcode{{{ns}}})')} "
-        f"or {figure('reason', f'group by (namespace, pod, reason) ({last}_reason{{{ns}}} == 1)')}) "
+        f"{figure('exit_code', f'max by (namespace, pod) ({last}_exitcode{{{ns}}})')} "
+        f"and on (namespace, pod) {failing}",
+        f"{figure('reason', f'group by (namespace, pod, reason) ({last}_reason{{{ns}}} == 1)')} "
         f"and on (namespace, pod) {started}",
-        figure("crash_loop", f"group by (namespace, pod) (kube_pod_container_status_waiting_reason{{{wait}"
-                             f'reason="CrashLoopBackOff"}} == 1)'),
+        figure("crash_loop", looping),
         figure("image", f"group by (namespace, pod, image_id) (kube_pod_container_info{{{ns}}})")))
     jobs: dict[str, str | Callable[[], Any]] = {
         "counts": (f'count_values by ({by}, {_FIGURE}, reason, image_id) ("{_VALUE}", ({per_pod}) '
@@ -477,7 +483,7 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         "mixed": (f"count by (container) (count by (container, image_id) "
                   f"({of_pods(f'kube_pod_container_info{{{ns}}}')})) > 1"),
         "hours": f"avg({at:.3f} - {of_pods(f'max by (namespace, pod) (kube_pod_start_time{{{ns}}})')}) / 3600",
-        "nodes": lambda: _nodes(client, at, pods_where('node!=""'), restarts, g, unlabelled),
+        "nodes": lambda: _nodes(client, at, pods_where('node!=""'), failing, g, unlabelled),
     }
     if matchers:  # a label no pod series has: not allow-listed in kube-state-metrics, or a typo; never "all pods"
         jobs["pod_labels"] = lambda: client.label_names("kube_pod_labels")
@@ -577,7 +583,7 @@ def _count_value(labels: dict[str, str], label: str) -> int:
 _LABEL_NAME = re.compile(r"label_[a-zA-Z0-9_]*")
 
 
-def _nodes(client: PromClient, at: float, pods: str, restarts: str, g: list[str],
+def _nodes(client: PromClient, at: float, pods: str, failing: str, g: list[str],
            unlabelled: str) -> tuple[list[tuple[dict[str, str], int]], int, dict[str, dict[str, tuple[int, int]]], int]:
     """The nodes with ``pods`` (those on a node): by group labels ``g``, in all, by each node label of few values
     (value -> (nodes, crashing nodes)), and the crashing ones: the Nodes column and what the boundary rule reads.
@@ -587,8 +593,8 @@ def _nodes(client: PromClient, at: float, pods: str, restarts: str, g: list[str]
     whether one of their pods restarted, by the group labels and by every label of few values. A label with more
     values over all nodes than a boundary can have is first asked on its own, over the nodes with pods.
     """
-    # per node with pods: 1 when one of its pods restarted, else 0
-    state = (f"(group by (node) ({pods} * on (namespace, pod) group_left () (({restarts}) > 0)) "
+    # per node with pods: 1 when one of its pods is failing (restarted, or crash-looping now), else 0
+    state = (f"(group by (node) ({pods} * on (namespace, pod) group_left () {failing}) "
              f"or 0 * group by (node) ({pods}))")
     skip = tuple(prom_label(p.rstrip("/")) for p in BOUNDARY_SKIP)
     labels = [x for x in sorted(set(client.label_names("kube_node_labels")))
