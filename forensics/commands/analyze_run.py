@@ -60,11 +60,10 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
             emit_json(json_document("analyze", {"analysis": analysis_payload(analysis, merged=merged)}), output, force)
         else:
             from ..format import analysis_payload
-            from ..output import to_jsonable
             from ..redact import redact_lines
             from ..text.analysis import format_analysis
 
-            doc = to_jsonable(analysis_payload(analysis, merged=merged))  # what the secrets are learned from
+            doc = analysis_payload(analysis, merged=merged)  # what the secrets are learned from (plain already)
             emit(redact_lines(format_analysis(analysis, merged=merged), doc), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
     options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap

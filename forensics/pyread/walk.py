@@ -225,14 +225,26 @@ def thread_names(layout: Layout, objects: Objects, modules_addr: int) -> dict[in
     if not active:
         return {}
     result = {}
+    # the attribute names are interned: one str object per name for every thread, so each key's address is read once
+    # (a core does not change; bounded, past which a key is read again)
+    attr: dict[int, str] = {}
+
+    def which(akey: int) -> str:
+        found = attr.get(akey)
+        if found is None:
+            found = next((x for x in ("_name", "_native_id") if objects.str_equals(akey, x)), "")
+            if len(attr) < 4096:
+                attr[akey] = found
+        return found
+
     for key, thread in objects.dict_items(active):
         try:
             ident = objects.read_int(key)
             name = native = None
             for akey, avalue in objects.instance_dict_items(thread):
-                if name is None and objects.str_equals(akey, "_name"):
+                if name is None and which(akey) == "_name":
                     name = objects.read_str(avalue)
-                elif native is None and objects.str_equals(akey, "_native_id"):
+                elif native is None and which(akey) == "_native_id":
                     with contextlib.suppress(BadObject):  # None before the thread started
                         native = objects.read_int(avalue)
             result[ident] = (name, native)
