@@ -126,8 +126,22 @@ class Struct:
         self._items = [(name, struct.Struct("<" + _FORMATS[(f[1], f[2])]), f[0] - self.start)
                        for name, f in fields.items()]
         self.names = frozenset(fields)
+        # fields that do not overlap (most structs): one unpack of them all, in offset order, then by name in the
+        # order given; overlapping ones (a union's members) are unpacked one by one
+        by_off = sorted(self._items, key=lambda item: item[2])
+        self._one: struct.Struct | None = None
+        if all(a[2] + a[1].size <= b[2] for a, b in zip(by_off, by_off[1:], strict=False)):
+            fmt, pos = "<", 0
+            for _, f, off in by_off:
+                fmt, pos = fmt + f"{off - pos}x" + f.format[1:], off + f.size
+            self._one = struct.Struct(fmt)
+            where = {name: i for i, (name, _, _) in enumerate(by_off)}
+            self._perm = [(name, where[name]) for name, _, _ in self._items]
 
     def decode(self, buf: bytes) -> dict[str, int]:
+        if self._one is not None:
+            values = self._one.unpack_from(buf)
+            return {name: values[i] for name, i in self._perm}
         return {name: fmt.unpack_from(buf, off)[0] for name, fmt, off in self._items}
 
 
