@@ -322,12 +322,21 @@ def _upload_families(node: str, s):
             (CounterMetricFamily, ("forensics_upload_failures", "Upload attempts that failed since the agent started"),
              s.failures),
             (GaugeMetricFamily, ("forensics_uploads_pending", "Crashes whose bundle is not uploaded yet"), s.pending),
+            (GaugeMetricFamily, ("forensics_uploads_pending_bytes",
+                                 "Bytes on the node's disk of the crashes whose bundle is not uploaded yet"),
+             s.pending_bytes),
             (GaugeMetricFamily, ("forensics_upload_oldest_pending_seconds",
                                  "Age of the oldest crash whose bundle is not uploaded yet"),
              s.oldest_pending_seconds)):
         m = family(*help_text, labels=["node"])
         m.add_metric([node], value)
         yield m
+    dropped = CounterMetricFamily("forensics_uploads_dropped", "Crash bundles whose upload was given up, by reason "
+                                  "(the queue waiting for the bucket over --upload-max-pending or its bytes)",
+                                  labels=["node", "reason"])
+    for reason, n in s.dropped:
+        dropped.add_metric([node, reason], n)
+    yield dropped
 
 
 class EventSink:
@@ -505,9 +514,9 @@ class Agent:
             if self.shipper is None:
                 return False
             shipped = self.shipper.ship_next(self.index)
-            if self.shipper.last_shipped is not None:  # read again: the index names where its bundle went
-                self.reader.touch(self.shipper.last_shipped)
-                self.shipper.last_shipped = None
+            for path in self.shipper.changed:  # read again: the index names where its bundle went
+                self.reader.touch(path)
+            self.shipper.changed.clear()
             return shipped
         self.reader.touch(pending[0].path)
         return analyze_crash(pending[0].path, self.cfg) != NOT_STARTED  # not started: after a pause

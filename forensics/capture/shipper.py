@@ -13,6 +13,13 @@ Pending uploads are the crashes without ``70-upload.json``: an agent restarted f
 upload leaves the bundle whole and is tried again after 30 s, doubling to an hour (a restarted agent tries at
 once); its one line goes to stderr.  One bundle at a time, in the agent's loop, after the analyses waiting:
 memory and network are :class:`~forensics.objstore.client.StoreOptions`' (parts in flight, bandwidth).
+
+The queue is bounded: when more than ``max_pending`` crashes, or more than ``max_pending_bytes`` of them on the
+node's disk, wait for the bucket (unreachable for hours), the oldest analyzed ones are given up until it fits:
+``70-upload.json`` says so (``dropped``: ``queue-count`` or ``queue-bytes``, the bound, the queue then), its
+stderr line, ``forensics_uploads_dropped_total{reason}``, and the bundle is trimmed as after an upload (the
+record and the analysis stay; ``keep``: nothing deleted).  A crash given up is never uploaded or dropped again.
+The pending bundles are files of the core directory, so its disk budget (the handler's) counts them too.
 """
 from __future__ import annotations
 
@@ -44,6 +51,12 @@ class UploadConfig:
     opts: StoreOptions
     cluster: str
     keep: bool = False
+    max_pending: int = 500  # crashes waiting for the bucket at most; the oldest given up past it
+    max_pending_bytes: int = 10 << 30  # their bytes on the node's disk at most
+
+
+#: why a crash's upload was given up (70-upload.json's ``dropped``; the metric's ``reason``)
+DROP_REASONS = ("queue-count", "queue-bytes")
 
 
 def is_uploaded(crash_dir: str) -> bool:
@@ -71,17 +84,24 @@ class UploadStats:
     uploaded_bytes: int = 0
     failures: int = 0
     pending: int = 0  # crashes not uploaded yet (their analysis first)
+    pending_bytes: int = 0  # their bytes on the node's disk
     oldest_pending_seconds: float = 0.0  # since the oldest of them crashed
+    dropped: tuple[tuple[str, int], ...] = tuple((r, 0) for r in DROP_REASONS)  # uploads given up, by reason
 
 
-def _uploaded_bytes(crash_dir: str) -> int:
+def _upload_record(crash_dir: str) -> tuple[int, str | None]:
+    """(bytes uploaded, why given up or None) from the crash's ``70-upload.json``."""
     try:
         with open(os.path.join(crash_dir, layout.UPLOADED), "rb") as f:
             doc = json.loads(f.read(1 << 16))
-    except (OSError, ValueError):  # cut by a full disk: counted, its bytes unknown
-        return 0
-    n = doc.get("bytes") if isinstance(doc, dict) else None
-    return n if isinstance(n, int) and n >= 0 else 0
+    except (OSError, ValueError):  # cut by a full disk: counted as uploaded, its bytes unknown
+        return 0, None
+    if not isinstance(doc, dict):
+        return 0, None
+    if doc.get("dropped") is not None:
+        return 0, doc["dropped"] if doc["dropped"] in DROP_REASONS else "queue-count"
+    n = doc.get("bytes")
+    return (n if isinstance(n, int) and n >= 0 else 0), None
 
 
 class Shipper:
@@ -96,9 +116,11 @@ class Shipper:
         # crash directories uploaded, with their bytes: skipped without a look at the disk, so an idle agent's
         # round costs no stat per crash
         self.done: dict[str, int] = {}
+        self.dropped: dict[str, str] = {}  # crash directory -> why its upload was given up
+        self.sizes: dict[str, int] = {}  # a pending crash directory's bytes on disk (sealed: counted once)
         self.failures = 0
         self.stats = UploadStats()
-        self.last_shipped: str | None = None  # the crash directory uploaded last (for the index to read again)
+        self.changed: list[str] = []  # crash directories uploaded or given up (for the index to read again)
 
     def ship_next(self, index: NodeIndex) -> bool:
         """Upload one ready crash (or finish trimming one); True when one was."""
@@ -107,10 +129,14 @@ class Shipper:
         pending: dict[str, float] = {}  # crash directory -> when it crashed
         trim: str | None = None
         for c in index.crashes:
-            if c.path in self.done or c.in_progress:
+            if c.path in self.done or c.path in self.dropped or c.in_progress:
                 continue
             if is_uploaded(c.path):
-                self.done[c.path] = _uploaded_bytes(c.path)
+                sent, why = _upload_record(c.path)
+                if why is not None:
+                    self.dropped[c.path] = why
+                else:
+                    self.done[c.path] = sent
                 if not self.cfg.keep and os.path.lexists(os.path.join(c.path, layout.MANIFEST)):
                     trim = trim or c.path  # an agent stopped between the record and the trim
                 continue
@@ -119,6 +145,8 @@ class Shipper:
             pending[c.path] = c.time
             if c.analysis != "pending" and self.retry.get(c.path, (0.0, 0.0))[0] <= now:
                 ready.append((c.path, c.id))
+        gone = self._bound(index, pending)
+        ready = [r for r in ready if r[0] not in gone]
         self._count(pending)
         if trim is not None:
             trim_uploaded(trim)
@@ -131,11 +159,59 @@ class Shipper:
         self._count(pending)
         return shipped
 
+    def _bound(self, index: NodeIndex, pending: dict[str, float]) -> set[str]:
+        """Give up the oldest analyzed crashes of ``pending`` while it is over a bound; the ones given up (taken
+        out of ``pending``)."""
+        from .store import disk_usage
+
+        for path in pending:
+            if path not in self.sizes:
+                self.sizes[path] = disk_usage(path)
+        total = sum(self.sizes[p] for p in pending)
+        gone: set[str] = set()
+        ids = {c.path: (c.id, c.analysis) for c in index.crashes}
+        for path in sorted(pending, key=lambda p: (pending[p], p)):
+            over = "queue-count" if len(pending) > self.cfg.max_pending else \
+                "queue-bytes" if total > self.cfg.max_pending_bytes else None
+            if over is None:
+                break
+            crash_id, analysis = ids[path]
+            if analysis == "pending":  # its analysis first: the next one may go
+                continue
+            self._drop(path, crash_id, over, queued=len(pending), queued_bytes=total)
+            total -= self.sizes.pop(path, 0)
+            pending.pop(path)
+            gone.add(path)
+        return gone
+
+    def _drop(self, crash_dir: str, crash_id: str, why: str, *, queued: int, queued_bytes: int) -> None:
+        from ..bundle.write import write_atomic
+
+        bound = self.cfg.max_pending if why == "queue-count" else self.cfg.max_pending_bytes
+        doc = {"dropped": why, "dropped_at": time.time(), "bound": bound, "queued": queued,
+               "queued_bytes": queued_bytes, "failures_since_start": self.failures, "kept": self.cfg.keep}
+        write_atomic(os.path.join(crash_dir, layout.UPLOADED),
+                     (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), mode=0o640)
+        what = "the bundle kept on the node" if self.cfg.keep else "only its record and analysis kept on the node"
+        unit = "crashes" if why == "queue-count" else "bytes"
+        print(escape_text(f"forensics agent serve: upload of {crash_id} given up ({why}: {queued} crashes, "
+                          f"{queued_bytes} bytes wait for the bucket, more than {bound} {unit}); {what}"),
+              file=sys.stderr, flush=True)
+        if not self.cfg.keep:
+            trim_uploaded(crash_dir)
+        self.retry.pop(crash_dir, None)
+        self.dropped[crash_dir] = why
+        self.changed.append(crash_dir)
+
     def _count(self, pending: dict[str, float]) -> None:
+        by_reason = {r: 0 for r in DROP_REASONS}
+        for why in self.dropped.values():
+            by_reason[why] += 1
         self.stats = UploadStats(
             uploaded=len(self.done), uploaded_bytes=sum(self.done.values()), failures=self.failures,
-            pending=len(pending),
-            oldest_pending_seconds=max(0.0, time.time() - min(pending.values())) if pending else 0.0)
+            pending=len(pending), pending_bytes=sum(self.sizes.get(p, 0) for p in pending),
+            oldest_pending_seconds=max(0.0, time.time() - min(pending.values())) if pending else 0.0,
+            dropped=tuple(by_reason.items()))
 
     def _ship(self, crash_dir: str, crash_id: str) -> bool:
         from ..objstore.upload import read_place, upload_bundle
@@ -152,6 +228,7 @@ class Shipper:
                               "bundle stays whole)"), file=sys.stderr, flush=True)
             return False
         self.retry.pop(crash_dir, None)
+        self.sizes.pop(crash_dir, None)
         sent = sum(o.size for o in result.objects)
         doc = {"url": result.url, "record": result.record, "objects": len(result.objects), "bytes": sent,
                "uploaded_at": time.time(), "kept": self.cfg.keep}
@@ -160,5 +237,5 @@ class Shipper:
         if not self.cfg.keep:
             trim_uploaded(crash_dir)
         self.done[crash_dir] = sent
-        self.last_shipped = crash_dir
+        self.changed.append(crash_dir)
         return True

@@ -159,10 +159,15 @@ def agent_chart(output, force, as_json):
               help="Bytes per second an upload may send (a crash storm must not take the node's network).")
 @click.option("--upload-concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Parts of one file in flight at once (memory is about this many parts' buffers).")
+@click.option("--upload-max-pending", type=click.IntRange(1, None), default=500, show_default=True,
+              help="Crashes waiting for the bucket at most; past it the oldest analyzed one is given up (recorded in "
+                   "its 70-upload.json, counted in forensics_uploads_dropped_total).")
+@click.option("--upload-max-pending-bytes", type=SIZE, default="10G", show_default=True,
+              help="Bytes on the node of the crashes waiting for the bucket at most; past it, as --upload-max-pending.")
 @store_options
 def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_timeout, analysis_memory, max_series,
                 events, kubeconfig, kube_context, kubectl, upload_url, upload_keep, cluster, upload_max_bandwidth,
-                upload_concurrency, endpoint_url, region, profile):
+                upload_concurrency, endpoint_url, region, profile, upload_max_pending, upload_max_pending_bytes):
     """On-node analysis of each new crash, a crash index rebuilt from the bundles, Prometheus metrics, Events.
 
     \b
@@ -197,7 +202,8 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
             dest = parse_object_url(upload_url)
         except ForensicsError as e:
             raise click.BadParameter(str(e), param_hint="--upload") from e
-        upload = UploadConfig(dest=dest, cluster=cluster, keep=upload_keep, opts=StoreOptions(
+        upload = UploadConfig(dest=dest, cluster=cluster, keep=upload_keep, max_pending=upload_max_pending,
+                              max_pending_bytes=upload_max_pending_bytes, opts=StoreOptions(
             endpoint_url=endpoint_url, region=region, profile=profile, max_bandwidth=upload_max_bandwidth or None,
             concurrency=upload_concurrency))
     serve(ServeConfig(core_dir=core_dir, node=node_name or socket.gethostname(), metrics_port=metrics_port,

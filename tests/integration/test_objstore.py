@@ -396,13 +396,13 @@ def test_fetched_entries_are_pruned_oldest_first_past_the_budget(tmp_path, monke
     assert [p.name for p in (tmp_path / "s3").iterdir()] == ["recent"]
 
 
-def _serve(core_dir: Path, bucket: str, env: dict) -> tuple[subprocess.Popen, str]:
+def _serve(core_dir: Path, bucket: str, env: dict, *extra: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [str(FORENSICS), "agent", "serve", "--core-dir", str(core_dir), "--node-name", "gpu-3", "--no-events",
             "--metrics-port", str(port), "--analysis-timeout", "120", "--upload", f"s3://{bucket}/agent",
-            "--cluster", "prod"]
+            "--cluster", "prod", *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), \
         f"http://127.0.0.1:{port}/metrics"
 
@@ -654,3 +654,67 @@ def test_the_event_names_the_uploaded_bundle_and_its_key_the_pod(crasher, kernel
     assert re.fullmatch(rf"s3://{bucket}/ev/prod/{re.escape(node)}/{ns}/exporter-a1/\d{{8}}T\d{{6}}Z-[0-9a-f]{{12}}-.+/",
                         where), where
     assert f"bundle {where} (from node {node})" in message, message
+
+
+def _scrape_when_up(url: str) -> dict[str, list]:
+    """:func:`_scrape`, or nothing while the agent's metrics server is not listening yet."""
+    import urllib.error
+
+    try:
+        return _scrape(url)
+    except urllib.error.URLError:
+        return {}
+
+
+@pytest.mark.slow
+def test_a_hundred_crashes_with_the_bucket_down_then_up(kernel_cores, live, tmp_path):
+    """#29: 100 crashes while the bucket is unreachable: the queue holds at most --upload-max-pending, the oldest
+    past it given up and recorded; once the bucket is back, the rest uploaded once each; nothing lost."""
+    # GIVEN 100 real crashes of one crash-looping process taken by the handler (its first core kept, the others'
+    # records only: the loop limit), and a bucket whose server is down
+    core_dir = tmp_path / "cores"
+    core_dir.mkdir()
+    (core_dir / "handler.json").write_text(json.dumps({"config": {"loop_limit": 1, "min_free": 0}}))
+    for _ in range(100):
+        make_bundle(core_dir, kernel_cores["abort"], live.pid, only=False)
+    crashes = sorted((core_dir / "crashes").iterdir(), key=lambda c: (json.loads(
+        (c / "metadata.json").read_text())["time"], c.name))
+    assert len(crashes) == 100
+    server = S3Server(tmp_path / "s3").start()
+    try:
+        bucket = server.make_bucket("storm")
+        server.stop()
+        env = server.env(HOME=str(tmp_path), FORENSICS_CACHE=str(tmp_path / "cache"))
+        # WHEN the agent runs with a queue of at most 40 while the bucket is down
+        agent, url = _serve(core_dir, bucket, env, "--upload-max-pending", "40")
+        try:
+            _wait(lambda: _value(_scrape_when_up(url), "forensics_upload_failures_total") >= 3, 300,
+                  "no failed attempts")
+            down = _scrape(url)
+            # THEN the queue holds 40, the 60 oldest given up, counted, each in its own record and on stderr
+            assert _value(down, "forensics_uploads_pending") == 40
+            dropped = {s.labels["reason"]: s.value for s in down["forensics_uploads_dropped"]
+                       if s.name == "forensics_uploads_dropped_total"}
+            assert dropped == {"queue-count": 60.0, "queue-bytes": 0.0}, dropped
+            assert _value(down, "forensics_uploads_pending_bytes") > 0
+            for c in crashes[:60]:
+                rec = json.loads((c / "70-upload.json").read_text())
+                assert rec["dropped"] == "queue-count" and rec["bound"] == 40 and "url" not in rec, rec
+                assert {p.name for p in c.iterdir()} <= {"60-analysis", "70-upload.json", "metadata.json"}
+            assert not any((c / "70-upload.json").exists() for c in crashes[60:])
+            # WHEN the bucket is back
+            server.start()
+            _wait(lambda: all((c / "70-upload.json").is_file() for c in crashes), 300, "not all uploaded")
+            _wait(lambda: _value(_scrape(url), "forensics_uploads_total") == 40, 60, "uploads not counted")
+            up = _scrape(url)
+        finally:
+            err = _stop(agent)
+        # THEN every crash is uploaded or recorded as given up; none twice; the queue is empty
+        assert _value(up, "forensics_uploads_pending") == 0
+        assert err.count("given up (queue-count: ") == 60, err
+        urls = [json.loads((c / "70-upload.json").read_text()).get("url") for c in crashes[60:]]
+        assert all(urls) and len(set(urls)) == 40
+        records = [k for k in bucket_keys(server, bucket) if k.endswith("/UPLOAD.json")]
+        assert sorted(f"s3://{bucket}/{k[:-len('UPLOAD.json')]}" for k in records) == sorted(urls)
+    finally:
+        server.stop()
