@@ -718,3 +718,52 @@ def test_a_hundred_crashes_with_the_bucket_down_then_up(kernel_cores, live, tmp_
         assert sorted(f"s3://{bucket}/{k[:-len('UPLOAD.json')]}" for k in records) == sorted(urls)
     finally:
         server.stop()
+
+
+def test_the_pending_bytes_bound_gives_up_the_oldest_and_says_so(kernel_cores, live, tmp_path, monkeypatch, capsys):
+    """#29: past --upload-max-pending-bytes the oldest crashes waiting are given up (recorded, counted, on stderr,
+    trimmed) until the queue's bytes fit; the ones left are still tried."""
+    from forensics.capture.nodeindex import IndexReader
+    from forensics.capture.shipper import Shipper, UploadConfig
+    from forensics.capture.store import disk_usage
+    from forensics.objstore.client import StoreOptions, parse_object_url
+
+    # GIVEN 5 real crashes recorded by the handler (metadata only: loop limit 0), and a bucket nobody answers for
+    core_dir = tmp_path / "cores"
+    core_dir.mkdir()
+    (core_dir / "handler.json").write_text(json.dumps({"config": {"loop_limit": 0, "min_free": 0}}))
+    for _ in range(5):
+        make_bundle(core_dir, kernel_cores["abort"], live.pid, only=False)
+    reader = IndexReader(str(core_dir))
+    reader.refresh()
+    crashes = sorted(reader.index.crashes, key=lambda c: (c.time, c.path))
+    assert len(crashes) == 5 and all(c.analysis == "none" for c in crashes)
+    sizes = [disk_usage(c.path) for c in crashes]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections refused
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    bound = sum(sizes[2:])  # the three newest fit, not four
+    shipper = Shipper(UploadConfig(
+        dest=parse_object_url("s3://down/agent"), cluster="prod", max_pending_bytes=bound,
+        opts=StoreOptions(endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1", attempts=1, rounds=1,
+                          connect_timeout=2)), "gpu-3")
+    # WHEN the agent's round runs
+    assert shipper.ship_next(reader.index) is False
+    # THEN the two oldest are given up, recorded and trimmed; the three newest wait, whole, within the bound
+    err = capsys.readouterr().err
+    for c in crashes[:2]:
+        rec = json.loads(Path(c.path, "70-upload.json").read_text())
+        assert rec["dropped"] == "queue-bytes" and rec["bound"] == bound and "url" not in rec, rec
+        assert {p.name for p in Path(c.path).iterdir()} <= {"60-analysis", "70-upload.json", "metadata.json"}
+        assert f"upload of {c.id} given up (queue-bytes: " in err, err
+    for c in crashes[2:]:
+        assert not Path(c.path, "70-upload.json").exists() and Path(c.path, "MANIFEST.json").is_file()
+    st = shipper.stats
+    assert dict(st.dropped) == {"queue-count": 0, "queue-bytes": 2}
+    assert st.pending == 3 and st.pending_bytes == bound and st.failures == 1
+    # AND a new agent (restarted) counts the two given up from their records and tries nothing of theirs again
+    again = Shipper(shipper.cfg, "gpu-3")
+    again.ship_next(reader.index)
+    assert dict(again.stats.dropped) == {"queue-count": 0, "queue-bytes": 2} and again.stats.pending == 3
