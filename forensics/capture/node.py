@@ -313,11 +313,11 @@ def process_secrets(cmdline: bytes, environ: bytes) -> frozenset[str]:
     """The secret values a process's argv and environment give away (``--token VALUE``, ``DB_PW=...``): the node's
     text is masked with them too, since no later reader of the bundle can learn them from its redacted files."""
     from ..redact import Redactor
-    from .procfs import parse_environ
+    from ..procfs import for_people, parse_cmdline, parse_environ
 
-    r = Redactor()
-    r.learn({"cmdline": [a.decode(errors="replace") for a in cmdline.split(b"\0") if a],
-             "environ": parse_environ(environ)})
+    r = Redactor()  # the values as the bundle records them (snapshot.py): a byte that was not UTF-8 as U+FFFD
+    r.learn({"cmdline": [for_people(a) for a in parse_cmdline(cmdline)],
+             "environ": {for_people(k): for_people(v) for k, v in parse_environ(environ).items()}})
     return frozenset(r.secrets)
 
 

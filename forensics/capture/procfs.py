@@ -1,6 +1,7 @@
 """Read ``/proc/PID`` of a live (or dying) process, and resolve paths inside its root safely.
 
-Parsers (``parse_*``) take text and return records; readers (``read_*``) do the I/O.
+The files of ``/proc/PID`` are read and parsed by :mod:`forensics.procfs` (their names are re-exported here);
+this module adds the mounts' lookups and the root's resolver.
 Paths inside a container are opened by :func:`open_in_root`, through the one resolver
 (:mod:`forensics.rootpath`): one component at a time from a descriptor of ``/proc/PID/root``,
 symlinks re-rooted, as ``openat2(RESOLVE_IN_ROOT)`` does, so a symlink planted (or swapped
@@ -10,11 +11,22 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Literal, overload
-from dataclasses import dataclass
 
 from .. import rootpath
-from ..errors import ProcessGone, UnsafeContainerPath
+from ..errors import UnsafeContainerPath
+from ..procfs import (
+    PROC_DEFAULT_LIMIT,
+    PROC_LIMITS,
+    MapEntry,
+    MountEntry,
+    parse_environ,
+    parse_limits,
+    parse_maps,
+    parse_mountinfo,
+    parse_status,
+    proc_dir,
+    read_proc_text,
+)
 
 __all__ = [
     "MapEntry",
@@ -33,185 +45,6 @@ __all__ = [
     "host_path_of_mount",
     "proc_dir",
 ]
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MapEntry:
-    """One line of ``/proc/PID/maps``."""
-
-    start: int
-    end: int
-    perms: str
-    offset: int
-    dev: str  # "fd:01" (major:minor, hex)
-    inode: int
-    path: str | None  # None for anonymous memory; "[heap]" style names kept
-
-    @property
-    def is_file(self) -> bool:
-        return self.inode != 0 and self.path is not None and self.path.startswith("/")
-
-    @property
-    def deleted(self) -> bool:
-        return bool(self.path and self.path.endswith(" (deleted)"))
-
-    @property
-    def range(self) -> str:
-        """The name of this mapping under ``/proc/PID/map_files``."""
-        return f"{self.start:x}-{self.end:x}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MountEntry:
-    """One line of ``/proc/PID/mountinfo`` (proc(5))."""
-
-    mount_id: int
-    parent_id: int
-    dev: str  # "major:minor" (decimal)
-    root: str  # the path inside the filesystem that is mounted here (a bind source)
-    mount_point: str
-    fstype: str
-    source: str
-    options: str
-
-    @property
-    def is_bind_of_subtree(self) -> bool:
-        return self.root != "/"
-
-
-def proc_dir(pid: int) -> str:
-    return f"/proc/{int(pid)}"
-
-
-#: the most read of each /proc/PID file: what a process controls (its mappings' names, its mounts, its environment)
-#: can make these large (65,530 mappings with 4 KiB names are 270 MB of maps); the kernel's own small files get
-#: :data:`PROC_DEFAULT_LIMIT`
-PROC_LIMITS = {"maps": 64 << 20, "mountinfo": 16 << 20, "cmdline": 1 << 20, "environ": 4 << 20}
-PROC_DEFAULT_LIMIT = 1 << 20
-
-
-@overload
-def read_proc_text(pid: int, name: str, *, binary: Literal[False] = False, cut: list[str] | None = None) -> str: ...
-
-
-@overload
-def read_proc_text(pid: int, name: str, *, binary: Literal[True], cut: list[str] | None = None) -> bytes: ...
-
-
-def read_proc_text(pid: int, name: str, *, binary: bool = False, cut: list[str] | None = None) -> str | bytes:
-    """``/proc/PID/NAME``, at most :data:`PROC_LIMITS` bytes; :class:`ProcessGone` when the process no longer exists.
-
-    :param cut: told (``"NAME cut at N bytes"``) when the file was longer than its bound
-    :raises ProcessGone: when /proc/PID is gone
-    :raises OSError: for other failures (permission, a file the kernel does not offer)
-    """
-    path = f"{proc_dir(pid)}/{name}"
-    limit = PROC_LIMITS.get(name, PROC_DEFAULT_LIMIT)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except FileNotFoundError as e:
-        if not os.path.exists(proc_dir(pid)):
-            raise ProcessGone(pid) from e
-        raise
-    except ProcessLookupError as e:  # ESRCH: the process exited while we read
-        raise ProcessGone(pid, "exited while being read") from e
-    if len(data) > limit:
-        data = data[:limit]
-        if cut is not None:
-            cut.append(f"/proc/{pid}/{name} cut at {limit} bytes")
-    return data if binary else data.decode("utf-8", errors="surrogateescape")
-
-
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and len(field[i + 1 : i + 4]) == 3 and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def parse_maps(text: str) -> tuple[MapEntry, ...]:
-    """Parse ``/proc/PID/maps``.
-
-    >>> parse_maps("7f00-7f10 r-xp 00001000 fd:01 42 /usr/lib/libc.so.6\\n")[0].path
-    '/usr/lib/libc.so.6'
-    """
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 5:
-            continue
-        lo, hi = parts[0].split("-")
-        path = parts[5] if len(parts) > 5 else None
-        out.append(
-            MapEntry(
-                start=int(lo, 16), end=int(hi, 16), perms=parts[1], offset=int(parts[2], 16),
-                dev=parts[3], inode=int(parts[4]), path=path,
-            )
-        )
-    return tuple(out)
-
-
-def parse_limits(text: str) -> dict[str, tuple[str, str]]:
-    """``/proc/PID/limits`` as ``{name: (soft, hard)}``, values as the kernel prints them.
-
-    >>> head = f"{'Limit':26}{'Soft Limit':21}{'Hard Limit':21}Units\\n"
-    >>> parse_limits(head + f"{'Max core file size':26}{'0':21}{'unlimited':21}bytes\\n")
-    {'Max core file size': ('0', 'unlimited')}
-    """
-    out = {}
-    for line in text.splitlines()[1:]:
-        # columns are fixed width: name (26), soft (21), hard (21), units
-        name = line[:26].strip()
-        rest = line[26:].split()
-        if name and len(rest) >= 2:
-            out[name] = (rest[0], rest[1])
-    return out
-
-
-def parse_mountinfo(text: str) -> tuple[MountEntry, ...]:
-    out = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        f = left.split()
-        r = right.split()
-        if len(f) < 6 or len(r) < 2:
-            continue
-        out.append(
-            MountEntry(
-                mount_id=int(f[0]), parent_id=int(f[1]), dev=f[2], root=_unescape(f[3]),
-                mount_point=_unescape(f[4]), options=f[5], fstype=r[0], source=_unescape(r[1]),
-            )
-        )
-    return tuple(out)
-
-
-def parse_status(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        k, sep, v = line.partition(":")
-        if sep:
-            out[k.strip()] = v.strip()
-    return out
-
-
-def parse_environ(data: bytes) -> dict[str, str]:
-    out = {}
-    for item in data.split(b"\0"):
-        if not item:
-            continue
-        k, _, v = item.partition(b"=")
-        out[k.decode(errors="replace")] = v.decode(errors="replace")
-    return out
 
 
 def find_mount(mounts: tuple[MountEntry, ...], path: str) -> MountEntry | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..core.buildid import read_build_id_from_fd, read_build_id_from_file
 from ..errors import ProcessGone, UnsafeContainerPath
+from ..procfs import decode, for_people, parse_cmdline
 from .identity import ContainerIdentity, parse_cgroup, read_image_name
 from .procfs import (
     MapEntry,
@@ -441,8 +442,7 @@ def process_view_of(pid: int, raw: RawProcFiles, root: str):
     if root_seen is None or cwd is None or exe is None:
         return None
     return process_view(pid, root, cmdline=raw.cmdline, environ=raw.environ, root_seen=root_seen, cwd=cwd, exe=exe,
-                        maps=raw.files.get("maps", b"").decode(errors="surrogateescape"),
-                        status=raw.files.get("status", b"").decode(errors="surrogateescape"))
+                        maps=decode(raw.files.get("maps", b"")), status=decode(raw.files.get("status", b"")))
 
 
 def resolve_python_modules(snapshot: Snapshot, raw: RawProcFiles, root: str) -> Snapshot:
@@ -514,8 +514,9 @@ def read_snapshot(
     from ..redact import Redactor
 
     red = Redactor()
-    args = [a.decode(errors="replace") for a in cmdline_raw.split(b"\0") if a]
-    env_plain = parse_environ(environ_raw)
+    # the bundle's argv and environment show a byte that was not UTF-8 as U+FFFD: its readers write UTF-8 strictly
+    args = [for_people(a) for a in parse_cmdline(cmdline_raw)]
+    env_plain = {for_people(k): for_people(v) for k, v in parse_environ(environ_raw).items()}
     # secret values first, from the whole argv (``--token VALUE`` is two items) and the environment:
     # then each item is masked wherever such a value appears
     red.learn({"cmdline": args, "environ": env_plain})

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import NotRoot, ProcessExited, ProcessGone
 from ..pidstat import check_user_process
+from ..procfs import decode, parse_cmdline, read_proc_text
 
 __all__ = ["ProcessView", "read_process", "process_view", "parse_maps_extensions", "parse_status_ids", "in_root"]
 
@@ -92,13 +93,8 @@ def in_root(path: str, root_seen: str) -> str:
     return path
 
 
-def _read(path: str, limit: int) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(limit)
-
-
 def read_process(pid: int) -> ProcessView:
-    """Read /proc/PID.
+    """Read /proc/PID (its files through :func:`forensics.procfs.read_proc_text`, bounded, decoded by its one rule).
 
     :raises ProcessGone: no such process
     :raises NotRoot: its root, environment or maps are not readable by us
@@ -108,15 +104,15 @@ def read_process(pid: int) -> ProcessView:
         raise _gone(pid)
     check_user_process(pid)
     try:
-        cmdline = _read(f"{base}/cmdline", 1 << 20)
-        environ = _read(f"{base}/environ", 4 << 20)
+        cmdline = read_proc_text(pid, "cmdline", binary=True)
+        environ = read_proc_text(pid, "environ", binary=True)
         root_seen = os.readlink(f"{base}/root")
         cwd = os.readlink(f"{base}/cwd")
         exe = os.readlink(f"{base}/exe")
-        maps = _read(f"{base}/maps", 64 << 20).decode("utf-8", "replace")
-        status = _read(f"{base}/status", 1 << 20).decode("utf-8", "replace")
+        maps = read_proc_text(pid, "maps")
+        status = read_proc_text(pid, "status")
         os.listdir(f"{base}/root/")
-    except (FileNotFoundError, ProcessLookupError) as e:
+    except (FileNotFoundError, ProcessLookupError) as e:  # ProcessGone is a ProcessLookupError
         raise ProcessExited(pid, "its reading") from e
     except PermissionError as e:
         raise NotRoot(f"reading /proc/{pid} of another user's process") from e
@@ -132,12 +128,8 @@ def process_view(pid: int, root: str, *, cmdline: bytes, environ: bytes, root_se
         it held after the process is gone (the core handler reads a crashed process's files after its core)
     :param root_seen: ``readlink /proc/PID/root``; ``cwd``, ``exe``: their readlinks
     """
-    argv = tuple(a.decode("utf-8", "surrogateescape") for a in cmdline.split(b"\0") if a)
-    env = []
-    for item in environ.split(b"\0"):
-        if b"=" in item:
-            k, _, v = item.decode("utf-8", "surrogateescape").partition("=")
-            env.append((k, v))
+    argv = parse_cmdline(cmdline)
+    env = [(k, v) for item in environ.split(b"\0") if b"=" in item for k, _, v in [decode(item).partition("=")]]
     uid, gid = parse_status_ids(status)
     strip = lambda p: p[: -len(" (deleted)")] if p.endswith(" (deleted)") else p  # noqa: E731
     root_seen = strip(root_seen)

@@ -318,3 +318,39 @@ def test_the_mount_index_answers_as_the_mount_scan_does():
         if m is not None:
             assert index.host_path(m, p) == host_path_of_mount(m, p, host), p
     assert index.find("/srv/x/z").mount_id == 9002 and index.find("/srv/x/y/a").mount_id == 9003
+
+
+def test_the_one_proc_reader_keeps_every_byte_and_capture_still_records_u_fffd():
+    # GIVEN a real process whose argv, environment and a mapped file's name hold a byte that is not UTF-8
+    import subprocess
+    import sys
+    import tempfile
+
+    from forensics.capture.node import process_secrets
+    from forensics.imports.procfs import read_process
+    from forensics.procfs import for_people, parse_cmdline, parse_environ, read_proc_text
+
+    with tempfile.TemporaryDirectory() as d:
+        so = os.path.join(os.fsencode(d), b"_x\xff.cpython-311-x86_64-linux-gnu.so")
+        with open(so, "wb") as f:
+            f.write(b"\0" * 4096)
+        code = ("import mmap, sys, os; f = open(os.fsencode(sys.argv[1]), 'rb')\n"
+                "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); print(flush=True); sys.stdin.read()")
+        p = subprocess.Popen([sys.executable, "-c", code, os.fsdecode(so), b"tok\xff"],
+                             env={**os.environ, "WEIRD": "v\udcff"}, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert p.stdout is not None and p.stdout.readline() == b"\n"
+            # WHEN both readers read it
+            argv = parse_cmdline(read_proc_text(p.pid, "cmdline", binary=True))
+            env = parse_environ(read_proc_text(p.pid, "environ", binary=True))
+            view = read_process(p.pid)
+        finally:
+            p.communicate(b"")
+    # THEN the reader kept each byte (a path read opens the same file), the same for verify-imports' view...
+    assert argv[-1] == "tok\udcff" and env["WEIRD"] == "v\udcff"
+    assert view.argv == argv and ("WEIRD", "v\udcff") in view.env
+    assert [os.fsencode(e) for e in view.extensions if "_x" in e] == [so]
+    # ...and the bundle's record still shows such a byte as U+FFFD, as before
+    assert for_people(argv[-1]) == "tok\ufffd"
+    assert process_secrets(b"app\0--token\0s\xffcretvalue123\0", b"DB_PASSWORD=hunter\xff2secret\0") \
+        == frozenset({"s\ufffdcretvalue123", "hunter\ufffd2secret"})

@@ -18,8 +18,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # records, errors, pure helpers, the resolver; SHA-256 without hashlib (digest); another program run bounded in
     # time and bytes (subproc)
     ("errors", "model", "cache", "redact", "rootpath", "digest", "subproc"),
-    # shared formats, shipped files, the one kube client; who a PID is (/proc/PID/stat)
-    ("output", "resources", "guard", "kubectl", "pidstat"),
+    # shared formats, shipped files, the one kube client; who a PID is (/proc/PID/stat); the one reader of /proc/PID
+    ("output", "resources", "guard", "kubectl", "pidstat", "procfs"),
     # records back from the JSON another command wrote (analyze, reproduce, fleet...); the shared click options
     # (-o checks its path through output)
     ("jsonrecords", "options"),
