@@ -636,3 +636,31 @@ class StartupFailed(ExecuteError):
 
 __all__ += ["FleetInputError", "SelectorError", "PrometheusError", "GuardError", "CanaryError", "DemoError",
             "ReproducerNotStarted", "NvmlLibraryNotFound", "StartupFailed"]
+
+
+class ReportInputError(ForensicsError, ValueError):
+    """A file given to ``forensics report`` that is no evidence it reads, or whose values have the wrong type or form
+    (:mod:`forensics.report.evidence`)."""
+
+    help_text = ("Pass JSON written by `forensics analyze|verify-imports|reproduce|fleet --json`, "
+                 "or a capture bundle directory.")
+    path: str  # set by ForensicsError from the fields
+    reason: str
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: not report evidence: {reason}", path=path, reason=reason)
+
+
+class IssueFormError(ForensicsError, ValueError):
+    """``forensics report --form``: the file is no GitHub issue form (:mod:`forensics.report.form`)."""
+
+    help_text = ("Pass a GitHub issue form (YAML with a 'body' list), e.g. nvitop's "
+                 ".github/ISSUE_TEMPLATE/bug-report.yaml.")
+    path: str  # set by ForensicsError from the fields
+    reason: str
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: not a GitHub issue form: {reason}", path=path, reason=reason)
+
+
+__all__ += ["ReportInputError", "IssueFormError"]

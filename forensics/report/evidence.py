@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import rootpath
 from ..bundle import MANIFEST, check_manifest, layout, read_bundle_file
-from ..errors import ForensicsError, InputUnreadable, check_input_exists
+from ..errors import ForensicsError, InputUnreadable, ReportInputError, check_input_exists
 
 __all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES", "MAX_TOTAL_BYTES",
            "max_total_bytes"]
@@ -52,14 +52,6 @@ class _Budget:
                                          "(FORENSICS_MAX_REPORT_BYTES)")
         self.left -= n
 KINDS = ("analyze", "analyze-batch", "verify-imports", "reproduce", "fleet", "capture")
-
-
-class ReportInputError(ForensicsError, ValueError):
-    help_text = ("Pass JSON written by `forensics analyze|verify-imports|reproduce|fleet --json`, "
-                 "or a capture bundle directory.")
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: not report evidence: {reason}", path=path, reason=reason)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

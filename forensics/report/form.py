@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from ..errors import ForensicsError
+from ..errors import IssueFormError
 
 __all__ = ["FormField", "IssueForm", "IssueFormError", "load_shipped_form", "read_issue_form", "parse_form",
            "split_fields", "check_form_body", "NO_RESPONSE"]
@@ -23,14 +23,6 @@ __all__ = ["FormField", "IssueForm", "IssueFormError", "load_shipped_form", "rea
 NO_RESPONSE = "_No response_"  # what GitHub writes for an empty optional field
 MAX_FORM_BYTES = 256 << 10
 _KINDS = ("input", "textarea", "dropdown", "checkboxes")
-
-
-class IssueFormError(ForensicsError, ValueError):
-    help_text = ("Pass a GitHub issue form (YAML with a 'body' list), e.g. nvitop's "
-                 ".github/ISSUE_TEMPLATE/bug-report.yaml.")
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: not a GitHub issue form: {reason}", path=path, reason=reason)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
