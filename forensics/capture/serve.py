@@ -274,6 +274,7 @@ class IndexCollector:
         for key, n in sorted(series.items()):
             crashes.add_metric(list(key), n)
         yield crashes
+        yield _latest_bundles(node, idx, cfg.max_series)
         failures = CounterMetricFamily("forensics_analysis_failures", "On-node analyses that failed, by reason",
                                        labels=["node", "reason"])
         counts = {r: 0 for r in ANALYSIS_FAILURES}
@@ -307,6 +308,24 @@ class IndexCollector:
         yield build
         if self.agent.shipper is not None:
             yield from _upload_families(node, self.agent.shipper.stats)
+
+
+def _latest_bundles(node: str, idx, max_series: int):
+    """Where the newest bundle of each fingerprint lives (its bucket URL once uploaded, else NODE:PATH), valued
+    with when it crashed: ``fleet --prometheus`` names the fleet's newest one per fingerprint from it."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    latest: dict[str, tuple[float, str]] = {}
+    for c in idx.crashes:  # oldest first
+        fp = c.fingerprint or "unknown"
+        if fp in latest or len(latest) < max_series:
+            latest[fp] = (c.time, c.uploaded_to or f"{node}:{c.path}")
+    m = GaugeMetricFamily("forensics_latest_bundle_timestamp_seconds", "When the newest crash of each fingerprint on "
+                          "this node happened; bundle: where its bundle lives (s3:// URL once uploaded, else "
+                          "NODE:PATH)", labels=["node", "fingerprint", "bundle"])
+    for fp, (t, where) in sorted(latest.items()):
+        m.add_metric([node, fp, where], t)
+    return m
 
 
 def _upload_families(node: str, s):

@@ -79,6 +79,9 @@ class FleetSummary:
     observed_hours: float | None = None  # mean hours each pod was watched (since start, or the baseline)
     pod_restarts: dict[str, int] = field(default_factory=dict)  # uid -> restarts (a snapshot for --since)
     source: str | None = None  # where the figures came from: None (pod objects), or the Prometheus URL
+    # fingerprint -> where the fleet's newest bundle of it lives (an s3:// URL once uploaded, else NODE:PATH): the
+    # agents' forensics_latest_bundle_timestamp_seconds (Prometheus only)
+    latest_bundles: dict[str, str] = field(default_factory=dict)
 
 
 def key_labels(group_by: tuple[str, ...]) -> tuple[str, ...]:

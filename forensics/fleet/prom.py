@@ -53,6 +53,7 @@ __all__ = ["PrometheusError", "SelectorError", "PromAuth", "PromClient", "prom_l
 MAX_ANSWERS = 32 << 20  # all the answers of one run together (a 10,000-node fleet's are ~1 MiB)
 DEFAULT_DEADLINE = 60.0  # seconds for all the requests of one run (a 10,000-node fleet's take ~2 s)
 MAX_REDIRECTS = 5
+LATEST_BUNDLE = "forensics_latest_bundle_timestamp_seconds"  # agent serve's: where each fingerprint's bundle is
 _FIGURE, _VALUE = "forensics_figure", "forensics_value"  # labels of the per-pod counts
 
 
@@ -484,6 +485,8 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
                   f"({of_pods(f'kube_pod_container_info{{{ns}}}')})) > 1"),
         "hours": f"avg({at:.3f} - {of_pods(f'max by (namespace, pod) (kube_pod_start_time{{{ns}}})')}) / 3600",
         "nodes": lambda: _nodes(client, at, pods_where('node!=""'), failing, g, unlabelled),
+        # where the newest bundle of each fingerprint lives, of all the agents'
+        "bundles": f"topk by (fingerprint) (1, max by (fingerprint, bundle) ({LATEST_BUNDLE}))",
     }
     if matchers:  # a label no pod series has: not allow-listed in kube-state-metrics, or a typo; never "all pods"
         jobs["pod_labels"] = lambda: client.label_names("kube_pod_labels")
@@ -503,6 +506,9 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         if fp and n:
             d = fingerprints.setdefault(key_of(labels), {})
             d[fp] = d.get(fp, 0) + n
+    shown_fps = {fp for d in fingerprints.values() for fp in d}
+    latest = {str(labels.get("fingerprint")): str(labels.get("bundle")) for labels, _ in res["bundles"]
+              if labels.get("fingerprint") in shown_fps and labels.get("bundle")}
     nodes_per_group, all_nodes, per_label, crashing = res["nodes"]
     per_key: dict[tuple, int] = {}
     for labels, n in nodes_per_group:
@@ -519,7 +525,7 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         rows, group_by=group_by, nodes=all_nodes, boundary=boundary_lines(shown, nodes=all_nodes, crashing=crashing),
         baseline=baseline_label or (f"the last {window}s" if window else None), mixed_images=bool(res["mixed"]),
         taken_at=now.isoformat(), observed_hours=(window / 3600 if window else (hours[0][1] if hours else None)),
-        source=client.base)
+        source=client.base, latest_bundles=dict(sorted(latest.items())))
 
 
 def _per_pod_counts(series: list[tuple[dict[str, str], float]], key_of: Callable[[dict], tuple]) -> tuple:

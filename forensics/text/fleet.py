@@ -35,6 +35,8 @@ def format_fleet(s: FleetSummary) -> list[str]:
         lines.append("Clean: " + "; ".join(s.clean_groups))
     for b in s.boundary:
         lines.append(f"Boundary: {b}")
+    for fp, where in s.latest_bundles.items():
+        lines.append(f"Newest bundle of {fp}: {where}")
     if s.mixed_images:
         lines.append("Mixed rollout: a container runs more than one image digest across pods")
     return lines
