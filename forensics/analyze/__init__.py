@@ -14,7 +14,6 @@ from ..errors import CapturedBeforeCrash, GdbError, GdbNotFound, NoCoreKept, Unw
 from ..model import (
     Analysis,
     CoreFile,
-    Crash,
     CrashKind,
     Finding,
     HeapReport,
@@ -29,8 +28,8 @@ from ..model import (
     Source,
 )
 from ..modes import HeapMode, NativeMethod, StackMethod, values
-from .classify import classify_crash, is_python_process
-from .fingerprint import fingerprint, fingerprint_basis, fingerprint_basis_v2
+from .classify import is_python_process
+from .findings import analyze_snapshot, check_nested_faults, check_snapshot
 from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
 from .sigframe import attach_signal_frames
 from .stacks import (
@@ -135,153 +134,6 @@ def build_snapshot(core: CoreFile, native: tuple[NativeStack, ...] | None, pytho
         warnings=tuple(warnings),
         requested_native_method=NativeMethod(requested_native),
         native_disagreements=tuple(native_disagreements),
-    )
-
-
-def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ...]:
-    """Findings an on-call engineer should read, each with its evidence."""
-    core = snapshot.core
-    out: list[Finding] = []
-    # the first fault's thread, judged by what ran before any signal handler (a crash reporter's
-    # handler on top is not where the crash happened)
-    crashed = next((t for t in snapshot.threads if t.tid == crash.tid), None) if crash.tid is not None else None
-    if crash.kind is CrashKind.HEAP_CORRUPTION:
-        out.append(
-            Finding(
-                rule="heap-corruption-detected-late",
-                severity=Severity.WARNING,
-                summary="glibc found the heap corrupted when this thread freed or allocated memory; "
-                "the code that overwrote the heap may have run earlier, elsewhere",
-                evidence=tuple(x for x in (crash.abort_message,) if x),
-                tid=crash.tid,
-            )
-        )
-    out.extend(check_nested_faults(snapshot, crash))
-    if core.nvml is not None:
-        out.append(
-            Finding(
-                rule="nvml-library",
-                severity=Severity.INFO,
-                summary=f"libnvidia-ml loaded: {core.nvml.path} (driver {core.nvml.driver_version or 'unknown'})",
-                evidence=(f"build-id {core.nvml.build_id or 'unknown'}",),
-            )
-        )
-        if crashed is not None and any("libnvidia-ml" in (f.library_name or "")
-                                       for f in crashed.interrupted_native_frames):
-            out.append(
-                Finding(
-                    rule="crash-inside-nvml",
-                    severity=Severity.WARNING,
-                    summary="the crashing thread was inside libnvidia-ml when it died",
-                    tid=crashed.tid,
-                )
-            )
-    for lib in core.libraries:
-        if lib.status in (LibraryStatus.MISMATCH, LibraryStatus.MISSING):
-            out.append(
-                Finding(
-                    rule=f"library-{lib.status.value}",
-                    severity=Severity.WARNING,
-                    summary=f"{lib.path}: {lib.status.value}",
-                    evidence=(f"core build-id {lib.build_id}", f"file {lib.file_path} build-id {lib.file_build_id}"),
-                )
-            )
-    if snapshot.native_disagreements:
-        out.append(
-            Finding(
-                rule="native-methods-disagree",
-                severity=Severity.ERROR,
-                summary="libdw and gdb give different native stacks",
-                evidence=snapshot.native_disagreements,
-            )
-        )
-    if snapshot.method_disagreements:
-        out.append(
-            Finding(
-                rule="python-methods-disagree",
-                severity=Severity.ERROR,
-                summary="the gdb walker and the direct reader give different Python stacks",
-                evidence=snapshot.method_disagreements,
-            )
-        )
-    if core.problems:
-        out.append(Finding(rule="core-malformed", severity=Severity.ERROR,
-                           summary="the core has malformed notes; what they held is missing",
-                           evidence=core.problems))
-    if core.truncated:
-        out.append(
-            Finding(
-                rule="core-truncated",
-                severity=Severity.ERROR,
-                summary=f"core truncated at {core.size} of {core.expected_size} bytes",
-            )
-        )
-    return tuple(out)
-
-
-def check_nested_faults(snapshot: ProcessSnapshot, crash: Crash) -> list[Finding]:
-    """Findings about a fault after the first one (a crash reporter's handler, another thread) and about
-    handlers that ran: why the exit status is what it is, and which thread came first."""
-    from .signature import describe_thread
-
-    out: list[Finding] = []
-    then = crash.then
-    frames = [sf for t in snapshot.threads for sf in t.signal_frames]
-    evidence = tuple(
-        f"tid {t.tid}: {sf.signal.name} delivered at 0x{sf.address:x} (interrupted at 0x{sf.pc:x}"
-        f"{', on the alternate signal stack' if sf.alternate_stack else ''}; signal from {sf.signal_source})"
-        for t in snapshot.threads for sf in t.signal_frames
-    )
-    if then is not None and then.handler is not None:
-        out.append(Finding(
-            rule="fault-in-signal-handler", severity=Severity.WARNING,
-            summary=(f"the {then.handler.signal_name} handler {then.handler.label} faulted ({then.signal_name}) "
-                     f"while the process was dying of its first fault ({crash.kind.value}): investigate the first "
-                     f"fault; the handler's fault turned exit status {128 + (crash.signal or 0)} into "
-                     f"{128 + then.signal}"),
-            evidence=evidence, tid=then.tid))
-    elif then is not None:
-        threads = {t.tid: t for t in snapshot.threads}
-        first = describe_thread(threads[crash.tid]) if crash.tid in threads else "a thread the core does not name"
-        late = describe_thread(threads[then.tid]) if then.tid in threads else f"tid {then.tid}"
-        out.append(Finding(
-            rule="fault-order", severity=Severity.WARNING,
-            summary=(f"{first} came first: glibc had written its heap-corruption message (the thread was in its "
-                     f"abort path) when {late} received the fatal {then.signal_name}"),
-            evidence=tuple(x for x in (crash.abort_message,) if x), tid=crash.tid))
-    elif crash.handler is not None:
-        out.append(Finding(
-            rule="signal-handler-ran", severity=Severity.INFO,
-            summary=(f"the {crash.handler.signal_name} handler {crash.handler.label} ran and re-raised "
-                     f"{crash.signal_name}: the crash is the first fault, unchanged"),
-            evidence=evidence, tid=crash.tid))
-    elif frames:
-        out.append(Finding(rule="signal-handler-running", severity=Severity.INFO,
-                           summary="a signal handler was running when the process died", evidence=evidence))
-    return out
-
-
-def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
-    """Judge a snapshot: the crash (its first fault), its fingerprint, the findings."""
-    crash = classify_crash(snapshot.core, snapshot.threads, python_process=is_python_process(snapshot.core))
-    basis: tuple[str, ...]
-    basis_v2: tuple[str, ...]
-    if crash.kind is CrashKind.SNAPSHOT:
-        basis, partial, fp, basis_v2, fp_v2 = (), None, None, (), None
-    else:
-        basis, partial = fingerprint_basis(snapshot, crash)
-        fp = fingerprint(basis)
-        basis_v2 = fingerprint_basis_v2(snapshot, crash)
-        fp_v2 = fingerprint(basis_v2)
-    return Analysis(
-        snapshot=snapshot,
-        crash=crash,
-        fingerprint=fp,
-        fingerprint_basis=basis,
-        fingerprint_partial=partial,
-        fingerprint_v2=fp_v2,
-        fingerprint_v2_basis=basis_v2,
-        findings=check_snapshot(snapshot, crash),
     )
 
 
