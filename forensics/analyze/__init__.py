@@ -15,8 +15,6 @@ from ..model import (
     Analysis,
     CoreFile,
     CrashKind,
-    Finding,
-    HeapReport,
     LibraryStatus,
     NativeFrame,
     NativeStack,
@@ -24,12 +22,11 @@ from ..model import (
     PythonMethod,
     PythonStacks,
     PythonStatus,
-    Severity,
     Source,
 )
 from ..modes import HeapMode, NativeMethod, StackMethod, values
 from .classify import is_python_process
-from .findings import analyze_snapshot, check_nested_faults, check_snapshot
+from .findings import analyze_snapshot, check_nested_faults, check_snapshot, heap_findings
 from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
 from .sigframe import attach_signal_frames
 from .stacks import (
@@ -467,32 +464,6 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
             report.corruption, crashed.native_frames, crashed.py_frames, pointers, locals_problem))
     findings = analysis.findings + heap_findings(report, analysis.crash.tid)
     return dataclasses.replace(analysis, heap=report, findings=findings)
-
-
-def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:
-    """The heap's findings: the buffer that overflowed and who wrote past it; why the heap was not read."""
-    out = []
-    c = report.corruption
-    if c is not None and c.overflowed is not None:
-        where = f"the chunk at 0x{c.overflowed.address:x} (usable {c.usable_size} bytes)"
-        if c.owner is not None:
-            where = f"{c.owner.name} ({c.owner.object.type_name}, {c.owner.object.size} bytes)" + (
-                f" in {c.owner.function}" if c.owner.function else "")
-        length = f"{'' if c.overflow_exact else 'at least '}{c.overflow_length} bytes"
-        out.append(Finding(
-            rule="heap-buffer-overflow",
-            severity=Severity.ERROR,
-            summary=f"{where} was written {length} past its end, over the header glibc rejected",
-            evidence=(f"verdict: {c.verdict.value}: {c.verdict_reason}", *c.inconsistencies),
-            tid=tid,
-        ))
-    elif c is not None and c.rejected is not None:
-        out.append(Finding(rule="heap-chunk-rejected", severity=Severity.ERROR,
-                           summary=f"glibc rejected the chunk at 0x{c.rejected.address:x}: {c.check}",
-                           evidence=c.inconsistencies + c.problems, tid=tid))
-    for problem in report.problems:
-        out.append(Finding(rule="heap-unreadable", severity=Severity.WARNING, summary=problem))
-    return tuple(out)
 
 
 def _unwind_signal_handler_threads(reading: CoreReading, problems: list[str],

@@ -1,14 +1,16 @@
-"""snapshot -> analysis: the crash, its fingerprint and the findings an on-call engineer reads (``analyze``'s judge).
+"""snapshot -> analysis: the crash, its fingerprint and the findings an on-call engineer reads (``analyze``'s judge),
+and the heap's findings once glibc's heap was read.
 
-Public through :mod:`forensics.analyze` (``analyze_snapshot``, ``check_snapshot``, ``check_nested_faults``).
+Public through :mod:`forensics.analyze` (``analyze_snapshot``, ``check_snapshot``, ``check_nested_faults``,
+``heap_findings``).
 """
 from __future__ import annotations
 
-from ..model import Analysis, Crash, CrashKind, Finding, LibraryStatus, ProcessSnapshot, Severity
+from ..model import Analysis, Crash, CrashKind, Finding, HeapReport, LibraryStatus, ProcessSnapshot, Severity
 from .classify import classify_crash, is_python_process
 from .fingerprint import fingerprint, fingerprint_basis, fingerprint_basis_v2
 
-__all__ = ["analyze_snapshot", "check_snapshot", "check_nested_faults"]
+__all__ = ["analyze_snapshot", "check_snapshot", "check_nested_faults", "heap_findings"]
 
 
 def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ...]:
@@ -156,3 +158,29 @@ def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
         fingerprint_v2_basis=basis_v2,
         findings=check_snapshot(snapshot, crash),
     )
+
+
+def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:
+    """The heap's findings: the buffer that overflowed and who wrote past it; why the heap was not read."""
+    out = []
+    c = report.corruption
+    if c is not None and c.overflowed is not None:
+        where = f"the chunk at 0x{c.overflowed.address:x} (usable {c.usable_size} bytes)"
+        if c.owner is not None:
+            where = f"{c.owner.name} ({c.owner.object.type_name}, {c.owner.object.size} bytes)" + (
+                f" in {c.owner.function}" if c.owner.function else "")
+        length = f"{'' if c.overflow_exact else 'at least '}{c.overflow_length} bytes"
+        out.append(Finding(
+            rule="heap-buffer-overflow",
+            severity=Severity.ERROR,
+            summary=f"{where} was written {length} past its end, over the header glibc rejected",
+            evidence=(f"verdict: {c.verdict.value}: {c.verdict_reason}", *c.inconsistencies),
+            tid=tid,
+        ))
+    elif c is not None and c.rejected is not None:
+        out.append(Finding(rule="heap-chunk-rejected", severity=Severity.ERROR,
+                           summary=f"glibc rejected the chunk at 0x{c.rejected.address:x}: {c.check}",
+                           evidence=c.inconsistencies + c.problems, tid=tid))
+    for problem in report.problems:
+        out.append(Finding(rule="heap-unreadable", severity=Severity.WARNING, summary=problem))
+    return tuple(out)
