@@ -45,7 +45,8 @@ from ..subproc import run_bounded
 from ..bundle import layout
 from .nodeindex import MAX_READ, NOT_KEPT_REASONS, IndexReader, NodeIndex
 
-__all__ = ["ServeConfig", "Agent", "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve",
+__all__ = ["ServeConfig", "Agent", "HANDLER_REASONS", "handler_state",
+           "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve",
            "fit_document", "NOT_STARTED"]
 
 ANALYSIS_FAILURES = ("timeout", "memory", "error", "interrupted")
@@ -57,6 +58,43 @@ _IOPRIO_SET = 251  # x86-64 syscall number
 _IOPRIO_CLASS_IDLE = 3
 
 
+#: forensics_handler_installed's ``reason`` (a closed set): 1 only with "installed"
+HANDLER_REASONS = ("installed", "not-installed", "handler-missing", "replaced-by-systemd-coredump",
+                   "replaced-by-apport", "replaced")
+
+
+def handler_state(core_dir: str, proc: str = "/proc") -> tuple[str, str, str | None]:
+    """Is kernel.core_pattern the handler's that ``capture --install-handler`` recorded in ``CORE_DIR/handler.json``?
+
+    :return: (a reason of :data:`HANDLER_REASONS`, the pattern now, the handler's pattern or None when none is
+        recorded)
+    """
+    from .pattern import read_core_pattern
+
+    wanted = None
+    try:
+        with open(os.path.join(core_dir, layout.HANDLER_STATE)) as f:
+            doc = json.load(f)
+        wanted = doc.get("pattern") if isinstance(doc, dict) and isinstance(doc.get("pattern"), str) else None
+    except (OSError, ValueError):  # never installed here (or unreadable): nothing to compare with
+        pass
+    try:
+        current = read_core_pattern(proc).strip()
+    except OSError:  # no /proc/sys here: the pattern is unknown, so not ours
+        current = ""
+    if wanted is None:
+        return "not-installed", current, None
+    if current == wanted.strip():
+        program = wanted[1:].split()[0] if wanted.startswith("|") and wanted[1:].split() else ""
+        return ("installed" if os.access(program, os.X_OK) else "handler-missing"), current, wanted
+    taker = current[1:].split()[0] if current.startswith("|") and current[1:].split() else current
+    if "systemd-coredump" in taker:
+        return "replaced-by-systemd-coredump", current, wanted
+    if "apport" in taker:
+        return "replaced-by-apport", current, wanted
+    return "replaced", current, wanted
+
+
 def analysis_failure_reasons() -> tuple[str, ...]:
     return ANALYSIS_FAILURES
 
@@ -65,7 +103,8 @@ class ServeConfig:
     def __init__(self, *, core_dir: str, node: str, metrics_port: int = 9847, metrics_address: str = "127.0.0.1",
                  analysis_timeout: float = 300.0, analysis_memory: int = 1 << 30, poll: float = 1.0,
                  max_series: int = 500, events: bool = True, kube=None, analyze_argv: list[str] | None = None,
-                 max_attempts: int = 2, upload=None, version: str = "unknown") -> None:
+                 max_attempts: int = 2, upload=None, version: str = "unknown", reclaim_pattern: bool = False,
+                 proc: str = "/proc") -> None:
         self.core_dir = os.path.abspath(core_dir)
         self.node = node
         self.metrics_port = metrics_port
@@ -80,6 +119,8 @@ class ServeConfig:
         self.max_attempts = max_attempts
         self.upload = upload  # shipper.UploadConfig: each bundle into a bucket once analyzed; None: none
         self.version = version  # forensics_build_info's
+        self.reclaim_pattern = reclaim_pattern  # write the handler's pattern back when another program took it
+        self.proc = proc  # where kernel.core_pattern is read (and, with reclaim_pattern, written)
 
 
 def _lowest_priority(memory: int):
@@ -306,6 +347,12 @@ class IndexCollector:
                                   labels=["version", "python"])
         build.add_metric([self.agent.cfg.version, platform.python_version()], 1)
         yield build
+        # kernel.core_pattern read each round: 1 while it is the handler's and its program is there, else 0 and why
+        handler = GaugeMetricFamily("forensics_handler_installed", "1 while kernel.core_pattern is the forensics "
+                                    "handler's and its program exists; 0 and the reason otherwise",
+                                    labels=["node", "reason"])
+        handler.add_metric([node, self.agent.handler_reason], 1 if self.agent.handler_reason == "installed" else 0)
+        yield handler
         if self.agent.shipper is not None:
             yield from _upload_families(node, self.agent.shipper.stats)
 
@@ -373,9 +420,17 @@ class EventSink:
         self.wanted: dict[tuple[str, str, str], dict] = {}
         self.sent: dict[tuple[str, str, str], dict] = {}
         self.errors = 0
+        self.node_events: list[dict] = []  # Events on the node (core_pattern taken), sent by the next flush
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="events", daemon=True)
+
+    def offer_node_event(self, reason: str, action: str, message: str) -> None:
+        """One Warning Event on the node (in ``default``, where the kubelet's node Events are); at most 16 wait."""
+        with self.lock:
+            if len(self.node_events) < 16:
+                self.node_events.append({"reason": reason, "action": action, "time": time.time(),
+                                         "message": escape_text(Redactor().text(message))[:1024]})
 
     def start(self) -> None:
         self.thread.start()
@@ -403,12 +458,36 @@ class EventSink:
             # sent again when the count changes, or when the bundle went to a bucket (the message names it)
             todo = [(k, v) for k, v in self.wanted.items()
                     if self.sent.get(k) != {"count": v["count"], "uploaded_to": v["example"].uploaded_to}]
+        with self.lock:
+            node_events, self.node_events = self.node_events, []
+        for i, ev in enumerate(node_events):
+            try:
+                self._send_node(ev)
+            except Exception:  # noqa: BLE001 - the API server may be away: kept for the next flush
+                self.errors += 1
+                with self.lock:
+                    self.node_events[:0] = node_events[i:][:16]
+                break
         for key, w in todo:
             try:
                 self._send(key, w)
                 self.sent[key] = {"count": w["count"], "uploaded_to": w["example"].uploaded_to}
             except Exception:  # noqa: BLE001 - the API server may be away; the next flush retries
                 self.errors += 1
+
+    def _send_node(self, ev: dict) -> None:
+        from ..kubectl import run_kubectl as _run
+
+        iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ev["time"]))
+        name = f"{self.node[:200]}.{ev['reason'].lower()}.{int(ev['time'] * 1000):x}"[:253]
+        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": "default"},
+                 "involvedObject": {"kind": "Node", "apiVersion": "v1", "name": self.node, "uid": self.node},
+                 "reason": ev["reason"], "action": ev["action"], "type": "Warning", "message": ev["message"],
+                 "count": 1, "firstTimestamp": iso, "lastTimestamp": iso,
+                 "source": {"component": "forensics-agent", "host": self.node},
+                 "reportingComponent": "forensics-agent", "reportingInstance": self.node}
+        _run(self.kube, "create event", ["create", "--validate=false", "-f", "-", "--namespace", "default"],
+             stdin=json.dumps(event), namespaced=False, timeout=30)
 
     @staticmethod
     def name_of(namespace: str, pod: str, fingerprint: str) -> str:
@@ -460,6 +539,7 @@ class Agent:
         self.events = EventSink(cfg.kube, cfg.node) if cfg.events and cfg.kube is not None else None
         self.stopping = threading.Event()
         self.beat = time.monotonic()  # when the loop last began a round (health)
+        self.handler_reason = handler_state(cfg.core_dir, cfg.proc)[0]  # forensics_handler_installed's
         self.shipper = None
         if cfg.upload is not None:
             from .shipper import Shipper
@@ -524,8 +604,35 @@ class Agent:
                     "namespace": p["namespace"], "name": p["name"], "container": name, "image_digest": digest,
                     "resolved_at": time.time()})
 
+    def watch_pattern(self) -> None:
+        """Read kernel.core_pattern: the gauge's reason; a node Event when another program took it (once per
+        taking); with ``reclaim_pattern``, the handler's pattern written back."""
+        reason, current, wanted = handler_state(self.cfg.core_dir, self.cfg.proc)
+        before, self.handler_reason = self.handler_reason, reason
+        if not reason.startswith("replaced") or wanted is None:
+            return
+        action = "Observed"
+        if self.cfg.reclaim_pattern:
+            try:
+                with open(os.path.join(self.cfg.proc, "sys/kernel/core_pattern"), "w") as f:
+                    f.write(wanted)
+                action = "Reclaimed"
+            except OSError as e:  # not root, /proc/sys read-only (not privileged): said, the gauge stays 0
+                print(f"forensics agent serve: cannot take kernel.core_pattern back: {e.strerror or e}",
+                      file=sys.stderr)
+        if before != reason:
+            what = " and took it back" if action == "Reclaimed" else ""
+            print(f"forensics agent serve: kernel.core_pattern was taken ({reason}): {current!r}{what}",
+                  file=sys.stderr)
+            if self.events is not None:
+                self.events.offer_node_event("CorePatternReplaced", action, f"kernel.core_pattern was taken "
+                                             f"({reason}): {current!r}; the forensics handler's is {wanted!r}" +
+                                             ("; written back (--reclaim-pattern)" if action == "Reclaimed" else
+                                              "; crashes are no longer captured by forensics on this node"))
+
     def step(self) -> bool:
-        """One round: re-index, name pods, analyze the oldest pending crash. True when work was done."""
+        """One round: the pattern, re-index, name pods, analyze the oldest pending crash. True when work was done."""
+        self.watch_pattern()
         self.refresh()
         self._resolve_pods()
         pending = [c for c in self.index.crashes if c.analysis == "pending" and not c.in_progress]

@@ -164,10 +164,14 @@ def agent_chart(output, force, as_json):
                    "its 70-upload.json, counted in forensics_uploads_dropped_total).")
 @click.option("--upload-max-pending-bytes", type=SIZE, default="10G", show_default=True,
               help="Bytes on the node of the crashes waiting for the bucket at most; past it, as --upload-max-pending.")
+@click.option("--reclaim-pattern", is_flag=True,
+              help="When another program (systemd-coredump, apport) takes kernel.core_pattern, write the handler's "
+                   "back (default: only report it: forensics_handler_installed 0 and a node Event).")
 @store_options
 def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_timeout, analysis_memory, max_series,
                 events, kubeconfig, kube_context, kubectl, upload_url, upload_keep, cluster, upload_max_bandwidth,
-                upload_concurrency, endpoint_url, region, profile, upload_max_pending, upload_max_pending_bytes):
+                upload_concurrency, endpoint_url, region, profile, upload_max_pending, upload_max_pending_bytes,
+                reclaim_pattern):
     """On-node analysis of each new crash, a crash index rebuilt from the bundles, Prometheus metrics, Events.
 
     \b
@@ -209,7 +213,7 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
     serve(ServeConfig(core_dir=core_dir, node=node_name or socket.gethostname(), metrics_port=metrics_port,
                       metrics_address=metrics_address, analysis_timeout=analysis_timeout,
                       analysis_memory=analysis_memory, max_series=max_series, events=events, kube=kube,
-                      upload=upload, version=__version__))
+                      upload=upload, version=__version__, reclaim_pattern=reclaim_pattern))
 
 
 @agent.command("run", hidden=True)
