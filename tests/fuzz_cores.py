@@ -29,8 +29,8 @@ fall back on), in turn with ``--json``, ``--heap``, ``--native``, ``-v`` and ``-
 one-line error (exit 1) within its bounds, with no control character reaching the terminal,
 and write nothing but its ``-o`` file.
 
-    python tests/fuzz_cores.py --count 3000 --seed 1000 --core A --core B   # more than CI's
-    python tests/fuzz_cores.py --count 500                                    # seeds made here
+    .venv/bin/python tests/fuzz_cores.py --count 3000 --seed 1000 --core A --core B   # more than CI's
+    .venv/bin/python tests/fuzz_cores.py --count 500                                    # seeds made here
 """
 from __future__ import annotations
 

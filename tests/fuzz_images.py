@@ -19,7 +19,7 @@ bound and its memory bound, with no control character on the terminal, and write
 outside its output (no file in the run's TMPDIR or working directory, nothing added to the
 image's directory, no file where a traversal points).
 
-    python tests/fuzz_images.py --count 5000 --seed 1000     # more than CI's few hundred
+    .venv/bin/python tests/fuzz_images.py --count 5000 --seed 1000     # more than CI's few hundred
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The agent image: an OCI image built with mmdebstrap and umoci (no Docker engine needed).
 
-    python .ci/image/build.py --out DIR [--tag TAG]      # an OCI layout at DIR, image DIR:TAG
+    .venv/bin/python .ci/image/build.py --out DIR [--tag TAG]      # an OCI layout at DIR, image DIR:TAG
     skopeo copy oci:DIR:TAG docker://REGISTRY/forensics-agent:TAG
 
 What it holds (Debian bookworm, ``--variant=essential`` plus the tools the agent runs):

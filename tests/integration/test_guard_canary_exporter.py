@@ -125,9 +125,16 @@ def test_canary_against_the_real_exporter(case, guarded_venv, sim, tmp_path, cor
 
 
 def _readme_canary_example() -> list[str]:
-    """The README's first `forensics canary http://127.0.0.1:8000/metrics ...` line, as its words."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    line = next(ln for ln in readme.splitlines() if ln.startswith("forensics canary http://127.0.0.1:8000/metrics"))
+    """The first `forensics canary http://127.0.0.1:8000/metrics ...` line of the canary's page (moved out of
+    README.md into docs/), as its words; README's tour shows the same line."""
+    root = Path(__file__).resolve().parents[2]
+
+    def first(page: str) -> str:
+        text = (root / page).read_text()
+        return next(ln for ln in text.splitlines() if ln.startswith("forensics canary http://127.0.0.1:8000/metrics"))
+
+    line = first("docs/fleet-guard-canary.md")
+    assert first("README.md") == line
     return line.split()[1:]
 
 
