@@ -14,7 +14,7 @@ from ..errors import CoreDirectoryError
 from .layout import MANIFEST
 from .read import sha256_file
 
-__all__ = ["BundleWriter", "new_bundle_dir", "write_atomic", "fsync_dir"]
+__all__ = ["BundleWriter", "new_bundle_dir", "write_atomic", "fsync_dir", "replacing"]
 
 
 def fsync_dir(path: str) -> None:

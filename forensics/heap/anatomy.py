@@ -52,7 +52,8 @@ from forensics.model import (
 )
 
 __all__ = ["Check", "CHECKS", "classify_message", "Candidate", "candidates", "find_rejected_chunk",
-           "find_chunk_before", "describe_header", "measure_overflow", "decide", "find_corruption", "STACK_WINDOW"]
+           "find_chunk_before", "describe_header", "measure_overflow", "decide", "find_corruption", "STACK_WINDOW",
+           "own_size_rewritten"]
 
 #: bytes of the crashing thread's stack searched for the rejected chunk, from its stack pointer up
 STACK_WINDOW = 64 << 10

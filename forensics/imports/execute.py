@@ -32,7 +32,8 @@ from .model import ExecutedModule, ExecuteResult, ModuleCheck, PythonSetup
 from .rootfs import RootFS, norm
 
 __all__ = ["PROBE", "PROBE_LIMITS", "StartupFailed", "run_probe_bwrap", "run_probe_nsenter", "compare",
-           "startup_result", "parse_credentials", "map_id", "limit_notes"]
+           "startup_result", "parse_credentials", "map_id", "limit_notes",
+           "Credentials", "ProbeLimits"]
 
 _MARK = "FORENSICS-PROBE "
 #: the most of the probe's standard output read (its JSON is a few KiB a module; the image's code may print more)

@@ -42,6 +42,7 @@ __all__ = [
     "DwarfAttribute",
     "GElfSym",
     "DwflCallbacks",
+    "DwflThreadCallbacks",
     "FIND_ELF",
     "FIND_DEBUGINFO",
     "FRAME_CALLBACK",
