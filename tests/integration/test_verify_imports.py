@@ -305,7 +305,7 @@ def test_an_active_guard_is_reported(images):
     assert doc["result"]["image"]["digest"].startswith("sha256:")
 
 
-def test_report_from_a_shadowed_image_says_shadowing_was_not_ruled_out(images, tmp_path):
+def test_report_from_a_shadowed_image_says_the_shadowing_was_found(images, tmp_path):
     # GIVEN verify-imports evidence of the incident's image (WORKDIR /app shadows site-packages)
     out = tmp_path / "imports.json"
     r = CliRunner().invoke(cli, ["verify-imports", "--json", "--driver", "580.126.09", "-o", str(out),
@@ -319,7 +319,12 @@ def test_report_from_a_shadowed_image_says_shadowing_was_not_ruled_out(images, t
     # THEN the versions are the ones that really import, and shadowing is named, with the image's path
     # (an image path is not a local path: it stays in the upstream report), and it leads the conclusion
     assert "### What version of nvitop are you using?\n\n1.5.0" in md
-    assert ("Old source shadowing the installed packages: NOT ruled out: nvitop: SHADOWED (/app/nvitop/__init__.py)"
-            in md)
-    assert any("imports nvitop: SHADOWED (/app/nvitop/__init__.py)" in u for u in rep["conclusion"]["unsupported"])
-    assert rep["conclusion"]["statement"].startswith("The setup is unsupported")
+    # (a confirmed shadowing is FOUND, not "NOT ruled out": issue #26)
+    assert "Old source shadowing the installed packages: FOUND: nvitop: SHADOWED (/app/nvitop/__init__.py)" in md
+    # the decision: a shadowed install, the shadowing and its fix leading the conclusion, nothing told to upgrade
+    conclusion = rep["conclusion"]
+    assert conclusion["incident"] == "shadowed-or-unsupported-install"
+    assert conclusion["statement"].startswith(
+        "The code that ran is not the installed distribution's: nvitop: SHADOWED: /app/nvitop/__init__.py")
+    assert "PYTHONSAFEPATH=1" in conclusion["statement"]
+    assert "upgrade nvitop" not in md.lower()  # an issue never tells its own project to upgrade itself
