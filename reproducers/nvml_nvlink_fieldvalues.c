@@ -166,9 +166,22 @@ static const char *signame(int sig)
     }
 }
 
+static volatile int g_reporting;         /* set by the first thread in on_fatal */
+
 static void on_fatal(int sig, siginfo_t *info, void *uc)
 {
     (void)uc;
+    /* Threads can fault at once (a fault keyed to every calling thread): the first one
+     * writes the line and ends the process; any other waits here, its own action still
+     * ours, so it cannot kill the process (SA_RESETHAND would let it) before the line is out. */
+    if (__sync_lock_test_and_set(&g_reporting, 1))
+        for (;;)
+            pause();
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
     g_len = 0;
     put(g_checked && sig == SIGABRT ? "VERDICT: heap corruption detected: " : "VERDICT: crashed: ");
     put(signame(sig));
@@ -216,7 +229,7 @@ static void on_fatal(int sig, siginfo_t *info, void *uc)
     g_line[g_len++] = '\n';
     ssize_t w = write(STDOUT_FILENO, g_line, g_len);
     (void)w;
-    /* SA_RESETHAND made the action the default one.  A fault from an instruction faults
+    /* The action of sig is the default one again (above).  A fault from an instruction faults
      * again when the handler returns (with its own siginfo); a signal that was sent
      * (abort's raise) is sent again: it stays blocked until the handler returns, then
      * takes the default action at the interrupted point -- the core shows that point. */
@@ -230,7 +243,7 @@ static void install_crash_handler(void)
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_fatal;
-    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
         sigaction(sigs[i], &sa, NULL);
