@@ -29,6 +29,8 @@ __all__ = [
     "PF_W",
     "PF_X",
     "PN_XNUM",
+    "MAX_NOTE_BYTES",
+    "MAX_NOTES",
     "NT_PRSTATUS",
     "REGISTER_NAMES",
     "parse_prstatus_registers",
@@ -77,6 +79,10 @@ EM_X86_64 = 62
 PN_XNUM = 0xFFFF
 
 PT_LOAD, PT_DYNAMIC, PT_NOTE = 1, 2, 4
+#: bounds on a core's notes, read whole into memory: a kernel core holds about 4 notes and 4 KiB per thread
+#: (11 KiB with AMX state) plus an NT_FILE of at most 4 MiB, so these fit 10,000 threads with room to spare
+MAX_NOTE_BYTES = 128 << 20
+MAX_NOTES = 1 << 18
 PF_X, PF_W, PF_R = 1, 2, 4
 
 NT_PRSTATUS = 1

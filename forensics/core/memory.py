@@ -344,12 +344,9 @@ def _read_layout(path: str, mm: CoreFileReader, header: elf.ElfHeader, size: int
         raise CoreReadError(
             path, f"truncated before the notes: {size} of {expected} bytes, notes start at {note_phdrs[0].offset}"
         )
-    notes: list[elf.Note] = []
-    for p in note_phdrs:
-        notes.extend(elf.iter_notes(mm[p.offset : min(p.offset + p.filesz, size)]))
+    notes, problems = _read_notes(mm, note_phdrs, size)
     file_mappings: tuple[elf.FileMapping, ...] = ()
     page_size = 4096
-    problems: list[str] = []
     for n in notes:
         if n.type == elf.NT_FILE and n.name == b"CORE":
             try:
@@ -369,6 +366,30 @@ def _read_layout(path: str, mm: CoreFileReader, header: elf.ElfHeader, size: int
         page_size=page_size,
         problems=tuple(problems),
     )
+
+
+def _read_notes(
+    mm: CoreFileReader, note_phdrs: list[elf.ProgramHeader], size: int
+) -> tuple[list[elf.Note], list[str]]:
+    """The notes of the PT_NOTE segments, at most :data:`elf.MAX_NOTE_BYTES` of them read and
+    :data:`elf.MAX_NOTES` kept, and a problem for each bound met (the notes past it are missing)."""
+    spans = [(p.offset, max(0, min(p.offset + p.filesz, size) - p.offset)) for p in note_phdrs]
+    total = sum(n for _, n in spans)
+    problems = []
+    if total > elf.MAX_NOTE_BYTES:
+        problems.append(f"the PT_NOTE segments hold {total} bytes, over the bound of {elf.MAX_NOTE_BYTES}: "
+                        f"only the first {elf.MAX_NOTE_BYTES} were read, the notes past them are missing")
+    notes: list[elf.Note] = []
+    budget = elf.MAX_NOTE_BYTES
+    for offset, n in spans:
+        take = min(n, budget)
+        budget -= take
+        for note in elf.iter_notes(mm[offset : offset + take]) if take else ():
+            if len(notes) == elf.MAX_NOTES:
+                problems.append(f"more than {elf.MAX_NOTES} notes: the notes past them were not read")
+                return notes, problems
+            notes.append(note)
+    return notes, problems
 
 
 def _segments(layout: CoreLayout) -> list[Segment]:

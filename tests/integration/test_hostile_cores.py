@@ -92,3 +92,56 @@ def test_a_mapping_at_an_absurd_file_offset(segv_core, tmp_path):
     r = run("analyze", core, "--method", "direct", "--native-method", "libdw")
     # THEN the analysis ends, with no internal error
     assert r.exit_code in (0, 4) and "internal error" not in r.stderr, r.stderr
+
+
+def _notes_moved_to_the_end(src, dest, filler_size, filler_head=b""):
+    """A copy of ``src`` whose one PT_NOTE segment is moved to the file's end and followed by ``filler_size``
+    bytes (``filler_head`` then zeros, left sparse): the real notes come first, so the threads are still there."""
+    prof = _layout(str(src))
+    ((entry, _, off, _, filesz, _),) = [p for p in prof.phdrs if p[1] == 4]  # PT_NOTE
+    shutil.copyfile(src, dest)
+    with open(src, "rb") as f:
+        f.seek(off)
+        notes = f.read(filesz)
+    with open(dest, "r+b") as f:
+        end = f.seek(0, 2)
+        f.write(notes + filler_head)
+        f.truncate(end + filesz + filler_size)
+        f.seek(entry + 8)  # p_offset, then p_vaddr, p_paddr, p_filesz
+        f.write(struct.pack("<Q", end))
+        f.seek(entry + 32)
+        f.write(struct.pack("<Q", filesz + filler_size))
+    return str(dest)
+
+
+def test_a_pt_note_segment_over_the_size_bound_is_read_to_the_bound(segv_core, tmp_path):
+    """PT_NOTE segments were read whole into memory: a core whose note segment says it holds 1 GiB cost 1 GiB,
+    then as much again for the one huge note in it."""
+    # GIVEN a real core whose notes are followed by one note of a little under 1 GiB (a sparse file)
+    from forensics.core.elf import MAX_NOTE_BYTES
+    huge = 1 << 30
+    head = struct.pack("<III", 5, huge - 20, 0x4E4F5445) + b"CORE\0\0\0\0"
+    core = _notes_moved_to_the_end(segv_core, tmp_path / "core", huge, head)
+    # WHEN it is analysed
+    r = run("analyze", core, "--method", "direct", "--native-method", "none", "--json")
+    # THEN the notes within the bound are read (the threads and the signal are there), the result is partial
+    # and says which bound cut the notes
+    assert r.exit_code == 4 and "internal error" not in r.stderr, r.stderr
+    a = json.loads(r.stdout)["analysis"]
+    assert a["crash"]["signal_name"] == "SIGSEGV" and a["snapshot"]["core"]["threads"]
+    assert any(f"over the bound of {MAX_NOTE_BYTES}: only the first {MAX_NOTE_BYTES} were read" in p
+               for p in a["snapshot"]["core"]["problems"]), a["snapshot"]["core"]["problems"]
+
+
+def test_a_pt_note_segment_of_more_notes_than_the_bound(segv_core, tmp_path):
+    """A note segment of zeros is a run of empty 12-byte notes: one of 4 MiB was 350,000 notes kept in memory."""
+    # GIVEN a real core whose notes are followed by 4 MiB of zeros
+    from forensics.core.elf import MAX_NOTES
+    core = _notes_moved_to_the_end(segv_core, tmp_path / "core", 4 << 20)
+    # WHEN it is analysed
+    r = run("analyze", core, "--method", "direct", "--native-method", "none", "--json")
+    # THEN the real notes are read, the rest is left, the result is partial and says so
+    assert r.exit_code == 4 and "internal error" not in r.stderr, r.stderr
+    a = json.loads(r.stdout)["analysis"]
+    assert a["crash"]["signal_name"] == "SIGSEGV" and a["snapshot"]["core"]["threads"]
+    assert f"more than {MAX_NOTES} notes: the notes past them were not read" in a["snapshot"]["core"]["problems"]
