@@ -199,12 +199,30 @@ def nvml_dir_for(path: str, workdir: Path) -> str:
     return str(link_dir)
 
 
-def _core_in(run_dir: Path, pid: int) -> str | None:
+def _core_in(run_dir: Path, pid: int, *, guest: bool = False) -> str | None:
+    """The core the run left: under qemu-user (``guest``) the one qemu wrote of the emulated program
+    (``qemu_<program>_<date>_<pid>.core``), not the host's core of the emulator itself."""
+    if guest:
+        cores = sorted(p for p in run_dir.glob("qemu_*.core") if p.is_file())
+        if cores:
+            _drop_emulator_core(run_dir, pid)
+        return str(cores[0]) if cores else None
     for name in ("core", f"core.{pid}"):
         if (run_dir / name).is_file():
             return str(run_dir / name)
     cores = sorted(p for p in run_dir.glob("core*") if p.is_file())
     return str(cores[0]) if cores else None
+
+
+def _drop_emulator_core(run_dir: Path, pid: int) -> None:
+    """Remove the core the host's kernel wrote of qemu-user itself (this machine's architecture, 150 MB and
+    more) beside the one qemu wrote of the emulated program: it is the emulator's state, not the crash's."""
+    from .simnvml import elf_arch, host_arch
+
+    for name in ("core", f"core.{pid}"):
+        path = run_dir / name
+        if path.is_file() and not path.is_symlink() and elf_arch(path) == host_arch():
+            path.unlink()
 
 
 def _core_note() -> str:
@@ -231,7 +249,7 @@ def _read_ends(path: Path) -> tuple[str, str]:
 
 
 def _run_one(name: str, cmd: list[str], env: dict[str, str], run_dir: Path, timeout: float,
-             analyze: bool) -> ReproRun:
+             analyze: bool, sysroot: str | None = None, guest: bool = False) -> ReproRun:
     run_dir.mkdir(parents=True, exist_ok=False)
 
     def limits() -> None:
@@ -255,14 +273,14 @@ def _run_one(name: str, cmd: list[str], env: dict[str, str], run_dir: Path, time
     _, stderr = _read_ends(run_dir / "stderr.txt")
     crashed = rc < 0 and -rc in _FATAL
     sig = _signal.Signals(-rc).name if rc < 0 else None
-    core = _core_in(run_dir, proc.pid) if crashed else None
+    core = _core_in(run_dir, proc.pid, guest=guest) if crashed else None
     signature = fingerprint = None
     if core and analyze:
         from .analyze import analyze_core
         from .analyze.signature import signature as _sig
 
         try:
-            a = analyze_core(core)
+            a = analyze_core(core, sysroot=sysroot)
             signature, fingerprint = _sig(a), a.fingerprint
         except ForensicsError as e:
             signature = f"core not analysed: {e}"
@@ -280,17 +298,24 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
                     iterations: int = 1000, threads: int = 2, duration: float | None = None,
                     shutdown_race: bool = False, malloc_check: bool = False, timeout: float = 300.0,
                     which: tuple[str, ...] = ("python", "c"), analyze: bool = True,
-                    sim: dict[str, str] | None = None) -> ReproduceResult:
+                    sim: dict[str, str] | None = None, arch: str | None = None,
+                    sysroot: str | None = None) -> ReproduceResult:
     """Build the C reproducer and run both; never overwrite an earlier run (a new directory each time).
 
-    :param python: the interpreter whose nvidia-ml-py the Python reproducer uses
+    :param python: the interpreter whose nvidia-ml-py the Python reproducer uses (for another ``arch``:
+        one of that architecture, in ``sysroot``)
+    :param arch: the architecture the C reproducer is built for (None: this machine's); another one runs
+        here under qemu-user with ``sysroot`` (:func:`forensics.simnvml.guest_command`), and its core is
+        the one qemu writes of the emulated program
+    :param sysroot: the root of ``arch`` (its C library and loader); the cores are analyzed with it too
     :param nvml_dir: put first on LD_LIBRARY_PATH (None: whatever the loader finds)
     :param env: the environment to run in (default: this one)
     :param malloc_check: both reproducers under glibc's checking allocator (stop at the culprit call)
     """
     from .resources import find_reproducers
-    from .simnvml import build_c_reproducer
+    from .simnvml import arch_name, build_c_reproducer, guest_command, host_arch
 
+    guest = arch_name(arch) != host_arch()
     base_env = dict(os.environ if env is None else env)
     if nvml_dir:
         old = base_env.get("LD_LIBRARY_PATH")
@@ -299,23 +324,23 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
     runs_dir = workdir / f"reproduce-{stamp}"
     runs: dict[str, ReproRun] = {}
     if "python" in which:
-        cmd = [python, str(find_reproducers() / "nvml_nvlink_fieldvalues.py"), "--iterations", str(iterations),
-               "--threads", str(threads)]
+        cmd = guest_command([python, str(find_reproducers() / "nvml_nvlink_fieldvalues.py"), "--iterations",
+                             str(iterations), "--threads", str(threads)], arch, sysroot)
         if duration:
             cmd += ["--duration", str(duration)]
         if shutdown_race:
             cmd.append("--shutdown-race")
         if malloc_check:
             cmd.append("--malloc-check")
-        runs["python"] = _run_one("python", cmd, base_env, runs_dir / "python", timeout, analyze)
+        runs["python"] = _run_one("python", cmd, base_env, runs_dir / "python", timeout, analyze, sysroot, guest)
     if "c" in which:
-        binary = build_c_reproducer(workdir / "bin")
+        binary = build_c_reproducer(workdir / (f"bin-{arch_name(arch)}" if guest else "bin"), arch=arch)
         # the Python reproducer's calling pattern: a fault only calls from threads meet crashes both, the driver's
-        cmd = [str(binary), "--iterations", str(iterations), "--threads", str(threads)] + (
-            ["--duration", str(duration)] if duration else [])
+        cmd = guest_command([str(binary), "--iterations", str(iterations), "--threads", str(threads)] + (
+            ["--duration", str(duration)] if duration else []), arch, sysroot)
         if malloc_check:
             cmd.append("--malloc-check")
-        runs["c"] = _run_one("c", cmd, base_env, runs_dir / "c", timeout, analyze)
+        runs["c"] = _run_one("c", cmd, base_env, runs_dir / "c", timeout, analyze, sysroot, guest)
     header = next((r.environment for r in runs.values() if r.environment.get("driver")),
                   next((r.environment for r in runs.values() if r.environment), {}))
     return ReproduceResult(

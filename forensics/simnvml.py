@@ -9,8 +9,11 @@ into the layout of a real driver install (``libnvidia-ml.so.<driver>`` plus the
 
 ``reproducers/nvml_nvlink_fieldvalues.{py,c}`` are the minimal reproducers an
 upstream maintainer runs on a real GPU node; :func:`build_c_reproducer` compiles
-the C one.  :func:`ensure_stack_venv` installs the PyPI stacks of the incident and
-of today into cached virtual environments.
+the C one.  Both build for this machine or, with ``arch="aarch64"``, for an arm64 node
+(Grace Hopper / Grace Blackwell) with Debian's cross compiler ``aarch64-linux-gnu-gcc``;
+:func:`guest_command` runs such a build here under ``qemu-aarch64-static -L <arm64 root>``.
+:func:`ensure_stack_venv` installs the PyPI stacks of the incident and of today into
+cached virtual environments.
 """
 from __future__ import annotations
 
@@ -32,8 +35,13 @@ __all__ = [
     "FAULTS",
     "SIM_ENV",
     "STACKS",
+    "ARCHES",
+    "arch_name",
     "build_c_reproducer",
     "build_simnvml",
+    "elf_arch",
+    "guest_command",
+    "host_arch",
     "default_cache_dir",
     "ensure_stack_venv",
     "sim_environment",
@@ -90,11 +98,75 @@ STACKS: dict[str, tuple[tuple[str, ...], ...]] = {
     "current": (("nvitop==1.7.2", "nvitop-exporter==1.7.2", "nvidia-ml-py==13.580.126"),),
 }
 
-def _gcc() -> str:
-    gcc = shutil.which(os.environ.get("CC") or "gcc")
+#: the architectures the simulated NVML and the C reproducer build for: ELF e_machine, the cross compiler
+#: (Debian's gcc-<triplet>, used when the machine is another), the qemu-user emulator that runs a build here
+ARCHES: dict[str, tuple[int, str, str]] = {
+    "x86_64": (62, "x86_64-linux-gnu-gcc", "qemu-x86_64-static"),
+    "aarch64": (183, "aarch64-linux-gnu-gcc", "qemu-aarch64-static"),
+}
+_ARCH_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def host_arch() -> str:
+    """This machine's architecture in :data:`ARCHES`' words (``os.uname().machine``)."""
+    machine = os.uname().machine
+    return _ARCH_ALIASES.get(machine, machine)
+
+
+def arch_name(arch: str | None) -> str:
+    """``arch`` checked and normalised (``arm64`` -> ``aarch64``); None: this machine's."""
+    name = host_arch() if arch is None else _ARCH_ALIASES.get(arch, arch)
+    if name not in ARCHES:
+        raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHES)} (or arm64, amd64)")
+    return name
+
+
+def elf_arch(path: str | Path) -> str | None:
+    """The architecture an ELF file was built for (:data:`ARCHES`' words), None when it is not a 64-bit
+    little-endian ELF file of one of them (or cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:6] != b"\x7fELF\x02\x01":
+        return None
+    machine = int.from_bytes(head[18:20], "little")
+    return next((name for name, (em, _, _) in ARCHES.items() if em == machine), None)
+
+
+def _gcc(arch: str | None = None) -> str:
+    """The C compiler for ``arch``: ``$CC`` or gcc for this machine, the cross compiler for another."""
+    name = arch_name(arch)
+    if name == host_arch():
+        gcc = shutil.which(os.environ.get("CC") or "gcc")
+        if gcc is None:
+            raise BuildError("the simulated NVML", "gcc not found on PATH")
+        return gcc
+    cross = ARCHES[name][1]
+    gcc = shutil.which(cross)
     if gcc is None:
-        raise BuildError("the simulated NVML", "gcc not found on PATH")
+        raise BuildError("the simulated NVML", f"{cross} not found on PATH (Debian: apt-get install "
+                                               f"gcc-{cross.removesuffix('-gcc')})")
     return gcc
+
+
+def guest_command(cmd: list[str], arch: str | None, sysroot: str | Path | None) -> list[str]:
+    """``cmd`` as it runs here: unchanged for this machine's architecture, else under the architecture's
+    qemu-user emulator, which loads the program's libraries (and its interpreter) from ``sysroot`` first
+    (``-L``).  The emulator is named explicitly: binfmt_misc is often not mounted (containers, CI).
+
+    :raises BuildError: when the emulator is not installed, or another architecture comes without a root
+    """
+    name = arch_name(arch)
+    if name == host_arch():
+        return list(cmd)
+    qemu = shutil.which(ARCHES[name][2])
+    if qemu is None:
+        raise BuildError(f"a {name} program", f"{ARCHES[name][2]} not found on PATH (Debian: qemu-user-static)")
+    if sysroot is None:
+        raise BuildError(f"a {name} program", f"a {name} root is needed to run it here (its C library and loader)")
+    return [qemu, "-L", str(sysroot), *cmd]
 
 
 def _newest_mtime(paths: list[Path]) -> float:
@@ -131,18 +203,22 @@ def _replace_symlink(link: Path, target_name: str) -> None:
     os.replace(tmp, link)
 
 
-def build_simnvml(out_dir: str | Path, *, force: bool = False) -> Path:
+def build_simnvml(out_dir: str | Path, *, force: bool = False, arch: str | None = None) -> Path:
     """Compile the simulated NVML into ``out_dir`` and return that directory (for LD_LIBRARY_PATH).
 
     The library is ``out_dir/libnvidia-ml.so.<driver>`` (driver from
     ``FORENSICS_SIMNVML_DRIVER``, default 580.126.09) with soname ``libnvidia-ml.so.1``
     and the link ``out_dir/libnvidia-ml.so.1`` to it, as a driver install lays them out.
-    It is rebuilt only when a source is newer than it (or ``force``), atomically.
+    It is rebuilt only when a source is newer than it, it was built for another architecture
+    (or ``force``), atomically.
 
     :param out_dir: directory to build into; created if missing.
     :param force: rebuild even when up to date.
+    :param arch: ``x86_64`` or ``aarch64`` (``amd64``/``arm64`` too); None: this machine's.  Another
+        than this machine's is built with its cross compiler (:data:`ARCHES`).
     :return: ``out_dir`` as an absolute path.
-    :raises BuildError: when gcc is missing or fails.
+    :raises BuildError: when gcc (or the cross compiler) is missing or fails.
+    :raises ValueError: for an unknown architecture.
 
     >>> lib_dir = build_simnvml("/tmp/simnvml")           # doctest: +SKIP
     >>> sorted(p.name for p in lib_dir.iterdir())         # doctest: +SKIP
@@ -157,15 +233,16 @@ def build_simnvml(out_dir: str | Path, *, force: bool = False) -> Path:
     driver = os.environ.get("FORENSICS_SIMNVML_DRIVER") or DEFAULT_DRIVER
     target = out / f"libnvidia-ml.so.{driver}"
     deps = sources + sorted(src_dir.glob("*.h"))
-    if force or not target.exists() or target.stat().st_mtime < _newest_mtime(deps):
-        cmd = [_gcc(), "-O1", "-g", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden",
+    name = arch_name(arch)
+    if force or not target.exists() or target.stat().st_mtime < _newest_mtime(deps) or elf_arch(target) != name:
+        cmd = [_gcc(name), "-O1", "-g", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden",
                "-Wl,-soname,libnvidia-ml.so.1", *map(str, sources), "-lm", "-lpthread"]
         _compile("the simulated NVML (libnvidia-ml.so.1)", cmd, target)
     _replace_symlink(out / "libnvidia-ml.so.1", target.name)
     return out
 
 
-def build_c_reproducer(out_dir: str | Path, nvml_dir: str | Path | None = None) -> Path:
+def build_c_reproducer(out_dir: str | Path, nvml_dir: str | Path | None = None, *, arch: str | None = None) -> Path:
     """Compile ``reproducers/nvml_nvlink_fieldvalues.c`` into ``out_dir`` and return the binary.
 
     The binary ``dlopen``\\ s ``libnvidia-ml.so.1`` at run time, so it uses whatever the
@@ -174,8 +251,10 @@ def build_c_reproducer(out_dir: str | Path, nvml_dir: str | Path | None = None) 
 
     :param out_dir: directory to build into; created if missing.
     :param nvml_dir: optional fallback directory holding libnvidia-ml.so.1.
+    :param arch: as :func:`build_simnvml`'s (None: this machine's).
     :return: path of the ``nvml_nvlink_fieldvalues`` executable.
-    :raises BuildError: when gcc is missing or fails.
+    :raises BuildError: when gcc (or the cross compiler) is missing or fails.
+    :raises ValueError: for an unknown architecture.
     """
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -183,9 +262,10 @@ def build_c_reproducer(out_dir: str | Path, nvml_dir: str | Path | None = None) 
     target = out / "nvml_nvlink_fieldvalues"
     stamp = out / ".nvml_nvlink_fieldvalues.runpath"
     runpath = str(Path(nvml_dir).resolve()) if nvml_dir else ""
-    stale = not target.exists() or target.stat().st_mtime < src.stat().st_mtime
+    name = arch_name(arch)
+    stale = not target.exists() or target.stat().st_mtime < src.stat().st_mtime or elf_arch(target) != name
     if stale or not stamp.exists() or stamp.read_text() != runpath:
-        cmd = [_gcc(), "-O1", "-g", "-Wall", str(src), "-ldl", "-lpthread"]
+        cmd = [_gcc(name), "-O1", "-g", "-Wall", str(src), "-ldl", "-lpthread"]
         if runpath:
             cmd.append(f"-Wl,--enable-new-dtags,-rpath,{runpath}")
         _compile("the C reproducer (nvml_nvlink_fieldvalues)", cmd, target)

@@ -36,14 +36,24 @@ __all__ = ["reproduce"]
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Where runs go (default: ./forensics-reproduce).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds each reproducer may run.")
+@click.option("--arch", type=click.Choice(["x86_64", "aarch64", "amd64", "arm64"]), default=None,
+              help="Build the C reproducer (and with --sim the simulated NVML) for this architecture; another than "
+                   "this machine's runs under qemu-user with --sysroot (default: this machine's).")
+@click.option("--sysroot", type=click.Path(file_okay=False, exists=True), default=None,
+              help="With another --arch: a root of that architecture (its C library and loader; Debian's "
+                   "libc6-dbg there for the heap) to run in, and to analyze the cores with.")
 @json_option
 @output_option
 @force_option
 def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_fault_thread, python_path, stack,
-              iterations, threads, duration, shutdown_race, malloc_check, workdir, timeout, as_json, output, force):
+              iterations, threads, duration, shutdown_race, malloc_check, workdir, timeout, arch, sysroot, as_json,
+              output, force):
     """Run the Python and the C NVML reproducers with cores on, and say which crashed.
 
     \b
+    With another --arch than this machine's, the Python reproducer runs only with
+    --python naming an interpreter of that architecture in --sysroot.
+
     Exit codes: 0 neither failed; 1 error, or a reproducer could not start (no
     libnvidia-ml.so.1 to load: use --nvml FILE or --sim); 2 usage; 3 at least one
     reproducer crashed or detected heap corruption.
@@ -52,17 +62,20 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
 
     from ..output import json_document
     from ..reproduce import ReproducerNotStarted, nvml_dir_for, reproduce_payload, run_reproducers
-    from ..simnvml import build_simnvml, ensure_stack_venv, sim_environment
+    from ..simnvml import arch_name, build_simnvml, ensure_stack_venv, host_arch, sim_environment
     from ..text.reproduce import format_reproduce
 
     if nvml_path and sim:
         raise click.UsageError("--nvml and --sim are exclusive")
+    guest = arch_name(arch) != host_arch()
+    if guest and not sysroot:
+        raise click.UsageError(f"--arch {arch} is not this machine's ({host_arch()}): give --sysroot, a root of it")
     wd = Path(workdir or "forensics-reproduce").resolve()
     wd.mkdir(parents=True, exist_ok=True)
     env = None
     sim_settings = {}
     if sim:
-        lib_dir = build_simnvml(wd / "simnvml")
+        lib_dir = build_simnvml(wd / (f"simnvml-{arch_name(arch)}" if guest else "simnvml"), arch=arch)
         env = sim_environment(lib_dir, fault=sim_fault, fault_after=sim_fault_after, heap_message=sim_heap_message,
                               fault_thread=sim_fault_thread)
         nvml_dir = None  # sim_environment already put it first on LD_LIBRARY_PATH
@@ -71,10 +84,13 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
     else:
         nvml_dir = nvml_dir_for(nvml_path, wd) if nvml_path else None
         nvml_label = nvml_dir  # None: the loader's
-    python = python_path or str(ensure_stack_venv(stack))
+    # a stack venv is this machine's: another architecture's Python reproducer needs its own interpreter
+    which = ("c",) if guest and not python_path else ("python", "c")
+    python = python_path or ("" if guest else str(ensure_stack_venv(stack)))
     result = run_reproducers(workdir=wd, python=python, nvml_dir=nvml_dir, env=env, iterations=iterations,
                              threads=threads, duration=duration, shutdown_race=shutdown_race,
-                             malloc_check=malloc_check, timeout=timeout, sim=sim_settings)
+                             malloc_check=malloc_check, timeout=timeout, sim=sim_settings, which=which, arch=arch,
+                             sysroot=sysroot)
     if sim and nvml_label is not None:  # the simulated library's directory
         import dataclasses
 
