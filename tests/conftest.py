@@ -235,3 +235,44 @@ def sid_root() -> Path:
         return build_root("sid", SID_PACKAGES)
     except RootUnavailable as e:
         pytest.skip(f"no Debian unstable root: {e}")
+
+
+class GuestCoreFactory:
+    """AArch64 cores of tests/crashers/exporter.py, crashed under qemu-user in the cached arm64 roots
+    (tests/arm64.py), made once per (suite, scenario) and shared by the session."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self._roots: dict[str, Path] = {}
+        self._cache: dict[tuple[str, str, bool], Path] = {}
+
+    def root(self, suite: str) -> Path:
+        """The arm64 root of ``suite`` (tests/arm64.py SUITES); skips when it cannot be had here."""
+        from tests.arm64 import guest_problem, guest_root
+        from tests.roots import RootUnavailable
+
+        problem = guest_problem()
+        if problem:
+            pytest.skip(f"no arm64 guests here: {problem}")
+        if suite not in self._roots:
+            try:
+                self._roots[suite] = guest_root(suite)
+            except RootUnavailable as e:
+                pytest.skip(f"no arm64 {suite} root: {e}")
+        return self._roots[suite]
+
+    def core(self, suite: str, scenario: str, *, debug: bool = False) -> Path:
+        """qemu's core of exporter.py's ``scenario`` under ``suite``'s CPython (``debug``: its -dbg build)."""
+        from tests.arm64 import guest_python, make_guest_core
+
+        key = (suite, scenario, debug)
+        if key not in self._cache:
+            self._cache[key] = make_guest_core(self.base, self.root(suite), guest_python(suite, debug=debug), scenario)
+        return self._cache[key]
+
+
+@pytest.fixture(scope="session")
+def arm64_cores(tmp_path_factory: pytest.TempPathFactory, core_pattern_lock) -> GuestCoreFactory:
+    """Guest cores: qemu-user writes them itself whatever kernel.core_pattern says, but the kernel still
+    dumps qemu (its notes only), so this holds the session's share of the core_pattern lock."""
+    return GuestCoreFactory(tmp_path_factory.mktemp("arm64-cores"))

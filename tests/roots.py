@@ -10,12 +10,18 @@ place, so another test run reading the cache sees a whole root or none.  A root 
 marker (``.forensics-root.json``) is there is complete and never modified: tests
 only read it (:func:`sandbox_command` binds it read-only).
 
+``build_root("bookworm", [...], arch="arm64")`` builds a root of another architecture (the
+packages only unpacked, ``mmdebstrap --variant=extract``: their maintainer scripts would need the
+foreign CPU), to run under qemu-user (tests/arm64.py); its key and directory name say the
+architecture, and an amd64 root's key is what it always was.
+
 Without network the newest cached root of the same suite and packages is used; with
 neither, :class:`RootUnavailable` says why (a test should skip).
 
 Usable from a shell, too::
 
     python tests/roots.py sid python3.14 python3.14-dbg libc6-dbg
+    python tests/roots.py --arch=arm64 bookworm python3.11 libc6-dbg
 """
 from __future__ import annotations
 
@@ -32,13 +38,17 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["MIRROR", "RootUnavailable", "release_date", "root_key", "build_root", "sandbox_command"]
+__all__ = ["MIRROR", "NATIVE_ARCH", "RootUnavailable", "release_date", "root_key", "build_root", "sandbox_command"]
 
 MIRROR = os.environ.get("FORENSICS_TEST_MIRROR", "http://deb.debian.org/debian")
 #: the mirror is a dated snapshot: its Release files are past their Valid-Until
 APT_OPTIONS = ('Acquire::Check-Valid-Until "false"',)
 #: what a root holds beyond the packages; a change here is a change of every key
 _BUILDER = "mmdebstrap variant=essential; docs/man/locales excluded; v1"
+#: a foreign root: unpacked, not configured (no maintainer script can run), usr-merge links made
+_FOREIGN_BUILDER = "mmdebstrap variant=extract; docs/man/locales excluded; usr-merge links; v1"
+#: the architecture of this machine's roots; a root of any other is unpacked only
+NATIVE_ARCH = "amd64"
 _DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
 _MARKER = ".forensics-root.json"
 _BUILD_TIMEOUT = 1800
@@ -74,22 +84,37 @@ def release_date(suite: str, mirror: str = MIRROR, *, timeout: float = 30.0) -> 
     raise RootUnavailable(f"{url} has no Date: field")
 
 
-def root_key(suite: str, packages: Sequence[str], date: str, mirror: str = MIRROR) -> str:
+def _builder(arch: str) -> str:
+    return _BUILDER if arch == NATIVE_ARCH else _FOREIGN_BUILDER
+
+
+def root_key(suite: str, packages: Sequence[str], date: str, mirror: str = MIRROR, arch: str = NATIVE_ARCH) -> str:
     """The cache key of a root: what it is built from.
 
     >>> root_key("sid", ["b", "a"], "d") == root_key("sid", ["a", "b", "a"], "d")
     True
+    >>> root_key("sid", ["a"], "d") == root_key("sid", ["a"], "d", arch="arm64")
+    False
     """
-    text = json.dumps([_BUILDER, mirror, suite, sorted(set(packages)), date])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    what: list = [_builder(arch), mirror, suite, sorted(set(packages)), date]
+    if arch != NATIVE_ARCH:  # an amd64 root keeps the key it had before roots of other architectures
+        what.append(arch)
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
 
 
-def _marker(suite: str, packages: Sequence[str], date: str, mirror: str) -> dict:
-    return {"builder": _BUILDER, "mirror": mirror, "suite": suite, "packages": sorted(set(packages)),
-            "release_date": date}
+def _dir_name(suite: str, key: str, arch: str) -> str:
+    return f"{suite}-{key}" if arch == NATIVE_ARCH else f"{suite}-{arch}-{key}"
 
 
-def _cached(roots: Path, suite: str, packages: Sequence[str], mirror: str) -> Path | None:
+def _marker(suite: str, packages: Sequence[str], date: str, mirror: str, arch: str = NATIVE_ARCH) -> dict:
+    rec = {"builder": _builder(arch), "mirror": mirror, "suite": suite, "packages": sorted(set(packages)),
+           "release_date": date}
+    if arch != NATIVE_ARCH:
+        rec["arch"] = arch
+    return rec
+
+
+def _cached(roots: Path, suite: str, packages: Sequence[str], mirror: str, arch: str = NATIVE_ARCH) -> Path | None:
     """The newest complete root of this suite and package list, whatever its snapshot date."""
     best: tuple[str, Path] | None = None
     want = sorted(set(packages))
@@ -98,7 +123,8 @@ def _cached(roots: Path, suite: str, packages: Sequence[str], mirror: str) -> Pa
             rec = json.loads(marker.read_text())
         except (OSError, ValueError):
             continue
-        if rec.get("packages") == want and rec.get("mirror") == mirror and rec.get("builder") == _BUILDER:
+        if (rec.get("packages") == want and rec.get("mirror") == mirror and rec.get("builder") == _builder(arch)
+                and rec.get("arch", NATIVE_ARCH) == arch):
             stamp = str(rec.get("built_at", ""))
             if best is None or stamp > best[0]:
                 best = (stamp, marker.parent)
@@ -112,13 +138,15 @@ def _locked(path: Path):
         yield
 
 
-def build_root(suite: str, packages: Sequence[str], *, mirror: str = MIRROR, cache: Path | None = None) -> Path:
+def build_root(suite: str, packages: Sequence[str], *, mirror: str = MIRROR, cache: Path | None = None,
+               arch: str = NATIVE_ARCH) -> Path:
     """A cached Debian root of ``suite`` with ``packages`` installed; built once.
 
     :param suite: a suite of the mirror (``sid``, ``bookworm``)
     :param packages: binary packages to install (their dependencies come along)
     :param mirror: the Debian mirror (a dated snapshot here)
     :param cache: the forensics cache directory (default: :func:`forensics.cache.cache_dir`)
+    :param arch: a Debian architecture; another than this machine's is unpacked only (run it under qemu-user)
     :return: the root directory (do not write into it)
     :raises RootUnavailable: when there is no cached root and none can be built here
     """
@@ -127,22 +155,22 @@ def build_root(suite: str, packages: Sequence[str], *, mirror: str = MIRROR, cac
     try:
         date = release_date(suite, mirror)
     except RootUnavailable as e:
-        found = _cached(roots, suite, packages, mirror)
+        found = _cached(roots, suite, packages, mirror, arch)
         if found is not None:
             return found
         raise RootUnavailable(f"no cached {suite} root with {' '.join(sorted(packages))}, and {e}") from e
-    key = root_key(suite, packages, date, mirror)
-    final = roots / f"{suite}-{key}"
+    key = root_key(suite, packages, date, mirror, arch)
+    final = roots / _dir_name(suite, key, arch)
     if (final / _MARKER).is_file():
         return final
-    with _locked(roots / f".{suite}-{key}.lock"):
+    with _locked(roots / f".{final.name}.lock"):
         if (final / _MARKER).is_file():  # another run built it while we waited
             return final
-        _build(final, suite, packages, date, mirror)
+        _build(final, suite, packages, date, mirror, arch)
     return final
 
 
-def _build(final: Path, suite: str, packages: Sequence[str], date: str, mirror: str) -> None:
+def _build(final: Path, suite: str, packages: Sequence[str], date: str, mirror: str, arch: str = NATIVE_ARCH) -> None:
     tool = shutil.which("mmdebstrap")
     if tool is None:
         raise RootUnavailable("mmdebstrap is not installed (apt-get install -y mmdebstrap; bash .ci/setup does it)")
@@ -153,7 +181,8 @@ def _build(final: Path, suite: str, packages: Sequence[str], date: str, mirror: 
         shutil.rmtree(tmp)
     if final.exists():  # a build that died before its marker: not a root
         shutil.rmtree(final)
-    cmd = [tool, "--quiet", "--mode=root", "--variant=essential", f"--include={','.join(sorted(set(packages)))}"]
+    variant = ["--variant=essential"] if arch == NATIVE_ARCH else ["--variant=extract", f"--arch={arch}"]
+    cmd = [tool, "--quiet", "--mode=root", *variant, f"--include={','.join(sorted(set(packages)))}"]
     cmd += [f"--aptopt={opt}" for opt in APT_OPTIONS]
     cmd += [f"--dpkgopt=path-exclude={p}" for p in _DPKG_EXCLUDES]
     cmd += [suite, str(tmp), mirror]
@@ -168,20 +197,32 @@ def _build(final: Path, suite: str, packages: Sequence[str], date: str, mirror: 
         raise RuntimeError(f"mmdebstrap exited {proc.returncode}: {' '.join(cmd)}\n{tail}")
     import time
 
-    rec = _marker(suite, packages, date, mirror)
+    if arch != NATIVE_ARCH:
+        _link_merged_usr(tmp)
+    rec = _marker(suite, packages, date, mirror, arch)
     rec["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     (tmp / _MARKER).write_text(json.dumps(rec, indent=1) + "\n")
     os.rename(tmp, final)
+
+
+def _link_merged_usr(root: Path) -> None:
+    """/bin, /sbin and /lib as links into /usr where the unpacked packages put them only there (a
+    merged-/usr suite whose links come from a maintainer script or a package not included)."""
+    for name in ("bin", "sbin", "lib"):
+        if not os.path.lexists(root / name) and (root / "usr" / name).is_dir():
+            os.symlink(f"usr/{name}", root / name)
 
 
 #: the root's own top-level directories, never hidden under a tmpfs for a host path bound below them
 _SYSTEM_TOPS = frozenset({"bin", "boot", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr", "var"})
 
 
-def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequence[Path] = ()) -> list[str]:
+def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequence[Path] = (),
+                    tools: Sequence[tuple[Path, str]] = ()) -> list[str]:
     """``argv`` run inside ``root`` (read-only) with bubblewrap; ``cwd`` and ``binds`` are bound
     read-write at their own host paths, so a core written to ``cwd`` lands on the host and the
-    paths it names (the crash sample, libcrash.so) are the host's.
+    paths it names (the crash sample, libcrash.so) are the host's.  ``tools`` are host files bound
+    read-only at the given paths under ``/run`` (a static qemu-user binary, tests/arm64.py).
 
     The process keeps the host's pid namespace: its core names its real pid and thread ids.
     """
@@ -206,11 +247,19 @@ def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequen
     cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
     for path in (cwd, *binds):
         cmd += ["--bind", str(path), str(path)]
+    for host, inside in tools:
+        if not inside.startswith("/run/"):
+            raise ValueError(f"a tool is bound under /run, not at {inside}")
+        cmd += ["--ro-bind", str(host), inside]
     cmd += ["--chdir", str(cwd), "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--", *argv]
     return cmd
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit("usage: roots.py SUITE PACKAGE...")
-    print(build_root(sys.argv[1], sys.argv[2:]))
+    _args = sys.argv[1:]
+    _arch = NATIVE_ARCH
+    if _args and _args[0].startswith("--arch="):
+        _arch = _args.pop(0).split("=", 1)[1]
+    if len(_args) < 2:
+        sys.exit("usage: roots.py [--arch=ARCH] SUITE PACKAGE...")
+    print(build_root(_args[0], _args[1:], arch=_arch))

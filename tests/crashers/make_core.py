@@ -36,6 +36,7 @@ __all__ = [
     "make_core",
     "crash_for_core",
     "make_gcore",
+    "QEMU_CORE_GLOB",
     "EXPORTER",
     "BARE",
     "TWO_THREADS",
@@ -75,12 +76,14 @@ def core_pattern_problem() -> str | None:
     return None
 
 
-def build_libcrash(directory: Path, *, cflags: Sequence[str] = (), name: str = "libcrash.so") -> Path:
+def build_libcrash(directory: Path, *, cflags: Sequence[str] = (), name: str = "libcrash.so",
+                   cc: str | None = None) -> Path:
     """Build ``libcrash.so`` into ``directory`` unless it is already there.
 
     :param cflags: extra compiler flags (a different set makes a different build-id)
+    :param cc: the compiler (default: ``$CC`` or gcc); a cross compiler builds it for another machine
     """
-    return _build_library(directory, LIBCRASH_C, cflags=cflags, name=name)
+    return _build_library(directory, LIBCRASH_C, cflags=cflags, name=name, cc=cc)
 
 
 def build_libreporter(directory: Path) -> Path:
@@ -88,13 +91,13 @@ def build_libreporter(directory: Path) -> Path:
     return _build_library(directory, LIBREPORTER_C, cflags=(), name="libreporter.so")
 
 
-def _build_library(directory: Path, source: Path, *, cflags: Sequence[str], name: str) -> Path:
+def _build_library(directory: Path, source: Path, *, cflags: Sequence[str], name: str, cc: str | None = None) -> Path:
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / name
     if out.exists():
         return out
-    cc = os.environ.get("CC", "gcc")
+    cc = cc or os.environ.get("CC", "gcc")
     tmp = directory / f".{name}.tmp{os.getpid()}"
     cmd = [cc, "-shared", "-fPIC", "-g", "-O2", "-w", *cflags, "-o", str(tmp), str(source)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -102,6 +105,10 @@ def _build_library(directory: Path, source: Path, *, cflags: Sequence[str], name
         raise RuntimeError(f"building {name} failed: {' '.join(cmd)}\n{proc.stderr}")
     tmp.replace(out)  # atomic: a concurrent builder sees a whole file or none
     return out
+
+
+#: the file name qemu-user gives the core it writes of its guest (``qemu_PROG_DATE-TIME_PID.core``)
+QEMU_CORE_GLOB = "qemu_*.core"
 
 
 def _child_setup(coredump_filter: int | None):
@@ -179,6 +186,8 @@ def crash_for_core(
     timeout: float = 60.0,
     what: str | None = None,
     outputs: Sequence[str] = (),
+    tools: Sequence[tuple[Path, str]] = (),
+    guest: bool = False,
 ) -> Path:
     """Run ``argv`` in the empty directory ``run_dir`` with RLIMIT_CORE raised; return the core it leaves.
 
@@ -188,13 +197,18 @@ def crash_for_core(
 
     :param env: extra environment variables (over this process's, without PYTHONHOME)
     :param root: a root filesystem (tests/roots.py) to run it in; ``run_dir`` and ``binds`` are bound
-        at their host paths
-    :raises CoresUnavailable: when kernel.core_pattern does not write to the cwd
+        at their host paths, ``tools`` at theirs under /run
+    :param guest: ``argv`` is a qemu-user command: the core is the one qemu writes of its guest
+        (:data:`QEMU_CORE_GLOB`; kernel.core_pattern plays no part), and the kernel's core of qemu
+        itself is kept down to its notes (coredump_filter 0) and removed
+    :raises CoresUnavailable: when kernel.core_pattern does not write to the cwd (not for a guest)
     :raises CoreNotWritten: when the process did not die of a signal or left no core
     """
-    problem = core_pattern_problem()
+    problem = None if guest else core_pattern_problem()
     if problem:
         raise CoresUnavailable(problem)
+    if guest:
+        coredump_filter = 0
     what = what or " ".join(argv)
     full_env = dict(os.environ)
     full_env.pop("PYTHONHOME", None)
@@ -203,7 +217,7 @@ def crash_for_core(
     if root is not None:
         from tests.roots import sandbox_command
 
-        argv = sandbox_command(Path(root), argv, cwd=run_dir, binds=tuple(binds))
+        argv = sandbox_command(Path(root), argv, cwd=run_dir, binds=tuple(binds), tools=tuple(tools))
     proc = subprocess.Popen(
         argv,
         cwd=run_dir,
@@ -223,6 +237,10 @@ def crash_for_core(
     if root is not None and proc.returncode > 128:  # bwrap exits 128 + the signal its child died of
         signo = proc.returncode - 128
     cores = sorted(p for p in run_dir.iterdir() if p.is_file() and p.name not in outputs)
+    if guest:
+        for host_core in [p for p in cores if not p.match(QEMU_CORE_GLOB)]:
+            host_core.unlink()
+        cores = [p for p in cores if p.match(QEMU_CORE_GLOB)]
     (run_dir / ".stderr").write_bytes(err)
     (run_dir / ".signal").write_text(f"{signo}\n")
     if signo <= 0:

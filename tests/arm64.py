@@ -1,0 +1,164 @@
+"""AArch64 cores made on this x86_64 machine: arm64 Debian roots run under qemu-user.
+
+``guest_root("bookworm")`` is a cached arm64 Debian root (:func:`tests.roots.build_root` with
+``arch="arm64"``: unpacked with ``mmdebstrap --variant=extract``, keyed and locked as every root)
+holding the suite's CPython, its ``-dbg`` build and ``libc6-dbg``.  :func:`make_guest_core`
+crashes a tests/crashers program in it: bubblewrap makes the root ``/`` (read-only), the static
+``qemu-aarch64-static`` is bound in under ``/run`` and runs the guest interpreter, so no
+binfmt_misc registration (machine-wide state) is needed.  qemu-user writes the guest's core
+itself -- ``qemu_PROG_DATE-TIME_PID.core`` in the working directory, an AArch64 ELF core with
+NT_PRSTATUS per thread, NT_PRPSINFO and NT_AUXV, without NT_FILE or NT_SIGINFO --
+whatever kernel.core_pattern says; the kernel's core of qemu itself is kept to its notes and
+removed.  ``libcrash.so`` is cross-compiled with ``aarch64-linux-gnu-gcc``.
+
+The x86_64 twin of a guest core is :func:`tests.crashers.make_core.make_core` of the same
+scenario.
+
+Usable from a shell, too::
+
+    python tests/arm64.py root bookworm
+    python tests/arm64.py core bookworm segv OUT_DIR
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.crashers.make_core import EXPORTER, SCENARIOS, build_libcrash, crash_for_core
+from tests.roots import RootUnavailable, build_root, sandbox_command
+
+__all__ = [
+    "ARCH",
+    "SUITES",
+    "QEMU_IN_ROOT",
+    "CROSS_CC",
+    "GuestUnavailable",
+    "guest_problem",
+    "root_packages",
+    "guest_root",
+    "guest_python",
+    "guest_command",
+    "build_guest_libcrash",
+    "make_guest_core",
+]
+
+ARCH = "arm64"
+#: each suite's CPython (``python3.X`` and its ``-dbg`` build, ``python3.Xd``)
+SUITES: Mapping[str, str] = {"bookworm": "3.11", "sid": "3.14"}
+QEMU = "qemu-aarch64-static"
+#: where the static qemu binary is bound inside the root
+QEMU_IN_ROOT = "/run/qemu-aarch64-static"
+CROSS_CC = "aarch64-linux-gnu-gcc"
+
+
+class GuestUnavailable(RootUnavailable):
+    """This machine cannot run arm64 guests: qemu-user, the cross compiler or bubblewrap is missing."""
+
+
+def guest_problem() -> str | None:
+    """Why arm64 guests cannot run here (a test should skip), or None when they can."""
+    for tool, package in ((QEMU, "qemu-user-static"), (CROSS_CC, "gcc-aarch64-linux-gnu"),
+                          ("bwrap", "bubblewrap")):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install -y {package}; bash .ci/setup does it)"
+    return None
+
+
+def root_packages(suite: str) -> list[str]:
+    """The packages of ``suite``'s arm64 root: its CPython, the -dbg build, libc6-dbg."""
+    version = SUITES[suite]
+    return [f"python{version}", f"python{version}-dbg", "libc6-dbg"]
+
+
+def guest_root(suite: str, *, extra: Sequence[str] = (), cache: Path | None = None) -> Path:
+    """The cached arm64 root of ``suite`` (built once).
+
+    :param extra: more packages (a different list is a different root)
+    :raises RootUnavailable: when there is no cached root and none can be built here
+    """
+    return build_root(suite, [*root_packages(suite), *extra], arch=ARCH, cache=cache)
+
+
+def guest_python(suite: str, *, debug: bool = False) -> str:
+    """The interpreter's path inside ``suite``'s root (``python3.11`` or the -dbg ``python3.11d``)."""
+    return f"/usr/bin/python{SUITES[suite]}{'d' if debug else ''}"
+
+
+def guest_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequence[Path] = ()) -> list[str]:
+    """``argv`` (paths inside ``root``) run by qemu-user with ``root`` as ``/``; ``cwd`` and ``binds`` are
+    bound read-write at their host paths (see :func:`tests.roots.sandbox_command`).
+
+    :raises GuestUnavailable: when qemu-aarch64-static is not installed
+    """
+    qemu = shutil.which(QEMU)
+    if qemu is None:
+        raise GuestUnavailable(f"{QEMU} is not installed (apt-get install -y qemu-user-static)")
+    return sandbox_command(root, [QEMU_IN_ROOT, *argv], cwd=cwd, binds=binds, tools=((Path(qemu), QEMU_IN_ROOT),))
+
+
+def build_guest_libcrash(directory: Path) -> Path:
+    """``libcrash-arm64.so``: tests/crashers/libcrash.c cross-compiled for AArch64 into ``directory`` (once).
+
+    :raises GuestUnavailable: when the cross compiler is not installed
+    """
+    if shutil.which(CROSS_CC) is None:
+        raise GuestUnavailable(f"{CROSS_CC} is not installed (apt-get install -y gcc-aarch64-linux-gnu)")
+    return build_libcrash(directory, name="libcrash-arm64.so", cc=CROSS_CC)
+
+
+def make_guest_core(
+    directory: Path,
+    root: Path,
+    python: str,
+    scenario: str,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 180.0,
+) -> Path:
+    """Crash ``exporter.py`` (tests/crashers) under qemu-user in ``root`` and return qemu's core of it.
+
+    :param directory: where libcrash-arm64.so is built (once) and the run directory is made
+    :param root: an arm64 root (:func:`guest_root`)
+    :param python: the interpreter inside the root (:func:`guest_python`)
+    :param scenario: one of tests.crashers.make_core.SCENARIOS
+    :param env: extra environment variables for the guest
+    :raises GuestUnavailable: when qemu-user or the cross compiler is missing
+    :raises CoreNotWritten: when the guest did not die of a signal or qemu wrote no core
+    """
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    problem = guest_problem()
+    if problem:
+        raise GuestUnavailable(problem)
+    directory = Path(directory).resolve()
+    lib = build_guest_libcrash(directory)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"run-arm64-{scenario}-", dir=directory))
+    qemu = shutil.which(QEMU)
+    assert qemu is not None
+    return crash_for_core([QEMU_IN_ROOT, python, str(EXPORTER), str(lib), scenario], run_dir, env=env, root=root,
+                          binds=(EXPORTER, lib), tools=((Path(qemu), QEMU_IN_ROOT),), timeout=timeout, guest=True,
+                          what=f"qemu {python} exporter.py {scenario}")
+
+
+def _main(argv: Sequence[str]) -> int:
+    if len(argv) == 2 and argv[0] == "root":
+        print(guest_root(argv[1]))
+        return 0
+    if len(argv) == 4 and argv[0] == "core":
+        suite, scenario, out = argv[1:]
+        os.makedirs(out, exist_ok=True)
+        print(make_guest_core(Path(out), guest_root(suite), guest_python(suite), scenario))
+        return 0
+    print("usage: arm64.py root SUITE | arm64.py core SUITE SCENARIO OUT_DIR", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
