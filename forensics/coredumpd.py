@@ -28,18 +28,15 @@ from collections.abc import Iterator
 
 from .cache import cache_path
 from .digest import sha256
-from .errors import CacheUnavailable, CoreReadError
+from .errors import CacheUnavailable, CoreReadError, ForensicsError
 from .model import StoreEntry
 
 __all__ = ["find_codec", "open_store_core", "prune_cache", "read_journal", "store_entry", "CODECS", "JOURNAL_FIELDS",
-           "DEFAULT_MAX_CORE", "DEFAULT_CACHE_BYTES"]
+           "DEFAULT_CACHE_BYTES"]
 
 #: magic -> codec name, for the three systemd-coredump writes
 CODECS = {b"\x28\xb5\x2f\xfd": "zstd", b"\x04\x22\x4d\x18": "lz4", b"\xfd7zXZ\x00": "xz"}
-DEFAULT_MAX_CORE = 256 << 30  # bytes a core may decompress to (FORENSICS_MAX_CORE_BYTES), as a bundle's
 DEFAULT_CACHE_BYTES = 8 << 30  # the decompressed cores kept (FORENSICS_COREDUMP_CACHE_BYTES)
-_FREE_RESERVE = 1 << 30
-_CHUNK = 1 << 20
 _PRUNE_AGE = 3600.0
 _ELF_CORE = b"\x7fELF"
 #: what is kept of a journal entry: systemd-coredump's fields that say where and what crashed
@@ -56,32 +53,6 @@ STORE_DIR = "/var/lib/systemd/coredump"
 
 def _magic_codec(head: bytes) -> str | None:
     return next((c for m, c in CODECS.items() if head.startswith(m)), None)
-
-
-def _reader(codec: str, fin):
-    """A file-like ``read(n)`` over the decompressed stream (each codec's own bounded streaming reader)."""
-    if codec == "zstd":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(fin, read_across_frames=True)
-    if codec == "lz4":
-        import lz4.frame
-
-        return lz4.frame.LZ4FrameFile(fin, mode="rb")
-    import lzma
-
-    return lzma.LZMAFile(fin, mode="rb")
-
-
-def _damaged() -> tuple[type[BaseException], ...]:
-    import lzma
-
-    errors: list[type[BaseException]] = [lzma.LZMAError, EOFError, RuntimeError]  # lz4 says RuntimeError
-    with contextlib.suppress(ImportError):
-        import zstandard
-
-        errors.append(zstandard.ZstdError)
-    return tuple(errors)
 
 
 def find_codec(path: str) -> str | None:
@@ -102,11 +73,14 @@ def find_codec(path: str) -> str | None:
             codec = _magic_codec(fin.read(8))
             if codec is None:
                 return None
+            from .core.unpack import damaged_errors, open_reader  # only for a file that starts as one
+
             fin.seek(0)
-            head = _reader(codec, fin).read(18)
+            try:
+                head = open_reader(codec, fin).read(18)
+            except damaged_errors():
+                return None
         except (OSError, ImportError):
-            return None
-        except _damaged():
             return None
     # e_ident[EI_DATA] little endian, e_type (offset 16) ET_CORE
     return codec if len(head) == 18 and head[:4] == _ELF_CORE and head[16:18] == b"\x04\x00" else None
@@ -155,63 +129,16 @@ def open_store_core(path: str, codec: str | None = None) -> str:
     return core
 
 
-def _decompress(src: str, codec: str, dest: str) -> int:
-    """Stream ``src`` into ``dest`` (a new file, mode 0600, renamed into place), bounded; bytes written."""
-    from .core import elf
+def _decompress(src: str, codec: str, dest: str) -> None:
+    """Stream ``src`` into ``dest`` (a new file, mode 0600, renamed into place), bounded."""
+    from .core.unpack import decompress_core_file
 
-    limit = _env_bytes("FORENSICS_MAX_CORE_BYTES", DEFAULT_MAX_CORE)
-    d = os.path.dirname(dest)
-    tmp = f"{dest}.tmp{os.getpid()}"
-    n = 0
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        decompress_core_file(src, dest, codec)
     except OSError as e:
-        raise CacheUnavailable(tmp, f"cannot write it: {e.strerror or e}") from None
-    try:
-        with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
-            reader = _reader(codec, fin)
-            st = os.statvfs(d)
-            room = st.f_bavail * st.f_frsize - _FREE_RESERVE
-            bound = None
-            try:
-                while chunk := reader.read(_CHUNK):
-                    if bound is None:
-                        said = _core_size(elf, chunk)
-                        bound = min(limit, said) if said else limit
-                        if said and bound > room:
-                            raise CoreReadError(src, f"decompressing needs {bound:,} bytes; {d} has "
-                                                     f"{max(0, room):,} to spare (1 GiB stays free)")
-                    chunk = chunk[: max(0, bound - n)]
-                    fout.write(chunk)
-                    n += len(chunk)
-                    if n > room:
-                        raise CoreReadError(src, f"decompressing filled {d} past its last free GiB")
-                    if n >= bound:
-                        if bound == limit and reader.read(1):
-                            raise CoreReadError(src, f"decompresses to more than {limit:,} bytes "
-                                                     "(FORENSICS_MAX_CORE_BYTES)")
-                        break
-            except _damaged() as e:
-                raise CoreReadError(src, f"damaged {codec} stream: {e}") from None
-        os.rename(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):  # our own temporary file
-            os.unlink(tmp)
-        raise
-    return n
-
-
-def _core_size(elf, head: bytes) -> int | None:
-    """The size the core's program headers give it (what the kernel wrote), from its first bytes."""
-    try:
-        header = elf.parse_elf_header(head)
-        end = header.phoff + header.phnum * elf.PHDR64_SIZE
-        if header.phnum == elf.PN_XNUM or end > len(head):
-            return None
-        phdrs = elf.parse_program_headers(head[header.phoff:end], header.phnum)
-    except (ValueError, AttributeError):
-        return None
-    return max((p.offset + p.filesz for p in phdrs), default=len(head))
+        if isinstance(e, ForensicsError):
+            raise
+        raise CacheUnavailable(dest, f"cannot write it: {e.strerror or e}") from None
 
 
 def prune_cache(budget: int | None = None) -> list[str]:

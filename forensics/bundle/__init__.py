@@ -24,7 +24,6 @@ from .read import (
     find_object_store,
     has_manifest,
     is_bundle,
-    max_core_bytes,
     prune_bundle_cache,
     read_bundle_file,
     read_bundle_json,
@@ -36,7 +35,7 @@ from .read import (
 
 __all__ = [
     "CORE_NAMES", "MANIFEST", "bundle_crash_time", "bundle_no_core_reason", "bundle_sysroot", "check_manifest",
-    "decompress_core", "find_core_in_bundle", "find_object_store", "has_manifest", "is_bundle", "max_core_bytes",
+    "decompress_core", "find_core_in_bundle", "find_object_store", "has_manifest", "is_bundle",
     "prune_bundle_cache", "read_bundle_file", "read_bundle_json", "read_crash_record", "read_manifest", "sha256_file",
     "verify_manifest",
 ]

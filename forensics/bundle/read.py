@@ -8,7 +8,6 @@ core names.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -37,7 +36,6 @@ __all__ = [
     "decompress_core",
     "bundle_sysroot",
     "prune_bundle_cache",
-    "max_core_bytes",
 ]
 
 MAX_JSON = 64 << 20  # a bundle's JSON documents are read whole: bounded
@@ -188,84 +186,16 @@ def find_object_store(bundle_dir: str) -> str | None:
     return None
 
 
-DEFAULT_MAX_CORE = 256 << 30  # bytes a bundle's core may decompress to (FORENSICS_MAX_CORE_BYTES)
-_FREE_RESERVE = 1 << 30  # bytes left free on the cache's filesystem after decompressing
-
-
-def max_core_bytes() -> int:
-    try:
-        return max(1 << 20, int(os.environ.get("FORENSICS_MAX_CORE_BYTES") or DEFAULT_MAX_CORE))
-    except ValueError:
-        return DEFAULT_MAX_CORE
-
-
-def _core_size_bound(head: bytes) -> int | None:
-    """The size the core's own program headers give it (what the kernel wrote), from its first bytes."""
-    from ..core import elf  # the ELF parsers are pure: no core is opened here
-
-    try:
-        header = elf.parse_elf_header(head)
-        if header.phnum == elf.PN_XNUM or header.phoff + header.phnum * elf.PHDR64_SIZE > len(head):
-            return None
-        phdrs = elf.parse_program_headers(head[header.phoff: header.phoff + header.phnum * elf.PHDR64_SIZE],
-                                         header.phnum)
-    except (ValueError, AttributeError):
-        return None
-    return max((p.offset + p.filesz for p in phdrs), default=len(head))
-
-
 def decompress_core(src: str, dest: str, *, limit: int | None = None) -> int:
-    """Stream-decompress a zstd core to ``dest`` (a new file, mode 0600, renamed into place); bytes written.
-
-    Bounded: never more than the core's own program headers say it holds (read from its first
-    MiB), nor ``limit`` (default :func:`max_core_bytes`), nor what leaves less than 1 GiB free
-    where ``dest`` lies.  A partial file (a frame cut by a full disk) is decompressed as far as
-    it goes.
+    """Stream-decompress a bundle's zstd core to ``dest`` (a new file, mode 0600, renamed into place); bytes
+    written.  Bounded as :func:`forensics.core.unpack.decompress_core_file` says; a partial file
+    (``core.partial.zst``: a frame cut by a full disk) is decompressed as far as it goes.
 
     :raises CoreReadError: when the stream is damaged, or decompressing would pass a bound
     """
-    import zstandard
+    from ..core.unpack import decompress_core_file
 
-    from ..errors import CoreReadError
-
-    limit = limit or max_core_bytes()
-    d, name = os.path.split(os.path.abspath(dest))
-    tmp = os.path.join(d, f".{name}.tmp{os.getpid()}")
-    n = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
-            reader = zstandard.ZstdDecompressor().stream_reader(fin, read_across_frames=True)
-            bound = None
-            st = os.statvfs(d)
-            room = st.f_bavail * st.f_frsize - _FREE_RESERVE
-            try:
-                while chunk := reader.read(1 << 20):
-                    if bound is None:
-                        said = _core_size_bound(chunk)  # the core's own size, from its program headers
-                        bound = min(limit, said) if said else limit
-                        if said and bound > room:
-                            raise CoreReadError(src, f"decompressing needs {bound:,} bytes; {d} has "
-                                                     f"{max(0, room):,} to spare (1 GiB stays free)")
-                    chunk = chunk[: max(0, bound - n)]
-                    fout.write(chunk)
-                    n += len(chunk)
-                    if n > room:
-                        raise CoreReadError(src, f"decompressing filled {d} past its last free GiB")
-                    if n >= bound:
-                        if bound == limit and reader.read(1):
-                            raise CoreReadError(src, f"decompresses to more than {limit:,} bytes "
-                                                     "(FORENSICS_MAX_CORE_BYTES)")
-                        break
-            except zstandard.ZstdError as e:
-                if not src.endswith(".partial.zst"):
-                    raise CoreReadError(src, f"damaged zstd stream: {e}") from e
-        os.rename(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):  # our own temporary file; the error being raised is what matters
-            os.unlink(tmp)
-        raise
-    return n
+    return decompress_core_file(src, dest, "zstd", limit=limit, partial=src.endswith(".partial.zst"))
 
 
 def _entry_key(src: str) -> str | None:

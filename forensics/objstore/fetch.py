@@ -28,7 +28,8 @@ import stat
 import time
 
 from .. import rootpath
-from ..bundle import MANIFEST, decompress_core, max_core_bytes
+from ..bundle import MANIFEST, decompress_core
+from ..core.unpack import max_core_bytes
 from ..cache import cache_path
 from ..digest import sha256
 from ..errors import CacheUnavailable, ForensicsError, ObjectNotFound, ObjectStoreError
