@@ -21,12 +21,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
-import time
-from collections.abc import Iterator
 
-from .cache import cache_path
+from .cache import cache_path, prune_lru
 from .digest import sha256
 from .errors import CacheUnavailable, CoreReadError, ForensicsError
 from .model import StoreEntry
@@ -145,30 +142,7 @@ def prune_cache(budget: int | None = None) -> list[str]:
     """Delete the least recently used decompressed cores beyond ``budget`` bytes (default
     ``FORENSICS_COREDUMP_CACHE_BYTES`` or 8 GiB), never one used in the last hour.  :return: those deleted"""
     budget = budget if budget is not None else _env_bytes("FORENSICS_COREDUMP_CACHE_BYTES", DEFAULT_CACHE_BYTES)
-    entries = []
-    for e in _scandir(cache_path("coredump")):
-        with contextlib.suppress(OSError):
-            if e.is_dir(follow_symlinks=False):
-                size = sum(os.lstat(os.path.join(e.path, f)).st_size for f in os.listdir(e.path))
-                entries.append((e.stat(follow_symlinks=False).st_mtime, size, e.path))
-    total = sum(size for _, size, _ in entries)
-    deleted = []
-    for mtime, size, path in sorted(entries):
-        if total <= budget:
-            break
-        if time.time() - mtime < _PRUNE_AGE:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        total -= size
-        deleted.append(path)
-    return deleted
-
-
-def _scandir(path: str) -> Iterator[os.DirEntry]:
-    try:
-        yield from os.scandir(path)
-    except OSError:
-        return
+    return prune_lru("coredump", budget, _PRUNE_AGE)
 
 
 def read_journal(path: str) -> tuple[dict[str, str], str | None]:

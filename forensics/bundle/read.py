@@ -13,7 +13,6 @@ import json
 import os
 import re
 import stat
-import time
 from collections.abc import Callable
 
 from .. import rootpath
@@ -385,37 +384,14 @@ def prune_bundle_cache(*, keep=None, budget: int | None = None) -> list[str]:
     """Delete the least recently used bundle entries of the cache beyond ``budget`` bytes (default
     ``FORENSICS_BUNDLE_CACHE_BYTES`` or 4 GiB); never ``keep`` nor an entry used in the last hour.
     :return: the entries deleted"""
-    from ..cache import cache_dir
+    from ..cache import prune_lru
 
     if budget is None:
         try:
             budget = int(os.environ.get("FORENSICS_BUNDLE_CACHE_BYTES") or DEFAULT_BUNDLE_CACHE)
         except ValueError:
             budget = DEFAULT_BUNDLE_CACHE
-    root = cache_dir() / "bundles"
-    entries = []
-    try:
-        for e in os.scandir(root):
-            if e.is_dir(follow_symlinks=False):
-                size = sum(f.stat(follow_symlinks=False).st_size for f in os.scandir(e.path)
-                           if f.is_file(follow_symlinks=False))
-                entries.append((e.stat(follow_symlinks=False).st_mtime, size, e.path))
-    except OSError:
-        return []
-    total = sum(size for _, size, _ in entries)
-    deleted = []
-    now = time.time()
-    for mtime, size, path in sorted(entries):
-        if total <= budget:
-            break
-        if (keep is not None and os.path.samefile(path, keep)) or now - mtime < _PRUNE_AGE:
-            continue
-        import shutil
-
-        shutil.rmtree(path, ignore_errors=True)
-        total -= size
-        deleted.append(path)
-    return deleted
+    return prune_lru("bundles", budget, _PRUNE_AGE, keep=None if keep is None else str(keep))
 
 
 def is_bundle(path: str) -> bool:

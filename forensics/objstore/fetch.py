@@ -25,12 +25,11 @@ import json
 import os
 import shutil
 import stat
-import time
 
 from .. import rootpath
 from ..bundle import MANIFEST, decompress_core
 from ..core.unpack import max_core_bytes
-from ..cache import cache_path
+from ..cache import cache_path, prune_lru
 from ..digest import sha256
 from ..errors import CacheUnavailable, ForensicsError, ObjectNotFound, ObjectStoreError
 from .client import ObjectURL, StoreOptions, open_client, parse_object_url, translate_error
@@ -77,26 +76,7 @@ def prune_fetched(budget: int | None = None) -> list[str]:
             budget = int(os.environ.get("FORENSICS_BUNDLE_CACHE_BYTES") or 4 << 30)
         except ValueError:
             budget = 4 << 30
-    entries = []
-    try:
-        for e in os.scandir(cache_path("s3")):
-            if e.is_dir(follow_symlinks=False):
-                size = sum(os.lstat(os.path.join(root, f)).st_size for root, _dirs, files in os.walk(e.path)
-                           for f in files)
-                entries.append((e.stat(follow_symlinks=False).st_mtime, size, e.path))
-    except OSError:
-        return []
-    total = sum(size for _, size, _ in entries)
-    deleted = []
-    for mtime, size, path in sorted(entries):
-        if total <= budget:
-            break
-        if time.time() - mtime < _PRUNE_AGE:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        total -= size
-        deleted.append(path)
-    return deleted
+    return prune_lru("s3", budget, _PRUNE_AGE)
 
 
 def fetch_url(url: ObjectURL, opts: StoreOptions, *, client=None) -> tuple[list[str], bool]:
