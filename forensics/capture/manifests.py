@@ -90,13 +90,16 @@ class AgentUpload:
     keep: bool = False
     max_bandwidth: int = 50 << 20  # bytes per second (agent serve's 50M)
     concurrency: int = 4
+    max_pending: int = 500  # crashes waiting for the bucket at most (agent serve's --upload-max-pending)
+    max_pending_bytes: int = 10 << 30  # their bytes on the node at most (--upload-max-pending-bytes, 10G)
     endpoint_url: str | None = None
     region: str | None = None
     secret: str | None = None
 
     def serve_args(self) -> list[str]:
         args = ["--upload", self.url, "--cluster", self.cluster, "--upload-max-bandwidth", str(self.max_bandwidth),
-                "--upload-concurrency", str(self.concurrency)]
+                "--upload-concurrency", str(self.concurrency), "--upload-max-pending", str(self.max_pending),
+                "--upload-max-pending-bytes", str(self.max_pending_bytes)]
         if self.keep:
             args.append("--upload-keep")
         if self.endpoint_url:

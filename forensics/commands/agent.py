@@ -50,6 +50,10 @@ def agent():
 @click.option("--upload-max-bandwidth", type=SIZE, default="50M", show_default=True,
               help="With --upload: bytes per second an upload may send.")
 @click.option("--upload-concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--upload-max-pending", type=click.IntRange(1, None), default=500, show_default=True,
+              help="With --upload: agent serve's bound on the crashes waiting for the bucket.")
+@click.option("--upload-max-pending-bytes", type=SIZE, default="10G", show_default=True,
+              help="With --upload: agent serve's bound on the bytes of the crashes waiting for the bucket.")
 @click.option("--upload-secret", default=None, metavar="SECRET",
               help="With --upload: a Secret in the namespace whose keys become the agent's environment "
                    "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY...); credentials never travel as flags.")
@@ -60,8 +64,8 @@ def agent():
 @json_option
 def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_size, budget, min_free, loop_limit,
                    scrape, metrics_port, analysis_timeout, analysis_memory, upload_url, upload_keep, cluster,
-                   upload_max_bandwidth, upload_concurrency, upload_secret, endpoint_url, region, sa_annotations,
-                   as_json):
+                   upload_max_bandwidth, upload_concurrency, upload_max_pending, upload_max_pending_bytes,
+                   upload_secret, endpoint_url, region, sa_annotations, as_json):
     """Print the node agent's objects: Namespace, ServiceAccount and RBAC, the DaemonSet (core handler with its
     disk bounds, on-node analysis, metrics port), and a PodMonitor on request.
 
@@ -86,7 +90,8 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
         except ForensicsError as e:
             raise click.BadParameter(str(e), param_hint="--upload") from e
         upload = AgentUpload(url=upload_url, cluster=cluster, keep=upload_keep, max_bandwidth=upload_max_bandwidth,
-                             concurrency=upload_concurrency, endpoint_url=endpoint_url, region=region,
+                             concurrency=upload_concurrency, max_pending=upload_max_pending,
+                             max_pending_bytes=upload_max_pending_bytes, endpoint_url=endpoint_url, region=region,
                              secret=upload_secret)
     bounds = {"max_core_size": max_core_size, "budget": budget, "min_free": min_free, "loop_limit": loop_limit}
     objects = agent_objects(core_dir=core_dir, image=image or agent_image(__version__), namespace=namespace,

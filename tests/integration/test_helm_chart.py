@@ -102,13 +102,17 @@ SETTINGS = {
          "gpu_label": "node.kubernetes.io/instance-type=p4d.24xlarge"}),
     "upload": (
         {"upload": {"url": "s3://crash-bundles/gpu", "cluster": "prod-eu", "keep": True, "maxBandwidth": 10 << 20,
-                    "concurrency": 2, "endpointUrl": "http://127.0.0.1:9000", "region": "eu-west-1",
+                    "concurrency": 2, "maxPending": 40, "maxPendingBytes": 3 * GiB,
+                    "endpointUrl": "http://127.0.0.1:9000", "region": "eu-west-1",
                     "credentialsSecret": "s3-creds"},
          "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/f"}}},
         {"upload": AgentUpload(url="s3://crash-bundles/gpu", cluster="prod-eu", keep=True, max_bandwidth=10 << 20,
-                               concurrency=2, endpoint_url="http://127.0.0.1:9000", region="eu-west-1",
+                               concurrency=2, max_pending=40, max_pending_bytes=3 * GiB,
+                               endpoint_url="http://127.0.0.1:9000", region="eu-west-1",
                                secret="s3-creds"),
          "service_account_annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/f"}}),
+    # only the bucket: the chart's default upload values are agent_objects' (AgentUpload's) defaults
+    "upload-defaults": ({"upload": {"url": "s3://crash-bundles"}}, {"upload": AgentUpload(url="s3://crash-bundles")}),
     "no-budget": ({"handler": {"budget": None, "maxCoreSize": None}, "metrics": {"scrape": "none"}},
                   {"bounds": {}, "scrape": "none"}),
 }

@@ -100,7 +100,8 @@ def test_upload_settings_reach_agent_serve_and_credentials_never_travel_as_flags
     # GIVEN an upload to a MinIO bucket with a Secret of keys, and an EKS role on the service account
     objects = {o["kind"]: o for o in _objects(
         "--upload", "s3://crash-bundles/gpu", "--upload-keep", "--cluster", "prod-eu", "--upload-max-bandwidth", "10M",
-        "--upload-concurrency", "2", "--endpoint-url", "http://127.0.0.1:9000", "--region", "eu-west-1",
+        "--upload-concurrency", "2", "--upload-max-pending", "40", "--upload-max-pending-bytes", "3G",
+        "--endpoint-url", "http://127.0.0.1:9000", "--region", "eu-west-1",
         "--upload-secret", "s3-creds", "--service-account-annotation", f"{role_key}={role}")}
     (agent_c,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
     serve = shlex.split(agent_c["command"][2].split(" && exec ")[1])
@@ -111,6 +112,7 @@ def test_upload_settings_reach_agent_serve_and_credentials_never_travel_as_flags
     assert (params["upload_url"], params["upload_keep"]) == ("s3://crash-bundles/gpu", True)
     assert params["cluster"] == "prod-eu"
     assert (params["upload_max_bandwidth"], params["upload_concurrency"]) == (10 << 20, 2)
+    assert (params["upload_max_pending"], params["upload_max_pending_bytes"]) == (40, 3 << 30)
     assert (params["endpoint_url"], params["region"]) == ("http://127.0.0.1:9000", "eu-west-1")
     assert agent_c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert objects["ServiceAccount"]["metadata"]["annotations"] == {role_key: role}

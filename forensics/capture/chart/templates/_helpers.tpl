@@ -46,7 +46,8 @@ kubelet's expansion. */}}
 {{- with $v.upload -}}
 {{- if .url -}}
 {{- $serve = concat $serve (list "--upload" .url "--cluster" .cluster "--upload-max-bandwidth" (toString (int64 .maxBandwidth))
-      "--upload-concurrency" (toString (int64 .concurrency))) -}}
+      "--upload-concurrency" (toString (int64 .concurrency)) "--upload-max-pending" (toString (int64 .maxPending))
+      "--upload-max-pending-bytes" (toString (int64 .maxPendingBytes))) -}}
 {{- if .keep -}}{{- $serve = append $serve "--upload-keep" -}}{{- end -}}
 {{- if .endpointUrl -}}{{- $serve = concat $serve (list "--endpoint-url" .endpointUrl) -}}{{- end -}}
 {{- if .region -}}{{- $serve = concat $serve (list "--region" .region) -}}{{- end -}}
