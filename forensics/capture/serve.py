@@ -45,7 +45,7 @@ from ..subproc import run_bounded
 from ..bundle import layout
 from .nodeindex import MAX_READ, NOT_KEPT_REASONS, IndexReader, NodeIndex
 
-__all__ = ["ServeConfig", "Agent", "HANDLER_REASONS", "handler_state",
+__all__ = ["ServeConfig", "Agent", "HANDLER_REASONS", "NODE_LABEL", "handler_state",
            "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve",
            "fit_document", "NOT_STARTED"]
 
@@ -59,6 +59,10 @@ _IOPRIO_CLASS_IDLE = 3
 
 
 #: forensics_handler_installed's ``reason`` (a closed set): 1 only with "installed"
+# the label naming the agent's node on every family but forensics_build_info: not `node`, the label Prometheus'
+# kubernetes_sd relabelling adds to a pod's target (the prometheus-community chart's kubernetes-pods job, as
+# kube-state-metrics names a pod's node), whose scrape would rename ours to exported_node
+NODE_LABEL = "forensics_node"
 HANDLER_REASONS = ("installed", "not-installed", "handler-missing", "replaced-by-systemd-coredump",
                    "replaced-by-apport", "replaced")
 
@@ -302,7 +306,7 @@ class IndexCollector:
 
         idx, cfg = self.agent.index, self.agent.cfg
         node = cfg.node
-        labels = ["node", "fingerprint", "crash_class", "signal", "namespace", "pod", "container", "image_digest"]
+        labels = [NODE_LABEL, "fingerprint", "crash_class", "signal", "namespace", "pod", "container", "image_digest"]
         crashes = CounterMetricFamily("forensics_crashes", "Native crashes on this node, by fingerprint (forensics "
                                       "analyze's) and where they happened; from the crash bundles", labels=labels)
         series: dict[tuple, int] = {}
@@ -317,7 +321,7 @@ class IndexCollector:
         yield crashes
         yield _latest_bundles(node, idx, cfg.max_series)
         failures = CounterMetricFamily("forensics_analysis_failures", "On-node analyses that failed, by reason",
-                                       labels=["node", "reason"])
+                                       labels=[NODE_LABEL, "reason"])
         counts = {r: 0 for r in ANALYSIS_FAILURES}
         for c in idx.crashes:
             if c.analysis == "failed":
@@ -326,7 +330,8 @@ class IndexCollector:
             failures.add_metric([node, r], n)
         yield failures
         not_kept = CounterMetricFamily("forensics_cores_not_kept", "Crashes whose core the handler did not keep "
-                                       "whole, by reason (budget, loop limit, full disk...)", labels=["node", "reason"])
+                                       "whole, by reason (budget, loop limit, full disk...)",
+                                       labels=[NODE_LABEL, "reason"])
         nk = {r: 0 for r in NOT_KEPT_REASONS}
         for c in idx.crashes:
             for r in c.not_kept:
@@ -335,10 +340,11 @@ class IndexCollector:
             not_kept.add_metric([node, r], n)
         yield not_kept
         pending = GaugeMetricFamily("forensics_analyses_pending", "Crashes waiting for their on-node analysis",
-                                    labels=["node"])
+                                    labels=[NODE_LABEL])
         pending.add_metric([node], sum(1 for c in idx.crashes if c.analysis == "pending"))
         yield pending
-        stored = GaugeMetricFamily("forensics_stored_bytes", "Bytes the core directory holds", labels=["node", "kind"])
+        stored = GaugeMetricFamily("forensics_stored_bytes", "Bytes the core directory holds",
+                                   labels=[NODE_LABEL, "kind"])
         for kind, n in self.agent.stored.items():
             stored.add_metric([node, kind], n)
         yield stored
@@ -350,7 +356,7 @@ class IndexCollector:
         # kernel.core_pattern read each round: 1 while it is the handler's and its program is there, else 0 and why
         handler = GaugeMetricFamily("forensics_handler_installed", "1 while kernel.core_pattern is the forensics "
                                     "handler's and its program exists; 0 and the reason otherwise",
-                                    labels=["node", "reason"])
+                                    labels=[NODE_LABEL, "reason"])
         handler.add_metric([node, self.agent.handler_reason], 1 if self.agent.handler_reason == "installed" else 0)
         yield handler
         if self.agent.shipper is not None:
@@ -369,7 +375,7 @@ def _latest_bundles(node: str, idx, max_series: int):
             latest[fp] = (c.time, c.uploaded_to or f"{node}:{c.path}")
     m = GaugeMetricFamily("forensics_latest_bundle_timestamp_seconds", "When the newest crash of each fingerprint on "
                           "this node happened; bundle: where its bundle lives (s3:// URL once uploaded, else "
-                          "NODE:PATH)", labels=["node", "fingerprint", "bundle"])
+                          "NODE:PATH)", labels=[NODE_LABEL, "fingerprint", "bundle"])
     for fp, (t, where) in sorted(latest.items()):
         m.add_metric([node, fp, where], t)
     return m
@@ -394,12 +400,12 @@ def _upload_families(node: str, s):
             (GaugeMetricFamily, ("forensics_upload_oldest_pending_seconds",
                                  "Age of the oldest crash whose bundle is not uploaded yet"),
              s.oldest_pending_seconds)):
-        m = family(*help_text, labels=["node"])
+        m = family(*help_text, labels=[NODE_LABEL])
         m.add_metric([node], value)
         yield m
     dropped = CounterMetricFamily("forensics_uploads_dropped", "Crash bundles whose upload was given up, by reason "
                                   "(the queue waiting for the bucket over --upload-max-pending or its bytes)",
-                                  labels=["node", "reason"])
+                                  labels=[NODE_LABEL, "reason"])
     for reason, n in s.dropped:
         dropped.add_metric([node, reason], n)
     yield dropped

@@ -20,8 +20,9 @@ queries and the nodes' chain (node label names, their number of values, then one
 - last exit codes and reasons: ``kube_pod_container_status_last_terminated_exitcode`` (kube-state-metrics
   2.10+) and ``..._last_terminated_reason``; CrashLoopBackOff: ``kube_pod_container_status_waiting_reason``;
 - images: ``kube_pod_container_info`` (``image_id``);
-- crashes by fingerprint: the agents' ``forensics_crashes_total`` (``node``, ``fingerprint``), joined to the
-  node groups.
+- crashes by fingerprint: the agents' ``forensics_crashes_total`` (``forensics_node``, ``fingerprint``), joined
+  to the node groups on ``node`` (kube-state-metrics' name): ``forensics_node`` copied into ``node``
+  (:func:`agent_node`); a series of an agent older than that label, which exported ``node`` itself, joins as it is.
 
 Authentication as Prometheus clients take it: a bearer token file, basic auth, a CA file.
 """
@@ -48,13 +49,26 @@ from .model import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_PARTS, FALLBACK_
                          FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key, key_labels)
 
 __all__ = ["PrometheusError", "SelectorError", "PromAuth", "PromClient", "prom_label", "parse_window",
-           "selector_matchers", "summarize_fleet_prometheus", "DEFAULT_DEADLINE", "MAX_ANSWERS"]
+           "selector_matchers", "summarize_fleet_prometheus", "DEFAULT_DEADLINE", "MAX_ANSWERS", "AGENT_NODE",
+           "agent_node"]
 
 MAX_ANSWERS = 32 << 20  # all the answers of one run together (a 10,000-node fleet's are ~1 MiB)
 DEFAULT_DEADLINE = 60.0  # seconds for all the requests of one run (a 10,000-node fleet's take ~2 s)
 MAX_REDIRECTS = 5
 LATEST_BUNDLE = "forensics_latest_bundle_timestamp_seconds"  # agent serve's: where each fingerprint's bundle is
 _FIGURE, _VALUE = "forensics_figure", "forensics_value"  # labels of the per-pod counts
+AGENT_NODE = "forensics_node"  # agent serve's NODE_LABEL: the agent's node on its series
+
+
+def agent_node(expr: str) -> str:
+    """``expr`` (the agents' series) with ``node`` set from the agent's own ``forensics_node`` where it has one, to
+    join kube-state-metrics' series on ``node``. A series without it (an agent from before the label was renamed,
+    which exported ``node``) keeps its ``node``: old and new agents join alike during a rollout.
+
+    >>> agent_node("forensics_crashes_total")
+    'label_replace(forensics_crashes_total, "node", "$1", "forensics_node", "(.+)")'
+    """
+    return f'label_replace({expr}, "node", "$1", "{AGENT_NODE}", "(.+)")'
 
 
 
@@ -451,7 +465,7 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     # failing as fleet --from counts it: restarting in the window, or in CrashLoopBackOff now (after a fresh
     # baseline such a pod waits out its back-off with no restart counted yet); its last exit code and its node count
     failing = f"({started} or {looping})"
-    crashes = (f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
+    crashes = agent_node(f"increase(forensics_crashes_total[{window}s])" if window else "forensics_crashes_total")
 
     def of_pods(expr: str) -> str:
         """expr's series of the pods asked about: all of the namespace's without -l (no join to evaluate)."""

@@ -76,6 +76,26 @@ def _series(exported: dict[str, dict[str, str]], name: str, **labels: str) -> st
     return name + "{" + ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(merged.items())) + "}"
 
 
+def scraped(series: str, node: str) -> str:
+    """``series`` as a scrape through service discovery stores it: with the target's ``node`` label (kubernetes_sd
+    relabelling ``__meta_kubernetes_pod_node_name`` to ``node``, as the prometheus-community chart's pod job does)."""
+    return series.replace("{", "{" + f"node={json.dumps(node)},", 1)
+
+
+def old_agent(series: str) -> str:
+    """``series`` as an agent from before the rename exported it: its node in ``node``, not ``forensics_node``."""
+    assert "forensics_node=" in series
+    return series.replace("forensics_node=", "node=")
+
+
+def test_the_agent_exports_no_label_service_discovery_adds(exported):
+    # GIVEN a scrape of the agent's real collector: THEN its node is in forensics_node, on every family but build_info
+    for name, labels in exported.items():
+        assert "node" not in labels and "exported_node" not in labels, (name, labels)
+        if name != "forensics_build_info":
+            assert labels["forensics_node"] == "gpu-a", (name, labels)
+
+
 def test_rules_pass_promtool_check(promtool):
     p = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -87,7 +107,8 @@ def test_rules_use_only_series_the_agent_exports(exported):
     import re
 
     doc = yaml.safe_load(RULES.read_text())
-    used = {m for g in doc["groups"] for r in g["rules"] for m in re.findall(r"\bforensics_[a-z_]+", r["expr"])}
+    exprs = [re.sub(r'"[^"]*"', '""', r["expr"]) for g in doc["groups"] for r in g["rules"]]  # no label names
+    used = {m for e in exprs for m in re.findall(r"\bforensics_[a-z_]+", e)}
     # THEN each is a sample name the agent exports (or the pending handler gauge)
     assert used <= exported.keys(), used - exported.keys()
     assert {"forensics_crashes_total", "forensics_analysis_failures_total", "forensics_cores_not_kept_total"} <= used
@@ -100,8 +121,8 @@ def _unit_tests(exported) -> dict:
     new_labels = {"fingerprint": FP_NEW, "crash_class": "double-free", "signal": "SIGSEGV", "severity": "warning"}
     return {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": [
         {"interval": "1m",  # a known fingerprint all along on gpu-a; a new one on gpu-b from minute 90
-         "input_series": [{"series": s(crash, node="gpu-a", fingerprint=FP_OLD), "values": "1+0x200"},
-                          {"series": s(crash, node="gpu-b", fingerprint=FP_NEW), "values": "_x90 1+0x110"}],
+         "input_series": [{"series": s(crash, forensics_node="gpu-a", fingerprint=FP_OLD), "values": "1+0x200"},
+                          {"series": s(crash, forensics_node="gpu-b", fingerprint=FP_NEW), "values": "_x90 1+0x110"}],
          "alert_rule_test": [
              {"eval_time": "80m", "alertname": "ForensicsNewCrashFingerprint", "exp_alerts": []},
              {"eval_time": "100m", "alertname": "ForensicsNewCrashFingerprint", "exp_alerts": [
@@ -111,12 +132,15 @@ def _unit_tests(exported) -> dict:
                                     "`forensics fleet` groups its bundles."}}]},
              # an hour on, the fingerprint is known: the alert resolves
              {"eval_time": "160m", "alertname": "ForensicsNewCrashFingerprint", "exp_alerts": []}]},
-        {"interval": "1m",  # gpu-a (H100, driver full), gpu-d (H100, driver parts) and gpu-b (no labels) crash
-         "input_series": [  # once a minute, gpu-c (only an instance type) never
-             {"series": s(crash, node="gpu-a"), "values": "0+1x60"},
-             {"series": s(crash, node="gpu-b"), "values": "0+1x60"},
-             {"series": s(crash, node="gpu-c"), "values": "0+0x60"},
-             {"series": s(crash, node="gpu-d"), "values": "0+2x60"},
+        # gpu-a (H100, driver full), gpu-d (H100, driver parts) and gpu-b (no labels) crash once a minute, gpu-c (only
+        # an instance type) never; gpu-a's agent scraped as a static target, gpu-b's and gpu-c's through service
+        # discovery (its own `node` label beside the agent's forensics_node), gpu-d's still the old agent (`node`)
+        {"interval": "1m",
+         "input_series": [
+             {"series": s(crash, forensics_node="gpu-a"), "values": "0+1x60"},
+             {"series": scraped(s(crash, forensics_node="gpu-b"), "gpu-b"), "values": "0+1x60"},
+             {"series": scraped(s(crash, forensics_node="gpu-c"), "gpu-c"), "values": "0+0x60"},
+             {"series": old_agent(s(crash, forensics_node="gpu-d")), "values": "0+2x60"},
              {"series": 'kube_node_labels{node="gpu-a",label_nvidia_com_gpu_product="NVIDIA-H100-80GB-HBM3",'
                         'label_nvidia_com_cuda_driver_version_full="580.126.09",'
                         'label_node_kubernetes_io_instance_type="p5.48xlarge"}', "values": "1+0x60"},
@@ -140,11 +164,14 @@ def _unit_tests(exported) -> dict:
                   "exp_annotations": {"summary": "Native crashes at 60/h in node group "}}]}]},
         {"interval": "1m",
          "input_series": [
-             {"series": s(failures, node="gpu-a", reason="timeout"), "values": "0x10 1+0x50"},
-             {"series": s(failures, node="gpu-a", reason="memory"), "values": "0+0x60"},
-             {"series": s(not_kept, node="gpu-a", reason="budget"), "values": "0x20 2+0x40"},
-             {"series": s(not_kept, node="gpu-a", reason="disk-full"), "values": "0+0x60"},
-             {"series": 'forensics_handler_installed{node="gpu-a"}', "values": "1x10 0x50"},
+             {"series": scraped(s(failures, forensics_node="gpu-a", reason="timeout"), "gpu-a"),
+              "values": "0x10 1+0x50"},
+             {"series": scraped(s(failures, forensics_node="gpu-a", reason="memory"), "gpu-a"),
+              "values": "0+0x60"},
+             {"series": s(not_kept, forensics_node="gpu-a", reason="budget"), "values": "0x20 2+0x40"},
+             {"series": s(not_kept, forensics_node="gpu-a", reason="disk-full"), "values": "0+0x60"},
+             {"series": old_agent(s("forensics_handler_installed", forensics_node="gpu-a", reason="replaced")),
+              "values": "1x10 0x50"},
              {"series": 'up{job="forensics/forensics-agent",instance="10.0.0.7:9847"}', "values": "1x5 0x55"}],
          "alert_rule_test": [
              {"eval_time": "5m", "alertname": "ForensicsAnalysesFailing", "exp_alerts": []},

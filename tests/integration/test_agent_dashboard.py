@@ -10,7 +10,7 @@ import re
 import pytest
 
 from forensics.capture.metricsserver import MetricsServer
-from tests.integration.test_agent_alerts import FP_NEW, FP_OLD, RULES, agent_registry, crash_entry
+from tests.integration.test_agent_alerts import FP_NEW, FP_OLD, RULES, agent_registry, crash_entry, old_agent
 from tests.integration.test_fleet_prometheus import Prometheus
 
 DASHBOARD = RULES.with_name("forensics-dashboard.json")
@@ -32,7 +32,8 @@ def test_dashboard_is_well_formed():
     for p in doc["panels"]:
         assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} and p["targets"], p["title"]
         assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
-    variables = re.findall(r"\$\w+", json.dumps([e for _, e in _targets(doc)]))
+    # label_replace's "$1" is a group of its regex; Grafana leaves a name no variable has as it is
+    variables = re.findall(r"\$(?!\d+\b)\w+", json.dumps([e for _, e in _targets(doc)]))
     assert set(variables) <= GRAFANA_VARS.keys()
 
 
@@ -44,13 +45,21 @@ def prometheus(tmp_path):
     gpu_b = agent_registry(str(tmp_path), "gpu-b", [crash_entry(not_kept=(), analysis="done", analysis_failure=None)])
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-    servers = [MetricsServer("127.0.0.1", 0, lambda r=r: generate_latest(r), content_type=CONTENT_TYPE_LATEST)
-               for r in (gpu_a, gpu_b)]
-    servers.append(MetricsServer("127.0.0.1", 0, KSM.encode, content_type="text/plain; version=0.0.4"))
+    # gpu-a's agent as this one serves it, scraped as service discovery scrapes a pod (its target has a `node` label,
+    # honor_labels false); gpu-b's as an agent from before the rename served it (its node in `node`), scraped with
+    # honor_labels as before: a rollout's fleet of old and new agents
+    old = "\n".join(old_agent(x) if "forensics_node=" in x else x for x in generate_latest(gpu_b).decode().split("\n"))
+    servers = [MetricsServer("127.0.0.1", 0, lambda: generate_latest(gpu_a), content_type=CONTENT_TYPE_LATEST),
+               MetricsServer("127.0.0.1", 0, old.encode, content_type=CONTENT_TYPE_LATEST),
+               MetricsServer("127.0.0.1", 0, KSM.encode, content_type="text/plain; version=0.0.4")]
     for s in servers:
         s.start()
-    prom = Prometheus(tmp_path, {"forensics-agent": [f"127.0.0.1:{s.port}" for s in servers[:2]],
-                                 "kube-state-metrics": [f"127.0.0.1:{servers[2].port}"]}, rule_files=(str(RULES),))
+    new_agent = f"127.0.0.1:{servers[0].port}"
+    prom = Prometheus(tmp_path, {"forensics-agent": [new_agent],
+                                 "forensics-agent-old": [f"127.0.0.1:{servers[1].port}"],
+                                 "kube-state-metrics": [f"127.0.0.1:{servers[2].port}"]}, rule_files=(str(RULES),),
+                      discovered=("forensics-agent",),
+                      target_labels={new_agent: {"node": "gpu-a", "namespace": "forensics", "pod": "agent-x"}})
     try:
         prom.wait_for("count(forensics:node_group:info)", 2)
         prom.wait_for("count(forensics:crashes:rate15m_by_node_group)", 2)  # the H20 group and the unlabelled one
@@ -60,6 +69,14 @@ def prometheus(tmp_path):
         prom.stop()
         for s in servers:
             s.close()
+
+
+def test_the_agents_node_label_is_not_renamed_by_service_discovery(prometheus):
+    # GIVEN the new agent scraped with its target's `node` label (service discovery's), honor_labels false
+    # THEN no agent series was stored with exported_node: the agent's node is forensics_node, the target's is node
+    assert prometheus.query('count({__name__=~"forensics_.+", exported_node!=""})') == []
+    handler = prometheus.query('forensics_handler_installed{job="forensics-agent"}')
+    assert [(r["metric"]["node"], r["metric"]["forensics_node"]) for r in handler] == [("gpu-a", "gpu-a")]
 
 
 def test_every_panel_query_answers_on_the_agents_series(prometheus):

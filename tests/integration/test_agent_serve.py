@@ -196,8 +196,9 @@ def test_agent_analyzes_each_crash_once_and_publishes_metrics_and_events(kernel_
                 time.sleep(0.5)
             assert crash_counts(samples["forensics_crashes"]) == {segv_fp: 3, abort_fp: 1}
             s0 = next(s for s in crash_series if s.labels["fingerprint"] == segv_fp)
-            assert s0.labels == {"node": node, "fingerprint": segv_fp, "crash_class": s0.labels["crash_class"],
-                                 "signal": "SIGSEGV", "namespace": NS, "pod": "exporter-a1", "container": "exporter",
+            assert s0.labels == {"forensics_node": node, "fingerprint": segv_fp,
+                                 "crash_class": s0.labels["crash_class"], "signal": "SIGSEGV", "namespace": NS,
+                                 "pod": "exporter-a1", "container": "exporter",
                                  "image_digest": "sha256:" + "ab" * 32}
             assert {s.labels["reason"]: s.value for s in samples["forensics_analysis_failures"]} == {
                 "timeout": 0, "memory": 0, "error": 0, "interrupted": 0}

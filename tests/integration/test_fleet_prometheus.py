@@ -30,7 +30,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the core handler read
 
 class Prometheus:
     def __init__(self, workdir: Path, targets: dict[str, list[str]], *, web_config: str | None = None,
-                 rule_files: tuple[str, ...] = ()) -> None:
+                 rule_files: tuple[str, ...] = (), target_labels: dict[str, dict[str, str]] | None = None,
+                 discovered: tuple[str, ...] = ()) -> None:
+        """``targets``: job -> its targets, scraped with honor_labels (as kube-state-metrics is); a job in
+        ``discovered`` is scraped as a service-discovery job is by default (honor_labels false: a scraped label that
+        the target has too is stored as exported_LABEL); ``target_labels``: target -> the labels its target has
+        (what kubernetes_sd relabelling gives a pod: namespace, pod, node)."""
         from tests.prometheus_env import PrometheusUnavailable, prometheus_binary
 
         try:
@@ -42,8 +47,10 @@ class Prometheus:
             self.port = s.getsockname()[1]
         jobs = []
         for job, tg in targets.items():
-            jobs.append(f"  - job_name: {job}\n    honor_labels: true\n    static_configs:\n"
-                        f"      - targets: [{', '.join(repr(t) for t in tg)}]\n")
+            static = "".join(f"      - targets: [{t!r}]\n"
+                             f"        labels: {json.dumps((target_labels or {}).get(t, {}))}\n" for t in tg)
+            jobs.append(f"  - job_name: {job}\n    honor_labels: {str(job not in discovered).lower()}\n"
+                        f"    static_configs:\n{static}")
         cfg = workdir / "prometheus.yml"
         rules = "rule_files:\n" + "".join(f"  - {json.dumps(r)}\n" for r in rule_files) if rule_files else ""
         cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n" + rules + "scrape_configs:\n"

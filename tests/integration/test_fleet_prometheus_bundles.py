@@ -1,6 +1,6 @@
 """`fleet --prometheus` says where the newest bundle of each fingerprint lives (#29 item 3): the agents'
-`forensics_latest_bundle_timestamp_seconds{node, fingerprint, bundle}` (agent serve; the bundle's s3:// URL once
-uploaded, else NODE:PATH), the newest of the fleet's per fingerprint -- against a real Prometheus."""
+`forensics_latest_bundle_timestamp_seconds{forensics_node, fingerprint, bundle}` (agent serve; the bundle's s3://
+URL once uploaded, else NODE:PATH), the newest of the fleet's per fingerprint -- against a real Prometheus."""
 from __future__ import annotations
 
 import json
@@ -18,11 +18,12 @@ def test_the_newest_bundle_of_each_fingerprint_is_named(tmp_path):
     # fp-c's series without any crash counted (not in the table: not named)
     pods, nodes = incident_fleet()
     crashes = "".join(
-        f'forensics_crashes_total{{node="{node}",fingerprint="{fp}",crash_class="segv",signal="SIGSEGV",'
+        f'forensics_crashes_total{{forensics_node="{node}",fingerprint="{fp}",crash_class="segv",signal="SIGSEGV",'
         f'namespace="monitoring",pod="p",container="exporter",image_digest=""}} {n}\n'
         for node, fp, n in (("h20-001", "fp-a", 3), ("h20-002", "fp-a", 1), ("h20-003", "fp-b", 2)))
     latest = "".join(
-        f'forensics_latest_bundle_timestamp_seconds{{node="{node}",fingerprint="{fp}",bundle="{where}"}} {t}\n'
+        f'forensics_latest_bundle_timestamp_seconds{{forensics_node="{node}",fingerprint="{fp}",'
+        f'bundle="{where}"}} {t}\n'
         for node, fp, where, t in (
             ("h20-001", "fp-a", "h20-001:/var/lib/forensics/cores/crashes/20261201T100000Z-1-SIGSEGV", 1764583200),
             ("h20-002", "fp-a", "s3://crashes/prod/h20-002/monitoring/p/20261201T110000Z-fp-a-2/", 1764586800),

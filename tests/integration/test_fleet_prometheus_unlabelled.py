@@ -12,7 +12,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from forensics.capture.serve import NODE_LABEL
 from forensics.cli import cli
+from forensics.fleet.prom import AGENT_NODE
 from tests.fleetgen import incident_fleet
 from tests.integration.test_fleet_prometheus import Prometheus, _groups
 from tests.ksm_exposition import ksm_text, serve_ksm
@@ -28,6 +30,7 @@ def _pending(i: int) -> dict:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
+    assert AGENT_NODE == NODE_LABEL  # fleet --prometheus reads the label agent serve exports
     tmp = tmp_path_factory.mktemp("unlabelled")
     pods, nodes = incident_fleet()
     # two H20 nodes lose their Node object (and so their kube_node_labels series): one of their pods restarts,
@@ -39,12 +42,13 @@ def fleet(tmp_path_factory):
     assert [p["status"]["containerStatuses"][0]["restartCount"] > 0 for p in on_gone] == [True, False]
     (tmp / "pods.json").write_text(json.dumps(pods))
     (tmp / "nodes.json").write_text(json.dumps(nodes))
-    # beside them, the agents' crashes (their series as `forensics agent serve` exports them) on the unlabelled node
-    # with the restarting pod and on a labelled H20 node
+    # beside them, the agents' crashes on the unlabelled node with the restarting pod (its series as `forensics agent
+    # serve` exports them: the node in forensics_node) and on a labelled H20 node (an agent from before the rename:
+    # the node in `node`)
     crashes = "".join(
-        f'forensics_crashes_total{{node="{node}",fingerprint="{fp}",crash_class="segv",signal="SIGSEGV",'
+        f'forensics_crashes_total{{{label}="{node}",fingerprint="{fp}",crash_class="segv",signal="SIGSEGV",'
         f'namespace="monitoring",pod="p",container="exporter",image_digest=""}} {n}\n'
-        for node, fp, n in (("h20-000", "fp-gone", 3), ("h20-001", "fp-h20", 2)))
+        for label, node, fp, n in ((AGENT_NODE, "h20-000", "fp-gone", 3), ("node", "h20-001", "fp-h20", 2)))
     ksm, port = serve_ksm(ksm_text(pods, nodes) + "# HELP forensics_crashes_total crashes\n"
                           "# TYPE forensics_crashes_total counter\n" + crashes)
     prom = Prometheus(tmp, {"kube-state-metrics": [f"127.0.0.1:{port}"]})

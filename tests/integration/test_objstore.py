@@ -486,7 +486,7 @@ def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel
     # AND where the newest bundle of the fingerprint lives: its URL in the bucket, valued with when it crashed
     newest = max(crashes, key=lambda c: (json.loads((c / "metadata.json").read_text())["time"], c.name))
     latest = [(s.labels, s.value) for s in families["forensics_latest_bundle_timestamp_seconds"]]
-    assert latest == [({"node": "gpu-3", "fingerprint": fp,
+    assert latest == [({"forensics_node": "gpu-3", "fingerprint": fp,
                         "bundle": json.loads((newest / "70-upload.json").read_text())["url"]},
                        float(json.loads((newest / "metadata.json").read_text())["time"]))], latest
     # AND each bundle in the bucket is keyed by its fingerprint, holds its core and the agent's analysis, and
