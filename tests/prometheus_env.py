@@ -8,26 +8,19 @@ and renamed into place.  A ``prometheus`` on PATH is used first.  ``python -m te
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from tests.toolcache import cached_tool, tools_dir
 
 __all__ = ["PrometheusUnavailable", "prometheus_binary"]
 
 
 class PrometheusUnavailable(RuntimeError):
     """No prometheus binary here and none can be fetched (no apt, no mirror): a test should skip."""
-
-
-def _cache() -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from forensics.cache import cache_dir
-
-    return cache_dir() / "tools"
 
 
 def _candidate_version() -> str:
@@ -51,36 +44,29 @@ def prometheus_binary() -> str:
     found = shutil.which("prometheus")
     if found:
         return found
-    tools = _cache()
-    existing = sorted(tools.glob("prometheus-*/usr/bin/prometheus"))
+    existing = sorted(tools_dir().glob("prometheus-*/usr/bin/prometheus"))
     try:
         version = _candidate_version()
     except PrometheusUnavailable:
         if existing:
             return str(existing[-1])
         raise
-    dest = tools / f"prometheus-{version.replace(':', '_')}"
-    binary = dest / "usr/bin/prometheus"
-    if binary.is_file():
-        return str(binary)
-    tools.mkdir(parents=True, exist_ok=True)
-    with open(tools / ".prometheus.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if binary.is_file():
-            return str(binary)
-        with tempfile.TemporaryDirectory(dir=tools) as work:
-            os.chmod(work, 0o755)  # apt's download user writes here
-            p = subprocess.run(["apt-get", "download", f"prometheus={version}"], cwd=work, capture_output=True,
-                               text=True, timeout=600)
-            debs = list(Path(work).glob("prometheus_*.deb"))
-            if p.returncode or not debs:
-                raise PrometheusUnavailable(f"apt-get download prometheus: {p.stderr.strip()[-300:]}")
-            tmp = Path(work) / "root"
-            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(tmp)], check=True, timeout=300)
-            if not (tmp / "usr/bin/prometheus").is_file():
-                raise PrometheusUnavailable("the prometheus package holds no usr/bin/prometheus")
-            os.rename(tmp, dest)
-    return str(binary)
+    return cached_tool(f"prometheus-{version.replace(':', '_')}", "usr/bin/prometheus",
+                       lambda work: _fetch(work, version))
+
+
+def _fetch(work: Path, version: str) -> Path:
+    os.chmod(work, 0o755)  # apt's download user writes here
+    p = subprocess.run(["apt-get", "download", f"prometheus={version}"], cwd=work, capture_output=True,
+                       text=True, timeout=600)
+    debs = list(work.glob("prometheus_*.deb"))
+    if p.returncode or not debs:
+        raise PrometheusUnavailable(f"apt-get download prometheus: {p.stderr.strip()[-300:]}")
+    tree = work / "root"
+    subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(tree)], check=True, timeout=300)
+    if not (tree / "usr/bin/prometheus").is_file():
+        raise PrometheusUnavailable("the prometheus package holds no usr/bin/prometheus")
+    return tree
 
 
 if __name__ == "__main__":
