@@ -387,6 +387,21 @@ class ImageRefError(ForensicsError, ValueError):
         super().__init__(f"{ref}: {reason}", ref=ref, reason=reason)
 
 
+class PlatformNotInIndex(ImageRefError):
+    """The reference is an image index (a multi-platform image) without an image of the platform asked for:
+    this machine's, or ``--platform``'s.  The platforms it lists are data (``available``)."""
+
+    help_text = ("Pass --platform OS/ARCH with one of the platforms the index lists (the node's, for a check of "
+                 "what that node runs), or build and push the image for this platform too.")
+
+    def __init__(self, ref: str, requested: str, source: str, available: tuple[str, ...]) -> None:
+        listed = ", ".join(available[:16]) + (f" and {len(available) - 16} more" if len(available) > 16 else "")
+        whose = "this machine's platform" if source == "host" else "--platform"
+        ImageRefError.__init__(self, ref, f"the image index has no {requested} image ({whose}); it lists "
+                                          f"{listed or 'no image platform'}")
+        self.requested, self.source, self.available = requested, source, available
+
+
 class ImageFormatError(ForensicsError, ValueError):
     """A manifest, config or layout file is malformed, or a blob does not match its digest."""
 
@@ -440,6 +455,7 @@ class ExecuteError(ForensicsError, RuntimeError):
 
 __all__ += [
     "ImageRefError",
+    "PlatformNotInIndex",
     "ImageFormatError",
     "LayerRejected",
     "LayerLimitExceeded",

@@ -31,7 +31,9 @@ __all__ = ["verify_imports"]
               help="Working directory instead of the image's WorkingDir (e.g. a Kubernetes workingDir).")
 @click.option("--env", "env", multiple=True, metavar="K=V",
               help="Environment variable added to the image's Env (repeatable).")
-@click.option("--platform", default="linux/amd64", show_default=True, help="Platform to pick from an image index.")
+@click.option("--platform", default=None, metavar="OS/ARCH[/VARIANT]",
+              help="The image to read from an image index (a multi-platform image), e.g. linux/arm64; default: this "
+                   "machine's, as its container runtime would pull. The report says which it read.")
 @click.option("--execute", is_flag=True,
               help="Also run the image's interpreter in a sandbox (bubblewrap; for --pid, the process's own "
                    "namespaces and credentials) and compare.")
@@ -67,8 +69,9 @@ def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, pl
     cannot start, no interpreter, no config for a dir: root, ...), a module
     not OK, --execute disagrees, a known issue of severity error, or an
     uncertain static verdict that --execute did not settle (with --strict also
-    requirement conflicts, any known issue, delivery warnings); 1 error;
-    2 usage.
+    requirement conflicts, any known issue, delivery warnings); 1 error
+    (an image index without this machine's or --platform's image among
+    them); 2 usage.
     """
     from ..imports.format import report_payload
     from ..text.imports import format_report
@@ -95,7 +98,8 @@ def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, pl
             warn(f"no driver version recorded in {bundle}; driver checks skipped")
     limits = LayerLimits(max_bytes=max_size, max_files=max_files)
     options = VerifyOptions(modules=tuple(modules), only_modules=only_modules, entrypoint=entrypoint, workdir=workdir,
-                            env=tuple(pairs), platform=parse_platform(platform), execute=execute, driver=driver,
+                            env=tuple(pairs), platform=parse_platform(platform) if platform else None,
+                            execute=execute, driver=driver,
                             skopeo=SkopeoOptions(creds=creds, authfile=authfile, tls_verify=tls_verify), limits=limits)
     report = verify_pid(pid, options) if pid is not None else verify_image(ref, options)
     for w in report.image.warnings:

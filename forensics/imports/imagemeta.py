@@ -33,6 +33,7 @@ from .model import ImageConfig, Platform
 __all__ = [
     "DIGEST_ALGORITHMS",
     "MAX_PATH",
+    "MAX_INDEX_MANIFESTS",
     "Descriptor",
     "Manifest",
     "ConfigDoc",
@@ -50,6 +51,9 @@ __all__ = [
 DIGEST_ALGORITHMS = {"sha256": 64, "sha512": 128}
 MAX_PATH = 4095  # Linux PATH_MAX (4096) less the terminating NUL
 _MAX_ITEMS = 100_000  # entries of one list (layers, manifests, Env, args)
+#: entries of one image index (platforms and attestations): real multi-platform images list a few dozen
+MAX_INDEX_MANIFESTS = 1024
+_MAX_PLATFORM_FIELD = 128  # bytes of a platform's os, architecture or variant ("linux", "arm64", "v8")
 _HEX = re.compile(r"^[0-9a-f]+$")
 MT_OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MT_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -246,6 +250,9 @@ class ArchiveEntry:
 def _platform(doc: _Doc | None) -> Platform | None:
     if doc is None:
         return None
+    for key in ("os", "architecture", "variant"):
+        if len(doc.text(key)) > _MAX_PLATFORM_FIELD:
+            doc.fail(f"longer than {_MAX_PLATFORM_FIELD} characters", key)
     return Platform(os=doc.text("os"), architecture=doc.text("architecture"), variant=doc.text("variant") or None)
 
 
@@ -270,8 +277,10 @@ def read_manifest(doc: object, ref: str, media_type: str | None = None) -> Manif
     d = _Doc(doc, ref, "manifest")
     mt = d.text("mediaType") or media_type or ""
     if mt in INDEX_TYPES or ("manifests" in d.value and "layers" not in d.value):
-        manifests = tuple(_descriptor(v, ref, "manifest", f"manifests[{i}]") for i,
-                          v in enumerate(d.items("manifests")))
+        items = d.items("manifests")
+        if len(items) > MAX_INDEX_MANIFESTS:
+            d.fail(f"an image index of {len(items)} entries (more than {MAX_INDEX_MANIFESTS})", "manifests")
+        manifests = tuple(_descriptor(v, ref, "manifest", f"manifests[{i}]") for i, v in enumerate(items))
         return Manifest(media_type=mt, manifests=manifests, is_index=True)
     if d.value.get("config") is None:
         d.fail("no config descriptor", "config")

@@ -20,6 +20,8 @@ __all__ = [
     "ModuleKind",
     "ImageRef",
     "Platform",
+    "PlatformSource",
+    "PlatformChoice",
     "ImageConfig",
     "ImageInfo",
     "Entrypoint",
@@ -121,6 +123,24 @@ class Platform:
         return f"{self.os}/{self.architecture}" + (f"/{self.variant}" if self.variant else "")
 
 
+class PlatformSource(enum.Enum):
+    """Who named the platform read from an image index."""
+
+    HOST = "host"  # this machine's (the default: the node verify-imports runs on)
+    OPTION = "option"  # --platform
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlatformChoice:
+    """The image an index (OCI image index, Docker manifest list) led to, and why that one."""
+
+    requested: str  # "linux/arm64": what was asked for
+    source: PlatformSource
+    chosen: str  # the platform of the index's entry that was read ("linux/arm64/v8" for a "linux/arm64" request)
+    digest: str  # that entry's manifest digest
+    available: tuple[str, ...] = ()  # every image platform the index lists (attestations left out)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ImageConfig:
     """The parts of the image config (or a process's state) that decide what Python imports."""
@@ -153,6 +173,7 @@ class ImageInfo:
     warnings: tuple[str, ...] = ()
     config_source: str | None = None  # a dir: root's config: the runtime bundle's config.json it was read from
     root: str | None = None  # --pid: the process's root as the host sees it, when it is not /
+    platform_choice: PlatformChoice | None = None  # the reference is an index: which of its images was read
 
     @property
     def has_config(self) -> bool:

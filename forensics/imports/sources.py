@@ -2,8 +2,13 @@
 or have skopeo bring a registry (daemon, containers-storage) image into a local OCI layout.
 
 Pure: :func:`parse_image_ref`, :func:`classify_manifest`, :func:`select_platform`,
-:func:`parse_config`.  I/O: :func:`open_image` (a context manager; temporary
-copies are removed on exit).  No registry client here: skopeo does the
+:func:`choose_platform`, :func:`parse_config`.  I/O: :func:`open_image` (a context manager; temporary
+copies are removed on exit), :func:`host_platform`.
+
+An image index (a multi-platform image) leads to the image of one platform: this machine's unless
+``--platform`` names another, the way a node's runtime pulls; the report says which
+(:class:`~forensics.imports.model.PlatformChoice`), and an index without it is
+:class:`~forensics.errors.PlatformNotInIndex`.  No registry client here: skopeo does the
 transport, auth (``--creds``, ``--authfile``, credential helpers), mirrors and TLS.
 """
 from __future__ import annotations
@@ -20,18 +25,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import BinaryIO
 
-from ..errors import ImageFormatError, ImageRefError, SkopeoError, SkopeoNotFound
+from ..errors import ImageFormatError, ImageRefError, PlatformNotInIndex, SkopeoError, SkopeoNotFound
 from ..subproc import OutputTooLarge, run_bounded
-from .imagemeta import (MT_DOCKER_LIST, Descriptor, Manifest, parse_digest, parse_json,
+from .imagemeta import (MAX_INDEX_MANIFESTS, MT_DOCKER_LIST, MT_OCI_INDEX, Descriptor, Manifest, parse_digest,
+                        parse_json,
                         read_archive_manifest, read_image_config, read_index, read_manifest, read_runtime_config)
 from .layers import LayerBlob
-from .model import ImageConfig, ImageInfo, ImageRef, ManifestKind, Platform, Transport
+from .model import ImageConfig, ImageInfo, ImageRef, ManifestKind, Platform, PlatformChoice, PlatformSource, Transport
 
 __all__ = [
     "parse_image_ref",
     "parse_platform",
     "classify_manifest",
     "select_platform",
+    "choose_platform",
+    "host_platform",
     "parse_config",
     "OpenedImage",
     "open_image",
@@ -115,6 +123,38 @@ def select_platform(index: Manifest, platform: Platform) -> Descriptor | None:
         if best is None or (platform.variant is None and not p.variant):
             best = m
     return best
+
+
+#: ``uname -m`` -> the OCI platform its images are built for (the Go names runtimes match on)
+_MACHINE_PLATFORMS = {"x86_64": ("amd64", None), "aarch64": ("arm64", None), "arm64": ("arm64", None),
+                      "armv7l": ("arm", "v7"), "armv6l": ("arm", "v6"), "i686": ("386", None), "i386": ("386", None),
+                      "ppc64le": ("ppc64le", None), "s390x": ("s390x", None), "riscv64": ("riscv64", None)}
+
+
+def host_platform(machine: str | None = None) -> Platform:
+    """The platform a container runtime on this machine pulls from an index (``machine``: ``uname -m``).
+
+    >>> str(host_platform("aarch64")), str(host_platform("x86_64")), str(host_platform("armv7l"))
+    ('linux/arm64', 'linux/amd64', 'linux/arm/v7')
+    """
+    if machine is None:
+        machine = os.uname().machine
+    arch, variant = _MACHINE_PLATFORMS.get(machine, (machine, None))
+    return Platform(os="linux", architecture=arch, variant=variant)
+
+
+def choose_platform(index: Manifest, platform: Platform, source: PlatformSource,
+                    ref: str) -> tuple[Descriptor, PlatformChoice]:
+    """The entry of ``platform`` in an image index and the record of the choice.
+
+    :raises PlatformNotInIndex: the index lists no image of that platform
+    """
+    _, _, available = classify_manifest(index)
+    chosen = select_platform(index, platform)
+    if chosen is None:
+        raise PlatformNotInIndex(ref, str(platform), source.value, tuple(a or "(no platform)" for a in available))
+    return chosen, PlatformChoice(requested=str(platform), source=source, chosen=str(chosen.platform),
+                                  digest=chosen.digest, available=available)
 
 
 def parse_config(doc: object, ref: str = "config") -> ImageConfig:
@@ -202,7 +242,28 @@ def _tags(descs: tuple[Descriptor, ...]) -> str:
     return ", ".join(sorted({d.ref_name or "?" for d in descs})) or "none"
 
 
-def _open_oci(ref: ImageRef, platform: Platform, kind_override: tuple | None = None) -> OpenedImage:
+def _layout_entry(name: str, descs: tuple[Descriptor, ...], tag: str | None) -> Descriptor | Manifest:
+    """The entry of an OCI layout's index.json that ``tag`` names; several of one tag (or untagged), each with
+    a platform, are the layout's own index of platforms (containerd's export, ``oras``)."""
+    picked = [d for d in descs if d.ref_name == tag] if tag else list(descs)
+    if tag and not picked:
+        raise ImageRefError(name, f"no image tagged {tag!r} in the layout (tags: {_tags(descs)})")
+    if not picked:
+        raise ImageRefError(name, "the layout's index.json lists no image")
+    if len(picked) == 1:
+        return picked[0]
+    if all(d.platform is not None for d in picked) and (tag or len({d.ref_name for d in picked}) == 1):
+        if len(picked) > MAX_INDEX_MANIFESTS:
+            raise ImageFormatError(name, "index.json", f"{len(picked)} platform entries (more than "
+                                                       f"{MAX_INDEX_MANIFESTS})")
+        return Manifest(media_type=MT_OCI_INDEX, manifests=tuple(picked), is_index=True)
+    if tag:
+        return picked[0]
+    raise ImageRefError(name, f"the layout holds {len(descs)} images; name one as oci:DIR:TAG ({_tags(descs)})")
+
+
+def _open_oci(ref: ImageRef, platform: Platform, kind_override: tuple | None = None,
+              source: PlatformSource = PlatformSource.OPTION, choice: PlatformChoice | None = None) -> OpenedImage:
     layout = ref.path
     name = str(ref)
     if not os.path.isdir(layout):
@@ -210,31 +271,18 @@ def _open_oci(ref: ImageRef, platform: Platform, kind_override: tuple | None = N
     if not os.path.isfile(os.path.join(layout, "oci-layout")) or not os.path.isfile(os.path.join(layout, "index.json")):
         raise ImageRefError(name, f"{layout} is not an OCI image layout (no oci-layout / index.json)")
     descs = read_index(_read_json_file(name, os.path.join(layout, "index.json"), "index.json"), name).manifests
-    if ref.tag:
-        picked = [d for d in descs if d.ref_name == ref.tag]
-        if not picked:
-            raise ImageRefError(name, f"no image tagged {ref.tag!r} in the layout (tags: {_tags(descs)})")
-        desc = picked[0]
-    elif len(descs) == 1:
-        desc = descs[0]
-    elif not descs:
-        raise ImageRefError(name, "the layout's index.json lists no image")
-    else:
-        raise ImageRefError(name, f"the layout holds {len(descs)} images; name one as oci:DIR:TAG ({_tags(descs)})")
+    entry = _layout_entry(name, descs, ref.tag)
 
     def load(d: Descriptor) -> Manifest:
         return read_manifest(_read_json_file(name, _blob_path(layout, d.digest), "manifest", d.digest), name,
                              d.media_type)
 
-    doc = load(desc)
+    doc = load(entry) if isinstance(entry, Descriptor) else entry
     kind, att, plats = classify_manifest(doc)
-    manifest, mdigest = doc, desc.digest
+    manifest, mdigest = doc, entry.digest if isinstance(entry, Descriptor) else None
     warnings: list[str] = []
     if doc.is_index:
-        chosen = select_platform(doc, platform)
-        if chosen is None:
-            raise ImageRefError(name, f"no {platform} image in the index (platforms: {', '.join(plats) or 'none'}); "
-                                      "pass --platform")
+        chosen, choice = choose_platform(doc, platform, source, name)
         manifest, mdigest = load(chosen), chosen.digest
         if manifest.is_index:
             raise ImageFormatError(name, "manifest", f"{chosen.digest}: an index inside an index (not an image)")
@@ -257,7 +305,7 @@ def _open_oci(ref: ImageRef, platform: Platform, kind_override: tuple | None = N
         blobs.append(LayerBlob(name=layer.digest, open=_opener(path), digest=layer.digest))
     info = ImageInfo(ref=name, transport=ref.transport, manifest_kind=kind, manifest_digest=mdigest,
                      platform=cfg.platform, layers=len(blobs), index_platforms=plats, attestations=att,
-                     warnings=tuple(warnings))
+                     warnings=tuple(warnings), platform_choice=choice)
     return OpenedImage(info=info, config=cfg.config, blobs=tuple(blobs), config_platform=cfg.platform)
 
 
@@ -412,12 +460,14 @@ def _skopeo(ref_name: str, opts: SkopeoOptions, action: str, args: list[str]) ->
     return p.stdout
 
 
-def _fetch_with_skopeo(ref: ImageRef, platform: Platform, opts: SkopeoOptions, workdir: str) -> OpenedImage:
+def _fetch_with_skopeo(ref: ImageRef, platform: Platform, opts: SkopeoOptions, workdir: str,
+                       source: PlatformSource = PlatformSource.OPTION) -> OpenedImage:
     prefix = {Transport.DOCKER: "docker://", Transport.DOCKER_DAEMON: "docker-daemon:",
               Transport.CONTAINERS_STORAGE: "containers-storage:"}[ref.transport]
     src = prefix + ref.path
     common: list[str] = []
     kind_override = None
+    choice = None
     if ref.transport is Transport.DOCKER:
         inspect = ["inspect", "--raw"]
         if opts.creds:
@@ -427,7 +477,11 @@ def _fetch_with_skopeo(ref: ImageRef, platform: Platform, opts: SkopeoOptions, w
         if not opts.tls_verify:
             inspect += ["--tls-verify=false"]
         raw = _skopeo(src, opts, "inspect", inspect + [src])
-        kind_override = classify_manifest(read_manifest(parse_json(raw.encode(), src, "registry manifest"), src))
+        top = read_manifest(parse_json(raw.encode(), src, "registry manifest"), src)
+        kind_override = classify_manifest(top)
+        if top.is_index:  # chosen here, before anything is copied: the same choice as a layout's, and its error
+            chosen, choice = choose_platform(top, platform, source, src)
+            platform = chosen.platform or platform
         if opts.creds:
             common += ["--src-creds", opts.creds]
         if opts.authfile:
@@ -439,8 +493,10 @@ def _fetch_with_skopeo(ref: ImageRef, platform: Platform, opts: SkopeoOptions, w
     if platform.variant:
         plat += ["--override-variant", platform.variant]
     _skopeo(src, opts, "copy", [*plat, "copy", "--quiet", *common, src, f"oci:{dest}:image"])
-    opened = _open_oci(ImageRef(transport=Transport.OCI, path=dest, tag="image"), platform, kind_override)
+    opened = _open_oci(ImageRef(transport=Transport.OCI, path=dest, tag="image"), platform, kind_override, source)
     info = replace(opened.info, ref=src, transport=ref.transport)
+    if choice is not None:  # the registry's digest of the platform's manifest (the copy may be re-encoded)
+        info = replace(info, platform_choice=choice, manifest_digest=choice.digest)
     return replace(opened, info=info)
 
 
@@ -449,14 +505,17 @@ def open_image(ref: ImageRef, *, platform: Platform | None = None,
                skopeo: SkopeoOptions | None = None) -> Iterator[OpenedImage]:
     """Open ``ref`` for reading; a skopeo copy lives in a temporary directory removed on exit.
 
+    :param platform: the platform to read from an image index (None: this machine's, :func:`host_platform`)
     :raises ImageRefError: nothing readable at the reference
+    :raises PlatformNotInIndex: an image index without an image of the platform
     :raises ImageFormatError: a malformed manifest, config or layout
     :raises SkopeoNotFound: a registry/daemon reference and no skopeo
     :raises SkopeoError: skopeo could not fetch it (auth, TLS, unknown repository)
     """
-    platform = platform or Platform()
+    source = PlatformSource.HOST if platform is None else PlatformSource.OPTION
+    platform = platform or host_platform()
     if ref.transport is Transport.OCI:
-        yield _check_platform(_open_oci(ref, platform), platform)
+        yield _check_platform(_open_oci(ref, platform, source=source), platform)
     elif ref.transport is Transport.DOCKER_ARCHIVE:
         yield _check_platform(_open_docker_archive(ref), platform)
     elif ref.transport is Transport.DIR:
@@ -469,7 +528,8 @@ def open_image(ref: ImageRef, *, platform: Platform | None = None,
             yield _open_rootfs(ref)
     else:
         with tempfile.TemporaryDirectory(prefix="forensics-image-") as tmp:
-            yield _check_platform(_fetch_with_skopeo(ref, platform, skopeo or SkopeoOptions(), tmp), platform)
+            yield _check_platform(_fetch_with_skopeo(ref, platform, skopeo or SkopeoOptions(), tmp, source),
+                                  platform)
 
 
 def _check_platform(opened: OpenedImage, platform: Platform) -> OpenedImage:

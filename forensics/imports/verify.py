@@ -26,7 +26,7 @@ from .pysource import parse_source
 from .resolve import find_module
 from .rootfs import DirFS, RootFS, join, norm
 from .syspath import compute_python_setup
-from .sources import SkopeoOptions, open_image, parse_image_ref
+from .sources import SkopeoOptions, host_platform, open_image, parse_image_ref
 from .verdict import DIST_OF_MODULE, check_known_issues, classify_module
 from .versions import normalize_name
 
@@ -46,7 +46,7 @@ class VerifyOptions:
     entrypoint: str | None = None  # the whole command line, replacing Entrypoint + Cmd
     workdir: str | None = None
     env: tuple[tuple[str, str], ...] = ()  # added to / overriding the image's Env
-    platform: Platform = field(default_factory=Platform)
+    platform: Platform | None = None  # the platform to read from an image index; None: this machine's
     execute: bool = False
     driver: str | None = None
     skopeo: SkopeoOptions = field(default_factory=SkopeoOptions)
@@ -253,7 +253,8 @@ def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, lo
         if entry.interpreter is None or fs.resolve(entry.interpreter) != real:
             entry = replace(entry, interpreter=interpreter, interpreter_real=real)
         entry = replace(entry, exec_error=None)
-    triplet = _TRIPLETS.get(options.platform.architecture, "x86_64-linux-gnu")
+    arch = _architecture(info, options)
+    triplet = _TRIPLETS.get(arch, "x86_64-linux-gnu")
     setup = compute_python_setup(fs, entry, run_env, wd, arch_triplet=triplet)
     setup = replace(setup, notes=tuple(cmd_notes) + setup.notes)
     findings = image_findings(info, setup, user_problem=user_problem, entrypoint_given=options.entrypoint is not None,
@@ -272,7 +273,6 @@ def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, lo
                          f"{tree.rsplit('/', 2 if tree.endswith('/__init__.py') else 1)[0]} were the working "
                          "directory (-m, -c) or held the entrypoint script")
     versions, effective = _running_versions(dists, checks, notes)
-    arch = options.platform.architecture
     marker_env = {"python_version": entry.version or "", "python_full_version": (entry.version or "") + ".0",
                   "platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
                   "platform_machine": _MACHINES.get(arch, arch), "implementation_name": "cpython",
@@ -285,6 +285,13 @@ def _analyze_once(fs, config, info, options, argv, workdir, env, interpreter, lo
                           driver=options.driver, warnings=tuple(info.warnings), findings=tuple(findings),
                           notes=tuple(notes))
     return report, run_env, (uid, gid)
+
+
+def _architecture(info: ImageInfo, options: VerifyOptions) -> str:
+    """The image's architecture (its config says it), else the one asked for, else this machine's."""
+    if info.platform and info.platform.count("/") >= 1:
+        return info.platform.split("/")[1]
+    return (options.platform or host_platform()).architecture
 
 
 def verify_image(ref: str, options: VerifyOptions | None = None) -> ImportReport:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..imports.model import ExecuteResult, ImportReport, PathOrigin
+from ..imports.model import ExecuteResult, ImportReport, PathOrigin, PlatformChoice, PlatformSource
 
 __all__ = ["format_report"]
 
@@ -35,6 +35,8 @@ def _image_lines(report: ImportReport) -> Iterator[str]:
     if img.layers:
         extra.append(f"{img.layers} layers")
     yield f"  image:       {kind}" + (f" ({', '.join(extra)})" if extra else "")
+    if img.platform_choice is not None:
+        yield _platform_line(img.platform_choice)
     if img.config_source:
         yield f"  config:      {img.config_source}"
     if img.root:
@@ -43,6 +45,16 @@ def _image_lines(report: ImportReport) -> Iterator[str]:
         yield f"  {'UNCERTAIN' if not f.fails else 'FINDING'}: {f.summary}"
         if f.fix:
             yield f"      fix: {f.fix}"
+
+
+def _platform_line(c: PlatformChoice) -> str:
+    """Which image of the index was read, and who chose it: the node's platform or --platform."""
+    why = "this machine's platform" if c.source is PlatformSource.HOST else "--platform"
+    if c.chosen != c.requested:
+        why += f" {c.requested}"
+    others = [p for p in c.available if p != c.chosen]
+    listed = f"; the index also lists {', '.join(others[:16])}" + (" ..." if len(others) > 16 else "") if others else ""
+    return f"  platform:    {c.chosen} from the image index ({why}){listed}"
 
 
 def _python_lines(report: ImportReport, *, verbose: int) -> Iterator[str]:
