@@ -292,13 +292,24 @@ class _Unwinder:
             callback = L.THREAD_CALLBACK(on_thread)
             lib.dwfl_getthreads(dwfl, callback, None)
             threads = []
+            # threads stopped at the same pcs (a pool's workers waiting) have the same frames: named and made
+            # records once (frozen records, shared), each distinct pc named once
+            stacks: dict[tuple, tuple[tuple[NativeFrame, ...], tuple[tuple[int, str, int], ...]]] = {}
+            named: dict[tuple[int, bool], list[dict]] = {}
             for num, (tid, pcs, error, withheld) in enumerate(raw, 1):
-                frames: list[dict] = []
-                for pc, activation in pcs:
-                    frames.extend(self._symbolize(dwfl, pc, activation))
+                key = tuple(pcs)
+                built = stacks.get(key)
+                if built is None:
+                    frames: list[dict] = []
+                    for pc_activation in pcs:
+                        described = named.get(pc_activation)
+                        if described is None:
+                            described = named[pc_activation] = self._symbolize(dwfl, *pc_activation)
+                        frames.extend(described)
+                    built = stacks[key] = (_records(frames), _statement_rows(frames))
                 # withheld: no file to unwind further with, gdb has none either
-                threads.append(NativeStack(num=num, tid=tid, frames=_records(frames), error=error, method="libdw",
-                                           stopped_in_withheld=withheld, statement_rows=_statement_rows(frames)))
+                threads.append(NativeStack(num=num, tid=tid, frames=built[0], error=error, method="libdw",
+                                           stopped_in_withheld=withheld, statement_rows=built[1]))
             return tuple(threads)
         finally:
             if dwfl:

@@ -9,6 +9,7 @@ the cost is linear in the frames, whatever the elfutils.
 """
 from __future__ import annotations
 
+import struct
 from ctypes import byref
 
 from ..core import elf
@@ -17,6 +18,8 @@ from ..model import CoreFile
 from . import libdw as L
 
 __all__ = ["CoreState", "DWARF_REGISTERS"]
+
+_U64 = struct.Struct("<Q").unpack_from
 
 #: x86-64's DWARF register numbers 0-16, by their names in NT_PRSTATUS
 DWARF_REGISTERS = ("rax", "rdx", "rcx", "rbx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12", "r13",
@@ -38,6 +41,7 @@ class CoreState:
                 except ValueError:  # the core reader has said so; the thread is left out here too
                     continue
         self.pid = core.pid
+        self._window: tuple[int, bytes | memoryview] = (0, b"")  # the last view of the core read: (address, bytes)
         # each ctypes callback is kept here as long as libdwfl may call it
         self.callbacks = L.DwflThreadCallbacks(
             next_thread=L.NEXT_THREAD(self._next_thread), get_thread=None,
@@ -60,8 +64,20 @@ class CoreState:
         return self.threads[i][0]
 
     def _memory_read(self, dwfl, addr, result, dwfl_arg) -> bool:
+        # libdwfl reads a few words near the last ones (a stack, its caller's frames): from the window of the
+        # core that held the last word, else through the reader (a word across windows, zeros past the file)
+        start, window = self._window
+        at = addr - start
+        if 0 <= at <= len(window) - 8:
+            result[0] = _U64(window, at)[0]
+            return True
         try:
-            result[0] = int.from_bytes(self.mem.read(addr, 8), "little")
+            found = self.mem.view(addr)
+            if found is not None and addr + 8 <= found[0] + len(found[1]):
+                self._window = found
+                result[0] = _U64(found[1], addr - found[0])[0]
+            else:
+                result[0] = int.from_bytes(self.mem.read(addr, 8), "little")
         except (MemoryNotInCore, OverflowError, ValueError):
             return False
         return True
