@@ -180,15 +180,18 @@ class SignalFrame:
     interrupted.
     """
 
-    address: int  # where the frame lies (its return-address slot), on the thread's stack or its signal stack
-    trampoline: int  # the sigreturn trampoline the handler returns to (__restore_rt)
+    address: int  # where the frame lies (x86-64: its return-address slot; AArch64: its siginfo), on the thread's
+    # stack or its signal stack
+    trampoline: int  # the sigreturn trampoline the handler returns to (__restore_rt; __kernel_rt_sigreturn; 0: unknown)
     signal: SigInfo  # the signal delivered: the siginfo the kernel pushed, or what the registers tell
     signal_source: str  # "siginfo" (an SA_SIGINFO handler's), "registers" (inferred), "unknown" (signo 0)
-    pc: int  # the interrupted instruction pointer (uc_mcontext.rip)
-    sp: int  # the interrupted stack pointer (uc_mcontext.rsp)
+    pc: int  # the interrupted instruction pointer (uc_mcontext.rip / .pc)
+    sp: int  # the interrupted stack pointer (uc_mcontext.rsp / .sp)
     alternate_stack: bool  # the handler ran on an alternate signal stack (sigaltstack, SA_ONSTACK)
     native_index: int | None = None  # the trampoline's frame in the thread's native frames; None: not unwound
     py_index: int | None = None  # how many of the thread's Python frames (innermost first) ran in the handler
+    fault_address: int | None = None  # AArch64: uc_mcontext.fault_address (the FAR; None when 0)
+    esr: int | None = None  # AArch64: the esr_context record's syndrome (a fault the CPU raised; qemu-user writes none)
 
 
 class HandlerKind(enum.Enum):

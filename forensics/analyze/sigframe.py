@@ -21,11 +21,17 @@ and the evaluation-loop frames above it split the Python stack (:func:`split_pyt
 :func:`name_handler` names what ran on top: a native symbol, the Python callable of a
 ctypes/cffi callback, or faulthandler.
 
+AArch64 cores (EM_AARCH64) are read by :mod:`forensics.analyze.sigframe_aarch64`: the arm64 kernel's
+frame (its siginfo, then the ucontext with fault_address, x0-x30, sp, pc, pstate and the esr record),
+found by its shape, the trampoline the vDSO's ``__kernel_rt_sigreturn``; the functions here choose by
+the core's machine.
+
 Pure over records plus bounded reads of the core (and of the C library's text); no gdb.
 """
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import struct
 from collections.abc import Callable
@@ -33,6 +39,7 @@ from dataclasses import replace
 
 from ..core import elf
 from ..core.memory import CoreMemory, MemoryNotInCore
+from . import sigframe_aarch64 as a64
 from ..model import (
     CoreFile,
     CoreThread,
@@ -61,6 +68,7 @@ __all__ = [
     "attach_signal_frames",
     "split_python_frames",
     "name_handler",
+    "core_machine",
 ]
 
 #: ``mov $0xf,%rax; syscall``: rt_sigreturn, the body of glibc's (and musl's) ``__restore_rt``
@@ -84,6 +92,28 @@ _MAX_UC_FLAGS = 0x100  # UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS 
 _text_cache: dict[tuple, tuple[int, ...]] = {}
 
 
+def core_machine(core: CoreFile) -> int:
+    """The core file's ``e_machine`` (62 x86-64, 183 AArch64), read from its ELF header; x86-64 when the
+    file cannot be read (a core record built by hand, a core removed meanwhile)."""
+    return _machine_of(core.path, core.size, core.mtime)
+
+
+@functools.lru_cache(maxsize=64)
+def _machine_of(path: str, size: int, mtime: float | None) -> int:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return elf.EM_X86_64
+    if len(head) < 20 or head[:4] != elf.ELF_MAGIC:
+        return elf.EM_X86_64
+    return int.from_bytes(head[18:20], "little")
+
+
+def _is_aarch64(core: CoreFile) -> bool:
+    return core_machine(core) == a64.EM_AARCH64
+
+
 def find_trampolines(core: CoreFile, mem: CoreMemory, threads: tuple[Thread, ...] = (), *,
                      text: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """The addresses of the sigreturn trampolines in the process.
@@ -94,6 +124,9 @@ def find_trampolines(core: CoreFile, mem: CoreMemory, threads: tuple[Thread, ...
 
     :param text: :func:`text_trampolines` of this core, when searched already (None: searched here)
     """
+    if _is_aarch64(core):
+        names = {f.pc: f.symbol for t in threads for f in t.native_frames if f.symbol}
+        return tuple(sorted({*a64.find_trampolines(core, mem, names), *(text or ())}))
     found: set[int] = set()
     for t in threads:
         for f in t.native_frames:
@@ -155,6 +188,8 @@ def text_trampolines(core: CoreFile, mem: CoreMemory) -> tuple[int, ...]:
     unwinding both ask) and passes the result on."""
     from ..core.libc import is_libc
 
+    if _is_aarch64(core):
+        return a64.find_trampolines(core, mem)
     text = TextReader(core, mem)
     wanted = [lib for lib in core.libraries if is_libc(lib.path)] or [
         lib for lib in core.libraries if lib.path == core.executable]
@@ -481,12 +516,17 @@ def read_signal_frames(core: CoreFile, mem: CoreMemory, thread: Thread,
     When the thread's native stack was unwound (more than its program counter), a frame is kept
     only where the unwinder passed through it, with the index of its trampoline frame.
     """
-    if not trampolines:
+    aarch64 = _is_aarch64(core)
+    if not trampolines and not aarch64:  # an AArch64 frame is known by its shape, its trampoline or not
         return (), None
     regs = next((t for t in core.threads if t.tid == thread.tid), None)
     if regs is None or not regs.sp:
         return (), None
-    found = _scan(core, mem, regs, trampolines, MAX_NESTED + 1)  # one more: to know there were more
+    if aarch64:
+        found = a64.scan_signal_frames(core, mem, regs, trampolines, MAX_NESTED + 1, _stack_top,
+                                       TextReader(core, mem), SCAN_STEP)
+    else:
+        found = _scan(core, mem, regs, trampolines, MAX_NESTED + 1)  # one more: to know there were more
     if len(thread.native_frames) > 1:
         matched = _match_frames(found, thread.native_frames)
         if thread.native_error and len(matched) < len(found):
@@ -546,7 +586,7 @@ def attach_signal_frames(core: CoreFile, threads: tuple[Thread, ...], *, mem: Co
         with opened:
             return attach_signal_frames(core, threads, mem=opened, text=text)
     trampolines = find_trampolines(core, mem, threads, text=text)
-    if not trampolines:
+    if not trampolines and not _is_aarch64(core):
         return threads
     out = []
     for t in threads:

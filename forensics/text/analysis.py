@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from ..analyze.sigframe_aarch64 import describe_esr
 from ..analyze.signature import describe_later_fault, describe_pyframe, describe_thread, exit_explanation, signature
 from ..analyze.stacks import merge_frames
 from ..model import Analysis, BatchResult, NativeFrame, PyFrame, PythonMethod, SignalFrame, StoreEntry, Thread
@@ -22,6 +23,10 @@ def _signal_line(sf) -> str:
     how = {"siginfo": f"si_code {sf.signal.code}", "registers": "read from the interrupted registers",
            "unknown": "signal unknown"}.get(sf.signal_source, sf.signal_source)
     stack = ", on the alternate signal stack" if sf.alternate_stack else ""
+    if sf.esr is not None:  # AArch64: the fault's syndrome the kernel put in the frame
+        how += f", ESR 0x{sf.esr:x}: {describe_esr(sf.esr)}"
+    if sf.fault_address is not None and sf.signal.addr != sf.fault_address:
+        how += f", fault address 0x{sf.fault_address:x}"
     return f"--- {sf.signal.name} ({how}) delivered here{stack}: above ran its handler, below was interrupted ---"
 
 

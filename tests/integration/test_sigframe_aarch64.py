@@ -1,0 +1,154 @@
+"""AArch64 signal frames in real guest cores (issue #31 item 3): a handler running when the process died.
+
+tests/crashers/nested_handler.c, cross-compiled for arm64, dies under qemu-user in the bookworm arm64 root
+(tests/arm64.py) with a handler on its stack: a SIGABRT handler that faults (glibc's heap check, then a
+read at 0x10), a SIGSEGV handler that aborts, a SIGABRT handler installed by signal() (no siginfo).
+The core's records are read here with pyelftools, an oracle independent of forensics.core; the frames
+are forensics.analyze.sigframe's, checked against the executable's symbols and the core's registers.
+"""
+from __future__ import annotations
+
+import io
+import resource
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from forensics.analyze.sigframe import core_machine, find_trampolines, read_signal_frames
+from forensics.analyze.sigframe_aarch64 import FRAME_SIZE, SIGRETURN_TRAMPOLINE
+from forensics.core.memory import CoreMemory, Segment
+from forensics.model import CoreFile, CoreThread, Mapping, Thread
+from tests.arm64 import CROSS_CC, guest_problem, guest_root
+from tests.roots import RootUnavailable
+
+SOURCE = Path(__file__).resolve().parent.parent / "crashers" / "nested_handler.c"
+MODES = ("abort-then-segv", "segv-then-abort", "plain-abort")
+
+
+@pytest.fixture(scope="module")
+def guest(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    problem = guest_problem()
+    if problem:
+        pytest.skip(problem)
+    try:
+        root = guest_root("bookworm")
+    except RootUnavailable as e:
+        pytest.skip(f"no arm64 root: {e}")
+    d = tmp_path_factory.mktemp("sigframe-arm64")
+    exe = d / "nested_handler"
+    subprocess.run([CROSS_CC, "-O1", "-g", "-Wall", "-o", str(exe), str(SOURCE)], check=True, timeout=120)
+    cores = {}
+    for mode in MODES:
+        run = d / mode
+        run.mkdir()
+        proc = subprocess.run([shutil.which("qemu-aarch64-static") or "qemu-aarch64-static", "-L", str(root),
+                               str(exe), mode], cwd=run, capture_output=True, timeout=120,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (-1, -1)))
+        assert proc.returncode < 0, (mode, proc.returncode, proc.stderr)
+        (cores[mode],) = run.glob("qemu_nested_handler_*.core")
+        for host_core in run.glob("core*"):  # the host's core of qemu itself
+            host_core.unlink()
+    return exe, cores
+
+
+def read_guest_core(path: Path) -> tuple[CoreFile, CoreMemory, list[tuple[int, ...]], dict[int, int]]:
+    """The core's records, read with pyelftools: PT_LOADs as mappings, NT_PRSTATUS as threads (with all 34
+    registers), NT_AUXV."""
+    data = path.read_bytes()
+    e = ELFFile(io.BytesIO(data))
+    segs, maps, threads, regs, auxv = [], [], [], [], {}
+    for s in e.iter_segments():
+        if s["p_type"] == "PT_LOAD":
+            fl = s["p_flags"]
+            segs.append(Segment(vaddr=s["p_vaddr"], memsz=s["p_memsz"], offset=s["p_offset"], present=s["p_filesz"],
+                                zero_fill=False, flags=fl))
+            perms = ("r" if fl & 4 else "-") + ("w" if fl & 2 else "-") + ("x" if fl & 1 else "-") + "p"
+            maps.append(Mapping(start=s["p_vaddr"], end=s["p_vaddr"] + s["p_memsz"], offset=0, perms=perms,
+                                path=None, in_core=s["p_filesz"]))
+        elif s["p_type"] == "PT_NOTE":
+            for n in s.iter_notes():
+                if n["n_type"] == "NT_PRSTATUS":
+                    raw = n["n_descdata"]
+                    r = struct.unpack_from("<34Q", raw, 112)
+                    threads.append(CoreThread(tid=struct.unpack_from("<i", raw, 32)[0],
+                                              signal=struct.unpack_from("<H", raw, 12)[0], pc=r[32], sp=r[31]))
+                    regs.append(r)
+                elif n["n_type"] == "NT_AUXV":
+                    raw = n["n_descdata"]
+                    auxv = dict(struct.unpack_from("<QQ", raw, i) for i in range(0, len(raw) - 15, 16))
+    core = CoreFile(path=str(path), size=len(data), pid=threads[0].tid, command="", args="", executable=None,
+                    build_id=None, signal=None, threads=tuple(threads), mappings=tuple(maps), libraries=(), nvml=None,
+                    abort_message=None, truncated=False, expected_size=len(data))
+    return core, CoreMemory(data, segs, path=str(path)), regs, auxv
+
+
+def symbol_range(exe: Path, core_auxv: dict, name: str) -> tuple[int, int]:
+    """Where the executable's function ``name`` lies in the process (its load bias from AT_PHDR)."""
+    with open(exe, "rb") as f:
+        e = ELFFile(f)
+        bias = core_auxv[3] - e["e_phoff"]  # AT_PHDR
+        sym = e.get_section_by_name(".symtab").get_symbol_by_name(name)[0]
+        return bias + sym["st_value"], bias + sym["st_value"] + sym["st_size"]
+
+
+def frames_of(core: CoreFile, mem: CoreMemory, sp: int | None = None):
+    t = core.threads[0]
+    if sp is not None:
+        core = CoreFile(**{**{f: getattr(core, f) for f in core.__dataclass_fields__},
+                           "threads": (CoreThread(tid=t.tid, signal=t.signal, pc=t.pc, sp=sp),)})
+    thread = Thread(tid=t.tid, name=None, is_crashed=True, holds_gil=False, native_frames=(), py_frames=())
+    return read_signal_frames(core, mem, thread, find_trampolines(core, mem))
+
+
+def test_a_faulting_sigabrt_handler_leaves_the_abort_frame_under_it(guest):
+    exe, cores = guest
+    # GIVEN the core of a process whose SIGABRT handler read through 0x10 while glibc aborted
+    core, mem, regs, auxv = read_guest_core(cores["abort-then-segv"])
+    assert core_machine(core) == 183
+    crashed = core.threads[0]
+    lo, hi = symbol_range(exe, auxv, "on_abort")
+    assert crashed.signal == 11 and lo <= crashed.pc < hi
+    # WHEN its signal frames are read
+    (frame,), cut = frames_of(core, mem)
+    # THEN one frame: glibc's abort (tgkill from the process itself), siginfo written (SA_SIGINFO)
+    assert cut is None
+    assert (frame.signal.name, frame.signal.code, frame.signal.sender_pid) == ("SIGABRT", -6, core.pid)
+    assert frame.signal_source == "siginfo" and frame.fault_address is None and frame.esr is None
+    # on a 16-byte boundary at or above the handler's stack pointer; the interrupted sp above the whole frame
+    assert frame.address % 16 == 0 and crashed.sp <= frame.address and frame.address + FRAME_SIZE <= frame.sp
+    # the kernel's frame record after the frame holds the interrupted x29, x30 -- which the handler's x29 names
+    assert regs[0][29] == frame.address + FRAME_SIZE
+    # the interrupted pc is outside the executable (in libc), the trampoline is qemu's sigtramp page's
+    exe_lo, _ = symbol_range(exe, auxv, "main")
+    assert not core.find_mapping(frame.pc).contains(exe_lo)
+    assert regs[0][30] == frame.trampoline and mem.read(frame.trampoline, 8) == SIGRETURN_TRAMPOLINE
+    # and no frame lies above the interrupted stack pointer: a search from there finds none
+    assert frames_of(core, mem, sp=frame.sp) == ((), None)
+
+
+def test_an_aborting_sigsegv_handler_leaves_the_fault_and_its_address(guest):
+    exe, cores = guest
+    core, mem, _, auxv = read_guest_core(cores["segv-then-abort"])
+    assert core.threads[0].signal == 6
+    (frame,), _ = frames_of(core, mem)
+    # THEN the first fault: SIGSEGV at 0x28 (SEGV_MAPERR), the same in the siginfo and uc_mcontext.fault_address
+    assert (frame.signal.name, frame.signal.code, frame.signal.addr) == ("SIGSEGV", 1, 0x28)
+    assert frame.fault_address == 0x28
+    # the faulting store in main
+    lo, hi = symbol_range(exe, auxv, "main")
+    assert lo <= frame.pc < hi
+    # qemu-user writes no esr_context record (the arm64 kernel does, for a fault): none is made up
+    assert frame.esr is None
+
+
+def test_a_handler_without_siginfo_is_read_from_the_registers(guest):
+    _, cores = guest
+    core, mem, _, _ = read_guest_core(cores["plain-abort"])
+    (frame,), _ = frames_of(core, mem)
+    # THEN SIGABRT, from the interrupted tgkill's arguments (x8 = 131, x1 = the thread, x2 = 6)
+    assert frame.signal.name == "SIGABRT" and frame.signal.sender_pid == core.pid
+    assert frame.signal_source in ("registers", "siginfo")
