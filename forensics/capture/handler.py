@@ -493,7 +493,7 @@ def _read_process(crash: _Crash) -> None:
     once): the snapshot (identity, limits, mapped objects with build-ids; a Python process's imports are left for
     after the core) and the image's os-release.  Nothing is written yet: the decision comes first."""
     from .snapshot import RawProcFiles, open_mapped_objects, read_snapshot
-    from .procfs import parse_maps, read_proc_text
+    from ..procfs import parse_maps, read_proc_text
 
     req, warnings = crash.req, crash.result.warnings
     pid = req.pid

@@ -109,7 +109,7 @@ def parse_cgroup(text: str) -> ContainerIdentity:
 
 def find_container_identity(pid: int) -> ContainerIdentity:
     """:func:`parse_cgroup` of ``/proc/PID/cgroup``."""
-    from .procfs import read_proc_text
+    from ..procfs import read_proc_text
 
     return parse_cgroup(read_proc_text(pid, "cgroup"))
 

@@ -98,7 +98,7 @@ class ArmResult:
 
 
 def _limits_core(pid: int) -> tuple[str, str]:
-    from .procfs import parse_limits, read_proc_text
+    from ..procfs import parse_limits, read_proc_text
 
     return parse_limits(read_proc_text(pid, "limits")).get("Max core file size", ("?", "?"))
 

@@ -119,7 +119,8 @@ def explain_destination(pattern: str, snapshot, *, core_uses_pid: int | None = N
     :param pattern: kernel.core_pattern
     :param snapshot: a :class:`~forensics.capture.snapshot.Snapshot` of the process
     """
-    from .procfs import find_mount, host_path_of_mount, parse_mountinfo
+    from ..procfs import parse_mountinfo
+    from .procfs import find_mount, host_path_of_mount
 
     reasons: list[str] = []
     soft = snapshot.limits.get("Max core file size", ("0", "0"))[0]
@@ -458,7 +459,7 @@ def install_handler(core_dir: str, *, program: str | None = None, config: dict |
     state["pattern"] = pattern
     if config:
         state.setdefault("config", {}).update(config)
-    from .store import write_atomic
+    from ..bundle.write import write_atomic
 
     try:
         write_atomic(state_path, json.dumps(state, indent=2, sort_keys=True).encode())
@@ -487,7 +488,7 @@ def uninstall_handler(core_dir: str, *, proc: str = "/proc") -> dict:
         f.write(previous)
     state.pop("pattern", None)
     state.pop("previous_pattern", None)
-    from .store import write_atomic
+    from ..bundle.write import write_atomic
 
     write_atomic(state_path, json.dumps(state, indent=2, sort_keys=True).encode())
     return {"restored": previous, "replaced": current}

@@ -1,6 +1,6 @@
 """Read ``/proc/PID`` of a live (or dying) process, and resolve paths inside its root safely.
 
-The files of ``/proc/PID`` are read and parsed by :mod:`forensics.procfs` (their names are re-exported here);
+The files of ``/proc/PID`` are read and parsed by :mod:`forensics.procfs` (import their names from there);
 this module adds the mounts' lookups and the root's resolver.
 Paths inside a container are opened by :func:`open_in_root`, through the one resolver
 (:mod:`forensics.rootpath`): one component at a time from a descriptor of ``/proc/PID/root``,
@@ -14,37 +14,9 @@ import os
 
 from .. import rootpath
 from ..errors import UnsafeContainerPath
-from ..procfs import (
-    PROC_DEFAULT_LIMIT,
-    PROC_LIMITS,
-    MapEntry,
-    MountEntry,
-    parse_environ,
-    parse_limits,
-    parse_maps,
-    parse_mountinfo,
-    parse_status,
-    proc_dir,
-    read_proc_text,
-)
+from ..procfs import MountEntry
 
-__all__ = [
-    "MapEntry",
-    "MountEntry",
-    "parse_maps",
-    "parse_limits",
-    "parse_mountinfo",
-    "parse_status",
-    "parse_environ",
-    "read_proc_text",
-    "PROC_LIMITS",
-    "PROC_DEFAULT_LIMIT",
-    "open_in_root",
-    "find_mount",
-    "MountIndex",
-    "host_path_of_mount",
-    "proc_dir",
-]
+__all__ = ["open_in_root", "find_mount", "MountIndex", "host_path_of_mount"]
 
 
 def find_mount(mounts: tuple[MountEntry, ...], path: str) -> MountEntry | None:

@@ -148,7 +148,7 @@ def _lowest_priority(memory: int):
 
 
 def _write_atomic_json(path: str, doc: dict) -> None:
-    from .store import write_atomic
+    from ..bundle.write import write_atomic
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_atomic(path, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode(), mode=0o640)
@@ -157,7 +157,7 @@ def _write_atomic_json(path: str, doc: dict) -> None:
 def _write_analysis(path: str, doc: dict) -> None:
     """Write the analysis within what the index reads back (:data:`~.nodeindex.MAX_READ`): a larger one was read
     as none, so the crash stayed pending, was analyzed again, and ended "interrupted" with no fingerprint."""
-    from .store import write_atomic
+    from ..bundle.write import write_atomic
 
     data, cut = fit_document(doc, MAX_READ)
     if cut:

@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 
 from ..core.buildid import read_build_id_from_fd, read_build_id_from_file
 from ..errors import ProcessGone, UnsafeContainerPath
-from ..procfs import decode, for_people, parse_cmdline
-from .identity import ContainerIdentity, parse_cgroup, read_image_name
-from .procfs import (
+from ..procfs import (
     MapEntry,
     MountEntry,
-    MountIndex,
-    open_in_root,
+    decode,
+    for_people,
+    parse_cmdline,
     parse_environ,
     parse_limits,
     parse_maps,
@@ -37,6 +36,8 @@ from .procfs import (
     parse_status,
     read_proc_text,
 )
+from .identity import ContainerIdentity, parse_cgroup, read_image_name
+from .procfs import MountIndex, open_in_root
 
 __all__ = [
     "MappedObject",

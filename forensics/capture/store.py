@@ -14,10 +14,10 @@ import hashlib
 import os
 
 from ..bundle.layout import OBJECTS
-from ..bundle.write import fsync_dir, replacing, write_atomic
+from ..bundle.write import replacing
 from ..core.buildid import read_build_id_from_fd
 
-__all__ = ["ObjectStore", "key_of_fd", "write_atomic", "fsync_dir", "disk_usage", "data_extents", "data_bytes"]
+__all__ = ["ObjectStore", "key_of_fd", "disk_usage", "data_extents", "data_bytes"]
 
 
 def key_of_fd(fd: int) -> str:

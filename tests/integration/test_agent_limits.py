@@ -243,7 +243,7 @@ def _rchar(pid: int) -> int:
 
 
 def test_the_idle_agent_reads_each_bundle_once_and_again_only_when_it_changes(kernel_cores, container, tmp_path):
-    from forensics.capture.store import write_atomic
+    from forensics.bundle.write import write_atomic
 
     core_dir = tmp_path / "cores"
     # GIVEN a node with 301 analysed crashes (one real, analysed by the agent, and 300 copies of it)

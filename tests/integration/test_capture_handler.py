@@ -807,7 +807,7 @@ def test_a_crash_rlimit_core_drops_does_not_wait_for_the_directory_lock(small_co
 def test_a_process_mapping_thousands_of_files_gets_a_bounded_snapshot(tmp_path):
     """Each mapped file costs the dying process a descriptor, a build-id and a mount lookup while it waits: a
     process that maps more files than any real one (4,200 here; PyTorch maps ~1,000) gets the first 4,096."""
-    from forensics.capture.procfs import parse_maps, read_proc_text
+    from forensics.procfs import parse_maps, read_proc_text
     from forensics.capture.snapshot import MAX_MAPPED_FILES, open_mapped_objects
 
     libs = tmp_path / "libs"
