@@ -10,6 +10,7 @@ command's start-up otherwise), so that every other module can import it.
 from __future__ import annotations
 
 import enum
+from bisect import bisect_right
 from dataclasses import field
 
 from forensics.modes import NativeMethod, StackMethod
@@ -290,6 +291,25 @@ class NvmlLibrary:
     version_source: str | None  # "file-name" or "version-string"
 
 
+#: the last mappings :meth:`CoreFile.find_mapping` indexed and their starts (an analysis asks of one core's, a frame
+#: at a time; a batch's next core replaces them)
+_MAPPING_INDEX: list[tuple] = [((), [])]
+
+
+def _mapping_starts(mappings: tuple[Mapping, ...]) -> list[int] | None:
+    """The starts of ``mappings`` when they are sorted by address and apart (a core's are), for a search by
+    bisection that finds what the scan in order finds; None otherwise."""
+    indexed, starts = _MAPPING_INDEX[0]  # one tuple read at once: a thread may replace it meanwhile
+    if indexed is mappings:
+        return starts
+    starts = [m.start for m in mappings]
+    if any(m.end < m.start for m in mappings) or any(mappings[i].end > mappings[i + 1].start
+                                                      for i in range(len(mappings) - 1)):
+        starts = None
+    _MAPPING_INDEX[0] = (mappings, starts)
+    return starts
+
+
 @record
 class CoreFile:
     """What the core file itself says, read without gdb."""
@@ -319,10 +339,13 @@ class CoreFile:
         return self.threads[0].tid if self.threads else None
 
     def find_mapping(self, addr: int) -> Mapping | None:
-        for m in self.mappings:
-            if m.contains(addr):
-                return m
-        return None
+        """The first mapping holding ``addr`` (None: none does)."""
+        mappings = self.mappings
+        starts = _mapping_starts(mappings)
+        if starts is None:  # not sorted apart: the first that holds it, in order
+            return next((m for m in mappings if m.contains(addr)), None)
+        i = bisect_right(starts, addr) - 1
+        return mappings[i] if i >= 0 and addr < mappings[i].end else None
 
 
 @record

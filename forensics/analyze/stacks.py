@@ -57,17 +57,21 @@ def build_threads(core: CoreFile, native: tuple[NativeStack, ...], python: Pytho
     crashed = None if is_snapshot(core) else core.crashed_tid
     threads = []
     seen = set()
+    named: dict[int, tuple[NativeFrame, ...]] = {}  # id(an unwinder's frames) -> them named: threads share stacks
     for stack in native:
         tid = stack.tid
         seen.add(tid)
         py = py_by_tid.get(tid)
+        frames = named.get(id(stack.frames))
+        if frames is None:
+            frames = named[id(stack.frames)] = with_core_libraries(core, stack.frames)
         threads.append(
             Thread(
                 tid=tid,
                 name=py.name if py else None,
                 is_crashed=tid == crashed,
                 holds_gil=bool(py and py.holds_gil) or (gil_tid is not None and gil_tid == tid),
-                native_frames=with_core_libraries(core, stack.frames),
+                native_frames=frames,
                 py_frames=py.frames if py else (),
                 native_error=stack.error,
                 native_method=stack.method,

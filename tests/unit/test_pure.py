@@ -151,3 +151,22 @@ def test_parse_marker_json_and_soname_aliases():
     assert parse_marker_json("nothing", NATIVE_MARKER) is None
     assert _soname_aliases("libffi.so.8.1.2") == ["libffi.so.8.1", "libffi.so.8"]
     assert _soname_aliases("libc.so.6") == []
+
+
+@pytest.mark.parametrize("order", ["sorted", "unsorted", "overlapping", "empty-one"])
+def test_find_mapping_finds_what_a_scan_in_order_finds(order):
+    # GIVEN mappings as a core has them (sorted, apart, with gaps), or not: unsorted, overlapping, an empty one
+    m = [Mapping(start=0x1000 * i, end=0x1000 * i + 0x800, offset=0, perms="r--p", path=f"/m{i}") for i in range(1, 9)]
+    if order == "unsorted":
+        m = m[4:] + m[:4]
+    elif order == "overlapping":
+        m.insert(3, Mapping(start=0x2400, end=0x5400, offset=0, perms="r--p", path="/wide"))
+    elif order == "empty-one":
+        m.insert(2, Mapping(start=0x3000, end=0x3000, offset=0, perms="r--p", path="/empty"))
+    core = make_core(mappings=m)
+    other = make_core(mappings=m[::-1])  # another core in between: its own index
+    # WHEN every address around every mapping is looked up, in both cores alternately
+    for addr in sorted({a for x in m for a in (x.start - 1, x.start, x.end - 1, x.end, x.start + 0x900)}):
+        for c in (core, other):
+            # THEN each finds the first mapping in its order that holds the address, or none
+            assert c.find_mapping(addr) is next((x for x in c.mappings if x.start <= addr < x.end), None), hex(addr)
