@@ -160,7 +160,8 @@ def generate(libcs: list[str]) -> dict:
         layouts[key] = {"source": source, "structs": _comparable_json(structs)}
     return {
         "generator": "python -m forensics.heap.gen_layouts",
-        "note": "x86-64 glibc heap structs; 'source' says whether an entry was read from DWARF or modelled",
+        "note": "x86-64 (and AArch64: the same LP64 layout) glibc heap structs; 'source' says whether an entry was "
+                "read from DWARF or modelled",
         "layouts": layouts,
     }
 

@@ -1,7 +1,11 @@
 """Where glibc 2.31-2.43 keeps its heap bookkeeping: struct offsets and behaviour, per version.
 
 :class:`MallocLayout` is everything the reader needs to know about one glibc
-build (x86-64): the offsets in ``struct malloc_state`` (an arena),
+build (x86-64 and AArch64: both LP64 with the same natural alignment, so one table serves
+both; the arm64 entries are checked against Debian's arm64 ``libc6-dbg`` 2.36 and 2.43 by
+tests/integration/test_heap_layouts_arm64.py, and MALLOC_ALIGNMENT 16 -- ``2 * SIZE_SZ``, and
+``long double``'s alignment on both -- against the arm64 libc's own chunks): the offsets
+in ``struct malloc_state`` (an arena),
 ``struct malloc_par`` (``mp_``), ``heap_info`` (a thread arena's heap) and
 ``tcache_perthread_struct``, plus the behaviour that changed between releases:
 safe-linking of single lists (2.32), a random tcache key (2.34), tcache
@@ -62,7 +66,7 @@ class LayoutError(ValueError):
 
 @record
 class MallocLayout:
-    """The heap bookkeeping of one glibc build (x86-64, 16-byte alignment)."""
+    """The heap bookkeeping of one glibc build (x86-64 or AArch64, 16-byte alignment)."""
 
     version: tuple[int, int]
     source: str  # "dwarf <file>" or "table (<how the table entry was made>)"
