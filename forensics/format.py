@@ -7,23 +7,29 @@ from __future__ import annotations
 
 from .analyze.signature import exit_explanation, signature
 from .analyze.stacks import merge_frames
-from .model import Analysis, BatchResult
+from .model import Analysis, BatchResult, NativeFrame
 from .output import to_jsonable
 
 __all__ = ["analysis_payload", "load_analysis", "load_batch"]
 
 
 def analysis_payload(analysis: Analysis, *, merged: bool = False) -> dict:
-    """The ``analysis`` object of ``forensics analyze --json``."""
-    data = to_jsonable(analysis)
+    """The ``analysis`` object of ``forensics analyze --json``.  Threads stopped at the same pcs share their
+    native frames' records, and their JSON values share them too (:func:`~forensics.output.to_jsonable`'s
+    ``shared``): the result is for reading (a document, a redaction), not for changing in place."""
+    data = to_jsonable(analysis, shared=(NativeFrame,))
     data["signature"] = signature(analysis)
     data["crash"]["exit_status"] = analysis.crash.exit_status
     data["exit_explanation"] = exit_explanation(analysis)
     if merged:
+        entries: dict[tuple[str, int], dict] = {}  # (kind, id(frame)) -> its merged entry, made once
         for t_json, thread in zip(data["snapshot"]["threads"], analysis.snapshot.threads, strict=True):
-            t_json["merged"] = [
-                {"kind": kind.value, **to_jsonable(frame)} for kind, frame in merge_frames(thread)
-            ]
+            t_json["merged"] = merged_json = []
+            for kind, frame in merge_frames(thread):
+                entry = entries.get((kind.value, id(frame)))
+                if entry is None:
+                    entry = entries[kind.value, id(frame)] = {"kind": kind.value, **to_jsonable(frame)}
+                merged_json.append(entry)
     return data
 
 

@@ -95,13 +95,19 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
-def to_jsonable(obj: Any) -> Any:
+def to_jsonable(obj: Any, *, shared: tuple[type, ...] = ()) -> Any:
     """Dataclasses, enums and paths as plain JSON values (addresses stay integers).
+
+    ``shared``: record types whose instances stand in several places of ``obj`` (the frames of threads stopped
+    at the same pcs): each instance becomes one JSON value, the same object wherever it stands -- for a result
+    that is read, never changed in place (serialized, redacted into a new tree, learned from).
 
     >>> from pathlib import PurePath
     >>> to_jsonable({"path": PurePath("/x"), "n": (1, 2)})
     {'path': '/x', 'n': [1, 2]}
     """
+    if shared:
+        return _SharingWalk(shared).value(obj)
     t = type(obj)
     if t in _PLAIN:  # most of a document, returned before any other test (and in its container, uncalled)
         return obj
@@ -123,6 +129,34 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_jsonable(v) for v in obj]
     return obj
+
+
+class _SharingWalk:
+    """:func:`to_jsonable` with one JSON value per instance of the ``shared`` types (by identity)."""
+
+    def __init__(self, shared: tuple[type, ...]) -> None:
+        self.shared = frozenset(shared)
+        self.memo: dict[int, Any] = {}  # id(an instance of a shared type) -> its value (the instance lives in obj)
+
+    def value(self, obj: Any) -> Any:
+        t = type(obj)
+        if t in _PLAIN:
+            return obj
+        if t is dict:
+            return {k if type(k) is str else str(k): v if type(v) in _PLAIN else self.value(v) for k, v in obj.items()}
+        if t is list or t is tuple:
+            return [v if type(v) in _PLAIN else self.value(v) for v in obj]
+        if t in self.shared:
+            out = self.memo.get(id(obj))
+            if out is None:
+                out = self.memo[id(obj)] = to_jsonable(obj)
+            return out
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            names = _FIELD_NAMES.get(t)
+            if names is None:
+                names = _FIELD_NAMES[t] = tuple(f.name for f in dataclasses.fields(obj))
+            return {name: v if type(v := getattr(obj, name)) in _PLAIN else self.value(v) for name in names}
+        return to_jsonable(obj)  # an enum, a path, a dict or list of another type: nothing shared inside
 
 
 def json_document(command: str, payload: dict[str, Any], *, redact: bool = True, learn_from: Any = None) -> str:

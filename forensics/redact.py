@@ -604,6 +604,8 @@ class _Learner:
         self.named: set[tuple[str, str]] = set()
         self.env_keys: dict[Any, bool] = {}  # each key met: whether it names an environment variable (text read)
         self.dicts: set[tuple] = set()  # the dicts of strings and numbers read (a frame: 200 threads, one read)
+        self.walked: set[tuple[int, bool]] = set()  # (id, under an environment key) of each dict walked (the tree
+        # holds them all while it is walked: no id is reused)
 
     def text(self, s: str) -> None:
         if s not in self.texts:
@@ -643,6 +645,9 @@ class _Learner:
         secret_name = (isinstance(v.get("name"), str) and isinstance(v.get("value"), str)
                        and SECRET_NAME.search(v["name"]))
         in_env = key in ("environ", "env", "environment")
+        if (id(v), in_env) in self.walked:  # this very dict again (a document's shared frames): nothing new
+            return
+        self.walked.add((id(v), in_env))
         if _seen_dict(self.dicts, v, in_env):
             return
         env_keys, texts = self.env_keys, self.texts

@@ -170,3 +170,36 @@ def test_find_mapping_finds_what_a_scan_in_order_finds(order):
         for c in (core, other):
             # THEN each finds the first mapping in its order that holds the address, or none
             assert c.find_mapping(addr) is next((x for x in c.mappings if x.start <= addr < x.end), None), hex(addr)
+
+
+def test_threads_sharing_frames_give_the_document_and_text_of_frames_apart():
+    # GIVEN threads stopped at the same pcs, their native frames one tuple of records (as the unwinder shares
+    # them), a secret in a frame's name and in one thread's name; and the same threads with frames of their own
+    from dataclasses import replace
+
+    from forensics.output import to_jsonable
+    from forensics.redact import redact_lines
+
+    a = _analysis()
+    crashed = a.snapshot.threads[0]
+    frames = (nf(0, "poll_api_key_s3cr3tvalue9"), nf(1, "_PyEval_EvalFrameDefault", "/x/libpython3.12.so"))
+    waiting = [replace(crashed, tid=100 + i, is_crashed=False, name=f"w{i}", native_frames=frames) for i in range(3)]
+    waiting[1] = replace(waiting[1], name="token=s3cr3tvalue9")
+    shared = replace(a, snapshot=replace(a.snapshot, threads=(crashed, *waiting)))
+    apart = replace(a, snapshot=replace(a.snapshot, threads=(crashed, *(
+        replace(t, native_frames=tuple(replace(f) for f in t.native_frames)) for t in waiting))))
+    assert shared.snapshot.threads[1].native_frames is shared.snapshot.threads[2].native_frames
+    assert apart.snapshot.threads[1].native_frames[0] is not apart.snapshot.threads[2].native_frames[0]
+    # WHEN each is rendered as the JSON document and as redacted text
+    docs = [json_document("analyze", {"analysis": analysis_payload(x, merged=True)}) for x in (shared, apart)]
+    texts = [list(redact_lines(format_analysis(x, merged=True), analysis_payload(x, merged=True)))
+             for x in (shared, apart)]
+    # THEN both are the same, and the same as without sharing JSON values at all
+    assert docs[0] == docs[1]
+    assert texts[0] == texts[1]
+    plain = to_jsonable(shared)
+    assert to_jsonable(shared, shared=(NativeFrame,)) == plain
+    payload = analysis_payload(shared, merged=True)
+    t_json = payload["snapshot"]["threads"]
+    assert t_json[1]["native_frames"][0] is t_json[2]["native_frames"][0]
+    assert "s3cr3tvalue9" not in docs[0] and not any("s3cr3tvalue9" in line for line in texts[0])
