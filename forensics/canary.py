@@ -31,7 +31,6 @@ from .output import json_document
 __all__ = [
     "describe_wait_status",
     "describe_returncode",
-    "CanaryError",
     "CanaryResult",
     "PodWatch",
     "Thresholds",

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from .errors import DemoError, ForensicsError
 
-__all__ = ["DemoResult", "DemoError", "run_demo"]
+__all__ = ["DemoResult", "run_demo"]
 
 HOSTNAME = "demo-node"  # what the exporter labels its metrics with (never a real address)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import GuardError, OutputExists
 
-__all__ = ["GuardSpec", "GuardError", "TargetState", "TargetCheck", "parse_target", "default_env", "check_target",
+__all__ = ["GuardSpec", "TargetState", "TargetCheck", "parse_target", "default_env", "check_target",
            "render_guard", "write_guard", "GUARD_MARKER", "SWITCHED_OFF"]
 
 SWITCHED_OFF = ("0", "false", "off", "no")  # values of a guard's switch that turn it off

@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ForensicsError, NvmlLibraryNotFound, ReproducerNotStarted
+from .errors import ForensicsError, NvmlLibraryNotFound
 
-__all__ = ["Outcome", "ReproRun", "ReproduceResult", "load_reproduce", "ReproducerNotStarted", "gpu_lines_of",
+__all__ = ["Outcome", "ReproRun", "ReproduceResult", "load_reproduce", "gpu_lines_of",
            "parse_header", "parse_crash_verdict", "conclude",
-           "run_reproducers", "nvml_dir_for", "reproduce_payload", "NvmlLibraryNotFound"]
+           "run_reproducers", "nvml_dir_for", "reproduce_payload"]
 
 OUTPUT_LIMIT = 1 << 20  # bytes of a reproducer's stdout kept from its start (the header) and from its end
 _FATAL = (_signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL)

@@ -17,7 +17,7 @@ from .classify import first_fault_frames
 from .pyframes import describe_pyframe, first_outside_stdlib, python_location
 from .stacks import skip_abort_machinery
 
-__all__ = ["signature", "describe_pyframe", "describe_thread", "describe_native_culprit", "describe_location",
+__all__ = ["signature", "describe_thread", "describe_native_culprit", "describe_location",
            "describe_later_fault", "exit_explanation"]
 
 

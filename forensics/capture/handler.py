@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # imported where they are used: the handler runs as the kerne
     from .spool import StreamVerdict
 
 __all__ = ["HandlerConfig", "HandlerResult", "run_core_handler", "load_config", "drain", "log_kernel",
-           "parse_core_head", "enforce_budget", "release_pipe"]
+           "parse_core_head", "release_pipe"]
 
 PAGE = 4096
 _CHUNK = 1 << 20

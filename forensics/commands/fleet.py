@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..errors import EXIT_OK, ForensicsError
+from ..errors import EXIT_OK, ForensicsError, PrometheusError
 from ..options import force_option, json_option, output_option
 from . import emit, emit_json, read_json_object
 
@@ -110,7 +110,7 @@ def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file
     import datetime as dt
 
     from ..text.fleet import format_fleet
-    from ..fleet.prom import (DEFAULT_DEADLINE, PromAuth, PromClient, PrometheusError, parse_window,
+    from ..fleet.prom import (DEFAULT_DEADLINE, PromAuth, PromClient, parse_window,
                              summarize_fleet_prometheus)
     from ..output import json_document
 

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, GuardError
 from ..options import force_option, json_option
 from . import emit, emit_json, warn
 
@@ -36,7 +36,7 @@ def guard(target, returns, env, removes, out_dir, as_json, force):
     \b
     Exit codes: 0 written; 1 error (bad target/JSON, target not in its package, files exist); 2 usage.
     """
-    from ..guard import GuardError, TargetState, check_target, parse_target, write_guard
+    from ..guard import TargetState, check_target, parse_target, write_guard
     from ..output import json_document
 
     spec = parse_target(target, returns, env, removes)

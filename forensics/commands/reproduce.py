@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..errors import EXIT_FINDINGS, EXIT_OK, ReproducerNotStarted
 from ..options import force_option, json_option, output_option
 from . import emit, emit_json
 
@@ -61,7 +61,7 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
     from pathlib import Path
 
     from ..output import json_document
-    from ..reproduce import ReproducerNotStarted, nvml_dir_for, reproduce_payload, run_reproducers
+    from ..reproduce import nvml_dir_for, reproduce_payload, run_reproducers
     from ..simnvml import arch_name, build_simnvml, ensure_stack_venv, host_arch, sim_environment
     from ..text.reproduce import format_reproduce
 

@@ -75,7 +75,7 @@ def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, pl
     """
     from ..imports.format import report_payload
     from ..text.imports import format_report
-    from ..imports.layers import LayerLimits
+    from ..imports.layerstream import LayerLimits
     from ..imports.sources import SkopeoOptions, parse_platform
     from ..imports.verify import VerifyOptions, verify_image, verify_pid
     from ..output import json_document

@@ -48,7 +48,7 @@ from ..errors import PrometheusError, SelectorError
 from .model import (BOUNDARY_SKIP, DEFAULT_GROUP_LABELS, DRIVER_PARTS, FALLBACK_LABELS, MAX_BOUNDARY_VALUES,
                          FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key, key_labels)
 
-__all__ = ["PrometheusError", "SelectorError", "PromAuth", "PromClient", "prom_label", "parse_window",
+__all__ = ["PromAuth", "PromClient", "prom_label", "parse_window",
            "selector_matchers", "summarize_fleet_prometheus", "DEFAULT_DEADLINE", "MAX_ANSWERS", "AGENT_NODE",
            "agent_node"]
 

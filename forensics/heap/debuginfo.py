@@ -24,10 +24,10 @@ import os
 import struct
 
 from forensics.core.debugfiles import find_debug_file
-from forensics.core.symtab import DebugSymbol, SymtabError, has_symtab, read_symbols
+from forensics.core.symtab import SymtabError, has_symtab
 from forensics.digest import sha256
 
-__all__ = ["DebugSymbol", "STRUCTS", "find_libc_debug_file", "read_symbols", "read_struct_layouts",
+__all__ = ["STRUCTS", "find_libc_debug_file", "read_struct_layouts",
            "cached_struct_layouts", "DebugInfoError"]
 
 #: the structs (DWARF names) the heap reader takes from libc's debug information

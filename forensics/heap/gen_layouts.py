@@ -29,7 +29,8 @@ import json
 import os
 import sys
 
-from forensics.heap.debuginfo import DebugInfoError, find_libc_debug_file, read_struct_layouts, read_symbols
+from forensics.core.symtab import read_symbols
+from forensics.heap.debuginfo import DebugInfoError, find_libc_debug_file, read_struct_layouts
 from forensics.heap.layout import NEWEST, OLDEST
 
 __all__ = ["model_structs", "read_dwarf_entry", "generate", "main"]

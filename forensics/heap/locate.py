@@ -26,7 +26,8 @@ import struct
 from forensics.core.image import ElfImage
 from forensics.core.libc import find_libc
 from forensics.core.memory import CoreMemory
-from forensics.heap.debuginfo import DebugInfoError, cached_struct_layouts, find_libc_debug_file, read_symbols
+from forensics.core.symtab import read_symbols
+from forensics.heap.debuginfo import DebugInfoError, cached_struct_layouts, find_libc_debug_file
 from forensics.heap.layout import (
     MALLOC_ALIGNMENT,
     NEWEST,

@@ -31,7 +31,7 @@ from ..subproc import OutputTooLarge, run_bounded
 from .model import ExecutedModule, ExecuteResult, ModuleCheck, PythonSetup
 from .rootfs import RootFS, norm
 
-__all__ = ["PROBE", "PROBE_LIMITS", "StartupFailed", "run_probe_bwrap", "run_probe_nsenter", "compare",
+__all__ = ["PROBE", "PROBE_LIMITS", "run_probe_bwrap", "run_probe_nsenter", "compare",
            "startup_result", "parse_credentials", "map_id", "limit_notes",
            "Credentials", "ProbeLimits"]
 

@@ -30,7 +30,7 @@ from .imagemeta import MAX_PATH
 from .layerstream import _CHUNK, LayerBlob, LayerLimits, _Shared, _Stream
 from .rootfs import Node, RootFS
 
-__all__ = ["LayerLimits", "LayerBlob", "LayerFS", "read_layers", "default_capture"]
+__all__ = ["LayerFS", "read_layers", "default_capture"]
 
 _WH = ".wh."
 _OPAQUE = ".wh..wh..opq"

@@ -30,7 +30,7 @@ from ..subproc import OutputTooLarge, run_bounded
 from .imagemeta import (MAX_INDEX_MANIFESTS, MT_DOCKER_LIST, MT_OCI_INDEX, Descriptor, Manifest, parse_digest,
                         parse_json,
                         read_archive_manifest, read_image_config, read_index, read_manifest, read_runtime_config)
-from .layers import LayerBlob
+from .layerstream import LayerBlob
 from .model import ImageConfig, ImageInfo, ImageRef, ManifestKind, Platform, PlatformChoice, PlatformSource, Transport
 
 __all__ = [

@@ -12,12 +12,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 
-from ..errors import ExecuteError, ImageRefError
+from ..errors import ExecuteError, ImageRefError, StartupFailed
 from ..pidstat import check_still_running, read_pid_stat
 from .dists import check_requirements, find_distributions
-from .execute import StartupFailed, compare, run_probe_bwrap, run_probe_nsenter, startup_result
+from .execute import compare, run_probe_bwrap, run_probe_nsenter, startup_result
 from .checks import find_stray_trees, image_findings, lookup_user
-from .layers import LayerFS, LayerLimits, default_capture, read_layers
+from .layers import LayerFS, default_capture, read_layers
+from .layerstream import LayerLimits
 from .model import (ExecuteResult, FindingKind, Guard, ImageConfig, ImageInfo, ImportReport, ManifestKind, ModuleCheck,
                     PathOrigin, Platform, PythonSetup, Transport, Verdict)
 from .procfs import ProcessView, read_process

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from .context import REQUIRED_FIELDS, TEMPLATES, UNKNOWN, UPSTREAM, ReportContext, build_context
-from .evidence import Evidence, ReportInputError, load_evidence
+from .evidence import Evidence, load_evidence
 from .form import IssueForm, check_form_body, load_shipped_form, read_issue_form
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown, escape, fence
-from ..errors import ForensicsError
+from ..errors import ForensicsError, ReportInputError
 from ..format import load_analysis
 from ..imports.format import load_import_report
 from ..model import HeapChunk, HeapCorruption, HeapReport

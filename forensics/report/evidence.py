@@ -20,7 +20,7 @@ from .. import rootpath
 from ..bundle import MANIFEST, check_manifest, layout, read_bundle_file
 from ..errors import ForensicsError, InputUnreadable, ReportInputError, check_input_exists
 
-__all__ = ["Evidence", "EvidenceItem", "load_evidence", "ReportInputError", "MAX_INPUT_BYTES", "MAX_TOTAL_BYTES",
+__all__ = ["Evidence", "EvidenceItem", "load_evidence", "MAX_INPUT_BYTES", "MAX_TOTAL_BYTES",
            "max_total_bytes"]
 
 MAX_INPUT_BYTES = 256 * 1024 * 1024

@@ -17,7 +17,7 @@ from importlib import resources
 
 from ..errors import IssueFormError
 
-__all__ = ["FormField", "IssueForm", "IssueFormError", "load_shipped_form", "read_issue_form", "parse_form",
+__all__ = ["FormField", "IssueForm", "load_shipped_form", "read_issue_form", "parse_form",
            "split_fields", "check_form_body", "NO_RESPONSE"]
 
 NO_RESPONSE = "_No response_"  # what GitHub writes for an empty optional field

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 from ..model import OverflowVerdict
 from ..reproduce import Outcome, ReproRun
-from .decision import (BINDING_WHERE, NVIDIA_WHERE, NVITOP_REPO, Decision, IncidentClass, decide_incident)
+from .decision import Decision, IncidentClass, decide_incident
 from .facts import Facts
 from .known import KnownMatch, support_facts
 
-__all__ = ["Claim", "Filing", "Conclusion", "decide", "NVIDIA_WHERE", "BINDING_WHERE", "NVITOP_REPO",
-           "IncidentClass"]
+__all__ = ["Claim", "Filing", "Conclusion", "decide"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from ..analyze.sigframe_aarch64 import describe_esr
-from ..analyze.signature import describe_later_fault, describe_pyframe, describe_thread, exit_explanation, signature
+from ..analyze.pyframes import describe_pyframe
+from ..analyze.signature import describe_later_fault, describe_thread, exit_explanation, signature
 from ..analyze.stacks import merge_frames
 from ..model import Analysis, BatchResult, NativeFrame, PyFrame, PythonMethod, SignalFrame, StoreEntry, Thread
 from .heap import format_heap

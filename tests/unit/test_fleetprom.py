@@ -10,8 +10,8 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from forensics.errors import EXIT_ERROR, EXIT_USAGE
-from forensics.fleet.prom import (PromClient, PrometheusError, SelectorError, _count_value, _esc, _sample_value,
+from forensics.errors import EXIT_ERROR, EXIT_USAGE, PrometheusError, SelectorError
+from forensics.fleet.prom import (PromClient, _count_value, _esc, _sample_value,
                                  parse_window, prom_label, selector_matchers, summarize_fleet_prometheus)
 
 

@@ -1,4 +1,4 @@
-"""glibc's heap symbols read from its debug file (forensics.heap.debuginfo.read_symbols), against pyelftools."""
+"""glibc's heap symbols read from its debug file (forensics.core.symtab.read_symbols), against pyelftools."""
 from __future__ import annotations
 
 import os
@@ -11,11 +11,11 @@ from forensics.core.debugfiles import build_id_debug_path
 
 
 def test_heap_symbols_are_read_as_a_walk_of_every_symbol_reads_them(tmp_path):
-    # forensics.heap.debuginfo.read_symbols finds names without looping over the symbol table in Python;
+    # forensics.core.symtab.read_symbols finds names without looping over the symbol table in Python;
     # the oracle is pyelftools' walk of every symbol of glibc's own debug file (first definition wins)
     from elftools.elf.elffile import ELFFile
 
-    from forensics.heap.debuginfo import read_symbols
+    from forensics.core.symtab import read_symbols
 
     libc = Path("/lib/x86_64-linux-gnu/libc.so.6").resolve()
     src = build_id_debug_path(read_build_id_from_file(str(libc)))

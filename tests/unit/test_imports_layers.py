@@ -11,7 +11,8 @@ import tarfile
 import pytest
 
 from forensics.errors import ImageFormatError, LayerLimitExceeded, LayerRejected
-from forensics.imports.layers import LayerBlob, LayerLimits, read_layers
+from forensics.imports.layers import read_layers
+from forensics.imports.layerstream import LayerBlob, LayerLimits
 
 
 def tar(*members) -> bytes:

@@ -5,7 +5,8 @@ import dataclasses
 
 from forensics.model import HeapCorruption, NativeFree, OverflowVerdict
 from forensics.report.facts import Facts
-from forensics.report.verdict import IncidentClass, decide
+from forensics.report.decision import IncidentClass
+from forensics.report.verdict import decide
 from forensics.reproduce import ReproRun
 
 DRIVER = ("nvmlDeviceGetFieldValues wrote 24 bytes past the end of the 36-entry values "
