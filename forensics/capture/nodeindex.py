@@ -59,6 +59,7 @@ class CrashEntry:
     container: str | None
     image_digest: str | None
     uploaded_to: str | None = None  # the bucket's URL of the bundle (agent serve --upload's 70-upload.json)
+    node: str | None = None  # the agent's node (its --node-name, in the analysis it wrote), else the handler's host
 
 
 @dataclass(slots=True)
@@ -167,6 +168,8 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
     nvml_v = snap_core.get("nvml")
     nvml = nvml_v if isinstance(nvml_v, dict) else {}
     fp = a.get("fingerprint") if isinstance(a.get("fingerprint"), str) else None
+    agent = (analysis or {}).get("agent")
+    agent_node = agent.get("node") if isinstance(agent, dict) else None
     return CrashEntry(
         id=os.path.basename(crash_dir), path=crash_dir, time=float(rec.time or 0.0), signal=rec.signal,
         signal_name=rec.signal_name, pod_uid=rec.pod_uid, container_id=rec.container_id, image=rec.image_key,
@@ -180,6 +183,7 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
         namespace=pod.get("namespace"), pod=pod.get("name"), container=pod.get("container"),
         image_digest=pod.get("image_digest"),
         uploaded_to=uploaded.get("url") if isinstance(uploaded.get("url"), str) else None,
+        node=agent_node if isinstance(agent_node, str) and agent_node else rec.node,
     )
 
 

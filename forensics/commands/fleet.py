@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..errors import EXIT_OK, ForensicsError, PrometheusError
-from ..options import force_option, json_option, output_option
+from ..options import force_option, json_option, output_option, store_options
 from . import emit, emit_json, read_json_object
 
 __all__ = ["fleet"]
@@ -37,19 +37,26 @@ __all__ = ["fleet"]
               help="With --prometheus: CA for https.")
 @click.option("--deadline", type=click.FloatRange(1, 86400), default=None, metavar="SECONDS",
               help="With --prometheus: seconds all its requests may take together (default 60).")
+@click.option("--bundles", "bundle_sources", multiple=True, metavar="DIR|BUNDLE|s3://PREFIX",
+              help="Crash bundles to count by fingerprint in each group, naming where each fingerprint's newest "
+                   "bundle lives: a core directory, one crash bundle, or an s3:// prefix of uploaded bundles "
+                   "(repeatable; not with --prometheus, whose agents' series say it).")
+@store_options
 @click.option("--kubeconfig", default=None, help="kubeconfig for kubectl.")
 @click.option("--context", "kube_context", default=None, help="kubectl context.")
 @json_option
 @output_option
 @force_option
 def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheus, window, bearer_token_file,
-          basic_auth, ca_file, deadline, kubeconfig, kube_context, as_json, output, force):
+          basic_auth, ca_file, deadline, bundle_sources, endpoint_url, region, profile, kubeconfig, kube_context,
+          as_json, output, force):
     """Cross-compare restarts and exit codes of pods by node group, and name the boundary.
 
     \b
     \b
     forensics fleet -n monitoring -l app=nvitop-exporter
     forensics fleet --from pods.json --nodes nodes.json
+    forensics fleet --from pods.json --nodes nodes.json --bundles s3://crash-bundles/fleet
     forensics fleet --prometheus http://prometheus:9090 --window 6h [--bearer-token-file F] [--deadline S]
 
     \b
@@ -67,6 +74,8 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
     if prometheus:
         if pods_file:
             raise click.UsageError("--prometheus and --from are exclusive")
+        if bundle_sources:
+            raise click.UsageError("--prometheus and --bundles are exclusive (the agents' series name the bundles)")
         _fleet_prometheus(prometheus, window, since, bearer_token_file, basic_auth, ca_file, deadline, namespace,
                           selector, tuple(group_by) or DEFAULT_GROUP_LABELS, as_json, output, force)
         return
@@ -96,8 +105,15 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
                 raise click.BadParameter(f"{since!r} is neither a file nor an ISO time", param_hint="--since") from e
             if since_time.tzinfo is None:
                 since_time = since_time.replace(tzinfo=dt.timezone.utc)
+    places: tuple = ()
+    if bundle_sources:
+        from ..capture.crashplaces import read_crash_places
+        from ..objstore.client import StoreOptions
+
+        places = read_crash_places(tuple(bundle_sources),
+                                   StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile))
     summary = summarize_fleet(pods_doc, nodes_doc, group_by=tuple(group_by) or DEFAULT_GROUP_LABELS,
-                              baseline=baseline, since=since_time)
+                              baseline=baseline, since=since_time, places=places, bundles=tuple(bundle_sources))
     if as_json:
         emit_json(json_document("fleet", {"fleet": summary}), output, force)
     else:

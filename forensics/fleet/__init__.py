@@ -11,11 +11,13 @@ import datetime as _dt
 from dataclasses import dataclass
 
 from ..errors import FleetInputError
-from .model import DEFAULT_GROUP_LABELS, FleetGroup, FleetSummary, boundary_lines, finish_summary, group_key
+from .model import (DEFAULT_GROUP_LABELS, CrashPlace, FleetGroup, FleetSummary, boundary_lines, finish_summary,
+                    group_key)
 from ..kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json
 
 __all__ = [
     "DEFAULT_GROUP_LABELS",
+    "CrashPlace",
     "FleetGroup",
     "FleetSummary",
     "PodRecord",
@@ -24,6 +26,7 @@ __all__ = [
     "check_documents",
     "parse_pods",
     "summarize_fleet",
+    "crash_fingerprints",
     "load_fleet",
 ]
 
@@ -183,12 +186,15 @@ def _exit_bucket(code: int | None) -> str | None:
 
 def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...] = DEFAULT_GROUP_LABELS,
                     baseline: dict | None = None, since: _dt.datetime | None = None,
-                    now: _dt.datetime | None = None) -> FleetSummary:
+                    now: _dt.datetime | None = None, places: tuple[CrashPlace, ...] = (),
+                    bundles: tuple[str, ...] = ()) -> FleetSummary:
     """Cross-compare restarts by node group.
 
     :param baseline: a previous ``forensics fleet --json`` document: restarts are counted since it
     :param since: count only restarts after this time (pods started before it count their last
         termination after it as one restart: a lower bound)
+    :param places: crashes' bundles (``fleet --bundles``, read from ``bundles``): each group's crashes by
+        fingerprint, and where the newest bundle of each fingerprint lives
     """
     pods = parse_pods(pods_doc)
     labels = _node_labels(nodes_doc)
@@ -230,10 +236,11 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
         g["loop"] += p.crash_looping
         for img in set(p.image_ids):
             g["images"][img] = g["images"].get(img, 0) + 1
+    fingerprints, latest = crash_fingerprints(places, labels, {p.node for p in pods if p.node}, group_by)
     rows = [
         FleetGroup(key=k, nodes=len(v["nodes"]), pods=v["pods"], pods_with_restarts=v["with"],
                    total_restarts=v["total"], max_restarts=v["max"], exit_codes=v["codes"], reasons=v["reasons"],
-                   crash_loop=v["loop"], images=v["images"])
+                   crash_loop=v["loop"], images=v["images"], fingerprints=fingerprints.get(k, {}))
         for k, v in groups.items()
     ]
     # a rollout is mixed when one container (by name) runs more than one digest; a sidecar's image is not a mix
@@ -248,7 +255,40 @@ def summarize_fleet(pods_doc: dict, nodes_doc: dict, *, group_by: tuple[str, ...
         baseline="snapshot" if base is not None else (since.isoformat() if since else None),
         mixed_images=any(len(v) > 1 for v in per_container.values()), pod_restarts=pod_restarts,
         taken_at=now.isoformat(), observed_hours=(sum(watched) / len(watched)) if watched else None,
+        latest_bundles=latest, bundles=bundles,
     )
+
+
+def crash_fingerprints(places: tuple[CrashPlace, ...], labels: dict[str, dict[str, str]], pod_nodes: set[str],
+                       group_by: tuple[str, ...]) -> tuple[dict[tuple, dict[str, int]], dict[str, str]]:
+    """Crashes by group and fingerprint, and where the newest bundle of each fingerprint counted lives.
+
+    A crash counts in its node's group (``labels``: the nodes' labels), as ``fleet --prometheus`` joins the agents'
+    crashes: a node without labels there but with pods is in the group "(no labels)"; a crash on a node of
+    neither is not counted (nor is it on a pod row there). Of two bundles of a fingerprint, the later crash's is the
+    newest (then the greater location, so the choice never depends on the order read).
+
+    >>> p = CrashPlace(fingerprint="fp", node="n1", time=2.0, location="s3://b/k/")
+    >>> crash_fingerprints((p, CrashPlace(fingerprint="fp", node="gone", time=3.0, location="/c")),
+    ...                    {"n1": {"nvidia.com/gpu.product": "H20"}}, {"n1"}, ("nvidia.com/gpu.product",))
+    ({(('nvidia.com/gpu.product', 'H20'),): {'fp': 1}}, {'fp': '/c'})
+    """
+    per_group: dict[tuple, dict[str, int]] = {}
+    for c in places:
+        if c.node in labels:
+            key = group_key(labels[c.node], group_by)
+        elif c.node in pod_nodes:
+            key = ()
+        else:
+            continue
+        d = per_group.setdefault(key, {})
+        d[c.fingerprint] = d.get(c.fingerprint, 0) + 1
+    counted = {fp for d in per_group.values() for fp in d}
+    newest: dict[str, tuple[float, str]] = {}
+    for c in places:  # every bundle of a counted fingerprint, as fleet --prometheus takes every agent's newest
+        if c.fingerprint in counted and (c.time, c.location) > newest.get(c.fingerprint, (float("-inf"), "")):
+            newest[c.fingerprint] = (c.time, c.location)
+    return per_group, {fp: loc for fp, (_, loc) in sorted(newest.items())}
 
 
 def _per_label(labels: dict[str, dict[str, str]], crashy: dict[str, bool]) -> dict[str, dict[str, tuple[int, int]]]:

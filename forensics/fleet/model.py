@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "BOUNDARY_SKIP",
     "CRASHY_SHARE",
+    "CrashPlace",
     "DEFAULT_GROUP_LABELS",
     "DRIVER_FULL",
     "DRIVER_PARTS",
@@ -33,6 +34,17 @@ FALLBACK_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/insta
 CRASHY_SHARE = 0.2  # a group with at least this share of pods restarting is where crashes concentrate
 BOUNDARY_SKIP = ("kubernetes.io/hostname", "feature.node.kubernetes.io/")  # per-node or too many to be a boundary
 MAX_BOUNDARY_VALUES = 16  # a label with more values over the nodes with pods is per node (serials, names)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashPlace:
+    """One crash's bundle as ``fleet --bundles`` reads it: its fingerprint, the node it crashed on, when, and where the
+    bundle lives (a local path, or the ``s3://`` URL of its prefix once uploaded)."""
+
+    fingerprint: str
+    node: str | None
+    time: float
+    location: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,8 +92,10 @@ class FleetSummary:
     pod_restarts: dict[str, int] = field(default_factory=dict)  # uid -> restarts (a snapshot for --since)
     source: str | None = None  # where the figures came from: None (pod objects), or the Prometheus URL
     # fingerprint -> where the fleet's newest bundle of it lives (an s3:// URL once uploaded, else NODE:PATH): the
-    # agents' forensics_latest_bundle_timestamp_seconds (Prometheus only)
+    # agents' forensics_latest_bundle_timestamp_seconds (Prometheus), or the bundles read (fleet --bundles: a local
+    # path, or the s3:// URL of a bundle in a bucket)
     latest_bundles: dict[str, str] = field(default_factory=dict)
+    bundles: tuple[str, ...] = ()  # fleet --bundles: where the crashes were read (core directories, s3:// prefixes)
 
 
 def key_labels(group_by: tuple[str, ...]) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ from ..errors import CacheUnavailable, ForensicsError, ObjectNotFound, ObjectSto
 from .client import ObjectURL, StoreOptions, open_client, parse_object_url, translate_error
 from .upload import UPLOAD_RECORD, object_store_key
 
-__all__ = ["fetch_inputs", "fetch_url", "prune_fetched", "MAX_BUNDLES"]
+__all__ = ["fetch_inputs", "fetch_url", "prune_fetched", "read_bundle_records", "MAX_BUNDLES"]
 
 MAX_BUNDLES = 1000  # bundles of one prefix fetched as a batch
 MAX_RECORD = 16 << 20  # bytes of an UPLOAD.json / MANIFEST.json read
@@ -102,6 +102,30 @@ def fetch_url(url: ObjectURL, opts: StoreOptions, *, client=None) -> tuple[list[
         return [p for r in records if (p := _fetch_bundle(client, r, opts)) is not None], True
     except (bx.BotoCoreError, bx.ClientError) as e:
         raise translate_error(e, str(url), opts) from e
+
+
+def read_bundle_records(url: ObjectURL, opts: StoreOptions, *, client=None) -> list[tuple[str, dict]]:
+    """The upload records of the bundles at or under ``url``: (the bundle's ``s3://`` URL, its ``UPLOAD.json``), at
+    most :data:`MAX_BUNDLES`, in key order; only the records are read (each at most :data:`MAX_RECORD` bytes).
+
+    :raises ObjectNotFound: when no bundle is there
+    :raises ObjectStoreError: when the store refuses, or a record is not a JSON object
+    """
+    import botocore.exceptions as bx
+
+    client = client or open_client(opts)
+    prefix = ObjectURL(bucket=url.bucket, key=url.key.rstrip("/") + "/" if url.key.strip("/") else "")
+    out = []
+    try:
+        for bundle in _records_under(client, prefix):
+            got = _get_small(client, bundle.child(UPLOAD_RECORD))
+            if got is not None:
+                out.append((str(bundle), _json_object(got[0], bundle.child(UPLOAD_RECORD))))
+    except (bx.BotoCoreError, bx.ClientError) as e:
+        raise translate_error(e, str(url), opts) from e
+    if not out:
+        raise ObjectNotFound(str(url), "no bundle (UPLOAD.json) at or under it")
+    return out
 
 
 def _exists(client, url: ObjectURL) -> bool:

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 from ..fleet import FleetSummary
+from ..output import escape_text
 
 __all__ = ["format_fleet"]
 
 
 def format_fleet(s: FleetSummary) -> list[str]:
     """The Markdown table and the boundary lines."""
-    with_fp = s.source is not None  # from Prometheus: the agents' crashes by fingerprint, per group
+    # the crashes by fingerprint, per group: the agents' (from Prometheus) or the bundles read (--bundles)
+    with_fp = s.source is not None or bool(s.bundles)
     lines = [
         f"{s.pods} pods on {s.nodes} nodes, grouped by {', '.join(s.group_by)}"
-        + (f"; restarts since {s.baseline}" if s.baseline else "") + (f"; from {s.source}" if s.source else ""),
+        + (f"; restarts since {s.baseline}" if s.baseline else "") + (f"; from {s.source}" if s.source else "")
+        + (f"; crashes from {', '.join(escape_text(b) for b in s.bundles)}" if s.bundles else ""),
         "",
         "| Node group | Nodes | Pods | Pods restarting | Restarts | Max | Exit 139 | Exit 134 | Exit 137 | Other | "
         "CrashLoopBackOff | Images |"
@@ -36,7 +39,7 @@ def format_fleet(s: FleetSummary) -> list[str]:
     for b in s.boundary:
         lines.append(f"Boundary: {b}")
     for fp, where in s.latest_bundles.items():
-        lines.append(f"Newest bundle of {fp}: {where}")
+        lines.append(f"Newest bundle of {escape_text(fp)}: {escape_text(where)}")
     if s.mixed_images:
         lines.append("Mixed rollout: a container runs more than one image digest across pods")
     return lines

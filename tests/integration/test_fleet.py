@@ -178,3 +178,36 @@ def test_since_a_fresh_snapshot_crash_looping_pods_are_not_clean(saved, tmp_path
     assert "NVIDIA-H20, 580.126.09" in f["crashing_groups"]
     text = run("fleet", "--from", str(p), "--nodes", str(n), "--since", str(snap)).stdout
     assert "Clean: NVIDIA-RTX-6000-Ada-Generation, 570.172.08\n" in text and "Clean: NVIDIA-H20" not in text
+
+
+def test_bundles_that_are_no_bundles_are_one_clear_error(saved, tmp_path):
+    # GIVEN a directory that is neither a core directory nor a crash bundle, and --bundles beside --prometheus
+    p, n = saved
+    (tmp_path / "not-cores").mkdir()
+    # WHEN fleet is asked to read them
+    r = run("fleet", "--from", str(p), "--nodes", str(n), "--bundles", str(tmp_path / "not-cores"))
+    # THEN one error line names the source and what it should be (exit 1); the exclusive options are usage (exit 2)
+    assert r.exit_code == 1 and "Traceback" not in r.stderr
+    assert "not-cores: neither a core directory (crashes/) nor a crash bundle (metadata.json)" in r.stderr
+    r = run("fleet", "--prometheus", "http://127.0.0.1:9", "--bundles", str(tmp_path))
+    assert r.exit_code == 2 and "--prometheus and --bundles are exclusive" in r.output
+
+
+def test_bundles_of_hostile_names_print_escaped(saved, tmp_path):
+    # GIVEN a crash bundle of an H20 node whose path holds a terminal escape and a newline, analyzed by an agent
+    p, n = saved
+    pods = json.loads(p.read_text())
+    node = next(x["spec"]["nodeName"] for x in pods["items"] if x["spec"].get("nodeName", "").startswith("h20"))
+    bundle = tmp_path / "cores\x1b[2J\nFORGED" / "crashes" / "20261201T100000Z-1-SIGSEGV"
+    (bundle / "60-analysis").mkdir(parents=True)
+    (bundle / "metadata.json").write_text(json.dumps({"schema_version": 1, "crash_id": "c1", "state": "done",
+                                                      "time": 1764583200.0, "node": "host", "signal": 11}))
+    (bundle / "60-analysis" / "analysis.json").write_text(json.dumps(
+        {"analysis": {"fingerprint": "0123456789ab"}, "agent": {"node": node}}))
+    # WHEN the table is printed
+    r = run("fleet", "--from", str(p), "--nodes", str(n), "--bundles", str(bundle.parent.parent))
+    # THEN the crash counts in the node's group, and the path is one line, its controls escaped
+    assert r.exit_code == 0, r.stderr
+    assert "0123456789ab x 1 |" in r.stdout
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("Newest bundle of 0123456789ab: ")]
+    assert "\\x1b[2J\\x0aFORGED" in line and "\x1b" not in r.stdout

@@ -439,6 +439,23 @@ def _value(families: dict[str, list], sample: str) -> float:
     return found[0] if len(found) == 1 else -1.0
 
 
+def _fleet_of_bundles(tmp_path: Path, env: dict, *sources: str) -> tuple[dict, str]:
+    """`forensics fleet --from --nodes --bundles SOURCE...` over gpu-3 (an H20 node) and its one restarting pod: the
+    fleet document (--json) and the table (text)."""
+    node = {"kind": "Node", "metadata": {"name": "gpu-3", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-H20", "nvidia.com/cuda.driver-version.full": "580.126.09"}}}
+    pod = {"kind": "Pod", "metadata": {"name": "exporter-0", "namespace": "monitoring", "uid": "u-0"},
+           "spec": {"nodeName": "gpu-3"}, "status": {"containerStatuses": [
+               {"name": "exporter", "restartCount": 2, "lastState": {"terminated": {"exitCode": 134}}}]}}
+    (tmp_path / "fleet-pods.json").write_text(json.dumps({"kind": "List", "items": [pod]}))
+    (tmp_path / "fleet-nodes.json").write_text(json.dumps({"kind": "List", "items": [node]}))
+    argv = ["fleet", "--from", str(tmp_path / "fleet-pods.json"), "--nodes", str(tmp_path / "fleet-nodes.json"),
+            *(x for src in sources for x in ("--bundles", src))]
+    r, t = forensics(*argv, "--json", env=env), forensics(*argv, env=env)
+    assert r.returncode == 0 and t.returncode == 0, r.stderr + t.stderr
+    return json.loads(r.stdout)["fleet"], t.stdout
+
+
 def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel_cores, live, tmp_path):
     # GIVEN two real crashes taken by the handler, and an agent whose bucket refuses its credentials
     core_dir = tmp_path / "cores"
@@ -462,6 +479,14 @@ def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel
     assert "refused the credentials" in err and "the bundle stays whole" in err and "wrong-secret" not in err, err
     assert all((c / "MANIFEST.json").is_file() and not (c / "70-upload.json").exists() for c in crashes)
     assert bucket_keys(s3, bucket) == {}
+    # AND fleet --bundles over the core directory counts both crashes in gpu-3's group and names the newer bundle
+    # where it is: on this disk
+    fleet, text = _fleet_of_bundles(tmp_path, env, str(core_dir))
+    (fp,) = {json.loads((c / "60-analysis" / "analysis.json").read_text())["analysis"]["fingerprint"] for c in crashes}
+    on_disk = max((json.loads((c / "metadata.json").read_text())["time"], str(c)) for c in crashes)[1]
+    assert [g["fingerprints"] for g in fleet["groups"]] == [{fp: 2}]
+    assert fleet["latest_bundles"] == {fp: on_disk} and fleet["bundles"] == [str(core_dir)]
+    assert f"| {fp} x 2 |" in text and f"Newest bundle of {fp}: {on_disk}" in text, text
     # WHEN the agent starts again with the right credentials (the pending uploads found on disk)
     agent, url = _serve(core_dir, bucket, env)
     try:
@@ -477,9 +502,6 @@ def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel
     assert _value(families, "forensics_uploaded_bytes_total") == recorded > 0
     assert _value(families, "forensics_uploads_pending") == 0
     # THEN the node keeps each crash's record, analysis and where its bundle went; the index still counts both
-    fingerprints = {json.loads((c / "60-analysis" / "analysis.json").read_text())["analysis"]["fingerprint"]
-                    for c in crashes}
-    (fp,) = fingerprints
     counted = {s.labels["fingerprint"]: s.value for s in families["forensics_crashes"]
                if s.name == "forensics_crashes_total"}
     assert counted == {fp: 2.0}, counted
@@ -500,6 +522,16 @@ def test_agent_serve_uploads_each_analyzed_crash_and_keeps_its_record(s3, kernel
         r = forensics("analyze", "--json", where["url"], env=env)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["analysis"]["fingerprint"] == fp
+    # AND fleet --bundles names the newer bundle in the bucket: from the node's records of the uploads, and from the
+    # bucket's upload records alone
+    # (of crashes in the same second, the greater location: fleet's rule, whatever order the bundles are read in)
+    uploaded = max((json.loads((c / "metadata.json").read_text())["time"],
+                    json.loads((c / "70-upload.json").read_text())["url"]) for c in crashes)[1]
+    for source in (str(core_dir), f"s3://{bucket}/agent"):
+        fleet, text = _fleet_of_bundles(tmp_path, env, source)
+        assert [g["fingerprints"] for g in fleet["groups"]] == [{fp: 2}], source
+        assert fleet["latest_bundles"] == {fp: uploaded}, source
+        assert f"Newest bundle of {fp}: {uploaded}" in text
 
 
 def test_endpoint_and_profile_from_flags(s3, kernel_cores, live, tmp_path):
