@@ -21,9 +21,8 @@ import io
 import os
 import struct
 import zlib
-from typing import BinaryIO, cast
 
-from ..cache import cache_dir
+from ..cache import cache_path
 from ..digest import sha256
 
 __all__ = ["decompressed_debug_file", "has_compressed_sections", "write_decompressed"]
@@ -118,6 +117,8 @@ def _inflate(src: int, offset: int, size: int, out, expected: int, kind: int) ->
     if kind == ELFCOMPRESS_ZLIB:
         chunks = _zlib_chunks(section)
     elif kind == ELFCOMPRESS_ZSTD:
+        from typing import BinaryIO, cast  # here: typing is an import no other analysis needs
+
         import zstandard
 
         # the reader only calls read(size), which a raw stream has; typeshed's IO[bytes] asks for more
@@ -244,29 +245,30 @@ def decompressed_debug_file(path: str, build_id: str) -> str:
     name = _entry_name(path, build_id)
     if name is None:
         return path
-    directory = cache_dir() / "debug-plain" / build_id[:2]
-    final = directory / name
-    if final.is_file():
-        return str(final)
+    # os.path, not pathlib: pathlib (with urllib.parse and ipaddress) is an import no analysis needs otherwise
+    directory = cache_path("debug-plain", build_id[:2])
+    final = os.path.join(directory, name)
+    if os.path.isfile(final):
+        return final
     import fcntl
 
     try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock_fd = os.open(directory / f".{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        lock_fd = os.open(os.path.join(directory, f".{name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
         return path
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        if final.is_file():  # another analysis wrote it while we waited
-            return str(final)
-        tmp = directory / f".{name}.tmp{os.getpid()}"
+        if os.path.isfile(final):  # another analysis wrote it while we waited
+            return final
+        tmp = os.path.join(directory, f".{name}.tmp{os.getpid()}")
         try:
-            write_decompressed(path, str(tmp))
+            write_decompressed(path, tmp)
             os.rename(tmp, final)
         except (OSError, ValueError):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             return path
-        return str(final)
+        return final
     finally:
         os.close(lock_fd)

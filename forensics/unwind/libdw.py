@@ -31,7 +31,6 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
-from typing import Any
 
 from ..errors import UnwinderUnavailable
 
@@ -119,8 +118,12 @@ class DwflCallbacks(Structure):
                 ("debuginfo_path", c_void_p)]
 
 
-# A foreign function: ctypes checks and converts its arguments by the argtypes below, so it takes Any.
-_CFunction = Callable[..., Any]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
+if TYPE_CHECKING:
+    from typing import Any
+
+    # A foreign function: ctypes checks and converts its arguments by the argtypes below, so it takes Any.
+    _CFunction = Callable[..., Any]
 
 # name: (restype, argtypes); the library each lives in is said by the table it is in
 _DW = {
