@@ -49,8 +49,18 @@ for _ in range(600):
         time.sleep(0.1)
 sys.exit("debuginfod never served " + url)
 EOF
-"$FORENSICS" analyze --json "$CORE" >"$WORK/with.json"
-DEBUGINFOD_URLS= "$FORENSICS" analyze --json "$CORE" >"$WORK/without.json" || true
+eval "$ANALYSES"
+"""
+#: the analyses of the default-path test: with DEBUGINFOD_URLS, and without
+WITH_AND_WITHOUT = """
+"$FORENSICS" analyze --json "$CORE" >"$OUT/with.json"
+DEBUGINFOD_URLS= "$FORENSICS" analyze --json "$CORE" >"$OUT/without.json" || true
+"""
+#: the analyses of the size-bound test: DEBUGINFOD_MAXSIZE one byte short of the debug file, then its size
+SIZE_BOUND = """
+DEBUGINFOD_MAXSIZE=$((SIZE - 1)) FORENSICS_CACHE="$OUT/short" "$FORENSICS" analyze --json "$CORE" >"$OUT/short.json" \
+    || true
+DEBUGINFOD_MAXSIZE=$SIZE FORENSICS_CACHE="$OUT/exact" "$FORENSICS" analyze --json "$CORE" >"$OUT/exact.json"
 """
 
 pytestmark = [
@@ -91,22 +101,34 @@ def stripped_core(tmp_path_factory, core_pattern):
     return d, cores[0], _build_id(exe)
 
 
-def test_default_path_fetches_debug_info_from_debuginfod_urls(stripped_core, tmp_path):
+def _serve_and_analyze(stripped_core, out: Path, analyses: str, **extra: str) -> None:
+    """Run debuginfod on the debug directory in a network namespace of its own, then ``analyses`` (shell) there."""
     d, core, build_id = stripped_core
     import socket
 
     with socket.socket() as s:  # a free port number (in the namespace every port is free: any will do)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "WORK": str(d), "PORT": str(port), "BUILD_ID": build_id, "CORE": str(core),
-           "PYTHON": sys.executable, "FORENSICS": str(FORENSICS), "FORENSICS_CACHE": str(tmp_path / "cache"),
-           "DEBUGINFOD_URLS": f"http://127.0.0.1:{port}", "DEBUGINFOD_CACHE_PATH": str(tmp_path / "client")}
-    # WHEN the stripped program's core is analyzed on the default path with DEBUGINFOD_URLS set
+    env = {**os.environ, "WORK": str(d), "OUT": str(out), "PORT": str(port), "BUILD_ID": build_id,
+           "CORE": str(core), "PYTHON": sys.executable, "FORENSICS": str(FORENSICS),
+           "FORENSICS_CACHE": str(out / "cache"), "DEBUGINFOD_URLS": f"http://127.0.0.1:{port}",
+           "DEBUGINFOD_CACHE_PATH": str(out / "client"), "ANALYSES": analyses, **extra}
     r = subprocess.run(["unshare", "--net", "bash", "-c", SCRIPT], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr + (d / "debuginfod.log").read_text()[-2000:]
-    analysis = json.loads((d / "with.json").read_text())["analysis"]
-    frames = [f for t in analysis["snapshot"]["threads"] if t["is_crashed"] for f in t["native_frames"]]
+
+
+def _crashed_frames(path: Path) -> list[dict]:
+    analysis = json.loads(path.read_text())["analysis"]
+    return [f for t in analysis["snapshot"]["threads"] if t["is_crashed"] for f in t["native_frames"]]
+
+
+def test_default_path_fetches_debug_info_from_debuginfod_urls(stripped_core, tmp_path):
+    build_id = stripped_core[2]
+    # WHEN the stripped program's core is analyzed on the default path with DEBUGINFOD_URLS set
+    _serve_and_analyze(stripped_core, tmp_path, WITH_AND_WITHOUT)
+    analysis = json.loads((tmp_path / "with.json").read_text())["analysis"]
+    frames = _crashed_frames(tmp_path / "with.json")
     # THEN libdw (not gdb) named the stripped program's frames from the served debug file, with source lines
     assert analysis["snapshot"]["native_method"] == "libdw"
     named = [f for f in frames if f["symbol"] and "crash_in_debuginfod_test" in f["symbol"]]
@@ -115,6 +137,22 @@ def test_default_path_fetches_debug_info_from_debuginfod_urls(stripped_core, tmp
     # AND the file was kept in the forensics cache, checked to be that build's
     assert (tmp_path / "cache" / "debuginfod" / build_id / "debuginfo").is_file()
     # AND without DEBUGINFOD_URLS (offline, as before) the same frames have no name
-    offline = json.loads((d / "without.json").read_text())["analysis"]
-    off_frames = [f for t in offline["snapshot"]["threads"] if t["is_crashed"] for f in t["native_frames"]]
+    off_frames = _crashed_frames(tmp_path / "without.json")
     assert not any(f["symbol"] and "crash_in_debuginfod_test" in f["symbol"] for f in off_frames), off_frames
+
+
+def test_a_debug_file_over_debuginfod_maxsize_is_not_fetched(stripped_core, tmp_path):
+    """DEBUGINFOD_MAXSIZE bounds one file as libdebuginfod's does: a larger one is refused, nothing kept."""
+    d, _core, build_id = stripped_core
+    size = (d / "debug" / "crasher.debug").stat().st_size
+    # WHEN the core is analyzed with DEBUGINFOD_MAXSIZE one byte short of the served file, then equal to it
+    _serve_and_analyze(stripped_core, tmp_path, SIZE_BOUND, SIZE=str(size))
+    # THEN one byte short: the file is refused, the frames have no name, the cache holds nothing of it
+    short = _crashed_frames(tmp_path / "short.json")
+    assert not any(f["symbol"] and "crash_in_debuginfod_test" in f["symbol"] for f in short), short
+    entry = tmp_path / "short" / "debuginfod" / build_id
+    assert not entry.exists() or list(entry.iterdir()) == []
+    # AND at its size it is fetched, kept and used
+    exact = _crashed_frames(tmp_path / "exact.json")
+    assert any(f["symbol"] and "crash_in_debuginfod_test" in f["symbol"] for f in exact), exact
+    assert (tmp_path / "exact" / "debuginfod" / build_id / "debuginfo").stat().st_size == size
