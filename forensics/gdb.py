@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from .cache import cache_dir
 from .errors import GdbError, GdbNotFound, GdbTimeout
 from .model import CoreFile, LibraryStatus, NativeFrame, NativeStack
+from .modes import Unwinder
 from .resources import find_shipped
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ def _parse_frames(frames: object) -> tuple[NativeFrame, ...]:
 
 def parse_native_stacks(doc: object) -> tuple[NativeStack, ...]:
     """``forensics-native``'s document (``{"threads": [{"num", "lwp", "frames": [{"pc", "function", "offset",
-    "library", "file", "line", "inlined", "tailcall"}], "error", "method"}]}``) as records, where it enters.
+    "library", "file", "line", "inlined", "tailcall"}], "error", "method"}]}``) as records, where it enters
+    (each stack's ``method`` is :attr:`~forensics.modes.Unwinder.GDB`: gdb unwound it).
 
     >>> parse_native_stacks({"threads": [{"num": 1, "lwp": 7, "frames": [{"pc": 16, "function": "main"}]}]})[0].tid
     7
@@ -97,7 +99,7 @@ def parse_native_stacks(doc: object) -> tuple[NativeStack, ...]:
         if tid is None:
             continue
         out.append(NativeStack(num=_int(t.get("num")) or 0, tid=tid, frames=_parse_frames(t.get("frames")),
-                               error=_str(t.get("error")), method=_str(t.get("method"))))
+                               error=_str(t.get("error")), method=Unwinder.GDB))
     return tuple(out)
 
 

@@ -13,7 +13,7 @@ import enum
 from bisect import bisect_right
 from dataclasses import field
 
-from forensics.modes import NativeMethod, StackMethod
+from forensics.modes import NativeMethod, StackMethod, Unwinder, UnwoundBy
 from forensics.records import record
 
 __all__ = [
@@ -415,7 +415,7 @@ class NativeStack:
     tid: int  # the LWP
     frames: tuple[NativeFrame, ...]
     error: str | None = None  # why the stack stops where it does (None: it ran to its end)
-    method: str | None = None  # "libdw", "gdb", "registers" (program counter only: not unwound), None
+    method: Unwinder | None = None  # who unwound it (REGISTERS: its program counter only, not unwound)
     stopped_in_withheld: bool = False  # libdw stopped in an object whose file it was not given (gdb has none)
     # (frame index, file, line) where libdw's line-table row of the frame's address is not a statement: the
     # address' last statement row, the one gdb names (DWARF 5 location views give one address several rows)
@@ -477,7 +477,7 @@ class Thread:
     native_frames: tuple[NativeFrame, ...]
     py_frames: tuple[PyFrame, ...]  # innermost first
     native_error: str | None = None  # why the native stack is missing or short (the unwinder's error, no native thread)
-    native_method: str | None = None  # what unwound this thread: "libdw", "gdb", or None (program counter only)
+    native_method: Unwinder | None = None  # what unwound this thread (None: it has no native stack)
     python_error: str | None = None  # why the Python stack stopped short (a frame pointer that leaves the core)
     interpreter_id: int | None = None  # the interpreter its innermost Python frame runs in (0: the main one)
     is_main: bool = False  # the process's main thread (its tid is the pid), named or not
@@ -556,8 +556,7 @@ class ProcessSnapshot:
     python_version: str | None
     python_status: PythonStatus
     python_stack_status: str  # "ok", or in one line why Python stacks are missing or partial
-    native_method: str  # what produced the native stacks: "libdw", "gdb", "libdw+gdb" (gdb for the threads
-    # libdw could not unwind), or "registers" (program counters only)
+    native_method: UnwoundBy  # what produced the native stacks (REGISTERS: program counters only)
     python_method: PythonMethod  # whose layout the Python stacks were walked with
     sysroot: str | None
     python_layout: str | None = None  # the layout trusted, in words (which debug offsets, which table record)
@@ -580,7 +579,7 @@ class ProcessSnapshot:
         """False when stacks are missing or cut short (no unwinder, no CPython symbols, a broken frame chain,
         signal handlers nested past the reader's bound), the methods disagree, or the core is truncated or had
         malformed notes."""
-        native_ok = (self.native_method != "registers" or self.requested_native_method is NativeMethod.NONE
+        native_ok = (self.native_method.unwound or self.requested_native_method is NativeMethod.NONE
                      or (self.requested_native_method is NativeMethod.AUTO
                          and self.requested_method is StackMethod.DIRECT))
         return (

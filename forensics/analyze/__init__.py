@@ -24,7 +24,7 @@ from ..model import (
     PythonStatus,
     Source,
 )
-from ..modes import HeapMode, NativeMethod, StackMethod, values
+from ..modes import HeapMode, NativeMethod, StackMethod, Unwinder, UnwoundBy, values
 from .classify import is_python_process
 from .findings import analyze_snapshot, check_nested_faults, check_snapshot, heap_findings
 from .native import NATIVE_METHODS, compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
@@ -61,7 +61,7 @@ def registers_only(core: CoreFile,
 
 def build_snapshot(core: CoreFile, native: tuple[NativeStack, ...] | None, python: PythonStacks | None, *,
                    sysroot: str | None,
-                   native_method: str, python_method: str, requested: str = "auto",
+                   native_method: UnwoundBy, python_method: str, requested: str = "auto",
                    problems: tuple[str, ...] = (), disagreements: tuple[str, ...] = (),
                    requested_native: str = "auto", native_disagreements: tuple[str, ...] = (),
                    reading: CoreReading | None = None) -> ProcessSnapshot:
@@ -497,7 +497,8 @@ def _unwind_signal_handler_threads(reading: CoreReading, problems: list[str],
                         "frames")
         return None
     unwound = {t.tid: t for t in stacks}
-    return tuple(unwound.get(t.tid, t) if t.tid in tids else dataclasses.replace(t, method="registers") for t in pcs)
+    return tuple(unwound.get(t.tid, t) if t.tid in tids else dataclasses.replace(t, method=Unwinder.REGISTERS)
+                 for t in pcs)
 
 
 def _choose_native(plan: str, libdw: tuple[NativeStack, ...] | None, gdb: tuple[NativeStack, ...] | None

@@ -54,6 +54,7 @@ from dataclasses import replace
 
 from ..digest import sha256
 from ..model import Crash, CrashKind, FaultKind, NativeFrame, ProcessSnapshot, PyFrame, Thread
+from ..modes import Unwinder
 from .classify import classify_fault_address, first_fault_frames, is_python_process, normalize_message
 from .pyframes import python_location
 from .stacks import skip_abort_machinery
@@ -202,7 +203,7 @@ def _native_parts(snapshot: ProcessSnapshot, thread: Thread, crash: Crash) -> tu
     """``native:`` parts of a thread that ran no Python code, and why they are partial (None: whole)."""
     frames = [f for f in skip_abort_machinery(first_fault_frames(thread, crash)[0])
               if not f.is_libc and not f.inlined and not f.tailcall]
-    if thread.native_method in (None, "registers"):
+    if thread.native_method in (None, Unwinder.REGISTERS):
         return [], "the native stack of a thread without Python frames was not unwound"
     bases = {lib.path: lib.base for lib in snapshot.core.libraries}
     return [f"native:{_native_frame(f, bases)}" for f in frames[:NATIVE_DEPTH]], None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..model import NativeFrame, NativeStack
-from ..modes import NativeMethod, values
+from ..modes import NativeMethod, Unwinder, UnwoundBy, values
 
 __all__ = ["NATIVE_METHODS", "plan_native", "failed_threads", "with_gdb_fallback", "compare_native_docs",
            "native_label"]
@@ -82,29 +82,29 @@ def with_gdb_fallback(libdw: tuple[NativeStack, ...],
     for t in libdw:
         other = by_tid.get(t.tid)
         if t.tid in failed and other is not None and _better(other, t):
-            threads.append(replace(other, num=t.num, method="gdb"))
+            threads.append(replace(other, num=t.num, method=Unwinder.GDB))
             notes.append(f"tid {t.tid}: libdw: {t.error or 'no frames'}; native stack by gdb")
         else:
             threads.append(t)
     return tuple(threads), notes
 
 
-def native_label(stacks: tuple[NativeStack, ...] | None) -> str:
+def native_label(stacks: tuple[NativeStack, ...] | None) -> UnwoundBy:
     """What produced the native stacks, for the snapshot: ``libdw``, ``gdb``, ``libdw+gdb``,
     ``registers``, or ``libdw+registers`` (some threads unwound, the rest at their program counter).
 
-    >>> native_label((NativeStack(num=1, tid=1, frames=(), method="libdw"),
-    ...               NativeStack(num=2, tid=2, frames=(), method="gdb")))
-    'libdw+gdb'
+    >>> native_label((NativeStack(num=1, tid=1, frames=(), method=Unwinder.LIBDW),
+    ...               NativeStack(num=2, tid=2, frames=(), method=Unwinder.GDB)))
+    <UnwoundBy.LIBDW_GDB: 'libdw+gdb'>
     """
     if stacks is None:
-        return "registers"
-    methods = {t.method or "gdb" for t in stacks}
+        return UnwoundBy.REGISTERS
+    methods = {t.method or Unwinder.GDB for t in stacks}
     if not methods:
-        return "gdb"
-    # "registers": threads left at their program counter beside unwound ones (--method direct unwinds
+        return UnwoundBy.GDB
+    # REGISTERS: threads left at their program counter beside unwound ones (--method direct unwinds
     # only the threads running a signal handler)
-    return "+".join(m for m in ("libdw", "gdb", "registers") if m in methods)
+    return UnwoundBy.of(methods)
 
 
 def _same_frame(a: NativeFrame, b: NativeFrame, statement_row: tuple[str, int] | None = None) -> bool:

@@ -13,6 +13,7 @@ fault that came after it — in a crash reporter's handler, or in another thread
 from __future__ import annotations
 
 from ..model import Analysis, CrashKind, NativeFrame, PyFrame, Thread
+from ..modes import Unwinder
 from .classify import first_fault_frames
 from .pyframes import describe_pyframe, first_outside_stdlib, python_location
 from .stacks import skip_abort_machinery
@@ -75,7 +76,7 @@ def describe_location(py_frames: tuple[PyFrame, ...] | None, native: tuple[Nativ
 
 def _unwound(t: Thread) -> bool:
     """Whether an unwinder made the thread's native frames (not just its program counter)."""
-    return getattr(t, "native_method", None) not in (None, "registers") or len(t.native_frames) > 1
+    return getattr(t, "native_method", None) not in (None, Unwinder.REGISTERS) or len(t.native_frames) > 1
 
 
 def _fault(signal_name: str | None, abort_message: str | None, address: int | None, kind) -> list[str]:

@@ -175,7 +175,7 @@ def _items(f: Facts, known: list[KnownMatch]) -> list[Item]:
         elif (a.fault_thread is not None and a.fault_thread.nvml_on_stack) or f.api:
             items.append(Item(key="core.nvml_on_stack", source="analyze",
                               fact=f"an NVML call ({f.api or '?'}) was in progress on the crashing thread"))
-        if a.snapshot.native_method == "registers":
+        if not a.snapshot.native_method.unwound:
             items.append(Item(key="core.no_native", source="analyze",
                               fact="the native stacks were not unwound (program counters only)"))
         frame = _fault_frame(f)

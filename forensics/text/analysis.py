@@ -134,7 +134,7 @@ def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool
     if snap.python_version:
         yield f"Python:      {snap.python_version}"
     layout = f" ({snap.python_layout})" if snap.python_layout and snap.python_method is not PythonMethod.NONE else ""
-    yield (f"Stacks:      native by {snap.native_method}; Python by {snap.python_method.value}{layout}: "
+    yield (f"Stacks:      native by {snap.native_method.value}; Python by {snap.python_method.value}{layout}: "
            f"{snap.python_stack_status}")
     if core.nvml is not None:
         n = core.nvml

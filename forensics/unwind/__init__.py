@@ -44,6 +44,7 @@ from ..core.memory import CoreMemory
 from ..core.symtab import file_identity
 from ..errors import UnwinderUnavailable
 from ..model import CoreFile, Library, LibraryStatus, NativeFrame, NativeStack
+from ..modes import Unwinder
 from . import libdw as L
 from .coreattach import CoreState
 from .debugcache import decompressed_debug_file
@@ -308,7 +309,7 @@ class _Unwinder:
                         frames.extend(described)
                     built = stacks[key] = (_records(frames), _statement_rows(frames))
                 # withheld: no file to unwind further with, gdb has none either
-                threads.append(NativeStack(num=num, tid=tid, frames=built[0], error=error, method="libdw",
+                threads.append(NativeStack(num=num, tid=tid, frames=built[0], error=error, method=Unwinder.LIBDW,
                                            stopped_in_withheld=withheld, statement_rows=built[1]))
             return tuple(threads)
         finally:

@@ -20,6 +20,7 @@ from forensics.analyze.signature import exit_explanation, signature
 from forensics.cli import cli
 from forensics.errors import EXIT_OK
 from forensics.model import CrashKind, FaultKind, HandlerKind
+from forensics.modes import UnwoundBy
 from tests.conftest import PYTHONS, python_params
 from tests.crashers.make_core import TWO_THREADS, build_libcrash, build_libreporter, crash_for_core
 
@@ -144,7 +145,7 @@ def test_signal_frames_are_found_without_an_unwinder(cores, newest_python):
     a = analyze_core(str(cores.get(newest_python, "heap-prev", handler="ctypes-abort")), native_method="none")
     # THEN the signal frame is still found, by the trampoline's bytes in libc and the kernel's frame
     # layout, and the crash is still classified by its first fault
-    assert a.snapshot.native_method == "registers"
+    assert a.snapshot.native_method is UnwoundBy.REGISTERS
     (sf,) = a.snapshot.crashed_thread.signal_frames
     assert sf.signal.name == "SIGABRT" and sf.signal_source == "registers" and sf.native_index is None
     assert a.crash.kind is CrashKind.HEAP_CORRUPTION and a.crash.then.signal_name == "SIGSEGV"
@@ -169,7 +170,7 @@ def test_every_method_gives_the_first_faults_fingerprint(cores, newest_python, h
     # THEN one fingerprint, the plain crash's
     assert {k: a.fingerprint for k, a in got.items()} == dict.fromkeys(got, plain)
     assert all(a.fingerprint_partial is None for a in got.values())
-    assert got["direct"].snapshot.native_method == "libdw+registers"
+    assert got["direct"].snapshot.native_method is UnwoundBy.LIBDW_REGISTERS
 
 
 def test_cli_json_carries_the_exit_explanation(cores, newest_python):

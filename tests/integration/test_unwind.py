@@ -27,6 +27,7 @@ from forensics.analyze import analyze_core
 from forensics.core import open_core
 from forensics.gdb import GdbSession
 from forensics.model import CoreFile, LibraryStatus, NativeFrame, NativeStack
+from forensics.modes import Unwinder
 from forensics.unwind import unwind_core
 from tests.conftest import python_params
 from tests.crashers.make_core import crash_for_core
@@ -75,7 +76,7 @@ def assert_same_as_gdb(core: CoreFile, sysroot: str | None = None) -> Agreement:
     assert [t.tid for t in ours] == [t.tid for t in theirs]
     for mine, gdb in zip(ours, theirs, strict=True):
         tid = mine.tid
-        assert mine.method == "libdw"
+        assert mine.method is Unwinder.LIBDW
         gdb_list = [f for f in gdb.frames if not f.tailcall]
         seen.tailcalls_left_out += len(gdb.frames) - len(gdb_list)
         if mine.stopped_in_withheld and len(gdb_list) > len(mine.frames):
@@ -388,5 +389,5 @@ def test_a_looping_stack_is_cut_where_it_repeats(tmp_path, core_pattern):
     # and the analysis keeps that reason on the thread, beside its three frames
     analysis = analyze_core(str(core_path))
     (crashed,) = analysis.snapshot.threads
-    assert crashed.native_error == thread.error and crashed.native_method == "libdw"
+    assert crashed.native_error == thread.error and crashed.native_method is Unwinder.LIBDW
     assert [f.symbol for f in crashed.native_frames] == ["crash", "loop_a", "loop_b"]

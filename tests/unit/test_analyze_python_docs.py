@@ -8,6 +8,7 @@ from forensics.analyze.stacks import choose_python_stacks, compare_python_stacks
 from forensics.format import analysis_payload
 from forensics.text.analysis import format_analysis
 from forensics.model import FrameKind, NativeFrame, PyFrame, PythonStacks, PythonStatus, PyThreadStack, Thread
+from forensics.modes import UnwoundBy
 from tests.unit.test_pure import make_core
 
 BROKEN = "frame 0x4141414141414141: 0x4141414141414141 is not in the core"
@@ -98,7 +99,8 @@ def test_snapshot_with_a_thread_error_is_partial_and_says_which_thread_once():
     native = tuple(NativeStack(num=i, tid=tid, frames=(NativeFrame(index=0, pc=pc, symbol=f, offset=None,
                                                                    library=None),))
                    for i, tid, pc, f in ((1, 7, 1, "f"), (2, 8, 2, "g")))
-    snap = build_snapshot(make_core(), native, broken(), sysroot=None, native_method="gdb", python_method="gdb")
+    snap = build_snapshot(make_core(), native, broken(), sysroot=None, native_method=UnwoundBy.GDB,
+                          python_method="gdb")
     # THEN the Python stage is partial, said once (the Stacks line), and the thread carries the reason
     assert snap.python_status is PythonStatus.PARTIAL
     assert snap.python_stack_status == f"partial: tid 7: {BROKEN}"

@@ -18,7 +18,7 @@ from forensics.cli import cli
 from forensics.errors import EXIT_ERROR, ArtifactFormatError
 from forensics.format import analysis_payload, load_analysis, load_batch
 from forensics.model import BatchEntry, BatchGroup, BatchResult, PythonMethod
-from forensics.modes import NativeMethod, StackMethod
+from forensics.modes import NativeMethod, StackMethod, UnwoundBy
 from forensics.imports.format import load_import_report, report_payload
 from forensics.output import json_document
 from forensics.reproduce import load_reproduce, reproduce_payload
@@ -98,6 +98,13 @@ def _analysis_doc() -> dict:
     (lambda d: d["analysis"]["crash"].update(tid="1367"), "$.analysis.crash.tid: expected int, found str"),
     (lambda d: d["analysis"]["crash"].update(kind="melted"), "$.analysis.crash.kind: 'melted' is not one of"),
     (lambda d: d["analysis"]["snapshot"].pop("threads"), "$.analysis.snapshot.threads: missing"),
+    # what unwound the stacks is one of the unwinders (or their join), not any string
+    (lambda d: d["analysis"]["snapshot"].update(native_method="lldb"),
+     "$.analysis.snapshot.native_method: 'lldb' is not one of 'libdw', 'gdb', 'libdw+gdb', 'registers'"),
+    (lambda d: d["analysis"]["snapshot"].update(native_method="gdb+libdw"),
+     "$.analysis.snapshot.native_method: 'gdb+libdw' is not one of"),
+    (lambda d: d["analysis"]["snapshot"]["threads"][0].update(native_method="libdw+gdb"),
+     "$.analysis.snapshot.threads[0].native_method: 'libdw+gdb' is not one of 'libdw', 'gdb', 'registers'"),
 ])
 def test_a_document_this_version_cannot_read_is_one_clear_error(change, said, tmp_path):
     doc = _analysis_doc()
@@ -159,12 +166,33 @@ def test_the_snapshots_modes_are_enums_spelled_as_before(method, native, python,
     # THEN each is its enum's member, is_complete compares members (program counters only is complete only when
     # no unwinder was asked for), and the JSON spells them as it did
     s = a.snapshot
-    assert (s.requested_method, s.requested_native_method, s.python_method) == (
-        StackMethod(method), NativeMethod(native), PythonMethod(python))
+    assert (s.requested_method, s.requested_native_method, s.python_method, s.native_method) == (
+        StackMethod(method), NativeMethod(native), PythonMethod(python), UnwoundBy.REGISTERS)
     assert s.is_complete is complete
     again = analysis_payload(a)["snapshot"]
-    assert [again[k] for k in ("requested_method", "requested_native_method", "python_method")] == [
-        method, native, python]
+    assert [again[k] for k in ("requested_method", "requested_native_method", "python_method", "native_method")] == [
+        method, native, python, "registers"]
+
+
+@pytest.mark.parametrize("label", [m.value for m in UnwoundBy])
+def test_what_unwound_the_stacks_is_read_as_its_members_and_written_as_before(label):
+    # GIVEN the demo's analysis whose snapshot and threads say what unwound them, as analyze --json writes it
+    doc = _analysis_doc()
+    snap = doc["analysis"]["snapshot"]
+    assert load_analysis(doc).snapshot.native_method is UnwoundBy.LIBDW  # as the demo wrote it
+    threads = UnwoundBy(label).unwinders
+    snap["native_method"] = label
+    for i, t in enumerate(snap["threads"]):
+        t["native_method"] = threads[i % len(threads)].value
+    # WHEN it is read back
+    s = load_analysis(doc).snapshot
+    # THEN the snapshot's is the join's member, each thread's an unwinder, is_complete asks the member (only
+    # program counters, no unwinder asked off, is incomplete), and the JSON spells them as it did
+    assert s.native_method is UnwoundBy(label) and UnwoundBy.of(t.native_method for t in s.threads) is s.native_method
+    assert s.is_complete is (label != "registers")
+    again = analysis_payload(load_analysis(doc))["snapshot"]
+    assert again["native_method"] == label and [t["native_method"] for t in again["threads"]] == [
+        t["native_method"] for t in snap["threads"]]
 
 
 def test_the_known_issue_files_are_read_into_records():

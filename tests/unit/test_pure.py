@@ -16,6 +16,7 @@ from forensics.model import (
     CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, NativeStack, ProcessSnapshot, PyFrame,
     PythonMethod, PythonStacks, PythonStatus, PyThreadStack, SigInfo, Source, Thread,
 )
+from forensics.modes import UnwoundBy
 from forensics.output import json_document
 from forensics.text.analysis import format_analysis
 
@@ -114,7 +115,7 @@ def _analysis(abort="double free or corruption (!prev)", py_line=5):
         py_frames=(PyFrame(function="nvlink_throughput", file="/app/nvitop/api/device.py", line=py_line),),
     )
     snap = ProcessSnapshot(source=Source.CORE, core=core, threads=(t,), python_version="3.12.1",
-                           python_status=PythonStatus.OK, python_stack_status="ok", native_method="gdb",
+                           python_status=PythonStatus.OK, python_stack_status="ok", native_method=UnwoundBy.GDB,
                            python_method=PythonMethod.GDB, sysroot=None)
     return analyze_snapshot(snap)
 
