@@ -36,8 +36,8 @@ from forensics.errors import CoreNotFound, CoreReadError, InputUnreadable, NotAC
 __all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory", "CoreFileReader", "WINDOW", "KEEP"]
 
 _HEAD_SIZE = 4096
-WINDOW = 64 << 10  # bytes of the core file read at a time
-KEEP = 64  # windows kept, the last used: 4 MiB
+WINDOW = 16 << 10  # bytes of the core file read at a time
+KEEP = 256  # windows kept, the last used: 4 MiB
 
 
 class CoreFileReader:
