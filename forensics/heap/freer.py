@@ -19,11 +19,16 @@ from forensics.model import HeapCorruption, NativeFree, NativeFrame, OverflowVer
 __all__ = ["ALLOCATOR", "who_freed", "library_verdict"]
 
 #: glibc's allocator entry points and internals, innermost frames of a crash in one of them
-ALLOCATOR = ("free", "__libc_free", "__GI___libc_free", "cfree", "_int_free", "_int_free_merge_chunk",
-             "_int_free_create_chunk", "_int_free_maybe_consolidate", "malloc", "__libc_malloc", "_int_malloc",
-             "realloc", "__libc_realloc", "__GI___libc_realloc", "_int_realloc", "calloc", "__libc_calloc")
+ALLOCATOR = ("free", "__libc_free", "__GI___libc_free", "cfree", "_int_free", "_int_free_chunk",
+             "_int_free_merge_chunk", "_int_free_create_chunk", "_int_free_maybe_consolidate", "malloc",
+             "__libc_malloc", "_int_malloc", "realloc", "__libc_realloc", "__GI___libc_realloc", "_int_realloc",
+             "calloc", "__libc_calloc")
 #: the entry points that free a chunk (after ``__GI___libc_`` / ``__libc_`` are cut off)
 _FREES = ("free", "cfree", "realloc")
+#: free()'s workers, which it may tail-call and so leave no frame of its own: the outermost allocator frame
+#: below a caller outside the allocator is then free()'s (glibc 2.43 on AArch64 ends free() in
+#: ``b _int_free_chunk``)
+_TAIL_CALLED_BY_FREE = ("_int_free", "_int_free_chunk")
 #: C++'s operator delete (libstdc++, libc++): a wrapper of free(), the code above it freed the memory
 _DELETE = ("_ZdlPv", "_ZdaPv", "_ZdlPvm", "_ZdaPvm", "_ZdlPvSt11align_val_t", "_ZdaPvSt11align_val_t")
 #: object files whose free() is on behalf of Python or its ctypes (the buffer may be the binding's)
@@ -71,6 +76,8 @@ def who_freed(frames: Sequence[NativeFrame],
             return None
         entry = next((g.symbol for g in reversed(frames[i:j + 1]) if g.is_libc), f.symbol) or "free"
         entry = entry.replace("__GI___libc_", "").replace("__libc_", "")
+        if entry in _TAIL_CALLED_BY_FREE:
+            entry = "free"
         if entry not in _FREES:
             return None
         caller = frames[j + 1]

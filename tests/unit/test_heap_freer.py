@@ -91,3 +91,23 @@ def test_a_python_owner_or_a_crash_in_malloc_decides_nothing_here():
     assert c.verdict is OverflowVerdict.UNDETERMINED and c.verdict_reason == GENERIC and c.freed_by is not None
     assert who_freed(frames(*IN_NVML, entry="__libc_malloc"), PY) is None
     assert who_freed(frames()[:4], PY) is None  # nothing above the allocator
+
+
+def test_free_tail_called_into_its_worker_is_still_free():
+    # GIVEN glibc 2.43's free(), which ends in a tail call of _int_free_chunk (x86-64 and AArch64 builds of
+    # Debian's 2.43 alike): no frame of free() itself, its worker's frame right below the library's
+    names = [("__GI_abort", LIBC), ("malloc_printerr", LIBC), ("_int_free_merge_chunk", LIBC),
+             ("_int_free_chunk", LIBC), *IN_NVML]
+    f = [NativeFrame(index=i, pc=0x7000 + i, symbol=s, offset=0, library=lib) for i, (s, lib) in enumerate(names)]
+    # WHEN who freed the chunk is asked
+    c = library_verdict(corruption(), f, PY, pointers=[])
+    # THEN it is the library's free(), and the verdict the library's own buffer
+    assert c.freed_by.entry == "free" and c.freed_by.function == "nvlink_scratch_overflow"
+    assert c.verdict is OverflowVerdict.LIBRARY
+
+
+def test_malloc_internals_without_an_entry_are_no_free():
+    # _int_malloc's own frames (no free(), no tail call of its workers) say nothing of who freed
+    names = [("__GI_abort", LIBC), ("malloc_printerr", LIBC), ("_int_malloc", LIBC), *IN_NVML]
+    f = [NativeFrame(index=i, pc=0x7000 + i, symbol=s, offset=0, library=lib) for i, (s, lib) in enumerate(names)]
+    assert who_freed(f, PY) is None
