@@ -15,7 +15,7 @@ with the reason).  It publishes:
   ``container``, ``image_digest`` (the pods on one node: a DaemonSet's few), so one node's series
   are (distinct crashes) x (pods and containers that had them).  The other families' labels come
   from closed sets: ``reason`` of :data:`~.nodeindex.NOT_KEPT_REASONS` and analysis failures
-  (``timeout``, ``memory``, ``error``, ``interrupted``), ``kind`` of ``cores`` / ``objects``.
+  (``timeout``, ``memory``, ``resources``, ``error``, ``interrupted``), ``kind`` of ``cores`` / ``objects``.
 - A Kubernetes Event on the crashed pod (type Warning, reason ``NativeCrash``; message: signature,
   fingerprint, the bundle's path on the node), one per (pod, fingerprint), its ``count`` the
   number of such crashes in the index — set, not incremented, so a restarted agent never counts
@@ -49,9 +49,12 @@ __all__ = ["ServeConfig", "Agent", "HANDLER_REASONS", "NODE_LABEL", "handler_sta
            "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve",
            "fit_document", "NOT_STARTED"]
 
-ANALYSIS_FAILURES = ("timeout", "memory", "error", "interrupted")
+ANALYSIS_FAILURES = ("timeout", "memory", "resources", "error", "interrupted")
 NOT_STARTED = "not-started"
 _TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+#: what the analysis child prints when a limit (the pod's pids) stopped it making a thread or process inside
+_SHORT_SIGNS = ("can't start new thread", "Resource temporarily unavailable", "BlockingIOError")
+MAX_SHORT = 10  # analyses in a row short of threads or processes inside: tried again, then failed "resources"
 STORED_EVERY = 60.0  # seconds between counts of the bytes stored when no bundle changed
 MAX_ANALYSIS_OUTPUT = 256 << 20  # what an analysis may print (it is read back whole, then fit to MAX_READ)
 _IOPRIO_SET = 251  # x86-64 syscall number
@@ -231,11 +234,12 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     adir = os.path.join(crash_dir, layout.ANALYSIS_DIR)
     os.makedirs(adir, exist_ok=True)
     started = os.path.join(crash_dir, layout.ANALYSIS_ATTEMPTS)
-    attempts = 0
+    attempts = short = 0
     try:
         with open(started) as f:
-            attempts = int(json.load(f).get("attempts", 0))
-    except (OSError, ValueError, AttributeError):  # none yet (or cut by a full disk): counted from 0
+            record = json.load(f)
+        attempts, short = int(record.get("attempts", 0)), int(record.get("short_of_resources", 0))
+    except (OSError, ValueError, AttributeError, TypeError):  # none yet (or cut by a full disk): counted from 0
         pass
     if attempts >= cfg.max_attempts:  # the agent died (or was killed) during each earlier attempt
         _write_atomic_json(os.path.join(crash_dir, layout.ANALYSIS_FAILED), {
@@ -269,9 +273,15 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
         except subprocess.SubprocessError as e:
             reason, detail = "error", f"cannot start the analysis: {e}"
         if p is not None and p.returncode not in (0, 3, 4):
-            text = p.stderr
-            reason = "memory" if "MemoryError" in text or "Cannot allocate memory" in text else "error"
-            detail = f"exit status {p.returncode}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+            reason, detail = _child_failure(p.returncode, p.stderr)
+    if reason == "resources" and short + 1 < MAX_SHORT:  # the pod's limit, not this crash: no attempt spent
+        _write_atomic_json(started, {"attempts": attempts, "last_start": time.time(),
+                                     "not_started": f"resources: {detail}", "short_of_resources": short + 1})
+        with contextlib.suppress(OSError):
+            os.unlink(out_path)
+        return NOT_STARTED
+    if reason == "resources":
+        detail = f"{MAX_SHORT} analyses in a row could not make a thread or process (a pids limit?): {detail}"
     try:
         if reason is None and p is not None:
             with open(out_path, "rb") as f:
@@ -293,6 +303,17 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     _write_atomic_json(os.path.join(crash_dir, layout.ANALYSIS_FAILED),
                        {"reason": reason, "detail": detail, "time": time.time()})
     return reason or "error"
+
+
+def _child_failure(status: int, stderr: str) -> tuple[str, str]:
+    """The reason and detail of an analysis child that exited ``status`` (not 0, 3 or 4) having printed
+    ``stderr``: ``resources`` when it could not make a thread or process, ``memory``, else ``error``."""
+    detail = f"exit status {status}: {stderr.strip().splitlines()[-1] if stderr.strip() else ''}"
+    if any(sign in stderr for sign in _SHORT_SIGNS):
+        return "resources", detail
+    if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
+        return "memory", detail
+    return "error", detail
 
 
 class IndexCollector:

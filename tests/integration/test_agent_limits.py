@@ -122,6 +122,47 @@ def test_an_analysis_that_cannot_start_is_retried_not_failed(kernel_cores, conta
         agent.stop()
 
 
+def test_an_analysis_short_of_threads_inside_is_retried_then_failed_as_resources(kernel_cores, container, pids_cgroup,
+                                                                                   tmp_path):
+    """The analysis child forked (one pid to spare) but could not start a thread inside: it was recorded as
+    "error" at its first attempt ("internal error: RuntimeError: can't start new thread"), for good."""
+    from forensics.capture.serve import MAX_SHORT
+
+    core_dir = tmp_path / "cores"
+    # GIVEN the agent in a cgroup with one pid to spare: the analysis forks, then cannot start a thread
+    agent = AgentProcess(core_dir, "node-short", None, tmp_path)
+    try:
+        _into(pids_cgroup, agent.proc.pid, "max")
+        current = int((pids_cgroup / "pids.current").read_text())
+        (pids_cgroup / "pids.max").write_text(str(current + 1))
+        # WHEN a crash comes
+        handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+        (crash,) = (core_dir / "crashes").iterdir()
+        attempts, failed = crash / "60-analysis" / "attempts.json", crash / "60-analysis" / "failed.json"
+        deadline = time.monotonic() + 120
+        while not (attempts.exists() and "short_of_resources" in attempts.read_text()) and not failed.exists():
+            assert time.monotonic() < deadline, "the agent never tried"
+            time.sleep(0.1)
+        # THEN the first try spends no attempt and says why, typed
+        assert not failed.exists(), failed.read_text()
+        first = json.loads(attempts.read_text())
+        assert first["attempts"] == 0 and first["not_started"].startswith("resources: exit status 1: ")
+        assert "can't start new thread" in first["not_started"]
+        # AND after MAX_SHORT tries in a row the crash is failed with the reason "resources", counted so
+        while not failed.exists():
+            assert time.monotonic() < deadline + 60 * MAX_SHORT, "never failed"
+            time.sleep(0.2)
+        record = json.loads(failed.read_text())
+        assert record["reason"] == "resources" and f"{MAX_SHORT} analyses in a row" in record["detail"]
+        (pids_cgroup / "pids.max").write_text("max")
+        deadline = time.monotonic() + 30
+        while {s.labels["reason"]: s.value for s in agent.scrape()["forensics_analysis_failures"]}["resources"] != 1:
+            assert time.monotonic() < deadline, "not counted"
+            time.sleep(0.2)
+    finally:
+        agent.stop()
+
+
 LONG = "frame_" + "x" * 2000  # one C function whose name is 2,006 characters
 DEEP_C = r"""
 #include <pthread.h>

@@ -201,7 +201,7 @@ def test_agent_analyzes_each_crash_once_and_publishes_metrics_and_events(kernel_
                                  "pod": "exporter-a1", "container": "exporter",
                                  "image_digest": "sha256:" + "ab" * 32}
             assert {s.labels["reason"]: s.value for s in samples["forensics_analysis_failures"]} == {
-                "timeout": 0, "memory": 0, "error": 0, "interrupted": 0}
+                "timeout": 0, "memory": 0, "resources": 0, "error": 0, "interrupted": 0}
             stored = {s.labels["kind"]: s.value for s in samples["forensics_stored_bytes"]}
             assert stored["cores"] > 0 and stored["objects"] > 0
             # one Event per distinct crash on the pod, its count the crashes of that fingerprint
