@@ -13,7 +13,9 @@ only read it (:func:`sandbox_command` binds it read-only).
 ``build_root("bookworm", [...], arch="arm64")`` builds a root of another architecture (the
 packages only unpacked, ``mmdebstrap --variant=extract``: their maintainer scripts would need the
 foreign CPU), to run under qemu-user (tests/arm64.py); its key and directory name say the
-architecture, and an amd64 root's key is what it always was.
+architecture, and an amd64 root's key is what it always was.  With ``emulate=True`` it is installed
+whole instead (``--variant=essential``), its maintainer scripts run by qemu-user-static through
+binfmt_misc (:func:`emulation_problem` says what is missing): the agent image's arm64 userland.
 
 Without network the newest cached root of the same suite and packages is used; with
 neither, :class:`RootUnavailable` says why (a test should skip).
@@ -38,7 +40,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["MIRROR", "NATIVE_ARCH", "RootUnavailable", "release_date", "root_key", "build_root", "sandbox_command"]
+__all__ = ["MIRROR", "NATIVE_ARCH", "RootUnavailable", "release_date", "root_key", "build_root", "emulation_problem",
+           "sandbox_command"]
 
 MIRROR = os.environ.get("FORENSICS_TEST_MIRROR", "http://deb.debian.org/debian")
 #: the mirror is a dated snapshot: its Release files are past their Valid-Until
@@ -47,6 +50,10 @@ APT_OPTIONS = ('Acquire::Check-Valid-Until "false"',)
 _BUILDER = "mmdebstrap variant=essential; docs/man/locales excluded; v1"
 #: a foreign root: unpacked, not configured (no maintainer script can run), usr-merge links made
 _FOREIGN_BUILDER = "mmdebstrap variant=extract; docs/man/locales excluded; usr-merge links; v1"
+#: a foreign root installed whole, its maintainer scripts run under qemu-user (binfmt_misc)
+_EMULATED_BUILDER = "mmdebstrap variant=essential under qemu-user binfmt_misc; docs/man/locales excluded; v1"
+#: qemu-user's name of the foreign Debian architectures a root can be installed whole for
+QEMU_ARCH = {"arm64": "aarch64"}
 #: the architecture of this machine's roots; a root of any other is unpacked only
 NATIVE_ARCH = "amd64"
 _DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
@@ -84,11 +91,33 @@ def release_date(suite: str, mirror: str = MIRROR, *, timeout: float = 30.0) -> 
     raise RootUnavailable(f"{url} has no Date: field")
 
 
-def _builder(arch: str) -> str:
-    return _BUILDER if arch == NATIVE_ARCH else _FOREIGN_BUILDER
+def _builder(arch: str, emulate: bool = False) -> str:
+    if arch == NATIVE_ARCH:
+        return _BUILDER
+    return _EMULATED_BUILDER if emulate else _FOREIGN_BUILDER
 
 
-def root_key(suite: str, packages: Sequence[str], date: str, mirror: str = MIRROR, arch: str = NATIVE_ARCH) -> str:
+def emulation_problem(arch: str) -> str | None:
+    """Why a root of Debian architecture ``arch`` cannot be installed whole here, or None: mmdebstrap runs its
+    maintainer scripts through the kernel's binfmt_misc entry of qemu-user-static, and checks it with arch-test."""
+    qemu = QEMU_ARCH.get(arch)
+    if qemu is None:
+        return f"no qemu-user name known for Debian architecture {arch!r}"
+    for tool, package in ((f"qemu-{qemu}-static", "qemu-user-static"), ("arch-test", "arch-test")):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install -y {package} binfmt-support arch-test)"
+    try:
+        enabled = Path(f"/proc/sys/fs/binfmt_misc/qemu-{qemu}").read_text().splitlines()[:1] == ["enabled"]
+    except OSError:
+        enabled = False
+    if not enabled:
+        return (f"binfmt_misc has no enabled qemu-{qemu} entry (as root: mount -t binfmt_misc binfmt_misc "
+                f"/proc/sys/fs/binfmt_misc; update-binfmts --enable qemu-{qemu}; bash .ci/setup does it)")
+    return None
+
+
+def root_key(suite: str, packages: Sequence[str], date: str, mirror: str = MIRROR, arch: str = NATIVE_ARCH,
+             emulate: bool = False) -> str:
     """The cache key of a root: what it is built from.
 
     >>> root_key("sid", ["b", "a"], "d") == root_key("sid", ["a", "b", "a"], "d")
@@ -96,7 +125,7 @@ def root_key(suite: str, packages: Sequence[str], date: str, mirror: str = MIRRO
     >>> root_key("sid", ["a"], "d") == root_key("sid", ["a"], "d", arch="arm64")
     False
     """
-    what: list = [_builder(arch), mirror, suite, sorted(set(packages)), date]
+    what: list = [_builder(arch, emulate), mirror, suite, sorted(set(packages)), date]
     if arch != NATIVE_ARCH:  # an amd64 root keeps the key it had before roots of other architectures
         what.append(arch)
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
@@ -106,15 +135,17 @@ def _dir_name(suite: str, key: str, arch: str) -> str:
     return f"{suite}-{key}" if arch == NATIVE_ARCH else f"{suite}-{arch}-{key}"
 
 
-def _marker(suite: str, packages: Sequence[str], date: str, mirror: str, arch: str = NATIVE_ARCH) -> dict:
-    rec = {"builder": _builder(arch), "mirror": mirror, "suite": suite, "packages": sorted(set(packages)),
+def _marker(suite: str, packages: Sequence[str], date: str, mirror: str, arch: str = NATIVE_ARCH,
+            emulate: bool = False) -> dict:
+    rec = {"builder": _builder(arch, emulate), "mirror": mirror, "suite": suite, "packages": sorted(set(packages)),
            "release_date": date}
     if arch != NATIVE_ARCH:
         rec["arch"] = arch
     return rec
 
 
-def _cached(roots: Path, suite: str, packages: Sequence[str], mirror: str, arch: str = NATIVE_ARCH) -> Path | None:
+def _cached(roots: Path, suite: str, packages: Sequence[str], mirror: str, arch: str = NATIVE_ARCH,
+            emulate: bool = False) -> Path | None:
     """The newest complete root of this suite and package list, whatever its snapshot date."""
     best: tuple[str, Path] | None = None
     want = sorted(set(packages))
@@ -123,8 +154,8 @@ def _cached(roots: Path, suite: str, packages: Sequence[str], mirror: str, arch:
             rec = json.loads(marker.read_text())
         except (OSError, ValueError):
             continue
-        if (rec.get("packages") == want and rec.get("mirror") == mirror and rec.get("builder") == _builder(arch)
-                and rec.get("arch", NATIVE_ARCH) == arch):
+        if (rec.get("packages") == want and rec.get("mirror") == mirror
+                and rec.get("builder") == _builder(arch, emulate) and rec.get("arch", NATIVE_ARCH) == arch):
             stamp = str(rec.get("built_at", ""))
             if best is None or stamp > best[0]:
                 best = (stamp, marker.parent)
@@ -139,7 +170,7 @@ def _locked(path: Path):
 
 
 def build_root(suite: str, packages: Sequence[str], *, mirror: str = MIRROR, cache: Path | None = None,
-               arch: str = NATIVE_ARCH) -> Path:
+               arch: str = NATIVE_ARCH, emulate: bool = False) -> Path:
     """A cached Debian root of ``suite`` with ``packages`` installed; built once.
 
     :param suite: a suite of the mirror (``sid``, ``bookworm``)
@@ -147,6 +178,7 @@ def build_root(suite: str, packages: Sequence[str], *, mirror: str = MIRROR, cac
     :param mirror: the Debian mirror (a dated snapshot here)
     :param cache: the forensics cache directory (default: :func:`forensics.cache.cache_dir`)
     :param arch: a Debian architecture; another than this machine's is unpacked only (run it under qemu-user)
+    :param emulate: install a foreign root whole, its maintainer scripts run under qemu-user (an image's root)
     :return: the root directory (do not write into it)
     :raises RootUnavailable: when there is no cached root and none can be built here
     """
@@ -155,22 +187,23 @@ def build_root(suite: str, packages: Sequence[str], *, mirror: str = MIRROR, cac
     try:
         date = release_date(suite, mirror)
     except RootUnavailable as e:
-        found = _cached(roots, suite, packages, mirror, arch)
+        found = _cached(roots, suite, packages, mirror, arch, emulate)
         if found is not None:
             return found
         raise RootUnavailable(f"no cached {suite} root with {' '.join(sorted(packages))}, and {e}") from e
-    key = root_key(suite, packages, date, mirror, arch)
+    key = root_key(suite, packages, date, mirror, arch, emulate)
     final = roots / _dir_name(suite, key, arch)
     if (final / _MARKER).is_file():
         return final
     with _locked(roots / f".{final.name}.lock"):
         if (final / _MARKER).is_file():  # another run built it while we waited
             return final
-        _build(final, suite, packages, date, mirror, arch)
+        _build(final, suite, packages, date, mirror, arch, emulate)
     return final
 
 
-def _build(final: Path, suite: str, packages: Sequence[str], date: str, mirror: str, arch: str = NATIVE_ARCH) -> None:
+def _build(final: Path, suite: str, packages: Sequence[str], date: str, mirror: str, arch: str = NATIVE_ARCH,
+           emulate: bool = False) -> None:
     tool = shutil.which("mmdebstrap")
     if tool is None:
         raise RootUnavailable("mmdebstrap is not installed (apt-get install -y mmdebstrap; bash .ci/setup does it)")
@@ -181,7 +214,13 @@ def _build(final: Path, suite: str, packages: Sequence[str], date: str, mirror: 
         shutil.rmtree(tmp)
     if final.exists():  # a build that died before its marker: not a root
         shutil.rmtree(final)
-    variant = ["--variant=essential"] if arch == NATIVE_ARCH else ["--variant=extract", f"--arch={arch}"]
+    emulate = emulate and arch != NATIVE_ARCH
+    if emulate and (why := emulation_problem(arch)) is not None:
+        raise RootUnavailable(f"cannot install a {arch} root whole: {why}")
+    if arch == NATIVE_ARCH:
+        variant = ["--variant=essential"]
+    else:
+        variant = [f"--variant={'essential' if emulate else 'extract'}", f"--arch={arch}"]
     cmd = [tool, "--quiet", "--mode=root", *variant, f"--include={','.join(sorted(set(packages)))}"]
     cmd += [f"--aptopt={opt}" for opt in APT_OPTIONS]
     cmd += [f"--dpkgopt=path-exclude={p}" for p in _DPKG_EXCLUDES]
@@ -197,9 +236,9 @@ def _build(final: Path, suite: str, packages: Sequence[str], date: str, mirror: 
         raise RuntimeError(f"mmdebstrap exited {proc.returncode}: {' '.join(cmd)}\n{tail}")
     import time
 
-    if arch != NATIVE_ARCH:
+    if arch != NATIVE_ARCH and not emulate:
         _link_merged_usr(tmp)
-    rec = _marker(suite, packages, date, mirror, arch)
+    rec = _marker(suite, packages, date, mirror, arch, emulate)
     rec["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     (tmp / _MARKER).write_text(json.dumps(rec, indent=1) + "\n")
     os.rename(tmp, final)
