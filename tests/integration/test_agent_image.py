@@ -1,30 +1,27 @@
 """The agent image (.ci/image/build.py): built here with mmdebstrap and umoci, then used as the DaemonSet uses it.
 
-The image is built once per input (the recipe, the package's files) into the forensics cache, under
-a lock, renamed into place. Its root is unpacked with umoci and run with bubblewrap as the
+The image index (linux/amd64 and linux/arm64) is built once per input into the forensics cache
+(tests/agent_image.py). This machine's image is unpacked with umoci and run with bubblewrap as the
 container's root (forensics, gdb, zstd, kubectl there); its /opt/forensics is copied out, as the
 init container copies it to the host, and its core handler takes a real kernel core from there,
-run as the kernel runs it (no environment, no image root).
+run as the kernel runs it (no environment, no image root).  The arm64 image: test_agent_image_arm64.py.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from forensics import __version__
-from forensics.cache import cache_dir
+from forensics.imports.sources import host_platform
+from tests.agent_image import agent_image, unpack
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mmdebstrap --mode=root and umoci unpack need root"),
     pytest.mark.skipif(any(shutil.which(t) is None for t in ("mmdebstrap", "umoci", "bwrap")),
@@ -32,48 +29,16 @@ pytestmark = [
 ]
 
 
-def _inputs_key() -> str:
-    h = hashlib.sha256()
-    for p in sorted([ROOT / ".ci/image/build.py", ROOT / "pyproject.toml", *(ROOT / "forensics").rglob("*.py"),
-                     *(ROOT / "forensics").rglob("*.j2"), *(ROOT / "forensics").rglob("*.json"),
-                     *(ROOT / "gdb_scripts").rglob("*"), *(ROOT / "reproducers").rglob("*")]):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()[:16]
-
-
 @pytest.fixture(scope="module")
 def image() -> Path:
-    images = cache_dir() / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    final = images / f"agent-{_inputs_key()}"
-    if not (final / "index.json").is_file():
-        with open(images / ".agent.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (final / "index.json").is_file():
-                tmp = images / f".tmp-agent-{os.getpid()}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                p = subprocess.run([sys.executable, str(ROOT / ".ci/image/build.py"), "--out", str(tmp)],
-                                   capture_output=True, text=True, timeout=1800)
-                if p.returncode:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    if "RootUnavailable" in p.stderr or "cannot read" in p.stderr:
-                        pytest.skip(f"no Debian mirror to build the image from: {p.stderr.strip()[-300:]}")
-                    raise AssertionError(p.stderr[-3000:])
-                os.rename(tmp, final)
-                # images of older inputs: keep the newest two (another test run may be reading one)
-                old = sorted((p for p in images.glob("agent-*") if p != final), key=lambda p: p.stat().st_mtime)
-                for p in old[:-1]:
-                    shutil.rmtree(p, ignore_errors=True)
-    return final
+    return agent_image()
 
 
 @pytest.fixture(scope="module")
 def rootfs(image, tmp_path_factory) -> Path:
-    bundle = tmp_path_factory.mktemp("agent-image") / "bundle"
-    subprocess.run(["umoci", "unpack", "--image", f"{image}:{__version__}", str(bundle)],
-                   check=True, capture_output=True)
-    return bundle / "rootfs"
+    # this machine's image of the index, as its runtime would pull it
+    return unpack(image, f"{__version__}-{host_platform().architecture}",
+                  tmp_path_factory.mktemp("agent-image") / "bundle")
 
 
 def _in_image(rootfs: Path, *argv: str) -> subprocess.CompletedProcess:
@@ -83,9 +48,11 @@ def _in_image(rootfs: Path, *argv: str) -> subprocess.CompletedProcess:
 
 
 def test_the_image_holds_the_agents_tools_and_is_the_one_the_manifest_names(image, rootfs):
-    # the tag is the version the manifest names, the entrypoint forensics
+    # the tag is the version the manifest names: an image index of both platforms (each image also tagged alone)
     index = json.loads((image / "index.json").read_text())
-    assert [m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]] == [__version__]
+    tags = {m["annotations"]["org.opencontainers.image.ref.name"]: m for m in index["manifests"]}
+    assert sorted(tags) == sorted([__version__, f"{__version__}-amd64", f"{__version__}-arm64"])
+    assert tags[__version__]["mediaType"] == "application/vnd.oci.image.index.v1+json"
     p = _in_image(rootfs, "forensics", "agent", "manifest", "--json")
     assert p.returncode == 0, p.stderr
     ds = next(o for o in json.loads(p.stdout)["manifest"]["items"] if o["kind"] == "DaemonSet")
