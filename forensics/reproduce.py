@@ -303,7 +303,7 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
     """Build the C reproducer and run both; never overwrite an earlier run (a new directory each time).
 
     :param python: the interpreter whose nvidia-ml-py the Python reproducer uses (for another ``arch``:
-        one of that architecture, in ``sysroot``)
+        one of that architecture, in ``sysroot``: ``/usr/bin/python3.11`` is the root's)
     :param arch: the architecture the C reproducer is built for (None: this machine's); another one runs
         here under qemu-user with ``sysroot`` (:func:`forensics.simnvml.guest_command`), and its core is
         the one qemu writes of the emulated program
@@ -313,9 +313,11 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
     :param malloc_check: both reproducers under glibc's checking allocator (stop at the culprit call)
     """
     from .resources import find_reproducers
-    from .simnvml import arch_name, build_c_reproducer, guest_command, host_arch
+    from .simnvml import arch_name, build_c_reproducer, guest_command, guest_program, host_arch
 
     guest = arch_name(arch) != host_arch()
+    if guest and sysroot and python:
+        python = guest_program(python, sysroot)
     base_env = dict(os.environ if env is None else env)
     if nvml_dir:
         old = base_env.get("LD_LIBRARY_PATH")

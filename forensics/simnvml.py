@@ -41,6 +41,7 @@ __all__ = [
     "build_simnvml",
     "elf_arch",
     "guest_command",
+    "guest_program",
     "host_arch",
     "default_cache_dir",
     "ensure_stack_venv",
@@ -149,6 +150,23 @@ def _gcc(arch: str | None = None) -> str:
         raise BuildError("the simulated NVML", f"{cross} not found on PATH (Debian: apt-get install "
                                                f"gcc-{cross.removesuffix('-gcc')})")
     return gcc
+
+
+def guest_program(path: str, sysroot: str | Path) -> str:
+    """The file here that a program path of the guest names: ``/usr/bin/python3.11`` of an arm64 root is
+    ``<root>/usr/bin/python3.11`` (resolved inside the root one component at a time, its symlinks too);
+    a path already inside the root, or one the root lacks, is returned as it is.  qemu-user loads a program
+    from the host's path, its libraries and loader from the root (``-L``)."""
+    from .rootpath import resolve_in_root
+
+    root = os.path.abspath(sysroot)
+    if not os.path.isabs(path) or path == root or path.startswith(root.rstrip("/") + "/"):
+        return path
+    try:
+        inside = resolve_in_root(root, path)
+    except OSError:
+        return path
+    return os.path.join(root, inside.lstrip("/"))
 
 
 def guest_command(cmd: list[str], arch: str | None, sysroot: str | Path | None) -> list[str]:

@@ -35,7 +35,8 @@ class OutputTooLarge(subprocess.SubprocessError):
     """The program wrote more than ``limit`` bytes on standard output (it was killed)."""
 
     def __init__(self, cmd: list[str], limit: int) -> None:
-        super().__init__(f"{os.path.basename(cmd[0])} wrote more than {limit >> 20} MiB (stopped)")
+        size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit:,} bytes"
+        super().__init__(f"{os.path.basename(cmd[0])} wrote more than {size} (stopped)")
         self.cmd = cmd
         self.limit = limit
 
@@ -65,23 +66,44 @@ def _feed(proc: subprocess.Popen, sel: selectors.BaseSelector, pending: memoryvi
     return pending
 
 
+def _take(data: bytes, out: bytearray, sink: BinaryIO | None, taken: int, limit: int) -> int:
+    """Standard output as it is read: copied to ``sink`` (the caller's file), else kept in ``out``; the bytes
+    read so far (a chunk that passes ``limit`` is neither written nor kept)."""
+    taken += len(data)
+    if taken > limit:
+        return taken
+    if sink is None:
+        out += data
+    else:
+        sink.write(data)
+    return taken
+
+
+def _keep_tail(err: bytearray, data: bytes, most: int) -> None:
+    err += data
+    if len(err) > 2 * most:  # the tail kept, trimmed now and then
+        del err[:-most]
+
+
 def run_bounded(cmd: list[str], *, timeout: float, input: str | None = None, env: dict[str, str] | None = None,
                 cwd: str | None = None, max_stdout: int = DEFAULT_MAX_STDOUT, max_stderr: int = DEFAULT_MAX_STDERR,
                 stdout: BinaryIO | None = None,
                 preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
     """``cmd``'s exit status, standard output and the tail of its standard error, as text (undecodable bytes
     replaced).  Standard input is ``input`` or nothing (/dev/null).  With ``stdout`` (a file of the caller's)
-    the program writes its standard output there, unread (the result's ``stdout`` is empty).  The program runs
-    in a session of its own (``preexec_fn`` runs after that, in the child, as :class:`subprocess.Popen`'s).
+    the program's standard output is copied there as it comes, within the same ``max_stdout`` (the result's
+    ``stdout`` is empty).  The program runs in a session of its own (``preexec_fn`` runs after that, in the
+    child, as :class:`subprocess.Popen`'s).
 
     :raises OSError: the program could not be started
     :raises subprocess.TimeoutExpired: it ran past ``timeout`` seconds (killed); ``output`` holds what it wrote
     :raises OutputTooLarge: its standard output passed ``max_stdout`` bytes (killed)
     """
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
-                            stdout=subprocess.PIPE if stdout is None else stdout, stderr=subprocess.PIPE, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             cwd=cwd, start_new_session=True, preexec_fn=preexec_fn)
     out = bytearray()
+    taken = 0  # bytes of standard output read
     err = bytearray()
     pending = memoryview(input.encode()) if input is not None else None
     deadline = time.monotonic() + timeout
@@ -109,13 +131,11 @@ def run_bounded(cmd: list[str], *, timeout: float, input: str | None = None, env
                     if not data:
                         sel.unregister(key.fileobj)
                         continue
-                    buf: bytearray = key.data
-                    buf += data
-                    if buf is out and len(out) > max_stdout:
+                    if key.data is err:
+                        _keep_tail(err, data, max_stderr)
+                    elif (taken := _take(data, out, stdout, taken, max_stdout)) > max_stdout:
                         _kill_group(proc)
                         raise OutputTooLarge(cmd, max_stdout)
-                    if buf is err and len(err) > 2 * max_stderr:  # keep the tail, trimmed now and then
-                        del err[:-max_stderr]
         except BaseException:  # Ctrl-C, SIGTERM (Terminated): its session gets neither from us or the terminal
             _kill_group(proc)
             raise

@@ -113,7 +113,7 @@ def _init_worker(options: dict) -> None:
 
 def _analyze_one(path: str) -> BatchEntry:
     from ..gdb import GdbSession
-    from . import analyze_core
+    from .pipeline import analyze_core
 
     global _SESSION
     when = crash_time(path)

@@ -135,10 +135,7 @@ def merge_frames(thread: Thread) -> Iterator[tuple[FrameKind, NativeFrame | PyFr
     py = iter(thread.py_frames)
     pending = len(thread.py_frames)
     used = 0
-    in_handler = False  # the previous (inner) native frame was a tail-call handler of this evaluation
-    for nf in thread.native_frames:
-        takes_group = nf.is_eval_frame and not (in_handler and not nf.is_tail_call_handler)
-        in_handler = nf.is_tail_call_handler or (in_handler and not nf.is_eval_frame)
+    for nf, takes_group in zip(thread.native_frames, _group_places(thread.native_frames), strict=True):
         if takes_group and used < pending:
             for pf in py:
                 used += 1
@@ -149,6 +146,31 @@ def merge_frames(thread: Thread) -> Iterator[tuple[FrameKind, NativeFrame | PyFr
             yield FrameKind.NATIVE, nf
     for pf in py:
         yield FrameKind.PYTHON, pf
+
+
+#: the last native stacks :func:`_group_places` read, by id, each kept with its answer (so no id is reused while
+#: it is here): threads stopped at the same pcs share one tuple of frames, and an analysis merges each thread
+#: several times (the text, the document, the signature)
+_PLACES: dict[int, tuple[tuple[NativeFrame, ...], tuple[bool, ...]]] = {}
+_MAX_PLACES = 256
+
+
+def _group_places(frames: tuple[NativeFrame, ...]) -> tuple[bool, ...]:
+    """For each native frame, whether a group of Python frames stands in its place (:func:`merge_frames`)."""
+    known = _PLACES.get(id(frames))
+    if known is not None and known[0] is frames:
+        return known[1]
+    places = []
+    in_handler = False  # the previous (inner) native frame was a tail-call handler of this evaluation
+    for nf in frames:
+        handler, evaluates = nf.is_tail_call_handler, nf.is_eval_frame
+        places.append(evaluates and not (in_handler and not handler))
+        in_handler = handler or (in_handler and not evaluates)
+    out = tuple(places)
+    if len(_PLACES) >= _MAX_PLACES:
+        _PLACES.clear()
+    _PLACES[id(frames)] = (frames, out)
+    return out
 
 
 def meaningful_native_frames(thread: Thread) -> list[NativeFrame]:

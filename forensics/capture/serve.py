@@ -41,7 +41,7 @@ from typing import Any
 
 from ..output import escape_text
 from ..redact import Redactor, redact_document
-from ..subproc import run_bounded
+from ..subproc import OutputTooLarge, run_bounded
 from ..bundle import layout
 from .nodeindex import MAX_READ, NOT_KEPT_REASONS, IndexReader, NodeIndex
 
@@ -56,7 +56,8 @@ _TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
 _SHORT_SIGNS = ("can't start new thread", "Resource temporarily unavailable", "BlockingIOError")
 MAX_SHORT = 10  # analyses in a row short of threads or processes inside: tried again, then failed "resources"
 STORED_EVERY = 60.0  # seconds between counts of the bytes stored when no bundle changed
-MAX_ANALYSIS_OUTPUT = 256 << 20  # what an analysis may print (it is read back whole, then fit to MAX_READ)
+MAX_ANALYSIS_OUTPUT = 256 << 20  # what an analysis may print by default (--analysis-output-max): the temporary
+# file it goes to is cut there (the child killed), and it is read back whole, then fit to MAX_READ
 _IOPRIO_SET = 251  # x86-64 syscall number
 _IOPRIO_CLASS_IDLE = 3
 
@@ -111,13 +112,14 @@ class ServeConfig:
                  analysis_timeout: float = 300.0, analysis_memory: int = 1 << 30, poll: float = 1.0,
                  max_series: int = 500, events: bool = True, kube=None, analyze_argv: list[str] | None = None,
                  max_attempts: int = 2, upload=None, version: str = "unknown", reclaim_pattern: bool = False,
-                 proc: str = "/proc") -> None:
+                 proc: str = "/proc", analysis_output: int = MAX_ANALYSIS_OUTPUT) -> None:
         self.core_dir = os.path.abspath(core_dir)
         self.node = node
         self.metrics_port = metrics_port
         self.metrics_address = metrics_address
         self.analysis_timeout = analysis_timeout
         self.analysis_memory = analysis_memory
+        self.analysis_output = analysis_output  # bytes an analysis may print (its temporary file on disk)
         self.poll = poll
         self.max_series = max_series
         self.events = events
@@ -254,26 +256,15 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
         raise
     _write_atomic_json(started, {"attempts": attempts + 1, "last_start": time.time()})
     t0 = time.monotonic()
-    reason, detail = None, None
-    p = None
     with out:
-        try:  # its own session (a timeout kills gdb too), the stderr's tail kept, bounded in time
-            p = run_bounded([*cfg.analyze_argv, crash_dir], timeout=cfg.analysis_timeout, stdout=out,
-                            max_stderr=2000, preexec_fn=_lowest_priority(cfg.analysis_memory))
-        except subprocess.TimeoutExpired:
-            reason, detail = "timeout", f"killed after {cfg.analysis_timeout:g}s"
-        except OSError as e:
-            if e.errno in _TRANSIENT:  # no process, memory or descriptor now (a pids limit): not this crash's fault
-                _write_atomic_json(started, {"attempts": attempts, "last_start": time.time(),
-                                             "not_started": f"{e.strerror or e}"})
-                with contextlib.suppress(OSError):
-                    os.unlink(out_path)
-                return NOT_STARTED
-            reason, detail = "error", f"cannot start the analysis: {e}"
-        except subprocess.SubprocessError as e:
-            reason, detail = "error", f"cannot start the analysis: {e}"
-        if p is not None and p.returncode not in (0, 3, 4):
-            reason, detail = _child_failure(p.returncode, p.stderr)
+        try:
+            p, reason, detail = _run_child(crash_dir, cfg, out)
+        except OSError as e:  # no process, memory or descriptor now (a pids limit): not this crash's fault
+            _write_atomic_json(started, {"attempts": attempts, "last_start": time.time(),
+                                         "not_started": f"{e.strerror or e}"})
+            with contextlib.suppress(OSError):
+                os.unlink(out_path)
+            return NOT_STARTED
     if reason == "resources" and short + 1 < MAX_SHORT:  # the pod's limit, not this crash: no attempt spent
         _write_atomic_json(started, {"attempts": attempts, "last_start": time.time(),
                                      "not_started": f"resources: {detail}", "short_of_resources": short + 1})
@@ -285,9 +276,9 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     try:
         if reason is None and p is not None:
             with open(out_path, "rb") as f:
-                data = f.read(MAX_ANALYSIS_OUTPUT + 1)
-            if len(data) > MAX_ANALYSIS_OUTPUT:
-                raise ValueError(f"more than {MAX_ANALYSIS_OUTPUT >> 20} MiB")
+                data = f.read(cfg.analysis_output + 1)
+            if len(data) > cfg.analysis_output:
+                raise ValueError(f"more than {cfg.analysis_output:,} bytes")
             doc = json.loads(data)
             del data
             doc["agent"] = {"seconds": round(time.monotonic() - t0, 3), "exit_status": p.returncode,
@@ -303,6 +294,32 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
     _write_atomic_json(os.path.join(crash_dir, layout.ANALYSIS_FAILED),
                        {"reason": reason, "detail": detail, "time": time.time()})
     return reason or "error"
+
+
+def _run_child(crash_dir: str, cfg: ServeConfig, out) -> tuple[subprocess.CompletedProcess | None, str | None,
+                                                                  str | None]:
+    """Run the analysis child, its standard output into ``out``: (its result, the failure reason and detail, or
+    None, None).
+
+    :raises OSError: it could not be started for want of a process, memory or a descriptor (:data:`_TRANSIENT`)
+    """
+    try:  # its own session (a timeout kills gdb too), the stderr's tail kept, bounded in time and output
+        p = run_bounded([*cfg.analyze_argv, crash_dir], timeout=cfg.analysis_timeout, stdout=out,
+                        max_stdout=cfg.analysis_output, max_stderr=2000,
+                        preexec_fn=_lowest_priority(cfg.analysis_memory))
+    except subprocess.TimeoutExpired:
+        return None, "timeout", f"killed after {cfg.analysis_timeout:g}s"
+    except OSError as e:
+        if e.errno in _TRANSIENT:
+            raise
+        return None, "error", f"cannot start the analysis: {e}"
+    except OutputTooLarge as e:  # its temporary file bounded on disk: cut there, the child killed
+        return None, "error", f"{e}: past --analysis-output-max"
+    except subprocess.SubprocessError as e:
+        return None, "error", f"cannot start the analysis: {e}"
+    if p.returncode not in (0, 3, 4):
+        return p, *_child_failure(p.returncode, p.stderr)
+    return p, None, None
 
 
 def _child_failure(status: int, stderr: str) -> tuple[str, str]:

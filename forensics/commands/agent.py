@@ -146,6 +146,9 @@ def agent_chart(output, force, as_json):
               help="Seconds one analysis may take (then killed, recorded as failed: timeout).")
 @click.option("--analysis-memory", type=SIZE, default="1G", show_default=True,
               help="Address space one analysis may use (past it: failed: memory).")
+@click.option("--analysis-output-max", type=SIZE, default="256M", show_default=True,
+              help="Bytes one analysis may print into its temporary file in the bundle (past it: killed, failed: "
+                   "error); what is kept is then fit to 8 MiB.")
 @click.option("--max-series", type=click.IntRange(1, 100000), default=500, show_default=True,
               help="Label sets of forensics_crashes_total at most; the rest count under '_other'.")
 @click.option("--events/--no-events", default=True, show_default=True,
@@ -173,7 +176,8 @@ def agent_chart(output, force, as_json):
               help="When another program (systemd-coredump, apport) takes kernel.core_pattern, write the handler's "
                    "back (default: only report it: forensics_handler_installed 0 and a node Event).")
 @store_options
-def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_timeout, analysis_memory, max_series,
+def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_timeout, analysis_memory,
+                analysis_output_max, max_series,
                 events, kubeconfig, kube_context, kubectl, upload_url, upload_keep, cluster, upload_max_bandwidth,
                 upload_concurrency, endpoint_url, region, profile, upload_max_pending, upload_max_pending_bytes,
                 reclaim_pattern):
@@ -218,7 +222,8 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
     serve(ServeConfig(core_dir=core_dir, node=node_name or socket.gethostname(), metrics_port=metrics_port,
                       metrics_address=metrics_address, analysis_timeout=analysis_timeout,
                       analysis_memory=analysis_memory, max_series=max_series, events=events, kube=kube,
-                      upload=upload, version=__version__, reclaim_pattern=reclaim_pattern))
+                      upload=upload, version=__version__, reclaim_pattern=reclaim_pattern,
+                      analysis_output=analysis_output_max))
 
 
 @agent.command("run", hidden=True)

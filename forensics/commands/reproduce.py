@@ -52,7 +52,8 @@ def reproduce(nvml_path, sim, sim_fault, sim_fault_after, sim_heap_message, sim_
 
     \b
     With another --arch than this machine's, the Python reproducer runs only with
-    --python naming an interpreter of that architecture in --sysroot.
+    --python naming an interpreter of that architecture in --sysroot (/usr/bin/python3.11:
+    the root's; nvidia-ml-py on its path or PYTHONPATH).
 
     Exit codes: 0 neither failed; 1 error, or a reproducer could not start (no
     libnvidia-ml.so.1 to load: use --nvml FILE or --sim); 2 usage; 3 at least one

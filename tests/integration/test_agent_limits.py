@@ -163,6 +163,52 @@ def test_an_analysis_short_of_threads_inside_is_retried_then_failed_as_resources
         agent.stop()
 
 
+def test_the_analysis_output_is_bounded_on_disk(tmp_path):
+    """The analysis child's standard output went straight into its temporary file in the bundle: a child that
+    printed without end filled the node's disk until the timeout (only the read-back was bounded)."""
+    import sys
+
+    from forensics.capture.serve import ServeConfig, analyze_crash
+
+    # GIVEN an analysis child that prints 8 MiB, then marks that it finished, and a bound of 1 MiB
+    crash = tmp_path / "crash"
+    crash.mkdir()
+    marker = tmp_path / "printed-all"
+    child = [sys.executable, "-c", "import sys, pathlib\n"
+             "for _ in range(128): sys.stdout.buffer.write(b'x' * 65536); sys.stdout.flush()\n"
+             f"pathlib.Path({str(marker)!r}).touch()\n"]
+    cfg = ServeConfig(core_dir=str(tmp_path), node="n", analyze_argv=child, analysis_timeout=60,
+                      analysis_output=1 << 20)
+    # WHEN the agent runs it on a crash
+    reason = analyze_crash(str(crash), cfg)
+    # THEN it was stopped at the bound (it never printed all), the crash failed saying so, nothing left behind
+    assert reason == "error" and not marker.exists()
+    failed = json.loads((crash / "60-analysis" / "failed.json").read_text())
+    assert failed["detail"] == "python3 wrote more than 1 MiB (stopped): past --analysis-output-max".replace(
+        "python3", os.path.basename(sys.executable))
+    assert sorted(p.name for p in (crash / "60-analysis").iterdir()) == ["attempts.json", "failed.json"]
+
+
+def test_agent_serve_takes_the_analysis_output_bound(kernel_cores, container, tmp_path):
+    core_dir = tmp_path / "cores"
+    # GIVEN the agent with --analysis-output-max 4K (a real analysis prints more)
+    agent = AgentProcess(core_dir, "node-out", None, tmp_path, "--analysis-output-max", "4K")
+    try:
+        # WHEN a crash comes
+        handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
+        (crash,) = (core_dir / "crashes").iterdir()
+        failed = crash / "60-analysis" / "failed.json"
+        deadline = time.monotonic() + 120
+        while not failed.exists():
+            assert time.monotonic() < deadline, "not failed"
+            time.sleep(0.2)
+        # THEN its analysis is stopped at 4 KiB and the crash failed with that reason
+        assert json.loads(failed.read_text())["detail"].endswith(
+            "wrote more than 4,096 bytes (stopped): past --analysis-output-max")
+    finally:
+        agent.stop()
+
+
 LONG = "frame_" + "x" * 2000  # one C function whose name is 2,006 characters
 DEEP_C = r"""
 #include <pthread.h>

@@ -92,13 +92,14 @@ def handle(core_dir: Path, pid: int, signo: int, core: Path) -> None:
 
 
 class AgentProcess:
-    def __init__(self, core_dir: Path, node: str, kubeconfig: str | None, home: Path) -> None:
+    def __init__(self, core_dir: Path, node: str, kubeconfig: str | None, home: Path, *extra: str) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         args = [str(FORENSICS), "agent", "serve", "--core-dir", str(core_dir), "--node-name", node,
                 "--metrics-port", str(self.port), "--analysis-timeout", "120"]
         args += ["--kubeconfig", kubeconfig] if kubeconfig else ["--no-events"]
+        args += extra
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={"PATH": os.environ["PATH"], "HOME": str(home)})
         self.url = f"http://127.0.0.1:{self.port}/metrics"

@@ -115,3 +115,37 @@ def test_reproduce_arch_arm64_crashes_the_arm64_reproducer_and_keeps_its_guest_c
 def test_reproduce_another_arch_needs_a_root(tmp_path):
     r = CliRunner().invoke(cli, ["reproduce", "--sim", "--arch", "arm64", "--workdir", str(tmp_path)])
     assert r.exit_code == 2 and "--arch arm64 is not this machine's (x86_64): give --sysroot" in r.output
+
+
+def test_reproduce_arch_arm64_runs_both_reproducers_with_the_roots_python(tmp_path, monkeypatch):
+    from forensics.simnvml import ensure_stack_venv
+    from tests.arm64 import guest_problem, guest_python, guest_root
+    from tests.roots import RootUnavailable
+
+    if guest_problem():
+        pytest.skip(guest_problem())
+    try:
+        root = guest_root("bookworm")
+        stack = ensure_stack_venv("incident")
+    except (RootUnavailable, BuildError) as e:
+        pytest.skip(f"no arm64 root or no incident stack: {e}")
+    # GIVEN nvidia-ml-py of the incident (pure Python) on PYTHONPATH, the root's CPython named as the guest sees it
+    found = subprocess.run([str(stack), "-c", "import pynvml; print(pynvml.__file__)"], capture_output=True,
+                           text=True, check=True, timeout=120).stdout.strip()
+    binding = tmp_path / "binding"
+    binding.mkdir()
+    shutil.copy2(found, binding / "pynvml.py")
+    monkeypatch.setenv("PYTHONPATH", str(binding))
+    # WHEN forensics reproduce runs both on the arm64 simulated NVML with the heap fault
+    r = CliRunner().invoke(cli, ["reproduce", "--sim", "--sim-fault", "heap", "--arch", "arm64", "--sysroot",
+                                 str(root), "--python", guest_python("bookworm"), "--workdir", str(tmp_path / "w"),
+                                 "--iterations", "20", "--json"], catch_exceptions=False)
+    assert r.exit_code == EXIT_FINDINGS, r.output
+    doc = json.loads(r.stdout)
+    runs = {run["name"]: run for run in doc["runs"]}
+    # THEN the Python reproducer ran the root's interpreter under qemu, and both crashed: the driver's fault
+    assert runs["python"]["command"][3] == str(root / "usr" / "bin" / "python3.11")
+    assert all(run["outcome"].startswith("crashed (SIGABRT)") for run in runs.values()), runs
+    assert all(Path(run["core"]).name.startswith("qemu_") for run in runs.values())
+    assert doc["environment"]["python"].startswith("CPython 3.11.")
+    assert doc["conclusion"].startswith("both reproducers failed, the C one without Python: suspect the driver")

@@ -204,3 +204,24 @@ def test_threads_sharing_frames_give_the_document_and_text_of_frames_apart():
     t_json = payload["snapshot"]["threads"]
     assert t_json[1]["native_frames"][0] is t_json[2]["native_frames"][0]
     assert "s3cr3tvalue9" not in docs[0] and not any("s3cr3tvalue9" in line for line in texts[0])
+
+
+def test_merge_frames_of_threads_sharing_a_native_stack():
+    # GIVEN threads stopped at the same pcs (one tuple of native frames), with Python stacks of their own, merged
+    # between many other stacks (more than the places merge_frames remembers)
+    frames = (nf(0, "wait"), nf(1, "_PyEval_EvalFrameDefault", "/x/libpython3.12.so"), nf(2, "main"))
+    a = Thread(tid=1, name=None, is_crashed=False, holds_gil=False, native_frames=frames,
+               py_frames=(PyFrame(function="f", file="a.py", line=1),))
+    b = Thread(tid=2, name=None, is_crashed=False, holds_gil=False, native_frames=frames, py_frames=())
+    others = [Thread(tid=9, name=None, is_crashed=False, holds_gil=False, native_frames=(nf(0, f"s{i}"),),
+                     py_frames=()) for i in range(300)]
+    # WHEN each is merged, before and after the others
+    first = [[(k, getattr(f, "symbol", None) or f.function) for k, f in merge_frames(t)] for t in (a, b)]
+    for t in others:
+        list(merge_frames(t))
+    again = [[(k, getattr(f, "symbol", None) or f.function) for k, f in merge_frames(t)] for t in (b, a)][::-1]
+    # THEN each thread's Python frames stand in its own evaluation loop's place, or the loop is shown
+    assert first == again == [
+        [(FrameKind.NATIVE, "wait"), (FrameKind.PYTHON, "f"), (FrameKind.NATIVE, "main")],
+        [(FrameKind.NATIVE, "wait"), (FrameKind.NATIVE, "_PyEval_EvalFrameDefault"), (FrameKind.NATIVE, "main")],
+    ]

@@ -1,0 +1,95 @@
+"""What an analysis reads past its snapshot: the crashing thread's fast locals, and glibc's heap as the mode asks
+(the corruption's anatomy, the library's verdict, the heap's findings)."""
+from __future__ import annotations
+
+import dataclasses
+
+from ..model import Analysis, CrashKind, ProcessSnapshot
+from .classify import is_python_process
+from .findings import heap_findings
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
+if TYPE_CHECKING:
+    from .reading import CoreReading
+
+__all__ = ["with_crashed_locals", "with_heap"]
+
+
+def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None, reading: CoreReading | None = None):
+    """The snapshot with the crashing thread's Python frames carrying their fast locals
+    (:func:`forensics.pyread.locals.read_thread_locals`), and what was read; the snapshot as it was
+    when the thread has no Python frames (the read then is None).
+
+    :param reading: the analysis' open core and its interpreter (None: the core is opened here)
+    """
+    crashed = snapshot.crashed_thread
+    if crashed is None or not crashed.py_frames:
+        return snapshot, None
+    from ..pyread.locals import read_thread_locals
+
+    read = read_thread_locals(snapshot.core, crashed.py_frames, sysroot=sysroot) if reading is None else \
+        read_thread_locals(snapshot.core, crashed.py_frames, sysroot=sysroot, mem=reading.mem,
+                           interpreter=reading.interpreter())
+    if not any(read.frames):
+        return snapshot, read
+    frames = tuple(dataclasses.replace(f, locals=locs) for f, locs in zip(crashed.py_frames, read.frames, strict=False))
+    threads = tuple(dataclasses.replace(t, py_frames=frames) if t is crashed else t for t in snapshot.threads)
+    return dataclasses.replace(snapshot, threads=threads), read
+
+
+
+def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thread_locals=None,
+              reading: CoreReading | None = None) -> Analysis:
+    """``analysis`` with glibc's heap read (:func:`forensics.heap.read_heap`) as ``mode`` asks.
+
+    ``auto`` reads it only for a heap-corruption crash, so any other crash costs nothing here.
+
+    :param thread_locals: the crashing thread's locals (:func:`with_crashed_locals`): its ctypes
+        buffers and the native call in progress go to the verdict
+    :param reading: the analysis' open core and its interpreter (None: the core is opened where needed)
+    """
+    corruption = analysis.crash.kind is CrashKind.HEAP_CORRUPTION
+    if mode == "off" or (mode == "auto" and not corruption):
+        return analysis
+    from ..heap import read_heap
+
+    core = analysis.snapshot.core
+    mem = reading.mem if reading is not None else None
+    owners: list = []
+    locals_problem = None
+    crashed = analysis.snapshot.crashed_thread
+    if corruption and crashed is not None and crashed.py_frames and thread_locals is not None:
+        from ..pyread.locals import buffer_owners
+
+        owners = buffer_owners(core, crashed.py_frames, thread_locals, sysroot=sysroot)
+        locals_problem = thread_locals.problem
+    elif corruption and is_python_process(core):
+        locals_problem = "the crashing thread has no Python frames"
+    lookup = None
+    if corruption and is_python_process(core):
+        from ..pyread.locals import find_stack_owner
+
+        def lookup(buffer: int, size: int):
+            return find_stack_owner(core, analysis.crash.tid, buffer, size, sysroot=sysroot, mem=mem,
+                                    interpreter=reading.interpreter() if reading is not None else None)
+    report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
+                       corruption=corruption, summary=mode == "full", owners=owners,
+                       is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup, mem=mem)
+    if report.corruption is not None and crashed is not None and is_python_process(core):
+        from ..heap.freer import library_verdict
+
+        pointers = None
+        if thread_locals is not None and thread_locals.problem is None and crashed.py_frames:
+            if thread_locals.unread:
+                unread = ", ".join(crashed.py_frames[i].function for i in thread_locals.unread[:3]
+                                   if i < len(crashed.py_frames))
+                locals_problem = f"the variables of {len(thread_locals.unread)} Python frame(s) ({unread}) " \
+                                 "could not be read"
+            else:
+                from ..pyread.locals import python_pointers
+
+                pointers = python_pointers(core, crashed.py_frames, thread_locals, mem=mem)
+        report = dataclasses.replace(report, corruption=library_verdict(
+            report.corruption, crashed.native_frames, crashed.py_frames, pointers, locals_problem))
+    findings = analysis.findings + heap_findings(report, analysis.crash.tid)
+    return dataclasses.replace(analysis, heap=report, findings=findings)
