@@ -36,11 +36,28 @@ if TYPE_CHECKING:
     from pygdbmi.gdbcontroller import GdbController
 
 __all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "parse_native_stacks",
-           "update_link_farm", "update_debug_farm"]
+           "update_link_farm", "update_debug_farm", "gdb_for_core"]
 
 NATIVE_MARKER = "FORENSICS-NATIVE-JSON: "
 LAYOUT_MARKER = "FORENSICS-LAYOUT-JSON: "
 DEFAULT_TIMEOUT = 120.0
+
+
+#: the machine names platform.machine() gives, per core architecture (model.Arch's values)
+_HOST_MACHINES = {"x86-64": ("x86_64", "amd64"), "aarch64": ("aarch64", "arm64")}
+MULTIARCH_GDB = "gdb-multiarch"
+
+
+def gdb_for_core(core: CoreFile, gdb: str = "gdb") -> str:
+    """The gdb to read ``core`` with: ``gdb`` as given, except the default ``gdb`` for a core of another machine
+    than this one, which is read by ``gdb-multiarch`` where it is installed (Debian's ``gdb`` knows its own
+    machine only).
+    """
+    import platform
+
+    if gdb != "gdb" or platform.machine().lower() in _HOST_MACHINES.get(core.arch.value, ()):
+        return gdb
+    return MULTIARCH_GDB if shutil.which(MULTIARCH_GDB) else gdb
 
 
 def find_gdb_scripts() -> Path:
@@ -360,8 +377,9 @@ def _index_cache_dir() -> Path | None:
 def run_gdb(core: CoreFile, exe_file: str | None, *, gdb: str = "gdb", timeout: float = DEFAULT_TIMEOUT,
             debuginfod: str | None = None, python: bool = True, native: bool = True,
             sysroot: str | None = None) -> GdbResult:
-    """Start gdb, analyze one core (native stacks and CPython's DWARF layout, each unless switched off), stop gdb."""
-    with GdbSession(gdb, timeout=timeout, debuginfod=debuginfod) as session:
+    """Start gdb, analyze one core (native stacks and CPython's DWARF layout, each unless switched off), stop gdb.
+    The default ``gdb`` becomes gdb-multiarch for a core of another machine (:func:`gdb_for_core`)."""
+    with GdbSession(gdb_for_core(core, gdb), timeout=timeout, debuginfod=debuginfod) as session:
         return session.analyze(core, exe_file, python=python, native=native, sysroot=sysroot)
 
 

@@ -17,6 +17,7 @@ from forensics.modes import NativeMethod, StackMethod, Unwinder, UnwoundBy
 from forensics.records import record
 
 __all__ = [
+    "Arch",
     "Source",
     "Severity",
     "CrashKind",
@@ -72,6 +73,14 @@ _LIBC_ABORT = ("libc.so", "libc-", "libc_malloc_debug")  # where abort() and mal
 _NVML = "libnvidia-ml"
 # nvidia-ml-py's wrappers (pynvml.py; nvitop's libnvml.py wraps it): the caller that matters is above them
 _BINDING_FILES = ("pynvml.py", "/api/libnvml.py", "libnvml.py")
+
+
+class Arch(enum.Enum):
+    """The machine a core was written on (its ELF ``e_machine``); each has its register set and layouts
+    (:mod:`forensics.core.arch`)."""
+
+    X86_64 = "x86-64"
+    AARCH64 = "aarch64"
 
 
 class Source(enum.Enum):
@@ -332,6 +341,23 @@ class CoreFile:
     mtime: float | None = None  # when the core file was last written (the kernel writes it at the crash)
     problems: tuple[str, ...] = ()  # malformed notes read around: what the core reader left out (partial)
     args_cut: bool = False  # ``args`` is pr_psargs cut at 80 bytes: the stack holding the whole line was not read
+    arch: Arch = Arch.X86_64  # the crashed machine's, from the ELF header
+    # where the names of the mapped files came from: "NT_FILE", "link_map" (the dynamic linker's list in the
+    # core's memory, when the core has no NT_FILE: qemu-user's cores), or "" (neither)
+    mappings_from: str = "NT_FILE"
+    #: the bits of a code address that are the address: a return address AND this drops AArch64's
+    #: pointer-authentication code (NT_ARM_PAC_MASK's instruction mask; without that note, the bits above 48)
+    code_address_mask: int = 0xFFFF_FFFF_FFFF_FFFF
+
+    def code_address(self, value: int) -> int:
+        """``value`` (a return address, a saved pc) without its pointer-authentication code.
+
+        >>> hex(CoreFile(path="c", size=0, pid=1, command="", args="", executable=None, build_id=None, signal=None,
+        ...              threads=(), mappings=(), libraries=(), nvml=None, abort_message=None, truncated=False,
+        ...              expected_size=0, code_address_mask=(1 << 48) - 1).code_address(0x3a000055_00001234))
+        '0x5500001234'
+        """
+        return value & self.code_address_mask
 
     @property
     def crashed_tid(self) -> int | None:

@@ -14,6 +14,15 @@ removed.  ``libcrash.so`` is cross-compiled with ``aarch64-linux-gnu-gcc``.
 The x86_64 twin of a guest core is :func:`tests.crashers.make_core.make_core` of the same
 scenario.
 
+qemu's default CPU (``max``) has pointer authentication: Debian's arm64 builds of unstable sign
+their return addresses (``paciasp``), and qemu writes no NT_ARM_PAC_MASK, so gdb-multiarch
+cannot unwind such a core ("Register 69 is not available").  ``cpu="cortex-a72"`` (no PAC)
+makes a core gdb-multiarch unwinds, the oracle of :func:`gdb_multiarch_stacks`; the same
+program under the two CPUs runs the same code at the same addresses.
+
+A guest core names ``libcrash-arm64.so`` at its host path; :func:`analysis_sysroot` makes the
+sysroot an analysis needs: the root hard-linked (the cache is never written) plus such files.
+
 Usable from a shell, too::
 
     python tests/arm64.py root bookworm
@@ -47,6 +56,8 @@ __all__ = [
     "guest_command",
     "build_guest_libcrash",
     "make_guest_core",
+    "analysis_sysroot",
+    "gdb_multiarch_stacks",
 ]
 
 ARCH = "arm64"
@@ -121,6 +132,7 @@ def make_guest_core(
     *,
     env: dict[str, str] | None = None,
     timeout: float = 180.0,
+    cpu: str | None = None,
 ) -> Path:
     """Crash ``exporter.py`` (tests/crashers) under qemu-user in ``root`` and return qemu's core of it.
 
@@ -129,6 +141,7 @@ def make_guest_core(
     :param python: the interpreter inside the root (:func:`guest_python`)
     :param scenario: one of tests.crashers.make_core.SCENARIOS
     :param env: extra environment variables for the guest
+    :param cpu: qemu's CPU model (``QEMU_CPU``; default ``max``, with pointer authentication)
     :raises GuestUnavailable: when qemu-user or the cross compiler is missing
     :raises CoreNotWritten: when the guest did not die of a signal or qemu wrote no core
     """
@@ -142,9 +155,54 @@ def make_guest_core(
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-arm64-{scenario}-", dir=directory))
     qemu = shutil.which(QEMU)
     assert qemu is not None
+    env = dict(env or {})
+    if cpu is not None:
+        env["QEMU_CPU"] = cpu
     return crash_for_core([QEMU_IN_ROOT, python, str(EXPORTER), str(lib), scenario], run_dir, env=env, root=root,
                           binds=(EXPORTER, lib), tools=((Path(qemu), QEMU_IN_ROOT),), timeout=timeout, guest=True,
                           what=f"qemu {python} exporter.py {scenario}")
+
+
+def analysis_sysroot(root: Path, dest: Path, files: Sequence[Path] = ()) -> Path:
+    """``dest``: ``root`` hard-linked (copied where hard links cannot be made), plus each of ``files`` at its
+    own absolute path inside it -- the crashed machine's filesystem as ``--sysroot`` takes it."""
+    import subprocess
+
+    dest = Path(dest)
+    if subprocess.run(["cp", "-al", str(root), str(dest)], capture_output=True, timeout=300).returncode != 0:
+        shutil.rmtree(dest, ignore_errors=True)
+        subprocess.run(["cp", "-a", str(root), str(dest)], check=True, capture_output=True, timeout=600)
+    for f in files:
+        target = dest / Path(f).resolve().relative_to("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, target)
+    return dest
+
+
+def gdb_multiarch_stacks(sysroot: Path, executable: str, core: Path, *, timeout: float = 300) -> dict[int, list]:
+    """gdb-multiarch's backtrace of every thread of ``core`` (the oracle of the native stacks): ``{tid:
+    [function or None, ...]}``, innermost first, inlined functions as frames of their own.
+
+    :param executable: the program's path inside ``sysroot``
+    """
+    import re
+    import subprocess
+
+    cmd = ["gdb-multiarch", "-nx", "-batch", "-ex", "set debuginfod enabled off", "-ex", f"set sysroot {sysroot}",
+           "-ex", "set width 0", "-ex", f"file {sysroot}{executable}", "-ex", f"core-file {core}",
+           "-ex", "thread apply all bt"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
+    stacks: dict[int, list] = {}
+    frames: list | None = None
+    for line in out.splitlines():
+        thread = re.match(r"Thread \d+ \((?:Thread 0x[0-9a-f]+ )?\(?LWP (\d+)\)", line)
+        if thread:
+            frames = stacks.setdefault(int(thread.group(1)), [])
+            continue
+        frame = re.match(r"#\d+\s+(?:0x[0-9a-f]+ in )?(\S+) \(", line)
+        if frame and frames is not None:
+            frames.append(None if frame.group(1) == "??" else frame.group(1))
+    return stacks
 
 
 def _main(argv: Sequence[str]) -> int:

@@ -244,7 +244,8 @@ class GuestCoreFactory:
     def __init__(self, base: Path) -> None:
         self.base = base
         self._roots: dict[str, Path] = {}
-        self._cache: dict[tuple[str, str, bool], Path] = {}
+        self._sysroots: dict[str, Path] = {}
+        self._cache: dict[tuple[str, str, bool, str | None], Path] = {}
 
     def root(self, suite: str) -> Path:
         """The arm64 root of ``suite`` (tests/arm64.py SUITES); skips when it cannot be had here."""
@@ -261,14 +262,25 @@ class GuestCoreFactory:
                 pytest.skip(f"no arm64 {suite} root: {e}")
         return self._roots[suite]
 
-    def core(self, suite: str, scenario: str, *, debug: bool = False) -> Path:
-        """qemu's core of exporter.py's ``scenario`` under ``suite``'s CPython (``debug``: its -dbg build)."""
+    def core(self, suite: str, scenario: str, *, debug: bool = False, cpu: str | None = None) -> Path:
+        """qemu's core of exporter.py's ``scenario`` under ``suite``'s CPython (``debug``: its -dbg build;
+        ``cpu``: qemu's CPU model, tests/arm64.py)."""
         from tests.arm64 import guest_python, make_guest_core
 
-        key = (suite, scenario, debug)
+        key = (suite, scenario, debug, cpu)
         if key not in self._cache:
-            self._cache[key] = make_guest_core(self.base, self.root(suite), guest_python(suite, debug=debug), scenario)
+            self._cache[key] = make_guest_core(self.base, self.root(suite), guest_python(suite, debug=debug), scenario,
+                                               cpu=cpu)
         return self._cache[key]
+
+    def sysroot(self, suite: str) -> Path:
+        """The sysroot an analysis of this factory's cores takes: the root plus libcrash-arm64.so."""
+        from tests.arm64 import analysis_sysroot, build_guest_libcrash
+
+        if suite not in self._sysroots:
+            lib = build_guest_libcrash(self.base)
+            self._sysroots[suite] = analysis_sysroot(self.root(suite), self.base / f"sysroot-{suite}", [lib])
+        return self._sysroots[suite]
 
 
 @pytest.fixture(scope="session")

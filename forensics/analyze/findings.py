@@ -81,7 +81,7 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
         )
     if core.problems:
         out.append(Finding(rule="core-malformed", severity=Severity.ERROR,
-                           summary="the core has malformed notes; what they held is missing",
+                           summary="the core has malformed or unreadable parts; what they held is missing",
                            evidence=core.problems))
     if core.truncated:
         out.append(

@@ -215,8 +215,11 @@ def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None, StoreE
 
 def _run_gdb(core: CoreFile, exe_file: str | None, session: GdbSession | None, *, gdb: str, timeout: float,
              debuginfod: str | None, python: bool, native: bool, sysroot: str | None) -> GdbResult:
-    """gdb's native stacks and DWARF layout: in ``session`` (batch mode) or a gdb of its own."""
-    if session is not None:
+    """gdb's native stacks and DWARF layout: in ``session`` (batch mode) or a gdb of its own (also for a core of
+    another machine than the session's gdb reads: gdb-multiarch, :func:`forensics.gdb.gdb_for_core`)."""
+    from ..gdb import gdb_for_core
+
+    if session is not None and gdb_for_core(core, gdb) == gdb:
         return session.analyze(core, exe_file, python=python, native=native, sysroot=sysroot)
     from ..gdb import run_gdb
 

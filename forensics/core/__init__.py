@@ -1,9 +1,12 @@
-"""Read an x86-64 Linux ELF core file without gdb.
+"""Read an x86-64 or AArch64 Linux ELF core file without gdb.
 
 :func:`open_core` turns a core into a :class:`~forensics.model.CoreFile`: the
+machine (:mod:`.arch`: the ELF header's e_machine chooses the register layout), the
 threads and their registers (NT_PRSTATUS), the signal (NT_SIGINFO), the command
 line (NT_PRPSINFO), the executable (NT_AUXV, NT_FILE), every mapping (PT_LOAD +
-NT_FILE), every mapped ELF object with its build-id checked against the file
+NT_FILE; a core without NT_FILE, as qemu-user writes them, from the dynamic
+linker's link_map in its memory, :mod:`.linkmap`), AArch64's pointer-authentication
+mask (NT_ARM_PAC_MASK), every mapped ELF object with its build-id checked against the file
 that would be used to read it, the NVML library, and glibc's abort message.
 :class:`CoreMemory` reads the process's memory for later stages; it maps the
 file and never reads it whole.  :func:`resolve_file` finds the file for an
@@ -16,10 +19,12 @@ Submodules: :mod:`.elf` (pure note parsers), :mod:`.memory` (the reader),
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
+from dataclasses import replace
 from collections.abc import Sequence
 
-from forensics.core import elf
+from forensics.core import arch, elf, linkmap
 from forensics.core.argv import read_argv
 from forensics.core.buildid import read_build_id_from_file, read_build_id_in_memory
 from forensics.core.files import classify_library, resolve_file
@@ -114,12 +119,19 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
     auxv: dict[int, int] = {}
     auxv_raw = b""
     problems = list(layout.problems)
+    spec = layout.spec
+    pac_mask: int | None = None
     for note in layout.notes:
+        if note.name == b"LINUX" and note.type == elf.NT_ARM_PAC_MASK and spec.link_register and pac_mask is None:
+            try:
+                pac_mask = elf.parse_pac_mask(note.desc)[1]
+            except ValueError as e:
+                problems.append(f"malformed note, left out: {e}")
         if note.name != b"CORE":
             continue
         try:
             if note.type == elf.NT_PRSTATUS:
-                threads.append(elf.parse_prstatus(note.desc))
+                threads.append(elf.parse_prstatus(note.desc, spec))
             elif note.type == elf.NT_PRPSINFO and psinfo is None:
                 psinfo = elf.parse_prpsinfo(note.desc)
             elif note.type == elf.NT_SIGINFO and siginfo is None:
@@ -134,6 +146,10 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
         raise CoreReadError(path, "no readable NT_PRSTATUS note: the core holds no thread's registers"
                             + (f" ({'; '.join(problems)})" if problems else ""))
 
+    mappings_from = "NT_FILE"
+    if not any(n.type == elf.NT_FILE and n.name == b"CORE" for n in layout.notes):
+        layout, mappings_from, found = _named_by_link_map(mem, layout, auxv, sysroot=sysroot, exe=exe)
+        problems += found
     mappings = _mappings(layout)
     exe_path = _executable_path(mem, layout, auxv)
     libraries = _libraries(mem, layout, exe_path, sysroot=sysroot, exe=exe)
@@ -159,7 +175,45 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
         expected_size=layout.expected_size,
         mtime=_mtime(path),
         problems=tuple(problems),
+        arch=spec.arch,
+        mappings_from=mappings_from,
+        code_address_mask=arch.strip_code_address(spec, 0xFFFF_FFFF_FFFF_FFFF, pac_mask),
     )
+
+
+def _named_by_link_map(mem: CoreMemory, layout: CoreLayout, auxv: dict[int, int], *, sysroot: str | None,
+                       exe: str | None) -> tuple[CoreLayout, str, tuple[str, ...]]:
+    """A core without NT_FILE (qemu-user's): its mappings named from the dynamic linker's list in its memory
+    (:mod:`.linkmap`), the memory reader told of them; what could not be read is a problem (partial).
+
+    :return: (the layout with those mappings, where the names came from, the problems)
+    """
+    execfn = auxv.get(elf.AT_EXECFN)
+    executable = None
+    if execfn:
+        with contextlib.suppress(MemoryNotInCore):
+            executable = mem.read_cstring(execfn, _MAX_EXECFN).decode("utf-8", "surrogateescape") or None
+
+    def file_of(path: str) -> str | None:
+        return exe if exe is not None and path == executable else resolve_file(path, sysroot, None)[0]
+
+    def file_phdrs(path: str) -> tuple[elf.ProgramHeader, ...] | None:
+        found = file_of(path)
+        return linkmap.read_file_phdrs(found) if found else None
+
+    exe_file = file_of(executable) if executable else None
+    link_map = linkmap.find_link_map(mem, auxv, linkmap.read_file_phdrs(exe_file) if exe_file else None)
+    page = auxv.get(elf.AT_PAGESZ, layout.page_size)
+    if page not in (4096, 16384, 65536):
+        page = layout.page_size
+    files, problems = linkmap.link_map_file_mappings(mem, link_map, auxv, executable, page, file_phdrs,
+                                                     linkmap.read_file_interp(exe_file) if exe_file else None)
+    lead = "no NT_FILE note; the dynamic linker's list" + (" could not be read" if not files else "")
+    said = tuple(f"{lead}: {p}" for p in (*link_map.problems, *problems))
+    mem.with_file_mappings(files)
+    assert mem.layout is not None
+    mem.layout = replace(mem.layout, page_size=page)
+    return mem.layout, ("link_map" if files else ""), said
 
 
 def _mtime(path: str) -> float | None:

@@ -1,9 +1,10 @@
-"""Pure parsers for the ELF structures of an x86-64 Linux core file.
+"""Pure parsers for the ELF structures of an x86-64 or AArch64 Linux core file.
 
 Every ``parse_*`` function here takes bytes (or any buffer) and returns records;
 none of them does I/O, so each is unit-tested on bytes built with :mod:`struct`.
-The layouts are the kernel's x86-64 ones (``include/uapi/linux/elfcore.h``,
-``arch/x86/include/asm/user_64.h``, ``fs/binfmt_elf.c``).
+The layouts are the kernel's (``include/uapi/linux/elfcore.h``, ``fs/binfmt_elf.c``); the
+registers' are the machine's (``arch/x86/include/asm/user_64.h``,
+``arch/arm64/include/uapi/asm/ptrace.h``), chosen by an :class:`~forensics.core.arch.ArchSpec`.
 
 :func:`check_core_header` and :func:`identify_non_elf` turn a file's first
 bytes into the one-line errors of :mod:`forensics.errors`.
@@ -14,6 +15,7 @@ import signal
 import struct
 from collections.abc import Iterator
 
+from forensics.core.arch import X86_64, ArchSpec, spec_for
 from forensics.records import record
 from forensics.errors import NotACoreFile, UnsupportedTarget
 from forensics.model import CoreThread, SigInfo
@@ -22,6 +24,7 @@ __all__ = [
     "ELF_MAGIC",
     "ET_CORE",
     "EM_X86_64",
+    "EM_AARCH64",
     "PT_LOAD",
     "PT_DYNAMIC",
     "PT_NOTE",
@@ -38,6 +41,9 @@ __all__ = [
     "NT_AUXV",
     "NT_SIGINFO",
     "NT_FILE",
+    "NT_ARM_TLS",
+    "NT_ARM_PAC_MASK",
+    "parse_pac_mask",
     "NT_GNU_BUILD_ID",
     "AT_PHDR",
     "AT_PAGESZ",
@@ -54,6 +60,7 @@ __all__ = [
     "check_core_header",
     "parse_program_headers",
     "iter_notes",
+    "cut_note",
     "parse_notes",
     "parse_xnum_phnum",
     "core_extent",
@@ -76,6 +83,7 @@ ELFDATA2LSB = 1
 
 ET_REL, ET_EXEC, ET_DYN, ET_CORE = 1, 2, 3, 4
 EM_X86_64 = 62
+EM_AARCH64 = 183
 PN_XNUM = 0xFFFF
 
 PT_LOAD, PT_DYNAMIC, PT_NOTE = 1, 2, 4
@@ -90,6 +98,8 @@ NT_PRPSINFO = 3
 NT_AUXV = 6
 NT_SIGINFO = 0x53494749  # "SIGI"
 NT_FILE = 0x46494C45  # "FILE"
+NT_ARM_TLS = 0x401  # owner "LINUX": TPIDR_EL0
+NT_ARM_PAC_MASK = 0x406  # owner "LINUX": struct user_pac_mask { data_mask, insn_mask }
 NT_GNU_BUILD_ID = 3
 
 AT_NULL, AT_PHDR, AT_PAGESZ, AT_ENTRY, AT_EXECFN = 0, 3, 6, 9, 31
@@ -102,13 +112,13 @@ _EHDR64 = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR64 = struct.Struct("<IIQQQQQQ")
 _NHDR = struct.Struct("<III")
 
-# struct elf_prstatus (x86-64): pr_info(12) pr_cursig(2)+pad(2) pr_sigpend(8) pr_sighold(8)
-# pr_pid pr_ppid pr_pgrp pr_sid (4 each) 4 x timeval(16) -> pr_reg at 112, 27 x u64.
-PRSTATUS_SIZE = 336
+# struct elf_prstatus (64-bit): pr_info(12) pr_cursig(2)+pad(2) pr_sigpend(8) pr_sighold(8)
+# pr_pid pr_ppid pr_pgrp pr_sid (4 each) 4 x timeval(16) -> pr_reg at 112: 27 x u64 on x86-64 (336 bytes
+# in all), 34 x u64 on AArch64 (392); the machine's ArchSpec says which.
+PRSTATUS_SIZE = X86_64.prstatus_size
 _PRSTATUS_CURSIG = 12
 _PRSTATUS_PID = 32
 _PRSTATUS_REGS = 112
-_REG_RIP, _REG_RSP, _REG_FS_BASE = 16, 19, 21
 
 # struct elf_prpsinfo (x86-64): state sname zomb nice (1 each) pad(4) pr_flag(8) uid gid pid ppid
 # pgrp sid (4 each) pr_fname[16] pr_psargs[80] = 136 bytes.
@@ -292,7 +302,7 @@ def parse_elf_header(data: bytes) -> ElfHeader:
 
 
 def check_core_header(header: ElfHeader, path: str) -> None:
-    """Raise unless the header is an x86-64 ELF64 little-endian core.
+    """Raise unless the header is an ELF64 little-endian core of a machine forensics reads (x86-64, AArch64).
 
     :raises NotACoreFile: when the ELF type is not ET_CORE
     :raises UnsupportedTarget: when it is a core of another machine, 32-bit or big-endian
@@ -307,11 +317,11 @@ def check_core_header(header: ElfHeader, path: str) -> None:
         raise NotACoreFile(path, f"an ELF file of type {header.type}")
     bits = "32-bit " if header.elf_class != ELFCLASS64 else ""
     endian = "big-endian " if header.data != ELFDATA2LSB else ""
-    if header.machine != EM_X86_64 or bits or endian:
+    if spec_for(header.machine) is None or bits or endian:
         raise UnsupportedTarget(
             path,
             f"{bits}{endian}ELF core for {machine_name(header.machine)} (e_machine {header.machine}); "
-            "forensics reads x86-64 cores",
+            "forensics reads x86-64 and AArch64 cores",
         )
     if header.phentsize != PHDR64_SIZE:
         raise UnsupportedTarget(path, f"program header entries of {header.phentsize} bytes (expected 56)")
@@ -368,6 +378,24 @@ def iter_notes(data: bytes) -> Iterator[Note]:
         pos = desc_at + _align4(descsz)
 
 
+def cut_note(data: bytes) -> tuple[int, int] | None:
+    """Where :func:`iter_notes` stopped short: ``(offset of the note that claims more bytes than the segment
+    holds, the bytes it claims)``; None when every note is whole (the headers are walked, nothing copied).
+
+    >>> import struct
+    >>> cut_note(struct.pack("<III", 5, 0xFFFF_FFF0, 1) + b"CORE\\0\\0\\0\\0")
+    (0, 4294967300)
+    """
+    pos, end = 0, len(data)
+    while pos + _NHDR.size <= end:
+        namesz, descsz, _ = _NHDR.unpack_from(data, pos)
+        desc_end = pos + _NHDR.size + _align4(namesz) + descsz
+        if desc_end > end:
+            return pos, desc_end - pos
+        pos = desc_end + (_align4(descsz) - descsz)
+    return None
+
+
 def parse_notes(data: bytes) -> tuple[Note, ...]:
     """Parse every complete note of a PT_NOTE segment (4-byte aligned, as the kernel writes them).
 
@@ -378,35 +406,47 @@ def parse_notes(data: bytes) -> tuple[Note, ...]:
     return tuple(iter_notes(data))
 
 
-def parse_prstatus(desc: bytes) -> CoreThread:
-    """Parse an NT_PRSTATUS note (x86-64 ``struct elf_prstatus``) into a :class:`CoreThread`.
+def parse_prstatus(desc: bytes, spec: ArchSpec = X86_64) -> CoreThread:
+    """Parse an NT_PRSTATUS note (``struct elf_prstatus`` of ``spec``'s machine) into a :class:`CoreThread`.
 
-    :raises ValueError: when the note is shorter than the x86-64 layout
+    :raises ValueError: when the note is shorter than the machine's layout
     """
-    if len(desc) < PRSTATUS_SIZE:
-        raise ValueError(f"NT_PRSTATUS has {len(desc)} bytes, expected {PRSTATUS_SIZE} (x86-64)")
+    pid, regs = parse_prstatus_registers(desc, spec)
     cursig = struct.unpack_from("<h", desc, _PRSTATUS_CURSIG)[0]
-    pid = struct.unpack_from("<i", desc, _PRSTATUS_PID)[0]
-    regs = struct.unpack_from("<27Q", desc, _PRSTATUS_REGS)
-    return CoreThread(tid=pid, signal=cursig, pc=regs[_REG_RIP], sp=regs[_REG_RSP], fs_base=regs[_REG_FS_BASE])
+    return CoreThread(tid=pid, signal=cursig, pc=regs[spec.pc], sp=regs[spec.sp],
+                      fs_base=regs[spec.thread_pointer] if spec.thread_pointer else 0)
 
 
 #: x86-64 ``struct user_regs_struct``, the order of the registers in NT_PRSTATUS
-REGISTER_NAMES = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx",
-                  "rsi", "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base", "gs_base", "ds",
-                  "es", "fs", "gs")
+REGISTER_NAMES = X86_64.registers
 
 
-def parse_prstatus_registers(desc: bytes) -> tuple[int, dict[str, int]]:
-    """(tid, every general register by name) of an NT_PRSTATUS note.
+def parse_prstatus_registers(desc: bytes, spec: ArchSpec = X86_64) -> tuple[int, dict[str, int]]:
+    """(tid, every general register by name) of an NT_PRSTATUS note of ``spec``'s machine.
 
-    :raises ValueError: when the note is shorter than the x86-64 layout
+    :raises ValueError: when the note is shorter than the machine's layout
     """
-    if len(desc) < PRSTATUS_SIZE:
-        raise ValueError(f"NT_PRSTATUS has {len(desc)} bytes, expected {PRSTATUS_SIZE} (x86-64)")
+    if len(desc) < spec.prstatus_size:
+        raise ValueError(f"NT_PRSTATUS has {len(desc)} bytes, expected {spec.prstatus_size} ({spec.arch.value})")
     pid = struct.unpack_from("<i", desc, _PRSTATUS_PID)[0]
-    regs = struct.unpack_from("<27Q", desc, _PRSTATUS_REGS)
-    return pid, dict(zip(REGISTER_NAMES, regs, strict=True))
+    regs = struct.unpack_from(f"<{len(spec.registers)}Q", desc, _PRSTATUS_REGS)
+    return pid, dict(zip(spec.registers, regs, strict=True))
+
+
+def parse_pac_mask(desc: bytes) -> tuple[int, int]:
+    """(data mask, instruction mask) of an NT_ARM_PAC_MASK note: the bits of a pointer that hold its
+    pointer-authentication code.
+
+    >>> import struct
+    >>> [hex(m) for m in parse_pac_mask(struct.pack("<QQ", 0xff7f << 48, 0xff7f << 48))]
+    ['0xff7f000000000000', '0xff7f000000000000']
+
+    :raises ValueError: when the note is shorter than its two masks
+    """
+    if len(desc) < 16:
+        raise ValueError(f"NT_ARM_PAC_MASK has {len(desc)} bytes, expected 16")
+    data, insn = struct.unpack_from("<QQ", desc, 0)
+    return data, insn
 
 
 def _c_string(raw: bytes) -> str:

@@ -28,9 +28,11 @@ import os
 import stat
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 
 from forensics.records import record
 from forensics.core import elf
+from forensics.core.arch import ArchSpec, spec_for
 from forensics.errors import CoreNotFound, CoreReadError, InputUnreadable, NotACoreFile
 
 __all__ = ["MemoryNotInCore", "Segment", "CoreLayout", "CoreMemory", "CoreFileReader", "WINDOW", "KEEP"]
@@ -123,10 +125,18 @@ class CoreLayout:
     file_mappings: tuple[elf.FileMapping, ...]
     page_size: int
     problems: tuple[str, ...] = ()  # what was malformed and read around (the analysis is then partial)
+    machine: int = elf.EM_X86_64  # the ELF header's e_machine (check_core_header accepted it)
 
     @property
     def truncated(self) -> bool:
         return self.size < self.expected_size
+
+    @property
+    def spec(self) -> ArchSpec:
+        """The machine's registers and layouts."""
+        found = spec_for(self.machine)
+        assert found is not None, "check_core_header accepts only the machines of forensics.core.arch"
+        return found
 
 
 class CoreMemory:
@@ -210,6 +220,14 @@ class CoreMemory:
             reader.close()
             raise
         return cls(reader, _segments(layout), path=path, layout=layout)
+
+    def with_file_mappings(self, file_mappings: tuple[elf.FileMapping, ...]) -> None:
+        """Name the mappings of a core that has no NT_FILE (from the dynamic linker's list, :mod:`.linkmap`):
+        the layout and which bytes past a segment's dumped part read as zeros follow them."""
+        assert self.layout is not None
+        self.layout = replace(self.layout, file_mappings=file_mappings)
+        self._segments = tuple(sorted(_segments(self.layout), key=lambda s: s.vaddr))
+        self._starts = [s.vaddr for s in self._segments]
 
     def close(self) -> None:
         if isinstance(self._buf, CoreFileReader):
@@ -365,6 +383,7 @@ def _read_layout(path: str, mm: CoreFileReader, header: elf.ElfHeader, size: int
         file_mappings=file_mappings,
         page_size=page_size,
         problems=tuple(problems),
+        machine=header.machine,
     )
 
 
@@ -384,16 +403,24 @@ def _read_notes(
     for offset, n in spans:
         take = min(n, budget)
         budget -= take
-        for note in elf.iter_notes(mm[offset : offset + take]) if take else ():
+        data = mm[offset : offset + take] if take else b""
+        for note in elf.iter_notes(data):
             if len(notes) == elf.MAX_NOTES:
                 problems.append(f"more than {elf.MAX_NOTES} notes: the notes past them were not read")
                 return notes, problems
             notes.append(note)
+        cut = elf.cut_note(data) if take == n else None  # a note cut by the byte bound is said above
+        if cut is not None:
+            problems.append(f"a note at byte {cut[0]} of a PT_NOTE segment of {n} bytes claims {cut[1]} bytes, past "
+                            "the segment's end: it and the notes after it are missing")
     return notes, problems
 
 
 def _segments(layout: CoreLayout) -> list[Segment]:
-    complete = not layout.truncated
+    # a core without NT_FILE (qemu-user's) says nothing of which undumped bytes are a file's: none reads as zeros
+    # until its mappings are named (CoreMemory.with_file_mappings)
+    named = bool(layout.file_mappings) or any(n.type == elf.NT_FILE and n.name == b"CORE" for n in layout.notes)
+    complete = not layout.truncated and named
     files = sorted((m.start, m.end) for m in layout.file_mappings)
     starts = [s for s, _ in files]
 

@@ -39,6 +39,7 @@ from collections import OrderedDict
 from ctypes import byref, c_bool, c_int, c_size_t, c_uint64, c_void_p
 
 from .. import rootpath
+from ..core.arch import spec_of
 from ..core.debugfiles import find_debug_file
 from ..core.memory import CoreMemory
 from ..core.symtab import file_identity
@@ -105,6 +106,7 @@ class _Unwinder:
         self.lib = lib
         self.core = core
         self.sysroot = sysroot
+        self.dwarf_sp = spec_of(core.arch).dwarf_sp  # the stack pointer's DWARF number on the core's machine
         self.modules: dict[int, Library] = {}  # Dwfl_Module* -> the library it stands for
         self.given: set[int] = set()  # the modules whose file libdwfl was given
         self._keys: dict[int, tuple] = {}
@@ -224,7 +226,7 @@ class _Unwinder:
             pc, activation = c_uint64(), c_bool()
             if not lib.dwfl_frame_pc(frame, byref(pc), byref(activation)):
                 return -1
-            sp = _stack_pointer(lib, frame)
+            sp = _stack_pointer(lib, frame, self.dwarf_sp)
             if sp is not None:
                 earlier = seen.setdefault((pc.value, sp), len(pcs))
                 if earlier != len(pcs):
@@ -534,13 +536,13 @@ class _Unwinder:
         return None
 
 
-def _stack_pointer(lib: L.Lib, frame) -> int | None:
+def _stack_pointer(lib: L.Lib, frame, dwarf_sp: int) -> int | None:
     """The frame's stack pointer (a caller frame's: its CFA); None when libdw is older than 0.188 or does
     not know it."""
     if lib.dwfl_frame_reg is None:
         return None
     value = c_uint64()
-    if lib.dwfl_frame_reg(frame, L.DWARF_REG_RSP, byref(value)) != 0:
+    if lib.dwfl_frame_reg(frame, dwarf_sp, byref(value)) != 0:
         return None
     return value.value
 

@@ -6,13 +6,22 @@ core costs the square of the stack words read -- 1.56 s for 200 threads of Debia
 (5,629 frames), against 0.12 s with elfutils 0.195.  Here each thread's registers come from its
 NT_PRSTATUS note and each word from :class:`forensics.core.memory.CoreMemory` (the core's bounded windows):
 the cost is linear in the frames, whatever the elfutils.
+
+The registers are handed over in DWARF's numbering of the core's machine (its
+:class:`~forensics.core.arch.ArchSpec`): x86-64's rax..r15 are 0-16, AArch64's x0..x30 are 0-30 and sp
+31; libdwfl unwinds with the backend of the machine the core's ELF header names, whatever this
+machine is.  On AArch64 a return address may carry a pointer-authentication code (PAC) in its high
+bits; libdwfl before 0.191 does not strip it, so a word read from the stack that is a signed address
+of code the core maps (or the link register) is handed over stripped (:meth:`CoreFile.code_address`).
 """
 from __future__ import annotations
 
+import bisect
 import struct
 from ctypes import byref
 
 from ..core import elf
+from ..core.arch import X86_64
 from ..core.memory import CoreMemory, MemoryNotInCore
 from ..model import CoreFile
 from . import libdw as L
@@ -22,8 +31,7 @@ __all__ = ["CoreState", "DWARF_REGISTERS"]
 _U64 = struct.Struct("<Q").unpack_from
 
 #: x86-64's DWARF register numbers 0-16, by their names in NT_PRSTATUS
-DWARF_REGISTERS = ("rax", "rdx", "rcx", "rbx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12", "r13",
-                   "r14", "r15")
+DWARF_REGISTERS = X86_64.dwarf_registers
 
 
 class CoreState:
@@ -33,15 +41,22 @@ class CoreState:
         self.lib = lib
         self.mem = mem
         assert mem.layout is not None
+        self.spec = mem.layout.spec
+        self.core = core
         self.threads: list[tuple[int, dict[str, int]]] = []
         for note in mem.layout.notes:
             if note.name == b"CORE" and note.type == elf.NT_PRSTATUS:
                 try:
-                    self.threads.append(elf.parse_prstatus_registers(note.desc))
+                    self.threads.append(elf.parse_prstatus_registers(note.desc, self.spec))
                 except ValueError:  # the core reader has said so; the thread is left out here too
                     continue
         self.pid = core.pid
         self._window: tuple[int, bytes | memoryview] = (0, b"")  # the last view of the core read: (address, bytes)
+        self.strips = core.code_address_mask != 0xFFFF_FFFF_FFFF_FFFF
+        # the executable mappings' (start, end), by start: a stripped word pointing into one is a return address
+        code = sorted((m.start, m.end) for m in core.mappings if "x" in m.perms)
+        self._code_starts = [s for s, _ in code]
+        self._code = code
         # each ctypes callback is kept here as long as libdwfl may call it
         self.callbacks = L.DwflThreadCallbacks(
             next_thread=L.NEXT_THREAD(self._next_thread), get_thread=None,
@@ -69,26 +84,39 @@ class CoreState:
         start, window = self._window
         at = addr - start
         if 0 <= at <= len(window) - 8:
-            result[0] = _U64(window, at)[0]
-            return True
-        try:
-            found = self.mem.view(addr)
-            if found is not None and addr + 8 <= found[0] + len(found[1]):
-                self._window = found
-                result[0] = _U64(found[1], addr - found[0])[0]
-            else:
-                result[0] = int.from_bytes(self.mem.read(addr, 8), "little")
-        except (MemoryNotInCore, OverflowError, ValueError):
-            return False
+            word = _U64(window, at)[0]
+        else:
+            try:
+                found = self.mem.view(addr)
+                if found is not None and addr + 8 <= found[0] + len(found[1]):
+                    self._window = found
+                    word = _U64(found[1], addr - found[0])[0]
+                else:
+                    word = int.from_bytes(self.mem.read(addr, 8), "little")
+            except (MemoryNotInCore, OverflowError, ValueError):
+                return False
+        result[0] = self._code_word(word) if self.strips else word
         return True
+
+    def _code_word(self, word: int) -> int:
+        """``word`` stripped of a PAC when it is a signed address of mapped code, else as it is."""
+        stripped = self.core.code_address(word)
+        if stripped == word:
+            return word
+        i = bisect.bisect_right(self._code_starts, stripped) - 1
+        return stripped if i >= 0 and stripped < self._code[i][1] else word
 
     def _set_initial_registers(self, thread, thread_arg) -> bool:
         try:
-            regs = self.threads[(thread_arg or 2) - 2][1]
-            words = (L.Dwarf_Word * len(DWARF_REGISTERS))(*(regs[name] for name in DWARF_REGISTERS))
-            if not self.lib.dwfl_thread_state_registers(thread, 0, len(DWARF_REGISTERS), words):
+            regs = dict(self.threads[(thread_arg or 2) - 2][1])
+            spec = self.spec
+            if spec.link_register:
+                regs[spec.link_register] = self.core.code_address(regs[spec.link_register])
+            names = spec.dwarf_registers
+            words = (L.Dwarf_Word * len(names))(*(regs[name] for name in names))
+            if not self.lib.dwfl_thread_state_registers(thread, 0, len(names), words):
                 return False
-            self.lib.dwfl_thread_state_register_pc(thread, regs["rip"])
+            self.lib.dwfl_thread_state_register_pc(thread, regs[spec.pc])
             return True
         except Exception:  # noqa: BLE001
             return False

@@ -460,10 +460,10 @@ def patched(src: Path, dst: Path, offset: int, data: bytes) -> Path:
 
 
 def test_core_of_another_machine(heap_prev, tmp_path):
-    path = patched(heap_prev, tmp_path / "core", 18, struct.pack("<H", 183))
+    path = patched(heap_prev, tmp_path / "core", 18, struct.pack("<H", 22))
     with pytest.raises(UnsupportedTarget) as e:
         open_core(str(path))
-    what = "ELF core for AArch64 (e_machine 183); forensics reads x86-64 cores"
+    what = "ELF core for S/390 (e_machine 22); forensics reads x86-64 and AArch64 cores"
     assert str(e.value) == f"{path}: unsupported core: {what}"
 
 

@@ -235,7 +235,8 @@ def test_check_core_header_rejects_relocatable():
 @pytest.mark.parametrize(
     "kwargs,what",
     [
-        pytest.param({"machine": 183}, "ELF core for AArch64 (e_machine 183)", id="aarch64"),
+        pytest.param({"machine": 40, "cls": 1}, "32-bit ELF core for ARM (e_machine 40)", id="arm32"),
+        pytest.param({"machine": 183, "cls": 1}, "32-bit ELF core for AArch64 (e_machine 183)", id="aarch64-ilp32"),
         pytest.param({"machine": 3, "cls": 1}, "32-bit ELF core for i386 (e_machine 3)", id="i386"),
         pytest.param({"machine": 62, "cls": 1}, "32-bit ELF core for x86-64 (e_machine 62)", id="x32"),
         pytest.param({"machine": 22, "data": 2}, "big-endian ELF core for S/390 (e_machine 22)", id="s390x"),
@@ -248,7 +249,7 @@ def test_check_core_header_rejects_other_targets(kwargs, what):
         head = head[:24]  # a 32-bit header: only the identification and e_type/e_machine are read
     with pytest.raises(UnsupportedTarget) as e:
         elf.check_core_header(elf.parse_elf_header(head), "core")
-    assert str(e.value) == f"core: unsupported core: {what}; forensics reads x86-64 cores"
+    assert str(e.value) == f"core: unsupported core: {what}; forensics reads x86-64 and AArch64 cores"
 
 
 def test_parse_elf_header_rejects_non_elf():
