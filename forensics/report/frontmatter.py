@@ -1,0 +1,72 @@
+"""A report file's YAML front matter (the plain-text title, where to file it, the attachments) before the body to
+paste: written (:func:`front_matter`), read back (:func:`split_front_matter`), its title checked
+(:func:`check_title`)."""
+from __future__ import annotations
+
+import json
+import re
+
+from .context import UPSTREAM, ReportContext
+
+__all__ = ["front_matter", "split_front_matter", "check_title"]
+
+
+def front_matter(ctx: ReportContext, attachment_dir: str) -> str:
+    """YAML front matter: the title and where to file this report (json.dumps strings are valid YAML)."""
+    filing = next((x for x in ctx.conclusion.filings if x.report == ctx.template), None)
+    if ctx.template == "nvitop" and ctx.form:
+        where = ctx.form.new_issue_url
+    elif ctx.template == "nvml":
+        from .decision import NVIDIA_WHERE
+
+        where = NVIDIA_WHERE
+    elif ctx.template == "binding":
+        from .decision import BINDING_WHERE
+
+        where = BINDING_WHERE
+    else:
+        where = "the incident record (internal)"
+    lines = ["---", f"title: {json.dumps(ctx.title, ensure_ascii=False)}", f"file-at: {json.dumps(where)}"]
+    if filing:
+        lines.append(f"when: {json.dumps(f'{filing.order}. {filing.action}', ensure_ascii=False)}")
+    elif ctx.template in UPSTREAM:
+        lines.append(f"when: {json.dumps('not now: ' + '; '.join(x.action for x in ctx.conclusion.filings))}")
+    lines.append(f"conclusion: {json.dumps(ctx.conclusion.incident.value)}")
+    if ctx.template == "nvitop" and ctx.form:
+        lines.append(f"labels: {json.dumps(list(ctx.form.labels))}")
+        lines.append(f"form: {json.dumps(ctx.form.source)}")
+        lines.append("before-filing: \"tick the form's required checkboxes once you have done what they say\"")
+    if ctx.attachments:
+        lines.append("attachments:")
+        for name in sorted(ctx.attachments):
+            lines.append(f"  - {json.dumps(f'{attachment_dir}/{name}' if attachment_dir else name)}")
+    lines.append("---")
+    return "\n".join(lines) + "\n\n"
+
+
+def split_front_matter(text: str) -> tuple[dict, str]:
+    """(front matter, body) of a report file; ({}, text) when it has none."""
+    import yaml
+
+    if not text.startswith("---\n"):
+        return {}, text
+    end = text.find("\n---\n", 4)
+    if end < 0:
+        return {}, text
+    try:
+        meta = yaml.safe_load(text[4:end]) or {}
+    except yaml.YAMLError:
+        return {}, text
+    return (meta if isinstance(meta, dict) else {}), text[end + 5:].lstrip("\n")
+
+
+def check_title(title: str) -> list[str]:
+    """A GitHub title is plain text: no Markdown heading, no backslash escapes, one line, <= 256 characters."""
+    problems = []
+    if not title.strip():
+        problems.append("the title is empty")
+    if title.lstrip().startswith("#") or re.search(r"\\[\\`*_\[\]<>|~#]", title):
+        problems.append("the title has Markdown in it (GitHub titles are plain text)")
+    if "\n" in title or len(title) > 256:
+        problems.append("the title is not one line of at most 256 characters")
+    return problems
