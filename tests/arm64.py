@@ -20,6 +20,10 @@ cannot unwind such a core ("Register 69 is not available").  ``cpu="cortex-a72"`
 makes a core gdb-multiarch unwinds, the oracle of :func:`gdb_multiarch_stacks`; the same
 program under the two CPUs runs the same code at the same addresses.
 
+The Python stacks' oracle is pystack 1.7.2's own aarch64 wheel (PyPI), unpacked into the forensics cache
+(:func:`pystack_wheel_dir`) and run under qemu in a root that has its C++ runtime (``extra=PYSTACK_DEPS``):
+:func:`pystack_guest_stacks` returns what tests/oracles.py's ``pystack_stacks`` does on x86_64.
+
 A guest core names ``libcrash-arm64.so`` at its host path; :func:`analysis_sysroot` makes the
 sysroot an analysis needs: the root hard-linked (the cache is never written) plus such files.
 
@@ -58,6 +62,10 @@ __all__ = [
     "make_guest_core",
     "analysis_sysroot",
     "gdb_multiarch_stacks",
+    "PYSTACK_VERSION",
+    "PYSTACK_DEPS",
+    "pystack_wheel_dir",
+    "pystack_guest_stacks",
 ]
 
 ARCH = "arm64"
@@ -203,6 +211,93 @@ def gdb_multiarch_stacks(sysroot: Path, executable: str, core: Path, *, timeout:
         if frame and frames is not None:
             frames.append(None if frame.group(1) == "??" else frame.group(1))
     return stacks
+
+
+PYSTACK_VERSION = "1.7.2"
+#: what pystack's wheel links beyond the root's CPython: its bundled elfutils are C++-free, its extension is not
+PYSTACK_DEPS = ("libstdc++6",)
+#: the CPython tag of pystack's aarch64 wheel for each suite's interpreter (3.12+ share the abi3 wheel)
+_PYSTACK_TAGS = {"3.11": "cp311", "3.14": "abi3"}
+_PYSTACK_SCRIPT = """
+import json, sys
+from pystack.engine import NativeReportingMode, get_process_threads_for_core
+threads = get_process_threads_for_core(sys.argv[1], sys.argv[2], sys.argv[3] or None,
+                                       native_mode=NativeReportingMode.OFF, locals=True)
+# an unbound local of 3.14 (PyStackRef_NULL: tag bits over 0) is one pystack 1.7.2 shows as an object at 0x0
+print(json.dumps({t.tid: [[f.code.scope, f.code.filename, f.code.location.lineno,
+                           sorted(k for k, v in {**f.arguments, **f.locals}.items()
+                                  if v != "<invalid object at 0x0>")] for f in reversed(list(t.frames))]
+                  for t in threads}))
+"""
+
+
+def pystack_wheel_dir(suite: str, *, cache: Path | None = None) -> Path:
+    """pystack's aarch64 manylinux wheel for ``suite``'s CPython, downloaded from PyPI once and unpacked into
+    ``<forensics cache>/arm64/pystack-VERSION-TAG`` (a directory for the guest's PYTHONPATH).
+
+    :raises GuestUnavailable: when the wheel is neither cached nor downloadable (no network, no PyPI)
+    """
+    import subprocess
+    import zipfile
+
+    from tests.roots import _locked, _roots_dir
+
+    base = _roots_dir(cache).parent / "arm64"
+    base.mkdir(parents=True, exist_ok=True)
+    tag = _PYSTACK_TAGS[SUITES[suite]]
+    final = base / f"pystack-{PYSTACK_VERSION}-{tag}"
+    if (final / "pystack").is_dir():
+        return final
+    with _locked(base / f".{final.name}.lock"):
+        if (final / "pystack").is_dir():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=base))
+        try:
+            version = "3.12" if tag == "abi3" else SUITES[suite]
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                   "--platform", "manylinux_2_28_aarch64", "--python-version", version, "-d", str(tmp),
+                   f"pystack=={PYSTACK_VERSION}"]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            wheels = list(tmp.glob("pystack-*.whl"))
+            if r.returncode != 0 or len(wheels) != 1:
+                raise GuestUnavailable(f"cannot download pystack {PYSTACK_VERSION}'s aarch64 wheel: "
+                                       f"{(r.stderr or r.stdout).strip()[-500:]}")
+            unpacked = tmp / "unpacked"
+            with zipfile.ZipFile(wheels[0]) as z:
+                z.extractall(unpacked)
+            for member in (unpacked / "pystack.libs").iterdir():  # zipfile drops the mode: the libraries are run
+                member.chmod(0o755)
+            os.rename(unpacked, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def pystack_guest_stacks(root: Path, suite: str, core: Path, *, lib_dirs: Sequence[Path] = (),
+                         timeout: float = 600) -> dict[int, list[tuple[str, str, int | None, list[str]]]]:
+    """pystack's Python stacks of ``core``, pystack's aarch64 build run under qemu in ``root`` (one with
+    :data:`PYSTACK_DEPS`): ``{tid: [(function, file, line, names of its arguments and locals), ...]}``,
+    innermost first.  A local pystack shows as ``<invalid object at 0x0>`` is left out: on 3.14 that is an
+    unbound local (``PyStackRef_NULL``, whose tag bits pystack 1.7.2 strips to an object at 0), which
+    forensics, as CPython's own ``locals()``, does not list.
+
+    :param lib_dirs: host directories of libraries the core names outside the root (libcrash-arm64.so's)
+    :raises RuntimeError: when pystack fails (its output is in the message)
+    """
+    import json
+    import subprocess
+
+    wheel = pystack_wheel_dir(suite)
+    core = Path(core).resolve()
+    argv = [guest_python(suite), "-c", _PYSTACK_SCRIPT, str(core), guest_python(suite),
+            ":".join(str(d) for d in lib_dirs)]
+    cmd = guest_command(root, argv, cwd=core.parent, binds=(wheel, *lib_dirs))
+    env = dict(os.environ, PYTHONPATH=str(wheel))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"pystack under qemu exited {r.returncode}: {r.stderr[-3000:]}")
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    return {int(tid): [(f, file, line, names) for f, file, line, names in frames] for tid, frames in doc.items()}
 
 
 def _main(argv: Sequence[str]) -> int:

@@ -251,3 +251,52 @@ def test_a_core_of_another_machine_is_one_line(arm64_cores, tmp_path, machine, c
     # THEN one line says what it is and what forensics reads, exit 1
     assert r.exit_code == EXIT_ERROR
     assert f"unsupported core: {what}; forensics reads x86-64 and AArch64 cores" in r.stderr.splitlines()[0]
+
+
+# -- Python stacks and locals (#31 item 3, the Python walker) ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pystack_root(arm64_cores):
+    """Per suite: the arm64 root with pystack's C++ runtime, for pystack's own aarch64 build (the oracle)."""
+    from tests.arm64 import PYSTACK_DEPS, GuestUnavailable, guest_root, pystack_wheel_dir
+    from tests.roots import RootUnavailable
+
+    def get(suite):
+        arm64_cores.root(suite)  # skips without qemu or the mirror
+        try:
+            pystack_wheel_dir(suite)
+            return guest_root(suite, extra=PYSTACK_DEPS)
+        except (GuestUnavailable, RootUnavailable) as e:
+            pytest.skip(f"no pystack oracle for arm64: {e}")
+
+    return get
+
+
+@pytest.mark.parametrize("suite,scenario,cpu", [
+    pytest.param("bookworm", "segv", NO_PAC, id="python=3.11,segv"),
+    pytest.param("bookworm", "heap-prev", NO_PAC, id="python=3.11,heap-prev"),
+    pytest.param("sid", "segv", None, id="python=3.14,segv,pac"),
+    pytest.param("sid", "qsort-abort", NO_PAC, id="python=3.14,qsort-abort"),
+])
+def test_python_stacks_and_locals_equal_pystacks_own_aarch64_build(arm64_cores, pystack_root, suite, scenario, cpu):
+    from tests.arm64 import build_guest_libcrash, pystack_guest_stacks
+
+    # GIVEN an AArch64 core of the exporter, crashed in native code under the suite's CPython
+    core, sysroot = arm64_cores.core(suite, scenario, cpu=cpu), arm64_cores.sysroot(suite)
+    # WHEN analyze reads its Python stacks on this x86_64 machine, and pystack 1.7.2's aarch64 wheel reads them
+    # under qemu in the root (the oracle)
+    r = analyze("--json", "--sysroot", str(sysroot), str(core))
+    assert r.exit_code == EXIT_OK, r.output[-3000:]
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    theirs = pystack_guest_stacks(pystack_root(suite), suite, core,
+                                  lib_dirs=[build_guest_libcrash(arm64_cores.base).parent])
+    # THEN every thread's frames are pystack's (function, file, line), and so are the names of each frame's
+    # arguments and locals
+    assert snap["python_status"] == "ok", snap["python_stack_status"]
+    ours = {t["tid"]: [(f["function"].rsplit(".", 1)[-1], f["file"], f["line"]) for f in t["py_frames"]]
+            for t in snap["threads"] if t["py_frames"]}
+    assert ours == {tid: [f[:3] for f in frames] for tid, frames in theirs.items()}
+    our_names = {t["tid"]: [sorted(v["name"] for v in f["locals"]) for f in t["py_frames"]]
+                 for t in snap["threads"] if t["py_frames"]}
+    crashed = snap["threads"][0]["tid"]
+    assert our_names[crashed] == [f[3] for f in theirs[crashed]]
