@@ -1,12 +1,12 @@
 """The claims record ``report -o`` writes beside a report (each claim of the conclusion as written, and the
-evidence items it rests on), and the check of a written body's conclusion against it."""
+evidence items it rests on, and every sentence it wrote), and the check of a written body against it."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
-from .markdown import escape
+from .markdown import escape, prose_lines
 from ..output import escape_text
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every command)
@@ -38,21 +38,25 @@ def _claim_lines(body: str, rendered: list[str]) -> list[tuple[str, list[str]]]:
 def claims_record(rep: Report) -> dict[str, Any]:
     """What ``report -o`` writes beside the report (:func:`claims_path_for`): the incident, each claim of the
     conclusion as written in the body and the evidence items it rests on (``--explain``'s data), and what else the
-    lines holding the conclusion say (their frame: ``**Conclusion:**``, a table's cells) -- so that
-    ``report --check FILE`` can tell a claim the evidence carries from one added by hand."""
+    lines holding the conclusion say (their frame: ``**Conclusion:**``, a table's cells), and every sentence of
+    the body outside fenced blocks as written (:func:`~.markdown.prose_lines`) -- so that ``report --check FILE``
+    can tell a claim the evidence carries, or a sentence ``report`` wrote, from one added by hand."""
+    from ..output import text_document
     from .explain import explanation
 
     c = rep.context.conclusion
     e = explanation(c)
     claims = [{"text": cl["text"], "written": escape(cl["text"]), "evidence": cl["evidence"]} for cl in e["claims"]]
     frames = sorted({p for _line, pieces in _claim_lines(rep.body, [x["written"] for x in claims]) for p in pieces})
-    return {"incident": e["incident"], "template": rep.context.template, "claims": claims, "frame": frames}
+    sentences = sorted({s for _i, line in prose_lines(text_document(rep.body)) for s in line})
+    return {"incident": e["incident"], "template": rep.context.template, "claims": claims, "frame": frames,
+            "sentences": sentences}
 
 
 def check_claims(body: str, incident: str, record: Any) -> list[str]:
-    """The problems of a written body's conclusion against its claims record: a claim the record gives no
-    evidence for, a sentence on the conclusion's lines that is no recorded claim (added by hand), a conclusion
-    that is not in the body at all, a record of another incident class."""
+    """The problems of a written body against its claims record: a claim the record gives no evidence for, a
+    sentence on the conclusion's lines that is no recorded claim, or anywhere else one ``report -o`` did not write
+    (added by hand), a conclusion that is not in the body at all, a record of another incident class."""
     if not isinstance(record, dict) or not isinstance(record.get("claims"), list):
         return ["the claims record is not one report -o wrote (no claims list)"]
     problems = []
@@ -73,7 +77,19 @@ def check_claims(body: str, incident: str, record: Any) -> list[str]:
     for _line, pieces in lines:
         problems += [f"claim without evidence: {escape_text(p[:200])!r} (not in the claims record)"
                      for p in pieces if p not in frames]
-    return problems
+    return problems + _unwritten_sentences(body, rendered, record.get("sentences"))
+
+
+def _unwritten_sentences(body: str, rendered: list[str], sentences: object) -> list[str]:
+    """A problem for each sentence outside the conclusion's lines (checked against the claims) that is not one
+    ``report -o`` wrote (``sentences``: the claims record's)."""
+    if not isinstance(sentences, list):
+        return ["the claims record lists no sentences (an older report -o wrote it): the sentences outside the "
+                "conclusion cannot be checked; write the report again"]
+    written = {str(s) for s in sentences}
+    claimed = {i for i, line in enumerate(body.split("\n")) if any(r and r in line for r in rendered)}
+    return [f"claim without evidence: {escape_text(s[:200])!r} (not in the report as report -o wrote it)"
+            for i, line in prose_lines(body) if i not in claimed for s in line if s not in written]
 
 
 #: a claims record is a few KiB; a bigger file is not one report -o wrote (and is not read)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["escape", "fence", "check_markdown", "GITHUB_ISSUE_LIMIT"]
+__all__ = ["escape", "fence", "check_markdown", "prose_lines", "GITHUB_ISSUE_LIMIT"]
 
 GITHUB_ISSUE_LIMIT = 65_536
 _SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
@@ -88,6 +88,38 @@ def check_markdown(md: str) -> list[str]:
     if len(md) >= GITHUB_ISSUE_LIMIT:
         problems.append(f"{len(md)} characters: over GitHub's issue limit of {GITHUB_ISSUE_LIMIT}")
     return problems
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+_TASK_BOX = re.compile(r"^(\s*[-*+] )\[[ xX]\] ")
+
+
+def prose_lines(md: str) -> list[tuple[int, list[str]]]:
+    r"""(line index, its sentences) of each line of ``md`` outside fenced blocks that holds text: a table row's
+    cells each split apart, every piece split after ``.``, ``!`` or ``?``; a task list's box left out (ticking
+    it states nothing).  What ``report --check`` compares with the sentences ``report -o`` wrote.
+
+    >>> prose_lines("Two facts. One more!\n```\ncode. here\n```\n| a | b. c |\n- [x] done")
+    [(0, ['Two facts.', 'One more!']), (4, ['a', 'b.', 'c']), (5, ['- done'])]
+    """
+    out: list[tuple[int, list[str]]] = []
+    open_fence: str | None = None
+    for i, line in enumerate(md.split("\n")):
+        m = _FENCE_LINE.match(line)
+        if open_fence is not None:
+            if m and m.group(2)[0] == open_fence[0] and len(m.group(2)) >= len(open_fence) and not m.group(3).strip():
+                open_fence = None
+            continue
+        if m:
+            open_fence = m.group(2)
+            continue
+        stripped = _TASK_BOX.sub(r"\1", line.strip())
+        row = stripped.startswith("|") and stripped.endswith("|") and len(stripped) > 1
+        pieces = _split_row(stripped) if row else [stripped]
+        sentences = [s for p in pieces for s in (x.strip() for x in _SENTENCE_END.split(p)) if s]
+        if sentences:
+            out.append((i, sentences))
+    return out
 
 
 def _split_row(row: str) -> list[str]:

@@ -52,6 +52,30 @@ def test_a_claim_added_by_hand_fails_check_naming_it(template, tmp_path):
     assert len(lines) == text.count(first)
 
 
+@pytest.mark.parametrize("template", ["nvml", "nvitop", "binding", "runbook"])
+def test_a_sentence_added_outside_the_conclusion_fails_check_naming_it(template, tmp_path):
+    """--check compared only the lines that hold the conclusion: a sentence added anywhere else passed."""
+    # GIVEN a report written with -o, its task boxes ticked by hand (what the form asks of whoever files it)
+    out = written(template, tmp_path)
+    text = out.read_text().replace("- [ ] ", "- [x] ")
+    out.write_text(text)
+    r = run("report", "--check", out)
+    assert r.exit_code == EXIT_OK, r.stdout
+    # WHEN a sentence is added by hand to a line far from the conclusion, and another as a paragraph of its own
+    lines = text.split("\n")
+    last = max(i for i, line in enumerate(lines) if line.startswith("#") and not line.startswith("#!"))
+    lines.insert(last + 1, f"\n{ADDED}\n")
+    before = next(i for i in range(last - 1, 0, -1) if lines[i].strip() and lines[i][0].isalpha())
+    lines[before] += " The fix is already in the next driver."
+    out.write_text("\n".join(lines))
+    # THEN --check fails, one line naming each sentence
+    r = run("report", "--check", out)
+    assert r.exit_code == EXIT_FINDINGS, r.stdout
+    assert sorted(x.strip() for x in r.stdout.splitlines()[1:]) == sorted(
+        f"claim without evidence: {s!r} (not in the report as report -o wrote it)"
+        for s in (ADDED, "The fix is already in the next driver.")), r.stdout
+
+
 def test_a_claim_whose_recorded_evidence_is_gone_fails_check(tmp_path):
     out = written("nvml", tmp_path)
     sidecar = out.with_name("report-nvml.claims.json")
