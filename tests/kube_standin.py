@@ -3,8 +3,13 @@
 It serves, on 127.0.0.1 over plain HTTP, only what ``forensics capture --pod`` reads and
 writes, and what ``forensics fleet`` lists: legacy discovery (``/api``, ``/apis``, ``/api/v1``),
 pods (get, list with an equality label selector or a ``spec.nodeName`` field selector, create,
-delete, log), nodes (get, list) and events (list, with an ``involvedObject.uid`` field selector;
-get, create, and JSON merge patch, as the agent's Events use them).  Objects
+delete, log), nodes (get, list) and events: core/v1's (list, with an ``involvedObject.uid`` field
+selector; get, create, JSON merge patch) and events.k8s.io/v1's (create, get, list, JSON merge patch: the
+agent's), one store seen through both, converted as the API server converts them; a write through
+events.k8s.io/v1 is validated by the API server's rules for that version (k8s.io/kubernetes
+pkg/apis/core/validation/events.go: ValidateEventCreate / ValidateEventUpdate, ported below: the
+required fields, the limits, series.count of at least 2, the deprecated fields unset, the immutable
+fields), and refused with its 422 ``Invalid`` Status.  Objects
 are the JSON the real API returns (fields kept to those read).  A created pod is "run" the
 way a kubelet on this machine would: its container's command is executed here (the image
 is taken to be this machine's filesystem, with the given ``PATH``), its phase follows the
@@ -14,12 +19,14 @@ like the real server.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-__all__ = ["StandIn", "make_pod", "make_node", "make_event", "write_kubeconfig"]
+__all__ = ["StandIn", "make_pod", "make_node", "make_event", "write_kubeconfig", "core_view", "group_view",
+           "validate_group_event"]
 
 RESOURCES = [
     {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",  # list: fleet
@@ -30,6 +37,65 @@ RESOURCES = [
     {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event",
      "verbs": ["create", "get", "list", "patch"], "shortNames": ["ev"]},
 ]
+EVENTS_GROUP = "events.k8s.io"
+GROUP_RESOURCES = [{"name": "events", "singularName": "event", "namespaced": True, "kind": "Event",
+                    "verbs": ["create", "get", "list", "patch"], "shortNames": ["ev"]}]
+# events.k8s.io/v1 field -> core/v1 field of the same stored Event (the API server's conversion)
+_TO_CORE = {"regarding": "involvedObject", "note": "message", "deprecatedCount": "count",
+            "deprecatedFirstTimestamp": "firstTimestamp", "deprecatedLastTimestamp": "lastTimestamp",
+            "deprecatedSource": "source", "reportingController": "reportingComponent"}
+_TO_GROUP = {v: k for k, v in _TO_CORE.items()}
+# immutable on update through events.k8s.io/v1 (ValidateEventUpdate), by their events.k8s.io/v1 names
+_IMMUTABLE = ("regarding", "reason", "note", "deprecatedSource", "deprecatedFirstTimestamp", "deprecatedLastTimestamp",
+              "deprecatedCount", "type", "eventTime", "action", "related", "reportingController", "reportingInstance")
+_QUALIFIED = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def core_view(event: dict) -> dict:
+    """A stored Event as core/v1 shows it."""
+    if event.get("apiVersion") != f"{EVENTS_GROUP}/v1":
+        return event
+    return {**{_TO_CORE.get(k, k): v for k, v in event.items()}, "apiVersion": "v1"}
+
+
+def group_view(event: dict) -> dict:
+    """A stored Event as events.k8s.io/v1 shows it."""
+    if event.get("apiVersion") == f"{EVENTS_GROUP}/v1":
+        return event
+    return {**{_TO_GROUP.get(k, k): v for k, v in event.items()}, "apiVersion": f"{EVENTS_GROUP}/v1"}
+
+
+def validate_group_event(event: dict, old: dict | None = None) -> list[str]:
+    """What the API server refuses in an Event written through events.k8s.io/v1 (create, or update of ``old``)."""
+    errs = []
+    series = event.get("series")
+    if series is not None and (old is None or series != old.get("series")):
+        if not isinstance(series.get("count"), int) or series["count"] < 2:
+            errs.append("series.count: Invalid value: should be at least 2")
+        if not series.get("lastObservedTime"):
+            errs.append("series.lastObservedTime: Required value")
+    ns, regarding = event["metadata"].get("namespace"), event.get("regarding") or {}
+    if not regarding.get("namespace") and ns not in ("default", "kube-system"):
+        errs.append("involvedObject.namespace: Invalid value: does not match event.namespace")
+    controller = event.get("reportingController") or ""
+    if not controller or not _QUALIFIED.match(controller):
+        errs.append("reportingController: Invalid value: a qualified name is required")
+    for name, limit in (("reportingInstance", 128), ("action", 128), ("reason", 128)):
+        if not event.get(name) or len(event[name]) > limit:
+            errs.append(f"{name}: Required value, at most {limit} characters")
+    if len(event.get("note") or "") > 1024:
+        errs.append("note: Invalid value: can have at most 1024 characters")
+    if old is None:
+        if not event.get("eventTime"):
+            errs.append("eventTime: Required value")
+        if event.get("type") not in ("Normal", "Warning"):
+            errs.append(f"type: Invalid value: has invalid value: {event.get('type')}")
+        errs += [f"{k}: Invalid value: needs to be unset" for k in ("deprecatedFirstTimestamp",
+                 "deprecatedLastTimestamp", "deprecatedCount", "deprecatedSource") if event.get(k)]
+    else:
+        errs += [f"{k}: Invalid value: field is immutable" for k in _IMMUTABLE if event.get(k) != old.get(k)]
+    return errs
 
 
 def _status(code: int, reason: str, message: str) -> dict:
@@ -110,14 +176,19 @@ class StandIn:
             if not node:
                 return h._send(404, _status(404, "NotFound", f'nodes "{parts[3]}" not found'))
             return h._send(200, node)
+        group = len(parts) >= 6 and parts[:4] == ["apis", EVENTS_GROUP, "v1", "namespaces"]
+        if group:
+            parts = ["api", "v1", *parts[3:]]  # the same store, the group's view
+            in_namespace = True
+        view = group_view if group else core_view
         if in_namespace and len(parts) == 6 and parts[4] == "events":
             with self.lock:
-                ev = next((e for e in self.events if e["metadata"]["namespace"] == parts[3]
-                           and e["metadata"]["name"] == parts[5]), None)
-            return h._send(200, ev) if ev else h._send(404, _status(404, "NotFound", f'events "{parts[5]}" not found'))
+                ev = self._event(parts[3], parts[5])
+            return h._send(200, view(ev)) if ev else h._send(404, _status(404, "NotFound",
+                                                                          f'events "{parts[5]}" not found'))
         if in_namespace and len(parts) == 5 and parts[4] == "events":
-            return h._send(200, {"kind": "EventList", "apiVersion": "v1", "metadata": {},
-                                 "items": self._select_events(parts[3], q)})
+            return h._send(200, {"kind": "EventList", "apiVersion": f"{EVENTS_GROUP}/v1" if group else "v1",
+                                 "metadata": {}, "items": [view(e) for e in self._select_events(parts[3], q)]})
         if in_namespace and len(parts) >= 6 and parts[4] == "pods":
             return self._get_pod(h, parts)
         return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
@@ -128,7 +199,12 @@ class StandIn:
             return {"kind": "APIVersions", "versions": ["v1"],
                     "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
         if parts == ["apis"]:
-            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+            version = {"groupVersion": f"{EVENTS_GROUP}/v1", "version": "v1"}
+            return {"kind": "APIGroupList", "apiVersion": "v1",
+                    "groups": [{"name": EVENTS_GROUP, "versions": [version], "preferredVersion": version}]}
+        if parts == ["apis", EVENTS_GROUP, "v1"]:
+            return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{EVENTS_GROUP}/v1",
+                    "resources": GROUP_RESOURCES}
         if parts == ["api", "v1"]:
             return {"kind": "APIResourceList", "groupVersion": "v1", "resources": RESOURCES}
         if parts == ["version"]:
@@ -154,7 +230,7 @@ class StandIn:
 
     def _select_events(self, namespace, q):
         """The events of ``namespace``, by the involved object's uid or name."""
-        items = [e for e in self.events if e["metadata"]["namespace"] == namespace]
+        items = [core_view(e) for e in self.events if e["metadata"]["namespace"] == namespace]
         for sel in q.get("fieldSelector", []):
             for clause in sel.split(","):
                 k, _, v = clause.partition("=")
@@ -181,6 +257,14 @@ class StandIn:
         u = urlparse(h.path)
         parts = [p for p in u.path.split("/") if p]
         body = json.loads(h.rfile.read(int(h.headers.get("Content-Length", 0))) or b"{}")
+        group = len(parts) == 6 and parts[:4] == ["apis", EVENTS_GROUP, "v1", "namespaces"] and parts[5] == "events"
+        if group:
+            body["metadata"]["namespace"] = parts[4]
+            errs = validate_group_event(body)
+            if errs:
+                return h._send(422, _status(422, "Invalid", f'Event.{EVENTS_GROUP} "{body["metadata"].get("name")}" '
+                                                            f"is invalid: {'; '.join(errs)}"))
+            parts = ["api", "v1", *parts[3:]]
         if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
             ns, name = parts[3], body["metadata"]["name"]
             body["metadata"].update({"namespace": ns, "uid": f"event-{len(self.events)}",
@@ -210,18 +294,31 @@ class StandIn:
         """A JSON merge patch of an event (what ``kubectl patch --type merge`` sends)."""
         parts = [p for p in urlparse(h.path).path.split("/") if p]
         body = json.loads(h.rfile.read(int(h.headers.get("Content-Length", 0))) or b"{}")
+        group = len(parts) == 7 and parts[:4] == ["apis", EVENTS_GROUP, "v1", "namespaces"]
+        if group:
+            parts = ["api", "v1", *parts[3:]]
         if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
             with self.lock:
-                ev = next((e for e in self.events if e["metadata"]["namespace"] == parts[3]
-                           and e["metadata"]["name"] == parts[5]), None)
+                ev = self._event(parts[3], parts[5])
                 if ev is None:
                     return h._send(404, _status(404, "NotFound", f'events "{parts[5]}" not found'))
-                for k, v in body.items():
-                    if k != "metadata":
-                        ev[k] = v
+                view = group_view if group else core_view
+                new = _merge(view(ev), body)
+                errs = validate_group_event(new, view(ev)) if group else []
+                if errs:
+                    return h._send(422, _status(422, "Invalid", f'Event.{EVENTS_GROUP} "{parts[5]}" is invalid: '
+                                                                f"{'; '.join(errs)}"))
+                stored = new if ev.get("apiVersion") == new.get("apiVersion") else \
+                    (core_view(new) if group else group_view(new))
+                ev.clear()
+                ev.update(stored)
                 self.event_writes.append(("patch", parts[5]))
-            return h._send(200, ev)
+            return h._send(200, view(ev))
         return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+    def _event(self, namespace: str, name: str) -> dict | None:
+        return next((e for e in self.events if e["metadata"]["namespace"] == namespace
+                     and e["metadata"]["name"] == name), None)
 
     def _delete(self, h):
         parts = [p for p in urlparse(h.path).path.split("/") if p]
@@ -267,6 +364,19 @@ class StandIn:
             phase = "Succeeded" if rc == 0 else "Failed"
             pod["status"] = {"phase": phase, "containerStatuses": [
                 {"name": pod["spec"]["containers"][0]["name"], "state": {"terminated": {"exitCode": rc}}}]}
+
+
+def _merge(target, patch):
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge(out.get(k), v)
+    return out
 
 
 def make_pod(*, name, namespace, uid, node, container_id, running=True, restarts=0, last_exit=None) -> dict:

@@ -6,8 +6,8 @@ needs them on a fresh cluster:
 
 - the ``Namespace`` (labelled for the privileged pod security level the agent needs: hostPID,
   a privileged container that writes ``kernel.core_pattern``);
-- the agent's ``ServiceAccount``, a ``ClusterRole`` with what it uses and nothing more (events:
-  create, patch, get — one ``NativeCrash`` Event per crash on a pod, counted on repeats; pods:
+- the agent's ``ServiceAccount``, a ``ClusterRole`` with what it uses and nothing more (events.k8s.io
+  events: create, patch, get — one ``NativeCrash`` Event per crash on a pod, its series counting repeats; pods:
   get, list — the pod a crash's UID names, on its own node) and its ``ClusterRoleBinding``;
 - the ``DaemonSet`` on every GPU node: an init container copies the image's self-contained
   installation to the host (the kernel runs the core handler there); the container installs the
@@ -163,7 +163,7 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
          "metadata": {"name": AGENT_NAME, "labels": dict(_LABELS)},
          "rules": [
-             {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch", "get"]},
+             {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "get"]},
              {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
          ]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",

@@ -16,10 +16,11 @@ with the reason).  It publishes:
   are (distinct crashes) x (pods and containers that had them).  The other families' labels come
   from closed sets: ``reason`` of :data:`~.nodeindex.NOT_KEPT_REASONS` and analysis failures
   (``timeout``, ``memory``, ``resources``, ``error``, ``interrupted``), ``kind`` of ``cores`` / ``objects``.
-- A Kubernetes Event on the crashed pod (type Warning, reason ``NativeCrash``; message: signature,
-  fingerprint, the bundle's path on the node), one per (pod, fingerprint), its ``count`` the
-  number of such crashes in the index — set, not incremented, so a restarted agent never counts
-  twice — through kubectl with the agent's own service account (:class:`EventSink`).
+- A Kubernetes Event (events.k8s.io/v1) on the crashed pod (type Warning, reason ``NativeCrash``,
+  action ``Analyzed``; note: signature, fingerprint, where the first bundle lives), one per (pod,
+  fingerprint, note), its ``series`` counting the crashes in the index — set, not incremented, so a
+  restarted agent never counts twice — through kubectl with the agent's own service account
+  (:class:`~.events.EventSink`).
 
 A restarted agent reads the bundles again: nothing is counted twice, nothing is lost, and it never
 deletes anything but, with ``upload``, what a verified upload put in a bucket (:mod:`.shipper`).
@@ -39,14 +40,14 @@ import threading
 import time
 from typing import Any
 
-from ..output import escape_text
-from ..redact import Redactor, redact_document
+from ..redact import redact_document
 from ..subproc import OutputTooLarge, run_bounded
 from ..bundle import layout
-from .nodeindex import MAX_READ, NOT_KEPT_REASONS, IndexReader, NodeIndex
+from .events import EventSink
+from .nodeindex import MAX_READ, NOT_KEPT_REASONS, IndexReader
 
 __all__ = ["ServeConfig", "Agent", "HANDLER_REASONS", "NODE_LABEL", "handler_state",
-           "IndexCollector", "EventSink", "analysis_failure_reasons", "analyze_crash", "serve",
+           "IndexCollector", "analysis_failure_reasons", "analyze_crash", "serve",
            "fit_document", "NOT_STARTED"]
 
 ANALYSIS_FAILURES = ("timeout", "memory", "resources", "error", "interrupted")
@@ -447,126 +448,6 @@ def _upload_families(node: str, s):
     for reason, n in s.dropped:
         dropped.add_metric([node, reason], n)
     yield dropped
-
-
-class EventSink:
-    """Kubernetes Events for crashes, one per (pod, fingerprint), coalesced and flushed by a thread.
-
-    :meth:`offer` records the wanted state (count, times, message); the thread creates or patches
-    each changed Event at most every ``interval`` seconds, through kubectl (the agent's service
-    account in a pod, ``--kubeconfig`` elsewhere).  Failures are retried on the next flush.
-    """
-
-    def __init__(self, kube, node: str, *, interval: float = 2.0) -> None:
-        self.kube = kube
-        self.node = node
-        self.interval = interval
-        self.wanted: dict[tuple[str, str, str], dict] = {}
-        self.sent: dict[tuple[str, str, str], dict] = {}
-        self.errors = 0
-        self.node_events: list[dict] = []  # Events on the node (core_pattern taken), sent by the next flush
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="events", daemon=True)
-
-    def offer_node_event(self, reason: str, action: str, message: str) -> None:
-        """One Warning Event on the node (in ``default``, where the kubelet's node Events are); at most 16 wait."""
-        with self.lock:
-            if len(self.node_events) < 16:
-                self.node_events.append({"reason": reason, "action": action, "time": time.time(),
-                                         "message": escape_text(Redactor().text(message))[:1024]})
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def offer(self, idx: NodeIndex) -> None:
-        wanted: dict[tuple[str, str, str], dict] = {}
-        for c in idx.crashes:
-            if not (c.pod and c.namespace and c.pod_uid and c.fingerprint):
-                continue
-            key = (c.namespace, c.pod, c.fingerprint)
-            w = wanted.setdefault(key, {"uid": c.pod_uid, "count": 0, "first": c.time, "last": c.time, "example": c})
-            w["count"] += 1
-            w["first"] = min(w["first"], c.time)
-            if c.time >= w["last"]:
-                w["last"], w["example"] = c.time, c
-        with self.lock:
-            self.wanted = wanted
-
-    def _loop(self) -> None:
-        while not self.stop.wait(self.interval):
-            self.flush()
-
-    def flush(self) -> None:
-        with self.lock:
-            # sent again when the count changes, or when the bundle went to a bucket (the message names it)
-            todo = [(k, v) for k, v in self.wanted.items()
-                    if self.sent.get(k) != {"count": v["count"], "uploaded_to": v["example"].uploaded_to}]
-        with self.lock:
-            node_events, self.node_events = self.node_events, []
-        for i, ev in enumerate(node_events):
-            try:
-                self._send_node(ev)
-            except Exception:  # noqa: BLE001 - the API server may be away: kept for the next flush
-                self.errors += 1
-                with self.lock:
-                    self.node_events[:0] = node_events[i:][:16]
-                break
-        for key, w in todo:
-            try:
-                self._send(key, w)
-                self.sent[key] = {"count": w["count"], "uploaded_to": w["example"].uploaded_to}
-            except Exception:  # noqa: BLE001 - the API server may be away; the next flush retries
-                self.errors += 1
-
-    def _send_node(self, ev: dict) -> None:
-        from ..kubectl import run_kubectl as _run
-
-        iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ev["time"]))
-        name = f"{self.node[:200]}.{ev['reason'].lower()}.{int(ev['time'] * 1000):x}"[:253]
-        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": "default"},
-                 "involvedObject": {"kind": "Node", "apiVersion": "v1", "name": self.node, "uid": self.node},
-                 "reason": ev["reason"], "action": ev["action"], "type": "Warning", "message": ev["message"],
-                 "count": 1, "firstTimestamp": iso, "lastTimestamp": iso,
-                 "source": {"component": "forensics-agent", "host": self.node},
-                 "reportingComponent": "forensics-agent", "reportingInstance": self.node}
-        _run(self.kube, "create event", ["create", "--validate=false", "-f", "-", "--namespace", "default"],
-             stdin=json.dumps(event), namespaced=False, timeout=30)
-
-    @staticmethod
-    def name_of(namespace: str, pod: str, fingerprint: str) -> str:
-        return f"{pod[:200]}.nativecrash.{fingerprint}"[:253]
-
-    def _send(self, key, w) -> None:
-        from ..kubectl import run_kubectl as _run
-
-        ns, pod, fp = key
-        c = w["example"]
-        name = self.name_of(ns, pod, fp)
-        iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-        # shown by kubectl describe: the signature names threads and frames of the crashed process
-        where = f"bundle {c.uploaded_to} (from node {self.node})" if c.uploaded_to else \
-            f"bundle {c.path} on node {self.node}"
-        message = escape_text(Redactor().text(f"{c.signature or 'native crash'}; fingerprint {fp}; {where}"))[:1024]
-        patch = {"count": w["count"], "lastTimestamp": iso(w["last"]), "message": message}
-        try:
-            _run(self.kube, "patch event", ["patch", "event", name, "--namespace", ns, "--type", "merge",
-                                            "-p", json.dumps(patch)], namespaced=False, timeout=30)
-            return
-        except Exception as e:
-            if "NotFound" not in str(e) and "not found" not in str(e):
-                raise
-        event = {"apiVersion": "v1", "kind": "Event",
-                 "metadata": {"name": name, "namespace": ns},
-                 "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": pod, "namespace": ns, "uid": w["uid"]},
-                 # action: what the reporting component did about it (core/v1's field; events.k8s.io/v1 requires it)
-                 "reason": "NativeCrash", "action": "Analyzed", "type": "Warning", "message": message,
-                 "count": w["count"],
-                 "firstTimestamp": iso(w["first"]), "lastTimestamp": iso(w["last"]),
-                 "source": {"component": "forensics-agent", "host": self.node},
-                 "reportingComponent": "forensics-agent", "reportingInstance": self.node}
-        _run(self.kube, "create event", ["create", "--validate=false", "-f", "-", "--namespace", ns],
-             stdin=json.dumps(event), namespaced=False, timeout=30)
 
 
 class Agent:

@@ -82,11 +82,11 @@ def test_pattern_taken_by_systemd_coredump_is_seen_said_and_with_reclaim_taken_b
             PATTERN.write_text(SYSTEMD_COREDUMP)
             # THEN a node Event says so, within the agent's round and the Events' flush
             events = _wait("a node Event", lambda: [e for e in list(api.events)
-                                                     if e["involvedObject"]["kind"] == "Node"])
+                                                     if e["regarding"]["kind"] == "Node"])
             (ev,) = events
-            assert ev["involvedObject"]["name"] == node
+            assert ev["regarding"]["name"] == node and ev["apiVersion"] == "events.k8s.io/v1"
             assert ev["reason"] == "CorePatternReplaced" and ev["type"] == "Warning"
-            assert "replaced-by-systemd-coredump" in ev["message"] and "systemd-coredump" in ev["message"]
+            assert "replaced-by-systemd-coredump" in ev["note"] and "systemd-coredump" in ev["note"]
             if not reclaim:
                 # the gauge is 0 with the reason, and the pattern is left to systemd-coredump
                 assert ev["action"] == "Observed"
@@ -97,7 +97,7 @@ def test_pattern_taken_by_systemd_coredump_is_seen_said_and_with_reclaim_taken_b
                 assert ev["action"] == "Reclaimed"
                 _wait("the pattern taken back", lambda: PATTERN.read_text().strip() == ours)
                 assert _wait("the gauge at 1", lambda: _gauge(port) == {"installed": 1.0})
-            assert len([e for e in api.events if e["involvedObject"]["kind"] == "Node"]) == 1  # one per taking
+            assert len([e for e in api.events if e["regarding"]["kind"] == "Node"]) == 1  # one per taking
     finally:
         for p in procs:
             if p.poll() is None:

@@ -205,31 +205,43 @@ def test_agent_analyzes_each_crash_once_and_publishes_metrics_and_events(kernel_
                 "timeout": 0, "memory": 0, "resources": 0, "error": 0, "interrupted": 0}
             stored = {s.labels["kind"]: s.value for s in samples["forensics_stored_bytes"]}
             assert stored["cores"] > 0 and stored["objects"] > 0
-            # one Event per distinct crash on the pod, its count the crashes of that fingerprint
+            # one events.k8s.io/v1 Event per distinct crash on the pod (every write passed the API server's rules for
+            # that version, which the stand-in applies), a repeat counted in its series (none on a single crash)
+            def series_counts(items) -> list[int]:
+                return sorted((e.get("series") or {}).get("count", 1) for e in items)
+
             deadline = time.monotonic() + 30
             while True:
-                ev = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get", "events", "-n", NS, "-o", "json"],
-                                    capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+                ev = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get", "events.v1.events.k8s.io", "-n", NS,
+                                     "-o", "json"], capture_output=True, text=True,
+                                    env={**os.environ, "HOME": str(tmp_path)})
                 items = [e for e in json.loads(ev.stdout)["items"] if e["reason"] == "NativeCrash"]
-                if sorted(e["count"] for e in items) == [1, 3] or time.monotonic() > deadline:
+                if series_counts(items) == [1, 3] or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
-            assert sorted(e["count"] for e in items) == [1, 3], items
+            assert series_counts(items) == [1, 3], items
             for e in items:
-                assert e["type"] == "Warning" and e["involvedObject"]["uid"] == container["pod_uid"]
-                assert e["action"] == "Analyzed" and e["reportingComponent"] == "forensics-agent"
-                assert e["involvedObject"]["name"] == "exporter-a1"
-                assert any(fp in e["message"] for fp in (segv_fp, abort_fp)) and str(core_dir) in e["message"]
-            # WHEN the same crash happens again: the Event's count goes up, no second Event
+                assert e["apiVersion"] == "events.k8s.io/v1" and "count" not in e and "deprecatedCount" not in e
+                assert e["type"] == "Warning" and e["regarding"]["uid"] == container["pod_uid"]
+                assert e["action"] == "Analyzed" and e["reportingController"] == "forensics-agent"
+                assert e["reportingInstance"] == node and e["regarding"]["name"] == "exporter-a1"
+                assert any(fp in e["note"] for fp in (segv_fp, abort_fp)) and str(core_dir) in e["note"]
+                if e.get("series"):  # the last crash of the series, after the Event's first
+                    assert e["series"]["lastObservedTime"] > e["eventTime"]
+            # WHEN the same crash happens again: the Event's series counts it, no second Event
             handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
             wait_analyzed(core_dir, 5)
             deadline = time.monotonic() + 30
             while True:
                 items = [e for e in api.events if e["reason"] == "NativeCrash"]
-                if sorted(e["count"] for e in items) == [1, 4] or time.monotonic() > deadline:
+                if series_counts(items) == [1, 4] or time.monotonic() > deadline:
                     break
                 time.sleep(0.3)
-            assert sorted(e["count"] for e in items) == [1, 4]
+            assert series_counts(items) == [1, 4]
+            # AND core/v1 readers (kubectl describe) see the same Events, their series with them
+            core = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get", "events", "-n", NS, "-o", "json"],
+                                  capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+            assert series_counts(e for e in json.loads(core.stdout)["items"] if e["reason"] == "NativeCrash") == [1, 4]
         finally:
             agent.stop()
         # WHEN the agent is restarted: nothing counted twice, nothing analyzed twice, Events unchanged
@@ -240,7 +252,7 @@ def test_agent_analyzes_each_crash_once_and_publishes_metrics_and_events(kernel_
             assert crash_counts(agent.scrape()["forensics_crashes"]) == {segv_fp: 4, abort_fp: 1}
             assert all(json.loads((c / "60-analysis" / "attempts.json").read_text())["attempts"] == 1
                        for c in (core_dir / "crashes").iterdir())
-            assert sorted(e["count"] for e in api.events if e["reason"] == "NativeCrash") == [1, 4]
+            assert series_counts(e for e in api.events if e["reason"] == "NativeCrash") == [1, 4]
             assert len(api.event_writes) - writes <= 2  # at most the re-sent wanted state, never a new Event
         finally:
             agent.stop()

@@ -204,7 +204,7 @@ def test_agent_event_of_a_hostile_crash(hostile_core, tmp_path):
         remove_cgroup(cg)
         p.kill()
         p.wait()
-    # THEN its message carries the names escaped, one line
+    # THEN its note carries the names escaped, one line
     assert events, "no NativeCrash Event"
-    assert_terminal_safe(events[0]["message"])
-    assert "\\x1b]0;owned\\x07" in events[0]["message"]
+    assert_terminal_safe(events[0]["note"])
+    assert "\\x1b]0;owned\\x07" in events[0]["note"]

@@ -667,19 +667,21 @@ def test_the_event_names_the_uploaded_bundle_and_its_key_the_pod(crasher, kernel
             agent = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             try:
                 # WHEN the agent has analyzed, named the pod, uploaded and told the API
-                def event_message() -> str:
-                    r = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get", "events", "-n", ns, "-o",
-                                        "json"], capture_output=True, text=True, env=env)
-                    items = [e for e in json.loads(r.stdout or "{}").get("items", []) if e["reason"] == "NativeCrash"]
-                    return items[0]["message"] if items else ""
+                def notes() -> list[str]:
+                    r = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get", "events.v1.events.k8s.io",
+                                        "-n", ns, "-o", "json"], capture_output=True, text=True, env=env)
+                    return [e["note"] for e in json.loads(r.stdout or "{}").get("items", [])
+                            if e["reason"] == "NativeCrash"]
 
                 # (first the Event names the bundle on the node: the upload fails, no server answers)
-                _wait(lambda: " on node " in event_message(), 300, "no Event")
+                _wait(lambda: any(" on node " in n for n in notes()), 300, "no Event")
                 s3.start()
                 s3.make_bucket(bucket)
-                # THEN, once the upload is tried again (30 s) and verified, the same Event names the bucket
-                _wait(lambda: "s3://" in event_message(), 120, "the Event does not name the bucket")
-                message = event_message()
+                # THEN, once the upload is tried again (30 s) and verified, an Event names the object in the bucket
+                # (an events.k8s.io/v1 Event's note cannot change: the one naming the node's path stays)
+                _wait(lambda: any("s3://" in n for n in notes()), 120, "no Event names the bucket")
+                (message,) = [n for n in notes() if "s3://" in n]
+                assert len(notes()) == 2
             finally:
                 _stop(agent)
     finally:
