@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from .cache import cache_dir
 from .errors import GdbError, GdbNotFound, GdbTimeout
-from .model import CoreFile, LibraryStatus, NativeFrame, NativeStack
+from .model import CoreFile, DwarfLayout, LibraryStatus, NativeFrame, NativeStack
 from .modes import Unwinder
 from .resources import find_shipped
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from pygdbmi.gdbcontroller import GdbController
 
 __all__ = ["GdbResult", "GdbSession", "find_gdb_scripts", "run_gdb", "parse_marker_json", "parse_native_stacks",
+           "parse_layout",
            "update_link_farm", "update_debug_farm", "gdb_for_core"]
 
 NATIVE_MARKER = "FORENSICS-NATIVE-JSON: "
@@ -77,7 +78,7 @@ class GdbResult:
     """The raw, parsed output of our two scripts for one core."""
 
     native: tuple[NativeStack, ...] | None  # None when native stacks were not asked for
-    layout: dict | None  # CPython's layout from DWARF (``{"error": ...}`` without it); None when not asked
+    layout: DwarfLayout | None  # CPython's layout from DWARF, or why gdb gave none; None when not asked
     log: tuple[str, ...]
 
 
@@ -118,6 +119,22 @@ def parse_native_stacks(doc: object) -> tuple[NativeStack, ...]:
         out.append(NativeStack(num=_int(t.get("num")) or 0, tid=tid, frames=_parse_frames(t.get("frames")),
                                error=_str(t.get("error")), method=Unwinder.GDB))
     return tuple(out)
+
+
+def parse_layout(doc: dict | None) -> DwarfLayout:
+    """``forensics-layout``'s document (a record in ``forensics/pyread/layouts.json``'s format with the ``objfile``
+    whose DWARF it came from, or ``{"error": ...}``) as a record, where it enters; None (no document) is an error.
+
+    >>> parse_layout({"error": "no DWARF for _PyRuntime"}).error, parse_layout(None).error
+    ('no DWARF for _PyRuntime', 'forensics-layout printed no result')
+    >>> parse_layout({"ptr_size": 8, "types": {}, "objfile": "/usr/bin/python3.12"}).objfile
+    '/usr/bin/python3.12'
+    """
+    if doc is None:
+        return DwarfLayout(error="forensics-layout printed no result")
+    if "error" in doc:
+        return DwarfLayout(error=str(doc["error"]))
+    return DwarfLayout(table=doc, objfile=_str(doc.get("objfile")))
 
 
 def parse_marker_json(text: str, marker: str) -> dict | None:
@@ -295,9 +312,7 @@ class GdbSession:
         layout = None
         if python:
             self._stage = "reading CPython's layout from DWARF"
-            layout = parse_marker_json(self.console("forensics-layout", check=False), LAYOUT_MARKER)
-            if layout is None:
-                layout = {"error": "forensics-layout printed no result"}
+            layout = parse_layout(parse_marker_json(self.console("forensics-layout", check=False), LAYOUT_MARKER))
         self._stage = "unloading"
         self.console("core-file", check=False)
         if added:

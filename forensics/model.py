@@ -25,6 +25,7 @@ __all__ = [
     "LibraryStatus",
     "FrameKind",
     "NativeStack",
+    "DwarfLayout",
     "PythonStatus",
     "PythonMethod",
     "LayoutSource",
@@ -430,6 +431,16 @@ class NativeFrame:
         where = f" at {src}:{self.line}" if src and self.line else ""
         address = "" if brief else f"0x{self.pc:016x} "
         return f"#{self.index:<3} {address}{self.symbol or '??'}{off}{mark} ({self.library_name or '?'}){where}"
+
+
+@record
+class DwarfLayout:
+    """CPython's struct layout as gdb read it from the DWARF of the core's interpreter (``forensics-layout``, parsed
+    by :func:`forensics.gdb.parse_layout`), or why gdb could not: exactly one of ``table`` and ``error``."""
+
+    table: dict | None = None  # one record in pyread/layouts.json's format (ptr_size, types, sizes, enums, symbols)
+    objfile: str | None = None  # the file whose DWARF defines _PyRuntime, as gdb names it
+    error: str | None = None  # why there is no table ("no DWARF for _PyRuntime ...")
 
 
 @record

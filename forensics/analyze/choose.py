@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import UnwinderUnavailable
-from ..model import NativeStack, PythonStacks, PythonStatus
+from ..model import DwarfLayout, NativeStack, PythonStacks, PythonStatus
 from ..modes import Unwinder
 from .build import registers_only
 from .native import compare_native_docs, with_gdb_fallback
@@ -63,7 +63,7 @@ def choose_python(method: str, gdb_python, direct, problems: list[str], *, trunc
 
 
 
-def compare_methods(reading: CoreReading, gdb_python, direct, dwarf_layout: dict | None,
+def compare_methods(reading: CoreReading, gdb_python, direct, dwarf_layout: DwarfLayout | None,
                      problems: list[str]) -> tuple[str, ...]:
     """``--method both``: where the two methods' stacks and layouts disagree.
 

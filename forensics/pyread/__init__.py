@@ -24,7 +24,7 @@ version or build: the reason says which); ``FAILED`` (nothing read).
 from __future__ import annotations
 
 from dataclasses import replace
-from forensics.model import CoreFile, LayoutSource, PythonStacks, PythonStatus
+from forensics.model import CoreFile, DwarfLayout, LayoutSource, PythonStacks, PythonStatus
 from forensics.pyread.objects import Limits
 from forensics.records import record
 
@@ -38,7 +38,7 @@ __all__ = ["read_python_stacks", "find_interpreter", "Interpreter", "layout_diff
 _NOT_CPYTHON = "not a CPython process: no object in the core defines _PyRuntime"
 
 
-def read_python_stacks(core: CoreFile, *, sysroot: str | None = None, dwarf: dict | None = None,
+def read_python_stacks(core: CoreFile, *, sysroot: str | None = None, dwarf: DwarfLayout | None = None,
                        limits: Limits | None = None, mem=None,
                        interpreter: Interpreter | PythonStacks | None = None) -> PythonStacks:
     """The Python stack of every thread of a CPython core.
@@ -49,7 +49,7 @@ def read_python_stacks(core: CoreFile, *, sysroot: str | None = None, dwarf: dic
     :param core: the core as :func:`forensics.core.open_core` read it (its libraries' files
         were resolved then, with its sysroot)
     :param sysroot: where to look for an object file the core names that ``core`` has no file for
-    :param dwarf: a layout record from gdb's ``forensics-layout`` (the ``gdb`` method); None
+    :param dwarf: gdb's layout from DWARF (:func:`forensics.gdb.parse_layout`; the ``gdb`` method); None
         for the debug offsets and the table (the ``direct`` method)
     :param limits: bounds of the walk (default :class:`Limits`)
     :param mem: the core's memory, open (:class:`~forensics.core.CoreMemory`); None: the core is opened here
@@ -88,7 +88,7 @@ class Interpreter:
 
 
 def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
-                     dwarf: dict | None = None) -> Interpreter | PythonStacks:
+                     dwarf: DwarfLayout | None = None) -> Interpreter | PythonStacks:
     """The runtime, the version and the layout to walk with (as :func:`read_python_stacks` sets them
     up, for readers of more than stacks: frame locals); or the record saying why there are none.
 
@@ -97,7 +97,7 @@ def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
     ``mem`` (an interpreter found in the core's memory), valid while ``mem`` is open.
 
     :param mem: the core's memory (:class:`~forensics.core.CoreMemory`)
-    :param dwarf: a layout record from gdb, used instead of the debug offsets and the table
+    :param dwarf: gdb's layout from DWARF, used instead of the debug offsets and the table
     """
     from forensics.pyread.debug_offsets import DebugOffsetsError, parse_debug_offsets, read_size
     from forensics.pyread.layouts import Layout, LayoutError, choose_layout, debug_offset_shapes
@@ -132,21 +132,21 @@ def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
                             detail=f"found _PyRuntime in {binary.library.path} but could not read its CPython version")
     free_threaded = bool(debug and debug.free_threaded)
     if dwarf is not None:
-        if "error" in dwarf:
+        if dwarf.table is None:
             changed = _files_problem(core)
             if changed and "another build" in changed:  # debug symbols of the file here would not help
                 return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text,
-                                    free_threaded=free_threaded, detail=f"gdb: {dwarf['error']}: {changed}")
+                                    free_threaded=free_threaded, detail=f"gdb: {dwarf.error}: {changed}")
             return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text, free_threaded=free_threaded,
-                                detail=f"gdb: {dwarf['error']}; Debian/Ubuntu ship it in python{version.major}."
+                                detail=f"gdb: {dwarf.error}; Debian/Ubuntu ship it in python{version.major}."
                                        f"{version.minor}-dbg (or build CPython with -g)")
         try:
-            layout = Layout(dwarf)
+            layout = Layout(dwarf.table)
         except (LayoutError, KeyError) as exc:
             return PythonStacks(status=PythonStatus.UNSUPPORTED, version=version.text,
                                 detail=f"gdb's DWARF layout of CPython {version.text} is not usable: {exc}")
         return Interpreter(binary=binary, version=version, layout=layout, source=LayoutSource.DWARF,
-                      description=f"DWARF of {dwarf.get('objfile') or binary.library.path}" + _found(in_memory),
+                      description=f"DWARF of {dwarf.objfile or binary.library.path}" + _found(in_memory),
                       free_threaded=free_threaded or layout.free_threaded)
     try:
         choice = choose_layout(version.major, version.minor, free_threaded=free_threaded, debug=debug,
@@ -180,7 +180,7 @@ def _files_problem(core: CoreFile) -> str | None:
     return None
 
 
-def _read(core: CoreFile, mem, sysroot: str | None, dwarf: dict | None, limits: Limits,
+def _read(core: CoreFile, mem, sysroot: str | None, dwarf: DwarfLayout | None, limits: Limits,
           interpreter: Interpreter | PythonStacks | None) -> PythonStacks:
     from forensics.pyread.locate import TYPE_SYMBOLS
     from forensics.pyread.objects import Budget, Objects, Reader
@@ -209,7 +209,7 @@ def _read(core: CoreFile, mem, sysroot: str | None, dwarf: dict | None, limits: 
     return stacks
 
 
-def layout_differences(core: CoreFile, dwarf: dict, *, sysroot: str | None = None, mem=None,
+def layout_differences(core: CoreFile, dwarf: DwarfLayout, *, sysroot: str | None = None, mem=None,
                        interpreter: Interpreter | PythonStacks | None = None) -> list[str]:
     """Where gdb's DWARF layout and the direct reader's layout of this core disagree (``--method both``).
 

@@ -24,7 +24,7 @@ import pytest
 
 from forensics.analyze import analyze_core
 from forensics.core import CoreMemory, open_core
-from forensics.model import LayoutSource, LibraryStatus, PythonStatus
+from forensics.model import DwarfLayout, LayoutSource, LibraryStatus, PythonStatus
 from forensics.pyread import Limits, read_python_stacks
 from forensics.pyread.debug_offsets import parse_debug_offsets, read_size
 from forensics.pyread.layouts import choose_layout, debug_offset_shapes
@@ -115,7 +115,7 @@ def test_dwarf_layout_and_direct_layout_agree(cores, key):
     assert [t.frames for t in gdb_stacks.threads] == [t.frames for t in read(cores, key, "heap-prev").threads]
 
 
-def _dwarf(core, interp) -> dict:
+def _dwarf(core, interp) -> DwarfLayout:
     from forensics.gdb import run_gdb
 
     exe = next(lib for lib in core.libraries if lib.path == core.executable)

@@ -11,7 +11,7 @@ from forensics.analyze.fingerprint import fingerprint, fingerprint_basis
 from forensics.analyze.signature import signature
 from forensics.analyze.stacks import build_threads, merge_frames
 from forensics.format import analysis_payload
-from forensics.gdb import NATIVE_MARKER, _soname_aliases, parse_marker_json
+from forensics.gdb import LAYOUT_MARKER, NATIVE_MARKER, _soname_aliases, parse_layout, parse_marker_json
 from forensics.model import (
     CoreFile, CoreThread, CrashKind, FaultKind, FrameKind, Mapping, NativeFrame, NativeStack, ProcessSnapshot, PyFrame,
     PythonMethod, PythonStacks, PythonStatus, PyThreadStack, SigInfo, Source, Thread,
@@ -152,6 +152,20 @@ def test_parse_marker_json_and_soname_aliases():
     assert parse_marker_json("nothing", NATIVE_MARKER) is None
     assert _soname_aliases("libffi.so.8.1.2") == ["libffi.so.8.1", "libffi.so.8"]
     assert _soname_aliases("libc.so.6") == []
+
+
+def test_gdbs_layout_document_becomes_a_record_where_it_enters():
+    # GIVEN forensics-layout's line as gdb prints it: a layout table, or why there is none, or no line at all
+    table = {"ptr_size": 8, "types": {"PyThreadState": {"size": 8, "fields": {}}}, "objfile": "/usr/bin/python3.12"}
+    got = parse_layout(parse_marker_json(LAYOUT_MARKER + json.dumps(table) + "\n", LAYOUT_MARKER))
+    # THEN the table is the record's, with the file it came from; an error is the record's error, no table
+    assert (got.table, got.objfile, got.error) == (table, "/usr/bin/python3.12", None)
+    no_dwarf = parse_layout({"error": "no DWARF for _PyRuntime"})
+    assert (no_dwarf.table, no_dwarf.error) == (None, "no DWARF for _PyRuntime")
+    assert parse_layout(parse_marker_json("gdb said nothing", LAYOUT_MARKER)).error == \
+        "forensics-layout printed no result"
+    # and an objfile that is not a string is left out, not carried into the description
+    assert parse_layout({"types": {}, "objfile": 7}).objfile is None
 
 
 @pytest.mark.parametrize("order", ["sorted", "unsorted", "overlapping", "empty-one"])
