@@ -30,6 +30,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 
 from forensics.core import elf
+from forensics.core.arch import spec_of
 from forensics.heap.arenas import Heap
 from forensics.heap.layout import FLAG_BITS, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, PREV_INUSE, SIZE_SZ
 from forensics.heap.walk import (
@@ -60,6 +61,10 @@ STACK_WINDOW = 64 << 10
 _FIRST_BYTES = 64
 _REGISTER_ORDER = ("rdi", "rsi", "rbx", "rbp", "r12", "r13", "r14", "r15", "rdx", "rcx", "r8", "r9", "rax",
                    "r10", "r11")
+#: AArch64: the argument registers, the callee-saved x19-x28 (where _int_free keeps its chunk across calls),
+#: the rest; x29/x30 (frame pointer, link register) are code and stack addresses
+_A64_REGISTER_ORDER = (*(f"x{i}" for i in range(8)), *(f"x{i}" for i in range(19, 29)),
+                       *(f"x{i}" for i in range(8, 19)))
 
 
 @record
@@ -164,23 +169,15 @@ class Candidate:
 
 
 def candidates(heap: Heap, tid: int | None) -> Iterator[Candidate]:
-    """The crashing thread's registers (NT_PRSTATUS), then its stack words from the stack pointer up."""
-    regs: dict[str, int] | None = None
-    layout = heap.hm.mem.layout
-    for note in layout.notes if layout is not None else ():
-        if note.name == b"CORE" and note.type == elf.NT_PRSTATUS:
-            try:
-                pid, r = elf.parse_prstatus_registers(note.desc)
-            except ValueError:
-                continue
-            if tid is None or pid == tid:
-                regs = r
-                break
+    """The crashing thread's registers (NT_PRSTATUS, in the core's machine's layout), then its stack words from
+    the stack pointer up."""
+    regs = next((r for pid, r in _thread_registers(heap) if tid is None or pid == tid), None)
     if regs is None:
         return
-    for name in _REGISTER_ORDER:
+    spec = spec_of(heap.core.arch)
+    for name in _REGISTER_ORDER if spec.machine == elf.EM_X86_64 else _A64_REGISTER_ORDER:
         yield Candidate(regs[name], f"register {name}")
-    sp = regs["rsp"]
+    sp = regs[spec.sp]
     mapping = heap.core.find_mapping(sp)
     end = min(sp + STACK_WINDOW, mapping.end if mapping else sp + STACK_WINDOW)
     data = heap.hm.mem.read_prefix(sp, end - sp)
@@ -229,17 +226,24 @@ def _system_mem(heap: Heap, region: Region) -> int:
 def _stack_mappings(heap: Heap) -> list:
     """The mappings holding a thread's stack pointer (never an mmapped chunk's)."""
     out = []
+    sp = spec_of(heap.core.arch).sp
+    for _pid, regs in _thread_registers(heap):
+        m = heap.core.find_mapping(regs[sp])
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def _thread_registers(heap: Heap) -> Iterator[tuple[int, dict[str, int]]]:
+    """(tid, registers by name) of each NT_PRSTATUS note, read in the layout of the core's machine."""
+    spec = spec_of(heap.core.arch)
     layout = heap.hm.mem.layout
     for note in layout.notes if layout is not None else ():
         if note.name == b"CORE" and note.type == elf.NT_PRSTATUS:
             try:
-                _pid, regs = elf.parse_prstatus_registers(note.desc)
+                yield elf.parse_prstatus_registers(note.desc, spec)
             except ValueError:
                 continue
-            m = heap.core.find_mapping(regs["rsp"])
-            if m is not None:
-                out.append(m)
-    return out
 
 
 def _test_munmap(heap: Heap, c: HeapChunk, region: Region | None) -> list[str] | None:

@@ -10,8 +10,8 @@ In order of preference, each fact from:
   of libc's writable data for the one arena whose empty bins point at
   themselves, and for the ``malloc_par`` whose ``sbrk_base`` starts the heap;
 * a thread's tcache and arena: its static TLS block, found below the thread
-  pointer (``fs_base``): at the offsets of libc's ``tcache`` / ``thread_arena``
-  TLS symbols when the debug file gives them (the block's place is the one
+  pointer (``fs_base``; above it on AArch64, TLS variant I): at the offsets of
+  libc's ``tcache`` / ``thread_arena`` TLS symbols when the debug file gives them (the block's place is the one
   offset that fits every thread), else as the one word in that area that points
   at a valid ``tcache_perthread_struct`` / arena.
 
@@ -209,7 +209,9 @@ def _search_main_arena(hm: HeapMemory, layouts: list[MallocLayout],
 
 def _search_mp(hm: HeapMemory, layout: MallocLayout, ranges: list[tuple[int, int]], core: CoreFile,
                main_arena: int) -> int | None:
-    """The ``malloc_par`` whose sbrk_base is where the main heap's mapping starts, with a sane tcache setup."""
+    """The ``malloc_par`` whose sbrk_base starts the main heap, with a sane tcache setup: the start of the
+    mapping holding the top chunk, or a page boundary inside it below the top (qemu-user's brk follows the
+    program's .bss in one mapping; a kernel's brk is a mapping of its own)."""
     try:
         top = hm.u64(main_arena + layout.arena_top)
     except HeapValidationError:
@@ -221,7 +223,7 @@ def _search_mp(hm: HeapMemory, layout: MallocLayout, ranges: list[tuple[int, int
         data = hm.mem.read_prefix(start, min(end - start, 1 << 20))
         for off in range(0, len(data) - layout.par_size + 1, 8):
             sbrk = struct.unpack_from("<Q", data, off + layout.par_sbrk_base)[0]
-            if sbrk != heap_map.start:
+            if sbrk != heap_map.start and not (heap_map.start < sbrk <= top and not sbrk & 0xFFF):
                 continue
             bins, count = struct.unpack_from("<QQ", data, off + layout.par_tcache_bins)[0], \
                 struct.unpack_from("<Q", data, off + layout.par_tcache_count)[0]
@@ -265,7 +267,10 @@ def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
     bias = _bias(mem, libc, page_size)
     version, version_source = _version(libc)
     usable = libc.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
-    debug = find_libc_debug_file(libc.build_id, sysroot=sysroot, library_file=libc.file_path if usable else None) \
+    # the build-id the core holds; else (its first page not dumped: qemu-user's cores) the one of the file the
+    # core reader took for it, unverified as that file is
+    build_id = libc.build_id or (libc.file_build_id if usable else None)
+    debug = find_libc_debug_file(build_id, sysroot=sysroot, library_file=libc.file_path if usable else None) \
         if debug_info else None
     symbols = {}
     layout: MallocLayout | None = None
@@ -275,7 +280,7 @@ def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
             symbols = read_symbols(debug, _SYMBOLS)
             anchor = symbols.get("_int_malloc")
             if anchor is not None:
-                structs = cached_struct_layouts(debug, libc.build_id or "unknown", anchor.value)
+                structs = cached_struct_layouts(debug, build_id or "unknown", anchor.value)
                 layout = layout_from_structs(version or _guess_version_from_structs(structs), structs,
                                              f"DWARF of {debug}")
         except (OSError, DebugInfoError, LayoutError) as e:
@@ -318,15 +323,16 @@ def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
                  tcache_tls=tls.get("tcache"), arena_tls=tls.get("thread_arena"))
 
 
-def find_thread_tls(hm: HeapMemory, glibc: Glibc, fs_bases: list[int], is_tcache, is_arena) -> dict[int, tuple]:
-    """``{fs_base: (tcache, arena, how)}`` for each thread, from its static TLS area.
-
-    :param is_tcache: predicate on an address: a valid ``tcache_perthread_struct``
-    :param is_arena: predicate on an address: a known arena
-    """
+def _tls_windows(hm: HeapMemory, fs_bases: list[int], above: bool) -> dict[int, tuple[int, list[int]]]:
+    """``{thread pointer: (lowest address, words)}``: the :data:`TLS_WINDOW` bytes below each thread pointer
+    (above it for TLS variant I), or what the core holds of them next to it."""
     windows: dict[int, tuple[int, list[int]]] = {}
     for fs in fs_bases:
         if not fs:
+            continue
+        if above:
+            data = hm.mem.read_prefix(fs, TLS_WINDOW)
+            windows[fs] = (fs, list(struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8])))
             continue
         lo = max(0, fs - TLS_WINDOW)
         data = hm.mem.read_prefix(lo, fs - lo)
@@ -340,6 +346,20 @@ def find_thread_tls(hm: HeapMemory, glibc: Glibc, fs_bases: list[int], is_tcache
             else:
                 continue
         windows[fs] = (lo, list(struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8])))
+    return windows
+
+
+def find_thread_tls(hm: HeapMemory, glibc: Glibc, fs_bases: list[int], is_tcache, is_arena, *,
+                    above: bool = False) -> dict[int, tuple]:
+    """``{fs_base: (tcache, arena, how)}`` for each thread, from its static TLS area.
+
+    :param fs_bases: each thread's thread pointer (x86-64's fs_base, AArch64's TPIDR_EL0)
+    :param is_tcache: predicate on an address: a valid ``tcache_perthread_struct``
+    :param is_arena: predicate on an address: a known arena
+    :param above: TLS variant I (AArch64): the static TLS blocks lie above the thread pointer (after the
+        16-byte TCB it points at), not below it as in variant II (x86-64)
+    """
+    windows = _tls_windows(hm, fs_bases, above)
     out: dict[int, tuple] = {}
     if glibc.tcache_tls is not None and glibc.arena_tls is not None:
         # libc's TLS block is at the same offset below every thread pointer: the offset that fits most threads
@@ -359,14 +379,16 @@ def find_thread_tls(hm: HeapMemory, glibc: Glibc, fs_bases: list[int], is_tcache
                 for sym in (glibc.tcache_tls, glibc.arena_tls):
                     idx = (block + sym - lo) // 8
                     vals.append(words[idx] if 0 <= idx < len(words) else None)
+                where = f"thread pointer+0x{-offset:x}" if offset < 0 else f"fs_base-0x{offset:x}"
                 out[fs] = (vals[0] or None, vals[1] or None,
-                           f"libc's TLS block at fs_base-0x{offset:x} (tcache and thread_arena symbols)")
+                           f"libc's TLS block at {where} (tcache and thread_arena symbols)")
             return out
+    side = "above the thread pointer" if above else "below fs_base"
     for fs, (_lo, words) in windows.items():
         tcaches = {w for w in words if w and is_tcache(w)}
         arenas = {w for w in words if w and is_arena(w)}
         out[fs] = (next(iter(tcaches)) if len(tcaches) == 1 else None,
                    next(iter(arenas)) if len(arenas) == 1 else None,
-                   "the one pointer to a tcache below fs_base" if len(tcaches) == 1 else
-                   f"{len(tcaches)} candidate tcache pointers below fs_base")
+                   f"the one pointer to a tcache {side}" if len(tcaches) == 1 else
+                   f"{len(tcaches)} candidate tcache pointers {side}")
     return out

@@ -21,7 +21,7 @@ from forensics.heap.walk import (
     validate_bin,
     validate_fastbin,
 )
-from forensics.model import CoreFile, HeapArena, HeapBin, HeapRegion, HeapSummary, ThreadCache
+from forensics.model import Arch, CoreFile, HeapArena, HeapBin, HeapRegion, HeapSummary, ThreadCache
 
 __all__ = ["summarize_heap", "walk_region", "find_tcaches"]
 
@@ -85,12 +85,16 @@ def _is_tcache(heap: Heap, addr: int) -> bool:
 def find_tcaches(heap: Heap, core: CoreFile) -> dict[int, tuple[int | None, int | None, str]]:
     """``{tid: (tcache, arena, how found)}`` for every thread of the core."""
     arenas = {a.address for a in heap.arenas}
+    above = core.arch is Arch.AARCH64  # TLS variant I: the static TLS blocks lie above the thread pointer
     by_fs = find_thread_tls(heap.hm, heap.glibc, [t.fs_base for t in core.threads],
-                            lambda a: _is_tcache(heap, a), lambda a: a in arenas)
+                            lambda a: _is_tcache(heap, a), lambda a: a in arenas, above=above)
     out = {}
     for t in core.threads:
         if t.fs_base in by_fs:
             out[t.tid] = by_fs[t.fs_base]
+        elif above and not t.fs_base:
+            out[t.tid] = (None, None, "the thread pointer (TPIDR_EL0, NT_ARM_TLS) is not in the core: qemu-user "
+                                      "writes no NT_ARM_TLS")
         else:
             out[t.tid] = (None, None, "fs_base is 0 or its TLS area is not in the core")
     return out
