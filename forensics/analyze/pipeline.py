@@ -15,6 +15,7 @@ from ..core import open_core_memory
 from ..errors import CapturedBeforeCrash, GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
 from ..model import Analysis, CoreFile, LibraryStatus, PythonStatus
 from ..modes import HeapMode, StackMethod, values
+from .a64fault import with_fault_signal
 from .build import build_snapshot
 from .choose import choose_native, choose_python, compare_methods, unwind_signal_handler_threads
 from .enrich import with_crashed_locals, with_heap
@@ -93,6 +94,7 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     path, sysroot, store = _open_input(path, sysroot)
     core, mem = open_core_memory(path, sysroot=sysroot, exe=exe)  # opened once: every reader below reads it
     with mem:
+        core = with_fault_signal(core, mem)  # an AArch64 core without NT_SIGINFO (qemu-user's): its si_addr
         analysis = _analyze(CoreReading(core, mem, sysroot), exe=exe, gdb=gdb, timeout=timeout,
                             debuginfod=debuginfod, method=method, native_method=native_method, plan=plan,
                             session=session, heap=heap)

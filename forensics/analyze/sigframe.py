@@ -24,14 +24,13 @@ ctypes/cffi callback, or faulthandler.
 AArch64 cores (EM_AARCH64) are read by :mod:`forensics.analyze.sigframe_aarch64`: the arm64 kernel's
 frame (its siginfo, then the ucontext with fault_address, x0-x30, sp, pc, pstate and the esr record),
 found by its shape, the trampoline the vDSO's ``__kernel_rt_sigreturn``; the functions here choose by
-the core's machine.
+the core's machine (``CoreFile.arch``).
 
 Pure over records plus bounded reads of the core (and of the C library's text); no gdb.
 """
 from __future__ import annotations
 
 import bisect
-import functools
 import os
 import struct
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from ..core import elf
 from ..core.memory import CoreMemory, MemoryNotInCore
 from . import sigframe_aarch64 as a64
 from ..model import (
+    Arch,
     CoreFile,
     CoreThread,
     HandlerKind,
@@ -68,7 +68,6 @@ __all__ = [
     "attach_signal_frames",
     "split_python_frames",
     "name_handler",
-    "core_machine",
 ]
 
 #: ``mov $0xf,%rax; syscall``: rt_sigreturn, the body of glibc's (and musl's) ``__restore_rt``
@@ -92,26 +91,8 @@ _MAX_UC_FLAGS = 0x100  # UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS 
 _text_cache: dict[tuple, tuple[int, ...]] = {}
 
 
-def core_machine(core: CoreFile) -> int:
-    """The core file's ``e_machine`` (62 x86-64, 183 AArch64), read from its ELF header; x86-64 when the
-    file cannot be read (a core record built by hand, a core removed meanwhile)."""
-    return _machine_of(core.path, core.size, core.mtime)
-
-
-@functools.lru_cache(maxsize=64)
-def _machine_of(path: str, size: int, mtime: float | None) -> int:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(20)
-    except OSError:
-        return elf.EM_X86_64
-    if len(head) < 20 or head[:4] != elf.ELF_MAGIC:
-        return elf.EM_X86_64
-    return int.from_bytes(head[18:20], "little")
-
-
 def _is_aarch64(core: CoreFile) -> bool:
-    return core_machine(core) == a64.EM_AARCH64
+    return core.arch is Arch.AARCH64
 
 
 def find_trampolines(core: CoreFile, mem: CoreMemory, threads: tuple[Thread, ...] = (), *,
@@ -486,15 +467,20 @@ def _lowest_frame(core: CoreFile, mem: CoreMemory, pos: int, top: int, needles: 
     return None
 
 
-def _match_frames(found: list[SignalFrame], frames: tuple[NativeFrame, ...]) -> list[SignalFrame]:
+def _match_frames(found: list[SignalFrame], frames: tuple[NativeFrame, ...], *,
+                  aarch64: bool = False) -> list[SignalFrame]:
     """The frames the unwinder saw, each with the index of its trampoline frame: the trampoline's pc
     followed by the interrupted instruction.  A frame found on the stack that the unwinder did not
-    pass through (a stale copy) is left out."""
+    pass through (a stale copy) is left out.
+
+    AArch64: the trampoline's frame, in order, whatever follows it -- an unwinder without the trampoline's
+    CFI (qemu-user's sigtramp page has none) goes on from the frame record the kernel pushed, the
+    interrupted x29/x30, so the next frame is the interrupted function's caller, not its pc."""
     out = []
     start = 0
     for sf in found:
         for i in range(start, len(frames) - 1):
-            if frames[i].pc == sf.trampoline and frames[i + 1].pc == sf.pc:
+            if frames[i].pc == sf.trampoline and (frames[i + 1].pc == sf.pc or aarch64 and sf.trampoline):
                 out.append(replace(sf, native_index=i))
                 start = i + 1
                 break
@@ -528,7 +514,7 @@ def read_signal_frames(core: CoreFile, mem: CoreMemory, thread: Thread,
     else:
         found = _scan(core, mem, regs, trampolines, MAX_NESTED + 1)  # one more: to know there were more
     if len(thread.native_frames) > 1:
-        matched = _match_frames(found, thread.native_frames)
+        matched = _match_frames(found, thread.native_frames, aarch64=aarch64)
         if thread.native_error and len(matched) < len(found):
             # the unwinder stopped before it could pass through the outer ones: kept, not matched to frames
             last = matched[-1].address if matched else -1

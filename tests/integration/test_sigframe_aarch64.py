@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from forensics.analyze.sigframe import core_machine, find_trampolines, read_signal_frames
+from forensics.analyze.sigframe import find_trampolines, read_signal_frames
 from forensics.analyze.sigframe_aarch64 import FRAME_SIZE, SIGRETURN_TRAMPOLINE
 from forensics.core.memory import CoreMemory, Segment
-from forensics.model import CoreFile, CoreThread, Mapping, Thread
+from forensics.model import Arch, CoreFile, CoreThread, Mapping, Thread
 from tests.arm64 import CROSS_CC, guest_problem, guest_root
 from tests.roots import RootUnavailable
 
@@ -82,8 +82,13 @@ def read_guest_core(path: Path) -> tuple[CoreFile, CoreMemory, list[tuple[int, .
                     auxv = dict(struct.unpack_from("<QQ", raw, i) for i in range(0, len(raw) - 15, 16))
     core = CoreFile(path=str(path), size=len(data), pid=threads[0].tid, command="", args="", executable=None,
                     build_id=None, signal=None, threads=tuple(threads), mappings=tuple(maps), libraries=(), nvml=None,
-                    abort_message=None, truncated=False, expected_size=len(data))
+                    abort_message=None, truncated=False, expected_size=len(data), arch=Arch.AARCH64)
     return core, CoreMemory(data, segs, path=str(path)), regs, auxv
+
+
+def e_machine(path: Path) -> str:
+    with open(path, "rb") as f:
+        return ELFFile(f)["e_machine"]
 
 
 def symbol_range(exe: Path, core_auxv: dict, name: str) -> tuple[int, int]:
@@ -108,7 +113,7 @@ def test_a_faulting_sigabrt_handler_leaves_the_abort_frame_under_it(guest):
     exe, cores = guest
     # GIVEN the core of a process whose SIGABRT handler read through 0x10 while glibc aborted
     core, mem, regs, auxv = read_guest_core(cores["abort-then-segv"])
-    assert core_machine(core) == 183
+    assert e_machine(cores["abort-then-segv"]) == "EM_AARCH64"
     crashed = core.threads[0]
     lo, hi = symbol_range(exe, auxv, "on_abort")
     assert crashed.signal == 11 and lo <= crashed.pc < hi
