@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from forensics.heap.debuginfo import find_libc_debug_file, read_symbols
+from forensics.core.symtab import read_symbols
+from forensics.heap.debuginfo import find_libc_debug_file
 from forensics.heap.gen_layouts import _comparable, read_dwarf_entry
 from forensics.heap.layout import MALLOC_ALIGNMENT, MINSIZE, SIZE_SZ, _table, layout_for_version, layout_from_structs
 from forensics.core.buildid import read_build_id_from_file
