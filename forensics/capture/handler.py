@@ -180,13 +180,19 @@ def parse_core_head(head: bytes) -> CrashSite:
     :return: the crash site (its fields None when not found)
     """
     from ..core import elf
+    from ..core.arch import X86_64, spec_for
 
     pc: int | None = None
     signal: int | None = None
     module: str | None = None
     module_offset: int | None = None
+    spec = X86_64
     try:
         hdr = elf.parse_elf_header(head[: elf.EHDR64_SIZE])
+        found = spec_for(hdr.machine)  # the registers' layout is the machine's (an arm64 node's)
+        if found is None:
+            raise ValueError(f"a core of machine {hdr.machine}")
+        spec = found
         phdrs = elf.parse_program_headers(head[hdr.phoff : hdr.phoff + hdr.phnum * elf.PHDR64_SIZE], hdr.phnum)
     except (ValueError, struct.error, IndexError):  # not a core's header: nothing known (the stream's verdict says why)
         phdrs = ()
@@ -197,7 +203,7 @@ def parse_core_head(head: bytes) -> CrashSite:
         for note in elf.iter_notes(head[p.offset : p.offset + p.filesz]):
             try:
                 if note.type == elf.NT_PRSTATUS and pc is None:
-                    t = elf.parse_prstatus(note.desc)
+                    t = elf.parse_prstatus(note.desc, spec)
                     pc, signal = t.pc, t.signal
                 elif note.type == elf.NT_FILE and not files:
                     files = elf.parse_nt_file(note.desc)

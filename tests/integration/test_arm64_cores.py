@@ -300,3 +300,49 @@ def test_python_stacks_and_locals_equal_pystacks_own_aarch64_build(arm64_cores, 
                  for t in snap["threads"] if t["py_frames"]}
     crashed = snap["threads"][0]["tid"]
     assert our_names[crashed] == [f[3] for f in theirs[crashed]]
+
+
+# -- the pointer-authentication mask note, and the core handler's crash site on an arm64 node --------------------
+
+NT_PRPSINFO, NT_ARM_PAC_MASK = 3, 0x406
+
+
+def _with_pac_mask_note(src, dest, insn_mask: int) -> str:
+    """``src`` with its NT_PRPSINFO note's bytes turned into an NT_ARM_PAC_MASK note (owner LINUX) and a filler
+    note of the same total size: what a kernel writes for a process with pointer authentication, which qemu
+    does not."""
+    prpsinfo = next(n for n in _layout(str(src)).notes if n.type == NT_PRPSINFO)
+    total = 12 + 8 + ((prpsinfo.size + 3) & ~3)  # its header, "CORE\0" padded, its descriptor padded
+    pac = struct.pack("<III", 6, 16, NT_ARM_PAC_MASK) + b"LINUX\0\0\0" + struct.pack("<QQ", insn_mask, insn_mask)
+    filler = struct.pack("<III", 0, total - len(pac) - 12, 0) + bytes(total - len(pac) - 12)
+    return _copy_patched(src, dest, [(prpsinfo.header, pac + filler)])
+
+
+def test_the_pac_mask_note_strips_return_addresses(arm64_cores, tmp_path):
+    # GIVEN the PAC core with the kernel's NT_ARM_PAC_MASK for a 48-bit address space (bits 48-54 and 56-63)
+    mask = 0xFF7F_0000_0000_0000
+    src = arm64_cores.core("sid", "segv")
+    core = _with_pac_mask_note(src, tmp_path / "core", mask)
+    sysroot = arm64_cores.sysroot("sid")
+    # WHEN it is read and unwound
+    read = open_core(core, sysroot=str(sysroot))
+    ours, _snap = _libdw_stacks(core, sysroot)
+    # THEN the note's instruction mask is the one used, and the stacks are those of the core without it
+    assert read.code_address_mask == ~mask & 0xFFFF_FFFF_FFFF_FFFF
+    assert ours == _libdw_stacks(src, sysroot)[0]
+    assert all(frames[-1] in ("_start", "thread_start") for frames in ours.values()), ours
+
+
+def test_the_core_handler_names_the_crash_site_of_an_aarch64_core(arm64_cores):
+    """The handler's record read NT_PRSTATUS with x86-64's layout: an AArch64 core's "pc" was x16."""
+    from forensics.capture.handler import parse_core_head
+
+    # GIVEN the first bytes of an AArch64 core, as the core handler reads them from the kernel's stream
+    core = arm64_cores.core("bookworm", "segv", cpu=NO_PAC)
+    with open(core, "rb") as f:
+        head = f.read(1 << 20)
+    # WHEN the handler takes the crash site from them
+    site = parse_core_head(head)
+    # THEN its pc and signal are the crashed thread's (the core reader's, equal to gdb-multiarch's frame #0)
+    first = open_core(str(core)).threads[0]
+    assert (site.pc, site.signal) == (first.pc, 11)
