@@ -99,8 +99,8 @@ def to_jsonable(obj: Any, *, shared: tuple[type, ...] = ()) -> Any:
     """Dataclasses, enums and paths as plain JSON values (addresses stay integers).
 
     ``shared``: record types whose instances stand in several places of ``obj`` (the frames of threads stopped
-    at the same pcs): each instance becomes one JSON value, the same object wherever it stands -- for a result
-    that is read, never changed in place (serialized, redacted into a new tree, learned from).
+    at the same pcs): each instance, and each tuple, becomes one JSON value, the same object wherever it stands
+    -- for a result that is read, never changed in place (serialized, redacted into a new tree, learned from).
 
     >>> from pathlib import PurePath
     >>> to_jsonable({"path": PurePath("/x"), "n": (1, 2)})
@@ -136,7 +136,7 @@ class _SharingWalk:
 
     def __init__(self, shared: tuple[type, ...]) -> None:
         self.shared = frozenset(shared)
-        self.memo: dict[int, Any] = {}  # id(an instance of a shared type) -> its value (the instance lives in obj)
+        self.memo: dict[int, Any] = {}  # id(a shared instance or a tuple) -> its value (the object lives in obj)
 
     def value(self, obj: Any) -> Any:
         t = type(obj)
@@ -144,6 +144,11 @@ class _SharingWalk:
             return obj
         if t is dict:
             return {k if type(k) is str else str(k): v if type(v) in _PLAIN else self.value(v) for k, v in obj.items()}
+        if t is tuple and obj:  # a tuple of frames threads share: one list
+            out = self.memo.get(id(obj))
+            if out is None:
+                out = self.memo[id(obj)] = [v if type(v) in _PLAIN else self.value(v) for v in obj]
+            return out
         if t is list or t is tuple:
             return [v if type(v) in _PLAIN else self.value(v) for v in obj]
         if t in self.shared:

@@ -604,8 +604,9 @@ class _Learner:
         self.named: set[tuple[str, str]] = set()
         self.env_keys: dict[Any, bool] = {}  # each key met: whether it names an environment variable (text read)
         self.dicts: set[tuple] = set()  # the dicts of strings and numbers read (a frame: 200 threads, one read)
-        self.walked: set[tuple[int, bool]] = set()  # (id, under an environment key) of each dict walked (the tree
-        # holds them all while it is walked: no id is reused)
+        self.walked: set[tuple[int, bool]] = set()  # (id, under an environment key) of each dict walked, and the
+        self.sequences: set[int] = set()  # id of each list walked (whatever its key): the tree holds them all while
+        # it is walked, so no id is reused
 
     def text(self, s: str) -> None:
         if s not in self.texts:
@@ -636,6 +637,9 @@ class _Learner:
             elif isinstance(v, dict):
                 self.dict(v, key, stack)
             elif isinstance(v, (list, tuple)):
+                if id(v) in self.sequences:  # this very list again (threads sharing a stack): nothing new
+                    continue
+                self.sequences.add(id(v))
                 if v and all(isinstance(x, str) for x in v):
                     self.text(" ".join(v))  # an argument vector: "--token", "value" in separate items
                 name = _env_pair_name(v)

@@ -63,7 +63,10 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
             from ..redact import redact_lines
             from ..text.analysis import format_analysis
 
-            doc = analysis_payload(analysis, merged=merged)  # what the secrets are learned from (plain already)
+            # what the secrets are learned from (plain already): the document --json writes, but for its merged
+            # view, which holds the frames' own strings again beside its kind ("native", "python": shorter than any
+            # secret learned, so no fact that could keep one)
+            doc = analysis_payload(analysis)
             emit(redact_lines(format_analysis(analysis, merged=merged), doc), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
     options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap

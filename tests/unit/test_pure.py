@@ -218,6 +218,8 @@ def test_threads_sharing_frames_give_the_document_and_text_of_frames_apart():
     t_json = payload["snapshot"]["threads"]
     assert t_json[1]["native_frames"][0] is t_json[2]["native_frames"][0]
     assert "s3cr3tvalue9" not in docs[0] and not any("s3cr3tvalue9" in line for line in texts[0])
+    # and the text learns from the document without its merged view (analyze's text path) what it learns with it
+    assert list(redact_lines(format_analysis(shared, merged=True), analysis_payload(shared))) == texts[0]
 
 
 def test_merge_frames_of_threads_sharing_a_native_stack():
