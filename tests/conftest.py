@@ -121,7 +121,10 @@ class CorePatternLock:
     life, so a blocking upgrade could wait forever while other sessions come and go
     (and two sessions upgrading at once wait on each other).  :meth:`exclusive` therefore
     tries for a bounded time and then skips, naming the reason: the machine-wide setting
-    is held by another test session, an external thing this session cannot have.
+    is held by another test session, an external thing this session cannot have.  A test
+    takes it before it starts anything that lives a bounded time (a ``sleep 120`` standing
+    in for a pod): a wait of up to ``WAIT_S`` had outlived them, and the lock had late made
+    the test fail instead of skip.
     """
 
     PATH = "/tmp/forensics-tests-core-pattern.lock"

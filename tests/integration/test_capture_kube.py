@@ -200,33 +200,37 @@ def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_pat
     standin, kubeconfig = cluster
     core_dir = short_core_dir
     pod_uid = standin.pods[(NS, "exporter-crashloop")]["metadata"]["uid"]
-    # GIVEN the pod's sandbox running on the node (RLIMIT_CORE unlimited, which new containers of the pod get)
-    sandbox_cg = pod_cgroup(pod_uid, uuid.uuid4().hex + uuid.uuid4().hex)
-    sandbox = subprocess.Popen(["sleep", "120"], preexec_fn=lambda: resource.setrlimit(
-        resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)))
-    # and its containerd shim (runc starts the pod's next container from it) with RLIMIT_CORE 0, as the runtime runs it
-    sandbox_id = sandbox_cg.name[len("cri-containerd-"):-len(".scope")]
-    shim = subprocess.Popen(["bash", "-c", f"exec -a containerd-shim-runc-v2 {sys.executable} -c "
-                             f"'import time; time.sleep(120)' -namespace k8s.io -id {sandbox_id} -address /run/x.sock"],
-                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY)))
-    # and a crash of an earlier container of the pod, recorded by the core handler
-    earlier_cg = pod_cgroup(pod_uid, uuid.uuid4().hex * 2)
-    earlier_proc = subprocess.Popen(["sleep", "60"])
-    try:
-        # (the shim is what capture looks for by its command line: wait until bash has exec'd it, which a loaded
-        # machine can delay past the capture -- the test then found nothing to arm)
-        deadline = time.monotonic() + 30
-        while not Path(f"/proc/{shim.pid}/cmdline").read_bytes().startswith(b"containerd-shim-runc-v2\0"):
-            assert time.monotonic() < deadline, "the stand-in shim never started"
-            time.sleep(0.02)
-        sandbox_cg.mkdir(parents=True)
-        (sandbox_cg / "cgroup.procs").write_text(str(sandbox.pid))
-        earlier_cg.mkdir(parents=True)
-        (earlier_cg / "cgroup.procs").write_text(str(earlier_proc.pid))
-        earlier = _handled_crash(core_dir, earlier_proc.pid, 11, Path(__file__))
-        remove_cgroup(earlier_cg)
-        # WHEN it is captured, with the node's core_pattern a file name or the forensics handler
-        with core_pattern.exclusive() if pattern == "handler" else contextlib.nullcontext():
+    # the machine-wide lock before the processes: they live 60-120 s, which a wait for another session's hold
+    # could outlast (the capture then found nothing to arm and the test failed); not had in time, it skips
+    with core_pattern.exclusive() if pattern == "handler" else contextlib.nullcontext():
+        # GIVEN the pod's sandbox running on the node (RLIMIT_CORE unlimited, which new containers of the pod get)
+        sandbox_cg = pod_cgroup(pod_uid, uuid.uuid4().hex + uuid.uuid4().hex)
+        sandbox = subprocess.Popen(["sleep", "120"], preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)))
+        # and its containerd shim (runc starts the pod's next container from it) with RLIMIT_CORE 0, as the runtime
+        # runs it
+        sandbox_id = sandbox_cg.name[len("cri-containerd-"):-len(".scope")]
+        shim = subprocess.Popen(
+            ["bash", "-c", f"exec -a containerd-shim-runc-v2 {sys.executable} -c 'import time; time.sleep(120)' "
+             f"-namespace k8s.io -id {sandbox_id} -address /run/x.sock"],
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY)))
+        # and a crash of an earlier container of the pod, recorded by the core handler
+        earlier_cg = pod_cgroup(pod_uid, uuid.uuid4().hex * 2)
+        earlier_proc = subprocess.Popen(["sleep", "60"])
+        try:
+            # (the shim is what capture looks for by its command line: wait until bash has exec'd it, which a loaded
+            # machine can delay past the capture -- the test then found nothing to arm)
+            deadline = time.monotonic() + 30
+            while not Path(f"/proc/{shim.pid}/cmdline").read_bytes().startswith(b"containerd-shim-runc-v2\0"):
+                assert time.monotonic() < deadline, "the stand-in shim never started"
+                time.sleep(0.02)
+            sandbox_cg.mkdir(parents=True)
+            (sandbox_cg / "cgroup.procs").write_text(str(sandbox.pid))
+            earlier_cg.mkdir(parents=True)
+            (earlier_cg / "cgroup.procs").write_text(str(earlier_proc.pid))
+            earlier = _handled_crash(core_dir, earlier_proc.pid, 11, Path(__file__))
+            remove_cgroup(earlier_cg)
+            # WHEN it is captured, with the node's core_pattern a file name or the forensics handler
             saved = Path("/proc/sys/kernel/core_pattern").read_text()
             try:
                 if pattern == "handler":
@@ -236,12 +240,12 @@ def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_pat
                 text = _capture(kubeconfig, core_dir, tmp_path / "out", "--pod", "exporter-crashloop")
             finally:
                 Path("/proc/sys/kernel/core_pattern").write_text(saved)
-    finally:
-        remove_cgroup(sandbox_cg)
-        remove_cgroup(earlier_cg)
-        for p in (sandbox, earlier_proc, shim):
-            p.kill()
-            p.wait()
+        finally:
+            remove_cgroup(sandbox_cg)
+            remove_cgroup(earlier_cg)
+            for p in (sandbox, earlier_proc, shim):
+                p.kill()
+                p.wait()
     # THEN it is captured (not refused), the earlier crash is brought back, and the verdict says what the next
     # start gets: the handler keeps its core (0), a file pattern loses it with the container (4)
     assert r.exit_code == (0 if pattern == "handler" else 4), r.output
