@@ -199,15 +199,16 @@ def _named_by_link_map(mem: CoreMemory, layout: CoreLayout, auxv: dict[int, int]
 
     def file_phdrs(path: str) -> tuple[elf.ProgramHeader, ...] | None:
         found = file_of(path)
-        return linkmap.read_file_phdrs(found) if found else None
+        return linkmap.read_file_phdrs(found, layout.machine) if found else None
 
     exe_file = file_of(executable) if executable else None
-    link_map = linkmap.find_link_map(mem, auxv, linkmap.read_file_phdrs(exe_file) if exe_file else None)
+    link_map = linkmap.find_link_map(mem, auxv, file_phdrs(executable) if executable else None)
     page = auxv.get(elf.AT_PAGESZ, layout.page_size)
     if page not in (4096, 16384, 65536):
         page = layout.page_size
     files, problems = linkmap.link_map_file_mappings(mem, link_map, auxv, executable, page, file_phdrs,
-                                                     linkmap.read_file_interp(exe_file) if exe_file else None)
+                                                     linkmap.read_file_interp(exe_file, layout.machine)
+                                                     if exe_file else None)
     lead = "no NT_FILE note; the dynamic linker's list" + (" could not be read" if not files else "")
     said = tuple(f"{lead}: {p}" for p in (*link_map.problems, *problems))
     mem.with_file_mappings(files)

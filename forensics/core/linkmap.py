@@ -63,12 +63,16 @@ def _phdrs_at(mem: CoreMemory, addr: int, count: int) -> tuple[elf.ProgramHeader
     return elf.parse_program_headers(mem.read(addr, count * elf.PHDR64_SIZE), count)
 
 
-def read_file_phdrs(path: str) -> tuple[elf.ProgramHeader, ...] | None:
-    """The program headers of the ELF64 file at ``path`` (at most :data:`MAX_PHNUM`), or None."""
+def read_file_phdrs(path: str, machine: int | None = None) -> tuple[elf.ProgramHeader, ...] | None:
+    """The program headers of the ELF64 file at ``path`` (at most :data:`MAX_PHNUM`), or None -- also when
+    ``machine`` is given and the file is another machine's (this machine's ``/usr/bin/python3.11`` is no
+    stand-in for an arm64 core's, whose name it shares)."""
     try:
         with open(path, "rb") as f:
             header = elf.parse_elf_header(f.read(elf.EHDR64_SIZE))
             if header.phentsize != elf.PHDR64_SIZE or not header.phnum:
+                return None
+            if machine is not None and header.machine != machine:
                 return None
             count = min(header.phnum, MAX_PHNUM)
             f.seek(header.phoff)
@@ -77,10 +81,10 @@ def read_file_phdrs(path: str) -> tuple[elf.ProgramHeader, ...] | None:
         return None
 
 
-def read_file_interp(path: str) -> str | None:
+def read_file_interp(path: str, machine: int | None = None) -> str | None:
     """The program interpreter (PT_INTERP) the ELF64 file at ``path`` names: the dynamic linker, whose own
     link_map entry names it by a pointer into the executable's text (not in a core that left code out)."""
-    phdrs = read_file_phdrs(path)
+    phdrs = read_file_phdrs(path, machine)
     interp = next((p for p in phdrs or () if p.type == PT_INTERP), None)
     if interp is None or not 0 < interp.filesz <= MAX_NAME:
         return None

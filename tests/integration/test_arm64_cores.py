@@ -346,3 +346,18 @@ def test_the_core_handler_names_the_crash_site_of_an_aarch64_core(arm64_cores):
     # THEN its pc and signal are the crashed thread's (the core reader's, equal to gdb-multiarch's frame #0)
     first = open_core(str(core)).threads[0]
     assert (site.pc, site.signal) == (first.pc, 11)
+
+
+def test_without_a_sysroot_this_machines_files_of_the_same_name_are_not_used(arm64_cores):
+    """This machine has a /usr/bin/python3.11 too, an x86-64 one: read as the arm64 executable's program headers
+    it gave a wrong dynamic section ("holds no DT_DEBUG")."""
+    # GIVEN qemu's core of /usr/bin/python3.11, and no --sysroot
+    core = arm64_cores.core("bookworm", "segv", cpu=NO_PAC)
+    # WHEN it is analysed
+    r = analyze("--json", str(core))
+    # THEN the result is partial: the objects cannot be named, and the warning says to give the sysroot; the
+    # threads and the signal are there
+    assert r.exit_code == EXIT_PARTIAL and "internal error" not in r.stderr, r.stderr[-2000:]
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["core"]["libraries"] == [] and len(snap["threads"]) == 2
+    assert any("neither in the core nor in its file (give --sysroot or --exe)" in p for p in snap["core"]["problems"])
