@@ -1006,6 +1006,7 @@ class BatchGroup:
     example: str
     paths: tuple[str, ...]
     partial: tuple[str, ...] = ()  # "path: why" of each member whose analysis is partial
+    fingerprints_v2: tuple[str, ...] = ()  # its members' keys by the previous definition (fingerprint_v2), sorted
 
 
 @record
@@ -1021,3 +1022,13 @@ class BatchResult:
     def partial(self) -> int:
         """How many analyzed cores are partial."""
         return sum(len(g.partial) for g in self.groups)
+
+    @property
+    def bugs(self) -> int:
+        """How many bugs the batch found: its distinct fingerprints (the fingerprint is "the same bug")."""
+        return len(self.groups)
+
+    @property
+    def fingerprints_v2(self) -> int:
+        """How many distinct keys the previous fingerprint definition gives the same cores (a fleet's stored keys)."""
+        return len({k for g in self.groups for k in g.fingerprints_v2})

@@ -209,6 +209,7 @@ def group_entries(entries: list[BatchEntry]) -> BatchResult:
                 example=(whole or members)[-1][0].path,
                 paths=tuple(m[0].path for m in members),
                 partial=tuple(f"{m[0].path}: {m[0].partial}" for m in members if m[0].partial is not None),
+                fingerprints_v2=tuple(sorted({m[1].fingerprint_v2 for m in members if m[1].fingerprint_v2})),
             )
         )
     rows.sort(key=lambda g: (-g.count, g.first_seen, g.fingerprint))

@@ -107,6 +107,8 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
     if as_json:
         payload = {
             "batch": result,
+            # what the batch found: its bugs (distinct fingerprints) and the previous definition's keys for them
+            "found": {"bugs": result.bugs, "fingerprints_v2": result.fingerprints_v2},
             "cores": [
                 {
                     "path": e.path,

@@ -193,6 +193,8 @@ def format_batch(result: BatchResult) -> Iterable[str]:
         head.append(f"{len(result.metadata_only)} metadata only")
     head.append(f"{len(result.skipped)} files skipped (not cores)")
     yield ", ".join(head)
+    yield (f"Found {result.bugs} bugs (distinct fingerprints); the previous fingerprint definition gives them "
+           f"{result.fingerprints_v2} fingerprints (fingerprint_v2)")
     yield ""
     yield f"{'COUNT':>5}  {'PARTIAL':>7}  {'FINGERPRINT':<12}  {'FIRST SEEN':<20}  {'LAST SEEN':<20}  SIGNATURE"
     for g in result.groups:

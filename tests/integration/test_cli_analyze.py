@@ -96,6 +96,10 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     assert groups[0]["signature"].startswith("SIGABRT") and groups[1]["signature"].startswith("SIGSEGV")
     assert all(Path(g["example"]).parent == d for g in groups)
     assert doc["batch"]["total"] == 5 and not doc["batch"]["failed"]
+    # how many bugs it found (distinct fingerprints) and the previous definition's keys for them, one each here
+    assert doc["found"] == {"bugs": 2, "fingerprints_v2": 2}
+    assert [len(g["fingerprints_v2"]) for g in groups] == [1, 1]
+    assert groups[0]["fingerprints_v2"] != groups[1]["fingerprints_v2"]
     # first and last seen: the oldest and newest core of each crash (the kernel's write times)
     assert (groups[0]["first_seen"], groups[0]["last_seen"]) == (1_700_000_000, 1_700_007_200)
     assert (groups[1]["first_seen"], groups[1]["last_seen"]) == (1_700_100_000, 1_700_100_001)
@@ -109,6 +113,8 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     r = run("analyze", str(d))
     assert r.stdout.splitlines()[0] == ("5 inputs: 5 cores analyzed (0 partial), 2 distinct crashes, 0 unreadable, "
                                         "1 files skipped (not cores)")
+    assert r.stdout.splitlines()[1] == ("Found 2 bugs (distinct fingerprints); the previous fingerprint definition "
+                                        "gives them 2 fingerprints (fingerprint_v2)")
 
 
 def test_batch_with_an_unreadable_core_exits_3(cores, newest_python, tmp_path):

@@ -18,7 +18,7 @@ from forensics.model import (
 )
 from forensics.modes import UnwoundBy
 from forensics.output import json_document
-from forensics.text.analysis import format_analysis
+from forensics.text.analysis import format_analysis, format_batch
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -241,3 +241,24 @@ def test_merge_frames_of_threads_sharing_a_native_stack():
         [(FrameKind.NATIVE, "wait"), (FrameKind.PYTHON, "f"), (FrameKind.NATIVE, "main")],
         [(FrameKind.NATIVE, "wait"), (FrameKind.NATIVE, "_PyEval_EvalFrameDefault"), (FrameKind.NATIVE, "main")],
     ]
+
+
+def test_a_batch_counts_its_bugs_and_the_previous_definitions_fingerprints():
+    # GIVEN three cores of one bug whose previous fingerprints differ (two interpreters' names), one of another
+    from dataclasses import replace
+
+    from forensics.analyze.batch import group_entries
+    from forensics.model import BatchEntry
+
+    a, other = _analysis(), _analysis(abort="free(): invalid next size (normal)")
+    entries = [BatchEntry(path=f"/c/{i}", mtime=float(i), error=None, analysis=replace(a, fingerprint_v2=v2))
+               for i, v2 in enumerate(["old-311", "old-310", "old-311"])]
+    entries.append(BatchEntry(path="/c/x", mtime=9.0, error=None, analysis=replace(other, fingerprint_v2="old-x")))
+    # WHEN they are folded
+    result = group_entries(entries)
+    # THEN two bugs, which the previous definition split into three fingerprints; each group names its old keys
+    assert (result.bugs, result.fingerprints_v2) == (2, 3)
+    assert [g.fingerprints_v2 for g in result.groups] == [("old-310", "old-311"), ("old-x",)]
+    head = list(format_batch(result))[:2]
+    assert head[1] == ("Found 2 bugs (distinct fingerprints); the previous fingerprint definition gives them "
+                       "3 fingerprints (fingerprint_v2)")
