@@ -10,7 +10,16 @@ kernel (core_pattern must leave it in the working directory, as the tests' sessi
 core handler; `analyze s3://` is timed cold (fetched into an empty cache) and warm (the entry reused).  Each
 figure is the best of --repeat runs (wall seconds); prints a table, or --json.
 
+--agent-core SIZE (#29's "a 2 GB core uploaded in parts with the agent's memory bounded") runs instead: a C
+program fills SIZE of its heap with pseudo-random bytes (xorshift: the core does not compress), gcore writes its
+real core, the real core handler takes it into a core directory (zstd, as the kernel would pipe it), and a real
+`agent serve --upload` (bandwidth unbounded, 16 MiB parts, 4 in flight) analyzes it and uploads the bundle to
+SeaweedFS on 127.0.0.1. The agent's own peak RSS (VmHWM of its process; the analysis is a child with its own
+bounds) is compared with the same agent's on a 16 MiB core, and the object is checked by the server's composite
+SHA-256 and part count. About 3 x SIZE of free disk is needed (the core, its bundle, the bucket).
+
     .venv/bin/python bench/objstore.py [--size 256M] [--repeat 3] [--json]
+    .venv/bin/python bench/objstore.py --agent-core 2G [--json]
 """
 from __future__ import annotations
 
@@ -126,17 +135,133 @@ def bench_analyze(srv: S3Server, work: Path, repeat: int) -> dict:
             "warm_ratio": round(remote_warm / local, 2)}
 
 
+BIG = r"""#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(int c, char **v) {
+    size_t n = strtoull(v[1], 0, 10) / 8;
+    uint64_t *p = malloc(n * 8), x = 88172645463325252ull;
+    if (!p) return 1;
+    for (size_t i = 0; i < n; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; p[i] = x; }
+    printf("ready %p\n", (void *)p); fflush(stdout);
+    for (;;) pause();
+}
+"""
+
+
+def _agent_bundle(work: Path, name: str, size: int) -> tuple[Path, int]:
+    """A core directory holding the handler's bundle of a real core of ``size`` bytes of heap: (dir, core.zst)."""
+    src, exe = work / "heapfill.c", work / "heapfill"
+    if not exe.exists():
+        src.write_text(BIG)
+        subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
+    p = subprocess.Popen([str(exe), str(size)], stdout=subprocess.PIPE, text=True)
+    try:
+        if not (p.stdout.readline().startswith("ready")):
+            raise SystemExit("the core's program did not start")
+        raw = work / f"{name}.core"
+        subprocess.run(["gcore", "-o", str(raw), str(p.pid)], check=True, capture_output=True)
+        raw = raw.with_name(f"{raw.name}.{p.pid}")
+        cores = work / f"cores-{name}"
+        with open(raw, "rb") as f:
+            subprocess.run([FORENSICS, "core-handler", str(cores), str(p.pid), str(p.pid), "6", str(int(time.time())),
+                            "18446744073709551615", "--max-core-size", "64G"], stdin=f, env={}, cwd="/", check=True)
+        raw.unlink()
+    finally:
+        p.kill()
+        p.wait()
+    (crash,) = (cores / "crashes").iterdir()
+    return cores, (crash / "50-core" / "core.zst").stat().st_size
+
+
+def _vm_hwm(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+
+
+def _agent_upload(srv: S3Server, work: Path, cores: Path, bucket: str) -> dict:
+    """agent serve --upload on ``cores`` until its crash is uploaded: seconds, the agent's peak RSS, the object."""
+    env = srv.env(FORENSICS_CACHE=str(work / "cache"), HOME=str(work))
+    (crash,) = (cores / "crashes").iterdir()
+    agent = subprocess.Popen([FORENSICS, "agent", "serve", "--core-dir", str(cores), "--node-name", "bench",
+                              "--no-events", "--metrics-port", "0", "--analysis-timeout", "1200", "--upload",
+                              f"s3://{bucket}/{cores.name}", "--upload-max-bandwidth", "0", "--upload-keep"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        analyzed = None
+        while not (crash / "70-upload.json").exists():
+            if agent.poll() is not None:
+                raise SystemExit(f"agent serve exited {agent.returncode}: {agent.stderr.read()[-2000:]}")
+            if analyzed is None and any((crash / "60-analysis" / n).exists() for n in ("analysis.json",
+                                                                                       "failed.json")):
+                analyzed = time.monotonic()
+            time.sleep(0.1)
+        done = time.monotonic()
+        peak = _vm_hwm(agent.pid)
+    finally:
+        agent.terminate()
+        agent.wait(60)
+    record = json.loads((crash / "70-upload.json").read_text())
+    key = record["url"][len(f"s3://{bucket}/"):] + "50-core/core.zst"
+    head = srv.client().head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    return {"upload_s": round(done - (analyzed or done), 2), "agent_peak_rss": peak,
+            "object_size": head["ContentLength"], "checksum": head.get("ChecksumSHA256", "")}
+
+
+def bench_agent_core(srv: S3Server, work: Path, size: int) -> dict:
+    bucket = srv.make_bucket("bench-agent-core")
+    out = {}
+    for name, n in (("small", 16 << 20), ("big", size)):
+        cores, zst = _agent_bundle(work, name, n)
+        r = _agent_upload(srv, work, cores, bucket)
+        if r["object_size"] != zst:
+            raise SystemExit(f"{name}: the bucket holds {r['object_size']} bytes of a {zst}-byte core.zst")
+        out[name] = {"heap": n, "core_zst": zst, **r}
+        shutil.rmtree(cores / "crashes", ignore_errors=True)
+    big = out["big"]
+    out["growth"] = big["agent_peak_rss"] - out["small"]["agent_peak_rss"]
+    out["MB_s"] = round(big["core_zst"] / 1e6 / big["upload_s"], 1) if big["upload_s"] else None
+    return out
+
+
+def _print_agent_core(r: dict) -> None:
+    big, small = r["big"], r["small"]
+    print(f"agent serve --upload of a real core ({big['heap'] >> 20} MiB heap; core.zst {big['core_zst']:,} bytes, "
+          f"checksum {big['checksum']}):")
+    print(f"  upload after the analysis   {big['upload_s']:8.2f} s  {r['MB_s']} MB/s")
+    print(f"  agent peak RSS              {big['agent_peak_rss'] >> 20} MiB (16 MiB core: "
+          f"{small['agent_peak_rss'] >> 20} MiB; growth {r['growth'] >> 20} MiB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="256M", help="the uploaded file's size (K, M, G)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--agent-core", default=None, metavar="SIZE",
+                    help="instead: agent serve --upload of a real core of SIZE (K, M, G) of heap, its peak RSS")
     args = ap.parse_args()
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    size = int(float(args.size[:-1]) * units[args.size[-1].upper()]) if args.size[-1].upper() in units else \
-        int(args.size)
+
+    def parse(text: str) -> int:
+        return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
+
+    size = parse(args.size)
     work = Path(tempfile.mkdtemp(prefix="forensics-bench-s3-"))
     srv = S3Server(work / "s3").start()
+    if args.agent_core:
+        try:
+            r = bench_agent_core(srv, work, parse(args.agent_core))
+        finally:
+            srv.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        if args.json:
+            print(json.dumps(r, indent=2))
+        else:
+            _print_agent_core(r)
+        return
     try:
         result = {"upload": bench_upload(srv, work, size, args.repeat),
                   "analyze": bench_analyze(srv, work, args.repeat)}
