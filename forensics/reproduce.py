@@ -325,6 +325,11 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     runs_dir = workdir / f"reproduce-{stamp}"
     runs: dict[str, ReproRun] = {}
+    binary = build_c_reproducer(workdir / (f"bin-{arch_name(arch)}" if guest else "bin"), arch=arch) \
+        if "c" in which else None
+    programs = tuple(Path(p) for p in (python if "python" in which else None, binary) if p)
+    analysis_root = _guest_analysis_root(workdir, arch_name(arch), sysroot, programs, base_env) \
+        if guest and sysroot and analyze else sysroot
     if "python" in which:
         cmd = guest_command([python, str(find_reproducers() / "nvml_nvlink_fieldvalues.py"), "--iterations",
                              str(iterations), "--threads", str(threads)], arch, sysroot)
@@ -334,21 +339,36 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
             cmd.append("--shutdown-race")
         if malloc_check:
             cmd.append("--malloc-check")
-        runs["python"] = _run_one("python", cmd, base_env, runs_dir / "python", timeout, analyze, sysroot, guest)
-    if "c" in which:
-        binary = build_c_reproducer(workdir / (f"bin-{arch_name(arch)}" if guest else "bin"), arch=arch)
+        runs["python"] = _run_one("python", cmd, base_env, runs_dir / "python", timeout, analyze, analysis_root,
+                                  guest)
+    if binary is not None:
         # the Python reproducer's calling pattern: a fault only calls from threads meet crashes both, the driver's
         cmd = guest_command([str(binary), "--iterations", str(iterations), "--threads", str(threads)] + (
             ["--duration", str(duration)] if duration else []), arch, sysroot)
         if malloc_check:
             cmd.append("--malloc-check")
-        runs["c"] = _run_one("c", cmd, base_env, runs_dir / "c", timeout, analyze, sysroot, guest)
+        runs["c"] = _run_one("c", cmd, base_env, runs_dir / "c", timeout, analyze, analysis_root, guest)
     header = next((r.environment for r in runs.values() if r.environment.get("driver")),
                   next((r.environment for r in runs.values() if r.environment), {}))
     return ReproduceResult(
         runs=tuple(runs.values()), conclusion=conclude(runs.get("python"), runs.get("c")), environment=header,
         nvml=nvml_dir or "the loader's default", sim=dict(sim or {}),
     )
+
+
+def _guest_analysis_root(workdir: Path, arch: str, sysroot: str, programs: tuple[Path, ...],
+                         env: dict[str, str]) -> str:
+    """The root the guest cores are analyzed with: ``sysroot`` plus the programs qemu-user ran from this
+    machine's paths (the C reproducer; the root's interpreter, named by its path here) and the
+    LD_LIBRARY_PATH directories it loaded from them (the simulated NVML), each at its own path
+    (:func:`forensics.simnvml.guest_analysis_root`); ``sysroot`` itself where that cannot be made."""
+    from .simnvml import guest_analysis_root
+
+    dirs = tuple(Path(d) for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d and os.path.isabs(d))
+    try:
+        return str(guest_analysis_root(sysroot, workdir / f"sysroot-{arch}", files=programs, dirs=dirs))
+    except OSError:
+        return sysroot
 
 
 def load_reproduce(doc: object) -> ReproduceResult:

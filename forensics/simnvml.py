@@ -40,6 +40,7 @@ __all__ = [
     "build_c_reproducer",
     "build_simnvml",
     "elf_arch",
+    "guest_analysis_root",
     "guest_command",
     "guest_program",
     "host_arch",
@@ -167,6 +168,88 @@ def guest_program(path: str, sysroot: str | Path) -> str:
     except OSError:
         return path
     return os.path.join(root, inside.lstrip("/"))
+
+
+#: files of a root hard-linked into an analysis root, at most (a Debian root with CPython: about 2,000)
+MAX_ROOT_FILES = 200_000
+#: entries of one directory added beside a root's files (a driver directory: a handful)
+MAX_DIR_ENTRIES = 256
+_ANALYSIS_MARKER = ".forensics-analysis-root"
+
+
+def guest_analysis_root(sysroot: str | Path, dest: str | Path, *, files: tuple[Path, ...] = (),
+                        dirs: tuple[Path, ...] = ()) -> Path:
+    """The root to analyze a guest core with: ``sysroot`` hard-linked into ``dest`` (made once, never
+    written into ``sysroot``), plus ``files`` and the entries of ``dirs`` at their own absolute paths inside
+    it -- the programs and libraries qemu-user loaded from this machine's paths (``-L`` falls back to them),
+    which a core names at those paths.  A path whose parent inside ``dest`` is a symlink is left out (it
+    could lead out of ``dest``).
+
+    :raises OSError: when the tree cannot be hard-linked (another filesystem) or holds more than
+        :data:`MAX_ROOT_FILES` files
+    """
+    dest = Path(dest)
+    if not (dest / _ANALYSIS_MARKER).is_file():
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
+        for old in (tmp, dest):
+            if old.is_symlink() or old.is_file():
+                old.unlink()
+            elif old.exists():
+                shutil.rmtree(old)
+        try:
+            _link_tree(Path(sysroot), tmp)
+            (tmp / _ANALYSIS_MARKER).write_text(str(Path(sysroot).resolve()) + "\n")
+            os.replace(tmp, dest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+    extra = list(files)
+    for d in dirs:
+        extra.extend(sorted(d.iterdir())[:MAX_DIR_ENTRIES] if d.is_dir() else ())
+    for f in extra:
+        _place(dest, Path(os.path.abspath(f)))
+    return dest
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    count = 0
+    for top, dirnames, filenames in os.walk(src):
+        rel = os.path.relpath(top, src)
+        target = dst if rel == "." else dst / rel
+        target.mkdir(parents=True, exist_ok=True)
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(top, d))]:
+            count += 1
+            if count > MAX_ROOT_FILES:
+                raise OSError(f"{src} holds more than {MAX_ROOT_FILES} files")
+            path = os.path.join(top, name)
+            if os.path.islink(path):
+                os.symlink(os.readlink(path), target / name)
+            elif os.path.isfile(path):
+                os.link(path, target / name)
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(top, d))]
+
+
+def _place(dest: Path, path: Path) -> None:
+    """``path`` (a file or a symlink of this machine) at ``dest``/``path``: hard-linked, else copied."""
+    parts = path.relative_to("/").parts
+    where = dest
+    for part in parts[:-1]:
+        where = where / part
+        if where.is_symlink():
+            return
+        where.mkdir(exist_ok=True)
+    target = where / parts[-1]
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.exists():
+        return
+    if path.is_symlink():
+        os.symlink(os.readlink(path), target)
+    elif path.is_file():
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
 
 
 def guest_command(cmd: list[str], arch: str | None, sysroot: str | Path | None) -> list[str]:

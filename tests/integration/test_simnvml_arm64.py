@@ -117,7 +117,7 @@ def test_reproduce_another_arch_needs_a_root(tmp_path):
     assert r.exit_code == 2 and "--arch arm64 is not this machine's (x86_64): give --sysroot" in r.output
 
 
-def test_reproduce_arch_arm64_runs_both_reproducers_with_the_roots_python(tmp_path, monkeypatch):
+def test_reproduce_arch_arm64_runs_both_reproducers_with_the_roots_python(tmp_path, monkeypatch, core_pattern):
     from forensics.simnvml import ensure_stack_venv
     from tests.arm64 import guest_problem, guest_python, guest_root
     from tests.roots import RootUnavailable
@@ -136,6 +136,7 @@ def test_reproduce_arch_arm64_runs_both_reproducers_with_the_roots_python(tmp_pa
     binding.mkdir()
     shutil.copy2(found, binding / "pynvml.py")
     monkeypatch.setenv("PYTHONPATH", str(binding))
+    before = {p: p.stat().st_mtime_ns for p in (root, root / "tmp", root / "usr" / "lib")}
     # WHEN forensics reproduce runs both on the arm64 simulated NVML with the heap fault
     r = CliRunner().invoke(cli, ["reproduce", "--sim", "--sim-fault", "heap", "--arch", "arm64", "--sysroot",
                                  str(root), "--python", guest_python("bookworm"), "--workdir", str(tmp_path / "w"),
@@ -149,3 +150,18 @@ def test_reproduce_arch_arm64_runs_both_reproducers_with_the_roots_python(tmp_pa
     assert all(Path(run["core"]).name.startswith("qemu_") for run in runs.values())
     assert doc["environment"]["python"].startswith("CPython 3.11.")
     assert doc["conclusion"].startswith("both reproducers failed, the C one without Python: suspect the driver")
+    # and each core was analyzed with the root plus what qemu loaded from this machine's paths (the reproducer,
+    # the simulated driver): the crash is in the driver's own code, as on x86_64
+    for run in runs.values():
+        assert run["signature"].startswith('SIGABRT "double free or corruption (!prev)" [heap-corruption]'), run
+        assert "via nvlink_scratch_overflow (libnvidia-ml.so" in run["signature"], run["signature"]
+    assert (tmp_path / "w" / "sysroot-aarch64" / "usr" / "bin" / "python3.11").is_file()
+    # and the root itself was not written
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    # and the C reproducer's crash is one bug with its x86_64 twin's (the same fault on this machine's build)
+    from forensics.reproduce import run_reproducers
+
+    x86 = run_reproducers(workdir=tmp_path / "x86", python="", nvml_dir=None, which=("c",), iterations=20,
+                          env=sim_environment(build_simnvml(tmp_path / "x86" / "sim"), fault="heap"))
+    assert x86.runs[0].fingerprint == runs["c"]["fingerprint"] and x86.runs[0].signature.split(" via ")[1] == \
+        runs["c"]["signature"].split(" via ")[1].replace("libnvidia-ml.so.1", "libnvidia-ml.so.580.126.09")
