@@ -70,7 +70,7 @@ __all__ = [
 
 ARCH = "arm64"
 #: each suite's CPython (``python3.X`` and its ``-dbg`` build, ``python3.Xd``)
-SUITES: Mapping[str, str] = {"bookworm": "3.11", "sid": "3.14"}
+SUITES: Mapping[str, str] = {"bookworm": "3.11", "trixie": "3.13", "sid": "3.14"}
 QEMU = "qemu-aarch64-static"
 #: where the static qemu binary is bound inside the root
 QEMU_IN_ROOT = "/run/qemu-aarch64-static"
@@ -217,7 +217,7 @@ PYSTACK_VERSION = "1.7.2"
 #: what pystack's wheel links beyond the root's CPython: its bundled elfutils are C++-free, its extension is not
 PYSTACK_DEPS = ("libstdc++6",)
 #: the CPython tag of pystack's aarch64 wheel for each suite's interpreter (3.12+ share the abi3 wheel)
-_PYSTACK_TAGS = {"3.11": "cp311", "3.14": "abi3"}
+_PYSTACK_TAGS = {"3.11": "cp311", "3.13": "abi3", "3.14": "abi3"}
 _PYSTACK_SCRIPT = """
 import json, sys
 from pystack.engine import NativeReportingMode, get_process_threads_for_core
@@ -273,7 +273,7 @@ def pystack_wheel_dir(suite: str, *, cache: Path | None = None) -> Path:
     return final
 
 
-def pystack_guest_stacks(root: Path, suite: str, core: Path, *, lib_dirs: Sequence[Path] = (),
+def pystack_guest_stacks(root: Path, suite: str, core: Path, *, lib_dirs: Sequence[Path] = (), debug: bool = False,
                          timeout: float = 600) -> dict[int, list[tuple[str, str, int | None, list[str]]]]:
     """pystack's Python stacks of ``core``, pystack's aarch64 build run under qemu in ``root`` (one with
     :data:`PYSTACK_DEPS`): ``{tid: [(function, file, line, names of its arguments and locals), ...]}``,
@@ -282,6 +282,7 @@ def pystack_guest_stacks(root: Path, suite: str, core: Path, *, lib_dirs: Sequen
     forensics, as CPython's own ``locals()``, does not list.
 
     :param lib_dirs: host directories of libraries the core names outside the root (libcrash-arm64.so's)
+    :param debug: the core is of the -dbg interpreter (pystack runs under the release one either way)
     :raises RuntimeError: when pystack fails (its output is in the message)
     """
     import json
@@ -289,7 +290,7 @@ def pystack_guest_stacks(root: Path, suite: str, core: Path, *, lib_dirs: Sequen
 
     wheel = pystack_wheel_dir(suite)
     core = Path(core).resolve()
-    argv = [guest_python(suite), "-c", _PYSTACK_SCRIPT, str(core), guest_python(suite),
+    argv = [guest_python(suite), "-c", _PYSTACK_SCRIPT, str(core), guest_python(suite, debug=debug),
             ":".join(str(d) for d in lib_dirs)]
     cmd = guest_command(root, argv, cwd=core.parent, binds=(wheel, *lib_dirs))
     env = dict(os.environ, PYTHONPATH=str(wheel))

@@ -272,23 +272,27 @@ def pystack_root(arm64_cores):
     return get
 
 
-@pytest.mark.parametrize("suite,scenario,cpu", [
-    pytest.param("bookworm", "segv", NO_PAC, id="python=3.11,segv"),
-    pytest.param("bookworm", "heap-prev", NO_PAC, id="python=3.11,heap-prev"),
-    pytest.param("sid", "segv", None, id="python=3.14,segv,pac"),
-    pytest.param("sid", "qsort-abort", NO_PAC, id="python=3.14,qsort-abort"),
+@pytest.mark.parametrize("suite,scenario,cpu,debug", [
+    pytest.param("bookworm", "segv", NO_PAC, False, id="python=3.11,segv"),
+    pytest.param("bookworm", "heap-prev", NO_PAC, False, id="python=3.11,heap-prev"),
+    pytest.param("bookworm", "segv", NO_PAC, True, id="python=3.11d,segv"),
+    pytest.param("trixie", "segv", NO_PAC, False, id="python=3.13,segv"),
+    pytest.param("sid", "segv", None, False, id="python=3.14,segv,pac"),
+    pytest.param("sid", "qsort-abort", NO_PAC, False, id="python=3.14,qsort-abort"),
+    pytest.param("sid", "heap-prev", NO_PAC, True, id="python=3.14d,heap-prev"),
 ])
-def test_python_stacks_and_locals_equal_pystacks_own_aarch64_build(arm64_cores, pystack_root, suite, scenario, cpu):
+def test_python_stacks_and_locals_equal_pystacks_own_aarch64_build(arm64_cores, pystack_root, suite, scenario, cpu,
+                                                                   debug):
     from tests.arm64 import build_guest_libcrash, pystack_guest_stacks
 
-    # GIVEN an AArch64 core of the exporter, crashed in native code under the suite's CPython
-    core, sysroot = arm64_cores.core(suite, scenario, cpu=cpu), arm64_cores.sysroot(suite)
+    # GIVEN an AArch64 core of the exporter, crashed in native code under the suite's CPython (or its -dbg build)
+    core, sysroot = arm64_cores.core(suite, scenario, cpu=cpu, debug=debug), arm64_cores.sysroot(suite)
     # WHEN analyze reads its Python stacks on this x86_64 machine, and pystack 1.7.2's aarch64 wheel reads them
     # under qemu in the root (the oracle)
     r = analyze("--json", "--sysroot", str(sysroot), str(core))
     assert r.exit_code == EXIT_OK, r.output[-3000:]
     snap = json.loads(r.stdout)["analysis"]["snapshot"]
-    theirs = pystack_guest_stacks(pystack_root(suite), suite, core,
+    theirs = pystack_guest_stacks(pystack_root(suite), suite, core, debug=debug,
                                   lib_dirs=[build_guest_libcrash(arm64_cores.base).parent])
     # THEN every thread's frames are pystack's (function, file, line), and so are the names of each frame's
     # arguments and locals
