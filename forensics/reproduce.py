@@ -170,6 +170,8 @@ def conclude(python: ReproRun | None, c: ReproRun | None) -> str:
         return ("only the Python reproducer failed: the driver survives the same queries from C; suspect the "
                 "binding (nvidia-ml-py) or the calling pattern (threads, shutdown) — report upstream with the "
                 "Python reproducer, and note the C result")
+    if c_bad and python is None:  # not run (another architecture without its interpreter, or not asked for)
+        return "the C reproducer failed (the Python one did not run): suspect the driver library"
     if c_bad:
         return "only the C reproducer failed: suspect the driver library; the Python run may need more iterations"
     return "neither reproducer failed: no reproduction under these conditions (try more iterations or threads)"
