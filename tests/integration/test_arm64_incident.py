@@ -1,9 +1,10 @@
 """The incident on an arm64 node (issue #31 item 3): the simulated NVML built for arm64, the NVLink query
-crashed under qemu-user in the bookworm arm64 root, and the incident's conclusion reached from its core on
+crashed under qemu-user in the arm64 roots, and the incident's conclusion reached from its core on
 this x86_64 machine -- as on x86_64.
 
 The Python reproducer (reproducers/nvml_nvlink_fieldvalues.py, nvidia-ml-py 12.575.51 of the incident: a
-pure-Python module, copied from the incident's stack) runs under the root's CPython 3.11 on the arm64
+pure-Python module, copied from the incident's stack) runs under the root's CPython (bookworm's 3.11,
+sid's 3.14) on the arm64
 libnvidia-ml.so.580.126.09 with the heap fault (the library overflows its own scratch buffer and frees
 it: glibc aborts inside nvmlDeviceGetFieldValues); the C reproducer, built for arm64, runs under
 `forensics reproduce --arch arm64`.  The x86_64 twin is the same reproducer on the x86_64 build.
@@ -27,7 +28,8 @@ from forensics.resources import find_reproducers
 from forensics.simnvml import build_simnvml, ensure_stack_venv, sim_environment
 from tests.crashers.make_core import crash_for_core
 
-SUITE = "bookworm"
+#: bookworm: CPython 3.11, glibc 2.36; sid: CPython 3.14, glibc 2.43, return addresses signed (qemu's CPU has PAC)
+SUITES = ("bookworm", "sid")
 REPRO_PY = find_reproducers() / "nvml_nvlink_fieldvalues.py"
 ARGS = ["--iterations", "50", "--threads", "0"]
 LIB = "libnvidia-ml.so.580.126.09"
@@ -37,11 +39,12 @@ def run(*args: str):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-@pytest.fixture(scope="module")
-def incident(arm64_cores, core_pattern, tmp_path_factory) -> dict[str, Path]:
+@pytest.fixture(scope="module", params=SUITES, ids=lambda s: f"suite={s}")
+def incident(request, arm64_cores, core_pattern, tmp_path_factory) -> dict[str, Path]:
     from tests.arm64 import QEMU_IN_ROOT, analysis_sysroot, guest_python
 
-    root = arm64_cores.root(SUITE)
+    suite = request.param
+    root = arm64_cores.root(suite)
     try:
         stack = ensure_stack_venv("incident")
     except BuildError as e:
@@ -62,7 +65,7 @@ def incident(arm64_cores, core_pattern, tmp_path_factory) -> dict[str, Path]:
         run_dir.mkdir()
         if arch == "arm64":
             qemu = Path(shutil.which("qemu-aarch64-static") or "qemu-aarch64-static")
-            argv = [QEMU_IN_ROOT, guest_python(SUITE), str(REPRO_PY), *ARGS]
+            argv = [QEMU_IN_ROOT, guest_python(suite), str(REPRO_PY), *ARGS]
             out["core-arm64"] = crash_for_core(argv, run_dir, env=env, root=root, guest=True, timeout=300,
                                                binds=(REPRO_PY.parent, sim, binding), tools=((qemu, QEMU_IN_ROOT),))
             sysroot = analysis_sysroot(root, d / "sysroot", [sim / LIB, binding / "pynvml.py", REPRO_PY])
