@@ -7,8 +7,10 @@ CPython and loader.  Its root is unpacked with umoci and run with bubblewrap as 
 programs run through the kernel's binfmt_misc entry of qemu-aarch64-static, as the image's own shell
 script (``/opt/forensics/bin/forensics``) execs its loader.  The core handler takes a guest core that
 qemu-user wrote of an arm64 CPython that crashed (qemu-user cannot be the kernel's core_pattern pipe
-for a guest: the core goes to the handler on stdin, with the kernel's arguments), and ``agent serve``
-answers /healthz and /metrics on 127.0.0.1.  verify-imports reads each image of the index.
+for a guest: the core goes to the handler on stdin, with the kernel's arguments); the image's own
+``analyze`` reads the bundle (Python and native stacks of the arm64 core); ``agent serve`` answers
+/healthz and /metrics on 127.0.0.1 and analyzes and counts the crash.  verify-imports reads each
+image of the index.
 """
 from __future__ import annotations
 
@@ -61,10 +63,11 @@ def _machine(path: Path) -> int | None:
     return int.from_bytes(head[18:20], "little") if head[:4] == b"\x7fELF" else None
 
 
-def _in_image(root: Path, *argv: str, cwd: Path, binds=(), timeout: float = 300, stdin=None):
-    """``argv`` in the image's root as ``/`` (read-only), no environment but PATH, as a container runs it."""
+def _in_image(root: Path, *argv: str, cwd: Path, binds=(), timeout: float = 300, stdin=None, env=None):
+    """``argv`` in the image's root as ``/`` (read-only), no environment but PATH (and ``env``), as a container
+    runs it."""
     cmd = sandbox_command(root, list(argv), cwd=cwd, binds=tuple(binds))
-    return subprocess.run(cmd, capture_output=True, text=stdin is None, timeout=timeout, env={}, stdin=stdin)
+    return subprocess.run(cmd, capture_output=True, text=stdin is None, timeout=timeout, env=env or {}, stdin=stdin)
 
 
 def test_the_index_holds_both_platforms_and_the_same_forensics(image, roots):
@@ -134,61 +137,109 @@ def _stored_core(crash: Path) -> bytes:
         return zstandard.ZstdDecompressor().stream_reader(f).read()
 
 
-def test_the_arm64_handler_keeps_a_guest_core_whole(roots, guest_core, tmp_path):
-    # GIVEN a live process standing in for the crashed one (its /proc is what the handler reads), and the
-    # guest core on stdin with the arguments the kernel gives (%d %P %i %s %t %c)
-    live = subprocess.Popen(["sleep", "120"])
-    prefix = tmp_path / "host-prefix"
+@pytest.fixture(scope="module")
+def handled(roots, guest_core, tmp_path_factory) -> dict[str, Path]:
+    """The guest core taken by the arm64 image's core handler: in the image's root, and from its /opt/forensics
+    copied to the host (the init container's copy) run as the kernel runs a handler (no environment, cwd /).
+    A live process stands in for the crashed one (its /proc is what the handler reads); the core is on stdin
+    with the arguments the kernel gives (%d %P %i %s %t %c)."""
+    base = tmp_path_factory.mktemp("arm64-handled")
+    out = {"root": base / "cores", "host": base / "host-cores"}
+    out["root"].mkdir()
+    prefix = base / "host-prefix"
+    shutil.copytree(roots["arm64"] / "opt/forensics", prefix, symlinks=True)
+    live = subprocess.Popen(["sleep", "600"])
     try:
         args = [str(live.pid), str(live.pid), "11", str(int(time.time())), "18446744073709551615", "--min-free", "0"]
-        # WHEN the image's handler takes it in the image's root, under qemu
-        cores = tmp_path / "cores"
-        cores.mkdir()
         with open(guest_core, "rb") as f:
-            h = _in_image(roots["arm64"], "/opt/forensics/bin/forensics", "core-handler", str(cores), *args,
-                          cwd=cores, stdin=f, timeout=300)
+            h = _in_image(roots["arm64"], "/opt/forensics/bin/forensics", "core-handler", str(out["root"]), *args,
+                          cwd=out["root"], stdin=f, timeout=300)
         assert h.returncode == 0, h.stderr
-        # and from /opt/forensics copied to the host (the init container's copy), run as the kernel runs it
-        shutil.copytree(roots["arm64"] / "opt/forensics", prefix, symlinks=True)
-        host_cores = tmp_path / "host-cores"
         with open(guest_core, "rb") as f:
-            h2 = subprocess.run([str(prefix / "bin/forensics"), "core-handler", str(host_cores), *args], stdin=f,
-                                capture_output=True, env={}, cwd="/", timeout=300)
-        assert h2.returncode == 0, h2.stderr
+            h = subprocess.run([str(prefix / "bin/forensics"), "core-handler", str(out["host"]), *args], stdin=f,
+                               capture_output=True, env={}, cwd="/", timeout=300)
+        assert h.returncode == 0, h.stderr
     finally:
         live.kill()
         live.wait()
-    # THEN each kept the core whole: the bytes qemu wrote
+    return out
+
+
+def test_the_arm64_handler_keeps_a_guest_core_whole(handled, guest_core):
+    # THEN each handler kept the core whole: the bytes qemu wrote
     want = guest_core.read_bytes()
-    for d in (cores, host_cores):
+    for d in handled.values():
         (crash,) = (d / "crashes").iterdir()
         assert _stored_core(crash) == want
 
 
-def test_the_arm64_agent_serves_healthz_and_metrics(roots, tmp_path):
+def test_the_arm64_images_analyze_reads_the_bundle(roots, handled, tmp_path):
+    # WHEN the image's own forensics (aarch64 CPython, Debian's arm64 libdw) analyzes the bundle under qemu, the
+    # crashed program's root given (it is the image's: its python3 crashed); the cache is writable (the root is not)
+    (crash,) = (handled["root"] / "crashes").iterdir()
+    p = _in_image(roots["arm64"], "forensics", "analyze", str(crash), "--sysroot", "/", "--json",
+                  cwd=handled["root"], binds=(tmp_path,), env={"FORENSICS_CACHE": str(tmp_path / "cache")},
+                  timeout=600)
+    assert p.returncode in (0, 4), p.stderr
+    a = json.loads(p.stdout)["analysis"]
+    snap = a["snapshot"]
+    # THEN the arm64 crash as it happened: SIGSEGV in ctypes.string_at called from the -c code, on CPython 3.11
+    assert a["crash"]["kind"] == "segv" and a["crash"]["signal"] == 11 and snap["core"]["arch"] == "aarch64"
+    (thread,) = [t for t in snap["threads"] if t["is_crashed"]]
+    assert [f["function"] for f in thread["py_frames"]] == ["string_at", "<module>"], thread["py_frames"]
+    assert snap["python_version"].startswith("3.11")
+    libs = [f["library"] or "" for f in thread["native_frames"]]
+    assert any(lib.endswith("_ctypes.cpython-311-aarch64-linux-gnu.so") for lib in libs), libs
+
+
+def _wait_answer(url: str, agent: subprocess.Popen, timeout: float, log: Path) -> tuple[int, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.status, r.read().decode()
+        except OSError:
+            assert agent.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, f"the arm64 agent did not answer {url}"
+            time.sleep(0.5)
+
+
+def _wait_analyzed(core_dir: Path, agent: subprocess.Popen, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            idx = json.loads((core_dir / "agent-index.json").read_text())
+            if idx["crashes"] == 1 and idx["pending"] == 0:
+                return idx
+        except (OSError, ValueError, KeyError):
+            pass
+        assert agent.poll() is None, "the arm64 agent exited"
+        time.sleep(1)
+    raise AssertionError(f"the arm64 agent did not analyze the crash in {timeout}s")
+
+
+def test_the_arm64_agent_serves_healthz_and_metrics_and_analyzes_the_crash(roots, handled, tmp_path):
+    # GIVEN the core directory the arm64 handler wrote
+    cores = tmp_path / "cores"
+    shutil.copytree(handled["root"], cores)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cores = tmp_path / "cores"
-    cores.mkdir()
+    # WHEN the arm64 image's agent serves it, under qemu, in the image's root (read-only here: its cache is bound)
+    cache = tmp_path / "cache"
+    cache.mkdir()
     cmd = sandbox_command(roots["arm64"], ["/opt/forensics/bin/forensics", "agent", "serve", "--core-dir", str(cores),
                                            "--node-name", "gh200-node-1", "--metrics-port", str(port), "--no-events"],
-                          cwd=cores)
-    agent = subprocess.Popen(cmd, env={}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          cwd=cores, binds=(cache,))
+    log = tmp_path / "agent.log"
+    with open(log, "wb") as out:  # the agent keeps its own descriptor
+        agent = subprocess.Popen(cmd, env={"FORENSICS_CACHE": str(cache)}, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 180  # CPython's start-up under qemu-user
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
-                    health = (r.status, r.read().decode())
-                break
-            except OSError:
-                assert agent.poll() is None, agent.stderr.read().decode()[-2000:]
-                assert time.monotonic() < deadline, "the arm64 agent did not answer /healthz"
-                time.sleep(0.5)
-        assert health[0] == 200 and health[1].strip() == "ok"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-            body = r.read().decode()
+        # THEN /healthz answers (CPython's start-up under qemu-user takes a while), the crash is analyzed
+        status, text = _wait_answer(f"http://127.0.0.1:{port}/healthz", agent, 180, log)
+        assert status == 200 and text.strip() == "ok", text
+        _wait_analyzed(cores, agent, 600)
+        status, body = _wait_answer(f"http://127.0.0.1:{port}/metrics", agent, 60, log)
     finally:
         agent.terminate()
         try:
@@ -198,10 +249,14 @@ def test_the_arm64_agent_serves_healthz_and_metrics(roots, tmp_path):
             agent.wait()
     from prometheus_client.parser import text_string_to_metric_families
 
+    assert status == 200
     families = {f.name: f.samples for f in text_string_to_metric_families(body)}
     (build,) = families["forensics_build_info"]
     assert build.labels["version"] == __version__ and build.labels["python"].startswith("3.11"), build
-    assert any(s.labels.get("forensics_node") == "gh200-node-1" for f in families.values() for s in f), body[:2000]
+    # and /metrics counts it, on this node, under its fingerprint
+    crashes = [s for s in families["forensics_crashes"] if s.name == "forensics_crashes_total"]
+    assert len(crashes) == 1 and crashes[0].value == 1, crashes
+    assert crashes[0].labels["forensics_node"] == "gh200-node-1" and crashes[0].labels["fingerprint"], crashes
 
 
 def test_verify_imports_reads_each_image_of_the_agents_index(image):
