@@ -93,11 +93,40 @@ def find_tcaches(heap: Heap, core: CoreFile) -> dict[int, tuple[int | None, int 
         if t.fs_base in by_fs:
             out[t.tid] = by_fs[t.fs_base]
         elif above and not t.fs_base:
-            out[t.tid] = (None, None, "the thread pointer (TPIDR_EL0, NT_ARM_TLS) is not in the core: qemu-user "
-                                      "writes no NT_ARM_TLS")
+            out[t.tid] = _first_tcache(heap, core, t.tid) or (
+                None, None, "the thread pointer (TPIDR_EL0, NT_ARM_TLS) is not in the core: qemu-user writes no "
+                            "NT_ARM_TLS")
         else:
             out[t.tid] = (None, None, "fs_base is 0 or its TLS area is not in the core")
     return out
+
+
+#: chunks at the start of the main heap searched for the main thread's tcache (glibc 2.43 allocates one 0x40
+#: chunk before it)
+FIRST_CHUNKS = 8
+
+
+def _first_tcache(heap: Heap, core: CoreFile, tid: int) -> tuple[int, int, str] | None:
+    """The main thread's tcache without its thread pointer: the first chunk of the tcache's size at the start of
+    the main heap -- the process's first malloc() made it, in the main thread (tcache_init); glibc 2.43 has one
+    chunk before it.  None for another thread, or when none of the first :data:`FIRST_CHUNKS` chunks is one."""
+    main = next((a for a in heap.arenas if a.kind == "main"), None)
+    if tid != core.pid or main is None or not main.regions:
+        return None
+    chunk = main.regions[0].first
+    for _ in range(FIRST_CHUNKS):
+        try:
+            size = heap.hm.u64(chunk + SIZE_SZ) & ~7
+        except HeapValidationError:
+            return None
+        if size == heap.layout.tcache_chunk_size and _is_tcache(heap, chunk + 2 * SIZE_SZ):
+            return (chunk + 2 * SIZE_SZ, main.address, "the main heap's first chunk of a tcache's size, the main "
+                                                      "thread's (its first malloc() made it); the core has no "
+                                                      "thread pointer")
+        if size < 2 * SIZE_SZ:
+            return None
+        chunk += size
+    return None
 
 
 def _tcache_max_count(heap: Heap) -> int | None:

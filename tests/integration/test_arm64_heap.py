@@ -71,3 +71,36 @@ def test_the_heap_verdict_and_the_fingerprint_are_the_twins(scenario, suite, twi
     # and one bug has one fingerprint on both machines, complete on both
     assert arm["fingerprint_basis"] == x86["fingerprint_basis"]
     assert arm["fingerprint"] == x86["fingerprint"] and arm["fingerprint_partial"] is None
+
+
+@pytest.mark.parametrize("suite, twin", SUITES)
+def test_the_main_threads_tcache_without_a_thread_pointer(suite, twin, arm64_cores, cores, tmp_path_factory):
+    if not twin.startswith("sid-") and twin not in PYTHONS:
+        pytest.skip(f"no CPython {twin} on this machine for the x86_64 twin")
+    # GIVEN the arm64 core (qemu-user writes no NT_ARM_TLS: no thread pointer) and its twin (fs_base in NT_PRSTATUS)
+    sysroot = arm64_sysroot(arm64_cores, suite, tmp_path_factory.getbasetemp() / "arm64-sysroots")
+    arm = analyze_heap(arm64_cores.core(suite, "heap-prev"), sysroot)
+    x86 = analyze_heap(cores.get(twin, "heap-prev"), cores.interpreter(twin).root)
+    # THEN on x86_64 the main thread's tcache, found through its TLS block, is where it is read without the thread
+    # pointer on arm64: as far into the main heap (the first chunk; glibc 2.43: the second, after a 0x40 one)
+    where = []
+    for h in (x86, arm):
+        main_heap = next(a for a in h["summary"]["arenas"] if a["kind"] == "main")["heaps"][0]
+        tcache = next(t for t in h["summary"]["tcaches"] if t["tid"] == h["pid"])
+        assert tcache["bins"] and all(b["broken_at"] is None for b in tcache["bins"])
+        where.append(tcache["address"] - main_heap["first_chunk"])
+    assert where[0] == where[1] == (16 if suite == "bookworm" else 0x50), where
+    assert "TLS block" in next(t for t in x86["summary"]["tcaches"] if t["tid"] == x86["pid"])["found_by"]
+    main = next(t for t in arm["summary"]["tcaches"] if t["tid"] == arm["pid"])
+    assert main["found_by"].startswith("the main heap's first chunk of a tcache's size, the main thread's")
+    # and another thread's is not guessed: it says why
+    others = [t for t in arm["summary"]["tcaches"] if t["tid"] != arm["pid"]]
+    assert others and all(t["address"] is None and "NT_ARM_TLS" in t["found_by"] for t in others)
+
+
+def analyze_heap(core: Path, sysroot: Path | None) -> dict:
+    args = ["analyze", "--heap", "--json", str(core)] + (["--sysroot", str(sysroot)] if sysroot else [])
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert r.exit_code == EXIT_OK, r.stderr
+    a = json.loads(r.stdout)["analysis"]
+    return {"summary": a["heap"]["summary"], "pid": a["snapshot"]["core"]["pid"]}
