@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from forensics.analyze.sigframe import find_trampolines, read_signal_frames
+from forensics.analyze.sigframe import MAX_NESTED, find_trampolines, read_signal_frames
 from forensics.analyze.sigframe_aarch64 import FRAME_SIZE, SIGRETURN_TRAMPOLINE
 from forensics.core.memory import CoreMemory, Segment
 from forensics.model import Arch, CoreFile, CoreThread, Mapping, Thread
@@ -157,3 +157,35 @@ def test_a_handler_without_siginfo_is_read_from_the_registers(guest):
     # THEN SIGABRT, from the interrupted tgkill's arguments (x8 = 131, x1 = the thread, x2 = 6)
     assert frame.signal.name == "SIGABRT" and frame.signal.sender_pid == core.pid
     assert frame.signal_source in ("registers", "siginfo")
+
+
+@pytest.mark.parametrize("handlers", [5, MAX_NESTED + 4], ids=lambda n: f"handlers={n}")
+def test_nested_handlers_are_read_up_to_the_bound(handlers, tmp_path):
+    from forensics.analyze import analyze_core
+    from tests.integration.test_sigframe_bounds import NESTED_C
+
+    problem = guest_problem()
+    if problem:
+        pytest.skip(problem)
+    try:
+        root = guest_root("bookworm")
+    except RootUnavailable as e:
+        pytest.skip(f"no arm64 root: {e}")
+    # GIVEN a SIGUSR1 handler (SA_NODEFER) that raises SIGUSR1 again, nested N deep, faulting in the innermost
+    src, exe = tmp_path / "nested.c", tmp_path / "nested"
+    src.write_text(NESTED_C % {"handlers": handlers})
+    subprocess.run([CROSS_CC, "-O1", "-g", "-o", str(exe), str(src)], check=True, timeout=120)
+    subprocess.run([shutil.which("qemu-aarch64-static") or "qemu-aarch64-static", "-L", str(root), str(exe)],
+                   cwd=tmp_path, capture_output=True, timeout=120,
+                   preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (-1, -1)))
+    (core,) = tmp_path.glob("qemu_nested_*.core")
+    # WHEN it is analyzed
+    a = analyze_core(str(core), sysroot=str(root), exe=str(exe))
+    frames = a.snapshot.crashed_thread.signal_frames
+    # THEN every frame up to the bound is read, innermost first, each the SIGUSR1 the thread sent itself
+    assert len(frames) == min(handlers, MAX_NESTED)
+    assert {f.signal.name for f in frames} == {"SIGUSR1"} and all(f.address % 16 == 0 for f in frames)
+    assert [f.address for f in frames] == sorted(f.address for f in frames)
+    # and past it the thread says so (the analysis partial)
+    cut = a.snapshot.crashed_thread.signal_frames_cut
+    assert (cut is not None) == (handlers > MAX_NESTED)
