@@ -13,10 +13,9 @@ from .build import build_snapshot, registers_only
 from .classify import is_python_process
 from .enrich import with_crashed_locals, with_heap
 from .findings import analyze_snapshot, check_nested_faults, check_snapshot, heap_findings
-from .native import NATIVE_METHODS
-from .pipeline import HEAP_MODES, METHODS, analyze_core
+from .pipeline import analyze_core
 from .reading import CoreReading
 
-__all__ = ["METHODS", "NATIVE_METHODS", "analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot",
-           "check_nested_faults", "is_python_process", "registers_only", "HEAP_MODES",
+__all__ = ["analyze_core", "build_snapshot", "analyze_snapshot", "check_snapshot",
+           "check_nested_faults", "is_python_process", "registers_only",
            "with_heap", "with_crashed_locals", "heap_findings", "CoreReading"]

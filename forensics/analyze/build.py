@@ -33,12 +33,12 @@ def registers_only(core: CoreFile,
                  for i, t in enumerate(core.threads))
 
 
-
 def build_snapshot(core: CoreFile, native: tuple[NativeStack, ...] | None, python: PythonStacks | None, *,
                    sysroot: str | None,
-                   native_method: UnwoundBy, python_method: str, requested: str = "auto",
+                   native_method: UnwoundBy, python_method: PythonMethod,
+                   requested: StackMethod = StackMethod.AUTO,
                    problems: tuple[str, ...] = (), disagreements: tuple[str, ...] = (),
-                   requested_native: str = "auto", native_disagreements: tuple[str, ...] = (),
+                   requested_native: NativeMethod = NativeMethod.AUTO, native_disagreements: tuple[str, ...] = (),
                    reading: CoreReading | None = None) -> ProcessSnapshot:
     """Join the core reader's facts with the native and Python stacks into one snapshot.
 
@@ -99,11 +99,11 @@ def build_snapshot(core: CoreFile, native: tuple[NativeStack, ...] | None, pytho
         python_stack_status=status,
         python_layout=python.layout if python is not None else None,
         native_method=native_method,
-        python_method=PythonMethod(python_method) if python else PythonMethod.NONE,
-        requested_method=StackMethod(requested),
+        python_method=python_method if python else PythonMethod.NONE,
+        requested_method=requested,
         method_disagreements=tuple(disagreements),
         sysroot=sysroot,
         warnings=tuple(warnings),
-        requested_native_method=NativeMethod(requested_native),
+        requested_native_method=requested_native,
         native_disagreements=tuple(native_disagreements),
     )

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import UnwinderUnavailable
-from ..model import DwarfLayout, NativeStack, PythonStacks, PythonStatus
-from ..modes import Unwinder
+from ..model import DwarfLayout, NativeStack, PythonMethod, PythonStacks, PythonStatus
+from ..modes import NativeMethod, StackMethod, Unwinder
 from .build import registers_only
 from .native import compare_native_docs, with_gdb_fallback
 from .sigframe import attach_signal_frames
@@ -26,14 +26,14 @@ if TYPE_CHECKING:
 __all__ = ["choose_native", "choose_python", "compare_methods", "unwind_signal_handler_threads"]
 
 
-def choose_native(plan: str, libdw: tuple[NativeStack, ...] | None, gdb: tuple[NativeStack, ...] | None
+def choose_native(plan: NativeMethod, libdw: tuple[NativeStack, ...] | None, gdb: tuple[NativeStack, ...] | None
                    ) -> tuple[tuple[NativeStack, ...] | None, list[str], list[str]]:
     """The native stacks to show, notes on where they came from, and (``both``) the disagreements."""
-    if plan == "none":
+    if plan is NativeMethod.NONE:
         return None, [], []
-    if plan == "gdb":
+    if plan is NativeMethod.GDB:
         return gdb, [], []
-    if plan == "both":
+    if plan is NativeMethod.BOTH:
         if libdw is None or gdb is None:
             return libdw if libdw is not None else gdb, [], []
         return libdw, [], compare_native_docs(libdw, gdb)
@@ -43,24 +43,24 @@ def choose_native(plan: str, libdw: tuple[NativeStack, ...] | None, gdb: tuple[N
     return doc, notes, []
 
 
-
-def choose_python(method: str, gdb_python, direct, problems: list[str], *, truncated: bool = False):
+def choose_python(method: StackMethod, gdb_python, direct, problems: list[str], *,
+                  truncated: bool = False) -> tuple[PythonStacks | None, PythonMethod]:
     """The Python stacks shown and the method that read them: the requested method's, or for auto/both the
     best whole one; for auto, the other method's reason is said once when it was tried and did not give them
     -- except on a truncated core, where what is missing is the memory, which the stacks line says: the
     other method's reason (gdb's "no DWARF ...; install python3.X-dbg") would blame debug symbols."""
-    if method == "gdb":
-        python, py_method = gdb_python, "gdb"
-    elif method == "direct":
-        python, py_method = direct, "direct"
+    if method is StackMethod.GDB:
+        python, py_method = gdb_python, PythonMethod.GDB
+    elif method is StackMethod.DIRECT:
+        python, py_method = direct, PythonMethod.DIRECT
     else:
         python, py_method = choose_python_stacks(direct, gdb_python)
-    other, other_name = (gdb_python, "gdb") if py_method == "direct" else (direct, "direct")
-    if (method == "auto" and not truncated and python is not None and not python.is_whole and other is not None
-            and not other.is_whole and other.status is not PythonStatus.NOT_PYTHON and other.detail != python.detail):
+    other, other_name = (gdb_python, "gdb") if py_method is PythonMethod.DIRECT else (direct, "direct")
+    if (method is StackMethod.AUTO and not truncated and python is not None and not python.is_whole
+            and other is not None and not other.is_whole and other.status is not PythonStatus.NOT_PYTHON
+            and other.detail != python.detail):
         problems.append(f"Python stacks by {other_name}: {python_status_line(other, python_process=True)}")
     return python, py_method
-
 
 
 def compare_methods(reading: CoreReading, gdb_python, direct, dwarf_layout: DwarfLayout | None,
@@ -81,7 +81,6 @@ def compare_methods(reading: CoreReading, gdb_python, direct, dwarf_layout: Dwar
                                for d in layout_differences(reading.core, dwarf_layout, sysroot=reading.sysroot,
                                                            mem=reading.mem, interpreter=reading.interpreter()))
     return disagreements
-
 
 
 def unwind_signal_handler_threads(reading: CoreReading, problems: list[str],

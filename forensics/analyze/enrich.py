@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..model import Analysis, CrashKind, ProcessSnapshot
+from ..modes import HeapMode
 from .classify import is_python_process
 from .findings import heap_findings
 
@@ -37,8 +38,7 @@ def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None
     return dataclasses.replace(snapshot, threads=threads), read
 
 
-
-def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thread_locals=None,
+def with_heap(analysis: Analysis, mode: HeapMode, *, sysroot: str | None = None, thread_locals=None,
               reading: CoreReading | None = None) -> Analysis:
     """``analysis`` with glibc's heap read (:func:`forensics.heap.read_heap`) as ``mode`` asks.
 
@@ -49,7 +49,7 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
     :param reading: the analysis' open core and its interpreter (None: the core is opened where needed)
     """
     corruption = analysis.crash.kind is CrashKind.HEAP_CORRUPTION
-    if mode == "off" or (mode == "auto" and not corruption):
+    if mode is HeapMode.OFF or (mode is HeapMode.AUTO and not corruption):
         return analysis
     from ..heap import read_heap
 
@@ -73,7 +73,7 @@ def with_heap(analysis: Analysis, mode: str, *, sysroot: str | None = None, thre
             return find_stack_owner(core, analysis.crash.tid, buffer, size, sysroot=sysroot, mem=mem,
                                     interpreter=reading.interpreter() if reading is not None else None)
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
-                       corruption=corruption, summary=mode == "full", owners=owners,
+                       corruption=corruption, summary=mode is HeapMode.FULL, owners=owners,
                        is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup, mem=mem)
     if report.corruption is not None and crashed is not None and is_python_process(core):
         from ..heap.freer import library_verdict

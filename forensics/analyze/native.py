@@ -9,33 +9,30 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..model import NativeFrame, NativeStack
-from ..modes import NativeMethod, Unwinder, UnwoundBy, values
+from ..modes import NativeMethod, StackMethod, Unwinder, UnwoundBy
 
-__all__ = ["NATIVE_METHODS", "plan_native", "failed_threads", "with_gdb_fallback", "compare_native_docs",
-           "native_label"]
-
-NATIVE_METHODS = values(NativeMethod)
+__all__ = ["plan_native", "failed_threads", "with_gdb_fallback", "compare_native_docs", "native_label"]
 
 
-def plan_native(native_method: str, method: str, debuginfod: str | None) -> str:
-    """The unwinder to run for ``--native-method``: ``libdw`` (gdb only for the threads it cannot
-    unwind), ``gdb``, ``both`` or ``none``.
+def plan_native(native_method: NativeMethod, method: StackMethod, debuginfod: str | None) -> NativeMethod:
+    """The unwinder to run for ``--native-method``: ``LIBDW`` (gdb only for the threads it cannot
+    unwind), ``GDB``, ``BOTH`` or ``NONE`` (never ``AUTO``).
 
-    ``auto`` is libdw, except with ``--method direct`` (program counters only: the cheapest
+    ``AUTO`` is libdw, except with ``--method direct`` (program counters only: the cheapest
     analysis, no unwinding) and with ``--debuginfod`` (gdb fetches the debug info).
 
-    >>> plan_native("auto", "auto", None), plan_native("auto", "direct", None), plan_native("auto", "gdb", "http://x")
-    ('libdw', 'none', 'gdb')
+    >>> A, D = NativeMethod.AUTO, StackMethod.DIRECT
+    >>> [p.value for p in (plan_native(A, StackMethod.AUTO, None), plan_native(A, D, None),
+    ...                    plan_native(A, StackMethod.GDB, "http://x"))]
+    ['libdw', 'none', 'gdb']
     """
-    if native_method not in NATIVE_METHODS:
-        raise ValueError(native_method)
-    if native_method != "auto":
+    if native_method is not NativeMethod.AUTO:
         return native_method
-    if method == "direct":
-        return "none"
+    if method is StackMethod.DIRECT:
+        return NativeMethod.NONE
     if debuginfod:
-        return "gdb"
-    return "libdw"
+        return NativeMethod.GDB
+    return NativeMethod.LIBDW
 
 
 def failed_threads(stacks: tuple[NativeStack, ...]) -> set[int]:

@@ -14,7 +14,7 @@ import threading
 from ..core import open_core_memory
 from ..errors import CapturedBeforeCrash, GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
 from ..model import Analysis, CoreFile, LibraryStatus, PythonStatus
-from ..modes import HeapMode, StackMethod, values
+from ..modes import HeapMode, NativeMethod, StackMethod
 from .a64fault import with_fault_signal
 from .build import build_snapshot
 from .choose import choose_native, choose_python, compare_methods, unwind_signal_handler_threads
@@ -28,12 +28,7 @@ if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses nev
     from ..model import StoreEntry
     from ..gdb import GdbResult, GdbSession
 
-__all__ = ["METHODS", "HEAP_MODES", "analyze_core"]
-
-METHODS = values(StackMethod)
-
-HEAP_MODES = values(HeapMode)
-
+__all__ = ["analyze_core"]
 
 
 class _InBackground:
@@ -60,16 +55,18 @@ class _InBackground:
         return self.result
 
 
-
 def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = None, gdb: str = "gdb",
-                 timeout: float = 120.0, debuginfod: str | None = None, method: str = "auto",
-                 native_method: str = "auto", session: GdbSession | None = None, heap: str = "auto") -> Analysis:
+                 timeout: float = 120.0, debuginfod: str | None = None,
+                 method: StackMethod | str = StackMethod.AUTO,
+                 native_method: NativeMethod | str = NativeMethod.AUTO, session: GdbSession | None = None,
+                 heap: HeapMode | str = HeapMode.AUTO) -> Analysis:
     """Analyze one core file.
 
     :param path: a core file, or a capture bundle directory (its stored objects are the sysroot)
     :param sysroot: a directory holding the crashed process's files at the paths the core names
     :param exe: the executable, when it is not at the path the core names
-    :param method: where the walker's struct layout comes from — ``direct`` (the core's
+    :param method: a :class:`~forensics.modes.StackMethod` or its value (so for ``native_method`` and ``heap``):
+        where the walker's struct layout comes from — ``direct`` (the core's
         debug offsets and the table: no gdb, no debug symbols; native stacks are then program
         counters only unless ``native_method`` names an unwinder), ``gdb`` (CPython's DWARF,
         read by gdb), ``both`` (both layouts and their stacks compared), ``auto`` (direct,
@@ -82,14 +79,12 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     :param heap: glibc's heap — ``auto`` (the corruption's anatomy, for a heap-corruption crash only:
         other crashes pay nothing), ``full`` (that, plus every arena, heap, bin and tcache:
         ``analyze --heap``), ``off``
+    :raises ValueError: a mode that is none of its enum's values
     :raises ForensicsError: when the input is not a readable x86-64 core
     :return: the analysis; a missing unwinder or missing symbols leave a partial one whose
         warnings say why
     """
-    if method not in METHODS:
-        raise ValueError(method)
-    if heap not in HEAP_MODES:
-        raise ValueError(heap)
+    method, native_method, heap = StackMethod(method), NativeMethod(native_method), HeapMode(heap)
     plan = plan_native(native_method, method, debuginfod)
     path, sysroot, store = _open_input(path, sysroot)
     core, mem = open_core_memory(path, sysroot=sysroot, exe=exe)  # opened once: every reader below reads it
@@ -101,9 +96,9 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     return analysis if store is None else dataclasses.replace(analysis, store=store)
 
 
-
 def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float, debuginfod: str | None,
-             method: str, native_method: str, plan: str, session: GdbSession | None, heap: str) -> Analysis:
+             method: StackMethod, native_method: NativeMethod, plan: NativeMethod, session: GdbSession | None,
+             heap: HeapMode) -> Analysis:
     core, sysroot = reading.core, reading.sysroot
     exe_lib = core.libraries[0] if core.libraries else None
     usable = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
@@ -112,13 +107,13 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
 
     # libdw unwinds in the background while the direct reader walks the interpreter state
     unwinding = None
-    if plan in ("libdw", "both"):
+    if plan in (NativeMethod.LIBDW, NativeMethod.BOTH):
         from ..unwind import unwind_core
 
         unwinding = _InBackground(lambda: unwind_core(core, sysroot=sysroot))
     direct = None
     try:
-        if method in ("direct", "both", "auto"):
+        if method is not StackMethod.GDB:
             from ..pyread import read_python_stacks
 
             direct = read_python_stacks(core, sysroot=sysroot, mem=reading.mem, interpreter=reading.interpreter())
@@ -128,21 +123,22 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
             try:
                 libdw_doc = unwinding.join()
             except UnwinderUnavailable as e:
-                problems.append(f"{e}; {e.help_text}" if plan == "both" else f"{e}; native stacks by gdb")
+                problems.append(f"{e}; {e.help_text}" if plan is NativeMethod.BOTH else f"{e}; native stacks by gdb")
 
     # gdb: CPython's layout from DWARF when asked (or when the direct reader's stacks are not whole), the
     # native stacks when asked, and for the threads libdw could not unwind
-    want_gdb_python = method in ("gdb", "both") or (method == "auto" and direct is not None and not direct.is_whole
-                                                    and direct.status is not PythonStatus.NOT_PYTHON)
-    want_gdb_native = plan in ("gdb", "both") or (plan == "libdw"
-                                                  and (libdw_doc is None or bool(failed_threads(libdw_doc))))
+    want_gdb_python = method in (StackMethod.GDB, StackMethod.BOTH) or (
+        method is StackMethod.AUTO and direct is not None and not direct.is_whole
+        and direct.status is not PythonStatus.NOT_PYTHON)
+    want_gdb_native = plan in (NativeMethod.GDB, NativeMethod.BOTH) or (
+        plan is NativeMethod.LIBDW and (libdw_doc is None or bool(failed_threads(libdw_doc))))
     result = None
     if want_gdb_python or want_gdb_native:
         try:
             result = _run_gdb(core, exe_file, session, gdb=gdb, timeout=timeout, debuginfod=debuginfod,
                               python=want_gdb_python, native=want_gdb_native, sysroot=sysroot)
         except GdbNotFound as e:
-            if want_gdb_python or plan == "gdb" or libdw_doc is None:
+            if want_gdb_python or plan is NativeMethod.GDB or libdw_doc is None:
                 problems.append(f"{e}; {'native stacks need' if libdw_doc is None else 'it is needed'} "
                                 f"gdb ({e.help_text})")
         except GdbError as e:
@@ -157,10 +153,11 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
 
     native, native_notes, native_disagreements = choose_native(plan, libdw_doc, gdb_native)
     problems.extend(native_notes)
-    if native is None and plan == "none" and native_method == "auto":  # --method direct; not --native-method none
+    # --method direct; not --native-method none
+    if native is None and plan is NativeMethod.NONE and native_method is NativeMethod.AUTO:
         native = unwind_signal_handler_threads(reading, problems, direct)
     disagreements: tuple[str, ...] = ()
-    if method == "both":
+    if method is StackMethod.BOTH:
         disagreements = compare_methods(reading, gdb_python, direct, dwarf_layout, problems)
     python, py_method = choose_python(method, gdb_python, direct, problems, truncated=core.truncated)
     snapshot = build_snapshot(
@@ -171,7 +168,6 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
     )
     snapshot, thread_locals = with_crashed_locals(snapshot, sysroot=sysroot, reading=reading)
     return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot, thread_locals=thread_locals, reading=reading)
-
 
 
 def _no_core(path: str, reason: str) -> NoCoreKept:
@@ -185,7 +181,6 @@ def _no_core(path: str, reason: str) -> NoCoreKept:
     if ident is not None and ident.kind in ("capture", "capture-waiting"):
         return CapturedBeforeCrash(path, ident.core_dir)
     return NoCoreKept(path, reason)
-
 
 
 def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None, StoreEntry | None]:
@@ -212,7 +207,6 @@ def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None, StoreE
     # the bundle is its own sysroot, so it analyzes on any machine.
     core_path, bundle_root = bundle_sysroot(path)
     return core_path, sysroot or bundle_root, None
-
 
 
 def _run_gdb(core: CoreFile, exe_file: str | None, session: GdbSession | None, *, gdb: str, timeout: float,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from collections.abc import Iterator
 
-from ..model import (CoreFile, FrameKind, NativeFrame, NativeStack, PyFrame, PythonStacks, PythonStatus, PyThreadStack,
+from ..model import (CoreFile, FrameKind, NativeFrame, NativeStack, PyFrame, PythonMethod, PythonStacks, PythonStatus,
+                     PyThreadStack,
                      Thread)
 from .classify import is_snapshot
 
@@ -190,7 +191,8 @@ def skip_abort_machinery(native_frames: tuple[NativeFrame, ...]) -> list[NativeF
 # -- the two methods' Python stacks: choose, compare, say why -------------------------------------
 
 
-def choose_python_stacks(direct: PythonStacks | None, gdb: PythonStacks | None) -> tuple[PythonStacks | None, str]:
+def choose_python_stacks(direct: PythonStacks | None,
+                         gdb: PythonStacks | None) -> tuple[PythonStacks | None, PythonMethod]:
     """The Python stacks ``auto`` (and ``both``) shows, and the method whose layout gave them.
 
     The direct reader's when whole; else gdb's (DWARF layout) when whole; else the
@@ -199,18 +201,18 @@ def choose_python_stacks(direct: PythonStacks | None, gdb: PythonStacks | None) 
 
     >>> from forensics.model import PythonStacks, PythonStatus
     >>> ok, part = PythonStacks(status=PythonStatus.OK), PythonStacks(status=PythonStatus.PARTIAL)
-    >>> choose_python_stacks(ok, None)[1], choose_python_stacks(part, ok)[1]
+    >>> choose_python_stacks(ok, None)[1].value, choose_python_stacks(part, ok)[1].value
     ('direct', 'gdb')
     """
-    for stacks, method in ((direct, "direct"), (gdb, "gdb")):
+    for stacks, method in ((direct, PythonMethod.DIRECT), (gdb, PythonMethod.GDB)):
         if stacks is not None and stacks.is_whole:
             return stacks, method
-    for stacks, method in ((direct, "direct"), (gdb, "gdb")):
+    for stacks, method in ((direct, PythonMethod.DIRECT), (gdb, PythonMethod.GDB)):
         if stacks is not None and stacks.status is PythonStatus.PARTIAL and stacks.threads:
             return stacks, method
     if direct is not None:
-        return direct, "direct"
-    return gdb, "gdb"
+        return direct, PythonMethod.DIRECT
+    return gdb, PythonMethod.GDB
 
 
 def compare_python_stacks(gdb: PythonStacks | None, direct: PythonStacks | None) -> list[str]:

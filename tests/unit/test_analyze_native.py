@@ -8,7 +8,7 @@ import pytest
 
 from forensics.analyze.native import compare_native_docs, failed_threads, native_label, plan_native, with_gdb_fallback
 from forensics.model import NativeFrame, NativeStack
-from forensics.modes import Unwinder, UnwoundBy
+from forensics.modes import NativeMethod, StackMethod, Unwinder, UnwoundBy
 
 
 def frame(pc: int, function: str | None, offset: int | None = 4, *, inlined: bool = False, tailcall: bool = False,
@@ -28,12 +28,7 @@ def thread(lwp: int, frames: list[NativeFrame], error: str | None = None, method
     ("libdw", "direct", None, "libdw"), ("gdb", "auto", None, "gdb"), ("both", "auto", "http://x", "both"),
 ])
 def test_plan(native, method, debuginfod, plan):
-    assert plan_native(native, method, debuginfod) == plan
-
-
-def test_an_unknown_plan_is_refused():
-    with pytest.raises(ValueError):
-        plan_native("lldb", "auto", None)
+    assert plan_native(NativeMethod(native), StackMethod(method), debuginfod) is NativeMethod(plan)
 
 
 def test_gdb_stands_in_for_a_thread_libdw_could_not_unwind():
@@ -151,3 +146,12 @@ def test_gdbs_document_becomes_records_where_it_enters():
                                     tailcall=True),
                         NativeFrame(index=1, pc=0, symbol=None, offset=None, library=None))
     assert parse_native_stacks(None) == () and parse_native_stacks({"threads": {}}) == ()
+
+
+@pytest.mark.parametrize("mode", [{"method": "lldb"}, {"native_method": "lldb"}, {"heap": "some"}])
+def test_an_unknown_mode_is_refused_before_the_core_is_opened(mode):
+    from forensics.analyze import analyze_core
+
+    # GIVEN a mode that is none of its enum's values; THEN analyze_core refuses it before reading any input
+    with pytest.raises(ValueError, match="lldb|some"):
+        analyze_core("/nonexistent/core", **mode)

@@ -7,7 +7,8 @@ from forensics.analyze import analyze_snapshot, build_snapshot
 from forensics.analyze.stacks import choose_python_stacks, compare_python_stacks, merge_frames, python_status_line
 from forensics.format import analysis_payload
 from forensics.text.analysis import format_analysis
-from forensics.model import FrameKind, NativeFrame, PyFrame, PythonStacks, PythonStatus, PyThreadStack, Thread
+from forensics.model import (FrameKind, NativeFrame, PyFrame, PythonMethod, PythonStacks, PythonStatus, PyThreadStack,
+                             Thread)
 from forensics.modes import UnwoundBy
 from tests.unit.test_pure import make_core
 
@@ -100,7 +101,7 @@ def test_snapshot_with_a_thread_error_is_partial_and_says_which_thread_once():
                                                                    library=None),))
                    for i, tid, pc, f in ((1, 7, 1, "f"), (2, 8, 2, "g")))
     snap = build_snapshot(make_core(), native, broken(), sysroot=None, native_method=UnwoundBy.GDB,
-                          python_method="gdb")
+                          python_method=PythonMethod.GDB)
     # THEN the Python stage is partial, said once (the Stacks line), and the thread carries the reason
     assert snap.python_status is PythonStatus.PARTIAL
     assert snap.python_stack_status == f"partial: tid 7: {BROKEN}"
@@ -128,14 +129,14 @@ def test_snapshot_with_a_thread_error_is_partial_and_says_which_thread_once():
 def test_auto_prefers_a_whole_record_then_partial_stacks():
     partial, whole = broken(), stacks()
     no_dwarf = PythonStacks(status=PythonStatus.UNSUPPORTED, detail="no DWARF")
-    assert choose_python_stacks(whole, partial) == (whole, "direct")
-    assert choose_python_stacks(partial, whole) == (whole, "gdb")
-    assert choose_python_stacks(partial, broken()) == (partial, "direct")
-    assert choose_python_stacks(partial, no_dwarf) == (partial, "direct")
-    assert choose_python_stacks(no_dwarf, partial) == (partial, "gdb")
-    assert choose_python_stacks(partial, None) == (partial, "direct")
-    assert choose_python_stacks(no_dwarf, no_dwarf) == (no_dwarf, "direct")
-    assert choose_python_stacks(None, no_dwarf) == (no_dwarf, "gdb")
+    assert choose_python_stacks(whole, partial) == (whole, PythonMethod.DIRECT)
+    assert choose_python_stacks(partial, whole) == (whole, PythonMethod.GDB)
+    assert choose_python_stacks(partial, broken()) == (partial, PythonMethod.DIRECT)
+    assert choose_python_stacks(partial, no_dwarf) == (partial, PythonMethod.DIRECT)
+    assert choose_python_stacks(no_dwarf, partial) == (partial, PythonMethod.GDB)
+    assert choose_python_stacks(partial, None) == (partial, PythonMethod.DIRECT)
+    assert choose_python_stacks(no_dwarf, no_dwarf) == (no_dwarf, PythonMethod.DIRECT)
+    assert choose_python_stacks(None, no_dwarf) == (no_dwarf, PythonMethod.GDB)
 
 
 def test_status_lines_say_the_reason_in_one_line():
