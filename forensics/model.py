@@ -349,6 +349,9 @@ class CoreFile:
     #: the bits of a code address that are the address: a return address AND this drops AArch64's
     #: pointer-authentication code (NT_ARM_PAC_MASK's instruction mask; without that note, the bits above 48)
     code_address_mask: int = 0xFFFF_FFFF_FFFF_FFFF
+    #: AArch64: the process authenticated its return addresses (HWCAP_PACA) and the core has no NT_ARM_PAC_MASK
+    #: (qemu-user's): libdw's stacks strip by the address width; gdb stops after the first frame
+    pac_mask_missing: bool = False
 
     def code_address(self, value: int) -> int:
         """``value`` (a return address, a saved pc) without its pointer-authentication code.

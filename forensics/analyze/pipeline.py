@@ -144,6 +144,11 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
         except GdbError as e:
             problems.append(str(e))
     gdb_native = result.native if result is not None else None
+    if gdb_native is not None and core.pac_mask_missing:
+        problems.append("gdb stops after the first frame of this AArch64 core: its process authenticated return "
+                        "addresses (HWCAP_PACA) and the core has no NT_ARM_PAC_MASK note (qemu-user writes none), so "
+                        "gdb has no mask to strip them with ('Register 69 is not available'); libdw's stacks are "
+                        "whole: --native-method libdw")
     dwarf_layout = result.layout if result is not None else None
     gdb_python = None
     if dwarf_layout is not None:

@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 _MAX_EXECFN = 4096
+_AT_HWCAP, _HWCAP_PACA = 16, 1 << 30  # AArch64: the CPU authenticates addresses (arch/arm64/include/uapi/asm/hwcap.h)
 
 
 def open_core(path: str, *, sysroot: str | None = None, exe: str | None = None) -> CoreFile:
@@ -178,6 +179,7 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
         arch=spec.arch,
         mappings_from=mappings_from,
         code_address_mask=arch.strip_code_address(spec, 0xFFFF_FFFF_FFFF_FFFF, pac_mask),
+        pac_mask_missing=bool(spec.link_register) and pac_mask is None and bool(auxv.get(_AT_HWCAP, 0) & _HWCAP_PACA),
     )
 
 

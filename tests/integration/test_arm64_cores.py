@@ -365,3 +365,19 @@ def test_without_a_sysroot_this_machines_files_of_the_same_name_are_not_used(arm
     snap = json.loads(r.stdout)["analysis"]["snapshot"]
     assert snap["core"]["libraries"] == [] and len(snap["threads"]) == 2
     assert any("neither in the core nor in its file (give --sysroot or --exe)" in p for p in snap["core"]["problems"])
+
+
+@needs_gdb
+def test_gdb_on_a_pac_core_without_the_mask_says_why_it_stops(arm64_cores):
+    """gdb-multiarch cannot strip the signed return addresses of a core with HWCAP_PACA and no NT_ARM_PAC_MASK:
+    its stacks stopped after one frame with only 'Register 69 is not available' to say why."""
+    # GIVEN qemu's core of Debian unstable's CPython under qemu's PAC CPU
+    core, sysroot = arm64_cores.core("sid", "segv"), arm64_cores.sysroot("sid")
+    # WHEN its native stacks are asked of gdb
+    r = analyze("--json", "--native-method", "gdb", "--sysroot", str(sysroot), str(core))
+    # THEN gdb's single frames are shown, and a warning says why and what unwinds it whole
+    assert r.exit_code == EXIT_OK, r.output[-2000:]
+    snap = json.loads(r.stdout)["analysis"]["snapshot"]
+    assert snap["core"]["pac_mask_missing"] is True and snap["native_method"] == "gdb"
+    assert any("no NT_ARM_PAC_MASK note" in w and "--native-method libdw" in w for w in snap["warnings"])
+    assert open_core(str(arm64_cores.core("sid", "segv", cpu=NO_PAC))).pac_mask_missing is False
