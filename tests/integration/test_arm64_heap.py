@@ -104,3 +104,69 @@ def analyze_heap(core: Path, sysroot: Path | None) -> dict:
     assert r.exit_code == EXIT_OK, r.stderr
     a = json.loads(r.stdout)["analysis"]
     return {"summary": a["heap"]["summary"], "pid": a["snapshot"]["core"]["pid"]}
+
+
+TLS_PROBE = r"""
+import ctypes, sys, threading, time
+lib = ctypes.CDLL(sys.argv[1])
+ready = threading.Event()
+def worker():
+    keep = [bytes(20000) for _ in range(8)]  # malloc() in this thread: its tcache and its arena
+    ready.set()
+    time.sleep(120)
+t = threading.Thread(target=worker, daemon=True)
+t.start()
+ready.wait()
+with open(sys.argv[2], "w") as f:
+    f.write(f"{threading.get_native_id()} {threading.main_thread().ident} {t.native_id} {t.ident}\n")
+lib.forensics_heap_overflow(0)
+"""
+
+
+def test_tcaches_above_the_thread_pointer(arm64_cores, tmp_path):
+    """TLS variant I read on a real arm64 core: qemu-user writes no NT_ARM_TLS, so each thread's pointer is put
+    in from what the guest's Python said (pthread_self() is the struct pthread below the thread pointer:
+    TPIDR_EL0 = pthread_self() + sizeof(struct pthread), its size from the arm64 libc6-dbg, by gdb-multiarch)."""
+    import dataclasses
+    import shutil
+    import subprocess
+
+    from forensics.core import open_core
+    from forensics.heap import read_heap
+    from tests.arm64 import QEMU_IN_ROOT, analysis_sysroot, build_guest_libcrash, guest_python
+    from tests.crashers.make_core import crash_for_core
+
+    if shutil.which("gdb-multiarch") is None:
+        pytest.skip("no gdb-multiarch (the oracle of sizeof(struct pthread))")
+    root = arm64_cores.root("bookworm")
+    lib = build_guest_libcrash(tmp_path)
+    probe, said = tmp_path / "probe.py", tmp_path / "run" / "threads.txt"
+    probe.write_text(TLS_PROBE)
+    (tmp_path / "run").mkdir()
+    qemu = Path(shutil.which("qemu-aarch64-static") or "qemu-aarch64-static")
+    core_path = crash_for_core([QEMU_IN_ROOT, guest_python("bookworm"), str(probe), str(lib), str(said)],
+                               tmp_path / "run", root=root, binds=(probe, lib), tools=((qemu, QEMU_IN_ROOT),),
+                               guest=True, timeout=180, outputs=("threads.txt",))
+    sysroot = analysis_sysroot(root, tmp_path / "sysroot", [lib])
+    libc_debug = [p for p in (root / "usr" / "lib" / "debug" / ".build-id").glob("*/*.debug")
+                  if b"main_arena" in p.read_bytes()]
+    assert libc_debug
+    out = subprocess.run(["gdb-multiarch", "-nx", "-batch", "-ex", "print sizeof(struct pthread)",
+                          str(libc_debug[0])], capture_output=True, text=True, timeout=120).stdout
+    pthread_size = int(out.rsplit("=", 1)[1])
+    main_tid, main_self, worker_tid, worker_self = map(int, said.read_text().split())
+    # GIVEN the core's threads with their thread pointers (the note qemu-user does not write)
+    core = open_core(str(core_path), sysroot=str(sysroot))
+    tps = {main_tid: main_self + pthread_size, worker_tid: worker_self + pthread_size}
+    assert set(tps) == {t.tid for t in core.threads}
+    with_tp = dataclasses.replace(core, threads=tuple(dataclasses.replace(t, fs_base=tps[t.tid]) for t in core.threads))
+    # WHEN the heap's tcaches are read
+    found = {t.tid: t for t in read_heap(with_tp, sysroot=str(sysroot), corruption=False, summary=True).summary.tcaches}
+    guessed = {t.tid: t for t in read_heap(core, sysroot=str(sysroot), corruption=False, summary=True).summary.tcaches}
+    # THEN each is found in libc's TLS block above the thread pointer, at the offset of the tcache symbol
+    for tid in tps:
+        assert found[tid].address is not None and "thread pointer+0x" in found[tid].found_by, found[tid]
+    # the main thread's is the one read without the thread pointer; the worker's lies in its own thread arena
+    assert found[main_tid].address == guessed[main_tid].address
+    assert found[worker_tid].arena is not None and found[worker_tid].arena != found[main_tid].arena
+    assert guessed[worker_tid].address is None
