@@ -807,3 +807,20 @@ def test_the_pending_bytes_bound_gives_up_the_oldest_and_says_so(kernel_cores, l
     again = Shipper(shipper.cfg, "gpu-3")
     again.ship_next(reader.index)
     assert dict(again.stats.dropped) == {"queue-count": 0, "queue-bytes": 2} and again.stats.pending == 3
+
+
+def test_fleet_bundles_of_a_prefix_without_bundles_is_one_line(s3, tmp_path):
+    # GIVEN a bucket holding an object that is no bundle's record
+    bucket = s3.make_bucket("fleet-no-bundles")
+    s3.client().put_object(Bucket=bucket, Key="fleet/notes.txt", Body=b"not a bundle")
+    pods = {"kind": "List", "items": [{"kind": "Pod", "metadata": {"name": "p", "namespace": "n", "uid": "u"},
+                                       "spec": {"nodeName": "gpu-3"}, "status": {}}]}
+    nodes = {"kind": "List", "items": [{"kind": "Node", "metadata": {"name": "gpu-3", "labels": {}}}]}
+    (tmp_path / "pods.json").write_text(json.dumps(pods))
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))
+    # WHEN fleet is asked to read the bundles under its prefix
+    r = forensics("fleet", "--from", str(tmp_path / "pods.json"), "--nodes", str(tmp_path / "nodes.json"),
+                  "--bundles", f"s3://{bucket}/fleet", env=s3.env(HOME=str(tmp_path)))
+    # THEN one error line says there is none (exit 1)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"s3://{bucket}/fleet" in r.stderr and "no bundle (UPLOAD.json) at or under it" in r.stderr, r.stderr
