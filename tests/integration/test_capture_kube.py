@@ -161,8 +161,11 @@ def test_capture_pod_end_to_end(cluster, pod_process, tmp_path):
     assert "earlier crashes recorded by the node's core handler for this pod: 2" in r3.output
 
 
-def test_capture_pod_says_the_core_will_not_survive_and_exits_4(cluster, tmp_path):
-    """#20.2: capture --pod printed the pod and "Wrote ...", never the agent's verdict, never exit 4."""
+def test_capture_pod_says_the_core_will_not_survive_and_exits_4(cluster, tmp_path, core_pattern):
+    """#20.2: capture --pod printed the pod and "Wrote ...", never the agent's verdict, never exit 4.
+
+    The verdict reads kernel.core_pattern (``core``: the core goes to the read-only cwd): the session's
+    share of the machine-wide lock keeps another session from pointing it at a handler meanwhile."""
     from tests.helpers import tmpfs
 
     standin, kubeconfig = cluster
