@@ -203,21 +203,23 @@ def _file_offset(mem, addr) -> int:
     return seg.offset + addr - seg.vaddr
 
 
-def test_a_link_map_that_loops_is_cut_where_it_comes_back(arm64_cores, tmp_path):
-    # GIVEN qemu's core whose third link_map entry's l_next points back at the first
+@pytest.mark.parametrize("target", ["first", "outside"], ids=["l_next=the first entry", "l_next=outside the core"])
+def test_a_link_map_that_loops_or_leaves_the_core_is_cut_there(arm64_cores, tmp_path, target):
+    # GIVEN qemu's core whose third link_map entry's l_next points back at the first, or at no memory of the core
     src = arm64_cores.core("bookworm", "segv", cpu=NO_PAC)
     sysroot = arm64_cores.sysroot("bookworm")
     nodes, mem = _link_map_nodes(src, sysroot)
     assert len(nodes) > 4
-    core = _copy_patched(src, tmp_path / "core", [(_file_offset(mem, nodes[2] + 24), struct.pack("<Q", nodes[0]))])
+    to = nodes[0] if target == "first" else 0x7EAD_BEEF_0000
+    core = _copy_patched(src, tmp_path / "core", [(_file_offset(mem, nodes[2] + 24), struct.pack("<Q", to))])
     # WHEN it is analysed
     r = analyze("--json", "--sysroot", str(sysroot), core)
-    # THEN the walk stops where the list comes back: the objects before are named, the result is partial and
-    # says why
+    # THEN the walk stops there: the objects before are named, the result is partial and says why
     assert r.exit_code == EXIT_PARTIAL and "internal error" not in r.stderr, r.stderr[-2000:]
     snap = json.loads(r.stdout)["analysis"]["snapshot"]
-    assert any(f"the link_map list loops back to {nodes[0]:#x} after 3 objects" in p
-               for p in snap["core"]["problems"]), snap["core"]["problems"]
+    said = (f"the link_map list loops back to {to:#x} after 3 objects" if target == "first" else
+            f"link_map entry 3 ({to:#x}) is not in the core: the list ends there")
+    assert any(said in p for p in snap["core"]["problems"]), snap["core"]["problems"]
     assert 1 <= len(snap["core"]["libraries"]) <= 3 and snap["threads"]
 
 
