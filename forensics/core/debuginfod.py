@@ -9,14 +9,17 @@ the heap reader, the Python walker) gets what a server has.
 Bounded as libdebuginfod bounds it, with the same variables: ``DEBUGINFOD_TIMEOUT`` seconds to connect
 and between bytes (default 10), ``DEBUGINFOD_MAXTIME`` seconds for one file (default 120),
 ``DEBUGINFOD_MAXSIZE`` bytes of one file (default 2 GiB; a larger one is refused); 1 GiB stays free in the
-cache.  A file is kept (``CACHE/debuginfod/BUILDID/debuginfo``, mode 0600, written to a temporary name
-and renamed) only when its own build-id note is the one asked for; a build-id no server has is not asked
-again by this process.
+cache.  A file is kept (``CACHE/debuginfod/BUILDID/debuginfo``, mode 0600, written to a temporary file of
+its own and renamed) only when its own build-id note is the one asked for; a build-id no server has is not
+asked again by this process.  One fetch at a time in a process: the libdw unwinder (in a thread of its own)
+and the Python reader ask for the executable's debug file at the same moment, and the second then finds the
+first's file.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 
 from forensics.cache import cache_path
@@ -32,6 +35,7 @@ _FREE_RESERVE = 1 << 30
 _CHUNK = 1 << 20
 _HEX = frozenset("0123456789abcdef")
 _missed: set[str] = set()  # build-ids no server had, in this process
+_fetching = threading.Lock()  # one fetch at a time in this process
 
 
 def debuginfod_urls() -> list[str]:
@@ -64,6 +68,11 @@ def fetch_debuginfo(build_id: str) -> str | None:
     urls = debuginfod_urls()
     if not urls:
         return None
+    with _fetching:
+        return None if build_id in _missed else _fetch(build_id, urls)
+
+
+def _fetch(build_id: str, urls: list[str]) -> str | None:
     entry = cache_path("debuginfod", build_id)
     dest = os.path.join(entry, "debuginfo")
     if os.path.isfile(dest) and read_build_id_from_file(dest) == build_id:
@@ -91,7 +100,7 @@ def _download(url: str, dest: str) -> bool:
     timeout = _env_number("DEBUGINFOD_TIMEOUT", DEFAULT_TIMEOUT)
     maxtime = _env_number("DEBUGINFOD_MAXTIME", DEFAULT_MAXTIME)
     maxsize = int(_env_number("DEBUGINFOD_MAXSIZE", DEFAULT_MAXSIZE))
-    tmp = f"{dest}.tmp{os.getpid()}"
+    tmp = None
     started = time.monotonic()
     try:
         st = os.statvfs(os.path.dirname(dest))
@@ -101,7 +110,9 @@ def _download(url: str, dest: str) -> bool:
             said = resp.headers.get("Content-Length")
             if said is not None and said.isdigit() and int(said) > room:
                 return False
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            import tempfile
+
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".debuginfo.", suffix=".tmp")  # 0600
             n = 0
             with os.fdopen(fd, "wb") as out:
                 while chunk := resp.read(_CHUNK):
@@ -113,6 +124,7 @@ def _download(url: str, dest: str) -> bool:
         return True
     # HTTPError (404) is a URLError, a timeout an OSError, a cut transfer an HTTPException
     except (OSError, ValueError, urllib.error.URLError, http.client.HTTPException):
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:  # ours only: never another fetch's file
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         return False
