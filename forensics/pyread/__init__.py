@@ -111,7 +111,9 @@ def find_interpreter(core: CoreFile, mem, *, sysroot: str | None = None,
         binary = find_runtime_in_memory(core, mem, page=mem.layout.page_size if mem.layout else 4096)
         in_memory = _files_problem(core) or "no file's symbol table gave it"
     if binary is None:
-        pythonish = any("python" in lib.name for lib in core.libraries)
+        # an AArch64 core without NT_FILE read without its sysroot names no object: its executable still says
+        pythonish = (any("python" in lib.name for lib in core.libraries)
+                     or "python" in (core.executable or "").rsplit("/", 1)[-1])
         if not pythonish:
             return PythonStacks(status=PythonStatus.NOT_PYTHON, detail=_NOT_CPYTHON)
         return PythonStacks(status=PythonStatus.NO_RUNTIME, detail=(

@@ -367,6 +367,8 @@ def test_without_a_sysroot_this_machines_files_of_the_same_name_are_not_used(arm
     snap = json.loads(r.stdout)["analysis"]["snapshot"]
     assert snap["core"]["libraries"] == [] and len(snap["threads"]) == 2
     assert any("neither in the core nor in its file (give --sysroot or --exe)" in p for p in snap["core"]["problems"])
+    # and the Python stacks are said missing for want of the files, not "not a Python process" (it was)
+    assert snap["python_status"] == "no-runtime" and "pass --sysroot" in snap["python_stack_status"]
 
 
 @needs_gdb
