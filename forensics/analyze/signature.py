@@ -76,7 +76,7 @@ def describe_location(py_frames: tuple[PyFrame, ...] | None, native: tuple[Nativ
 
 def _unwound(t: Thread) -> bool:
     """Whether an unwinder made the thread's native frames (not just its program counter)."""
-    return getattr(t, "native_method", None) not in (None, Unwinder.REGISTERS) or len(t.native_frames) > 1
+    return t.native_method not in (None, Unwinder.REGISTERS) or len(t.native_frames) > 1
 
 
 def _fault(signal_name: str | None, abort_message: str | None, address: int | None, kind) -> list[str]:
