@@ -121,7 +121,8 @@ def agent_image(version: str) -> str:
 def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, host_prefix: str,
                   bounds: dict[str, int | None] | None = None, scrape: str = "annotations",
                   metrics_port: int = METRICS_PORT, analysis_timeout: int = 300,
-                  analysis_memory: int = 1 << 30, upload: AgentUpload | None = None,
+                  analysis_memory: int = 1 << 30, analysis_output_max: int = 256 << 20,
+                  upload: AgentUpload | None = None,
                   service_account_annotations: dict[str, str] | None = None) -> list[dict]:
     """Every object the node agent needs, in apply order.
 
@@ -131,6 +132,8 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
         or ``none``
     :param analysis_memory: bytes one on-node analysis may use (its address space); the container's
         memory limit leaves room above it for the agent itself
+    :param analysis_output_max: bytes one on-node analysis may print into its bundle (``agent serve
+        --analysis-output-max``; written out, agent serve's default 256M)
     :param upload: each analyzed crash's bundle into a bucket (``agent serve --upload``); None: none
     :param service_account_annotations: on the ServiceAccount (a web identity: EKS's role-arn, GKE's
         workload identity)
@@ -145,7 +148,8 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
             install += [f"--{name.replace('_', '-')}", str(int(v))]
     serve = [handler, "agent", "serve", "--core-dir", core_dir, "--metrics-port", str(metrics_port),
              "--metrics-address", "$(POD_IP)", "--node-name", "$(NODE_NAME)", "--analysis-timeout",
-             str(analysis_timeout), "--analysis-memory", str(analysis_memory)]
+             str(analysis_timeout), "--analysis-memory", str(analysis_memory), "--analysis-output-max",
+             str(analysis_output_max)]
     if upload is not None:
         serve += upload.serve_args()
     shell = " ".join(_sh(a) for a in install) + " && exec " + " ".join(_sh(a) for a in serve)

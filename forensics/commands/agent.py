@@ -43,6 +43,8 @@ def agent():
               help="Seconds one on-node analysis may take.")
 @click.option("--analysis-memory", type=SIZE, default="1G", show_default=True,
               help="Memory one on-node analysis may use (the container's limit is this plus 512Mi).")
+@click.option("--analysis-output-max", type=SIZE, default="256M", show_default=True,
+              help="Bytes one on-node analysis may print into its bundle (agent serve's bound).")
 @click.option("--upload", "upload_url", default=None, metavar="s3://BUCKET/PREFIX",
               help="agent serve --upload: each analyzed crash's bundle into this bucket.")
 @click.option("--upload-keep", is_flag=True, help="With --upload: keep the whole bundle on the node too.")
@@ -63,9 +65,9 @@ def agent():
               help="An annotation on the agent's ServiceAccount (a web identity: eks.amazonaws.com/role-arn=ARN).")
 @json_option
 def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_size, budget, min_free, loop_limit,
-                   scrape, metrics_port, analysis_timeout, analysis_memory, upload_url, upload_keep, cluster,
-                   upload_max_bandwidth, upload_concurrency, upload_max_pending, upload_max_pending_bytes,
-                   upload_secret, endpoint_url, region, sa_annotations, as_json):
+                   scrape, metrics_port, analysis_timeout, analysis_memory, analysis_output_max, upload_url,
+                   upload_keep, cluster, upload_max_bandwidth, upload_concurrency, upload_max_pending,
+                   upload_max_pending_bytes, upload_secret, endpoint_url, region, sa_annotations, as_json):
     """Print the node agent's objects: Namespace, ServiceAccount and RBAC, the DaemonSet (core handler with its
     disk bounds, on-node analysis, metrics port), and a PodMonitor on request.
 
@@ -97,7 +99,7 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
     objects = agent_objects(core_dir=core_dir, image=image or agent_image(__version__), namespace=namespace,
                             gpu_label=gpu_label, host_prefix=host_prefix, bounds=bounds, scrape=scrape,
                             metrics_port=metrics_port, analysis_timeout=analysis_timeout,
-                            analysis_memory=analysis_memory, upload=upload,
+                            analysis_memory=analysis_memory, analysis_output_max=analysis_output_max, upload=upload,
                             service_account_annotations=dict(a.partition("=")[::2] for a in sa_annotations))
     if as_json:
         from ..output import json_document

@@ -93,12 +93,14 @@ SETTINGS = {
         {"image": {"repository": "registry.example/fa", "tag": "9.9"}, "coreDir": "/data/crash cores/'x'",
          "hostPrefix": "/opt/fx", "handler": {"maxCoreSize": 4 * GiB, "budget": 50 * GiB, "minFree": 2 * GiB,
                                              "loopLimit": 3},
-         "analysis": {"timeout": 600, "memory": 2 * GiB}, "metrics": {"port": 9999, "scrape": "podmonitor"},
+         "analysis": {"timeout": 600, "memory": 2 * GiB, "outputMax": 64 << 20},
+         "metrics": {"port": 9999, "scrape": "podmonitor"},
          # helm merges maps with the defaults: null removes the default key
          "nodeSelector": {"node.kubernetes.io/instance-type": "p4d.24xlarge", "nvidia.com/gpu.present": None}},
         {"image": "registry.example/fa:9.9", "core_dir": "/data/crash cores/'x'", "host_prefix": "/opt/fx",
          "bounds": {"max_core_size": 4 * GiB, "budget": 50 * GiB, "min_free": 2 * GiB, "loop_limit": 3},
-         "analysis_timeout": 600, "analysis_memory": 2 * GiB, "metrics_port": 9999, "scrape": "podmonitor",
+         "analysis_timeout": 600, "analysis_memory": 2 * GiB, "analysis_output_max": 64 << 20, "metrics_port": 9999,
+         "scrape": "podmonitor",
          "gpu_label": "node.kubernetes.io/instance-type=p4d.24xlarge"}),
     "upload": (
         {"upload": {"url": "s3://crash-bundles/gpu", "cluster": "prod-eu", "keep": True, "maxBandwidth": 10 << 20,

@@ -75,7 +75,7 @@ def test_the_container_runs_commands_forensics_accepts():
     from forensics.commands.agent import agent
     from forensics.commands.capture import capture
 
-    objects = {o["kind"]: o for o in _objects("--budget", "50G", "--loop-limit", "3")}
+    objects = {o["kind"]: o for o in _objects("--budget", "50G", "--loop-limit", "3", "--analysis-output-max", "64M")}
     (agent_c,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
     install, serve = agent_c["command"][2].split(" && exec ")
     argv = shlex.split(install)
@@ -88,6 +88,11 @@ def test_the_container_runs_commands_forensics_accepts():
     sub = agent.get_command(ctx, "serve")
     sctx = sub.make_context("serve", sargv[3:])
     assert sctx.params["metrics_port"] == 9847 and sctx.params["node_name"] == "$(NODE_NAME)"
+    assert sctx.params["analysis_output_max"] == 64 << 20
+    # agent serve's default, written out when not asked for
+    (agent_c,) = {o["kind"]: o for o in _objects()}["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    sargv = shlex.split(agent_c["command"][2].split(" && exec ")[1])
+    assert sargv[sargv.index("--analysis-output-max") + 1] == str(256 << 20)
     assert agent_c["lifecycle"]["preStop"]["exec"]["command"][1:3] == ["capture", "--uninstall-handler"]
 
 

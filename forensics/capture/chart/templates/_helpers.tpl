@@ -42,7 +42,8 @@ kubelet's expansion. */}}
 {{- end -}}
 {{- $serve := list $handler "agent" "serve" "--core-dir" $v.coreDir "--metrics-port" (toString (int64 $v.metrics.port))
       "--metrics-address" "$(POD_IP)" "--node-name" "$(NODE_NAME)"
-      "--analysis-timeout" (toString (int64 $v.analysis.timeout)) "--analysis-memory" (toString (int64 $v.analysis.memory)) -}}
+      "--analysis-timeout" (toString (int64 $v.analysis.timeout)) "--analysis-memory" (toString (int64 $v.analysis.memory))
+      "--analysis-output-max" (toString (int64 $v.analysis.outputMax)) -}}
 {{- with $v.upload -}}
 {{- if .url -}}
 {{- $serve = concat $serve (list "--upload" .url "--cluster" .cluster "--upload-max-bandwidth" (toString (int64 .maxBandwidth))
