@@ -216,7 +216,10 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
             "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
             "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)},
             "spec": {"selector": {"matchLabels": dict(_LABELS)},
-                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}]},
+                     # honorLabels (as kube-state-metrics' own monitor): a crash's namespace/pod/container are the
+                     # crashed pod's, never renamed exported_* by the agent pod's target labels
+                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s",
+                                              "honorLabels": True}]},
         })
     return objects
 

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from forensics.capture.manifests import agent_objects
 from forensics.capture.metricsserver import MetricsServer
 from tests.integration.test_agent_alerts import FP_NEW, FP_OLD, RULES, agent_registry, crash_entry, old_agent
 from tests.integration.test_fleet_prometheus import Prometheus
@@ -37,17 +38,28 @@ def test_dashboard_is_well_formed():
     assert set(variables) <= GRAFANA_VARS.keys()
 
 
+def _monitor_honors_labels() -> bool:
+    """Whether `agent manifest --scrape podmonitor`'s PodMonitor (the chart's, equal to it: test_helm_chart.py) keeps
+    the agent's labels over its target's (honorLabels): how this test's Prometheus scrapes gpu-a's agent."""
+    (pm,) = [o for o in agent_objects(core_dir="/c", image="i", namespace="forensics", gpu_label="k=v",
+                                      host_prefix="/opt/forensics", scrape="podmonitor") if o["kind"] == "PodMonitor"]
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    return endpoint.get("honorLabels", False)
+
+
 @pytest.fixture
 def prometheus(tmp_path):
-    # GIVEN gpu-a (an H20 node) with two fingerprints and gpu-b (no node labels) with one, served as the agent serves
+    # GIVEN gpu-a (an H20 node) with two fingerprints and gpu-b (no node labels) with one, served as the agent serves;
+    # gpu-a's third crash a host process's (no pod)
     gpu_a = agent_registry(str(tmp_path), "gpu-a", [crash_entry(), crash_entry(id="c2", fingerprint=FP_NEW),
-                                                    crash_entry(id="c3")])
+                                                    crash_entry(id="c3", namespace=None, pod=None, container=None)])
     gpu_b = agent_registry(str(tmp_path), "gpu-b", [crash_entry(not_kept=(), analysis="done", analysis_failure=None)])
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-    # gpu-a's agent as this one serves it, scraped as service discovery scrapes a pod (its target has a `node` label,
-    # honor_labels false); gpu-b's as an agent from before the rename served it (its node in `node`), scraped with
-    # honor_labels as before: a rollout's fleet of old and new agents
+    # gpu-a's agent as this one serves it, scraped as the chart's PodMonitor scrapes a pod: its target has the
+    # `namespace`, `pod`, `container` prometheus-operator gives it and the `node` service discovery's relabelling adds,
+    # honor_labels as the PodMonitor says; gpu-b's as an agent from before the rename served it (its node in `node`),
+    # scraped with honor_labels as before: a rollout's fleet of old and new agents
     old = "\n".join(old_agent(x) if "forensics_node=" in x else x for x in generate_latest(gpu_b).decode().split("\n"))
     servers = [MetricsServer("127.0.0.1", 0, lambda: generate_latest(gpu_a), content_type=CONTENT_TYPE_LATEST),
                MetricsServer("127.0.0.1", 0, old.encode, content_type=CONTENT_TYPE_LATEST),
@@ -58,8 +70,9 @@ def prometheus(tmp_path):
     prom = Prometheus(tmp_path, {"forensics-agent": [new_agent],
                                  "forensics-agent-old": [f"127.0.0.1:{servers[1].port}"],
                                  "kube-state-metrics": [f"127.0.0.1:{servers[2].port}"]}, rule_files=(str(RULES),),
-                      discovered=("forensics-agent",),
-                      target_labels={new_agent: {"node": "gpu-a", "namespace": "forensics", "pod": "agent-x"}})
+                      discovered=() if _monitor_honors_labels() else ("forensics-agent",),
+                      target_labels={new_agent: {"node": "gpu-a", "namespace": "forensics", "pod": "agent-x",
+                                                 "container": "agent"}})
     try:
         prom.wait_for("count(forensics:node_group:info)", 2)
         prom.wait_for("count(forensics:crashes:rate15m_by_node_group)", 2)  # the H20 group and the unlabelled one
@@ -72,11 +85,29 @@ def prometheus(tmp_path):
 
 
 def test_the_agents_node_label_is_not_renamed_by_service_discovery(prometheus):
-    # GIVEN the new agent scraped with its target's `node` label (service discovery's), honor_labels false
+    # GIVEN the new agent scraped with its target's `node` label (service discovery's)
     # THEN no agent series was stored with exported_node: the agent's node is forensics_node, the target's is node
     assert prometheus.query('count({__name__=~"forensics_.+", exported_node!=""})') == []
     handler = prometheus.query('forensics_handler_installed{job="forensics-agent"}')
     assert [(r["metric"]["node"], r["metric"]["forensics_node"]) for r in handler] == [("gpu-a", "gpu-a")]
+
+
+def test_a_crash_keeps_the_crashed_pods_labels_over_the_agent_pods(prometheus):
+    # GIVEN gpu-a's agent scraped as the PodMonitor scrapes it, its target labelled with the agent pod's namespace,
+    # pod and container
+    # THEN a crash's series says the crashed pod's: namespace, pod, container as the agent exports them, none stored
+    # as exported_* (as they were without honorLabels, with the agent pod's in their place)
+    exported = '{__name__=~"forensics_.+", exported_namespace!=""} or {__name__=~"forensics_.+", exported_pod!=""}'
+    assert prometheus.query(f'count({exported} or {{__name__=~"forensics_.+", exported_container!=""}})') == []
+    crashes = {(r["metric"]["fingerprint"], r["metric"].get("namespace"), r["metric"].get("pod"),
+                r["metric"].get("container")): float(r["value"][1])
+               for r in prometheus.query('forensics_crashes_total{job="forensics-agent"}')}
+    # the host process's crash has no pod: it is not put on the agent's pod either
+    assert crashes == {(FP_OLD, "ml", "exporter-0", "exporter"): 1, (FP_NEW, "ml", "exporter-0", "exporter"): 1,
+                       (FP_OLD, None, None, None): 1}
+    # and a series of the agent's own (no pod of its own) locates the agent: its target's labels
+    (handler,) = prometheus.query('forensics_handler_installed{job="forensics-agent"}')
+    assert (handler["metric"]["namespace"], handler["metric"]["pod"]) == ("forensics", "agent-x")
 
 
 def test_every_panel_query_answers_on_the_agents_series(prometheus):

@@ -71,6 +71,11 @@ def test_rendered_objects_validate_against_the_kubernetes_schemas(helm, tmp_path
     for obj in objects:
         if obj["kind"] not in CRDS:
             kubernetes_validate.validate(obj, version, strict=True)  # raises ValidationError
+    # the monitors keep the agent's labels (a crash's namespace/pod/container: test_agent_dashboard.py)
+    for obj in objects:
+        if obj["kind"] in ("PodMonitor", "ServiceMonitor"):
+            endpoints = obj["spec"].get("podMetricsEndpoints") or obj["spec"]["endpoints"]
+            assert [e["honorLabels"] for e in endpoints] == [True], obj["kind"]
     kinds = sorted(o["kind"] for o in objects)
     extra = {"podmonitor": ["PodMonitor"], "servicemonitor": ["Service", "ServiceMonitor"]}.get(scrape, [])
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "PrometheusRule",

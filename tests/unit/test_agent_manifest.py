@@ -63,6 +63,7 @@ def test_rbac_metrics_port_and_resources():
     assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
     (ep,) = pm["spec"]["podMetricsEndpoints"]
     assert ep["port"] == "metrics" and ep["path"] == "/metrics"
+    assert ep["honorLabels"] is True  # a crash's namespace/pod/container over the agent pod's target labels
     assert re.fullmatch(r"(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)",
                         ep["interval"])
     annotated = {o["kind"]: o for o in _objects("--scrape", "annotations")}
