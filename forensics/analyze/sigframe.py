@@ -307,35 +307,20 @@ def parse_signal_frame(core: CoreFile, raw: bytes, address: int,
                        alternate_stack=on_alt)
 
 
-_SI_CODES = frozenset({0, 0x80, -1, -2, -3, -4, -5, -6, -7})  # SI_USER, SI_KERNEL, SI_QUEUE ... SI_DETHREAD
-_MAX_PID = 1 << 22  # PID_MAX_LIMIT on 64-bit
+def _siginfo(core: CoreFile, raw: bytes, trapno: int) -> tuple[SigInfo | None, str]:
+    """The frame's siginfo slot (:func:`.sigframe_aarch64.parse_siginfo_slot`), a fault's signal agreeing with
+    the CPU's trap number in the frame's registers (else stale stack bytes, not a siginfo) and its address a
+    user-space one."""
+    def agrees(info: SigInfo) -> bool:
+        if info.signo in _TRAPS_OF and trapno not in _TRAPS_OF[info.signo]:
+            return False  # a fault the CPU did not raise
+        return not (info.addr is not None and info.signo == _SIGSEGV and core.find_mapping(info.addr) is None
+                    and info.addr >= (1 << 47))  # not a user-space address
 
-
-def _siginfo(core: CoreFile, raw: bytes, trapno: int | None = None) -> tuple[SigInfo | None, str]:
-    """The siginfo slot when it reads as one the kernel wrote (plausible signal, code, sender; a fault's
-    signal agreeing with the CPU's trap number in the frame's registers), else None."""
-    try:
-        info = elf.parse_siginfo(raw)
-    except ValueError:
-        return None, "unknown"
-    if not 1 <= info.signo <= 64 or info.errno:
-        return None, "unknown"
-    if info.code in _SI_CODES:
-        if info.sender_pid is not None and not 0 < info.sender_pid < _MAX_PID:
-            return None, "unknown"
-        return info, "siginfo"
-    if 1 <= info.code <= 16 and info.signo in _FAULT_CODES_FOR:
-        if trapno is not None and info.signo in _TRAPS_OF and trapno not in _TRAPS_OF[info.signo]:
-            return None, "unknown"  # a fault the CPU did not raise: stale stack bytes, not a siginfo
-        if info.addr is not None and info.signo == _SIGSEGV and core.find_mapping(info.addr) is None \
-                and info.addr >= (1 << 47):
-            return None, "unknown"  # not a user-space address
-        return info, "siginfo"
-    return None, "unknown"
+    return a64.parse_siginfo_slot(raw, agrees)
 
 
 _SIGILL, _SIGTRAP, _SIGABRT, _SIGBUS, _SIGFPE, _SIGSEGV = 4, 5, 6, 7, 8, 11
-_FAULT_CODES_FOR = frozenset({_SIGILL, _SIGTRAP, _SIGBUS, _SIGFPE, _SIGSEGV, 17, 29, 31})  # + SIGCHLD, SIGPOLL, SIGSYS
 _TRAPS = {0: (_SIGFPE, 1), 6: (_SIGILL, 2), 13: (_SIGSEGV, 0x80), 17: (_SIGBUS, 1), 3: (_SIGTRAP, 1)}
 _SYSCALL = b"\x0f\x05"
 #: the x86 trap numbers each fault signal comes from (sigcontext's trapno): #DE, x87 #MF, SIMD #XM for

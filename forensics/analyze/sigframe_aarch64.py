@@ -38,6 +38,7 @@ __all__ = [
     "ESR_MAGIC",
     "FRAME_SIZE",
     "parse_signal_frame",
+    "parse_siginfo_slot",
     "signal_from_registers",
     "find_trampolines",
     "scan_signal_frames",
@@ -67,9 +68,10 @@ _SVC0 = bytes.fromhex("010000d4")
 #: AArch64 syscall numbers of the calls that send a signal: kill(pid, sig), tkill(tid, sig), tgkill(tgid, tid, sig)
 _KILL, _TKILL, _TGKILL = 129, 130, 131
 _SIGILL, _SIGTRAP, _SIGBUS, _SIGFPE, _SIGSEGV = 4, 5, 7, 8, 11
-_FAULT_SIGNALS = frozenset({_SIGILL, _SIGTRAP, _SIGBUS, _SIGFPE, _SIGSEGV})
-_SI_CODES = frozenset({0, 0x80, -1, -2, -3, -4, -5, -6, -7})
-_MAX_PID = 1 << 22
+_SI_CODES = frozenset({0, 0x80, -1, -2, -3, -4, -5, -6, -7})  # SI_USER, SI_KERNEL, SI_QUEUE ... SI_DETHREAD
+_MAX_PID = 1 << 22  # PID_MAX_LIMIT on 64-bit
+#: the signals whose codes 1-16 are a fault's (or SIGCHLD's, SIGPOLL's, SIGSYS's), not a sender's
+_FAULT_CODES_FOR = frozenset({_SIGILL, _SIGTRAP, _SIGBUS, _SIGFPE, _SIGSEGV, 17, 29, 31})
 _MAX_RECORDS = 32
 _TAG_MASK = (1 << 56) - 1  # the fault address register keeps a pointer's top-byte tag; si_addr does not
 MAX_TEXT = 64 << 10  # bytes of one executable mapping searched for the trampoline (the vDSO is a few pages)
@@ -132,7 +134,7 @@ def parse_signal_frame(core: CoreFile, raw: bytes, address: int, trampoline: int
         return None
     esr = _esr(raw)
     sent = _self_signal(core, regs, text)
-    info, source = _siginfo(core, raw[:128], fault_address)
+    info, source = _siginfo(raw[:128], fault_address)
     if sent is not None and (info is None or info.signo != sent.signo):
         info, source = sent, "registers"
     elif info is None:
@@ -157,9 +159,22 @@ def _esr(raw: bytes) -> int | None:
     return None
 
 
-def _siginfo(core: CoreFile, raw: bytes, fault_address: int) -> tuple[SigInfo | None, str]:
-    """The siginfo slot when it reads as one the kernel wrote, else None.  A fault's si_addr must be the
-    frame's fault_address (the kernel writes both from the same fault): stale stack bytes rarely agree."""
+def parse_siginfo_slot(raw: bytes, fault_agrees: Callable[[SigInfo], bool]) -> tuple[SigInfo | None, str]:
+    """A signal frame's siginfo slot, x86-64's or AArch64's (the same ``siginfo_t``; :mod:`.sigframe` uses
+    this one, below it), when it reads as one the kernel wrote: a plausible signal, code and sender, and for a
+    fault's code one that ``fault_agrees`` with the frame's own record of the fault (x86-64: the CPU's trap
+    number; AArch64: fault_address).  The kernel writes the slot only for an ``SA_SIGINFO`` handler; for any
+    other it holds stale stack bytes, which read as a plausible siginfo often enough.
+
+    :param raw: the slot's bytes (128: ``sizeof(siginfo_t)``)
+    :param fault_agrees: whether a fault's siginfo (code 1-16 of SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV,
+        SIGCHLD, SIGPOLL or SIGSYS) is the fault the frame's registers describe
+    :return: (the siginfo, ``"siginfo"``), or (None, ``"unknown"``) when the slot is not one
+
+    >>> slot = struct.pack("<iiiiQ", 11, 0, 1, 0, 0x10).ljust(128, b"\\0")  # SIGSEGV, SEGV_MAPERR at 0x10
+    >>> parse_siginfo_slot(slot, lambda info: True)[1], parse_siginfo_slot(slot, lambda info: False)[1]
+    ('siginfo', 'unknown')
+    """
     try:
         info = elf.parse_siginfo(raw)
     except ValueError:
@@ -170,12 +185,19 @@ def _siginfo(core: CoreFile, raw: bytes, fault_address: int) -> tuple[SigInfo | 
         if info.sender_pid is not None and not 0 < info.sender_pid < _MAX_PID:
             return None, "unknown"
         return info, "siginfo"
-    if 1 <= info.code <= 16 and info.signo in _FAULT_SIGNALS | {17, 29, 31}:
-        if info.signo in (_SIGSEGV, _SIGBUS) and info.addr is not None and fault_address \
-                and fault_address & _TAG_MASK != info.addr & _TAG_MASK:
-            return None, "unknown"
+    if 1 <= info.code <= 16 and info.signo in _FAULT_CODES_FOR and fault_agrees(info):
         return info, "siginfo"
     return None, "unknown"
+
+
+def _siginfo(raw: bytes, fault_address: int) -> tuple[SigInfo | None, str]:
+    """The frame's siginfo slot (:func:`parse_siginfo_slot`).  A fault's si_addr must be the frame's
+    fault_address (the kernel writes both from the same fault): stale stack bytes rarely agree."""
+    def agrees(info: SigInfo) -> bool:
+        return not (info.signo in (_SIGSEGV, _SIGBUS) and info.addr is not None and fault_address
+                    and fault_address & _TAG_MASK != info.addr & _TAG_MASK)
+
+    return parse_siginfo_slot(raw, agrees)
 
 
 def signal_from_registers(core: CoreFile, regs: tuple[int, ...], fault_address: int, esr: int | None,
