@@ -21,7 +21,7 @@ makes a core gdb-multiarch unwinds, the oracle of :func:`gdb_multiarch_stacks`; 
 program under the two CPUs runs the same code at the same addresses.
 
 The Python stacks' oracle is pystack 1.7.2's own aarch64 wheel (PyPI), unpacked into the forensics cache
-(:func:`pystack_wheel_dir`) and run under qemu in a root that has its C++ runtime (``extra=PYSTACK_DEPS``):
+(:func:`pystack_wheel_dir`) and run under qemu in the suite's root, which has its C++ runtime (:data:`PYSTACK_DEPS`):
 :func:`pystack_guest_stacks` returns what tests/oracles.py's ``pystack_stacks`` does on x86_64.
 
 A guest core names ``libcrash-arm64.so`` at its host path; :func:`analysis_sysroot` makes the
@@ -91,9 +91,10 @@ def guest_problem() -> str | None:
 
 
 def root_packages(suite: str) -> list[str]:
-    """The packages of ``suite``'s arm64 root: its CPython, the -dbg build, libc6-dbg."""
+    """The packages of ``suite``'s arm64 root: its CPython, the -dbg build, libc6-dbg, and what pystack's wheel
+    links (:data:`PYSTACK_DEPS`): one root per suite serves the tests and the oracle (a root costs a build)."""
     version = SUITES[suite]
-    return [f"python{version}", f"python{version}-dbg", "libc6-dbg"]
+    return [f"python{version}", f"python{version}-dbg", "libc6-dbg", *PYSTACK_DEPS]
 
 
 def guest_root(suite: str, *, extra: Sequence[str] = (), cache: Path | None = None) -> Path:

@@ -259,15 +259,15 @@ def test_a_core_of_another_machine_is_one_line(arm64_cores, tmp_path, machine, c
 
 @pytest.fixture(scope="module")
 def pystack_root(arm64_cores):
-    """Per suite: the arm64 root with pystack's C++ runtime, for pystack's own aarch64 build (the oracle)."""
-    from tests.arm64 import PYSTACK_DEPS, GuestUnavailable, guest_root, pystack_wheel_dir
+    """Per suite: the arm64 root (it has pystack's C++ runtime), for pystack's own aarch64 build (the oracle)."""
+    from tests.arm64 import GuestUnavailable, guest_root, pystack_wheel_dir
     from tests.roots import RootUnavailable
 
     def get(suite):
         arm64_cores.root(suite)  # skips without qemu or the mirror
         try:
             pystack_wheel_dir(suite)
-            return guest_root(suite, extra=PYSTACK_DEPS)
+            return guest_root(suite)
         except (GuestUnavailable, RootUnavailable) as e:
             pytest.skip(f"no pystack oracle for arm64: {e}")
 
