@@ -7,6 +7,8 @@
 - :mod:`.write`: a new bundle directory, its items written atomically, its manifest
 - :mod:`.record`: the core handler's record of a crash, its core's state, the core directory's index
   entries, as records with ``to_json`` / ``from_json``
+- :mod:`.documents`: the documents ``report`` reads of a bundle (the process snapshot, the pod's scheduling
+  state) as records, read once, a document of the wrong shape read in part and said so
 
 Importing the package loads the layout and the reader (what ``analyze`` needs of a bundle); the writer is
 imported by the writers (capture, the core handler).

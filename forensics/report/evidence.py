@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .. import rootpath
 from ..bundle import MANIFEST, check_manifest, layout, read_bundle_file
+from ..bundle.documents import DOCUMENT_KEYS, CaptureDocuments
 from ..errors import ForensicsError, InputUnreadable, ReportInputError, check_input_exists
 
 __all__ = ["Evidence", "EvidenceItem", "load_evidence", "MAX_INPUT_BYTES", "MAX_TOTAL_BYTES",
@@ -77,6 +78,11 @@ class Evidence:
     def all(self, kind: str) -> list[dict]:
         return self.docs.get(kind, [])
 
+    def captures(self) -> list[CaptureDocuments]:
+        """The capture bundles, each read into its record (:class:`~forensics.bundle.documents.CaptureDocuments`:
+        the one way report reads a bundle's documents)."""
+        return [CaptureDocuments.from_json(d) for d in self.all("capture")]
+
 
 def _read_json(path: str, budget: _Budget) -> tuple[dict, bytes]:
     """The document at ``path`` and the bytes it was parsed from (read once: what is hashed is what was read)."""
@@ -105,13 +111,6 @@ def _parse_json(path: str, data: bytes) -> dict:
     return doc
 
 
-_BUNDLE_JSON = (
-    ("identity", layout.IDENTITY),
-    ("scheduling", layout.KUBERNETES_SCHEDULING),
-    ("events", layout.KUBERNETES_EVENTS),
-    ("snapshot", layout.PROCESS_SNAPSHOT),
-    ("record", layout.RECORD),
-)
 _BUNDLE_TEXT = (("kernel_log", layout.KERNEL_LOG), ("nvidia_smi", layout.NVIDIA_SMI),
                 ("os_release_node", layout.NODE_OS_RELEASE), ("os_release_image", layout.PROCESS_OS_RELEASE),
                 ("bug_report_note", layout.BUG_REPORT_NOTE))
@@ -169,7 +168,7 @@ def _load_bundle(p: str, ev: Evidence, budget: _Budget) -> dict:
     manifest = str(root / MANIFEST)
     doc: dict = {"command": "capture", "_bundle_dir": str(root.resolve()),
                  "manifest": _parse_json(manifest, manifest_bytes)}
-    for key, rel in _BUNDLE_JSON:
+    for key, rel in DOCUMENT_KEYS:
         data = read(rel, MAX_INPUT_BYTES + 1)
         if data is not None:
             doc[key] = _parse_json(str(root / rel), data)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from ..analyze.signature import exit_explanation, signature
+from ..bundle.documents import CaptureDocuments, ModuleFact, NvmlFact
 from ..fleet import load_fleet
 from ..fleet.model import FleetSummary
 from ..format import load_analysis, load_batch
@@ -156,15 +157,6 @@ class Facts:
     @property
     def heap_reason(self) -> str | None:
         return self.heap.verdict_reason if self.heap else None
-
-
-def _get(doc: Any, *path: str, default: Any = None) -> Any:
-    cur = doc
-    for p in path:
-        if not isinstance(cur, dict) or p not in cur:
-            return default
-        cur = cur[p]
-    return cur if cur not in (None, "", [], {}) else default
 
 
 def parse_os_release(text: str) -> dict[str, str]:
@@ -311,27 +303,22 @@ def _query(api: str | None, py: tuple[PyFrame, ...], repro: ReproduceResult | No
     return None
 
 
-def _modules(reports: list[ImportReport], ev: Evidence) -> dict[str, dict]:
-    """module -> {version, file, verdict}: verify-imports first, then a capture's live resolution."""
-    out: dict[str, dict] = {}
+def _modules(reports: list[ImportReport], caps: list[CaptureDocuments]) -> dict[str, ModuleFact]:
+    """module -> its version, file and verdict: verify-imports first, then a capture's live resolution."""
+    out: dict[str, ModuleFact] = {}
     for rep in reports:
         for m in rep.modules:
-            out.setdefault(m.module, {"version": m.effective_version, "file": m.resolved.file if m.resolved else None,
-                                      "verdict": m.verdict.value})
-    for doc in ev.all("capture"):
-        for c in _get(doc, "snapshot", "python", "modules", default=[]) or []:
-            if isinstance(c, dict) and c.get("module"):
-                out.setdefault(str(c["module"]), {"version": c.get("version"), "file": c.get("path"),
-                                                  "verdict": c.get("verdict")})
+            out.setdefault(m.module, ModuleFact(module=m.module, version=m.effective_version,
+                                                path=m.resolved.file if m.resolved else None, verdict=m.verdict.value))
+    for cap in caps:
+        for c in cap.snapshot.modules:
+            out.setdefault(c.module, c)
     return out
 
 
-def _label_driver(labels: dict) -> str | None:
-    parts = [labels.get(f"nvidia.com/cuda.driver.{p}") for p in ("major", "minor", "rev")]
-    if all(isinstance(p, str) and p for p in parts):
-        return ".".join(str(p) for p in parts)
-    full = labels.get("nvidia.com/cuda.driver-version.full")
-    return full if isinstance(full, str) else None
+def _version(mods: dict[str, ModuleFact], module: str) -> str | None:
+    m = mods.get(module)
+    return m.version if m else None
 
 
 def _glibc(repro: ReproduceResult | None) -> str | None:
@@ -372,21 +359,19 @@ def _when(t: Any) -> str:
     return str(t or "?")
 
 
-def _first_seen(ev: Evidence, batches: list[BatchResult], a: Analysis | None) -> str | None:
+def _first_seen(caps: list[CaptureDocuments], batches: list[BatchResult], a: Analysis | None) -> str | None:
     """The earliest crash the evidence dates: a batch's oldest core, an analysed core's write time, a core
     handler's record, a pod's last terminated container (the source is named)."""
     times: list[tuple[float, str]] = [(g.first_seen, "oldest core of the batch") for b in batches for g in b.groups]
     if a is not None and a.snapshot.core.mtime is not None:
         times.append((a.snapshot.core.mtime, "the core file's write time"))
-    for doc in ev.all("capture"):
-        t = _get(doc, "record", "time")
-        if isinstance(t, (int, float)) and _get(doc, "record", "signal"):
-            times.append((float(t), "core handler record"))
-        for c in _get(doc, "scheduling", "pod", "containers", default=[]) or []:
-            finished = _get(c, "last_terminated", "finished_at")
-            if isinstance(finished, str):
+    for cap in caps:
+        if cap.crash_time is not None:
+            times.append((float(cap.crash_time), "core handler record"))
+        for c in cap.scheduling.pod.containers:
+            if c.finished_at:
                 try:
-                    when = _dt.datetime.fromisoformat(finished.replace("Z", "+00:00"))
+                    when = _dt.datetime.fromisoformat(c.finished_at.replace("Z", "+00:00"))
                 except ValueError:
                     continue
                 times.append((when.timestamp(), "the pod's last terminated container (earlier crashes are not dated)"))
@@ -396,35 +381,29 @@ def _first_seen(ev: Evidence, batches: list[BatchResult], a: Analysis | None) ->
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") + f" ({source})"
 
 
-def _affected(ev: Evidence) -> list[str]:
+def _affected(caps: list[CaptureDocuments]) -> list[str]:
     """Who crashed, as the captures say: node (GPUs), pod and container restarts."""
     out = []
-    for doc in ev.all("capture"):
-        node = _get(doc, "scheduling", "node", default={}) or {}
-        labels = node.get("gpu_labels") or {}
-        gpus, count = labels.get("nvidia.com/gpu.product"), labels.get("nvidia.com/gpu.count")
-        name = node.get("name") or _get(doc, "identity", "node") or _get(doc, "record", "node")
+    for cap in caps:
+        node, pod = cap.scheduling.node, cap.scheduling.pod
+        gpus, count = node.gpu_product, node.gpu_count
+        name = cap.node_name
         where = f"node {name}" if name else ""
         if where and gpus:
             where += f" ({count + ' x ' if count else ''}{gpus})"
-        pod = _get(doc, "scheduling", "pod", default={}) or {}
-        if pod.get("name"):
-            restarts = sum(int(c.get("restart_count") or 0) for c in pod.get("containers") or [] if isinstance(c, dict))
-            where += f"{', ' if where else ''}pod {pod.get('namespace')}/{pod['name']} ({restarts} container restarts)"
-        elif _get(doc, "identity", "pod_uid"):
-            where += f"{', ' if where else ''}pod uid {_get(doc, 'identity', 'pod_uid')}"
+        pod_uid = cap.identity.pod_uid if cap.identity else None
+        if pod.name:
+            where += f"{', ' if where else ''}pod {pod.namespace}/{pod.name} ({pod.restarts} container restarts)"
+        elif pod_uid:
+            where += f"{', ' if where else ''}pod uid {pod_uid}"
         if where and where not in out:
             out.append(where)
     return out
 
 
-def _image_of(cap: dict, imports: list[ImportReport]) -> str | None:
-    pod = _get(cap, "scheduling", "pod") or {}
-    for c in pod.get("containers") or []:
-        if isinstance(c, dict) and c.get("image_id"):
-            return str(c["image_id"])
+def _image_of(cap: CaptureDocuments, imports: list[ImportReport]) -> str | None:
     image = imports[0].image if imports else None
-    return (_get(cap, "record", "image") or _get(cap, "identity", "image")
+    return (cap.image
             or (image.manifest_digest if image else None)
             or (image.ref if image and image.transport.value != "pid" else None))
 
@@ -441,11 +420,12 @@ def read_facts(ev: Evidence) -> Facts:
     py = (crashed.interrupted_py_frames or ()) if crashed else ()
     core = a.snapshot.core if a is not None else None
     crash = a.crash if a is not None else None
-    cap = ev.first("capture") or {}
+    caps = ev.captures()
+    cap = caps[0] if caps else CaptureDocuments(bundle_dir=None)  # the first bundle's facts; none: all absent
     rh = repro.environment if repro else {}
-    mods = _modules(imports, ev)
-    cap_nvml = _get(cap, "snapshot", "nvml") or {}
-    labels = _get(cap, "scheduling", "node", "gpu_labels") or {}
+    mods = _modules(imports, caps)
+    cap_nvml = cap.snapshot.nvml or NvmlFact()
+    node = cap.scheduling.node
     vi = imports[0] if imports else None
     api = crashed.nvml_api if crashed else None
     tid = crashed.tid if crashed else None
@@ -456,19 +436,17 @@ def read_facts(ev: Evidence) -> Facts:
         words += [f.symbol or "", f.library or ""]
     for p in py:
         words += [p.file, p.function]
-    gpus = rh.get("gpu") or (f"{labels.get('nvidia.com/gpu.count', '?')} x {labels['nvidia.com/gpu.product']}"
-                             if labels.get("nvidia.com/gpu.product") else None)
+    gpus = rh.get("gpu") or (f"{'?' if node.gpu_count is None else node.gpu_count} x {node.gpu_product}"
+                             if node.gpu_product else None)
     runs = repro.runs if repro else ()
     gpu_lines = next((tuple(gpu_lines_of(r.environment)) for r in runs if gpu_lines_of(r.environment)), ())
     dists = vi.distributions if vi else ()
     installers = sorted({d.installer for d in dists if d.installer
                          and d.name.lower() in ("nvitop", "nvitop-exporter", "nvidia-ml-py")})
-    not_ok = tuple(f"{k}: {v.get('verdict')}" + (f" ({v['file']})" if v.get("file") else "") for k, v in mods.items()
-                   if v.get("verdict") and str(v.get("verdict")).upper() != "OK")
-    smi = cap.get("nvidia_smi") or rh.get("nvidia_smi")
+    not_ok = tuple(f"{k}: {v.verdict}" + (f" ({v.path})" if v.path else "") for k, v in mods.items() if v.not_ok)
+    smi = cap.nvidia_smi or rh.get("nvidia_smi")
     smi = smi if isinstance(smi, str) else None
-    bug_text = cap.get("bug_report_text") or None
-    in_container = _get(cap, "snapshot", "in_container_namespace")
+    bug_text = cap.bug_report_text or None
     nvml = core.nvml if core else None
     return Facts(
         analysis=a, has_crash=a is not None and a.is_crash,  # a gcore of a live process is no crash
@@ -488,21 +466,20 @@ def read_facts(ev: Evidence) -> Facts:
         exit_status=crash.exit_status if crash else None,
         exit_explanation=exit_explanation(a) if a else None,
         nested=bool(crash and (crash.then or crash.handler)),
-        nvitop=(mods.get("nvitop") or {}).get("version"), exporter=(mods.get("nvitop_exporter") or {}).get("version"),
-        binding=(mods.get("pynvml") or {}).get("version") or _binding_from(rh.get("binding")),
+        nvitop=_version(mods, "nvitop"), exporter=_version(mods, "nvitop_exporter"),
+        binding=_version(mods, "pynvml") or _binding_from(rh.get("binding")),
         python=_python_version(a, repro), glibc=_glibc(repro), nvml=rh.get("nvml"),
-        driver=((nvml.driver_version if nvml else None) or cap_nvml.get("version") or rh.get("driver")
-                or _label_driver(labels)),
-        cuda=rh.get("cuda driver") or labels.get("nvidia.com/cuda.runtime.major"),
-        kernel=(_get(cap, "scheduling", "node", "kernel") or _get(cap, "snapshot", "kernel") or rh.get("kernel")),
-        os_image=pretty_os(cap.get("os_release_image")), os_node=pretty_os(cap.get("os_release_node")),
-        in_container=in_container if isinstance(in_container, bool) else None,
+        driver=((nvml.driver_version if nvml else None) or cap_nvml.version or rh.get("driver") or node.driver),
+        cuda=rh.get("cuda driver") or node.cuda_runtime_major,
+        kernel=node.kernel or cap.snapshot.kernel or rh.get("kernel"),
+        os_image=pretty_os(cap.os_release_image), os_node=pretty_os(cap.os_release_node),
+        in_container=cap.snapshot.in_container_namespace,
         gpus=gpus, gpu_lines=gpu_lines,
-        nvml_library=(nvml.path if nvml else None) or cap_nvml.get("path") or rh.get("libnvidia-ml"),
-        nvml_build_id=(nvml.build_id if nvml else None) or cap_nvml.get("build_id"), nvml_origin=cap_nvml.get("origin"),
-        nvidia_smi=smi, bug_report=cap.get("bug_report_note"), smi=smi_facts(smi or bug_text),
-        bug_report_file=cap.get("bug_report_file"), bug_report_text=bug_text,
-        kernel_log=cap.get("kernel_log"), image=_image_of(cap, imports),
+        nvml_library=(nvml.path if nvml else None) or cap_nvml.path or rh.get("libnvidia-ml"),
+        nvml_build_id=(nvml.build_id if nvml else None) or cap_nvml.build_id, nvml_origin=cap_nvml.origin,
+        nvidia_smi=smi, bug_report=cap.bug_report_note, smi=smi_facts(smi or bug_text),
+        bug_report_file=cap.bug_report_file, bug_report_text=bug_text,
+        kernel_log=cap.kernel_log, image=_image_of(cap, imports),
         installer=", ".join(installers) or None,
         environment_notes=vi.python.notes if vi and vi.python else (),
         distributions=tuple((d.name, d.version) for d in dists),
@@ -510,8 +487,8 @@ def read_facts(ev: Evidence) -> Facts:
         version_facts=vi.known_issues if vi else (),
         shadowing=not_ok, imports_checked=bool(mods), imports=tuple(imports),
         repro=repro, repro_runs=runs, fleets=tuple(fleets),
-        frequency=tuple(_frequency(batches, fleets)), first_seen=_first_seen(ev, batches, a),
-        affected=tuple(_affected(ev)),
+        frequency=tuple(_frequency(batches, fleets)), first_seen=_first_seen(caps, batches, a),
+        affected=tuple(_affected(caps)),
         heap=a.heap.corruption if a is not None and a.heap is not None else None,
     )
 

@@ -93,7 +93,8 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
 
     # one walk: every key and value redacted, localized (upstream) and escaped
     docs = {k: [redact_tree(d, redactor, finish=finish) for d in v] for k, v in ev.docs.items()}
-    facts = read_facts(Evidence(docs=docs, items=ev.items))
+    redacted = Evidence(docs=docs, items=ev.items)
+    facts = read_facts(redacted)
     known = match_known_issues(facts)
     conclusion = decide(facts, known)
     if reproducer_sources is None:
@@ -112,7 +113,7 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
                         nvidia_link=nvidia_link, heap=heap, attachment_dir=attachment_dir)
     redactor.absorb(ev.docs)  # what analyze --json, verify-imports --json... masked before this report read them
     ctx.footer = footer_lines(redactor, localizer, upstream, hosts) + redactor.title_note(docs, ctx.title)
-    ctx.manifest_mismatch, manifest_lines = _manifest_problems(docs)
+    ctx.manifest_mismatch, manifest_lines = _manifest_problems(redacted)
     body = render(ctx)
     if len(body) >= GITHUB_ISSUE_LIMIT:
         ctx.attachments["full-report.md"] = body
@@ -135,18 +136,22 @@ def _check(body: str, ctx: ReportContext) -> list[str]:
     return problems
 
 
-def _manifest_problems(docs: dict) -> tuple[list[str], list[str]]:
+def _manifest_problems(ev: Evidence) -> tuple[list[str], list[str]]:
     """The capture bundles' files that do not match their manifest (``PATH: changed``: what every report says
     under its conclusion), and one problem line per such bundle (the runbook's evidence table also names each
-    file instead of a hash)."""
+    file instead of a hash); then one line per bundle document read in part (a value of the wrong type, a list
+    past its bound: :mod:`forensics.bundle.documents`)."""
     files: list[str] = []
     lines = []
-    for doc in docs.get("capture") or []:
-        bad = [str(p) for p in doc.get("manifest_problems") or []]
+    for cap in ev.captures():
+        bad = list(cap.manifest_problems)
         files += bad
         if bad:
-            lines.append(f"bundle {doc.get('_bundle_dir')}: {len(bad)} file(s) do not match its MANIFEST.json: "
+            lines.append(f"bundle {cap.bundle_dir}: {len(bad)} file(s) do not match its MANIFEST.json: "
                          + "; ".join(bad[:5]) + ("; ..." if len(bad) > 5 else ""))
+        if cap.problems:
+            lines.append(f"bundle {cap.bundle_dir}: read in part: " + "; ".join(cap.problems[:5])
+                         + (f"; ... ({len(cap.problems)} in all)" if len(cap.problems) > 5 else ""))
     return files, lines
 
 
@@ -159,8 +164,8 @@ def _analyze_bundles(ev: Evidence) -> None:
     from ..format import analysis_payload
     from ..output import json_document
 
-    for doc in ev.all("capture"):
-        bundle = doc.get("_bundle_dir")
+    for cap in ev.captures():
+        bundle = cap.bundle_dir
         if bundle and is_bundle(bundle):
             try:
                 a = analyze_core(bundle)

@@ -20,21 +20,12 @@ def hosts_in(ev: Evidence) -> dict[str, str]:
     """Node, pod and host names the evidence names, to be replaced consistently: the capture's identity and
     scheduling, and the values of --hostname / --host / --node-name options in the command lines."""
     out: dict[str, str] = {}
-    for doc in ev.all("capture"):
-        sched = doc.get("scheduling") or {}
-        for name, kind in ((((sched.get("node") or {}).get("name")), "node"),
-                           (((sched.get("pod") or {}).get("name")), "pod"),
-                           ((doc.get("record") or {}).get("node"), "node"),
-                           ((doc.get("identity") or {}).get("node"), "node"),
-                           ((doc.get("identity") or {}).get("pod"), "pod"),
-                           ((doc.get("identity") or {}).get("agent_pod"), "pod"),
-                           ((doc.get("identity") or {}).get("hostname"), "host")):
-            if isinstance(name, str) and name:
-                out.setdefault(name, kind)
+    caps = ev.captures()
+    for cap in caps:
+        for name, kind in cap.host_names:
+            out.setdefault(name, kind)
     texts = [load_analysis(doc).snapshot.core.args for doc in ev.all("analyze")]
-    for doc in ev.all("capture"):
-        cmd = (doc.get("snapshot") or {}).get("cmdline")
-        texts.append(" ".join(cmd) if isinstance(cmd, list) else str(cmd or ""))
+    texts += [cap.snapshot.cmdline for cap in caps]
     for doc in ev.all("verify-imports"):
         python = load_import_report(doc).python
         texts.append(" ".join(python.entrypoint.argv) if python else "")
@@ -104,9 +95,9 @@ def local_prefixes(ev: Evidence) -> tuple[str, ...]:
     out = {str(Path.home())}
     for item in ev.items:
         out.add(str(Path(item.path).resolve().parent))
-    for doc in ev.all("capture"):
-        if doc.get("_bundle_dir"):
-            out.add(str(Path(doc["_bundle_dir"]).parent))
+    for cap in ev.captures():
+        if cap.bundle_dir:
+            out.add(str(Path(cap.bundle_dir).parent))
     for doc in ev.all("reproduce"):
         for r in load_reproduce(doc).runs:
             out.add(str(Path(r.run_dir).parent.parent))  # <workdir>/reproduce-<stamp>/<name>

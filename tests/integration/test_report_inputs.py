@@ -30,6 +30,7 @@ def demo_bundle(tmp_path: Path, files: dict[str, bytes] | None = None) -> Path:
     shutil.copytree(src, bundle)
     manifest = json.loads((bundle / "MANIFEST.json").read_text())
     for rel, data in (files or {}).items():
+        (bundle / rel).parent.mkdir(parents=True, exist_ok=True)
         (bundle / rel).write_bytes(data)
         manifest["items"] = [i for i in manifest["items"] if i["path"] != rel] + [
             {"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "what": "test"}]
@@ -168,3 +169,60 @@ def test_a_bundles_files_count_towards_the_bound(tmp_path):
     assert r.exit_code == EXIT_ERROR
     assert "the report's inputs together are more than" in r.stderr and str(bundle) in r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # one line (and its hint)
+
+
+def _snapshot(**changes) -> bytes:
+    src = next((DEMO / "capture").iterdir()) / "40-process" / "snapshot.json"
+    return json.dumps({**json.loads(src.read_text()), **changes}).encode()
+
+
+def _read_in_part(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr
+    return [x for x in stderr.splitlines() if x.startswith("forensics: check: bundle ") and ": read in part: " in x]
+
+
+def test_a_bundle_document_of_the_wrong_shape_is_read_in_part_and_said_so(tmp_path):
+    # GIVEN the demo's bundle whose process snapshot lists its modules in an object and says "yes" for a boolean,
+    # and whose scheduling state has a node that is a list and containers that are not what capture --pod writes
+    sched = {"node": ["n"], "pod": {"name": "p", "namespace": "ns",
+                                    "containers": [{"restart_count": "many", "image_id": 7}, "c"]}}
+    bundle = demo_bundle(tmp_path, {
+        "40-process/snapshot.json": _snapshot(python={"modules": {"nvitop": 1}}, in_container_namespace="yes"),
+        "10-kubernetes/scheduling.json": json.dumps(sched).encode()})
+    # WHEN the runbook is made of it
+    out = tmp_path / "r.md"
+    r = run("report", "--template", "runbook", bundle, "-o", out)
+    # THEN it is written from what could be read (the snapshot's libnvidia-ml.so and its driver version, the pod),
+    # and one line says what was not read, each wrong value named by its document and field
+    assert r.exit_code == EXIT_OK, r.output
+    (line,) = _read_in_part(r.stderr)
+    for said in ("10-kubernetes/scheduling.json: node is a list, not an object (not read)",
+                 "10-kubernetes/scheduling.json: pod.containers[0].image_id is an int, not a string (not read)",
+                 "10-kubernetes/scheduling.json: pod.containers[0].restart_count is a str, not a count (not read)",
+                 "10-kubernetes/scheduling.json: pod.containers[1] is a str, not an object (not read)",
+                 "40-process/snapshot.json: python.modules is a dict, not a list (not read)",
+                 "... (6 in all)"):  # the sixth: in_container_namespace "yes"
+        assert said in line, line
+    report = out.read_text()
+    assert "580.126.09" in report and "pod ns/p (0 container restarts)" in report
+
+
+def test_a_huge_list_in_a_bundle_document_is_read_to_its_bound(tmp_path):
+    # GIVEN the demo's bundle whose process snapshot lists 100,000 modules after nvitop
+    from forensics.bundle.documents import MAX_ITEMS
+
+    src = json.loads(_snapshot())
+    modules = src["python"]["modules"] + [{"module": f"m{i}", "verdict": "SHADOWED"} for i in range(100_000)]
+    bundle = demo_bundle(tmp_path, {"40-process/snapshot.json": _snapshot(python={**src["python"],
+                                                                                  "modules": modules})})
+    # WHEN the runbook is made of it
+    out = tmp_path / "r.md"
+    r = run("report", "--template", "runbook", bundle, "-o", out)
+    # THEN the first MAX_ITEMS modules are read (the shadowed ones said, to the last one read), and the cut is
+    # said in one line
+    assert r.exit_code == EXIT_OK, r.output
+    (line,) = _read_in_part(r.stderr)
+    assert f"python.modules has {len(modules)} entries; the first {MAX_ITEMS} read" in line
+    whole = (tmp_path / "r.files" / "full-report.md").read_text()  # the body is cut at GitHub's limit
+    last = MAX_ITEMS - len(src["python"]["modules"]) - 1
+    assert "m0: SHADOWED; " in whole and f"; m{last}: SHADOWED" in whole and f"m{last + 1}:" not in whole
