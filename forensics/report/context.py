@@ -337,14 +337,14 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
     smi = f.smi
     rows = [("Distribution", _os_line(f).split(", kernel")[0]),
             ("Kernel", _v(f.kernel))]
-    gpus = smi["gpus"]
-    bus_ids = tuple(g["bus_id"] for g in gpus if g.get("bus_id")) or tuple(
+    gpus = smi.gpus
+    bus_ids = tuple(g.bus_id for g in gpus if g.bus_id) or tuple(
         g.rsplit("PCI bus ", 1)[-1] for g in f.gpu_lines if "PCI bus " in g)
     if gpus:
-        rows.append(("PCI bus ids", ", ".join(g.get("bus_id", "?") for g in gpus)))
-        for key, label in (("VBIOS Version", "VBIOS"), ("Persistence Mode", "Persistence mode"),
-                           ("MIG Mode", "MIG mode"), ("Fabric State", "Fabric Manager state")):
-            vals = sorted({g.get(key) for g in gpus if g.get(key)})
+        rows.append(("PCI bus ids", ", ".join(g.bus_id for g in gpus)))
+        for key, label in (("vbios_version", "VBIOS"), ("persistence_mode", "Persistence mode"),
+                           ("mig_mode", "MIG mode"), ("fabric_state", "Fabric Manager state")):
+            vals = sorted({v for g in gpus if (v := getattr(g, key))})
             rows.append((label, ", ".join(vals) if vals else "not in nvidia-smi -q"))
     elif f.gpu_lines:
         rows.append(("PCI bus ids", ", ".join(g.rsplit("PCI bus ", 1)[-1] for g in f.gpu_lines)))
@@ -361,14 +361,19 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
     return rows
 
 
+def _or(value: str | None, absent: str) -> str:
+    """``value``, or ``absent`` when nvidia-smi -q has no such line (an empty value stays empty)."""
+    return absent if value is None else value
+
+
 def _smi_excerpt(f: Facts) -> str:
     smi = f.smi
-    if not smi["gpus"] and not smi.get("Driver Version"):
+    if not smi.gpus and not smi.driver_version:
         return ""
-    lines = [f"Driver Version: {smi.get('Driver Version', '?')}    CUDA Version: {smi.get('CUDA Version', '?')}"]
-    for g in smi["gpus"]:
-        lines.append(f"{g.get('bus_id')}  {g.get('Product Name', '?')}  persistence {g.get('Persistence Mode', '?')}"
-                     f"  MIG {g.get('MIG Mode', 'n/a')}  VBIOS {g.get('VBIOS Version', '?')}")
+    lines = [f"Driver Version: {_or(smi.driver_version, '?')}    CUDA Version: {_or(smi.cuda_version, '?')}"]
+    for g in smi.gpus:
+        lines.append(f"{g.bus_id}  {_or(g.product_name, '?')}  persistence {_or(g.persistence_mode, '?')}"
+                     f"  MIG {_or(g.mig_mode, 'n/a')}  VBIOS {_or(g.vbios_version, '?')}")
     return "\n".join(lines)
 
 

@@ -23,11 +23,12 @@ from ..format import load_analysis, load_batch
 from ..imports.format import load_import_report
 from ..imports.model import ImportReport, KnownIssueHit
 from ..model import Analysis, BatchResult, HeapCorruption, NativeFrame, OverflowVerdict, PyFrame, Thread
+from ..records import record
 from ..reproduce import ReproduceResult, ReproRun, gpu_lines_of, load_reproduce
 from .evidence import Evidence
 
-__all__ = ["Facts", "Phase", "Query", "read_facts", "parse_os_release", "pretty_os", "smi_facts", "xid_summary",
-           "NVLINK_QUERY"]
+__all__ = ["Facts", "Phase", "Query", "read_facts", "parse_os_release", "pretty_os", "smi_facts", "SmiFacts", "SmiGpu",
+           "xid_summary", "NVLINK_QUERY"]
 
 # How nvitop's NVLink throughput query is made (nvitop/api/device.py, Device.nvlink_throughput and
 # nvlink_link_count; the same in the nvitop 1.5.0 - 1.7.2 wheels from PyPI).
@@ -119,7 +120,7 @@ class Facts:
     bug_report_file: str | None = None
     bug_report_text: str | None = None  # its first megabytes: nvidia-smi -q and kernel log sections
     kernel_log: str | None = None  # the driver's kernel log lines
-    smi: dict = field(default_factory=lambda: {"gpus": []})  # nvidia-smi -q parsed once (smi_facts), else the
+    smi: SmiFacts = field(default_factory=lambda: SmiFacts())  # nvidia-smi -q parsed once (smi_facts), else the
     # copy inside nvidia-bug-report's log
     image: str | None = None
     # the setup
@@ -190,24 +191,53 @@ def pretty_os(text: str | None) -> str | None:
 _SMI_GPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 
 
-def smi_facts(text: str | None) -> dict:
+@record
+class SmiGpu:
+    """One GPU of ``nvidia-smi -q``: the values NVIDIA's bug reports ask for (None: not in the output)."""
+
+    bus_id: str  # its section's, "00000000:18:00.0"
+    product_name: str | None = None
+    vbios_version: str | None = None
+    persistence_mode: str | None = None
+    pci_bus_id: str | None = None  # the "Bus Id" line of its PCI section
+    mig_mode: str | None = None  # MIG Mode's Current
+    fabric_state: str | None = None
+    fabric_status: str | None = None
+
+
+@record
+class SmiFacts:
+    """``nvidia-smi -q`` parsed: the driver and CUDA versions of its header, and each GPU."""
+
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpus: tuple[SmiGpu, ...] = ()
+
+
+# nvidia-smi -q's line -> SmiGpu's field (the first such line of a GPU's section counts)
+_SMI_GPU_KEYS = {"Product Name": "product_name", "VBIOS Version": "vbios_version",
+                 "Persistence Mode": "persistence_mode", "Bus Id": "pci_bus_id"}
+_SMI_HEADER_KEYS = {"Driver Version": "driver_version", "CUDA Version": "cuda_version"}
+
+
+def smi_facts(text: str | None) -> SmiFacts:
     """What NVIDIA's bug reports ask for, from ``nvidia-smi -q``: driver, CUDA, and per GPU product, bus id,
     VBIOS, persistence and MIG mode, Fabric state.
 
     >>> smi_facts("Driver Version : 580.126.09\\nCUDA Version : 13.0\\n\\nGPU 00000000:18:00.0\\n"
-    ...           "    Product Name : NVIDIA H20\\n    Persistence Mode : Enabled\\n")["gpus"]
-    [{'bus_id': '00000000:18:00.0', 'Product Name': 'NVIDIA H20', 'Persistence Mode': 'Enabled'}]
+    ...           "    Product Name : NVIDIA H20\\n    Persistence Mode : Enabled\\n").gpus
+    (SmiGpu(bus_id='00000000:18:00.0', product_name='NVIDIA H20', vbios_version=None, persistence_mode='Enabled', \
+pci_bus_id=None, mig_mode=None, fabric_state=None, fabric_status=None),)
     """
-    out: dict = {"gpus": []}
     if not text:
-        return out
-    cur: dict | None = None
+        return SmiFacts()
+    header: dict[str, str] = {}
+    gpus: list[dict[str, str]] = []
     section = ""
     for raw in text.splitlines():
         m = _SMI_GPU.match(raw.strip())
         if m:
-            cur = {"bus_id": m.group(1)}
-            out["gpus"].append(cur)
+            gpus.append({"bus_id": m.group(1)})
             section = ""
             continue
         if ":" not in raw:
@@ -216,17 +246,18 @@ def smi_facts(text: str | None) -> dict:
             continue
         k, _, v = raw.partition(":")
         k, v = k.strip(), v.strip()
-        if cur is None:
-            if k in ("Driver Version", "CUDA Version"):
-                out[k] = v
+        if not gpus:
+            if k in _SMI_HEADER_KEYS:
+                header[_SMI_HEADER_KEYS[k]] = v
             continue
-        if k in ("Product Name", "VBIOS Version", "Persistence Mode", "Bus Id") and k not in cur:
-            cur[k] = v
+        cur = gpus[-1]
+        if k in _SMI_GPU_KEYS:
+            cur.setdefault(_SMI_GPU_KEYS[k], v)
         elif k == "Current" and section.startswith("MIG Mode"):
-            cur["MIG Mode"] = v
+            cur["mig_mode"] = v
         elif k in ("State", "Status") and section.startswith("Fabric"):
-            cur[f"Fabric {k}"] = v
-    return out
+            cur[f"fabric_{k.lower()}"] = v
+    return SmiFacts(**header, gpus=tuple(SmiGpu(**g) for g in gpus))
 
 
 _XID = re.compile(r"\bS?Xid \((?:PCI:)?([^)]*)\):\s*(\d+)")

@@ -90,9 +90,9 @@ def test_nvidia_smi_is_parsed_once_into_the_facts(tmp_path):
     # WHEN its facts are read
     facts = read_facts(load_evidence([str(bundle)]))
     # THEN they carry nvidia-smi -q parsed (what the nvml report's system facts and the nvitop excerpt both use)
-    assert facts.smi["Driver Version"] == "580.126.09"
-    assert [g["bus_id"] for g in facts.smi["gpus"]] == ["00000000:18:00.0"]
-    assert facts.smi["gpus"][0]["Persistence Mode"] == "Enabled"
+    assert facts.smi.driver_version == "580.126.09"
+    assert [g.bus_id for g in facts.smi.gpus] == ["00000000:18:00.0"]
+    assert facts.smi.gpus[0].persistence_mode == "Enabled"
 
 
 def test_a_bundle_that_does_not_match_its_manifest_is_said_so_and_no_unverified_hash_is_stated(tmp_path):
