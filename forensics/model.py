@@ -285,6 +285,9 @@ class Library:
     file_path: str | None  # the file that would be used (sysroot / disk), None when missing
     file_build_id: str | None
     status: LibraryStatus
+    # the name the dynamic linker loaded it by (link_map's l_name, a soname link: libnvidia-ml.so.1) when the
+    # core has no NT_FILE and --sysroot resolved that to the file's own name, ``path``; else None
+    loaded_as: str | None = None
 
     @property
     def name(self) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from forensics.core import arch, elf, linkmap
 from forensics.core.argv import read_argv
 from forensics.core.buildid import read_build_id_from_file, read_build_id_in_memory
-from forensics.core.files import classify_library, resolve_file
+from forensics.core.files import classify_library, real_name_in_sysroot, resolve_file
 from forensics.core.libc import find_abort_message
 from forensics.core.memory import CoreLayout, CoreMemory, MemoryNotInCore
 from forensics.core.nvml import find_nvml
@@ -148,12 +148,13 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
                             + (f" ({'; '.join(problems)})" if problems else ""))
 
     mappings_from = "NT_FILE"
+    loaded_as: dict[str, str] = {}
     if not any(n.type == elf.NT_FILE and n.name == b"CORE" for n in layout.notes):
-        layout, mappings_from, found = _named_by_link_map(mem, layout, auxv, sysroot=sysroot, exe=exe)
+        layout, mappings_from, found, loaded_as = _named_by_link_map(mem, layout, auxv, sysroot=sysroot, exe=exe)
         problems += found
     mappings = _mappings(layout)
     exe_path = _executable_path(mem, layout, auxv)
-    libraries = _libraries(mem, layout, exe_path, sysroot=sysroot, exe=exe)
+    libraries = _libraries(mem, layout, exe_path, sysroot=sysroot, exe=exe, loaded_as=loaded_as)
     exe_lib = next((lib for lib in libraries if lib.path == exe_path), None)
     pid = psinfo.pid if psinfo is not None else (threads[0].tid if threads else 0)
     args, args_cut = _command_line(mem, auxv, auxv_raw, psinfo)
@@ -184,11 +185,13 @@ def _build(path: str, mem: CoreMemory, layout: CoreLayout, *, sysroot: str | Non
 
 
 def _named_by_link_map(mem: CoreMemory, layout: CoreLayout, auxv: dict[int, int], *, sysroot: str | None,
-                       exe: str | None) -> tuple[CoreLayout, str, tuple[str, ...]]:
+                       exe: str | None) -> tuple[CoreLayout, str, tuple[str, ...], dict[str, str]]:
     """A core without NT_FILE (qemu-user's): its mappings named from the dynamic linker's list in its memory
-    (:mod:`.linkmap`), the memory reader told of them; what could not be read is a problem (partial).
+    (:mod:`.linkmap`), the memory reader told of them; what could not be read is a problem (partial).  With a
+    sysroot each object is named by its file's own name there (:func:`_real_names`), as NT_FILE names it.
 
-    :return: (the layout with those mappings, where the names came from, the problems)
+    :return: (the layout with those mappings, where the names came from, the problems, the file's name ->
+              the name it was loaded by, for those that differ)
     """
     execfn = auxv.get(elf.AT_EXECFN)
     executable = None
@@ -213,10 +216,31 @@ def _named_by_link_map(mem: CoreMemory, layout: CoreLayout, auxv: dict[int, int]
                                                      if exe_file else None)
     lead = "no NT_FILE note; the dynamic linker's list" + (" could not be read" if not files else "")
     said = tuple(f"{lead}: {p}" for p in (*link_map.problems, *problems))
-    mem.with_file_mappings(files)
+    real = _real_names(files, sysroot)
+    mem.with_file_mappings(tuple(replace(f, path=real.get(f.path, f.path)) for f in files))
     assert mem.layout is not None
     mem.layout = replace(mem.layout, page_size=page)
-    return mem.layout, ("link_map" if files else ""), said
+    return mem.layout, ("link_map" if files else ""), said, {v: k for k, v in real.items()}
+
+
+def _real_names(files: Sequence[elf.FileMapping], sysroot: str | None) -> dict[str, str]:
+    """The name link_map gives -> the file's own name in ``sysroot``, for those that differ.
+
+    The dynamic linker names an object as it was asked for it (``dlopen("libnvidia-ml.so.1")`` found on its
+    search path is ``.../libnvidia-ml.so.1``), the kernel's NT_FILE by the file it mapped
+    (``libnvidia-ml.so.580.126.09``: the driver's version is in that name).  The link is resolved inside the
+    sysroot only (:func:`~forensics.core.files.real_name_in_sysroot`); without one, or when the name is not
+    there, it stays as loaded.
+    """
+    if sysroot is None:
+        return {}
+    out: dict[str, str] = {}
+    for name in dict.fromkeys(f.path for f in files):
+        if name.startswith("/"):  # not [vdso]
+            real = real_name_in_sysroot(sysroot, name)
+            if real is not None and real != name:
+                out[name] = real
+    return out
 
 
 def _mtime(path: str) -> float | None:
@@ -308,7 +332,8 @@ def _is_elf_object(mem: CoreMemory, base: int) -> bool | None:
 
 
 def _libraries(
-    mem: CoreMemory, layout: CoreLayout, exe_path: str | None, *, sysroot: str | None, exe: str | None
+    mem: CoreMemory, layout: CoreLayout, exe_path: str | None, *, sysroot: str | None, exe: str | None,
+    loaded_as: dict[str, str],
 ) -> tuple[Library, ...]:
     exe_first: list[Library] = []
     rest: list[Library] = []
@@ -331,6 +356,7 @@ def _libraries(
             file_path=file_path,
             file_build_id=file_id,
             status=classify_library(build_id, file_path, file_id),
+            loaded_as=loaded_as.get(obj_path),
         )
         (exe_first if obj_path == exe_path else rest).append(lib)
     return tuple(exe_first + rest)

@@ -20,7 +20,7 @@ from forensics import rootpath
 from forensics.core.buildid import read_build_id_from_fd, read_build_id_from_file
 from forensics.model import LibraryStatus
 
-__all__ = ["resolve_in_sysroot", "resolve_file", "classify_library"]
+__all__ = ["resolve_in_sysroot", "real_name_in_sysroot", "resolve_file", "classify_library"]
 
 MAX_SYMLINK_HOPS = 40
 _DELETED = " (deleted)"
@@ -42,6 +42,24 @@ def resolve_in_sysroot(sysroot: str, path: str, max_hops: int = MAX_SYMLINK_HOPS
         return None
     os.close(found[1])
     return found[0]
+
+
+def real_name_in_sysroot(sysroot: str, path: str, max_hops: int = MAX_SYMLINK_HOPS) -> str | None:
+    """The file's own name for ``path`` inside ``sysroot``: the canonical in-root path of the regular file it
+    names, every symlink followed inside the sysroot (the dynamic linker's ``libnvidia-ml.so.1`` is
+    ``libnvidia-ml.so.580.126.09``, the name the kernel's NT_FILE would give), or None when there is none.
+
+    >>> real_name_in_sysroot("/nonexistent-sysroot", "/lib/libc.so.6") is None
+    True
+    """
+    try:
+        fd, inside = rootpath.open_in_root_as(os.path.abspath(sysroot), path, os.O_PATH, max_links=max_hops)
+    except (OSError, ValueError):
+        return None
+    try:
+        return inside if inside != "/" and stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
 
 
 def _find_in_sysroot(sysroot: str, path: str, max_hops: int = MAX_SYMLINK_HOPS) -> tuple[str, int] | None:

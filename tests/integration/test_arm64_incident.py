@@ -27,6 +27,7 @@ from forensics.reproduce import reproduce_payload, run_reproducers
 from forensics.resources import find_reproducers
 from forensics.simnvml import build_simnvml, ensure_stack_venv, sim_environment
 from tests.crashers.make_core import crash_for_core
+from tests.helpers import pyelftools_build_id
 
 #: bookworm: CPython 3.11, glibc 2.36; sid: CPython 3.14, glibc 2.43, return addresses signed (qemu's CPU has PAC)
 SUITES = ("bookworm", "sid")
@@ -127,3 +128,26 @@ def test_the_incident_conclusion_from_the_arm64_core_and_reproducer(incident):
         front = out.read_text().split("\n---", 1)[0]
         # THEN the incident's class is the driver's, as on x86_64
         assert 'conclusion: "driver-fault"' in front, (why, front)
+
+
+def test_the_arm64_core_names_the_driver_file_the_x86_64_twin_names(incident):
+    """qemu's core has no NT_FILE: the dynamic linker's list names the driver as it was loaded (the soname link,
+    libnvidia-ml.so.1); the evidence is which driver file that was, its version in its name, as the kernel's
+    NT_FILE names it in the twin's core."""
+    d = incident["dir"]
+    # WHEN both cores are analyzed, the arm64 one with its root as --sysroot (the soname a link to the file there)
+    arm = analysis_json(incident["core-arm64"], d / "names-arm64.json", incident["sysroot"])
+    x86 = analysis_json(incident["core-x86_64"], d / "names-x86_64.json")
+    # THEN the arm64 core names the file the link resolves to inside the sysroot, as the twin does
+    a, x = arm["snapshot"]["core"]["nvml"], x86["snapshot"]["core"]["nvml"]
+    assert Path(a["path"]).name == Path(x["path"]).name == LIB, (a, x)
+    assert a["driver_version"] == x["driver_version"] == "580.126.09"
+    assert a["version_source"] == x["version_source"] == "file-name"
+    assert f"via nvlink_scratch_overflow ({LIB})" in arm["signature"], arm["signature"]
+    # and the library keeps the name it was loaded by, its file the one whose build-id was read
+    (lib,) = [lib for lib in arm["snapshot"]["core"]["libraries"] if Path(lib["path"]).name == LIB]
+    loaded = Path(lib["loaded_as"])
+    assert loaded.name == "libnvidia-ml.so.1" and loaded.parent == Path(lib["path"]).parent
+    sim_file = incident["sim-arm64"] / LIB
+    assert lib["file_path"] == str(incident["sysroot"]) + str(sim_file) and lib["status"] in ("ok", "unverified")
+    assert lib["file_build_id"] == pyelftools_build_id(sim_file)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from forensics.core.files import classify_library, resolve_file, resolve_in_sysroot
+from forensics.core.files import classify_library, real_name_in_sysroot, resolve_file, resolve_in_sysroot
 from forensics.model import LibraryStatus
 
 
@@ -90,3 +90,15 @@ def test_resolve_file_in_sysroot_not_on_host(sysroot):
 )
 def test_classify_library(core_id, file_path, file_id, status):
     assert classify_library(core_id, file_path, file_id) is status
+
+
+def test_real_name_is_the_files_own_name_inside_the_sysroot(sysroot):
+    # GIVEN the names a dynamic linker loads by: a soname link (absolute, so sysroot-relative), a merged-/usr path
+    root = str(sysroot)
+    # THEN each is named by the file it reaches inside the sysroot, never by one outside it
+    assert real_name_in_sysroot(root, "/lib/libfoo.so.1") == "/opt/real/libfoo.so.1.2"
+    assert real_name_in_sysroot(root, "/lib/x86_64-linux-gnu/libc.so.6") == "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    assert real_name_in_sysroot(root, "/usr/lib/escape-dots") is None  # ".." stops at the root: no /etc/hostname
+    assert real_name_in_sysroot(root, "/usr/lib/loop-a") is None
+    assert real_name_in_sysroot(root, "/usr/lib") is None  # a directory is no object's file
+    assert real_name_in_sysroot(root, "/opt/real/missing.so") is None
