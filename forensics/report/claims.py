@@ -8,12 +8,75 @@ from typing import Any
 
 from .markdown import escape, prose_lines
 from ..output import escape_text
+from ..records import record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every command)
 if TYPE_CHECKING:
     from .make import Report
 
-__all__ = ["claims_path_for", "claims_record", "check_claims", "check_claims_file", "MAX_CLAIMS_BYTES"]
+__all__ = ["claims_path_for", "claims_record", "check_claims", "check_claims_file", "MAX_CLAIMS_BYTES", "Claims",
+           "RecordedClaim", "ClaimEvidence"]
+
+
+@record
+class ClaimEvidence:
+    """An evidence item a claim rests on (``--explain``'s): the fact as the report read it, its key and source."""
+
+    key: str
+    source: str
+    fact: str
+
+
+@record
+class RecordedClaim:
+    """A claim of the conclusion: its text, as written in the body, and the evidence items it rests on (none when
+    the record gives none, or gives one without its fact: then the claim is unsupported)."""
+
+    text: str
+    written: str
+    evidence: tuple[ClaimEvidence, ...] = ()
+
+
+@record
+class Claims:
+    """The claims record ``report -o`` writes beside a report (``NAME.claims.json``), read back by ``--check``."""
+
+    incident: str | None
+    template: str | None
+    claims: tuple[RecordedClaim, ...]
+    frame: tuple[str, ...]  # what else the lines holding the conclusion say
+    sentences: tuple[str, ...] | None  # every sentence of the body; None: an older report -o wrote none
+
+    def to_json(self) -> dict[str, Any]:
+        return {"incident": self.incident, "template": self.template,
+                "claims": [{"text": c.text, "written": c.written,
+                            "evidence": [{"key": i.key, "source": i.source, "fact": i.fact} for i in c.evidence]}
+                           for c in self.claims],
+                "frame": list(self.frame), "sentences": None if self.sentences is None else list(self.sentences)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> Claims | None:
+        """The record a ``.claims.json`` holds; None when it is not one (not an object, no list of claims).  A claim
+        that is not an object reads as an empty one, evidence that is not a list of items each with its fact as
+        none: both are then claims without evidence."""
+        if not isinstance(doc, dict) or not isinstance(doc.get("claims"), list):
+            return None
+        claims = []
+        for cl in doc["claims"]:
+            cl = cl if isinstance(cl, dict) else {}
+            text = str(cl.get("text") or "")
+            ev = cl.get("evidence")
+            items = (tuple(ClaimEvidence(key=str(i.get("key") or ""), source=str(i.get("source") or ""),
+                                         fact=str(i["fact"])) for i in ev)
+                     if isinstance(ev, list) and all(isinstance(i, dict) and i.get("fact") for i in ev) else ())
+            claims.append(RecordedClaim(text=text, written=str(cl.get("written") or escape(text)) if cl else "",
+                                        evidence=items))
+        incident, template, sentences = doc.get("incident"), doc.get("template"), doc.get("sentences")
+        frame = doc.get("frame")
+        return cls(incident=None if incident is None else str(incident),
+                   template=None if template is None else str(template), claims=tuple(claims),
+                   frame=tuple(str(x) for x in frame) if isinstance(frame, list) else (),
+                   sentences=tuple(str(s) for s in sentences) if isinstance(sentences, list) else None)
 
 
 def claims_path_for(output: str) -> Path:
@@ -35,7 +98,7 @@ def _claim_lines(body: str, rendered: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def claims_record(rep: Report) -> dict[str, Any]:
+def claims_record(rep: Report) -> Claims:
     """What ``report -o`` writes beside the report (:func:`claims_path_for`): the incident, each claim of the
     conclusion as written in the body and the evidence items it rests on (``--explain``'s data), and what else the
     lines holding the conclusion say (their frame: ``**Conclusion:**``, a table's cells), and every sentence of
@@ -46,47 +109,46 @@ def claims_record(rep: Report) -> dict[str, Any]:
 
     c = rep.context.conclusion
     e = explanation(c)
-    claims = [{"text": cl["text"], "written": escape(cl["text"]), "evidence": cl["evidence"]} for cl in e["claims"]]
-    frames = sorted({p for _line, pieces in _claim_lines(rep.body, [x["written"] for x in claims]) for p in pieces})
+    claims = tuple(RecordedClaim(text=cl["text"], written=escape(cl["text"]),
+                                 evidence=tuple(ClaimEvidence(**i) for i in cl["evidence"])) for cl in e["claims"])
+    frames = sorted({p for _line, pieces in _claim_lines(rep.body, [x.written for x in claims]) for p in pieces})
     sentences = sorted({s for _i, line in prose_lines(text_document(rep.body)) for s in line})
-    return {"incident": e["incident"], "template": rep.context.template, "claims": claims, "frame": frames,
-            "sentences": sentences}
+    return Claims(incident=e["incident"], template=rep.context.template, claims=claims, frame=tuple(frames),
+                  sentences=tuple(sentences))
 
 
-def check_claims(body: str, incident: str, record: Any) -> list[str]:
+def check_claims(body: str, incident: str, record: Claims | None) -> list[str]:
     """The problems of a written body against its claims record: a claim the record gives no evidence for, a
     sentence on the conclusion's lines that is no recorded claim, or anywhere else one ``report -o`` did not write
     (added by hand), a conclusion that is not in the body at all, a record of another incident class."""
-    if not isinstance(record, dict) or not isinstance(record.get("claims"), list):
+    if record is None:
         return ["the claims record is not one report -o wrote (no claims list)"]
     problems = []
-    if str(record.get("incident") or "") != incident:
-        problems.append(f"the claims record is of incident {record.get('incident')!r}, the report's front matter "
+    if (record.incident or "") != incident:
+        problems.append(f"the claims record is of incident {record.incident!r}, the report's front matter "
                         f"says {incident!r}")
     rendered = []
-    for cl in record["claims"]:
-        text = str(cl.get("text") or "") if isinstance(cl, dict) else ""
-        ev = cl.get("evidence") if isinstance(cl, dict) else None
-        if not isinstance(ev, list) or not ev or not all(isinstance(i, dict) and i.get("fact") for i in ev):
-            problems.append(f"claim without evidence: {escape_text(text[:120])!r}")
-        rendered.append(str(cl.get("written") or escape(text)) if isinstance(cl, dict) else "")
-    frames = {str(x) for x in record.get("frame") or []}
+    for cl in record.claims:
+        if not cl.evidence:
+            problems.append(f"claim without evidence: {escape_text(cl.text[:120])!r}")
+        rendered.append(cl.written)
+    frames = set(record.frame)
     lines = _claim_lines(body, rendered)
     if rendered and not lines:
         problems.append("the conclusion is not in the report as written: none of its recorded claims is there")
     for _line, pieces in lines:
         problems += [f"claim without evidence: {escape_text(p[:200])!r} (not in the claims record)"
                      for p in pieces if p not in frames]
-    return problems + _unwritten_sentences(body, rendered, record.get("sentences"))
+    return problems + _unwritten_sentences(body, rendered, record.sentences)
 
 
-def _unwritten_sentences(body: str, rendered: list[str], sentences: object) -> list[str]:
+def _unwritten_sentences(body: str, rendered: list[str], sentences: tuple[str, ...] | None) -> list[str]:
     """A problem for each sentence outside the conclusion's lines (checked against the claims) that is not one
     ``report -o`` wrote (``sentences``: the claims record's)."""
-    if not isinstance(sentences, list):
+    if sentences is None:
         return ["the claims record lists no sentences (an older report -o wrote it): the sentences outside the "
                 "conclusion cannot be checked; write the report again"]
-    written = {str(s) for s in sentences}
+    written = set(sentences)
     claimed = {i for i, line in enumerate(body.split("\n")) if any(r and r in line for r in rendered)}
     return [f"claim without evidence: {escape_text(s[:200])!r} (not in the report as report -o wrote it)"
             for i, line in prose_lines(body) if i not in claimed for s in line if s not in written]
@@ -103,7 +165,7 @@ def check_claims_file(path: str, body: str, incident: str) -> list[str]:
     if sidecar.stat().st_size > MAX_CLAIMS_BYTES:
         return [f"{sidecar.name}: more than {MAX_CLAIMS_BYTES} bytes: not a claims record report -o wrote"]
     try:
-        record = json.loads(sidecar.read_text(encoding="utf-8", errors="replace"))
-    except ValueError as e:
+        doc = json.loads(sidecar.read_text(encoding="utf-8", errors="replace"))
+    except (ValueError, RecursionError) as e:
         return [f"{sidecar.name}: not JSON ({str(e)[:100]})"]
-    return check_claims(body, incident, record)
+    return check_claims(body, incident, Claims.from_json(doc))

@@ -27,7 +27,7 @@ def write_report(rep: Report, output: str, *, force: bool = False) -> list[str]:
     out = Path(output)
     files_dir = attachment_dir_for(output)
     written = []
-    claims = json.dumps(claims_record(rep), indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+    claims = json.dumps(claims_record(rep).to_json(), indent=1, ensure_ascii=False, sort_keys=True) + "\n"
     targets = [(out, rep.markdown), (claims_path_for(output), claims)] + [
         (files_dir / name, text) for name, text in sorted(rep.attachments.items())]
     if not force:

@@ -105,3 +105,27 @@ def test_a_report_without_its_claims_record_or_its_conclusion_fails_check(tmp_pa
     assert r.exit_code == EXIT_FINDINGS
     assert r.stdout.splitlines()[1:] == ["  no claims record report-runbook.claims.json beside it (report -o writes "
                                          "one): its claims cannot be checked"]
+
+
+@pytest.mark.parametrize("change", [
+    {"frame": 5, "sentences": {"a": 1}},  # a number where a list belongs, an object where a list of strings does
+    {"claims": ["a claim", 7, {"text": ["x"], "evidence": [{"fact": ""}]}]},
+    {"claims": {"text": "x"}},
+])
+def test_a_claims_record_of_the_wrong_shape_is_problems_not_a_traceback(tmp_path, change):
+    # GIVEN a written report whose claims record is changed into values of the wrong type
+    out = written("nvml", tmp_path)
+    sidecar = out.with_name("report-nvml.claims.json")
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), **change}))
+    # WHEN it is checked
+    r = run("report", "--check", out)
+    # THEN the check says what is wrong, one line each, exit 3, and nothing raises
+    assert r.exit_code == EXIT_FINDINGS, r.output
+    assert "Traceback" not in r.output and r.stdout.splitlines()[1:], r.output
+    said = r.stdout
+    if "frame" in change:
+        assert "the claims record lists no sentences" in said
+    elif isinstance(change["claims"], list):
+        assert "  claim without evidence: ''" in said.splitlines() and "  claim without evidence: \"['x']\"" in said
+    else:
+        assert "the claims record is not one report -o wrote (no claims list)" in said
