@@ -1,6 +1,7 @@
 """The modes ``analyze`` runs in, each an enum defined once: the Python stacks' method, the native unwinder,
-the heap check.  The library (:mod:`forensics.analyze`) and both of ``analyze``'s parsers (click's options
-and the click-free fast path, :mod:`forensics.commands.analyze_run`) take their choices from here.  Beside
+the heap check.  The library (:mod:`forensics.analyze`) and ``analyze``'s option table
+(:mod:`forensics.commands.analyze_run`, which click's options and the click-free fast path both read) take
+their choices from here.  Beside
 them, what the native unwinding gave: :class:`Unwinder` for one thread's stack, :class:`UnwoundBy` for a
 snapshot's.
 

@@ -1,33 +1,90 @@
-"""Shared click options and parameter types: --json, -o/--output, --force, -v; sizes; coredump_filter."""
+"""click's options made from :mod:`forensics.argspec`'s records: the shared ones (--json, -o/--output, --force,
+-v, the object store's) and any command's table (analyze's); parameter types: sizes; coredump_filter."""
 from __future__ import annotations
 
 import click
 
+from .argspec import FORCE, JSON, OUTPUT, STORE, VERBOSE, ArgumentSpec, Kind, OptionSpec
+from .modes import values
+from .output import STDOUT
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
 __all__ = ["json_option", "output_option", "force_option", "verbose_option", "SIZE", "parse_coredump_filter",
-           "store_options"]
-
-json_option = click.option("--json", "as_json", is_flag=True,
-                           help="Write one JSON document to stdout (logs go to stderr).")
-def _output(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """``-o -`` is standard output; any other path is checked before the command works (its directory exists:
-    none is created; it is no directory, device or kernel file)."""
-    from .output import STDOUT, check_output_path
-
-    if value is None or value == STDOUT:
-        return None
-    check_output_path(value)
-    return value
+           "store_options", "click_option", "click_argument", "click_options"]
 
 
-output_option = click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None, callback=_output,
-    help="Write the result to FILE instead of stdout (never overwrites without --force; - is stdout; the "
-         "directory must exist).",
-)
-force_option = click.option("--force", is_flag=True, help="Allow --output to replace an existing file.")
-verbose_option = click.option("-v", "--verbose", count=True,
-                              help="More detail on stderr (every warning of the analysis; with verify-imports, every "
-                                   "path looked at).")
+def click_option(spec: OptionSpec):
+    """click's option for one record of a table: its names, type, default, metavar and help as the record says
+    them, and a callback where it has a check (or takes ``-`` for standard output)."""
+    kwargs: dict[str, Any] = {"help": spec.help}
+    if spec.kind is Kind.FLAG:
+        kwargs["is_flag"] = True
+    elif spec.kind is Kind.COUNT:
+        kwargs["count"] = True
+    else:
+        kwargs["type"] = _click_type(spec)
+        kwargs["default"] = spec.default
+    if spec.show_default:
+        kwargs["show_default"] = True
+    if spec.metavar is not None:
+        kwargs["metavar"] = spec.metavar
+    if spec.check is not None or spec.allow_dash:
+        kwargs["callback"] = _checked(spec)
+    return click.option(*spec.names, spec.dest, **kwargs)
+
+
+def click_argument(spec: ArgumentSpec):
+    """click's argument for a table's positional paths: one or more."""
+    return click.argument(spec.dest, nargs=-1, required=True,
+                          type=click.Path(file_okay=spec.file_okay, dir_okay=spec.dir_okay, readable=spec.readable))
+
+
+def click_options(specs: Iterable[OptionSpec]):
+    """A decorator giving a command a table's options, in the table's order (``--help`` lists them so)."""
+    table = tuple(specs)
+
+    def decorate(f):
+        for spec in reversed(table):
+            f = click_option(spec)(f)
+        return f
+    return decorate
+
+
+def _click_type(spec: OptionSpec) -> click.ParamType | None:
+    """click's type for a record's kind; None for TEXT (click's STRING, as click infers it from the default)."""
+    if spec.kind is Kind.PATH:
+        return click.Path(file_okay=spec.file_okay, dir_okay=spec.dir_okay, readable=spec.readable,
+                          allow_dash=spec.allow_dash)
+    if spec.kind is Kind.CHOICE:
+        assert spec.choices is not None
+        return click.Choice(values(spec.choices))
+    if spec.kind is Kind.INT:
+        return click.INT
+    return click.FLOAT if spec.kind is Kind.FLOAT else None
+
+
+def _checked(spec: OptionSpec):
+    """The callback of an option with a check, or whose ``-`` is standard output (given as None): run before the
+    command works, as :func:`forensics.argspec.parse_args` runs it."""
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is None or (spec.allow_dash and value == STDOUT):
+            return None
+        if spec.check is not None:
+            spec.check(value)
+        return value
+    return callback
+
+
+json_option = click_option(JSON)
+output_option = click_option(OUTPUT)
+force_option = click_option(FORCE)
+verbose_option = click_option(VERBOSE)
+#: --endpoint-url, --region, --profile: an S3-compatible store (:data:`forensics.argspec.STORE`)
+store_options = click_options(STORE)
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -67,17 +124,3 @@ def parse_coredump_filter(ctx: click.Context, param: click.Parameter, value: str
     if not 0 <= v <= 0x1FF:
         raise click.BadParameter("coredump_filter has 9 bits (0x0-0x1ff)")
     return v
-
-
-def store_options(f):
-    """--endpoint-url, --region, --profile: an S3-compatible store, over what the AWS SDKs' environment says
-    (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE); credentials only from that environment, never a flag."""
-    for option in reversed((
-            click.option("--endpoint-url", default=None, metavar="URL",
-                         help="The S3 endpoint (MinIO, Ceph RGW, SeaweedFS...); default AWS_ENDPOINT_URL, else AWS."),
-            click.option("--region", default=None, help="The bucket's region; default AWS_REGION."),
-            click.option("--profile", default=None,
-                         help="A profile of the AWS config files; default AWS_PROFILE (credentials are read the AWS "
-                              "SDKs' way: environment, profile, web-identity token file; never from a flag)."))):
-        f = option(f)
-    return f

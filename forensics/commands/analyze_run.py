@@ -1,7 +1,8 @@
-"""forensics analyze's work, behind its click command (:mod:`.analyze`) and without click.
+"""forensics analyze's work and its options, behind its click command (:mod:`.analyze`) and without click.
 
-:func:`run` is the command's body.  :func:`parse_argv` reads ``forensics analyze``'s arguments
-the way click reads them, for the forms click accepts as they are, so that
+:func:`run` is the command's body; :data:`OPTIONS` its options, the one table click's command is made
+from.  :func:`parse_argv` reads ``forensics analyze``'s arguments with that table the way click reads
+them, for the forms click accepts as they are, so that
 :func:`forensics.cli.main` can run an analysis without importing click (a third of what an
 analysis of a small core cost); for anything else -- help, a usage error, an option written
 another way -- it says None and click parses, so click's help, messages and exit codes stay
@@ -10,17 +11,14 @@ the only ones.  ``tests/unit/test_analyze_argv.py`` holds it to click's own pars
 from __future__ import annotations
 
 import os
-import stat
 import sys
 
+from ..argspec import FORCE, INPUT, JSON, OUTPUT, STORE, VERBOSE, Kind, OptionSpec, parse_args
 from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, CoreNotFound, ForensicsError, check_input_exists
-from ..modes import NativeMethod, StackMethod, values
+from ..modes import NativeMethod, StackMethod
 from . import emit, emit_json, warn
 
-__all__ = ["run", "parse_argv", "METHOD_CHOICES", "NATIVE_METHOD_CHOICES"]
-
-METHOD_CHOICES = values(StackMethod)  # click's choices and the fast path's, from the one definition
-NATIVE_METHOD_CHOICES = values(NativeMethod)
+__all__ = ["run", "parse_argv", "OPTIONS"]
 
 
 def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
@@ -136,88 +134,50 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
     sys.exit(EXIT_FINDINGS if result.failed else EXIT_PARTIAL if result.partial else EXIT_OK)
 
 
-#: options that take a value: the spelling on the command line -> run()'s parameter
-_VALUE_OPTIONS = {"--sysroot": "sysroot", "--exe": "exe", "--method": "method", "--native-method": "native_method",
-                  "--gdb": "gdb_path", "--debuginfod": "debuginfod", "--timeout": "timeout", "-j": "jobs",
-                  "--jobs": "jobs", "-o": "output", "--output": "output", "--endpoint-url": "endpoint_url",
-                  "--region": "region", "--profile": "profile"}
-_FLAG_OPTIONS = {"--native": "merged", "--heap": "heap", "--json": "as_json", "--force": "force"}
-_COUNT_OPTIONS = {"-v": "verbose", "--verbose": "verbose"}
-#: run()'s parameters as click gives them when their option is not on the command line
-DEFAULTS = {"sysroot": None, "exe": None, "merged": False, "method": "auto", "native_method": "auto",
-            "gdb_path": "gdb", "debuginfod": None, "timeout": 120.0, "heap": False, "jobs": 0, "as_json": False,
-            "output": None, "force": False, "verbose": 0, "endpoint_url": None, "region": None, "profile": None}
-#: path parameters: (allowed to name a regular file, allowed to name a directory), as their click.Path says
-_PATHS = {"inputs": (True, True), "sysroot": (False, True), "exe": (True, False), "output": (True, False)}
+#: analyze's options, in the order --help lists them: click's command is made from this table
+#: (:mod:`.analyze`), and :func:`parse_argv` reads the command line with it
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec(names=("--sysroot",), dest="sysroot", kind=Kind.PATH, file_okay=False, readable=False,
+               help="Directory holding the crashed process's files at the paths the core names (an unpacked image, "
+                    "/proc/PID/root)."),
+    OptionSpec(names=("--exe",), dest="exe", kind=Kind.PATH, dir_okay=False, readable=False,
+               help="The executable, when it is not at the path the core names."),
+    OptionSpec(names=("--native",), dest="merged", kind=Kind.FLAG,
+               help="Merged view: Python frames placed where their evaluation-loop native frames stand."),
+    OptionSpec(names=("--method",), dest="method", kind=Kind.CHOICE, choices=StackMethod,
+               default=StackMethod.AUTO.value, show_default=True,
+               help="Python stacks, one walker; its struct layout from: direct (the core's _Py_DebugOffsets and the "
+                    "table: no gdb, no debug symbols), gdb (CPython's DWARF, read by gdb), both (both layouts and "
+                    "their stacks compared), auto (direct, gdb's DWARF layout as fallback)."),
+    OptionSpec(names=("--native-method",), dest="native_method", kind=Kind.CHOICE, choices=NativeMethod,
+               default=NativeMethod.AUTO.value, show_default=True,
+               help="Native stacks: libdw (elfutils, no gdb; gdb only for a thread libdw cannot unwind), gdb, "
+                    "both (compared frame for frame), none (program counters only), auto (libdw; none with "
+                    "--method direct; gdb with --debuginfod)."),
+    OptionSpec(names=("--gdb",), dest="gdb_path", kind=Kind.TEXT, default="gdb", show_default=True,
+               help="gdb to run."),
+    OptionSpec(names=("--debuginfod",), dest="debuginfod", kind=Kind.TEXT, metavar="URL",
+               help="Let gdb fetch debug info from this debuginfod server (off by default)."),
+    OptionSpec(names=("--timeout",), dest="timeout", kind=Kind.FLOAT, default=120.0, show_default=True,
+               help="Seconds gdb may take per core."),
+    OptionSpec(names=("--heap",), dest="heap", kind=Kind.FLAG,
+               help="Walk glibc's heap whatever the crash: every arena, heap, bin and tcache (a heap-corruption "
+                    "crash always gets the anatomy of the overflow; other crashes pay nothing without this)."),
+    OptionSpec(names=("-j", "--jobs"), dest="jobs", kind=Kind.INT, default=0,
+               help="Worker processes for several cores (0: one per CPU)."),
+    *STORE, JSON, OUTPUT, FORCE, VERBOSE,
+)
 
 
 def parse_argv(args: list[str]) -> dict | None:
     """``run()``'s keyword arguments for ``forensics analyze ARGS``, exactly as click would pass them; None for
     anything click should read itself (help, an unknown or repeated option, a bundled short option,
-    ``--``, a missing input, a value click would refuse).
+    ``--``, a missing input, a value click would refuse): :func:`forensics.argspec.parse_args` over
+    :data:`OPTIONS`.
 
     >>> parse_argv(["--method", "direct", "--sysroot=/", "core"])["method"]
     'direct'
     >>> parse_argv(["--help"]) is None, parse_argv(["--method", "fast", "core"]) is None
     (True, True)
     """
-    params: dict = dict(DEFAULTS)
-    inputs: list[str] = []
-    seen: set[str] = set()
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if not arg.startswith("-"):
-            inputs.append(arg)
-            continue
-        # click reads "--long=value", never "-s=value" (that is "-s" with the value "=value")
-        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        if name in _VALUE_OPTIONS:
-            if not eq:
-                if i >= len(args):
-                    return None
-                value = args[i]
-                i += 1
-            if value.startswith("-"):
-                return None
-            dest = _VALUE_OPTIONS[name]
-            params[dest] = value
-        elif not eq and arg in _FLAG_OPTIONS:
-            dest = _FLAG_OPTIONS[arg]
-            params[dest] = True
-        elif not eq and arg in _COUNT_OPTIONS:
-            dest = _COUNT_OPTIONS[arg]
-            params[dest] += 1
-            continue
-        else:
-            return None
-        if dest in seen:
-            return None
-        seen.add(dest)
-    if not inputs or not _converted(params):
-        return None
-    return {"inputs": tuple(inputs), **params} if all(
-        _path_ok(p, *_PATHS["inputs"]) for p in inputs) else None
-
-
-def _converted(params: dict) -> bool:
-    """Convert the values as click's types do; False where click would refuse one."""
-    if params["method"] not in METHOD_CHOICES or params["native_method"] not in NATIVE_METHOD_CHOICES:
-        return False
-    try:
-        params["timeout"] = float(params["timeout"])
-        params["jobs"] = int(params["jobs"])
-    except ValueError:
-        return False
-    return all(params[k] is None or _path_ok(params[k], *_PATHS[k]) for k in ("sysroot", "exe", "output"))
-
-
-def _path_ok(path: str, file_okay: bool, dir_okay: bool) -> bool:
-    """Whether click.Path(file_okay, dir_okay, readable=False) takes ``path`` (it checks only a path that
-    exists; one this user may not read is the command's to say: ``PATH: permission denied``, exit 1)."""
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return "\0" not in path
-    return not ((not file_okay and stat.S_ISREG(st.st_mode)) or (not dir_okay and stat.S_ISDIR(st.st_mode)))
+    return parse_args(INPUT, OPTIONS, args)

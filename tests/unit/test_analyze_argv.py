@@ -3,6 +3,7 @@ them (click's own parser is the oracle), everything else is left to click, and t
 that way prints, exits and fails as the click command does -- without importing click."""
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import subprocess
@@ -11,32 +12,64 @@ import sys
 import click
 import pytest
 
+from forensics.argspec import INPUT, Kind, OptionSpec
 from forensics.commands.analyze import analyze
-from forensics.commands.analyze_run import (
-    _COUNT_OPTIONS,
-    _FLAG_OPTIONS,
-    _VALUE_OPTIONS,
-    DEFAULTS,
-    parse_argv,
-)
+from forensics.commands.analyze_run import OPTIONS, parse_argv, run
+from forensics.errors import ForensicsError
+from forensics.modes import values
 
 
 def click_params(args: list[str]) -> dict | None:
-    """What click passes to the command for ``analyze ARGS``; None when click refuses them or prints help."""
+    """What click passes to the command for ``analyze ARGS``; None when click refuses them (a usage error, or an
+    option's check: ``-o`` in a missing directory) or prints help."""
     try:
         with analyze.make_context("analyze", list(args)) as ctx:
             return dict(ctx.params)
-    except (click.exceptions.Exit, click.ClickException):
+    except (click.exceptions.Exit, click.ClickException, ForensicsError):
         return None
 
 
-def test_the_fast_table_is_the_commands_options():
-    # the options parse_argv knows are exactly the click command's (a new option must be added to both)
-    opts = {o for p in analyze.params if isinstance(p, click.Option) for o in p.opts}
-    assert opts - {"-h", "--help"} == set(_VALUE_OPTIONS) | set(_FLAG_OPTIONS) | set(_COUNT_OPTIONS)
-    assert set(DEFAULTS) == {p.name for p in analyze.params} - {"inputs"}
-    # and its defaults are click's
-    assert click_params(["core"]) == {"inputs": ("core",), **DEFAULTS}
+def test_every_parameter_of_the_click_command_is_a_row_of_the_table():
+    # GIVEN the click command's parameters; THEN they are the table's rows, in its order, under its names (an
+    # option added to the command beside the table, or a row click is not given, is a difference here)
+    params = [(p.name, tuple(p.opts)) for p in analyze.params if p.name != "help"]
+    assert params == [(INPUT.dest, (INPUT.dest,))] + [(spec.dest, spec.names) for spec in OPTIONS]
+    # and run() takes exactly those parameters
+    assert set(inspect.signature(run).parameters) == {INPUT.dest} | {spec.dest for spec in OPTIONS}
+    # and each row's value when not given is click's
+    assert click_params(["core"]) == {"inputs": ("core",), **{spec.dest: spec.initial for spec in OPTIONS}}
+
+
+def _samples(spec: OptionSpec, paths: dict[str, str]) -> list[str | None]:
+    """Values a row takes (None: a flag's)."""
+    if spec.kind in (Kind.FLAG, Kind.COUNT):
+        return [None]
+    if spec.kind is Kind.CHOICE:
+        assert spec.choices is not None
+        return list(values(spec.choices))
+    if spec.kind is Kind.PATH:
+        return [paths["file"] if spec.file_okay else paths["dir"]]
+    return {Kind.TEXT: ["x"], Kind.INT: ["3"], Kind.FLOAT: ["2.5"]}[spec.kind]
+
+
+def test_the_fast_path_reads_every_row_of_the_table_as_click_does(paths):
+    # GIVEN each option of the table, under each of its names, with each kind of value it takes
+    read = 0
+    for spec in OPTIONS:
+        for name in spec.names:
+            for value in _samples(spec, paths):
+                forms = [[name]] if value is None else [[name, value]] + (
+                    [[f"{name}={value}"]] if name.startswith("--") else [])
+                for form in forms:
+                    args = form + [paths["file"]]
+                    # THEN the fast path reads it, and reads it as click does
+                    mine = parse_argv(args)
+                    assert mine is not None, args
+                    assert _same(mine, click_params(args) or {}), args
+                    read += 1
+    assert read > len(OPTIONS)
+    # and an option that is no row is left to click
+    assert parse_argv(["--no-such-option", paths["file"]]) is None
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +90,7 @@ def _cases(paths: dict[str, str]) -> list[list[str]]:
         ["--timeout", "1e3"], ["--timeout", " 7 "], ["--timeout", "x"], ["--timeout=nan"], ["-j", "2"],
         ["-j2"], ["-j=2"], ["--jobs", "3"], ["--jobs", "two"], ["--jobs=1_0"], ["--heap"], ["--heap=1"],
         ["--native"], ["--json"], ["--force"], ["-o", missing], ["-o", dr], ["--output", f], ["-o"],
+        ["-o", os.path.join(missing, "out")],
         ["-v"], ["-v", "--verbose"], ["-vv"], ["--verb"], ["-h"], ["--help"], ["--"], ["-"], ["--unknown"],
         ["--method", "direct", "--method", "gdb"], ["--heap", "--heap"],
     ]

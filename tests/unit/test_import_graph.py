@@ -20,10 +20,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "model", "cache", "redact", "rootpath", "digest", "subproc"),
     # shared formats, shipped files, the one kube client; who a PID is (/proc/PID/stat); the one reader of /proc/PID
     ("output", "resources", "guard", "kubectl", "pidstat", "procfs"),
-    # records back from the JSON another command wrote (analyze, reproduce, fleet...); the shared click options
-    # (-o checks its path through output)
-    ("jsonrecords", "options"),
-    ("core", "fleet"),  # reading cores; the fleet's restarts (its table's records, from pods or from Prometheus)
+    # records back from the JSON another command wrote (analyze, reproduce, fleet...); the command line's options as
+    # records, without click (-o checks its path through output)
+    ("jsonrecords", "argspec"),
+    # reading cores; the fleet's restarts (its table's records, from pods or from Prometheus); click's options, made
+    # from argspec's records
+    ("core", "fleet", "options"),
     # stacks by gdb / our reader / libdw; capture bundles; glibc heap; systemd-coredump's store (its compressed
     # cores, its journal)
     ("gdb", "pyread", "bundle", "unwind", "heap", "coredumpd"),
@@ -96,9 +98,11 @@ def test_help_loads_the_commands_but_none_of_their_work():
         loaded = _loaded_after(
             "from forensics.cli import cli\n"
             f"try:\n    cli({argv!r}, prog_name='forensics')\nexcept SystemExit:\n    pass")
-        # THEN only the command layer, the shared output helpers and analyze's modes were imported
+        # THEN only the command layer, the shared output helpers, analyze's modes and the options' records were
+        # imported
         assert [m for m in loaded if not m.startswith(CLI_LAYER + ("forensics.errors", "forensics.output",
-                                                                   "forensics.modes"))] \
+                                                                   "forensics.modes", "forensics.argspec",
+                                                                   "forensics.records"))] \
             == ["forensics"], argv
 
 
