@@ -9,13 +9,18 @@ from .verdict import Conclusion
 __all__ = ["explanation", "explain_lines"]
 
 
+def _items(c: Conclusion, keys: tuple[str, ...]) -> list:
+    """The decision's evidence items named by ``keys``, in the decision's order."""
+    return [i for i in c.decision.items if i.key in keys]
+
+
 def explanation(c: Conclusion) -> dict[str, Any]:
     """The decision as JSON values: the class, its basis, what is missing, the claims with their evidence, who gets
     which report, the steps, the versions that ran, and the claims the evidence does not carry."""
     d = c.decision
 
     def items(keys: tuple[str, ...]) -> list[dict[str, str]]:
-        return [{"key": i.key, "source": i.source, "fact": i.fact} for i in d.items if i.key in keys]
+        return [{"key": i.key, "source": i.source, "fact": i.fact} for i in _items(c, keys)]
 
     return {
         "incident": c.incident.value, "words": c.incident.words, "basis": items(d.basis), "missing": list(d.missing),
@@ -30,15 +35,18 @@ def explanation(c: Conclusion) -> dict[str, Any]:
 
 
 def explain_lines(c: Conclusion) -> list[str]:
-    """The same as lines: ``claim: TEXT`` then ``  <- FACT [key, source]`` for each item it rests on."""
-    e = explanation(c)
-    out = [f"incident: {e['incident']} ({e['words']})"]
-    out += [f"  missing: {m}" for m in e["missing"]]
-    for kind, entries in (("claim", e["claims"]), ("route", e["routes"]), ("step", e["steps"])):
-        for x in entries:
-            head = x["text"] if kind != "route" else f"({x['order']}) the {x['report']} report -> {x['owner']}: " \
-                                                         f"{x['action']}"
-            out.append(f"{kind}: {head}" + (f"  $ {x['command']}" if x.get("command") else ""))
-            out += [f"  <- {i['fact']} [{i['key']}, {i['source']}]" for i in x["evidence"]]
-    out += [f"NOT CARRIED: {u}" for u in e["unsupported_claims"]]
+    """The same as lines, read from the conclusion's records: ``claim: TEXT`` then ``  <- FACT [key, source]`` for
+    each item it rests on."""
+    d = c.decision
+    out = [f"incident: {c.incident.value} ({c.incident.words})"]
+    out += [f"  missing: {m}" for m in d.missing]
+    entries: list[tuple[str, str, str | None, tuple[str, ...]]] = [
+        *(("claim", cl.text, None, cl.evidence) for cl in c.claims),
+        *(("route", f"({r.order}) the {r.report} report -> {r.owner}: {r.action}", None, r.evidence)
+          for r in d.routes),
+        *(("step", s.text, s.command, s.evidence) for s in d.steps)]
+    for kind, head, command, keys in entries:
+        out.append(f"{kind}: {head}" + (f"  $ {command}" if command else ""))
+        out += [f"  <- {i.fact} [{i.key}, {i.source}]" for i in _items(c, keys)]
+    out += [f"NOT CARRIED: {u}" for u in c.unsupported_claims()]
     return out
