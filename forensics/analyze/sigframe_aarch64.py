@@ -29,14 +29,13 @@ from collections.abc import Callable
 
 from ..core import elf
 from ..core.memory import CoreMemory, MemoryNotInCore
+from ..core.rtsigframe import FPSIMD_MAGIC, FPSIMD_SIZE, FRAME_SIZE, MCONTEXT as _MCONTEXT, REGS as _REGS
+from ..core.rtsigframe import RESERVED as _RESERVED, SIGRETURN_TRAMPOLINE, UC as _UC
 from ..model import CoreFile, CoreThread, SignalFrame, SigInfo
 
 __all__ = [
     "EM_AARCH64",
-    "SIGRETURN_TRAMPOLINE",
-    "FPSIMD_MAGIC",
     "ESR_MAGIC",
-    "FRAME_SIZE",
     "parse_signal_frame",
     "parse_siginfo_slot",
     "signal_from_registers",
@@ -46,20 +45,12 @@ __all__ = [
 ]
 
 EM_AARCH64 = 183
-#: ``mov x8, #139; svc #0``: rt_sigreturn, the body of the vDSO's ``__kernel_rt_sigreturn`` (and of
-#: qemu-user's sigtramp page)
-SIGRETURN_TRAMPOLINE = bytes.fromhex("681180d2010000d4")
 TRAMPOLINE_SYMBOLS = frozenset({"__kernel_rt_sigreturn"})
-FPSIMD_MAGIC, FPSIMD_SIZE = 0x46508001, 0x210
 ESR_MAGIC = 0x45535201
 EXTRA_MAGIC = 0x45585401
 
-_UC = 128  # struct ucontext, after the siginfo
+# the frame's layout: forensics.core.rtsigframe (the unwinder resumes from the registers it saved)
 _UC_STACK = _UC + 16  # stack_t: ss_sp, ss_flags (+ padding), ss_size
-_MCONTEXT = _UC + 176  # struct sigcontext, 16-byte aligned after uc_sigmask and 120 unused bytes
-_REGS = _MCONTEXT + 8  # x0-x30, then sp, pc, pstate
-_RESERVED = _MCONTEXT + 288
-FRAME_SIZE = _RESERVED + 4096  # 4688: sizeof(struct rt_sigframe)
 _RECORD_SIZE = 16  # the frame record {fp, lr} after it
 _NEEDLE = struct.pack("<II", FPSIMD_MAGIC, FPSIMD_SIZE)
 _SS_ONSTACK, _SS_DISABLE = 1, 2

@@ -29,10 +29,18 @@ _ABORT_MACHINERY = frozenset(
 
 def with_core_libraries(core: CoreFile, frames: tuple[NativeFrame, ...]) -> tuple[NativeFrame, ...]:
     """An unwinder's frames with each library named as the core names it (a caller frame by its call
-    instruction, ``pc - 1``); the unwinder's name where the core maps nothing there."""
+    instruction, ``pc - 1``); the unwinder's name where the core maps nothing there.
+
+    A call instruction is code: where ``pc - 1`` is not executable, or ``pc`` starts an executable mapping no
+    file backs, the frame was returned to without a call -- qemu-user's AArch64 sigreturn trampoline, an
+    anonymous page that may lie just above an object's data -- and is named by ``pc`` itself."""
     out = []
     for i, f in enumerate(frames):
-        mapping = core.find_mapping(f.pc - 1 if i and f.pc else f.pc)
+        mapping = core.find_mapping(f.pc)
+        if i and f.pc and not (mapping is not None and mapping.path is None and "x" in mapping.perms
+                               and mapping.start == f.pc):
+            caller = core.find_mapping(f.pc - 1)
+            mapping = caller if caller is not None and "x" in caller.perms else mapping
         library = mapping.path if mapping is not None and mapping.path else f.library
         out.append(f if f.index == i and f.library == library else replace(f, index=i, library=library))
     return tuple(out)

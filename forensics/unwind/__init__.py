@@ -22,7 +22,9 @@ offset is the pc's offset into its ELF symbol (what ``info symbol`` says), given
 only when that symbol starts where the DWARF function does: for a DWARF-named
 frame, when the pc lies in the function's first address range (its ELF symbol
 starts there; a cold part has another).  For a caller frame the lookup address is
-``pc - 1`` (the call instruction), as gdb and eu-stack do.
+``pc - 1`` (the call instruction), as gdb and eu-stack do -- except at qemu-user's AArch64 sigreturn
+trampoline (:func:`forensics.core.rtsigframe.is_anonymous_trampoline`), an anonymous page a handler returns
+to without a call: its frame is its own, in no object (``pc - 1`` is the end of whatever lies below it).
 
 Symbolization results are cached per process by (build-id, files the symbols came
 from, address relative to the object), so a batch of cores of one crash loop reads
@@ -42,9 +44,10 @@ from .. import rootpath
 from ..core.arch import spec_of
 from ..core.debugfiles import find_debug_file
 from ..core.memory import CoreMemory
+from ..core.rtsigframe import is_anonymous_trampoline
 from ..core.symtab import file_identity
 from ..errors import UnwinderUnavailable
-from ..model import CoreFile, Library, LibraryStatus, NativeFrame, NativeStack
+from ..model import Arch, CoreFile, Library, LibraryStatus, NativeFrame, NativeStack
 from ..modes import Unwinder
 from . import libdw as L
 from .coreattach import CoreState
@@ -111,6 +114,8 @@ class _Unwinder:
         self.given: set[int] = set()  # the modules whose file libdwfl was given
         self._keys: dict[int, tuple] = {}
         self.debug_files: dict[int, str | None] = {}  # Dwfl_Module* -> debug file handed to libdwfl
+        self.mem: CoreMemory | None = None  # the core's memory while run() unwinds
+        self._sigtramps: dict[int, bool] = {}  # pc -> whether it is qemu-user's sigreturn trampoline
         # keep the ctypes callbacks alive as long as libdwfl may call them
         self._find_elf = L.FIND_ELF(self._on_find_elf)
         self._find_debuginfo = L.FIND_DEBUGINFO(self._on_find_debuginfo)
@@ -278,7 +283,7 @@ class _Unwinder:
                 raise UnwinderUnavailable(f"dwfl_begin: {lib.errmsg()}")
             self._report(dwfl)
             # the threads' registers and memory from our reader (coreattach: linear in the words read)
-            mem = stack.enter_context(CoreMemory.open(self.core.path))
+            mem = self.mem = stack.enter_context(CoreMemory.open(self.core.path))
             state = CoreState(lib, self.core, mem)
             if not state.attach(dwfl, elf):
                 raise UnwinderUnavailable(f"cannot read the core's threads: {lib.errmsg()}")
@@ -324,7 +329,20 @@ class _Unwinder:
 
     # -- naming frames ----------------------------------------------------------------------------
 
+    def _at_sigtramp(self, pc: int) -> bool:
+        """Whether ``pc`` is qemu-user's AArch64 sigreturn trampoline (an anonymous page, no CFI)."""
+        if self.core.arch is not Arch.AARCH64 or self.mem is None or not pc:
+            return False
+        found = self._sigtramps.get(pc)
+        if found is None:
+            found = self._sigtramps[pc] = is_anonymous_trampoline(self.core, self.mem, pc)
+        return found
+
     def _symbolize(self, dwfl: int, pc: int, activation: bool) -> list[dict]:
+        if self._at_sigtramp(pc):
+            # in no object: libdwfl's module of the object below may reach over it (its end rounded up to the
+            # segments' alignment), and pc - 1 is that object's last byte
+            return [_frame(pc, None, None, None, None, None, False)]
         addr = pc if activation or pc == 0 else pc - 1
         mod = self.lib.dwfl_addrmodule(dwfl, addr)
         library = self.modules.get(mod or 0)

@@ -19,7 +19,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from forensics.analyze.sigframe import MAX_NESTED, find_trampolines, read_signal_frames
-from forensics.analyze.sigframe_aarch64 import FRAME_SIZE, SIGRETURN_TRAMPOLINE
+from forensics.core.rtsigframe import FRAME_SIZE, SIGRETURN_TRAMPOLINE
 from forensics.core.memory import CoreMemory, Segment
 from forensics.model import Arch, CoreFile, CoreThread, Mapping, Thread
 from tests.arm64 import CROSS_CC, guest_problem, guest_root
@@ -189,3 +189,24 @@ def test_nested_handlers_are_read_up_to_the_bound(handlers, tmp_path):
     # and past it the thread says so (the analysis partial)
     cut = a.snapshot.crashed_thread.signal_frames_cut
     assert (cut is not None) == (handlers > MAX_NESTED)
+
+
+def test_qemus_trampoline_page_is_in_no_object(guest):
+    """qemu-user's sigreturn trampoline is an anonymous page, mapped just above the dynamic linker's data: the
+    handler's return address is its first byte, and pc - 1 (a caller frame's call) is ld.so's last byte."""
+    from forensics.analyze import analyze_core
+
+    exe, cores = guest
+    root = guest_root("bookworm")
+    # GIVEN the core of a SIGABRT handler that faulted, analyzed with its root
+    a = analyze_core(str(cores["abort-then-segv"]), sysroot=str(root), exe=str(exe))
+    thread = a.snapshot.crashed_thread
+    (sf,) = thread.signal_frames
+    # WHEN the unwound frame at the trampoline is looked at
+    tramp = [f for f in thread.native_frames if f.pc == sf.trampoline]
+    _, mem, _, _ = read_guest_core(cores["abort-then-segv"])
+    # THEN it is qemu's page (anonymous, executable, the sigreturn's bytes), and no object is named for it
+    assert tramp and mem.read(sf.trampoline, 8) == SIGRETURN_TRAMPOLINE
+    page = a.snapshot.core.find_mapping(sf.trampoline)
+    assert page is not None and page.path is None and "x" in page.perms
+    assert all(f.library is None and f.symbol is None for f in tramp), tramp

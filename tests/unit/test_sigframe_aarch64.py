@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from forensics.analyze.sigframe_aarch64 import (
-    ESR_MAGIC,
-    FPSIMD_MAGIC,
-    FRAME_SIZE,
-    describe_esr,
-    parse_signal_frame,
-)
+from forensics.analyze.sigframe_aarch64 import ESR_MAGIC, describe_esr, parse_signal_frame
+from forensics.core.rtsigframe import FPSIMD_MAGIC, FRAME_SIZE
 from forensics.model import CoreFile, CoreThread, Mapping
 from forensics.text.analysis import _signal_line
 
