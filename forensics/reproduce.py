@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .errors import ForensicsError, NvmlLibraryNotFound
 
-__all__ = ["Outcome", "ReproRun", "ReproduceResult", "load_reproduce", "gpu_lines_of",
+__all__ = ["Outcome", "ReproRun", "ReproduceResult", "ReproHeader", "load_reproduce", "gpu_lines_of",
            "parse_header", "parse_crash_verdict", "conclude",
            "run_reproducers", "nvml_dir_for", "reproduce_payload"]
 
@@ -42,6 +42,35 @@ class Outcome(enum.Enum):
     FAILED = "failed"  # any other exit (a timeout, an unexpected status)
 
 
+
+
+#: a header line's key (lowercased, as :func:`parse_header` keeps it) -> ReproHeader's field
+_HEADER_FIELDS = {"gpu": "gpu", "driver": "driver", "cuda driver": "cuda_driver", "nvml": "nvml",
+                  "libnvidia-ml": "libnvidia_ml", "kernel": "kernel", "python": "python", "binding": "binding",
+                  "glibc": "glibc", "call": "call", "nvlinks": "nvlinks", "nvidia_smi": "nvidia_smi"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReproHeader:
+    """The facts of a reproducer's environment header that are read by name (None: the header has no such line);
+    the header itself stays the record's ``environment`` (every line of it, printed as it is)."""
+
+    gpu: str | None = None  # "8 x NVIDIA H20"
+    driver: str | None = None
+    cuda_driver: str | None = None
+    nvml: str | None = None  # NVML's version
+    libnvidia_ml: str | None = None  # the library's path
+    kernel: str | None = None
+    python: str | None = None
+    binding: str | None = None  # "nvidia-ml-py 12.575.51 (PATH)"
+    glibc: str | None = None  # "glibc 2.36"
+    call: str | None = None  # the NVML call the reproducer makes, as it words it
+    nvlinks: str | None = None  # "18 on each GPU"
+    nvidia_smi: str | None = None
+
+    @classmethod
+    def of(cls, environment: dict[str, str]) -> ReproHeader:
+        return cls(**{field: environment[key] for key, field in _HEADER_FIELDS.items() if key in environment})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +124,10 @@ class ReproRun:
         return f"failed (exit {self.exit_code})" + (f": {self.verdict}" if self.verdict else "")
 
     @property
+    def header(self) -> ReproHeader:
+        return ReproHeader.of(self.environment)
+
+    @property
     def failed(self) -> bool:
         """Crashed or detected heap corruption: evidence of a fault."""
         return self.status in (Outcome.CRASHED, Outcome.DETECTED)
@@ -107,6 +140,11 @@ class ReproduceResult:
     environment: dict[str, str]  # the header of the first run that printed one
     nvml: str  # what was on LD_LIBRARY_PATH, or "the loader's default"
     sim: dict[str, str] = field(default_factory=dict)  # simulated-NVML settings, when --sim
+
+    @property
+    def header(self) -> ReproHeader:
+        """The header's named facts (of the first run that printed one)."""
+        return ReproHeader.of(self.environment)
 
     @property
     def not_started(self) -> list[ReproRun]:

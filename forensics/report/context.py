@@ -351,7 +351,7 @@ def _system_facts(f: Facts) -> list[tuple[str, str]]:
         rows.append(("VBIOS, persistence / MIG mode, Fabric Manager", "not captured (no nvidia-smi -q output)"))
     else:
         rows.append(("GPUs", _v(f.gpus)))
-    links = next((r.environment["nvlinks"] for r in f.repro_runs if r.environment.get("nvlinks")), None)
+    links = next((r.header.nvlinks for r in f.repro_runs if r.header.nvlinks), None)
     rows.append(("NVLink", f"{links}, as the reproducers read it" if links else "not in the evidence"))
     if f.kernel_log is None and not f.bug_report_text:
         rows.append(("Xid summary", "kernel log not captured"))

@@ -24,7 +24,7 @@ from ..imports.format import load_import_report
 from ..imports.model import ImportReport, KnownIssueHit
 from ..model import Analysis, BatchResult, HeapCorruption, NativeFrame, OverflowVerdict, PyFrame, Thread
 from ..records import record
-from ..reproduce import ReproduceResult, ReproRun, gpu_lines_of, load_reproduce
+from ..reproduce import ReproduceResult, ReproHeader, ReproRun, gpu_lines_of, load_reproduce
 from .evidence import Evidence
 
 __all__ = ["Facts", "Phase", "Query", "read_facts", "parse_os_release", "pretty_os", "smi_facts", "SmiFacts", "SmiGpu",
@@ -312,11 +312,11 @@ def _phase(threads: tuple[Thread, ...]) -> Phase:
 
 def _query(api: str | None, py: tuple[PyFrame, ...], repro: ReproduceResult | None) -> Query | None:
     nvlink = any("nvlink_throughput" in f.function for f in py)
-    call = repro.environment.get("call") if repro else None
+    call = repro.header.call if repro else None
     if api == "nvmlDeviceGetFieldValues" and (nvlink or (call and not py)):
         links = None  # what the reproducers read (NVML_FI_DEV_NVLINK_LINK_COUNT), else NVML's maximum, 18
         for r in repro.runs if repro else ():
-            m = re.match(r"(\d+) on each", r.environment.get("nvlinks") or "")
+            m = re.match(r"(\d+) on each", r.header.nvlinks or "")
             if m:
                 links = int(m.group(1))
                 break
@@ -355,7 +355,7 @@ def _version(mods: dict[str, ModuleFact], module: str) -> str | None:
 def _glibc(repro: ReproduceResult | None) -> str | None:
     if repro is None:
         return None
-    for src in [repro.environment.get("glibc")] + [r.environment.get("glibc") for r in repro.runs]:
+    for src in [repro.header.glibc] + [r.header.glibc for r in repro.runs]:
         if src:
             return src.replace("glibc", "").strip()
     return None
@@ -364,7 +364,7 @@ def _glibc(repro: ReproduceResult | None) -> str | None:
 def _python_version(a: Analysis | None, repro: ReproduceResult | None) -> str | None:
     if a is not None and a.snapshot.python_version:
         return a.snapshot.python_version
-    m = re.search(r"(\d+\.\d+\.\d+\S*)", (repro.environment.get("python") if repro else None) or "")
+    m = re.search(r"(\d+\.\d+\.\d+\S*)", (repro.header.python if repro else None) or "")
     return m.group(1) if m else None
 
 
@@ -453,7 +453,7 @@ def read_facts(ev: Evidence) -> Facts:
     crash = a.crash if a is not None else None
     caps = ev.captures()
     cap = caps[0] if caps else CaptureDocuments(bundle_dir=None)  # the first bundle's facts; none: all absent
-    rh = repro.environment if repro else {}
+    rh = repro.header if repro else ReproHeader()
     mods = _modules(imports, caps)
     cap_nvml = cap.snapshot.nvml or NvmlFact()
     node = cap.scheduling.node
@@ -467,7 +467,7 @@ def read_facts(ev: Evidence) -> Facts:
         words += [f.symbol or "", f.library or ""]
     for p in py:
         words += [p.file, p.function]
-    gpus = rh.get("gpu") or (f"{'?' if node.gpu_count is None else node.gpu_count} x {node.gpu_product}"
+    gpus = rh.gpu or (f"{'?' if node.gpu_count is None else node.gpu_count} x {node.gpu_product}"
                              if node.gpu_product else None)
     runs = repro.runs if repro else ()
     gpu_lines = next((tuple(gpu_lines_of(r.environment)) for r in runs if gpu_lines_of(r.environment)), ())
@@ -475,7 +475,7 @@ def read_facts(ev: Evidence) -> Facts:
     installers = sorted({d.installer for d in dists if d.installer
                          and d.name.lower() in ("nvitop", "nvitop-exporter", "nvidia-ml-py")})
     not_ok = tuple(f"{k}: {v.verdict}" + (f" ({v.path})" if v.path else "") for k, v in mods.items() if v.not_ok)
-    smi = cap.nvidia_smi or rh.get("nvidia_smi")
+    smi = cap.nvidia_smi or rh.nvidia_smi
     smi = smi if isinstance(smi, str) else None
     bug_text = cap.bug_report_text or None
     nvml = core.nvml if core else None
@@ -498,15 +498,15 @@ def read_facts(ev: Evidence) -> Facts:
         exit_explanation=exit_explanation(a) if a else None,
         nested=bool(crash and (crash.then or crash.handler)),
         nvitop=_version(mods, "nvitop"), exporter=_version(mods, "nvitop_exporter"),
-        binding=_version(mods, "pynvml") or _binding_from(rh.get("binding")),
-        python=_python_version(a, repro), glibc=_glibc(repro), nvml=rh.get("nvml"),
-        driver=((nvml.driver_version if nvml else None) or cap_nvml.version or rh.get("driver") or node.driver),
-        cuda=rh.get("cuda driver") or node.cuda_runtime_major,
-        kernel=node.kernel or cap.snapshot.kernel or rh.get("kernel"),
+        binding=_version(mods, "pynvml") or _binding_from(rh.binding),
+        python=_python_version(a, repro), glibc=_glibc(repro), nvml=rh.nvml,
+        driver=((nvml.driver_version if nvml else None) or cap_nvml.version or rh.driver or node.driver),
+        cuda=rh.cuda_driver or node.cuda_runtime_major,
+        kernel=node.kernel or cap.snapshot.kernel or rh.kernel,
         os_image=pretty_os(cap.os_release_image), os_node=pretty_os(cap.os_release_node),
         in_container=cap.snapshot.in_container_namespace,
         gpus=gpus, gpu_lines=gpu_lines,
-        nvml_library=(nvml.path if nvml else None) or cap_nvml.path or rh.get("libnvidia-ml"),
+        nvml_library=(nvml.path if nvml else None) or cap_nvml.path or rh.libnvidia_ml,
         nvml_build_id=(nvml.build_id if nvml else None) or cap_nvml.build_id, nvml_origin=cap_nvml.origin,
         nvidia_smi=smi, bug_report=cap.bug_report_note, smi=smi_facts(smi or bug_text),
         bug_report_file=cap.bug_report_file, bug_report_text=bug_text,
@@ -541,7 +541,7 @@ def _earlier_api(a: Analysis | None, repro: ReproduceResult | None) -> str | Non
     if heap is not None and heap.call is not None and (heap.call.function or "").startswith("nvml"):
         return heap.call.function
     c = next((r for r in repro.runs if r.name == "c"), None) if repro else None
-    call = (repro.environment.get("call") or "") if repro else ""
+    call = (repro.header.call or "") if repro else ""
     if c is not None and c.failed and call.startswith("nvml"):
         return call.split("(", 1)[0]
     return None
