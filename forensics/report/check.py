@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .claims import check_claims_file
 from .form import check_form_body, load_shipped_form, read_issue_form
-from .frontmatter import check_title, split_front_matter
+from .frontmatter import FrontMatter, check_title, read_front_matter
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown
 
 __all__ = ["check_report_file"]
@@ -24,25 +24,25 @@ def check_report_file(path: str, *, issue_form: str | None = None) -> tuple[str,
     if not os.path.isfile(path):
         raise InputNotFound(path)  # a report file: not a core (no core_pattern hint)
     text = Path(path).read_text(encoding="utf-8", errors="replace")
-    meta, body = split_front_matter(text)
+    read, body = read_front_matter(text)
     problems = []
-    if not meta:
+    if read is None:
         problems.append("no front matter (title, file-at) at the top")
-    title = str(meta.get("title") or "")
-    problems += check_title(title)
+    meta = read or FrontMatter()
+    problems += meta.problems
+    problems += check_title(meta.title)
     problems += check_markdown(body)
-    form_src = str(meta.get("form") or "")
-    file_at = str(meta.get("file-at") or "")
-    template = "nvitop" if form_src else ("binding" if "nvidia-ml-py" in file_at else
+    file_at = meta.file_at
+    template = "nvitop" if meta.form else ("binding" if "nvidia-ml-py" in file_at else
                                           "nvml" if "NVIDIA" in file_at else "")
     if template == "nvitop":
         form = read_issue_form(issue_form) if issue_form else load_shipped_form()
         problems += check_form_body(body, form)
     base = Path(path).parent
-    for a in meta.get("attachments") or []:
-        if not (base / str(a)).is_file():
+    for a in meta.attachments:
+        if not (base / a).is_file():
             problems.append(f"attachment {a} is missing")
     if len(text) >= GITHUB_ISSUE_LIMIT:
         problems.append(f"{len(text)} characters: over GitHub's issue limit of {GITHUB_ISSUE_LIMIT}")
-    problems += check_claims_file(path, body, str(meta.get("conclusion") or ""))
+    problems += check_claims_file(path, body, meta.conclusion)
     return template, problems

@@ -7,8 +7,44 @@ import json
 import re
 
 from .context import UPSTREAM, ReportContext
+from ..records import record
 
-__all__ = ["front_matter", "split_front_matter", "check_title"]
+__all__ = ["front_matter", "split_front_matter", "read_front_matter", "FrontMatter", "check_title"]
+
+MAX_ATTACHMENTS = 1024  # names of attachments a front matter lists that are checked
+
+
+@record
+class FrontMatter:
+    """What ``report --check`` reads of a report file's front matter (:func:`front_matter` writes it): "" / ()
+    for what it does not say, and ``problems`` for a value of the wrong type (read as absent)."""
+
+    title: str = ""
+    file_at: str = ""
+    form: str = ""  # the nvitop issue form's source (the nvitop template only)
+    conclusion: str = ""  # the incident class
+    attachments: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def from_yaml(cls, meta: dict) -> FrontMatter:
+        problems: list[str] = []
+
+        def text(key: str) -> str:
+            v = meta.get(key)
+            if v is None or isinstance(v, str):
+                return v or ""
+            problems.append(f"the front matter's {key} is {_a(v)}, not a string")
+            return ""
+
+        names = meta.get("attachments")
+        if names is not None and not (isinstance(names, list) and all(isinstance(a, str) for a in names)):
+            problems.append(f"the front matter's attachments is {_a(names)}, not a list of file names")
+            names = None
+        elif names is not None and len(names) > MAX_ATTACHMENTS:
+            problems.append(f"the front matter lists {len(names)} attachments; the first {MAX_ATTACHMENTS} checked")
+        return cls(title=text("title"), file_at=text("file-at"), form=text("form"), conclusion=text("conclusion"),
+                   attachments=tuple((names or [])[:MAX_ATTACHMENTS]), problems=tuple(problems))
 
 
 def front_matter(ctx: ReportContext, attachment_dir: str) -> str:
@@ -58,6 +94,17 @@ def split_front_matter(text: str) -> tuple[dict, str]:
     except yaml.YAMLError:
         return {}, text
     return (meta if isinstance(meta, dict) else {}), text[end + 5:].lstrip("\n")
+
+
+def _a(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def read_front_matter(text: str) -> tuple[FrontMatter | None, str]:
+    """(front matter read into its record, body) of a report file; (None, text) when it has none."""
+    meta, body = split_front_matter(text)
+    return (FrontMatter.from_yaml(meta) if meta else None), body
 
 
 def check_title(title: str) -> list[str]:

@@ -129,3 +129,20 @@ def test_a_claims_record_of_the_wrong_shape_is_problems_not_a_traceback(tmp_path
         assert "  claim without evidence: ''" in said.splitlines() and "  claim without evidence: \"['x']\"" in said
     else:
         assert "the claims record is not one report -o wrote (no claims list)" in said
+
+
+@pytest.mark.parametrize("line, said", [
+    ("attachments: 5", "the front matter's attachments is an int, not a list of file names"),
+    ("attachments: {a: 1}", "the front matter's attachments is a dict, not a list of file names"),
+    ("title: [1, 2]", "the front matter's title is a list, not a string"),
+])
+def test_a_front_matter_of_the_wrong_shape_is_a_problem_not_a_traceback(tmp_path, line, said):
+    # GIVEN a written report whose front matter gets a value of the wrong type (its last key, which YAML keeps)
+    out = written("runbook", tmp_path)
+    head, sep, body = out.read_text().partition("\n---\n")
+    out.write_text(head + "\n" + line + sep + body)
+    # WHEN it is checked
+    r = run("report", "--check", out)
+    # THEN that is one problem line, exit 3, and nothing raises
+    assert r.exit_code == EXIT_FINDINGS, r.output
+    assert f"  {said}" in r.stdout.splitlines(), r.output
