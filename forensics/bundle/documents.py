@@ -25,9 +25,11 @@ __all__ = ["CaptureDocuments", "ProcessSnapshot", "ModuleFact", "NvmlFact", "Sch
 
 MAX_ITEMS = 4096  # entries of one list of a bundle document read (modules, containers, command-line words)
 
-#: the capture's documents as ``report`` gathers them (its key -> the bundle item), and its texts
-DOCUMENT_KEYS = (("identity", IDENTITY), ("scheduling", KUBERNETES_SCHEDULING),
-                 ("events", KUBERNETES_EVENTS), ("snapshot", PROCESS_SNAPSHOT), ("record", RECORD))
+#: the capture's documents as ``report`` gathers them: its key, the bundle item, the JSON value it holds (capture
+#: --pod writes the pod's events as a list)
+DOCUMENT_KEYS: tuple[tuple[str, str, type], ...] = (
+    ("identity", IDENTITY, dict), ("scheduling", KUBERNETES_SCHEDULING, dict), ("events", KUBERNETES_EVENTS, list),
+    ("snapshot", PROCESS_SNAPSHOT, dict), ("record", RECORD, dict))
 TEXT_KEYS = ("kernel_log", "nvidia_smi", "os_release_node", "os_release_image", "bug_report_note",
              "bug_report_file", "bug_report_text")
 

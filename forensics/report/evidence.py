@@ -99,15 +99,17 @@ def _read_json(path: str, budget: _Budget) -> tuple[dict, bytes]:
     return _parse_json(path, data), data
 
 
-def _parse_json(path: str, data: bytes) -> dict:
+def _parse_json(path: str, data: bytes, shape: type = dict):
+    """The JSON document ``data`` holds, of ``shape`` (an object, or a list for a bundle's events)."""
     if len(data) > MAX_INPUT_BYTES:
         raise ReportInputError(path, f"{len(data)} bytes is over the {MAX_INPUT_BYTES} byte limit")
     try:
         doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ReportInputError(path, f"not JSON ({e.__class__.__name__})") from e
-    if not isinstance(doc, dict):
-        raise ReportInputError(path, "a JSON document must be an object")
+    if not isinstance(doc, shape):
+        raise ReportInputError(path, "a JSON document must be an object" if shape is dict else
+                                     f"a JSON document of this item must be a {shape.__name__}")
     return doc
 
 
@@ -168,10 +170,10 @@ def _load_bundle(p: str, ev: Evidence, budget: _Budget) -> dict:
     manifest = str(root / MANIFEST)
     doc: dict = {"command": "capture", "_bundle_dir": str(root.resolve()),
                  "manifest": _parse_json(manifest, manifest_bytes)}
-    for key, rel in DOCUMENT_KEYS:
+    for key, rel, shape in DOCUMENT_KEYS:
         data = read(rel, MAX_INPUT_BYTES + 1)
         if data is not None:
-            doc[key] = _parse_json(str(root / rel), data)
+            doc[key] = _parse_json(str(root / rel), data, shape)
     for key, rel in _BUNDLE_TEXT:
         data = read(rel, MAX_TEXT)
         if data is not None:

@@ -226,3 +226,27 @@ def test_a_huge_list_in_a_bundle_document_is_read_to_its_bound(tmp_path):
     whole = (tmp_path / "r.files" / "full-report.md").read_text()  # the body is cut at GitHub's limit
     last = MAX_ITEMS - len(src["python"]["modules"]) - 1
     assert "m0: SHADOWED; " in whole and f"; m{last}: SHADOWED" in whole and f"m{last + 1}:" not in whole
+
+
+def test_a_pod_bundles_events_a_list_as_capture_pod_writes_them_are_read(tmp_path):
+    # GIVEN the demo's bundle with the pod's events, a JSON list as capture --pod writes 10-kubernetes/events.json
+    events = [{"time": "2026-11-20T10:41:07Z", "type": "Warning", "reason": "BackOff", "count": 3,
+               "message": "Back-off restarting failed container", "source": {"component": "kubelet"}}]
+    bundle = demo_bundle(tmp_path, {"10-kubernetes/events.json": json.dumps(events).encode()})
+    # WHEN a report is made of it
+    r = run("report", "--template", "runbook", bundle)
+    # THEN it is made (the bundle was refused: "a JSON document must be an object")
+    assert r.exit_code == EXIT_OK, r.output
+    assert not _read_in_part(r.stderr)
+
+
+@pytest.mark.parametrize("rel, data", [
+    ("10-kubernetes/events.json", b'{"items": []}'),  # an object where the list belongs
+    ("40-process/snapshot.json", b"[" * 100_000 + b"]" * 100_000),  # nested past any parser's recursion
+])
+def test_a_bundle_document_that_is_not_its_kind_of_json_is_one_line(tmp_path, rel, data):
+    bundle = demo_bundle(tmp_path, {rel: data})
+    r = run("report", bundle)
+    assert r.exit_code == EXIT_ERROR, r.output
+    assert r.stderr.startswith(f"forensics: error: {bundle / rel}: not report evidence: "), r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2 and "Traceback" not in r.stderr, r.stderr
