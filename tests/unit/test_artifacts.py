@@ -26,15 +26,20 @@ from tests.import_graph import PACKAGE_DIR
 
 DEMO = Path(__file__).resolve().parents[2] / "reports" / "demo"
 # the keys under which the documents' records lie, and fields of those records: report must not read any of them
-# out of a dict (a record's attribute of that name is fine).  A capture bundle's process snapshot and its modules
-# are other artifacts (the bundle package's), not named here.
+# out of a dict (a record's attribute of that name is fine).
 RECORD_KEYS = {"analysis", "crash", "heap", "threads", "native_frames", "py_frames", "signal_frames", "corruption",
                "fingerprint", "runs", "reproduce", "result", "distributions", "known_issues", "requirement_problems",
                "fleet", "boundary", "batch", "groups", "first_seen", "last_seen", "entries", "issues", "defined_by",
                "fields_any", "frames_any", "package_below", "severity"}
+# a capture bundle's documents as report gathers them, and their fields: read only by forensics.bundle.documents
+# (report's evidence reader, which gathers them, is the edge and not checked)
+BUNDLE_KEYS = {"identity", "scheduling", "snapshot", "record", "_bundle_dir", "manifest_problems", "gpu_labels",
+               "containers", "restart_count", "image_id", "last_terminated", "finished_at", "modules", "cmdline",
+               "in_container_namespace", "pod_uid", "agent_pod", "hostname", "Driver Version", "Product Name",
+               "nvlinks", "cuda driver", "libnvidia-ml"}
 
 
-def _keyed_reads(path: Path) -> list[str]:
+def _keyed_reads(path: Path, names: set[str] = RECORD_KEYS) -> list[str]:
     """``doc["analysis"]``, ``doc.get("crash")``, ``_get(doc, "analysis", ...)`` in a module: where it is."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -48,8 +53,9 @@ def _keyed_reads(path: Path) -> list[str]:
             elif isinstance(func, ast.Name) and func.id == "_get":
                 keys = node.args[1:]
         for k in keys:
-            if isinstance(k, ast.Constant) and k.value in RECORD_KEYS:
-                out.append(f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}: {k.value!r}")
+            if isinstance(k, ast.Constant) and k.value in names:
+                where = path.relative_to(PACKAGE_DIR.parent) if path.is_relative_to(PACKAGE_DIR.parent) else path
+                out.append(f"{where}:{node.lineno}: {k.value!r}")
     return out
 
 
@@ -60,6 +66,21 @@ def test_report_reads_the_other_commands_documents_only_through_their_loaders():
                          "load_fleet")
     facts = (report / "facts.py").read_text()
     assert "load_analysis(" in facts and "load_reproduce(" in facts and "load_import_report(" in facts
+
+
+def test_report_reads_a_bundles_documents_only_through_their_records():
+    # the bundle's documents (forensics.bundle.documents), nvidia-smi -q (SmiFacts) and the reproducers' header
+    # (ReproHeader): no module of the report package past its evidence reader picks their values by key
+    report = PACKAGE_DIR / "report"
+    found = [hit for p in sorted(report.rglob("*.py")) if p.name != "evidence.py"
+             for hit in _keyed_reads(p, BUNDLE_KEYS)]
+    assert found == [], "read the bundle through Evidence.captures() (CaptureDocuments)"
+
+
+def test_the_bundle_key_check_sees_a_keyed_read(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f(doc):\n    return (doc.get('scheduling') or {})['gpu_labels']\n")
+    assert len(_keyed_reads(module, BUNDLE_KEYS)) == 2
 
 
 @pytest.mark.parametrize("name, loader, payload, key", [
