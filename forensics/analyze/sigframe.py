@@ -458,9 +458,10 @@ def _match_frames(found: list[SignalFrame], frames: tuple[NativeFrame, ...], *,
     followed by the interrupted instruction.  A frame found on the stack that the unwinder did not
     pass through (a stale copy) is left out.
 
-    AArch64: the trampoline's frame, in order, whatever follows it -- an unwinder without the trampoline's
-    CFI (qemu-user's sigtramp page has none) goes on from the frame record the kernel pushed, the
-    interrupted x29/x30, so the next frame is the interrupted function's caller, not its pc."""
+    AArch64: the trampoline's frame, in order, whatever follows it -- libdw resumes below qemu-user's
+    sigtramp page (no CFI) from the frame's saved registers, but an elfutils without ``dwfl_frame_reg``
+    goes on from the frame record the kernel pushed, the interrupted x29/x30, so the next frame is the
+    interrupted function's caller, not its pc."""
     out = []
     start = 0
     for sf in found:

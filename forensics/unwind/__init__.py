@@ -25,6 +25,9 @@ starts there; a cold part has another).  For a caller frame the lookup address i
 ``pc - 1`` (the call instruction), as gdb and eu-stack do -- except at qemu-user's AArch64 sigreturn
 trampoline (:func:`forensics.core.rtsigframe.is_anonymous_trampoline`), an anonymous page a handler returns
 to without a call: its frame is its own, in no object (``pc - 1`` is the end of whatever lies below it).
+libdwfl has no CFI for that page, so the unwind stops at its frame and starts again from the registers the
+signal frame at its stack pointer saved (the ``rt_sigframe``'s ``uc_mcontext``): the interrupted pc, then
+its callers -- gdb's ``<signal handler called>`` and what follows, by the same registers.
 
 Symbolization results are cached per process by (build-id, files the symbols came
 from, address relative to the object), so a batch of cores of one crash loop reads
@@ -44,7 +47,7 @@ from .. import rootpath
 from ..core.arch import spec_of
 from ..core.debugfiles import find_debug_file
 from ..core.memory import CoreMemory
-from ..core.rtsigframe import is_anonymous_trampoline
+from ..core.rtsigframe import is_anonymous_trampoline, read_saved_registers
 from ..core.symtab import file_identity
 from ..errors import UnwinderUnavailable
 from ..model import Arch, CoreFile, Library, LibraryStatus, NativeFrame, NativeStack
@@ -58,6 +61,7 @@ __all__ = ["MAX_FRAMES", "MAX_THREADS", "unwind_core", "clear_symbol_cache"]
 MAX_FRAMES = 512  # per thread, physical frames; a stack that loops (a frame of the same pc and stack
 # pointer as an earlier one) is cut where it starts again
 MAX_THREADS = 4096
+MAX_RESUMES = 16  # signal frames of one thread an unwind goes on below (qemu-user's trampoline, no CFI)
 _MAX_SYMBOL_CACHE = 1 << 16
 _USABLE = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
 _FUNCTION_TAGS = (L.DW_TAG_subprogram, L.DW_TAG_inlined_subroutine, L.DW_TAG_entry_point)
@@ -218,14 +222,39 @@ class _Unwinder:
                 self.modules[mod] = library
         lib.dwfl_report_end(dwfl, None, None)
 
-    def _thread_pcs(self, dwfl: int, thread: int) -> tuple[list[tuple[int, bool]], str | None, bool]:
+    def _thread_pcs(self, dwfl: int, thread: int, state: CoreState) -> tuple[list[tuple[int, bool]], str | None,
+                                                                            bool]:
         """The thread's (pc, is activation) list, why it stopped short (None: it reached its outermost
-        frame), and whether it stopped in an object whose file was withheld (missing, another build)."""
-        lib = self.lib
+        frame), and whether it stopped in an object whose file was withheld (missing, another build).
+
+        At qemu-user's sigreturn trampoline the unwind goes on from the registers its signal frame saved."""
         pcs: list[tuple[int, bool]] = []
         # (pc, stack pointer) -> frame number: a frame equal to an earlier one starts the same frames again
         seen: dict[tuple[int, int], int] = {}
+        tid = self.lib.dwfl_thread_tid(thread)
+        try:
+            for _ in range(MAX_RESUMES + 1):
+                error, withheld, tramp_sp = self._unwind_from(dwfl, thread, pcs, seen)
+                if tramp_sp is None:
+                    return pcs, error, withheld
+                assert self.mem is not None
+                regs = read_saved_registers(self.mem, tramp_sp)
+                if regs is None:
+                    return pcs, (f"unwinding stopped at frame {len(pcs)}, qemu-user's sigreturn trampoline: no "
+                                 f"signal frame at its stack pointer {tramp_sp:#x} to go on from"), False
+                state.resume[tid] = regs
+            return pcs, f"stopped after {MAX_RESUMES} signal frames", False
+        finally:
+            state.resume.pop(tid, None)
+
+    def _unwind_from(self, dwfl: int, thread: int, pcs: list[tuple[int, bool]], seen: dict[tuple[int, int], int]
+                     ) -> tuple[str | None, bool, int | None]:
+        """One unwind of the thread (from its registers, or those :attr:`CoreState.resume` holds for it), its
+        frames added to ``pcs``: (why it stopped short, whether in a withheld object, and the stack pointer
+        of qemu-user's sigreturn trampoline where it stopped there to go on from its signal frame)."""
+        lib = self.lib
         loop: list[str] = []
+        tramp: list[int] = []
 
         def on_frame(frame, arg) -> int:
             pc, activation = c_uint64(), c_bool()
@@ -239,33 +268,44 @@ class _Unwinder:
                                 f"frame #{earlier}: pc {pc.value:#x}, stack pointer {sp:#x})")
                     return L.DWARF_CB_ABORT
             pcs.append((pc.value, activation.value))
-            return L.DWARF_CB_ABORT if len(pcs) >= MAX_FRAMES else L.DWARF_CB_OK
+            if len(pcs) >= MAX_FRAMES:
+                return L.DWARF_CB_ABORT
+            if sp is not None and not activation.value and self._at_sigtramp(pc.value):
+                tramp.append(sp)  # the handler's CFA: its signal frame; below here libdwfl would guess
+                return L.DWARF_CB_ABORT
+            return L.DWARF_CB_OK
 
         callback = L.FRAME_CALLBACK(on_frame)
         rc = lib.dwfl_thread_getframes(thread, callback, None)
         if rc == L.DWARF_CB_ABORT and loop:
-            return pcs, loop[0], False
+            return loop[0], False, None
         if rc == L.DWARF_CB_ABORT and len(pcs) >= MAX_FRAMES:
-            return pcs, f"stopped after {MAX_FRAMES} frames", False
+            return f"stopped after {MAX_FRAMES} frames", False, None
+        if rc == L.DWARF_CB_ABORT and tramp:
+            return None, False, tramp[0]
         if rc != -1:
-            return pcs, None, False
+            return None, False, None
+        return *self._stopped_why(dwfl, pcs), None
+
+    def _stopped_why(self, dwfl: int, pcs: list[tuple[int, bool]]) -> tuple[str, bool]:
+        """Why libdwfl's unwind stopped after ``pcs``, and whether in an object whose file was withheld."""
+        lib = self.lib
         reason = lib.errmsg()
         if not pcs:
-            return pcs, f"no frame: {reason}", False
+            return f"no frame: {reason}", False
         pc, activation = pcs[-1]
         mod = lib.dwfl_addrmodule(dwfl, pc if activation or not pc else pc - 1)
         library = self.modules.get(mod or 0)
         if library is None:
-            return pcs, (f"unwinding stopped at frame {len(pcs)}, at {pc:#x} outside every mapped object: "
-                         f"{reason}"), True
+            return f"unwinding stopped at frame {len(pcs)}, at {pc:#x} outside every mapped object: {reason}", True
         if mod not in self.given:
             if library.status is LibraryStatus.MISMATCH:
                 why = "its file is of another build"
             else:
                 why = "its file was not found"
-            return pcs, (f"unwinding stopped at frame {len(pcs)} in {library.name}: {why}, so there is no unwind "
-                         f"table to go on (libdwfl: {reason})"), True
-        return pcs, f"unwinding stopped at frame {len(pcs)} in {library.name}: {reason}", False
+            return (f"unwinding stopped at frame {len(pcs)} in {library.name}: {why}, so there is no unwind "
+                    f"table to go on (libdwfl: {reason})"), True
+        return f"unwinding stopped at frame {len(pcs)} in {library.name}: {reason}", False
 
     def run(self) -> tuple[NativeStack, ...]:
         lib = self.lib
@@ -291,7 +331,7 @@ class _Unwinder:
 
             def on_thread(thread, arg) -> int:
                 try:
-                    pcs, error, withheld = self._thread_pcs(dwfl, thread)
+                    pcs, error, withheld = self._thread_pcs(dwfl, thread, state)
                 except Exception as e:  # noqa: BLE001 - keep the other threads
                     pcs, error, withheld = [], f"unwinding failed: {e}", False
                 raw.append((lib.dwfl_thread_tid(thread), pcs, error, withheld))

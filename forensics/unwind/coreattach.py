@@ -51,6 +51,9 @@ class CoreState:
                 except ValueError:  # the core reader has said so; the thread is left out here too
                     continue
         self.pid = core.pid
+        # tid -> the registers its next unwind starts from instead of NT_PRSTATUS's: those a signal frame saved,
+        # to go on below a handler whose trampoline has no CFI (qemu-user's AArch64 sigtramp page)
+        self.resume: dict[int, dict[str, int]] = {}
         self._window: tuple[int, bytes | memoryview] = (0, b"")  # the last view of the core read: (address, bytes)
         self.strips = core.code_address_mask != 0xFFFF_FFFF_FFFF_FFFF
         # the executable mappings' (start, end), by start: a stripped word pointing into one is a return address
@@ -108,7 +111,8 @@ class CoreState:
 
     def _set_initial_registers(self, thread, thread_arg) -> bool:
         try:
-            regs = dict(self.threads[(thread_arg or 2) - 2][1])
+            tid, regs = self.threads[(thread_arg or 2) - 2]
+            regs = dict(self.resume.get(tid, regs))
             spec = self.spec
             if spec.link_register:
                 regs[spec.link_register] = self.core.code_address(regs[spec.link_register])

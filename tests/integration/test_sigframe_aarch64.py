@@ -9,6 +9,8 @@ are forensics.analyze.sigframe's, checked against the executable's symbols and t
 from __future__ import annotations
 
 import io
+import os
+import re
 import resource
 import shutil
 import struct
@@ -210,3 +212,67 @@ def test_qemus_trampoline_page_is_in_no_object(guest):
     page = a.snapshot.core.find_mapping(sf.trampoline)
     assert page is not None and page.path is None and "x" in page.perms
     assert all(f.library is None and f.symbol is None for f in tramp), tramp
+
+
+def _gdb_backtrace(root: Path, exe: Path, core: Path) -> list[str | None]:
+    """gdb-multiarch's backtrace of the crashed thread: function names, innermost first, its signal frame
+    ``<signal handler called>`` (gdb knows qemu's trampoline by its two instructions)."""
+    out = subprocess.run(["gdb-multiarch", "-nx", "-batch", "-ex", "set debuginfod enabled off", "-ex",
+                          f"set sysroot {root}", "-ex", "set width 0", "-ex", f"file {exe}", "-ex",
+                          f"core-file {core}", "-ex", "bt"], capture_output=True, text=True, timeout=300).stdout
+    names: list[str | None] = []
+    for line in out.splitlines():
+        if re.match(r"#\d+\s+<signal handler called>", line):
+            names.append("<signal handler called>")
+            continue
+        m = re.match(r"#(\d+)\s+(?:0x[0-9a-f]+ in )?(\S+) \(", line)
+        if m and int(m.group(1)) == len(names):  # "Program terminated" repeats frame #0 first
+            names.append(None if m.group(2) == "??" else m.group(2))
+    return names
+
+
+@pytest.mark.skipif(shutil.which("gdb-multiarch") is None, reason="gdb-multiarch is not installed")
+@pytest.mark.parametrize("mode", ["abort-then-segv", "segv-then-abort"])
+def test_the_frames_below_qemus_trampoline_are_the_interrupted_ones(mode, tmp_path):
+    """libdw has no CFI for qemu's trampoline page: it went on from the kernel's frame record (x29/x30) and
+    gave the trampoline twice, then 0x1.  The unwind goes on from the registers the signal frame saved."""
+    from forensics.analyze import analyze_core
+
+    problem = guest_problem()
+    if problem:
+        pytest.skip(problem)
+    try:
+        root = guest_root("bookworm")
+    except RootUnavailable as e:
+        pytest.skip(f"no arm64 root: {e}")
+    # GIVEN a handler running when the process died, in a core gdb-multiarch reads: a CPU without pointer
+    # authentication (gdb cannot unwind a PAC core without the mask note) and a program gdb need not relocate
+    exe = tmp_path / "nested_handler"
+    subprocess.run([CROSS_CC, "-O1", "-g", "-no-pie", "-o", str(exe), str(SOURCE)], check=True, timeout=120)
+    proc = subprocess.run([shutil.which("qemu-aarch64-static") or "qemu-aarch64-static", "-L", str(root),
+                           str(exe), mode], cwd=tmp_path, capture_output=True, timeout=120,
+                          env={**os.environ, "QEMU_CPU": "cortex-a72"},
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (-1, -1)))
+    assert proc.returncode < 0, proc.stderr
+    (core,) = tmp_path.glob("qemu_nested_handler_*.core")
+    # WHEN forensics unwinds it (libdw) and gdb-multiarch does
+    thread = analyze_core(str(core), sysroot=str(root), exe=str(exe)).snapshot.crashed_thread
+    theirs = _gdb_backtrace(root, exe, core)
+    # THEN below the handler come the interrupted function and its callers down to _start, no trampoline again
+    assert thread.native_method is not None and thread.native_method.value == "libdw" and not thread.native_error
+    (sf,) = thread.signal_frames
+    ours = [f.symbol for f in thread.native_frames if not f.inlined]
+    assert thread.native_frames[sf.native_index].pc == sf.trampoline
+    below = ours[sf.native_index + 1:]
+    assert thread.native_frames[sf.native_index + 1].pc == sf.pc  # the interrupted pc, from uc_mcontext
+    assert below[-1] == "_start" and None not in below, ours
+    # and they are gdb's below its <signal handler called>, in order, to main (where gdb stops) -- gdb's one
+    # frame more inside pthread_kill (__pthread_kill_internal) libdw misses above a handler as well
+    gdb_below = theirs[theirs.index("<signal handler called>") + 1:]
+    mine = below[:below.index("main") + 1]
+    assert mine[0] == gdb_below[0] and gdb_below[-1] == "main", (mine, gdb_below)
+    it = iter(gdb_below)
+    assert all(name in it for name in mine), (mine, gdb_below)
+    assert len(gdb_below) - len(mine) <= 1, (mine, gdb_below)
+    if mode == "segv-then-abort":
+        assert mine == gdb_below == ["main"]  # the faulting store in main
