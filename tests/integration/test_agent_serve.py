@@ -227,7 +227,8 @@ def test_agent_analyzes_each_crash_once_and_publishes_metrics_and_events(kernel_
                 assert e["reportingInstance"] == node and e["regarding"]["name"] == "exporter-a1"
                 assert any(fp in e["note"] for fp in (segv_fp, abort_fp)) and str(core_dir) in e["note"]
                 if e.get("series"):  # the last crash of the series, after the Event's first
-                    assert e["series"]["lastObservedTime"] > e["eventTime"]
+                    # the crash times are whole seconds (the handler's record): two crashes may share one
+                    assert e["series"]["lastObservedTime"] >= e["eventTime"]
             # WHEN the same crash happens again: the Event's series counts it, no second Event
             handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
             wait_analyzed(core_dir, 5)
