@@ -263,7 +263,9 @@ def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequen
     paths it names (the crash sample, libcrash.so) are the host's.  ``tools`` are host files bound
     read-only at the given paths under ``/run`` (a static qemu-user binary, tests/arm64.py).
 
-    The process keeps the host's pid namespace: its core names its real pid and thread ids.
+    The process keeps the host's pid namespace: its core names its real pid and thread ids.  It dies with
+    bwrap (``--die-with-parent``): a test that terminates the bwrap it started leaves nothing running (an agent
+    under qemu-user outlived it, reparented to init).
     """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -273,7 +275,7 @@ def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequen
     # A host path under a directory the root has but nothing in it needs (/root, /home: the forensics cache
     # under $HOME) gets an empty tmpfs there instead: a read-only bind leaves no room for its mount point.
     tops = {Path(p).parts[1] for p in (cwd, *binds) if len(Path(p).parts) > 1} - _SYSTEM_TOPS
-    cmd = [bwrap]
+    cmd = [bwrap, "--die-with-parent"]
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.name in ("proc", "dev", "tmp", "run") or entry.name.startswith("."):
             continue
