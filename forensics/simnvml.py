@@ -29,6 +29,7 @@ from pathlib import Path
 from .cache import cache_dir
 from .errors import BuildError
 from .resources import REPRODUCER_FILES, find_reproducers
+from .subproc import run_bounded
 
 __all__ = [
     "DEFAULT_DRIVER",
@@ -279,7 +280,8 @@ def _compile(what: str, cmd: list[str], target: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run(cmd + ["-o", tmp], capture_output=True, text=True, timeout=300)
+        # its own session, killed with its compiler passes when we are stopped (SIGTERM reaches only us)
+        proc = run_bounded(cmd + ["-o", tmp], timeout=300)
         if proc.returncode != 0:
             first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:300])
             raise BuildError(what, f"gcc exited {proc.returncode}: {first}")
@@ -289,6 +291,8 @@ def _compile(what: str, cmd: list[str], target: Path) -> None:
         raise BuildError(what, str(e)) from e
     except subprocess.TimeoutExpired as e:
         raise BuildError(what, "gcc timed out") from e
+    except subprocess.SubprocessError as e:  # OutputTooLarge: it wrote past the bound on standard output
+        raise BuildError(what, str(e)) from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
