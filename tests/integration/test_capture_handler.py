@@ -510,6 +510,12 @@ def test_a_broken_stream_is_never_recorded_as_a_whole_core(cores, newest_python,
             "random-10M": os.urandom(10 << 20)}[case]
     src = tmp_path / "stream"
     src.write_bytes(data)
+    # a stream of unknown size reserves its bound (--max-core-size, 32 GiB by default) above --min-free: this is
+    # about the stream, not the disk, so neither depends on this machine's free space (with under ~36 GB free the
+    # handler chose metadata-only)
+    (tmp_path / "cores").mkdir()
+    (tmp_path / "cores" / "handler.json").write_text(
+        json.dumps({"config": {"min_free": 0, "max_core_size": 256 << 20}}))
     # WHEN the handler takes it as the kernel runs it (for "closed", with no stdin at all)
     cmd = [str(FORENSICS), "core-handler", str(tmp_path / "cores"), str(live.pid), str(live.pid), "6",
            str(int(time.time())), "18446744073709551615"]
