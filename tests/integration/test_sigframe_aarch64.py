@@ -24,22 +24,15 @@ from forensics.analyze.sigframe import MAX_NESTED, find_trampolines, read_signal
 from forensics.core.rtsigframe import FRAME_SIZE, SIGRETURN_TRAMPOLINE
 from forensics.core.memory import CoreMemory, Segment
 from forensics.model import Arch, CoreFile, CoreThread, Mapping, Thread
-from tests.arm64 import CROSS_CC, guest_problem, guest_root
-from tests.roots import RootUnavailable
+from tests.arm64 import CROSS_CC, guest_root
 
 SOURCE = Path(__file__).resolve().parent.parent / "crashers" / "nested_handler.c"
 MODES = ("abort-then-segv", "segv-then-abort", "plain-abort")
 
 
 @pytest.fixture(scope="module")
-def guest(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
-    problem = guest_problem()
-    if problem:
-        pytest.skip(problem)
-    try:
-        root = guest_root("bookworm")
-    except RootUnavailable as e:
-        pytest.skip(f"no arm64 root: {e}")
+def guest(tmp_path_factory, arm64_cores) -> tuple[Path, dict[str, Path]]:
+    root = arm64_cores.root("bookworm")  # skips, saying why, without qemu-user or the mirror
     d = tmp_path_factory.mktemp("sigframe-arm64")
     exe = d / "nested_handler"
     subprocess.run([CROSS_CC, "-O1", "-g", "-Wall", "-o", str(exe), str(SOURCE)], check=True, timeout=120)
@@ -162,17 +155,11 @@ def test_a_handler_without_siginfo_is_read_from_the_registers(guest):
 
 
 @pytest.mark.parametrize("handlers", [5, MAX_NESTED + 4], ids=lambda n: f"handlers={n}")
-def test_nested_handlers_are_read_up_to_the_bound(handlers, tmp_path):
+def test_nested_handlers_are_read_up_to_the_bound(handlers, tmp_path, arm64_cores):
     from forensics.analyze import analyze_core
     from tests.integration.test_sigframe_bounds import NESTED_C
 
-    problem = guest_problem()
-    if problem:
-        pytest.skip(problem)
-    try:
-        root = guest_root("bookworm")
-    except RootUnavailable as e:
-        pytest.skip(f"no arm64 root: {e}")
+    root = arm64_cores.root("bookworm")  # skips, saying why, without qemu-user or the mirror
     # GIVEN a SIGUSR1 handler (SA_NODEFER) that raises SIGUSR1 again, nested N deep, faulting in the innermost
     src, exe = tmp_path / "nested.c", tmp_path / "nested"
     src.write_text(NESTED_C % {"handlers": handlers})
@@ -233,18 +220,12 @@ def _gdb_backtrace(root: Path, exe: Path, core: Path) -> list[str | None]:
 
 @pytest.mark.skipif(shutil.which("gdb-multiarch") is None, reason="gdb-multiarch is not installed")
 @pytest.mark.parametrize("mode", ["abort-then-segv", "segv-then-abort"])
-def test_the_frames_below_qemus_trampoline_are_the_interrupted_ones(mode, tmp_path):
+def test_the_frames_below_qemus_trampoline_are_the_interrupted_ones(mode, tmp_path, arm64_cores):
     """libdw has no CFI for qemu's trampoline page: it went on from the kernel's frame record (x29/x30) and
     gave the trampoline twice, then 0x1.  The unwind goes on from the registers the signal frame saved."""
     from forensics.analyze import analyze_core
 
-    problem = guest_problem()
-    if problem:
-        pytest.skip(problem)
-    try:
-        root = guest_root("bookworm")
-    except RootUnavailable as e:
-        pytest.skip(f"no arm64 root: {e}")
+    root = arm64_cores.root("bookworm")  # skips, saying why, without qemu-user or the mirror
     # GIVEN a handler running when the process died, in a core gdb-multiarch reads: a CPU without pointer
     # authentication (gdb cannot unwind a PAC core without the mask note) and a program gdb need not relocate
     exe = tmp_path / "nested_handler"
