@@ -259,7 +259,7 @@ def _command_line(mem: CoreMemory, auxv: dict[int, int], auxv_raw: bytes,
     """The whole command line from the stack; NT_PRPSINFO's first 80 bytes when the stack does not hold it
     (a truncated core) -- and whether that copy is cut (it is as long as the kernel keeps)."""
     short = psinfo.args if psinfo is not None else ""
-    cut = len(short) >= _PSARGS_MAX
+    cut = psinfo is not None and (psinfo.args_full or len(short) >= _PSARGS_MAX)
     execfn = auxv.get(elf.AT_EXECFN)
     argv = read_argv(mem, auxv_raw, execfn) if execfn else None
     if not argv:

@@ -200,6 +200,7 @@ class PsInfo:
     state: str
     command: str  # pr_fname, at most 15 characters
     args: str  # pr_psargs, at most 80 characters
+    args_full: bool = False  # pr_psargs filled to the kernel's 79 bytes (before trailing spaces were dropped): cut
 
 
 @record
@@ -468,7 +469,10 @@ def parse_prpsinfo(desc: bytes) -> PsInfo:
         gid=gid,
         state=sname.decode("latin-1").strip("\x00"),
         command=_c_string(fname),
-        args=_c_string(psargs).rstrip(" "),
+        # a record filled to the kernel's 79 bytes is cut: kept as it is (a trailing space says the cut fell
+        # between two arguments), else the padding dropped
+        args=_c_string(psargs) if len(_c_string(psargs)) >= 79 else _c_string(psargs).rstrip(" "),
+        args_full=len(_c_string(psargs)) >= 79,
     )
 
 
