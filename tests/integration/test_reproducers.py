@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -146,3 +147,24 @@ def test_reproduce_says_detected_once(tmp_path, core_pattern):
         assert line.count("detected") <= 1, line
     assert "python: heap corruption detected at nvmlDeviceGetFieldValues" in r.stdout
     assert "     c: heap corruption detected: SIGABRT after call #" in r.stdout
+
+
+def test_c_verdict_is_the_last_line_while_other_threads_print(built, tmp_path):
+    # GIVEN four querying threads printing a line before every call (--trace), one of them crashing at call #30,
+    # and every write(2) of the process slowed by strace's injected delay: a thread still printing when another
+    # one crashes is caught in the act (the crash line used to be followed by another thread's "query #N" line)
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed (apt-get install strace): it slows the threads' writes")
+    lib_dir, binary = built
+    env = sim_environment(lib_dir, fault="segv", fault_after=30, gpus=2)
+    for _ in range(6):
+        # WHEN the C reproducer runs under it
+        p = subprocess.run([strace, "-f", "-o", "/dev/null", "-e", "trace=write", "-e", "inject=write:delay_exit=20000",
+                            str(binary), "--iterations", "50", "--threads", "4", "--trace"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+        # THEN it died of the fault and its crash line is the last line, every time
+        assert p.returncode == -11, p.stderr[-500:]
+        last = p.stdout.rstrip().splitlines()[-1]
+        assert last.startswith("VERDICT: crashed: SIGSEGV inside call #"), p.stdout[-1000:]
