@@ -49,6 +49,7 @@ __all__ = [
     "Finding",
     "ChunkState",
     "OverflowVerdict",
+    "HeapFailureKind",
     "NativeFree",
     "HeapChunk",
     "HeapBin",
@@ -729,6 +730,16 @@ _VERDICT_WORDS = {
 }
 
 
+class HeapFailureKind(enum.Enum):
+    """What the heap corruption glibc caught was, whichever of its checks caught it: one kind for every glibc
+    message of one bug (a double free reads ``(top)``, ``(!prev)``, ``(fasttop)`` or tcache's message by the
+    neighbours the chunk had), the key a fingerprint reduces glibc's message to."""
+
+    DOUBLE_FREE = "double-free"  # a chunk glibc already held as free was freed again
+    OVERFLOW = "overflow"  # a write past a buffer (or over its chunk's own header) damaged a chunk header
+    UNDETERMINED = "undetermined"  # the rejected chunk, or what damaged it, was not found in the core
+
+
 @record
 class HeapChunk:
     """One glibc malloc chunk: its header as read from the core."""
@@ -908,6 +919,7 @@ class HeapCorruption:
     verdict_reason: str = ""
     problems: tuple[str, ...] = ()
     freed_by: NativeFree | None = None  # Python processes: the native code whose free() glibc aborted in
+    kind: HeapFailureKind = HeapFailureKind.UNDETERMINED  # what the corruption was (a double free, an overflow)
 
     @property
     def freed_in(self) -> str | None:

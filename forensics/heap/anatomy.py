@@ -48,6 +48,7 @@ from forensics.model import (
     ChunkState,
     HeapChunk,
     HeapCorruption,
+    HeapFailureKind,
     NativeCall,
     OverflowVerdict,
 )
@@ -823,9 +824,11 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
     verdict, reason = decide(owner, call, past_buffer, is_python, locals_problem)
     if double_free:
         reason = f"glibc caught a second free of 0x{rejected.mem:x}, not a write past a buffer"
+    kind = HeapFailureKind.DOUBLE_FREE if double_free else \
+        HeapFailureKind.OVERFLOW if overflowed is not None else HeapFailureKind.UNDETERMINED
     return HeapCorruption(
         message=message, check=check.looks_at, rejected=rejected, rejected_found_by=found_by, damaged=damaged,
         inconsistencies=tuple(inconsistencies), overflowed=overflowed, usable_size=usable, buffer_size=buffer_size,
         overflow_length=past_buffer if past_buffer is not None else past_usable, overflow_past_usable=past_usable,
         overflow_exact=exact, overflow_basis=basis, first_bytes=first.hex(), owner=owner, call=call,
-        verdict=verdict, verdict_reason=reason, problems=tuple(problems))
+        verdict=verdict, verdict_reason=reason, problems=tuple(problems), kind=kind)

@@ -18,7 +18,7 @@ import pytest
 
 from forensics.core import open_core
 from forensics.heap import read_heap
-from forensics.model import ChunkState
+from forensics.model import ChunkState, HeapFailureKind
 from tests.crashers.make_core import crash_for_core
 
 HERE = Path(__file__).resolve().parent.parent / "crashers"
@@ -71,7 +71,7 @@ def _check(core_path: Path, oracle: dict, message: str, *, sysroot: str | None =
     assert c.overflow_past_usable == oracle["request"] + oracle["overflow"] - oracle["usable"]
     assert c.overflow_exact
     assert c.first_bytes == bytes([oracle["fill"]]).hex() * c.overflow_past_usable
-    assert c.inconsistencies
+    assert c.inconsistencies and c.kind is HeapFailureKind.OVERFLOW
     # the summary walks the arena that holds it, and finds the broken header where the anatomy did
     summary = report.summary
     arena = next(a for a in summary.arenas if a.address == c.overflowed.arena)
@@ -224,3 +224,4 @@ def test_a_double_free_is_not_an_overflow(heap_overflow_bin, tmp_path, core_patt
     assert c.rejected.address == oracle["buffer"] - 16
     assert "already in a tcache list" in c.inconsistencies[0]
     assert c.overflowed is None and "second free" in c.verdict_reason
+    assert c.kind is HeapFailureKind.DOUBLE_FREE
