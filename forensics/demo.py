@@ -234,7 +234,7 @@ def _crash_the_exporter(run: _Run, fault_after: int, timeout: float) -> _Crashed
 def _analyze(run: _Run, crashed: _Crashed) -> list[str]:
     """forensics analyze on the core: the text and the JSON written; the evidence for the reports so far."""
     from .analyze import analyze_core
-    from .analyze.signature import signature
+    from .views.signature import signature
     from .format import analysis_payload
     from .text.analysis import format_analysis
     from .output import json_document, text_lines

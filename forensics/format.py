@@ -5,8 +5,8 @@ people is :mod:`forensics.text.analysis`.
 """
 from __future__ import annotations
 
-from .analyze.signature import exit_explanation, signature
-from .analyze.stacks import merge_frames
+from .views.frames import merge_frames
+from .views.signature import exit_explanation, signature
 from .model import Analysis, BatchResult, NativeFrame
 from .output import to_jsonable
 

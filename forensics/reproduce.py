@@ -317,7 +317,7 @@ def _run_one(name: str, cmd: list[str], env: dict[str, str], run_dir: Path, time
     signature = fingerprint = None
     if core and analyze:
         from .analyze import analyze_core
-        from .analyze.signature import signature as _sig
+        from .views.signature import signature as _sig
 
         try:
             a = analyze_core(core, sysroot=sysroot)

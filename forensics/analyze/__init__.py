@@ -4,8 +4,9 @@
 :func:`forensics.analyze.batch.analyze_many` folds many cores into fingerprints.  The concepts live one per
 module: :mod:`.pipeline` (the run), :mod:`.reading` (the open core), :mod:`.choose` (which stacks are shown),
 :mod:`.build` (stacks -> snapshot), :mod:`.findings` (snapshot -> ``Analysis``), :mod:`.enrich` (locals and
-the heap); :mod:`.stacks`, :mod:`.native`, :mod:`.sigframe`, :mod:`.classify`, :mod:`.fingerprint` and
-:mod:`.signature` one job each.
+the heap); :mod:`.stacks`, :mod:`.native`, :mod:`.sigframe`, :mod:`.classify` and :mod:`.fingerprint` one
+job each.  What an analysis says in words (its signature, its merged stacks) is :mod:`forensics.views`', below
+this package, so that a reader of an analysis's JSON loads none of it.
 """
 from __future__ import annotations
 

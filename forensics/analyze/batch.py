@@ -15,7 +15,7 @@ from ..bundle import bundle_crash_time, bundle_no_core_reason, find_core_in_bund
 from ..bundle.layout import OBJECTS
 from ..errors import CoreNotFound, ForensicsError, GdbError, GdbNotFound, check_input_exists
 from ..model import Analysis, BatchEntry, BatchGroup, BatchResult
-from .signature import signature
+from ..views.signature import signature
 
 __all__ = ["find_cores", "crash_time", "analyze_many", "group_entries", "MAX_INPUTS"]
 

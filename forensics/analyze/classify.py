@@ -14,14 +14,13 @@ from ..model import (
     FaultKind,
     LaterFault,
     NativeFrame,
-    PyFrame,
     SignalHandler,
     SigInfo,
     Thread,
 )
 
 __all__ = ["HEAP_MESSAGES", "CORE_DUMPING_SIGNALS", "FAULT_SIGNALS", "classify_crash", "classify_fault_address",
-           "final_signal", "first_fault_frames", "is_heap_message", "is_python_process", "is_reraise", "is_snapshot",
+           "final_signal", "is_heap_message", "is_python_process", "is_reraise", "is_snapshot",
            "normalize_message"]
 
 # The texts glibc's malloc passes to malloc_printerr() before it aborts (glibc 2.26-2.40).
@@ -237,20 +236,6 @@ def classify_crash(core: CoreFile, threads: tuple[Thread, ...] = (), *, python_p
             addr = fkind = None
     return Crash(kind=kind, signal=signo or None, signal_name=name, abort_message=core.abort_message,
                  fault_address=addr, fault_kind=fkind, tid=tid, handling=handling)
-
-
-def first_fault_frames(thread: Thread, crash: Crash) -> tuple[tuple[NativeFrame, ...], tuple[PyFrame, ...] | None]:
-    """The native and Python frames that ran the first fault on its thread: those below any handler (what
-    the handler interrupted), or, for a fault inside the handler of a signal that is no fault
-    (``crash.handling``), the handler's own frames, above its signal frame.  The Python frames are None
-    when the split is unknown (the native stack was not unwound)."""
-    if crash.handling is None or not thread.signal_frames:
-        return thread.interrupted_native_frames, thread.interrupted_py_frames
-    inner = thread.signal_frames[0]
-    if inner.native_index is None:
-        return thread.native_frames[:1], None
-    py = thread.py_frames[:inner.py_index] if inner.py_index is not None else None
-    return thread.native_frames[:inner.native_index], py
 
 
 def _signame(signo: int) -> str:

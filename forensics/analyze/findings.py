@@ -97,7 +97,7 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
 def check_nested_faults(snapshot: ProcessSnapshot, crash: Crash) -> list[Finding]:
     """Findings about a fault after the first one (a crash reporter's handler, another thread) and about
     handlers that ran: why the exit status is what it is, and which thread came first."""
-    from .signature import describe_thread
+    from ..views.signature import describe_thread
 
     out: list[Finding] = []
     then = crash.then

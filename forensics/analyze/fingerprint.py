@@ -55,9 +55,9 @@ from dataclasses import replace
 from ..digest import sha256
 from ..model import Crash, CrashKind, FaultKind, NativeFrame, ProcessSnapshot, PyFrame, Thread
 from ..modes import Unwinder
-from .classify import classify_fault_address, first_fault_frames, is_python_process, normalize_message
-from .pyframes import python_location
-from .stacks import skip_abort_machinery
+from ..views.frames import first_fault_frames, skip_abort_machinery
+from ..views.pyframes import python_location
+from .classify import classify_fault_address, is_python_process, normalize_message
 
 __all__ = ["FINGERPRINT_VERSION", "PYTHON_DEPTH", "NATIVE_DEPTH", "fingerprint_basis", "fingerprint_basis_v2",
            "fingerprint", "crash_python_frames", "object_name", "normalize_abort_message"]

@@ -521,7 +521,7 @@ def split_python_frames(thread: Thread, frames: tuple[SignalFrame, ...]) -> tupl
     """Each signal frame with how many of the thread's Python frames ran above it (in its handler).
 
     Each evaluation-loop native frame above a signal frame ran one group of Python frames: up to
-    and including the next entry frame (as :func:`forensics.analyze.stacks.merge_frames` places them).
+    and including the next entry frame (as :func:`forensics.views.frames.merge_frames` places them).
     """
     out = []
     for sf in frames:
@@ -587,7 +587,7 @@ def name_handler(thread: Thread, frame: SignalFrame, *, python_process: bool = F
     start = (thread.signal_frames[inner - 1].py_index or 0) if inner > 0 else 0
     handler_frames = thread.py_frames[start:frame.py_index or 0]
     if handler_frames:  # Python code ran in the handler: a ctypes/cffi callback (or a C handler calling Python)
-        from .pyframes import describe_pyframe_parts
+        from ..views.pyframes import describe_pyframe_parts
 
         qualified, where = describe_pyframe_parts(handler_frames[-1])  # the outermost: the callable itself
         return SignalHandler(signal_name=name, kind=HandlerKind.PYTHON_CALLBACK, name=qualified, where=where)

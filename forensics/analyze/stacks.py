@@ -7,25 +7,14 @@ records (:class:`~forensics.model.PythonStacks`, from :mod:`forensics.pyread`).
 from __future__ import annotations
 
 from dataclasses import replace
-from collections.abc import Iterator
 
-from ..model import (CoreFile, FrameKind, NativeFrame, NativeStack, PyFrame, PythonMethod, PythonStacks, PythonStatus,
+from ..model import (CoreFile, NativeFrame, NativeStack, PythonMethod, PythonStacks, PythonStatus,
                      PyThreadStack,
                      Thread)
 from .classify import is_snapshot
 
-__all__ = ["with_core_libraries", "build_threads", "join_thread_states", "merge_frames", "meaningful_native_frames",
-           "skip_abort_machinery", "choose_python_stacks", "compare_python_stacks", "python_stacks_problem",
-           "python_status_line"]
-
-_ABORT_MACHINERY = frozenset(
-    {
-        "raise", "abort", "__GI_raise", "__GI_abort", "__pthread_kill_implementation",
-        "__pthread_kill_internal", "__pthread_kill", "pthread_kill", "__libc_message",
-        "malloc_printerr", "__libc_fatal", "__assert_fail", "__assert_fail_base",
-    }
-)
-
+__all__ = ["with_core_libraries", "build_threads", "join_thread_states", "choose_python_stacks",
+           "compare_python_stacks", "python_stacks_problem", "python_status_line"]
 
 def with_core_libraries(core: CoreFile, frames: tuple[NativeFrame, ...]) -> tuple[NativeFrame, ...]:
     """An unwinder's frames with each library named as the core names it (a caller frame by its call
@@ -112,6 +101,7 @@ def join_thread_states(states: list[PyThreadStack]) -> PyThreadStack:
     top: the states of later (higher-id) interpreters come first.  Its name is the one the main
     interpreter's ``threading`` gave it (a subinterpreter sees a foreign thread as ``Dummy-N``).
 
+    >>> from forensics.model import PyFrame
     >>> a = PyThreadStack(native_thread_id=7, thread_id=1, name="Dummy-1", holds_gil=False, interpreter_id=1,
     ...                   frames=(PyFrame(function="sub", file="<script>", line=3, interpreter_id=1),))
     >>> b = PyThreadStack(native_thread_id=7, thread_id=1, name="runner", holds_gil=False, interpreter_id=0,
@@ -128,72 +118,6 @@ def join_thread_states(states: list[PyThreadStack]) -> PyThreadStack:
     errors = [f"interpreter {s.interpreter_id}: {s.error}" for s in ordered if s.error]
     return replace(ordered[0], name=name, holds_gil=any(s.holds_gil for s in states),
                    frames=tuple(f for s in ordered for f in s.frames), error="; ".join(errors) or None)
-
-
-def merge_frames(thread: Thread) -> Iterator[tuple[FrameKind, NativeFrame | PyFrame]]:
-    """The merged view: Python frames stand where their evaluation-loop native frames stand.
-
-    Each ``_PyEval_EvalFrameDefault`` native frame runs one group of Python frames: up to
-    and including the next entry frame (CPython 3.11+ runs several Python calls in one C
-    call; before 3.11 every frame is an entry frame).  In 3.14's tail-calling interpreter
-    the innermost native frame of one evaluation is an opcode handler (``_TAIL_CALL_*``)
-    above its ``_PyEval_EvalFrameDefault``: the group stands at the handler, and the
-    ``_PyEval_EvalFrameDefault`` under it is shown as a native frame.  Python frames left
-    over when the native stack ends early are yielded at the end.
-    """
-    py = iter(thread.py_frames)
-    pending = len(thread.py_frames)
-    used = 0
-    for nf, takes_group in zip(thread.native_frames, _group_places(thread.native_frames), strict=True):
-        if takes_group and used < pending:
-            for pf in py:
-                used += 1
-                yield FrameKind.PYTHON, pf
-                if pf.is_entry:
-                    break
-        else:
-            yield FrameKind.NATIVE, nf
-    for pf in py:
-        yield FrameKind.PYTHON, pf
-
-
-#: the last native stacks :func:`_group_places` read, by id, each kept with its answer (so no id is reused while
-#: it is here): threads stopped at the same pcs share one tuple of frames, and an analysis merges each thread
-#: several times (the text, the document, the signature)
-_PLACES: dict[int, tuple[tuple[NativeFrame, ...], tuple[bool, ...]]] = {}
-_MAX_PLACES = 256
-
-
-def _group_places(frames: tuple[NativeFrame, ...]) -> tuple[bool, ...]:
-    """For each native frame, whether a group of Python frames stands in its place (:func:`merge_frames`)."""
-    known = _PLACES.get(id(frames))
-    if known is not None and known[0] is frames:
-        return known[1]
-    places = []
-    in_handler = False  # the previous (inner) native frame was a tail-call handler of this evaluation
-    for nf in frames:
-        handler, evaluates = nf.is_tail_call_handler, nf.is_eval_frame
-        places.append(evaluates and not (in_handler and not handler))
-        in_handler = handler or (in_handler and not evaluates)
-    out = tuple(places)
-    if len(_PLACES) >= _MAX_PLACES:
-        _PLACES.clear()
-    _PLACES[id(frames)] = (frames, out)
-    return out
-
-
-def meaningful_native_frames(thread: Thread) -> list[NativeFrame]:
-    """Native frames past the abort/raise machinery, the ones that say where it happened."""
-    return skip_abort_machinery(thread.native_frames)
-
-
-def skip_abort_machinery(native_frames: tuple[NativeFrame, ...]) -> list[NativeFrame]:
-    """``native_frames`` from the first one past the abort/raise machinery (raise, abort, malloc_printerr)."""
-    frames = list(native_frames)
-    i = 0
-    while i < len(frames) and frames[i].symbol in _ABORT_MACHINERY:
-        i += 1
-    return frames[i:]
 
 
 # -- the two methods' Python stacks: choose, compare, say why -------------------------------------

@@ -73,7 +73,7 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
 
 def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
     from ..analyze.batch import analyze_many
-    from ..analyze.signature import signature
+    from ..views.signature import signature
     from ..text.analysis import format_batch
     from ..output import json_document, to_jsonable
 

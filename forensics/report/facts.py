@@ -15,7 +15,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from ..analyze.signature import exit_explanation, signature
 from ..bundle.documents import CaptureDocuments, ModuleFact, NvmlFact
 from ..fleet import load_fleet
 from ..fleet.model import FleetSummary
@@ -25,6 +24,7 @@ from ..imports.model import ImportReport, KnownIssueHit
 from ..model import Analysis, BatchResult, HeapCorruption, NativeFrame, OverflowVerdict, PyFrame, Thread
 from ..records import record
 from ..reproduce import ReproduceResult, ReproHeader, ReproRun, gpu_lines_of, load_reproduce
+from ..views.signature import exit_explanation, signature
 from .evidence import Evidence
 
 __all__ = ["Facts", "Phase", "Query", "read_facts", "parse_os_release", "pretty_os", "smi_facts", "SmiFacts", "SmiGpu",

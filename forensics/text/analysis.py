@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from ..analyze.sigframe_aarch64 import describe_esr
-from ..analyze.pyframes import describe_pyframe
-from ..analyze.signature import describe_later_fault, describe_thread, exit_explanation, signature
-from ..analyze.stacks import merge_frames
+from ..views.frames import merge_frames
+from ..views.pyframes import describe_pyframe
+from ..views.signature import describe_later_fault, describe_thread, exit_explanation, signature
 from ..model import Analysis, BatchResult, NativeFrame, PyFrame, PythonMethod, SignalFrame, StoreEntry, Thread
 from .heap import format_heap
 

@@ -9,7 +9,7 @@ import pytest
 
 from forensics.analyze import analyze_core
 from forensics.model import CrashKind, FaultKind, FrameKind, LibraryStatus
-from forensics.analyze.stacks import merge_frames
+from forensics.views.frames import merge_frames
 from tests.conftest import SID_BUILDS, python_params
 
 RELEASE_SID = tuple(b for b in SID_BUILDS if not b.endswith("d"))

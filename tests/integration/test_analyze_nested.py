@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.analyze import analyze_core
-from forensics.analyze.signature import exit_explanation, signature
+from forensics.views.signature import exit_explanation, signature
 from forensics.cli import cli
 from forensics.errors import EXIT_OK
 from forensics.model import CrashKind, FaultKind, HandlerKind

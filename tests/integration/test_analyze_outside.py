@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from elftools.elf.elffile import ELFFile
 
 from forensics.analyze import analyze_core
-from forensics.analyze.signature import signature
+from forensics.views.signature import signature
 from forensics.cli import cli
 from forensics.errors import EXIT_OK
 from forensics.model import CrashKind

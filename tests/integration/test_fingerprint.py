@@ -19,7 +19,7 @@ import pytest
 
 from forensics.analyze import analyze_core
 from forensics.analyze.fingerprint import fingerprint, fingerprint_basis_v2
-from forensics.analyze.signature import signature
+from forensics.views.signature import signature
 from forensics.model import CrashKind, FaultKind, HandlerKind, LibraryStatus
 from tests.conftest import PYTHONS, SID_BUILDS
 from tests.crashers.make_core import HERE, build_libcrash, crash_for_core

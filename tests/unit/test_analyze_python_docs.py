@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 
 from forensics.analyze import analyze_snapshot, build_snapshot
-from forensics.analyze.stacks import choose_python_stacks, compare_python_stacks, merge_frames, python_status_line
+from forensics.analyze.stacks import choose_python_stacks, compare_python_stacks, python_status_line
+from forensics.views.frames import merge_frames
 from forensics.format import analysis_payload
 from forensics.text.analysis import format_analysis
 from forensics.model import (FrameKind, NativeFrame, PyFrame, PythonMethod, PythonStacks, PythonStatus, PyThreadStack,

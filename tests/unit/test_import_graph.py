@@ -18,8 +18,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # records, errors, pure helpers, the resolver; SHA-256 without hashlib (digest); another program run bounded in
     # time and bytes (subproc)
     ("errors", "model", "cache", "redact", "rootpath", "digest", "subproc"),
-    # shared formats, shipped files, the one kube client; who a PID is (/proc/PID/stat); the one reader of /proc/PID
-    ("output", "resources", "guard", "kubectl", "pidstat", "procfs"),
+    # shared formats, shipped files, the one kube client; who a PID is (/proc/PID/stat); the one reader of /proc/PID;
+    # views of an analysis record (its signature, its merged stacks), below every reader of one
+    ("output", "resources", "guard", "kubectl", "pidstat", "procfs", "views"),
     # records back from the JSON another command wrote (analyze, reproduce, fleet...); the command line's options as
     # records, without click (-o checks its path through output)
     ("jsonrecords", "argspec"),
@@ -232,3 +233,27 @@ def test_the_re_export_check_sees_a_moved_name(tmp_path):
         "from ..errors import E\nfrom forensics.errors import E as F\n__all__ = ['E', 'F', 'g']\n\n\ndef g():\n"
         "    raise E\n")
     assert re_exports(tmp_path / "forensics") == ["forensics.p.m:E", "forensics.p.m:F"]
+
+
+#: the units `forensics report` loads to make a report of an analysis's JSON: the records, the views of an analysis,
+#: the readers of the other commands' documents, the report itself; never a core reader or the analysis pipeline
+REPORT_ON_JSON_UNITS = ["argspec", "bundle", "cache", "cli", "commands", "digest", "errors", "fleet", "format", "guard",
+                        "imports", "jsonrecords", "kubectl", "model", "modes", "options", "output", "records", "redact",
+                        "report", "reproduce", "resources", "rootpath", "subproc", "views"]
+
+
+def test_report_on_json_loads_no_core_reader_nor_the_pipeline(tmp_path):
+    # GIVEN the committed demo's analysis (a JSON document of analyze)
+    from pathlib import Path
+
+    analysis = Path(__file__).resolve().parents[2] / "reports" / "demo" / "analysis.json"
+    # WHEN `forensics report` makes a report of it
+    loaded = _loaded_after(
+        "import contextlib, io\nfrom forensics.cli import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    try:\n        cli(['report', '--template', 'runbook', {str(analysis)!r}], prog_name='forensics')\n"
+        "    except SystemExit:\n        pass")
+    # THEN what it loaded are these units: no module of core/, analyze/, unwind/, pyread/, gdb, heap/ or capture/
+    units = sorted({m.split(".")[1] for m in loaded if "." in m})
+    assert units == REPORT_ON_JSON_UNITS, loaded
+    assert "forensics.report.make" in loaded

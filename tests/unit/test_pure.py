@@ -8,8 +8,9 @@ import pytest
 from forensics.analyze import analyze_snapshot
 from forensics.analyze.classify import classify_fault_address, is_heap_message, normalize_message
 from forensics.analyze.fingerprint import fingerprint, fingerprint_basis
-from forensics.analyze.signature import signature
-from forensics.analyze.stacks import build_threads, merge_frames
+from forensics.views.signature import signature
+from forensics.analyze.stacks import build_threads
+from forensics.views.frames import merge_frames
 from forensics.format import analysis_payload
 from forensics.gdb import LAYOUT_MARKER, NATIVE_MARKER, _soname_aliases, parse_layout, parse_marker_json
 from forensics.model import (

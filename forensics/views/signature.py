@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from ..model import Analysis, CrashKind, NativeFrame, PyFrame, Thread
 from ..modes import Unwinder
-from .classify import first_fault_frames
+from .frames import first_fault_frames, skip_abort_machinery
 from .pyframes import describe_pyframe, first_outside_stdlib, python_location
-from .stacks import skip_abort_machinery
 
 __all__ = ["signature", "describe_thread", "describe_native_culprit", "describe_location",
            "describe_later_fault", "exit_explanation"]
