@@ -49,7 +49,7 @@ def from_jsonable(tp: type[_T], value: object, where: str = "$") -> _T:
 
     >>> from forensics.model import SigInfo
     >>> from_jsonable(SigInfo, {"signo": 6, "code": -6, "errno": 0, "name": "SIGABRT", "extra": 1})
-    SigInfo(signo=6, code=-6, errno=0, name='SIGABRT', addr=None, sender_pid=None)
+    SigInfo(signo=6, code=-6, errno=0, name='SIGABRT', addr=None, sender_pid=None, sender_uid=None)
     >>> from_jsonable(SigInfo, {"signo": "6", "code": 0, "errno": 0, "name": "x"})
     Traceback (most recent call last):
     ...

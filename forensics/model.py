@@ -22,6 +22,8 @@ __all__ = [
     "Severity",
     "CrashKind",
     "FaultKind",
+    "SignalOrigin",
+    "SignalSender",
     "LibraryStatus",
     "FrameKind",
     "NativeStack",
@@ -108,6 +110,9 @@ class CrashKind(enum.Enum):
     FPE = "fpe"
     ILL = "ill"
     OTHER_SIGNAL = "other-signal"
+    # not a crash: a signal another process sent (kill(2), tgkill(2), sigqueue(3)) -- a watchdog's, an operator's,
+    # the container runtime's; ``Crash.sender`` says who.  No crash fingerprint: the stacks say only where it was
+    SENT_SIGNAL = "sent-signal"
     # not a crash: a core of a live process (gdb's gcore / generate-core-file), whose "signal" is the
     # stop gdb attached with (SIGSTOP), or none; no thread crashed, and it has no crash fingerprint
     SNAPSHOT = "snapshot"
@@ -118,11 +123,50 @@ class FaultKind(enum.Enum):
 
     NEAR_NULL = "near-null"  # below 64 KiB: a NULL pointer plus an offset
     UNMAPPED = "unmapped"
-    NOT_WRITABLE = "not-writable"
+    NOT_WRITABLE = "not-writable"  # SEGV_ACCERR in a readable, unwritable mapping: a write (a read would not fault)
     NOT_EXECUTABLE = "not-executable"
-    MAPPED = "mapped"  # mapped with the needed permission (SEGV_PKUERR, stack guard, races)
+    NO_ACCESS = "no-access"  # SEGV_ACCERR in a mapping with no permission (PROT_NONE: a guard page), read or write
+    STACK_OVERFLOW = "stack-overflow"  # in the guard below the faulting thread's stack, its stack pointer beside it
+    PAST_END_OF_FILE = "past-end-of-file"  # SIGBUS BUS_ADRERR in a file mapping: no file behind the page (truncated)
+    MISALIGNED = "misaligned"  # SIGBUS BUS_ADRALN: an access the CPU cannot make at that alignment
+    HARDWARE_ERROR = "hardware-error"  # SIGBUS BUS_OBJERR, BUS_MCEERR_AR/AO: the memory itself failed (ECC, poison)
+    MAPPED = "mapped"  # mapped with the needed permission (SEGV_PKUERR, races)
     INSTRUCTION = "instruction"  # SIGILL, SIGFPE: the address is the faulting instruction's, no data access
     UNKNOWN = "unknown"
+
+
+class SignalOrigin(enum.Enum):
+    """Who raised the signal the crash is about, from its siginfo's ``si_code`` and ``si_pid``."""
+
+    FAULT = "fault"  # the kernel, for the thread's own instruction (si_code > 0: SEGV_MAPERR, BUS_ADRERR, SI_KERNEL)
+    SELF = "self"  # the process itself: abort(), raise(), a handler raising a fault again (faulthandler)
+    SENT = "sent"  # another process: kill(2), tgkill(2), sigqueue(3) with a pid that is not the process's own
+    UNKNOWN = "unknown"  # no siginfo says (a handler without SA_SIGINFO, qemu-user's cores, no signal)
+
+
+@record
+class SignalSender:
+    """The process that sent a signal (siginfo's ``si_pid`` and ``si_uid``, as the receiver's PID namespace sees
+    them: pid 0 is a process outside it, such as the container runtime on the node)."""
+
+    pid: int
+    uid: int | None
+    code: int  # SI_USER (0): kill(2); SI_TKILL (-6): tkill/tgkill(2); SI_QUEUE (-1): sigqueue(3)
+
+    @property
+    def call(self) -> str:
+        """The system call the code says sent it: ``kill(2)``, ``tgkill(2)``, ``sigqueue(3)``."""
+        return {0: "kill(2)", -6: "tgkill(2)", -1: "sigqueue(3)"}.get(self.code, f"si_code {self.code}")
+
+    @property
+    def label(self) -> str:
+        """``pid 4242 (uid 1000)``; pid 0 is a process outside the receiver's PID namespace.
+
+        >>> SignalSender(pid=4242, uid=1000, code=0).label, SignalSender(pid=0, uid=0, code=0).label
+        ('pid 4242 (uid 1000)', 'pid 0 (uid 0: a process outside its PID namespace)')
+        """
+        uid = f"uid {self.uid}" if self.uid is not None else "uid unknown"
+        return f"pid 0 ({uid}: a process outside its PID namespace)" if self.pid == 0 else f"pid {self.pid} ({uid})"
 
 
 class LibraryStatus(enum.Enum):
@@ -179,6 +223,7 @@ class SigInfo:
     name: str
     addr: int | None = None  # si_addr for SIGSEGV, SIGBUS, SIGFPE, SIGILL
     sender_pid: int | None = None  # si_pid for signals sent by kill()/abort()
+    sender_uid: int | None = None  # si_uid beside it (None where only the registers tell: a handler without SA_SIGINFO)
 
 
 @record
@@ -204,6 +249,9 @@ class SignalFrame:
     py_index: int | None = None  # how many of the thread's Python frames (innermost first) ran in the handler
     fault_address: int | None = None  # AArch64: uc_mcontext.fault_address (the FAR; None when 0)
     esr: int | None = None  # AArch64: the esr_context record's syndrome (a fault the CPU raised; qemu-user writes none)
+    # the interrupted instruction follows a system call's (syscall; svc #0): the thread was in the kernel, so no
+    # instruction of its own faulted -- the signal came from a process (None: the code bytes were not read)
+    in_syscall: bool | None = None
 
 
 class HandlerKind(enum.Enum):
@@ -662,6 +710,13 @@ class Crash:
     # the handler the first fault happened in: one for a signal that is no fault (SIGUSR1, SIGTERM), whose own
     # frames (above its signal frame) are the fault's, not the frames it interrupted
     handling: SignalHandler | None = None
+    origin: SignalOrigin = SignalOrigin.UNKNOWN  # who raised the first signal (SENT: another process; then no crash)
+    sender: SignalSender | None = None  # who sent it, for origin SENT
+
+    @property
+    def is_sent(self) -> bool:
+        """The signal was sent by another process (kill(2), tgkill(2), sigqueue(3)): a kill, not a crash."""
+        return self.kind is CrashKind.SENT_SIGNAL
 
     @property
     def fatal_signal(self) -> int | None:
@@ -679,6 +734,8 @@ class Crash:
     @property
     def summary(self) -> str:
         parts = [self.signal_name or "no signal", self.kind.value]
+        if self.sender is not None and self.is_sent:
+            parts.append(f"sent by {self.sender.label}")
         if self.abort_message:
             parts.append(repr(self.abort_message))
         if self.fault_address is not None:
@@ -963,6 +1020,9 @@ class Analysis:
     findings: tuple[Finding, ...] = field(default_factory=tuple)
     heap: HeapReport | None = None  # heap-corruption crashes, and any core with --heap
     fingerprint_partial: str | None = None  # why a part the definition uses was unavailable (then it differs)
+    # the definition the fingerprint was made by (analyze.fingerprint.FINGERPRINT_VERSION; None: none, or an analysis
+    # read back from a document written before the version was carried)
+    fingerprint_version: int | None = None
     # the previous definition's (analyze.fingerprint.fingerprint_basis_v2), so stored keys map to the new ones
     fingerprint_v2: str | None = None
     fingerprint_v2_basis: tuple[str, ...] = ()
@@ -970,8 +1030,8 @@ class Analysis:
 
     @property
     def is_crash(self) -> bool:
-        """A crash, not a snapshot of a live process (gcore)."""
-        return self.crash.kind is not CrashKind.SNAPSHOT
+        """A crash: not a snapshot of a live process (gcore), nor a signal another process sent (a kill)."""
+        return self.crash.kind not in (CrashKind.SNAPSHOT, CrashKind.SENT_SIGNAL)
 
     @property
     def fault_thread(self) -> Thread | None:
@@ -1035,6 +1095,7 @@ class BatchResult:
     skipped: tuple[str, ...] = ()  # files in the directories given that are not cores (not analyzed)
     snapshots: tuple[BatchEntry, ...] = ()  # cores of live processes (gcore): no crash, no fingerprint
     metadata_only: tuple[BatchEntry, ...] = ()  # bundles whose core was not kept
+    sent: tuple[BatchEntry, ...] = ()  # cores of processes another process killed (a sent signal): no crash
 
     @property
     def partial(self) -> int:

@@ -216,6 +216,76 @@ def cores(tmp_path_factory: pytest.TempPathFactory, core_pattern, request) -> Co
     return CoreFactory(tmp_path_factory.mktemp("cores"), sid_root=lambda: request.getfixturevalue("sid_root"))
 
 
+class SameBugCores:
+    """Cores of tests/crashers/same_bug.py (and of tests/crashers/overflow.py: ``script``), one per (interpreter,
+    mode, faulthandler), made on first use and shared by the session; and their analyses.  ``keys``: this
+    machine's interpreters, and Debian unstable's builds in the sid root when it can be built or found (asked for
+    on first use of ``keys`` only: a test of this machine's newest interpreter never waits for the root)."""
+
+    def __init__(self, cores: CoreFactory, request) -> None:
+        from tests.crashers.make_core import build_libcrash
+
+        self.factory = cores
+        self.lib = build_libcrash(cores.base)
+        self._request = request
+        self._keys: list[str] | None = None
+        self._cores: dict[tuple, Path] = {}
+        self._analyses: dict[tuple, object] = {}
+
+    @property
+    def keys(self) -> list[str]:
+        if self._keys is None:
+            try:
+                self._request.getfixturevalue("sid_root")
+                sid = [f"sid-{b}" for b in SID_BUILDS]
+            except pytest.skip.Exception:
+                sid = []  # this machine's interpreters only: Debian's root could not be built or found
+            self._keys = list(PYTHONS) + sid
+        return self._keys
+
+    def core(self, key: str, mode: str, *, faulthandler: bool = False, python: str | None = None,
+             script: Path | None = None) -> Path:
+        """A core of ``mode`` under interpreter ``key`` (``python``: another path to run it by, a venv's;
+        ``script``: another crasher taking the same arguments, with a work directory after them)."""
+        import tempfile
+
+        from tests.crashers.make_core import crash_for_core
+
+        script = script or SAME_BUG
+        k = (key, mode, faulthandler, python, script)
+        if k not in self._cores:
+            interp = self.factory.interpreter(key)
+            run = Path(tempfile.mkdtemp(prefix=f"run-same-{mode}-", dir=self.factory.base))
+            env = {"PYTHONFAULTHANDLER": "1"} if faulthandler else {"PYTHONFAULTHANDLER": ""}
+            extra = [str(run)] if script != SAME_BUG else []
+            self._cores[k] = crash_for_core([python or interp.python, str(script), str(self.lib), mode, *extra],
+                                            run, env=env, root=interp.root, binds=(script, self.lib),
+                                            outputs=("samples.dat",))
+        return self._cores[k]
+
+    def analysis(self, key: str, mode: str, *, faulthandler: bool = False, python: str | None = None,
+                 script: Path | None = None, **kw):
+        from forensics.analyze import analyze_core
+
+        k = (key, mode, faulthandler, python, script, tuple(sorted(kw.items())))
+        if k not in self._analyses:
+            root = self.factory.interpreter(key).root
+            core = self.core(key, mode, faulthandler=faulthandler, python=python, script=script)
+            self._analyses[k] = analyze_core(str(core), sysroot=str(root) if root else None, **kw)
+        return self._analyses[k]
+
+
+#: the crasher whose modes are one bug each, whatever interpreter runs it (tests/crashers/same_bug.py)
+SAME_BUG = ROOT / "tests" / "crashers" / "same_bug.py"
+
+
+@pytest.fixture(scope="session")
+def same_bug(cores, request) -> SameBugCores:
+    if not PYTHONS:
+        pytest.skip("no CPython 3.8-3.13 found on this machine")
+    return SameBugCores(cores, request)
+
+
 @pytest.fixture(scope="session")
 def newest_python() -> str:
     for v in reversed(WANTED):

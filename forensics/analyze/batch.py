@@ -181,16 +181,19 @@ def _close_session() -> None:
 def group_entries(entries: list[BatchEntry]) -> BatchResult:
     """Fold analyzed cores by fingerprint, most frequent first (ties: earliest first seen).
 
-    Snapshots (no crash) and bundles without a core are listed apart; a core whose analysis is
-    partial stays in its group and is named there (its fingerprint may differ from the whole one).
+    Snapshots (no crash), kills (a signal another process sent: no crash) and bundles without a core
+    are listed apart; a core whose analysis is partial stays in its group and is named there (its
+    fingerprint may differ from the whole one).
     """
     groups: dict[str, list[tuple[BatchEntry, Analysis]]] = {}
-    failed, snapshots, metadata_only = [], [], []
+    failed, snapshots, metadata_only, sent = [], [], [], []
     for e in entries:
         if e.no_core is not None:
             metadata_only.append(e)
         elif e.analysis is None:
             failed.append(e)
+        elif e.analysis.crash.is_sent:
+            sent.append(e)
         elif e.analysis.fingerprint is None:
             snapshots.append(e)
         else:
@@ -214,4 +217,4 @@ def group_entries(entries: list[BatchEntry]) -> BatchResult:
         )
     rows.sort(key=lambda g: (-g.count, g.first_seen, g.fingerprint))
     return BatchResult(groups=tuple(rows), failed=tuple(failed), total=len(entries), snapshots=tuple(snapshots),
-                       metadata_only=tuple(metadata_only))
+                       metadata_only=tuple(metadata_only), sent=tuple(sent))

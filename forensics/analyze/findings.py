@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from ..model import Analysis, Crash, CrashKind, Finding, HeapReport, LibraryStatus, ProcessSnapshot, Severity
 from .classify import classify_crash, is_python_process
-from .fingerprint import fingerprint, fingerprint_basis, fingerprint_basis_v2
+from .memfaults import check_past_end_of_file, check_stack_overflow
+from .fingerprint import FINGERPRINT_VERSION, fingerprint, fingerprint_basis, fingerprint_basis_v2
 
 __all__ = ["analyze_snapshot", "check_snapshot", "check_nested_faults", "heap_findings"]
 
@@ -31,6 +32,18 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
                 tid=crash.tid,
             )
         )
+    if crash.is_sent:
+        who = f"{crash.sender.label} with {crash.sender.call}" if crash.sender is not None else "another process"
+        out.append(Finding(
+            rule="signal-sent", severity=Severity.WARNING,
+            summary=(f"{crash.signal_name} was sent by {who} and ended the process (a watchdog's, an operator's or "
+                     f"the container runtime's kill): no instruction of it faulted, and the stacks say only where "
+                     f"each thread was"),
+            evidence=(f"si_code {_code(crash)}, si_pid {crash.sender.pid if crash.sender else '?'}, si_uid "
+                      f"{crash.sender.uid if crash.sender and crash.sender.uid is not None else '?'}",),
+            tid=crash.tid))
+    out.extend(f for f in (check_stack_overflow(snapshot, crash), check_past_end_of_file(snapshot, crash))
+               if f is not None)
     out.extend(check_nested_faults(snapshot, crash))
     if core.nvml is not None:
         out.append(
@@ -94,6 +107,10 @@ def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ..
     return tuple(out)
 
 
+def _code(crash: Crash) -> str:
+    return str(crash.sender.code) if crash.sender is not None else "?"
+
+
 def check_nested_faults(snapshot: ProcessSnapshot, crash: Crash) -> list[Finding]:
     """Findings about a fault after the first one (a crash reporter's handler, another thread) and about
     handlers that ran: why the exit status is what it is, and which thread came first."""
@@ -124,6 +141,12 @@ def check_nested_faults(snapshot: ProcessSnapshot, crash: Crash) -> list[Finding
             summary=(f"{first} came first: glibc had written its heap-corruption message (the thread was in its "
                      f"abort path) when {late} received the fatal {then.signal_name}"),
             evidence=tuple(x for x in (crash.abort_message,) if x), tid=crash.tid))
+    elif crash.handler is not None and crash.is_sent:
+        out.append(Finding(
+            rule="signal-handler-ran", severity=Severity.INFO,
+            summary=(f"the {crash.handler.signal_name} handler {crash.handler.label} ran and raised "
+                     f"{crash.signal_name} again: the process ended on the signal it was sent"),
+            evidence=evidence, tid=crash.tid))
     elif crash.handler is not None:
         out.append(Finding(
             rule="signal-handler-ran", severity=Severity.INFO,
@@ -141,7 +164,7 @@ def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
     crash = classify_crash(snapshot.core, snapshot.threads, python_process=is_python_process(snapshot.core))
     basis: tuple[str, ...]
     basis_v2: tuple[str, ...]
-    if crash.kind is CrashKind.SNAPSHOT:
+    if crash.kind in (CrashKind.SNAPSHOT, CrashKind.SENT_SIGNAL):  # no crash: no crash fingerprint
         basis, partial, fp, basis_v2, fp_v2 = (), None, None, (), None
     else:
         basis, partial = fingerprint_basis(snapshot, crash)
@@ -154,6 +177,7 @@ def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
         fingerprint=fp,
         fingerprint_basis=basis,
         fingerprint_partial=partial,
+        fingerprint_version=FINGERPRINT_VERSION if fp is not None else None,
         fingerprint_v2=fp_v2,
         fingerprint_v2_basis=basis_v2,
         findings=check_snapshot(snapshot, crash),

@@ -57,7 +57,7 @@ from ..model import Crash, CrashKind, FaultKind, NativeFrame, ProcessSnapshot, P
 from ..modes import Unwinder
 from ..views.frames import first_fault_frames, skip_abort_machinery
 from ..views.pyframes import python_location
-from .classify import classify_fault_address, is_python_process, normalize_message
+from .classify import NEAR_NULL_LIMIT, SEGV_ACCERR, SI_KERNEL, is_python_process, normalize_message
 
 __all__ = ["FINGERPRINT_VERSION", "PYTHON_DEPTH", "NATIVE_DEPTH", "fingerprint_basis", "fingerprint_basis_v2",
            "fingerprint", "crash_python_frames", "object_name", "normalize_abort_message"]
@@ -164,11 +164,8 @@ def _head(snapshot: ProcessSnapshot, crash: Crash, *, v2: bool) -> list[str]:
         message = normalize_message(crash.abort_message) if v2 else normalize_abort_message(crash.abort_message)
         basis.append(f"abort:{message}")
     core = snapshot.core
-    if crash.fault_kind is FaultKind.INSTRUCTION and v2:  # v2 judged SIGILL/SIGFPE's address as a data address
-        code = _signal_code(snapshot, crash)
-        basis.append(f"fault:{classify_fault_address(core, crash.fault_address, code, crash.fault_address).value}")
-    elif crash.fault_kind is not None:
-        basis.append(f"fault:{crash.fault_kind.value}")
+    if crash.fault_kind is not None:
+        basis.append(f"fault:{_fault_word_v3(snapshot, crash, v2=v2)}")
     name = _lib if v2 else object_name
     if crash.kind in _MEMORY_FAULTS:
         pc = _first_fault_pc(snapshot, crash)
@@ -225,6 +222,28 @@ def fingerprint_basis_v2(snapshot: ProcessSnapshot, crash: Crash) -> tuple[str, 
     for p in (frames or ())[:PYTHON_DEPTH]:
         basis.append(f"python:{python_location(p.file).path}:{p.function}")
     return tuple(basis)
+
+
+def _fault_word_v3(snapshot: ProcessSnapshot, crash: Crash, *, v2: bool) -> str:
+    """The fault's kind as versions 2 and 3 judged it, from SIGSEGV's codes whatever the signal: the kinds
+    added since (no-access, stack-overflow, past-end-of-file, misaligned, hardware-error) were "not-writable",
+    "unmapped" or "mapped" there; version 2 also judged SIGILL's and SIGFPE's address as a data address."""
+    addr, code = crash.fault_address, _signal_code(snapshot, crash)
+    if crash.fault_kind is FaultKind.INSTRUCTION and not v2:
+        return FaultKind.INSTRUCTION.value
+    pc = addr if crash.fault_kind is FaultKind.INSTRUCTION else _first_fault_pc(snapshot, crash)
+    if addr is None or code == SI_KERNEL:
+        return FaultKind.UNKNOWN.value
+    if addr < NEAR_NULL_LIMIT:
+        return FaultKind.NEAR_NULL.value
+    mapping = snapshot.core.find_mapping(addr)
+    if mapping is None:
+        return FaultKind.UNMAPPED.value
+    if pc is not None and addr == pc and "x" not in mapping.perms:
+        return FaultKind.NOT_EXECUTABLE.value
+    if code == SEGV_ACCERR and "w" not in mapping.perms:
+        return FaultKind.NOT_WRITABLE.value
+    return FaultKind.MAPPED.value
 
 
 def _signal_code(snapshot: ProcessSnapshot, crash: Crash) -> int:

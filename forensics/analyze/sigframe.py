@@ -303,8 +303,9 @@ def parse_signal_frame(core: CoreFile, raw: bytes, address: int,
     elif info is None:
         info, source = signal_from_registers(core, regs, text)
     on_alt = bool(ss_size) and not ss_flags & _SS_DISABLE and ss_sp <= address < ss_sp + ss_size
+    code = text(rip - 2, 2) if text is not None else b""
     return SignalFrame(address=address, trampoline=pretcode, signal=info, signal_source=source, pc=rip, sp=rsp,
-                       alternate_stack=on_alt)
+                       alternate_stack=on_alt, in_syscall=code == _SYSCALL if len(code) == 2 else None)
 
 
 def _siginfo(core: CoreFile, raw: bytes, trapno: int) -> tuple[SigInfo | None, str]:

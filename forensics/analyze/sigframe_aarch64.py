@@ -131,8 +131,10 @@ def parse_signal_frame(core: CoreFile, raw: bytes, address: int, trampoline: int
     elif info is None:
         info, source = signal_from_registers(core, regs, fault_address, esr, text)
     on_alt = bool(ss_size) and not ss_flags & _SS_DISABLE and ss_sp <= address < ss_sp + ss_size
+    code = text(pc - 4, 4) if text is not None else b""
     return SignalFrame(address=address, trampoline=trampoline, signal=info, signal_source=source, pc=pc, sp=sp,
-                       alternate_stack=on_alt, fault_address=fault_address or None, esr=esr)
+                       alternate_stack=on_alt, fault_address=fault_address or None, esr=esr,
+                       in_syscall=code == _SVC0 if len(code) == 4 else None)
 
 
 def _esr(raw: bytes) -> int | None:

@@ -27,6 +27,8 @@ __all__ = ["CrashEntry", "FingerprintGroup", "NodeIndex", "read_crash", "build_i
 #: why a crash's core is not on disk whole, as the metrics label it (bounded: these values only)
 NOT_KEPT_REASONS = ("rlimit", "loop-limit", "disk-full", "min-free", "cut", "truncated-stream", "not-a-core",
                     "budget", "failed")
+#: analyze's crash class of a signal another process sent (model.CrashKind.SENT_SIGNAL's value): a kill, no crash
+SENT_SIGNAL = "sent-signal"
 MAX_READ = 8 << 20  # a record or an analysis larger than this is not read (the agent writes none larger)
 
 
@@ -60,6 +62,15 @@ class CrashEntry:
     image_digest: str | None
     uploaded_to: str | None = None  # the bucket's URL of the bundle (agent serve --upload's 70-upload.json)
     node: str | None = None  # the agent's node (its --node-name, in the analysis it wrote), else the handler's host
+    # the key the previous fingerprint definition gives it (the analysis' fingerprint_vN, N = its version - 1), so
+    # alert rules tell a key renamed by a new definition from a new bug
+    previous_fingerprint: str | None = None
+    sender_uid: int | None = None  # a signal another process sent (crash_class "sent-signal"): the sender's uid
+
+    @property
+    def is_sent(self) -> bool:
+        """Another process sent the signal (a kill): no crash, counted apart."""
+        return self.crash_class == SENT_SIGNAL
 
 
 @dataclass(slots=True)
@@ -86,6 +97,7 @@ class NodeIndex:
     def as_document(self) -> dict:
         return {"crashes": len(self.crashes),
                 "pending": sum(1 for c in self.crashes if c.analysis == "pending"),
+                "sent_signals": sum(1 for c in self.crashes if c.is_sent),
                 "fingerprints": {fp: {"count": g.count, "first_seen": g.first_seen, "last_seen": g.last_seen,
                                       "example_bundle": g.example, "signature": g.signature,
                                       "crash_class": g.crash_class, "pods": sorted(g.pods),
@@ -168,6 +180,10 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
     nvml_v = snap_core.get("nvml")
     nvml = nvml_v if isinstance(nvml_v, dict) else {}
     fp = a.get("fingerprint") if isinstance(a.get("fingerprint"), str) else None
+    crash_v = a.get("crash") if isinstance(a, dict) else None
+    crash: dict = crash_v if isinstance(crash_v, dict) else {}
+    sender_v = crash.get("sender")
+    sender: dict = sender_v if isinstance(sender_v, dict) else {}
     agent = (analysis or {}).get("agent")
     agent_node = agent.get("node") if isinstance(agent, dict) else None
     return CrashEntry(
@@ -178,13 +194,23 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
         analysis=status, analysis_failure=(failed or {}).get("reason") if status == "failed" else None,
         fingerprint=fp, fingerprint_source="analysis" if fp else None,
         signature=a.get("signature") if isinstance(a.get("signature"), str) else None,
-        crash_class=((a.get("crash") or {}).get("kind") if isinstance(a.get("crash"), dict) else None),
+        crash_class=crash.get("kind") if isinstance(crash.get("kind"), str) else None,
+        previous_fingerprint=_previous_fingerprint(a),
+        sender_uid=sender.get("uid") if isinstance(sender.get("uid"), int) else None,
         nvml_build_id=nvml.get("build_id"), driver=nvml.get("driver_version"),
         namespace=pod.get("namespace"), pod=pod.get("name"), container=pod.get("container"),
         image_digest=pod.get("image_digest"),
         uploaded_to=uploaded.get("url") if isinstance(uploaded.get("url"), str) else None,
         node=agent_node if isinstance(agent_node, str) and agent_node else rec.node,
     )
+
+
+def _previous_fingerprint(a: dict) -> str | None:
+    """The key the definition before the analysis' own gives the crash: ``fingerprint_vN`` for N its
+    ``fingerprint_version`` - 1 (an analysis written before the version was carried is of version 3)."""
+    version = a.get("fingerprint_version")
+    key = a.get(f"fingerprint_v{(version if isinstance(version, int) else 3) - 1}")
+    return key if isinstance(key, str) else None
 
 
 def build_index(core_dir: str, *, limit: int = 1_000_000) -> NodeIndex:
@@ -214,6 +240,8 @@ def group_crashes(entries: list[CrashEntry]) -> NodeIndex:
                         signature=src.signature, crash_class=src.crash_class,
                         nvml_build_id=e.nvml_build_id or src.nvml_build_id, driver=e.driver or src.driver)
         out.append(e)
+        if e.is_sent:  # a kill is no crash: in the index, in no fingerprint's group
+            continue
         fp = e.fingerprint or "unknown"
         g = groups.get(fp)
         if g is None:

@@ -11,9 +11,13 @@ with the reason).  It publishes:
   see :mod:`.nodeindex`), with bounded label cardinality: ``forensics_crashes_total`` has at most
   ``max_series`` label sets (default 500); crashes past that are counted in one series whose
   labels are ``_other``.  Labels: ``node``, ``fingerprint`` (12 hex digits or ``unknown``),
-  ``crash_class`` (analyze's crash kinds), ``signal`` (a signal name), ``namespace``, ``pod``,
-  ``container``, ``image_digest`` (the pods on one node: a DaemonSet's few), so one node's series
-  are (distinct crashes) x (pods and containers that had them).  The other families' labels come
+  ``previous_fingerprint`` (the key the previous fingerprint definition gives the same crash, or empty
+  for an analysis that has none), ``crash_class`` (analyze's crash kinds), ``signal`` (a signal name),
+  ``namespace``, ``pod``, ``container``, ``image_digest`` (the pods on one node: a DaemonSet's few), so
+  one node's series are (distinct crashes) x (pods and containers that had them).  A core of a process
+  another process killed (a signal it was sent: analyze's ``sent-signal``) is no crash: it is counted in
+  ``forensics_signals_sent_total`` (``node``, ``signal``, ``sender_uid``, and the pod's labels; the same
+  bound), never in ``forensics_crashes_total``.  The other families' labels come
   from closed sets: ``reason`` of :data:`~.nodeindex.NOT_KEPT_REASONS` and analysis failures
   (``timeout``, ``memory``, ``resources``, ``error``, ``interrupted``), ``kind`` of ``cores`` / ``objects``.
 - A Kubernetes Event (events.k8s.io/v1) on the crashed pod (type Warning, reason ``NativeCrash``,
@@ -345,19 +349,37 @@ class IndexCollector:
 
         idx, cfg = self.agent.index, self.agent.cfg
         node = cfg.node
-        labels = [NODE_LABEL, "fingerprint", "crash_class", "signal", "namespace", "pod", "container", "image_digest"]
+        labels = [NODE_LABEL, "fingerprint", "previous_fingerprint", "crash_class", "signal", "namespace", "pod",
+                  "container", "image_digest"]
         crashes = CounterMetricFamily("forensics_crashes", "Native crashes on this node, by fingerprint (forensics "
-                                      "analyze's) and where they happened; from the crash bundles", labels=labels)
-        series: dict[tuple, int] = {}
+                                      "analyze's; previous_fingerprint: the previous definition's key) and where "
+                                      "they happened; from the crash bundles", labels=labels)
+        sent = CounterMetricFamily("forensics_signals_sent", "Processes that ended with a core on a signal another "
+                                   "process sent them (kill(2), tgkill(2), sigqueue(3)): kills, not crashes",
+                                   labels=[NODE_LABEL, "signal", "sender_uid", "namespace", "pod", "container",
+                                           "image_digest"])
+        series: dict[tuple[str, ...], int] = {}
+        sent_series: dict[tuple[str, ...], int] = {}
+        key: tuple[str, ...]
         for c in idx.crashes:
-            key = (node, c.fingerprint or "unknown", c.crash_class or "unknown", c.signal_name or "unknown",
-                   c.namespace or "", c.pod or "", c.container or "", c.image_digest or "")
+            where = (c.namespace or "", c.pod or "", c.container or "", c.image_digest or "")
+            if c.is_sent:
+                key = (node, c.signal_name or "unknown", "" if c.sender_uid is None else str(c.sender_uid), *where)
+                if key not in sent_series and len(sent_series) >= cfg.max_series:
+                    key = (node, *["_other"] * 6)
+                sent_series[key] = sent_series.get(key, 0) + 1
+                continue
+            key = (node, c.fingerprint or "unknown", c.previous_fingerprint or "", c.crash_class or "unknown",
+                   c.signal_name or "unknown", *where)
             if key not in series and len(series) >= cfg.max_series:
-                key = (node, "_other", "_other", "_other", "_other", "_other", "_other", "_other")
+                key = (node, *["_other"] * 8)
             series[key] = series.get(key, 0) + 1
         for key, n in sorted(series.items()):
             crashes.add_metric(list(key), n)
         yield crashes
+        for key, n in sorted(sent_series.items()):
+            sent.add_metric(list(key), n)
+        yield sent
         yield _latest_bundles(node, idx, cfg.max_series)
         failures = CounterMetricFamily("forensics_analysis_failures", "On-node analyses that failed, by reason",
                                        labels=[NODE_LABEL, "reason"])

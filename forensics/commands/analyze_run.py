@@ -106,7 +106,7 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
         payload = {
             "batch": result,
             # what the batch found: its bugs (distinct fingerprints) and the previous definition's keys for them
-            "found": {"bugs": result.bugs, "fingerprints_v2": result.fingerprints_v2},
+            "found": {"bugs": result.bugs, "fingerprints_v2": result.fingerprints_v2, "sent_signals": len(result.sent)},
             "cores": [
                 {
                     "path": e.path,

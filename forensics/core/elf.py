@@ -496,19 +496,20 @@ def parse_siginfo(desc: bytes) -> SigInfo:
     ``addr`` is set for the fault signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL) when the
     kernel raised them (``si_code > 0``); ``sender_pid`` for signals sent by
     ``kill``/``sigqueue``/``tgkill`` (``SI_USER``, ``SI_QUEUE``, ``SI_TKILL``), as
-    ``abort()`` does.
+    ``abort()`` does, and ``sender_uid`` beside it (``si_pid``, ``si_uid``: the union's first two words).
 
     :raises ValueError: when the note is too short
     """
     if len(desc) < SIGINFO_MIN_SIZE:
         raise ValueError(f"NT_SIGINFO has {len(desc)} bytes, expected at least {SIGINFO_MIN_SIZE}")
     signo, errno, code = struct.unpack_from("<iii", desc, 0)
-    addr = sender = None
+    addr = sender = uid = None
     if signo in _FAULT_SIGNALS and code > 0:
         addr = struct.unpack_from("<Q", desc, 16)[0]
     elif code in (_SI_USER, _SI_QUEUE, _SI_TKILL):
-        sender = struct.unpack_from("<i", desc, 16)[0]
-    return SigInfo(signo=signo, code=code, errno=errno, name=signal_name(signo), addr=addr, sender_pid=sender)
+        sender, uid = struct.unpack_from("<iI", desc, 16)
+    return SigInfo(signo=signo, code=code, errno=errno, name=signal_name(signo), addr=addr, sender_pid=sender,
+                   sender_uid=uid)
 
 
 def parse_auxv(desc: bytes) -> dict[int, int]:

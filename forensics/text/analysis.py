@@ -8,7 +8,17 @@ from ..analyze.sigframe_aarch64 import describe_esr
 from ..views.frames import merge_frames
 from ..views.pyframes import describe_pyframe
 from ..views.signature import describe_later_fault, describe_thread, exit_explanation, signature
-from ..model import Analysis, BatchResult, NativeFrame, PyFrame, PythonMethod, SignalFrame, StoreEntry, Thread
+from ..model import (
+    Analysis,
+    BatchResult,
+    CrashKind,
+    NativeFrame,
+    PyFrame,
+    PythonMethod,
+    SignalFrame,
+    StoreEntry,
+    Thread,
+)
 from .heap import format_heap
 
 __all__ = ["format_analysis", "format_thread", "format_batch"]
@@ -159,6 +169,15 @@ def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool
             yield f"  {lib.status.value:<17} {lib.build_id or '-':<40} {lib.path}"
 
 
+def _count(n: int, one: str, many: str) -> str:
+    """``1 bug``, ``2 bugs``, ``0 bugs``.
+
+    >>> _count(1, "bug", "bugs"), _count(2, "distinct crash", "distinct crashes")
+    ('1 bug', '2 distinct crashes')
+    """
+    return f"{n:,} {one if n == 1 else many}"
+
+
 def _ts(t: float) -> str:
     import datetime as _dt  # here: a batch's table shows times, one analysis' text none
 
@@ -182,19 +201,9 @@ def _store_lines(store: StoreEntry) -> Iterator[str]:
 
 def format_batch(result: BatchResult) -> Iterable[str]:
     """The fingerprint table of a batch: distinct crashes, most frequent first; then what was partial,
-    unreadable, a snapshot, metadata only or skipped -- every input is accounted for.  Raw lines: control
+    unreadable, a kill, a snapshot, metadata only or skipped -- every input is accounted for.  Raw lines: control
     characters (in file names, signatures) are escaped where they are printed (:func:`forensics.commands.emit`)."""
-    analyzed = sum(g.count for g in result.groups)
-    head = [f"{result.total} inputs: {analyzed} cores analyzed ({result.partial} partial)",
-            f"{len(result.groups)} distinct crashes", f"{len(result.failed)} unreadable"]
-    if result.snapshots:
-        head.append(f"{len(result.snapshots)} snapshots (no crash)")
-    if result.metadata_only:
-        head.append(f"{len(result.metadata_only)} metadata only")
-    head.append(f"{len(result.skipped)} files skipped (not cores)")
-    yield ", ".join(head)
-    yield (f"Found {result.bugs} bugs (distinct fingerprints); the previous fingerprint definition gives them "
-           f"{result.fingerprints_v2} fingerprints (fingerprint_v2)")
+    yield from _batch_head(result)
     yield ""
     yield f"{'COUNT':>5}  {'PARTIAL':>7}  {'FINGERPRINT':<12}  {'FIRST SEEN':<20}  {'LAST SEEN':<20}  SIGNATURE"
     for g in result.groups:
@@ -203,12 +212,45 @@ def format_batch(result: BatchResult) -> Iterable[str]:
         yield f"{'':>5}  example: {g.example}"
         for why in g.partial:
             yield f"{'':>5}  partial (its fingerprint may differ): {why}"
+    yield from _batch_apart(result)
+
+
+def _batch_head(result: BatchResult) -> Iterator[str]:
+    """The batch's two first lines: what every input was, and how many bugs it found."""
+    analyzed = sum(g.count for g in result.groups)
+    head = [f"{_count(result.total, 'input', 'inputs')}: {_count(analyzed, 'core', 'cores')} analyzed "
+            f"({result.partial} partial)",
+            _count(len(result.groups), "distinct crash", "distinct crashes"), f"{len(result.failed)} unreadable"]
+    if result.sent:
+        head.append(_count(len(result.sent), "signal", "signals") + " sent by other processes (no crash)")
+    if result.snapshots:
+        head.append(_count(len(result.snapshots), "snapshot", "snapshots") + " (no crash)")
+    if result.metadata_only:
+        head.append(f"{len(result.metadata_only)} metadata only")
+    head.append(_count(len(result.skipped), "file", "files") + " skipped (not cores)")
+    yield ", ".join(head)
+    yield (f"Found {_count(result.bugs, 'bug', 'bugs')} (distinct fingerprints); the previous fingerprint definition "
+           f"gives them {_count(result.fingerprints_v2, 'fingerprint', 'fingerprints')} (fingerprint_v2)")
+
+
+def _batch_apart(result: BatchResult) -> Iterator[str]:
+    """What is listed apart from the table: unreadable inputs, kills, snapshots, metadata-only bundles, skipped
+    files."""
     if result.failed:
         yield ""
         yield "Unreadable:"
         for e in result.failed:
             error = e.error or "?"
             yield f"  {error}" if error.startswith(e.path) else f"  {e.path}: {error}"
+    if result.sent:
+        yield ""
+        yield "Signals sent by other processes (killed, no crash, no fingerprint):"
+        for e in result.sent:
+            a = e.analysis
+            who = (f"{a.crash.signal_name} sent by {a.crash.sender.label} with {a.crash.sender.call}"
+                   if a is not None and a.crash.sender is not None else
+                   f"{a.crash.signal_name if a is not None else 'a signal'} sent by another process")
+            yield f"  {_ts(e.mtime)}  {e.path}: {who}"
     if result.snapshots:
         yield ""
         yield "Snapshots of live processes (no crash, no fingerprint):"
@@ -236,8 +278,11 @@ def _crash_lines(analysis: Analysis) -> Iterator[str]:
     if crash.fault_address is not None:
         fk = crash.fault_kind.value if crash.fault_kind else "?"
         yield f"Fault:       0x{crash.fault_address:x} ({fk})"
-    yield f"Crash class: {crash.kind.value}" + (" (a core of a live process: no crash)" if analysis.fingerprint is None
-                                                else "")
+    if crash.is_sent and crash.sender is not None:
+        yield f"Sent by:     {crash.sender.label} with {crash.sender.call}"
+    no_crash = {CrashKind.SNAPSHOT: " (a core of a live process: no crash)",
+                CrashKind.SENT_SIGNAL: " (a signal another process sent: no crash)"}
+    yield f"Crash class: {crash.kind.value}{no_crash.get(crash.kind, '')}"
     if crash.handler is not None:
         label = crash.handler.label
         kind = "" if crash.handler.kind.value == label else f" ({crash.handler.kind.value})"
@@ -248,7 +293,8 @@ def _crash_lines(analysis: Analysis) -> Iterator[str]:
     if explanation:
         yield f"Exit:        {explanation}"
     if analysis.fingerprint is None:
-        yield "Fingerprint: none (a snapshot is not a crash)"
+        yield ("Fingerprint: none (a signal another process sent is not a crash)" if crash.is_sent else
+               "Fingerprint: none (a snapshot is not a crash)")
     else:
         partial = f" (partial: {analysis.fingerprint_partial})" if analysis.fingerprint_partial else ""
         yield f"Fingerprint: {analysis.fingerprint}{partial}"

@@ -8,11 +8,12 @@ its thread, where it happened in Python (the innermost frame, and the first fram
 standard library when those differ) and natively (the first frame past the abort machinery and
 libc; an unnamed frame is shown by its library and offset, never skipped for its caller).  A
 fault that came after it — in a crash reporter's handler, or in another thread — follows
-``; then``.  A snapshot of a live process says so.
+``; then``.  A snapshot of a live process says so, and so does a signal another process sent (a kill:
+``SIGSEGV sent by pid 4242 (uid 0) with kill(2) [sent-signal]: not a crash; ...``), naming the sender.
 """
 from __future__ import annotations
 
-from ..model import Analysis, CrashKind, NativeFrame, PyFrame, Thread
+from ..model import Analysis, CoreFile, CrashKind, FaultKind, NativeFrame, PyFrame, Thread
 from ..modes import Unwinder
 from .frames import first_fault_frames, skip_abort_machinery
 from .pyframes import describe_pyframe, first_outside_stdlib, python_location
@@ -78,12 +79,17 @@ def _unwound(t: Thread) -> bool:
     return t.native_method not in (None, Unwinder.REGISTERS) or len(t.native_frames) > 1
 
 
-def _fault(signal_name: str | None, abort_message: str | None, address: int | None, kind) -> list[str]:
+def _fault(signal_name: str | None, abort_message: str | None, address: int | None, kind,
+           core: CoreFile | None = None) -> list[str]:
     parts = [signal_name or "no signal"]
     if abort_message:
         parts.append(f'"{abort_message}"')
     elif address is not None:
-        parts.append(f"at 0x{address:x} ({kind.value if kind else '?'})")
+        what = kind.value if kind else "?"
+        mapping = core.find_mapping(address) if core is not None and kind is FaultKind.PAST_END_OF_FILE else None
+        if mapping is not None and mapping.path:  # name the file whose end the access ran past
+            what = f"{what}: byte {mapping.offset + address - mapping.start:#x} of {mapping.path}"
+        parts.append(f"at 0x{address:x} ({what})")
     return parts
 
 
@@ -100,6 +106,26 @@ def _snapshot(analysis: Analysis, bases: dict[str, int]) -> str:
     return f"{head}; " + " ".join(parts)
 
 
+def _sent(analysis: Analysis, bases: dict[str, int]) -> str:
+    """A signal another process sent: who sent it, and where the thread that received it was."""
+    crash = analysis.crash
+    sender = crash.sender
+    who = f" sent by {sender.label} with {sender.call}" if sender is not None else \
+        f" sent by another process{_unnamed_sender(analysis)}"
+    head = f"{crash.signal_name or 'no signal'}{who} [{crash.kind.value}]: not a crash"
+    thread = next((t for t in analysis.snapshot.threads if t.tid == crash.tid), None) if crash.tid is not None else None
+    if thread is None:
+        return head
+    where = describe_location(thread.py_frames, thread.native_frames, bases, unwound=_unwound(thread))
+    return f"{head}; {_in_thread(thread).removeprefix('in ')} was " + " ".join(where) if where else head
+
+
+def _unnamed_sender(analysis: Analysis) -> str:
+    handler = analysis.crash.handler
+    took = f"its handler {handler.label} took no siginfo" if handler is not None else "no siginfo"
+    return f" (which one the core cannot say: {took})"
+
+
 def signature(analysis: Analysis) -> str:
     """The one line that says what happened (see the module docstring).
 
@@ -111,7 +137,9 @@ def signature(analysis: Analysis) -> str:
     bases = {lib.path: lib.base for lib in snap.core.libraries}
     if crash.kind is CrashKind.SNAPSHOT:
         return _snapshot(analysis, bases)
-    parts = _fault(crash.signal_name, crash.abort_message, crash.fault_address, crash.fault_kind)
+    if crash.is_sent:
+        return _sent(analysis, bases)
+    parts = _fault(crash.signal_name, crash.abort_message, crash.fault_address, crash.fault_kind, snap.core)
     parts.append(f"[{crash.kind.value}]")
     thread = next((t for t in snap.threads if t.tid == crash.tid), None) if crash.tid is not None else None
     if thread is not None:
@@ -184,6 +212,11 @@ def exit_explanation(analysis: Analysis) -> str | None:
     status = crash.exit_status
     if status is None or crash.signal is None:
         return None
+    if crash.is_sent:
+        who = (f"{crash.sender.label} sent it with {crash.sender.call}" if crash.sender else
+               f"another process sent it{_unnamed_sender(analysis)}, while the thread was in a system call")
+        return (f"exit status {status} ({crash.signal_name}): killed, not crashed -- {who}; the process did not "
+                f"fault (the signal's default action ends it with a core)")
     first = f"{128 + crash.signal} ({crash.signal_name})"
     what = _KIND_PHRASE.get(crash.kind, f"a {crash.signal_name}")
     then = crash.then

@@ -141,3 +141,49 @@ int forensics_raise(int signo)
     raise(signo);
     return sink;
 }
+
+/* C recursion on a thread whose stack is 256 KiB: the recursion runs into the guard page below the stack
+ * (SIGSEGV, SEGV_ACCERR in a PROT_NONE mapping, the stack pointer beside it). */
+__attribute__((noinline)) static int forensics_recurse(volatile char *prev, int depth)
+{
+    volatile char frame[256];
+    frame[0] = (char)depth;
+    frame[255] = prev ? prev[0] : 0;
+    return forensics_recurse(frame, depth + 1) + frame[1]; /* not a tail call: each level keeps its frame */
+}
+
+static void *forensics_overflow_worker(void *arg)
+{
+    (void)arg;
+    sink = forensics_recurse(0, 0);
+    return 0;
+}
+
+int forensics_overflow_thread(void)
+{
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    if (pthread_create(&t, &attr, forensics_overflow_worker, 0) != 0)
+        return -1;
+    pthread_join(t, 0);
+    return 0;
+}
+
+/* A buffer released twice (a tp_dealloc that runs twice).  glibc's check, and so its message, depends on the
+ * size and the heap around it: a tcache size reads "free(): double free detected in tcache 2", a larger one
+ * with a chunk after it "double free or corruption (!prev)" -- one bug whatever the message. */
+__attribute__((noinline)) void forensics_release_buffer(void *buffer)
+{
+    free(buffer);
+}
+
+int forensics_double_free(size_t size)
+{
+    void *buffer = malloc(size);
+    keep = malloc(32); /* a chunk after it: the buffer's chunk does not border the top chunk */
+    forensics_release_buffer(buffer);
+    forensics_release_buffer(buffer);
+    return 0;
+}

@@ -36,6 +36,7 @@ __all__ = [
     "make_core",
     "crash_for_core",
     "make_gcore",
+    "make_killed_core",
     "QEMU_CORE_GLOB",
     "EXPORTER",
     "BARE",
@@ -302,6 +303,47 @@ def make_gcore(directory: Path, python: str | os.PathLike[str], *, timeout: floa
     finally:
         proc.kill()
         proc.wait()
+
+
+def make_killed_core(directory: Path, python: str | os.PathLike[str], signo: int, *, env: dict[str, str] | None = None,
+                     timeout: float = 60.0) -> Path:
+    """A core of a process another process killed: ``exporter.py`` in its ``sleep`` scenario, waited for
+    through a FIFO, then sent ``signo`` by this process (``kill(2)``: SI_USER, this pid, this uid).
+
+    :param env: extra environment variables (``PYTHONFAULTHANDLER=1``: faulthandler handles the signal and
+        raises it again)
+    :raises CoresUnavailable: when kernel.core_pattern does not write to the cwd
+    :raises CoreNotWritten: when the process did not die of ``signo`` or left no core
+    """
+    problem = core_pattern_problem()
+    if problem:
+        raise CoresUnavailable(problem)
+    directory = Path(directory).resolve()
+    lib = build_libcrash(directory)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"run-killed-{signo}-", dir=directory))
+    fifo = run_dir / "ready"
+    os.mkfifo(fifo)
+    full_env = dict(os.environ)
+    full_env.pop("PYTHONHOME", None)
+    full_env.update(env or {})
+    proc = subprocess.Popen([os.fspath(python), str(EXPORTER), str(lib), "sleep", str(fifo)], cwd=run_dir,
+                            env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=_child_setup(None))
+    try:
+        _wait_ready(fifo, proc, timeout)
+        time.sleep(0.1)  # let the main thread reach time.sleep
+        proc.send_signal(signo)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    (run_dir / ".stderr").write_bytes(err or b"")
+    cores = [p for p in run_dir.iterdir() if p.is_file() and p.name.startswith("core")]
+    if proc.returncode != -signo or not cores:
+        raise CoreNotWritten(f"{python} exporter.py sleep, sent signal {signo}, exited {proc.returncode} "
+                             f"with cores {cores}: {(err or b'').decode(errors='replace')[-1000:]}")
+    return cores[0]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """One bug per mode, the same program under every CPython: the cores a fingerprint must not split.
 
-usage: same_bug.py LIBCRASH.so {thread-method,c-extension,assert,native-a,native-b,null,usr1-handler}
+usage: same_bug.py LIBCRASH.so {thread-method,c-extension,assert,native-a,native-b,null,usr1-handler,
+                                double-free-small,double-free-large}
 
 ``thread-method``: a method on a thread (``Poller.read_label``, run by ``Thread.run``) calls into
 libcrash.so, which writes near NULL; ``c-extension``: a C extension of the standard library
@@ -8,7 +9,9 @@ libcrash.so, which writes near NULL; ``c-extension``: a C extension of the stand
 (glibc's message names the program); ``native-a`` / ``native-b``: a thread libcrash.so starts itself
 (no Python frames on it) faults in one of two functions; ``null``: libcrash.so writes to address 0
 (with ``PYTHONFAULTHANDLER=1`` faulthandler handles it and raises SIGSEGV again); ``usr1-handler``: a
-SIGUSR1 handler in libcrash.so writes through NULL, run when ``forensics_raise`` raised SIGUSR1.
+SIGUSR1 handler in libcrash.so writes through NULL, run when ``forensics_raise`` raised SIGUSR1;
+``double-free-small`` / ``double-free-large``: libcrash.so releases one buffer twice, 64 bytes (glibc: "free():
+double free detected in tcache 2") or 1280 bytes (glibc: "double free or corruption (!prev)") -- one bug.
 """
 import ctypes
 import sys
@@ -48,6 +51,10 @@ def dump_state():
     return LIB.forensics_raise(10)  # SIGUSR1
 
 
+def release_buffers():
+    return LIB.forensics_double_free(ctypes.c_size_t(64 if MODE == "double-free-small" else 1280))
+
+
 def main():
     if MODE == "thread-method":
         worker = threading.Thread(target=Poller().poll, name="poller")
@@ -63,6 +70,8 @@ def main():
         write_null()
     elif MODE == "usr1-handler":
         dump_state()
+    elif MODE in ("double-free-small", "double-free-large"):
+        release_buffers()
     raise SystemExit(f"{MODE}: did not crash")
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from forensics.analyze.fingerprint import FINGERPRINT_VERSION
+
 from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
 from tests.kube_standin import StandIn, make_node, make_pod, write_kubeconfig
 
@@ -183,6 +185,10 @@ def test_agent_analyzes_each_crash_once_and_publishes_metrics_and_events(kernel_
                 signo = json.loads((c / "metadata.json").read_text())["signal"]
                 by_signal.setdefault(signo, set()).add(a["analysis"]["fingerprint"])
             (segv_fp,), (abort_fp,) = by_signal[signal.SIGSEGV], by_signal[signal.SIGABRT]
+            # the previous definition's key of each, exported beside it (forensics_crashes_total's previous_fingerprint)
+            segv_prev = next(json.loads((c / "60-analysis" / "analysis.json").read_text())["analysis"]
+                             [f"fingerprint_v{FINGERPRINT_VERSION - 1}"] for c in crashes if c.name.endswith("SIGSEGV"))
+            assert segv_prev and len(segv_prev) == 12
             assert segv_fp != abort_fp
             segv_bundle = next(c for c in crashes if c.name.endswith("SIGSEGV"))
             assert oracle_fingerprint(segv_bundle) == segv_fp
@@ -198,7 +204,8 @@ def test_agent_analyzes_each_crash_once_and_publishes_metrics_and_events(kernel_
             assert crash_counts(samples["forensics_crashes"]) == {segv_fp: 3, abort_fp: 1}
             s0 = next(s for s in crash_series if s.labels["fingerprint"] == segv_fp)
             assert s0.labels == {"forensics_node": node, "fingerprint": segv_fp,
-                                 "crash_class": s0.labels["crash_class"], "signal": "SIGSEGV", "namespace": NS,
+                                 "previous_fingerprint": segv_prev, "crash_class": s0.labels["crash_class"],
+                                 "signal": "SIGSEGV", "namespace": NS,
                                  "pod": "exporter-a1", "container": "exporter",
                                  "image_digest": "sha256:" + "ab" * 32}
             assert {s.labels["reason"]: s.value for s in samples["forensics_analysis_failures"]} == {

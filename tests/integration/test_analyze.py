@@ -184,8 +184,8 @@ def test_other_signals_are_classified(cores, newest_python, scenario, kind, symb
     assert a.snapshot.crashed_thread.native_frames[0].symbol == symbol
     assert a.crash.fault_address is not None
     if kind is CrashKind.BUS:
-        # the address is inside the file mapping, past the file's end
-        assert a.crash.fault_kind is FaultKind.MAPPED
+        # the address is inside the file mapping, past the file's end (BUS_ADRERR read as SIGBUS's own code)
+        assert a.crash.fault_kind is FaultKind.PAST_END_OF_FILE
     else:
         # SIGFPE/SIGILL report the faulting instruction, which is in libcrash.so's text
         assert a.crash.fault_address == a.snapshot.core.threads[0].pc

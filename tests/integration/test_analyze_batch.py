@@ -114,7 +114,7 @@ def test_snapshot_in_a_batch_is_listed_apart(cores, newest_python, tmp_path):
     batch = json.loads(r.stdout)["batch"]
     assert len(batch["groups"]) == 1 and batch["groups"][0]["signature"].startswith("SIGSEGV")
     assert [e["path"] for e in batch["snapshots"]] == [str(d / "core.gcore")]
-    assert "1 snapshots (no crash)" in run("analyze", str(d)).stdout
+    assert "1 snapshot (no crash)" in run("analyze", str(d)).stdout
 
 
 # -- core handler bundles ------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     assert all(Path(g["example"]).parent == d for g in groups)
     assert doc["batch"]["total"] == 5 and not doc["batch"]["failed"]
     # how many bugs it found (distinct fingerprints) and the previous definition's keys for them, one each here
-    assert doc["found"] == {"bugs": 2, "fingerprints_v2": 2}
+    assert doc["found"] == {"bugs": 2, "fingerprints_v2": 2, "sent_signals": 0}
     assert [len(g["fingerprints_v2"]) for g in groups] == [1, 1]
     assert groups[0]["fingerprints_v2"] != groups[1]["fingerprints_v2"]
     # first and last seen: the oldest and newest core of each crash (the kernel's write times)
@@ -112,7 +112,7 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     # and the text table lists the same
     r = run("analyze", str(d))
     assert r.stdout.splitlines()[0] == ("5 inputs: 5 cores analyzed (0 partial), 2 distinct crashes, 0 unreadable, "
-                                        "1 files skipped (not cores)")
+                                        "1 file skipped (not cores)")
     assert r.stdout.splitlines()[1] == ("Found 2 bugs (distinct fingerprints); the previous fingerprint definition "
                                         "gives them 2 fingerprints (fingerprint_v2)")
 

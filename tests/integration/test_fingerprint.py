@@ -12,8 +12,6 @@ without faulthandler.
 from __future__ import annotations
 
 import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -21,51 +19,7 @@ from forensics.analyze import analyze_core
 from forensics.analyze.fingerprint import fingerprint, fingerprint_basis_v2
 from forensics.views.signature import signature
 from forensics.model import CrashKind, FaultKind, HandlerKind, LibraryStatus
-from tests.conftest import PYTHONS, SID_BUILDS
-from tests.crashers.make_core import HERE, build_libcrash, crash_for_core
-
-SAME_BUG = HERE / "same_bug.py"
-
-
-class SameBugCores:
-    """Cores of same_bug.py, one per (interpreter, mode, faulthandler), made on first use; and their analyses."""
-
-    def __init__(self, cores, sid_root: Path | None) -> None:
-        self.factory = cores
-        self.lib = build_libcrash(cores.base)
-        self.keys = list(PYTHONS) + ([f"sid-{b}" for b in SID_BUILDS] if sid_root is not None else [])
-        self._cores: dict[tuple, Path] = {}
-        self._analyses: dict[tuple, object] = {}
-
-    def core(self, key: str, mode: str, *, faulthandler: bool = False, python: str | None = None) -> Path:
-        """A core of ``mode`` under interpreter ``key`` (``python``: another path to run it by, a venv's)."""
-        k = (key, mode, faulthandler, python)
-        if k not in self._cores:
-            interp = self.factory.interpreter(key)
-            run = Path(tempfile.mkdtemp(prefix=f"run-same-{mode}-", dir=self.factory.base))
-            env = {"PYTHONFAULTHANDLER": "1"} if faulthandler else {"PYTHONFAULTHANDLER": ""}
-            self._cores[k] = crash_for_core([python or interp.python, str(SAME_BUG), str(self.lib), mode], run,
-                                            env=env, root=interp.root, binds=(SAME_BUG, self.lib))
-        return self._cores[k]
-
-    def analysis(self, key: str, mode: str, *, faulthandler: bool = False, python: str | None = None, **kw):
-        k = (key, mode, faulthandler, python, tuple(sorted(kw.items())))
-        if k not in self._analyses:
-            root = self.factory.interpreter(key).root
-            self._analyses[k] = analyze_core(str(self.core(key, mode, faulthandler=faulthandler, python=python)),
-                                             sysroot=str(root) if root else None, **kw)
-        return self._analyses[k]
-
-
-@pytest.fixture(scope="module")
-def same_bug(cores, request) -> SameBugCores:
-    if not PYTHONS:
-        pytest.skip("no CPython 3.8-3.13 found on this machine")
-    try:
-        root = request.getfixturevalue("sid_root")
-    except pytest.skip.Exception:
-        root = None  # this machine's interpreters only: Debian's root could not be built or found
-    return SameBugCores(cores, root)
+from tests.conftest import PYTHONS, SAME_BUG
 
 
 @pytest.fixture(scope="module")
