@@ -10,9 +10,10 @@ import stat
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
-__all__ = ["cache_dir", "cache_path", "prune_lru", "entry_bytes"]
+__all__ = ["cache_dir", "cache_path", "prune_lru", "prune_dir_lru", "entry_bytes"]
 
 
 def cache_dir() -> Path:
@@ -56,16 +57,28 @@ def prune_lru(subdir: str, budget: int, min_age: float, *, keep: str | None = No
 
     :return: the entries deleted, oldest first
     """
+    return prune_dir_lru(cache_path(subdir), budget, min_age, keep=keep)
+
+
+def prune_dir_lru(directory: str, budget: int, min_age: float, *, keep: str | None = None,
+                  is_entry: Callable[[str], bool] | None = None,
+                  last_used: Callable[[str], float] | None = None) -> list[str]:
+    """:func:`prune_lru` over any ``directory``: its subdirectories whose name ``is_entry`` accepts (all by
+    default), each last used when ``last_used(path)`` says (its mtime by default).
+
+    :return: the entries deleted, oldest first
+    """
     import shutil
     import time
 
     entries = []
     try:
-        with os.scandir(cache_path(subdir)) as it:
+        with os.scandir(directory) as it:
             for e in it:
                 try:
-                    if e.is_dir(follow_symlinks=False):
-                        entries.append((e.stat(follow_symlinks=False).st_mtime, entry_bytes(e.path), e.path))
+                    if e.is_dir(follow_symlinks=False) and (is_entry is None or is_entry(e.name)):
+                        used = last_used(e.path) if last_used else e.stat(follow_symlinks=False).st_mtime
+                        entries.append((used, entry_bytes(e.path), e.path))
                 except OSError:
                     continue
     except OSError:

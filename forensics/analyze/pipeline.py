@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import threading
 
 from ..core import open_core_memory
-from ..errors import CapturedBeforeCrash, GdbError, GdbNotFound, NoCoreKept, UnwinderUnavailable
+from ..errors import CapturedBeforeCrash, GdbError, GdbNotFound, NoCoreKept, Terminated, UnwinderUnavailable
 from ..model import Analysis, CoreFile, LibraryStatus, PythonStatus
 from ..modes import HeapMode, NativeMethod, StackMethod
 from .a64fault import with_fault_signal
@@ -25,7 +26,7 @@ from .reading import CoreReading
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
 if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses never start it
-    from ..model import StoreEntry
+    from ..model import NativeStack, PythonStacks, StoreEntry
     from ..gdb import GdbResult, GdbSession
 
 __all__ = ["analyze_core"]
@@ -43,10 +44,18 @@ class _InBackground:
         self._thread.start()
 
     def _run(self) -> None:
+        # SIGTERM and SIGINT go to the main thread: one delivered to this thread (in libdw, or in a debuginfod
+        # receive) would only set Python's flag, and the main thread, asleep in join(), would never run the
+        # handler -- the process then ignored SIGTERM for as long as a server kept this thread receiving
+        signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT))
         try:
             self.result = self._fn()
         except BaseException as e:  # noqa: BLE001 - handed to the caller in join()
             self.error = e
+
+    def wait(self) -> None:
+        """Wait for the function to end, its result and error left unread."""
+        self._thread.join()
 
     def join(self):
         self._thread.join()
@@ -96,16 +105,11 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     return analysis if store is None else dataclasses.replace(analysis, store=store)
 
 
-def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float, debuginfod: str | None,
-             method: StackMethod, native_method: NativeMethod, plan: NativeMethod, session: GdbSession | None,
-             heap: HeapMode) -> Analysis:
+def _read_direct_beside_libdw(reading: CoreReading, method: StackMethod, plan: NativeMethod,
+                              problems: list[str]) -> tuple[PythonStacks | None, tuple[NativeStack, ...] | None]:
+    """The direct reader's Python stacks and libdw's native stacks, libdw unwinding in the background while
+    the direct reader walks the interpreter state."""
     core, sysroot = reading.core, reading.sysroot
-    exe_lib = core.libraries[0] if core.libraries else None
-    usable = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
-    exe_file = exe_lib.file_path if exe_lib is not None and exe_lib.status in usable else None
-    problems: list[str] = []
-
-    # libdw unwinds in the background while the direct reader walks the interpreter state
     unwinding = None
     if plan in (NativeMethod.LIBDW, NativeMethod.BOTH):
         from ..unwind import unwind_core
@@ -117,13 +121,32 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
             from ..pyread import read_python_stacks
 
             direct = read_python_stacks(core, sysroot=sysroot, mem=reading.mem, interpreter=reading.interpreter())
-    finally:
-        libdw_doc = None
+    except (KeyboardInterrupt, Terminated):
+        raise  # the process ends (130, 143): the unwinder, a daemon thread maybe inside a debuginfod fetch,
+        # is not waited for
+    except BaseException:
         if unwinding is not None:
-            try:
-                libdw_doc = unwinding.join()
-            except UnwinderUnavailable as e:
-                problems.append(f"{e}; {e.help_text}" if plan is NativeMethod.BOTH else f"{e}; native stacks by gdb")
+            unwinding.wait()  # it reads the core's memory, which the caller closes next
+        raise
+    libdw_doc = None
+    if unwinding is not None:
+        try:
+            libdw_doc = unwinding.join()
+        except UnwinderUnavailable as e:
+            problems.append(f"{e}; {e.help_text}" if plan is NativeMethod.BOTH else f"{e}; native stacks by gdb")
+    return direct, libdw_doc
+
+
+def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float, debuginfod: str | None,
+             method: StackMethod, native_method: NativeMethod, plan: NativeMethod, session: GdbSession | None,
+             heap: HeapMode) -> Analysis:
+    core, sysroot = reading.core, reading.sysroot
+    exe_lib = core.libraries[0] if core.libraries else None
+    usable = (LibraryStatus.OK, LibraryStatus.UNVERIFIED)
+    exe_file = exe_lib.file_path if exe_lib is not None and exe_lib.status in usable else None
+    problems: list[str] = []
+
+    direct, libdw_doc = _read_direct_beside_libdw(reading, method, plan, problems)
 
     # gdb: CPython's layout from DWARF when asked (or when the direct reader's stacks are not whole), the
     # native stacks when asked, and for the threads libdw could not unwind

@@ -61,7 +61,7 @@ def test_two_threads_fetching_one_debug_file_both_get_it(served_debug_file, tmp_
 
     url, build_id, data, requests = served_debug_file
     monkeypatch.setenv("DEBUGINFOD_URLS", url)
-    monkeypatch.setenv("FORENSICS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DEBUGINFOD_CACHE_PATH", str(tmp_path / "cache"))
     monkeypatch.setattr(debuginfod, "_missed", set())
     # WHEN two threads ask for the same build-id at once
     got: list[str | None] = []
@@ -71,8 +71,8 @@ def test_two_threads_fetching_one_debug_file_both_get_it(served_debug_file, tmp_
     for t in threads:
         t.join(60)
     # THEN both get the one kept file, fetched once, and nothing else is left in its cache entry
-    dest = tmp_path / "cache" / "debuginfod" / build_id / "debuginfo"
+    dest = tmp_path / "cache" / build_id / "debuginfo"
     assert got == [str(dest), str(dest)]
     assert dest.read_bytes() == data and requests == [f"/buildid/{build_id}/debuginfo"]
     assert os.listdir(dest.parent) == ["debuginfo"]
-    assert Path(dest).stat().st_mode & 0o777 == 0o600
+    assert Path(dest).stat().st_mode & 0o777 == 0o400  # libdebuginfod's mode
