@@ -502,6 +502,8 @@ class ObjectStoreError(ForensicsError, OSError):
 
     help_text = ("Check the endpoint (AWS_ENDPOINT_URL or --endpoint-url), the region and the bucket; "
                  "nothing on this node was deleted.")
+    url: str
+    reason: str
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(f"{url}: {reason}", url=url, reason=reason)
@@ -530,8 +532,16 @@ class UploadNotVerified(ObjectStoreError, ValueError):
                  "Check the bundle (forensics report on it lists files that no longer match MANIFEST.json).")
 
 
+class UploadConflict(UploadNotVerified):
+    """The bucket already holds other bytes at the key of a file the core handler captured (the core, the
+    evidence): another bundle went to the same key. No retry changes that; the node's copy is kept."""
+
+    help_text = ("Another upload put other bytes at this key; the node's copy was kept. Compare the two (forensics "
+                 "analyze on each), remove the object that is wrong, then upload the bundle again.")
+
+
 __all__ += ["ObjectStoreError", "ObjectStoreDenied", "ObjectStoreUnavailable", "ObjectNotFound",
-            "UploadNotVerified"]
+            "UploadNotVerified", "UploadConflict"]
 
 
 # -- the commands' own input and run errors (each raised by the module named; imported from here) ------

@@ -17,7 +17,8 @@
     MANIFEST.json             every item: path, size, sha256, what it is
 
 and the core directory the core handler writes (``CORE_DIR``): ``crashes/<id>/`` (one bundle per crash),
-``objects/`` (the build-id store its bundles share), ``index.jsonl`` (one line per crash).
+``objects/`` (the build-id store its bundles share), ``index.jsonl`` (one line per crash), and the agent's
+``agent-index.json`` and ``upload-attempts.json``.
 
 Every other module names an item by these constants, never by its spelling
 (``tests/unit/test_import_graph.py`` checks it).
@@ -30,7 +31,7 @@ __all__ = [
     "PROCESS_SNAPSHOT", "PROCESS_ARMING", "PROCESS_OS_RELEASE", "process_file",
     "CORE_DIR", "CORE_WHOLE", "CORE_TRUNCATED", "CORE_PARTIAL", "CORE_PLAIN", "NOT_A_CORE", "CORE_NAMES", "CORE_TMP",
     "core_item", "RECORD", "ANALYSIS_DIR", "ANALYSIS", "ANALYSIS_FAILED", "ANALYSIS_ATTEMPTS", "ANALYSIS_POD",
-    "OBJECTS", "LEFT_ON_NODE", "MANIFEST", "RESERVE", "UPLOADED",
+    "OBJECTS", "LEFT_ON_NODE", "MANIFEST", "RESERVE", "UPLOADED", "UPLOAD_ATTEMPTS",
     "CRASHES", "INDEX", "HANDLER_STATE", "AGENT_INDEX", "BUNDLES", "RESERVATIONS",
 ]
 
@@ -78,6 +79,7 @@ INDEX = "index.jsonl"
 HANDLER_STATE = "handler.json"
 BUNDLES = "bundles"  # capture --pid's bundles, by default
 AGENT_INDEX = "agent-index.json"
+UPLOAD_ATTEMPTS = "upload-attempts.json"  # agent serve --upload's failed attempts of each crash waiting, by its id
 RESERVATIONS = ".reservations"  # one file per handler that keeps a core, while it runs (the crash-loop limit)
 
 

@@ -13,6 +13,11 @@ API server expired is created again with the whole count.
 
 The Event's name is the pod's, the fingerprint and a digest of the note, so the same series always has the same
 name. Node Events (``CorePatternReplaced``) are one Event per taking, without series.
+
+An upload given up (``agent serve --upload``: the queue's bounds, a conflict in the bucket, its attempts spent) is
+an ``UploadDropped`` Event the same way: one series per pod (or, for a crash whose pod is not named, the node)
+and reason, under the note of the first crash given up (its id, why, what stayed on the node, where), counted from
+the crashes' records.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ from ..output import escape_text
 from ..redact import Redactor
 from .nodeindex import CrashEntry, NodeIndex
 
-__all__ = ["EventSink", "CrashSeries", "crash_series", "micro_time", "REPORTING_CONTROLLER", "EVENTS_RESOURCE"]
+__all__ = ["EventSink", "CrashSeries", "crash_series", "dropped_series", "micro_time", "REPORTING_CONTROLLER",
+           "EVENTS_RESOURCE"]
 
 REPORTING_CONTROLLER = "forensics-agent"  # a qualified name, as events.k8s.io/v1 requires
 EVENTS_RESOURCE = "events.v1.events.k8s.io"  # kubectl's name of the resource (never core/v1's events)
@@ -55,12 +61,21 @@ class CrashSeries:
     count: int
     first: float
     last: float
+    reason: str = "NativeCrash"  # UploadDropped: ``fingerprint`` is then why the upload was given up
+    action: str = "Analyzed"
+    on_node: bool = False  # regarding the node ``pod`` (in ``default``): a crash whose pod is not named
 
     @property
     def name(self) -> str:
         """The Event's name: the pod's, the fingerprint, the note's digest (a DNS subdomain, at most 253)."""
         digest = hashlib.sha256(self.note.encode()).hexdigest()[:10]
-        return f"{self.pod[:200]}.nativecrash.{self.fingerprint[:24]}.{digest}"
+        return f"{self.pod[:200]}.{self.reason.lower()}.{self.fingerprint[:24]}.{digest}"
+
+    @property
+    def regarding(self) -> dict:
+        if self.on_node:
+            return {"kind": "Node", "apiVersion": "v1", "name": self.pod, "uid": self.pod_uid}
+        return {"kind": "Pod", "apiVersion": "v1", "name": self.pod, "namespace": self.namespace, "uid": self.pod_uid}
 
 
 def _note(c: CrashEntry, fingerprint: str, node: str) -> str:
@@ -84,6 +99,29 @@ def crash_series(idx: NodeIndex, node: str) -> dict[str, CrashSeries]:
     for (ns, pod, fp), (first, n, last) in firsts.items():
         s = CrashSeries(namespace=ns, pod=pod, pod_uid=str(first.pod_uid), fingerprint=fp,
                         note=_note(first, fp, node), count=n, first=first.time, last=last)
+        out[s.name] = s
+    return out
+
+
+def dropped_series(idx: NodeIndex, node: str) -> dict[str, CrashSeries]:
+    """The ``UploadDropped`` Events the index wants, by name: for each (pod, or the node, and why), the crashes whose
+    upload was given up, under the note of the first one."""
+    firsts: dict[tuple[str, str, str, str, bool], tuple[CrashEntry, int, float]] = {}
+    for c in idx.crashes:  # oldest first
+        if not c.upload_dropped:
+            continue
+        key = (c.namespace, c.pod, c.pod_uid, c.upload_dropped, False) if c.pod and c.namespace and c.pod_uid \
+            else ("default", node, node, c.upload_dropped, True)
+        first, n, last = firsts.get(key, (c, 0, c.time))
+        firsts[key] = (first, n + 1, max(last, c.time))
+    out = {}
+    for (ns, regarding, uid, why, on_node), (first, n, last) in firsts.items():
+        note = escape_text(Redactor().text(
+            f"upload of crash {first.id} given up ({why}: {first.upload_dropped_why}); node {node}, "
+            f"{first.path}"))[:_NOTE_MAX]
+        s = CrashSeries(namespace=ns, pod=regarding, pod_uid=uid, fingerprint=why, note=note, count=n,
+                        first=first.time, last=last, reason="UploadDropped", action="Dropped",
+                        on_node=on_node)
         out[s.name] = s
     return out
 
@@ -119,7 +157,7 @@ class EventSink:
         self.thread.start()
 
     def offer(self, idx: NodeIndex) -> None:
-        wanted = crash_series(idx, self.node)
+        wanted = {**crash_series(idx, self.node), **dropped_series(idx, self.node)}
         with self.lock:
             self.wanted = wanted
 
@@ -171,9 +209,8 @@ class EventSink:
             except KubeError as e:
                 if "NotFound" not in str(e) and "not found" not in str(e):
                     raise
-        event = self._event(name=s.name, namespace=s.namespace, reason="NativeCrash", action="Analyzed",
-                            regarding={"kind": "Pod", "apiVersion": "v1", "name": s.pod, "namespace": s.namespace,
-                                       "uid": s.pod_uid}, note=s.note, first=s.first)
+        event = self._event(name=s.name, namespace=s.namespace, reason=s.reason, action=s.action,
+                            regarding=s.regarding, note=s.note, first=s.first)
         if s.count >= 2:  # an Event the API server expired, or one whose note is new (its first bundle uploaded)
             event["series"] = series
         try:

@@ -61,6 +61,8 @@ class CrashEntry:
     container: str | None
     image_digest: str | None
     uploaded_to: str | None = None  # the bucket's URL of the bundle (agent serve --upload's 70-upload.json)
+    upload_dropped: str | None = None  # why its upload was given up (70-upload.json's dropped), with ...
+    upload_dropped_why: str | None = None  # ... what it says of it in words, and what stayed on the node
     node: str | None = None  # the agent's node (its --node-name, in the analysis it wrote), else the handler's host
     # the key the previous fingerprint definition gives it (the analysis' fingerprint_vN, N = its version - 1), so
     # alert rules tell a key renamed by a new definition from a new bug
@@ -154,6 +156,16 @@ def _not_kept(core: CoreRecord) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _dropped_why(uploaded: dict) -> str | None:
+    """What a record of an upload given up says of it: why, in words, and what stayed on the node."""
+    if not uploaded.get("dropped"):
+        return None
+    said = uploaded.get("why")
+    why = said if isinstance(said, str) else "given up"
+    kept = "the whole bundle stays" if uploaded.get("kept") is not False else "its record and analysis stay"
+    return f"{why[:600]}; {kept} on the node"
+
+
 def read_crash(crash_dir: str) -> CrashEntry | None:
     """The entry of one crash bundle; None when it has no readable record yet."""
     rec = CrashRecord.from_json(_read_json(os.path.join(crash_dir, RECORD)))
@@ -201,6 +213,8 @@ def read_crash(crash_dir: str) -> CrashEntry | None:
         namespace=pod.get("namespace"), pod=pod.get("name"), container=pod.get("container"),
         image_digest=pod.get("image_digest"),
         uploaded_to=uploaded.get("url") if isinstance(uploaded.get("url"), str) else None,
+        upload_dropped=str(uploaded["dropped"])[:32] if uploaded.get("dropped") else None,
+        upload_dropped_why=_dropped_why(uploaded),
         node=agent_node if isinstance(agent_node, str) and agent_node else rec.node,
     )
 

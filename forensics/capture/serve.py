@@ -465,8 +465,9 @@ def _upload_families(node: str, s):
         m.add_metric([node], value)
         yield m
     dropped = CounterMetricFamily("forensics_uploads_dropped", "Crash bundles whose upload was given up, by reason "
-                                  "(the queue waiting for the bucket over --upload-max-pending or its bytes)",
-                                  labels=[NODE_LABEL, "reason"])
+                                  "(queue-count, queue-bytes: the queue waiting for the bucket over its bounds; "
+                                  "conflict: other bytes in the bucket at the key of a captured file; attempts: "
+                                  "--upload-max-attempts failed)", labels=[NODE_LABEL, "reason"])
     for reason, n in s.dropped:
         dropped.add_metric([node, reason], n)
     yield dropped

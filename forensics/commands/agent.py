@@ -174,6 +174,9 @@ def agent_chart(output, force, as_json):
                    "its 70-upload.json, counted in forensics_uploads_dropped_total).")
 @click.option("--upload-max-pending-bytes", type=SIZE, default="10G", show_default=True,
               help="Bytes on the node of the crashes waiting for the bucket at most; past it, as --upload-max-pending.")
+@click.option("--upload-max-attempts", type=click.IntRange(1, None), default=20, show_default=True,
+              help="Failed attempts of one crash's upload at most (30 s doubling to an hour apart); then it is given "
+                   "up, the whole bundle kept on the node, as when the bucket holds other bytes at its core's key.")
 @click.option("--reclaim-pattern", is_flag=True,
               help="When another program (systemd-coredump, apport) takes kernel.core_pattern, write the handler's "
                    "back (default: only report it: forensics_handler_installed 0 and a node Event).")
@@ -182,7 +185,7 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
                 analysis_output_max, max_series,
                 events, kubeconfig, kube_context, kubectl, upload_url, upload_keep, cluster, upload_max_bandwidth,
                 upload_concurrency, endpoint_url, region, profile, upload_max_pending, upload_max_pending_bytes,
-                reclaim_pattern):
+                upload_max_attempts, reclaim_pattern):
     """On-node analysis of each new crash, a crash index rebuilt from the bundles, Prometheus metrics, Events.
 
     \b
@@ -218,7 +221,8 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
         except ForensicsError as e:
             raise click.BadParameter(str(e), param_hint="--upload") from e
         upload = UploadConfig(dest=dest, cluster=cluster, keep=upload_keep, max_pending=upload_max_pending,
-                              max_pending_bytes=upload_max_pending_bytes, opts=StoreOptions(
+                              max_pending_bytes=upload_max_pending_bytes, max_attempts=upload_max_attempts,
+                              opts=StoreOptions(
             endpoint_url=endpoint_url, region=region, profile=profile, max_bandwidth=upload_max_bandwidth or None,
             concurrency=upload_concurrency))
     serve(ServeConfig(core_dir=core_dir, node=node_name or socket.gethostname(), metrics_port=metrics_port,

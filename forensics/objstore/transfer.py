@@ -24,11 +24,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ObjectNotFound, ObjectStoreDenied, ObjectStoreError, UploadNotVerified
+from ..errors import ObjectNotFound, ObjectStoreDenied, ObjectStoreError, UploadConflict, UploadNotVerified
 from .client import ObjectURL, StoreOptions, translate_error
 
-__all__ = ["FileDigests", "Transfer", "digest_file", "part_layout"]
+__all__ = ["FileDigests", "Transfer", "digest_file", "part_layout", "OTHER_BYTES"]
 
+#: how an object kept with other bytes than the file is recorded (a build-id store's object: another file of the
+#: same build-id, uploaded from another node first)
+OTHER_BYTES = "other-bytes"
 _READ = 1 << 20
 _MD5_ETAG = "0123456789abcdef"
 
@@ -140,24 +143,36 @@ class Transfer:
             args["StorageClass"] = self.opts.storage_class
         return args
 
-    def put_file(self, fd: int, url: ObjectURL, digests: FileDigests) -> tuple[str, bool]:
+    def put_file(self, fd: int, url: ObjectURL, digests: FileDigests, *, replace: bool = False,
+                 keep_other: bool = False) -> tuple[str, bool, bool]:
         """Upload the file at ``fd`` to ``url`` unless the object there is already this file, verified,
-        retried (rounds with backoff) on what may pass.  :return: (how it was verified, uploaded now)
+        retried (rounds with backoff) on what may pass.  An object there with other bytes is overwritten with
+        ``replace``, kept with ``keep_other`` (:return: ``other-bytes``, not uploaded), else a conflict.
 
+        :return: (how it was verified, uploaded now, an object with other bytes overwritten)
+        :raises UploadConflict: when the object there holds other bytes (neither ``replace`` nor ``keep_other``)
         :raises UploadNotVerified: when the object holds other bytes than the file after the upload
         :raises ObjectStoreDenied, ObjectNotFound: at once (no retry helps)
         :raises ObjectStoreError: when every round failed
         """
-        def attempt() -> tuple[str, bool]:
-            already = self.verify(url, digests, fd=fd, must_exist=False)
+        def attempt() -> tuple[str, bool, bool]:
+            replaced = False
+            try:
+                already = self.verify(url, digests, fd=fd, must_exist=False)
+            except UploadNotVerified as e:
+                if keep_other:
+                    return OTHER_BYTES, False, False
+                if not replace:
+                    raise UploadConflict(e.url, f"already holds other bytes ({e.reason})") from e
+                already, replaced = None, True
             if already is not None:
-                return already, False
+                return already, False, False
             future = self.manager.upload(f"/proc/self/fd/{fd}", url.bucket, url.key, extra_args=self.extra_args(
                 digests))
             future.result()
             how = self.verify(url, digests, fd=fd, must_exist=True)
             assert how is not None
-            return how, True
+            return how, True, replaced
 
         return self.retrying(attempt, url)
 
@@ -172,7 +187,7 @@ class Transfer:
                 return fn()
             except (bx.BotoCoreError, bx.ClientError, OSError, ObjectStoreError) as e:
                 err = translate_error(e, str(url), self.opts)
-                if isinstance(err, (ObjectStoreDenied, ObjectNotFound)) or n == rounds - 1:
+                if isinstance(err, (ObjectStoreDenied, ObjectNotFound, UploadConflict)) or n == rounds - 1:
                     raise err from e
                 self.sleep(min(30.0, 2.0 ** n) * random.uniform(0.5, 1.0))
         raise AssertionError("unreachable")

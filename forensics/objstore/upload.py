@@ -18,6 +18,13 @@ whose core the core directory's budget deleted (its record says so) uploads what
 and the rewritten record are named in ``UPLOAD.json``'s ``not_as_sealed``; any other missing or changed
 file is refused.
 
+The same crash uploaded again under the same prefix (a second agent; ``60-analysis/`` removed so that an
+upgraded agent analyzes again) finds its objects there.  What the agent wrote itself -- ``60-analysis/``, the
+record the budget rewrote, ``UPLOAD.json`` -- is overwritten (``UPLOAD.json``'s item says ``replaced``); what the
+core handler captured (the core, the evidence, ``MANIFEST.json``) is compared by hash, and other bytes at its
+key are a conflict (:class:`~forensics.errors.UploadConflict`: no retry mends it).  An object of the build-id
+store with other bytes is kept (another file of the same build-id, from another node: ``other-bytes``).
+
 The node's copy is deleted only when every object is verified and the record written, and never with
 ``keep``.  The build-id store's objects stay (other crashes share them; the store's budget ages them).
 """
@@ -34,7 +41,17 @@ from dataclasses import dataclass
 
 from .. import rootpath
 from ..bundle import find_object_store, read_bundle_json, read_crash_record, read_manifest
-from ..bundle.layout import ANALYSIS, ANALYSIS_POD, CORE_DIR, MANIFEST, OBJECTS, PROCESS_SNAPSHOT, RECORD, UPLOADED
+from ..bundle.layout import (
+    ANALYSIS,
+    ANALYSIS_DIR,
+    ANALYSIS_POD,
+    CORE_DIR,
+    MANIFEST,
+    OBJECTS,
+    PROCESS_SNAPSHOT,
+    RECORD,
+    UPLOADED,
+)
 from ..bundle.record import CoreState
 from ..errors import InputNotFound, UnsafeBundle, UploadNotVerified
 from .client import ObjectURL, StoreOptions, open_client
@@ -115,10 +132,11 @@ class UploadedObject:
     key: str
     size: int
     sha256: str
-    verified_by: str  # sha256 | etag | read-back
+    verified_by: str  # sha256 | etag | read-back | other-bytes (a store object of the same key kept)
     uploaded: bool  # False: it was there already, verified
     in_manifest: bool
     store_key: str | None = None  # an object of the core directory's build-id store
+    replaced: bool = False  # an object the agent writes (60-analysis/) overwrote one with other bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,8 +208,10 @@ def _manifest_items(bundle_dir: str) -> dict[str, tuple[str, int]]:
     return out
 
 
-def _put(t: Transfer, root: str, rel: str, url: ObjectURL, listed: tuple[str, int] | None) -> UploadedObject:
-    """One file of ``root`` (opened inside it) to ``url``: checked against its manifest entry, verified."""
+def _put(t: Transfer, root: str, rel: str, url: ObjectURL, listed: tuple[str, int] | None, *, replace: bool = False,
+         keep_other: bool = False) -> UploadedObject:
+    """One file of ``root`` (opened inside it) to ``url``: checked against its manifest entry, verified; an object
+    there with other bytes replaced (``replace``), kept (``keep_other``) or a conflict (:meth:`Transfer.put_file`)."""
     try:
         fd = rootpath.open_in_root(root, rel)
     except (OSError, ValueError) as e:
@@ -203,11 +223,11 @@ def _put(t: Transfer, root: str, rel: str, url: ObjectURL, listed: tuple[str, in
                                                              f"{digests.sha256[:16]}..., {digests.size:,} bytes; "
                                                              f"MANIFEST.json says {listed[0][:16]}..., "
                                                              f"{listed[1]} bytes")
-        how, uploaded = t.put_file(fd, url, digests)
+        how, uploaded, replaced = t.put_file(fd, url, digests, replace=replace, keep_other=keep_other)
     finally:
         os.close(fd)
     return UploadedObject(path=rel, key=url.key, size=digests.size, sha256=digests.sha256, verified_by=how,
-                          uploaded=uploaded, in_manifest=listed is not None)
+                          uploaded=uploaded, in_manifest=listed is not None, replaced=replaced)
 
 
 def upload_bundle(bundle_dir: str, dest: ObjectURL, place: BundlePlace, opts: StoreOptions, *,
@@ -217,6 +237,7 @@ def upload_bundle(bundle_dir: str, dest: ObjectURL, place: BundlePlace, opts: St
 
     :raises InputNotFound: when the bundle has no MANIFEST.json, or a file it lists is missing
     :raises UploadNotVerified: when a file no longer matches MANIFEST.json, or an object not the file
+    :raises UploadConflict: when the bucket holds other bytes at the key of a file the handler captured
     :raises ObjectStoreDenied: when the store refuses the credentials (or none are found)
     :raises ObjectStoreError: when the store fails through every retry; nothing is deleted then
     """
@@ -236,10 +257,10 @@ def upload_bundle(bundle_dir: str, dest: ObjectURL, place: BundlePlace, opts: St
     done: list[UploadedObject] = []
     with Transfer(client or open_client(opts), opts) as t:
         for rel in files:
-            done.append(_put(t, bundle_dir, rel, base.child(rel), listed.get(rel)))
+            done.append(_put(t, bundle_dir, rel, base.child(rel), listed.get(rel), replace=_agents_own(rel, unsealed)))
         for key in store_keys:
             assert store is not None
-            obj = _put(t, store, f"{key[:2]}/{key[2:]}", dest.child(object_store_key(key)), None)
+            obj = _put(t, store, f"{key[:2]}/{key[2:]}", dest.child(object_store_key(key)), None, keep_other=True)
             done.append(UploadedObject(path=object_store_key(key), key=obj.key, size=obj.size, sha256=obj.sha256,
                                        verified_by=obj.verified_by, uploaded=obj.uploaded, in_manifest=False,
                                        store_key=key))
@@ -248,6 +269,17 @@ def upload_bundle(bundle_dir: str, dest: ObjectURL, place: BundlePlace, opts: St
     if not keep:
         _delete_bundle(bundle_dir)
     return UploadResult(url=f"{base}/", record=str(record), objects=tuple(done), deleted=not keep)
+
+
+def _agents_own(rel: str, unsealed: dict[str, str]) -> bool:
+    """Whether the bundle's file ``rel`` is one the agent writes (its analysis) or rewrites after the seal (the
+    record the budget rewrote): overwritten in the bucket when the object there has other bytes -- the same crash
+    analyzed again, by an upgraded agent or a second one. Every other file is captured evidence, compared by hash.
+
+    >>> _agents_own("60-analysis/analysis.json", {}), _agents_own("50-core/core.zst", {})
+    (True, False)
+    """
+    return rel.startswith(f"{ANALYSIS_DIR}/") or rel in unsealed
 
 
 def _budget_changes(bundle_dir: str, listed: dict[str, tuple[str, int]], files: list[str]) -> dict[str, str]:
@@ -272,7 +304,8 @@ def _record_document(place: BundlePlace, base: ObjectURL, done: list[UploadedObj
         "place": {"cluster": place.cluster, "node": place.node, "namespace": place.namespace, "pod": place.pod,
                   "time": place.time, "fingerprint": place.fingerprint, "crash_id": place.crash_id},
         "items": [{"path": o.path, "key": o.key, "size": o.size, "sha256": o.sha256, "verified_by": o.verified_by,
-                   "in_manifest": o.in_manifest} for o in done if o.store_key is None],
+                   "in_manifest": o.in_manifest, **({"replaced": True} if o.replaced else {})}
+                  for o in done if o.store_key is None],
         "objects": [{"store_key": o.store_key, "key": o.key, "size": o.size, "sha256": o.sha256,
                      "verified_by": o.verified_by} for o in done if o.store_key is not None],
     }

@@ -735,7 +735,7 @@ def test_a_hundred_crashes_with_the_bucket_down_then_up(kernel_cores, live, tmp_
             assert _value(down, "forensics_uploads_pending") == 40
             dropped = {s.labels["reason"]: s.value for s in down["forensics_uploads_dropped"]
                        if s.name == "forensics_uploads_dropped_total"}
-            assert dropped == {"queue-count": 60.0, "queue-bytes": 0.0}, dropped
+            assert dropped == {"queue-count": 60.0, "queue-bytes": 0.0, "conflict": 0.0, "attempts": 0.0}, dropped
             assert _value(down, "forensics_uploads_pending_bytes") > 0
             for c in crashes[:60]:
                 rec = json.loads((c / "70-upload.json").read_text())
@@ -801,12 +801,13 @@ def test_the_pending_bytes_bound_gives_up_the_oldest_and_says_so(kernel_cores, l
     for c in crashes[2:]:
         assert not Path(c.path, "70-upload.json").exists() and Path(c.path, "MANIFEST.json").is_file()
     st = shipper.stats
-    assert dict(st.dropped) == {"queue-count": 0, "queue-bytes": 2}
+    assert dict(st.dropped) == {"queue-count": 0, "queue-bytes": 2, "conflict": 0, "attempts": 0}
     assert st.pending == 3 and st.pending_bytes == bound and st.failures == 1
     # AND a new agent (restarted) counts the two given up from their records and tries nothing of theirs again
     again = Shipper(shipper.cfg, "gpu-3")
     again.ship_next(reader.index)
-    assert dict(again.stats.dropped) == {"queue-count": 0, "queue-bytes": 2} and again.stats.pending == 3
+    assert dict(again.stats.dropped) == {"queue-count": 0, "queue-bytes": 2, "conflict": 0, "attempts": 0}
+    assert again.stats.pending == 3
 
 
 def test_fleet_bundles_of_a_prefix_without_bundles_is_one_line(s3, tmp_path):
@@ -824,3 +825,128 @@ def test_fleet_bundles_of_a_prefix_without_bundles_is_one_line(s3, tmp_path):
     # THEN one error line says there is none (exit 1)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"s3://{bucket}/fleet" in r.stderr and "no bundle (UPLOAD.json) at or under it" in r.stderr, r.stderr
+
+
+def test_the_same_crash_uploaded_twice_ends_uploaded_or_dropped_never_pending(s3, kernel_cores, live, tmp_path):
+    """#39 item 4: a crash uploaded again under the same prefix -- its analysis made again (an upgraded agent), or
+    other bytes in the bucket where its core goes -- ends uploaded or given up, recorded, counted and told."""
+    from tests.kube_standin import StandIn, make_node, write_kubeconfig
+
+    # GIVEN two real crashes, each uploaded by an agent that keeps the bundles
+    core_dir = tmp_path / "cores"
+    for _ in range(2):
+        make_bundle(core_dir, kernel_cores["abort"], live.pid, only=False)
+    again, clash = sorted((core_dir / "crashes").iterdir())
+    bucket = s3.make_bucket("twice")
+    env = s3.env(HOME=str(tmp_path), FORENSICS_CACHE=str(tmp_path / "cache"))
+    agent, _url = _serve(core_dir, bucket, env, "--upload-keep")
+    try:
+        _wait(lambda: all((c / "70-upload.json").is_file() for c in (again, clash)), 300, "not uploaded")
+    finally:
+        _stop(agent)
+    first = {c: json.loads((c / "70-upload.json").read_text()) for c in (again, clash)}
+    prefix = {c: first[c]["url"][len(f"s3://{bucket}/"):] for c in (again, clash)}
+    core_key = f"{prefix[clash]}50-core/core.zst"
+    old_core = s3.client().get_object(Bucket=bucket, Key=f"{prefix[again]}50-core/core.zst")["Body"].read()
+    # WHEN one crash's analysis is removed (an upgraded agent analyzes it again: other bytes, the same fingerprint),
+    # the other's core object in the bucket is another crash's bytes, and both are to be uploaded again
+    shutil.rmtree(again / "60-analysis")
+    for c in (again, clash):
+        (c / "70-upload.json").unlink()
+    s3.client().put_object(Bucket=bucket, Key=core_key, Body=b"another crash's core at this key")
+    with StandIn(path_env=os.environ["PATH"]) as api:
+        api.nodes["gpu-3"] = make_node("gpu-3")
+        kubeconfig = write_kubeconfig(str(tmp_path / "kc"), api.url, context="standin")
+        agent, url = _serve(core_dir, bucket, env, "--events", "--kubeconfig", kubeconfig)
+        try:
+            _wait(lambda: all((c / "70-upload.json").is_file() for c in (again, clash)), 300, "still pending")
+            _wait(lambda: _value(_scrape(url), "forensics_uploads_pending") == 0, 30, "pending in the metrics")
+            families = _scrape(url)
+
+            def dropped_events() -> list[dict]:
+                r = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get", "events.v1.events.k8s.io", "-n",
+                                    "default", "-o", "json"], capture_output=True, text=True, env=env)
+                return [e for e in json.loads(r.stdout or "{}").get("items", []) if e["reason"] == "UploadDropped"]
+
+            _wait(lambda: len(dropped_events()) == 1, 60, "no UploadDropped Event")
+            (event,) = dropped_events()
+        finally:
+            err = _stop(agent)
+    # THEN the crash analyzed again is uploaded: its analysis overwritten in the bucket (said so), its core the same
+    rec = json.loads((again / "70-upload.json").read_text())
+    assert rec["url"] == first[again]["url"] and "60-analysis/analysis.json" in rec["replaced"], rec
+    assert sorted(p.name for p in again.iterdir()) == ["60-analysis", "70-upload.json", "metadata.json"]
+    in_bucket = s3.client().get_object(Bucket=bucket, Key=f"{prefix[again]}60-analysis/analysis.json")["Body"].read()
+    assert in_bucket == (again / "60-analysis" / "analysis.json").read_bytes()
+    assert s3.client().get_object(Bucket=bucket, Key=f"{prefix[again]}50-core/core.zst")["Body"].read() == old_core
+    record = json.loads(s3.client().get_object(Bucket=bucket, Key=f"{prefix[again]}UPLOAD.json")["Body"].read())
+    assert [i["path"] for i in record["items"] if i.get("replaced")] == rec["replaced"]
+    # AND the crash whose core's key holds other bytes is given up at once: recorded, kept whole, counted, told
+    rec = json.loads((clash / "70-upload.json").read_text())
+    assert rec["dropped"] == "conflict" and rec["key"] == f"s3://{bucket}/{core_key}" and rec["kept"] is True, rec
+    assert rec["attempts"] == 1 and "url" not in rec
+    assert (clash / "MANIFEST.json").is_file() and (clash / "50-core" / "core.zst").is_file()
+    assert err.count("given up (conflict: ") == 1 and "Traceback" not in err, err
+    dropped = {s.labels["reason"]: s.value for s in families["forensics_uploads_dropped"]
+               if s.name == "forensics_uploads_dropped_total"}
+    assert dropped == {"queue-count": 0.0, "queue-bytes": 0.0, "conflict": 1.0, "attempts": 0.0}, dropped
+    assert _value(families, "forensics_uploads_total") == 1
+    assert event["regarding"]["kind"] == "Node" and event["regarding"]["name"] == "gpu-3", event
+    assert event["note"].startswith(f"upload of crash {clash.name} given up (conflict: ")
+    assert str(clash) in event["note"], event
+    assert s3.client().get_object(Bucket=bucket, Key=core_key)["Body"].read() == b"another crash's core at this key"
+
+
+def test_an_upload_failing_is_given_up_after_its_attempts_whole(kernel_cores, live, tmp_path, monkeypatch, capsys):
+    """#39 item 4: an upload that keeps failing is given up after --upload-max-attempts, counted across restarts
+    of the agent; the bundle is kept whole on the node."""
+    from forensics.capture.nodeindex import IndexReader
+    from forensics.capture.shipper import Shipper, UploadConfig
+    from forensics.objstore.client import StoreOptions, parse_object_url
+
+    # GIVEN a real crash recorded by the handler (metadata only: nothing to analyze), and a bucket nobody answers for
+    core_dir = tmp_path / "cores"
+    core_dir.mkdir()
+    (core_dir / "handler.json").write_text(json.dumps({"config": {"loop_limit": 0, "min_free": 0}}))
+    make_bundle(core_dir, kernel_cores["abort"], live.pid, only=False)
+    reader = IndexReader(str(core_dir))
+    reader.refresh()
+    (crash,) = reader.index.crashes
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections refused
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    cfg = UploadConfig(dest=parse_object_url("s3://down/agent"), cluster="prod", max_attempts=3, opts=StoreOptions(
+        endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1", attempts=1, rounds=1, connect_timeout=2))
+    now = [0.0]
+    # WHEN an agent tries twice (its clock past the backoff between), then a restarted agent once more
+    first = Shipper(cfg, "gpu-3", clock=lambda: now[0])
+    for _ in range(2):
+        assert first.ship_next(reader.index) is False
+        now[0] += 3600
+    counted = json.loads((core_dir / "upload-attempts.json").read_text())
+    assert counted[crash.id]["attempts"] == 2 and "did not answer" in counted[crash.id]["last_error"], counted
+    assert first.stats.pending == 1 and not Path(crash.path, "70-upload.json").exists()
+    restarted = Shipper(cfg, "gpu-3", clock=lambda: now[0])
+    assert restarted.ship_next(reader.index) is False
+    # THEN the third failed attempt gives it up: recorded with the last error, the bundle whole, counted, said
+    rec = json.loads(Path(crash.path, "70-upload.json").read_text())
+    assert rec["dropped"] == "attempts" and rec["attempts"] == 3 and rec["kept"] is True, rec
+    assert "did not answer" in rec["why"] and "url" not in rec
+    assert Path(crash.path, "MANIFEST.json").is_file()
+    assert json.loads((core_dir / "upload-attempts.json").read_text()) == {}
+    assert dict(restarted.stats.dropped)["attempts"] == 1 and restarted.stats.pending == 0
+    err = capsys.readouterr().err
+    assert "(attempt 1 of 3, again in 30s" in err and "(attempt 2 of 3, again in 60s" in err, err
+    assert f"upload of {crash.id} given up (attempts: 3 attempts failed, the last: " in err
+    # AND another restart counts it from its record, keeps it whole and tries nothing again
+    reader.touch(crash.path)
+    reader.refresh()
+    (entry,) = reader.index.crashes
+    assert entry.upload_dropped == "attempts"
+    assert entry.upload_dropped_why and entry.upload_dropped_why.endswith("the whole bundle stays on the node")
+    later = Shipper(cfg, "gpu-3", clock=lambda: now[0])
+    assert later.ship_next(reader.index) is False
+    assert dict(later.stats.dropped)["attempts"] == 1 and later.stats.failures == 0
+    assert Path(crash.path, "MANIFEST.json").is_file()

@@ -4,7 +4,7 @@ k8s.io/kubernetes pkg/apis/core/validation/events.go), which refuses what an old
 from __future__ import annotations
 
 from forensics.bundle.record import CoreState
-from forensics.capture.events import EventSink, crash_series
+from forensics.capture.events import EventSink, crash_series, dropped_series
 from forensics.capture.nodeindex import CrashEntry, group_crashes
 from tests.kube_standin import _merge, validate_group_event
 
@@ -57,3 +57,33 @@ def test_the_events_written_pass_the_api_servers_rules_for_events_k8s_io_v1():
         _merge(first, {"series": {"count": 1, "lastObservedTime": "1970-01-01T00:03:20Z"}}), first)
     assert validate_group_event(_merge(repeat, {"note": "another bundle"}), repeat) == [
         "note: Invalid value: field is immutable"]
+
+
+def test_uploads_given_up_are_one_series_per_pod_and_reason_and_pass_the_api_servers_rules():
+    # GIVEN two crashes of a pod whose uploads were given up for a conflict, one for its attempts, and one of a pod
+    # not named (the node's)
+    why = "s3://b/k/50-core/core.zst: already holds other bytes (...); the whole bundle stays on the node"
+    idx = group_crashes([entry("a", 100.0, upload_dropped="conflict", upload_dropped_why=why),
+                         entry("b", 200.0, upload_dropped="conflict", upload_dropped_why=why),
+                         entry("c", 300.0, upload_dropped="attempts", upload_dropped_why="20 attempts failed"),
+                         entry("d", 400.0, pod=None, upload_dropped="queue-count", upload_dropped_why="over"),
+                         entry("e", 500.0)])
+    # WHEN the sink asks which Events the index wants
+    series = {(s.regarding["kind"], s.fingerprint): s for s in dropped_series(idx, "gpu-3").values()}
+    # THEN one series per (pod or node, reason), counted, under the first crash's note
+    assert sorted(series) == [("Node", "queue-count"), ("Pod", "attempts"), ("Pod", "conflict")]
+    conflict = series[("Pod", "conflict")]
+    assert (conflict.count, conflict.first, conflict.last, conflict.reason) == (2, 100.0, 200.0, "UploadDropped")
+    assert conflict.note == f"upload of crash a given up (conflict: {why}); node gpu-3, /cores/crashes/a"
+    node = series[("Node", "queue-count")]
+    assert node.regarding == {"kind": "Node", "apiVersion": "v1", "name": "gpu-3", "uid": "gpu-3"}
+    assert node.namespace == "default" and node.name.startswith("gpu-3.uploaddropped.queue-count.")
+    # AND the Events the sink writes of them pass events.k8s.io/v1's validation, the repeat's series too
+    sink = EventSink(None, "gpu-3")
+    for s in series.values():
+        event = sink._event(name=s.name, namespace=s.namespace, reason=s.reason, action=s.action, note=s.note,
+                            regarding=s.regarding, first=s.first)
+        assert validate_group_event(event) == [], s
+    # AND a crash's own NativeCrash series keeps its name (a restarted agent finds its Events)
+    (crash,) = crash_series(group_crashes([entry("a", 100.0)]), "gpu-3").values()
+    assert crash.name.startswith("exporter-0.nativecrash.0123456789ab.") and crash.regarding["kind"] == "Pod"
