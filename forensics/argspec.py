@@ -97,7 +97,7 @@ INPUT = ArgumentSpec(dest="inputs", readable=False)
 JSON = OptionSpec(names=("--json",), dest="as_json", kind=Kind.FLAG,
                   help="Write one JSON document to stdout (logs go to stderr).")
 OUTPUT = OptionSpec(
-    names=("-o", "--output"), dest="output", kind=Kind.PATH, dir_okay=False, allow_dash=True, check=check_output_path,
+    names=("-o", "--output"), dest="output", kind=Kind.PATH, allow_dash=True, check=check_output_path, metavar="FILE",
     help="Write the result to FILE instead of stdout (never overwrites without --force; - is stdout; the "
          "directory must exist).")
 FORCE = OptionSpec(names=("--force",), dest="force", kind=Kind.FLAG, help="Allow --output to replace an existing file.")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..bundle import bundle_crash_time, bundle_no_core_reason, find_core_in_bundle, has_manifest
 from ..bundle.layout import OBJECTS
-from ..errors import CoreNotFound, ForensicsError, GdbError, GdbNotFound, check_input_exists
+from ..errors import CoreNotFound, ForensicsError, GdbError, GdbNotFound, InputUnreadable, check_input_exists
 from ..model import Analysis, BatchEntry, BatchGroup, BatchResult
 from ..views.signature import signature
 
@@ -41,7 +41,8 @@ def find_cores(inputs: Iterable[str]) -> tuple[list[str], list[str]]:
             out.append(item)
         elif os.path.isdir(item):
             found: list[str] = []
-            for root, dirs, files in os.walk(item, followlinks=False):
+            refused: list[str] = []  # directories this user may not read: each an error row, never passed over
+            for root, dirs, files in os.walk(item, followlinks=False, onerror=_refused_to(refused)):
                 if has_manifest(root):
                     found.append(root)
                     dirs[:] = []  # the bundle's own files (its core, its objects) are not separate inputs
@@ -54,12 +55,19 @@ def find_cores(inputs: Iterable[str]) -> tuple[list[str], list[str]]:
                     (found if _is_core(path) else skipped).append(path)
                 if len(out) + len(found) >= MAX_INPUTS:
                     break
-            out.extend(found)
+            if refused and refused[0] == item:  # the directory itself: one error line and its hint, not "no cores"
+                raise InputUnreadable(item)
+            out.extend(found + refused)
         else:
             out.append(item)
         if len(out) >= MAX_INPUTS:
             break
     return out[:MAX_INPUTS], skipped[:MAX_INPUTS]
+
+
+def _refused_to(refused: list[str]) -> Callable[[OSError], None]:
+    """os.walk's onerror: the directories it could not list, kept in ``refused``."""
+    return lambda e: refused.append(str(e.filename))
 
 
 def _is_core(path: str) -> bool:
@@ -71,6 +79,8 @@ def _is_core(path: str) -> bool:
         return find_codec(path) is not None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except PermissionError:
+        return True  # it may be one: analyzed, it is an error row saying "permission denied", not a file passed over
     except OSError:
         return False
     try:
@@ -116,6 +126,8 @@ def _analyze_one(path: str) -> BatchEntry:
     from .pipeline import analyze_core
 
     global _SESSION
+    if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
+        return BatchEntry(path=path, mtime=0.0, analysis=None, error=str(InputUnreadable(path)))
     when = crash_time(path)
     if os.path.isdir(path):
         reason = bundle_no_core_reason(path)

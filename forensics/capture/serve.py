@@ -38,6 +38,7 @@ import math
 import os
 import platform
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -625,6 +626,7 @@ def serve(cfg: ServeConfig) -> None:
 
     from .metricsserver import MetricsServer
 
+    _check_core_dir(cfg.core_dir)
     # the agent's own work (reading bundles, serving scrapes) also yields to the handler the kernel waits on (a
     # courtesy: it runs without)
     with contextlib.suppress(OSError):
@@ -637,9 +639,37 @@ def serve(cfg: ServeConfig) -> None:
         MetricsServer(cfg.metrics_address, cfg.metrics_port, lambda: generate_latest(registry),
                       content_type=CONTENT_TYPE_LATEST, health=agent.health).start()
 
+    interrupted = threading.Event()
+
     def stop(signum, frame):
+        if signum == signal.SIGINT:
+            interrupted.set()
         agent.stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     agent.run()
+    if interrupted.is_set():  # Ctrl-C: stopped as for SIGTERM, then the exit status of an interrupted command (130)
+        raise KeyboardInterrupt
+
+
+def _check_core_dir(core_dir: str) -> None:
+    """Refuse a core directory that is not there (a typo watched forever reads as a node that never crashes).
+
+    :raises CoreDirectoryError: when ``core_dir`` is missing, not a directory, or may not be read
+    """
+    from ..errors import CoreDirectoryError
+
+    try:
+        st = os.stat(core_dir)
+    except FileNotFoundError:
+        e = CoreDirectoryError(core_dir, "no such directory")
+        e.help_text = ("Check --core-dir: it is the core handler's directory, made by forensics capture "
+                       "--install-handler --core-dir DIR (the agent's DaemonSet mounts it from the node)")
+        raise e from None
+    except OSError as err:
+        raise CoreDirectoryError(core_dir, err.strerror or str(err)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CoreDirectoryError(core_dir, "not a directory")
+    if not os.access(core_dir, os.R_OK | os.X_OK):
+        raise CoreDirectoryError(core_dir, "permission denied")

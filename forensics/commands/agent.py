@@ -189,11 +189,11 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
     """On-node analysis of each new crash, a crash index rebuilt from the bundles, Prometheus metrics, Events.
 
     \b
-    Runs until SIGTERM. Each crash with a core is analyzed once, at the lowest CPU and I/O
-    priority, bounded in time and memory; the analysis goes into the crash's bundle
-    (60-analysis/). A restart counts nothing twice. With --upload, each analyzed crash's bundle
-    goes to the bucket (verified) and the node keeps its record, 60-analysis/ and
-    70-upload.json (where it went); nothing else is ever deleted.
+    Runs until SIGTERM (exit 0; Ctrl-C: 130); --core-dir must exist. Each crash with a core is
+    analyzed once, at the lowest CPU and I/O priority, bounded in time and memory; the analysis
+    goes into the crash's bundle (60-analysis/). A restart counts nothing twice. With --upload,
+    each analyzed crash's bundle goes to the bucket (verified) and the node keeps its record,
+    60-analysis/ and 70-upload.json (where it went); nothing else is ever deleted.
     """
     import shutil
     import socket

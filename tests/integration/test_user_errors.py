@@ -9,17 +9,20 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from forensics.errors import EXIT_ERROR, EXIT_OK
+from forensics.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -186,3 +189,102 @@ def test_capture_of_ones_own_process_needs_no_root():
     assert p.returncode in (0, 4), p.stderr
     assert "needs root" not in p.stderr and f"process {pid} (sleep) armed" in p.stdout
     assert re.search(r"Max core file size\s+unlimited\s+unlimited", limits), limits
+
+
+def test_agent_serve_refuses_a_core_directory_that_is_not_there(tmp_path):
+    # GIVEN a --core-dir with a typo, and one that is a file
+    (tmp_path / "file").write_text("x")
+    for core_dir, why in ((tmp_path / "typo", "no such directory"), (tmp_path / "file", "not a directory")):
+        # WHEN the agent is started on it
+        r = run("agent", "serve", "--core-dir", str(core_dir), "--metrics-port", "0", "--no-events")
+        # THEN it does not watch it forever without a word: one error line, a hint, exit 1
+        assert r.exit_code == EXIT_ERROR, r.output
+        assert r.stderr.startswith(f"forensics: error: core directory {core_dir}: {why}\nforensics: hint: "), r.stderr
+    assert not (tmp_path / "typo").exists()
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_ctrl_c_ends_agent_serve_with_130(tmp_path):
+    # GIVEN a running agent (its index written: it is serving)
+    core_dir = tmp_path / "cores"
+    core_dir.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "forensics", "agent", "serve", "--core-dir", str(core_dir),
+                          "--metrics-port", str(port), "--no-events"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return p.poll() is not None
+
+    try:
+        _wait_for(healthy, 120, "agent not serving")
+        assert p.poll() is None, p.communicate()
+        # WHEN it gets SIGINT (Ctrl-C)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    # THEN it stops as for SIGTERM and exits as an interrupted command does (README: 130), not 0
+    assert p.returncode == EXIT_INTERRUPTED, err
+    assert err.rstrip().endswith("forensics: interrupted"), err
+
+
+@pytest.mark.parametrize("command", [["analyze", "{core}"], ["report", "{core}"], ["fleet", "--from", "{pods}",
+                                                                                    "--nodes", "{nodes}"]],
+                         ids=["analyze", "report", "fleet"])
+def test_an_output_that_is_a_directory_is_the_documented_error(command, fleet_files, tmp_path):
+    # GIVEN -o naming a directory (docs/errors.md: "FILE is a directory")
+    (tmp_path / "core").write_bytes(b"")
+    args = [a.format(core=tmp_path / "core", pods=fleet_files[2], nodes=fleet_files[4]) for a in command]
+    # WHEN the command is run, the fast path of analyze included (a subprocess: click is not the parser there)
+    p = subprocess.run([sys.executable, "-m", "forensics", *args, "-o", str(tmp_path)], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # THEN one error line and its hint, exit 1 -- not click's usage error (exit 2)
+    assert p.returncode == EXIT_ERROR, p.stderr
+    assert p.stderr == (f"forensics: error: {tmp_path}: cannot write it: a directory\nforensics: hint: Choose another "
+                        "--output path in a directory that exists and that you may write (forensics creates no "
+                        "directory for it), or --output - for standard output.\n"), p.stderr
+
+
+@pytest.mark.parametrize("closed", ["the directory", "a directory inside it"])
+def test_analyze_of_a_directory_this_user_may_not_read_is_permission_denied(closed):
+    # GIVEN a core directory only root may read (or one of its subdirectories), and an unprivileged user
+    nobody = _as_nobody()
+    if nobody is None:
+        pytest.skip("needs root and setpriv to run a command as another user")
+    d = Path(tempfile.mkdtemp(prefix="forensics-closed-"))
+    top, sub = d / "cores", d / "cores" / "crashes"
+    try:
+        sub.mkdir(parents=True)
+        (sub / "core.4242").write_bytes(b"\x7fELF" + b"\0" * 200)
+        d.chmod(0o755)
+        (top if closed == "the directory" else sub).chmod(0o700)
+        top.chmod(0o700 if closed == "the directory" else 0o755)
+        # WHEN analyze is given the directory as that user
+        p = subprocess.run([*nobody, sys.executable, "-m", "forensics", "analyze", str(top)], capture_output=True,
+                           text=True, timeout=120, cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    finally:
+        shutil.rmtree(d)
+    # THEN it says "permission denied" (with the hint, or as the batch's unreadable entry), never "no cores found"
+    assert "no cores or capture bundles found" not in p.stderr, p.stderr
+    if closed == "the directory":
+        assert p.returncode == EXIT_ERROR, p.stderr
+        assert p.stderr.startswith(f"forensics: error: {top}: permission denied\nforensics: hint: Run as a user "), \
+            p.stderr
+    else:
+        assert p.returncode == 3, p.stdout + p.stderr
+        assert f"Unreadable:\n  {sub}: permission denied" in p.stdout, p.stdout
