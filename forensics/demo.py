@@ -296,8 +296,8 @@ def _write_reports(run: _Run, evidence: list[str]) -> None:
         conclusion = rep_md.context.conclusion
     if conclusion is not None:
         result.conclusion = conclusion.statement
-        result.filings = [f"{x.order}. the {x.report} report -> {x.where.split(' (')[0].split(':')[0]}: {x.action}"
-                          for x in conclusion.filings]
+        result.filings = [f"{x.order}. the {x.report.value} report -> {x.where.split(' (')[0].split(':')[0]}: "
+                          f"{x.action}" for x in conclusion.filings]
         step("forensics report: " + conclusion.statement)
         for line in result.filings:
             step(f"  file {line}")

@@ -6,6 +6,7 @@ import sys
 import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..modes import ReportTemplate, values
 from ..options import force_option, json_option, output_option, store_options
 from . import echo, emit, emit_document, emit_json
 
@@ -14,10 +15,8 @@ __all__ = ["report"]
 
 @click.command("report")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(readable=False))
-@click.option("--template", type=click.Choice(["nvitop", "nvml", "binding", "runbook"]), default="nvitop",
-              show_default=True,
-              help="nvitop: an issue in nvitop's bug report form; nvml: a defect report for NVIDIA (the driver); "
-                   "binding: one for NVIDIA as nvidia-ml-py's maintainer; runbook: an incident record.")
+@click.option("--template", type=click.Choice(values(ReportTemplate)), default=ReportTemplate.NVITOP.value,
+              show_default=True, help="; ".join(f"{t.value}: {t.help}" for t in ReportTemplate) + ".")
 @click.option("--redact-hosts/--keep-hosts", default=None,
               help="Replace host, node and pod names and IPs (host-1, node-1...). Default: replaced in the nvitop and "
                    "nvml reports (with local paths), kept in the runbook.")
@@ -87,8 +86,8 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, body_
             "conclusion": {"incident": c.incident.value, "statement": c.statement,
                            "explain": explanation(c),
                            "unsupported": list(c.unsupported), "upgrade": list(c.upgrade),
-                           "filings": [{"order": x.order, "where": x.where, "report": x.report, "action": x.action}
-                                       for x in c.filings]},
+                           "filings": [{"order": x.order, "where": x.where, "report": x.report.value,
+                                        "action": x.action} for x in c.filings]},
             "known_issues": [{"id": k.id, "title": k.title, "matched_on": list(k.matched_on),
                               "sources": [url for _label, url in k.sources]} for k in rep.context.known_issues]}}
         emit_json(json_document("report", payload, redact=False), output, force)  # redacted as the report is
@@ -106,7 +105,7 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, body_
         for line in explain_lines(c):
             echo(f"forensics: explain: {line}", err=True)
     for x in c.filings:
-        echo(f"forensics: file ({x.order}) the {x.report} report -> {x.where}: {x.action}", err=True)
+        echo(f"forensics: file ({x.order}) the {x.report.value} report -> {x.where}: {x.action}", err=True)
     for p in rep.problems:
         echo(f"forensics: check: {p}", err=True)
     sys.exit(EXIT_FINDINGS if check and rep.problems else EXIT_OK)

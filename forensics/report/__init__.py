@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from .check import check_report_file
 from .claims import check_claims, claims_path_for, claims_record
-from .context import TEMPLATES
 from .frontmatter import check_title, split_front_matter
 from .heapsection import heap_section
 from .make import Report, make_report
@@ -26,4 +25,4 @@ from .write import attachment_dir_for, write_report
 
 __all__ = ["Report", "make_report", "render", "environment", "write_report", "check_report_file",
            "split_front_matter", "check_title", "attachment_dir_for", "claims_path_for", "claims_record",
-           "check_claims", "TEMPLATES", "heap_section", "escape_value", "TEXT_KEYS"]
+           "check_claims", "heap_section", "escape_value", "TEXT_KEYS"]

@@ -9,6 +9,7 @@ from .claims import check_claims_file
 from .form import check_form_body, load_shipped_form, read_issue_form
 from .frontmatter import FrontMatter, check_title, read_front_matter
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown
+from ..modes import ReportTemplate
 
 __all__ = ["check_report_file"]
 
@@ -33,9 +34,8 @@ def check_report_file(path: str, *, issue_form: str | None = None) -> tuple[str,
     problems += check_title(meta.title)
     problems += check_markdown(body)
     file_at = meta.file_at
-    template = "nvitop" if meta.form else ("binding" if "nvidia-ml-py" in file_at else
-                                          "nvml" if "NVIDIA" in file_at else "")
-    if template == "nvitop":
+    template = ReportTemplate.NVITOP if meta.form else next((t for t in ReportTemplate if t.where == file_at), None)
+    if template is ReportTemplate.NVITOP:
         form = read_issue_form(issue_form) if issue_form else load_shipped_form()
         problems += check_form_body(body, form)
     base = Path(path).parent
@@ -45,4 +45,4 @@ def check_report_file(path: str, *, issue_form: str | None = None) -> tuple[str,
     if len(text) >= GITHUB_ISSUE_LIMIT:
         problems.append(f"{len(text)} characters: over GitHub's issue limit of {GITHUB_ISSUE_LIMIT}")
     problems += check_claims_file(path, body, meta.conclusion)
-    return template, problems
+    return (template.value if template else ""), problems

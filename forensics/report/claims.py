@@ -113,7 +113,7 @@ def claims_record(rep: Report) -> Claims:
                                  evidence=tuple(ClaimEvidence(**i) for i in cl["evidence"])) for cl in e["claims"])
     frames = sorted({p for _line, pieces in _claim_lines(rep.body, [x.written for x in claims]) for p in pieces})
     sentences = sorted({s for _i, line in prose_lines(text_document(rep.body)) for s in line})
-    return Claims(incident=e["incident"], template=rep.context.template, claims=claims, frame=tuple(frames),
+    return Claims(incident=e["incident"], template=rep.context.template.value, claims=claims, frame=tuple(frames),
                   sentences=tuple(sentences))
 
 

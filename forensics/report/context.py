@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import NativeFrame, PyFrame
+from ..modes import ReportTemplate
 from ..reproduce import Outcome, ReproRun
 from .facts import Facts, Phase, xid_summary
 from .form import IssueForm
@@ -28,31 +29,19 @@ from .known import KnownMatch
 from .decision import IncidentClass
 from .verdict import Conclusion
 
-__all__ = ["UNKNOWN", "OPEN", "TEMPLATES", "UPSTREAM", "REQUIRED_FIELDS", "ReportContext", "build_context",
-           "make_title"]
+__all__ = ["UNKNOWN", "OPEN", "ReportContext", "build_context", "make_title"]
 
 UNKNOWN = "unknown (not in the evidence)"
 OPEN = "OPEN: not determined yet"
-TEMPLATES = ("nvitop", "nvml", "binding", "runbook")
-UPSTREAM = ("nvitop", "nvml", "binding")  # shared outside: local paths and host names replaced by default
 NATIVE_SHOWN = 14
 TITLE_MAX = 256  # GitHub's limit for an issue title
-
-# The fields each template must have filled for --check (nvitop: the form's required fields, too).
-REQUIRED_FIELDS = {
-    "nvitop": ("title", "nvitop_version", "os", "driver", "crash_prose", "traceback"),
-    "nvml": ("title", "gpus", "driver", "nvml_library", "call", "native_top"),
-    "binding": ("title", "driver", "call", "native_top"),
-    "runbook": ("title", "signature", "first_seen", "affected", "versions", "reproduction", "diagnostics",
-                "mitigation", "recovery", "conclusion", "recurrence"),
-}
 
 
 @dataclass
 class ReportContext:
     """Everything a template may show; built by :func:`build_context`."""
 
-    template: str
+    template: ReportTemplate
     title: str
     conclusion: Conclusion
     generated_at: str
@@ -156,14 +145,14 @@ def _failure(f: Facts) -> str:
     return "crashes"
 
 
-def make_title(template: str, f: Facts, c: Conclusion, form: IssueForm | None = None) -> str:
+def make_title(template: ReportTemplate, f: Facts, c: Conclusion, form: IssueForm | None = None) -> str:
     """A plain-text title that says what the incident is (its class) and names the failing call and the versions
     that ran; an upstream report of a class it is not for says so first.
 
     >>> from forensics.report.facts import Facts
     >>> from forensics.report.verdict import decide
     >>> f = Facts(has_crash=True, signal="SIGSEGV", api="nvmlShutdown", driver="580.126.09")
-    >>> make_title("runbook", f, decide(f, []))
+    >>> make_title(ReportTemplate.RUNBOOK, f, decide(f, []))
     'the process crashes with SIGSEGV in nvmlShutdown on driver 580.126.09: not determined yet'
     """
     k = c.incident
@@ -173,11 +162,10 @@ def make_title(template: str, f: Facts, c: Conclusion, form: IssueForm | None = 
     failure = f"{_process_name(f)} {_failure(f)}" if f.has_crash or f.kind == "snapshot" else \
         f"{_process_name(f)}: no crash observed"
     where = f" in {api}" if f.has_crash and (f.api or f.caller) else ""
-    if template in ("nvml", "binding"):
-        owner = IncidentClass.DRIVER if template == "nvml" else IncidentClass.BINDING
-        if k is not owner or (template == "binding" and c.decision.pattern):
-            whom = "the NVIDIA driver" if template == "nvml" else "nvidia-ml-py"
-            return _plain(f"not for {whom} ({k.words}): {failure}{where}")
+    if template in (ReportTemplate.NVML, ReportTemplate.BINDING):
+        owner = IncidentClass.DRIVER if template is ReportTemplate.NVML else IncidentClass.BINDING
+        if k is not owner or (template is ReportTemplate.BINDING and c.decision.pattern):
+            return _plain(f"not for {template.whom} ({k.words}): {failure}{where}")
         versions = ", ".join(x for x in (f"driver {f.driver}" if f.driver else "", f"NVML {f.nvml}" if f.nvml else "",
                                           f.gpus or "") if x)
         verb = ("corrupts the heap: glibc aborts with \"" + f.abort_message + "\""
@@ -188,15 +176,15 @@ def make_title(template: str, f: Facts, c: Conclusion, form: IssueForm | None = 
             api = f.earlier_api
             verb = (f"corrupts the heap: glibc notices it later, in {where_found}"
                     + (f", and aborts with \"{f.abort_message}\"" if f.abort_message else ""))
-        if template == "binding":
+        if template is ReportTemplate.BINDING:
             ran = next((v.ran for v in c.decision.versions if v.package == "nvidia-ml-py"), None) or f.binding
             return _plain(f"nvidia-ml-py {ran or ''} passes a count larger than its buffer to {api}{what}: the heap "
                           f"{'is corrupted' if f.kind == 'heap-corruption' else 'overflows'}"
                           + (f" - {versions}" if versions else ""))
         return _plain(f"{api}{what} {verb}" + (f" - {versions}" if versions else ""))
-    if template == "nvitop":
+    if template is ReportTemplate.NVITOP:
         prefix = (form.title_prefix if form else "[BUG] ")
-        if not any(r.report == "nvitop" for r in c.decision.routes):
+        if not any(r.report is ReportTemplate.NVITOP for r in c.decision.routes):
             return _plain(f"{prefix}not for nvitop ({k.words}): {failure}{where}")
         if k is IncidentClass.DRIVER:
             head = f"{_process_name(f)} crashes in {api}{what} on driver {f.driver or '?'}" + (
@@ -420,13 +408,11 @@ def _ruled_out(f: Facts) -> list[str]:
     return out
 
 
-def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[KnownMatch], *,
+def build_context(f: Facts, template: ReportTemplate, conclusion: Conclusion, known: list[KnownMatch], *,
                   tool_version: str, footer: list[str], evidence: list[dict[str, str]],
                   reproducer_sources: dict[str, str], form: IssueForm | None = None, nvidia_link: str = "",
                   heap: dict | None = None, now: _dt.datetime | None = None, attachment_dir: str = "") -> ReportContext:
     """The context of ``template`` from the facts and the conclusion."""
-    if template not in TEMPLATES:
-        raise ValueError(template)
     native_top, native_more = _native_top(f.native_frames)
     thread = f"{f.thread_name or 'unnamed'} (tid {f.tid})" if f.tid is not None else UNKNOWN
     ended = ("the process was aborted" if f.signal == "SIGABRT"
@@ -482,7 +468,7 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
         "recovery": OPEN + " (verify with forensics canary after the mitigation)",
         "conclusion": (conclusion.statement if conclusion.incident is not IncidentClass.UNDETERMINED
                        else OPEN + ": " + conclusion.statement),
-        "where_to_file": "; ".join(f"{x.order}. {x.report} report -> {x.where}: {x.action}"
+        "where_to_file": "; ".join(f"{x.order}. {x.report.value} report -> {x.where}: {x.action}"
                                    for x in conclusion.filings),
         "recurrence": OPEN + " (suggested: any new core with fingerprint " + (f.fingerprint or "?") + ")",
     }
@@ -508,12 +494,12 @@ def build_context(f: Facts, template: str, conclusion: Conclusion, known: list[K
         known_issues=known, unsupported=list(conclusion.unsupported), frequency=list(f.frequency),
         ruled_out=_ruled_out(f), workaround=workaround,
         steps=[{"text": st.text, "command": st.command} for st in d.steps],
-        ask=next((r.ask for r in d.routes if r.report == template), ""),
-        upgrade=[u for u in conclusion.upgrade if not (template == "nvitop" and "nvitop" in u.lower())],
+        ask=next((r.ask for r in d.routes if r.report is template), ""),
+        upgrade=[u for u in conclusion.upgrade if not (template is ReportTemplate.NVITOP and "nvitop" in u.lower())],
         attachments=attachments, attachment_dir=attachment_dir,
         footer=footer, form=form, nvidia_link=nvidia_link, runbook=runbook, evidence=evidence, heap=heap,
     )
-    ctx.missing = [name for name in REQUIRED_FIELDS[template] if _is_unknown(ctx.value(name))]
+    ctx.missing = [name for name in template.required if _is_unknown(ctx.value(name))]
     return ctx
 
 
@@ -534,13 +520,13 @@ def _commands(f: Facts) -> list[str]:
     return commands
 
 
-def _attachments(f: Facts, template: str, reproducer_sources: dict[str, str]) -> dict[str, str]:
+def _attachments(f: Facts, template: ReportTemplate, reproducer_sources: dict[str, str]) -> dict[str, str]:
     """The files attached to the report: the reproducers, stacks and NVIDIA's evidence upstream; the stacks for
     the runbook."""
     attachments: dict[str, str] = {}
     src_names = {"python": "nvml_nvlink_fieldvalues.py", "c": "nvml_nvlink_fieldvalues.c"}
-    if template in UPSTREAM:
-        for lang in (("python", "c") if template == "nvml" else ("python", "c")):
+    if template.upstream:
+        for lang in ("python", "c"):
             if reproducer_sources.get(lang):
                 attachments[src_names[lang]] = reproducer_sources[lang]
         if f.has_crash:
@@ -549,7 +535,7 @@ def _attachments(f: Facts, template: str, reproducer_sources: dict[str, str]) ->
             attachments["reproducer-output.txt"] = _repro_output(f)
         if f.nvidia_smi:
             attachments["nvidia-smi-q.txt"] = f.nvidia_smi
-        if template in ("nvml", "binding") and f.kernel_log and f.kernel_log.strip():
+        if template in (ReportTemplate.NVML, ReportTemplate.BINDING) and f.kernel_log and f.kernel_log.strip():
             attachments["kernel-nvidia.log"] = f.kernel_log
     elif f.has_crash:  # the runbook: every thread's stacks, with the team's paths
         attachments["crash-stacks.txt"] = _stacks_text(f)

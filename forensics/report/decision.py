@@ -35,19 +35,13 @@ from dataclasses import dataclass
 from ..guard import default_env
 from ..imports.model import Verdict
 from ..model import OverflowVerdict
+from ..modes import BINDING_WHERE, INTERNAL_WHERE, NVIDIA_WHERE, NVITOP_WHERE, ReportTemplate
 from ..reproduce import ReproRun
 from .facts import Facts
 from .known import KnownMatch, support_facts
 
-__all__ = ["IncidentClass", "Item", "Route", "Step", "VersionFact", "Decision", "decide_incident", "NVIDIA_WHERE",
-           "BINDING_WHERE", "NVITOP_REPO", "NVITOP_WHERE", "STACK_PACKAGES"]
+__all__ = ["IncidentClass", "Item", "Route", "Step", "VersionFact", "Decision", "decide_incident", "STACK_PACKAGES"]
 
-NVITOP_REPO = "XuehaiPan/nvitop"
-NVITOP_WHERE = f"nvitop (https://github.com/{NVITOP_REPO}/issues)"
-NVIDIA_WHERE = ("NVIDIA: an NVIDIA Enterprise Support case, or the NVIDIA Developer Forums "
-                "(https://forums.developer.nvidia.com/) -- with the C reproducer and nvidia-bug-report.log.gz")
-BINDING_WHERE = ("NVIDIA, as the maintainer of nvidia-ml-py (https://pypi.org/project/nvidia-ml-py/): an NVIDIA "
-                 "Enterprise Support case, or the NVIDIA Developer Forums (https://forums.developer.nvidia.com/)")
 #: the Python stack of the incident: distribution name -> the module verify-imports checks
 STACK_PACKAGES = {"nvitop": "nvitop", "nvitop-exporter": "nvitop_exporter", "nvidia-ml-py": "pynvml"}
 _MODULE_PACKAGE = {m: d for d, m in STACK_PACKAGES.items()}
@@ -100,7 +94,7 @@ class Route:
     order: int
     owner: str  # in words: "NVIDIA (the driver)", "NVIDIA (nvidia-ml-py)", "nvitop", "the team"
     where: str
-    report: str  # the template: nvml | binding | nvitop | runbook
+    report: ReportTemplate
     action: str
     evidence: tuple[str, ...]
     ask: str = ""  # what the report asks of its owner ("" for the runbook)
@@ -366,26 +360,26 @@ def _routes(d: Decision, f: Facts, fixed: list[KnownMatch]) -> list[Route]:
                if f.heap_verdict is OverflowVerdict.LIBRARY else
                "the core shows the driver writing past a buffer sized for the count")
         api = f.api or f.earlier_api or "the NVML call"
-        out = [Route(order=1, owner="NVIDIA (the driver)", where=NVIDIA_WHERE, report="nvml",
+        out = [Route(order=1, owner="NVIDIA (the driver)", where=NVIDIA_WHERE, report=ReportTemplate.NVML,
                      action="file first: " + why, evidence=basis,
                      ask=f"Please fix {api} in driver {f.driver or '(version in the evidence)'}: " + why + "; "
                          + ("the C reproducer attached shows it without Python or nvidia-ml-py."
                             if f.c_run and f.c_run.failed else "the core's heap reading is below."))]
         if _nvlink(f):
-            out.append(Route(order=2, owner="nvitop", where=NVITOP_WHERE, report="nvitop",
+            out.append(Route(order=2, owner="nvitop", where=NVITOP_WHERE, report=ReportTemplate.NVITOP,
                              action="file after the NVIDIA report, linking it: ask for a way to switch the NVLink "
                                     "throughput metrics off until the driver is fixed",
                              evidence=("core.inside_nvml",) if f.inside_nvml else basis))
         return out
     if k is IncidentClass.BINDING and not d.pattern:
-        return [Route(order=1, owner="NVIDIA (nvidia-ml-py)", where=BINDING_WHERE, report="binding",
+        return [Route(order=1, owner="NVIDIA (nvidia-ml-py)", where=BINDING_WHERE, report=ReportTemplate.BINDING,
                       action="file: nvidia-ml-py passes a count larger than its buffer", evidence=basis,
                       ask=f"Please fix nvidia-ml-py{' ' + f.binding if f.binding else ''}: {f.heap_reason}.")]
     if k is IncidentClass.BINDING:
-        return [Route(order=1, owner="nvitop", where=NVITOP_WHERE, report="nvitop",
+        return [Route(order=1, owner="nvitop", where=NVITOP_WHERE, report=ReportTemplate.NVITOP,
                       action=("file once the setup is supported and it still crashes" if d.unsupported
                               else "file: the crash needs the binding's calling pattern"), evidence=basis)]
-    internal = "the incident record (internal)"
+    internal = INTERNAL_WHERE
     actions = {
         IncidentClass.INSTALL: "fix the image first; file nothing upstream until the installed code still crashes",
         IncidentClass.KNOWN: "upgrade; comment on the known issue only if the upgrade does not help",
@@ -397,7 +391,8 @@ def _routes(d: Decision, f: Facts, fixed: list[KnownMatch]) -> list[Route]:
         IncidentClass.UNDETERMINED: "collect what is missing, then file where the evidence points",
     }
     where = fixed[0].sources[0][1] if k is IncidentClass.KNOWN and fixed and fixed[0].sources else internal
-    return [Route(order=1, owner="the team", where=where, report="runbook", action=actions[k], evidence=basis)]
+    return [Route(order=1, owner="the team", where=where, report=ReportTemplate.RUNBOOK, action=actions[k],
+                  evidence=basis)]
 
 
 # ---- the runbook's "do now" steps ------------------------------------------------------------------------

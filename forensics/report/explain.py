@@ -25,7 +25,7 @@ def explanation(c: Conclusion) -> dict[str, Any]:
     return {
         "incident": c.incident.value, "words": c.incident.words, "basis": items(d.basis), "missing": list(d.missing),
         "claims": [{"text": cl.text, "evidence": items(cl.evidence)} for cl in c.claims],
-        "routes": [{"order": r.order, "owner": r.owner, "report": r.report, "where": r.where, "action": r.action,
+        "routes": [{"order": r.order, "owner": r.owner, "report": r.report.value, "where": r.where, "action": r.action,
                     "evidence": items(r.evidence)} for r in d.routes],
         "steps": [{"text": s.text, "command": s.command, "evidence": items(s.evidence)} for s in d.steps],
         "versions": [{"package": v.package, "ran": v.ran, "installed": v.installed, "source": v.source}
@@ -42,7 +42,7 @@ def explain_lines(c: Conclusion) -> list[str]:
     out += [f"  missing: {m}" for m in d.missing]
     entries: list[tuple[str, str, str | None, tuple[str, ...]]] = [
         *(("claim", cl.text, None, cl.evidence) for cl in c.claims),
-        *(("route", f"({r.order}) the {r.report} report -> {r.owner}: {r.action}", None, r.evidence)
+        *(("route", f"({r.order}) the {r.report.value} report -> {r.owner}: {r.action}", None, r.evidence)
           for r in d.routes),
         *(("step", s.text, s.command, s.evidence) for s in d.steps)]
     for kind, head, command, keys in entries:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from .context import UPSTREAM, ReportContext
+from .context import ReportContext
 from ..records import record
 
 __all__ = ["front_matter", "split_front_matter", "read_front_matter", "FrontMatter", "check_title"]
@@ -49,26 +49,15 @@ class FrontMatter:
 
 def front_matter(ctx: ReportContext, attachment_dir: str) -> str:
     """YAML front matter: the title and where to file this report (json.dumps strings are valid YAML)."""
-    filing = next((x for x in ctx.conclusion.filings if x.report == ctx.template), None)
-    if ctx.template == "nvitop" and ctx.form:
-        where = ctx.form.new_issue_url
-    elif ctx.template == "nvml":
-        from .decision import NVIDIA_WHERE
-
-        where = NVIDIA_WHERE
-    elif ctx.template == "binding":
-        from .decision import BINDING_WHERE
-
-        where = BINDING_WHERE
-    else:
-        where = "the incident record (internal)"
+    filing = next((x for x in ctx.conclusion.filings if x.report is ctx.template), None)
+    where = ctx.form.new_issue_url if ctx.template.form and ctx.form else ctx.template.where
     lines = ["---", f"title: {json.dumps(ctx.title, ensure_ascii=False)}", f"file-at: {json.dumps(where)}"]
     if filing:
         lines.append(f"when: {json.dumps(f'{filing.order}. {filing.action}', ensure_ascii=False)}")
-    elif ctx.template in UPSTREAM:
+    elif ctx.template.upstream:
         lines.append(f"when: {json.dumps('not now: ' + '; '.join(x.action for x in ctx.conclusion.filings))}")
     lines.append(f"conclusion: {json.dumps(ctx.conclusion.incident.value)}")
-    if ctx.template == "nvitop" and ctx.form:
+    if ctx.template.form and ctx.form:
         lines.append(f"labels: {json.dumps(list(ctx.form.labels))}")
         lines.append(f"form: {json.dumps(ctx.form.source)}")
         lines.append("before-filing: \"tick the form's required checkboxes once you have done what they say\"")

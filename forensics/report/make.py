@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .context import REQUIRED_FIELDS, TEMPLATES, UPSTREAM, ReportContext, build_context
+from .context import ReportContext, build_context
 from .evidence import Evidence, load_evidence
 from .form import IssueForm, check_form_body, load_shipped_form, read_issue_form
 from .frontmatter import check_title, front_matter
@@ -21,6 +21,7 @@ from .markdown import GITHUB_ISSUE_LIMIT, check_markdown
 from .redaction import escape_value, footer_lines, hosts_in, local_prefixes
 from .render import render
 from ..errors import ForensicsError, ReportInputError
+from ..modes import ReportTemplate
 from ..redact import Redactor, facts_of, redact_tree
 
 __all__ = ["Report", "make_report"]
@@ -52,8 +53,8 @@ def make_report(paths: list[str], **kw: Any) -> Report:
                                                  f"{str(e)[:200]})") from e
 
 
-def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bool | None = None,
-                 known_hosts: dict[str, str] | None = None, tool_version: str = "",
+def _make_report(paths: list[str], *, template: ReportTemplate | str = ReportTemplate.NVITOP,
+                 redact_hosts: bool | None = None, known_hosts: dict[str, str] | None = None, tool_version: str = "",
                  reproducer_sources: dict[str, str] | None = None, issue_form: str | None = None,
                  nvidia_link: str = "", attachment_dir: str = "") -> Report:
     """Read the evidence, redact it, decide, render the template, and check the result.
@@ -69,12 +70,11 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
     from .localize import PathLocalizer
     from .verdict import decide
 
-    if template not in TEMPLATES:
-        raise ValueError(template)
-    upstream = template in UPSTREAM
+    template = ReportTemplate(template)  # ValueError for a name that is none
+    upstream = template.upstream
     hosts = upstream if redact_hosts is None else redact_hosts
     form: IssueForm | None = None
-    if template == "nvitop":
+    if template.form:
         form = read_issue_form(issue_form) if issue_form else load_shipped_form()
     ev: Evidence = load_evidence(paths)
     _analyze_bundles(ev)
@@ -126,12 +126,12 @@ def _make_report(paths: list[str], *, template: str = "nvitop", redact_hosts: bo
 
 def _check(body: str, ctx: ReportContext) -> list[str]:
     # an upstream report the incident does not route to its owner is not to be filed: its fields are not required
-    routed = ctx.template == "runbook" or any(x.report == ctx.template for x in ctx.conclusion.filings)
+    routed = not ctx.template.upstream or any(x.report is ctx.template for x in ctx.conclusion.filings)
     problems = [f"required field {f!r} is not filled" for f in ctx.missing
-                if f in REQUIRED_FIELDS[ctx.template] and routed]
+                if f in ctx.template.required and routed]
     problems += check_title(ctx.title)
     problems += check_markdown(body)
-    if ctx.template == "nvitop" and ctx.form:
+    if ctx.template.form and ctx.form:
         problems += check_form_body(body, ctx.form)
     return problems
 

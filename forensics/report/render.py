@@ -33,6 +33,6 @@ def environment():
 def render(ctx: ReportContext) -> str:
     """The Markdown body of ``ctx``."""
     data = {k: getattr(ctx, k) for k in ctx.__dataclass_fields__}
-    text = environment().get_template(f"{ctx.template}.md.j2").render(**data)
+    text = environment().get_template(f"{ctx.template.value}.md.j2").render(**data)
     text = re.sub(r"\n{3,}", "\n\n", text)
     return text.strip() + "\n"

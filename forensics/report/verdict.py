@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model import OverflowVerdict
+from ..modes import ReportTemplate
 from ..reproduce import Outcome, ReproRun
 from .decision import Decision, IncidentClass, decide_incident
 from .facts import Facts
@@ -23,7 +24,7 @@ __all__ = ["Claim", "Filing", "Conclusion", "decide"]
 class Filing:
     order: int
     where: str  # who gets it
-    report: str  # the template: nvml | binding | nvitop | runbook
+    report: ReportTemplate
     action: str  # what to do with it
 
 
@@ -103,7 +104,7 @@ def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
     claims = _CLAIMS[d.incident](f, d, fixed)
     evidence = [i.fact for i in d.items if i.key in d.basis]
     ask = ""
-    if d.incident is IncidentClass.DRIVER and any(r.report == "nvitop" for r in d.routes):
+    if d.incident is IncidentClass.DRIVER and any(r.report is ReportTemplate.NVITOP for r in d.routes):
         ask = ("nvitop cannot fix the driver, but it can avoid the crashing call: a switch (option or "
                "environment variable) that turns the NVLink throughput metrics off, or skipping them on the "
                "affected driver branch, would keep nvitop-exporter up until NVIDIA fixes the driver.")

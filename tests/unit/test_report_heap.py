@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from forensics.model import HeapCorruption, NativeFree, OverflowVerdict
+from forensics.modes import ReportTemplate
 from forensics.report.facts import Facts
 from forensics.report.decision import IncidentClass
 from forensics.report.verdict import decide
@@ -37,7 +38,7 @@ def test_the_heap_alone_points_at_the_driver():
     c = decide(_facts("driver-wrote-past-buffer", DRIVER), [])
     assert c.incident is IncidentClass.DRIVER
     assert c.statement.startswith("The core's heap points at the NVIDIA driver library") and DRIVER in c.statement
-    assert c.filings[0].report == "nvml" and "writing past a buffer" in c.filings[0].action
+    assert c.filings[0].report is ReportTemplate.NVML and "writing past a buffer" in c.filings[0].action
     assert any(e.startswith("the core's heap: driver-wrote-past-buffer") for e in c.evidence)
 
 
@@ -66,7 +67,8 @@ OWN = ("the buffer that overflowed is libnvidia-ml.so.580.126.09's own allocatio
 def test_libnvidia_mls_own_buffer_points_at_the_driver():
     c = decide(_own(_facts("library-own-buffer", OWN), "libnvidia-ml.so.580.126.09"), [])
     assert c.incident is IncidentClass.DRIVER and OWN in c.statement
-    assert c.filings[0].report == "nvml" and "a buffer it allocated and freed itself" in c.filings[0].action
+    assert c.filings[0].report is ReportTemplate.NVML
+    assert "a buffer it allocated and freed itself" in c.filings[0].action
     assert any(e.startswith("the core's heap: library-own-buffer: ") for e in c.evidence)
 
 
