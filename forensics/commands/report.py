@@ -100,7 +100,7 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, body_
             echo(f"forensics: {len(rep.attachments)} attachments not written (pass -o FILE to write them "
                  f"beside the report): {', '.join(sorted(rep.attachments))}", err=True)
     echo(f"forensics: conclusion: {c.statement}", err=True)
-    echo(f"forensics: incident: {c.incident.value} ({c.incident.words})", err=True)
+    echo(f"forensics: incident: {c.incident.value} ({c.words})", err=True)
     if explain:
         for line in explain_lines(c):
             echo(f"forensics: explain: {line}", err=True)

@@ -26,7 +26,7 @@ from ..reproduce import Outcome, ReproRun
 from .facts import Facts, Phase, xid_summary
 from .form import IssueForm
 from .known import KnownMatch
-from .decision import IncidentClass
+from .incident import IncidentClass
 from .verdict import Conclusion
 
 __all__ = ["UNKNOWN", "OPEN", "ReportContext", "build_context", "make_title"]
@@ -165,7 +165,7 @@ def make_title(template: ReportTemplate, f: Facts, c: Conclusion, form: IssueFor
     if template in (ReportTemplate.NVML, ReportTemplate.BINDING):
         owner = IncidentClass.DRIVER if template is ReportTemplate.NVML else IncidentClass.BINDING
         if k is not owner or (template is ReportTemplate.BINDING and c.decision.pattern):
-            return _plain(f"not for {template.whom} ({k.words}): {failure}{where}")
+            return _plain(f"not for {template.whom} ({c.words}): {failure}{where}")
         versions = ", ".join(x for x in (f"driver {f.driver}" if f.driver else "", f"NVML {f.nvml}" if f.nvml else "",
                                           f.gpus or "") if x)
         verb = ("corrupts the heap: glibc aborts with \"" + f.abort_message + "\""
@@ -185,7 +185,7 @@ def make_title(template: ReportTemplate, f: Facts, c: Conclusion, form: IssueFor
     if template is ReportTemplate.NVITOP:
         prefix = (form.title_prefix if form else "[BUG] ")
         if not any(r.report is ReportTemplate.NVITOP for r in c.decision.routes):
-            return _plain(f"{prefix}not for nvitop ({k.words}): {failure}{where}")
+            return _plain(f"{prefix}not for nvitop ({c.words}): {failure}{where}")
         if k is IncidentClass.DRIVER:
             head = f"{_process_name(f)} crashes in {api}{what} on driver {f.driver or '?'}" + (
                 ", in C too" if f.c_run and f.c_run.failed else "")
@@ -195,7 +195,7 @@ def make_title(template: ReportTemplate, f: Facts, c: Conclusion, form: IssueFor
                                           f"driver {f.driver}" if f.driver else "") if x)
         return _plain(f"{prefix}{failure}{where}{what}" + (f" with {versions}" if versions else ""))
     return _plain(f"{failure}{where}" + (f" on driver {f.driver}" if f.driver and f.has_crash else "")
-                  + f": {k.words}")
+                  + f": {c.words}")
 
 
 # ---- stacks ------------------------------------------------------------------------------

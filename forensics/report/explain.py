@@ -23,7 +23,7 @@ def explanation(c: Conclusion) -> dict[str, Any]:
         return [{"key": i.key, "source": i.source, "fact": i.fact} for i in _items(c, keys)]
 
     return {
-        "incident": c.incident.value, "words": c.incident.words, "basis": items(d.basis), "missing": list(d.missing),
+        "incident": c.incident.value, "words": c.words, "basis": items(d.basis), "missing": list(d.missing),
         "claims": [{"text": cl.text, "evidence": items(cl.evidence)} for cl in c.claims],
         "routes": [{"order": r.order, "owner": r.owner, "report": r.report.value, "where": r.where, "action": r.action,
                     "evidence": items(r.evidence)} for r in d.routes],
@@ -38,7 +38,7 @@ def explain_lines(c: Conclusion) -> list[str]:
     """The same as lines, read from the conclusion's records: ``claim: TEXT`` then ``  <- FACT [key, source]`` for
     each item it rests on."""
     d = c.decision
-    out = [f"incident: {c.incident.value} ({c.incident.words})"]
+    out = [f"incident: {c.incident.value} ({c.words})"]
     out += [f"  missing: {m}" for m in d.missing]
     entries: list[tuple[str, str, str | None, tuple[str, ...]]] = [
         *(("claim", cl.text, None, cl.evidence) for cl in c.claims),

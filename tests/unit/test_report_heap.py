@@ -6,7 +6,7 @@ import dataclasses
 from forensics.model import HeapCorruption, NativeFree, OverflowVerdict
 from forensics.modes import ReportTemplate
 from forensics.report.facts import Facts
-from forensics.report.decision import IncidentClass
+from forensics.report.incident import IncidentClass
 from forensics.report.verdict import decide
 from forensics.reproduce import ReproRun
 

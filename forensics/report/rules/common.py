@@ -1,0 +1,179 @@
+"""What several incident classes say alike: a reproducer run as a clause, the crash as a phrase, the claims of
+the setup, and the runbook's shared steps (the start-up guard, the image's fix and its proof, the binding's pin)."""
+from __future__ import annotations
+
+import shlex
+
+from ...guard import default_env
+from ...reproduce import Outcome, ReproRun
+from ..facts import Facts
+from ..grounds import Grounds
+from ..incident import Claim, Decision, Step
+
+__all__ = ["MODULE_KEYS", "has", "sentence", "who", "run_phrase", "crash_phrase", "runs_claim", "setup_claims",
+           "nvlink", "guard_step", "install_steps", "pin_steps"]
+
+MODULE_KEYS = ("imports.nvitop", "imports.nvitop_exporter", "imports.pynvml")
+
+
+def has(d: Decision, *keys: str) -> tuple[str, ...]:
+    """``keys`` the decision's evidence holds, in the order given."""
+    return tuple(k for k in keys if k in d.keys)
+
+
+def sentence(s: str) -> str:
+    return s[:1].upper() + s[1:]
+
+
+def _seconds(t: float) -> str:
+    """``0.000412`` -> ``0.41 ms``; ``2.5`` -> ``2.50 s``."""
+    return f"{t * 1000:.2f} ms" if t < 1 else f"{t:.2f} s"
+
+
+def who(r: ReproRun) -> str:
+    return "the C reproducer" if r.name == "c" else "the Python reproducer"
+
+
+def run_phrase(r: ReproRun) -> str:
+    """What one reproducer run did, as a clause: ``crashed (SIGABRT) in field-value call #41, 0.003 s after ...``."""
+    status = r.status
+    if status is Outcome.CRASHED:
+        detail = f"crashed ({r.signal or 'a signal'})"
+        if r.calls_to_crash:
+            detail += f" in field-value call #{r.calls_to_crash}"
+        if r.seconds_to_crash is not None:
+            detail += f", {_seconds(r.seconds_to_crash)} after its first query"
+        return detail
+    if status is Outcome.DETECTED:
+        return "stopped at the call that corrupted the heap, under glibc's checking allocator"
+    if status is Outcome.NOT_STARTED:
+        return f"could not start ({r.outcome.removeprefix('could not start: ')})"
+    if status is Outcome.CLEAN:
+        return "ran clean"
+    return r.outcome
+
+
+def crash_phrase(f: Facts) -> str:
+    """The crash in words: ``glibc aborts the process with "..." in nvmlDeviceGetFieldValues (...) inside
+    libnvidia-ml``."""
+    if not f.has_crash:
+        if f.kind == "snapshot":
+            return "no crash was analysed (the core is a snapshot of the live process, as gcore leaves it)"
+        return "the process crashed (no core analysed)"
+    what = (f'glibc aborts the process with "{f.abort_message}"' if f.abort_message
+            else f"the process dies of {f.signal}")
+    if f.api:
+        where = f" in {f.api}" + (f" ({f.query.what} query)" if f.query and f.query.what else "")
+        what += where + (" inside libnvidia-ml" if f.inside_nvml else "")
+    return what
+
+
+def runs_claim(f: Facts, d: Decision) -> list[Claim]:
+    runs = [r for r in (f.python_run, f.c_run) if r]
+    if not runs:
+        return []
+    return [Claim(text=sentence("; ".join(f"{who(r)} {run_phrase(r)}" for r in runs)) + ".",
+                  evidence=has(d, *(f"repro.{r.name}" for r in runs)))]
+
+
+def setup_claims(d: Decision, also: str) -> list[Claim]:
+    out = []
+    if d.shadowed:
+        out.append(Claim(text="The code that ran is not the installed distribution's: " + "; ".join(d.shadowed)
+                         + f". Fix the image {also}.", evidence=has(d, *MODULE_KEYS)))
+    if d.unsupported:
+        out.append(Claim(text=f"The Python setup is also outside what nvitop declares ({'; '.join(d.unsupported)}); "
+                              f"fix that {also}.", evidence=has(d, "imports.requirements", "imports.support")))
+    return out
+
+
+# ---- the runbook's shared steps ----------------------------------------------------------------------------
+
+def nvlink(f: Facts) -> bool:
+    """nvitop's NVLink throughput query is the crashing call: nvitop can stop making it (its call pattern matters)."""
+    return bool(f.query and f.query.what == "NVLink throughput")
+
+
+def _site_packages(f: Facts) -> str | None:
+    """Where nvitop is installed (its distribution's sys.path entry), as verify-imports read it."""
+    for rep in f.imports:
+        for dist in rep.distributions:
+            if dist.name.lower() == "nvitop":
+                return dist.location
+    return None
+
+
+def guard_step(f: Facts, evidence: tuple[str, ...]) -> Step:
+    site = _site_packages(f)
+    text = ("Stop the crashing call: nvitop-exporter has no option to skip the NVLink metrics, so a start-up guard "
+            f"makes nvitop's Device.nvlink_throughput return [] ({default_env('Device.nvlink_throughput')}=0 turns it "
+            "off again); write it into the site-packages nvitop is installed in, then restart the exporter")
+    command = None
+    if site:
+        command = ("forensics guard --target nvitop.api.device:Device.nvlink_throughput --returns '[]' --out "
+                   + shlex.quote(site))
+    else:
+        text += " (where that is was not in the evidence: run verify-imports to find it)"
+    return Step(text=text, command=command, evidence=evidence)
+
+
+def _verify_command(f: Facts) -> str | None:
+    """The verify-imports command that proves an image fix: the image again, or the process's root and command."""
+    for rep in f.imports:
+        if rep.image.transport.value != "pid":
+            return "forensics verify-imports " + shlex.quote(rep.image.ref)
+        if rep.python is not None and rep.python.entrypoint.argv:  # a live process: its root, command and directory
+            return (f"forensics verify-imports {shlex.quote('dir:' + (rep.image.root or '/'))} --entrypoint "
+                    f"{shlex.quote(shlex.join(rep.python.entrypoint.argv))} --workdir "
+                    f"{shlex.quote(rep.python.working_dir)}")
+    return None
+
+
+def install_steps(g: Grounds, d: Decision) -> list[Step]:
+    """The image's fix (shadowing), and the supported setup: first for an install incident, after the class's own
+    steps for any other."""
+    out = []
+    keys = tuple(i.key for i in d.items if i.key.startswith("imports."))
+    for s in d.shadowed:
+        out.append(Step(text=f"Fix the image so that the installed code runs: {s}", command=None, evidence=keys))
+    if d.shadowed:
+        cmd = _verify_command(g.f)
+        out.append(Step(text="Prove it: verify-imports says OK for nvitop, nvitop_exporter and pynvml"
+                             + ("" if cmd else " (run it on the fixed image, or with --pid on the restarted process)"),
+                        command=cmd, evidence=keys))
+    for u in d.unsupported:
+        out.append(Step(text=f"Make the setup supported: {u}", command=None, evidence=keys))
+    return out
+
+
+def _declared_binding(f: Facts) -> str | None:
+    """nvitop's requirement on nvidia-ml-py, as its distribution declares it (None: not in the evidence)."""
+    declared = None
+    for rep in f.imports:
+        for dist in rep.distributions:
+            if dist.name.lower() == "nvitop":
+                declared = next((r for r in dist.requires if r.lower().startswith("nvidia-ml-py")), None)
+    return declared
+
+
+def pin_steps(g: Grounds, d: Decision, evidence: tuple[str, ...]) -> list[Step]:
+    """The supported nvidia-ml-py pin (what nvitop declares, without the release whose count overflowed the
+    buffer), as the requirement line and the pip command that installs it into the image's environment, then the
+    command that proves it took: the binding that interpreter imports is not that release (exit 1 while it is)."""
+    f = g.f
+    ran = d.version_ran("nvidia-ml-py") or f.binding
+    declared = _declared_binding(f)
+    pin = (declared.split(";")[0].strip() if declared else "nvidia-ml-py")
+    if ran:
+        pin += ("," if any(c in pin for c in "<>=!~") else "") + f"!={ran}"
+    why = (f" (what nvitop declares, without {ran}, whose count overflowed the buffer)" if declared and ran else
+           f" (not {ran}, whose count overflowed the buffer)" if ran else "")
+    out = [Step(text=f"Pin the binding in the image's requirements to `{pin}`{why}, and install it into the image's "
+                     "environment (the python3 that runs the program)",
+                command=f"python3 -m pip install {shlex.quote(pin)}", evidence=evidence)]
+    if ran:
+        check = ("import importlib.metadata as m, pynvml; v = m.version('nvidia-ml-py'); "
+                 f"print('nvidia-ml-py', v, pynvml.__file__); raise SystemExit(v == {ran!r})")
+        out.append(Step(text=f"Prove it: the binding that python3 imports is not {ran} (exit 1 while it is)",
+                        command=f"python3 -c {shlex.quote(check)}", evidence=evidence))
+    return out

@@ -1,0 +1,60 @@
+"""A shadowed or unsupported install: the code that ran is not the installed distribution's (verify-imports:
+SHADOWED, ...) -- decided before the binding's and every later class -- or the setup is outside what a package
+declares (pip check, version facts) and nothing else decided.  The image is fixed first; nothing is filed
+upstream."""
+from __future__ import annotations
+
+from ...modes import INTERNAL_WHERE, ReportTemplate
+from ..grounds import Grounds
+from ..incident import Claim, Decision, IncidentClass, Route, Step
+from .common import MODULE_KEYS, crash_phrase, has, runs_claim, sentence
+from .row import Criterion, Found, IncidentRule
+
+__all__ = ["RULE"]
+
+
+def _shadowed(g: Grounds) -> Found | None:
+    if g.shadowed:
+        return Found(basis=tuple(i.key for i in g.items if i.key.startswith("imports.")))
+    return None
+
+
+def _unsupported(g: Grounds) -> Found | None:
+    if g.unsupported:
+        return Found(basis=("imports.requirements",) if "imports.requirements" in g.keys else ())
+    return None
+
+
+def _routes(g: Grounds, d: Decision) -> list[Route]:
+    return [Route(order=1, owner="the team", where=INTERNAL_WHERE, report=ReportTemplate.RUNBOOK,
+                  action="fix the image first; file nothing upstream until the installed code still crashes",
+                  evidence=d.basis)]
+
+
+def _steps(g: Grounds, d: Decision) -> list[Step]:
+    return []  # the setup's own steps (common.install_steps) are this class's, and follow every class's
+
+
+def _claims(g: Grounds, d: Decision) -> list[Claim]:
+    f = g.f
+    keys = has(d, *(i.key for i in d.items if i.key.startswith("imports.")))
+    out = []
+    if d.shadowed:
+        out.append(Claim(text="The code that ran is not the installed distribution's: " + "; ".join(d.shadowed) + ".",
+                         evidence=has(d, *MODULE_KEYS)))
+    if d.unsupported:
+        out.append(Claim(text="The setup is unsupported: " + "; ".join(d.unsupported) + ".",
+                         evidence=has(d, "imports.requirements", "imports.support")))
+    out.append(Claim(text="Fix the image first and check it with verify-imports; nothing is filed upstream until the "
+                          "supported, installed code still crashes.", evidence=keys))
+    if f.has_crash:
+        out.append(Claim(text=sentence(f"the crash: {crash_phrase(f)}."),
+                         evidence=has(d, "core", "core.inside_nvml")))
+    return out + runs_claim(f, d)
+
+
+RULE = IncidentRule(
+    incident=IncidentClass.INSTALL,
+    words="a shadowed or unsupported install: the code that ran is not the supported installed one",
+    criteria=(Criterion(rank=20, test=_shadowed), Criterion(rank=80, test=_unsupported)),
+    routes=_routes, steps=_steps, claims=_claims, upgrading=True)
