@@ -27,14 +27,15 @@ from .facts import Facts, Phase, xid_summary
 from .form import IssueForm
 from .known import KnownMatch
 from .incident import IncidentClass
+from .phrases import failure, process_name
+from .titles import make_title
 from .verdict import Conclusion
 
-__all__ = ["UNKNOWN", "OPEN", "ReportContext", "build_context", "make_title"]
+__all__ = ["UNKNOWN", "OPEN", "ReportContext", "build_context"]
 
 UNKNOWN = "unknown (not in the evidence)"
 OPEN = "OPEN: not determined yet"
 NATIVE_SHOWN = 14
-TITLE_MAX = 256  # GitHub's limit for an issue title
 
 
 @dataclass
@@ -114,88 +115,6 @@ class ReportContext:
 
 def _v(x: Any) -> str:
     return str(x) if x not in (None, "") else UNKNOWN
-
-
-def _plain(s: str) -> str:
-    """One line of plain text: control characters and newlines out, Markdown heading marks off the front."""
-    s = re.sub(r"[\x00-\x1f\x7f]+", " ", s)
-    s = re.sub(r"\s+", " ", s).strip()
-    return s.lstrip("#").strip()[:TITLE_MAX]
-
-
-def _process_name(f: Facts) -> str:
-    cmd = f.process or ""
-    if "nvitop_exporter" in cmd or "nvitop-exporter" in cmd:
-        return f"nvitop-exporter {f.exporter}" if f.exporter else "nvitop-exporter"
-    if "nvitop" in cmd:
-        return f"nvitop {f.nvitop}" if f.nvitop else "nvitop"
-    exe = cmd.split()[0].rsplit("/", 1)[-1] if cmd else ""
-    return exe or "the process"
-
-
-def _failure(f: Facts) -> str:
-    if f.kind == "snapshot":
-        return "did not crash (a snapshot of the live process)"
-    if f.kind == "heap-corruption" and f.abort_message:
-        return f'aborts with heap corruption ("{f.abort_message}")'
-    if f.abort_message:
-        return f'aborts ("{f.abort_message}")'
-    if f.signal:
-        return f"crashes with {f.signal}"
-    return "crashes"
-
-
-def make_title(template: ReportTemplate, f: Facts, c: Conclusion, form: IssueForm | None = None) -> str:
-    """A plain-text title that says what the incident is (its class) and names the failing call and the versions
-    that ran; an upstream report of a class it is not for says so first.
-
-    >>> from forensics.report.facts import Facts
-    >>> from forensics.report.verdict import decide
-    >>> f = Facts(has_crash=True, signal="SIGSEGV", api="nvmlShutdown", driver="580.126.09")
-    >>> make_title(ReportTemplate.RUNBOOK, f, decide(f, []))
-    'the process crashes with SIGSEGV in nvmlShutdown on driver 580.126.09: not determined yet'
-    """
-    k = c.incident
-    api = f.api or (f"{f.caller}()" if f.caller else "an NVML call")
-    what = f" ({f.query.what}" + (f", fields {'/'.join(map(str, f.query.fields))}" if f.query.fields else "") + ")" \
-        if f.query and f.query.what else ""
-    failure = f"{_process_name(f)} {_failure(f)}" if f.has_crash or f.kind == "snapshot" else \
-        f"{_process_name(f)}: no crash observed"
-    where = f" in {api}" if f.has_crash and (f.api or f.caller) else ""
-    if template in (ReportTemplate.NVML, ReportTemplate.BINDING):
-        owner = IncidentClass.DRIVER if template is ReportTemplate.NVML else IncidentClass.BINDING
-        if k is not owner or (template is ReportTemplate.BINDING and c.decision.pattern):
-            return _plain(f"not for {template.whom} ({c.words}): {failure}{where}")
-        versions = ", ".join(x for x in (f"driver {f.driver}" if f.driver else "", f"NVML {f.nvml}" if f.nvml else "",
-                                          f.gpus or "") if x)
-        verb = ("corrupts the heap: glibc aborts with \"" + f.abort_message + "\""
-                if f.kind == "heap-corruption" and f.abort_message else _failure(f))
-        if not f.api and f.earlier_api and f.kind == "heap-corruption":  # the damage was found later, elsewhere
-            frame = c.decision.item("core.frame")
-            where_found = frame.fact.removeprefix("the innermost frame past libc: ") if frame else "later"
-            api = f.earlier_api
-            verb = (f"corrupts the heap: glibc notices it later, in {where_found}"
-                    + (f", and aborts with \"{f.abort_message}\"" if f.abort_message else ""))
-        if template is ReportTemplate.BINDING:
-            ran = next((v.ran for v in c.decision.versions if v.package == "nvidia-ml-py"), None) or f.binding
-            return _plain(f"nvidia-ml-py {ran or ''} passes a count larger than its buffer to {api}{what}: the heap "
-                          f"{'is corrupted' if f.kind == 'heap-corruption' else 'overflows'}"
-                          + (f" - {versions}" if versions else ""))
-        return _plain(f"{api}{what} {verb}" + (f" - {versions}" if versions else ""))
-    if template is ReportTemplate.NVITOP:
-        prefix = (form.title_prefix if form else "[BUG] ")
-        if not any(r.report is ReportTemplate.NVITOP for r in c.decision.routes):
-            return _plain(f"{prefix}not for nvitop ({c.words}): {failure}{where}")
-        if k is IncidentClass.DRIVER:
-            head = f"{_process_name(f)} crashes in {api}{what} on driver {f.driver or '?'}" + (
-                ", in C too" if f.c_run and f.c_run.failed else "")
-            return _plain(f"{prefix}{head}: please allow turning NVLink metrics off"
-                          if f.query and f.query.what == "NVLink throughput" else f"{prefix}{head}")
-        versions = ", ".join(x for x in (f"nvidia-ml-py {f.binding}" if f.binding else "",
-                                          f"driver {f.driver}" if f.driver else "") if x)
-        return _plain(f"{prefix}{failure}{where}{what}" + (f" with {versions}" if versions else ""))
-    return _plain(f"{failure}{where}" + (f" on driver {f.driver}" if f.driver and f.has_crash else "")
-                  + f": {c.words}")
 
 
 # ---- stacks ------------------------------------------------------------------------------
@@ -428,14 +347,14 @@ def build_context(f: Facts, template: ReportTemplate, conclusion: Conclusion, kn
         + f". glibc {_v(f.glibc)}, Python {_v(f.python)}, nvidia-ml-py {_v(f.binding)}; "
         f"OS: {_os_line(f)}."
     )
-    crash_prose = (f"{_process_name(f)} (pid {f.pid}) " + _failure(f)
+    crash_prose = (f"{process_name(f)} (pid {f.pid}) " + failure(f)
                    + (f" in thread {thread}" if f.tid is not None else "")
                    + (f", in {f.api}" if f.api else "") + (" inside libnvidia-ml" if f.inside_nvml else "")
                    + (f", called from {f.caller}" if f.caller else "")
                    + (" while the interpreter was exiting" if f.phase is Phase.EXIT else "") + "."
                    + (f" Exit {f.exit_explanation.removeprefix('exit ')}." if f.nested and f.exit_explanation else "")
                    ) if f.has_crash else (
-        f"{_process_name(f)} (pid {f.pid}) did not crash: the core is a snapshot of the live process "
+        f"{process_name(f)} (pid {f.pid}) did not crash: the core is a snapshot of the live process "
         f"({f.signal or 'no signal'}, as gdb's gcore leaves it)." if f.kind == "snapshot" else UNKNOWN)
     crash_rows = [("Signal", _v(f.signal)), ("glibc message", f.abort_message or "none"),
                   ("Fault address", f.fault or "none"), ("Crashing thread", thread),

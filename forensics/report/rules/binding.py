@@ -7,7 +7,8 @@ from ...model import OverflowVerdict
 from ...modes import BINDING_WHERE, NVITOP_WHERE, ReportTemplate
 from ..grounds import Grounds
 from ..incident import Claim, Decision, IncidentClass, Route, Step
-from .common import crash_phrase, guard_step, has, nvlink, pin_steps, run_phrase, setup_claims
+from .common import (binding_title, crash_phrase, guard_step, has, nvitop_title, nvlink, pin_steps, run_phrase,
+                     runbook_title, setup_claims)
 from .row import Criterion, Found, IncidentRule
 
 __all__ = ["RULE"]
@@ -80,4 +81,6 @@ def _ask_nvitop(g: Grounds, d: Decision) -> str:
 RULE = IncidentRule(
     incident=IncidentClass.BINDING, words="a fault of the binding (nvidia-ml-py) or of its calling pattern",
     criteria=(Criterion(rank=30, test=_heap_says_binding), Criterion(rank=40, test=_only_python_crashes)),
-    routes=_routes, steps=_steps, claims=_claims, ask_nvitop=_ask_nvitop, upgrading=True)
+    routes=_routes, steps=_steps, claims=_claims, ask_nvitop=_ask_nvitop, upgrading=True,
+    titles={ReportTemplate.BINDING: binding_title, ReportTemplate.NVITOP: nvitop_title,
+            ReportTemplate.RUNBOOK: runbook_title})

@@ -9,9 +9,11 @@ from ...reproduce import Outcome, ReproRun
 from ..facts import Facts
 from ..grounds import Grounds
 from ..incident import Claim, Decision, Step
+from ..phrases import failing_call, failure, failure_line, process_name, query_words, where_it_failed
 
 __all__ = ["MODULE_KEYS", "has", "sentence", "who", "run_phrase", "crash_phrase", "runs_claim", "setup_claims",
-           "nvlink", "guard_step", "install_steps", "pin_steps"]
+           "nvlink", "guard_step", "install_steps", "pin_steps", "runbook_title", "nvidia_call_title",
+           "binding_title", "nvitop_title", "nvitop_driver_title"]
 
 MODULE_KEYS = ("imports.nvitop", "imports.nvitop_exporter", "imports.pynvml")
 
@@ -177,3 +179,60 @@ def pin_steps(g: Grounds, d: Decision, evidence: tuple[str, ...]) -> list[Step]:
         out.append(Step(text=f"Prove it: the binding that python3 imports is not {ran} (exit 1 while it is)",
                         command=f"python3 -c {shlex.quote(check)}", evidence=evidence))
     return out
+
+
+# ---- titles ------------------------------------------------------------------------------------------------
+
+def runbook_title(f: Facts, d: Decision) -> str:
+    """The runbook's title: the process and how it failed, where, on which driver, and the class in words."""
+    return (f"{failure_line(f)}{where_it_failed(f)}" + (f" on driver {f.driver}" if f.driver and f.has_crash else "")
+            + f": {d.words}")
+
+
+def _nvidia_versions(f: Facts) -> str:
+    versions = ", ".join(x for x in (f"driver {f.driver}" if f.driver else "", f"NVML {f.nvml}" if f.nvml else "",
+                                      f.gpus or "") if x)
+    return f" - {versions}" if versions else ""
+
+
+def _call_and_verb(f: Facts, d: Decision) -> tuple[str, str]:
+    """The NVML call the damage is tied to and what it did, for NVIDIA's titles: glibc's abort in it, or, when
+    glibc noticed the corruption later elsewhere, the earlier call and where it was noticed."""
+    api = failing_call(f)
+    verb = ("corrupts the heap: glibc aborts with \"" + f.abort_message + "\""
+            if f.kind == "heap-corruption" and f.abort_message else failure(f))
+    if not f.api and f.earlier_api and f.kind == "heap-corruption":  # the damage was found later, elsewhere
+        frame = d.item("core.frame")
+        where_found = frame.fact.removeprefix("the innermost frame past libc: ") if frame else "later"
+        api = f.earlier_api
+        verb = (f"corrupts the heap: glibc notices it later, in {where_found}"
+                + (f", and aborts with \"{f.abort_message}\"" if f.abort_message else ""))
+    return api, verb
+
+
+def nvidia_call_title(f: Facts, d: Decision) -> str:
+    """The NVIDIA driver report's: the call, its query, what it did, the driver, NVML and GPUs."""
+    api, verb = _call_and_verb(f, d)
+    return f"{api}{query_words(f)} {verb}" + _nvidia_versions(f)
+
+
+def binding_title(f: Facts, d: Decision) -> str:
+    """nvidia-ml-py's report's: the release that ran, the count it passed, the call."""
+    api, _verb = _call_and_verb(f, d)
+    ran = d.version_ran("nvidia-ml-py") or f.binding
+    return (f"nvidia-ml-py {ran or ''} passes a count larger than its buffer to {api}{query_words(f)}: the heap "
+            f"{'is corrupted' if f.kind == 'heap-corruption' else 'overflows'}" + _nvidia_versions(f))
+
+
+def nvitop_title(f: Facts, d: Decision) -> str:
+    """nvitop's issue's (after its form's prefix): the process, how it failed, the call, the versions."""
+    versions = ", ".join(x for x in (f"nvidia-ml-py {f.binding}" if f.binding else "",
+                                      f"driver {f.driver}" if f.driver else "") if x)
+    return f"{failure_line(f)}{where_it_failed(f)}{query_words(f)}" + (f" with {versions}" if versions else "")
+
+
+def nvitop_driver_title(f: Facts, d: Decision) -> str:
+    """nvitop's issue of a driver fault: the call it makes crashes on this driver (in C too), and the ask."""
+    head = f"{process_name(f)} crashes in {failing_call(f)}{query_words(f)} on driver {f.driver or '?'}" + (
+        ", in C too" if f.c_run and f.c_run.failed else "")
+    return f"{head}: please allow turning NVLink metrics off" if nvlink(f) else head

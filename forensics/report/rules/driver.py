@@ -8,7 +8,8 @@ from ...model import OverflowVerdict
 from ...modes import NVIDIA_WHERE, NVITOP_WHERE, ReportTemplate
 from ..grounds import Grounds
 from ..incident import Claim, Decision, IncidentClass, Route, Step
-from .common import crash_phrase, guard_step, has, nvlink, run_phrase, setup_claims
+from .common import (crash_phrase, guard_step, has, nvidia_call_title, nvitop_driver_title, nvlink, run_phrase,
+                     runbook_title, setup_claims)
 from .row import Criterion, Found, IncidentRule
 
 __all__ = ["RULE"]
@@ -85,4 +86,6 @@ def _ask_nvitop(g: Grounds, d: Decision) -> str:
 RULE = IncidentRule(
     incident=IncidentClass.DRIVER, words="a fault of the NVIDIA driver library (libnvidia-ml.so)",
     criteria=(Criterion(rank=10, test=_decides),), routes=_routes, steps=_steps, claims=_claims,
-    ask_nvitop=_ask_nvitop, upgrading=True)
+    ask_nvitop=_ask_nvitop, upgrading=True,
+    titles={ReportTemplate.NVML: nvidia_call_title, ReportTemplate.NVITOP: nvitop_driver_title,
+            ReportTemplate.RUNBOOK: runbook_title})

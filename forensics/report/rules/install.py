@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...modes import INTERNAL_WHERE, ReportTemplate
 from ..grounds import Grounds
 from ..incident import Claim, Decision, IncidentClass, Route, Step
-from .common import MODULE_KEYS, crash_phrase, has, runs_claim, sentence
+from .common import runbook_title, MODULE_KEYS, crash_phrase, has, runs_claim, sentence
 from .row import Criterion, Found, IncidentRule
 
 __all__ = ["RULE"]
@@ -57,4 +57,5 @@ RULE = IncidentRule(
     incident=IncidentClass.INSTALL,
     words="a shadowed or unsupported install: the code that ran is not the supported installed one",
     criteria=(Criterion(rank=20, test=_shadowed), Criterion(rank=80, test=_unsupported)),
-    routes=_routes, steps=_steps, claims=_claims, upgrading=True)
+    routes=_routes, steps=_steps, claims=_claims, upgrading=True,
+    titles={ReportTemplate.RUNBOOK: runbook_title})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...modes import INTERNAL_WHERE, ReportTemplate
 from ..grounds import Grounds
 from ..incident import Claim, Decision, IncidentClass, Route, Step
-from .common import sentence
+from .common import runbook_title, sentence
 from .row import Criterion, Found, IncidentRule
 
 __all__ = ["RULE"]
@@ -34,4 +34,5 @@ def _claims(g: Grounds, d: Decision) -> list[Claim]:
 
 RULE = IncidentRule(
     incident=IncidentClass.KNOWN, words="a known issue, fixed in a later release",
-    criteria=(Criterion(rank=50, test=_decides),), routes=_routes, steps=_steps, claims=_claims, upgrading=True)
+    criteria=(Criterion(rank=50, test=_decides),), routes=_routes, steps=_steps, claims=_claims, upgrading=True,
+    titles={ReportTemplate.RUNBOOK: runbook_title})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...modes import INTERNAL_WHERE, ReportTemplate
 from ..grounds import Grounds
 from ..incident import Claim, Decision, IncidentClass, Route, Step
-from .common import has, runs_claim
+from .common import runbook_title, has, runs_claim
 from .row import Criterion, Found, IncidentRule
 
 __all__ = ["RULE"]
@@ -46,4 +46,5 @@ def _claims(g: Grounds, d: Decision) -> list[Claim]:
 
 RULE = IncidentRule(
     incident=IncidentClass.NO_CRASH, words="no crash observed",
-    criteria=(Criterion(rank=60, test=_decides),), routes=_routes, steps=_steps, claims=_claims, says_missing=True)
+    criteria=(Criterion(rank=60, test=_decides),), routes=_routes, steps=_steps, claims=_claims, says_missing=True,
+    titles={ReportTemplate.RUNBOOK: runbook_title})

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...modes import INTERNAL_WHERE, ReportTemplate
 from ..grounds import PROGRAM_RUNTIME, Grounds, fault_frame, fault_library, program_frame
 from ..incident import Claim, Decision, IncidentClass, Route, Step
-from .common import crash_phrase, has, runs_claim
+from .common import runbook_title, crash_phrase, has, runs_claim
 from .row import Criterion, Found, IncidentRule
 
 __all__ = ["PROGRAM", "OUTSIDE_NVML"]
@@ -70,7 +70,9 @@ def _claims(g: Grounds, d: Decision) -> list[Claim]:
 
 PROGRAM = IncidentRule(
     incident=IncidentClass.PROGRAM, words="the program's own bug, not NVML",
-    criteria=(Criterion(rank=70, test=_programs_own),), routes=_routes, steps=_steps, claims=_claims)
+    criteria=(Criterion(rank=70, test=_programs_own),), routes=_routes, steps=_steps, claims=_claims,
+    titles={ReportTemplate.RUNBOOK: runbook_title})
 OUTSIDE_NVML = IncidentRule(
     incident=IncidentClass.OUTSIDE_NVML, words="a crash outside NVML, in another library",
-    criteria=(Criterion(rank=71, test=_another_librarys),), routes=_routes, steps=_steps, claims=_claims)
+    criteria=(Criterion(rank=71, test=_another_librarys),), routes=_routes, steps=_steps, claims=_claims,
+    titles={ReportTemplate.RUNBOOK: runbook_title})

@@ -5,7 +5,7 @@ from ...modes import INTERNAL_WHERE, ReportTemplate
 from ...reproduce import Outcome
 from ..grounds import Grounds
 from ..incident import Claim, Decision, IncidentClass, Route, Step
-from .common import crash_phrase, has, run_phrase, who
+from .common import runbook_title, crash_phrase, has, run_phrase, who
 from .row import Criterion, Found, IncidentRule
 
 __all__ = ["RULE"]
@@ -45,4 +45,5 @@ def _claims(g: Grounds, d: Decision) -> list[Claim]:
 RULE = IncidentRule(
     incident=IncidentClass.UNDETERMINED, words="not determined yet",
     criteria=(Criterion(rank=1000, test=_decides),), routes=_routes, steps=_steps, claims=_claims,
-    says_missing=True)
+    says_missing=True,
+    titles={ReportTemplate.RUNBOOK: runbook_title})
