@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-__all__ = ["Kind", "OptionSpec", "ArgumentSpec", "parse_args", "INPUT", "JSON", "OUTPUT", "FORCE", "VERBOSE",
-           "STORE"]
+__all__ = ["Kind", "OptionSpec", "ArgumentSpec", "parse_args", "is_duration", "INPUT", "JSON", "OUTPUT", "FORCE",
+           "VERBOSE", "STORE"]
 
 
 class Kind(enum.Enum):
@@ -45,6 +45,7 @@ class Kind(enum.Enum):
     TEXT = "text"  # a string (click.STRING)
     INT = "int"  # int(value) (click.INT)
     FLOAT = "float"  # float(value) (click.FLOAT)
+    SECONDS = "seconds"  # a duration: float(value), finite and above 0 (forensics.options.SECONDS)
     CHOICE = "choice"  # one of an enum's values, the string itself (click.Choice of modes.values())
     PATH = "path"  # a path, checked only where it exists (click.Path(exists=False))
 
@@ -164,9 +165,11 @@ def _converted(spec: OptionSpec, value: str) -> object:
     """``value`` as click's type for ``spec`` converts it; :data:`_REFUSED` where click (or ``spec.check``)
     would refuse it."""
     try:
-        converted: object = (int(value) if spec.kind is Kind.INT else float(value) if spec.kind is Kind.FLOAT
-                             else value)
+        converted: object = (int(value) if spec.kind is Kind.INT
+                             else float(value) if spec.kind in (Kind.FLOAT, Kind.SECONDS) else value)
     except ValueError:
+        return _REFUSED
+    if spec.kind is Kind.SECONDS and not is_duration(converted):
         return _REFUSED
     if spec.kind is Kind.CHOICE and value not in {m.value for m in spec.choices or ()}:
         return _REFUSED
@@ -178,6 +181,15 @@ def _converted(spec: OptionSpec, value: str) -> object:
         except ForensicsError:
             return _REFUSED  # click's parse runs the same check, and says what it says
     return converted
+
+
+def is_duration(seconds: object) -> bool:
+    """Whether a number of seconds is one a duration can be: finite and above 0 (``-1``, ``0``, ``nan`` are not).
+
+    >>> is_duration(2.5), is_duration(0.0), is_duration(-1.0), is_duration(float("inf"))
+    (True, False, False, False)
+    """
+    return isinstance(seconds, float) and 0 < seconds < float("inf")
 
 
 def _path_ok(path: str, file_okay: bool, dir_okay: bool, readable: bool) -> bool:

@@ -42,11 +42,14 @@ __all__ = [
     "read_pod_state",
     "canary_document",
     "MAX_REQUESTS",
+    "DEFAULT_TIMEOUT",
+    "scrape_timeout",
     "PROMETHEUS_ACCEPT",
     "ScrapeOptions",
 ]
 
 MAX_REQUESTS = 10_000_000
+DEFAULT_TIMEOUT = 10.0  # Prometheus' scrape_timeout, when the interval is not shorter
 MAX_BODY = 64 * 1024 * 1024
 PARSE_BUDGET_PER_S = 20  # distinct bodies parsed per second of soak, at most
 MAX_TOKEN = 64 * 1024
@@ -621,20 +624,43 @@ def _raise_fatal(url: str, stop: dict) -> None:
         raise CanaryError(f"{url}: TLS: {stop['fatal']}")
 
 
+def scrape_timeout(interval: float, timeout: float | None = None) -> float:
+    """Seconds one scrape may take: ``timeout`` when given, else Prometheus' default scrape_timeout (10 s) lowered
+    to a shorter ``interval``, as Prometheus lowers an unset scrape_timeout to the scrape_interval.
+
+    >>> scrape_timeout(15.0), scrape_timeout(5.0), scrape_timeout(0.0), scrape_timeout(5.0, 2.0)
+    (10.0, 5.0, 10.0, 2.0)
+    """
+    if timeout is not None:
+        return timeout
+    return min(DEFAULT_TIMEOUT, interval) if interval > 0 else DEFAULT_TIMEOUT
+
+
 def _check_soak(url: str, requests: int, concurrency: int, duration: float, timeout: float = 10.0,
                 interval: float = 0.0) -> None:
     if not (1 <= requests <= MAX_REQUESTS):
-        raise CanaryError(f"--requests must be between 1 and {MAX_REQUESTS}")
+        raise _option_error(f"--requests must be between 1 and {MAX_REQUESTS}")
     if not (1 <= concurrency <= 10_000):
-        raise CanaryError("--concurrency must be between 1 and 10000")
+        raise _option_error("--concurrency must be between 1 and 10000")
     if not (0 < duration <= 7 * 86400):
-        raise CanaryError("--duration must be between 0 and 7 days")
+        raise _option_error("--duration must be more than 0 seconds and at most 7 days")
     if not (0 <= interval <= 86400):
-        raise CanaryError("--interval must be between 0 and 86400 seconds")
+        raise _option_error("--interval must be between 0 and 86400 seconds")
+    if not (0 < timeout <= 86400):
+        raise _option_error("--timeout must be more than 0 seconds and at most 86400")
     if interval and timeout > interval:
-        raise CanaryError(f"--timeout {timeout:g} is longer than --interval {interval:g} (Prometheus refuses a "
-                          "scrape_timeout over its scrape_interval)")
+        raise _option_error(f"--timeout {timeout:g} is longer than --interval {interval:g} (Prometheus refuses a "
+                            "scrape_timeout over its scrape_interval)",
+                            "Give --timeout at most --interval, or leave it out: it then follows a shorter --interval, "
+                            "as Prometheus lowers an unset scrape_timeout to the scrape_interval.")
     _split_url(url)
+
+
+def _option_error(what: str, hint: str = "") -> CanaryError:
+    """A value of canary's options it cannot use: the hint is about the options, not the URL."""
+    e = CanaryError(what)
+    e.help_text = hint or "See forensics canary --help for each option's range."
+    return e
 
 
 class _BodyParser:

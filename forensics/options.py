@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .argspec import FORCE, JSON, OUTPUT, STORE, VERBOSE, ArgumentSpec, Kind, OptionSpec
+from .argspec import FORCE, JSON, OUTPUT, STORE, VERBOSE, ArgumentSpec, Kind, OptionSpec, is_duration
 from .modes import values
 from .output import STDOUT
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-__all__ = ["json_option", "output_option", "force_option", "verbose_option", "SIZE", "parse_coredump_filter",
+__all__ = ["json_option", "output_option", "force_option", "verbose_option", "SIZE", "SECONDS", "parse_coredump_filter",
            "store_options", "click_option", "click_argument", "click_options"]
 
 
@@ -64,6 +64,8 @@ def _click_type(spec: OptionSpec) -> click.ParamType | None:
         return click.Choice(values(spec.choices))
     if spec.kind is Kind.INT:
         return click.INT
+    if spec.kind is Kind.SECONDS:
+        return SECONDS
     return click.FLOAT if spec.kind is Kind.FLOAT else None
 
 
@@ -111,6 +113,24 @@ class _Size(click.ParamType):
 
 
 SIZE = _Size()
+
+
+class _Seconds(click.ParamType):
+    """A duration in seconds: a number above 0 (``-1``, ``0``, ``nan`` and ``inf`` are refused, a usage error)."""
+
+    name = "SECONDS"
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not is_duration(seconds):
+            self.fail(f"{value!r}: a duration is a number of seconds above 0", param, ctx)
+        return seconds
+
+
+SECONDS = _Seconds()
 
 
 def parse_coredump_filter(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:

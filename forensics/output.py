@@ -24,9 +24,18 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["SCHEMA_VERSION", "to_jsonable", "json_document", "write_new", "check_output_path", "escape_text",
-           "text_lines", "text_document", "STDOUT"]
+           "text_lines", "text_document", "STDOUT", "count"]
 
 STDOUT = "-"  # ``-o -``: standard output, as every Unix tool reads it
+
+
+def count(n: int, one: str, many: str | None = None) -> str:
+    """A number and its noun, singular for 1: ``1 pod``, ``2 pods``, ``0 pods``.
+
+    >>> count(1, "scrape"), count(3, "metric family", "metric families"), count(0, "node")
+    ('1 scrape', '3 metric families', '0 nodes')
+    """
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 SCHEMA_VERSION = 1
 

@@ -158,7 +158,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
                help="gdb to run."),
     OptionSpec(names=("--debuginfod",), dest="debuginfod", kind=Kind.TEXT, metavar="URL",
                help="Let gdb fetch debug info from this debuginfod server (off by default)."),
-    OptionSpec(names=("--timeout",), dest="timeout", kind=Kind.FLOAT, default=120.0, show_default=True,
+    OptionSpec(names=("--timeout",), dest="timeout", kind=Kind.SECONDS, default=120.0, show_default=True,
                help="Seconds gdb may take per core."),
     OptionSpec(names=("--heap",), dest="heap", kind=Kind.FLAG,
                help="Walk glibc's heap whatever the crash: every arena, heap, bin and tcache (a heap-corruption "

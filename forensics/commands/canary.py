@@ -6,7 +6,7 @@ import sys
 import click
 
 from ..errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK
-from ..options import force_option, json_option, output_option
+from ..options import SECONDS, force_option, json_option, output_option
 from . import emit, emit_json, read_json_object
 
 __all__ = ["canary"]
@@ -14,15 +14,18 @@ __all__ = ["canary"]
 
 @click.command("canary")
 @click.argument("url")
-@click.option("--requests", "n_requests", type=int, default=1000, show_default=True, help="Scrapes to make (at most).")
+@click.option("--requests", "n_requests", type=int, default=None,
+              help="Scrapes to make at most (default: as many as --duration allows).")
 @click.option("--interval", type=float, default=15.0, show_default=True, metavar="SECONDS",
               help="Seconds between the starts of one scraper's scrapes, as Prometheus' scrape_interval "
                    "(0: as fast as the target answers, a load test).")
 @click.option("--concurrency", type=int, default=1, show_default=True,
               help="Scrapers at once (Prometheus: one per target and server).")
-@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds the soak may run (at most).")
-@click.option("--timeout", type=float, default=10.0, show_default=True,
-              help="Seconds one scrape may take (at most --interval, as Prometheus' scrape_timeout).")
+@click.option("--duration", type=SECONDS, default=60.0, show_default=True,
+              help="Seconds the soak runs (less when --requests are made first, or the watched process dies).")
+@click.option("--timeout", type=SECONDS, default=None,
+              help="Seconds one scrape may take, at most --interval, as Prometheus' scrape_timeout (default: 10, or "
+                   "--interval when shorter, as Prometheus lowers an unset scrape_timeout).")
 @click.option("--ca-file", type=click.Path(dir_okay=False), default=None, help="With https: the CA of the server.")
 @click.option("--insecure-skip-verify", is_flag=True, help="With https: do not verify the server's certificate.")
 @click.option("--bearer-token-file", type=click.Path(dir_okay=False), default=None,
@@ -53,8 +56,8 @@ def canary(url, n_requests, interval, concurrency, duration, timeout, ca_file, i
     Exit codes: 0 PASS; 1 error; 2 usage; 3 FAIL (a threshold was missed or the process crashed);
     130 interrupted (Ctrl-C: the summary of the scrapes made so far is printed first).
     """
-    from ..canary import (PodWatch, ScrapeOptions, Thresholds, canary_document, fleet_hint, read_pod_state,
-                          run_canary)
+    from ..canary import (MAX_REQUESTS, PodWatch, ScrapeOptions, Thresholds, canary_document, fleet_hint,
+                          read_pod_state, run_canary, scrape_timeout)
     from ..kubectl import KubeOptions
     from ..text.canary import format_canary
 
@@ -62,7 +65,8 @@ def canary(url, n_requests, interval, concurrency, duration, timeout, ca_file, i
         raise click.UsageError("--pid and --pod are exclusive")
     kube = KubeOptions(namespace=namespace, kubeconfig=kubeconfig, context=kube_context)
     pod_watch = PodWatch(pod, lambda: read_pod_state(pod, kube)) if pod else None
-    result = run_canary(url, requests=n_requests, concurrency=concurrency, duration=duration, timeout=timeout,
+    result = run_canary(url, requests=MAX_REQUESTS if n_requests is None else n_requests, concurrency=concurrency,
+                        duration=duration, timeout=scrape_timeout(interval, timeout),
                         pid=pid, core_dirs=tuple(core_dirs), pod_watch=pod_watch,
                         thresholds=Thresholds(min_success=min_success, max_p99=max_p99 / 1000 if max_p99 else None,
                                               expect=tuple(expect)),

@@ -6,7 +6,7 @@ import sys
 import click
 
 from ..errors import EXIT_PARTIAL
-from ..options import SIZE, json_option, parse_coredump_filter
+from ..options import SECONDS, SIZE, json_option, parse_coredump_filter
 from . import emit, emit_json, warn
 
 __all__ = ["capture"]
@@ -43,7 +43,7 @@ __all__ = ["capture"]
 @click.option("--dry-run", is_flag=True,
               help="With --pod: print the agent pod manifest and create nothing (no API server needed: what only it "
                    "knows is then a placeholder).")
-@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds the agent pod may take.")
+@click.option("--timeout", type=SECONDS, default=300.0, show_default=True, help="Seconds the agent pod may take.")
 @click.option("-o", "--output", "output", type=click.Path(file_okay=False), default=None,
               help="Directory to create the bundle in (pod mode: default ./forensics-bundles).")
 @json_option

@@ -6,7 +6,7 @@ import sys
 import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, ReproducerNotStarted
-from ..options import force_option, json_option, output_option
+from ..options import SECONDS, force_option, json_option, output_option
 from . import emit, emit_json
 
 __all__ = ["reproduce"]
@@ -26,16 +26,16 @@ __all__ = ["reproduce"]
 @click.option("--stack", type=click.Choice(["incident", "current"]), default="current", show_default=True,
               help="Without --python: a cached venv with this PyPI stack (incident: nvitop 1.5.0 + nvidia-ml-py "
                    "12.575.51).")
-@click.option("--iterations", type=int, default=1000, show_default=True)
-@click.option("--threads", type=int, default=2, show_default=True,
+@click.option("--iterations", type=click.IntRange(1, None), default=1000, show_default=True)
+@click.option("--threads", type=click.IntRange(0, 64), default=2, show_default=True,
               help="Querying threads of both reproducers, each querying every GPU (0: the main thread).")
-@click.option("--duration", type=float, default=None, help="Stop each reproducer after S seconds.")
+@click.option("--duration", type=SECONDS, default=None, help="Stop each reproducer after S seconds.")
 @click.option("--shutdown-race", is_flag=True, help="Call nvmlShutdown while threads still query (Python reproducer).")
 @click.option("--malloc-check", is_flag=True,
               help="Both reproducers under glibc's checking allocator: they stop at the culprit call.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Where runs go (default: ./forensics-reproduce).")
-@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds each reproducer may run.")
+@click.option("--timeout", type=SECONDS, default=300.0, show_default=True, help="Seconds each reproducer may run.")
 @click.option("--arch", type=click.Choice(["x86_64", "aarch64", "amd64", "arm64"]), default=None,
               help="Build the C reproducer (and with --sim the simulated NVML) for this architecture; another than "
                    "this machine's runs under qemu-user with --sysroot (default: this machine's).")

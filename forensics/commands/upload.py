@@ -50,7 +50,7 @@ def upload(bundles, destination, cluster, node, keep, sse, sse_kms_key_id, stora
     """
     from ..objstore.client import StoreOptions, parse_object_url
     from ..objstore.upload import read_place, upload_bundle
-    from ..output import json_document
+    from ..output import count, json_document
 
     try:
         dest = parse_object_url(destination)
@@ -74,7 +74,7 @@ def upload(bundles, destination, cluster, node, keep, sse, sse_kms_key_id, stora
     if as_json:
         emit_json(json_document("upload", {"uploads": results, "failed": failed}), None, False)
     else:
-        emit([f"{r.url}: {len(r.objects)} objects ({sum(o.uploaded for o in r.objects)} uploaded, "
+        emit([f"{r.url}: {count(len(r.objects), 'object')} ({sum(o.uploaded for o in r.objects)} uploaded, "
               f"{sum(not o.uploaded for o in r.objects)} already there), {r.bytes_uploaded:,} bytes sent, verified "
               f"({', '.join(sorted({o.verified_by for o in r.objects}))}); "
               + ("the node's copy deleted" if r.deleted else "the node's copy kept") for r in results], None, False)

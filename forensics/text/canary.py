@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..canary import CanaryResult
+from ..output import count
 
 __all__ = ["format_canary"]
 
@@ -14,13 +15,13 @@ def format_canary(r: CanaryResult) -> list[str]:
 
     pace = f"one every {r.interval:g}s" if r.interval else f"{r.rate:.0f}/s"
     lines = [
-        f"{r.verdict}: {r.url}: {r.requests} scrapes in {r.elapsed:.1f}s ({pace}, concurrency "
+        f"{r.verdict}: {r.url}: {count(r.requests, 'scrape')} in {r.elapsed:.1f}s ({pace}, concurrency "
         f"{r.concurrency}), "
         f"success {r.success_rate:.2%}",
         f"latency p50 {ms(r.percentile(50))}, p95 {ms(r.percentile(95))}, p99 {ms(r.percentile(99))}, "
         f"max {ms(max(r.latencies) if r.latencies else None)}",
         f"body {r.body_min}-{r.body_max} bytes; {r.parsed_bodies} distinct bodies parsed, {r.invalid_bodies} invalid; "
-        f"{len(r.families)} metric families",
+        f"{count(len(r.families), 'metric family', 'metric families')}",
     ]
     if r.content_types:
         kinds = ", ".join(f"{k or '(no Content-Type)'}: {v}" for k, v in sorted(r.content_types.items()))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..fleet import FleetSummary
-from ..output import escape_text
+from ..output import count, escape_text
 
 __all__ = ["format_fleet"]
 
@@ -12,7 +12,7 @@ def format_fleet(s: FleetSummary) -> list[str]:
     # the crashes by fingerprint, per group: the agents' (from Prometheus) or the bundles read (--bundles)
     with_fp = s.source is not None or bool(s.bundles)
     lines = [
-        f"{s.pods} pods on {s.nodes} nodes, grouped by {', '.join(s.group_by)}"
+        f"{count(s.pods, 'pod')} on {count(s.nodes, 'node')}, grouped by {', '.join(s.group_by)}"
         + (f"; restarts since {s.baseline}" if s.baseline else "") + (f"; from {s.source}" if s.source else "")
         + (f"; crashes from {', '.join(escape_text(b) for b in s.bundles)}" if s.bundles else ""),
         "",

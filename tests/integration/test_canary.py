@@ -245,3 +245,40 @@ def test_a_watched_process_its_parent_reaps_is_named_with_its_signal(server, tmp
     c = json.loads(r.stdout)["canary"]
     assert r.exit_code == EXIT_FINDINGS
     assert f"pid {pid} died during the run: killed by SIGABRT, exit status 134" in c["process_events"], c
+
+
+def test_an_interval_under_10s_lowers_the_default_timeout_as_prometheus_does(server, tmp_path):
+    # GIVEN an endpoint that logs each scrape's headers
+    log = tmp_path / "headers.jsonl"
+    s = server("--log", str(log))
+    # WHEN canary scrapes it every second without --timeout (Prometheus' scrape_timeout default is 10 s, lowered
+    # to a shorter scrape_interval)
+    r = run("canary", s.url, "--interval", "1", "--duration", "2.5")
+    # THEN it runs (it refused: "--timeout 10 is longer than --interval 1"), with a 1 s scrape timeout
+    assert r.exit_code == EXIT_OK, r.output
+    sent = {json.loads(line)["X-Prometheus-Scrape-Timeout-Seconds"] for line in log.read_text().splitlines()}
+    assert sent == {"1"}, sent
+    # and a --timeout over the interval, given, is refused with a hint about the options, not about URLs
+    r = run("canary", s.url, "--interval", "1", "--timeout", "2")
+    assert r.exit_code == 1 and "forensics: error: canary: --timeout 2 is longer than --interval 1" in r.stderr
+    assert "forensics: hint: Give --timeout at most --interval, or leave it out" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("option", ["--duration", "--timeout"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_duration_of_zero_or_less_is_refused(option, value):
+    r = run("canary", "http://127.0.0.1:9/metrics", option, value)
+    assert r.exit_code == 2 and "a duration is a number of seconds above 0" in r.output, r.output
+
+
+def test_a_load_test_runs_for_its_duration(server):
+    # GIVEN a fast endpoint, and a load test without --requests
+    s = server()
+    # WHEN canary runs back to back with 2 scrapers for 3 s (docs: --interval 0 --concurrency 4 --duration 60)
+    t0 = time.monotonic()
+    r = run("canary", s.url, "--json", "--interval", "0", "--concurrency", "2", "--duration", "3")
+    took = time.monotonic() - t0
+    # THEN it scraped for its duration (it stopped after the default 1000 scrapes, in a fraction of a second)
+    assert r.exit_code == EXIT_OK, r.output
+    doc = json.loads(r.stdout)
+    assert doc["canary"]["elapsed"] >= 2.9 and took >= 2.9, (doc["canary"]["elapsed"], took)

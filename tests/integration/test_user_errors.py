@@ -60,7 +60,7 @@ def test_dash_is_standard_output(fleet_files, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = run(*fleet_files, "-o", "-")
     assert r.exit_code == EXIT_OK, r.output
-    assert "1 pods on 1 nodes" in r.stdout and "Wrote" not in r.stderr
+    assert "1 pod on 1 node, grouped by" in r.stdout and "Wrote" not in r.stderr
     assert not (tmp_path / "-").exists()
 
 
@@ -288,3 +288,18 @@ def test_analyze_of_a_directory_this_user_may_not_read_is_permission_denied(clos
     else:
         assert p.returncode == 3, p.stdout + p.stderr
         assert f"Unreadable:\n  {sub}: permission denied" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("args", [["analyze", "--timeout", "-1", "core"], ["analyze", "--timeout=0", "core"],
+                                  ["capture", "--pid", "1", "--timeout", "-5"],
+                                  ["reproduce", "--sim", "--duration", "0"],
+                                  ["reproduce", "--sim", "--timeout", "nan"]],
+                         ids=" ".join)
+def test_a_duration_of_zero_or_less_is_refused(args, tmp_path):
+    # GIVEN a duration that cannot be one; WHEN the command is run (analyze through its click-free fast path too)
+    (tmp_path / "core").write_bytes(b"")
+    p = subprocess.run([sys.executable, "-m", "forensics", *args], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # THEN it is refused before any work, a usage error naming the option
+    assert p.returncode == 2, p.stderr
+    assert "a duration is a number of seconds above 0" in p.stderr and "Invalid value for '--" in p.stderr, p.stderr

@@ -49,7 +49,7 @@ def _samples(spec: OptionSpec, paths: dict[str, str]) -> list[str | None]:
         return list(values(spec.choices))
     if spec.kind is Kind.PATH:
         return [paths["file"] if spec.file_okay else paths["dir"]]
-    return {Kind.TEXT: ["x"], Kind.INT: ["3"], Kind.FLOAT: ["2.5"]}[spec.kind]
+    return {Kind.TEXT: ["x"], Kind.INT: ["3"], Kind.FLOAT: ["2.5"], Kind.SECONDS: ["2.5", "1e3"]}[spec.kind]
 
 
 def test_the_fast_path_reads_every_row_of_the_table_as_click_does(paths):
@@ -87,7 +87,8 @@ def _cases(paths: dict[str, str]) -> list[list[str]]:
         ["--native-method", "none"], ["--native-method=libdw"], ["--sysroot", dr], [f"--sysroot={dr}"],
         ["--sysroot", f], ["--sysroot", missing], ["--sysroot="], ["--exe", f], ["--exe", dr], ["--exe", missing],
         ["--gdb", "/usr/bin/gdb"], ["--debuginfod", "http://127.0.0.1:1"], ["--timeout", "2.5"],
-        ["--timeout", "1e3"], ["--timeout", " 7 "], ["--timeout", "x"], ["--timeout=nan"], ["-j", "2"],
+        ["--timeout", "1e3"], ["--timeout", " 7 "], ["--timeout", "x"], ["--timeout=nan"], ["--timeout", "0"],
+        ["--timeout=-1"], ["--timeout", "inf"], ["-j", "2"],
         ["-j2"], ["-j=2"], ["--jobs", "3"], ["--jobs", "two"], ["--jobs=1_0"], ["--heap"], ["--heap=1"],
         ["--native"], ["--json"], ["--force"], ["-o", missing], ["-o", dr], ["--output", f], ["-o"],
         ["-o", os.path.join(missing, "out")],
