@@ -435,11 +435,16 @@ class SkopeoNotFound(ForensicsError, FileNotFoundError):
 
 
 class SkopeoError(ForensicsError, RuntimeError):
-    help_text = ("Check the reference, --creds/--authfile and --tls-verify=false for a plain-HTTP registry "
-                 "(skopeo's message above).")
+    """skopeo could not fetch an image; ``detail`` is its message, cause first (:func:`forensics.imports.sources`'s
+    reading of skopeo's log line), and the hint fits the cause where it is a known one."""
 
-    def __init__(self, ref: str, action: str, detail: str) -> None:
+    help_text = ("Check the reference, --creds/--authfile and --tls-verify=false for a plain-HTTP registry "
+                 "(skopeo's message, cause first, is above).")
+
+    def __init__(self, ref: str, action: str, detail: str, hint: str = "") -> None:
         super().__init__(f"{ref}: skopeo {action} failed: {detail}", ref=ref, action=action, detail=detail)
+        if hint:
+            self.help_text = hint
 
 
 class ExecuteError(ForensicsError, RuntimeError):

@@ -1,12 +1,14 @@
 """forensics guard: a startup guard (.pth + module) that makes one callable return a fixed value."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import click
 
 from ..errors import EXIT_OK, GuardError
-from ..options import force_option, json_option
+from ..argspec import FORCE
+from ..options import click_option, json_option
 from . import emit, emit_json, warn
 
 __all__ = ["guard"]
@@ -25,7 +27,7 @@ __all__ = ["guard"]
               help="Directory to write the guard into: the site-packages the target's package is installed in "
                    "(the target is checked there), or an image layer's.")
 @json_option
-@force_option
+@click_option(dataclasses.replace(FORCE, help="Replace the guard's files where they exist in --out."))
 def guard(target, returns, env, removes, out_dir, as_json, force):
     """Generate a startup guard (.pth + module) that makes one callable return a fixed value.
 

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -453,11 +454,74 @@ def _skopeo(ref_name: str, opts: SkopeoOptions, action: str, args: list[str]) ->
     except OutputTooLarge as e:  # a registry's answer (a manifest, a config) is a few KiB
         raise SkopeoError(ref_name, action, str(e)) from e
     if p.returncode != 0:
-        detail = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+        detail, hint = read_skopeo_failure(p.stderr, p.returncode)
         if opts.creds:
             detail = detail.replace(opts.creds, "***")
-        raise SkopeoError(ref_name, action, detail)
+        raise SkopeoError(ref_name, action, detail, hint)
     return p.stdout
+
+
+#: skopeo's causes (the last part of its message) an SRE can act on, and what to do about each
+_SKOPEO_HINTS = (
+    ("connection refused", "Nothing listens there: check the registry's host and port, and that it is up."),
+    ("no such host", "The registry's host name does not resolve: check its spelling and the DNS of this machine."),
+    ("server gave HTTP response to HTTPS client", "The registry speaks plain HTTP: add --tls-verify=false."),
+    ("certificate", "The registry's TLS certificate is not trusted here: install its CA, or --tls-verify=false for a "
+                    "registry you trust on a private network."),
+    ("authentication required", "The registry wants credentials: --creds USER:PASSWORD or --authfile FILE (as "
+                                "`skopeo login` writes it)."),
+    ("unauthorized", "The registry refused the credentials: check --creds/--authfile."),
+    ("denied", "The registry refused the credentials or this repository: check --creds/--authfile and the name."),
+    ("manifest unknown", "The registry has no such image: check the repository's name and the tag (skopeo "
+                         "list-tags docker://REPOSITORY lists its tags)."),
+    ("name unknown", "The registry has no such repository: check the image's name."),
+    ("not known to registry", "The registry has no such repository: check the image's name."),
+)
+_MAX_DETAIL = 400
+
+
+def read_skopeo_failure(stderr: str, returncode: int) -> tuple[str, str]:
+    r"""skopeo's failure as one line, its cause first, and a hint for a cause an SRE can act on ("" otherwise).
+
+    skopeo logs ``time="..." level=fatal msg="A: B: C"``, a chain of contexts whose last part is the cause: the
+    line becomes ``C (A: B)``, without the log's time and level, and the "Error parsing image name" context that
+    only repeats the reference.
+
+    >>> read_skopeo_failure('time="2026-01-01T00:00:00Z" level=fatal msg="Error parsing image name '
+    ...                     '\\"docker://h:5/x\\": reading manifest 1 in h:5/x: manifest unknown"', 1)[0]
+    'manifest unknown (reading manifest 1 in h:5/x)'
+    """
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    logged = [_logrus_message(line) for line in lines]
+    fatal = [m for m, level in logged if level in ("fatal", "error")]
+    message = fatal[-1] if fatal else (lines[-1] if lines else f"exit status {returncode}")
+    parts = [x for x in message.split(": ") if x]
+    if parts and parts[0].startswith("Error parsing image name"):
+        parts = parts[1:]
+    cause = parts[-1] if parts else message
+    context = ": ".join(p for p in parts[:-1] if p not in ("connect", cause))  # registries repeat the cause
+    detail = f"{cause} ({context})" if context else cause
+    if len(detail) > _MAX_DETAIL:
+        detail = detail[:_MAX_DETAIL - 3] + "..."
+    hint = next((h for key, h in _SKOPEO_HINTS if key in cause or key in parts[-2:-1] or key in message), "")
+    return detail, hint
+
+
+def _logrus_message(line: str) -> tuple[str, str]:
+    """The message and level of one of skopeo's log lines (``time=... level=... msg="..."``, Go-quoted); the line
+    itself and "" when it is not one."""
+    level = msg = None
+    for m in re.finditer(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line):
+        key, value = m.group(1), m.group(2)
+        if value.startswith('"'):
+            value = re.sub(r'\\(.)', lambda e: {"n": " ", "t": " "}.get(e.group(1), e.group(1)), value[1:-1])
+        if key == "level":
+            level = value
+        elif key == "msg":
+            msg = value
+    if level is None or msg is None:
+        return line, ""
+    return msg, level
 
 
 def _fetch_with_skopeo(ref: ImageRef, platform: Platform, opts: SkopeoOptions, workdir: str,

@@ -159,3 +159,26 @@ def test_missing_skopeo_is_explained(monkeypatch, registries):
     monkeypatch.setenv("PATH", "/nonexistent")
     code, _, out = run(f"{registries['anon']}/exporter:1.7.1")
     assert code == 1 and "needs skopeo" in out and "apt-get install -y skopeo" in out
+
+
+@pytest.mark.parametrize("where", ["unknown tag", "unknown repository", "nothing listening"])
+def test_skopeos_failure_is_one_line_with_its_cause_first(registries, images, where):
+    # GIVEN a reference the registry does not have (or a port nothing listens on)
+    reg = registries["anon"]
+    push(images.get("clean"), f"{reg}/exporter:1.7.1")
+    ref, cause, hint = {
+        "unknown tag": (f"{reg}/exporter:no-such-tag", "manifest unknown (reading manifest no-such-tag in ",
+                        "check the repository's name and the tag"),
+        "unknown repository": (f"{reg}/no/such-repo:1", "manifest unknown (reading manifest 1 in ",
+                               "check the repository's name and the tag"),
+        "nothing listening": (f"127.0.0.1:{_free_port()}/exporter:1", "connection refused (", "Nothing listens there"),
+    }[where]
+    # WHEN verify-imports is given it
+    code, _, out = run(ref, "--tls-verify=false")
+    # THEN one error line, skopeo's cause first (not its log line, time and level, with the cause at the end), and a
+    # hint for that cause
+    assert code == 1, out
+    error, hint_line = out.splitlines()
+    assert error.startswith(f"forensics: error: docker://{ref}: skopeo inspect failed: {cause}"), error
+    assert 'time="' not in out and "level=fatal" not in out and "Error parsing image name" not in out, out
+    assert hint_line.startswith("forensics: hint: ") and hint in hint_line, hint_line
