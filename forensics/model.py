@@ -27,6 +27,7 @@ __all__ = [
     "LibraryStatus",
     "FrameKind",
     "NativeStack",
+    "FrameRegisters",
     "DwarfLayout",
     "PythonStatus",
     "PythonMethod",
@@ -499,6 +500,22 @@ class DwarfLayout:
 
 
 @record
+class FrameRegisters:
+    """The registers an unwinder recovered in one physical frame: every register in the innermost frame, in
+    its callers the callee-saved ones the callees' CFI restores.  A register the unwind cannot know in a
+    frame (a caller-saved one, clobbered by the call it made) is absent, never a stale value."""
+
+    index: int  # the physical frame's index in its stack's ``frames`` (inlined frames before it share its pc)
+    pc: int
+    activation: bool  # the pc is where the frame stopped (innermost, or interrupted by a signal), no return address
+    registers: tuple[tuple[str, int], ...]  # (name, value), in the order of DWARF's register numbers
+
+    def register(self, name: str) -> int | None:
+        """The value of register ``name`` in this frame, or None when the unwind does not know it."""
+        return next((v for n, v in self.registers if n == name), None)
+
+
+@record
 class NativeStack:
     """One thread's native stack as an unwinder returned it (libdw's, or gdb's ``forensics-native`` parsed):
     its frames innermost first, the library each names as the unwinder found it."""
@@ -512,6 +529,9 @@ class NativeStack:
     # (frame index, file, line) where libdw's line-table row of the frame's address is not a statement: the
     # address' last statement row, the one gdb names (DWARF 5 location views give one address several rows)
     statement_rows: tuple[tuple[int, str, int], ...] = ()
+    # the crashed thread's registers in each physical frame, innermost first (libdw; empty for other threads and
+    # gdb's stacks): where glibc's free() kept the pointer it was given (forensics.heap)
+    frame_registers: tuple[FrameRegisters, ...] = ()
 
 
 @record

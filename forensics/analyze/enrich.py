@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..model import Analysis, CrashKind, ProcessSnapshot
+from ..model import Analysis, CrashKind, NativeStack, ProcessSnapshot
 from ..modes import HeapMode
 from .classify import is_python_process
 from .findings import heap_findings
@@ -39,7 +39,7 @@ def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None
 
 
 def with_heap(analysis: Analysis, mode: HeapMode, *, sysroot: str | None = None, thread_locals=None,
-              reading: CoreReading | None = None) -> Analysis:
+              reading: CoreReading | None = None, registers: NativeStack | None = None) -> Analysis:
     """``analysis`` with glibc's heap read (:func:`forensics.heap.read_heap`) as ``mode`` asks.
 
     ``auto`` reads it only for a heap-corruption crash, so any other crash costs nothing here.
@@ -47,6 +47,8 @@ def with_heap(analysis: Analysis, mode: HeapMode, *, sysroot: str | None = None,
     :param thread_locals: the crashing thread's locals (:func:`with_crashed_locals`): its ctypes
         buffers and the native call in progress go to the verdict
     :param reading: the analysis' open core and its interpreter (None: the core is opened where needed)
+    :param registers: libdw's stack of the crashed thread, with the registers of each frame
+        (:attr:`~forensics.model.NativeStack.frame_registers`): glibc's free() kept its pointer in one
     """
     corruption = analysis.crash.kind is CrashKind.HEAP_CORRUPTION
     if mode is HeapMode.OFF or (mode is HeapMode.AUTO and not corruption):
@@ -72,9 +74,11 @@ def with_heap(analysis: Analysis, mode: HeapMode, *, sysroot: str | None = None,
         def lookup(buffer: int, size: int):
             return find_stack_owner(core, analysis.crash.tid, buffer, size, sysroot=sysroot, mem=mem,
                                     interpreter=reading.interpreter() if reading is not None else None)
+    frames = registers.frame_registers if registers is not None and registers.tid == analysis.crash.tid else ()
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
                        corruption=corruption, summary=mode is HeapMode.FULL, owners=owners,
-                       is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup, mem=mem)
+                       is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup, mem=mem,
+                       frames=frames)
     if report.corruption is not None and crashed is not None and is_python_process(core):
         from ..heap.freer import library_verdict
 

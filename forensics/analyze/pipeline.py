@@ -195,7 +195,10 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
         requested_native=native_method, native_disagreements=tuple(native_disagreements), reading=reading,
     )
     snapshot, thread_locals = with_crashed_locals(snapshot, sysroot=sysroot, reading=reading)
-    return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot, thread_locals=thread_locals, reading=reading)
+    # the registers libdw recovered in the crashed thread's frames: where glibc's free() kept its pointer
+    registers = next((s for s in libdw_doc or () if s.frame_registers), None)
+    return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot, thread_locals=thread_locals, reading=reading,
+                     registers=registers)
 
 
 def _no_core(path: str, reason: str) -> NoCoreKept:

@@ -39,6 +39,9 @@ class ArchSpec:
     #: registers in DWARF's numbering from 0 (what dwfl_thread_state_registers takes); the pc is set apart
     dwarf_registers: tuple[str, ...]
     dwarf_sp: int  # the stack pointer's DWARF number: a caller frame's value of it is its CFA
+    #: the registers a callee preserves (the psABI's callee-saved ones): what a caller frame's CFI restores, and
+    #: what keeps its value through a callee whose CFI does not say it saved it
+    callee_saved: tuple[str, ...] = ()
     #: the return-address register (AArch64's link register), whose value may carry a PAC
     link_register: str = ""
     #: bits of a user-space code address when the core says nothing else (AArch64: 48-bit VA, the PAC above)
@@ -57,6 +60,7 @@ X86_64 = ArchSpec(
     dwarf_registers=("rax", "rdx", "rcx", "rbx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12",
                      "r13", "r14", "r15"),
     dwarf_sp=7,
+    callee_saved=("rbx", "rbp", "r12", "r13", "r14", "r15"),
 )
 
 _X = tuple(f"x{i}" for i in range(31))
@@ -71,6 +75,7 @@ AARCH64 = ArchSpec(
     thread_pointer="",  # TPIDR_EL0 is NT_ARM_TLS's, a note qemu-user does not write
     dwarf_registers=(*_X, "sp"),
     dwarf_sp=31,
+    callee_saved=tuple(f"x{i}" for i in range(19, 31)),  # x19-x28, the frame pointer x29 and the link register
     link_register="x30",
     address_bits=48,
 )

@@ -27,16 +27,21 @@ crashing thread) and the native call it was passed to are matched by
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 
 from forensics.core import elf
 from forensics.core.arch import spec_of
 from forensics.heap.arenas import Heap
 from forensics.heap.layout import FLAG_BITS, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, PREV_INUSE, SIZE_SZ
+from forensics.heap.freedptr import FreedPointer, find_freed_pointer
 from forensics.heap.walk import (
     HeapValidationError,
     Region,
+    fastbin_chunk_size,
+    for_each_bin_chunk,
     for_each_chunk_resyncing,
+    smallbin_chunk_size,
     tcache_entries,
     validate_bin,
     validate_fastbin,
@@ -46,6 +51,7 @@ from forensics.records import record
 from forensics.model import (
     BufferOwner,
     ChunkState,
+    FrameRegisters,
     HeapChunk,
     HeapCorruption,
     HeapFailureKind,
@@ -55,7 +61,7 @@ from forensics.model import (
 
 __all__ = ["Check", "CHECKS", "classify_message", "Candidate", "candidates", "find_rejected_chunk",
            "find_chunk_before", "describe_header", "measure_overflow", "decide", "find_corruption", "STACK_WINDOW",
-           "own_size_rewritten"]
+           "own_size_rewritten", "free_chunks", "freed_before"]
 
 #: bytes of the crashing thread's stack searched for the rejected chunk, from its stack pointer up
 STACK_WINDOW = 64 << 10
@@ -119,6 +125,11 @@ _OWN_HEADER = {"invalid-pointer", "invalid-size", "munmap", "out", "top", "conso
                "fasttop"}
 #: checks that catch a second free of the same chunk, not a write past a buffer
 _DOUBLE_FREE = {"top", "fasttop", "tcache-double"}
+#: checks on free lists and the top chunk, not on a pointer being freed
+_LIST_KINDS = {"bins", "fast-list", "top-size", "tcache-list"}
+#: checks a second free of a chunk glibc already merged into a free neighbour fails, by the neighbours it had:
+#: the chunk is, or lies inside, a free chunk of a bin or the top chunk
+_MERGED_FREE = {"next-prev-inuse", "out", "top", "next-size"}
 
 
 def classify_message(message: str | None) -> Check | None:
@@ -293,6 +304,22 @@ def _test_own_size(heap: Heap, kind: str, c: HeapChunk, region: Region) -> list[
 _OWN_SIZE_TESTS = {"invalid-size", "invalid-pointer", "top", "tcache-double"}
 
 
+def _test_fasttop(heap: Heap, c: HeapChunk, region: Region) -> list[str] | None:
+    """Check ``fasttop``: the chunk being freed is already the first chunk of its fastbin."""
+    layout = heap.layout
+    index = (c.size >> 4) - 2
+    if layout.arena_fastbins is None or not 0 <= index < layout.nfastbins:
+        return None
+    try:
+        first = heap.hm.u64(region.arena + layout.arena_fastbins + index * SIZE_SZ)
+    except HeapValidationError:
+        return None
+    if first != c.address:
+        return None
+    return [f"0x{c.address:x} is already the first chunk of the 0x{fastbin_chunk_size(index):x} fastbin of arena "
+            f"0x{region.arena:x}: it was freed before"]
+
+
 def _test_out(heap: Heap, c: HeapChunk, region: Region) -> list[str] | None:
     """Check ``out``: the chunk after the one being freed must lie inside its arena."""
     nxt_addr = c.address + c.size
@@ -352,6 +379,50 @@ def _test_next(heap: Heap, kind: str, c: HeapChunk, region: Region) -> list[str]
     return None
 
 
+def _unlink_problems(heap: Heap, n_addr: int, region: Region) -> list[str] | None:
+    """What glibc's unlink_chunk finds wrong with the free chunk at ``n_addr`` (its size against the prev_size
+    of the chunk after it, its fd and bk links), or None when it would unlink it."""
+    n = _chunk(heap, n_addr, region)
+    if n is None:
+        return None
+    try:
+        after_prev = heap.hm.u64(n_addr + n.size)
+    except HeapValidationError:
+        return [f"its size 0x{n.size:x} leads out of the core, to 0x{n_addr + n.size:x}"]
+    if after_prev != n.size:
+        return [f"its size field 0x{n.size | n.flags:x} says size 0x{n.size:x}, but the prev_size of the chunk it "
+                f"leads to, at 0x{n_addr + n.size:x}, is 0x{after_prev:x}"]
+    if not _is_linked_free(heap, n):
+        return ["its fd and bk do not link it into a free list (fd->bk and bk->fd are not it)"]
+    return None
+
+
+def _test_unlink(heap: Heap, c: HeapChunk, region: Region) -> tuple[list[str], int] | None:
+    """Checks ``corrupted size vs. prev_size`` and ``corrupted double-linked list`` met while freeing ``c``: glibc
+    unlinks the free neighbour it merges ``c`` with -- the chunk before it (PREV_INUSE clear) or the one after
+    it (free by the PREV_INUSE bit of the chunk after that) -- and that neighbour fails the unlink's checks.
+    (the inconsistencies, the neighbour's address), or None."""
+    if c.size < MINSIZE or c.size & (MALLOC_ALIGNMENT - 1):
+        return None
+    neighbours = []
+    if not c.flags & PREV_INUSE:
+        neighbours.append((c.address - c.prev_size, "before"))
+    nxt = _chunk(heap, c.address + c.size, region)
+    if nxt is not None and nxt.address != region.top and nxt.size >= MINSIZE and not nxt.size & 0xF:
+        try:
+            after_field = heap.hm.u64(nxt.address + nxt.size + SIZE_SZ)
+        except HeapValidationError:
+            after_field = PREV_INUSE
+        if not after_field & PREV_INUSE:
+            neighbours.append((nxt.address, "after"))
+    for n_addr, side in neighbours:
+        problems = _unlink_problems(heap, n_addr, region)
+        if problems:
+            return [f"the chunk {side} 0x{c.address:x}, at 0x{n_addr:x}, is free by its flags, so glibc unlinked it "
+                    f"to merge the two: " + "; ".join(problems)], n_addr
+    return None
+
+
 def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str] | None:
     """The inconsistencies of chunk ``c_addr`` that fail check ``kind``, or None when it passes it."""
     c = _chunk(heap, c_addr, region)
@@ -369,7 +440,64 @@ def _test(heap: Heap, kind: str, c_addr: int, region: Region | None) -> list[str
         return _test_out(heap, c, region)
     if kind == "consolidate-prev":
         return _test_consolidate_prev(heap, c, region)
+    if kind == "fasttop":
+        return _test_fasttop(heap, c, region)
     return _test_next(heap, kind, c, region)
+
+
+def _arena_name(heap: Heap, arena: int) -> str:
+    return f"{'main_arena' if arena == heap.glibc.main_arena else 'thread arena'} 0x{arena:x}"
+
+
+def free_chunks(heap: Heap) -> list[tuple[int, int, str]]:
+    """The chunks glibc holds free in its arenas -- every unsorted, small and large bin (each list up to a
+    link that fails its check) and each arena's top chunk -- by address: ``(address, size, where)``.  Read
+    once per heap; what it costs is the free chunks', not the heap's size."""
+    if heap.free_index is None:
+        out: list[tuple[int, int, str]] = []
+        layout = heap.layout
+        for arena in heap.arenas:
+            name = _arena_name(heap, arena.address)
+            for i in range(1, layout.nbins):
+                where = ("the unsorted bin" if i == 1 else f"the 0x{smallbin_chunk_size(i):x} small bin" if i < 64
+                         else f"large bin {i}")
+                try:
+                    for c in for_each_bin_chunk(heap.hm, layout, arena.address, i, arena.regions):
+                        out.append((c.address, c.size, f"{where} of {name}"))
+                except HeapValidationError:  # the entries before the break are kept
+                    continue
+            top_size = arena.top_size
+            if arena.top and top_size and top_size <= arena.system_mem and not top_size & (MALLOC_ALIGNMENT - 1):
+                # a top chunk whose size the arena cannot have was written over: it proves nothing free
+                out.append((arena.top, top_size, f"the top chunk of {name}"))
+        out.sort()
+        heap.free_index = out
+    return heap.free_index
+
+
+def freed_before(heap: Heap, addr: int) -> str | None:
+    """Why the chunk at ``addr`` is one glibc already holds free -- a free chunk of a bin, the top chunk, or
+    inside one of them (its first free merged it into the free chunk before it, or into the top) -- or None.
+
+    A chunk freed, merged with the free chunk after it into one on the unsorted list, then freed again reads
+    "0x55d0c0a011b0 is already a free chunk (size 0x2010) in the unsorted bin of main_arena 0x7f2c...".
+    """
+    index = free_chunks(heap)
+    i = bisect_right(index, (addr, 1 << 64, "")) - 1
+    if i < 0:
+        return None
+    start, size, where = index[i]
+    if not start <= addr < start + size:
+        return None
+    if where.startswith("the top chunk"):
+        if start == addr:
+            return f"0x{addr:x} is {where}: its first free merged it into the top chunk"
+        return (f"0x{addr:x} lies inside {where} (0x{start:x}, size 0x{size:x}): its first free merged it into "
+                "the top chunk")
+    if start == addr:
+        return f"0x{addr:x} is already a free chunk (size 0x{size:x}) in {where}"
+    return (f"0x{addr:x} lies inside the free chunk 0x{start:x} (size 0x{size:x}) in {where}: its first free "
+            "merged it into the free chunk before it")
 
 
 def _chunk_boundaries(heap: Heap, addrs: set[int]) -> set[int]:
@@ -408,7 +536,15 @@ def find_rejected_chunk(heap: Heap, kind: str, tid: int | None) -> tuple[HeapChu
     addrs = {c for cand in values for c in (cand.value - 2 * SIZE_SZ, cand.value)
              if not c & (MALLOC_ALIGNMENT - 1)}
     boundaries = _chunk_boundaries(heap, addrs)
-    for tier in ("boundary", "in-heap", "own-mapping"):
+    for tier in ("boundary", "held-free", "in-heap", "own-mapping"):
+        if tier == "held-free":
+            # no chunk on the walk fails the check: a second free of a chunk glibc holds free (merged into a free
+            # neighbour on a bin, or into the top) fails it by that neighbour -- before any value that is no
+            # chunk boundary is taken for one
+            held = _held_free(heap, values) if kind in _MERGED_FREE else None
+            if held is not None:
+                return held
+            continue
         for cand in values:
             v = cand.value
             for c_addr in (v - 2 * SIZE_SZ, v):
@@ -431,6 +567,19 @@ def find_rejected_chunk(heap: Heap, kind: str, tid: int | None) -> tuple[HeapChu
                     chunk = _chunk(heap, c_addr, region, ChunkState.IN_USE)
                     assert chunk is not None
                     return chunk, cand.where, found
+    return None
+
+
+def _held_free(heap: Heap, values: list[Candidate]) -> tuple[HeapChunk, str, list[str]] | None:
+    """The first value whose chunk glibc holds free (a bin's, or inside one or the top), with the proof."""
+    for cand in values:
+        for c_addr in (cand.value - 2 * SIZE_SZ, cand.value):
+            if c_addr & (MALLOC_ALIGNMENT - 1) or heap.region_of(c_addr) is None:
+                continue
+            why = freed_before(heap, c_addr)
+            chunk = _chunk(heap, c_addr, heap.region_of(c_addr), ChunkState.FREE) if why else None
+            if chunk is not None and why is not None:
+                return chunk, cand.where, [why]
     return None
 
 
@@ -669,23 +818,88 @@ def _base(path: str | None) -> str:
     return (path or "?").rsplit("/", 1)[-1]
 
 
-def _locate(heap: Heap, kind: str, tid: int | None, tcaches: Sequence[int],
-            problems: list[str]) -> tuple[HeapChunk, str, list[str]] | None:
-    """The chunk check ``kind`` rejected (chunk, where it was found, inconsistencies), or None."""
+def _freed_pointer(heap: Heap, frames: Sequence[FrameRegisters], problems: list[str]) -> FreedPointer | None:
+    """The chunk glibc's free path was given, from the crashing thread's frames' registers and libc's DWARF."""
+    if not frames:
+        return None
+    path = heap.glibc.library.path
+
+    def in_libc(pc: int) -> bool:
+        m = heap.core.find_mapping(pc)
+        return m is not None and m.path == path
+
+    def read_u64(addr: int) -> int | None:
+        try:
+            return heap.hm.u64(addr)
+        except HeapValidationError:
+            return None
+
+    return find_freed_pointer(heap.glibc, frames, spec_of(heap.core.arch).dwarf_registers, in_libc=in_libc,
+                              read_u64=read_u64, problems=problems)
+
+
+def _given_chunk(heap: Heap, kind: str, given: FreedPointer,
+                 problems: list[str]) -> tuple[HeapChunk, str, list[str], int | None] | None:
+    """The chunk free() was given as the one check ``kind`` rejected: when it fails the check, or glibc already
+    holds it free (a second free that the check caught by a neighbour); None (said why) when it passes.
+    The last item is the neighbour whose header the check read, when it is not the next chunk (unlink's)."""
+    region = heap.region_of(given.chunk)
+    chunk = _chunk(heap, given.chunk, region)
+    if chunk is None:
+        problems.append(f"the chunk free() was given, 0x{given.chunk:x} ({given.words}), is not in the core")
+        return None
+    if kind == "bins":  # a check of unlink_chunk while free() merged the chunk with a free neighbour
+        unlink = _test_unlink(heap, chunk, region) if region is not None else None
+        if unlink is None:
+            return None
+        return chunk, given.words, unlink[0], unlink[1]
+    found = _test(heap, kind, given.chunk, region)
+    why = freed_before(heap, given.chunk) if region is not None and kind in _MERGED_FREE else None
+    if not found and why is None:
+        problems.append(f"the chunk free() was given, 0x{given.chunk:x} ({given.words}), passes this check as the "
+                        "core shows it; the chunk named is one of the values the crashing thread holds")
+        return None
+    state = ChunkState.FREE if why is not None and not found else ChunkState.IN_USE
+    return _chunk(heap, given.chunk, region, state) or chunk, given.words, found or [why or ""], None
+
+
+def _as4(found: tuple[HeapChunk, str, list[str]] | None) -> tuple[HeapChunk, str, list[str], int | None] | None:
+    return (*found, None) if found is not None else None
+
+
+def _locate(heap: Heap, kind: str, tid: int | None, tcaches: Sequence[int], problems: list[str],
+            frames: Sequence[FrameRegisters] = ()) -> tuple[HeapChunk, str, list[str], int | None] | None:
+    """The chunk check ``kind`` rejected (chunk, where it was found, inconsistencies, the neighbour whose header
+    the check read when not the next chunk), or None: the pointer free() was given, read from the frames'
+    registers, else among the values the crashing thread holds."""
     if kind == "tcache-double":
         for t in tcaches:
             heap.cached |= tcache_entries(heap.hm, heap.layout, t)
+    if kind == "bins":  # unlink's checks: met by free() merging chunks, else by malloc sorting its lists
+        given = _freed_pointer(heap, frames, problems)
+        found4 = _given_chunk(heap, kind, given, problems) if given is not None else None
+        if found4 is not None:
+            return found4
     if kind in ("bins", "fast-list", "top-size"):
-        return _list_damage(heap, kind)
+        return _as4(_list_damage(heap, kind))
     if kind == "tcache-list":
-        return _tcache_damage(heap, tcaches)
+        return _as4(_tcache_damage(heap, tcaches))
+    given = _freed_pointer(heap, frames, problems)
+    if given is not None:
+        found4 = _given_chunk(heap, kind, given, problems)
+        if found4 is not None:
+            return found4
     found = find_rejected_chunk(heap, kind, tid)
+    if found is not None and found[0].state is ChunkState.FREE:
+        problems.append("the pointer free() was given was not read from the frames' registers (no libc debug file, "
+                        "or no unwound frame keeps it): the chunk named is the first value the crashing thread "
+                        "holds that glibc holds free, and another such value would fail this check alike")
     if found is None and kind in _WALKABLE:
         found = _walk_damage(heap, kind)
         if found is not None:
             problems.append("the pointer glibc was freeing is no longer among the values the crashing thread "
                             "holds; the chunk named is the first header of its heap that fails this check")
-    return found
+    return _as4(found)
 
 
 def _find_overflowed(heap: Heap, kind: str, rejected: HeapChunk, damaged: HeapChunk, inconsistencies: list[str],
@@ -694,6 +908,12 @@ def _find_overflowed(heap: Heap, kind: str, rejected: HeapChunk, damaged: HeapCh
     overflowed: HeapChunk | None = None
     why_not = None
     double_free = kind in _DOUBLE_FREE
+    if not double_free and kind in _MERGED_FREE and heap.region_of(rejected.address) is not None:
+        why = freed_before(heap, rejected.address)
+        if why is not None:  # glibc holds the chunk free already: freed twice, whatever neighbour the check read
+            double_free = True
+            if why not in inconsistencies:
+                inconsistencies.append(why)
     if kind == "top":
         arena = heap.arena(rejected.arena) if rejected.arena is not None else None
         if arena is not None and (rejected.size > arena.system_mem or rejected.size & (MALLOC_ALIGNMENT - 1)):
@@ -701,7 +921,7 @@ def _find_overflowed(heap: Heap, kind: str, rejected: HeapChunk, damaged: HeapCh
             inconsistencies.append(f"its size 0x{rejected.size:x} exceeds the arena's system_mem "
                                    f"0x{arena.system_mem:x}: the top chunk's header was written over")
     if double_free:
-        why_not = "this check catches a chunk freed twice, not a write past a buffer"
+        pass  # the verdict says it (a second free, not a write past a buffer)
     elif damaged.address != rejected.address and rejected.address + rejected.size == damaged.address:
         overflowed = rejected
     else:
@@ -720,6 +940,17 @@ def _add_header_lines(heap: Heap, damaged: HeapChunk, overflowed: HeapChunk | No
                      f"size 0x{damaged.size:x}" if line.startswith("size:") else line)
         if topic not in said:
             inconsistencies.append(line)
+
+
+def _second_free(heap: Heap, rejected: HeapChunk, inconsistencies: Sequence[str]) -> str:
+    """The verdict on a double free: the pointer freed twice, its chunk, and what shows glibc held it free."""
+    proof = next((i for i in inconsistencies if i.startswith(f"0x{rejected.address:x} ") and "free" in i),
+                 None) or next((i for i in inconsistencies if "free" in i or "top chunk" in i), None)
+    region = heap.region_of(rejected.address)
+    size = "" if region is not None and region.top == rejected.address else f", size 0x{rejected.size:x}"
+    return (f"a second free of 0x{rejected.mem:x} (its chunk at 0x{rejected.address:x}{size}), not a write past a "
+            "buffer" + (f": {proof}" if proof else "")
+            + "; glibc keeps no record of the first free (who made it is not in the core)")
 
 
 def own_size_rewritten(overflowed: HeapChunk, damaged: HeapChunk, owner: BufferOwner | None,
@@ -761,8 +992,13 @@ def _owner_of(overflowed: HeapChunk, owners: Sequence[tuple[BufferOwner, NativeC
 def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches: Sequence[int] = (),
                     owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (),
                     is_python: bool = False, locals_problem: str | None = None,
-                    owner_lookup: Callable[[int, int], BufferOwner | None] | None = None) -> HeapCorruption:
-    """The anatomy of the corruption behind glibc's ``message`` in the thread ``tid``."""
+                    owner_lookup: Callable[[int, int], BufferOwner | None] | None = None,
+                    frames: Sequence[FrameRegisters] = ()) -> HeapCorruption:
+    """The anatomy of the corruption behind glibc's ``message`` in the thread ``tid``.
+
+    :param frames: the registers of the thread's frames, innermost first: the pointer free() was given is read
+        from them through libc's DWARF before the thread's other values are searched
+    """
     check = classify_message(message)
     if check is None:
         return HeapCorruption(message=message, check="not one of glibc malloc's checks", rejected=None,
@@ -771,7 +1007,7 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
                               overflow_exact=False, overflow_basis="", first_bytes="",
                               verdict_reason="glibc's message does not name a malloc check")
     problems: list[str] = []
-    found = _locate(heap, check.kind, tid, tcaches, problems)
+    found = _locate(heap, check.kind, tid, tcaches, problems, frames)
     if found is None:
         return HeapCorruption(message=message, check=check.looks_at, rejected=None, rejected_found_by=None,
                               damaged=None, inconsistencies=(), overflowed=None, usable_size=None, buffer_size=None,
@@ -780,8 +1016,10 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
                               verdict_reason="the chunk glibc rejected was not found",
                               problems=(f"no value the crashing thread holds (registers, {STACK_WINDOW >> 10} KiB "
                                         "of stack) and no free list points at a chunk that fails this check",))
-    rejected, found_by, inconsistencies = found
-    if check.kind in _OWN_HEADER or check.kind in ("bins", "fast-list", "top-size", "tcache-list"):
+    rejected, found_by, inconsistencies, neighbour = found
+    if neighbour is not None:  # unlink's check on the free neighbour free() merged the chunk with
+        damaged = _chunk(heap, neighbour, heap.region_of(neighbour)) or rejected
+    elif check.kind in _OWN_HEADER or check.kind in ("bins", "fast-list", "top-size", "tcache-list"):
         damaged = rejected
     else:
         damaged = _chunk(heap, rejected.address + rejected.size, heap.region_of(rejected.address)) or rejected
@@ -823,11 +1061,12 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
                 exact = True
     verdict, reason = decide(owner, call, past_buffer, is_python, locals_problem)
     if double_free:
-        reason = f"glibc caught a second free of 0x{rejected.mem:x}, not a write past a buffer"
+        reason = _second_free(heap, rejected, inconsistencies)
     kind = HeapFailureKind.DOUBLE_FREE if double_free else \
         HeapFailureKind.OVERFLOW if overflowed is not None else HeapFailureKind.UNDETERMINED
     return HeapCorruption(
-        message=message, check=check.looks_at, rejected=rejected, rejected_found_by=found_by, damaged=damaged,
+        message=message, check=check.looks_at, rejected=rejected, rejected_found_by=found_by,
+        damaged=None if double_free else damaged,  # a second free damaged no header
         inconsistencies=tuple(inconsistencies), overflowed=overflowed, usable_size=usable, buffer_size=buffer_size,
         overflow_length=past_buffer if past_buffer is not None else past_usable, overflow_past_usable=past_usable,
         overflow_exact=exact, overflow_basis=basis, first_bytes=first.hex(), owner=owner, call=call,

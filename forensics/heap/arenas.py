@@ -44,7 +44,7 @@ class ArenaInfo:
 class Heap:
     """glibc's heap in one core: where it is, how it is laid out, its arenas."""
 
-    __slots__ = ("glibc", "hm", "core", "arenas", "sbrk_base", "problems", "core_page_size", "cached")
+    __slots__ = ("glibc", "hm", "core", "arenas", "sbrk_base", "problems", "core_page_size", "cached", "free_index")
 
     def __init__(self, *, glibc: Glibc, hm: HeapMemory, core: CoreFile, arenas: list[ArenaInfo], sbrk_base: int | None,
                  problems: list[str], core_page_size: int = 4096, cached: set[int] | None = None) -> None:
@@ -57,6 +57,9 @@ class Heap:
         self.core_page_size = core_page_size
         #: user pointers in tcache lists (filled when a check needs them)
         self.cached: set[int] = set() if cached is None else cached
+        #: the free chunks glibc keeps in its arenas' bins, and their top chunks, by address: (address, size, where)
+        #: (read once, when a check needs them: :func:`forensics.heap.anatomy.free_chunks`)
+        self.free_index: list[tuple[int, int, str]] | None = None
 
     @property
     def layout(self) -> MallocLayout:

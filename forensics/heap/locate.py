@@ -75,6 +75,8 @@ class Glibc:
     mp_source: str
     tcache_tls: int | None  # offset of the ``tcache`` TLS variable in libc's TLS block (debug symbols)
     arena_tls: int | None  # offset of ``thread_arena``
+    build_id: str | None = None  # libc's, as the debug file was found by
+    malloc_anchor: int | None = None  # ``_int_malloc``'s link-time address in the debug file: malloc.c's unit
 
     @property
     def version_text(self) -> str | None:
@@ -320,7 +322,8 @@ def find_glibc(core: CoreFile, mem: CoreMemory, *, sysroot: str | None = None,
     tls = {k: symbols[k].value for k in ("tcache", "thread_arena") if k in symbols and symbols[k].type == 6}
     return Glibc(library=libc, bias=bias, version=version, version_source=version_source, layout=layout,
                  debug_file=debug, main_arena=main_arena, main_arena_source=source, mp=mp, mp_source=mp_source,
-                 tcache_tls=tls.get("tcache"), arena_tls=tls.get("thread_arena"))
+                 tcache_tls=tls.get("tcache"), arena_tls=tls.get("thread_arena"), build_id=build_id,
+                 malloc_anchor=symbols["_int_malloc"].value if "_int_malloc" in symbols else None)
 
 
 def _tls_windows(hm: HeapMemory, fs_bases: list[int], above: bool) -> dict[int, tuple[int, list[int]]]:

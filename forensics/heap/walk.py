@@ -47,6 +47,7 @@ __all__ = [
     "RESYNC_WINDOW",
     "for_each_arena",
     "for_each_heap_of_arena",
+    "for_each_bin_chunk",
     "validate_bin",
     "validate_fastbin",
     "validate_tcache_bin",
@@ -357,44 +358,58 @@ def _check_in_heap(regions: list[Region], addr: int) -> Region:
     raise HeapValidationError(addr, "outside every heap of the arena")
 
 
-def validate_bin(hm: HeapMemory, layout: MallocLayout, arena: int, index: int, regions: list[Region],
-                 *, limit: int = MAX_LIST) -> HeapBin:
-    """Walk bin ``index`` (1: unsorted, 2-63: small, 64-126: large) of ``arena`` through its fd links.
+def for_each_bin_chunk(hm: HeapMemory, layout: MallocLayout, arena: int, index: int, regions: list[Region],
+                       *, limit: int = MAX_LIST) -> Iterator[HeapChunk]:
+    """The chunks of bin ``index`` (1: unsorted, 2-63: small, 64-126: large) of ``arena``, through its fd links.
 
     Every entry is checked: inside a heap of the arena, aligned, its size of the
-    bin's class (small bins), ``fd->bk == p``.  A failed check ends the walk with
-    ``broken_at`` and ``problem``; the entries before it are counted.
+    bin's class (small bins), a free chunk's footer, ``fd->bk == p``.
+
+    :raises HeapValidationError: at the first entry that fails a check (after the entries before it)
     """
-    kind = "unsorted" if index == 1 else "small" if index < 64 else "large"
     head = layout.bin_address(arena, index)
-    size_class = smallbin_chunk_size(index) if kind == "small" else None
+    size_class = smallbin_chunk_size(index) if 2 <= index < 64 else None
     count = 0
     prev = head
+    fd, _bk = hm.pair(head + 2 * SIZE_SZ)
+    cur = fd
+    while cur != head:
+        if count >= limit:
+            raise HeapValidationError(cur, f"more than {limit:,} entries")
+        if cur & (MALLOC_ALIGNMENT - 1):
+            raise HeapValidationError(cur, f"entry after 0x{prev:x} is misaligned")
+        region = _check_in_heap(regions, cur)
+        chunk = validate_chunk(hm, cur, region)
+        if size_class is not None and chunk.size != size_class:
+            raise HeapValidationError(cur, f"size 0x{chunk.size:x} in the 0x{size_class:x} bin")
+        # a free chunk's footer: the next chunk's prev_size is its size, and PREV_INUSE is clear
+        if chunk.address + chunk.size + 2 * SIZE_SZ <= region.end:
+            n_prev, n_size = hm.pair(chunk.address + chunk.size)
+            if n_size & PREV_INUSE:
+                raise HeapValidationError(cur, "the next chunk's PREV_INUSE is set: this chunk is in use")
+            if n_prev != chunk.size:
+                raise HeapValidationError(cur, f"the next chunk's prev_size 0x{n_prev:x} is not its size "
+                                               f"0x{chunk.size:x}")
+        nfd, nbk = hm.pair(cur + 2 * SIZE_SZ)
+        if nbk != prev:
+            raise HeapValidationError(cur, f"bk 0x{nbk:x} does not point back to 0x{prev:x}")
+        count += 1
+        yield chunk
+        prev, cur = cur, nfd
+
+
+def validate_bin(hm: HeapMemory, layout: MallocLayout, arena: int, index: int, regions: list[Region],
+                 *, limit: int = MAX_LIST) -> HeapBin:
+    """Walk bin ``index`` (1: unsorted, 2-63: small, 64-126: large) of ``arena`` through its fd links
+    (:func:`for_each_bin_chunk`'s checks).  A failed check ends the walk with ``broken_at`` and ``problem``;
+    the entries before it are counted.
+    """
+    kind = "unsorted" if index == 1 else "small" if index < 64 else "large"
+    size_class = smallbin_chunk_size(index) if kind == "small" else None
+    count = 0
     try:
-        fd, _bk = hm.pair(head + 2 * SIZE_SZ)
-        cur = fd
-        while cur != head:
-            if count >= limit:
-                raise HeapValidationError(cur, f"more than {limit:,} entries")
-            if cur & (MALLOC_ALIGNMENT - 1):
-                raise HeapValidationError(cur, f"entry after 0x{prev:x} is misaligned")
-            region = _check_in_heap(regions, cur)
-            chunk = validate_chunk(hm, cur, region)
-            if size_class is not None and chunk.size != size_class:
-                raise HeapValidationError(cur, f"size 0x{chunk.size:x} in the 0x{size_class:x} bin")
-            # a free chunk's footer: the next chunk's prev_size is its size, and PREV_INUSE is clear
-            if chunk.address + chunk.size + 2 * SIZE_SZ <= region.end:
-                n_prev, n_size = hm.pair(chunk.address + chunk.size)
-                if n_size & PREV_INUSE:
-                    raise HeapValidationError(cur, "the next chunk's PREV_INUSE is set: this chunk is in use")
-                if n_prev != chunk.size:
-                    raise HeapValidationError(cur, f"the next chunk's prev_size 0x{n_prev:x} is not its size "
-                                                   f"0x{chunk.size:x}")
-            nfd, nbk = hm.pair(cur + 2 * SIZE_SZ)
-            if nbk != prev:
-                raise HeapValidationError(cur, f"bk 0x{nbk:x} does not point back to 0x{prev:x}")
+        for _chunk in for_each_bin_chunk(hm, layout, arena, index, regions, limit=limit):
             count += 1
-            prev, cur = cur, nfd
     except HeapValidationError as e:
         return HeapBin(kind=kind, index=index, chunk_size=size_class, count=count, broken_at=e.address,
                        problem=e.reason)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model import HeapChunk, HeapCorruption, HeapReport
+from ..model import HeapChunk, HeapCorruption, HeapFailureKind, HeapReport
 
 __all__ = ["heap_section"]
 
@@ -107,6 +107,8 @@ def heap_section(heap: HeapReport) -> dict[str, Any] | None:
         if c.overflowed is not None:
             summary = _overflow_summary(c, c.overflowed)
             brief = _overflow_summary(c, c.overflowed, brief=True)
+        elif c.kind is HeapFailureKind.DOUBLE_FREE:
+            summary = f"Conclusion: {c.verdict_reason}; glibc aborted with \"{c.message}\" ({c.check})."
         elif c.rejected is not None:
             found = "; ".join(c.inconsistencies) or "the overflowing buffer was not found"
             summary = f"glibc rejected the chunk at {_hexaddr(c.rejected.address)} ({c.check}); {found}."

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..model import HeapArena, HeapBin, HeapChunk, HeapCorruption, HeapReport, HeapSummary
+from ..model import HeapArena, HeapBin, HeapChunk, HeapCorruption, HeapFailureKind, HeapReport, HeapSummary
 
 __all__ = ["format_heap", "format_heap_corruption", "format_heap_summary"]
 
@@ -28,7 +28,10 @@ def _chunk(c: HeapChunk) -> str:
 def format_heap_corruption(c: HeapCorruption) -> Iterator[str]:
     """Lines for a heap corruption, the verdict first: who wrote past the buffer (or why the heap cannot
     say), then the rejected chunk, the buffer, the overflow and the native call."""
-    yield f"  verdict:         {c.verdict.value} ({c.verdict_words}): {c.verdict_reason}"
+    if c.kind is HeapFailureKind.DOUBLE_FREE:  # who wrote past a buffer does not apply: none was
+        yield f"  verdict:         {c.kind.value}: {c.verdict_reason}"
+    else:
+        yield f"  verdict:         {c.verdict.value} ({c.verdict_words}): {c.verdict_reason}"
     yield f"  glibc checked:   {c.check}" + (f' ("{c.message}")' if c.message else "")
     if c.rejected is not None:
         yield f"  rejected chunk:  {_chunk(c.rejected)}, state {c.rejected.state.value}" + (

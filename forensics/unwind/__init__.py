@@ -50,7 +50,7 @@ from ..core.memory import CoreMemory
 from ..core.rtsigframe import is_anonymous_trampoline, read_saved_registers
 from ..core.symtab import file_identity
 from ..errors import UnwinderUnavailable
-from ..model import Arch, CoreFile, Library, LibraryStatus, NativeFrame, NativeStack
+from ..model import Arch, CoreFile, FrameRegisters, Library, LibraryStatus, NativeFrame, NativeStack
 from ..modes import Unwinder
 from . import libdw as L
 from .coreattach import CoreState
@@ -114,6 +114,9 @@ class _Unwinder:
         self.core = core
         self.sysroot = sysroot
         self.dwarf_sp = spec_of(core.arch).dwarf_sp  # the stack pointer's DWARF number on the core's machine
+        self.dwarf_names = spec_of(core.arch).dwarf_registers  # the registers' names by DWARF number
+        self.callee_saved = spec_of(core.arch).callee_saved
+        self.crashed_tid = core.crashed_tid  # the thread whose frames' registers are kept
         self.modules: dict[int, Library] = {}  # Dwfl_Module* -> the library it stands for
         self.given: set[int] = set()  # the modules whose file libdwfl was given
         self._keys: dict[int, tuple] = {}
@@ -222,36 +225,52 @@ class _Unwinder:
                 self.modules[mod] = library
         lib.dwfl_report_end(dwfl, None, None)
 
-    def _thread_pcs(self, dwfl: int, thread: int, state: CoreState) -> tuple[list[tuple[int, bool]], str | None,
-                                                                            bool]:
+    def _thread_pcs(self, dwfl: int, thread: int, state: CoreState
+                    ) -> tuple[list[tuple[int, bool]], str | None, bool, list[tuple[tuple[str, int], ...]] | None]:
         """The thread's (pc, is activation) list, why it stopped short (None: it reached its outermost
-        frame), and whether it stopped in an object whose file was withheld (missing, another build).
+        frame), whether it stopped in an object whose file was withheld (missing, another build), and (the
+        crashed thread only, else None) the registers libdwfl recovered in each of those frames.
 
         At qemu-user's sigreturn trampoline the unwind goes on from the registers its signal frame saved."""
         pcs: list[tuple[int, bool]] = []
         # (pc, stack pointer) -> frame number: a frame equal to an earlier one starts the same frames again
         seen: dict[tuple[int, int], int] = {}
         tid = self.lib.dwfl_thread_tid(thread)
+        regs_of: list[tuple[tuple[str, int], ...]] | None = \
+            [] if tid == self.crashed_tid and self.lib.dwfl_frame_reg is not None else None
         try:
             for _ in range(MAX_RESUMES + 1):
-                error, withheld, tramp_sp = self._unwind_from(dwfl, thread, pcs, seen)
+                error, withheld, tramp_sp = self._unwind_from(dwfl, thread, pcs, seen, regs_of)
                 if tramp_sp is None:
-                    return pcs, error, withheld
+                    return pcs, error, withheld, regs_of
                 assert self.mem is not None
                 regs = read_saved_registers(self.mem, tramp_sp)
                 if regs is None:
                     return pcs, (f"unwinding stopped at frame {len(pcs)}, qemu-user's sigreturn trampoline: no "
-                                 f"signal frame at its stack pointer {tramp_sp:#x} to go on from"), False
+                                 f"signal frame at its stack pointer {tramp_sp:#x} to go on from"), False, regs_of
                 state.resume[tid] = regs
-            return pcs, f"stopped after {MAX_RESUMES} signal frames", False
+            return pcs, f"stopped after {MAX_RESUMES} signal frames", False, regs_of
         finally:
             state.resume.pop(tid, None)
 
-    def _unwind_from(self, dwfl: int, thread: int, pcs: list[tuple[int, bool]], seen: dict[tuple[int, int], int]
-                     ) -> tuple[str | None, bool, int | None]:
+    def _frame_registers(self, frame) -> tuple[tuple[str, int], ...]:
+        """The registers libdwfl knows in ``frame`` (dwfl_frame_reg: all in the innermost frame, the ones the
+        callees' CFI restores in a caller), by name."""
+        value = c_uint64()
+        out = []
+        frame_reg = self.lib.dwfl_frame_reg
+        assert frame_reg is not None  # only asked for where libdw has it (_thread_pcs)
+        for number, name in enumerate(self.dwarf_names):
+            if frame_reg(frame, number, byref(value)) == 0:
+                out.append((name, value.value))
+        return tuple(out)
+
+    def _unwind_from(self, dwfl: int, thread: int, pcs: list[tuple[int, bool]], seen: dict[tuple[int, int], int],
+                     regs_of: list[tuple[tuple[str, int], ...]] | None = None) -> tuple[str | None, bool, int | None]:
         """One unwind of the thread (from its registers, or those :attr:`CoreState.resume` holds for it), its
-        frames added to ``pcs``: (why it stopped short, whether in a withheld object, and the stack pointer
-        of qemu-user's sigreturn trampoline where it stopped there to go on from its signal frame)."""
+        frames added to ``pcs`` (and, when ``regs_of`` is a list, each frame's registers to it): (why it stopped
+        short, whether in a withheld object, and the stack pointer of qemu-user's sigreturn trampoline where it
+        stopped there to go on from its signal frame)."""
         lib = self.lib
         loop: list[str] = []
         tramp: list[int] = []
@@ -268,6 +287,8 @@ class _Unwinder:
                                 f"frame #{earlier}: pc {pc.value:#x}, stack pointer {sp:#x})")
                     return L.DWARF_CB_ABORT
             pcs.append((pc.value, activation.value))
+            if regs_of is not None:
+                regs_of.append(self._frame_registers(frame))
             if len(pcs) >= MAX_FRAMES:
                 return L.DWARF_CB_ABORT
             if sp is not None and not activation.value and self._at_sigtramp(pc.value):
@@ -327,14 +348,14 @@ class _Unwinder:
             state = CoreState(lib, self.core, mem)
             if not state.attach(dwfl, elf):
                 raise UnwinderUnavailable(f"cannot read the core's threads: {lib.errmsg()}")
-            raw: list[tuple[int, list[tuple[int, bool]], str | None, bool]] = []
+            raw: list[tuple[int, list[tuple[int, bool]], str | None, bool, list | None]] = []
 
             def on_thread(thread, arg) -> int:
                 try:
-                    pcs, error, withheld = self._thread_pcs(dwfl, thread, state)
+                    pcs, error, withheld, regs_of = self._thread_pcs(dwfl, thread, state)
                 except Exception as e:  # noqa: BLE001 - keep the other threads
-                    pcs, error, withheld = [], f"unwinding failed: {e}", False
-                raw.append((lib.dwfl_thread_tid(thread), pcs, error, withheld))
+                    pcs, error, withheld, regs_of = [], f"unwinding failed: {e}", False, None
+                raw.append((lib.dwfl_thread_tid(thread), pcs, error, withheld, regs_of))
                 return L.DWARF_CB_ABORT if len(raw) >= MAX_THREADS else L.DWARF_CB_OK
 
             callback = L.THREAD_CALLBACK(on_thread)
@@ -344,7 +365,7 @@ class _Unwinder:
             # records once (frozen records, shared), each distinct pc named once
             stacks: dict[tuple, tuple[tuple[NativeFrame, ...], tuple[tuple[int, str, int], ...]]] = {}
             named: dict[tuple[int, bool], list[dict]] = {}
-            for num, (tid, pcs, error, withheld) in enumerate(raw, 1):
+            for num, (tid, pcs, error, withheld, regs_of) in enumerate(raw, 1):
                 key = tuple(pcs)
                 built = stacks.get(key)
                 if built is None:
@@ -357,7 +378,9 @@ class _Unwinder:
                     built = stacks[key] = (_records(frames), _statement_rows(frames))
                 # withheld: no file to unwind further with, gdb has none either
                 threads.append(NativeStack(num=num, tid=tid, frames=built[0], error=error, method=Unwinder.LIBDW,
-                                           stopped_in_withheld=withheld, statement_rows=built[1]))
+                                           stopped_in_withheld=withheld, statement_rows=built[1],
+                                           frame_registers=_frame_registers(pcs, regs_of, named, self.dwarf_names,
+                                                                            self.callee_saved, self.dwarf_sp)))
             return tuple(threads)
         finally:
             if dwfl:
@@ -603,6 +626,37 @@ def _stack_pointer(lib: L.Lib, frame, dwarf_sp: int) -> int | None:
     if lib.dwfl_frame_reg(frame, dwarf_sp, byref(value)) != 0:
         return None
     return value.value
+
+
+def _frame_registers(pcs: list[tuple[int, bool]], regs_of: list | None, named: dict[tuple[int, bool], list[dict]],
+                     names: tuple[str, ...], callee_saved: tuple[str, ...], dwarf_sp: int
+                     ) -> tuple[FrameRegisters, ...]:
+    """Each physical frame's registers as records, indexed as its frame among the stack's named frames (the
+    physical frame is the last of the frames its pc names: its inlined frames come before it).
+
+    A frame reached through a return address keeps the callee-saved registers and its stack pointer only, and a
+    callee-saved register libdwfl does not know there has its callee frame's value: the psABI's rule for a
+    register the callee's CFI does not say it saved, which gdb applies too.  libdwfl 0.188's x86-64 ABI rules
+    name DWARF register 0 (%rax) where %rbx (3) is meant: it carries %rax, a caller-saved register, into
+    every caller unchanged and leaves %rbx unknown in a caller whose callee did not save it (glibc's noreturn
+    ``malloc_printerr`` saves none, so ``_int_free``'s %rbx -- its chunk pointer -- was lost)."""
+    if not regs_of:
+        return ()
+    out: list[FrameRegisters] = []
+    index = 0
+    kept = (*callee_saved, names[dwarf_sp])
+    for (pc, activation), regs in zip(pcs, regs_of, strict=False):
+        index += len(named[(pc, activation)])
+        if out and not activation:
+            known = {n: v for n, v in regs if n in kept}
+            for name in callee_saved:
+                if name not in known:
+                    inner = out[-1].register(name)
+                    if inner is not None:
+                        known[name] = inner
+            regs = tuple((n, known[n]) for n in names if n in known)
+        out.append(FrameRegisters(index=index - 1, pc=pc, activation=activation, registers=regs))
+    return tuple(out)
 
 
 def _records(frames: list[dict]) -> tuple[NativeFrame, ...]:

@@ -225,3 +225,4 @@ def test_a_double_free_is_not_an_overflow(heap_overflow_bin, tmp_path, core_patt
     assert "already in a tcache list" in c.inconsistencies[0]
     assert c.overflowed is None and "second free" in c.verdict_reason
     assert c.kind is HeapFailureKind.DOUBLE_FREE
+
