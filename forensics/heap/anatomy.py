@@ -26,6 +26,7 @@ crashing thread) and the native call it was passed to are matched by
 """
 from __future__ import annotations
 
+import dataclasses
 import struct
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +45,7 @@ from forensics.heap.walk import (
     smallbin_chunk_size,
     tcache_entries,
     validate_bin,
+    validate_chunk,
     validate_fastbin,
     validate_tcache_bin,
 )
@@ -966,15 +968,40 @@ def own_size_rewritten(overflowed: HeapChunk, damaged: HeapChunk, owner: BufferO
         return None
     obj = owner.object
     needed = (buffer_size + SIZE_SZ + MALLOC_ALIGNMENT - 1) & ~(MALLOC_ALIGNMENT - 1)
-    out = (f"the size word of the chunk at 0x{overflowed.address:x} says 0x{overflowed.size:x} ({usable} usable "
-           f"bytes), too small for the {buffer_size}-byte {obj.type_name} it holds (its chunk is at least "
-           f"0x{max(needed, MINSIZE):x}): that chunk's own header was written over, not the next chunk's")
+    out = (f"the size word of the chunk at 0x{overflowed.address:x} reads 0x{overflowed.size:x}, too small for the "
+           f"{buffer_size}-byte {obj.type_name} it holds (its chunk is at least 0x{max(needed, MINSIZE):x}): that "
+           "chunk's own header was written over, not the next chunk's")
     inside = damaged.address - obj.buffer
     if damaged.address != overflowed.address and 0 <= inside < buffer_size:
         out += (f"; the next chunk glibc checked, at 0x{damaged.address:x}, lies {inside} bytes inside the buffer"
                 + (f" (entry {inside // obj.element_size}, byte {inside % obj.element_size})" if obj.element_size
                    else ""))
     return out
+
+
+def _true_size(heap: Heap, chunk: HeapChunk, buffer_size: int) -> int | None:
+    """The size of the chunk at ``chunk`` that holds a ``buffer_size``-byte buffer, read from the heap after it when
+    its own size word was written over: the first size malloc could have given the buffer (its request's chunk
+    size, or up to MINSIZE more, a remainder too small to split) at which the next chunk's header is valid, says
+    its chunk before is in use, and leads to another valid header or the top; None when no such size is."""
+    region = heap.region_of(chunk.address)
+    if region is None:
+        return None
+    needed = max(MINSIZE, (buffer_size + SIZE_SZ + MALLOC_ALIGNMENT - 1) & ~(MALLOC_ALIGNMENT - 1))
+    for size in range(needed, needed + MINSIZE, MALLOC_ALIGNMENT):
+        at = chunk.address + size
+        if at == region.top:
+            return size
+        try:
+            nxt = validate_chunk(heap.hm, at, region)
+            if not nxt.flags & PREV_INUSE:
+                continue
+            if at + nxt.size != region.top:
+                validate_chunk(heap.hm, at + nxt.size, region)
+        except HeapValidationError:
+            continue
+        return size
+    return None
 
 
 def _owner_of(overflowed: HeapChunk, owners: Sequence[tuple[BufferOwner, NativeCall | None]],
@@ -1038,12 +1065,17 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
         if owner is not None and owner.object.buffer == overflowed.mem:
             buffer_size = owner.object.size
         rewritten = own_size_rewritten(overflowed, damaged, owner, buffer_size)
-    if overflowed is not None and rewritten is not None:
+    if overflowed is not None and rewritten is not None and buffer_size is not None:
         # the chunk's own size word was written over: what glibc took for the next chunk is inside the buffer,
-        # and no length past the buffer's end is shown (none is made up)
-        inconsistencies.append(rewritten)
-        damaged = overflowed
-        usable = overflowed.size - SIZE_SZ
+        # and no length past the buffer's end is shown (none is made up); the chunk is sized from the heap after
+        # it, never from the word written over
+        true = _true_size(heap, overflowed, buffer_size)
+        inconsistencies.append(rewritten + (
+            f"; the next chunk's header is at 0x{overflowed.address + true:x}: the chunk is 0x{true:x} bytes"
+            if true is not None else "; no valid header follows where its true size would end it"))
+        damaged = overflowed  # its header as read
+        overflowed = dataclasses.replace(overflowed, size=true) if true is not None else overflowed
+        usable = true - SIZE_SZ if true is not None else None
         basis = "no write past the buffer's end is shown: the chunk's own size word is what was written over"
         first = heap.hm.mem.read_prefix(overflowed.address + SIZE_SZ, SIZE_SZ)
     elif overflowed is not None:

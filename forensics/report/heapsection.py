@@ -15,7 +15,9 @@ def _hexaddr(v: int | None) -> str:
 
 def _buffer_phrase(c: HeapCorruption, over: HeapChunk) -> str:
     """The buffer that overflowed: the Python object holding it and the call it was passed to, or the chunk."""
-    chunk = f"the chunk at {_hexaddr(over.address)} (size {_hexaddr(over.size)}, {c.usable_size} usable bytes)"
+    chunk = (f"the chunk at {_hexaddr(over.address)} (size {_hexaddr(over.size)}, {c.usable_size} usable bytes)"
+             if c.usable_size is not None else
+             f"the chunk at {_hexaddr(over.address)} (its size word written over, its size not found)")
     owner, call = c.owner, c.call
     if owner is None:
         same = c.rejected is not None and c.rejected.address == over.address

@@ -42,9 +42,10 @@ def format_heap_corruption(c: HeapCorruption) -> Iterator[str]:
         yield f"    - {i}"
     if c.overflowed is not None:
         own = c.damaged is not None and c.damaged.address == c.overflowed.address and c.overflow_length is None
-        yield (f"  overflowed:      chunk {_chunk(c.overflowed)}: usable size {c.usable_size} bytes "
-               f"(0x{c.usable_size or 0:x}), " + ("the chunk whose own header was written over" if own
-                                                   else "the chunk before the damaged header"))
+        usable = f"usable size {c.usable_size} bytes (0x{c.usable_size:x})" if c.usable_size is not None else \
+            "its size not found (its size word was written over)"
+        yield (f"  overflowed:      chunk {_chunk(c.overflowed)}: {usable}, "
+               + ("the chunk whose own header was written over" if own else "the chunk before the damaged header"))
         if c.owner is not None:
             o = c.owner.object
             count = f", {o.length} x {o.element_size} bytes" if o.length is not None and o.element_size else ""

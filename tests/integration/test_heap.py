@@ -24,6 +24,7 @@ from tests.crashers.make_core import crash_for_core
 HERE = Path(__file__).resolve().parent.parent / "crashers"
 C_SOURCE = HERE / "heap_overflow.c"
 PY_SOURCE = HERE / "heap_overflow.py"
+CTYPES_OVERFLOW = HERE / "ctypes_overflow.py"
 REQUEST, OVERFLOW = 2000, 24
 
 #: (mode, fill) -> glibc's message: 0x41 keeps PREV_INUSE and makes a huge size, 0x5a clears
@@ -226,3 +227,34 @@ def test_a_double_free_is_not_an_overflow(heap_overflow_bin, tmp_path, core_patt
     assert c.overflowed is None and "second free" in c.verdict_reason
     assert c.kind is HeapFailureKind.DOUBLE_FREE
 
+def test_a_chunk_whose_own_size_word_was_written_over_is_sized_from_the_heap(newest_python, tmp_path, core_pattern):
+    # GIVEN a worker's 36-entry ctypes array (1440 bytes: a 0x5b0 chunk) whose own size word a record written at
+    # values[-1] made 0x425; glibc notices when ctypes' tp_dealloc frees the array (#40: the report said "a
+    # 1440-byte buffer in the chunk ... (size 0x420, 1048 usable bytes)")
+    from forensics.analyze import analyze_core
+    from forensics.report.heapsection import heap_section
+    from tests.conftest import PYTHONS
+
+    run = tmp_path / "run"
+    core, oracle = _crash([PYTHONS[newest_python], str(CTYPES_OVERFLOW), str(run / "oracle.json"), "own-header"], run)
+    analysis = analyze_core(str(core))
+    c = analysis.heap.corruption
+    # THEN the header as read (damaged) is the word written, too small for the array, and no overflow is measured
+    chunk, true = oracle["chunk"], oracle["usable"] + 8
+    assert c.damaged.address == c.overflowed.address == chunk and c.damaged.size == oracle["size_word"] & ~7
+    assert c.buffer_size == oracle["size"] == 1440 and c.overflow_length is None
+    # and the chunk is sized from the heap after it -- the next valid header -- never from the word written over
+    assert c.overflowed.size == true and c.usable_size == oracle["usable"] >= c.buffer_size
+    assert f"the next chunk's header is at 0x{chunk + true:x}: the chunk is 0x{true:x} bytes" in c.inconsistencies[-1]
+    # as gdb reads the core: the size word is the one written, and a header (its chunk before in use) starts at
+    # the chunk's true end
+    gdb = shutil.which("gdb")
+    if gdb is not None:
+        out = subprocess.run([gdb, "-nx", "-batch", "-q", "-c", str(core), "-ex", f"x/2gx {chunk + 8:#x}",
+                              "-ex", f"x/2gx {chunk + true:#x}"], capture_output=True, text=True, timeout=120).stdout
+        words = [int(w, 16) for line in out.splitlines() if ":" in line for w in line.split(":", 1)[1].split()]
+        assert words[0] == oracle["size_word"] and words[3] & 1 and words[3] & ~7 >= 0x20, out
+    # and the report's heap section sizes the array's chunk the same
+    section = heap_section(analysis.heap)["summary"]
+    assert f"in the chunk at 0x{chunk:x} (size 0x{true:x}, {oracle['usable']} usable bytes)" in section, section
+    assert "1048 usable" not in section

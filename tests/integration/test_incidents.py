@@ -440,15 +440,18 @@ def test_a_late_detection_of_a_write_over_the_arrays_own_header(sim, tmp_path, c
     # THEN the damaged header is the array chunk's own, no overflow length is made up, and the "next chunk"
     # glibc checked is named as lying inside the buffer
     assert damaged["address"] == over["address"] and c["overflow_length"] is None
-    assert buffer["size"] == 1440 and over["size"] - 8 < buffer["size"]
+    # the size word (damaged: the header as read) is too small for the array; the chunk (overflowed) is sized
+    # from the heap after it, never from that word (#40)
+    assert buffer["size"] == 1440 and damaged["size"] - 8 < buffer["size"] <= over["size"] - 8 == c["usable_size"]
     own = next(i for i in c["inconsistencies"] if "own header was written over" in i)
-    nxt = over["address"] + over["size"]
+    nxt = damaged["address"] + damaged["size"]
     assert buffer["buffer"] <= nxt < buffer["buffer"] + buffer["size"]
     assert f"lies {nxt - buffer['buffer']} bytes inside the buffer (entry {(nxt - buffer['buffer']) // 40}" in own
     # as gdb reads the core: the array chunk's size word is the one reported (written over: too small for the
     # array), and the "next chunk" header glibc read is the array's own bytes
     size_word = _gdb_words(core, over["address"] + 8, 1)[0]
-    assert size_word & ~7 == over["size"] and size_word.to_bytes(8, "little").hex() == c["first_bytes"]
+    assert size_word & ~7 == damaged["size"] and size_word.to_bytes(8, "little").hex() == c["first_bytes"]
+    assert _gdb_words(core, over["address"] + over["size"] + 8, 1)[0] & 1  # a header there: its chunk before in use
     assert _gdb_words(core, nxt + 8, 1)[0] & ~7 == next(
         int(i.split("size field ")[1].split(":")[0], 16) & ~7 for i in c["inconsistencies"] if "size field" in i)
     # and the reports say what the bytes show, with no length past the end
