@@ -1024,11 +1024,14 @@ class HeapReport:
 class StoreEntry:
     """``Analysis.store``: a core read from systemd-coredump's store (``/var/lib/systemd/coredump``)."""
 
-    path: str  # the compressed file, as given (the analysis read its decompressed copy in the cache)
-    compression: str  # zstd, lz4 or xz
+    path: str  # the compressed file, as given (the analysis read its decompressed copy in the cache); "" for none
+    compression: str  # zstd, lz4 or xz; "" for a crash the journal holds without a core to read
     # systemd-coredump's journal fields for it, COREDUMP_ dropped and lower-cased: unit, cmdline, signal, ...
     journal: tuple[tuple[str, str], ...] = ()
     journal_missing: str | None = None  # why the journal said nothing of it (no journalctl, no entry)
+    # a crash without a core to read: the crashed thread's stack as systemd-coredump logged it ("#0  0x... fn (lib +
+    # 0x...)"), the first frames
+    stack: tuple[str, ...] = ()
 
 
 @record
@@ -1074,7 +1077,8 @@ class BatchEntry:
     mtime: float  # when the crash happened: the bundle's record, else the core file's modification time
     analysis: Analysis | None
     error: str | None
-    no_core: str | None = None  # a metadata-only bundle: why no core was kept
+    no_core: str | None = None  # a metadata-only bundle, or a crash the journal holds alone: why no core was kept
+    store: StoreEntry | None = None  # a crash systemd-coredump's journal holds without a core: what it says
 
     @property
     def partial(self) -> str | None:
@@ -1114,8 +1118,18 @@ class BatchResult:
     total: int
     skipped: tuple[str, ...] = ()  # files in the directories given that are not cores (not analyzed)
     snapshots: tuple[BatchEntry, ...] = ()  # cores of live processes (gcore): no crash, no fingerprint
-    metadata_only: tuple[BatchEntry, ...] = ()  # bundles whose core was not kept
+    metadata_only: tuple[BatchEntry, ...] = ()  # bundles whose core was not kept; crashes the journal holds alone
     sent: tuple[BatchEntry, ...] = ()  # cores of processes another process killed (a sent signal): no crash
+
+    @property
+    def metadata_bundles(self) -> tuple[BatchEntry, ...]:
+        """The bundles whose core was not kept (the core handler's metadata-only crashes)."""
+        return tuple(e for e in self.metadata_only if e.store is None)
+
+    @property
+    def journal_only(self) -> tuple[BatchEntry, ...]:
+        """The crashes systemd-coredump's journal holds without a core to read."""
+        return tuple(e for e in self.metadata_only if e.store is not None)
 
     @property
     def partial(self) -> int:

@@ -152,11 +152,14 @@ def _analyze_one(path: str) -> BatchEntry:
 
 
 def analyze_many(paths: list[str], *, jobs: int = 0, progress: Callable[[BatchEntry], None] | None = None,
-                 skipped: Sequence[str] = (), **options: object) -> tuple[BatchResult, list[BatchEntry]]:
+                 skipped: Sequence[str] = (), listed: Sequence[BatchEntry] = (),
+                 **options: object) -> tuple[BatchResult, list[BatchEntry]]:
     """Analyze every core in ``paths``; ``options`` are :func:`analyze_core`'s keyword arguments.
 
     :param jobs: worker processes (0: one per CPU, at most len(paths))
     :param skipped: the files :func:`find_cores` passed over, carried into the result
+    :param listed: entries with nothing to analyze, counted in the result as they are (crashes systemd-coredump's
+        journal holds without a core)
     :return: the grouped result and every entry in input order
     """
     jobs = jobs or min(os.cpu_count() or 1, 8)
@@ -180,6 +183,7 @@ def analyze_many(paths: list[str], *, jobs: int = 0, progress: Callable[[BatchEn
                 entries.append(e)
                 if progress:
                     progress(e)
+    entries.extend(listed)
     return dataclasses.replace(group_entries(entries), skipped=tuple(skipped)), entries
 
 

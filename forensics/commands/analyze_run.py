@@ -42,6 +42,7 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
 
         paths, skipped = find_cores(inputs)
         single = len(inputs) == 1 and has_manifest(inputs[0]) and not batch
+    journal = [] if single or batch else _journal_only(inputs)
     options = dict(sysroot=sysroot, exe=exe, gdb=gdb_path, timeout=timeout, debuginfod=debuginfod, method=method,
                    native_method=native_method, heap="full" if heap else "auto")
     if single:
@@ -68,32 +69,46 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
             emit(redact_lines(format_analysis(analysis, merged=merged), doc), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
     options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap
-    _analyze_batch(paths, skipped, options, jobs, as_json, output, force)
+    _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journal)
 
 
-def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
+def _journal_only(inputs) -> list:
+    """The crashes systemd-coredump's journal holds without a core, for each input that is its store
+    (:func:`forensics.coredumpd.is_store`): [(the store, its crashes, why its journal was not read or None)]."""
+    from ..coredumpd import is_store, journal_only_crashes
+
+    return [(i, *journal_only_crashes(i)) for i in inputs if is_store(i)]
+
+
+def _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journal=()):
     from ..analyze.batch import analyze_many
     from ..views.signature import signature
     from ..text.analysis import format_batch
     from ..output import json_document, to_jsonable
 
-    if not paths:
+    listed = [e for _store, crashes, _why in journal for e in crashes]
+    unread = [(store, why) for store, _crashes, why in journal if why is not None]
+    if not paths and not listed:
         e = ForensicsError("no cores or capture bundles found in the given directories"
-                           + (f" ({len(skipped)} other files skipped, e.g. {skipped[0]})" if skipped else ""))
+                           + (f" ({len(skipped)} other files skipped, e.g. {skipped[0]})" if skipped else "")
+                           + "".join(f"; {store}: systemd-coredump's journal not read ({why})"
+                                     for store, why in unread))
         e.help_text = ("analyze DIR takes ELF core files (the kernel names them by kernel.core_pattern: cat "
                        "/proc/sys/kernel/core_pattern) and capture bundles (directories with a MANIFEST.json, as the "
                        "core handler keeps them under its directory's crashes/); a compressed core is one bundle's "
                        "core.zst, not a loose file")
         raise e
+    for store, why in unread:  # one line: the crashes whose core systemd-coredump did not store are not listed
+        warn(f"{store}: systemd-coredump's journal not read ({why}): crashes it kept no core of are not listed")
     show_bar = sys.stderr.isatty() and not as_json
     if show_bar:
         import click  # the progress bar of a batch on a terminal: the one use of click here
 
         with click.progressbar(length=len(paths), label="Analyzing cores", file=sys.stderr) as bar:
             result, entries = analyze_many(paths, jobs=jobs, progress=lambda e: bar.update(1), skipped=skipped,
-                                           **options)
+                                           listed=listed, **options)
     else:
-        result, entries = analyze_many(paths, jobs=jobs, skipped=skipped, **options)
+        result, entries = analyze_many(paths, jobs=jobs, skipped=skipped, listed=listed, **options)
     # the signatures name threads: their secrets are learned from each core's command line (not shown), the crashed
     # threads' frames are facts (a value equal to one is not masked there)
     seen = [{"args": e.analysis.snapshot.core.args, "signature": signature(e.analysis),
@@ -120,8 +135,9 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force):
                     "complete": e.analysis.snapshot.is_complete if e.analysis else False,
                     "partial": e.partial,
                     "no_core": e.no_core,
-                    # a core from systemd-coredump's store: its file, compression and journal fields
-                    "store": to_jsonable(e.analysis.store) if e.analysis and e.analysis.store else None,
+                    # a core from systemd-coredump's store: its file, compression and journal fields (a crash its
+                    # journal holds without a core: those fields, the crashed thread's stack, no_core why)
+                    "store": to_jsonable(e.store or (e.analysis.store if e.analysis else None)),
                 }
                 for e in entries
             ],

@@ -10,6 +10,7 @@ from ..views.pyframes import describe_pyframe
 from ..views.signature import describe_later_fault, describe_thread, exit_explanation, signature
 from ..model import (
     Analysis,
+    BatchEntry,
     BatchResult,
     CrashKind,
     NativeFrame,
@@ -199,6 +200,32 @@ def _store_lines(store: StoreEntry) -> Iterator[str]:
     yield "Journal:     " + ("; ".join(shown) or "an entry without a unit, command line or signal")
 
 
+_JOURNAL_STACK_SHOWN = 8  # frames of a journal-only crash's stack in the text (--json has those kept)
+_JOURNAL_STACKS_SHOWN = 20  # the newest crashes whose stack the text shows (the journal lists up to 500)
+
+
+def _journal_crash_lines(e: BatchEntry, *, stack: bool = True) -> Iterator[str]:
+    """A crash systemd-coredump's journal holds without a core: when, the process, its signal, why no core, and
+    (``stack``) the first frames of the crashed thread's stack as systemd-coredump logged them."""
+    assert e.store is not None
+    f = dict(e.store.journal)
+    who = f"PID {f.get('pid', '?')} ({f.get('comm', '?')})"
+    signal = f.get("signal_name") or (f"signal {f['signal']}" if f.get("signal") else "signal ?")
+    yield f"  {_ts(e.mtime)}  {who} {signal}  {(f.get('exe') or f.get('cmdline') or '?')[:_MAX_LINE]}"
+    if f.get("unit") or f.get("container_cmdline"):
+        yield f"    unit: {f.get('unit') or '-'}" + (f"; container: {f['container_cmdline'][:_MAX_LINE]}"
+                                                    if f.get("container_cmdline") else "")
+    yield f"    no core: {e.no_core}"
+    if not stack:
+        return
+    for frame in e.store.stack[:_JOURNAL_STACK_SHOWN]:
+        yield f"    {frame}"
+    if len(e.store.stack) > _JOURNAL_STACK_SHOWN:
+        yield f"    ... {len(e.store.stack) - _JOURNAL_STACK_SHOWN} more frames (--json)"
+    if not e.store.stack:
+        yield "    (no stack in the journal: systemd-coredump logs one only when it could read the core)"
+
+
 def format_batch(result: BatchResult) -> Iterable[str]:
     """The fingerprint table of a batch: distinct crashes, most frequent first; then what was partial,
     unreadable, a kill, a snapshot, metadata only or skipped -- every input is accounted for.  Raw lines: control
@@ -225,8 +252,10 @@ def _batch_head(result: BatchResult) -> Iterator[str]:
         head.append(_count(len(result.sent), "signal", "signals") + " sent by other processes (no crash)")
     if result.snapshots:
         head.append(_count(len(result.snapshots), "snapshot", "snapshots") + " (no crash)")
-    if result.metadata_only:
-        head.append(f"{len(result.metadata_only)} metadata only")
+    if result.metadata_bundles:
+        head.append(f"{len(result.metadata_bundles)} metadata only")
+    if result.journal_only:
+        head.append(f"{len(result.journal_only)} in systemd-coredump's journal only (no core)")
     head.append(_count(len(result.skipped), "file", "files") + " skipped (not cores)")
     yield ", ".join(head)
     yield (f"Found {_count(result.bugs, 'bug', 'bugs')} (distinct fingerprints); the previous fingerprint definition "
@@ -256,11 +285,16 @@ def _batch_apart(result: BatchResult) -> Iterator[str]:
         yield "Snapshots of live processes (no crash, no fingerprint):"
         for e in result.snapshots:
             yield f"  {_ts(e.mtime)}  {e.path}"
-    if result.metadata_only:
+    if result.metadata_bundles:
         yield ""
         yield "Metadata only:"
-        for e in result.metadata_only:
+        for e in result.metadata_bundles:
             yield f"  {_ts(e.mtime)}  {e.path}: metadata only (no core kept: {e.no_core})"
+    if result.journal_only:
+        yield ""
+        yield "Crashes systemd-coredump logged without a core to read (its journal; coredumpctl info PID shows them):"
+        for i, e in enumerate(sorted(result.journal_only, key=lambda e: -e.mtime)):
+            yield from _journal_crash_lines(e, stack=i < _JOURNAL_STACKS_SHOWN)
     if result.skipped:
         yield ""
         yield f"Skipped (not cores): {len(result.skipped)} files"

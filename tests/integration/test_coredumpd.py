@@ -13,6 +13,7 @@ Where systemd runs them, theirs are used.  ``kernel.core_pattern`` is set to Deb
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import resource
@@ -73,34 +74,49 @@ def _start(cmd: list[str], path: str, kind: int, started: list[subprocess.Popen]
         pytest.skip(f"{cmd[0]} did not listen on {path}")
 
 
+def _stop(started: list[subprocess.Popen]) -> None:
+    for p in reversed(started):
+        p.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 @pytest.fixture(scope="module")
-def systemd_coredump():
+def journald():
+    """systemd's journald, listening on its sockets (started here when none is)."""
+    started: list[subprocess.Popen] = []
+    program = shutil.which("systemd-journald", path="/lib/systemd:/usr/lib/systemd")
+    if program is None:
+        pytest.skip("no systemd-journald to keep systemd-coredump's journal")
+    try:
+        _start([program], JOURNAL_SOCKET, socket.SOCK_DGRAM, started)
+        yield
+    finally:
+        _stop(started)
+        if started:  # the sockets ours left (journald makes four): the machine as it was, the next run starts its own
+            for name in _JOURNALD_SOCKETS:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(os.path.dirname(JOURNAL_SOCKET), name))
+
+
+@pytest.fixture(scope="module")
+def systemd_coredump(journald):
     """journald and systemd-coredump's socket, as systemd would run them (started here when missing)."""
     started: list[subprocess.Popen] = []
-    journald = shutil.which("systemd-journald", path="/lib/systemd:/usr/lib/systemd")
     activate = shutil.which("systemd-socket-activate")
-    if journald is None or activate is None:
-        pytest.skip("no systemd-journald / systemd-socket-activate to run systemd-coredump's service as systemd does")
+    if activate is None:
+        pytest.skip("no systemd-socket-activate to run systemd-coredump's service as systemd does")
     try:
-        _start([journald], JOURNAL_SOCKET, socket.SOCK_DGRAM, started)
         _start([activate, "--seqpacket", "--accept", "-l", SOCKET, COREDUMP], SOCKET, socket.SOCK_SEQPACKET, started)
         yield
     finally:
-        for p in reversed(started):
-            p.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        # the sockets ours left (journald makes four): the machine as it was, and the next run starts its own
-        owned = {tuple(p.args): p for p in started}
-        leftovers = ([os.path.join(os.path.dirname(JOURNAL_SOCKET), n) for n in _JOURNALD_SOCKETS]
-                     if (journald,) in owned else [])
-        leftovers += [SOCKET] if any(a[0] == activate for a in owned) else []
-        for path in leftovers:
+        _stop(started)
+        if started:
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                os.unlink(SOCKET)
 
 
 def _unlimited_core() -> None:
@@ -274,3 +290,125 @@ def test_decompression_is_bounded_and_damage_is_one_line(plain_core, tmp_path):
     assert r.returncode == 1, r.stdout
     assert f"{packed}: cannot read core: damaged zstd stream" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _journal_entry(pid: int, timeout: float = 60.0) -> dict | None:
+    """systemd-coredump's journal entry of the crash of ``pid`` (its COREDUMP_PID), once journald has it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = subprocess.run(["journalctl", "--no-pager", "-o", "json", "--all", f"COREDUMP_PID={pid}"],
+                           capture_output=True, text=True, timeout=30)
+        if r.stdout.strip():
+            return json.loads(r.stdout.splitlines()[-1])
+        time.sleep(0.3)
+    return None
+
+
+@pytest.fixture(scope="module")
+def journal_only_crash(journald, plain_core, tmp_path_factory):
+    """A real crash systemd-coredump logged with ``Storage=none``: (the crashed process' pid, its journal entry).
+
+    Its service half (the socket's, systemd-coredump@.service) runs in a mount namespace of this test's own, where
+    ``/etc/systemd/coredump.conf`` says ``Storage=none`` and ``/run/systemd/coredump`` is its socket (journald's
+    sockets bound in as they are), so no other test's systemd-coredump and no machine-wide setting change.  The
+    kernel's half is run in that namespace as the kernel runs it (the core on stdin, ``%P %u %g %s %t %c %h %d``)
+    with a real kernel core of a crashed Python process, while a live process of the same program stands for its
+    ``/proc/PID``, as the core handler's tests feed it; no kernel.core_pattern is written.
+    """
+    if not shutil.which("unshare") or not shutil.which("nsenter") or not shutil.which("systemd-socket-activate"):
+        pytest.skip("no unshare / nsenter / systemd-socket-activate for systemd-coredump in a namespace of its own")
+    ns = tmp_path_factory.mktemp("coredump-ns")
+    (ns / "run-systemd" / "journal").mkdir(parents=True)
+    (ns / "coredump.conf").write_text("[Coredump]\nStorage=none\n")
+    setup = (f"mount --bind /run/systemd/journal {ns}/run-systemd/journal && "
+             f"mount --rbind {ns}/run-systemd /run/systemd && "
+             f"mount --bind {ns}/coredump.conf /etc/systemd/coredump.conf && "
+             f"exec systemd-socket-activate --seqpacket --accept -l {SOCKET} {COREDUMP}")
+    service = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", setup],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fifo = ns / "go"
+    os.mkfifo(fifo)
+    stand_in = subprocess.Popen([sys.executable, "-c", CRASHER, str(fifo)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        if not _wait_for(str(ns / "run-systemd" / "coredump"), socket.SOCK_SEQPACKET):
+            pytest.skip("systemd-coredump's socket did not listen in a mount namespace (no CAP_SYS_ADMIN?)")
+        with open(plain_core, "rb") as core:
+            r = subprocess.run(["nsenter", f"--mount=/proc/{service.pid}/ns/mnt", COREDUMP, str(stand_in.pid), "0",
+                                "0", str(int(signal.SIGSEGV)), str(int(time.time())), "9223372036854775808",
+                                socket.gethostname(), "1"], stdin=core, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        entry = _journal_entry(stand_in.pid)
+        if entry is None:
+            pytest.fail("systemd-coredump logged no journal entry of the crash")
+        yield stand_in.pid, entry
+    finally:
+        stand_in.kill()  # (it waits on its FIFO: it never crashes itself)
+        stand_in.wait()
+        _stop([service])
+
+
+def test_a_crash_whose_core_systemd_coredump_did_not_store_is_listed_from_its_journal(journal_only_crash, tmp_path):
+    pid, entry = journal_only_crash
+    assert "COREDUMP_FILENAME" not in entry  # Storage=none: the journal alone says it happened
+    created = not STORE.exists()
+    STORE.mkdir(parents=True, exist_ok=True)  # as systemd-tmpfiles makes it (coredump.conf's d line)
+    try:
+        # WHEN the store is analyzed (--json and text)
+        env = {"FORENSICS_CACHE": str(tmp_path / "cache")}
+        r = _analyze("--json", str(STORE), env=env)
+        t = _analyze(str(STORE), env=env)
+    finally:
+        if created:
+            with contextlib.suppress(OSError):
+                STORE.rmdir()
+    assert r.returncode in (0, 3, 4) and "Traceback" not in r.stderr, r.stderr
+    # THEN the crash is a row of the batch: what the journal says, why no core, the crashed thread's stack
+    (row,) = [row for row in json.loads(r.stdout)["cores"] if row["path"].startswith(f"journal:{pid}@")]
+    assert row["error"] is None and row["fingerprint"] is None
+    assert row["no_core"].startswith("not stored by systemd-coredump (Storage=none"), row
+    journal = dict(row["store"]["journal"])
+    assert journal["pid"] == str(pid) and journal["signal_name"] == "SIGSEGV" and journal["signal"] == "11"
+    assert journal["exe"] == os.path.realpath(sys.executable) and CRASHER.splitlines()[0] not in journal["exe"]
+    assert journal["timestamp"] == entry["COREDUMP_TIMESTAMP"]
+    # AND its stack is the one coredumpctl shows of the crash (an independent reader of the same journal)
+    info = subprocess.run(["coredumpctl", "--no-pager", "info", str(pid)], capture_output=True, text=True, timeout=60)
+    assert "Storage: none" in info.stdout, info.stdout
+    shown = info.stdout.split("Stack trace of thread", 1)[1].splitlines()[1:]
+    frames = [line.strip() for line in itertools.takewhile(lambda x: x.strip().startswith("#"), shown)]
+    assert frames and row["store"]["stack"] == frames[:32], (row["store"]["stack"], frames)
+    # AND the text lists it with its signal, why there is no core, and its first frames
+    assert t.returncode == r.returncode, t.stderr
+    assert "Crashes systemd-coredump logged without a core to read" in t.stdout, t.stdout
+    block = t.stdout.split(f"PID {pid} (", 1)[1]
+    assert "SIGSEGV" in block.splitlines()[0] and "    no core: not stored by systemd-coredump (Storage=none" in block
+    assert f"    {frames[0]}" in block
+
+
+def test_a_store_copied_with_its_journal_lists_the_crash_and_a_missing_journal_is_one_line(journal_only_crash,
+                                                                                            plain_core, tmp_path):
+    pid, entry = journal_only_crash
+    journal_dir = next((d for d in (Path("/var/log/journal"), Path("/run/log/journal"))
+                        if list(d.glob("*/*.journal"))), None)
+    assert journal_dir is not None
+    copy = tmp_path / "store"
+    copy.mkdir()
+    env = {"FORENSICS_CACHE": str(tmp_path / "cache")}
+    # GIVEN a copy of a node's store holding nothing, and the node's journal (FORENSICS_JOURNAL_DIR)
+    r = _analyze("--json", str(copy), env={**env, "FORENSICS_JOURNAL_DIR": str(journal_dir)})
+    # THEN the crash is listed from that journal
+    assert r.returncode in (0, 3, 4) and "Traceback" not in r.stderr, r.stderr
+    assert [row["no_core"] for row in json.loads(r.stdout)["cores"] if row["path"].startswith(f"journal:{pid}@")]
+    # GIVEN the journal missing WHEN the empty copy is analyzed THEN one error line says so
+    r = _analyze(str(copy), env={**env, "FORENSICS_JOURNAL_DIR": str(tmp_path / "no-journal")})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("forensics: error:")]
+    assert len(errors) == 1 and f"{copy}: systemd-coredump's journal not read (FORENSICS_JOURNAL_DIR " \
+                                f"{tmp_path / 'no-journal'}: No such file or directory)" in errors[0], r.stderr
+    # AND with a core in the copy, the analysis goes on and one warning line says what is not listed
+    (copy / "core.python3.0.0123456789abcdef0123456789abcdef.1.1796143713000000.zst").write_bytes(subprocess.run(
+        ["zstd", "-q", "-c"], input=plain_core.read_bytes(), capture_output=True, check=True).stdout)
+    r = _analyze("--json", str(copy), env={**env, "FORENSICS_JOURNAL_DIR": str(tmp_path / "no-journal")})
+    assert r.returncode in (0, 4) and len(json.loads(r.stdout)["cores"]) == 1, r.stderr
+    warned = [line for line in r.stderr.splitlines() if "systemd-coredump's journal not read" in line]
+    assert len(warned) == 1 and warned[0].startswith("forensics: warning: ") and "not listed" in warned[0], r.stderr
