@@ -61,22 +61,26 @@ class Claims:
         none: both are then claims without evidence."""
         if not isinstance(doc, dict) or not isinstance(doc.get("claims"), list):
             return None
-        claims = []
-        for cl in doc["claims"]:
-            cl = cl if isinstance(cl, dict) else {}
-            text = str(cl.get("text") or "")
-            ev = cl.get("evidence")
-            items = (tuple(ClaimEvidence(key=str(i.get("key") or ""), source=str(i.get("source") or ""),
-                                         fact=str(i["fact"])) for i in ev)
-                     if isinstance(ev, list) and all(isinstance(i, dict) and i.get("fact") for i in ev) else ())
-            claims.append(RecordedClaim(text=text, written=str(cl.get("written") or escape(text)) if cl else "",
-                                        evidence=items))
         incident, template, sentences = doc.get("incident"), doc.get("template"), doc.get("sentences")
         frame = doc.get("frame")
         return cls(incident=None if incident is None else str(incident),
-                   template=None if template is None else str(template), claims=tuple(claims),
+                   template=None if template is None else str(template),
+                   claims=tuple(_recorded_claim(cl) for cl in doc["claims"]),
                    frame=tuple(str(x) for x in frame) if isinstance(frame, list) else (),
                    sentences=tuple(str(s) for s in sentences) if isinstance(sentences, list) else None)
+
+
+def _recorded_claim(cl: object) -> RecordedClaim:
+    """A claim of the record as it was written: one that is not an object reads as an empty one, evidence that is
+    not a list of items each with its fact as none (both are then claims without evidence)."""
+    if not isinstance(cl, dict):
+        return RecordedClaim(text="", written="")
+    text = str(cl.get("text") or "")
+    ev = cl.get("evidence")
+    items = (tuple(ClaimEvidence(key=str(i.get("key") or ""), source=str(i.get("source") or ""), fact=str(i["fact"]))
+                   for i in ev)
+             if isinstance(ev, list) and all(isinstance(i, dict) and i.get("fact") for i in ev) else ())
+    return RecordedClaim(text=text, written=str(cl.get("written") or escape(text)) if cl else "", evidence=items)
 
 
 def claims_path_for(output: str) -> Path:

@@ -240,31 +240,38 @@ def _snippet(f: Facts) -> str:
 
 # ---- the NVIDIA facts ----------------------------------------------------------------------
 
-def _system_facts(f: Facts) -> list[tuple[str, str]]:
-    smi = f.smi
-    rows = [("Distribution", _os_line(f).split(", kernel")[0]),
-            ("Kernel", _v(f.kernel))]
-    gpus = smi.gpus
-    bus_ids = tuple(g.bus_id for g in gpus if g.bus_id) or tuple(
-        g.rsplit("PCI bus ", 1)[-1] for g in f.gpu_lines if "PCI bus " in g)
+def _gpu_rows(f: Facts) -> list[tuple[str, str]]:
+    """The GPUs' rows: bus ids and each value nvidia-smi -q gives (VBIOS, persistence and MIG mode, Fabric
+    Manager), else the bus ids the reproducers read, else the GPUs in words."""
+    gpus = f.smi.gpus
     if gpus:
-        rows.append(("PCI bus ids", ", ".join(g.bus_id for g in gpus)))
+        rows = [("PCI bus ids", ", ".join(g.bus_id for g in gpus))]
         for key, label in (("vbios_version", "VBIOS"), ("persistence_mode", "Persistence mode"),
                            ("mig_mode", "MIG mode"), ("fabric_state", "Fabric Manager state")):
             vals = sorted({v for g in gpus if (v := getattr(g, key))})
             rows.append((label, ", ".join(vals) if vals else "not in nvidia-smi -q"))
-    elif f.gpu_lines:
-        rows.append(("PCI bus ids", ", ".join(g.rsplit("PCI bus ", 1)[-1] for g in f.gpu_lines)))
-        rows.append(("VBIOS, persistence / MIG mode, Fabric Manager", "not captured (no nvidia-smi -q output)"))
-    else:
-        rows.append(("GPUs", _v(f.gpus)))
+        return rows
+    if f.gpu_lines:
+        return [("PCI bus ids", ", ".join(g.rsplit("PCI bus ", 1)[-1] for g in f.gpu_lines)),
+                ("VBIOS, persistence / MIG mode, Fabric Manager", "not captured (no nvidia-smi -q output)")]
+    return [("GPUs", _v(f.gpus))]
+
+
+def _xid_row(f: Facts) -> tuple[str, str]:
+    """The Xids of the driver's kernel log lines, per GPU (the GPUs of the evidence said apart)."""
+    if f.kernel_log is None and not f.bug_report_text:
+        return ("Xid summary", "kernel log not captured")
+    bus_ids = tuple(g.bus_id for g in f.smi.gpus if g.bus_id) or tuple(
+        g.rsplit("PCI bus ", 1)[-1] for g in f.gpu_lines if "PCI bus " in g)
+    xids = xid_summary((f.kernel_log or "") + "\n" + (f.bug_report_text or ""), bus_ids)
+    return ("Xid summary", "; ".join(xids) if xids else "no Xid in the driver's kernel log lines")
+
+
+def _system_facts(f: Facts) -> list[tuple[str, str]]:
+    rows = [("Distribution", _os_line(f).split(", kernel")[0]), ("Kernel", _v(f.kernel))] + _gpu_rows(f)
     links = next((r.header.nvlinks for r in f.repro_runs if r.header.nvlinks), None)
     rows.append(("NVLink", f"{links}, as the reproducers read it" if links else "not in the evidence"))
-    if f.kernel_log is None and not f.bug_report_text:
-        rows.append(("Xid summary", "kernel log not captured"))
-    else:
-        xids = xid_summary((f.kernel_log or "") + "\n" + (f.bug_report_text or ""), bus_ids)
-        rows.append(("Xid summary", "; ".join(xids) if xids else "no Xid in the driver's kernel log lines"))
+    rows.append(_xid_row(f))
     return rows
 
 
@@ -331,15 +338,30 @@ def build_context(f: Facts, template: ReportTemplate, conclusion: Conclusion, kn
                   tool_version: str, footer: list[str], evidence: list[dict[str, str]],
                   reproducer_sources: dict[str, str], form: IssueForm | None = None, nvidia_link: str = "",
                   heap: dict | None = None, now: _dt.datetime | None = None, attachment_dir: str = "") -> ReportContext:
-    """The context of ``template`` from the facts and the conclusion."""
-    native_top, native_more = _native_top(f.native_frames)
-    thread = f"{f.thread_name or 'unnamed'} (tid {f.tid})" if f.tid is not None else UNKNOWN
-    ended = ("the process was aborted" if f.signal == "SIGABRT"
-             else "the process was killed by " + (f.signal or "a signal"))
-    stack_label = (f"Python stack of thread {thread}, read from the core file: CPython printed no traceback "
-                   f"({ended}). Most recent call last:")
-    traceback = "\n".join([stack_label] + _py_lines(f.py_frames)) if f.py_frames else UNKNOWN
-    call = f.query.detail if f.query else UNKNOWN
+    """The context of ``template`` from the facts and the conclusion: the environment, the crash, the
+    reproduction, the runbook's fields, each made by its own function."""
+    d = conclusion.decision
+    workaround = [s.text + (f": `{s.command}`" if s.command else "") for s in d.steps]
+    ctx = ReportContext(
+        template=template, title=make_title(template, f, conclusion, form), conclusion=conclusion,
+        generated_at=(now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
+        tool_version=tool_version, **_environment_fields(f), **_crash_fields(f),
+        snippet=_snippet(f), commands=_commands(f), observed=_observed(f), rate=_rate(f),
+        known_issues=known, unsupported=list(conclusion.unsupported), frequency=list(f.frequency),
+        ruled_out=_ruled_out(f), workaround=workaround,
+        steps=[{"text": st.text, "command": st.command} for st in d.steps],
+        ask=next((r.ask for r in d.routes if r.report is template), ""),
+        upgrade=[u for u in conclusion.upgrade if not (template is ReportTemplate.NVITOP and "nvitop" in u.lower())],
+        attachments=_attachments(f, template, reproducer_sources), attachment_dir=attachment_dir,
+        footer=footer, form=form, nvidia_link=nvidia_link, runbook=_runbook_fields(f, conclusion, evidence, workaround),
+        evidence=evidence, heap=heap,
+    )
+    ctx.missing = [name for name in template.required if _is_unknown(ctx.value(name))]
+    return ctx
+
+
+def _environment_fields(f: Facts) -> dict[str, Any]:
+    """What ran where: the versions, the OS, the GPUs, libnvidia-ml, nvidia-smi, NVIDIA's bug report."""
     versions_prose = (
         f"NVIDIA driver {_v(f.driver)} with NVML {_v(f.nvml)} and CUDA {_v(f.cuda)}; the process mapped "
         f"{_v((f.nvml_library or '').rsplit('/', 1)[-1] or None)}"
@@ -347,35 +369,81 @@ def build_context(f: Facts, template: ReportTemplate, conclusion: Conclusion, kn
         + f". glibc {_v(f.glibc)}, Python {_v(f.python)}, nvidia-ml-py {_v(f.binding)}; "
         f"OS: {_os_line(f)}."
     )
-    crash_prose = (f"{process_name(f)} (pid {f.pid}) " + failure(f)
-                   + (f" in thread {thread}" if f.tid is not None else "")
-                   + (f", in {f.api}" if f.api else "") + (" inside libnvidia-ml" if f.inside_nvml else "")
-                   + (f", called from {f.caller}" if f.caller else "")
-                   + (" while the interpreter was exiting" if f.phase is Phase.EXIT else "") + "."
-                   + (f" Exit {f.exit_explanation.removeprefix('exit ')}." if f.nested and f.exit_explanation else "")
-                   ) if f.has_crash else (
-        f"{process_name(f)} (pid {f.pid}) did not crash: the core is a snapshot of the live process "
-        f"({f.signal or 'no signal'}, as gdb's gcore leaves it)." if f.kind == "snapshot" else UNKNOWN)
+    smi_excerpt = _smi_excerpt(f)
+    return {
+        "nvitop_version": ((f"{f.nvitop}" + (f" (nvitop-exporter {f.exporter})" if f.exporter else ""))
+                           if f.nvitop else UNKNOWN),
+        "os": _os_line(f), "os_image": _v(f.os_image), "os_node": _v(f.os_node), "driver": _v(f.driver),
+        "nvml": _v(f.nvml), "cuda": _v(f.cuda), "glibc": _v(f.glibc), "python": _v(f.python),
+        "kernel": _v(f.kernel), "gpus": _v(f.gpus), "gpu_lines": list(f.gpu_lines),
+        "nvml_library": (f"{f.nvml_library}" + (f" (build-id {f.nvml_build_id})" if f.nvml_build_id else "")
+                         if f.nvml_library else UNKNOWN),
+        "image": _v(f.image), "versions_prose": versions_prose, "smi_excerpt": smi_excerpt,
+        "smi_captured": bool(smi_excerpt), "system_facts": _system_facts(f), "bug_report": _bug_report_line(f),
+        "pyenv": _pyenv(f),
+    }
+
+
+def _bug_report_line(f: Facts) -> str:
+    """Whether NVIDIA's bug report was captured (and redacted), or how to make one."""
+    if f.bug_report_file:
+        masked = "secrets masked by structure" in (f.bug_report or "")  # a capture before the masking: none
+        return (f"captured: {os.path.basename(f.bug_report_file)} is in the capture bundle "
+                + ("(NVIDIA's own file, its secrets masked at capture, host names and addresses not: review it, "
+                   "then attach it)" if masked else "(NVIDIA's own file, not redacted: review it, then attach it)"))
+    if f.bug_report:
+        return f"not captured: {f.bug_report.strip()}"
+    return "not captured: run `sudo nvidia-bug-report.sh` on the node and attach nvidia-bug-report.log.gz"
+
+
+def _thread_words(f: Facts) -> str:
+    return f"{f.thread_name or 'unnamed'} (tid {f.tid})" if f.tid is not None else UNKNOWN
+
+
+def _crash_prose(f: Facts) -> str:
+    """The crash in one or two sentences: who, how, in which thread and call, at which phase."""
+    if not f.has_crash:
+        return (f"{process_name(f)} (pid {f.pid}) did not crash: the core is a snapshot of the live process "
+                f"({f.signal or 'no signal'}, as gdb's gcore leaves it)." if f.kind == "snapshot" else UNKNOWN)
+    return (f"{process_name(f)} (pid {f.pid}) " + failure(f)
+            + (f" in thread {_thread_words(f)}" if f.tid is not None else "")
+            + (f", in {f.api}" if f.api else "") + (" inside libnvidia-ml" if f.inside_nvml else "")
+            + (f", called from {f.caller}" if f.caller else "")
+            + (" while the interpreter was exiting" if f.phase is Phase.EXIT else "") + "."
+            + (f" Exit {f.exit_explanation.removeprefix('exit ')}." if f.nested and f.exit_explanation else ""))
+
+
+def _crash_fields(f: Facts) -> dict[str, Any]:
+    """The crash: its prose, its table, the native stack's top, the Python stack read from the core, the call,
+    the reproducers' verdicts."""
+    native_top, native_more = _native_top(f.native_frames)
+    thread = _thread_words(f)
+    ended = ("the process was aborted" if f.signal == "SIGABRT"
+             else "the process was killed by " + (f.signal or "a signal"))
+    stack_label = (f"Python stack of thread {thread}, read from the core file: CPython printed no traceback "
+                   f"({ended}). Most recent call last:")
     crash_rows = [("Signal", _v(f.signal)), ("glibc message", f.abort_message or "none"),
                   ("Fault address", f.fault or "none"), ("Crashing thread", thread),
                   ("Failing call", _v(f.api)), ("Inside libnvidia-ml", "yes" if f.inside_nvml else "no")]
     if f.exit_status is not None:
         crash_rows.append(("Exit status",
                            f.exit_explanation if f.nested and f.exit_explanation else str(f.exit_status)))
-    commands = _commands(f)
-    smi_excerpt = _smi_excerpt(f)
-    attachments = _attachments(f, template, reproducer_sources)
-    masked = "secrets masked by structure" in (f.bug_report or "")  # a capture before the masking: none
-    bug_report = (f"captured: {os.path.basename(f.bug_report_file)} is in the capture bundle "
-                  + ("(NVIDIA's own file, its secrets masked at capture, host names and addresses not: review it, "
-                     "then attach it)" if masked else "(NVIDIA's own file, not redacted: review it, then attach it)")
-                  if f.bug_report_file
-                  else (f"not captured: {f.bug_report.strip()}" if f.bug_report
-                        else "not captured: run `sudo nvidia-bug-report.sh` on the node and attach "
-                             "nvidia-bug-report.log.gz"))
+    return {
+        "signature": _v(f.signature), "crash_prose": _crash_prose(f), "crash_rows": crash_rows,
+        "process": _v(f.process), "call": f.query.detail if f.query else UNKNOWN,
+        "native_top": native_top or [UNKNOWN], "native_more": native_more,
+        "traceback": "\n".join([stack_label] + _py_lines(f.py_frames)) if f.py_frames else UNKNOWN,
+        "stack_label": stack_label, "logs": "\n".join(native_top), "glibc_message": f.abort_message or "",
+        "verdicts": [f"{_who(r)}: VERDICT: {r.verdict}" if r.verdict else f"{_who(r)}: {r.outcome}"
+                     for r in f.repro_runs],
+    }
+
+
+def _runbook_fields(f: Facts, conclusion: Conclusion, evidence: list[dict[str, str]],
+                    workaround: list[str]) -> dict[str, str]:
+    """The incident record's fields; those the evidence cannot fill stay visibly OPEN."""
     d = conclusion.decision
-    workaround = [s.text + (f": `{s.command}`" if s.command else "") for s in d.steps]
-    runbook = {
+    return {
         "signature": _v(f.signature),
         "first_seen": _v(f.first_seen),
         "affected": "; ".join(list(f.affected) + list(f.frequency)) or UNKNOWN,
@@ -391,36 +459,6 @@ def build_context(f: Facts, template: ReportTemplate, conclusion: Conclusion, kn
                                    for x in conclusion.filings),
         "recurrence": OPEN + " (suggested: any new core with fingerprint " + (f.fingerprint or "?") + ")",
     }
-    ctx = ReportContext(
-        template=template, title=make_title(template, f, conclusion, form), conclusion=conclusion,
-        generated_at=(now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
-        tool_version=tool_version,
-        nvitop_version=((f"{f.nvitop}" + (f" (nvitop-exporter {f.exporter})" if f.exporter else ""))
-                        if f.nvitop else UNKNOWN),
-        os=_os_line(f),
-        os_image=_v(f.os_image), os_node=_v(f.os_node), driver=_v(f.driver), nvml=_v(f.nvml), cuda=_v(f.cuda),
-        glibc=_v(f.glibc), python=_v(f.python), kernel=_v(f.kernel), gpus=_v(f.gpus), gpu_lines=list(f.gpu_lines),
-        nvml_library=(f"{f.nvml_library}" + (f" (build-id {f.nvml_build_id})" if f.nvml_build_id else "")
-                      if f.nvml_library else UNKNOWN),
-        image=_v(f.image), versions_prose=versions_prose, smi_excerpt=smi_excerpt, smi_captured=bool(smi_excerpt),
-        system_facts=_system_facts(f), bug_report=bug_report, pyenv=_pyenv(f),
-        signature=_v(f.signature), crash_prose=crash_prose, crash_rows=crash_rows, process=_v(f.process), call=call,
-        native_top=native_top or [UNKNOWN], native_more=native_more, traceback=traceback, stack_label=stack_label,
-        logs="\n".join(native_top), glibc_message=f.abort_message or "",
-        verdicts=[f"{_who(r)}: VERDICT: {r.verdict}" if r.verdict else f"{_who(r)}: {r.outcome}"
-                  for r in f.repro_runs],
-        snippet=_snippet(f), commands=commands, observed=_observed(f), rate=_rate(f),
-        known_issues=known, unsupported=list(conclusion.unsupported), frequency=list(f.frequency),
-        ruled_out=_ruled_out(f), workaround=workaround,
-        steps=[{"text": st.text, "command": st.command} for st in d.steps],
-        ask=next((r.ask for r in d.routes if r.report is template), ""),
-        upgrade=[u for u in conclusion.upgrade if not (template is ReportTemplate.NVITOP and "nvitop" in u.lower())],
-        attachments=attachments, attachment_dir=attachment_dir,
-        footer=footer, form=form, nvidia_link=nvidia_link, runbook=runbook, evidence=evidence, heap=heap,
-    )
-    ctx.missing = [name for name in template.required if _is_unknown(ctx.value(name))]
-    return ctx
-
 
 
 def _commands(f: Facts) -> list[str]:

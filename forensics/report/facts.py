@@ -21,7 +21,8 @@ from ..fleet.model import FleetSummary
 from ..format import load_analysis, load_batch
 from ..imports.format import load_import_report
 from ..imports.model import ImportReport, KnownIssueHit
-from ..model import Analysis, BatchResult, HeapCorruption, NativeFrame, OverflowVerdict, PyFrame, Thread
+from ..model import (Analysis, BatchResult, HeapCorruption, NativeFrame, NvmlLibrary, OverflowVerdict, PyFrame,
+                     Thread)
 from ..records import record
 from ..reproduce import ReproduceResult, ReproHeader, ReproRun, gpu_lines_of, load_reproduce
 from ..views.signature import exit_explanation, signature
@@ -441,87 +442,125 @@ def _image_of(cap: CaptureDocuments, imports: list[ImportReport]) -> str | None:
 
 def read_facts(ev: Evidence) -> Facts:
     """The facts of ``ev`` (already redacted / localized by the caller): the analysis, the reproducers' result,
-    verify-imports' and fleet's read back into their records first (:func:`_records`)."""
+    verify-imports' and fleet's read back into their records first (:func:`_records`), then each group of facts
+    read by its own function (the crash, the versions, the platform, the setup, how often)."""
     a, repro, imports, fleets = _records(ev)
     batches = [load_batch(d) for d in ev.all("analyze-batch")]
-    # the first fault's thread, and its frames from before any signal handler ran (a crash reporter's
-    # handler that faulted on top is not the crash: analyze puts it in crash.then)
-    crashed = a.fault_thread if a is not None else None
-    native = crashed.interrupted_native_frames if crashed else ()
-    py = (crashed.interrupted_py_frames or ()) if crashed else ()
-    core = a.snapshot.core if a is not None else None
-    crash = a.crash if a is not None else None
     caps = ev.captures()
     cap = caps[0] if caps else CaptureDocuments(bundle_dir=None)  # the first bundle's facts; none: all absent
-    rh = repro.header if repro else ReproHeader()
     mods = _modules(imports, caps)
-    cap_nvml = cap.snapshot.nvml or NvmlFact()
-    node = cap.scheduling.node
-    vi = imports[0] if imports else None
-    api = crashed.nvml_api if crashed else None
-    tid = crashed.tid if crashed else None
-    fault = (f"0x{crash.fault_address:x} ({crash.fault_kind.value if crash.fault_kind else '?'})"
-             if crash and crash.fault_address is not None else None)
+    nvml = a.snapshot.core.nvml if a is not None else None
+    return Facts(
+        **_crash_facts(a), **_thread_facts(a, repro),
+        **_version_facts(a, repro, mods, cap, nvml), **_platform_facts(cap, repro, imports, nvml),
+        **_setup_facts(imports, mods),
+        repro=repro, repro_runs=repro.runs if repro else (), fleets=tuple(fleets),
+        frequency=tuple(_frequency(batches, fleets)), first_seen=_first_seen(caps, batches, a),
+        affected=tuple(_affected(caps)),
+    )
+
+
+def _crash_facts(a: Analysis | None) -> dict[str, Any]:
+    """The crash as the analysis read it (none without one)."""
+    if a is None:
+        return {}
+    core, crash = a.snapshot.core, a.crash
+    return {
+        "analysis": a, "has_crash": a.is_crash,  # a gcore of a live process is no crash
+        "signal": crash.signal_name, "kind": crash.kind.value, "abort_message": crash.abort_message,
+        "fault": (f"0x{crash.fault_address:x} ({crash.fault_kind.value if crash.fault_kind else '?'})"
+                  if crash.fault_address is not None else None),
+        "phase": _phase(a.snapshot.threads), "process": core.args or core.command, "pid": core.pid,
+        "core_time": core.mtime, "signature": signature(a) if a.is_crash else None, "fingerprint": a.fingerprint,
+        "exit_status": crash.exit_status, "exit_explanation": exit_explanation(a),
+        "nested": bool(crash.then or crash.handler),
+        "heap": a.heap.corruption if a.heap is not None else None,
+    }
+
+
+def _thread_facts(a: Analysis | None, repro: ReproduceResult | None) -> dict[str, Any]:
+    """The first fault's thread, and its frames from before any signal handler ran (a crash reporter's handler
+    that faulted on top is not the crash: analyze puts it in crash.then); the call it made."""
+    crashed = a.fault_thread if a is not None else None
+    if a is None or crashed is None:
+        return {"earlier_api": _earlier_api(a, repro),
+                "other_threads": a.snapshot.threads if a is not None else ()}
+    native = crashed.interrupted_native_frames
+    py = crashed.interrupted_py_frames or ()
+    api = crashed.nvml_api
     words: list[str] = []
     for f in native:
         words += [f.symbol or "", f.library or ""]
     for p in py:
         words += [p.file, p.function]
-    gpus = rh.gpu or (f"{'?' if node.gpu_count is None else node.gpu_count} x {node.gpu_product}"
-                             if node.gpu_product else None)
+    return {
+        "thread_name": crashed.name, "tid": crashed.tid, "is_main_thread": crashed.tid == a.snapshot.core.pid,
+        "inside_nvml": crashed.inside_nvml, "api": api, "earlier_api": None if api else _earlier_api(a, repro),
+        "caller": crashed.binding_caller, "query": _query(api, py, repro), "native_frames": native, "py_frames": py,
+        "other_threads": tuple(t for t in a.snapshot.threads if t is not crashed),
+        "frame_words": tuple(w for w in words if w),
+    }
+
+
+def _version_facts(a: Analysis | None, repro: ReproduceResult | None, mods: dict[str, ModuleFact],
+                   cap: CaptureDocuments, nvml: NvmlLibrary | None) -> dict[str, Any]:
+    """The versions: of the Python stack (as imported), the interpreter, glibc, NVML, the driver, CUDA, the
+    kernel -- each from the first source that has it."""
+    rh = repro.header if repro else ReproHeader()
+    node = cap.scheduling.node
+    return {
+        "nvitop": _version(mods, "nvitop"), "exporter": _version(mods, "nvitop_exporter"),
+        "binding": _version(mods, "pynvml") or _binding_from(rh.binding),
+        "python": _python_version(a, repro), "glibc": _glibc(repro), "nvml": rh.nvml,
+        "driver": (nvml.driver_version if nvml else None) or (cap.snapshot.nvml or NvmlFact()).version or rh.driver
+        or node.driver,
+        "cuda": rh.cuda_driver or node.cuda_runtime_major,
+        "kernel": node.kernel or cap.snapshot.kernel or rh.kernel,
+    }
+
+
+def _platform_facts(cap: CaptureDocuments, repro: ReproduceResult | None, imports: list[ImportReport],
+                    nvml: NvmlLibrary | None) -> dict[str, Any]:
+    """The platform: the OS of the image and of the node, the GPUs, the libnvidia-ml.so mapped, nvidia-smi and
+    NVIDIA's bug report, the driver's kernel log, the image."""
+    rh = repro.header if repro else ReproHeader()
+    node = cap.scheduling.node
+    cap_nvml = cap.snapshot.nvml or NvmlFact()
     runs = repro.runs if repro else ()
-    gpu_lines = next((tuple(gpu_lines_of(r.environment)) for r in runs if gpu_lines_of(r.environment)), ())
-    dists = vi.distributions if vi else ()
-    installers = sorted({d.installer for d in dists if d.installer
-                         and d.name.lower() in ("nvitop", "nvitop-exporter", "nvidia-ml-py")})
-    not_ok = tuple(f"{k}: {v.verdict}" + (f" ({v.path})" if v.path else "") for k, v in mods.items() if v.not_ok)
     smi = cap.nvidia_smi or rh.nvidia_smi
     smi = smi if isinstance(smi, str) else None
     bug_text = cap.bug_report_text or None
-    nvml = core.nvml if core else None
-    return Facts(
-        analysis=a, has_crash=a is not None and a.is_crash,  # a gcore of a live process is no crash
-        signal=crash.signal_name if crash else None, kind=crash.kind.value if crash else None,
-        abort_message=crash.abort_message if crash else None, fault=fault,
-        thread_name=crashed.name if crashed else None, tid=tid,
-        is_main_thread=(tid == core.pid) if tid is not None and core else None,
-        phase=_phase(a.snapshot.threads) if a else Phase.UNKNOWN,
-        inside_nvml=bool(crashed and crashed.inside_nvml), api=api, earlier_api=None if api else _earlier_api(a, repro),
-        caller=crashed.binding_caller if crashed else None,
-        query=_query(api, py, repro), native_frames=native, py_frames=py,
-        other_threads=tuple(t for t in a.snapshot.threads if t is not crashed) if a else (),
-        process=(core.args or core.command) if core else None, pid=core.pid if core else None,
-        core_time=core.mtime if core else None,
-        signature=signature(a) if a and a.is_crash else None, fingerprint=a.fingerprint if a else None,
-        frame_words=tuple(w for w in words if w),
-        exit_status=crash.exit_status if crash else None,
-        exit_explanation=exit_explanation(a) if a else None,
-        nested=bool(crash and (crash.then or crash.handler)),
-        nvitop=_version(mods, "nvitop"), exporter=_version(mods, "nvitop_exporter"),
-        binding=_version(mods, "pynvml") or _binding_from(rh.binding),
-        python=_python_version(a, repro), glibc=_glibc(repro), nvml=rh.nvml,
-        driver=((nvml.driver_version if nvml else None) or cap_nvml.version or rh.driver or node.driver),
-        cuda=rh.cuda_driver or node.cuda_runtime_major,
-        kernel=node.kernel or cap.snapshot.kernel or rh.kernel,
-        os_image=pretty_os(cap.os_release_image), os_node=pretty_os(cap.os_release_node),
-        in_container=cap.snapshot.in_container_namespace,
-        gpus=gpus, gpu_lines=gpu_lines,
-        nvml_library=(nvml.path if nvml else None) or cap_nvml.path or rh.libnvidia_ml,
-        nvml_build_id=(nvml.build_id if nvml else None) or cap_nvml.build_id, nvml_origin=cap_nvml.origin,
-        nvidia_smi=smi, bug_report=cap.bug_report_note, smi=smi_facts(smi or bug_text),
-        bug_report_file=cap.bug_report_file, bug_report_text=bug_text,
-        kernel_log=cap.kernel_log, image=_image_of(cap, imports),
-        installer=", ".join(installers) or None,
-        environment_notes=vi.python.notes if vi and vi.python else (),
-        distributions=tuple((d.name, d.version) for d in dists),
-        requirement_problems=tuple(p.message for p in vi.requirement_problems if p.message) if vi else (),
-        version_facts=vi.known_issues if vi else (),
-        shadowing=not_ok, imports_checked=bool(mods), imports=tuple(imports),
-        repro=repro, repro_runs=runs, fleets=tuple(fleets),
-        frequency=tuple(_frequency(batches, fleets)), first_seen=_first_seen(caps, batches, a),
-        affected=tuple(_affected(caps)),
-        heap=a.heap.corruption if a is not None and a.heap is not None else None,
-    )
+    return {
+        "os_image": pretty_os(cap.os_release_image), "os_node": pretty_os(cap.os_release_node),
+        "in_container": cap.snapshot.in_container_namespace,
+        "gpus": rh.gpu or (f"{'?' if node.gpu_count is None else node.gpu_count} x {node.gpu_product}"
+                           if node.gpu_product else None),
+        "gpu_lines": next((tuple(gpu_lines_of(r.environment)) for r in runs if gpu_lines_of(r.environment)), ()),
+        "nvml_library": (nvml.path if nvml else None) or cap_nvml.path or rh.libnvidia_ml,
+        "nvml_build_id": (nvml.build_id if nvml else None) or cap_nvml.build_id, "nvml_origin": cap_nvml.origin,
+        "nvidia_smi": smi, "bug_report": cap.bug_report_note, "smi": smi_facts(smi or bug_text),
+        "bug_report_file": cap.bug_report_file, "bug_report_text": bug_text, "kernel_log": cap.kernel_log,
+        "image": _image_of(cap, imports),
+    }
+
+
+def _setup_facts(imports: list[ImportReport], mods: dict[str, ModuleFact]) -> dict[str, Any]:
+    """The setup as verify-imports read it: how the stack was installed, the distributions, pip check, the known
+    version facts, the modules whose code is not the installed distribution's."""
+    not_ok = tuple(f"{k}: {v.verdict}" + (f" ({v.path})" if v.path else "") for k, v in mods.items() if v.not_ok)
+    out: dict[str, Any] = {"shadowing": not_ok, "imports_checked": bool(mods), "imports": tuple(imports)}
+    if not imports:
+        return out
+    vi = imports[0]
+    installers = sorted({d.installer for d in vi.distributions if d.installer
+                         and d.name.lower() in ("nvitop", "nvitop-exporter", "nvidia-ml-py")})
+    return out | {
+        "installer": ", ".join(installers) or None,
+        "environment_notes": vi.python.notes if vi.python else (),
+        "distributions": tuple((d.name, d.version) for d in vi.distributions),
+        "requirement_problems": tuple(p.message for p in vi.requirement_problems if p.message),
+        "version_facts": vi.known_issues,
+    }
 
 
 def _records(ev: Evidence) -> tuple[Analysis | None, ReproduceResult | None, list[ImportReport], list[FleetSummary]]:

@@ -58,36 +58,36 @@ def _text(v: object, what: str, where: str) -> str:
     return str(v)
 
 
+def _parse_field(i: int, el: object, source: str) -> FormField | None:
+    """``body[i]`` of the form as a field (None for a Markdown element); raises :class:`IssueFormError`."""
+    if not isinstance(el, dict):
+        raise IssueFormError(source, f"body[{i}] is not a mapping")
+    kind = el.get("type")
+    if kind == "markdown":
+        return None
+    if kind not in _KINDS:
+        raise IssueFormError(source, f"body[{i}] has unknown type {kind!r}")
+    attrs = el.get("attributes") or {}
+    if not isinstance(attrs, dict) or not attrs.get("label"):
+        raise IssueFormError(source, f"body[{i}] has no label")
+    valid = el.get("validations") or {}
+    options = tuple((_text(o.get("label"), "an option label", source), bool(o.get("required")))
+                    if isinstance(o, dict) else (_text(o, "an option", source), False)
+                    for o in attrs.get("options") or [])
+    return FormField(
+        id=_text(el.get("id") or f"field-{i}", "an id", source), kind=kind,
+        label=_text(attrs["label"], "a label", source),
+        required=bool(isinstance(valid, dict) and valid.get("required")),
+        render=_text(attrs.get("render"), "render", source) or None, options=options,
+        description=_text(attrs.get("description"), "a description", source),
+    )
+
+
 def parse_form(doc: object, *, source: str, changed: str = "", new_issue_url: str = "") -> IssueForm:
     """An issue form from its parsed YAML/JSON; raises :class:`IssueFormError` for anything else."""
     if not isinstance(doc, dict) or not isinstance(doc.get("body"), list):
         raise IssueFormError(source, "no 'body' list")
-    fields = []
-    for i, el in enumerate(doc["body"]):
-        if not isinstance(el, dict):
-            raise IssueFormError(source, f"body[{i}] is not a mapping")
-        kind = el.get("type")
-        if kind == "markdown":
-            continue
-        if kind not in _KINDS:
-            raise IssueFormError(source, f"body[{i}] has unknown type {kind!r}")
-        attrs = el.get("attributes") or {}
-        if not isinstance(attrs, dict) or not attrs.get("label"):
-            raise IssueFormError(source, f"body[{i}] has no label")
-        valid = el.get("validations") or {}
-        options: list[tuple[str, bool]] = []
-        for o in attrs.get("options") or []:
-            if isinstance(o, dict):
-                options.append((_text(o.get("label"), "an option label", source), bool(o.get("required"))))
-            else:
-                options.append((_text(o, "an option", source), False))
-        fields.append(FormField(
-            id=_text(el.get("id") or f"field-{i}", "an id", source), kind=kind,
-            label=_text(attrs["label"], "a label", source),
-            required=bool(isinstance(valid, dict) and valid.get("required")),
-            render=_text(attrs.get("render"), "render", source) or None, options=tuple(options),
-            description=_text(attrs.get("description"), "a description", source),
-        ))
+    fields = [f for i, el in enumerate(doc["body"]) if (f := _parse_field(i, el, source)) is not None]
     if not fields:
         raise IssueFormError(source, "no input fields")
     labels = doc.get("labels") or []
@@ -151,16 +151,25 @@ def split_fields(body: str) -> list[tuple[str, str]]:
     return [(label, "\n".join(lines).strip()) for label, lines in out]
 
 
+def _field_problems(f: FormField, value: str) -> list[str]:
+    """A filled field's problems: a required one empty, a checkbox option missing."""
+    problems = []
+    if f.required and f.kind != "checkboxes" and value.strip() in ("", NO_RESPONSE):
+        problems.append(f"required form field {f.label!r} is empty")
+    if f.kind == "checkboxes":
+        for option, _required in f.options:
+            if not re.search(r"^- \[[ xX]\] " + re.escape(option) + r"\s*$", value, re.M):
+                problems.append(f"checkbox {option[:60]!r} of {f.label!r} is missing")
+    return problems
+
+
 def check_form_body(body: str, form: IssueForm) -> list[str]:
     """How ``body`` departs from ``form``: fields missing, out of order or extra, required ones empty,
     checkbox options missing.  Empty when the body is the form, filled."""
-    problems = []
     sections = split_fields(body)
     labels = [label for label, _ in sections]
     want = [f.label for f in form.fields]
-    for f in form.fields:
-        if f.label not in labels:
-            problems.append(f"form field {f.label!r} is missing")
+    problems = [f"form field {f.label!r} is missing" for f in form.fields if f.label not in labels]
     extra = [x for x in labels if x not in want]
     if extra:
         problems.append(f"sections not in the form: {', '.join(repr(x) for x in extra)}")
@@ -169,13 +178,6 @@ def check_form_body(body: str, form: IssueForm) -> list[str]:
         problems.append("the form's fields are out of order")
     text = dict(sections)
     for f in form.fields:
-        value = text.get(f.label)
-        if value is None:
-            continue
-        if f.required and f.kind != "checkboxes" and value.strip() in ("", NO_RESPONSE):
-            problems.append(f"required form field {f.label!r} is empty")
-        if f.kind == "checkboxes":
-            for option, _required in f.options:
-                if not re.search(r"^- \[[ xX]\] " + re.escape(option) + r"\s*$", value, re.M):
-                    problems.append(f"checkbox {option[:60]!r} of {f.label!r} is missing")
+        if f.label in text:
+            problems += _field_problems(f, text[f.label])
     return problems

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -145,39 +146,56 @@ def version_tuple(v: str) -> tuple[int, ...]:
 _PACKAGE_FACT = {"nvitop": "nvitop", "nvitop-exporter": "exporter", "nvidia-ml-py": "binding"}
 
 
+def _signal(defined: CrashDefinition, f: Facts) -> str | None:
+    return f"signal {f.signal}" if f.signal in (defined.signal or ()) else None
+
+
+def _kind(defined: CrashDefinition, f: Facts) -> str | None:
+    return f"crash class {f.kind}" if f.kind in (defined.kind or ()) else None
+
+
+def _thread(defined: CrashDefinition, f: Facts) -> str | None:
+    want_main = defined.thread == "main"
+    if f.is_main_thread is None or f.is_main_thread != want_main:
+        return None
+    return ("the main thread" if want_main else
+            f"a thread other than the main one ({f.thread_name or 'unnamed'}, tid {f.tid})")
+
+
+def _phase(defined: CrashDefinition, f: Facts) -> str | None:
+    if f.phase is Phase.UNKNOWN or f.phase.value != defined.phase:
+        return None
+    return ("while the interpreter exits (a thread is in Py_FinalizeEx / the exit handlers)"
+            if f.phase is Phase.EXIT else "while the process runs (no thread is exiting)")
+
+
+def _fields(defined: CrashDefinition, f: Facts) -> str | None:
+    used = set(f.query.fields) if f.query else set()
+    common = sorted(used & set(defined.fields_any or ()))
+    return "the failing query uses NVML field ids " + ", ".join(map(str, common)) if common else None
+
+
+def _frames(defined: CrashDefinition, f: Facts) -> str | None:
+    hits = sorted({w for w in defined.frames_any or () for x in f.frame_words if w in x})
+    return "the crashing thread's stack has " + ", ".join(hits) if hits else None
+
+
+#: the parts of a definition, in the order a match names them: the field that asks for it, how it holds
+_PARTS: tuple[tuple[str, Callable[[CrashDefinition, Facts], str | None]], ...] = (
+    ("signal", _signal), ("kind", _kind), ("thread", _thread), ("phase", _phase), ("fields_any", _fields),
+    ("frames_any", _frames))
+
+
 def _holds(defined: CrashDefinition, f: Facts) -> list[str] | None:
     """Each part of ``defined`` as it holds in ``f``; None as soon as one does not."""
     held: list[str] = []
-    if defined.signal is not None:
-        if f.signal not in defined.signal:
+    for name, check in _PARTS:
+        if getattr(defined, name) is None:
+            continue
+        part = check(defined, f)
+        if part is None:
             return None
-        held.append(f"signal {f.signal}")
-    if defined.kind is not None:
-        if f.kind not in defined.kind:
-            return None
-        held.append(f"crash class {f.kind}")
-    if defined.thread is not None:
-        want_main = defined.thread == "main"
-        if f.is_main_thread is None or f.is_main_thread != want_main:
-            return None
-        held.append("the main thread" if want_main else
-                    f"a thread other than the main one ({f.thread_name or 'unnamed'}, tid {f.tid})")
-    if defined.phase is not None:
-        if f.phase is Phase.UNKNOWN or f.phase.value != defined.phase:
-            return None
-        held.append("while the interpreter exits (a thread is in Py_FinalizeEx / the exit handlers)"
-                    if f.phase is Phase.EXIT else "while the process runs (no thread is exiting)")
-    if defined.fields_any is not None:
-        used = set(f.query.fields) if f.query else set()
-        common = sorted(used & set(defined.fields_any))
-        if not common:
-            return None
-        held.append("the failing query uses NVML field ids " + ", ".join(map(str, common)))
-    if defined.frames_any is not None:
-        hits = sorted({w for w in defined.frames_any for x in f.frame_words if w in x})
-        if not hits:
-            return None
-        held.append("the crashing thread's stack has " + ", ".join(hits))
+        held.append(part)
     for pkg, fixed in (defined.package_below or {}).items():
         have = getattr(f, _PACKAGE_FACT.get(pkg, ""), None)
         if not have or not version_tuple(have) < version_tuple(fixed):
