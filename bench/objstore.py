@@ -18,8 +18,15 @@ SeaweedFS on 127.0.0.1. The agent's own peak RSS (VmHWM of its process; the anal
 bounds) is compared with the same agent's on a 16 MiB core, and the object is checked by the server's composite
 SHA-256 and part count. About 3 x SIZE of free disk is needed (the core, its bundle, the bucket).
 
+--records N (#37's "40 records of 16 MiB") runs instead: `fleet --bundles s3://...` over N bundles whose
+UPLOAD.json records are 16 MiB each (items of long paths, within what a bundle's record holds), served by the
+tests' hostile S3 endpoint on 127.0.0.1 (tests/hostile_s3.py; nothing hostile switched on), and the same over N
+records of a few KiB: the peak RSS of the fleet process (ru_maxrss of a child run alone) of each, their ratio,
+and the seconds taken.  (Before #37 every parsed record was kept: 40 such records took 2.6 GB.)
+
     .venv/bin/python bench/objstore.py [--size 256M] [--repeat 3] [--json]
     .venv/bin/python bench/objstore.py --agent-core 2G [--json]
+    .venv/bin/python bench/objstore.py --records 40 [--json]
 """
 from __future__ import annotations
 
@@ -235,6 +242,48 @@ def _print_agent_core(r: dict) -> None:
           f"{small['agent_peak_rss'] >> 20} MiB; growth {r['growth'] >> 20} MiB)")
 
 
+def _fleet_peak(server, n: int, pad: int, work: Path) -> tuple[int, float]:
+    """(peak RSS in bytes, seconds) of fleet --bundles over ``n`` records of about ``pad`` bytes."""
+    from tests.hostile_s3 import upload_record
+
+    template = upload_record(fingerprint="FP-PLACEHOLDER", node="gpu-3", time=1.0e9, pad=pad)
+    server.objects["bench"] = {f"p/c/gpu-3/ns/p/t-{i:03d}/UPLOAD.json":
+                               (lambda i=i: template.replace(b"FP-PLACEHOLDER", f"fp-{i:03d}-padded".encode()))
+                               for i in range(n)}
+    pods = {"kind": "List", "items": [{"kind": "Pod", "metadata": {"name": "p", "namespace": "n", "uid": "u"},
+                                       "spec": {"nodeName": "gpu-3"}, "status": {}}]}
+    nodes = {"kind": "List", "items": [{"kind": "Node", "metadata": {"name": "gpu-3", "labels": {}}}]}
+    (work / "pods.json").write_text(json.dumps(pods))
+    (work / "nodes.json").write_text(json.dumps(nodes))
+    # a child of its own measures it: ru_maxrss of RUSAGE_CHILDREN is the largest child's, so a helper runs it
+    helper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True); "
+              "sys.stdout.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) + ' ' + str(r.returncode))")
+    argv = [FORENSICS, "fleet", "--from", str(work / "pods.json"), "--nodes", str(work / "nodes.json"),
+            "--bundles", "s3://bench/p", "--json"]
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", helper, *argv], capture_output=True, text=True,
+                         env=server.env(os.environ, HOME=str(work)), check=True).stdout.split()
+    took = time.perf_counter() - t
+    if out[1] != "0":
+        raise SystemExit(f"fleet --bundles exited {out[1]}")
+    return int(out[0]) * 1024, took
+
+
+def bench_records(n: int) -> dict:
+    from tests.hostile_s3 import HostileS3
+
+    work = Path(tempfile.mkdtemp(prefix="forensics-bench-records-"))
+    server = HostileS3()
+    try:
+        big, big_s = _fleet_peak(server, n, (16 << 20) - (256 << 10), work)
+        small, small_s = _fleet_peak(server, n, 0, work)
+    finally:
+        server.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"records": n, "record_bytes": 16 << 20, "peak_rss_16MiB": big, "peak_rss_small": small,
+            "ratio": round(big / small, 2), "seconds_16MiB": round(big_s, 2), "seconds_small": round(small_s, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="256M", help="the uploaded file's size (K, M, G)")
@@ -242,7 +291,20 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--agent-core", default=None, metavar="SIZE",
                     help="instead: agent serve --upload of a real core of SIZE (K, M, G) of heap, its peak RSS")
+    ap.add_argument("--records", type=int, default=None, metavar="N",
+                    help="instead: fleet --bundles over N records of 16 MiB, its peak RSS")
     args = ap.parse_args()
+    if args.records:
+        r = bench_records(args.records)
+        if args.json:
+            print(json.dumps(r, indent=2))
+        else:
+            print(f"fleet --bundles over {r['records']} UPLOAD.json records:")
+            mib = 1 << 20
+            print(f"  of 16 MiB each    peak RSS {r['peak_rss_16MiB'] / mib:7.1f} MiB  {r['seconds_16MiB']:6.1f} s")
+            print(f"  of a few KiB each peak RSS {r['peak_rss_small'] / mib:7.1f} MiB  {r['seconds_small']:6.1f} s")
+            print(f"  ratio             {r['ratio']:7.2f}")
+        return
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
     def parse(text: str) -> int:

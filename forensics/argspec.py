@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["Kind", "OptionSpec", "ArgumentSpec", "parse_args", "is_duration", "INPUT", "JSON", "OUTPUT", "FORCE",
-           "VERBOSE", "STORE"]
+           "VERBOSE", "STORE", "STORE_DEADLINE"]
 
 
 class Kind(enum.Enum):
@@ -115,6 +115,23 @@ STORE = (
                help="A profile of the AWS config files; default AWS_PROFILE (credentials are read the AWS SDKs' "
                     "way: environment, profile, web-identity token file; never from a flag)."),
 )
+
+
+
+def _check_deadline(value: object) -> None:
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not 1 <= seconds <= 86400:
+        raise ForensicsError(f"--deadline {value}: seconds from 1 to 86400")
+
+
+#: what an s3:// input's requests may take together (the readers: analyze, report)
+STORE_DEADLINE = OptionSpec(
+    names=("--deadline",), dest="deadline", kind=Kind.FLOAT, metavar="SECONDS", check=_check_deadline,
+    help="With s3:// inputs: seconds all the object store's requests may take together (default 3600); each object "
+         "also has a bound of its own (10 s, and 1 s a MiB).")
 
 
 def parse_args(argument: ArgumentSpec, options: Sequence[OptionSpec], args: Sequence[str]) -> dict | None:

@@ -76,7 +76,10 @@ def failure_exit_code(e: BaseException) -> int | None:
     if isinstance(e, Exception):  # the last line of defence: no traceback for users
         if os.environ.get("FORENSICS_DEBUG"):
             return None
-        echo(f"forensics: internal error: {type(e).__name__}: {e} (set FORENSICS_DEBUG=1 for details)", err=True)
+        from .redact import Redactor  # whatever it quotes (an SDK's message, a URL) may hold a secret
+
+        echo(f"forensics: internal error: {type(e).__name__}: {Redactor().text(str(e))} (set FORENSICS_DEBUG=1 for "
+             "details)", err=True)
         return EXIT_ERROR
     return None
 

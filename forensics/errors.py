@@ -526,6 +526,18 @@ class ObjectStoreUnavailable(ObjectStoreError, ConnectionError):
     """The object store did not answer, or kept failing, through every retry."""
 
 
+class EndpointUserinfo(ObjectStoreError, ValueError):
+    """An S3 endpoint given with a ``user[:password]@`` part: refused, never printed with it."""
+
+    help_text = ("Give the endpoint without credentials, and the credentials the AWS SDKs' way: AWS_ACCESS_KEY_ID / "
+                 "AWS_SECRET_ACCESS_KEY, AWS_PROFILE with a credentials file, or a web-identity token file (EKS); "
+                 "a credential in a URL shows in the process list and in every message about the endpoint.")
+
+    def __init__(self, given_as: str, endpoint: str) -> None:
+        ForensicsError.__init__(self, f"{given_as}: the endpoint {endpoint} was given with a user:password@ part, "
+                                      "which is not taken", url=endpoint, reason="userinfo")
+
+
 class ObjectNotFound(ObjectStoreError, FileNotFoundError):
     help_text = "Check the bucket and key (forensics upload prints the URL of each bundle it uploads)."
 
@@ -546,7 +558,7 @@ class UploadConflict(UploadNotVerified):
 
 
 __all__ += ["ObjectStoreError", "ObjectStoreDenied", "ObjectStoreUnavailable", "ObjectNotFound",
-            "UploadNotVerified", "UploadConflict"]
+            "UploadNotVerified", "UploadConflict", "EndpointUserinfo"]
 
 
 # -- the commands' own input and run errors (each raised by the module named; imported from here) ------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .argspec import FORCE, JSON, OUTPUT, STORE, VERBOSE, ArgumentSpec, Kind, OptionSpec, is_duration
+from .argspec import FORCE, JSON, OUTPUT, STORE, STORE_DEADLINE, VERBOSE, ArgumentSpec, Kind, OptionSpec, is_duration
 from .modes import values
 from .output import STDOUT
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["json_option", "output_option", "force_option", "verbose_option", "SIZE", "SECONDS", "parse_coredump_filter",
-           "store_options", "click_option", "click_argument", "click_options"]
+           "store_options", "store_read_options", "click_option", "click_argument", "click_options"]
 
 
 def click_option(spec: OptionSpec):
@@ -87,6 +87,8 @@ force_option = click_option(FORCE)
 verbose_option = click_option(VERBOSE)
 #: --endpoint-url, --region, --profile: an S3-compatible store (:data:`forensics.argspec.STORE`)
 store_options = click_options(STORE)
+#: the store's options and --deadline, for the commands that read s3:// inputs (report; analyze has its table)
+store_read_options = click_options((*STORE, STORE_DEADLINE))
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 
-__all__ = ["CGROUP_ROOT", "pod_cgroup", "remove_cgroup"]
+__all__ = ["CGROUP_ROOT", "pod_cgroup", "remove_cgroup", "MemoryCgroup", "memory_cgroup"]
 
 def _root() -> Path:
     """cgroup v1's pids hierarchy, else the unified (v2) hierarchy; a path that does not exist when neither."""
@@ -62,3 +62,64 @@ def remove_cgroup(cg: Path, *, timeout: float = 10.0) -> None:
             d.rmdir()
         except OSError:
             break  # another pod (or another test session's) is still there
+
+
+class MemoryCgroup:
+    """A memory cgroup of the test's own with a limit (v1: ``memory.limit_in_bytes`` and, where swap is
+    accounted, ``memory.memsw.limit_in_bytes``; v2: ``memory.max``); :meth:`enter` is a ``preexec_fn`` that
+    puts the child in it.  :attr:`oom_kills` and :attr:`peak` read what happened there."""
+
+    def __init__(self, path: Path, v2: bool) -> None:
+        self.path, self.v2 = path, v2
+
+    def enter(self) -> None:
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def _read(self, name: str) -> str:
+        try:
+            return (self.path / name).read_text()
+        except OSError:
+            return ""
+
+    @property
+    def oom_kills(self) -> int:
+        text = self._read("memory.events" if self.v2 else "memory.oom_control")
+        return next((int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")), 0)
+
+    @property
+    def peak(self) -> int | None:
+        text = self._read("memory.peak" if self.v2 else "memory.max_usage_in_bytes").strip()
+        return int(text) if text.isdigit() else None
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int, name: str):
+    """A :class:`MemoryCgroup` limited to ``limit`` bytes, removed afterwards (what still runs in it killed);
+    None when this machine has no memory controller the test may use (not root, no hierarchy)."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    unified = Path("/sys/fs/cgroup")
+    if v1.is_dir():
+        cg, v2 = v1 / f"{name}-{os.getpid()}", False
+    elif "memory" in (unified / "cgroup.subtree_control").read_text(errors="replace").split() \
+            if (unified / "cgroup.subtree_control").is_file() else False:
+        cg, v2 = unified / f"{name}-{os.getpid()}", True
+    else:
+        yield None
+        return
+    try:
+        cg.mkdir()
+    except OSError:
+        yield None
+        return
+    try:
+        if v2:
+            (cg / "memory.max").write_text(str(limit))
+            with contextlib.suppress(OSError):
+                (cg / "memory.swap.max").write_text("0")
+        else:
+            (cg / "memory.limit_in_bytes").write_text(str(limit))
+            with contextlib.suppress(OSError):
+                (cg / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        yield MemoryCgroup(cg, v2)
+    finally:
+        remove_cgroup(cg)

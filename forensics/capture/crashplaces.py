@@ -25,17 +25,20 @@ MAX_PLACES = 1_000_000  # crashes of one source read (a core directory's; a buck
 _HELP = "Pass a core directory (DIR with crashes/), a crash bundle (with metadata.json) or an s3:// prefix of bundles."
 
 
-def read_crash_places(sources: tuple[str, ...], opts=None) -> tuple[CrashPlace, ...]:
+def read_crash_places(sources: tuple[str, ...], opts=None, *,
+                      problems: list[str] | None = None) -> tuple[CrashPlace, ...]:
     """The crashes with a fingerprint of every source, in the order given (see the module docstring).
 
     :param opts: :class:`~forensics.objstore.client.StoreOptions` for ``s3://`` sources
+    :param problems: where what a bucket did not let be read is said (a listing cut short, a record late or
+        malformed: one line each); the rest is read
     :raises FleetInputError: a local source that is neither a core directory nor a crash bundle
     :raises ObjectNotFound: an ``s3://`` source with no bundle under it
     :raises ObjectStoreError: the store refused, or a record is not JSON
     """
     out: list[CrashPlace] = []
     for src in sources:
-        out += _bucket_places(src, opts) if src.startswith("s3://") else _local_places(src)
+        out += _bucket_places(src, opts, problems) if src.startswith("s3://") else _local_places(src)
     return tuple(out)
 
 
@@ -52,17 +55,11 @@ def _local_places(path: str) -> list[CrashPlace]:
                        location=e.uploaded_to or os.path.abspath(e.path)) for e in entries if e.fingerprint]
 
 
-def _bucket_places(url: str, opts) -> list[CrashPlace]:
+def _bucket_places(url: str, opts, problems: list[str] | None) -> list[CrashPlace]:
     from ..objstore.client import StoreOptions, parse_object_url
-    from ..objstore.fetch import read_bundle_records
+    from ..objstore.fetch import read_bundle_places
 
-    out = []
-    for where, record in read_bundle_records(parse_object_url(url), opts or StoreOptions()):
-        place = record.get("place")
-        place = place if isinstance(place, dict) else {}
-        fp, node, t = place.get("fingerprint"), place.get("node"), place.get("time")
-        if isinstance(fp, str) and fp:
-            out.append(CrashPlace(fingerprint=fp, node=node if isinstance(node, str) else None,
-                                  time=float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0,
-                                  location=where))
-    return out
+    return [CrashPlace(fingerprint=p.fingerprint, node=p.node, time=p.time if p.time is not None else 0.0,
+                       location=p.location)
+            for p in read_bundle_places(parse_object_url(url), opts or StoreOptions(), problems=problems)
+            if p.fingerprint]

@@ -85,12 +85,13 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
     upload = None
     if upload_url:
         from ..errors import ForensicsError
-        from ..objstore.client import parse_object_url
+        from ..objstore.client import check_endpoint, parse_object_url
 
         try:
             parse_object_url(upload_url)
         except ForensicsError as e:
             raise click.BadParameter(str(e), param_hint="--upload") from e
+        check_endpoint(endpoint_url, "--endpoint-url")  # it would be written into the DaemonSet in clear
         upload = AgentUpload(url=upload_url, cluster=cluster, keep=upload_keep, max_bandwidth=upload_max_bandwidth,
                              concurrency=upload_concurrency, max_pending=upload_max_pending,
                              max_pending_bytes=upload_max_pending_bytes, endpoint_url=endpoint_url, region=region,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..argspec import FORCE, INPUT, JSON, OUTPUT, STORE, VERBOSE, Kind, OptionSpec, parse_args
+from ..argspec import FORCE, INPUT, JSON, OUTPUT, STORE, STORE_DEADLINE, VERBOSE, Kind, OptionSpec, parse_args
 from ..errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, CoreNotFound, ForensicsError, check_input_exists
 from ..modes import NativeMethod, StackMethod
 from . import emit, emit_json, warn
@@ -22,14 +22,18 @@ __all__ = ["run", "parse_argv", "OPTIONS"]
 
 
 def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
-        output, force, verbose, endpoint_url=None, region=None, profile=None):
+        output, force, verbose, endpoint_url=None, region=None, profile=None, deadline=None):
     """Analyze one core or bundle, or a batch; exits with the analysis' exit code."""
     batch = False  # a prefix of bundles in a bucket is a batch, as a directory of them is
+    fetch_problems: list[str] = []  # bundles of a bucket's prefix not read: said, and the batch is partial
     if any(i.startswith("s3://") for i in inputs):  # objects: fetched into the cache first (boto3 only then)
         from ..objstore.client import StoreOptions
         from ..objstore.fetch import fetch_inputs
 
-        inputs, batch = fetch_inputs(inputs, StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile))
+        inputs, batch = fetch_inputs(inputs, StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile,
+                                                          deadline=deadline), problems=fetch_problems)
+        for p in fetch_problems:
+            warn(p)
     if len(inputs) == 1 and not os.path.isdir(inputs[0]) and not batch:
         # one core (not a bundle, not a directory): what find_cores would say of it, without loading the batch
         # and bundle readers it does not need
@@ -69,7 +73,8 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
             emit(redact_lines(format_analysis(analysis, merged=merged), doc), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
     options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap
-    _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journal)
+    _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journal,
+                   partial_input=bool(fetch_problems))
 
 
 def _journal_only(inputs) -> list:
@@ -80,7 +85,7 @@ def _journal_only(inputs) -> list:
     return [(i, *journal_only_crashes(i)) for i in inputs if is_store(i)]
 
 
-def _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journal=()):
+def _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journal=(), partial_input=False):
     from ..analyze.batch import analyze_many
     from ..views.signature import signature
     from ..text.analysis import format_batch
@@ -147,7 +152,7 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journa
         from ..redact import redact_lines
 
         emit(redact_lines(format_batch(result), seen), output, force)
-    sys.exit(EXIT_FINDINGS if result.failed else EXIT_PARTIAL if result.partial else EXIT_OK)
+    sys.exit(EXIT_FINDINGS if result.failed else EXIT_PARTIAL if result.partial or partial_input else EXIT_OK)
 
 
 #: analyze's options, in the order --help lists them: click's command is made from this table
@@ -181,7 +186,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
                     "crash always gets the anatomy of the overflow; other crashes pay nothing without this)."),
     OptionSpec(names=("-j", "--jobs"), dest="jobs", kind=Kind.INT, default=0,
                help="Worker processes for several cores (0: one per CPU)."),
-    *STORE, JSON, OUTPUT, FORCE, VERBOSE,
+    *STORE, STORE_DEADLINE, JSON, OUTPUT, FORCE, VERBOSE,
 )
 
 

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from ..errors import EXIT_OK, ForensicsError, PrometheusError
+from ..errors import EXIT_OK, EXIT_PARTIAL, ForensicsError, PrometheusError
 from ..options import force_option, json_option, output_option, store_options
-from . import emit, emit_json, read_json_object
+from . import emit, emit_json, read_json_object, warn
 
 __all__ = ["fleet"]
 
@@ -36,7 +36,8 @@ __all__ = ["fleet"]
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --prometheus: CA for https.")
 @click.option("--deadline", type=click.FloatRange(1, 86400), default=None, metavar="SECONDS",
-              help="With --prometheus: seconds all its requests may take together (default 60).")
+              help="Seconds all the requests to Prometheus (default 60), or to the object store of s3:// --bundles "
+                   "(default 3600), may take together.")
 @click.option("--bundles", "bundle_sources", multiple=True, metavar="DIR|BUNDLE|s3://PREFIX",
               help="Crash bundles to count by fingerprint in each group, naming where each fingerprint's newest "
                    "bundle lives: a core directory, one crash bundle, or an s3:// prefix of uploaded bundles "
@@ -61,9 +62,9 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
 
     \b
     Exit codes: 0 printed; 1 error (kubectl or Prometheus failed, bad input: files swapped, no pods,
-    no nodes); 2 usage (with --prometheus: a -l selector PromQL cannot ask exactly).
+    no nodes); 2 usage (with --prometheus: a -l selector PromQL cannot ask exactly); 4 printed, but
+    s3:// --bundles were read in part (a listing cut short, a record late or malformed: one warning each).
     """
-    import datetime as dt
 
     from ..fleet import DEFAULT_GROUP_LABELS, check_documents, read_kubectl, summarize_fleet
     from ..text.fleet import format_fleet
@@ -79,9 +80,10 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
         _fleet_prometheus(prometheus, window, since, bearer_token_file, basic_auth, ca_file, deadline, namespace,
                           selector, tuple(group_by) or DEFAULT_GROUP_LABELS, as_json, output, force)
         return
-    if window or bearer_token_file or basic_auth or ca_file or deadline:
-        raise click.UsageError("--window, --bearer-token-file, --basic-auth, --ca-file and --deadline go with "
-                               "--prometheus")
+    if window or bearer_token_file or basic_auth or ca_file:
+        raise click.UsageError("--window, --bearer-token-file, --basic-auth and --ca-file go with --prometheus")
+    if deadline and not any(b.startswith("s3://") for b in bundle_sources):
+        raise click.UsageError("--deadline goes with --prometheus or s3:// --bundles")
     if pods_file:
         pods_doc, nodes_doc = read_json_object(pods_file), read_json_object(nodes_file)
         check_documents(pods_doc, nodes_doc, pods_from=f"--from {pods_file}", nodes_from=f"--nodes {nodes_file}")
@@ -92,33 +94,49 @@ def fleet(namespace, selector, group_by, pods_file, nodes_file, since, prometheu
         where = " ".join(x for x in (f"-n {namespace}" if namespace else "--all-namespaces",
                                      f"-l {selector}" if selector else "") if x)
         check_documents(pods_doc, nodes_doc, pods_from=f"kubectl get pods {where}", nodes_from="kubectl get nodes")
-    baseline = since_time = None
-    if since:
-        if os.path.isfile(since):
-            baseline = read_json_object(since)
-            if baseline.get("command") != "fleet":
-                raise ForensicsError(f"{since}: not a `forensics fleet --json` snapshot")
-        else:
-            try:
-                since_time = dt.datetime.fromisoformat(since.replace("Z", "+00:00"))
-            except ValueError as e:
-                raise click.BadParameter(f"{since!r} is neither a file nor an ISO time", param_hint="--since") from e
-            if since_time.tzinfo is None:
-                since_time = since_time.replace(tzinfo=dt.timezone.utc)
-    places: tuple = ()
-    if bundle_sources:
-        from ..capture.crashplaces import read_crash_places
-        from ..objstore.client import StoreOptions
-
-        places = read_crash_places(tuple(bundle_sources),
-                                   StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile))
+    baseline, since_time = _since(since) if since else (None, None)
+    problems: list[str] = []
+    places = _crash_places(tuple(bundle_sources), endpoint_url, region, profile, deadline, problems)
     summary = summarize_fleet(pods_doc, nodes_doc, group_by=tuple(group_by) or DEFAULT_GROUP_LABELS,
                               baseline=baseline, since=since_time, places=places, bundles=tuple(bundle_sources))
+    if problems:
+        import dataclasses
+
+        summary = dataclasses.replace(summary, bundle_problems=tuple(problems))
+        for p in problems:
+            warn(p)
     if as_json:
         emit_json(json_document("fleet", {"fleet": summary}), output, force)
     else:
         emit(format_fleet(summary), output, force)
-    sys.exit(EXIT_OK)
+    sys.exit(EXIT_PARTIAL if problems else EXIT_OK)
+
+
+def _since(since: str):
+    """--since: (a saved fleet snapshot, None) or (None, an aware time)."""
+    import datetime as dt
+
+    if os.path.isfile(since):
+        baseline = read_json_object(since)
+        if baseline.get("command") != "fleet":
+            raise ForensicsError(f"{since}: not a `forensics fleet --json` snapshot")
+        return baseline, None
+    try:
+        since_time = dt.datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError as e:
+        raise click.BadParameter(f"{since!r} is neither a file nor an ISO time", param_hint="--since") from e
+    return None, since_time if since_time.tzinfo else since_time.replace(tzinfo=dt.timezone.utc)
+
+
+def _crash_places(sources: tuple[str, ...], endpoint_url, region, profile, deadline, problems: list[str]) -> tuple:
+    """fleet --bundles: where each crash's bundle lives (what a bucket did not let be read said in ``problems``)."""
+    if not sources:
+        return ()
+    from ..capture.crashplaces import read_crash_places
+    from ..objstore.client import StoreOptions
+
+    return read_crash_places(sources, StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile,
+                                                   deadline=deadline), problems=problems)
 
 
 def _fleet_prometheus(url, window, since, bearer_token_file, basic_auth, ca_file, deadline, namespace, selector,

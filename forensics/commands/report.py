@@ -7,7 +7,7 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..modes import ReportTemplate, values
-from ..options import force_option, json_option, output_option, store_options
+from ..options import force_option, json_option, output_option, store_read_options
 from . import echo, emit, emit_document, emit_json
 
 __all__ = ["report"]
@@ -31,12 +31,12 @@ __all__ = ["report"]
                    "for `gh issue create --title TITLE --body-file FILE`.")
 @click.option("--explain", is_flag=True, help="Also list, on stderr, each claim of the conclusion with the evidence "
               "items it rests on, who gets which report and the steps (--json: always in the document).")
-@store_options
+@store_read_options
 @json_option
 @output_option
 @force_option
 def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, body_only, explain, as_json, output,
-           force, endpoint_url, region, profile):
+           force, endpoint_url, region, profile, deadline):
     """Write an upstream-ready defect report (Markdown) from forensics evidence.
 
     INPUTS: any mix of `analyze --json`, `verify-imports --json`, `reproduce --json` and
@@ -68,7 +68,11 @@ def report(inputs, template, redact_hosts, issue_form, nvidia_link, check, body_
         from ..objstore.client import StoreOptions
         from ..objstore.fetch import fetch_inputs
 
-        inputs = fetch_inputs(inputs, StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile))[0]
+        fetched: list[str] = []
+        inputs = fetch_inputs(inputs, StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile,
+                                                   deadline=deadline), problems=fetched)[0]
+        for p in fetched:
+            echo(f"forensics: warning: {p}", err=True)
     files_dir = attachment_dir_for(output).name if output else ""
     rep = make_report(list(inputs), template=template, redact_hosts=redact_hosts, tool_version=version,
                       issue_form=issue_form, nvidia_link=nvidia_link, attachment_dir=files_dir)

@@ -96,6 +96,9 @@ class FleetSummary:
     # path, or the s3:// URL of a bundle in a bucket)
     latest_bundles: dict[str, str] = field(default_factory=dict)
     bundles: tuple[str, ...] = ()  # fleet --bundles: where the crashes were read (core directories, s3:// prefixes)
+    # fleet --bundles: what a bucket did not let be read (a listing cut short, a record late or malformed): the
+    # crash counts are partial when any
+    bundle_problems: tuple[str, ...] = ()
 
 
 def key_labels(group_by: tuple[str, ...]) -> tuple[str, ...]:

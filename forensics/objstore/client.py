@@ -5,8 +5,10 @@ boto3 (botocore and s3transfer) is the one S3 implementation: its credential cha
 config and credentials files, ``AWS_WEB_IDENTITY_TOKEN_FILE`` + ``AWS_ROLE_ARN`` as EKS sets them, the
 container and instance metadata endpoints), its endpoint ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``),
 its region ``AWS_REGION``; the options here override the endpoint, region and profile only.  No secret is
-taken from the command line (every user of a node reads ``/proc/PID/cmdline``), and none is ever put in a
-message: errors name the bucket, the key, the server's error code and the endpoint without its user part.
+taken from the command line (every user of a node reads ``/proc/PID/cmdline``): an endpoint with a
+``user:password@`` part is refused (:func:`check_endpoint`), and no secret is ever put in a message: errors name
+the bucket, the key, the server's error code and the endpoint without its user part, and every text of the SDK's
+they quote passes through the redactor first (:func:`sdk_text`).
 
 boto3 is imported here only, and only when a client is made: ``forensics analyze`` of a local core never
 loads it.
@@ -18,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import (
+    EndpointUserinfo,
     ForensicsError,
     ObjectNotFound,
     ObjectStoreDenied,
@@ -26,7 +29,7 @@ from ..errors import (
 )
 
 __all__ = ["ObjectURL", "StoreOptions", "parse_object_url", "is_object_url", "open_client", "translate_error",
-           "redact_endpoint", "SCHEME"]
+           "redact_endpoint", "check_endpoint", "sdk_text", "SCHEME"]
 
 SCHEME = "s3://"
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -35,6 +38,7 @@ _DENIED = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenie
                      "InvalidClientTokenId", "TokenRefreshRequired", "403", "Forbidden",
                      "AuthorizationHeaderMalformed"})
 _NOT_FOUND = frozenset({"NoSuchBucket", "NoSuchKey", "404", "NotFound", "NoSuchUpload"})
+_REDIRECTS = frozenset({"301", "302", "303", "307", "308", "PermanentRedirect", "TemporaryRedirect", "Redirect"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,10 +104,31 @@ class StoreOptions:
     sse: str | None = None  # server-side encryption: "AES256", "aws:kms", "aws:kms:dsse"
     sse_kms_key_id: str | None = None
     storage_class: str | None = None  # STANDARD, STANDARD_IA, GLACIER_IR, ...
+    deadline: float | None = None  # seconds a reading command's requests may take together (--deadline)
+
+    def __post_init__(self) -> None:  # refused where the command starts, before any request
+        check_endpoint(self.endpoint_url, "--endpoint-url")
+        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            check_endpoint(os.environ.get(name), name)
 
     def endpoint(self) -> str | None:
         """The endpoint in use: the option, else the AWS SDKs' environment; None: AWS's own."""
         return self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def _userinfo(url: str) -> bool:
+    scheme, sep, rest = url.partition("://")
+    return "@" in (rest if sep else url).split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+
+
+def check_endpoint(url: str | None, given_as: str) -> None:
+    """Refuse an endpoint URL with a ``user[:password]@`` part: a credential there would be in the process list,
+    the agent's manifest and every message the SDK makes of the URL.
+
+    :raises EndpointUserinfo: naming where it was given, never its user part
+    """
+    if url and _userinfo(url):
+        raise EndpointUserinfo(given_as, redact_endpoint(url))
 
 
 def redact_endpoint(url: str | None) -> str:
@@ -137,6 +162,8 @@ def open_client(opts: StoreOptions):
     from botocore.config import Config
 
     endpoint = opts.endpoint()
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        check_endpoint(os.environ.get(name), name)
     config = Config(retries={"mode": "standard", "max_attempts": max(1, opts.attempts)},
                     connect_timeout=opts.connect_timeout, read_timeout=opts.read_timeout,
                     max_pool_connections=max(10, opts.concurrency + 2),
@@ -150,8 +177,19 @@ def open_client(opts: StoreOptions):
         raise ObjectStoreError(redact_endpoint(endpoint), f"cannot make an S3 client: {_short(e)}") from e
 
 
+_ANY_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]*@")
+
+
+def sdk_text(e: object) -> str:
+    """What the SDK says (an exception, a server's message) as it may be printed or logged: one line, every URL's
+    user part removed, and the redactor's rules applied (a key, a token, a signed URL's signature)."""
+    from ..redact import Redactor
+
+    return Redactor().text(_ANY_USERINFO.sub(r"\1", " ".join(str(e).split())))
+
+
 def _short(e: object, limit: int = 300) -> str:
-    text = " ".join(str(e).split())
+    text = sdk_text(e)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -165,6 +203,9 @@ def translate_error(e: BaseException, url: str, opts: StoreOptions) -> Forensics
     where = redact_endpoint(opts.endpoint())
     if isinstance(e, ForensicsError):
         return e
+    if isinstance(e, RecursionError):  # botocore's region redirector, asking again at every redirect
+        return ObjectStoreError(url, f"the object store at {where} answered with a redirect again and again "
+                                     "(a redirect loop): check the endpoint and the bucket's region")
     if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
         return ObjectStoreDenied(url, f"no credentials for the object store at {where}: {_short(e)}")
     if isinstance(e, (bx.CredentialRetrievalError, bx.ProfileNotFound)) or type(e).__name__ in (
@@ -177,6 +218,9 @@ def translate_error(e: BaseException, url: str, opts: StoreOptions) -> Forensics
         code = str(err.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or "error")
         message = _short(str(err.get("Message") or ""), 200)
         said = f"{code}" + (f": {message}" if message and message != code else "")
+        if code in _REDIRECTS:
+            return ObjectStoreError(url, f"the object store at {where} answered with a redirect ({said}), which is "
+                                         "not followed: check the endpoint and the bucket's region")
         if code in _DENIED:
             return ObjectStoreDenied(url, f"the object store at {where} refused the credentials ({said})")
         if code in _NOT_FOUND:
