@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .claims import check_claims_file
 from .form import check_form_body, load_shipped_form, read_issue_form
-from .frontmatter import FrontMatter, check_title, read_front_matter
+from .frontmatter import FrontMatter, check_title, read_front_matter, split_front_matter
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown
 from ..modes import ReportTemplate
 
@@ -44,5 +44,5 @@ def check_report_file(path: str, *, issue_form: str | None = None) -> tuple[str,
             problems.append(f"attachment {a} is missing")
     if len(text) >= GITHUB_ISSUE_LIMIT:
         problems.append(f"{len(text)} characters: over GitHub's issue limit of {GITHUB_ISSUE_LIMIT}")
-    problems += check_claims_file(path, body, meta.conclusion)
+    problems += check_claims_file(path, body, meta.conclusion, split_front_matter(text)[0])
     return (template.value if template else ""), problems

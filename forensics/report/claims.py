@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .markdown import escape, prose_lines
+from .markdown import escape, fenced_lines, prose_lines
 from ..output import escape_text
 from ..records import record
 
@@ -46,13 +46,18 @@ class Claims:
     claims: tuple[RecordedClaim, ...]
     frame: tuple[str, ...]  # what else the lines holding the conclusion say
     sentences: tuple[str, ...] | None  # every sentence of the body; None: an older report -o wrote none
+    # every line of the body's fenced blocks (the commands and their comments, the snippet, the stacks); None: an
+    # older report -o wrote none
+    fenced: tuple[str, ...] | None = None
+    front_matter: dict[str, Any] | None = None  # the front matter as written; None: none was (or an older record)
 
     def to_json(self) -> dict[str, Any]:
         return {"incident": self.incident, "template": self.template,
                 "claims": [{"text": c.text, "written": c.written,
                             "evidence": [{"key": i.key, "source": i.source, "fact": i.fact} for i in c.evidence]}
                            for c in self.claims],
-                "frame": list(self.frame), "sentences": None if self.sentences is None else list(self.sentences)}
+                "frame": list(self.frame), "sentences": None if self.sentences is None else list(self.sentences),
+                "fenced": None if self.fenced is None else list(self.fenced), "front_matter": self.front_matter}
 
     @classmethod
     def from_json(cls, doc: object) -> Claims | None:
@@ -62,12 +67,14 @@ class Claims:
         if not isinstance(doc, dict) or not isinstance(doc.get("claims"), list):
             return None
         incident, template, sentences = doc.get("incident"), doc.get("template"), doc.get("sentences")
-        frame = doc.get("frame")
+        frame, fenced, meta = doc.get("frame"), doc.get("fenced"), doc.get("front_matter")
         return cls(incident=None if incident is None else str(incident),
                    template=None if template is None else str(template),
                    claims=tuple(_recorded_claim(cl) for cl in doc["claims"]),
                    frame=tuple(str(x) for x in frame) if isinstance(frame, list) else (),
-                   sentences=tuple(str(s) for s in sentences) if isinstance(sentences, list) else None)
+                   sentences=tuple(str(s) for s in sentences) if isinstance(sentences, list) else None,
+                   fenced=tuple(str(s) for s in fenced) if isinstance(fenced, list) else None,
+                   front_matter=meta if isinstance(meta, dict) else None)
 
 
 def _recorded_claim(cl: object) -> RecordedClaim:
@@ -110,21 +117,27 @@ def claims_record(rep: Report) -> Claims:
     can tell a claim the evidence carries, or a sentence ``report`` wrote, from one added by hand."""
     from ..output import text_document
     from .explain import explanation
+    from .frontmatter import split_front_matter
 
     c = rep.context.conclusion
     e = explanation(c)
     claims = tuple(RecordedClaim(text=cl["text"], written=escape(cl["text"]),
                                  evidence=tuple(ClaimEvidence(**i) for i in cl["evidence"])) for cl in e["claims"])
     frames = sorted({p for _line, pieces in _claim_lines(rep.body, [x.written for x in claims]) for p in pieces})
-    sentences = sorted({s for _i, line in prose_lines(text_document(rep.body)) for s in line})
+    body = text_document(rep.body)  # as write_report writes it
+    sentences = sorted({s for _i, line in prose_lines(body) for s in line})
+    fenced = sorted({line for _i, line in fenced_lines(body)})
+    meta = split_front_matter(text_document(rep.markdown))[0] if rep.markdown != rep.body else {}
     return Claims(incident=e["incident"], template=rep.context.template.value, claims=claims, frame=tuple(frames),
-                  sentences=tuple(sentences))
+                  sentences=tuple(sentences), fenced=tuple(fenced), front_matter=meta or None)
 
 
-def check_claims(body: str, incident: str, record: Claims | None) -> list[str]:
+def check_claims(body: str, incident: str, record: Claims | None, front_matter: dict | None = None) -> list[str]:
     """The problems of a written body against its claims record: a claim the record gives no evidence for, a
     sentence on the conclusion's lines that is no recorded claim, or anywhere else one ``report -o`` did not write
-    (added by hand), a conclusion that is not in the body at all, a record of another incident class."""
+    (added by hand), a line of a fenced block (a command's comment, the snippet, a stack) or a value of the front
+    matter (the title, where to file it) ``report -o`` did not write, a conclusion that is not in the body at all,
+    a record of another incident class."""
     if record is None:
         return ["the claims record is not one report -o wrote (no claims list)"]
     problems = []
@@ -143,7 +156,31 @@ def check_claims(body: str, incident: str, record: Claims | None) -> list[str]:
     for _line, pieces in lines:
         problems += [f"claim without evidence: {escape_text(p[:200])!r} (not in the claims record)"
                      for p in pieces if p not in frames]
-    return problems + _unwritten_sentences(body, rendered, record.sentences)
+    return (problems + _unwritten_sentences(body, rendered, record.sentences) + _unwritten_fenced(body, record.fenced)
+            + _unwritten_front_matter(front_matter, record.front_matter))
+
+
+def _unwritten_fenced(body: str, fenced: tuple[str, ...] | None) -> list[str]:
+    """A problem for each line of a fenced block that ``report -o`` did not write there (``fenced``: the claims
+    record's): a reproducer's outcome comment changed, a command or a stack line edited."""
+    if fenced is None:
+        return ["the claims record lists no fenced lines (an older report -o wrote it): the commands, their comments "
+                "and the stacks cannot be checked; write the report again"]
+    written = set(fenced)
+    return [f"claim without evidence: {escape_text(line[:200])!r} (a fenced line report -o did not write)"
+            for _i, line in fenced_lines(body) if line not in written]
+
+
+def _unwritten_front_matter(meta: dict | None, recorded: dict[str, Any] | None) -> list[str]:
+    """A problem for each value of the front matter that is not the one ``report -o`` wrote (the title, where and
+    when to file it, the incident class, the attachments)."""
+    if not meta:
+        return []
+    if recorded is None:
+        return ["the claims record holds no front matter (an older report -o wrote it): the title cannot be "
+                "checked; write the report again"]
+    return [f"the front matter's {escape_text(str(k))[:60]} is not what report -o wrote: "
+            f"{escape_text(repr(v))[:200]}" for k, v in meta.items() if recorded.get(k) != v]
 
 
 def _unwritten_sentences(body: str, rendered: list[str], sentences: tuple[str, ...] | None) -> list[str]:
@@ -162,7 +199,7 @@ def _unwritten_sentences(body: str, rendered: list[str], sentences: tuple[str, .
 MAX_CLAIMS_BYTES = 16 << 20
 
 
-def check_claims_file(path: str, body: str, incident: str) -> list[str]:
+def check_claims_file(path: str, body: str, incident: str, front_matter: dict | None = None) -> list[str]:
     sidecar = claims_path_for(path)
     if not sidecar.is_file():
         return [f"no claims record {sidecar.name} beside it (report -o writes one): its claims cannot be checked"]
@@ -172,4 +209,4 @@ def check_claims_file(path: str, body: str, incident: str) -> list[str]:
         doc = json.loads(sidecar.read_text(encoding="utf-8", errors="replace"))
     except (ValueError, RecursionError) as e:
         return [f"{sidecar.name}: not JSON ({str(e)[:100]})"]
-    return check_claims(body, incident, Claims.from_json(doc))
+    return check_claims(body, incident, Claims.from_json(doc), front_matter)

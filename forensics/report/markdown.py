@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["escape", "fence", "check_markdown", "prose_lines", "GITHUB_ISSUE_LIMIT"]
+__all__ = ["escape", "fence", "check_markdown", "prose_lines", "fenced_lines", "GITHUB_ISSUE_LIMIT"]
 
 GITHUB_ISSUE_LIMIT = 65_536
 _SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
@@ -119,6 +119,27 @@ def prose_lines(md: str) -> list[tuple[int, list[str]]]:
         sentences = [s for p in pieces for s in (x.strip() for x in _SENTENCE_END.split(p)) if s]
         if sentences:
             out.append((i, sentences))
+    return out
+
+
+def fenced_lines(md: str) -> list[tuple[int, str]]:
+    r"""(line index, the line without its indentation) of each line of ``md`` inside a fenced block that holds
+    text: the commands with their comments (``# crashed (SIGABRT)``), the snippet's, the stacks.  What
+    ``report --check`` compares with the fenced lines ``report -o`` wrote.
+
+    >>> fenced_lines("text\n   ```bash\n   ./repro   # crashed (SIGABRT)\n\n   ```\nmore")
+    [(2, './repro   # crashed (SIGABRT)')]
+    """
+    out: list[tuple[int, str]] = []
+    open_fence: str | None = None
+    for i, line in enumerate(md.split("\n")):
+        m = _FENCE_LINE.match(line)
+        if open_fence is None:
+            open_fence = m.group(2) if m else None
+        elif m and m.group(2)[0] == open_fence[0] and len(m.group(2)) >= len(open_fence) and not m.group(3).strip():
+            open_fence = None
+        elif line.strip():
+            out.append((i, line.strip()))
     return out
 
 

@@ -146,3 +146,46 @@ def test_a_front_matter_of_the_wrong_shape_is_a_problem_not_a_traceback(tmp_path
     # THEN that is one problem line, exit 3, and nothing raises
     assert r.exit_code == EXIT_FINDINGS, r.output
     assert f"  {said}" in r.stdout.splitlines(), r.output
+
+
+@pytest.mark.parametrize("template", ["nvml", "nvitop", "binding", "runbook"])
+def test_a_title_edited_by_hand_fails_check(template, tmp_path):
+    # GIVEN a report written with -o, clean under --check
+    out = written(template, tmp_path)
+    assert run("report", "--check", out).exit_code == EXIT_OK
+    # WHEN its front matter's title is changed by hand (what an outside reader did: 5 of 5 sentence edits were
+    # caught, the title's was not)
+    text = out.read_text()
+    head, sep, body = text.partition("\n---\n")
+    title = next(line for line in head.splitlines() if line.startswith("title: "))
+    out.write_text(head.replace(title, 'title: "a driver crash observed"') + sep + body)
+    # THEN --check fails, naming the title
+    r = run("report", "--check", out)
+    assert r.exit_code == EXIT_FINDINGS, r.stdout
+    assert r.stdout.splitlines()[1:] == ["  the front matter's title is not what report -o wrote: "
+                                         "'a driver crash observed'"], r.stdout
+
+
+@pytest.mark.parametrize("template, edit", [
+    ("nvml", ("   # crashed (SIGABRT)", "   # ran clean")),  # a reproducer's outcome comment in Steps to reproduce
+    ("nvitop", ("   # crashed (SIGABRT)", "   # ran clean")),
+    ("nvitop", ("device.nvlink_throughput()  # nvmlDeviceGetFieldValues", "device.nvlink_throughput()  # nothing")),
+    ("nvml", ("malloc_printerr", "nvmlDeviceGetFieldValues")),  # a stack line: the frame that aborted
+])
+def test_a_fenced_line_edited_by_hand_fails_check(template, edit, tmp_path):
+    # GIVEN a report written with -o, clean under --check
+    out = written(template, tmp_path)
+    assert run("report", "--check", out).exit_code == EXIT_OK
+    # WHEN a line inside a fenced block is changed by hand (the first line of the body that holds the text)
+    head, sep, body = out.read_text().partition("\n---\n")
+    lines = body.split("\n")
+    old, new = edit
+    i = next(i for i, line in enumerate(lines) if old in line)
+    lines[i] = lines[i].replace(old, new)
+    out.write_text(head + sep + "\n".join(lines))
+    changed = lines[i].strip()
+    # THEN --check fails, naming the line
+    r = run("report", "--check", out)
+    assert r.exit_code == EXIT_FINDINGS, r.stdout
+    assert r.stdout.splitlines()[1:] == [
+        f"  claim without evidence: {changed!r} (a fenced line report -o did not write)"], r.stdout
