@@ -52,6 +52,8 @@ class _Budget:
             raise ReportInputError(path, f"the report's inputs together are more than {self.total} bytes "
                                          "(FORENSICS_MAX_REPORT_BYTES)")
         self.left -= n
+#: what report reads: the ``command`` of another command's --json (analyze of a directory writes analyze-batch), and
+#: capture bundles; ReportInputError's hint names exactly these (tests/integration/test_report_inputs.py)
 KINDS = ("analyze", "analyze-batch", "verify-imports", "reproduce", "fleet", "capture")
 
 
@@ -221,8 +223,7 @@ def load_evidence(paths: list[str]) -> Evidence:
     ev = Evidence()
     budget = _Budget()
     for p in paths:
-        check_input_exists(p, hint="report reads what the other commands wrote: the --json of analyze, "
-                                   "verify-imports, reproduce, canary and fleet, and capture bundles")
+        check_input_exists(p, hint=ReportInputError.help_text)  # what report reads: KINDS, in words
         if os.path.isdir(p):
             doc = _load_bundle(p, ev, budget)
             kind = "capture"

@@ -250,3 +250,22 @@ def test_a_bundle_document_that_is_not_its_kind_of_json_is_one_line(tmp_path, re
     assert r.exit_code == EXIT_ERROR, r.output
     assert r.stderr.startswith(f"forensics: error: {bundle / rel}: not report evidence: "), r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_hint_names_exactly_what_report_reads(tmp_path):
+    # GIVEN a report of an input that is not there, and one of canary's --json (the demo's)
+    from forensics.report.evidence import KINDS
+
+    missing = run("report", tmp_path / "nothing.json")
+    canary = run("report", DEMO / "canary.json")
+    # THEN the hint names analyze, verify-imports, reproduce and fleet's --json and capture bundles: what report reads
+    # (analyze of a directory writes analyze-batch), and never canary
+    assert missing.exit_code == EXIT_ERROR and canary.exit_code == EXIT_ERROR
+    hint = missing.stderr.strip().splitlines()[-1]
+    assert "canary" not in hint, hint
+    named = set(hint.split("`forensics ", 1)[1].split(" --json`", 1)[0].split("|"))
+    assert named == {"analyze", "verify-imports", "reproduce", "fleet"} and "capture bundle" in hint
+    assert {k.removesuffix("-batch") for k in KINDS} - {"capture"} == named
+    # and canary's document is refused in one line, naming its kind, with the same hint
+    assert f"{DEMO / 'canary.json'}: not report evidence: unknown document kind 'canary'" in canary.stderr
+    assert canary.stderr.strip().splitlines()[-1] == hint
