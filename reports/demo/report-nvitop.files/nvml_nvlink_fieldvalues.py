@@ -195,12 +195,21 @@ class Worker(threading.Thread):
         self.field_errors = 0
         self.after_shutdown = 0  # queries answered NVML_ERROR_UNINITIALIZED after nvmlShutdown
         self.error = None
+        self.released = False
 
     def run(self):
         try:
             self.query_loop()
         except Exception as e:  # noqa: BLE001 -- reported in the verdict
             self.error = "{}: {}".format(type(e).__name__, e)
+        finally:
+            self.release_halfway()
+
+    def release_halfway(self):
+        # once per worker, also when it ended early: the --shutdown-race thread waits for it
+        if self.args.shutdown_race and not self.released:
+            self.released = True
+            self.halfway.release()
 
     def query_loop(self):
         pynvml, args = self.pynvml, self.args
@@ -212,7 +221,7 @@ class Worker(threading.Thread):
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 break
             if args.shutdown_race and it == half:
-                self.halfway.release()
+                self.release_halfway()
                 self.shutdown_done.wait(1.0)
             for index, handle, fields in self.devices:
                 self.crumbs.write(
@@ -244,8 +253,6 @@ class Worker(threading.Thread):
                 self.calls += 1
                 self.crumbs.write("E {}".format(tid))
             self.iterations += 1
-        if args.shutdown_race and self.iterations < half:
-            self.halfway.release()
 
 
 def _nvlink_devices(pynvml, handles, crumbs):
@@ -309,9 +316,12 @@ def _run_workers(pynvml, devices, args, crumbs):
                 pynvml.nvmlShutdown()
                 shutdown_done.set()
 
-            threading.Thread(target=_shutdown, name="nvml-shutdown", daemon=True).start()
+            racer = threading.Thread(target=_shutdown, name="nvml-shutdown", daemon=True)
+            racer.start()
             shut_down = True
         workers[0].run()
+        if args.shutdown_race:
+            racer.join()  # every thread ends before the verdict
     else:
         for w in workers:
             w.start()

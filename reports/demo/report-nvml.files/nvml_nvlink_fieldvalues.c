@@ -166,9 +166,48 @@ static const char *signame(int sig)
     }
 }
 
+static volatile int g_reporting;         /* set by the first thread in on_fatal */
+/* The VERDICT line is the last line, always: a querying thread prints only between begin_print
+ * and end_print, which it skips once a thread is reporting a crash, and the reporting thread
+ * waits (a bounded second) for the lines in progress before it writes its own. */
+static volatile int g_printing;          /* threads between begin_print and end_print */
+static TLS volatile int g_in_print;
+
+static int begin_print(void)
+{
+    g_in_print = 1;
+    __atomic_add_fetch(&g_printing, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&g_reporting, __ATOMIC_SEQ_CST))
+        return 1;
+    __atomic_sub_fetch(&g_printing, 1, __ATOMIC_SEQ_CST);
+    g_in_print = 0;
+    return 0;
+}
+
+static void end_print(void)
+{
+    __atomic_sub_fetch(&g_printing, 1, __ATOMIC_SEQ_CST);
+    g_in_print = 0;
+}
+
 static void on_fatal(int sig, siginfo_t *info, void *uc)
 {
     (void)uc;
+    /* Threads can fault at once (a fault keyed to every calling thread): the first one
+     * writes the line and ends the process; any other waits here, its own action still
+     * ours, so it cannot kill the process (SA_RESETHAND would let it) before the line is out. */
+    if (__atomic_exchange_n(&g_reporting, 1, __ATOMIC_SEQ_CST))
+        for (;;)
+            pause();
+    for (int i = 0; i < 1000 && __atomic_load_n(&g_printing, __ATOMIC_SEQ_CST) > g_in_print; i++) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
     g_len = 0;
     put(g_checked && sig == SIGABRT ? "VERDICT: heap corruption detected: " : "VERDICT: crashed: ");
     put(signame(sig));
@@ -216,7 +255,7 @@ static void on_fatal(int sig, siginfo_t *info, void *uc)
     g_line[g_len++] = '\n';
     ssize_t w = write(STDOUT_FILENO, g_line, g_len);
     (void)w;
-    /* SA_RESETHAND made the action the default one.  A fault from an instruction faults
+    /* The action of sig is the default one again (above).  A fault from an instruction faults
      * again when the handler returns (with its own siginfo); a signal that was sent
      * (abort's raise) is sent again: it stays blocked until the handler returns, then
      * takes the default action at the interrupted point -- the core shows that point. */
@@ -230,7 +269,7 @@ static void install_crash_handler(void)
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_fatal;
-    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
         sigaction(sigs[i], &sa, NULL);
@@ -314,6 +353,7 @@ struct loop {
     int trace;
     long done, field_errors;
     int error;
+    char verdict[512];          /* the thread's error, printed by main once every thread has ended */
 };
 
 static void *query_loop(void *arg)
@@ -331,7 +371,7 @@ static void *query_loop(void *arg)
                 continue;
             nvmlFieldValue_t *v = calloc(n, sizeof *v);
             if (!v) {
-                printf("VERDICT: error: out of memory for %u field values\n", n);
+                snprintf(l->verdict, sizeof l->verdict, "VERDICT: error: out of memory for %u field values", n);
                 l->error = 1;
                 __atomic_store_n(&g_stop, 1, __ATOMIC_SEQ_CST);
                 break;
@@ -342,16 +382,19 @@ static void *query_loop(void *arg)
                 v[l->links[i] + k].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX;
                 v[l->links[i] + k].scopeId = k;
             }
-            if ((it == 0 && l->index <= 0) || l->trace)
+            if (((it == 0 && l->index <= 0) || l->trace) && begin_print()) {
                 printf("query #%ld: GPU %u (%s, %s) nvmlDeviceGetFieldValues(%u values: fieldId %d x scopeId 0-%u, "
                        "fieldId %d x scopeId 0-%u), iteration %ld%s\n",
                        g_calls + 1, i, g_ids[i].uuid, g_ids[i].bus, n, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
                        l->links[i] - 1, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, l->links[i] - 1, it,
                        l->index >= 0 ? ", thread 0" : "");
+                end_print();
+            }
             nvmlReturn_t r = field_values((int)i, l->dev[i], (int)n, v);
             if (r) {
-                printf("VERDICT: error: call #%ld nvmlDeviceGetFieldValues on GPU %u (%s, %s), %u values, returned %s (%d) "
-                       "at iteration %ld\n", g_calls, i, g_ids[i].uuid, g_ids[i].bus, n, err(r), r, it);
+                snprintf(l->verdict, sizeof l->verdict,
+                         "VERDICT: error: call #%ld nvmlDeviceGetFieldValues on GPU %u (%s, %s), %u values, returned %s "
+                         "(%d) at iteration %ld", g_calls, i, g_ids[i].uuid, g_ids[i].bus, n, err(r), r, it);
                 free(v);
                 l->error = 1;
                 __atomic_store_n(&g_stop, 1, __ATOMIC_SEQ_CST);
@@ -595,18 +638,26 @@ int main(int argc, char **argv)
     if (threads == 0) {
         query_loop(&loops[0]);
     } else {
-        for (int t = 0; t < n_loops; t++)
-            if (pthread_create(&tids[t], NULL, query_loop, &loops[t])) {
-                printf("VERDICT: error: could not start: pthread_create failed for thread %d\n", t);
-                return 2;
-            }
-        for (int t = 0; t < n_loops; t++)
+        int started = 0;
+        for (; started < n_loops; started++)
+            if (pthread_create(&tids[started], NULL, query_loop, &loops[started]))
+                break;
+        if (started < n_loops)
+            __atomic_store_n(&g_stop, 1, __ATOMIC_SEQ_CST);
+        /* every thread ends before the verdict is printed: the verdict is the last line */
+        for (int t = 0; t < started; t++)
             pthread_join(tids[t], NULL);
+        if (started < n_loops) {
+            printf("VERDICT: error: could not start: pthread_create failed for thread %d\n", started);
+            return 2;
+        }
     }
     long field_errors = 0, done = iterations;
     for (int t = 0; t < n_loops; t++) {
-        if (loops[t].error)
+        if (loops[t].error) {
+            printf("%s\n", loops[t].verdict);
             return 1;
+        }
         field_errors += loops[t].field_errors;
         if (loops[t].done < done)
             done = loops[t].done;
