@@ -7,8 +7,9 @@ What it runs
 * Crashes (each one bug, whatever interpreter runs it): ``tests/crashers/same_bug.py`` in each of its modes --
   a method on a thread, a C extension of the standard library, a C assertion, a native library's own thread in
   one of two functions (two bugs), a NULL write (once more with ``PYTHONFAULTHANDLER=1``: the same bug), a fault
-  in a SIGUSR1 handler -- and ``tests/crashers/exporter.py``'s ``heap-prev`` (glibc aborts in free) and
-  ``segv``: 10 crashes of 9 bugs.
+  in a SIGUSR1 handler, one buffer freed twice at two sizes (one bug, two of glibc's messages), two functions
+  behind one Python dispatcher (two bugs) -- and ``tests/crashers/exporter.py``'s ``heap-prev`` (glibc aborts in
+  free) and ``segv``: 14 crashes of 12 bugs.
 * Interpreters: every CPython ``tests/pythons.py`` finds here (3.8-3.13) and Debian unstable's 3.13-3.15,
   release and debug builds, in the sid root of ``tests/roots.py`` (when it can be built or is cached).
 * Cores are made once into ``--workdir`` (default ``bench/fingerprints/`` in the forensics cache) and reused.
@@ -18,7 +19,7 @@ What it runs
   ``--sysroot ROOT`` (two batches: one sysroot each; the bench joins their fingerprints).
 
 For each batch: the bugs it says it found (``found.bugs``, its distinct fingerprints), the fingerprints the previous
-definition gives (``found.fingerprints_v2``), the cores analyzed and partial, and -- from each core's fingerprint
+definition gives (``found.fingerprints_v3``), the cores analyzed and partial, and -- from each core's fingerprint
 and the bug the bench crashed -- the bugs split into more than one fingerprint and the fingerprints shared by
 two bugs.
 
@@ -61,6 +62,10 @@ CRASHES = {
     "null": ("null", ("same_bug", "null", False)),
     "null-faulthandler": ("null", ("same_bug", "null", True)),
     "usr1-handler": ("usr1-handler", ("same_bug", "usr1-handler", False)),
+    "double-free-small": ("double-free", ("same_bug", "double-free-small", False)),
+    "double-free-large": ("double-free", ("same_bug", "double-free-large", False)),
+    "dispatch-sum": ("dispatch-sum", ("same_bug", "dispatch-sum", False)),
+    "dispatch-count": ("dispatch-count", ("same_bug", "dispatch-count", False)),
     "heap-prev": ("heap-prev", ("exporter", "heap-prev", False)),
     "segv": ("segv", ("exporter", "segv", False)),
 }
@@ -136,11 +141,11 @@ def judge(docs: list[dict], bug_of: dict[str, str]) -> dict:
             partial += c["partial"] is not None
             by_bug[bug_of[name]].add(c["fingerprint"])
             by_fp[c["fingerprint"]].add(bug_of[name])
-            previous.add(c["fingerprint_v2"])
+            previous.add(c["fingerprint_v3"])
     return {
         "cores_analyzed": analyzed, "partial": partial, "bugs_crashed": len(set(bug_of.values())),
         "bugs_found": len(by_fp),  # distinct fingerprints over the batches (one batch: its found.bugs)
-        "fingerprints_v2_found": len(previous),  # the previous definition's, over the batches
+        "fingerprints_v3_found": len(previous),  # the previous definition's, over the batches
         "said_found": [d["found"] for d in docs],
         "split": {b: len(fps) for b, fps in sorted(by_bug.items()) if len(fps) > 1},
         "shared": {fp: sorted(bugs) for fp, bugs in sorted(by_fp.items()) if len(bugs) > 1},
@@ -195,11 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     for title, key in (("one batch, no --sysroot", "without_sysroot"),
                        ("with their libraries (host batch + sid batch --sysroot, joined)", "with_libraries")):
         j = report[key]
-        said = "; ".join(f"batch says: {f['bugs']} bugs, {f['fingerprints_v2']} fingerprints by the previous "
+        said = "; ".join(f"batch says: {f['bugs']} bugs, {f['fingerprints_v3']} fingerprints by the previous "
                          "definition" for f in j["said_found"])
         print(f"\n{title}: {j['cores_analyzed']} cores analyzed ({j['partial']} partial)\n  {said}\n"
               f"  bugs crashed {j['bugs_crashed']}, fingerprints found {j['bugs_found']} "
-              f"(by the previous definition: {j['fingerprints_v2_found']})")
+              f"(by the previous definition: {j['fingerprints_v3_found']})")
         for bug, n in j["split"].items():
             print(f"  split: {bug} has {n} fingerprints")
         for fp, bugs in j["shared"].items():

@@ -45,6 +45,7 @@ __all__ = [
     "NativeFrame",
     "PyFrame",
     "PyThreadStack",
+    "CxxException",
     "PythonStacks",
     "Thread",
     "ProcessSnapshot",
@@ -581,6 +582,17 @@ class PythonStacks:
 
 
 @record
+class CxxException:
+    """The C++ exception in flight on a thread: the one ``std::terminate`` was called for (thrown through a
+    ``noexcept`` function, or never caught), read from the C++ runtime's exception header in the core."""
+
+    type: str  # the thrown object's type, demangled (``std::out_of_range``), else as the runtime names it
+    mangled: str  # its type_info's name (``St12out_of_range``): the ABI's own spelling, what a fingerprint hashes
+    address: int  # the thrown object
+    runtime: str  # "libstdc++" (GNUCC++) or "libc++abi" (CLNGC++), from the header's exception class
+
+
+@record
 class Thread:
     tid: int
     name: str | None  # the threading module's name, e.g. "metrics-server"
@@ -594,6 +606,11 @@ class Thread:
     interpreter_id: int | None = None  # the interpreter its innermost Python frame runs in (0: the main one)
     is_main: bool = False  # the process's main thread (its tid is the pid), named or not
     signal_frames: tuple[SignalFrame, ...] = ()  # signal handlers running on this thread, innermost first
+    cxx_exception: CxxException | None = None  # the C++ exception in flight (std::terminate's), the crashed thread's
+    # where the unwinder stopped inside the C or C++ runtime (its file not here: no CFI past libc's abort), the first
+    # return address on the stack above into code outside them (a call before it), its function named: the crashed
+    # thread's, for an abort's culprit (analyze.cxx.scan_caller_past_runtime); None when the frames reach past them
+    scanned_caller: NativeFrame | None = None
     # why the outer signal frames were not read (more nested than the reader's bound): the frames "below the
     # outermost handler" are then still inside a handler, and the first signal is not known
     signal_frames_cut: str | None = None
@@ -1046,7 +1063,11 @@ class Analysis:
     # the definition the fingerprint was made by (analyze.fingerprint.FINGERPRINT_VERSION; None: none, or an analysis
     # read back from a document written before the version was carried)
     fingerprint_version: int | None = None
-    # the previous definition's (analyze.fingerprint.fingerprint_basis_v2), so stored keys map to the new ones
+    # the previous definition's (analyze.fingerprint.fingerprint_basis_v3), so stored keys map to the new ones
+    fingerprint_v3: str | None = None
+    fingerprint_v3_basis: tuple[str, ...] = ()
+    # version 2's key, retired with version 4: no longer computed (None), kept when an analysis written by a version
+    # that computed it (its fingerprint then a version 3 one) is read back
     fingerprint_v2: str | None = None
     fingerprint_v2_basis: tuple[str, ...] = ()
     store: StoreEntry | None = None  # a core from systemd-coredump's store: the file and its journal metadata
@@ -1108,7 +1129,7 @@ class BatchGroup:
     example: str
     paths: tuple[str, ...]
     partial: tuple[str, ...] = ()  # "path: why" of each member whose analysis is partial
-    fingerprints_v2: tuple[str, ...] = ()  # its members' keys by the previous definition (fingerprint_v2), sorted
+    fingerprints_v3: tuple[str, ...] = ()  # its members' keys by the previous definition (fingerprint_v3), sorted
 
 
 @record
@@ -1142,6 +1163,6 @@ class BatchResult:
         return len(self.groups)
 
     @property
-    def fingerprints_v2(self) -> int:
+    def fingerprints_v3(self) -> int:
         """How many distinct keys the previous fingerprint definition gives the same cores (a fleet's stored keys)."""
-        return len({k for g in self.groups for k in g.fingerprints_v2})
+        return len({k for g in self.groups for k in g.fingerprints_v3})

@@ -244,33 +244,35 @@ class SameBugCores:
         return self._keys
 
     def core(self, key: str, mode: str, *, faulthandler: bool = False, python: str | None = None,
-             script: Path | None = None) -> Path:
+             script: Path | None = None, lib: Path | None = None) -> Path:
         """A core of ``mode`` under interpreter ``key`` (``python``: another path to run it by, a venv's;
-        ``script``: another crasher taking the same arguments, with a work directory after them)."""
+        ``script``: another crasher taking the same arguments, with a work directory after them; ``lib``:
+        another build of libcrash.so, libthrower.so beside it for the ``throw-*`` modes)."""
         import tempfile
 
-        from tests.crashers.make_core import crash_for_core
+        from tests.crashers.make_core import build_thrower, crash_for_core
 
         script = script or SAME_BUG
-        k = (key, mode, faulthandler, python, script)
+        lib = lib or self.lib
+        k = (key, mode, faulthandler, python, script, lib)
         if k not in self._cores:
             interp = self.factory.interpreter(key)
             run = Path(tempfile.mkdtemp(prefix=f"run-same-{mode}-", dir=self.factory.base))
             env = {"PYTHONFAULTHANDLER": "1"} if faulthandler else {"PYTHONFAULTHANDLER": ""}
             extra = [str(run)] if script != SAME_BUG else []
-            self._cores[k] = crash_for_core([python or interp.python, str(script), str(self.lib), mode, *extra],
-                                            run, env=env, root=interp.root, binds=(script, self.lib),
-                                            outputs=("samples.dat",))
+            binds = (script, lib, build_thrower(lib.parent)) if mode.startswith("throw") else (script, lib)
+            self._cores[k] = crash_for_core([python or interp.python, str(script), str(lib), mode, *extra],
+                                            run, env=env, root=interp.root, binds=binds, outputs=("samples.dat",))
         return self._cores[k]
 
     def analysis(self, key: str, mode: str, *, faulthandler: bool = False, python: str | None = None,
-                 script: Path | None = None, **kw):
+                 script: Path | None = None, lib: Path | None = None, **kw):
         from forensics.analyze import analyze_core
 
-        k = (key, mode, faulthandler, python, script, tuple(sorted(kw.items())))
+        k = (key, mode, faulthandler, python, script, lib, tuple(sorted(kw.items())))
         if k not in self._analyses:
             root = self.factory.interpreter(key).root
-            core = self.core(key, mode, faulthandler=faulthandler, python=python, script=script)
+            core = self.core(key, mode, faulthandler=faulthandler, python=python, script=script, lib=lib)
             self._analyses[k] = analyze_core(str(core), sysroot=str(root) if root else None, **kw)
         return self._analyses[k]
 

@@ -144,7 +144,9 @@ def _analyze_one(path: str) -> BatchEntry:
             path, sysroot=_OPTIONS.get("sysroot"), exe=_OPTIONS.get("exe"), gdb=_OPTIONS.get("gdb", "gdb"),
             timeout=_OPTIONS.get("timeout", 120.0), debuginfod=_OPTIONS.get("debuginfod"), session=_SESSION,
             method=_OPTIONS.get("method", "auto"), native_method=_OPTIONS.get("native_method", "auto"),
-            heap=_OPTIONS.get("heap", "off"),  # a fingerprint table shows no heap: read it only when asked
+            # a heap abort's fingerprint needs the anatomy of its corruption (a double free is one bug whatever
+            # glibc's message); the rest of the heap only when asked
+            heap=_OPTIONS.get("heap", "auto"),
         )
         return BatchEntry(path=path, mtime=when, analysis=analysis, error=None)
     except ForensicsError as e:
@@ -228,7 +230,7 @@ def group_entries(entries: list[BatchEntry]) -> BatchResult:
                 example=(whole or members)[-1][0].path,
                 paths=tuple(m[0].path for m in members),
                 partial=tuple(f"{m[0].path}: {m[0].partial}" for m in members if m[0].partial is not None),
-                fingerprints_v2=tuple(sorted({m[1].fingerprint_v2 for m in members if m[1].fingerprint_v2})),
+                fingerprints_v3=tuple(sorted({m[1].fingerprint_v3 for m in members if m[1].fingerprint_v3})),
             )
         )
     rows.sort(key=lambda g: (-g.count, g.first_seen, g.fingerprint))

@@ -85,13 +85,14 @@ def compare_methods(reading: CoreReading, gdb_python, direct, dwarf_layout: Dwar
 
 def unwind_signal_handler_threads(reading: CoreReading, problems: list[str],
                                    python: PythonStacks | None = None) -> tuple[NativeStack, ...] | None:
-    """Native stacks, by libdw, of the threads running a signal handler -- and of the crashed thread when
-    it ran no Python code -- when no unwinder was asked for.
+    """Native stacks, by libdw, of the threads running a signal handler -- and of the crashed thread -- when
+    no unwinder was asked for.
 
     ``--method direct`` unwinds nothing, but a thread that was running a handler needs its native stack
     to tell the handler's frames from the ones it interrupted: the first fault's Python frames (and so
-    the fingerprint) are those; and a crashed thread without Python frames (a native library's own
-    thread) is told apart by its native frames alone.  Only such threads are unwound; the others keep
+    the fingerprint) are those; and the crashed thread's faulting function (an abort's culprit) is part of
+    the fingerprint, and a crashed thread without Python frames (a native library's own thread) is told
+    apart by its native frames alone.  Only such threads are unwound; the others keep
     their program counter.  None when there is none, or libdw cannot run (said in ``problems``).
     """
     core, sysroot = reading.core, reading.sysroot
@@ -99,9 +100,7 @@ def unwind_signal_handler_threads(reading: CoreReading, problems: list[str],
     threads = attach_signal_frames(core, build_threads(core, pcs, None), mem=reading.mem,
                                    text=reading.text_trampolines())
     tids = {t.tid for t in threads if t.signal_frames}
-    if python is not None and python.status in (PythonStatus.OK, PythonStatus.NOT_PYTHON) \
-            and core.crashed_tid is not None \
-            and not any(t.frames for t in python.threads if t.native_thread_id == core.crashed_tid):
+    if core.crashed_tid is not None:  # the faulting function, an abort's culprit: the fingerprint's
         tids.add(core.crashed_tid)
     if not tids:
         return None

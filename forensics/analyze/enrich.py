@@ -7,13 +7,34 @@ import dataclasses
 from ..model import Analysis, CrashKind, NativeStack, ProcessSnapshot
 from ..modes import HeapMode
 from .classify import is_python_process
-from .findings import heap_findings
+from .findings import heap_findings, with_fingerprint
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
 if TYPE_CHECKING:
     from .reading import CoreReading
 
-__all__ = ["with_crashed_locals", "with_heap"]
+__all__ = ["with_crashed_locals", "with_cxx_exception", "with_heap"]
+
+
+def with_cxx_exception(snapshot: ProcessSnapshot, reading: CoreReading) -> ProcessSnapshot:
+    """The snapshot with the crashed thread's C++ exception in flight (:func:`.cxx.read_cxx_exception`), when it
+    runs the C++ runtime's throw or terminate machinery, and the caller found on its stack past the runtimes
+    where the unwinder stopped inside them (:func:`.cxx.scan_caller_past_runtime`); the snapshot as it was
+    otherwise."""
+    crashed = snapshot.crashed_thread
+    if crashed is None:
+        return snapshot
+    from .cxx import read_cxx_exception
+
+    from .cxx import scan_caller_past_runtime
+
+    exc = read_cxx_exception(reading.mem, snapshot.core, crashed)
+    caller = scan_caller_past_runtime(reading.mem, snapshot.core, crashed, sysroot=reading.sysroot)
+    if exc is None and caller is None:
+        return snapshot
+    threads = tuple(dataclasses.replace(t, cxx_exception=exc, scanned_caller=caller) if t is crashed else t
+                    for t in snapshot.threads)
+    return dataclasses.replace(snapshot, threads=threads)
 
 
 def with_crashed_locals(snapshot: ProcessSnapshot, *, sysroot: str | None = None, reading: CoreReading | None = None):
@@ -96,4 +117,5 @@ def with_heap(analysis: Analysis, mode: HeapMode, *, sysroot: str | None = None,
         report = dataclasses.replace(report, corruption=library_verdict(
             report.corruption, crashed.native_frames, crashed.py_frames, pointers, locals_problem))
     findings = analysis.findings + heap_findings(report, analysis.crash.tid)
-    return dataclasses.replace(analysis, heap=report, findings=findings)
+    # a heap abort's fingerprint names what the anatomy says it was (a double free), whichever message glibc wrote
+    return with_fingerprint(dataclasses.replace(analysis, heap=report, findings=findings))

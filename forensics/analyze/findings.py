@@ -6,12 +6,14 @@ Public through :mod:`forensics.analyze` (``analyze_snapshot``, ``check_snapshot`
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..model import Analysis, Crash, CrashKind, Finding, HeapReport, LibraryStatus, ProcessSnapshot, Severity
 from .classify import classify_crash, is_python_process
 from .memfaults import check_past_end_of_file, check_stack_overflow
-from .fingerprint import FINGERPRINT_VERSION, fingerprint, fingerprint_basis, fingerprint_basis_v2
+from .fingerprint import FINGERPRINT_VERSION, fingerprint, fingerprint_basis, fingerprint_basis_v3
 
-__all__ = ["analyze_snapshot", "check_snapshot", "check_nested_faults", "heap_findings"]
+__all__ = ["analyze_snapshot", "check_snapshot", "check_nested_faults", "heap_findings", "with_fingerprint"]
 
 
 def check_snapshot(snapshot: ProcessSnapshot, crash: Crash) -> tuple[Finding, ...]:
@@ -160,28 +162,25 @@ def check_nested_faults(snapshot: ProcessSnapshot, crash: Crash) -> list[Finding
 
 
 def analyze_snapshot(snapshot: ProcessSnapshot) -> Analysis:
-    """Judge a snapshot: the crash (its first fault), its fingerprint, the findings."""
+    """Judge a snapshot: the crash (its first fault), its fingerprint, the findings.  A heap abort's
+    fingerprint is made again once its heap is read (:func:`with_fingerprint`)."""
     crash = classify_crash(snapshot.core, snapshot.threads, python_process=is_python_process(snapshot.core))
-    basis: tuple[str, ...]
-    basis_v2: tuple[str, ...]
+    return with_fingerprint(Analysis(snapshot=snapshot, crash=crash, fingerprint=None, fingerprint_basis=(),
+                                     findings=check_snapshot(snapshot, crash)))
+
+
+def with_fingerprint(analysis: Analysis) -> Analysis:
+    """The analysis with its fingerprint (:func:`~.fingerprint.fingerprint_basis`, read with its heap when it has
+    one) and the previous definition's key beside it; none for a snapshot or a signal another process sent."""
+    snapshot, crash = analysis.snapshot, analysis.crash
     if crash.kind in (CrashKind.SNAPSHOT, CrashKind.SENT_SIGNAL):  # no crash: no crash fingerprint
-        basis, partial, fp, basis_v2, fp_v2 = (), None, None, (), None
-    else:
-        basis, partial = fingerprint_basis(snapshot, crash)
-        fp = fingerprint(basis)
-        basis_v2 = fingerprint_basis_v2(snapshot, crash)
-        fp_v2 = fingerprint(basis_v2)
-    return Analysis(
-        snapshot=snapshot,
-        crash=crash,
-        fingerprint=fp,
-        fingerprint_basis=basis,
-        fingerprint_partial=partial,
-        fingerprint_version=FINGERPRINT_VERSION if fp is not None else None,
-        fingerprint_v2=fp_v2,
-        fingerprint_v2_basis=basis_v2,
-        findings=check_snapshot(snapshot, crash),
-    )
+        return dataclasses.replace(analysis, fingerprint=None, fingerprint_basis=(), fingerprint_partial=None,
+                                   fingerprint_version=None, fingerprint_v3=None, fingerprint_v3_basis=())
+    basis, partial = fingerprint_basis(snapshot, crash, analysis.heap)
+    basis_v3, _ = fingerprint_basis_v3(snapshot, crash)
+    return dataclasses.replace(analysis, fingerprint=fingerprint(basis), fingerprint_basis=basis,
+                               fingerprint_partial=partial, fingerprint_version=FINGERPRINT_VERSION,
+                               fingerprint_v3=fingerprint(basis_v3), fingerprint_v3_basis=basis_v3)
 
 
 def heap_findings(report: HeapReport, tid: int | None) -> tuple[Finding, ...]:

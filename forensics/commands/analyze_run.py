@@ -72,7 +72,8 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
             doc = analysis_payload(analysis)
             emit(redact_lines(format_analysis(analysis, merged=merged), doc), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
-    options["heap"] = "full" if heap else "off"  # a fingerprint table shows no heap
+    # a heap abort's fingerprint needs its anatomy (which corruption it was); the table shows no more of the heap
+    options["heap"] = "full" if heap else "auto"
     _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journal,
                    partial_input=bool(fetch_problems))
 
@@ -126,7 +127,7 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journa
         payload = {
             "batch": result,
             # what the batch found: its bugs (distinct fingerprints) and the previous definition's keys for them
-            "found": {"bugs": result.bugs, "fingerprints_v2": result.fingerprints_v2, "sent_signals": len(result.sent)},
+            "found": {"bugs": result.bugs, "fingerprints_v3": result.fingerprints_v3, "sent_signals": len(result.sent)},
             "cores": [
                 {
                     "path": e.path,
@@ -135,7 +136,7 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journa
                     "mtime": e.mtime,
                     "error": e.error,
                     "fingerprint": e.analysis.fingerprint if e.analysis else None,
-                    "fingerprint_v2": e.analysis.fingerprint_v2 if e.analysis else None,
+                    "fingerprint_v3": e.analysis.fingerprint_v3 if e.analysis else None,
                     "signature": signature(e.analysis) if e.analysis else None,
                     "complete": e.analysis.snapshot.is_complete if e.analysis else False,
                     "partial": e.partial,

@@ -259,7 +259,7 @@ def _batch_head(result: BatchResult) -> Iterator[str]:
     head.append(_count(len(result.skipped), "file", "files") + " skipped (not cores)")
     yield ", ".join(head)
     yield (f"Found {_count(result.bugs, 'bug', 'bugs')} (distinct fingerprints); the previous fingerprint definition "
-           f"gives them {_count(result.fingerprints_v2, 'fingerprint', 'fingerprints')} (fingerprint_v2)")
+           f"gives them {_count(result.fingerprints_v3, 'fingerprint', 'fingerprints')} (fingerprint_v3)")
 
 
 def _batch_apart(result: BatchResult) -> Iterator[str]:
@@ -321,6 +321,11 @@ def _crash_lines(analysis: Analysis) -> Iterator[str]:
         label = crash.handler.label
         kind = "" if crash.handler.kind.value == label else f" ({crash.handler.kind.value})"
         yield f"Handler:     {crash.signal_name} handler {label}{kind}"
+    thread = analysis.fault_thread
+    if thread is not None and thread.cxx_exception is not None and crash.kind is CrashKind.ABORT:
+        exc = thread.cxx_exception
+        yield (f"Exception:   {exc.type} (a C++ exception no handler caught, or thrown through a noexcept function: "
+               f"std::terminate; {exc.runtime}, object at 0x{exc.address:x})")
     if crash.then is not None:
         yield f"Then:        {describe_later_fault(analysis)}"
     explanation = exit_explanation(analysis)

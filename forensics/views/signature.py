@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..model import Analysis, CoreFile, CrashKind, FaultKind, NativeFrame, PyFrame, Thread
 from ..modes import Unwinder
 from .frames import first_fault_frames, skip_abort_machinery
+from .names import function_name, is_runtime_frame
 from .pyframes import describe_pyframe, first_outside_stdlib, python_location
 
 __all__ = ["signature", "describe_thread", "describe_native_culprit", "describe_location",
@@ -37,18 +38,21 @@ def _in_thread(t: Thread) -> str:
 
 
 def describe_native_culprit(frames: tuple[NativeFrame, ...], libraries_base: dict[str, int], *,
-                            unwound: bool = True) -> str | None:
-    """The first native frame past the abort machinery and outside libc: ``symbol (library)``, or for an
-    unnamed one ``library+0xOFFSET`` (never its named caller); None when no frame qualifies.
+                            unwound: bool = True, runtimes: bool = False) -> str | None:
+    """The first native frame past the abort machinery and outside libc: ``function (library)`` (a C++ name
+    demangled, without its parameters), or for an unnamed one ``library+0xOFFSET`` (never its named caller);
+    None when no frame qualifies.
 
     :param unwound: whether an unwinder made the frames (else the one frame is the program counter,
         never symbolized: said so, not "no symbol")
+    :param runtimes: an abort's: past the C and C++ runtimes' frames too (libstdc++'s terminate machinery,
+        libgcc_s' unwinder), and the physical function (the code that threw, not what it inlined)
     """
     for f in skip_abort_machinery(frames):
-        if f.is_libc:
+        if f.is_libc or (runtimes and (is_runtime_frame(f) or f.inlined)):
             continue
         if f.symbol:
-            return f"{f.symbol} ({f.library_name or '?'})"
+            return f"{function_name(f.symbol)} ({f.library_name or '?'})"
         if f.library:
             base = libraries_base.get(f.library)
             off = f"+0x{f.pc - base:x}" if base is not None and f.pc >= base else f" at 0x{f.pc:x}"
@@ -58,8 +62,10 @@ def describe_native_culprit(frames: tuple[NativeFrame, ...], libraries_base: dic
 
 
 def describe_location(py_frames: tuple[PyFrame, ...] | None, native: tuple[NativeFrame, ...],
-                      libraries_base: dict[str, int], *, unwound: bool = True) -> list[str]:
-    """``at PYFRAME [from CALLER]`` and ``via NATIVE`` for one part of a stack."""
+                      libraries_base: dict[str, int], *, unwound: bool = True, runtimes: bool = False,
+                      via: str = "via") -> list[str]:
+    """``at PYFRAME [from CALLER]`` and ``via NATIVE`` for one part of a stack (``runtimes``: an abort's,
+    :func:`describe_native_culprit`; ``via``: the word before the native culprit)."""
     out = []
     if py_frames:
         top = py_frames[0]
@@ -68,9 +74,9 @@ def describe_location(py_frames: tuple[PyFrame, ...] | None, native: tuple[Nativ
             caller = first_outside_stdlib(py_frames)
             if caller is not None:
                 out.append(f"from {describe_pyframe(caller)}")
-    culprit = describe_native_culprit(native, libraries_base, unwound=unwound)
+    culprit = describe_native_culprit(native, libraries_base, unwound=unwound, runtimes=runtimes)
     if culprit is not None:
-        out.append(f"via {culprit}")
+        out.append(f"{via} {culprit}")
     return out
 
 
@@ -142,10 +148,15 @@ def signature(analysis: Analysis) -> str:
     parts = _fault(crash.signal_name, crash.abort_message, crash.fault_address, crash.fault_kind, snap.core)
     parts.append(f"[{crash.kind.value}]")
     thread = next((t for t in snap.threads if t.tid == crash.tid), None) if crash.tid is not None else None
+    exc = thread.cxx_exception if thread is not None and crash.kind is CrashKind.ABORT else None
+    if exc is not None:  # std::terminate: the exception no handler caught (or that left a noexcept function)
+        parts.append(f"std::terminate on an uncaught {exc.type}")
     if thread is not None:
         parts.append(_in_thread(thread))
         native, py = first_fault_frames(thread, crash)
-        where = describe_location(py, native, bases, unwound=_unwound(thread))
+        aborted = crash.kind in (CrashKind.ABORT, CrashKind.HEAP_CORRUPTION)
+        where = describe_location(py, native, bases, unwound=_unwound(thread), runtimes=aborted,
+                                  via="thrown by" if exc is not None else "via")
         if crash.handling is not None:  # a fault inside a handler: which signal, whose handler, its own frames
             parts.append(f"in its {crash.handling.signal_name} handler {crash.handling.label}")
             if crash.handling.name:

@@ -14,6 +14,17 @@
 static void *volatile keep;
 static void *volatile keep_buf;
 
+#ifdef FORENSICS_PAD
+/* Another build of the library (-DFORENSICS_PAD): code before every function below moves their offsets. */
+__attribute__((used, noinline)) int forensics_padding(volatile int *p)
+{
+    int i, s = 0;
+    for (i = 0; i < 64; i++)
+        s += p[i] * i + (s >> 3);
+    return s;
+}
+#endif
+
 /* Overflow a heap buffer by 16 bytes into the next chunk's header, then free it.
  * mode 0: the next chunk's size loses PREV_INUSE -> "double free or corruption (!prev)"
  * mode 1: the next chunk's size becomes "AAAAAAAA" -> "free(): invalid next size (normal)"
@@ -186,4 +197,18 @@ int forensics_double_free(size_t size)
     forensics_release_buffer(buffer);
     forensics_release_buffer(buffer);
     return 0;
+}
+
+/* Two functions of one library, both handed NULL by one generic dispatcher (a binding's _call(fn, ...)): a read
+ * at NULL+0 and one at NULL+0x10 -- two bugs behind one Python function. */
+struct forensics_names { long count; long spare; const char **names; };
+
+int forensics_sum_keys(const int *keys)
+{
+    return keys[0] + 1; /* reads 0x0 */
+}
+
+long forensics_count_names(const struct forensics_names *table)
+{
+    return (long)table->names + 1; /* reads 0x10 */
 }

@@ -33,6 +33,7 @@ __all__ = [
     "core_pattern_problem",
     "build_libcrash",
     "build_libreporter",
+    "build_thrower",
     "make_core",
     "crash_for_core",
     "make_gcore",
@@ -85,6 +86,13 @@ def build_libcrash(directory: Path, *, cflags: Sequence[str] = (), name: str = "
     :param cc: the compiler (default: ``$CC`` or gcc); a cross compiler builds it for another machine
     """
     return _build_library(directory, LIBCRASH_C, cflags=cflags, name=name, cc=cc)
+
+
+def build_thrower(directory: Path) -> Path:
+    """Build ``libthrower.so`` (C++ throwers behind ``noexcept`` C entry points) into ``directory`` unless it is
+    there."""
+    return _build_library(directory, HERE / "thrower.cpp", cflags=(), name="libthrower.so",
+                          cc=os.environ.get("CXX", "g++"))
 
 
 def build_libreporter(directory: Path) -> Path:

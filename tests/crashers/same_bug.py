@@ -1,7 +1,8 @@
 """One bug per mode, the same program under every CPython: the cores a fingerprint must not split.
 
 usage: same_bug.py LIBCRASH.so {thread-method,c-extension,assert,native-a,native-b,null,usr1-handler,
-                                double-free-small,double-free-large}
+                                double-free-small,double-free-large,dispatch-sum,dispatch-count,
+                                throw-parse,throw-config}
 
 ``thread-method``: a method on a thread (``Poller.read_label``, run by ``Thread.run``) calls into
 libcrash.so, which writes near NULL; ``c-extension``: a C extension of the standard library
@@ -11,9 +12,15 @@ libcrash.so, which writes near NULL; ``c-extension``: a C extension of the stand
 (with ``PYTHONFAULTHANDLER=1`` faulthandler handles it and raises SIGSEGV again); ``usr1-handler``: a
 SIGUSR1 handler in libcrash.so writes through NULL, run when ``forensics_raise`` raised SIGUSR1;
 ``double-free-small`` / ``double-free-large``: libcrash.so releases one buffer twice, 64 bytes (glibc: "free():
-double free detected in tcache 2") or 1280 bytes (glibc: "double free or corruption (!prev)") -- one bug.
+double free detected in tcache 2") or 1280 bytes (glibc: "double free or corruption (top)" or "(!prev)", by
+the heap around it) -- one bug;
+``dispatch-sum`` / ``dispatch-count``: one generic Python dispatcher calls libcrash.so's ``forensics_sum_keys``
+(reads NULL+0) or ``forensics_count_names`` (reads NULL+0x10) with NULL -- two bugs; ``throw-parse`` /
+``throw-config``: libthrower.so (beside LIBCRASH.so) throws ``std::out_of_range`` from ``app::parse_header``
+or ``app::ParseError`` from ``app::read_config`` through a ``noexcept`` entry point -- two bugs.
 """
 import ctypes
+import os
 import sys
 import threading
 
@@ -55,6 +62,15 @@ def release_buffers():
     return LIB.forensics_double_free(ctypes.c_size_t(64 if MODE == "double-free-small" else 1280))
 
 
+def dispatch(function, *args):
+    return getattr(LIB, function)(*args)
+
+
+def throw(which):
+    thrower = ctypes.CDLL(os.path.join(os.path.dirname(sys.argv[1]), "libthrower.so"))
+    return thrower.thrower_parse_header(b"x") if which == "throw-parse" else thrower.thrower_read_config(2)
+
+
 def main():
     if MODE == "thread-method":
         worker = threading.Thread(target=Poller().poll, name="poller")
@@ -72,6 +88,10 @@ def main():
         dump_state()
     elif MODE in ("double-free-small", "double-free-large"):
         release_buffers()
+    elif MODE in ("dispatch-sum", "dispatch-count"):
+        dispatch("forensics_sum_keys" if MODE == "dispatch-sum" else "forensics_count_names", None)
+    elif MODE in ("throw-parse", "throw-config"):
+        throw(MODE)
     raise SystemExit(f"{MODE}: did not crash")
 
 

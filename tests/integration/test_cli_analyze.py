@@ -97,9 +97,9 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     assert all(Path(g["example"]).parent == d for g in groups)
     assert doc["batch"]["total"] == 5 and not doc["batch"]["failed"]
     # how many bugs it found (distinct fingerprints) and the previous definition's keys for them, one each here
-    assert doc["found"] == {"bugs": 2, "fingerprints_v2": 2, "sent_signals": 0}
-    assert [len(g["fingerprints_v2"]) for g in groups] == [1, 1]
-    assert groups[0]["fingerprints_v2"] != groups[1]["fingerprints_v2"]
+    assert doc["found"] == {"bugs": 2, "fingerprints_v3": 2, "sent_signals": 0}
+    assert [len(g["fingerprints_v3"]) for g in groups] == [1, 1]
+    assert groups[0]["fingerprints_v3"] != groups[1]["fingerprints_v3"]
     # first and last seen: the oldest and newest core of each crash (the kernel's write times)
     assert (groups[0]["first_seen"], groups[0]["last_seen"]) == (1_700_000_000, 1_700_007_200)
     assert (groups[1]["first_seen"], groups[1]["last_seen"]) == (1_700_100_000, 1_700_100_001)
@@ -114,7 +114,7 @@ def test_batch_folds_cores_into_fingerprints(cores, newest_python, tmp_path):
     assert r.stdout.splitlines()[0] == ("5 inputs: 5 cores analyzed (0 partial), 2 distinct crashes, 0 unreadable, "
                                         "1 file skipped (not cores)")
     assert r.stdout.splitlines()[1] == ("Found 2 bugs (distinct fingerprints); the previous fingerprint definition "
-                                        "gives them 2 fingerprints (fingerprint_v2)")
+                                        "gives them 2 fingerprints (fingerprint_v3)")
 
 
 def test_batch_with_an_unreadable_core_exits_3(cores, newest_python, tmp_path):
@@ -203,8 +203,11 @@ def test_method_direct_needs_no_gdb_and_is_complete(heap_core):
     r = run("analyze", "--json", "--method", "direct", "--gdb", "/nonexistent/gdb", str(heap_core))
     assert r.exit_code == EXIT_OK, r.stderr
     snap = json.loads(r.stdout)["analysis"]["snapshot"]
-    assert snap["python_method"] == "direct" and snap["native_method"] == "registers"
+    # no gdb: the crashed thread unwound by libdw (its faulting function is the fingerprint's), the others' program
+    # counters only
+    assert snap["python_method"] == "direct" and snap["native_method"] == "libdw+registers"
     assert [t["name"] for t in snap["threads"]] == ["MainThread", "metrics-server"]
+    assert [t["native_method"] for t in snap["threads"]] == ["libdw", "registers"]
 
 
 def test_method_both_agrees(heap_core):

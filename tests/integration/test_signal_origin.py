@@ -149,4 +149,6 @@ def test_the_previous_definitions_keep_their_fault_words(same_bug, newest_python
     for a in (same_bug.analysis(newest_python, "c-recursion", script=OVERFLOW),
               same_bug.analysis(newest_python, "memmap", script=OVERFLOW)):
         # THEN the previous fingerprint definition still reads them with SIGSEGV's codes, as it did
-        assert "fault:not-writable" in a.fingerprint_v2_basis, a.fingerprint_v2_basis
+        assert "fault:not-writable" in a.fingerprint_v3_basis, a.fingerprint_v3_basis
+        # and the new definition names the kind
+        assert f"fault:{a.crash.fault_kind.value}" in a.fingerprint_basis

@@ -125,9 +125,11 @@ def test_fingerprint_ignores_lines_and_addresses_but_not_the_bug():
     a, b = _analysis(py_line=5), _analysis(py_line=50)
     assert a.fingerprint == b.fingerprint
     assert a.crash.kind is CrashKind.HEAP_CORRUPTION
-    # only what every method yields: the class, the message, the Python frames; never native frames,
-    # which --method direct does not unwind
+    # the class, the message (no heap read here: the anatomy did not say which corruption it was), the first frame
+    # outside glibc's abort machinery (the code whose free() glibc rejected: --method direct unwinds the crashed
+    # thread), the Python frames
     assert a.fingerprint_basis == ("kind:heap-corruption", "signal:SIGABRT", "abort:double free or corruption (!prev)",
+                                   "function:libnvidia-ml.so:nvmlDeviceGetFieldValues",
                                    "python:device.py:nvlink_throughput")
     assert a.fingerprint_partial is None
     c = _analysis(abort="free(): invalid next size (normal)")
@@ -252,14 +254,20 @@ def test_a_batch_counts_its_bugs_and_the_previous_definitions_fingerprints():
     from forensics.model import BatchEntry
 
     a, other = _analysis(), _analysis(abort="free(): invalid next size (normal)")
-    entries = [BatchEntry(path=f"/c/{i}", mtime=float(i), error=None, analysis=replace(a, fingerprint_v2=v2))
-               for i, v2 in enumerate(["old-311", "old-310", "old-311"])]
-    entries.append(BatchEntry(path="/c/x", mtime=9.0, error=None, analysis=replace(other, fingerprint_v2="old-x")))
+    entries = [BatchEntry(path=f"/c/{i}", mtime=float(i), error=None, analysis=replace(a, fingerprint_v3=v3))
+               for i, v3 in enumerate(["old-311", "old-310", "old-311"])]
+    entries.append(BatchEntry(path="/c/x", mtime=9.0, error=None, analysis=replace(other, fingerprint_v3="old-x")))
     # WHEN they are folded
     result = group_entries(entries)
     # THEN two bugs, which the previous definition split into three fingerprints; each group names its old keys
-    assert (result.bugs, result.fingerprints_v2) == (2, 3)
-    assert [g.fingerprints_v2 for g in result.groups] == [("old-310", "old-311"), ("old-x",)]
+    assert (result.bugs, result.fingerprints_v3) == (2, 3)
+    assert [g.fingerprints_v3 for g in result.groups] == [("old-310", "old-311"), ("old-x",)]
     head = list(format_batch(result))[:2]
     assert head[1] == ("Found 2 bugs (distinct fingerprints); the previous fingerprint definition gives them "
-                       "3 fingerprints (fingerprint_v2)")
+                       "3 fingerprints (fingerprint_v3)")
+    # and one of each is said in the singular
+    one = group_entries(entries[3:])
+    assert list(format_batch(one))[:2] == [
+        "1 input: 1 core analyzed (0 partial), 1 distinct crash, 0 unreadable, 0 files skipped (not cores)",
+        "Found 1 bug (distinct fingerprints); the previous fingerprint definition gives them 1 fingerprint "
+        "(fingerprint_v3)"]
