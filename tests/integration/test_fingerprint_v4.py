@@ -109,12 +109,12 @@ def test_one_double_free_is_one_bug_whatever_glibcs_message(same_bug):
     for k, a in got.items():
         assert a.crash.kind is CrashKind.HEAP_CORRUPTION, k
         assert a.heap is not None and a.heap.corruption is not None, k
-    # the cores whose heap anatomy found the chunk freed twice (a second free); glibc's "(!prev)" double free
-    # (the chunk consolidated into a free neighbour) is found once the heap's item 3 is in: until then it is
-    # "undetermined" and keyed on its message, as before
+    # the heap's anatomy finds the chunk freed twice in every one of them: "a second free of ..."
     found = {k: a for k, a in got.items() if a.heap.corruption.kind is HeapFailureKind.DOUBLE_FREE}
-    rest = {k: a.crash.abort_message for k, a in got.items() if k not in found}
-    assert set(rest.values()) <= {"double free or corruption (!prev)"}, rest
+    assert found == got, {k: (a.crash.abort_message, a.heap.corruption.verdict_reason) for k, a in got.items()
+                          if k not in found}
+    assert all("a second free" in a.heap.corruption.verdict_reason for a in got.values()), \
+        {k: a.heap.corruption.verdict_reason for k, a in got.items()}
     messages = {a.crash.abort_message for a in found.values()}
     # THEN glibc caught it with different checks (the messages differ) ...
     assert len(messages) >= 2 and "free(): double free detected in tcache 2" in messages, messages
