@@ -154,6 +154,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              modules=("nvitop", "nvitop_exporter", "pynvml")),
     Scenario("deb-bad-pth", "a .pth that is not UTF-8: the interpreter dies at start-up (#13 item 7)",
              install=(_STACK_171,), files=((f"{DIST}/legacy.pth", b"/opt/l\xe9gacy\n"),), pip_check=False),
+    Scenario("deb-missing-lib", "PyPI's psutil (its extension needs libpthread.so.0) over the 1.7.1 stack, and an "
+                                "upper layer deleting libc6's libpthread.so.0: `import nvitop` fails (#41 item 1)",
+             install=(_STACK_171, _pip("psutil")),
+             files=(("/usr/lib/x86_64-linux-gnu/.wh.libpthread.so.0", b""),),
+             entrypoint=("python3", "-m", "nvitop_exporter"), modules=("nvitop", "nvitop_exporter", "psutil"),
+             pip_check=False),
 )}
 
 

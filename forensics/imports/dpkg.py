@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from .rootfs import RootFS
 
-__all__ = ["DpkgPackage", "DpkgFiles", "parse_status", "parse_md5sums", "upstream_version", "read_dpkg"]
+__all__ = ["DpkgPackage", "DpkgFiles", "parse_status", "parse_md5sums", "upstream_version", "read_dpkg",
+           "find_file_owners"]
 
 STATUS = "/var/lib/dpkg/status"
 INFO = "/var/lib/dpkg/info"
@@ -137,3 +138,31 @@ def read_dpkg(fs: RootFS, site_dirs: tuple[str, ...]) -> DpkgFiles | None:
             notes.append(f"more than {_MAX_FILES} files in dpkg's lists below the site directories: the rest ignored")
             break
     return DpkgFiles(owner=owner, packages=tuple(packages.values()), notes=tuple(notes))
+
+
+_MAX_OWNER_READ = 256 << 20  # bytes of dpkg's file lists read to find one file's package
+
+
+def find_file_owners(fs: RootFS, name: str) -> tuple[tuple[DpkgPackage, str], ...] | None:
+    """The installed packages whose dpkg file list names a file called ``name`` (``libpthread.so.0``), with the
+    path each lists; None when the root has no dpkg database.  What a failed import could not find is often a
+    file a package installed and a later layer deleted: the list still names it.
+
+    Bounded: at most :data:`_MAX_PACKAGES` packages and :data:`_MAX_OWNER_READ` bytes of lists are read.
+    """
+    status = fs.read_text(STATUS, _MAX_STATUS)
+    if status is None or "/" in name or not name:
+        return None
+    found: list[tuple[DpkgPackage, str]] = []
+    read = 0
+    for pkg in list(parse_status(status).values())[:_MAX_PACKAGES]:
+        for base in (f"{INFO}/{pkg.name}:{pkg.architecture}", f"{INFO}/{pkg.name}"):
+            listing = fs.read_text(base + ".list", _MAX_LIST) if fs.is_file(base + ".list") else None
+            if listing is None:
+                continue
+            read += len(listing)
+            found += [(pkg, p) for p in listing.splitlines() if p.endswith("/" + name)]
+            break
+        if read > _MAX_OWNER_READ:
+            break
+    return tuple(found)

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import resource
 import secrets
 import shutil
@@ -28,10 +29,11 @@ from dataclasses import dataclass
 
 from ..errors import ExecuteError, StartupFailed
 from ..subproc import OutputTooLarge, run_bounded
+from .dpkg import find_file_owners
 from .model import ExecutedModule, ExecuteResult, ModuleCheck, PythonSetup
 from .rootfs import RootFS, norm
 
-__all__ = ["PROBE", "PROBE_LIMITS", "run_probe_bwrap", "run_probe_nsenter", "compare",
+__all__ = ["PROBE", "PROBE_LIMITS", "run_probe_bwrap", "run_probe_nsenter", "compare", "missing_of",
            "startup_result", "parse_credentials", "map_id", "limit_notes",
            "Credentials", "ProbeLimits"]
 
@@ -64,6 +66,8 @@ for n in names:
             r["version"] = None if v is None else str(v)
         except BaseException as e:
             r["import_error"] = "%s: %s" % (type(e).__name__, e)
+            if isinstance(e, ImportError) and isinstance(getattr(e, "name", None), str):
+                r["import_error_name"] = e.name
     out["modules"][n] = r
 # what put each entry there: the customize modules and the .pth files that name it
 import site
@@ -551,8 +555,10 @@ def run_probe_nsenter(pid: int, interpreter: str, setup: PythonSetup, env: dict[
 
 
 def compare(fs: RootFS, setup: PythonSetup, checks: tuple[ModuleCheck, ...], probe: dict, method: str,
-            command: list[str], notes: list[str], env: dict[str, str] | None = None) -> ExecuteResult:
-    """Does the interpreter agree with the static answer, module by module and on sys.path?"""
+            command: list[str], notes: list[str], env: dict[str, str] | None = None,
+            files: RootFS | None = None) -> ExecuteResult:
+    """Does the interpreter agree with the static answer, module by module and on sys.path?  ``files`` is the
+    root whose package database says who provides what a failed import could not find (default ``fs``)."""
 
     def same(a: str | None, b: str | None) -> bool:
         if a is None or b is None:
@@ -560,6 +566,7 @@ def compare(fs: RootFS, setup: PythonSetup, checks: tuple[ModuleCheck, ...], pro
         return (fs.resolve(norm(a)) or norm(a)) == (fs.resolve(norm(b)) or norm(b))
 
     mods = []
+    owners: dict[str, str | None] = {}  # a missing file's package, looked up once
     for c in checks:
         r = probe.get("modules", {}).get(c.module, {})
         static_file = c.resolved.file if c.resolved else None
@@ -574,8 +581,10 @@ def compare(fs: RootFS, setup: PythonSetup, checks: tuple[ModuleCheck, ...], pro
         if agrees and c.static_version and version and c.static_version != version:
             agrees = False
         err = r.get("import_error") or (r.get("error") if r.get("error") != "not found" else None)
+        lacks = missing_of(err, r.get("import_error_name")) if err else None
         mods.append(ExecutedModule(module=c.module, file=run_file, version=version, error=err, agrees=agrees,
-                                   static_file=static_file, static_version=c.static_version))
+                                   static_file=static_file, static_version=c.static_version, missing=lacks,
+                                   provided_by=_provided_by(files or fs, lacks, owners) if lacks else None))
     static_path = [e.path for e in setup.sys_path]
     run_path = [norm(p) for p in probe.get("sys_path", [])]
     path_agrees = [norm(p) for p in static_path] == run_path
@@ -588,6 +597,44 @@ def compare(fs: RootFS, setup: PythonSetup, checks: tuple[ModuleCheck, ...], pro
     return ExecuteResult(method=method, command=tuple(command[:-3] + ["<probe>", command[-2], command[-1]]),
                          sys_path=tuple(run_path), modules=tuple(mods), sys_path_agrees=path_agrees,
                          notes=tuple(notes), difference=difference)
+
+
+_SHARED_OBJECT = re.compile(r"^ImportError: ([\w.+-]+\.so[\w.]*): cannot open shared object file")
+
+
+def missing_of(error: str, name: str | None = None) -> str | None:
+    """What a failed import could not find, from its exception: the shared object the dynamic loader could not open
+    (``libpthread.so.0``), or the module a ModuleNotFoundError names; None for another failure.
+
+    >>> missing_of("ImportError: libpthread.so.0: cannot open shared object file: No such file or directory")
+    'libpthread.so.0'
+    >>> missing_of("ModuleNotFoundError: No module named 'prometheus_client'", "prometheus_client")
+    "the module 'prometheus_client'"
+    """
+    m = _SHARED_OBJECT.match(error)
+    if m:
+        return m.group(1)
+    if error.startswith("ModuleNotFoundError: ") and name:
+        return f"the module {name!r}"
+    return None
+
+
+def _provided_by(fs: RootFS, missing: str, cache: dict[str, str | None]) -> str | None:
+    """What the image's package database (dpkg) says of a missing shared object: the package that lists it, and
+    whether the file is in the image (a later layer may have deleted it); None when it has nothing to say."""
+    if missing in cache:
+        return cache[missing]
+    said = None
+    if not missing.startswith("the module "):
+        owners = find_file_owners(fs, missing)
+        if owners:
+            pkg, path = owners[0]
+            where = "in the image" if fs.exists(path) else "not in the image (a layer deleted it)"
+            said = f"dpkg: {pkg.name} {pkg.version} lists {path}, {where}"
+        elif owners is not None:
+            said = "dpkg: no installed package lists it"
+    cache[missing] = said
+    return said
 
 
 def _entry_of(file: str, path: list[str]) -> int | None:

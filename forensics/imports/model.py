@@ -372,10 +372,25 @@ class ExecutedModule:
     module: str
     file: str | None
     version: str | None
-    error: str | None = None
+    error: str | None = None  # the import raised (or finding it did): the image cannot import it, whatever file it is
     agrees: bool = True
     static_file: str | None = None
     static_version: str | None = None
+    missing: str | None = None  # what the failed import could not find: a shared object (libpthread.so.0)
+    provided_by: str | None = None  # the image's package database on it: "libc6 lists /lib/.../libpthread.so.0 ..."
+
+    @property
+    def import_fails(self) -> bool:
+        """The image's own interpreter could not import it: NOT OK, whatever file it resolves to."""
+        return self.error is not None
+
+    @property
+    def failure(self) -> str:
+        """Why it cannot be imported, in a few words: the missing file (and its package) where known."""
+        if self.missing:
+            return f"{self.module} cannot be imported: {self.missing} missing" + (
+                f" ({self.provided_by})" if self.provided_by else "")
+        return f"{self.module} cannot be imported: {self.error}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -452,14 +467,17 @@ class ImportReport:
         """Why the result is not OK, shortest first; empty when it is.  One definition for the
         exit status and the last line of the text output.
 
-        Fails: a finding about the image, a module not OK, --execute disagreeing, a known issue of
+        Fails: a finding about the image, a module not OK, a module the image's own interpreter cannot import
+        (--execute), --execute disagreeing, a known issue of
         severity error, an uncertain static verdict that --execute did not settle; with ``strict``
         also requirement conflicts, any known issue and delivery warnings.
         """
         out = [f.summary for f in self.findings if f.fails]
         out += [f"{m.module} {m.verdict.value}" for m in self.modules if m.fails]
-        if self.execute is not None and not self.execute.agrees:
-            out.append("--execute disagrees")
+        if self.execute is not None:
+            out += [m.failure for m in self.execute.modules if m.import_fails]
+            if not self.execute.agrees:
+                out.append("--execute disagrees")
         if self.execute is None or not self.execute.agrees:
             out += [f"uncertain: {f.summary}" for f in self.findings if not f.fails]
         errors = [k for k in self.known_issues if k.severity is Severity.ERROR]

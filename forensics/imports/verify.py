@@ -357,7 +357,10 @@ def _probe(fs: RootFS, root: str, setup: PythonSetup, report: ImportReport, env:
         probe, cmd, notes = run_probe_bwrap(root, setup, env, uid, gid, names)
     except StartupFailed as e:
         return startup_result(setup, e, e.command, predicted)
-    return compare(fs, setup, report.modules, probe, "bubblewrap", cmd, notes, env)
+    # the image's package database is read from the unpacked root: the layer index keeps only the Python packages'
+    # file lists, and a failed import asks after any package's file
+    files = fs if isinstance(fs, DirFS) else DirFS(root)
+    return compare(fs, setup, report.modules, probe, "bubblewrap", cmd, notes, env, files=files)
 
 
 def _rmtree(path: str) -> int:

@@ -201,6 +201,29 @@ def test_execute_agrees_with_static(images, scenario):
     assert code == EXPECT[scenario][0]
 
 
+def test_execute_fails_a_module_the_images_interpreter_cannot_import(images):
+    # GIVEN the clean image with libpthread.so.0 deleted by an upper layer: PyPI's psutil extension needs it, so
+    # the image's own interpreter cannot import nvitop (nor psutil) -- every file is where the static analysis says
+    problem = bwrap_problem()
+    if problem:
+        pytest.skip(problem)
+    ref = images.get("missing-lib")
+    static = run(ref, "--json")
+    # WHEN the gate runs with --execute
+    code, doc, out = run(ref, "--json", "--execute")
+    _, _, text = run(ref, "--execute")
+    # THEN NOT OK, exit 3 (it said OK, exit 0): the ImportError and the file it could not find (no package
+    # database in this image to say whose it is)
+    assert static[0] == 0 and code == 3, out
+    ran = {m["module"]: m for m in doc["result"]["execute"]["modules"]}
+    assert ran["nvitop"]["error"].startswith("ImportError: libpthread.so.0: cannot open shared object file")
+    assert ran["nvitop"]["missing"] == "libpthread.so.0" and ran["nvitop"]["provided_by"] is None
+    assert "nvitop cannot be imported: libpthread.so.0 missing" in doc["result"]["failures"]
+    assert text.rstrip().splitlines()[-1].startswith("  result: NOT OK (nvitop cannot be imported: libpthread.so.0 "
+                                                     "missing; "), text
+    assert "    x nvitop: " in text and "        missing: libpthread.so.0" in text
+
+
 def test_execute_on_docker_archive(images):
     problem = bwrap_problem()
     if problem:

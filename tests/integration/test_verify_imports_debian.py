@@ -72,6 +72,8 @@ EXPECT = {
     "deb-python-missing": (3, {"nvitop": "OK", "nvitop_exporter": "OK", "pynvml": "OK"}, ["entrypoint-not-found"],
                            True),
     "deb-bad-pth": (3, {"nvitop": "OK", "pynvml": "OK", "psutil": "OK"}, ["startup-fails"], True),
+    # every file where it is expected: only running the image's interpreter shows that none of them imports
+    "deb-missing-lib": (0, {"nvitop": "OK", "nvitop_exporter": "OK", "psutil": "OK"}, [], True),
 }
 assert set(EXPECT) == set(SCENARIOS)
 
@@ -110,6 +112,8 @@ def test_execute_agrees_where_the_static_verdict_is_certain(deb, name):
     code, doc, out = run(deb.ref(name), "--json", "--execute", *_only(name))
     x = doc["result"]["execute"]
     want_code, _, _, certain = EXPECT[name]
+    if any("import_error" in t for t in deb.truth[name].get("modules", {}).values()):
+        want_code = 3  # a module the image's interpreter cannot import is not OK (#41 item 1)
     if certain:
         assert x["agrees"], out
         assert code == want_code
@@ -292,3 +296,31 @@ def test_strict_and_the_last_line_agree_with_the_exit_status(deb):
             assert (code == 0) == (last == "  result: OK"), (name, args, last)
     code, _, text = run(deb.ref("deb-venv-system-site"), "--strict", *_only("deb-venv-system-site"))
     assert "--strict: 1 requirement conflict(s)" in text.rstrip().splitlines()[-1]
+
+
+def test_execute_fails_an_image_whose_interpreter_cannot_import_the_module(deb):
+    # GIVEN an image whose every module is the file the static analysis expects, but whose own interpreter cannot
+    # import nvitop: PyPI's psutil extension needs libpthread.so.0, which an upper layer deleted
+    truth = deb.truth["deb-missing-lib"]["modules"]
+    assert "libpthread.so.0" in truth["nvitop"]["import_error"], truth  # the oracle: the image's python3 fails
+    assert "libpthread.so.0" in truth["psutil"]["import_error"], truth
+    problem = bwrap_problem()
+    if problem:
+        pytest.skip(problem)
+    # WHEN it is verified with --execute (the gate an SRE puts before a rollout)
+    code, _, text = run(deb.ref("deb-missing-lib"), "--execute", *_only("deb-missing-lib"))
+    code_json, doc, _ = run(deb.ref("deb-missing-lib"), "--json", "--execute", *_only("deb-missing-lib"))
+    # THEN it is NOT OK, exit 3 (it said OK, exit 0), with the ImportError, the missing file and the package dpkg
+    # says provides it
+    assert code == 3 and code_json == 3, text
+    result = text.rstrip().splitlines()[-1]
+    assert result.startswith("  result: NOT OK (nvitop cannot be imported: libpthread.so.0 missing (dpkg: libc6 "), \
+        result
+    assert "lists /lib/x86_64-linux-gnu/libpthread.so.0, not in the image (a layer deleted it)" in result, result
+    assert "x nvitop: " in text and "(import error: ImportError: libpthread.so.0: cannot open shared object" in text
+    ran = {m["module"]: m for m in doc["result"]["execute"]["modules"]}
+    assert ran["nvitop"]["missing"] == ran["psutil"]["missing"] == "libpthread.so.0"
+    assert ran["nvitop"]["provided_by"].startswith("dpkg: libc6 ")
+    assert not doc["result"]["ok"] and "nvitop cannot be imported" in doc["result"]["failures"][0]
+    # and without --execute the static verdicts stay OK: what the files are is not what runs
+    assert run(deb.ref("deb-missing-lib"), *_only("deb-missing-lib"))[0] == 0

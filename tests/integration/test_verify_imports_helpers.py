@@ -474,6 +474,7 @@ SCENARIOS = {
     "guard": "the clean image plus a `forensics guard` (.pth + module) in site-packages",
     "guard-off": "the guard image with the guard's switch set off in the image's Env",
     "editable": "nvitop installed with pip install -e from a checkout: metadata 1.7.1, code 1.5.0",
+    "missing-lib": "the clean image with libpthread.so.0 (which PyPI's psutil extension needs) deleted by a layer",
 }
 
 
@@ -509,6 +510,8 @@ def build_scenario(name: str, out: Path, fmt: str = "oci") -> str:  # noqa: C901
         workdir = "/app"
         layers.append(stale.dir("/app").file("/app/README.md", "old checkout\n"))
         layers.append(Layer().dir("/app").opaque("/app").file("/app/config.yaml", "port: 9000\n"))
+    elif name == "missing-lib":
+        layers.append(Layer().dir("/srv").whiteout("/usr/lib/x86_64-linux-gnu/libpthread.so.0"))
     elif name == "attestation":
         layers.append(Layer().dir("/srv"))
         attestation = True
