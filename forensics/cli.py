@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "canary": "canary:canary",
     "capture": "capture:capture",
     "core-handler": "core_handler:core_handler",
+    "debug": "debug:debug",
     "demo": "demo:demo",
     "fleet": "fleet:fleet",
     "guard": "guard:guard",

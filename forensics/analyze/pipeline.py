@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # gdb's plumbing is imported when gdb runs: most analyses nev
     from ..model import NativeStack, PythonStacks, StoreEntry
     from ..gdb import GdbResult, GdbSession
 
-__all__ = ["analyze_core"]
+__all__ = ["analyze_core", "open_input"]
 
 
 class _InBackground:
@@ -95,7 +95,7 @@ def analyze_core(path: str, *, sysroot: str | None = None, exe: str | None = Non
     """
     method, native_method, heap = StackMethod(method), NativeMethod(native_method), HeapMode(heap)
     plan = plan_native(native_method, method, debuginfod)
-    path, sysroot, store = _open_input(path, sysroot)
+    path, sysroot, store = open_input(path, sysroot)
     core, mem = open_core_memory(path, sysroot=sysroot, exe=exe)  # opened once: every reader below reads it
     with mem:
         core = with_fault_signal(core, mem)  # an AArch64 core without NT_SIGINFO (qemu-user's): its si_addr
@@ -215,7 +215,7 @@ def _no_core(path: str, reason: str) -> NoCoreKept:
     return NoCoreKept(path, reason)
 
 
-def _open_input(path: str, sysroot: str | None) -> tuple[str, str | None, StoreEntry | None]:
+def open_input(path: str, sysroot: str | None) -> tuple[str, str | None, StoreEntry | None]:
     """(the core's path, the sysroot, what systemd-coredump's store says of it): a capture bundle is its own
     sysroot, a bundle without a core is an error; a compressed core (systemd-coredump's) is read from its
     decompressed copy in the cache, with its journal metadata."""

@@ -142,9 +142,13 @@ def _execute_lines(x: ExecuteResult) -> Iterator[str]:
     if x.startup_error:
         yield f"    the interpreter fails at start-up: {x.startup_error}"
     for m in x.modules:
-        mark = "=" if m.agrees else "!"
+        mark = "x" if m.import_fails else "=" if m.agrees else "!"
         yield f"    {mark} {m.module}: {m.file or '-'} {m.version or ''}".rstrip() + (
             f"  (import error: {m.error})" if m.error else "")
+        if m.import_fails:
+            yield "        the image's own interpreter cannot import it: NOT OK whatever file it resolves to"
+        if m.missing:
+            yield f"        missing: {m.missing}" + (f" ({m.provided_by})" if m.provided_by else "")
         if not m.agrees:
             yield f"        static: {m.static_file or '-'} {m.static_version or ''}"
     if x.difference:

@@ -31,7 +31,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # cores, its journal)
     ("gdb", "pyread", "bundle", "unwind", "heap", "coredumpd"),
     ("analyze", "imports", "objstore"),  # analyze's pipeline; verify-imports' library; bundles in S3 buckets
-    ("forensics", "format", "canary", "simnvml", "capture"),  # the public API; renderers; capture on nodes
+    # the public API; renderers; capture on nodes; gdb opened on a core for a person (forensics debug)
+    ("forensics", "format", "canary", "simnvml", "capture", "debugger"),
     ("reproduce",),  # the reproducers, and their result read back
     ("report",),  # evidence -> the incident's reports
     ("text",),  # plain text for people: every command's renderers
