@@ -14,14 +14,21 @@ are the JSON the real API returns (fields kept to those read).  A created pod is
 way a kubelet on this machine would: its container's command is executed here (the image
 is taken to be this machine's filesystem, with the given ``PATH``), its phase follows the
 process, and its log is the process's output.  Unknown paths answer 404 ``Status`` objects
-like the real server.
+like the real server. A pod with init containers or more than one container is run whole
+(:meth:`StandIn._run_pod`): its init containers one after the other, then its containers, each through
+``runtime`` (tests/podruntime.py: its securityContext and volumes) when one is set; deleting it stops it as a
+kubelet does: each container's preStop hook, then SIGTERM, then SIGKILL past terminationGracePeriodSeconds.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -114,6 +121,9 @@ class StandIn:
         self.created_in: list[tuple[str, str]] = []  # (namespace, name) of each pod created
         self.deleted: list[str] = []
         self.refuse_delete = False  # answer DELETE as an RBAC that allows create but not delete would
+        self.runtime = None  # (pod, container, argv) -> the command line that runs the container here
+        self.running: dict[tuple[str, str], dict[str, tuple[subprocess.Popen, list[bytes]]]] = {}
+        self.stopped: dict[tuple[str, str], dict[str, int]] = {}  # containers' exit statuses of a deleted pod
         self.path_env = path_env
         self.lock = threading.Lock()
         standin = self
@@ -157,6 +167,12 @@ class StandIn:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for containers in self.running.values():  # a pod run whole and never deleted: its sessions killed
+            for p, _ in containers.values():
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
 
     # -- routes ----------------------------------------------------------------------------------
 
@@ -333,12 +349,19 @@ class StandIn:
                 self.deleted.append(parts[5])
                 if key in self.procs and self.procs[key][0].poll() is None:
                     self.procs[key][0].kill()
+                if key in self.running:
+                    threading.Thread(target=self._stop_pod, args=(key, pod), daemon=True).start()
             return h._send(200, pod)
         return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
 
     # -- the kubelet stand-in ------------------------------------------------------------------
 
     def _start(self, ns, name, pod):
+        if pod["spec"].get("initContainers") or len(pod["spec"]["containers"]) > 1:
+            self.running[(ns, name)] = {}
+            pod["status"] = {"phase": "Pending"}
+            threading.Thread(target=self._run_pod, args=(ns, name, pod), daemon=True).start()
+            return
         c = pod["spec"]["containers"][0]
         argv = list(c.get("command", [])) + list(c.get("args", []))
         env = {"PATH": self.path_env, "HOME": "/root"}
@@ -364,6 +387,78 @@ class StandIn:
             phase = "Succeeded" if rc == 0 else "Failed"
             pod["status"] = {"phase": phase, "containerStatuses": [
                 {"name": pod["spec"]["containers"][0]["name"], "state": {"terminated": {"exitCode": rc}}}]}
+
+
+    def _container(self, pod: dict, c: dict, argv: list[str] | None = None) -> subprocess.Popen:
+        """Start container ``c`` of ``pod`` (or ``argv`` in it: a hook), in a session of its own."""
+        env = {"PATH": self.path_env, "HOME": "/root"}
+        for e in c.get("env", []):
+            ref = (e.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+            env[e["name"]] = e.get("value", {"spec.nodeName": pod["spec"].get("nodeName"),
+                                             "status.podIP": "127.0.0.1"}.get(ref, ""))
+        if argv is None:  # $(VAR) of the container's environment, as the kubelet expands them
+            argv = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a)
+                    for a in list(c.get("command", [])) + list(c.get("args", []))]
+        if self.runtime is not None:
+            argv = self.runtime(pod, c, argv)
+        # SIGTERM ignored by what wraps the container (bwrap, setpriv exec away): what stops it is the command's own
+        # handler, as in a container, where the kernel drops a signal its PID 1 does not handle
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/",
+                                start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGTERM,
+                                                                                         signal.SIG_IGN))
+
+    def _run_pod(self, ns, name, pod):
+        key, logs = (ns, name), {}
+        for c in pod["spec"].get("initContainers", []):
+            proc = self._container(pod, c)
+            logs[c["name"]] = proc.communicate()[0]
+            if proc.returncode:
+                pod["status"] = {"phase": "Failed", "initContainerStatuses": [
+                    {"name": c["name"], "state": {"terminated": {"exitCode": proc.returncode}}}], "logs": logs}
+                return
+        statuses = []
+        for c in pod["spec"]["containers"]:
+            proc, out = self._container(pod, c), []
+            threading.Thread(target=lambda p=proc, o=out: o.extend(iter(lambda: p.stdout.read(65536), b"")),
+                             daemon=True).start()
+            self.running[key][c["name"]] = (proc, out)
+            statuses.append({"name": c["name"], "state": {"running": {}}})
+        pod["status"] = {"phase": "Running", "containerStatuses": statuses}
+
+    def _stop_pod(self, key, pod):
+        """Each container's preStop hook, then SIGTERM to its process group; SIGKILL past the grace period."""
+        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        running = self.running.get(key, {})
+        for c in pod["spec"]["containers"]:
+            hook = ((c.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+            if hook and c["name"] in running:
+                subprocess.run(self.runtime(pod, c, hook["command"]) if self.runtime else hook["command"],
+                               capture_output=True, timeout=grace)
+        for proc, _ in running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc, _ in running.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.stopped[key] = {n: p.returncode for n, (p, _) in running.items()}
+
+    def logs(self, ns: str, name: str, container: str) -> str:
+        """What a container of a pod run whole has printed so far."""
+        return b"".join(self.running[(ns, name)][container][1]).decode(errors="replace")
+
+    def wait_stopped(self, ns: str, name: str, timeout: float = 60) -> dict[str, int]:
+        """The exit statuses of a deleted pod's containers, once all have ended."""
+        deadline = time.monotonic() + timeout
+        while (ns, name) not in self.stopped:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pod {ns}/{name} not stopped within {timeout} s")
+            time.sleep(0.1)
+        return self.stopped[(ns, name)]
 
 
 def _merge(target, patch):

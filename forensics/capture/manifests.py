@@ -4,15 +4,18 @@ The short-lived agent pod of ``capture --pod`` (:func:`agent_pod_manifest`), and
 objects (``forensics agent manifest``, :func:`agent_objects`), in the order ``kubectl apply``
 needs them on a fresh cluster:
 
-- the ``Namespace`` (labelled for the privileged pod security level the agent needs: hostPID,
-  a privileged container that writes ``kernel.core_pattern``);
+- the ``Namespace`` (labelled for the privileged pod security level the agent needs: the keeper is a privileged
+  container, the only way to write ``kernel.core_pattern``);
 - the agent's ``ServiceAccount``, a ``ClusterRole`` with what it uses and nothing more (events.k8s.io
   events: create, patch, get — one ``NativeCrash`` Event per crash on a pod, its series counting repeats; pods:
   get, list — the pod a crash's UID names, on its own node) and its ``ClusterRoleBinding``;
-- the ``DaemonSet`` on every GPU node: an init container copies the image's self-contained
-  installation to the host (the kernel runs the core handler there); the container installs the
-  handler with its disk bounds and runs ``forensics agent serve`` (on-node analysis, the metrics
-  port, Events), restoring the previous ``core_pattern`` when it stops;
+- the ``DaemonSet`` on every GPU node, split by privilege (docs/security.md): an init container copies the
+  image's self-contained installation to the host (the kernel runs the core handler there); the ``keeper``
+  container, the only privileged one, installs the handler with its disk bounds and restores the previous
+  ``core_pattern`` when the pod stops (``forensics agent keep``); the ``agent`` container runs ``forensics agent
+  serve`` (on-node analysis, each in a sandbox; the metrics port; Events) unprivileged: no privilege escalation,
+  every capability dropped but CAP_SETUID and CAP_SETGID (each analysis drops to an unprivileged uid), a
+  read-only root filesystem, writable only in the core directory and an emptyDir of scratch; no hostPID;
 - on request, a prometheus-operator ``PodMonitor`` for the metrics port (``--scrape podmonitor``),
   or the ``prometheus.io/*`` scrape annotations on the pods (``--scrape annotations``).
 """
@@ -142,17 +145,16 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
         raise ValueError(f"scrape must be annotations, podmonitor or none, not {scrape!r}")
     key, _, value = gpu_label.partition("=")
     handler = f"{host_prefix}/bin/forensics"
-    install = [handler, "capture", "--install-handler", "--core-dir", core_dir]
+    keep = [handler, "agent", "keep", "--core-dir", core_dir]
     for name, v in sorted((bounds or {}).items()):
         if v is not None:
-            install += [f"--{name.replace('_', '-')}", str(int(v))]
+            keep += [f"--{name.replace('_', '-')}", str(int(v))]
     serve = [handler, "agent", "serve", "--core-dir", core_dir, "--metrics-port", str(metrics_port),
              "--metrics-address", "$(POD_IP)", "--node-name", "$(NODE_NAME)", "--analysis-timeout",
              str(analysis_timeout), "--analysis-memory", str(analysis_memory), "--analysis-output-max",
              str(analysis_output_max)]
     if upload is not None:
         serve += upload.serve_args()
-    shell = " ".join(_sh(a) for a in install) + " && exec " + " ".join(_sh(a) for a in serve)
     pod_meta: dict = {"labels": dict(_LABELS)}
     if scrape == "annotations":
         pod_meta["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port),
@@ -190,7 +192,6 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
                          {"operator": "Exists", "effect": "NoExecute"},
                          {"operator": "Exists", "effect": "NoSchedule"},
                      ],
-                     "hostPID": True,
                      "priorityClassName": "system-node-critical",
                      "terminationGracePeriodSeconds": 30,
                      "initContainers": [{
@@ -200,12 +201,14 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
                          "volumeMounts": [{"name": "prefix", "mountPath": f"/host{host_prefix}"}],
                          "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
                      }],
-                     "containers": [_agent_container(image=image, shell=shell, handler=handler, core_dir=core_dir,
-                                                     host_prefix=host_prefix, metrics_port=metrics_port,
-                                                     memory_limit=memory_limit, upload=upload)],
+                     "containers": [  # the agent first: what `kubectl logs` shows by default
+                         _agent_container(image=image, command=serve, core_dir=core_dir, host_prefix=host_prefix,
+                                          metrics_port=metrics_port, memory_limit=memory_limit, upload=upload),
+                         _keeper_container(image=image, command=keep, core_dir=core_dir, host_prefix=host_prefix)],
                      "volumes": [
                          {"name": "cores", "hostPath": {"path": core_dir, "type": "DirectoryOrCreate"}},
                          {"name": "prefix", "hostPath": {"path": host_prefix, "type": "DirectoryOrCreate"}},
+                         {"name": "scratch", "emptyDir": {}},
                      ],
                  },
              },
@@ -224,23 +227,52 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
     return objects
 
 
-def _agent_container(*, image: str, shell: str, handler: str, core_dir: str, host_prefix: str, metrics_port: int,
+#: where the agent container may write besides the core directory: its home (kubectl's cache, the analyses' scratch)
+AGENT_HOME = "/var/cache/forensics"
+
+
+def _keeper_container(*, image: str, command: list[str], core_dir: str, host_prefix: str) -> dict:
+    """The DaemonSet's one privileged container: ``agent keep`` installs the handler and restores the previous
+    core_pattern when the pod stops. It parses nothing a crash controls."""
+    return {
+        "name": "keeper",
+        "image": image,
+        "command": command,
+        # a privileged container is the one way to write /proc/sys/kernel/core_pattern (the runtime mounts
+        # /proc/sys read-only in any other, and its AppArmor profile denies the write)
+        "securityContext": {"privileged": True},
+        "volumeMounts": [{"name": "cores", "mountPath": core_dir},
+                         {"name": "prefix", "mountPath": host_prefix, "readOnly": True}],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+    }
+
+
+def _agent_container(*, image: str, command: list[str], core_dir: str, host_prefix: str, metrics_port: int,
                      memory_limit: int, upload: AgentUpload | None) -> dict:
-    """The DaemonSet's agent container: install the handler, then exec ``agent serve`` (``shell``)."""
+    """The DaemonSet's unprivileged container: ``agent serve``, each analysis in its sandbox (docs/security.md)."""
     return {
         "name": "agent",
         "image": image,
-        "command": ["sh", "-c", shell],
+        "command": command,  # $(NODE_NAME) and $(POD_IP) are the kubelet's expansions
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "HOME", "value": AGENT_HOME}],
         **({"envFrom": [{"secretRef": {"name": upload.secret}}]}
            if upload is not None and upload.secret else {}),
         "ports": [{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}],
-        "lifecycle": {"preStop": {"exec": {"command": [handler, "capture", "--uninstall-handler",
-                                                       "--core-dir", core_dir]}}},
-        "securityContext": {"privileged": True},  # writes /proc/sys/kernel/core_pattern
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,  # no_new_privs
+            # uid 0 owns the core directory's files (the kernel-run handler writes them); with no capability but
+            # these two it reads and writes them by their owner bits only, and drops each analysis to another uid
+            "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"], "add": ["SETUID", "SETGID"]},
+            "readOnlyRootFilesystem": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "volumeMounts": [{"name": "cores", "mountPath": core_dir},
-                         {"name": "prefix", "mountPath": host_prefix}],
+                         {"name": "prefix", "mountPath": host_prefix, "readOnly": True},
+                         {"name": "scratch", "mountPath": AGENT_HOME}],
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
                       "limits": {"memory": f"{memory_limit >> 20}Mi"}},
         # the process's health (its loop comes round), never a scrape of the metrics (metricsserver.HEALTH_PATH)
@@ -249,13 +281,6 @@ def _agent_container(*, image: str, shell: str, handler: str, core_dir: str, hos
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
                           "periodSeconds": 30, "failureThreshold": 3},
     }
-
-
-def _sh(arg: str) -> str:
-    """Quote for sh -c, leaving ``$(NODE_NAME)`` to the kubelet's expansion (it expands $(VAR) in command)."""
-    import shlex
-
-    return arg if arg in ("$(NODE_NAME)", "$(POD_IP)") else shlex.quote(arg)
 
 
 def _scalar(v) -> str:

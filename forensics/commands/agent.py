@@ -9,7 +9,7 @@ import click
 from ..options import SIZE, json_option, parse_coredump_filter, store_options
 from . import echo, emit_json
 
-__all__ = ["agent", "agent_manifest", "agent_chart", "agent_serve", "agent_run"]
+__all__ = ["agent", "agent_manifest", "agent_chart", "agent_serve", "agent_keep", "agent_run"]
 
 
 @click.group("agent")
@@ -231,6 +231,29 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
                       analysis_memory=analysis_memory, max_series=max_series, events=events, kube=kube,
                       upload=upload, version=__version__, reclaim_pattern=reclaim_pattern,
                       analysis_output=analysis_output_max))
+
+
+@agent.command("keep")
+@click.option("--core-dir", default="/var/lib/forensics/cores", show_default=True, help="The core handler's directory.")
+@click.option("--max-core-size", type=SIZE, default=None, help="Cut each core at this size.")
+@click.option("--budget", type=SIZE, default=None, help="Total size of the core directory.")
+@click.option("--min-free", type=SIZE, default=None, help="Free space to leave on its filesystem.")
+@click.option("--loop-limit", type=int, default=None, help="Cores per image and signal per hour.")
+def agent_keep(core_dir, max_core_size, budget, min_free, loop_limit):
+    """The DaemonSet's privileged keeper: install the core handler, and restore the previous core_pattern when
+    stopped.
+
+    \b
+    Runs until SIGTERM (the pod deleted: helm uninstall, the DaemonSet removed, a drain,
+    a rolling update), then writes back the kernel.core_pattern it replaced, unless
+    another program has set one since. It parses nothing a crash controls; the
+    analyses run in agent serve's sandbox.
+    """
+    from ..capture.keeper import keep
+
+    config = {k: v for k, v in dict(max_core_size=max_core_size, budget=budget, min_free=min_free,
+                                     loop_limit=loop_limit).items() if v is not None}
+    keep(core_dir, config=config, say=lambda line: echo(line, err=True))
 
 
 @agent.command("run", hidden=True)

@@ -393,26 +393,10 @@ def test_agent_manifest_daemonset():
     assert r.exit_code == 0
     out = r.output
     for needle in ("kind: \"DaemonSet\"", "nodeSelector:", "nvidia.com/gpu.present: \"true\"", "tolerations:",
-                   "--install-handler", "--uninstall-handler", "hostPID: true", "path: \"/var/lib/forensics/cores\""):
+                   "- \"keep\"", "- \"serve\"", "path: \"/var/lib/forensics/cores\""):
         assert needle in out, needle
-    assert "privileged: true" in out and "preStop:" in out
-
-
-def test_agent_manifest_passes_the_disk_bounds_to_the_installed_handler():
-    """The DaemonSet's install command is one the capture command accepts, with the bounds asked for."""
-    import re
-    import shlex
-
-    from forensics.commands.capture import capture
-
-    r = CliRunner().invoke(cli, ["agent", "manifest", "--budget", "50G", "--loop-limit", "3"])
-    assert r.exit_code == 0, r.output
-    (cmd,) = {m for m in re.findall(r"/[^\s\"]*/bin/forensics capture --install-handler[^\"\\;&]*", r.output)}
-    argv = shlex.split(cmd)[2:]
-    ctx = capture.make_context("capture", argv)
-    assert ctx.params["install_handler"] and ctx.params["core_dir"] == "/var/lib/forensics/cores"
-    assert (ctx.params["budget"], ctx.params["max_core_size"], ctx.params["loop_limit"]) == (50 << 30, 8 << 30, 3)
-    assert ctx.params["min_free"] is None  # not asked: the handler's default
+    # one privileged container (the keeper: it installs and restores the handler), nothing on the node's PIDs
+    assert out.count("privileged: true") == 1 and "hostPID" not in out
 
 
 def test_an_agent_pod_left_behind_is_a_warning_with_the_command_to_delete_it(cluster, tmp_path):

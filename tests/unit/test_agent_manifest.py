@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 
 import pytest
 from click.testing import CliRunner
@@ -51,7 +50,7 @@ def test_rbac_metrics_port_and_resources():
     assert (binding["name"], binding["namespace"]) == (objects["ServiceAccount"]["metadata"]["name"], "forensics")
     pod = objects["DaemonSet"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == binding["name"] and pod["automountServiceAccountToken"] is True
-    (agent,) = pod["containers"]
+    agent, _keeper = pod["containers"]
     assert agent["ports"] == [{"name": "metrics", "containerPort": 9999, "protocol": "TCP"}]
     assert agent["resources"]["requests"] and agent["resources"]["limits"]["memory"] == "1536Mi"
     assert agent["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
@@ -71,19 +70,24 @@ def test_rbac_metrics_port_and_resources():
     assert ann == {"prometheus.io/scrape": "true", "prometheus.io/port": "9847", "prometheus.io/path": "/metrics"}
 
 
-def test_the_container_runs_commands_forensics_accepts():
-    """The shell line installs the handler with the bounds asked for, then execs `agent serve`: both parse."""
-    from forensics.commands.agent import agent
-    from forensics.commands.capture import capture
+def _containers(objects: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]}
 
-    objects = {o["kind"]: o for o in _objects("--budget", "50G", "--loop-limit", "3", "--analysis-output-max", "64M")}
-    (agent_c,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    install, serve = agent_c["command"][2].split(" && exec ")
-    argv = shlex.split(install)
-    ctx = capture.make_context("capture", argv[2:])
-    assert ctx.params["install_handler"] and ctx.params["core_dir"] == "/var/lib/forensics/cores"
-    assert (ctx.params["budget"], ctx.params["max_core_size"], ctx.params["loop_limit"]) == (50 << 30, 8 << 30, 3)
-    sargv = shlex.split(serve)
+
+def test_the_containers_run_commands_forensics_accepts():
+    """The keeper installs the handler with the bounds asked for; the agent runs `agent serve`: both parse."""
+    from forensics.commands.agent import agent
+
+    containers = _containers({o["kind"]: o for o in _objects("--budget", "50G", "--loop-limit", "3",
+                                                             "--analysis-output-max", "64M")})
+    keep = containers["keeper"]["command"]
+    assert keep[1:3] == ["agent", "keep"]
+    kctx = agent.get_command(agent.make_context("agent", keep[2:], resilient_parsing=True), "keep").make_context(
+        "keep", keep[3:])
+    assert kctx.params["core_dir"] == "/var/lib/forensics/cores"
+    assert (kctx.params["budget"], kctx.params["max_core_size"], kctx.params["loop_limit"]) == (50 << 30, 8 << 30, 3)
+    assert kctx.params["min_free"] is None  # not asked: the handler's default
+    sargv = containers["agent"]["command"]
     assert sargv[1:3] == ["agent", "serve"]
     ctx = agent.make_context("agent", sargv[2:], resilient_parsing=True)
     sub = agent.get_command(ctx, "serve")
@@ -91,10 +95,32 @@ def test_the_container_runs_commands_forensics_accepts():
     assert sctx.params["metrics_port"] == 9847 and sctx.params["node_name"] == "$(NODE_NAME)"
     assert sctx.params["analysis_output_max"] == 64 << 20
     # agent serve's default, written out when not asked for
-    (agent_c,) = {o["kind"]: o for o in _objects()}["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    sargv = shlex.split(agent_c["command"][2].split(" && exec ")[1])
+    sargv = _containers({o["kind"]: o for o in _objects()})["agent"]["command"]
     assert sargv[sargv.index("--analysis-output-max") + 1] == str(256 << 20)
-    assert agent_c["lifecycle"]["preStop"]["exec"]["command"][1:3] == ["capture", "--uninstall-handler"]
+
+
+@pytest.mark.parametrize("args", [(), ("--upload", "s3://crash-bundles/gpu", "--upload-secret", "s3", "--scrape",
+                                        "podmonitor")], ids=["defaults", "upload"])
+def test_privilege_only_in_the_keeper_which_parses_nothing(args):
+    """#37: `privileged: true` on no container but the keeper; the agent that analyzes runs unprivileged, with only
+    the capabilities its analyses' drop needs, and nothing in the pod shares the node's processes."""
+    objects = {o["kind"]: o for o in _objects(*args)}
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    every = pod["containers"] + pod["initContainers"]
+    assert [c["name"] for c in every if (c.get("securityContext") or {}).get("privileged")] == ["keeper"]
+    assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
+    sc = _containers(objects)["agent"]["securityContext"]
+    assert sc == {"privileged": False, "allowPrivilegeEscalation": False, "runAsUser": 0,
+                  "capabilities": {"drop": ["ALL"], "add": ["SETUID", "SETGID"]}, "readOnlyRootFilesystem": True,
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+    # writable only where it writes: the core directory and its scratch; the installation the kernel runs read-only
+    mounts = {m["name"]: m for m in _containers(objects)["agent"]["volumeMounts"]}
+    assert [n for n, m in mounts.items() if not m.get("readOnly")] == ["cores", "scratch"]
+    assert mounts["prefix"]["readOnly"] is True
+    assert {"name": "scratch", "emptyDir": {}} in pod["volumes"]
+    # the keeper runs the host's copy of forensics (the pattern names that path) and needs no write to it either
+    assert {m["name"]: m.get("readOnly", False) for m in _containers(objects)["keeper"]["volumeMounts"]} == {
+        "cores": False, "prefix": True}
 
 
 def test_upload_settings_reach_agent_serve_and_credentials_never_travel_as_flags():
@@ -109,8 +135,8 @@ def test_upload_settings_reach_agent_serve_and_credentials_never_travel_as_flags
         "--upload-concurrency", "2", "--upload-max-pending", "40", "--upload-max-pending-bytes", "3G",
         "--endpoint-url", "http://127.0.0.1:9000", "--region", "eu-west-1",
         "--upload-secret", "s3-creds", "--service-account-annotation", f"{role_key}={role}")}
-    (agent_c,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    serve = shlex.split(agent_c["command"][2].split(" && exec ")[1])
+    agent_c = _containers(objects)["agent"]
+    serve = agent_c["command"]
     # WHEN agent serve parses its command line
     sub = agent.get_command(agent.make_context("agent", serve[2:], resilient_parsing=True), "serve")
     params = sub.make_context("serve", serve[3:]).params

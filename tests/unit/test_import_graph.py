@@ -258,3 +258,46 @@ def test_report_on_json_loads_no_core_reader_nor_the_pipeline(tmp_path):
     units = sorted({m.split(".")[1] for m in loaded if "." in m})
     assert units == REPORT_ON_JSON_UNITS, loaded
     assert "forensics.report.make" in loaded
+
+
+# The programs that run with privilege on a node parse only what they must to name and bound a crash (#37): the
+# kernel-run core handler (root: the kernel chooses that), the DaemonSet's privileged keeper and `capture --pod`'s
+# short-lived agent pod (`agent run`). None of them loads a reader of a core's memory or its debug data: the analysis
+# pipeline, the heap reader, the CPython reader (pyread), the unwinders (libdw's, gdb's). Those run only in the
+# sandbox of agent serve's analyses.
+PRIVILEGED = ("forensics.commands.core_handler", "forensics.capture.handler", "forensics.capture.keeper",
+              "forensics.capture.agent")
+PARSERS = ("analyze", "heap", "pyread", "unwind", "gdb")
+
+
+def parsers_reached(graph: dict[str, set[str]], start: str) -> list[str]:
+    """Each module of :data:`PARSERS`' units that ``start`` imports, directly or not (lazy imports included), with
+    the chain that reaches it: ``a -> b -> forensics.heap.x``."""
+    chain = {start: [start]}
+    todo = [start]
+    while todo:
+        m = todo.pop()
+        for d in sorted(graph[m]):
+            if d not in chain:
+                chain[d] = [*chain[m], d]
+                todo.append(d)
+    return sorted(" -> ".join(c) for m, c in chain.items() if unit_of(m) in PARSERS)
+
+
+@pytest.mark.parametrize("entry", PRIVILEGED)
+def test_a_privileged_program_loads_no_reader_of_a_cores_memory(graph, entry):
+    assert parsers_reached(graph, entry) == []
+
+
+def test_the_privileged_closure_check_sees_a_parser_imported_lazily(tmp_path):
+    # GIVEN a handler that imports a module which, inside a function, imports the heap reader
+    pkg = tmp_path / "forensics"
+    for d in ("capture", "heap"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "capture" / "handler.py").write_text("from . import store\n")
+    (pkg / "capture" / "store.py").write_text("def f():\n    from ..heap import walk\n    return walk\n")
+    (pkg / "heap" / "walk.py").write_text("")
+    # THEN the chain to it is found
+    assert parsers_reached(read_graph(pkg), "forensics.capture.handler") == [
+        "forensics.capture.handler -> forensics.capture.store -> forensics.heap.walk"]

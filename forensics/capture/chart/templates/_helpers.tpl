@@ -12,36 +12,26 @@ app.kubernetes.io/managed-by: {{ .Release.Service | toJson }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | toJson }}
 {{- end }}
 
-{{/* One word for sh -c, quoted as Python's shlex.quote does; $(NODE_NAME) and $(POD_IP) are left to the
-kubelet's expansion. */}}
-{{- define "forensics.sh" -}}
-{{- if or (eq . "$(NODE_NAME)") (eq . "$(POD_IP)") (regexMatch "^[A-Za-z0-9@%+=:,./_-]+$" .) -}}
-{{ . }}
-{{- else -}}
-'{{ replace "'" "'\"'\"'" . }}'
-{{- end -}}
-{{- end }}
-
-{{- define "forensics.words" -}}
-{{- $out := list -}}
-{{- range . -}}{{- $out = append $out (include "forensics.sh" (toString .)) -}}{{- end -}}
-{{ join " " $out }}
-{{- end }}
-
-{{/* The agent container's shell line: install the handler with its bounds, then exec `agent serve`. */}}
-{{- define "forensics.shell" -}}
+{{/* The keeper container's command (JSON): `agent keep` installs the handler with its bounds and restores the
+previous core_pattern when the pod stops. */}}
+{{- define "forensics.keepCommand" -}}
 {{- $v := .Values -}}
-{{- $handler := printf "%s/bin/forensics" $v.hostPrefix -}}
-{{- $install := list $handler "capture" "--install-handler" "--core-dir" $v.coreDir -}}
+{{- $keep := list (printf "%s/bin/forensics" $v.hostPrefix) "agent" "keep" "--core-dir" $v.coreDir -}}
 {{- range $name := list "budget" "loopLimit" "maxCoreSize" "minFree" -}}
 {{- $value := index $v.handler $name -}}
 {{- if not (kindIs "invalid" $value) -}}
-{{- $install = append $install (printf "--%s" (kebabcase $name)) -}}
-{{- $install = append $install (toString (int64 $value)) -}}
+{{- $keep = append $keep (printf "--%s" (kebabcase $name)) -}}
+{{- $keep = append $keep (toString (int64 $value)) -}}
 {{- end -}}
 {{- end -}}
-{{- $serve := list $handler "agent" "serve" "--core-dir" $v.coreDir "--metrics-port" (toString (int64 $v.metrics.port))
-      "--metrics-address" "$(POD_IP)" "--node-name" "$(NODE_NAME)"
+{{ toJson $keep }}
+{{- end }}
+
+{{/* The agent container's command (JSON): `agent serve`; $(NODE_NAME) and $(POD_IP) are the kubelet's expansions. */}}
+{{- define "forensics.serveCommand" -}}
+{{- $v := .Values -}}
+{{- $serve := list (printf "%s/bin/forensics" $v.hostPrefix) "agent" "serve" "--core-dir" $v.coreDir
+      "--metrics-port" (toString (int64 $v.metrics.port)) "--metrics-address" "$(POD_IP)" "--node-name" "$(NODE_NAME)"
       "--analysis-timeout" (toString (int64 $v.analysis.timeout)) "--analysis-memory" (toString (int64 $v.analysis.memory))
       "--analysis-output-max" (toString (int64 $v.analysis.outputMax)) -}}
 {{- with $v.upload -}}
@@ -54,7 +44,7 @@ kubelet's expansion. */}}
 {{- if .region -}}{{- $serve = concat $serve (list "--region" .region) -}}{{- end -}}
 {{- end -}}
 {{- end -}}
-{{ include "forensics.words" $install }} && exec {{ include "forensics.words" $serve }}
+{{ toJson $serve }}
 {{- end }}
 
 {{- define "forensics.image" -}}

@@ -1,0 +1,128 @@
+"""The node agent's privilege split, run for real minus Kubernetes (#37 item 1).
+
+The DaemonSet's pod, as `forensics agent manifest` makes it, is created through the real kubectl in the kube
+stand-in, whose kubelet runs it whole on this machine (tests/kube_standin.py): its init container copies an
+installation of this checkout (tests/podruntime.py: the image's /opt/forensics) to the host prefix; the keeper, the
+one privileged container, installs the handler; the agent runs `agent serve` with the manifest's securityContext
+(setpriv: uid 0, the bounding set SETUID and SETGID, no_new_privs, a read-only root) in a user namespace where no
+user namespace can be made (a runtime's default seccomp profile refuses them). A process then really crashes: the
+kernel pipes its core to the handler on the host, and the agent analyzes it. Deleting the pod through kubectl stops
+it as a kubelet does (SIGTERM, the grace period), and the keeper writes back the core_pattern from before.
+Everything runs under the suite's core_pattern lock; the pattern from before is written back in `finally` whatever
+happened, and every process started is ended.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from forensics.capture.manifests import agent_objects
+from tests.kube_standin import StandIn, make_node, write_kubeconfig
+from tests.podruntime import PodRuntime, make_install
+
+PATTERN = Path("/proc/sys/kernel/core_pattern")
+NS = "forensics"
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="writing kernel.core_pattern needs root"),
+    pytest.mark.skipif(any(shutil.which(t) is None for t in ("bwrap", "setpriv", "kubectl")),
+                       reason="bubblewrap and setpriv run the pod's containers, kubectl creates and deletes it"),
+]
+
+
+def _wait(what: str, check, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        time.sleep(0.05)
+
+
+def _agent_pod(base: Path, node: str, port: int) -> dict:
+    """The DaemonSet's pod as its controller would make it on ``node``."""
+    (ds,) = [o for o in agent_objects(core_dir=str(base / "c"), image="forensics-agent:test", namespace=NS,
+                                      gpu_label="k=v", host_prefix=str(base / "p"), metrics_port=port,
+                                      bounds={"min_free": 0, "max_core_size": 1 << 30})
+             if o["kind"] == "DaemonSet"]
+    template = ds["spec"]["template"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "forensics-agent-x1", "namespace": NS, "labels": template["metadata"]["labels"]},
+            "spec": {**template["spec"], "nodeName": node}}
+
+
+def _crash(cwd: Path) -> int:
+    """A Python process that really crashes (SIGSEGV in ctypes), its core piped by the kernel: its PID."""
+    p = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"], cwd=cwd, capture_output=True,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY,
+                                                                                    resource.RLIM_INFINITY)))
+    assert p.returncode == -signal.SIGSEGV, p.stderr
+    return p.returncode
+
+
+@pytest.fixture
+def base():
+    d = Path(tempfile.mkdtemp(prefix="fk", dir="/tmp"))  # short: the pattern names it within 128 bytes
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_removing_the_agent_restores_the_core_pattern_from_before(core_pattern_lock, base, tmp_path):
+    node = socket.gethostname()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pod = _agent_pod(base, node, port)
+    (tmp_path / "pod.json").write_text(json.dumps(pod))
+    runtime = PodRuntime(install=make_install(base / "img"), no_userns=("agent",))
+    before = None
+    try:
+        with StandIn(path_env=os.environ["PATH"]) as api, core_pattern_lock.exclusive():
+            before = PATTERN.read_text()  # under the lock: another session's momentary pattern is never "restored"
+            api.nodes[node] = make_node(node)
+            api.runtime = runtime
+            kubeconfig = write_kubeconfig(str(tmp_path / "kc"), api.url, context="standin")
+            kubectl = ["kubectl", "--kubeconfig", kubeconfig]
+            # GIVEN the agent's pod created as the DaemonSet would, and run whole
+            subprocess.run([*kubectl, "create", "--validate=false", "-f", str(tmp_path / "pod.json")], check=True,
+                           capture_output=True, timeout=60)
+            ours = f"|{base}/p/bin/forensics core-handler {base}/c %P %I %s %t %c"
+            _wait("the keeper installs the handler", lambda: PATTERN.read_text().strip() == ours)
+            assert (base / "p/bin/forensics").is_file()  # copied to the host prefix by the init container
+            # WHEN a process crashes, the kernel pipes its core to the handler and the agent analyzes it
+            (tmp_path / "run").mkdir()
+            _crash(tmp_path / "run")
+            crashes = base / "c/crashes"
+            analysis = _wait("the agent analyzes the crash", lambda: next(
+                (p for p in crashes.glob("*/60-analysis/*.json") if p.name in ("analysis.json", "failed.json")),
+                None) if crashes.is_dir() else None)
+            # AND the pod is deleted through the API (helm uninstall, a drain: the kubelet stops it)
+            subprocess.run([*kubectl, "delete", "pod", "-n", NS, pod["metadata"]["name"], "--wait=false"],
+                           check=True, capture_output=True, timeout=60)
+            stopped = api.wait_stopped(NS, pod["metadata"]["name"], timeout=60)
+            after = PATTERN.read_text()
+            logs = {c: api.logs(NS, pod["metadata"]["name"], c) for c in ("agent", "keeper")}
+    finally:
+        if before is not None and PATTERN.read_text() != before:
+            PATTERN.write_text(before)
+        runtime.close()
+    # THEN the pattern from before is back, written by the keeper on its SIGTERM, and both containers ended cleanly
+    assert after == before, logs["keeper"]
+    assert stopped == {"agent": 0, "keeper": 0}, logs
+    assert "kernel.core_pattern restored to" in logs["keeper"]
+    # and the crash was analyzed by the unprivileged agent
+    assert analysis.name == "analysis.json", analysis.read_text()
+    assert json.loads(analysis.read_text())["analysis"]["fingerprint"]
