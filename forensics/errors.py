@@ -707,3 +707,17 @@ class IssueFormError(ForensicsError, ValueError):
 
 
 __all__ += ["ReportInputError", "IssueFormError"]
+
+
+class SandboxUnavailable(ForensicsError, RuntimeError):
+    """``analyze --sandbox`` could not make its sandbox (no bubblewrap, no user namespace, no libseccomp)."""
+
+    help_text = ("analyze --sandbox needs bubblewrap (apt-get install -y bubblewrap), user namespaces (a container's "
+                 "default seccomp profile refuses them: run it on the host) and libseccomp2; or analyze without "
+                 "--sandbox, as a user who owns nothing else of value.")
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"--sandbox: {detail}", detail=detail)
+
+
+__all__ += ["SandboxUnavailable"]

@@ -115,3 +115,84 @@ class PodRuntime:
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _blocked(path: str) -> str | None:
+    """The first directory on the way to ``path`` (itself included) that other users may not search."""
+    parts = path.split("/")
+    for i in range(2, len(parts) + 1):
+        d = "/".join(parts[:i])
+        try:
+            if not os.stat(d).st_mode & 0o001:
+                return d
+        except FileNotFoundError:
+            return None
+    return None
+
+
+def searchable_view(*, bind: list[str], homes: list[str] = ()) -> list[str]:
+    """A command line prefix: this machine as it is, but each path of ``bind`` (and each of ``homes``, an empty
+    directory of the view's own) reachable by any uid, and this test run's interpreter too. The paths of ``bind``
+    must exist.
+
+    An on-node analysis runs in its sandbox as an unprivileged uid, which pytest's private temporary directories
+    (mode 700) and an interpreter under /root shut out; in a mount namespace of the command's own, a tmpfs of
+    searchable directories stands over the first such directory, with the paths bound back into it. Nothing of the
+    machine changes: the host's modes stay as they are. The prefix execs the command in its own place (signals
+    reach it as they would reach it alone).
+    """
+    python_home = os.path.realpath(Path(os.path.realpath(sys._base_executable)).parents[1])  # type: ignore[attr-defined]
+    ops: list[str] = []
+    covered: set[str] = set()
+    binds = [*(os.path.realpath(p) for p in bind), python_home]
+    for p in sorted({*binds, *(os.path.realpath(h) for h in homes)}, key=len):
+        top = _blocked(p)
+        if top is None:
+            continue
+        if top not in covered and not any(top.startswith(c + "/") for c in covered):
+            ops += ["--tmpfs", top]
+            covered.add(top)
+        parts = p.split("/")
+        for i in range(len(top.split("/")) + 1, len(parts) + (p not in binds)):
+            ops += ["--dir", "/".join(parts[:i])]
+        if p in binds:
+            ops += ["--bind", p]
+    return [sys.executable, str(ROOT / "tests/podruntime.py"), *ops, "--"]
+
+
+def _view_exec(argv: list[str]) -> None:
+    """``podruntime.py [--tmpfs DIR | --dir DIR | --bind PATH]... -- COMMAND``: the mounts of
+    :func:`searchable_view` in a mount namespace of its own, then COMMAND in this process's place."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), what)
+
+    check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")  # CLONE_NEWNS
+    check(libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None), "make / private")  # MS_REC | MS_PRIVATE
+    held: dict[str, int] = {}  # what a tmpfs will hide, opened first and bound back from its descriptor
+    i = argv.index("--")
+    ops = list(zip(argv[:i:2], argv[1:i:2], strict=True))
+    for op, path in ops:
+        if op == "--bind":
+            held[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    for op, path in ops:
+        if op == "--tmpfs":
+            check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0, b"mode=0755"), f"tmpfs {path}")
+        elif op == "--dir":
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        else:
+            if os.path.isdir(f"/proc/self/fd/{held[path]}"):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+            elif not os.path.exists(path):
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+            check(libc.mount(f"/proc/self/fd/{held[path]}".encode(), path.encode(), None, 0x1000 | 0x4000, None),
+                  f"bind {path}")  # MS_BIND | MS_REC
+    os.execvp(argv[i + 1], argv[i + 1:])
+
+
+if __name__ == "__main__":
+    _view_exec(sys.argv[1:])

@@ -14,6 +14,7 @@ wheel goes into both; its binary dependencies are PyPI's wheels for each archite
 What it holds (Debian bookworm, ``--variant=essential`` plus the tools the agent runs):
 gdb (native stacks; libdw from elfutils is the default unwinder), elfutils, zstd, kubectl
 (Debian's ``kubernetes-client``: the agent's Events and pod lookups with its service account),
+libseccomp2 (the seccomp filter of each analysis' sandbox, forensics/sandbox/),
 and forensics itself, self-contained under ``/opt/forensics`` so that the DaemonSet's init
 container can copy it to the host, where the kernel runs the core handler without the image's
 root: its own interpreter (``bin/python3.11``), standard library, site-packages (forensics and its
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SUITE = "bookworm"
-PACKAGES = ("python3", "gdb", "elfutils", "zstd", "kubernetes-client", "ca-certificates")
+PACKAGES = ("python3", "gdb", "elfutils", "zstd", "kubernetes-client", "ca-certificates", "libseccomp2")
 PY = "3.11"
 PLATFORMS = ("linux/amd64", "linux/arm64")
 

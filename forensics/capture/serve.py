@@ -45,7 +45,9 @@ import threading
 import time
 from typing import Any
 
+from ..cache import cache_path
 from ..redact import redact_document
+from ..sandbox import DEFAULT_UID as SANDBOX_UID
 from ..subproc import OutputTooLarge, run_bounded
 from ..bundle import layout
 from .events import EventSink
@@ -118,7 +120,8 @@ class ServeConfig:
                  analysis_timeout: float = 300.0, analysis_memory: int = 1 << 30, poll: float = 1.0,
                  max_series: int = 500, events: bool = True, kube=None, analyze_argv: list[str] | None = None,
                  max_attempts: int = 2, upload=None, version: str = "unknown", reclaim_pattern: bool = False,
-                 proc: str = "/proc", analysis_output: int = MAX_ANALYSIS_OUTPUT) -> None:
+                 proc: str = "/proc", analysis_output: int = MAX_ANALYSIS_OUTPUT,
+                 sandbox_uid: int | None = SANDBOX_UID, scratch: str | None = None) -> None:
         self.core_dir = os.path.abspath(core_dir)
         self.node = node
         self.metrics_port = metrics_port
@@ -136,6 +139,10 @@ class ServeConfig:
         self.version = version  # forensics_build_info's
         self.reclaim_pattern = reclaim_pattern  # write the handler's pattern back when another program took it
         self.proc = proc  # where kernel.core_pattern is read (and, with reclaim_pattern, written)
+        # each analysis runs in the sandbox as this uid and gid (forensics.sandbox); None: as the agent (only a test's
+        # stand-in analyzer, which writes its marks where the sandbox may not)
+        self.sandbox_uid = sandbox_uid
+        self.scratch = scratch or cache_path()  # the analyses' scratch directories are made beneath it
 
 
 def _lowest_priority(memory: int):
@@ -288,7 +295,7 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
             doc = json.loads(data)
             del data
             doc["agent"] = {"seconds": round(time.monotonic() - t0, 3), "exit_status": p.returncode,
-                            "analyzed_at": time.time(), "node": cfg.node}
+                            "analyzed_at": time.time(), "node": cfg.node, "sandbox": _sandbox_facts(cfg)}
             doc = redact_document(doc)  # whichever analysis wrote it: the bundle leaves the node (capture --pod)
             _write_analysis(os.path.join(crash_dir, layout.ANALYSIS), doc)
             return "done"
@@ -304,13 +311,31 @@ def analyze_crash(crash_dir: str, cfg: ServeConfig) -> str:
 
 def _run_child(crash_dir: str, cfg: ServeConfig, out) -> tuple[subprocess.CompletedProcess | None, str | None,
                                                                   str | None]:
-    """Run the analysis child, its standard output into ``out``: (its result, the failure reason and detail, or
-    None, None).
+    """Run the analysis child, in its sandbox, its standard output into ``out``: (its result, the failure reason and
+    detail, or None, None).
 
     :raises OSError: it could not be started for want of a process, memory or a descriptor (:data:`_TRANSIENT`)
     """
+    argv = [*cfg.analyze_argv, crash_dir]
+    uid = cfg.sandbox_uid
+    if uid is None:
+        return _run_bounded_child(argv, None, cfg, out)
+    from .sandboxed import analysis_argv, analysis_env, grant_read, remove_scratch, scratch_root
+
+    try:
+        grant_read(crash_dir, cfg.core_dir, uid)
+        scratch = os.path.join(scratch_root(cfg.scratch), f"{os.path.basename(crash_dir)}.{time.time_ns()}")
+    except OSError as e:
+        return None, "error", f"cannot prepare the analysis' sandbox: {e.strerror or e}"
+    try:
+        return _run_bounded_child(analysis_argv(argv, uid=uid, scratch=scratch), analysis_env(scratch), cfg, out)
+    finally:
+        remove_scratch(scratch, uid=uid)
+
+
+def _run_bounded_child(argv: list[str], env: dict[str, str] | None, cfg: ServeConfig, out):
     try:  # its own session (a timeout kills gdb too), the stderr's tail kept, bounded in time and output
-        p = run_bounded([*cfg.analyze_argv, crash_dir], timeout=cfg.analysis_timeout, stdout=out,
+        p = run_bounded(argv, timeout=cfg.analysis_timeout, stdout=out, env=env,
                         max_stdout=cfg.analysis_output, max_stderr=2000,
                         preexec_fn=_lowest_priority(cfg.analysis_memory))
     except subprocess.TimeoutExpired:
@@ -326,6 +351,16 @@ def _run_child(crash_dir: str, cfg: ServeConfig, out) -> tuple[subprocess.Comple
     if p.returncode not in (0, 3, 4):
         return p, *_child_failure(p.returncode, p.stderr)
     return p, None, None
+
+
+def _sandbox_facts(cfg: ServeConfig) -> dict | None:
+    """What confined the analysis (``agent.sandbox`` of the analysis written), None when nothing did."""
+    if cfg.sandbox_uid is None:
+        return None
+    from ..sandbox import landlock_abi
+
+    return {"uid": cfg.sandbox_uid, "gid": cfg.sandbox_uid, "no_new_privs": True, "seccomp": "filter",
+            "landlock_abi": landlock_abi()}
 
 
 def _child_failure(status: int, stderr: str) -> tuple[str, str]:
@@ -489,6 +524,16 @@ class Agent:
         self.stopping = threading.Event()
         self.beat = time.monotonic()  # when the loop last began a round (health)
         self.handler_reason = handler_state(cfg.core_dir, cfg.proc)[0]  # forensics_handler_installed's
+        if cfg.sandbox_uid is not None:
+            from .sandboxed import join_group, unreachable
+
+            join_group(cfg.sandbox_uid)  # to give each crash's bundle to the sandbox's group (no CAP_CHOWN needed)
+            for what, path in (("the core directory", cfg.core_dir), ("the scratch directory", cfg.scratch)):
+                blocked = unreachable(path, cfg.sandbox_uid)
+                if blocked is not None:
+                    print(f"forensics agent serve: the analyses' uid {cfg.sandbox_uid} cannot search {blocked}, on the "
+                          f"way to {what} {path}: every analysis will fail (make it searchable: chmod o+x)",
+                          file=sys.stderr)
         self.shipper = None
         if cfg.upload is not None:
             from .shipper import Shipper

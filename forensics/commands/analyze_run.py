@@ -22,7 +22,7 @@ __all__ = ["run", "parse_argv", "OPTIONS"]
 
 
 def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
-        output, force, verbose, endpoint_url=None, region=None, profile=None, deadline=None):
+        output, force, verbose, endpoint_url=None, region=None, profile=None, deadline=None, sandbox=False):
     """Analyze one core or bundle, or a batch; exits with the analysis' exit code."""
     batch = False  # a prefix of bundles in a bucket is a batch, as a directory of them is
     fetch_problems: list[str] = []  # bundles of a bucket's prefix not read: said, and the batch is partial
@@ -34,6 +34,11 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
                                                           deadline=deadline), problems=fetch_problems)
         for p in fetch_problems:
             warn(p)
+    if sandbox:  # the inputs are local now (a fetch needs the network: done here, outside the parser)
+        _run_sandboxed(inputs, dict(sysroot=sysroot, exe=exe, merged=merged, method=method,
+                                    native_method=native_method, gdb_path=gdb_path, debuginfod=debuginfod,
+                                    timeout=timeout, heap=heap, jobs=jobs, as_json=as_json, verbose=verbose),
+                       output, force)
     if len(inputs) == 1 and not os.path.isdir(inputs[0]) and not batch:
         # one core (not a bundle, not a directory): what find_cores would say of it, without loading the batch
         # and bundle readers it does not need
@@ -84,6 +89,34 @@ def _journal_only(inputs) -> list:
     from ..coredumpd import is_store, journal_only_crashes
 
     return [(i, *journal_only_crashes(i)) for i in inputs if is_store(i)]
+
+
+def _run_sandboxed(inputs: list[str], params: dict, output: str | None, force: bool) -> None:
+    """``analyze`` again, without --sandbox, contained (:mod:`forensics.sandbox.contain`): the inputs read-only,
+    its result printed to this process, which writes it out."""
+    from ..sandbox.contain import run_contained
+
+    argv = [sys.executable, "-m", "forensics", "analyze"]
+    for spec in OPTIONS:
+        value = params.get(spec.dest)
+        if spec.dest in ("output", "force", "sandbox") or value is None or value is False or value == 0:
+            continue
+        if spec.kind is Kind.FLAG:
+            argv.append(spec.names[-1])
+        elif spec.kind is Kind.COUNT:
+            argv += [spec.names[-1]] * int(value)
+        elif value != spec.default:
+            argv += [spec.names[-1], str(value)]
+    argv += ["--", *inputs]
+    read = [*inputs, *(p for p in (params.get("sysroot"), params.get("exe")) if p)]
+    # a node's crash directory keeps its objects two levels up (the core directory's store): that store too
+    read += [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(i))), "objects") for i in inputs]
+    status, out = run_contained(argv, read=read, timeout=params["timeout"] * 4 + 600)
+    if out:
+        from . import _write
+
+        _write(out.decode("utf-8", "surrogateescape"), output, force)  # escaped and redacted by the analysis
+    sys.exit(status)
 
 
 def _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journal=(), partial_input=False):
@@ -187,6 +220,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                     "crash always gets the anatomy of the overflow; other crashes pay nothing without this)."),
     OptionSpec(names=("-j", "--jobs"), dest="jobs", kind=Kind.INT, default=0,
                help="Worker processes for several cores (0: one per CPU)."),
+    OptionSpec(names=("--sandbox",), dest="sandbox", kind=Kind.FLAG,
+               help="Analyze in a sandbox (bubblewrap's namespaces, no network, the inputs read-only, a seccomp "
+                    "filter): for a core or bundle someone else made, analyzed as root."),
     *STORE, STORE_DEADLINE, JSON, OUTPUT, FORCE, VERBOSE,
 )
 

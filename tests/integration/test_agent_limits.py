@@ -178,7 +178,7 @@ def test_the_analysis_output_is_bounded_on_disk(tmp_path):
              "for _ in range(128): sys.stdout.buffer.write(b'x' * 65536); sys.stdout.flush()\n"
              f"pathlib.Path({str(marker)!r}).touch()\n"]
     cfg = ServeConfig(core_dir=str(tmp_path), node="n", analyze_argv=child, analysis_timeout=60,
-                      analysis_output=1 << 20)
+                      analysis_output=1 << 20, sandbox_uid=None)  # its mark in tmp_path: no sandbox
     # WHEN the agent runs it on a crash
     reason = analyze_crash(str(crash), cfg)
     # THEN it was stopped at the bound (it never printed all), the crash failed saying so, nothing left behind

@@ -62,6 +62,24 @@ def _agent_pod(base: Path, node: str, port: int) -> dict:
             "spec": {**template["spec"], "nodeName": node}}
 
 
+def _analysis_status(cores: Path) -> dict[str, str] | None:
+    """/proc/PID/status of a running analysis of a crash under ``cores`` (`forensics analyze --json CRASH` exec'd
+    by the sandbox's wrapper), as the host sees it; None when none runs now."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"analyze" not in argv or not any(a.startswith(str(cores).encode() + b"/") for a in argv) \
+                    or b"forensics.sandbox" in argv:
+                continue
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        return {line.split(":")[0]: line.split(":", 1)[1].strip() for line in status.splitlines()}
+    return None
+
+
 def _crash(cwd: Path) -> int:
     """A Python process that really crashes (SIGSEGV in ctypes), its core piped by the kernel: its PID."""
     p = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"], cwd=cwd, capture_output=True,
@@ -106,9 +124,16 @@ def test_removing_the_agent_restores_the_core_pattern_from_before(core_pattern_l
             (tmp_path / "run").mkdir()
             _crash(tmp_path / "run")
             crashes = base / "c/crashes"
-            analysis = _wait("the agent analyzes the crash", lambda: next(
-                (p for p in crashes.glob("*/60-analysis/*.json") if p.name in ("analysis.json", "failed.json")),
-                None) if crashes.is_dir() else None)
+            seen: list[dict[str, str]] = []  # the analysis' status, read from the host while it runs
+
+            def analyzed():
+                st = _analysis_status(crashes)
+                if st is not None:
+                    seen.append(st)
+                return next((p for p in crashes.glob("*/60-analysis/*.json")
+                             if p.name in ("analysis.json", "failed.json")), None) if crashes.is_dir() else None
+
+            analysis = _wait("the agent analyzes the crash", analyzed)
             # AND the pod is deleted through the API (helm uninstall, a drain: the kubelet stops it)
             subprocess.run([*kubectl, "delete", "pod", "-n", NS, pod["metadata"]["name"], "--wait=false"],
                            check=True, capture_output=True, timeout=60)
@@ -123,6 +148,15 @@ def test_removing_the_agent_restores_the_core_pattern_from_before(core_pattern_l
     assert after == before, logs["keeper"]
     assert stopped == {"agent": 0, "keeper": 0}, logs
     assert "kernel.core_pattern restored to" in logs["keeper"]
-    # and the crash was analyzed by the unprivileged agent
+    # and the crash was analyzed by the unprivileged agent, in the sandbox: another uid, no capability, no_new_privs,
+    # a seccomp filter, while user namespaces could not be made (what the sandbox needs none of)
     assert analysis.name == "analysis.json", analysis.read_text()
-    assert json.loads(analysis.read_text())["analysis"]["fingerprint"]
+    doc = json.loads(analysis.read_text())
+    assert doc["analysis"]["fingerprint"]
+    assert seen, "the analysis was never seen running"
+    st = seen[0]
+    print(f"\nthe analysis, read from the host while it ran: Uid {st['Uid']}, CapEff {st['CapEff']}, NoNewPrivs "
+          f"{st['NoNewPrivs']}, Seccomp {st['Seccomp']}")
+    assert st["Uid"].split()[0] != "0" and st["Uid"].split() == [st["Uid"].split()[0]] * 4
+    assert (st["CapEff"], st["CapPrm"], st["NoNewPrivs"], st["Seccomp"]) == ("0000000000000000",) * 2 + ("1", "2")
+    assert doc["agent"]["sandbox"]["uid"] == int(st["Uid"].split()[0])

@@ -28,6 +28,7 @@ import pytest
 from forensics.analyze.fingerprint import FINGERPRINT_VERSION
 
 from tests.cgroups import CGROUP_ROOT, pod_cgroup, remove_cgroup
+from tests.podruntime import searchable_view
 from tests.kube_standin import StandIn, make_node, make_pod, write_kubeconfig
 
 FORENSICS = Path(sys.executable).parent / "forensics"
@@ -102,7 +103,11 @@ class AgentProcess:
                 "--metrics-port", str(self.port), "--analysis-timeout", "120"]
         args += ["--kubeconfig", kubeconfig] if kubeconfig else ["--no-events"]
         args += extra
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # each analysis runs in the sandbox as an unprivileged uid: the core directory and the interpreter made
+        # reachable to it in a mount namespace of the agent's own (pytest's directories are private)
+        core_dir.mkdir(parents=True, exist_ok=True)
+        view = searchable_view(bind=[str(core_dir), *([kubeconfig] if kubeconfig else [])], homes=[str(home)])
+        self.proc = subprocess.Popen([*view, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={"PATH": os.environ["PATH"], "HOME": str(home)})
         self.url = f"http://127.0.0.1:{self.port}/metrics"
         deadline = time.monotonic() + 60
@@ -308,7 +313,7 @@ def test_analysis_runs_at_idle_priority_and_is_bounded(kernel_cores, container, 
     from forensics.capture.serve import ServeConfig, analyze_crash
 
     (crash,) = (core_dir / "crashes").iterdir()
-    cfg = ServeConfig(core_dir=str(core_dir), node="n", analysis_timeout=2,
+    cfg = ServeConfig(core_dir=str(core_dir), node="n", analysis_timeout=2, sandbox_uid=None,  # writes tmp_path
                       analyze_argv=[sys.executable, str(probe), str(tmp_path / "sched")])
     t = time.monotonic()
     assert analyze_crash(str(crash), cfg) == "timeout"

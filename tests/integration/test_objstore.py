@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.podruntime import searchable_view
 from tests.s3_env import ACCESS_KEY, SECRET_KEY, S3Server
 
 FORENSICS = Path(sys.executable).parent / "forensics"
@@ -403,8 +404,16 @@ def _serve(core_dir: Path, bucket: str, env: dict, *extra: str) -> tuple[subproc
     argv = [str(FORENSICS), "agent", "serve", "--core-dir", str(core_dir), "--node-name", "gpu-3", "--no-events",
             "--metrics-port", str(port), "--analysis-timeout", "120", "--upload", f"s3://{bucket}/agent",
             "--cluster", "prod", *extra]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), \
-        f"http://127.0.0.1:{port}/metrics"
+    return subprocess.Popen([*_reachable(core_dir, env), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env), f"http://127.0.0.1:{port}/metrics"
+
+
+def _reachable(core_dir: Path, env: dict, *files: str) -> list[str]:
+    """The agent's analyses run in the sandbox as an unprivileged uid: its core directory, scratch and interpreter
+    made reachable to that uid in a mount namespace of the agent's own (pytest's directories are private)."""
+    core_dir.mkdir(parents=True, exist_ok=True)
+    return searchable_view(bind=[str(core_dir), *files],
+                           homes=[env[k] for k in ("HOME", "FORENSICS_CACHE") if env.get(k)])
 
 
 def _stop(p: subprocess.Popen) -> str:
@@ -664,7 +673,8 @@ def test_the_event_names_the_uploaded_bundle_and_its_key_the_pod(crasher, kernel
             argv = [str(FORENSICS), "agent", "serve", "--core-dir", str(tmp_path / "cores"), "--node-name", node,
                     "--metrics-port", "0", "--kubeconfig", kubeconfig, "--upload", f"s3://{bucket}/ev",
                     "--cluster", "prod"]
-            agent = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            agent = subprocess.Popen([*_reachable(tmp_path / "cores", env, kubeconfig), *argv],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             try:
                 # WHEN the agent has analyzed, named the pod, uploaded and told the API
                 def notes() -> list[str]:

@@ -102,7 +102,7 @@ def test_the_agent_leaves_a_crash_the_handler_is_still_writing(tmp_path):
     (tmp_path / "crashes/c1").mkdir(parents=True)
     (tmp_path / "crashes/c1/metadata.json").write_text(json.dumps(first))
     mark = tmp_path / "analyzed"
-    cfg = ServeConfig(core_dir=str(tmp_path), node="n", events=False,
+    cfg = ServeConfig(core_dir=str(tmp_path), node="n", events=False, sandbox_uid=None,  # a mark in tmp_path
                       analyze_argv=[sys.executable, "-c", f"open({str(mark)!r}, 'w')"])
     # WHEN the agent takes a step THEN the crash counts as pending, and is not analyzed yet
     agent = Agent(cfg)

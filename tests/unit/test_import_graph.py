@@ -20,7 +20,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "model", "cache", "redact", "rootpath", "digest", "subproc"),
     # shared formats, shipped files, the one kube client; who a PID is (/proc/PID/stat); the one reader of /proc/PID;
     # views of an analysis record (its signature, its merged stacks), below every reader of one
-    ("output", "resources", "guard", "kubectl", "pidstat", "procfs", "views"),
+    # how a parser of untrusted bytes runs (sandbox)
+    ("output", "resources", "guard", "kubectl", "pidstat", "procfs", "views", "sandbox"),
     # records back from the JSON another command wrote (analyze, reproduce, fleet...); the command line's options as
     # records, without click (-o checks its path through output)
     ("jsonrecords", "argspec"),

@@ -1,0 +1,120 @@
+"""``analyze --sandbox``: the analysis in bubblewrap's namespaces, then in the sandbox's wrapper.
+
+For a user analyzing someone else's core as root. bubblewrap gives the analysis a user namespace of its own (uid
+65534 inside, mapped onto the caller: it reads the inputs the caller may read and holds no capability outside), a
+mount namespace that shows only the system's programs and libraries (``/usr``, the loader's files of ``/etc``),
+this installation of forensics, the inputs read-only and a scratch directory of its own, and no network, PID, IPC
+or UTS namespace of the host's; inside, the sandbox's wrapper adds no_new_privs, Landlock (no write but into the
+scratch directory) and the seccomp filter (:data:`forensics.sandbox.DENIED`, sockets AF_UNIX only). The analysis
+prints its result to a pipe; this process writes it where ``-o`` says, so the sandbox writes nothing outside.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from ..errors import SandboxUnavailable
+from . import Policy, wrapper_argv
+
+__all__ = ["contained_argv", "run_contained", "MAX_OUTPUT"]
+
+MAX_OUTPUT = 1 << 30  # what the contained analysis may print (its JSON, its text) before it is stopped
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf", "gdb")
+_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHOME", "PYTHONPATH", "PYTHONNOUSERSITE", "TERM")
+
+
+def _system_binds() -> list[str]:
+    out = []
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            out += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            out += ["--ro-bind", top, top]
+    out += ["--ro-bind", "/usr", "/usr"]
+    for name in _ETC:
+        if os.path.exists(f"/etc/{name}"):
+            out += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    return out
+
+
+def _installation() -> list[str]:
+    """This interpreter and every directory it imports from (forensics, its dependencies)."""
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # forensics/, this module's package's
+    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), os.path.dirname(package)}
+    dirs |= {os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)}
+    exe = os.path.realpath(sys.executable)
+    dirs.add(os.path.dirname(exe))
+    out = []
+    for d in sorted(dirs):
+        if not d.startswith(("/usr/", "/proc/")) and d != "/usr":
+            out += ["--ro-bind", d, d]
+    if os.path.abspath(sys.executable) != exe:  # a venv's interpreter is a link: its own directory too
+        d = os.path.dirname(os.path.abspath(sys.executable))
+        out += ["--ro-bind", d, d]
+    return out
+
+
+def contained_argv(analysis: list[str], *, read: list[str], scratch: str) -> list[str]:
+    """bubblewrap's command line around ``analysis`` (an argv of this interpreter): ``read`` bound read-only at
+    their paths, ``scratch`` writable, the sandbox's wrapper inside."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH")
+    cmd = [bwrap, "--unshare-all", "--unshare-user", "--uid", str(65534), "--gid", str(65534), "--die-with-parent",
+           "--new-session", "--cap-drop", "ALL", *_system_binds(), *_installation(), "--proc", "/proc", "--dev",
+           "/dev", "--tmpfs", "/tmp"]
+    for p in sorted({os.path.realpath(p) for p in read if p and os.path.exists(p)}):
+        cmd += ["--ro-bind", p, p]
+    cmd += ["--bind", scratch, scratch, "--chdir", "/", "--clearenv"]
+    env = {k: v for k, v in os.environ.items() if k in _ENV or (k.startswith(("LC_", "FORENSICS_"))
+                                                                   and k != "FORENSICS_CACHE")}
+    env.update(HOME=scratch, TMPDIR=scratch, XDG_CACHE_HOME=os.path.join(scratch, ".cache"),
+               PYTHONDONTWRITEBYTECODE="1")
+    for k, v in sorted(env.items()):
+        cmd += ["--setenv", k, v]
+    return [*cmd, "--", *wrapper_argv(Policy(writable=(scratch,)), analysis)]
+
+
+def run_contained(analysis: list[str], *, read: list[str], timeout: float | None = None) -> tuple[int, bytes]:
+    """Run ``analysis`` contained; its exit status and what it printed (its standard error passes through).
+
+    :raises SandboxUnavailable: bubblewrap is missing, or could not make the sandbox
+    """
+    scratch = tempfile.mkdtemp(prefix="forensics-sandbox-")
+    try:
+        cmd = contained_argv(analysis, read=read, scratch=scratch)
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out = bytearray()
+        assert p.stdout is not None and p.stderr is not None
+        import selectors
+
+        with selectors.DefaultSelector() as sel:
+            sel.register(p.stdout, selectors.EVENT_READ, "out")
+            sel.register(p.stderr, selectors.EVENT_READ, "err")
+            open_ = 2
+            while open_:
+                for key, _ in sel.select(timeout):
+                    chunk = os.read(key.fileobj.fileno(), 1 << 16)  # type: ignore[union-attr]
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        open_ -= 1
+                    elif key.data == "out":
+                        out += chunk
+                        if len(out) > MAX_OUTPUT:
+                            p.kill()
+                            raise SandboxUnavailable(f"the analysis printed more than {MAX_OUTPUT >> 20} MiB")
+                    else:
+                        if chunk.startswith(b"bwrap: ") and not out:
+                            p.wait()
+                            raise SandboxUnavailable(chunk.decode(errors="replace").strip().splitlines()[0])
+                        sys.stderr.buffer.write(chunk)
+                        sys.stderr.flush()
+        status = p.wait()
+        if status == 126:  # the wrapper could not confine it: it said why on stderr
+            raise SandboxUnavailable("the sandbox could not be set up (see above)")
+        return status, bytes(out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
