@@ -65,6 +65,15 @@ def test_the_image_holds_the_agents_tools_and_is_the_one_the_manifest_names(imag
                          (("forensics", "--version"), __version__)):
         p = _in_image(rootfs, *argv)
         assert needle in p.stdout + p.stderr, (argv, p.stdout, p.stderr)
+    # and the sandbox every analysis runs in sets up there, as agent serve starts it (its interpreter, run by path,
+    # with the environment bin/forensics exports): libseccomp2 is in the image
+    p = _in_image(rootfs, "env", "PYTHONHOME=/opt/forensics", "PYTHONPATH=/opt/forensics/site-packages",
+                  "/opt/forensics/bin/python3.11", "-m", "forensics.sandbox", "--uid", "65532", "--", "sh", "-c",
+                  "grep -E '^(Uid|CapEff|NoNewPrivs|Seccomp):' /proc/self/status")
+    assert p.returncode == 0, p.stderr
+    status = dict(line.split(":\t") for line in p.stdout.splitlines())
+    assert (status["Uid"].split()[0], status["CapEff"], status["NoNewPrivs"], status["Seccomp"]) == (
+        "65532", "0000000000000000", "1", "2"), p.stdout
 
 
 def test_its_forensics_runs_on_the_host_as_the_kernel_runs_the_handler(rootfs, tmp_path, core_pattern):
