@@ -52,6 +52,21 @@ def make_install(dest: Path) -> Path:
     return dest
 
 
+def _dirs_to(path: str, made: set[str], bound: set[str]) -> list[str]:
+    """bwrap's arguments that make the directories on the way to ``path`` searchable, as a runtime or an image has
+    them (bwrap makes a mount point's missing parents 700); none made already (``made``), none inside a directory
+    bound from this machine (``bound``)."""
+    out = []
+    parts = path.split("/")
+    for i in range(2, len(parts)):
+        d = "/".join(parts[:i])
+        if d in made or d in bound or any(d.startswith(b + "/") for b in bound):
+            continue
+        out += ["--perms", "0755", "--dir", d]
+        made.add(d)
+    return out
+
+
 class PodRuntime:
     """Command lines of a pod's containers (``runtime(pod, container, argv)``, the kube stand-in's hook)."""
 
@@ -59,6 +74,8 @@ class PodRuntime:
         self.install = install
         self.no_userns = no_userns
         self.scratch = Path(tempfile.mkdtemp(prefix="podrt-"))  # the emptyDirs
+        self.bound: set[str] = set()  # the image's directories (no mount point is made inside one)
+        self.made: set[str] = set()  # the directories made on the way to them
 
     def image_binds(self) -> list[str]:
         """The image: this machine's system directories, the interpreter and checkout forensics runs from."""
@@ -70,13 +87,20 @@ class PodRuntime:
                 out += ["--ro-bind", top, top]
         out += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         python_home = Path(os.path.realpath(sys._base_executable)).parents[1]  # type: ignore[attr-defined]
+        made: set[str] = set()
+        bound = {"/usr", "/etc"}
         for d in sorted({str(python_home), str(ROOT), os.path.realpath(sys.prefix)}):
-            out += ["--ro-bind", d, d]
-        return [*out, "--ro-bind", str(self.install), "/opt/forensics"]
+            if not any(d.startswith(b + "/") for b in bound):
+                out += [*_dirs_to(d, made, bound), "--ro-bind", d, d]
+                bound.add(d)
+        out += [*_dirs_to("/opt/forensics", made, bound), "--ro-bind", str(self.install), "/opt/forensics"]
+        self.made, self.bound = made, {*bound, "/opt/forensics"}
+        return out
 
     def volumes(self, pod: dict, container: dict) -> list[str]:
         by_name = {v["name"]: v for v in pod["spec"].get("volumes", [])}
-        out = []
+        out: list[str] = []
+        made = set(self.made)
         for m in container.get("volumeMounts", []):
             v = by_name[m["name"]]
             if "hostPath" in v:
@@ -87,7 +111,8 @@ class PodRuntime:
                 src = str(self.scratch / f"{pod['metadata']['name']}-{m['name']}")
                 os.makedirs(src, exist_ok=True)
                 os.chmod(src, 0o777)
-            out += ["--ro-bind" if m.get("readOnly") else "--bind", src, m["mountPath"]]
+            out += [*_dirs_to(m["mountPath"], made, self.bound), "--ro-bind" if m.get("readOnly") else "--bind", src,
+                    m["mountPath"]]
         return out
 
     def __call__(self, pod: dict, container: dict, argv: list[str]) -> list[str]:

@@ -92,6 +92,7 @@ def _crash(cwd: Path) -> int:
 @pytest.fixture
 def base():
     d = Path(tempfile.mkdtemp(prefix="fk", dir="/tmp"))  # short: the pattern names it within 128 bytes
+    d.chmod(0o755)  # the host's /var/lib and /opt are searchable: the analyses' uid reaches the core directory
     try:
         yield d
     finally:

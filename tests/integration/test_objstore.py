@@ -404,7 +404,8 @@ def _serve(core_dir: Path, bucket: str, env: dict, *extra: str) -> tuple[subproc
     argv = [str(FORENSICS), "agent", "serve", "--core-dir", str(core_dir), "--node-name", "gpu-3", "--no-events",
             "--metrics-port", str(port), "--analysis-timeout", "120", "--upload", f"s3://{bucket}/agent",
             "--cluster", "prod", *extra]
-    return subprocess.Popen([*_reachable(core_dir, env), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    files = [a for a in extra if a.startswith("/") and os.path.isfile(a)]  # a --kubeconfig
+    return subprocess.Popen([*_reachable(core_dir, env, *files), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env), f"http://127.0.0.1:{port}/metrics"
 
 
