@@ -88,12 +88,13 @@ def _keep_tail(err: bytearray, data: bytes, most: int) -> None:
 def run_bounded(cmd: list[str], *, timeout: float, input: str | None = None, env: dict[str, str] | None = None,
                 cwd: str | None = None, max_stdout: int = DEFAULT_MAX_STDOUT, max_stderr: int = DEFAULT_MAX_STDERR,
                 stdout: BinaryIO | None = None,
-                preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
+                preexec_fn: Callable[[], None] | None = None,
+                pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
     """``cmd``'s exit status, standard output and the tail of its standard error, as text (undecodable bytes
     replaced).  Standard input is ``input`` or nothing (/dev/null).  With ``stdout`` (a file of the caller's)
     the program's standard output is copied there as it comes, within the same ``max_stdout`` (the result's
     ``stdout`` is empty).  The program runs in a session of its own (``preexec_fn`` runs after that, in the
-    child, as :class:`subprocess.Popen`'s).
+    child, as :class:`subprocess.Popen`'s); ``pass_fds`` stay open in it.
 
     :raises OSError: the program could not be started
     :raises subprocess.TimeoutExpired: it ran past ``timeout`` seconds (killed); ``output`` holds what it wrote
@@ -101,7 +102,7 @@ def run_bounded(cmd: list[str], *, timeout: float, input: str | None = None, env
     """
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=cwd, start_new_session=True, preexec_fn=preexec_fn)
+                            cwd=cwd, start_new_session=True, preexec_fn=preexec_fn, pass_fds=pass_fds)
     out = bytearray()
     taken = 0  # bytes of standard output read
     err = bytearray()

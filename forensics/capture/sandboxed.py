@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import stat
 import subprocess
 import sys
+import time
 
 from ..bundle import layout
 from ..sandbox import Policy, wrapper_argv
 
-__all__ = ["MAX_GRANT", "grant_read", "join_group", "scratch_root", "analysis_argv", "analysis_env",
+__all__ = ["MAX_GRANT", "Fetcher", "grant_read", "join_group", "scratch_root", "analysis_argv", "analysis_env",
            "remove_scratch", "unreachable"]
 
 MAX_GRANT = 100_000  # files and directories of one bundle given to the sandbox's group, at most
+_DEBUGINFOD_BOUNDS = ("DEBUGINFOD_TIMEOUT", "DEBUGINFOD_MAXTIME", "DEBUGINFOD_MAXSIZE")
+#: the fetcher's: the servers, their bounds and cache settings, and how to reach them (a proxy, a private CA)
+_FETCHER_ENV = ("DEBUGINFOD_URLS", *_DEBUGINFOD_BOUNDS, "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+                "NO_PROXY", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR")
 _KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "PYTHONHOME", "PYTHONPATH",
              "PYTHONNOUSERSITE", "LD_LIBRARY_PATH")
 
@@ -105,8 +111,9 @@ def analysis_argv(argv: list[str], *, uid: int, scratch: str) -> list[str]:
 
 def analysis_env(scratch: str) -> dict[str, str]:
     """The analysis' environment: the agent's locale and interpreter settings, its own home, temporary directory and
-    forensics cache inside its scratch directory; nothing else (no credential)."""
-    env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV or k.startswith(("LC_", "FORENSICS_"))}
+    forensics cache inside its scratch directory; nothing else (no credential, no debuginfod server: its fetcher's)."""
+    env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV or k.startswith(("LC_", "FORENSICS_"))
+           or k in _DEBUGINFOD_BOUNDS}
     env.pop("FORENSICS_CACHE", None)
     return {**env, "HOME": scratch, "TMPDIR": scratch, "XDG_CACHE_HOME": os.path.join(scratch, ".cache"),
             "PYTHONDONTWRITEBYTECODE": "1"}
@@ -121,3 +128,47 @@ def remove_scratch(scratch: str, *, uid: int, timeout: float = 120) -> None:
                                     ["rm", "-rf", "--one-file-system", "--", scratch], python=sys.executable),
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=timeout, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+
+
+class Fetcher:
+    """The debuginfod fetcher beside one analysis, when the agent is given ``DEBUGINFOD_URLS``: a process of its own
+    (:mod:`forensics.core.fetcher`) in a sandbox of its own (the analyses' uid, writing only its scratch, where
+    the files it fetches are kept; sockets allowed), and the analysis' end of the socket pair to it (``fd``, named
+    in the analysis' environment). The analysis reads the files it names; it never opens a TCP socket itself."""
+
+    def __init__(self, *, uid: int, root: str) -> None:
+        from ..core.fetchproxy import ENV
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.scratch = os.path.join(root, f"debuginfod.{time.time_ns()}")
+        self.uid, self.ours = uid, ours
+        self.env_name = ENV
+        env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV or k in _FETCHER_ENV or k.startswith("LC_")}
+        env.update(HOME=self.scratch, TMPDIR=self.scratch, DEBUGINFOD_CACHE_PATH=os.path.join(self.scratch, "cache"),
+                   PYTHONDONTWRITEBYTECODE="1")
+        argv = wrapper_argv(Policy(uid=uid, gid=uid, scratch=self.scratch, network=True),
+                            [sys.executable, "-m", "forensics.core.fetcher", str(theirs.fileno())])
+        try:
+            self.proc = subprocess.Popen(argv, env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+
+    @property
+    def fd(self) -> int:
+        return self.ours.fileno()
+
+    def close(self) -> None:
+        """End the fetcher (its socket closed: it leaves; killed past 10 s) and remove what it kept."""
+        self.ours.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+        remove_scratch(self.scratch, uid=self.uid)

@@ -327,17 +327,27 @@ def _run_child(crash_dir: str, cfg: ServeConfig, out) -> tuple[subprocess.Comple
         scratch = os.path.join(scratch_root(cfg.scratch), f"{os.path.basename(crash_dir)}.{time.time_ns()}")
     except OSError as e:
         return None, "error", f"cannot prepare the analysis' sandbox: {e.strerror or e}"
+    env, fetcher = analysis_env(scratch), None
     try:
-        return _run_bounded_child(analysis_argv(argv, uid=uid, scratch=scratch), analysis_env(scratch), cfg, out)
+        if os.environ.get("DEBUGINFOD_URLS"):  # fetched beside the analysis, which has no network
+            from .sandboxed import Fetcher
+
+            fetcher = Fetcher(uid=uid, root=os.path.dirname(scratch))
+            env[fetcher.env_name] = str(fetcher.fd)
+        return _run_bounded_child(analysis_argv(argv, uid=uid, scratch=scratch), env, cfg, out,
+                                  pass_fds=(fetcher.fd,) if fetcher is not None else ())
     finally:
+        if fetcher is not None:
+            fetcher.close()
         remove_scratch(scratch, uid=uid)
 
 
-def _run_bounded_child(argv: list[str], env: dict[str, str] | None, cfg: ServeConfig, out):
+def _run_bounded_child(argv: list[str], env: dict[str, str] | None, cfg: ServeConfig, out,
+                       pass_fds: tuple[int, ...] = ()):
     try:  # its own session (a timeout kills gdb too), the stderr's tail kept, bounded in time and output
         p = run_bounded(argv, timeout=cfg.analysis_timeout, stdout=out, env=env,
                         max_stdout=cfg.analysis_output, max_stderr=2000,
-                        preexec_fn=_lowest_priority(cfg.analysis_memory))
+                        preexec_fn=_lowest_priority(cfg.analysis_memory), pass_fds=pass_fds)
     except subprocess.TimeoutExpired:
         return None, "timeout", f"killed after {cfg.analysis_timeout:g}s"
     except OSError as e:

@@ -87,7 +87,8 @@ def find_debug_file(build_id: str | None, sysroot: str | None = None, path: str 
     for r in rels:
         if os.path.isfile(r) and read_build_id_from_file(r) == build_id:
             return r
-    if os.environ.get("DEBUGINFOD_URLS"):  # the last resort: a debuginfod server (nothing fetched when unset)
+    # the last resort: a debuginfod server (nothing fetched when unset), or in agent serve's sandbox its fetcher
+    if os.environ.get("DEBUGINFOD_URLS") or os.environ.get("FORENSICS_DEBUGINFOD_FD"):
         from forensics.core.debuginfod import fetch_debuginfo
 
         return fetch_debuginfo(build_id)

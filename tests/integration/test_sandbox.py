@@ -293,3 +293,91 @@ def test_analyze_sandbox_without_bubblewrap_is_one_error_line(crash_bundle, tmp_
                        text=True, timeout=120, env={"PATH": str(path), "HOME": str(tmp_path)})
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.startswith("forensics: error: --sandbox: bubblewrap (bwrap) is not on PATH\nforensics: hint: ")
+
+
+# -- a debuginfod server for the agent: fetched beside the analysis, never by it -----------------------------------
+
+@pytest.fixture(scope="module")
+def stripped_bundle(tmp_path_factory, core_pattern):
+    """A crash in a stripped library (its debug file kept apart), and the bundle the real handler makes of it: the
+    library stored by build-id, as a live process of the same pod mapped it."""
+    from tests.crashers.make_core import CoresUnavailable, build_libcrash, make_core
+
+    d = tmp_path_factory.mktemp("sbx-debuginfod")
+    full = build_libcrash(d / "full")
+    debug = d / "libcrash.debug"
+    subprocess.run(["objcopy", "--only-keep-debug", str(full), str(debug)], check=True)
+    stripped = d / "stripped" / "libcrash.so"
+    stripped.parent.mkdir()
+    subprocess.run(["objcopy", "--strip-debug", str(full), str(stripped)], check=True)
+    try:
+        core = make_core(d, sys.executable, "heap-prev", libcrash=stripped)
+    except CoresUnavailable as e:
+        pytest.skip(str(e))
+    base = Path(tempfile.mkdtemp(prefix="fsbx", dir="/tmp"))
+    base.chmod(0o755)
+    live = subprocess.Popen([sys.executable, "-c", f"import ctypes, sys, time; ctypes.CDLL({str(stripped)!r}); "
+                             "print('ready', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout.readline().strip() == "ready"
+        with open(core, "rb") as f:
+            h = subprocess.run([str(FORENSICS), "core-handler", str(base / "cores"), str(live.pid), str(live.pid),
+                                "6", str(int(time.time())), "18446744073709551615", "--min-free", "0"],
+                               stdin=f, capture_output=True, text=True, env={}, cwd="/", timeout=120)
+        assert h.returncode == 0, h.stderr
+        (crash,) = (base / "cores" / "crashes").iterdir()
+        out = subprocess.run(["readelf", "-n", str(stripped)], capture_output=True, text=True).stdout
+        build_id = next(line.split(":", 1)[1].strip() for line in out.splitlines() if "Build ID" in line)
+        yield crash, build_id, debug
+    finally:
+        live.kill()
+        live.wait()
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_a_debuginfod_server_is_asked_by_the_fetcher_beside_the_sandboxed_analysis(stripped_bundle, tmp_path):
+    import http.server
+    import threading
+
+    crash, build_id, debug = stripped_bundle
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            asked.append(self.path)
+            if self.path != f"/buildid/{build_id}/debuginfo":
+                self.send_response(404)
+                self.end_headers()
+                return
+            data = debug.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    scratch = tmp_path / "agent"
+    try:
+        # GIVEN the agent given a debuginfod server (DEBUGINFOD_URLS in its environment)
+        env = {"PATH": os.environ["PATH"], "HOME": str(scratch),
+               "DEBUGINFOD_URLS": f"http://127.0.0.1:{server.server_address[1]}"}
+        # WHEN its own code analyzes the crash in the sandbox (no network there)
+        p = subprocess.run([*searchable_view(bind=[str(crash.parent.parent)], homes=[str(scratch)]), sys.executable,
+                            "-c", SERVE_ONE, str(crash), str(crash.parent.parent), str(scratch), "libdw"],
+                           capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert p.stdout.strip() == "done", (p.stdout, p.stderr)
+    doc = json.loads((crash / "60-analysis" / "analysis.json").read_text())
+    # THEN the fetcher beside it asked the server for the stripped library's debug file, and the analysis named the
+    # crashed frame's source line from it
+    assert f"/buildid/{build_id}/debuginfo" in asked
+    crashed = next(t for t in doc["analysis"]["snapshot"]["threads"] if t["is_crashed"])
+    frame = next(f for f in crashed["native_frames"] if (f["symbol"] or "").startswith("forensics_heap"))
+    assert frame["file"].endswith("libcrash.c") and frame["line"] > 0, frame
+    assert doc["agent"]["sandbox"]["seccomp"] == "filter"
