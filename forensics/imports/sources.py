@@ -46,6 +46,7 @@ __all__ = [
     "open_image",
     "find_bundle_config",
     "SkopeoOptions",
+    "read_skopeo_failure",
 ]
 
 MT_DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
