@@ -74,6 +74,8 @@ class OptionSpec:
     readable: bool = True
     allow_dash: bool = False
     check: Callable[[str], None] | None = None
+    #: one of the few options a newcomer needs: the command's default --help shows it (--help-all shows every one)
+    common: bool = False
 
     @property
     def initial(self) -> object:
@@ -95,10 +97,11 @@ class ArgumentSpec:
 #: to say: one line, exit 1)
 INPUT = ArgumentSpec(dest="inputs", readable=False)
 
-JSON = OptionSpec(names=("--json",), dest="as_json", kind=Kind.FLAG,
+JSON = OptionSpec(names=("--json",), dest="as_json", kind=Kind.FLAG, common=True,
                   help="Write one JSON document to stdout (logs go to stderr).")
 OUTPUT = OptionSpec(
     names=("-o", "--output"), dest="output", kind=Kind.PATH, allow_dash=True, check=check_output_path, metavar="FILE",
+    common=True,
     help="Write the result to FILE instead of stdout (never overwrites without --force; - is stdout; the "
          "directory must exist).")
 FORCE = OptionSpec(names=("--force",), dest="force", kind=Kind.FLAG, help="Allow --output to replace an existing file.")

@@ -13,8 +13,112 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-__all__ = ["json_option", "output_option", "force_option", "verbose_option", "SIZE", "SECONDS", "parse_coredump_filter",
-           "store_options", "store_read_options", "click_option", "click_argument", "click_options"]
+__all__ = ["FrontDoor", "FrontDoorGroup", "common_of", "HELP_LINES", "json_option", "output_option", "force_option",
+           "verbose_option", "SIZE", "SECONDS", "parse_coredump_filter", "store_options", "store_read_options",
+           "click_option", "click_argument", "click_options"]
+
+
+#: what a command's default --help fits in: one screen of a terminal (the rest is --help-all's)
+HELP_LINES = 25
+
+
+def common_of(specs: Iterable[OptionSpec]) -> tuple[str, ...]:
+    """The parameters a table marks common (:attr:`~forensics.argspec.OptionSpec.common`), for :class:`FrontDoor`."""
+    return tuple(spec.dest for spec in specs if spec.common)
+
+
+def _help_all(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    ctx.meta["forensics.help_all"] = True
+    click.echo(ctx.get_help(), color=ctx.color)
+    ctx.exit()
+
+
+_HELP_ALL_HELP = "Show every option and the exit codes, and exit."
+
+
+class FrontDoor(click.Command):
+    """A command whose --help is a front door: the first paragraph of its help, its common options (the few a
+    newcomer needs, declared by the command: ``common=("sysroot", ...)``) and the names of the others, in one
+    screen (:data:`HELP_LINES`); ``--help-all`` shows all of its help and every option."""
+
+    def __init__(self, *args: Any, common: Iterable[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.common = tuple(common)
+        self.help_all_option = click.Option(["--help-all"], is_flag=True, expose_value=False, is_eager=True,
+                                            callback=_help_all, help=_HELP_ALL_HELP)
+        self.params.append(self.help_all_option)
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if ctx.meta.get("forensics.help_all") or not self.help:
+            super().format_help_text(ctx, formatter)
+            return
+        import inspect  # (click's own help does the same)
+
+        first = inspect.cleandoc(self.help).split("\n\n", 1)[0]
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text(first)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if ctx.meta.get("forensics.help_all"):
+            super().format_options(ctx, formatter)
+            return
+        shown, others = [], []
+        always = (self.get_help_option(ctx), self.help_all_option)
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None or isinstance(param, click.Argument):
+                continue
+            if param.name in self.common or param in always:
+                shown.append((record[0], _first_clause(record[1])))
+            else:
+                others.append(param.opts[0] if param.opts else param.name or "")
+        if shown:
+            with formatter.section("Options"):
+                formatter.write_dl(shown, col_max=_FRONT_COLUMN)
+        if others:
+            import textwrap  # (an option's name is never cut at its hyphens, as click's wrapping would)
+
+            with formatter.section("More options (--help-all)"):
+                width = max(formatter.width - formatter.current_indent, 40)
+                for line in textwrap.wrap(", ".join(others), width, break_on_hyphens=False, break_long_words=False):
+                    formatter.write(f"{'':>{formatter.current_indent}}{line}\n")
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if ctx.meta.get("forensics.help_all"):
+            super().format_epilog(ctx, formatter)
+
+
+_FRONT_COLUMN = 24  # an option's names wider than this put its help on the next line
+
+
+def _first_clause(text: str) -> str:
+    """An option's help cut to its first clause for the front door (--help-all has it whole): up to the first
+    sentence's end or parenthesis, without click's ``[default: ...]``.
+
+    >>> _first_clause("Write the result to FILE instead of stdout (never overwrites without --force).")
+    'Write the result to FILE instead of stdout.'
+    >>> _first_clause("Seconds gdb may take per core.  [default: 120.0]")
+    'Seconds gdb may take per core.'
+    """
+    text = text.split("  [", 1)[0].strip()
+    cut = len(text)
+    for mark in (". ", " (", "; "):
+        at = text.find(mark, 12)
+        while mark == ". " and at > 0 and text[:at].endswith(("e.g", "i.e", "etc")):
+            at = text.find(mark, at + 2)
+        if at >= 12:
+            cut = min(cut, at)
+    short = text[:cut].rstrip(" .,;:")
+    return short + "." if short else text
+
+
+class FrontDoorGroup(click.Group):
+    """A group of commands (``forensics agent``) whose commands are :class:`FrontDoor` ones by default."""
+
+    command_class = FrontDoor
 
 
 def click_option(spec: OptionSpec):

@@ -6,24 +6,25 @@ import sys
 
 import click
 
-from ..options import SIZE, json_option, parse_coredump_filter, store_options
+from ..options import FrontDoorGroup, SIZE, json_option, parse_coredump_filter, store_options
 from . import echo, emit_json
 
 __all__ = ["agent", "agent_manifest", "agent_chart", "agent_serve", "agent_keep", "agent_run"]
 
 
-@click.group("agent")
+@click.group("agent", cls=FrontDoorGroup)
 def agent():
     """Kubernetes manifests and the in-pod agent."""
 
 
-@agent.command("manifest")
+@agent.command("manifest", common=("core_dir", "image", "namespace", "upload_url", "as_json"))
 @click.option("--core-dir", default="/var/lib/forensics/cores", show_default=True,
               help="hostPath for cores on every node.")
 @click.option("--image", "image", default=None,
               help="The agent image (default: the one `python .ci/image/build.py` builds and tags, "
                    "ghcr.io/forensics/forensics-agent:VERSION).")
-@click.option("-n", "--namespace", default="forensics", show_default=True)
+@click.option("-n", "--namespace", default="forensics", show_default=True,
+              help="The namespace of the agent's objects.")
 @click.option("--gpu-label", default="nvidia.com/gpu.present=true", show_default=True,
               help="Node selector KEY=VALUE for GPU nodes.")
 @click.option("--host-prefix", default="/opt/forensics", show_default=True,
@@ -112,7 +113,7 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
         click.echo(to_yaml_documents(objects), nl=False)  # YAML: every string is JSON-quoted (escaped)
 
 
-@agent.command("chart")
+@agent.command("chart", common=("output", "force", "as_json"))
 @click.option("-o", "--output", default="forensics-agent", show_default=True,
               help="The directory to write the chart into (made here; its parent must exist).")
 @click.option("--force", is_flag=True, help="Write into an existing directory, replacing the chart's files there.")
@@ -138,7 +139,7 @@ def agent_chart(output, force, as_json):
         echo(f"Wrote {output} ({len(files)} files)")
 
 
-@agent.command("serve")
+@agent.command("serve", common=("core_dir", "node_name", "metrics_port", "upload_url"))
 @click.option("--core-dir", default="/var/lib/forensics/cores", show_default=True, help="The core handler's directory.")
 @click.option("--node-name", default=None, help="This node's Kubernetes name (default: the host name).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=9847, show_default=True,

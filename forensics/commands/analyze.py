@@ -4,14 +4,14 @@ from __future__ import annotations
 import click
 
 from ..argspec import INPUT
-from ..options import click_argument, click_options
+from ..options import FrontDoor, click_argument, click_options, common_of
 from .analyze_run import OPTIONS, run
 
 __all__ = ["analyze"]
 
 
 # the options from analyze_run's table, which the click-free fast path reads too: nothing spelled here
-@click.command("analyze")
+@click.command("analyze", cls=FrontDoor, common=common_of(OPTIONS))
 @click_argument(INPUT)
 @click_options(OPTIONS)
 def analyze(inputs, **options):

@@ -22,7 +22,8 @@ __all__ = ["run", "parse_argv", "OPTIONS"]
 
 
 def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debuginfod, timeout, heap, jobs, as_json,
-        output, force, verbose, endpoint_url=None, region=None, profile=None, deadline=None, sandbox=False):
+        output, force, verbose, full_paths=False, endpoint_url=None, region=None, profile=None, deadline=None,
+        sandbox=False):
     """Analyze one core or bundle, or a batch; exits with the analysis' exit code."""
     batch = False  # a prefix of bundles in a bucket is a batch, as a directory of them is
     fetch_problems: list[str] = []  # bundles of a bucket's prefix not read: said, and the batch is partial
@@ -37,7 +38,8 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
     if sandbox:  # the inputs are local now (a fetch needs the network: done here, outside the parser)
         _run_sandboxed(inputs, dict(sysroot=sysroot, exe=exe, merged=merged, method=method,
                                     native_method=native_method, gdb_path=gdb_path, debuginfod=debuginfod,
-                                    timeout=timeout, heap=heap, jobs=jobs, as_json=as_json, verbose=verbose),
+                                    timeout=timeout, heap=heap, jobs=jobs, as_json=as_json, verbose=verbose,
+                                    full_paths=full_paths),
                        output, force)
     if len(inputs) == 1 and not os.path.isdir(inputs[0]) and not batch:
         # one core (not a bundle, not a directory): what find_cores would say of it, without loading the batch
@@ -75,7 +77,7 @@ def run(inputs, *, sysroot, exe, merged, method, native_method, gdb_path, debugi
             # view, which holds the frames' own strings again beside its kind ("native", "python": shorter than any
             # secret learned, so no fact that could keep one)
             doc = analysis_payload(analysis)
-            emit(redact_lines(format_analysis(analysis, merged=merged), doc), output, force)
+            emit(redact_lines(format_analysis(analysis, merged=merged, full_paths=full_paths), doc), output, force)
         sys.exit(EXIT_OK if analysis.snapshot.is_complete else EXIT_PARTIAL)
     # a heap abort's fingerprint needs its anatomy (which corruption it was); the table shows no more of the heap
     options["heap"] = "full" if heap else "auto"
@@ -192,12 +194,12 @@ def _analyze_batch(paths, skipped, options, jobs, as_json, output, force, journa
 #: analyze's options, in the order --help lists them: click's command is made from this table
 #: (:mod:`.analyze`), and :func:`parse_argv` reads the command line with it
 OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec(names=("--sysroot",), dest="sysroot", kind=Kind.PATH, file_okay=False, readable=False,
+    OptionSpec(names=("--sysroot",), dest="sysroot", kind=Kind.PATH, file_okay=False, readable=False, common=True,
                help="Directory holding the crashed process's files at the paths the core names (an unpacked image, "
                     "/proc/PID/root)."),
-    OptionSpec(names=("--exe",), dest="exe", kind=Kind.PATH, dir_okay=False, readable=False,
+    OptionSpec(names=("--exe",), dest="exe", kind=Kind.PATH, dir_okay=False, readable=False, common=True,
                help="The executable, when it is not at the path the core names."),
-    OptionSpec(names=("--native",), dest="merged", kind=Kind.FLAG,
+    OptionSpec(names=("--native",), dest="merged", kind=Kind.FLAG, common=True,
                help="Merged view: Python frames placed where their evaluation-loop native frames stand."),
     OptionSpec(names=("--method",), dest="method", kind=Kind.CHOICE, choices=StackMethod,
                default=StackMethod.AUTO.value, show_default=True,
@@ -223,6 +225,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(names=("--sandbox",), dest="sandbox", kind=Kind.FLAG,
                help="Analyze in a sandbox (bubblewrap's namespaces, no network, the inputs read-only, a seccomp "
                     "filter): for a core or bundle someone else made, analyzed as root."),
+    OptionSpec(names=("--full-paths",), dest="full_paths", kind=Kind.FLAG,
+               help="Name each Python frame's file by its whole path, as the process loaded it (path:line, what an "
+                    "editor opens), not by its path below its sys.path entry."),
     *STORE, STORE_DEADLINE, JSON, OUTPUT, FORCE, VERBOSE,
 )
 

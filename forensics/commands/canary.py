@@ -6,13 +6,14 @@ import sys
 import click
 
 from ..errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK
-from ..options import SECONDS, force_option, json_option, output_option
+from ..options import FrontDoor, SECONDS, force_option, json_option, output_option
 from . import emit, emit_json, read_json_object
 
 __all__ = ["canary"]
 
 
-@click.command("canary")
+@click.command("canary", cls=FrontDoor,
+               common=("interval", "duration", "pid", "pod", "namespace", "fleet_file", "as_json"))
 @click.argument("url")
 @click.option("--requests", "n_requests", type=int, default=None,
               help="Scrapes to make at most (default: as many as --duration allows).")

@@ -6,13 +6,14 @@ import sys
 import click
 
 from ..errors import EXIT_PARTIAL
-from ..options import SECONDS, SIZE, json_option, parse_coredump_filter
+from ..options import FrontDoor, SECONDS, SIZE, json_option, parse_coredump_filter
 from . import emit, emit_json, warn
 
 __all__ = ["capture"]
 
 
-@click.command("capture")
+@click.command("capture", cls=FrontDoor,
+               common=("pid", "pod", "namespace", "core_dir", "install_handler", "output", "as_json"))
 @click.option("--pid", type=int, help="Node mode (root): arm this process on this machine.")
 @click.option("--core-dir", type=click.Path(file_okay=False), default="/var/lib/forensics/cores", show_default=True,
               help="Where cores, objects and bundles go.")

@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..errors import EXIT_OK, GdbNotFound
-from ..options import click_options
+from ..options import FrontDoor, click_options
 from . import echo, warn
 from .analyze_run import OPTIONS
 
@@ -17,7 +17,8 @@ __all__ = ["debug"]
 _SHARED = tuple(spec for spec in OPTIONS if spec.dest in ("sysroot", "exe", "gdb_path"))
 
 
-@click.command("debug")
+@click.command("debug", cls=FrontDoor,
+               common=("sysroot", "exe", "print_only"))
 @click.argument("core", type=click.Path(dir_okay=True, readable=False))
 @click_options(_SHARED)
 @click.option("--print", "print_only", is_flag=True, help="Print the gdb command instead of running it.")

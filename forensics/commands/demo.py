@@ -6,13 +6,14 @@ import sys
 import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
-from ..options import json_option
+from ..options import FrontDoor, json_option
 from . import echo, emit, emit_json
 
 __all__ = ["demo"]
 
 
-@click.command("demo")
+@click.command("demo", cls=FrontDoor,
+               common=("out", "fault_after", "no_reproduce", "as_json"))
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output directory (empty or absent); default: a new one under ./forensics-demo.")
 @click.option("--work", type=click.Path(file_okay=False), default=None, help="Scratch directory (default: OUT/work).")

@@ -7,13 +7,14 @@ import sys
 import click
 
 from ..errors import EXIT_OK, EXIT_PARTIAL, ForensicsError, PrometheusError
-from ..options import force_option, json_option, output_option, store_options
+from ..options import FrontDoor, force_option, json_option, output_option, store_options
 from . import emit, emit_json, read_json_object, warn
 
 __all__ = ["fleet"]
 
 
-@click.command("fleet")
+@click.command("fleet", cls=FrontDoor,
+               common=("namespace", "selector", "prometheus", "bundle_sources", "as_json", "output"))
 @click.option("-n", "--namespace", default=None, help="Namespace of the pods (default: all namespaces).")
 @click.option("-l", "--selector", default=None, help="Label selector of the pods, e.g. app=nvitop-exporter.")
 @click.option("--group-by", "group_by", multiple=True, metavar="LABEL",

@@ -8,13 +8,14 @@ import click
 
 from ..errors import EXIT_OK, GuardError
 from ..argspec import FORCE
-from ..options import click_option, json_option
+from ..options import FrontDoor, click_option, json_option
 from . import emit, emit_json, warn
 
 __all__ = ["guard"]
 
 
-@click.command("guard")
+@click.command("guard", cls=FrontDoor,
+               common=("target", "returns", "out_dir", "env", "force"))
 @click.option("--target", required=True, metavar="MODULE:ATTR",
               help="The callable to switch off, e.g. nvitop.api.device:Device.nvlink_throughput.")
 @click.option("--returns", "returns", required=True, metavar="JSON",

@@ -7,13 +7,14 @@ import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..modes import ReportTemplate, values
-from ..options import force_option, json_option, output_option, store_read_options
+from ..options import FrontDoor, force_option, json_option, output_option, store_read_options
 from . import echo, emit, emit_document, emit_json
 
 __all__ = ["report"]
 
 
-@click.command("report")
+@click.command("report", cls=FrontDoor,
+               common=("template", "check", "as_json", "output"))
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(readable=False))
 @click.option("--template", type=click.Choice(values(ReportTemplate)), default=ReportTemplate.NVITOP.value,
               show_default=True, help="; ".join(f"{t.value}: {t.help}" for t in ReportTemplate) + ".")

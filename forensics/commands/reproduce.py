@@ -6,13 +6,14 @@ import sys
 import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, ReproducerNotStarted
-from ..options import SECONDS, force_option, json_option, output_option
+from ..options import FrontDoor, SECONDS, force_option, json_option, output_option
 from . import emit, emit_json
 
 __all__ = ["reproduce"]
 
 
-@click.command("reproduce")
+@click.command("reproduce", cls=FrontDoor,
+               common=("sim", "sim_fault", "nvml_path", "threads", "duration", "as_json", "output"))
 @click.option("--nvml", "nvml_path", type=click.Path(), default=None,
               help="libnvidia-ml.so.1 to use (a file or its directory); default: the loader's.")
 @click.option("--sim", is_flag=True, help="Use the simulated NVML (built from reproducers/simnvml).")

@@ -6,13 +6,14 @@ import sys
 import click
 
 from ..errors import EXIT_ERROR, EXIT_OK, ForensicsError
-from ..options import SIZE, json_option, store_options
+from ..options import FrontDoor, SIZE, json_option, store_options
 from . import echo, emit, emit_json
 
 __all__ = ["upload"]
 
 
-@click.command("upload")
+@click.command("upload", cls=FrontDoor,
+               common=("cluster", "keep", "endpoint_url", "as_json"))
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.argument("destination")
 @click.option("--cluster", envvar="FORENSICS_CLUSTER", default="default", show_default=True,

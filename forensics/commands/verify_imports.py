@@ -11,13 +11,14 @@ import sys
 import click
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
-from ..options import SIZE, force_option, json_option, output_option, verbose_option
+from ..options import FrontDoor, SIZE, force_option, json_option, output_option, verbose_option
 from . import emit, emit_json, warn
 
 __all__ = ["verify_imports"]
 
 
-@click.command("verify-imports")
+@click.command("verify-imports", cls=FrontDoor,
+               common=("pid", "modules", "execute", "platform", "strict", "as_json"))
 @click.argument("ref", required=False)
 @click.option("--pid", type=int, default=None, help="Verify a live process through /proc/PID instead of an image.")
 @click.option("-m", "--module", "modules", multiple=True, metavar="M",

@@ -43,9 +43,10 @@ def _signal_line(sf) -> str:
 
 
 def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
-                  first_fault: bool = False) -> Iterator[str]:
+                  first_fault: bool = False, full_paths: bool = False) -> Iterator[str]:
     """Lines for one thread: its header, its Python stack, then (or merged with) its native stack; each
-    signal frame (a handler running on top of what it interrupted) is marked where it splits them."""
+    signal frame (a handler running on top of what it interrupted) is marked where it splits them.
+    ``full_paths``: each Python frame's file by its whole path (an editor opens ``path:line``)."""
     yield f"Thread {describe_thread(thread)}{_thread_flags(thread, first_fault=first_fault)}"
     native_marks = {sf.native_index: sf for sf in thread.signal_frames if sf.native_index is not None}
     if thread.signal_frames and not native_marks:
@@ -53,9 +54,9 @@ def format_thread(thread: Thread, *, merged: bool = False, native: bool = True,
             yield (f"  {_signal_line(sf)[4:-4]} (interrupted at 0x{sf.pc:x}; the native stack was not unwound, "
                    "so the handler's frames are not told apart)")
     if merged:
-        yield from _merged_lines(thread, native_marks)
+        yield from _merged_lines(thread, native_marks, full_paths)
     else:
-        yield from _separate_lines(thread, native_marks, native=native)
+        yield from _separate_lines(thread, native_marks, native=native, full_paths=full_paths)
     if thread.native_error:
         yield f"    ({thread.native_error})"
     if thread.signal_frames_cut:
@@ -80,14 +81,14 @@ def _first_interpreter(thread: Thread) -> int | None:
     return None if not any(f.interpreter_id for f in thread.py_frames) else -1
 
 
-def _merged_lines(thread: Thread, native_marks: dict[int, SignalFrame]) -> Iterator[str]:
+def _merged_lines(thread: Thread, native_marks: dict[int, SignalFrame], full_paths: bool) -> Iterator[str]:
     interp = _first_interpreter(thread)
     for _, frame in merge_frames(thread):
         if isinstance(frame, PyFrame):
             if interp is not None and frame.interpreter_id != interp:
                 interp = frame.interpreter_id
                 yield f"    [interpreter {interp}]"
-            yield f"    (Python) {describe_pyframe(frame)}"
+            yield f"    (Python) {describe_pyframe(frame, full=full_paths)}"
         else:
             yield f"    {_native_line(frame)}"
             if frame.index in native_marks:
@@ -96,7 +97,8 @@ def _merged_lines(thread: Thread, native_marks: dict[int, SignalFrame]) -> Itera
         yield f"    (Python stack incomplete: {thread.python_error})"
 
 
-def _separate_lines(thread: Thread, native_marks: dict[int, SignalFrame], *, native: bool) -> Iterator[str]:
+def _separate_lines(thread: Thread, native_marks: dict[int, SignalFrame], *, native: bool,
+                    full_paths: bool) -> Iterator[str]:
     py_marks = {sf.py_index: sf for sf in thread.signal_frames if sf.py_index}
     interp = _first_interpreter(thread)
     if thread.py_frames or thread.python_error:
@@ -107,7 +109,7 @@ def _separate_lines(thread: Thread, native_marks: dict[int, SignalFrame], *, nat
             if interp is not None and p.interpreter_id != interp:
                 interp = p.interpreter_id
                 yield f"    [interpreter {interp}]"
-            yield f"    {describe_pyframe(p)}"
+            yield f"    {describe_pyframe(p, full=full_paths)}"
         if thread.python_error:
             yield f"    (Python stack incomplete: {thread.python_error})"
     if native:
@@ -118,7 +120,8 @@ def _separate_lines(thread: Thread, native_marks: dict[int, SignalFrame], *, nat
                 yield f"    {_signal_line(native_marks[f.index])}"
 
 
-def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool = True) -> Iterator[str]:
+def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool = True,
+                    full_paths: bool = False) -> Iterator[str]:
     """The human summary: signature first, then the crash, findings, threads and libraries.
 
     Names, paths and messages come from the crashed process: the lines are raw, and are escaped
@@ -162,7 +165,7 @@ def format_analysis(analysis: Analysis, *, merged: bool = False, libraries: bool
         yield from format_heap(analysis.heap)
     for thread in snap.threads:
         yield ""
-        yield from format_thread(thread, merged=merged, first_fault=thread.tid == crash.tid)
+        yield from format_thread(thread, merged=merged, first_fault=thread.tid == crash.tid, full_paths=full_paths)
     if libraries:
         yield ""
         yield "Mapped libraries:"

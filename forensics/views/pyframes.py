@@ -81,8 +81,9 @@ def python_location(file: str | None) -> PyLocation:
     return PyLocation(module=None, path=name, stdlib=False)
 
 
-def describe_pyframe_parts(p: PyFrame) -> tuple[str, str]:
-    """(``module.function`` or ``function``, ``path:line``) of a Python frame.
+def describe_pyframe_parts(p: PyFrame, *, full: bool = False) -> tuple[str, str]:
+    """(``module.function`` or ``function``, ``path:line``) of a Python frame; ``full``: the file's whole path, as
+    the process named it (what an editor opens), not the path below its sys.path entry.
 
     >>> describe_pyframe_parts(PyFrame(function="string_at", file="/usr/lib/python3.12/ctypes/__init__.py", line=519))
     ('ctypes.string_at', 'ctypes/__init__.py:519')
@@ -90,16 +91,20 @@ def describe_pyframe_parts(p: PyFrame) -> tuple[str, str]:
     loc = python_location(p.file)
     name = f"{loc.module}.{p.function}" if loc.module and p.function != "<module>" else (
         f"{loc.module} <module>" if loc.module else p.function)
-    return name, f"{loc.path}:{p.line if p.line is not None else '?'}"
+    path = p.file if full and p.file else loc.path
+    return name, f"{path}:{p.line if p.line is not None else '?'}"
 
 
-def describe_pyframe(p: PyFrame) -> str:
-    """A Python frame as ``module.function (path:line)``, or ``function (file.py:line)`` outside a known root.
+def describe_pyframe(p: PyFrame, *, full: bool = False) -> str:
+    """A Python frame as ``module.function (path:line)``, or ``function (file.py:line)`` outside a known root;
+    ``full``: with the file's whole path.
 
     >>> describe_pyframe(PyFrame(function="collect", file="/app/exporter.py", line=56))
     'collect (exporter.py:56)'
+    >>> describe_pyframe(PyFrame(function="collect", file="/app/exporter.py", line=56), full=True)
+    'collect (/app/exporter.py:56)'
     """
-    name, where = describe_pyframe_parts(p)
+    name, where = describe_pyframe_parts(p, full=full)
     return f"{name} ({where})"
 
 

@@ -61,6 +61,20 @@ def test_text_summary_signature_first_and_merged(heap_core):
     assert "Mapped libraries:" in lines
 
 
+@pytest.mark.parametrize("view", [[], ["--native"]], ids=["separate", "merged"])
+def test_full_paths_name_each_python_file_as_an_editor_opens_it(heap_core, view):
+    # GIVEN a real core whose crash sample runs from this checkout's tests/crashers/exporter.py
+    exporter = Path(__file__).resolve().parents[1] / "crashers" / "exporter.py"
+    # WHEN analyze prints it with --full-paths (py-spy's and pystack's way), and without
+    full = run("analyze", "--full-paths", *view, str(heap_core))
+    short = run("analyze", *view, str(heap_core))
+    # THEN each Python frame names its file by the whole path the process loaded (path:line); the default stays short
+    assert full.exit_code == short.exit_code == EXIT_OK, full.stderr
+    assert f"query_nvlink_throughput_counters ({exporter}:" in full.stdout, full.stdout
+    assert "query_nvlink_throughput_counters (exporter.py:" in short.stdout
+    assert full.stdout.splitlines()[0] == short.stdout.splitlines()[0]  # the signature is the same
+
+
 def test_output_file_is_never_overwritten(heap_core, tmp_path):
     out = tmp_path / "a.json"
     r = run("analyze", "--json", "-o", str(out), str(heap_core))
