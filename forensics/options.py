@@ -43,9 +43,10 @@ class FrontDoor(click.Command):
     newcomer needs, declared by the command: ``common=("sysroot", ...)``) and the names of the others, in one
     screen (:data:`HELP_LINES`); ``--help-all`` shows all of its help and every option."""
 
-    def __init__(self, *args: Any, common: Iterable[str] = (), **kwargs: Any) -> None:
+    def __init__(self, *args: Any, common: Iterable[str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.common = tuple(common)
+        # not declared: every option is common (a command of a few options)
+        self.common = tuple(common) if common is not None else tuple(p.name or "" for p in self.params)
         self.help_all_option = click.Option(["--help-all"], is_flag=True, expose_value=False, is_eager=True,
                                             callback=_help_all, help=_HELP_ALL_HELP)
         self.params.append(self.help_all_option)
