@@ -23,10 +23,11 @@ __all__ = ["Redactor", "StreamRedactor", "SECRET_NAME", "MASK", "MIN_SECRET_LEN"
 _W0, _W1 = r"(?<![A-Za-z0-9])", r"(?![A-Za-z0-9])"
 SECRET_NAME = re.compile(
     r"TOKEN(?!IZ)"  # GITHUB_TOKEN, AUTHTOKEN; not TOKENIZERS_PARALLELISM
-    r"|SECRET|PASSW(?:OR)?D|PASSPHRASE|CREDENTIAL"
+    r"|SECRET|PASSW(?:OR)?[DT]|KENNWORT|PASSPHRASE|CREDENTIAL"  # PASSWORT, KENNWORT: German
     r"|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY"
     rf"|{_W0}KEYS?{_W1}"  # KEY, --key, SIGNING_KEY_PEM, SSH_KEYS; not KEYBOARD, MONKEY
     rf"|{_W0}CREDS{_W1}"
+    rf"|{_W0}PAT{_W1}"  # GH_PAT, PAT_TOKEN, AZURE_DEVOPS_PAT (a personal access token); not PATH, PATCH
     rf"|(?<!BY)(?<!COM)(?<!SUR)(?<!MULTI)PASS{_W1}"  # DB_PASS, PGPASS, --pass; not BYPASS, COMPASS
     rf"|(?<=[_.-])PWD{_W1}"  # MYSQL_PWD; not PWD, OLDPWD (working directories)
     rf"|(?:{_W0}|(?<=BIND)|(?<=DB))PW{_W1}"  # DB_PW, --pw, LDAP_BINDPW, DBPW
@@ -68,10 +69,14 @@ _URL_TOKEN_USER = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>
 # "redis://alice:PASSW" -- no "@" follows, so the part after ":" may be a password (not a port)
 _URL_CUT = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>(?!\d+$)[^/\s@]+)$")
 # private-key blocks of any kind: PEM (RSA, EC, DSA, OPENSSH, ENCRYPTED, PKCS#8) and PGP, also cut short
-_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?"
-                          r"(-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)", re.S)
-_KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
-_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
+# and SSH2's (RFC 4716 style, "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----") and PuTTY's private lines (a .ppk's
+# "Private-Lines: N" up to its "Private-MAC:")
+_BEGIN = (r"(?:-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|---- BEGIN SSH2 (?:ENCRYPTED )?PRIVATE KEY ----"
+          r"|Private-Lines:[ \t]*\d+)")
+_END = r"(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|---- END SSH2 (?:ENCRYPTED )?PRIVATE KEY ----|Private-MAC:)"
+_PRIVATE_KEY = re.compile(rf"{_BEGIN}.*?({_END}|\Z)", re.S)
+_KEY_BEGIN = re.compile(_BEGIN)
+_KEY_END = re.compile(_END)
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{5,}")
 # webhook URLs whose path is the secret: the host stays, the path goes
 _WEBHOOK = re.compile(r"(?P<base>https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)|"
@@ -87,11 +92,51 @@ _KNOWN_TOKENS = re.compile(
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}"
     r"|gl(?:pat|ptt|dt|rt|rtr|soat|cbt|oas|imt|agent|ffct|ft|wt|sa)-[A-Za-z0-9_-]{20,}(?:\.[0-9a-z]{9})?"  # GitLab
     r"|GR1348941[A-Za-z0-9_-]{20,}|nvapi-[A-Za-z0-9_-]{20,}"  # GitLab runner registration; NVIDIA NGC
-    r"|hf_[A-Za-z0-9]{20,}"
+    r"|hf_[A-Za-z0-9]{20,}|AGE-SECRET-KEY-1[0-9A-Z]{50,}"  # Hugging Face; age's identity
     r"|sk-(?:proj-|ant-[a-z0-9]+-)?[A-Za-z0-9_-]{20,}"
     r"|npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{40,}|dckr_pat_[A-Za-z0-9_-]{20,}"
     r"|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
     r")(?![A-Za-z0-9])")
+# Telegram's bot token, in its API's URLs too (".../bot123456789:AAE.../sendMessage")
+_TELEGRAM = re.compile(r"(?:(?<=bot)|(?<![A-Za-z0-9]))\d{5,16}:A[A-Za-z0-9_-]{34}(?![A-Za-z0-9_-])")
+# a bare AWS secret access key: 40 of base64's characters, taken for one when it mixes cases and digits and holds a
+# "/" or "+" (most do), or stands in a text that holds an access key ID too (a credentials CSV, a tuple of the two);
+# a git hash (lowercase hex) is not one
+_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])")
+# base64 of a JSON object (a service account's key, a .dockerconfigjson): masked whole when what it decodes to holds
+# a secret by these rules
+_B64_JSON = re.compile(r"(?<![A-Za-z0-9+/_-])(?:eyJ|ewo)[A-Za-z0-9+/_-]{12,65536}={0,2}(?![A-Za-z0-9+/=_-])")
+# sqlcmd's (bcp's, osql's, isql's) -P PASSWORD; docker's (podman's, helm registry's...) login -p PASSWORD
+_SQLCMD_P = re.compile(r"\b(?:sqlcmd|bcp|osql|isql)\b[^\n|;&]*?\s-P[ \t]*(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\s'\"]+)")
+_LOGIN_P = re.compile(r"(?<![\w-])login\b[^\n|;&]*?\s-p[ \t]+(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\s'\"-][^\s'\"]*)")
+# WireGuard's "wg set wg0 peer PUB preshared-key FILE" (and private-key): a file's name, or the key itself in
+# <(echo KEY)
+_WG_KEY = re.compile(r"(?<![\w-])(?:preshared|private)-key[ \t]+(?:<\([ \t]*(?:echo|printf)[ \t]+(?:-\w+[ \t]+)*"
+                     r"['\"]?)?(?P<value>[^\s()'\"]+)")
+# name:value with no space after the colon, for the names that are always a secret's ("password:hunter2")
+_COLON_TIGHT = re.compile(r"(?<![A-Za-z0-9_.-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*):"
+                          r"(?P<value>(?!//)[^\s\"',;{}\[\]()<>]{4,})")
+_STRONG_NAME = re.compile(r"(?i)passw(?:or)?[dt]|kennwort|passphrase|secret|token(?!iz)|api_?key|access_?key|pwd"
+                          r"|(?<![a-z0-9])pat(?![a-z0-9])")
+# a credential tuple: NAME("user", "password") or NAME = ("user", "password") -- requests' auth=(...),
+# HTTPBasicAuth(...), creds = (...), client.login(...): its second item, where NAME is secret-like or a login
+_CRED_TUPLE = re.compile(r"(?P<name>\b[A-Za-z_][A-Za-z0-9_.]*)[ \t]*(?:=[ \t]*[(\[]|[(\[])[ \t]*"
+                         r"(?P<q1>['\"])[^'\"\n]{0,256}(?P=q1)[ \t]*,[ \t]*"
+                         r"(?P<q2>['\"])(?P<value>[^'\"\n]{1,512})(?P=q2)")
+_LOGIN_NAMES = frozenset({"login", "authenticate", "set_credentials"})  # SECRET_NAME has auth, creds, credentials
+# a YAML block scalar under a secret-like key: "password: |" (or ">-") and the lines indented under it
+# (the key may follow other words on its line, as in a command line that quotes a YAML file: the block is what is
+# indented deeper than that line)
+_YAML_BLOCK_HEAD = re.compile(r"(?m)(?:^|(?<=[ \t]))(?:- )?(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)[ \t]*:[ \t]*"
+                              r"[|>][-+0-9]{0,2}[ \t]*\n")
+# a shell line continuation ("--api-key abc\" then "def" on the next line): the value goes on past it
+_CONTINUATION = re.compile(r"\\\n(?=\S)")  # only then is it one word: the shell drops the backslash and newline
+# a positional word after a login/auth/token verb of a command line ("wandb login KEY", "vault login TOKEN", "npm
+# token revoke ID"), past its options and up to three subcommand words: masked when it looks random
+_VERB_ARG = re.compile(r"(?<![\w./-])(?:login|auth|token|authenticate)"
+                       r"(?:[ \t]+(?:-{1,2}[A-Za-z][\w-]*(?:=\S*)?|[a-z][a-z-]{1,15})){0,3}[ \t]+"
+                       r"(?P<value>[A-Za-z0-9._~+/=-]{16,512})(?=\s|$)")
 # What every rule of Redactor._text but the learned secrets' needs in a text it changes, one search: "=" or ":"
 # (pairs, headers, URLs, user:password, JSON, YAML, cookies, JDBC, .pgpass), a private key's BEGIN, a bearer token,
 # a JWT, .netrc's password, curl's -b/--cookie, mysql's -p, a known token; a command-line option (the one rule
@@ -99,6 +144,10 @@ _KNOWN_TOKENS = re.compile(
 # to _text that needs none of these must add what it needs here.
 _TRIGGER = re.compile("|".join([r"[=:]", r"-----BEGIN", r"(?i:bearer|token)", r"eyJ", r"password", r"-[bp]",
                                 r"--cookie", _KNOWN_TOKENS.pattern]))
+# ... and what the rules added since need, looked for as plain substrings (cheaper than more alternatives): SSH2's
+# key block, sqlcmd -P, a login/auth verb, base64 JSON's "ewo", a credential tuple's quoted pair
+_MORE_TRIGGERS = ("---- BEGIN", "-P", "login", "auth", "ewo")
+_COOKIE_WORD = re.compile("(?i)cookie")
 # "name": "value" in JSON (and Python reprs), name: value in YAML and logs -- judged by the name
 _JSON_PAIR = re.compile(r"(?P<q>[\"'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=q)\s*:\s*"
                         r"(?P<vq>[\"'])(?P<value>(?:\\.|(?!(?P=vq))[^\\\n])*)(?P=vq)")
@@ -150,6 +199,41 @@ _HOSTNAME = re.compile(r"\b(?=[a-z0-9-]*[a-z])[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9]
 # another dotted name.  "-" separates: bundle directories and static pods join names with it
 # (<stamp>-<namespace>-<pod>, <pod>-2, kube-proxy-<node>).
 _NAME_BEFORE, _NAME_AFTER = r"(?<![A-Za-z0-9_.])", r"(?![A-Za-z0-9_])"
+
+
+def _line_indent(text: str, at: int) -> int:
+    """The indentation of the line of ``text`` that holds position ``at``."""
+    start = text.rfind("\n", 0, at) + 1
+    line = text[start:at]
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _open_block(text: str) -> int | None:
+    """The indentation of the secret-like YAML block scalar whose lines run to the end of ``text``, if one does."""
+    heads = [m for m in _YAML_BLOCK_HEAD.finditer(text) if SECRET_NAME.search(m["name"])]
+    if not heads:
+        return None
+    depth = _line_indent(text, heads[-1].start())
+    for line in text[heads[-1].end():].splitlines():
+        if line.strip() and len(line) - len(line.lstrip(" \t")) <= depth:
+            return None
+    return depth
+
+
+def _random_looking(v: str) -> bool:
+    """Whether a word looks like a key rather than a name: a digit in it, no path, 3 bits of entropy a character.
+
+    >>> _random_looking("0123456789abcdef0123456789abcdef01234567"), _random_looking("administrator-account")
+    (True, False)
+    """
+    import math
+
+    if not any(c.isdigit() for c in v) or v.startswith(("/", "./", "~")) or "//" in v:
+        return False
+    counts: dict[str, int] = {}
+    for c in v:
+        counts[c] = counts.get(c, 0) + 1
+    return -sum(n / len(v) * math.log2(n / len(v)) for n in counts.values()) >= 3.0
 
 
 def _unquote(v: str) -> tuple[str, str]:
@@ -272,26 +356,83 @@ class Redactor:
         return out
 
     def _text(self, s: str) -> str:
-        if not self.hosts and _TRIGGER.search(s) is None and not ("-" in s and SECRET_NAME.search(s.replace("-", "_"))):
+        aws = len(s) >= 40 and _AWS_SECRET.search(s) is not None  # a bare AWS secret key needs no "=" or ":"
+        if (not self.hosts and not aws and _TRIGGER.search(s) is None
+                and not ("-" in s and SECRET_NAME.search(s.replace("-", "_")))
+                and not any(t in s for t in _MORE_TRIGGERS) and not ("," in s and ("'" in s or '"' in s))):
             return self._known_secrets(s)  # no rule below can change it (most frames, files, lines of a report)
-        s = _PRIVATE_KEY.sub(self._private_key, s)
-        s = _WEBHOOK.sub(lambda m: m["base"] + self._secret("webhook URLs", m["secret"]), s)
-        s = _URL_USERINFO.sub(self._userinfo, s)
-        s = _URL_TOKEN_USER.sub(lambda m: m["scheme"] + self._secret("tokens in URLs", m["user"]) + "@", s)
-        s = _URL_CUT.sub(lambda m: f"{m['scheme']}{m['user']}:{self._secret('passwords in URLs cut short', m['pw'])}",
-                         s)
-        s = _AUTH_HEADER.sub(self._header, s)
-        s = _USER_OPTION.sub(self._user_option, s)
-        s = _BEARER.sub(lambda m: f"{m.group(1)} {self._secret('bearer tokens', m['value'])}", s)
-        s = _JWT.sub(lambda m: self._secret("bearer tokens", m.group(0)), s)
-        s = _KNOWN_TOKENS.sub(lambda m: self._secret("access tokens", m.group(0)), s)
-        s = _JSON_PAIR.sub(self._json_pair, s)
+        return self._rules(s, aws)
+
+    def _rules(self, s: str, aws: bool) -> str:
+        """Every rule, each run only where the text holds what it needs to match (a plain substring check)."""
+        continued: list[str] = []  # shell line continuations, each held by a place-holder the rules see as a value's
+        if "\\\n" in s and "\0" not in s:
+            def hold(m: re.Match) -> str:
+                continued.append(m.group(0))
+                return f"\0{len(continued) - 1}\0"
+
+            s = _CONTINUATION.sub(hold, s)
+        s = self._blocks_and_urls(s)
+        s = self._tokens(s, aws)
         s = self._structures(s)
-        s = _COLON_PAIR.sub(self._colon_pair, s)
+        s = self._pairs(s)
+        if continued:  # the continuations no mask swallowed, given back
+            s = re.sub("\0(\\d+)\0", lambda m: continued[int(m[1])], s)
+        s = self._known_secrets(s)
+        if self.hosts:
+            s = self._hosts(s)
+        return s
+
+    def _blocks_and_urls(self, s: str) -> str:
+        """Private keys, YAML block scalars, webhook URLs and URLs' user parts."""
+        if "BEGIN" in s or "Private-Lines" in s:
+            s = _PRIVATE_KEY.sub(self._private_key, s)
+        if ("|" in s or ">" in s) and "\n" in s:
+            s = self._yaml_blocks(s)
+        if "://" in s:
+            s = _WEBHOOK.sub(lambda m: m["base"] + self._secret("webhook URLs", m["secret"]), s)
+            s = _URL_USERINFO.sub(self._userinfo, s)
+            s = _URL_TOKEN_USER.sub(lambda m: m["scheme"] + self._secret("tokens in URLs", m["user"]) + "@", s)
+            s = _URL_CUT.sub(lambda m: f"{m['scheme']}{m['user']}:"
+                                       f"{self._secret('passwords in URLs cut short', m['pw'])}", s)
+        return s
+
+    def _tokens(self, s: str, aws: bool) -> str:
+        """Headers, user:password options, bearer tokens, JWTs, tokens of known formats, base64 JSON, bare AWS
+        secret keys, credential tuples and JSON pairs."""
+        key_id = aws and _AWS_KEY_ID.search(s) is not None
+        if ":" in s:
+            s = _AUTH_HEADER.sub(self._header, s)
+        if "-u" in s:
+            s = _USER_OPTION.sub(self._user_option, s)
+        s = _BEARER.sub(lambda m: f"{m.group(1)} {self._secret('bearer tokens', m['value'])}", s)
+        if "eyJ" in s:
+            s = _JWT.sub(lambda m: self._secret("bearer tokens", m.group(0)), s)
+        s = _KNOWN_TOKENS.sub(lambda m: self._secret("access tokens", m.group(0)), s)
+        if ":A" in s:
+            s = _TELEGRAM.sub(lambda m: self._secret("access tokens", m.group(0)), s)
+        if "eyJ" in s or "ewo" in s:
+            s = _B64_JSON.sub(self._b64_json, s)
+        if aws:
+            s = _AWS_SECRET.sub(lambda m: self._aws_secret(m, key_id), s)
+        quoted = '"' in s or "'" in s
+        if quoted and "," in s and ("(" in s or "[" in s):
+            s = _CRED_TUPLE.sub(self._cred_tuple, s)
+        if quoted and ":" in s:
+            s = _JSON_PAIR.sub(self._json_pair, s)
+        return s
+
+    def _pairs(self, s: str) -> str:
+        """name: value, name:value, NAME=value, --option value, and a login/auth/token verb's positional key."""
+        if ":" in s:
+            s = _COLON_PAIR.sub(self._colon_pair, s)
+            if _STRONG_NAME.search(s):
+                s = _COLON_TIGHT.sub(self._colon_tight, s)
 
         def pair(m: re.Match) -> str:
             q, value = _unquote(m["value"])
-            if SECRET_NAME.search(m["name"]) and MASK not in value and not _XML_VALUE_NEXT.match(m.string, m.end()):
+            if (SECRET_NAME.search(m["name"]) and MASK not in value and not value.startswith(("(", "["))
+                    and not _XML_VALUE_NEXT.match(m.string, m.end())):
                 return f"{m['name']}={q}{self._secret('secret-like NAME=value pairs', value)}{q}"
             return m.group(0)
 
@@ -302,12 +443,74 @@ class Redactor:
                 return f"{m['opt']}{m['sep']}{q}{self._secret('secret-like command-line options', value)}{q}"
             return m.group(0)
 
-        s = _ENV_PAIR.sub(pair, s)
-        s = _OPTION_PAIR.sub(option, s)
-        s = self._known_secrets(s)
-        if self.hosts:
-            s = self._hosts(s)
+        if "=" in s:
+            s = _ENV_PAIR.sub(pair, s)
+        if "-" in s:
+            s = _OPTION_PAIR.sub(option, s)
+        if "login" in s or "auth" in s or "token" in s:
+            s = _VERB_ARG.sub(self._verb_arg, s)
         return s
+
+    def _yaml_blocks(self, s: str) -> str:
+        """Each YAML block scalar under a secret-like key: its lines (those indented deeper than the key, and blank
+        ones) masked one by one, their indentation kept."""
+        out, at = [], 0
+        for m in _YAML_BLOCK_HEAD.finditer(s):
+            if m.start() < at or not SECRET_NAME.search(m["name"]):
+                continue
+            depth, pos = _line_indent(s, m.start()), m.end()
+            out.append(s[at:pos])
+            while pos < len(s):
+                end = s.find("\n", pos)
+                end = len(s) if end < 0 else end + 1
+                line = s[pos:end]
+                content = line.strip()
+                if content and len(line) - len(line.lstrip(" \t")) <= depth:
+                    break
+                lead, tail = line[:len(line) - len(line.lstrip(" \t"))], line[len(line.rstrip()):]
+                out.append(line if not content or MASK in content
+                           else lead + self._secret("secret-like YAML block scalars", content) + tail)
+                pos = end
+            at = pos
+        return "".join(out) + s[at:] if out else s
+
+    def _b64_json(self, m: re.Match) -> str:
+        """Base64 of a JSON object: masked whole when what it decodes to holds a secret."""
+        import binascii
+
+        v = m.group(0)
+        body = v.replace("-", "+").replace("_", "/").rstrip("=")
+        try:
+            text = binascii.a2b_base64(body + "=" * (-len(body) % 4)).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            return v
+        if not text.lstrip().startswith("{") or Redactor().text(text) == text:
+            return v
+        return self._secret("base64-encoded credentials", v)
+
+    def _aws_secret(self, m: re.Match, key_id: bool) -> str:
+        v = m.group(0)
+        mixed = any(c.isupper() for c in v) and any(c.islower() for c in v) and any(c.isdigit() for c in v)
+        if mixed and (key_id or "/" in v or "+" in v):
+            return self._secret("AWS secret access keys", v)
+        return v
+
+    def _cred_tuple(self, m: re.Match) -> str:
+        name, value = m["name"].rsplit(".", 1)[-1], m["value"]
+        if MASK in value or not (SECRET_NAME.search(name) or name.lower() in _LOGIN_NAMES):
+            return m.group(0)
+        return self._mask_value(m, "credential tuples")
+
+    def _colon_tight(self, m: re.Match) -> str:
+        if MASK in m["value"] or not _STRONG_NAME.search(m["name"]):
+            return m.group(0)
+        return self._mask_value(m, "secret-like name:value pairs")
+
+    def _verb_arg(self, m: re.Match) -> str:
+        value = m["value"]
+        if MASK in value or not _random_looking(value):
+            return m.group(0)
+        return self._mask_value(m, "keys given to login/auth/token commands")
 
     def _private_key(self, m: re.Match) -> str:
         # its lines are learned one by one too: a quote of memory or a log line may hold one line of the block
@@ -324,16 +527,31 @@ class Redactor:
         def plain(what: str) -> Callable[[re.Match], str]:
             return lambda m: self._mask_value(m, what)
 
-        s = _XML_KEY_VALUE.sub(named("secret-like XML key/value attributes"), s)
-        s = _JOINED_PAIR.sub(self._joined_pair, s)
-        s = _YAML_NAME_VALUE.sub(named("secret-like YAML name/value entries"), s)
+        # each where what it matches can be (a plain substring check first: most texts need few of them)
+        if "value=" in s:
+            s = _XML_KEY_VALUE.sub(named("secret-like XML key/value attributes"), s)
+        if "=" in s:
+            s = _JOINED_PAIR.sub(self._joined_pair, s)
+        if "value:" in s:
+            s = _YAML_NAME_VALUE.sub(named("secret-like YAML name/value entries"), s)
         s = _LINE_PAIR.sub(named("secret-like key = value lines"), s)
-        s = _COOKIE.sub(self._cookie, s)
-        s = _COOKIE_OPTION.sub(self._cookie, s)
-        s = _MYSQL_P.sub(plain("mysql -p passwords"), s)
-        s = _JDBC_ORACLE.sub(plain("passwords in JDBC URLs"), s)
-        s = _NETRC.sub(plain(".netrc passwords"), s)
-        return _PGPASS.sub(plain(".pgpass passwords"), s)
+        if _COOKIE_WORD.search(s):
+            s = _COOKIE.sub(self._cookie, s)
+        if "-b" in s or "--cookie" in s:
+            s = _COOKIE_OPTION.sub(self._cookie, s)
+        if "mysql" in s or "mariadb" in s:
+            s = _MYSQL_P.sub(plain("mysql -p passwords"), s)
+        if "-P" in s:
+            s = _SQLCMD_P.sub(plain("sqlcmd -P passwords"), s)
+        if "login" in s and "-p" in s:
+            s = _LOGIN_P.sub(plain("login -p passwords"), s)
+        if "-key" in s:
+            s = _WG_KEY.sub(plain("WireGuard keys"), s)
+        if "jdbc:oracle:" in s:
+            s = _JDBC_ORACLE.sub(plain("passwords in JDBC URLs"), s)
+        if "password" in s:
+            s = _NETRC.sub(plain(".netrc passwords"), s)
+        return _PGPASS.sub(plain(".pgpass passwords"), s) if s.count(":") >= 4 else s
 
     def _mask_value(self, m: re.Match, what: str) -> str:
         """``m``'s text with its ``value`` group masked (kept when empty or already masked)."""
@@ -350,7 +568,8 @@ class Redactor:
         name = m["name"]
         joined = m["sep"] is not None or m.string[m.end():m.end() + 1] in (";", "&")  # not "" (the end)
         secret = SECRET_NAME.search(name) or (joined and name.lower() in _PARAM_SECRETS)
-        if not secret or not value or MASK in value or _XML_VALUE_NEXT.match(m.string, m.end()):
+        if not secret or not value or MASK in value or (not q and value.startswith(("(", "["))) \
+                or _XML_VALUE_NEXT.match(m.string, m.end()):  # auth=('u', 'p'): the credential tuple's rule
             return m.group(0)  # key="Password" value="...": the attribute names the secret, the XML rule masks it
         close = "}" if q == "{" else q
         head = m.group(0)[:m.start("value") - m.start()]
@@ -892,14 +1111,17 @@ class StreamRedactor:
         self._secrets: list[str] = []
         self._partial = ""  # the unfinished last line of the previous piece
         self._in_key = 0  # characters of a private-key block masked since its BEGIN (0: not in one)
+        self._block: int | None = None  # the indentation of a secret-like YAML block scalar the last piece ended in
 
     def feed(self, text: str) -> str:
         """The whole lines of ``self``'s remainder + ``text``, redacted; an unfinished last line waits."""
         text = self._partial + text
         cut = text.rfind("\n") + 1
         last = text.rfind("\n", 0, max(cut - 1, 0)) + 1
-        if cut and _YAML_NAME_LINE.match(text, last):
-            cut = last  # YAML's "- name: DB_PASSWORD" waits for its "value: ..." line
+        if cut and (_YAML_NAME_LINE.match(text, last) or text.endswith("\\\n", 0, cut)
+                    or _YAML_BLOCK_HEAD.search(text, last, cut)):
+            cut = last  # YAML's "- name: DB_PASSWORD" waits for its "value: ..." line, a block scalar's head for its
+            # first line, a line continued ("...\\") for the next
         if len(text) - cut > self.MAX_LINE:
             cut = len(text)
         self._partial = text[cut:]
@@ -921,13 +1143,37 @@ class StreamRedactor:
             if end is not None:
                 text = text[end.end():]
             self._in_key = 0
+        head = ""
+        if self._block is not None:  # the lines of a block scalar the previous piece ended in
+            head, text = self._block_lines(text)
         begins = list(_KEY_BEGIN.finditer(text))
         if begins and _KEY_END.search(text, begins[-1].end()) is None:
             self._in_key = len(text) - begins[-1].start()  # the last block goes on into the next piece
         r = Redactor(secrets=set(self._secrets) | self._seeds)
-        out = r.text(text)
+        out = head + r.text(text)
+        self._block = _open_block(text)
         for what, n in r.counts.items():
             self.counts[what] = self.counts.get(what, 0) + n
         self._secrets += [v for v in r.secrets if v not in self._secrets and v not in self._seeds]
         del self._secrets[:-self.MAX_CARRIED]
         return out
+
+    def _block_lines(self, text: str) -> tuple[str, str]:
+        """(the leading lines of ``text`` still inside the block scalar, masked; the rest)."""
+        depth, pos, out = self._block or 0, 0, []
+        while pos < len(text):
+            end = text.find("\n", pos)
+            end = len(text) if end < 0 else end + 1
+            line = text[pos:end]
+            content = line.strip()
+            if content and len(line) - len(line.lstrip(" \t")) <= depth:
+                self._block = None
+                break
+            lead, tail = line[:len(line) - len(line.lstrip(" \t"))], line[len(line.rstrip()):]
+            out.append(lead + MASK + tail if content else line)
+            if content:
+                self.counts["secret-like YAML block scalars"] = self.counts.get("secret-like YAML block scalars", 0) + 1
+                if len(content) >= MIN_SECRET_LEN:
+                    self._secrets.append(content)
+            pos = end
+        return "".join(out), text[pos:]

@@ -108,5 +108,11 @@ def verify_imports(ref, pid, modules, only_modules, entrypoint, workdir, env, pl
     if as_json:
         emit_json(json_document("verify-imports", {"result": report_payload(report, strict=strict)}), output, force)
     else:
-        emit(format_report(report, verbose=verbose, strict=strict), output, force)
+        from ..output import to_jsonable
+        from ..redact import redact_lines
+
+        # masked as --json is: the secrets learned from the same document (a process's command line and
+        # environment under --pid), then masked on every line
+        emit(redact_lines(format_report(report, verbose=verbose, strict=strict),
+                          to_jsonable(report_payload(report, strict=strict))), output, force)
     sys.exit(EXIT_FINDINGS if report.failures(strict=strict) else EXIT_OK)

@@ -174,6 +174,10 @@ def outputs(hostile, tmp_path_factory) -> dict[str, dict[str, str]]:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode in (0, 3), r.stderr
     out["verify-imports --pid --json"] = {"stdout": r.stdout}
+    r = subprocess.run([sys.executable, "-m", "forensics", "verify-imports", "--pid", str(hostile["pid"]), "-v"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 3), r.stderr
+    out["verify-imports --pid (text)"] = {"stdout": r.stdout, "stderr": r.stderr}
     return out
 
 

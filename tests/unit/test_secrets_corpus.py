@@ -45,7 +45,7 @@ def _stream(e: dict) -> str:
 
 def _json(e: dict) -> str:
     try:
-        argv = shlex.split(e["text"])
+        argv = shlex.split(e["text"].replace("\\\n", ""))  # as a shell splits it: a line continued is one line
     except ValueError:
         argv = e["text"].split()
     return json_document("probe", {"evidence": {"text": e["text"], "argv": argv,
