@@ -36,6 +36,12 @@ def test_dashboard_is_well_formed():
     # label_replace's "$1" is a group of its regex; Grafana leaves a name no variable has as it is
     variables = re.findall(r"\$(?!\d+\b)\w+", json.dumps([e for _, e in _targets(doc)]))
     assert set(variables) <= GRAFANA_VARS.keys()
+    # the node-group variable applies to every panel, and the uploads have theirs
+    assert [title for title, expr in _targets(doc) if "$node_group" not in expr] == []
+    used = " ".join(e for _, e in _targets(doc))
+    assert all(m in used for m in ("forensics_uploads_total", "forensics_upload_failures_total",
+                                   "forensics_uploads_dropped_total", "forensics_uploads_pending",
+                                   "forensics_upload_oldest_pending_seconds", "forensics_uploads_pending_bytes"))
 
 
 def _monitor_honors_labels() -> bool:
@@ -52,7 +58,8 @@ def prometheus(tmp_path):
     # GIVEN gpu-a (an H20 node) with two fingerprints and gpu-b (no node labels) with one, served as the agent serves;
     # gpu-a's third crash a host process's (no pod)
     gpu_a = agent_registry(str(tmp_path), "gpu-a", [crash_entry(), crash_entry(id="c2", fingerprint=FP_NEW),
-                                                    crash_entry(id="c3", namespace=None, pod=None, container=None)])
+                                                    crash_entry(id="c3", namespace=None, pod=None, container=None)],
+                           upload=True)
     gpu_b = agent_registry(str(tmp_path), "gpu-b", [crash_entry(not_kept=(), analysis="done", analysis_failure=None)])
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -74,7 +81,7 @@ def prometheus(tmp_path):
                       target_labels={new_agent: {"node": "gpu-a", "namespace": "forensics", "pod": "agent-x",
                                                  "container": "agent"}})
     try:
-        prom.wait_for("count(forensics:node_group:info)", 2)
+        prom.wait_for("count(forensics:node_group:info)", 3)  # gpu-a, gpu-c (kube_node_labels), gpu-b (its agent)
         prom.wait_for("count(forensics:crashes:rate15m_by_node_group)", 2)  # the H20 group and the unlabelled one
         prom.wait_for("min(count_over_time(forensics_crashes_total[1m]))", 5)  # enough samples for increase()
         yield prom
@@ -125,11 +132,32 @@ def test_every_panel_query_answers_on_the_agents_series(prometheus):
     assert crashes == {FP_OLD: 3, FP_NEW: 1}
     (nodes_b,) = [t["expr"] for p in doc["panels"] if p["title"] == "Fingerprints in the fleet" for t in p["targets"]
                   if t["refId"] == "B"]
+    nodes_b = nodes_b.replace("$node_group", ".*")
     assert {r["metric"]["fingerprint"]: float(r["value"][1]) for r in answers[nodes_b]} == {FP_OLD: 2, FP_NEW: 1}
     # and the boundary: the H20 group has a crashing node, g5.xlarge's node never crashed
     boundary = [p for p in doc["panels"] if p["title"].startswith("The boundary")][0]
     nodes, crashing = (answers[t["expr"].replace("$node_group", ".*")] for t in boundary["targets"])
-    assert {r["metric"]["node_group"]: float(r["value"][1]) for r in nodes} == {"NVIDIA-H20 580.126.09": 1,
-                                                                               "g5.xlarge": 1}
-    assert {r["metric"]["node_group"]: float(r["value"][1]) for r in crashing} == {"NVIDIA-H20 580.126.09": 1}
+    # (gpu-b, an agent's node kube-state-metrics does not describe, in node_group="")
+    assert {r["metric"].get("node_group", ""): float(r["value"][1]) for r in nodes} == {
+        "NVIDIA-H20 580.126.09": 1, "g5.xlarge": 1, "": 1}
+    assert {r["metric"].get("node_group", ""): float(r["value"][1]) for r in crashing} == {
+        "NVIDIA-H20 580.126.09": 1, "": 1}
+
+
+def test_a_node_group_chosen_filters_every_panel(prometheus):
+    # GIVEN the dashboard with the node group of gpu-a (the H20 nodes) chosen
+    doc = json.loads(DASHBOARD.read_text())
+    chosen = {**GRAFANA_VARS, "$node_group": "NVIDIA-H20 580.126.09"}
+    for title, expr in _targets(doc):
+        for var, value in chosen.items():
+            expr = expr.replace(var, value)
+        # THEN no panel shows a series of gpu-b, which is in no group; what is by node is gpu-a's
+        for r in prometheus.query(expr):
+            assert r["metric"].get("node") in (None, "gpu-a"), (title, r)
+            assert r["metric"].get("node_group") in (None, "NVIDIA-H20 580.126.09"), (title, r)
+    # AND the fingerprints table counts gpu-a's crashes alone (3 with gpu-b's)
+    (table,) = [t["expr"] for p in doc["panels"] if p["title"] == "Fingerprints in the fleet" for t in p["targets"]
+                if t["refId"] == "A"]
+    crashes = prometheus.query(table.replace("$node_group", chosen["$node_group"]))
+    assert {r["metric"]["fingerprint"]: float(r["value"][1]) for r in crashes} == {FP_OLD: 2, FP_NEW: 1}
 
