@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -110,6 +111,59 @@ def test_sigterm_to_reproduce_kills_the_reproducer(tmp_path):
         os.kill(k, signal.SIGKILL)
     assert p.returncode == EXIT_TERMINATED and err.endswith("forensics: terminated (SIGTERM)\n"), err
     assert not left
+
+
+@pytest.fixture
+def black_hole():
+    """A TCP port on 127.0.0.1 that takes connections (the kernel's backlog) and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", ["canary", "fleet --prometheus", "reproduce", "agent serve"])
+def test_ctrl_c_ends_every_long_command_with_130(command, black_hole, tmp_path):
+    # GIVEN a command that runs for a long time: scraping or asking a server that never answers, a reproducer
+    # querying for 10^8 iterations, the node agent serving
+    env = None
+    if command == "canary":
+        args = ["canary", f"http://127.0.0.1:{black_hole}/metrics", "--interval", "1", "--duration", "300"]
+    elif command == "fleet --prometheus":
+        args = ["fleet", "--prometheus", f"http://127.0.0.1:{black_hole}", "--deadline", "300"]
+    elif command == "agent serve":
+        (tmp_path / "cores").mkdir()
+        args = ["agent", "serve", "--core-dir", str(tmp_path / "cores"), "--metrics-port", "0", "--no-events"]
+    else:
+        python = host_python()
+        if python is None:
+            pytest.skip("CPython 3.11 (pyenv) not found")
+        lib = tmp_path / "lib"
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(lib),
+                        str(wheel("nvidia-ml-py", "13.580.126"))], check=True, capture_output=True, timeout=300)
+        args = ["reproduce", "--sim", "--python", python, "--iterations", "100000000", "--workdir", str(tmp_path / "w")]
+        env = {"PYTHONPATH": f"{ROOT}:{lib}"}
+    p = start_forensics(*args, env=env)
+    try:
+        # (the command is at work: its child started, or a few seconds into its wait)
+        if command == "reproduce":
+            wait_for(lambda: [c for c in children_of(p.pid) if b"nvml_nvlink" in cmdline(c)] if p.poll() is None
+                     else None, 120, "the reproducer to start")
+        else:
+            time.sleep(4)
+        assert p.poll() is None, p.communicate()
+        kids = children_of(p.pid)
+        # WHEN it gets Ctrl-C (SIGINT, as a terminal sends it to the foreground process)
+        os.kill(p.pid, signal.SIGINT)
+        p.wait(timeout=60)
+    finally:
+        err = stop(p)
+    left = [k for k in kids if alive(k)]
+    for k in left:  # this test must not leave them either
+        os.kill(k, signal.SIGKILL)
+    # THEN it ends with 130, as README's exit codes say of every command, and leaves no process behind
+    assert p.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err and not left, err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
