@@ -1,4 +1,4 @@
-"""Kubernetes manifests of capture, as dicts and YAML (pure: no I/O).
+"""Kubernetes manifests of capture, as dicts and YAML (PyYAML's; pure: no I/O).
 
 The short-lived agent pod of ``capture --pod`` (:func:`agent_pod_manifest`), and the node agent's
 objects (``forensics agent manifest``, :func:`agent_objects`), in the order ``kubectl apply``
@@ -21,7 +21,6 @@ needs them on a fresh cluster:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 __all__ = ["AGENT_NAME", "AGENT_IMAGE", "METRICS_PORT", "AgentUpload", "agent_image", "agent_objects",
@@ -283,48 +282,13 @@ def _agent_container(*, image: str, command: list[str], core_dir: str, host_pref
     }
 
 
-def _scalar(v) -> str:
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (int, float)):
-        return str(v)
-    return json.dumps(str(v))  # a JSON string is a YAML double-quoted scalar
+def to_yaml(obj) -> str:
+    """``obj`` (dicts, lists, scalars) as YAML through PyYAML's safe dumper: keys in the order given, block style, a
+    string quoted wherever YAML would read it as something else (``'true'``, ``'0'``), every control character and
+    non-ASCII one escaped in a double-quoted string (nothing raw reaches a terminal), no line folded."""
+    import yaml
 
-
-def to_yaml(obj, indent: int = 0) -> str:
-    """A small YAML emitter for manifests (dicts, lists, scalars)."""
-    pad = "  " * indent
-    lines = []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if isinstance(v, (dict, list)) and v:
-                lines.append(f"{pad}{_key(k)}:")
-                lines.append(to_yaml(v, indent + 1).rstrip("\n"))
-            else:
-                empty = "{}" if isinstance(v, dict) else "[]"
-                lines.append(f"{pad}{_key(k)}: {_scalar(v) if not isinstance(v, (dict, list)) else empty}")
-    elif isinstance(obj, list):
-        for v in obj:
-            if isinstance(v, (dict, list)) and v:
-                inner = to_yaml(v, indent + 1).rstrip("\n").split("\n")
-                first = inner[0][len("  " * (indent + 1)):]
-                lines.append(f"{pad}- {first}")
-                lines.extend(inner[1:])
-            else:
-                lines.append(f"{pad}- {_scalar(v)}")
-    else:
-        lines.append(pad + _scalar(obj))
-    return "\n".join(lines) + "\n"
-
-
-def _key(k: str) -> str:
-    """A mapping key: plain when safe, else double-quoted (``prometheus.io/scrape`` is plain YAML)."""
-    k = str(k)
-    return k if k and all(c.isalnum() or c in "._/-" for c in k) and k[0] not in "-." else json.dumps(k)
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, allow_unicode=False, width=1 << 30)
 
 
 def to_yaml_documents(objects: list[dict]) -> str:

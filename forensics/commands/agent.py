@@ -110,7 +110,7 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
                                 redact=False),  # our own manifests, applied as they are
                   None, False)
     else:
-        click.echo(to_yaml_documents(objects), nl=False)  # YAML: every string is JSON-quoted (escaped)
+        click.echo(to_yaml_documents(objects), nl=False)  # PyYAML: control characters escaped in quoted strings
 
 
 @agent.command("chart", common=("output", "force", "as_json"))

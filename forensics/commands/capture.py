@@ -106,7 +106,7 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
                         coredump_filter=coredump_filter, full=full,
                         warn=warn)
         if dry_run:
-            click.echo(r["manifest"], nl=False)  # YAML: every string is JSON-quoted (escaped)
+            click.echo(r["manifest"], nl=False)  # PyYAML: control characters escaped in quoted strings
             return
         _render("capture-pod", {k: v for k, v in r.items() if k != "lines"}, as_json, r.get("lines", []))
         if not r["survives"]:

@@ -274,6 +274,15 @@ def test_capture_pod_in_crashloopbackoff_arms_what_can_be_armed(cluster, tmp_pat
     assert standin.deleted == standin.created
 
 
+def _manifests(output: str) -> list[dict]:
+    """The objects of the YAML a command printed (from its first document on; its comments are YAML's)."""
+    import yaml
+
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(("---", "apiVersion:")))
+    return [d for d in yaml.safe_load_all("\n".join(lines[start:])) if d]
+
+
 def test_dry_run_needs_no_api_server(tmp_path, monkeypatch):
     """#20.2: --dry-run still needed the API server."""
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -284,7 +293,8 @@ def test_dry_run_needs_no_api_server(tmp_path, monkeypatch):
     r = CliRunner().invoke(cli, ["capture", "--kubeconfig", kubeconfig, "--pod", "exporter-x", "-n", NS, "--dry-run"])
     assert r.exit_code == 0, r.output
     assert "nothing was sent to the API server" in r.output
-    assert f'nodeName: "<node of {NS}/exporter-x>"' in r.output and "hostPID: true" in r.output
+    (pod,) = _manifests(r.output)
+    assert pod["spec"]["nodeName"] == f"<node of {NS}/exporter-x>" and pod["spec"]["hostPID"] is True
 
 
 def test_dry_run_prints_the_agent_pod(cluster, pod_process, tmp_path):
@@ -292,9 +302,12 @@ def test_dry_run_prints_the_agent_pod(cluster, pod_process, tmp_path):
     r = _capture(kubeconfig, "/var/lib/forensics/cores", tmp_path, "--pod", "exporter-7d9f", "--dry-run",
                  "--agent-image", "registry.local/forensics:1")
     assert r.exit_code == 0, r.output
-    for needle in ("hostPID: true", f"nodeName: \"{socket.gethostname()}\"", "privileged: true",
-                   "path: \"/var/lib/forensics/cores\"", "registry.local/forensics:1", pod_process["cid"]):
-        assert needle in r.output
+    (pod,) = _manifests(r.output)
+    (container,) = pod["spec"]["containers"]
+    assert pod["spec"]["hostPID"] is True and pod["spec"]["nodeName"] == socket.gethostname()
+    assert container["securityContext"]["privileged"] is True and container["image"] == "registry.local/forensics:1"
+    assert "/var/lib/forensics/cores" in [v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v]
+    assert pod_process["cid"] in r.output
     assert not standin.created
 
 
@@ -312,7 +325,7 @@ def test_the_agent_pod_goes_into_the_agent_namespace(cluster, pod_process, tmp_p
     assert json.loads((bundle / "00-identity.json").read_text())["namespace"] == NS
     dry = _capture(kubeconfig, tmp_path / "cores", tmp_path, "--pod", "exporter-7d9f", "--dry-run",
                    "--agent-namespace", "forensics-system")
-    assert 'namespace: "forensics-system"' in dry.output, dry.output
+    assert [p["metadata"]["namespace"] for p in _manifests(dry.output)] == ["forensics-system"], dry.output
 
 
 @pytest.mark.parametrize(
@@ -392,9 +405,12 @@ def test_agent_manifest_daemonset():
     r = CliRunner().invoke(cli, ["agent", "manifest", "--core-dir", "/var/lib/forensics/cores"])
     assert r.exit_code == 0
     out = r.output
-    for needle in ("kind: \"DaemonSet\"", "nodeSelector:", "nvidia.com/gpu.present: \"true\"", "tolerations:",
-                   "- \"keep\"", "- \"serve\"", "path: \"/var/lib/forensics/cores\""):
-        assert needle in out, needle
+    (ds,) = [o for o in _manifests(out) if o["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and spec["tolerations"]
+    commands = [c["command"] for c in spec["containers"]]
+    assert any("keep" in c for c in commands) and any("serve" in c for c in commands), commands
+    assert "/var/lib/forensics/cores" in [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
     # one privileged container (the keeper: it installs and restores the handler), nothing on the node's PIDs
     assert out.count("privileged: true") == 1 and "hostPID" not in out
 

@@ -154,3 +154,15 @@ def test_upload_settings_reach_agent_serve_and_credentials_never_travel_as_flags
     # and a URL that is no bucket is a usage error, not a manifest
     r = CliRunner().invoke(cli, ["agent", "manifest", "--upload", "http://127.0.0.1/x"])
     assert r.exit_code == 2 and "not an object URL" in r.output
+
+
+def test_the_yaml_is_pyyamls_and_reads_back_to_the_json_objects():
+    # GIVEN the manifest of an image whose name carries a terminal escape and a bidi override
+    import yaml
+
+    image = "registry.local/forensics\x1b[31m\u202e:1"
+    r = CliRunner().invoke(cli, ["agent", "manifest", "--image", image])
+    assert r.exit_code == 0, r.output
+    # THEN nothing raw reaches the terminal, and the YAML reads back to the objects --json gives
+    assert "\x1b" not in r.output and "\u202e" not in r.output and "\\e[31m" in r.output
+    assert list(yaml.safe_load_all(r.output)) == _objects("--image", image)
