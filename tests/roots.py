@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["MIRROR", "NATIVE_ARCH", "RootUnavailable", "release_date", "root_key", "build_root", "emulation_problem",
+           "guest_exec_problem", "binfmt_entry_enabled", "private_binfmt_problem",
            "sandbox_command"]
 
 MIRROR = os.environ.get("FORENSICS_TEST_MIRROR", "http://deb.debian.org/debian")
@@ -97,6 +98,65 @@ def _builder(arch: str, emulate: bool = False) -> str:
     return _EMULATED_BUILDER if emulate else _FOREIGN_BUILDER
 
 
+def binfmt_entry_enabled(qemu: str) -> bool:
+    """Whether the machine's binfmt_misc has an enabled ``qemu-QEMU`` entry (binfmt-support's, .ci/setup's)."""
+    try:
+        return Path(f"/proc/sys/fs/binfmt_misc/qemu-{qemu}").read_text().splitlines()[:1] == ["enabled"]
+    except OSError:
+        return False
+
+
+#: binfmt_misc's registration of a static qemu-user for each architecture's ELF executables (magic and mask as the
+#: kernel parses them, \x escapes and all; flag F: the interpreter is opened now, so it is found inside any root)
+_BINFMT = {"aarch64": r":{name}:M::\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00:"
+                      r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff:{qemu}:F"}
+#: in a user and mount namespace of its own: mount a binfmt_misc instance of that namespace (Linux 6.7+), register
+#: qemu-user in it, run the command -- the machine's binfmt_misc is not touched
+_PRIVATE_BINFMT = ('mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc && printf "%s\\n" "$1" '
+                   '> /proc/sys/fs/binfmt_misc/register && shift && exec "$@"')
+_private_probe: dict[str, str | None] = {}
+
+
+def _private_binfmt(qemu: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` run in a user and mount namespace whose own binfmt_misc runs ``qemu``'s ELF executables by
+    qemu-user-static."""
+    static, unshare, sh = shutil.which(f"qemu-{qemu}-static"), shutil.which("unshare"), shutil.which("sh")
+    if static is None or qemu not in _BINFMT:
+        raise RootUnavailable(f"qemu-{qemu}-static is not installed (apt-get install -y qemu-user-static)")
+    if unshare is None or sh is None:
+        raise RootUnavailable("unshare (util-linux) is not installed")
+    reg = _BINFMT[qemu].format(name=f"forensics-tests-{qemu}", qemu=static)
+    return [unshare, "--user", "--map-root-user", "--mount", "--", sh, "-c", _PRIVATE_BINFMT, "sh", reg, *argv]
+
+
+def private_binfmt_problem(qemu: str = "aarch64") -> str | None:
+    """Why this machine cannot run ``qemu``'s executables through a binfmt_misc of a namespace of the tests' own
+    (no unshare, user namespaces or binfmt_misc mounts not allowed here, Linux older than 6.7), or None."""
+    if qemu not in _private_probe:
+        try:
+            r = subprocess.run(_private_binfmt(qemu, ["/bin/true"]), capture_output=True, text=True, timeout=60)
+            _private_probe[qemu] = None if r.returncode == 0 else \
+                f"binfmt_misc cannot be mounted in a user namespace here: {r.stderr.strip()[-200:]}"
+        except (RootUnavailable, OSError, subprocess.SubprocessError) as e:
+            _private_probe[qemu] = str(e)
+    return _private_probe[qemu]
+
+
+def guest_exec_problem(arch: str) -> str | None:
+    """Why programs of Debian architecture ``arch`` cannot be run here, exec'ing one another as an image's do (its
+    shell script execs its loader), or None: the machine's binfmt_misc entry of qemu-user, else one registered in a
+    namespace of the tests' own (:func:`sandbox_command`'s ``emulate``)."""
+    qemu = QEMU_ARCH.get(arch)
+    if qemu is None:
+        return f"no qemu-user name known for Debian architecture {arch!r}"
+    if shutil.which(f"qemu-{qemu}-static") is None:
+        return f"qemu-{qemu}-static is not installed (apt-get install -y qemu-user-static)"
+    if binfmt_entry_enabled(qemu):
+        return None
+    why = private_binfmt_problem(qemu)
+    return None if why is None else (f"binfmt_misc has no enabled qemu-{qemu} entry, and {why}")
+
+
 def emulation_problem(arch: str) -> str | None:
     """Why a root of Debian architecture ``arch`` cannot be installed whole here, or None: mmdebstrap runs its
     maintainer scripts through the kernel's binfmt_misc entry of qemu-user-static, and checks it with arch-test."""
@@ -106,11 +166,7 @@ def emulation_problem(arch: str) -> str | None:
     for tool, package in ((f"qemu-{qemu}-static", "qemu-user-static"), ("arch-test", "arch-test")):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (apt-get install -y {package} binfmt-support arch-test)"
-    try:
-        enabled = Path(f"/proc/sys/fs/binfmt_misc/qemu-{qemu}").read_text().splitlines()[:1] == ["enabled"]
-    except OSError:
-        enabled = False
-    if not enabled:
+    if not binfmt_entry_enabled(qemu):
         return (f"binfmt_misc has no enabled qemu-{qemu} entry (as root: mount -t binfmt_misc binfmt_misc "
                 f"/proc/sys/fs/binfmt_misc; update-binfmts --enable qemu-{qemu}; bash .ci/setup does it)")
     return None
@@ -257,7 +313,7 @@ _SYSTEM_TOPS = frozenset({"bin", "boot", "etc", "lib", "lib32", "lib64", "libx32
 
 
 def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequence[Path] = (),
-                    tools: Sequence[tuple[Path, str]] = ()) -> list[str]:
+                    tools: Sequence[tuple[Path, str]] = (), emulate: str | None = None) -> list[str]:
     """``argv`` run inside ``root`` (read-only) with bubblewrap; ``cwd`` and ``binds`` are bound
     read-write at their own host paths, so a core written to ``cwd`` lands on the host and the
     paths it names (the crash sample, libcrash.so) are the host's.  ``tools`` are host files bound
@@ -266,6 +322,10 @@ def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequen
     The process keeps the host's pid namespace: its core names its real pid and thread ids.  It dies with
     bwrap (``--die-with-parent``): a test that terminates the bwrap it started leaves nothing running (an agent
     under qemu-user outlived it, reparented to init).
+
+    :param emulate: the root's programs are of this qemu-user architecture (``aarch64``): where the machine's
+        binfmt_misc has no entry for it (or ``FORENSICS_TEST_PRIVATE_BINFMT=1`` asks), bwrap runs in a user and
+        mount namespace whose own binfmt_misc has one (:func:`guest_exec_problem`); the machine's is not touched
     """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -293,6 +353,9 @@ def sandbox_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequen
             raise ValueError(f"a tool is bound under /run, not at {inside}")
         cmd += ["--ro-bind", str(host), inside]
     cmd += ["--chdir", str(cwd), "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--", *argv]
+    if emulate is not None and (os.environ.get("FORENSICS_TEST_PRIVATE_BINFMT") == "1"
+                                or not binfmt_entry_enabled(emulate)):
+        return _private_binfmt(emulate, cmd)
     return cmd
 
 

@@ -10,6 +10,11 @@ build-id read from the file the walk found.  A file missing there falls back to 
 same path on this machine only when that file is provably the same build (equal
 build-ids).  :func:`classify_library` turns the two build-ids into a
 :class:`~forensics.model.LibraryStatus`.
+
+A path the core records that already lies under the sysroot is taken as it is (:func:`paths_in_sysroot`): a
+qemu-user guest started as ``qemu-aarch64-static -L ROOT ROOT/usr/bin/python3.11`` records its executable as
+``ROOT/usr/bin/python3.11``, which ``--sysroot ROOT`` finds at ``/usr/bin/python3.11`` inside ROOT, never at
+``ROOT/ROOT/usr/...``.
 """
 from __future__ import annotations
 
@@ -20,10 +25,27 @@ from forensics import rootpath
 from forensics.core.buildid import read_build_id_from_fd, read_build_id_from_file
 from forensics.model import LibraryStatus
 
-__all__ = ["resolve_in_sysroot", "real_name_in_sysroot", "resolve_file", "classify_library"]
+__all__ = ["resolve_in_sysroot", "real_name_in_sysroot", "resolve_file", "classify_library", "paths_in_sysroot"]
 
 MAX_SYMLINK_HOPS = 40
 _DELETED = " (deleted)"
+
+
+def paths_in_sysroot(sysroot: str, path: str) -> list[str]:
+    """The paths to look ``path`` up at inside ``sysroot``: the part under the sysroot first when ``path``
+    already lies under it (as the sysroot is named, or by its real path), then ``path`` itself.
+
+    >>> paths_in_sysroot("/roots/arm64", "/roots/arm64/usr/bin/python3.11")
+    ['/usr/bin/python3.11', '/roots/arm64/usr/bin/python3.11']
+    >>> paths_in_sysroot("/roots/arm64/", "/usr/lib/libc.so.6"), paths_in_sysroot("/roots/arm64", "/roots/arm64x/a")
+    (['/usr/lib/libc.so.6'], ['/roots/arm64x/a'])
+    """
+    out = []
+    for root in dict.fromkeys((os.path.abspath(sysroot), os.path.realpath(sysroot))):
+        root = root.rstrip("/")
+        if root and path.startswith(root + "/"):
+            out.append(path[len(root):])
+    return [*dict.fromkeys(out), path]
 
 
 def resolve_in_sysroot(sysroot: str, path: str, max_hops: int = MAX_SYMLINK_HOPS) -> str | None:
@@ -52,27 +74,31 @@ def real_name_in_sysroot(sysroot: str, path: str, max_hops: int = MAX_SYMLINK_HO
     >>> real_name_in_sysroot("/nonexistent-sysroot", "/lib/libc.so.6") is None
     True
     """
-    try:
-        fd, inside = rootpath.open_in_root_as(os.path.abspath(sysroot), path, os.O_PATH, max_links=max_hops)
-    except (OSError, ValueError):
-        return None
-    try:
-        return inside if inside != "/" and stat.S_ISREG(os.fstat(fd).st_mode) else None
-    finally:
-        os.close(fd)
+    for candidate in paths_in_sysroot(sysroot, path):
+        try:
+            fd, inside = rootpath.open_in_root_as(os.path.abspath(sysroot), candidate, os.O_PATH, max_links=max_hops)
+        except (OSError, ValueError):
+            continue
+        try:
+            if inside != "/" and stat.S_ISREG(os.fstat(fd).st_mode):
+                return inside
+        finally:
+            os.close(fd)
+    return None
 
 
 def _find_in_sysroot(sysroot: str, path: str, max_hops: int = MAX_SYMLINK_HOPS) -> tuple[str, int] | None:
     """(the host path of the regular file ``path`` names in ``sysroot``, a descriptor open on it), or None."""
     root = os.path.abspath(sysroot)
-    try:
-        fd, inside = rootpath.open_in_root_as(root, path, max_links=max_hops)
-    except (OSError, ValueError):
-        return None
-    if inside == "/" or not stat.S_ISREG(os.fstat(fd).st_mode):
+    for candidate in paths_in_sysroot(sysroot, path):
+        try:
+            fd, inside = rootpath.open_in_root_as(root, candidate, max_links=max_hops)
+        except (OSError, ValueError):
+            continue
+        if inside != "/" and stat.S_ISREG(os.fstat(fd).st_mode):
+            return root.rstrip("/") + inside, fd
         os.close(fd)
-        return None
-    return root.rstrip("/") + inside, fd
+    return None
 
 
 def _host_file(path: str) -> str | None:

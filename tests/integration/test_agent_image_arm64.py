@@ -5,7 +5,9 @@ is Debian's arm64 packages (installed whole under qemu-user through binfmt_misc)
 /opt/forensics is the same pure-Python forensics wheel with aarch64 binary wheels under an aarch64
 CPython and loader.  Its root is unpacked with umoci and run with bubblewrap as ``/``; its aarch64
 programs run through the kernel's binfmt_misc entry of qemu-aarch64-static, as the image's own shell
-script (``/opt/forensics/bin/forensics``) execs its loader.  The core handler takes a guest core that
+script (``/opt/forensics/bin/forensics``) execs its loader -- or, on a machine whose binfmt_misc has no such
+entry, through one registered in a user and mount namespace of the test's own (tests/roots.py
+``sandbox_command(emulate=...)``; the machine's binfmt_misc is never touched).  The core handler takes a guest core that
 qemu-user wrote of an arm64 CPython that crashed (qemu-user cannot be the kernel's core_pattern pipe
 for a guest: the core goes to the handler on stdin, with the kernel's arguments); the image's own
 ``analyze`` reads the bundle (Python and native stacks of the arm64 core); ``agent serve`` answers
@@ -31,7 +33,7 @@ from forensics import __version__
 from forensics.bundle.layout import CORE_DIR, CORE_WHOLE
 from forensics.imports.sources import host_platform
 from tests.agent_image import agent_image, unpack
-from tests.roots import emulation_problem, sandbox_command
+from tests.roots import guest_exec_problem, sandbox_command
 
 EM_AARCH64, EM_X86_64 = 183, 62
 QEMU_IN_ROOT = "/run/qemu-aarch64-static"
@@ -41,8 +43,8 @@ pytestmark = [
     pytest.mark.skipif(any(shutil.which(t) is None for t in ("mmdebstrap", "umoci", "bwrap", "skopeo")),
                        reason="mmdebstrap, umoci, skopeo and bubblewrap build, read and run the image "
                               "(bash .ci/setup)"),
-    pytest.mark.skipif(emulation_problem("arm64") is not None,
-                       reason=f"arm64 programs cannot run here: {emulation_problem('arm64')}"),
+    pytest.mark.skipif(guest_exec_problem("arm64") is not None,
+                       reason=f"arm64 programs cannot run here: {guest_exec_problem('arm64')}"),
 ]
 
 
@@ -63,10 +65,15 @@ def _machine(path: Path) -> int | None:
     return int.from_bytes(head[18:20], "little") if head[:4] == b"\x7fELF" else None
 
 
+def _emulate(root: Path) -> str | None:
+    """The qemu-user architecture of a root's programs (its shell's machine), None for this machine's."""
+    return "aarch64" if _machine(root / "usr" / "bin" / "dash") == EM_AARCH64 else None
+
+
 def _in_image(root: Path, *argv: str, cwd: Path, binds=(), timeout: float = 300, stdin=None, env=None):
     """``argv`` in the image's root as ``/`` (read-only), no environment but PATH (and ``env``), as a container
     runs it."""
-    cmd = sandbox_command(root, list(argv), cwd=cwd, binds=tuple(binds))
+    cmd = sandbox_command(root, list(argv), cwd=cwd, binds=tuple(binds), emulate=_emulate(root))
     return subprocess.run(cmd, capture_output=True, text=stdin is None, timeout=timeout, env=env or {}, stdin=stdin)
 
 
@@ -230,7 +237,7 @@ def test_the_arm64_agent_serves_healthz_and_metrics_and_analyzes_the_crash(roots
     cache.mkdir()
     cmd = sandbox_command(roots["arm64"], ["/opt/forensics/bin/forensics", "agent", "serve", "--core-dir", str(cores),
                                            "--node-name", "gh200-node-1", "--metrics-port", str(port), "--no-events"],
-                          cwd=cores, binds=(cache,))
+                          cwd=cores, binds=(cache,), emulate="aarch64")
     log = tmp_path / "agent.log"
     with open(log, "wb") as out:  # the agent keeps its own descriptor
         agent = subprocess.Popen(cmd, env={"FORENSICS_CACHE": str(cache)}, stdout=out, stderr=subprocess.STDOUT)
