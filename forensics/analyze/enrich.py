@@ -96,26 +96,32 @@ def with_heap(analysis: Analysis, mode: HeapMode, *, sysroot: str | None = None,
             return find_stack_owner(core, analysis.crash.tid, buffer, size, sysroot=sysroot, mem=mem,
                                     interpreter=reading.interpreter() if reading is not None else None)
     frames = registers.frame_registers if registers is not None and registers.tid == analysis.crash.tid else ()
+    pointers, unread = _python_pointers(analysis, thread_locals, mem) if corruption and is_python_process(core) \
+        else (None, None)
     report = read_heap(core, sysroot=sysroot, message=analysis.crash.abort_message, tid=analysis.crash.tid,
                        corruption=corruption, summary=mode is HeapMode.FULL, owners=owners,
                        is_python=is_python_process(core), locals_problem=locals_problem, owner_lookup=lookup, mem=mem,
-                       frames=frames)
+                       frames=frames, hints=[start for _what, start, _end in pointers or ()])
     if report.corruption is not None and crashed is not None and is_python_process(core):
         from ..heap.freer import library_verdict
 
-        pointers = None
-        if thread_locals is not None and thread_locals.problem is None and crashed.py_frames:
-            if thread_locals.unread:
-                unread = ", ".join(crashed.py_frames[i].function for i in thread_locals.unread[:3]
-                                   if i < len(crashed.py_frames))
-                locals_problem = f"the variables of {len(thread_locals.unread)} Python frame(s) ({unread}) " \
-                                 "could not be read"
-            else:
-                from ..pyread.locals import python_pointers
-
-                pointers = python_pointers(core, crashed.py_frames, thread_locals, mem=mem)
         report = dataclasses.replace(report, corruption=library_verdict(
-            report.corruption, crashed.native_frames, crashed.py_frames, pointers, locals_problem))
+            report.corruption, crashed.native_frames, crashed.py_frames, pointers, unread or locals_problem))
     findings = analysis.findings + heap_findings(report, analysis.crash.tid)
     # a heap abort's fingerprint names what the anatomy says it was (a double free), whichever message glibc wrote
     return with_fingerprint(dataclasses.replace(analysis, heap=report, findings=findings))
+
+
+def _python_pointers(analysis: Analysis, thread_locals, mem) -> tuple[list[tuple[str, int, int]] | None, str | None]:
+    """What the crashing thread's Python side points into (:func:`forensics.pyread.locals.python_pointers`), or
+    None with why its variables were not all read (None: not read at all)."""
+    crashed = analysis.snapshot.crashed_thread
+    if crashed is None or thread_locals is None or thread_locals.problem is not None or not crashed.py_frames:
+        return None, None
+    if thread_locals.unread:
+        unread = ", ".join(crashed.py_frames[i].function for i in thread_locals.unread[:3]
+                           if i < len(crashed.py_frames))
+        return None, f"the variables of {len(thread_locals.unread)} Python frame(s) ({unread}) could not be read"
+    from ..pyread.locals import python_pointers
+
+    return python_pointers(analysis.snapshot.core, crashed.py_frames, thread_locals, mem=mem), None

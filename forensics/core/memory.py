@@ -282,10 +282,11 @@ class CoreMemory:
             raise MemoryNotInCore(addr, size)
         return out[0] if len(out) == 1 else b"".join(out)
 
-    def view(self, addr: int) -> tuple[int, memoryview] | None:
+    def view(self, addr: int, span: int | None = None) -> tuple[int, memoryview] | None:
         """A view of bytes around ``addr`` in the segment holding it, as the file has them: ``(the view's start
         address, view)``; None when ``addr`` is not in such bytes.  From a core file: the window of
-        :data:`WINDOW` bytes holding ``addr``, cut to the segment.
+        :data:`WINDOW` bytes holding ``addr``, cut to the segment; with ``span``, up to ``span`` bytes from
+        ``addr`` read at once (not kept among the windows: one long sequential walk).
 
         For readers that walk a large region in small steps (the heap walker).
         """
@@ -297,6 +298,9 @@ class CoreMemory:
             return None
         if not isinstance(self._buf, CoreFileReader):
             return seg.vaddr, memoryview(self._buf)[seg.offset:seg.offset + seg.present]
+        if span is not None and span > WINDOW:
+            n = min(span, seg.vaddr + seg.present - addr)
+            return addr, memoryview(self._buf._pread(seg.offset + addr - seg.vaddr, n))
         start, data = self._buf.window(seg.offset + addr - seg.vaddr)
         lo = max(start, seg.offset)
         hi = min(start + len(data), seg.offset + seg.present)

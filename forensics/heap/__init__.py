@@ -27,7 +27,8 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
               corruption: bool = True, summary: bool = False,
               owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (), is_python: bool = False,
               debug_info: bool = True, locals_problem: str | None = None,
-              owner_lookup=None, mem=None, frames: Sequence[FrameRegisters] = ()) -> HeapReport:
+              owner_lookup=None, mem=None, frames: Sequence[FrameRegisters] = (),
+              hints: Sequence[int] = ()) -> HeapReport:
     """Read glibc's heap from ``core``: the corruption's anatomy and/or the arena summary.
 
     Never raises for what the core holds: a heap that cannot be located gives a
@@ -48,6 +49,8 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
     :param mem: the core's memory, open (:class:`~forensics.core.CoreMemory`; None: the core is opened here)
     :param frames: the registers of the crashing thread's frames, innermost first (libdw's): the pointer
         glibc's free() was given is read from them through libc's DWARF (:mod:`forensics.heap.freedptr`)
+    :param hints: addresses the crashing thread's Python side holds (its ctypes buffers, pointers and int locals):
+        where the chunks before a damaged header are followed from, beside the values of its native stack
     """
     from forensics.core.memory import CoreMemory
     from forensics.errors import ForensicsError
@@ -60,12 +63,12 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
                 return read_heap(core, sysroot=sysroot, message=message, tid=tid, corruption=corruption,
                                  summary=summary, owners=owners, is_python=is_python, debug_info=debug_info,
                                  locals_problem=locals_problem, owner_lookup=owner_lookup, mem=opened,
-                                 frames=frames)
+                                 frames=frames, hints=hints)
         hm = HeapMemory(mem)
         try:
             return _read(core, mem, hm, sysroot=sysroot, message=message, tid=tid, corruption=corruption,
                          summary=summary, owners=owners, is_python=is_python, debug_info=debug_info,
-                         locals_problem=locals_problem, owner_lookup=owner_lookup, frames=frames)
+                         locals_problem=locals_problem, owner_lookup=owner_lookup, frames=frames, hints=hints)
         finally:
             hm.release()
     except HeapUnavailable as e:
@@ -75,7 +78,7 @@ def read_heap(core: CoreFile, *, sysroot: str | None = None, message: str | None
 
 
 def _read(core, mem, hm, *, sysroot, message, tid, corruption, summary, owners, is_python, debug_info,
-          locals_problem, owner_lookup, frames) -> HeapReport:
+          locals_problem, owner_lookup, frames, hints) -> HeapReport:
     from forensics.heap.anatomy import find_corruption
     from forensics.heap.arenas import read_arenas
     from forensics.heap.locate import find_glibc
@@ -92,7 +95,7 @@ def _read(core, mem, hm, *, sysroot, message, tid, corruption, summary, owners, 
             tcaches = find_tcaches(heap, core)
         cache_addrs = [t for t, _a, _h in (tcaches or {}).values() if t]
         found = find_corruption(heap, message, tid, tcaches=cache_addrs, owners=owners, is_python=is_python,
-                                locals_problem=locals_problem, owner_lookup=owner_lookup, frames=frames)
+                                locals_problem=locals_problem, owner_lookup=owner_lookup, frames=frames, hints=hints)
     summ = None
     if summary:  # analyze --heap: the whole heap's summary (the corruption's anatomy needs none of it)
         from forensics.heap.summary import summarize_heap

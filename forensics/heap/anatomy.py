@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 
 from forensics.core import elf
@@ -37,17 +37,20 @@ from forensics.heap.arenas import Heap
 from forensics.heap.layout import FLAG_BITS, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, PREV_INUSE, SIZE_SZ
 from forensics.heap.freedptr import FreedPointer, find_freed_pointer
 from forensics.heap.walk import (
+    MAX_LIST,
     HeapValidationError,
     Region,
     fastbin_chunk_size,
     for_each_bin_chunk,
     for_each_chunk_resyncing,
+    reveal,
     smallbin_chunk_size,
     tcache_entries,
     validate_bin,
     validate_chunk,
     validate_fastbin,
     validate_tcache_bin,
+    walk_to,
 )
 from forensics.records import record
 from forensics.model import (
@@ -63,7 +66,7 @@ from forensics.model import (
 
 __all__ = ["Check", "CHECKS", "classify_message", "Candidate", "candidates", "find_rejected_chunk",
            "find_chunk_before", "describe_header", "measure_overflow", "decide", "find_corruption", "STACK_WINDOW",
-           "own_size_rewritten", "free_chunks", "freed_before"]
+           "own_size_rewritten", "free_chunks", "freed_before", "list_entries", "CHAIN_WINDOW"]
 
 #: bytes of the crashing thread's stack searched for the rejected chunk, from its stack pointer up
 STACK_WINDOW = 64 << 10
@@ -502,32 +505,118 @@ def freed_before(heap: Heap, addr: int) -> str | None:
             "merged it into the free chunk before it")
 
 
-def _chunk_boundaries(heap: Heap, addrs: set[int]) -> set[int]:
-    """Which of ``addrs`` are chunk headers on the walk of their heap (a header that broke the walk counts)."""
-    by_region: dict[Region, set[int]] = {}
-    for a in addrs:
-        r = heap.region_of(a)
-        if r is not None:
-            by_region.setdefault(r, set()).add(a)
+def list_entries(heap: Heap) -> list[int]:
+    """The chunks of every thread's tcache and every arena's fastbins, by address (each list followed until it
+    ends, loops or leaves the heap; read once): in use to a walk of the heap, and chunk boundaries all the same --
+    recent frees, near where a crash's chunks usually are."""
+    if heap.list_entries is None:
+        from forensics.heap.summary import find_tcaches
+
+        out: set[int] = set()
+        for tcache, _arena, _how in find_tcaches(heap, heap.core).values():
+            if tcache:
+                heap.cached |= tcache_entries(heap.hm, heap.layout, tcache)
+        out.update(m - 2 * SIZE_SZ for m in heap.cached)
+        layout = heap.layout
+        fastbins = layout.arena_fastbins
+        for arena in heap.arenas if fastbins is not None else ():
+            for i in range(layout.nfastbins):
+                try:
+                    cur = heap.hm.u64(arena.address + (fastbins or 0) + i * SIZE_SZ)
+                    for _ in range(MAX_LIST):
+                        if not cur or cur in out or cur & (MALLOC_ALIGNMENT - 1) or heap.region_of(cur) is None:
+                            break
+                        out.add(cur)
+                        cur = reveal(layout, cur + 2 * SIZE_SZ, heap.hm.u64(cur + 2 * SIZE_SZ))
+                except HeapValidationError:
+                    continue
+        heap.list_entries = sorted(out)
+    return heap.list_entries
+
+
+def _anchors(heap: Heap, region: Region) -> list[int]:
+    """The addresses of ``region`` known to be chunk boundaries without walking to them, in order: its first
+    chunk, the free chunks of the arenas' bins (each a checked member of its list), the top chunk, and the
+    chunks of the tcache and fastbin lists."""
+    out = {region.first}
+    out.update(a for a, _s, _w in free_chunks(heap) if region.first <= a < region.end)
+    out.update(a for a in list_entries(heap) if region.first <= a < region.end)
+    return sorted(out)
+
+
+def _start_near(heap: Heap, region: Region, target: int, *, strictly_below: bool = False) -> int:
+    """The nearest known chunk boundary at or below ``target`` (strictly below with ``strictly_below``)."""
+    anchors = _anchors(heap, region)
+    i = (bisect_left(anchors, target) if strictly_below else bisect_right(anchors, target)) - 1
+    return anchors[i] if i >= 0 else region.first
+
+
+def _walk_to(heap: Heap, region: Region, target: int, *, strictly_below: bool = False) -> tuple[int, int, int]:
+    """:func:`walk_to` from the nearest known boundary below ``target``, remembered per (start, target).
+
+    :raises HeapValidationError: as :func:`walk_to`
+    """
+    start = _start_near(heap, region, target, strictly_below=strictly_below)
+    key = (start, target)
+    found = heap.walks.get(key)
+    if found is None:
+        found = heap.walks[key] = walk_to(heap.hm, region, start, target)
+    return found
+
+
+def _walk_near(heap: Heap, region: Region, target: int, *, records: bool = True, strictly_below: bool = False):
+    """The walk of ``region`` (:func:`for_each_chunk_resyncing`) from the nearest known boundary at or below
+    ``target`` (strictly below with ``strictly_below``): only the chunks around ``target`` are visited, not the
+    heap from its start, when a free chunk, a tcache entry or the top lies near it."""
+    start = _start_near(heap, region, target, strictly_below=strictly_below)
+    if start == region.first:
+        return for_each_chunk_resyncing(heap.hm, region, records=records)
+    sub = Region(start=region.start, first=start, end=region.end, arena=region.arena, top=region.top)
+    return for_each_chunk_resyncing(heap.hm, sub, records=records)
+
+
+def _boundaries(heap: Heap, targets: Sequence[tuple[Region, int]]) -> set[int]:
+    """Which ``targets`` are chunk headers on the walk of their heap (a header that broke the walk counts): one
+    walk from each nearest known boundary below them, on from each target to the next (the answers kept for
+    :func:`find_chunk_before`)."""
+    groups: dict[tuple[Region, int], list[int]] = {}
+    for region, addr in targets:
+        groups.setdefault((region, _start_near(heap, region, addr)), []).append(addr)
     out: set[int] = set()
-    for region, want in by_region.items():
-        highest = max(want)
-        for item in for_each_chunk_resyncing(heap.hm, region, records=False):
-            addr = item.address if isinstance(item, HeapValidationError) else item[0]
-            if addr in want:
-                out.add(addr)
-            if addr >= highest:
-                break
+    for (region, start), addrs in groups.items():
+        cursor = start
+        try:  # one tight loop; a header broken on the way: the walk that steps over it
+            for addr in sorted(set(addrs)):
+                if addr == cursor:
+                    out.add(addr)
+                    continue
+                found = heap.walks.get((start, addr)) or walk_to(heap.hm, region, cursor, addr)
+                heap.walks[(start, addr)] = found
+                at, field, _prev = found
+                if at == addr or at + (field & ~FLAG_BITS) == addr:
+                    out.add(addr)
+                cursor = at
+        except HeapValidationError:
+            want = set(addrs)
+            sub = Region(start=region.start, first=start, end=region.end, arena=region.arena, top=region.top)
+            for item in for_each_chunk_resyncing(heap.hm, sub, records=False):
+                at = item.address if isinstance(item, HeapValidationError) else item[0]
+                if at in want:
+                    out.add(at)
+                if at >= max(want):
+                    break
     return out
 
 
 def find_rejected_chunk(heap: Heap, kind: str, tid: int | None) -> tuple[HeapChunk, str, list[str]] | None:
     """The chunk a free-path check rejected: (chunk, where its pointer was found, inconsistencies).
 
-    Tried in this order: chunks on the walk of their heap (every value the thread holds, in
-    order), other addresses inside a heap, then chunks of their own mapping
-    (``munmap_chunk()``'s check) -- so a pointer into the middle of a buffer, or into a stack,
-    is not taken for a chunk when a real one fails the check.
+    Every value the thread holds is tested against the check first (a few words of the core each); of those
+    that fail it, in the thread's order: chunks on the walk of their heap, then (a check a double free fails
+    by its neighbour) a chunk glibc holds free, then other addresses inside a heap, then chunks of their own
+    mapping (``munmap_chunk()``'s check) -- so a pointer into the middle of a buffer, or into a stack, is
+    not taken for a chunk when a real one fails the check.  Only the values that fail are walked to, each
+    from the nearest known boundary below it, and the first on the walk ends the search.
     """
     values: list[Candidate] = []
     seen: set[int] = set()
@@ -535,41 +624,64 @@ def find_rejected_chunk(heap: Heap, kind: str, tid: int | None) -> tuple[HeapChu
         if cand.value >= 0x10000 and cand.value not in seen:
             seen.add(cand.value)
             values.append(cand)
-    addrs = {c for cand in values for c in (cand.value - 2 * SIZE_SZ, cand.value)
-             if not c & (MALLOC_ALIGNMENT - 1)}
-    boundaries = _chunk_boundaries(heap, addrs)
-    for tier in ("boundary", "held-free", "in-heap", "own-mapping"):
-        if tier == "held-free":
-            # no chunk on the walk fails the check: a second free of a chunk glibc holds free (merged into a free
-            # neighbour on a bin, or into the top) fails it by that neighbour -- before any value that is no
-            # chunk boundary is taken for one
-            held = _held_free(heap, values) if kind in _MERGED_FREE else None
-            if held is not None:
-                return held
+    failing = _failing(heap, kind, values)
+    on_walk = _boundaries(heap, [(region, c_addr) for _c, c_addr, region, found in failing
+                                 if found is not None and region is not None])
+    for cand, c_addr, region, found in failing:
+        if found is not None and region is not None and c_addr in on_walk:
+            return _chunk(heap, c_addr, region, ChunkState.IN_USE) or _never(c_addr), cand.where, found
+    if kind in _MERGED_FREE:
+        # no chunk on the walk fails the check: a second free of a chunk glibc holds free (merged into a free
+        # neighbour on a bin, or into the top) fails it by that neighbour -- before any value that is no
+        # chunk boundary is taken for one
+        held = _held_free(heap, values)
+        if held is not None:
+            return held
+    return _off_walk(heap, failing)
+
+
+_Failing = tuple[Candidate, int, "Region | None", "list[str] | None"]
+
+
+def _failing(heap: Heap, kind: str, values: list[Candidate]) -> list[_Failing]:
+    """The values (as a chunk, or a user pointer) whose chunk fails check ``kind``, in order: (candidate, chunk,
+    its heap region, the inconsistencies; None for free()'s own pointer misaligned inside a heap)."""
+    out: list[_Failing] = []
+    for cand in values:
+        v = cand.value
+        for c_addr in (v - 2 * SIZE_SZ, v):
+            region = heap.region_of(c_addr)
+            if c_addr & (MALLOC_ALIGNMENT - 1):
+                if kind == "invalid-pointer" and c_addr == v - 2 * SIZE_SZ and region is not None \
+                        and region.first < v < region.end:
+                    out.append((cand, c_addr, region, None))
+                continue
+            found = _test(heap, kind, c_addr, region)
+            if found:
+                out.append((cand, c_addr, region, found))
+    return out
+
+
+def _off_walk(heap: Heap, failing: list[_Failing]) -> tuple[HeapChunk, str, list[str]] | None:
+    """Of the failing values none on the walk: the first inside a heap, else the first of its own mapping."""
+    for cand, c_addr, region, found in failing:
+        if region is None:
             continue
-        for cand in values:
-            v = cand.value
-            for c_addr in (v - 2 * SIZE_SZ, v):
-                region = heap.region_of(c_addr)
-                if tier == "boundary" and c_addr not in boundaries:
-                    continue
-                if tier == "in-heap" and (region is None or c_addr in boundaries):
-                    continue
-                if tier == "own-mapping" and region is not None:
-                    continue
-                if c_addr & (MALLOC_ALIGNMENT - 1):
-                    if kind == "invalid-pointer" and tier == "in-heap" and c_addr == v - 2 * SIZE_SZ \
-                            and region is not None and region.first < v < region.end:
-                        chunk = _chunk(heap, c_addr & ~(MALLOC_ALIGNMENT - 1), region)
-                        if chunk is not None:
-                            return chunk, cand.where, [f"the pointer 0x{v:x} is not 16-byte aligned"]
-                    continue
-                found = _test(heap, kind, c_addr, region)
-                if found:
-                    chunk = _chunk(heap, c_addr, region, ChunkState.IN_USE)
-                    assert chunk is not None
-                    return chunk, cand.where, found
+        if found is None:  # free()'s pointer itself misaligned
+            chunk = _chunk(heap, c_addr & ~(MALLOC_ALIGNMENT - 1), region)
+            if chunk is not None:
+                return chunk, cand.where, [f"the pointer 0x{cand.value:x} is not 16-byte aligned"]
+            continue
+        return _chunk(heap, c_addr, region, ChunkState.IN_USE) or _never(c_addr), cand.where, found
+    for cand, c_addr, region, found in failing:
+        if region is None and found is not None:
+            return _chunk(heap, c_addr, None, ChunkState.IN_USE) or _never(c_addr), cand.where, found
     return None
+
+
+def _never(addr: int) -> HeapChunk:
+    """For a chunk the check just read: it is in the core (the check read its header)."""
+    raise AssertionError(f"0x{addr:x} was read by the check, yet is not in the core")
 
 
 def _held_free(heap: Heap, values: list[Candidate]) -> tuple[HeapChunk, str, list[str]] | None:
@@ -690,35 +802,77 @@ def describe_header(heap: Heap, c: HeapChunk, before: HeapChunk | None) -> list[
     return out
 
 
-def find_chunk_before(heap: Heap, damaged: int) -> tuple[HeapChunk | None, str | None]:
-    """The chunk whose end is the header at ``damaged`` (walking its heap from the start), or why not."""
+#: how far below a damaged header a value the thread holds is tried as the start of the chunks that end there
+CHAIN_WINDOW = 1 << 20
+_CHAIN_STEPS = 4096
+
+
+def _chain_to(heap: Heap, region: Region, start: int, damaged: int) -> HeapChunk | None:
+    """The last chunk of the chain of valid headers from ``start`` when the chain ends exactly at ``damaged``
+    (its size leads there), else None."""
+    addr = start
+    for _ in range(_CHAIN_STEPS):
+        try:
+            c = validate_chunk(heap.hm, addr, region)
+        except HeapValidationError:
+            return None
+        if c.end == damaged:
+            return HeapChunk(address=c.address, size=c.size, flags=c.flags, prev_size=c.prev_size,
+                             state=ChunkState.IN_USE, arena=region.arena)
+        if c.end > damaged:
+            return None
+        addr = c.end
+    return None
+
+
+def find_chunk_before(heap: Heap, damaged: int, near: Sequence[int] = ()) -> tuple[HeapChunk | None, str | None]:
+    """The chunk whose end is the header at ``damaged``, or why not.
+
+    Glibc keeps no link back from a chunk in use, so the chunks are followed forward to it: from the values in
+    ``near`` (what the crashing thread holds: the pointer to the buffer it just wrote, as a chunk) whose chain of
+    valid headers lands exactly on ``damaged`` -- the nearest first --, else from the nearest chunk boundary known
+    below it (a free chunk of a bin, a tcache or fastbin entry, the heap's start).
+    """
     region = heap.region_of(damaged)
     if region is None:
         return None, f"0x{damaged:x} is in no heap of any arena"
-    last: HeapChunk | None = None
+    for start in sorted({a for a in near if damaged - CHAIN_WINDOW <= a < damaged and region.first <= a
+                         and not a & (MALLOC_ALIGNMENT - 1)}, reverse=True):
+        found = _chain_to(heap, region, start, damaged)
+        if found is not None:
+            return found, None
+    try:  # one tight loop from the nearest boundary known; a header broken on the way: the resyncing walk
+        address, field, prev_size = _walk_to(heap, region, damaged, strictly_below=True)
+        if address < damaged and address + (field & ~FLAG_BITS) == damaged:
+            return HeapChunk(address=address, size=field & ~FLAG_BITS, flags=field & FLAG_BITS, prev_size=prev_size,
+                             state=ChunkState.IN_USE, arena=region.arena), None
+    except HeapValidationError:
+        pass
+    last: tuple[int, int, int, int, int] | None = None
     earlier_break = None
-    for item in for_each_chunk_resyncing(heap.hm, region):
+    for item in _walk_near(heap, region, damaged, records=False, strictly_below=True):
         if isinstance(item, HeapValidationError):
             if item.address == damaged:
                 break
             earlier_break = earlier_break or item
             last = None  # what precedes a resynced walk is unknown
             continue
-        if item.address >= damaged:
+        if item[0] >= damaged:
             break
         last = item
-        if item.end >= damaged:
+        if item[0] + item[1] >= damaged:
             break
     if last is None:
         if earlier_break is not None:
             return None, (f"the walk of the heap at 0x{region.start:x} broke at 0x{earlier_break.address:x} "
                           f"({earlier_break.reason}) before reaching 0x{damaged:x}")
         return None, f"0x{damaged:x} is the first chunk of its heap"
-    if last.end != damaged:
-        return None, (f"no chunk ends at 0x{damaged:x}: the chunk at 0x{last.address:x} (size 0x{last.size:x}) "
+    address, size, flags, prev_size, _state = last
+    if address + size != damaged:
+        return None, (f"no chunk ends at 0x{damaged:x}: the chunk at 0x{address:x} (size 0x{size:x}) "
                       "spans it, so that address is not a chunk boundary")
-    return HeapChunk(address=last.address, size=last.size, flags=last.flags, prev_size=last.prev_size,
-                     state=ChunkState.IN_USE, arena=last.arena), None
+    return HeapChunk(address=address, size=size, flags=flags, prev_size=prev_size, state=ChunkState.IN_USE,
+                     arena=region.arena), None
 
 
 def measure_overflow(heap: Heap, overflowed: HeapChunk, damaged: HeapChunk, *, buffer_size: int | None,
@@ -905,7 +1059,8 @@ def _locate(heap: Heap, kind: str, tid: int | None, tcaches: Sequence[int], prob
 
 
 def _find_overflowed(heap: Heap, kind: str, rejected: HeapChunk, damaged: HeapChunk, inconsistencies: list[str],
-                     problems: list[str]) -> tuple[HeapChunk | None, bool]:
+                     problems: list[str], tid: int | None = None,
+                     hints: Sequence[int] = ()) -> tuple[HeapChunk | None, bool]:
     """(the chunk whose buffer was written past, or None; whether the check caught a chunk freed twice)."""
     overflowed: HeapChunk | None = None
     why_not = None
@@ -927,7 +1082,8 @@ def _find_overflowed(heap: Heap, kind: str, rejected: HeapChunk, damaged: HeapCh
     elif damaged.address != rejected.address and rejected.address + rejected.size == damaged.address:
         overflowed = rejected
     else:
-        overflowed, why_not = find_chunk_before(heap, damaged.address)
+        near = [a for v in (*hints, *(cand.value for cand in candidates(heap, tid))) for a in (v - 2 * SIZE_SZ, v)]
+        overflowed, why_not = find_chunk_before(heap, damaged.address, near)
     if why_not:
         problems.append(why_not)
     return overflowed, double_free
@@ -1020,11 +1176,13 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
                     owners: Sequence[tuple[BufferOwner, NativeCall | None]] = (),
                     is_python: bool = False, locals_problem: str | None = None,
                     owner_lookup: Callable[[int, int], BufferOwner | None] | None = None,
-                    frames: Sequence[FrameRegisters] = ()) -> HeapCorruption:
+                    frames: Sequence[FrameRegisters] = (), hints: Sequence[int] = ()) -> HeapCorruption:
     """The anatomy of the corruption behind glibc's ``message`` in the thread ``tid``.
 
     :param frames: the registers of the thread's frames, innermost first: the pointer free() was given is read
         from them through libc's DWARF before the thread's other values are searched
+    :param hints: addresses the thread's Python side holds (buffers, pointers, int locals): starts of the chunks
+        followed to a damaged header, beside the thread's native values
     """
     check = classify_message(message)
     if check is None:
@@ -1050,7 +1208,8 @@ def find_corruption(heap: Heap, message: str | None, tid: int | None, *, tcaches
         damaged = rejected
     else:
         damaged = _chunk(heap, rejected.address + rejected.size, heap.region_of(rejected.address)) or rejected
-    overflowed, double_free = _find_overflowed(heap, check.kind, rejected, damaged, inconsistencies, problems)
+    overflowed, double_free = _find_overflowed(heap, check.kind, rejected, damaged, inconsistencies, problems, tid,
+                                               hints)
     if not double_free:
         _add_header_lines(heap, damaged, overflowed, inconsistencies)
     owner = call = None

@@ -44,7 +44,8 @@ class ArenaInfo:
 class Heap:
     """glibc's heap in one core: where it is, how it is laid out, its arenas."""
 
-    __slots__ = ("glibc", "hm", "core", "arenas", "sbrk_base", "problems", "core_page_size", "cached", "free_index")
+    __slots__ = ("glibc", "hm", "core", "arenas", "sbrk_base", "problems", "core_page_size", "cached", "free_index",
+                 "list_entries", "walks")
 
     def __init__(self, *, glibc: Glibc, hm: HeapMemory, core: CoreFile, arenas: list[ArenaInfo], sbrk_base: int | None,
                  problems: list[str], core_page_size: int = 4096, cached: set[int] | None = None) -> None:
@@ -60,6 +61,12 @@ class Heap:
         #: the free chunks glibc keeps in its arenas' bins, and their top chunks, by address: (address, size, where)
         #: (read once, when a check needs them: :func:`forensics.heap.anatomy.free_chunks`)
         self.free_index: list[tuple[int, int, str]] | None = None
+        #: the chunks of every tcache and fastbin list (in use to a walk, yet chunk boundaries), read once when a
+        #: walk needs a place to start near its target (:func:`forensics.heap.anatomy.list_entries`)
+        self.list_entries: list[int] | None = None
+        #: (start, target) -> the chunk whose end reaches target on the walk from start (walk_to's answer): a
+        #: second question about the same header walks nowhere
+        self.walks: dict[tuple[int, int], tuple[int, int, int]] = {}
 
     @property
     def layout(self) -> MallocLayout:

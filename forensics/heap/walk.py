@@ -35,6 +35,7 @@ __all__ = [
     "HeapMemory",
     "Region",
     "MAX_CHUNKS",
+    "WALK_SPAN",
     "MAX_LIST",
     "MAX_ARENAS",
     "MAX_HEAPS",
@@ -42,6 +43,7 @@ __all__ = [
     "validate_chunk",
     "for_each_chunk",
     "for_each_chunk_header",
+    "walk_to",
     "for_each_chunk_resyncing",
     "resync",
     "RESYNC_WINDOW",
@@ -57,6 +59,8 @@ __all__ = [
     "smallbin_chunk_size",
 ]
 
+#: bytes of the core read at once when a chunk walk leaves the bytes in hand (one pread a MiB, not one each 16 KiB)
+WALK_SPAN = 1 << 20
 MAX_CHUNKS = 4_000_000  # chunks walked in one heap before the walk stops (a 2 GB heap of 512-byte chunks)
 MAX_LIST = 100_000  # entries followed in one free list
 MAX_ARENAS = 1024
@@ -84,10 +88,10 @@ class HeapMemory:
         self._end = 0
         self._view: memoryview | bytes = b""
 
-    def _window(self, addr: int, size: int) -> bool:
+    def _window(self, addr: int, size: int, span: int | None = None) -> bool:
         if self._base <= addr and addr + size <= self._end:
             return True
-        view = self.mem.view(addr) if hasattr(self.mem, "view") else None
+        view = (self.mem.view(addr, span) if span else self.mem.view(addr)) if hasattr(self.mem, "view") else None
         if view is None:
             return False
         self._base, self._view = view
@@ -111,6 +115,12 @@ class HeapMemory:
 
     def pair(self, addr: int) -> tuple[int, int]:
         if self._window(addr, 16):
+            return _QQ.unpack_from(self._view, addr - self._base)
+        return _QQ.unpack(self.read(addr, 16))
+
+    def pair_ahead(self, addr: int) -> tuple[int, int]:
+        """:meth:`pair` for a walk going forward: a miss reads :data:`WALK_SPAN` bytes ahead at once."""
+        if self._window(addr, 16, WALK_SPAN):
             return _QQ.unpack_from(self._view, addr - self._base)
         return _QQ.unpack(self.read(addr, 16))
 
@@ -216,11 +226,41 @@ def for_each_chunk_header(hm: HeapMemory, region: Region, *,
         if hm._base <= nxt and nxt + 16 <= hm._end:  # hm.pair's own fast path, inline: one call less a chunk
             next_prev, next_field = _QQ.unpack_from(hm._view, nxt - hm._base)
         else:
-            next_prev, next_field = hm.pair(nxt)
+            next_prev, next_field = hm.pair_ahead(nxt)
         yield addr, size, flags, prev_size, _IN_USE if next_field & PREV_INUSE else _FREE
         if (next_field & ~FLAG_BITS) == 2 * SIZE_SZ and top is None:
             return  # a fencepost ends an old heap of a thread arena
         addr, prev_size, field = nxt, next_prev, next_field
+
+
+def walk_to(hm: HeapMemory, region: Region, start: int, target: int, *,
+            limit: int = MAX_CHUNKS) -> tuple[int, int, int]:
+    """The chunk whose end reaches ``target`` on the walk of ``region`` from the chunk at ``start`` (a chunk
+    boundary): ``(address, size field, prev_size)`` -- its end is ``target`` when ``target`` is a chunk boundary
+    on that walk, past it when a chunk spans it; the walk's last chunk when it ends first (the top, the
+    region's end).  :func:`for_each_chunk_header`'s checks, with no chunk yielded: what a walk to one address
+    costs is its loop.
+
+    :raises HeapValidationError: at the first header below ``target`` that fails a check, or after ``limit``
+    """
+    addr, end, top = start, region.end, region.top
+    prev_size, field = hm.pair_ahead(addr)
+    unpack = _QQ.unpack_from
+    for _ in range(limit):
+        size = field & ~FLAG_BITS
+        if addr & (MALLOC_ALIGNMENT - 1) or size < MINSIZE or size & (MALLOC_ALIGNMENT - 1) or addr + size > end:
+            validate_chunk(hm, addr, region)  # raises, saying which check failed
+        nxt = addr + size
+        if nxt >= target or addr == top or nxt + 2 * SIZE_SZ > end:
+            return addr, field, prev_size
+        if hm._base <= nxt and nxt + 16 <= hm._end:
+            prev_size, field = unpack(hm._view, nxt - hm._base)
+        else:
+            prev_size, field = hm.pair_ahead(nxt)
+        if (field & ~FLAG_BITS) == 2 * SIZE_SZ and top is None:
+            return nxt, field, prev_size  # a fencepost ends an old heap of a thread arena
+        addr = nxt
+    raise HeapValidationError(addr, f"stopped after {limit:,} chunks")
 
 
 def for_each_chunk(hm: HeapMemory, region: Region, *, limit: int = MAX_CHUNKS) -> Iterator[HeapChunk]:

@@ -258,3 +258,41 @@ def test_a_chunk_whose_own_size_word_was_written_over_is_sized_from_the_heap(new
     section = heap_section(analysis.heap)["summary"]
     assert f"in the chunk at 0x{chunk:x} (size 0x{true:x}, {oracle['usable']} usable bytes)" in section, section
     assert "1048 usable" not in section
+
+
+def test_the_chunk_before_a_damaged_header_past_many_chunks_in_use(newest_python, tmp_path, core_pattern):
+    # GIVEN 32 MiB of 4 KiB chunks in use, then a 2000-byte buffer written 24 bytes past, caught when the chunk
+    # after it is freed ("(out)"): no link leads back from that chunk to the buffer, and no free chunk lies
+    # between them and the heap's start
+    from forensics.analyze import analyze_core
+    from forensics.core.memory import CoreMemory
+    from forensics.heap.arenas import read_arenas
+    from forensics.heap.locate import find_glibc
+    from forensics.heap.walk import HeapMemory, HeapValidationError, for_each_chunk_header, walk_to
+    from tests.conftest import PYTHONS
+
+    run = tmp_path / "run"
+    core, oracle = _crash([PYTHONS[newest_python], str(PY_SOURCE), "free-next", str(REQUEST), str(OVERFLOW), "0x41",
+                           str(run / "oracle.json"), "32"], run)
+    # WHEN analyzed (the pointer free() was given from the frames; the buffer's address, an int local of the
+    # Python frame, as where the chunks are followed from) and read again from the stack's words alone
+    with_frames = analyze_core(str(core)).heap.corruption
+    core_file = open_core(str(core))
+    words_only = read_heap(core_file, message=core_file.abort_message, tid=core_file.crashed_tid).corruption
+    # THEN both name the buffer's chunk as the one written past, to the byte
+    for c in (with_frames, words_only):
+        assert c.rejected.address == oracle["next"] - 16 and c.overflowed.address == oracle["buffer"] - 16, c
+        assert c.usable_size == oracle["usable"] and c.overflow_past_usable == REQUEST + OVERFLOW - oracle["usable"]
+    # and a walk to one header (walk_to) ends where the chunk-by-chunk walk of the heap says, at every 997th chunk
+    with CoreMemory.open(str(core)) as mem:
+        hm = HeapMemory(mem)
+        heap = read_arenas(hm, find_glibc(core_file, mem), core_file)
+        region = heap.arenas[0].regions[0]
+        chunks = []
+        with pytest.raises(HeapValidationError) as broken:  # the walk breaks at the header written over
+            for addr, *_rest in for_each_chunk_header(hm, region):
+                chunks.append(addr)
+        assert broken.value.address == oracle["next"] - 16 and len(chunks) > 8000
+        for before, target in list(zip(chunks, chunks[1:], strict=False))[::997]:
+            assert walk_to(hm, region, region.first, target)[0] == before
+        hm.release()
