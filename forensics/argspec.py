@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-__all__ = ["Kind", "OptionSpec", "ArgumentSpec", "parse_args", "is_duration", "INPUT", "JSON", "OUTPUT", "FORCE",
-           "VERBOSE", "STORE", "STORE_DEADLINE"]
+__all__ = ["Kind", "OptionSpec", "ArgumentSpec", "parse_args", "is_duration", "parse_size", "SIZE_PATTERN", "INPUT",
+           "JSON", "OUTPUT", "FORCE", "VERBOSE", "STORE", "STORE_DEADLINE"]
 
 
 class Kind(enum.Enum):
@@ -210,6 +210,36 @@ def is_duration(seconds: object) -> bool:
     (True, False, False, False)
     """
     return isinstance(seconds, float) and 0 < seconds < float("inf")
+
+
+#: a size as every command and the Helm chart take it (its values.schema.json holds the same pattern: tested): a
+#: count of bytes, or with K, M, G or T -- alone, with i, B or iB, either case -- all binary (``2G`` = ``2Gi`` =
+#: 2 << 30), a decimal fraction allowed (``1.5G``); under 8 PiB
+SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?([KkMmGgTt][Ii]?)?[Bb]?$"
+_SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+
+
+def parse_size(text: str) -> int:
+    """The bytes a size says (:data:`SIZE_PATTERN`): the one size parser of the command line and the manifests.
+
+    >>> parse_size("50G"), parse_size("2Gi"), parse_size("1.5k"), parse_size("4096"), parse_size("512MiB")
+    (53687091200, 2147483648, 1536, 4096, 536870912)
+
+    :raises ValueError: when ``text`` is not a size
+    """
+    import re
+    from decimal import Decimal
+
+    if not re.fullmatch(SIZE_PATTERN, text or ""):
+        raise ValueError(f"{text!r} is not a size (a count of bytes, or with K, M, G, T, Ki, Mi, Gi, Ti: all binary, "
+                         "e.g. 4096, 512M, 20Gi)")
+    body = text.rstrip("Bb").rstrip("Ii")
+    unit = body[-1].lower() if body[-1:].isalpha() else ""
+    number = body[:-1] if unit else body
+    size = int(Decimal(number) * (1 << _SIZE_SHIFT[unit]))
+    if size >= 1 << 53:  # (the chart computes in float64, exact below 2**53)
+        raise ValueError(f"{text!r} is not a size: larger than 8 PiB")
+    return size
 
 
 def _path_ok(path: str, file_okay: bool, dir_okay: bool, readable: bool) -> bool:

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import click
 
-from .argspec import FORCE, JSON, OUTPUT, STORE, STORE_DEADLINE, VERBOSE, ArgumentSpec, Kind, OptionSpec, is_duration
+from .argspec import (
+    FORCE,
+    JSON,
+    OUTPUT,
+    STORE,
+    STORE_DEADLINE,
+    VERBOSE,
+    ArgumentSpec,
+    Kind,
+    OptionSpec,
+    is_duration,
+    parse_size,
+)
 from .modes import values
 from .output import STDOUT
 
@@ -195,28 +207,18 @@ store_options = click_options(STORE)
 #: the store's options and --deadline, for the commands that read s3:// inputs (report; analyze has its table)
 store_read_options = click_options((*STORE, STORE_DEADLINE))
 
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 class _Size(click.ParamType):
-    """A byte count: ``4096``, ``512M``, ``20G``."""
+    """A byte count as :func:`forensics.argspec.parse_size` reads it: ``4096``, ``512M``, ``20Gi`` (all binary)."""
 
     name = "SIZE"
 
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        s = str(value).strip().lower()
-        for suffix in ("ib", "b"):
-            if s.endswith(suffix) and len(s) > len(suffix):
-                s = s[: -len(suffix)]
-                break
-        unit = s[-1] if s and s[-1] in _SIZE_UNITS else ""
-        num = s[:-1] if unit else s
         try:
-            return int(float(num) * _SIZE_UNITS[unit])
-        except ValueError:
-            self.fail(f"{value!r} is not a size (e.g. 4096, 512M, 20G)", param, ctx)
+            return parse_size(str(value).strip())
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
 
 
 SIZE = _Size()

@@ -94,6 +94,7 @@ class AgentUpload:
     concurrency: int = 4
     max_pending: int = 500  # crashes waiting for the bucket at most (agent serve's --upload-max-pending)
     max_pending_bytes: int = 10 << 30  # their bytes on the node at most (--upload-max-pending-bytes, 10G)
+    max_attempts: int = 20  # failed attempts of one crash's upload at most (--upload-max-attempts)
     endpoint_url: str | None = None
     region: str | None = None
     secret: str | None = None
@@ -101,7 +102,8 @@ class AgentUpload:
     def serve_args(self) -> list[str]:
         args = ["--upload", self.url, "--cluster", self.cluster, "--upload-max-bandwidth", str(self.max_bandwidth),
                 "--upload-concurrency", str(self.concurrency), "--upload-max-pending", str(self.max_pending),
-                "--upload-max-pending-bytes", str(self.max_pending_bytes)]
+                "--upload-max-pending-bytes", str(self.max_pending_bytes), "--upload-max-attempts",
+                str(self.max_attempts)]
         if self.keep:
             args.append("--upload-keep")
         if self.endpoint_url:
@@ -125,7 +127,8 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
                   metrics_port: int = METRICS_PORT, analysis_timeout: int = 300,
                   analysis_memory: int = 1 << 30, analysis_output_max: int = 256 << 20,
                   upload: AgentUpload | None = None,
-                  service_account_annotations: dict[str, str] | None = None) -> list[dict]:
+                  service_account_annotations: dict[str, str] | None = None,
+                  image_pull_secrets: tuple[str, ...] = ()) -> list[dict]:
     """Every object the node agent needs, in apply order.
 
     :param gpu_label: ``KEY=VALUE`` node selector of the GPU nodes
@@ -139,6 +142,10 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
     :param upload: each analyzed crash's bundle into a bucket (``agent serve --upload``); None: none
     :param service_account_annotations: on the ServiceAccount (a web identity: EKS's role-arn, GKE's
         workload identity)
+    :param image_pull_secrets: Secrets the pods pull the image with (a private registry)
+
+    The namespaced objects are named ``forensics-agent``; the cluster-scoped ones (ClusterRole, ClusterRoleBinding)
+    ``NAMESPACE:forensics-agent``, as the chart names them, so that agents in two namespaces never share one.
     """
     if scrape not in ("annotations", "podmonitor", "none"):
         raise ValueError(f"scrape must be annotations, podmonitor or none, not {scrape!r}")
@@ -159,6 +166,7 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
         pod_meta["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port),
                                    "prometheus.io/path": "/metrics"}
     memory_limit = analysis_memory + (512 << 20)
+    cluster_name = f"{namespace}:{AGENT_NAME}"
     objects: list[dict] = [
         {"apiVersion": "v1", "kind": "Namespace",
          "metadata": {"name": namespace, "labels": {**_LABELS, "pod-security.kubernetes.io/enforce": "privileged"}}},
@@ -166,14 +174,14 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
          "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS),
                       **({"annotations": dict(service_account_annotations)} if service_account_annotations else {})}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": AGENT_NAME, "labels": dict(_LABELS)},
+         "metadata": {"name": cluster_name, "labels": dict(_LABELS)},
          "rules": [
              {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "get"]},
              {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
          ]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": AGENT_NAME, "labels": dict(_LABELS)},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": AGENT_NAME},
+         "metadata": {"name": cluster_name, "labels": dict(_LABELS)},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_name},
          "subjects": [{"kind": "ServiceAccount", "name": AGENT_NAME, "namespace": namespace}]},
         {"apiVersion": "apps/v1", "kind": "DaemonSet",
          "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)},
@@ -184,6 +192,7 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
                  "metadata": pod_meta,
                  "spec": {
                      "serviceAccountName": AGENT_NAME,
+                     **({"imagePullSecrets": [{"name": n} for n in image_pull_secrets]} if image_pull_secrets else {}),
                      "automountServiceAccountToken": True,  # Events and pod lookups with its own account
                      "nodeSelector": {key: value},
                      "tolerations": [

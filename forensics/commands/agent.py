@@ -57,6 +57,8 @@ def agent():
               help="With --upload: agent serve's bound on the crashes waiting for the bucket.")
 @click.option("--upload-max-pending-bytes", type=SIZE, default="10G", show_default=True,
               help="With --upload: agent serve's bound on the bytes of the crashes waiting for the bucket.")
+@click.option("--upload-max-attempts", type=click.IntRange(1, None), default=20, show_default=True,
+              help="With --upload: agent serve's bound on one crash's failed upload attempts.")
 @click.option("--upload-secret", default=None, metavar="SECRET",
               help="With --upload: a Secret in the namespace whose keys become the agent's environment "
                    "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY...); credentials never travel as flags.")
@@ -64,11 +66,14 @@ def agent():
 @click.option("--region", default=None, help="With --upload: the bucket's region.")
 @click.option("--service-account-annotation", "sa_annotations", multiple=True, metavar="KEY=VALUE",
               help="An annotation on the agent's ServiceAccount (a web identity: eks.amazonaws.com/role-arn=ARN).")
+@click.option("--image-pull-secret", "pull_secrets", multiple=True, metavar="SECRET",
+              help="A Secret the pods pull the image with (a private registry); repeatable.")
 @json_option
 def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_size, budget, min_free, loop_limit,
                    scrape, metrics_port, analysis_timeout, analysis_memory, analysis_output_max, upload_url,
                    upload_keep, cluster, upload_max_bandwidth, upload_concurrency, upload_max_pending,
-                   upload_max_pending_bytes, upload_secret, endpoint_url, region, sa_annotations, as_json):
+                   upload_max_pending_bytes, upload_max_attempts, upload_secret, endpoint_url, region, sa_annotations,
+                   pull_secrets, as_json):
     """Print the node agent's objects: Namespace, ServiceAccount and RBAC, the DaemonSet (core handler with its
     disk bounds, on-node analysis, metrics port), and a PodMonitor on request.
 
@@ -95,14 +100,15 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
         check_endpoint(endpoint_url, "--endpoint-url")  # it would be written into the DaemonSet in clear
         upload = AgentUpload(url=upload_url, cluster=cluster, keep=upload_keep, max_bandwidth=upload_max_bandwidth,
                              concurrency=upload_concurrency, max_pending=upload_max_pending,
-                             max_pending_bytes=upload_max_pending_bytes, endpoint_url=endpoint_url, region=region,
-                             secret=upload_secret)
+                             max_pending_bytes=upload_max_pending_bytes, max_attempts=upload_max_attempts,
+                             endpoint_url=endpoint_url, region=region, secret=upload_secret)
     bounds = {"max_core_size": max_core_size, "budget": budget, "min_free": min_free, "loop_limit": loop_limit}
     objects = agent_objects(core_dir=core_dir, image=image or agent_image(__version__), namespace=namespace,
                             gpu_label=gpu_label, host_prefix=host_prefix, bounds=bounds, scrape=scrape,
                             metrics_port=metrics_port, analysis_timeout=analysis_timeout,
                             analysis_memory=analysis_memory, analysis_output_max=analysis_output_max, upload=upload,
-                            service_account_annotations=dict(a.partition("=")[::2] for a in sa_annotations))
+                            service_account_annotations=dict(a.partition("=")[::2] for a in sa_annotations),
+                            image_pull_secrets=tuple(pull_secrets))
     if as_json:
         from ..output import json_document
 

@@ -57,7 +57,8 @@ def test_wheel_ships_gdb_scripts_and_analyzes_outside_the_checkout(tmp_path, cor
     # the agent's Helm chart, its alert rules and dashboard are package data (`forensics agent chart` copies them)
     assert {"forensics/capture/chart/Chart.yaml", "forensics/capture/chart/templates/daemonset.yaml",
             "forensics/capture/chart/files/forensics-alerts.yaml",
-            "forensics/capture/chart/files/forensics-dashboard.json"} <= set(names)
+            "forensics/capture/chart/files/forensics-dashboard.json", "forensics/capture/chart/values.schema.json",
+            "forensics/capture/chart/values-cos.yaml", "forensics/capture/chart/values-bottlerocket.yaml"} <= set(names)
     target = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                        capture_output=True, text=True, timeout=300)

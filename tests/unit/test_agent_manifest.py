@@ -166,3 +166,19 @@ def test_the_yaml_is_pyyamls_and_reads_back_to_the_json_objects():
     # THEN nothing raw reaches the terminal, and the YAML reads back to the objects --json gives
     assert "\x1b" not in r.output and "\u202e" not in r.output and "\\e[31m" in r.output
     assert list(yaml.safe_load_all(r.output)) == _objects("--image", image)
+
+
+def test_sizes_are_binary_in_every_form_and_a_bad_one_is_a_usage_error():
+    # GIVEN the same budget written three ways, and a pull secret
+    def keeper_budget(*args: str) -> str:
+        ds = next(o for o in _objects(*args) if o["kind"] == "DaemonSet")
+        keep = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "keeper")["command"]
+        return keep[keep.index("--budget") + 1]
+
+    # THEN 2G, 2Gi and 2GiB are 2 << 30 bytes, as the chart renders them (test_helm_chart)
+    assert {keeper_budget("--budget", form) for form in ("2G", "2Gi", "2GiB")} == {str(2 << 30)}
+    ds = next(o for o in _objects("--image-pull-secret", "regcred") if o["kind"] == "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    # AND a size of another form is click's usage error, naming the forms
+    r = CliRunner().invoke(cli, ["agent", "manifest", "--budget", "50X"])
+    assert r.exit_code == 2 and "'50X' is not a size" in r.output and "Ki, Mi, Gi, Ti" in r.output, r.output
