@@ -76,6 +76,11 @@ def _str_map(v: object) -> dict[str, str]:
     return {k: x for k, x in v.items() if isinstance(k, str) and isinstance(x, str)} if isinstance(v, dict) else {}
 
 
+def _dict_map(v: object) -> dict[str, dict] | None:
+    """A JSON object of objects, as {str: dict}; None when absent."""
+    return {k: x for k, x in v.items() if isinstance(k, str) and isinstance(x, dict)} if isinstance(v, dict) else None
+
+
 def _dict(v: object) -> dict:
     return v if isinstance(v, dict) else {}
 
@@ -193,7 +198,7 @@ class CoreRecord:
 
 _CRASH_KEYS = ("schema_version", "crash_id", "pid", "tid", "signal", "signal_name", "time", "rlimit_core", "node",
                "image_key", "identity", "state", "core", "objects", "config", "warnings", "crash_loop_key",
-               "crash_pc", "debug_files", "objects_bytes")
+               "crash_pc", "debug_files", "objects_bytes", "objects_not_copied")
 
 
 @record
@@ -220,6 +225,9 @@ class CrashRecord:
     crash_pc: CrashSite | None = None
     debug_files: dict[str, str] | None = None  # path -> store key of its separate debug file
     objects_bytes: int | None = None  # disk the objects and debug files this crash stored new take (the budget's)
+    # path -> {"build_id", "size", "why"}: mapped objects kept by build-id and size only (a memfd, a sparse file,
+    # one over the handler's max_object_size): not copied
+    objects_not_copied: dict[str, dict] | None = None
     schema_version: int = 1
     extra: dict = field(default_factory=dict)
 
@@ -240,6 +248,8 @@ class CrashRecord:
             doc["debug_files"] = dict(self.debug_files)
         if self.objects_bytes is not None:
             doc["objects_bytes"] = self.objects_bytes
+        if self.objects_not_copied:
+            doc["objects_not_copied"] = {k: dict(v) for k, v in self.objects_not_copied.items()}
         return {**doc, **self.extra}
 
     @classmethod
@@ -259,7 +269,9 @@ class CrashRecord:
             config=_dict(g("config")), warnings=_strs(g("warnings")),
             crash_loop_key=_str(g("crash_loop_key")), crash_pc=CrashSite.from_json(g("crash_pc")),
             debug_files=_str_map(g("debug_files")) if isinstance(g("debug_files"), dict) else None,
-            objects_bytes=_int(g("objects_bytes")), extra=extra)
+            objects_bytes=_int(g("objects_bytes")),
+            objects_not_copied=_dict_map(g("objects_not_copied")),
+            extra=extra)
 
     @property
     def state_name(self) -> str | None:

@@ -83,6 +83,7 @@ class HandlerConfig:
     threads: int = 1  # zstd worker threads: 1 overlaps compression with reading the pipe (0: same thread)
     object_grace: int = 3600  # an object no core uses may go (over budget) once unused this long
     max_objects: int = 4 << 30  # bytes of data one crash may add to the object store (mapped objects, debug files)
+    max_object_size: int = 2 << 30  # a mapped object larger is kept by build-id and size only (not copied)
     smi_timeout: int = 15  # seconds for nvidia-smi -q at crash time (kept cores only)
 
     @classmethod
@@ -237,11 +238,29 @@ def _crash_dir(core_dir: str, t: float, pid: int, signame: str) -> str:
 
 #: the largest mapped object stored (libtorch_cuda.so is 1-2 GB); a larger file mapped by the crashed process
 #: (the container's to choose, a sparse one costs it nothing) is named in the record, not copied
-MAX_OBJECT_BYTES = 4 << 30
+_MEMFD = "/memfd:"  # how /proc/PID/maps names a memfd_create(2) file: memory, in no image, any size
+_SPARSE_SLACK = 1 << 20  # holes a mapped file may have and still be copied (a library's file has none)
+
+
+def not_copied_why(path: str, fd: int, cfg: HandlerConfig) -> str | None:
+    """Why a mapped object is kept by build-id and size only, not copied into the store: a memfd, a sparse file
+    (one whose holes hide how large it is: a process can map terabytes of them), or one over
+    ``cfg.max_object_size``; None to copy it."""
+    from .store import data_bytes
+
+    size = os.fstat(fd).st_size
+    if path.startswith(_MEMFD):
+        return "a memfd (memory, in no image)"
+    if size > cfg.max_object_size:
+        return f"{size} bytes, over max_object_size {cfg.max_object_size}"
+    holes = size - data_bytes(fd)
+    if holes > max(_SPARSE_SLACK, size // 16):
+        return f"sparse ({holes} of its {size} bytes are holes)"
+    return None
 
 
 class _ObjectRoom:
-    """What one crash may still add to the object store: each object at most :data:`MAX_OBJECT_BYTES` long, together
+    """What one crash may still add to the object store: each object at most ``cfg.max_object_size`` long, together
     at most ``cfg.max_objects`` bytes of data new to the store, none that would leave less than ``cfg.min_free``
     free or take the directory over ``cfg.budget``; a store that has it already costs nothing."""
 
@@ -259,8 +278,8 @@ class _ObjectRoom:
         if self.store.has(key):
             return True
         size = os.fstat(fd).st_size
-        if size > MAX_OBJECT_BYTES:
-            self.warnings.append(f"{what}: {size} bytes, over {MAX_OBJECT_BYTES}: not stored")
+        if size > cfg.max_object_size:
+            self.warnings.append(f"{what}: {size} bytes, over max_object_size {cfg.max_object_size}: not stored")
             return False
         data = data_bytes(fd)  # what a copy takes: a sparse file's holes stay holes
         why = None
@@ -301,19 +320,26 @@ class _ObjectRoom:
 
 
 def _copy_objects(store, fds, keys: dict, warnings: list, *, build_ids: dict[str, str | None], cfg: HandlerConfig,
-                  core_dir: str, debug_fds=(), debug_keys: dict | None = None) -> int:
+                  core_dir: str, debug_fds=(), debug_keys: dict | None = None,
+                  not_copied: dict | None = None) -> int:
     """The mapped objects, then their debug files, into the store, holes kept, as far as :class:`_ObjectRoom` lets.
 
     :param build_ids: the snapshot's build-id of each object (not read again); an object without one is keyed by
         the sha256 of its bytes
+    :param not_copied: filled with the objects kept by build-id and size only (:func:`not_copied_why`): neither
+        hashed nor copied
     :return: the disk the new copies take (the record's ``objects_bytes``)
     """
     room = _ObjectRoom(store, cfg, core_dir, warnings)
     for entry, fd in fds:
         path = entry.path[: -len(" (deleted)")] if entry.deleted else entry.path
         try:
-            if os.fstat(fd).st_size > MAX_OBJECT_BYTES:  # not even hashed for its key
-                warnings.append(f"object {path}: {os.fstat(fd).st_size} bytes, over {MAX_OBJECT_BYTES}: not stored")
+            why = not_copied_why(path, fd, cfg)
+            if why is not None:
+                if not_copied is not None:
+                    not_copied[entry.path] = {"build_id": build_ids.get(path), "size": os.fstat(fd).st_size,
+                                              "why": why}
+                warnings.append(f"object {path}: {why}: kept by build-id and size only")
                 continue
             key = build_ids.get(path) or room.hashed_key(fd, f"object {path}")
             if key and room.fits(fd, key, f"object {path}"):
@@ -458,6 +484,7 @@ class _Streamed:
     head_info: CrashSite = field(default_factory=CrashSite)
     keys: dict[str, str] = field(default_factory=dict)
     debug_keys: dict[str, str] = field(default_factory=dict)
+    not_copied: dict[str, dict] = field(default_factory=dict)  # objects kept by build-id and size only
     sha256: str | None = None
     stream: StreamVerdict | None = None  # what the kernel sent, against the core's own program headers
     objects_bytes: int = 0  # disk the objects and debug files stored new for this crash take
@@ -634,7 +661,8 @@ def _after_core(crash: _Crash, streamed: _Streamed) -> None:
         build_ids = {o.path: o.build_id for o in snapshot.objects} if snapshot else {}
         streamed.objects_bytes = _copy_objects(ObjectStore(req.core_dir), mapped, streamed.keys, result.warnings,
                                                build_ids=build_ids, cfg=cfg, core_dir=req.core_dir,
-                                               debug_fds=debug_fds, debug_keys=streamed.debug_keys)
+                                               debug_fds=debug_fds, debug_keys=streamed.debug_keys,
+                                               not_copied=streamed.not_copied)
         _resolve_imports(crash)
     elif crash.snapshot is not None and crash.snapshot.python is not None and _modules_pending(crash.snapshot):
         import dataclasses
@@ -936,6 +964,7 @@ def _finish(crash: _Crash, streamed: _Streamed) -> None:
         record, state=RecordState.DONE, crash_loop_key=crash_loop_key, crash_pc=streamed.head_info,
         objects=streamed.keys or ({o.path: o.build_id for o in snapshot.objects if o.build_id} if snapshot else {}),
         debug_files=dict(streamed.debug_keys), objects_bytes=streamed.objects_bytes,
+        objects_not_copied=dict(streamed.not_copied) or None,
         core=CoreRecord(state=result.core_state, file=streamed.core_name, bytes_in=result.bytes_in,
                         bytes_kept=result.bytes_kept, bytes_compressed=result.bytes_out,
                         sha256_compressed=streamed.sha256 if streamed.core_name else None, reasons=tuple(why),

@@ -744,14 +744,13 @@ def test_a_kept_core_s_python_imports_are_read_after_the_process_is_gone(small_c
 
 
 def test_a_huge_mapped_object_is_named_not_copied(small_cores, tmp_path):
-    """A crashed process may map any file; a 5 GiB sparse one (ELF magic, then nothing) costs it nothing and was
-    copied whole into the store: objects are stored up to 4 GiB each, the rest named in the warnings."""
-    from forensics.capture.handler import MAX_OBJECT_BYTES
-
+    """A crashed process may map any file; one over the handler's max_object_size (2 GiB; here one of 5 GiB: ELF
+    magic, then data at its end) is kept by build-id and size only, the others stored."""
     big = tmp_path / "libhuge.so"
     with open(big, "wb") as f:
         f.write(b"\x7fELF")
-        f.truncate(MAX_OBJECT_BYTES + (1 << 30))
+        f.seek((5 << 30) - 4096)
+        f.write(b"x" * 4096)
     live = subprocess.Popen([sys.executable, "-c", "import mmap, sys; f = open(sys.argv[1], 'rb'); "
                              "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); print('ready', flush=True); "
                              "sys.stdin.read()", str(big)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -768,7 +767,9 @@ def test_a_huge_mapped_object_is_named_not_copied(small_cores, tmp_path):
         live.wait()
     assert r.core_state is CoreState.KEPT, r.warnings
     meta = json.loads((Path(r.crash_dir) / "metadata.json").read_text())
-    assert f"object {big}: {MAX_OBJECT_BYTES + (1 << 30)} bytes, over {MAX_OBJECT_BYTES}: not stored" in r.warnings
+    why = f"{5 << 30} bytes, over max_object_size {2 << 30}"
+    assert f"object {big}: {why}: kept by build-id and size only" in r.warnings
+    assert meta["objects_not_copied"][str(big)] == {"build_id": None, "size": 5 << 30, "why": why}
     assert str(big) not in meta["objects"] and meta["objects"]  # the others are stored
     stored = sum(p.stat().st_size for p in (tmp_path / "cores" / "objects").rglob("*") if p.is_file())
     assert stored < 1 << 30

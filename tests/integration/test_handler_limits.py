@@ -256,8 +256,10 @@ def _mapping(files: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", _MAP, *files], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
-def test_sparse_mapped_files_are_bounded_and_counted(cores, tmp_path):
-    """Three sparse 1 GiB files mapped by the crashing process (ELF magic, then holes) cost it nothing."""
+def test_sparse_mapped_files_are_kept_by_build_id_and_size_only(cores, tmp_path):
+    """Three sparse 1 GiB files mapped by the crashing process (ELF magic, then holes): the holes hide how large a
+    file is (a process can map terabytes of them), so each is named by build-id and size, neither hashed nor
+    copied."""
     files = []
     for i in range(3):
         p = tmp_path / f"libsparse{i}.so"
@@ -268,36 +270,61 @@ def test_sparse_mapped_files_are_bounded_and_counted(cores, tmp_path):
     proc = _mapping(files)
     try:
         assert proc.stdout.readline().strip() == b"ready"
+        started = time.monotonic()
+        r = _handle(tmp_path / "cores", proc.pid, cores[(0, 4)], HandlerConfig(min_free=0, loop_limit=100))
+        took = time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"\nthree sparse 1 GiB mapped files: the handler done in {took:.1f} s")
+    rec = json.loads((Path(r.crash_dir) / "metadata.json").read_text())
+    assert rec["state"] == "done" and rec["core"]["state"] == "kept"
+    # THEN none is in the store, each is named with its size and why
+    assert not any(f in rec["objects"] for f in files), rec["objects"]
+    for f in files:
+        kept = rec["objects_not_copied"][f]
+        assert kept["size"] == 1 << 30 and kept["why"].startswith("sparse"), kept
+    objects = tmp_path / "cores" / "objects"
+    assert not any(p.stat().st_size >= 1 << 30 for p in objects.rglob("*") if p.is_file())
+
+
+def test_memfd_libraries_are_kept_by_build_id_and_size_only(cores, tmp_path):
+    """A process that maps three 1 GiB memfd "libraries" (memfd_create, ELF magic, then holes): memory in no image,
+    named by build-id and size, neither hashed nor copied (they once wrote 3 GiB into the store)."""
+    proc = subprocess.Popen([sys.executable, "-c", _MEMFDS], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        usage_before = _usage(tmp_path / "cores") if (tmp_path / "cores").exists() else 0
         r = _handle(tmp_path / "cores", proc.pid, cores[(0, 4)], HandlerConfig(min_free=0, loop_limit=100))
     finally:
         proc.kill()
         proc.wait()
-    # THEN the store holds them sparse (or not at all): their holes take no disk
-    objects = tmp_path / "cores" / "objects"
-    on_disk = sum(p.stat().st_blocks * 512 for p in objects.rglob("*") if p.is_file())
-    assert on_disk < 256 << 20, (on_disk, r.warnings)
     rec = json.loads((Path(r.crash_dir) / "metadata.json").read_text())
-    assert rec["state"] == "done" and rec["core"]["state"] == "kept"
-    # and what the crash stored is counted in its record
-    assert 0 < rec["objects_bytes"] <= on_disk, rec
-    assert all(f in rec["objects"] for f in files), rec["warnings"]  # stored, sparse
+    memfds = {k: v for k, v in (rec.get("objects_not_copied") or {}).items() if k.startswith("/memfd:")}
+    assert len(memfds) == 3 and all(v["size"] == 1 << 30 and "memfd" in v["why"] for v in memfds.values()), rec
+    assert not any(k.startswith("/memfd:") for k in rec["objects"])
+    assert _usage(tmp_path / "cores") - usage_before < 256 << 20  # the process's real libraries, no memfd
+
+
+_MEMFDS = ("import mmap, os, sys\nkeep = []\nfor i in range(3):\n"
+           "    fd = os.memfd_create(f'libfake{i}.so')\n    os.write(fd, b'\\x7fELF' + bytes([i]) * 60)\n"
+           "    os.ftruncate(fd, 1 << 30)\n    keep.append(mmap.mmap(fd, 0, prot=mmap.PROT_READ))\n"
+           "print('ready', flush=True)\nsys.stdin.read()\n")
 
 
 def test_objects_without_a_build_id_are_hashed_within_a_bound(cores, tmp_path):
-    """An object without a build-id is keyed by the sha256 of its bytes: three sparse 1 GiB ones under a bound of
-    1.5 GiB a crash get one hashed and stored, the others named (a thousand would have been hashed for hours)."""
+    """An object without a build-id is keyed by the sha256 of its bytes: three 24 MiB ones under a bound of 36 MiB
+    a crash get one hashed and stored, the others named (a thousand would have been hashed for hours)."""
     files = []
     for i in range(3):
         p = tmp_path / f"libnoid{i}.so"
-        with open(p, "wb") as f:
-            f.write(b"\x7fELF" + bytes([i]) * 60)
-            f.truncate(1 << 30)
+        p.write_bytes(b"\x7fELF" + bytes([i + 1]) * ((24 << 20) - 4))
         files.append(str(p))
     proc = _mapping(files)
     try:
         assert proc.stdout.readline().strip() == b"ready"
         r = _handle(tmp_path / "cores", proc.pid, cores[(0, 4)],
-                    HandlerConfig(min_free=0, loop_limit=100, max_objects=3 << 29))
+                    HandlerConfig(min_free=0, loop_limit=100, max_objects=36 << 20))
     finally:
         proc.kill()
         proc.wait()
