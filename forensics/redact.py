@@ -220,6 +220,10 @@ def _open_block(text: str) -> int | None:
     return depth
 
 
+#: a value that is a language's literal, never a secret ("sort_keys=True" in a script: KEYS is a secret's name)
+_LITERALS = frozenset({"True", "False", "None", "true", "false", "null", "nil"})
+
+
 def _random_looking(v: str) -> bool:
     """Whether a word looks like a key rather than a name: a digit in it, no path, 3 bits of entropy a character.
 
@@ -432,7 +436,7 @@ class Redactor:
         def pair(m: re.Match) -> str:
             q, value = _unquote(m["value"])
             if (SECRET_NAME.search(m["name"]) and MASK not in value and not value.startswith(("(", "["))
-                    and not _XML_VALUE_NEXT.match(m.string, m.end())):
+                    and (q or value.rstrip(")]},;") not in _LITERALS) and not _XML_VALUE_NEXT.match(m.string, m.end())):
                 return f"{m['name']}={q}{self._secret('secret-like NAME=value pairs', value)}{q}"
             return m.group(0)
 
@@ -568,7 +572,8 @@ class Redactor:
         name = m["name"]
         joined = m["sep"] is not None or m.string[m.end():m.end() + 1] in (";", "&")  # not "" (the end)
         secret = SECRET_NAME.search(name) or (joined and name.lower() in _PARAM_SECRETS)
-        if not secret or not value or MASK in value or (not q and value.startswith(("(", "["))) \
+        if not secret or not value or MASK in value or (not q and (value.startswith(("(", "["))
+                                                                  or value.rstrip(")]},") in _LITERALS)) \
                 or _XML_VALUE_NEXT.match(m.string, m.end()):  # auth=('u', 'p'): the credential tuple's rule
             return m.group(0)  # key="Password" value="...": the attribute names the secret, the XML rule masks it
         close = "}" if q == "{" else q

@@ -1,5 +1,6 @@
 """``report --check FILE``: a written report checked -- its front matter and title, the Markdown, the form
-(nvitop), the attachments, and the conclusion's claims against the record beside it."""
+(nvitop), the attachments, the conclusion's claims against the record beside it, and what the file and its
+attachments would leak (a secret, a raw control character: :mod:`.leaks`)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ from pathlib import Path
 from .claims import check_claims_file
 from .form import check_form_body, load_shipped_form, read_issue_form
 from .frontmatter import FrontMatter, check_title, read_front_matter, split_front_matter
+from .leaks import check_leaks
 from .markdown import GITHUB_ISSUE_LIMIT, check_markdown
 from ..modes import ReportTemplate
 
@@ -45,4 +47,5 @@ def check_report_file(path: str, *, issue_form: str | None = None) -> tuple[str,
     if len(text) >= GITHUB_ISSUE_LIMIT:
         problems.append(f"{len(text)} characters: over GitHub's issue limit of {GITHUB_ISSUE_LIMIT}")
     problems += check_claims_file(path, body, meta.conclusion, split_front_matter(text)[0])
+    problems += check_leaks(path, text, meta.attachments)  # a secret or a raw control character, file and line
     return (template.value if template else ""), problems
