@@ -149,7 +149,45 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
     """
     if scrape not in ("annotations", "podmonitor", "none"):
         raise ValueError(f"scrape must be annotations, podmonitor or none, not {scrape!r}")
-    key, _, value = gpu_label.partition("=")
+    keep, serve = _agent_commands(core_dir=core_dir, host_prefix=host_prefix, bounds=bounds,
+                                  metrics_port=metrics_port, analysis_timeout=analysis_timeout,
+                                  analysis_memory=analysis_memory, analysis_output_max=analysis_output_max,
+                                  upload=upload)
+    pod_meta: dict = {"labels": dict(_LABELS)}
+    if scrape == "annotations":
+        pod_meta["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port),
+                                   "prometheus.io/path": "/metrics"}
+    pod_spec = _pod_spec(gpu_label=gpu_label, image=image, host_prefix=host_prefix, core_dir=core_dir,
+                         image_pull_secrets=image_pull_secrets, containers=[  # the agent first: `kubectl logs`'s
+                             _agent_container(image=image, command=serve, core_dir=core_dir, host_prefix=host_prefix,
+                                              metrics_port=metrics_port,
+                                              memory_limit=analysis_memory + (512 << 20), upload=upload),
+                             _keeper_container(image=image, command=keep, core_dir=core_dir,
+                                               host_prefix=host_prefix)])
+    objects: list[dict] = [
+        *_account_objects(namespace, service_account_annotations),
+        {"apiVersion": "apps/v1", "kind": "DaemonSet",
+         "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)},
+         "spec": {"selector": {"matchLabels": dict(_LABELS)}, "updateStrategy": {"type": "RollingUpdate"},
+                  "template": {"metadata": pod_meta, "spec": pod_spec}}},
+    ]
+    if scrape == "podmonitor":
+        objects.append({
+            "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+            "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)},
+            "spec": {"selector": {"matchLabels": dict(_LABELS)},
+                     # honorLabels (as kube-state-metrics' own monitor): a crash's namespace/pod/container are the
+                     # crashed pod's, never renamed exported_* by the agent pod's target labels
+                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s",
+                                              "honorLabels": True}]},
+        })
+    return objects
+
+
+def _agent_commands(*, core_dir: str, host_prefix: str, bounds: dict[str, int | None] | None, metrics_port: int,
+                    analysis_timeout: int, analysis_memory: int, analysis_output_max: int,
+                    upload: AgentUpload | None) -> tuple[list[str], list[str]]:
+    """The keeper's command (``agent keep`` with the handler's bounds) and the agent's (``agent serve``)."""
     handler = f"{host_prefix}/bin/forensics"
     keep = [handler, "agent", "keep", "--core-dir", core_dir]
     for name, v in sorted((bounds or {}).items()):
@@ -161,13 +199,13 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
              str(analysis_output_max)]
     if upload is not None:
         serve += upload.serve_args()
-    pod_meta: dict = {"labels": dict(_LABELS)}
-    if scrape == "annotations":
-        pod_meta["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port),
-                                   "prometheus.io/path": "/metrics"}
-    memory_limit = analysis_memory + (512 << 20)
+    return keep, serve
+
+
+def _account_objects(namespace: str, service_account_annotations: dict[str, str] | None) -> list[dict]:
+    """The Namespace, the agent's ServiceAccount, its ClusterRole (``NAMESPACE:forensics-agent``) and binding."""
     cluster_name = f"{namespace}:{AGENT_NAME}"
-    objects: list[dict] = [
+    return [
         {"apiVersion": "v1", "kind": "Namespace",
          "metadata": {"name": namespace, "labels": {**_LABELS, "pod-security.kubernetes.io/enforce": "privileged"}}},
         {"apiVersion": "v1", "kind": "ServiceAccount",
@@ -183,56 +221,40 @@ def agent_objects(*, core_dir: str, image: str, namespace: str, gpu_label: str, 
          "metadata": {"name": cluster_name, "labels": dict(_LABELS)},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_name},
          "subjects": [{"kind": "ServiceAccount", "name": AGENT_NAME, "namespace": namespace}]},
-        {"apiVersion": "apps/v1", "kind": "DaemonSet",
-         "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)},
-         "spec": {
-             "selector": {"matchLabels": dict(_LABELS)},
-             "updateStrategy": {"type": "RollingUpdate"},
-             "template": {
-                 "metadata": pod_meta,
-                 "spec": {
-                     "serviceAccountName": AGENT_NAME,
-                     **({"imagePullSecrets": [{"name": n} for n in image_pull_secrets]} if image_pull_secrets else {}),
-                     "automountServiceAccountToken": True,  # Events and pod lookups with its own account
-                     "nodeSelector": {key: value},
-                     "tolerations": [
-                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                         {"operator": "Exists", "effect": "NoExecute"},
-                         {"operator": "Exists", "effect": "NoSchedule"},
-                     ],
-                     "priorityClassName": "system-node-critical",
-                     "terminationGracePeriodSeconds": 30,
-                     "initContainers": [{
-                         "name": "install-files",
-                         "image": image,
-                         "command": ["sh", "-c", f"cp -a /opt/forensics/. /host{host_prefix}/"],
-                         "volumeMounts": [{"name": "prefix", "mountPath": f"/host{host_prefix}"}],
-                         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
-                     }],
-                     "containers": [  # the agent first: what `kubectl logs` shows by default
-                         _agent_container(image=image, command=serve, core_dir=core_dir, host_prefix=host_prefix,
-                                          metrics_port=metrics_port, memory_limit=memory_limit, upload=upload),
-                         _keeper_container(image=image, command=keep, core_dir=core_dir, host_prefix=host_prefix)],
-                     "volumes": [
-                         {"name": "cores", "hostPath": {"path": core_dir, "type": "DirectoryOrCreate"}},
-                         {"name": "prefix", "hostPath": {"path": host_prefix, "type": "DirectoryOrCreate"}},
-                         {"name": "scratch", "emptyDir": {}},
-                     ],
-                 },
-             },
-         }},
     ]
-    if scrape == "podmonitor":
-        objects.append({
-            "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-            "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": dict(_LABELS)},
-            "spec": {"selector": {"matchLabels": dict(_LABELS)},
-                     # honorLabels (as kube-state-metrics' own monitor): a crash's namespace/pod/container are the
-                     # crashed pod's, never renamed exported_* by the agent pod's target labels
-                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s",
-                                              "honorLabels": True}]},
-        })
-    return objects
+
+
+def _pod_spec(*, gpu_label: str, image: str, host_prefix: str, core_dir: str, image_pull_secrets: tuple[str, ...],
+              containers: list[dict]) -> dict:
+    """The DaemonSet's pod: on the GPU nodes, the init container that copies the installation to the host, the
+    ``containers``, the host's core directory and installation prefix."""
+    key, _, value = gpu_label.partition("=")
+    return {
+        "serviceAccountName": AGENT_NAME,
+        **({"imagePullSecrets": [{"name": n} for n in image_pull_secrets]} if image_pull_secrets else {}),
+        "automountServiceAccountToken": True,  # Events and pod lookups with its own account
+        "nodeSelector": {key: value},
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"operator": "Exists", "effect": "NoExecute"},
+            {"operator": "Exists", "effect": "NoSchedule"},
+        ],
+        "priorityClassName": "system-node-critical",
+        "terminationGracePeriodSeconds": 30,
+        "initContainers": [{
+            "name": "install-files",
+            "image": image,
+            "command": ["sh", "-c", f"cp -a /opt/forensics/. /host{host_prefix}/"],
+            "volumeMounts": [{"name": "prefix", "mountPath": f"/host{host_prefix}"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+        }],
+        "containers": containers,
+        "volumes": [
+            {"name": "cores", "hostPath": {"path": core_dir, "type": "DirectoryOrCreate"}},
+            {"name": "prefix", "hostPath": {"path": host_prefix, "type": "DirectoryOrCreate"}},
+            {"name": "scratch", "emptyDir": {}},
+        ],
+    }
 
 
 #: where the agent container may write besides the core directory: its home (kubectl's cache, the analyses' scratch)

@@ -423,7 +423,9 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     One round of queries, all at once: the per-pod figures counted by group in one query, the agents' crashes, the
     mixed rollout and the hours observed; beside them, the chain that finds the boundary (the node label names,
     their number of values, then the nodes with pods counted by group, crashing or not, and by every label of few
-    values: the node column and the boundary from one query).
+    values: the node column and the boundary from one query). Three stages: the queries
+    (:func:`_fleet_queries`), their answers checked (:func:`_check_pod_labels`), the answers folded into the table
+    (:func:`_fleet_rows`).
 
     :param window: count restarts and crashes over the last ``window`` seconds (``increase``); None: all
     :raises SelectorError: a ``selector`` Prometheus cannot be asked exactly
@@ -437,6 +439,22 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     raw = key_labels(group_by)
     names = {prom_label(x): x for x in (*raw, *DEFAULT_GROUP_LABELS, *DRIVER_PARTS, *FALLBACK_LABELS)}
     g = list(dict.fromkeys(prom_label(x) for x in raw))
+    jobs = _fleet_queries(client, g, namespace=namespace, matchers=matchers, window=window, at=at)
+    res = client.query_many(jobs, at=at)
+    _check_pod_labels(res, matchers)
+    rows, latest, all_nodes, shown, crashing = _fleet_rows(res, g, names, group_by)
+    hours = res["hours"]
+    return finish_summary(
+        rows, group_by=group_by, nodes=all_nodes, boundary=boundary_lines(shown, nodes=all_nodes, crashing=crashing),
+        baseline=baseline_label or (f"the last {window}s" if window else None), mixed_images=bool(res["mixed"]),
+        taken_at=now.isoformat(), observed_hours=(window / 3600 if window else (hours[0][1] if hours else None)),
+        source=client.base, latest_bundles=dict(sorted(latest.items())))
+
+
+def _fleet_queries(client: PromClient, g: list[str], *, namespace: str | None, matchers: list[tuple[str, str]],
+                   window: int | None, at: float) -> dict[str, str | Callable[[], Any]]:
+    """The queries of :func:`summarize_fleet_prometheus`, by name: PromQL, or a call that asks its own chain (the
+    nodes and the boundary; the pod labels kube-state-metrics has)."""
     by = ", ".join(g)
     ns = f'namespace="{_esc(namespace)}"' if namespace else ""
     # each node's group labels; none for a node of the pods asked about without a kube_node_labels series, nor for
@@ -504,11 +522,20 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
     }
     if matchers:  # a label no pod series has: not allow-listed in kube-state-metrics, or a typo; never "all pods"
         jobs["pod_labels"] = lambda: client.label_names("kube_pod_labels")
-    res = client.query_many(jobs, at=at)
+    return jobs
+
+
+def _check_pod_labels(res: dict, matchers: list[tuple[str, str]]) -> None:
+    """:raises PrometheusError: when a label of ``-l`` is on no pod's kube_pod_labels series."""
     missing = sorted({k for k, _ in matchers} - set(res.get("pod_labels", ())))
     if missing:
         raise PrometheusError("kube_pod_labels", f"no pod has {', '.join(missing)[:200]}: kube-state-metrics exports "
                                                  "pod labels only when allow-listed (--metric-labels-allowlist)")
+
+
+def _fleet_rows(res: dict, g: list[str], names: dict[str, str], group_by: tuple[str, ...]) -> tuple:
+    """The answers of :func:`_fleet_queries` folded into the table: (its rows, where the newest bundle of each
+    fingerprint shown lives, the nodes, the boundary's label values, the crashing nodes)."""
 
     def key_of(labels: dict) -> tuple:
         return group_key({names.get(k, k): labels[k] for k in g if labels.get(k)}, group_by)
@@ -534,12 +561,7 @@ def summarize_fleet_prometheus(client: PromClient, *, group_by: tuple[str, ...] 
         exit_codes={b: c[key] for b, c in codes.items() if c.get(key)}, reasons=reasons.get(key, {}),
         crash_loop=loop.get(key, 0), images=images.get(key, {}), fingerprints=fingerprints.get(key, {}))
         for key, n in pods_n.items()]
-    hours = res["hours"]
-    return finish_summary(
-        rows, group_by=group_by, nodes=all_nodes, boundary=boundary_lines(shown, nodes=all_nodes, crashing=crashing),
-        baseline=baseline_label or (f"the last {window}s" if window else None), mixed_images=bool(res["mixed"]),
-        taken_at=now.isoformat(), observed_hours=(window / 3600 if window else (hours[0][1] if hours else None)),
-        source=client.base, latest_bundles=dict(sorted(latest.items())))
+    return rows, latest, all_nodes, shown, crashing
 
 
 def _per_pod_counts(series: list[tuple[dict[str, str], float]], key_of: Callable[[dict], tuple]) -> tuple:
