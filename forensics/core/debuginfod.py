@@ -8,7 +8,8 @@ the heap reader, the Python walker) gets what a server has.
 
 **Where files live** is libdebuginfod's cache, found as libdebuginfod finds it (:func:`debuginfod_cache_path`:
 ``DEBUGINFOD_CACHE_PATH``, else ``~/.debuginfod_client_cache`` when it exists, else
-``$XDG_CACHE_HOME/debuginfod_client`` or ``~/.cache/debuginfod_client``), in its layout: ``CACHE/BUILDID/debuginfo``,
+``$XDG_CACHE_HOME/debuginfod_client`` or ``~/.cache/debuginfod_client``; that default not writable, forensics' own
+cache's ``debuginfod/``), in its layout: ``CACHE/BUILDID/debuginfo``,
 mode 0400 in a 0700 directory; an empty file there is a miss every server answered 404, not asked again for
 ``cache_miss_s`` seconds.  So eu-stack and gdb on the node reuse what forensics fetched, and the reverse.  A
 file is kept only when its own build-id note is the one asked for.
@@ -40,7 +41,7 @@ import socket
 import threading
 import time
 
-from forensics.cache import prune_dir_lru
+from forensics.cache import cache_path, prune_dir_lru
 from forensics.core.buildid import read_build_id_from_file
 
 __all__ = ["debuginfod_urls", "debuginfod_cache_path", "fetch_debuginfo", "sweep_partial_fetches",
@@ -107,6 +108,22 @@ def debuginfod_cache_path() -> str:
     return os.path.join(xdg if xdg else os.path.join(home, ".cache"), "debuginfod_client")
 
 
+def _usable_cache_path() -> str:
+    """:func:`debuginfod_cache_path`; but where it was not given (``DEBUGINFOD_CACHE_PATH``) and libdebuginfod's
+    default cannot be written (a read-only home: a container's root filesystem), forensics' own cache
+    (``debuginfod/`` under it, the same layout): the files are fetched still, only not shared."""
+    root = debuginfod_cache_path()
+    if os.environ.get("DEBUGINFOD_CACHE_PATH"):
+        return root
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        if os.access(root, os.W_OK | os.X_OK):
+            return root
+    except OSError:
+        pass
+    return cache_path("debuginfod")
+
+
 def _env_number(name: str, default: float) -> float:
     try:
         value = float(os.environ.get(name) or default)
@@ -134,7 +151,7 @@ def fetch_debuginfo(build_id: str) -> str | None:
     with _fetching:
         if build_id in _missed:
             return None
-        root = debuginfod_cache_path()
+        root = _usable_cache_path()
         if not _swept:  # once a process: what a killed fetch left, and libdebuginfod's cleaning when due
             _swept = True
             sweep_partial_fetches(root)

@@ -289,3 +289,17 @@ def test_a_build_id_every_server_lacks_is_not_asked_again_for_cache_miss_s(waite
     os.utime(miss, (time.time() - 5, time.time() - 5))
     r = subprocess.run(run, capture_output=True, text=True, env=_env(tmp_path, server.url), timeout=300)
     assert server.asked.count(f"/buildid/{build_id}/debuginfo") == 2, server.asked
+
+
+def test_a_home_that_cannot_be_written_falls_back_to_the_forensics_cache(waiter_core, serve, tmp_path):
+    """A container's read-only root: libdebuginfod's default (~/.cache/debuginfod_client) cannot be made, and
+    DEBUGINFOD_CACHE_PATH is not given: the file is fetched into forensics' own cache, in the same layout."""
+    core, _exe, debug, build_id = waiter_core
+    server = serve("serve", {build_id: debug})
+    env = _env(tmp_path, server.url, HOME="/proc")  # nothing can be made under /proc, root or not
+    del env["DEBUGINFOD_CACHE_PATH"]
+    env.pop("XDG_CACHE_HOME", None)
+    r = subprocess.run([str(FORENSICS), "analyze", "--json", str(core)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0 and "forensics_waits_here" in r.stdout, r.stderr
+    assert (tmp_path / "cache" / "debuginfod" / build_id / "debuginfo").read_bytes() == debug.read_bytes()
