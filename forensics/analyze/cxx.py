@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..core.memory import CoreMemory
     from ..model import CoreFile, Thread
 
-__all__ = ["STACK_WORDS", "read_cxx_exception", "runs_cxx_runtime", "scan_caller_past_runtime"]
+__all__ = ["STACK_WORDS", "read_cxx_exception", "runs_cxx_runtime", "scan_caller_past_runtime", "sound_frames"]
 
 #: how many words of the stack above the stack pointer are searched for the exception's header
 STACK_WORDS = 8192
@@ -126,6 +126,23 @@ def read_cxx_exception(mem: CoreMemory, core: CoreFile, thread: Thread) -> CxxEx
     return None
 
 
+def sound_frames(frames, core: CoreFile) -> list[NativeFrame]:
+    """The frames an unwinder found by their unwind tables: up to the first in no mapped object, and none past a
+    frame whose object's file is not here (missing, another build): with no CFI to go on, what came after it is
+    the unwinder's guess (a stale word of the stack)."""
+    from ..model import LibraryStatus
+
+    withheld = {lib.path for lib in core.libraries if lib.status in (LibraryStatus.MISSING, LibraryStatus.MISMATCH)}
+    out: list[NativeFrame] = []
+    for f in frames:
+        if f.library is None:
+            break
+        out.append(f)
+        if f.library in withheld:
+            break
+    return out
+
+
 def _is_call_before(code: bytes, arch: Arch, ret: int = 0, core: CoreFile | None = None) -> bool:
     """Whether the 8 bytes right before a return address end in a call: x86-64 ``call rel32`` (E8) whose target
     is executable code, ``call *disp32(%rip)`` (FF 15), ``call *%reg`` (FF D0-D7, a REX prefix allowed),
@@ -157,10 +174,11 @@ def scan_caller_past_runtime(mem: CoreMemory, core: CoreFile, thread: Thread, *,
 
     From the stack pointer up (:data:`STACK_WORDS` words at most), the first word pointing into executable code
     of an object that is not a runtime, right after a call instruction there (read from the core, else from the
-    object's file when it is the build that ran; an address whose code cannot be read is passed over).
+    object's file when it is the build that ran; an address whose code cannot be read is passed over), whose
+    function is named (else the first such address: a stale word on the stack is likelier where nothing names it).
     """
     frames = thread.native_frames
-    sound = next((frames[:i] for i, f in enumerate(frames) if f.library is None), frames)  # past it: astray
+    sound = sound_frames(frames, core)
     if not sound or not all(is_runtime_frame(f) for f in sound):
         return None
     regs = next((t for t in core.threads if t.tid == thread.tid), None)
@@ -170,6 +188,9 @@ def scan_caller_past_runtime(mem: CoreMemory, core: CoreFile, thread: Thread, *,
         stack = mem.read_prefix(regs.sp & ~7, STACK_WORDS * 8)
     except (LookupError, ValueError, OSError):
         return None
+    from ..core.symtab import symbol_at
+
+    unnamed: NativeFrame | None = None
     for i in range(0, len(stack) - 7, 8):
         ret = int.from_bytes(stack[i:i + 8], "little") & core.code_address_mask
         m = core.find_mapping(ret - 1)
@@ -183,8 +204,11 @@ def scan_caller_past_runtime(mem: CoreMemory, core: CoreFile, thread: Thread, *,
             code = _from_file(core, ret - 8, 8) or b""
         if not _is_call_before(code, core.arch, ret, core):  # code not read: not known to be a return address
             continue
-        from ..core.symtab import symbol_at
-
         name, path = symbol_at(core, ret - 1, sysroot=sysroot)
-        return NativeFrame(index=len(frames), pc=ret, symbol=name, offset=None, library=path or m.path)
-    return None
+        frame = NativeFrame(index=len(frames), pc=ret, symbol=name, offset=None, library=path or m.path)
+        if name is not None:
+            return frame
+        # a stale word of an object whose functions cannot be named (its file not here) is no better than a named
+        # caller above it: the first named one wins, else the first found
+        unnamed = unnamed or frame
+    return unnamed

@@ -89,6 +89,7 @@ from ..modes import Unwinder
 from ..views.frames import first_fault_frames, skip_abort_machinery
 from ..views.names import function_name, is_mangled, is_runtime_frame
 from ..views.pyframes import python_location
+from .cxx import sound_frames
 from .classify import NEAR_NULL_LIMIT, SEGV_ACCERR, SI_KERNEL, is_python_process, normalize_message
 
 __all__ = ["FINGERPRINT_VERSION", "PYTHON_DEPTH", "NATIVE_DEPTH", "fingerprint_basis", "fingerprint_basis_v3",
@@ -294,11 +295,6 @@ def _physical(frames) -> list[NativeFrame]:
     return [f for f in frames if not f.inlined and not f.tailcall]
 
 
-def _sound(frames: list[NativeFrame]) -> list[NativeFrame]:
-    """The frames up to the first one in no mapped object: past it the unwinder went astray (a C library whose
-    file is not here, and no CFI to go on with)."""
-    return next((frames[:i] for i, f in enumerate(frames) if f.library is None), frames)
-
 
 def _function_parts(snapshot: ProcessSnapshot, thread: Thread, crash: Crash) -> tuple[list[str], str | None]:
     """``function:`` (and ``caller:``) of a native fault or an abort, and why they are partial.
@@ -317,7 +313,8 @@ def _function_parts(snapshot: ProcessSnapshot, thread: Thread, crash: Crash) -> 
         out.append(f"function:{frame_name(frames[0])}")
         if not is_runtime_frame(frames[0]):
             return out, _why_unnamed(snapshot, frames[0])
-    culprit = next((f for f in _sound(frames) if not is_runtime_frame(f)), None) or thread.scanned_caller
+    culprit = next((f for f in sound_frames(frames, snapshot.core) if not is_runtime_frame(f)), None) \
+        or thread.scanned_caller
     if culprit is None:
         return out, (f"the native stack stops inside the C runtime ({thread.native_error}): the "
                      f"{'abort' if crash.kind is not CrashKind.SEGV else 'fault'}'s caller is not known"
