@@ -22,6 +22,41 @@ from tests.pythons import WANTED, discover_pythons  # noqa: E402
 PYTHONS = discover_pythons()
 
 
+#: The quick loop, ``pytest -m quick`` (docs/testing.md): every unit test, and a few real-process tests that reach
+#: the packages unit tests do not (a real core analyzed, gdb opened on it, an image verified with --execute, a
+#: reproducer crashing, a report, a canary, the node's handler and agent, the sandbox; none that waits for the
+#: machine-wide core_pattern lock another session may hold).
+#: ``tests/unit/test_quick_loop.py`` holds it to every package of forensics.
+QUICK = (
+    "tests/unit/",
+    "tests/integration/test_cli_analyze.py::test_json_document",
+    "tests/integration/test_cli_analyze.py::test_full_paths_name_each_python_file_as_an_editor_opens_it",
+    "tests/integration/test_debug.py::test_debug_print_is_a_gdb_command_showing_the_crashed_threads_python_frames",
+    "tests/integration/test_user_errors.py",
+    "tests/integration/test_verify_imports.py::test_execute_fails_a_module_the_images_interpreter_cannot_import",
+    "tests/integration/test_reproducers.py::test_c_header_comes_first_when_the_first_call_crashes",
+    "tests/integration/test_report.py::test_check_reports_unfilled_fields_and_json",
+    "tests/integration/test_canary.py::test_healthy_endpoint_passes_with_figures",
+    "tests/integration/test_fleet.py::test_incident_fleet_cross_comparison",
+    "tests/integration/test_guard_compose.py::test_the_runbooks_command_works_without_env_or_out",
+    "tests/integration/test_capture_handler.py::test_handler_fed_a_real_core_like_the_kernel",
+    "tests/integration/test_sandbox.py::test_analyze_sandbox_gives_the_same_json_and_writes_only_its_output",
+)
+
+
+def in_quick_loop(nodeid: str) -> bool:
+    """Whether a test (by its pytest node id) is in :data:`QUICK`: a directory, a file, or a test with every
+    parametrization of it."""
+    return any(nodeid.startswith(q) if q.endswith("/") else
+               nodeid == q or nodeid.startswith(q + ("::" if q.endswith(".py") else "[")) for q in QUICK)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if in_quick_loop(item.nodeid):
+            item.add_marker(pytest.mark.quick)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     problems = []
     for tool, fix in (("gdb", "apt-get install -y gdb"), ("gcc", "apt-get install -y gcc")):

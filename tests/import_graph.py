@@ -34,13 +34,35 @@ def _target(modules: dict[str, Path], name: str) -> str | None:
     return name or None
 
 
-def read_graph(root: Path = PACKAGE_DIR) -> dict[str, set[str]]:
-    """``{module: {modules it imports}}`` for every module of the package under ``root``."""
+def _run_at_import(tree: ast.Module) -> list[ast.AST]:
+    """The nodes a module runs when it is imported: its body, its classes' bodies and its branches, not the
+    bodies of its functions nor ``if TYPE_CHECKING:`` blocks."""
+    out: list[ast.AST] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        stmt = todo.pop()
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Name) and stmt.test.id == "TYPE_CHECKING":
+            todo += stmt.orelse
+            continue
+        out.append(stmt)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            todo += [s for s in getattr(stmt, field, []) if isinstance(s, ast.stmt)]
+        for handler in getattr(stmt, "handlers", []):
+            todo += handler.body
+    return out
+
+
+def read_graph(root: Path = PACKAGE_DIR, *, at_import: bool = False) -> dict[str, set[str]]:
+    """``{module: {modules it imports}}`` for every module of the package under ``root``; ``at_import``: only the
+    imports a module makes when it is imported (none inside its functions)."""
     modules = module_files(root)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in (_run_at_import(tree) if at_import else ast.walk(tree)):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
