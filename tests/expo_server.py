@@ -1,7 +1,7 @@
 """A static Prometheus exposition served on 127.0.0.1 (HTTP/1.1 keep-alive), for canary tests and the bench.
 
 Run as a module in a subprocess: ``python -m tests.expo_server PORT_FILE [--nan] [--status 200]
-[--tls CERT KEY] [--log FILE] [--redirect URL]``; it writes the port it bound to PORT_FILE and serves until
+[--tls CERT KEY] [--log FILE] [--redirect URL] [--port N]``; it writes the port it bound to PORT_FILE and serves until
 killed.  As prometheus_client does, it answers OpenMetrics when the Accept header asks for it and gzip when
 Accept-Encoding allows it; ``--log`` appends each request's headers as a JSON line.
 """
@@ -32,6 +32,7 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("port_file")
+    ap.add_argument("--port", type=int, default=0, help="the port to bind on 127.0.0.1 (0: any free one)")
     ap.add_argument("--nan", action="store_true")
     ap.add_argument("--status", type=int, default=200)
     ap.add_argument("--garbage", action="store_true")
@@ -74,7 +75,7 @@ def main() -> None:
         def log_message(self, *args):
             pass
 
-    srv = _Server(("127.0.0.1", 0), Handler)
+    srv = _Server(("127.0.0.1", a.port), Handler)
     if a.tls:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(*a.tls)

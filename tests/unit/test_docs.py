@@ -98,3 +98,23 @@ def test_every_path_a_page_names_exists():
     # THEN each is a file or folder of the checkout
     assert {name: [x for x in paths if not (REPO / x).exists()] for name, paths in named.items()
             if any(not (REPO / x).exists() for x in paths)} == {}
+
+
+def test_every_example_is_run_here_elsewhere_or_said_why_not():
+    from tests.doc_examples import EXAMPLES, Cannot, Elsewhere, printed_examples
+
+    # GIVEN every command line README and docs/ print
+    printed = printed_examples()
+    # THEN each is placed (run here as printed, run by a named test, or said why it cannot run), and no placement
+    # is left for an example no page prints any more
+    assert len(printed) > 60
+    assert sorted(set(printed) - set(EXAMPLES)) == [], "a new example: place it in tests/doc_examples.py"
+    assert sorted(set(EXAMPLES) - set(printed)) == []
+    for example, where in EXAMPLES.items():
+        if isinstance(where, Elsewhere):
+            assert where.spelled in (REPO / where.test).read_text(), (example, where)
+    # and docs/testing.md's table of those that cannot run here is that list, with the same reasons
+    text = (DOCS / "testing.md").read_text()
+    rows = dict(re.findall(r"^\| `(.+?)` \| (.+?) \|$", text, re.M))
+    cannot = {e.replace("|", "\\|"): w.why for e, w in EXAMPLES.items() if isinstance(w, Cannot)}
+    assert rows == cannot
