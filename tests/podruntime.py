@@ -119,7 +119,7 @@ class PodRuntime:
         sc = container.get("securityContext") or {}
         privileged = bool(sc.get("privileged"))
         userns = container["name"] in self.no_userns
-        cmd = ["bwrap", "--die-with-parent", *self.image_binds(), "--dev", "/dev", "--proc", "/proc",
+        cmd = ["bwrap", *self.image_binds(), "--dev", "/dev", "--proc", "/proc",
                *(["--unshare-pid"] if userns else []),  # a proc of its own needs a PID namespace of the user's
                *(["--ro-bind", "/proc/sys", "/proc/sys"] if not privileged else []),
                *self.volumes(pod, container),

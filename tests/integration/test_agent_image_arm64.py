@@ -235,8 +235,14 @@ def test_the_arm64_agent_serves_healthz_and_metrics_and_analyzes_the_crash(roots
     # WHEN the arm64 image's agent serves it, under qemu, in the image's root (read-only here: its cache is bound)
     cache = tmp_path / "cache"
     cache.mkdir()
-    cmd = sandbox_command(roots["arm64"], ["/opt/forensics/bin/forensics", "agent", "serve", "--core-dir", str(cores),
-                                           "--node-name", "gh200-node-1", "--metrics-port", str(port), "--no-events"],
+    # agent serve's own code, its analyses unsandboxed: qemu-user refuses a guest its seccomp filter (the sandbox is
+    # tested natively: test_sandbox.py, test_agent_privilege.py, and in the amd64 image, test_agent_image.py)
+    serve = ("import sys\nfrom forensics import __version__\nfrom forensics.capture.serve import ServeConfig, serve\n"
+             "serve(ServeConfig(core_dir=sys.argv[1], node='gh200-node-1', metrics_port=int(sys.argv[2]), "
+             "metrics_address='127.0.0.1', events=False, version=__version__, sandbox_uid=None))")
+    cmd = sandbox_command(roots["arm64"], ["/usr/bin/env", "PYTHONHOME=/opt/forensics",
+                                           "PYTHONPATH=/opt/forensics/site-packages", "/opt/forensics/bin/python3.11",
+                                           "-c", serve, str(cores), str(port)],
                           cwd=cores, binds=(cache,), emulate="aarch64")
     log = tmp_path / "agent.log"
     with open(log, "wb") as out:  # the agent keeps its own descriptor
@@ -263,7 +269,10 @@ def test_the_arm64_agent_serves_healthz_and_metrics_and_analyzes_the_crash(roots
     # and /metrics counts it, on this node, under its fingerprint
     crashes = [s for s in families["forensics_crashes"] if s.name == "forensics_crashes_total"]
     assert len(crashes) == 1 and crashes[0].value == 1, crashes
-    assert crashes[0].labels["forensics_node"] == "gh200-node-1" and crashes[0].labels["fingerprint"], crashes
+    assert crashes[0].labels["forensics_node"] == "gh200-node-1" and crashes[0].labels["fingerprint"] != "unknown", \
+        crashes
+    (analysis,) = cores.glob("crashes/*/60-analysis/analysis.json")
+    assert json.loads(analysis.read_text())["analysis"]["fingerprint"].startswith(crashes[0].labels["fingerprint"])
 
 
 def test_verify_imports_reads_each_image_of_the_agents_index(image):

@@ -111,6 +111,7 @@ def test_removing_the_agent_restores_the_core_pattern_from_before(core_pattern_l
     try:
         with StandIn(path_env=os.environ["PATH"]) as api, core_pattern_lock.exclusive():
             before = PATTERN.read_text()  # under the lock: another session's momentary pattern is never "restored"
+            t0 = time.monotonic()
             api.nodes[node] = make_node(node)
             api.runtime = runtime
             kubeconfig = write_kubeconfig(str(tmp_path / "kc"), api.url, context="standin")
@@ -120,6 +121,7 @@ def test_removing_the_agent_restores_the_core_pattern_from_before(core_pattern_l
                            capture_output=True, timeout=60)
             ours = f"|{base}/p/bin/forensics core-handler {base}/c %P %I %s %t %c"
             _wait("the keeper installs the handler", lambda: PATTERN.read_text().strip() == ours)
+            t_installed = time.monotonic()
             assert (base / "p/bin/forensics").is_file()  # copied to the host prefix by the init container
             # WHEN a process crashes, the kernel pipes its core to the handler and the agent analyzes it
             (tmp_path / "run").mkdir()
@@ -135,16 +137,20 @@ def test_removing_the_agent_restores_the_core_pattern_from_before(core_pattern_l
                              if p.name in ("analysis.json", "failed.json")), None) if crashes.is_dir() else None
 
             analysis = _wait("the agent analyzes the crash", analyzed)
+            t_analyzed = time.monotonic()
             # AND the pod is deleted through the API (helm uninstall, a drain: the kubelet stops it)
             subprocess.run([*kubectl, "delete", "pod", "-n", NS, pod["metadata"]["name"], "--wait=false"],
                            check=True, capture_output=True, timeout=60)
             stopped = api.wait_stopped(NS, pod["metadata"]["name"], timeout=60)
+            t_stopped = time.monotonic()
             after = PATTERN.read_text()
             logs = {c: api.logs(NS, pod["metadata"]["name"], c) for c in ("agent", "keeper")}
     finally:
         if before is not None and PATTERN.read_text() != before:
             PATTERN.write_text(before)
         runtime.close()
+    print(f"\nthe keeper installed the handler {t_installed - t0:.1f} s after the pod was made; the crash analyzed "
+          f"{t_analyzed - t_installed:.1f} s later; the pod stopped {t_stopped - t_analyzed:.1f} s after that")
     # THEN the pattern from before is back, written by the keeper on its SIGTERM, and both containers ended cleanly
     assert after == before, logs["keeper"]
     assert stopped == {"agent": 0, "keeper": 0}, logs
