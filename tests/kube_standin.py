@@ -3,7 +3,8 @@
 It serves, on 127.0.0.1 over plain HTTP, only what ``forensics capture --pod`` reads and
 writes, and what ``forensics fleet`` lists: legacy discovery (``/api``, ``/apis``, ``/api/v1``),
 pods (get, list with an equality label selector or a ``spec.nodeName`` field selector, create,
-delete, log), nodes (get, list) and events: core/v1's (list, with an ``involvedObject.uid`` field
+delete, log), nodes (get, list), apps/v1 DaemonSets (get, and the strategic merge patch ``kubectl set
+resources`` sends: what a report's runbook changes) and events: core/v1's (list, with an ``involvedObject.uid`` field
 selector; get, create, JSON merge patch) and events.k8s.io/v1's (create, get, list, JSON merge patch: the
 agent's), one store seen through both, converted as the API server converts them; a write through
 events.k8s.io/v1 is validated by the API server's rules for that version (k8s.io/kubernetes
@@ -32,8 +33,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-__all__ = ["StandIn", "make_pod", "make_node", "make_event", "write_kubeconfig", "core_view", "group_view",
-           "validate_group_event"]
+__all__ = ["StandIn", "make_pod", "make_node", "make_event", "make_daemonset", "write_kubeconfig", "core_view",
+           "group_view", "validate_group_event"]
 
 RESOURCES = [
     {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",  # list: fleet
@@ -45,6 +46,8 @@ RESOURCES = [
      "verbs": ["create", "get", "list", "patch"], "shortNames": ["ev"]},
 ]
 EVENTS_GROUP = "events.k8s.io"
+APPS_RESOURCES = [{"name": "daemonsets", "singularName": "daemonset", "namespaced": True, "kind": "DaemonSet",
+                   "verbs": ["get", "list", "patch"], "shortNames": ["ds"]}]
 GROUP_RESOURCES = [{"name": "events", "singularName": "event", "namespaced": True, "kind": "Event",
                     "verbs": ["create", "get", "list", "patch"], "shortNames": ["ev"]}]
 # events.k8s.io/v1 field -> core/v1 field of the same stored Event (the API server's conversion)
@@ -113,6 +116,8 @@ def _status(code: int, reason: str, message: str) -> dict:
 class StandIn:
     def __init__(self, *, path_env: str) -> None:
         self.pods: dict[tuple[str, str], dict] = {}
+        self.daemonsets: dict[tuple[str, str], dict] = {}
+        self.daemonset_patches: list[tuple[str, str]] = []
         self.nodes: dict[str, dict] = {}
         self.events: list[dict] = []
         self.event_writes: list[tuple[str, str]] = []
@@ -207,6 +212,10 @@ class StandIn:
                                  "metadata": {}, "items": [view(e) for e in self._select_events(parts[3], q)]})
         if in_namespace and len(parts) >= 6 and parts[4] == "pods":
             return self._get_pod(h, parts)
+        if len(parts) == 7 and parts[:4] == ["apis", "apps", "v1", "namespaces"] and parts[5] == "daemonsets":
+            ds = self.daemonsets.get((parts[4], parts[6]))
+            return h._send(200, ds) if ds else h._send(404, _status(404, "NotFound",
+                                                                    f'daemonsets.apps "{parts[6]}" not found'))
         return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
 
     def _discovery(self, parts):
@@ -216,8 +225,13 @@ class StandIn:
                     "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
         if parts == ["apis"]:
             version = {"groupVersion": f"{EVENTS_GROUP}/v1", "version": "v1"}
+            apps = {"groupVersion": "apps/v1", "version": "v1"}
             return {"kind": "APIGroupList", "apiVersion": "v1",
-                    "groups": [{"name": EVENTS_GROUP, "versions": [version], "preferredVersion": version}]}
+                    "groups": [{"name": EVENTS_GROUP, "versions": [version], "preferredVersion": version},
+                               {"name": "apps", "versions": [apps], "preferredVersion": apps}]}
+        if parts == ["apis", "apps", "v1"]:
+            return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "apps/v1",
+                    "resources": APPS_RESOURCES}
         if parts == ["apis", EVENTS_GROUP, "v1"]:
             return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{EVENTS_GROUP}/v1",
                     "resources": GROUP_RESOURCES}
@@ -307,9 +321,21 @@ class StandIn:
         return h._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
 
     def _patch(self, h):
-        """A JSON merge patch of an event (what ``kubectl patch --type merge`` sends)."""
+        """A JSON merge patch of an event (what ``kubectl patch --type merge`` sends), or a strategic merge patch of
+        a DaemonSet (what ``kubectl set resources`` sends)."""
         parts = [p for p in urlparse(h.path).path.split("/") if p]
         body = json.loads(h.rfile.read(int(h.headers.get("Content-Length", 0))) or b"{}")
+        if len(parts) == 7 and parts[:4] == ["apis", "apps", "v1", "namespaces"] and parts[5] == "daemonsets":
+            with self.lock:
+                key = (parts[4], parts[6])
+                if key not in self.daemonsets:
+                    return h._send(404, _status(404, "NotFound", f'daemonsets.apps "{parts[6]}" not found'))
+                if "strategic-merge-patch" not in h.headers.get("Content-Type", ""):
+                    return h._send(415, _status(415, "UnsupportedMediaType", "the stand-in takes a strategic merge "
+                                                                              "patch of a DaemonSet"))
+                self.daemonsets[key] = _strategic_merge(self.daemonsets[key], body)
+                self.daemonset_patches.append(key)
+                return h._send(200, self.daemonsets[key])
         group = len(parts) == 7 and parts[:4] == ["apis", EVENTS_GROUP, "v1", "namespaces"]
         if group:
             parts = ["api", "v1", *parts[3:]]
@@ -461,6 +487,28 @@ class StandIn:
         return self.stopped[(ns, name)]
 
 
+def _strategic_merge(target, patch):
+    """A strategic merge patch, as far as a pod template needs it: objects merged key by key (null removes), lists
+    of named objects (containers) merged by name, ``$``-directives ($setElementOrder, $patch) left out."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if k.startswith("$"):
+            continue
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, list) and all(isinstance(x, dict) and "name" in x for x in v) and \
+                isinstance(out.get(k), list):
+            merged = {x.get("name"): x for x in out[k] if isinstance(x, dict)}
+            for x in v:
+                merged[x["name"]] = _strategic_merge(merged.get(x["name"], {}), x)
+            out[k] = list(merged.values())
+        else:
+            out[k] = _strategic_merge(out.get(k), v)
+    return out
+
+
 def _merge(target, patch):
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
@@ -488,6 +536,14 @@ def make_pod(*, name, namespace, uid, node, container_id, running=True, restarts
             "spec": {"nodeName": node, "containers": [{"name": "exporter", "image": "nvcr.io/nvidia/exporter:1.5.0"}]},
             "status": {"phase": "Running", "qosClass": "Burstable", "hostIP": "10.0.0.5", "podIP": "10.1.0.7",
                        "containerStatuses": [cs]}}
+
+
+def make_daemonset(*, name: str, namespace: str, container: dict) -> dict:
+    """A DaemonSet whose pod template has ``container`` (what a pod's ownerReference names)."""
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"ds-uid-{name}"},
+            "spec": {"selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [container]}}}}
 
 
 def make_node(name: str, *, ready: bool = True) -> dict:

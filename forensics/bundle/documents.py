@@ -17,11 +17,12 @@ from __future__ import annotations
 from dataclasses import field
 
 from ..records import record
-from .layout import IDENTITY, KUBERNETES_EVENTS, KUBERNETES_SCHEDULING, PROCESS_SNAPSHOT, RECORD
+from .layout import IDENTITY, KUBERNETES_EVENTS, KUBERNETES_POD, KUBERNETES_SCHEDULING, PROCESS_SNAPSHOT, RECORD
 from .record import CrashRecord, Identity
 
 __all__ = ["CaptureDocuments", "ProcessSnapshot", "ModuleFact", "NvmlFact", "Scheduling", "NodeSummary",
-           "PodSummary", "PodContainer", "MAX_ITEMS", "DOCUMENT_KEYS", "TEXT_KEYS"]
+           "PodSummary", "PodContainer", "PodEvent", "PodSpec", "ContainerSpec", "ProbeSpec", "MAX_ITEMS",
+           "DOCUMENT_KEYS", "TEXT_KEYS"]
 
 MAX_ITEMS = 4096  # entries of one list of a bundle document read (modules, containers, command-line words)
 
@@ -29,7 +30,7 @@ MAX_ITEMS = 4096  # entries of one list of a bundle document read (modules, cont
 #: --pod writes the pod's events as a list)
 DOCUMENT_KEYS: tuple[tuple[str, str, type], ...] = (
     ("identity", IDENTITY, dict), ("scheduling", KUBERNETES_SCHEDULING, dict), ("events", KUBERNETES_EVENTS, list),
-    ("snapshot", PROCESS_SNAPSHOT, dict), ("record", RECORD, dict))
+    ("pod", KUBERNETES_POD, dict), ("snapshot", PROCESS_SNAPSHOT, dict), ("record", RECORD, dict))
 TEXT_KEYS = ("kernel_log", "nvidia_smi", "os_release_node", "os_release_image", "bug_report_note",
              "bug_report_file", "bug_report_text")
 
@@ -185,11 +186,14 @@ class NodeSummary:
 
 @record
 class PodContainer:
-    """One container status of the pod: its image digest, restarts and when it last ended."""
+    """One container status of the pod: its name, image digest, restarts, and how and when it last ended."""
 
     image_id: str | None = None
     restart_count: int | None = None
     finished_at: str | None = None  # its last termination's, RFC 3339 as the API wrote it
+    name: str | None = None
+    last_exit_code: int | None = None  # its last termination's exit code (137: SIGKILL, 143: SIGTERM)
+    last_reason: str | None = None  # "OOMKilled", "Error", "Completed"...
 
 
 @record
@@ -222,13 +226,121 @@ class Scheduling:
         for i, c in enumerate(r.items(p, "containers", "pod.")):
             c = r.obj(c, f"pod.containers[{i}]")
             last = r.obj(c.get("last_terminated"), f"pod.containers[{i}].last_terminated")
+            at = f"pod.containers[{i}].last_terminated."
             containers.append(PodContainer(image_id=r.text(c, "image_id", f"pod.containers[{i}]."),
                                            restart_count=r.count(c, "restart_count", f"pod.containers[{i}]."),
-                                           finished_at=r.text(last, "finished_at",
-                                                             f"pod.containers[{i}].last_terminated.")))
+                                           finished_at=r.text(last, "finished_at", at),
+                                           name=r.text(c, "name", f"pod.containers[{i}]."),
+                                           last_exit_code=r.count(last, "exit_code", at),
+                                           last_reason=r.text(last, "reason", at)))
         pod = PodSummary(name=r.text(p, "name", "pod."), namespace=r.text(p, "namespace", "pod."),
                          containers=tuple(containers))
         return cls(node=node, pod=pod)
+
+
+@record
+class PodEvent:
+    """One of the pod's events (``10-kubernetes/events.json``, oldest first): ``Killing``, ``Unhealthy``
+    (a probe failed), ``Evicted``, ``OOMKilling``, ``BackOff``..."""
+
+    reason: str | None = None
+    message: str | None = None
+    time: str | None = None
+    count: int | None = None
+
+    @classmethod
+    def read(cls, doc: object, problems: list[str]) -> tuple[PodEvent, ...]:
+        r = _Reader(KUBERNETES_EVENTS, problems)
+        if doc is None:
+            return ()
+        items = r.items({"events": doc}, "events") if isinstance(doc, list) else []
+        out = []
+        for i, e in enumerate(items):
+            e = r.obj(e, f"[{i}]")
+            if not e:
+                continue
+            out.append(cls(reason=r.text(e, "reason", f"[{i}]."), message=r.text(e, "message", f"[{i}]."),
+                           time=r.text(e, "time", f"[{i}]."), count=r.count(e, "count", f"[{i}].")))
+        return tuple(out)
+
+
+@record
+class ProbeSpec:
+    """A container's liveness probe, as its spec says it: what it does and its timings (seconds)."""
+
+    action: str  # "HTTP GET /healthz on port metrics", "TCP port 9400", "exec: cat /tmp/ok", "gRPC port 9400"
+    period: int | None = None  # periodSeconds (the kubelet's default: 10)
+    timeout: int | None = None  # timeoutSeconds (1)
+    failures: int | None = None  # failureThreshold (3)
+    initial_delay: int | None = None  # initialDelaySeconds (0)
+
+
+@record
+class ContainerSpec:
+    """A container of the pod's spec: its memory limit and request (as written: ``256Mi``) and liveness probe."""
+
+    name: str | None = None
+    memory_limit: str | None = None
+    memory_request: str | None = None
+    liveness: ProbeSpec | None = None
+
+
+@record
+class PodSpec:
+    """What ``report`` reads of the pod object (``10-kubernetes/pod.json``): who owns it (``daemonset/exporter``),
+    why it stopped (``status.reason``: ``Evicted``; ``status.message``), and its containers' specs."""
+
+    owner: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    containers: tuple[ContainerSpec, ...] = ()
+
+    @classmethod
+    def from_json(cls, doc: object, problems: list[str]) -> PodSpec:
+        r = _Reader(KUBERNETES_POD, problems)
+        d = r.obj(doc, "the document")
+        meta, spec, status = (r.obj(d.get(k), k) for k in ("metadata", "spec", "status"))
+        owner = next((r.obj(o, "metadata.ownerReferences[0]") for o in r.items(meta, "ownerReferences", "metadata.")),
+                     {})
+        kind, name = r.text(owner, "kind", "ownerReferences[0]."), r.text(owner, "name", "ownerReferences[0].")
+        containers = tuple(_container_spec(r, c, i) for i, c in enumerate(r.items(spec, "containers", "spec.")))
+        return cls(owner=f"{kind.lower()}/{name}" if kind and name else None,
+                   reason=r.text(status, "reason", "status."), message=r.text(status, "message", "status."),
+                   containers=containers)
+
+
+def _quantity(r: _Reader, d: dict, key: str, where: str) -> str | None:
+    """A resource quantity as written (``256Mi``; a number the API kept as one is read as its text)."""
+    v = d.get(key)
+    return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else r.text(d, key, where)
+
+
+def _probe_action(r: _Reader, p: dict, where: str) -> str:
+    http, tcp, ex, grpc = (r.obj(p.get(k), f"{where}{k}") for k in ("httpGet", "tcpSocket", "exec", "grpc"))
+    if http:
+        return f"HTTP GET {r.text(http, 'path', where) or '/'} on port {http.get('port')}"
+    if tcp:
+        return f"TCP port {tcp.get('port')}"
+    if ex:
+        return "exec: " + " ".join(str(x) for x in r.items(ex, "command", where))
+    if grpc:
+        return f"gRPC port {grpc.get('port')}"
+    return "a probe of no known kind"
+
+
+def _container_spec(r: _Reader, c: object, i: int) -> ContainerSpec:
+    at = f"spec.containers[{i}]."
+    c = r.obj(c, at.rstrip("."))
+    res = r.obj(c.get("resources"), f"{at}resources")
+    limits, requests = r.obj(res.get("limits"), f"{at}resources.limits"), r.obj(res.get("requests"),
+                                                                               f"{at}resources.requests")
+    p = r.obj(c.get("livenessProbe"), f"{at}livenessProbe")
+    where = f"{at}livenessProbe."
+    probe = ProbeSpec(action=_probe_action(r, p, where), period=r.count(p, "periodSeconds", where),
+                      timeout=r.count(p, "timeoutSeconds", where), failures=r.count(p, "failureThreshold", where),
+                      initial_delay=r.count(p, "initialDelaySeconds", where)) if p else None
+    return ContainerSpec(name=r.text(c, "name", at), memory_limit=_quantity(r, limits, "memory", at),
+                         memory_request=_quantity(r, requests, "memory", at), liveness=probe)
 
 
 @record
@@ -240,6 +352,8 @@ class CaptureDocuments:
     identity: Identity | None = None
     record: CrashRecord | None = None
     scheduling: Scheduling = field(default_factory=Scheduling)
+    events: tuple[PodEvent, ...] = ()
+    pod: PodSpec = field(default_factory=PodSpec)
     snapshot: ProcessSnapshot = field(default_factory=ProcessSnapshot)
     kernel_log: str | None = None  # the kernel's NVIDIA lines (Xid, NVRM)
     nvidia_smi: str | None = None  # nvidia-smi -q
@@ -266,6 +380,7 @@ class CaptureDocuments:
         texts = {k: v for k in TEXT_KEYS if isinstance(v := d.get(k), str)}  # the reader's own: str or absent
         return cls(bundle_dir=r.text(d, "_bundle_dir"), identity=Identity.from_json(ident),
                    record=CrashRecord.from_json(crash), scheduling=Scheduling.from_json(d.get("scheduling"), problems),
+                   events=PodEvent.read(d.get("events"), problems), pod=PodSpec.from_json(d.get("pod"), problems),
                    snapshot=ProcessSnapshot.from_json(d.get("snapshot"), problems), **texts,
                    manifest_problems=tuple(str(p) for p in r.items(d, "manifest_problems")),
                    problems=tuple(problems))

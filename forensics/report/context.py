@@ -401,7 +401,13 @@ def _thread_words(f: Facts) -> str:
 
 
 def _crash_prose(f: Facts) -> str:
-    """The crash in one or two sentences: who, how, in which thread and call, at which phase."""
+    """The crash in one or two sentences: who, how, in which thread and call, at which phase (a kill: who was
+    killed, how)."""
+    if not f.has_crash and f.kill is not None:
+        k = f.kill
+        who = (f"container {k.container} of pod {k.pod}" if k.container else f"pod {k.pod}") if k.pod else \
+            f"{process_name(f)}" + (f" (pid {f.pid})" if f.pid is not None else "")
+        return f"{who} did not crash: it was {k.words}."
     if not f.has_crash:
         return (f"{process_name(f)} (pid {f.pid}) did not crash: the core is a snapshot of the live process "
                 f"({f.signal or 'no signal'}, as gdb's gcore leaves it)." if f.kind == "snapshot" else UNKNOWN)
@@ -439,16 +445,31 @@ def _crash_fields(f: Facts) -> dict[str, Any]:
     }
 
 
+def _recurrence(f: Facts) -> str:
+    """What counts as the incident happening again: a new core of its fingerprint; for a kill, a new one of its
+    container (kube-state-metrics' series of it)."""
+    k = f.kill
+    if f.fingerprint or k is None:
+        return "any new core with fingerprint " + (f.fingerprint or "?")
+    container = f'container="{k.container}"' if k.container else ""
+    if k.kind.value == "oom-killed":
+        return ("any new OOM kill of the container: kube_pod_container_status_last_terminated_reason"
+                f'{{reason="OOMKilled"{", " + container if container else ""}}} == 1')
+    return ("any new restart of the container: increase(kube_pod_container_status_restarts_total"
+            f"{{{container}}}[1h]) > 0")
+
+
 def _runbook_fields(f: Facts, conclusion: Conclusion, evidence: list[dict[str, str]],
                     workaround: list[str]) -> dict[str, str]:
     """The incident record's fields; those the evidence cannot fill stay visibly OPEN."""
     d = conclusion.decision
     return {
-        "signature": _v(f.signature),
+        "signature": _v(f.signature or (f"kill: {f.kill.words}" if f.kill else None)),
         "first_seen": _v(f.first_seen),
         "affected": "; ".join(list(f.affected) + list(f.frequency)) or UNKNOWN,
-        "versions": f"driver {_v(f.driver)}, NVML {_v(f.nvml)}, CUDA {_v(f.cuda)}, GPUs {_v(f.gpus)}; "
-                    + ", ".join(v.phrase for v in d.versions) + f"; Python {_v(f.python)}, glibc {_v(f.glibc)}",
+        "versions": "; ".join(x for x in (
+            f"driver {_v(f.driver)}, NVML {_v(f.nvml)}, CUDA {_v(f.cuda)}, GPUs {_v(f.gpus)}",
+            ", ".join(v.phrase for v in d.versions), f"Python {_v(f.python)}, glibc {_v(f.glibc)}") if x),
         "reproduction": "; ".join(_observed(f)) or OPEN,
         "diagnostics": "; ".join(sorted({f"forensics {e['kind']}" for e in evidence})) or OPEN,
         "mitigation": workaround[0] if workaround else OPEN,
@@ -457,7 +478,7 @@ def _runbook_fields(f: Facts, conclusion: Conclusion, evidence: list[dict[str, s
                        else OPEN + ": " + conclusion.statement),
         "where_to_file": "; ".join(f"{x.order}. {x.report.value} report -> {x.where}: {x.action}"
                                    for x in conclusion.filings),
-        "recurrence": OPEN + " (suggested: any new core with fingerprint " + (f.fingerprint or "?") + ")",
+        "recurrence": OPEN + f" (suggested: {_recurrence(f)})",
     }
 
 

@@ -14,9 +14,9 @@ import dataclasses
 
 from .facts import Facts
 from .grounds import Grounds, read_grounds
-from .incident import Decision, Item
+from .incident import Cause, Decision, IncidentClass, Item, Route, Step
 from .known import KnownMatch
-from .rules import CRITERIA, IncidentRule
+from .rules import CRITERIA, RULES, IncidentRule
 from .rules.common import install_steps
 from .rules.row import Found
 
@@ -36,21 +36,49 @@ def _first_that_holds(g: Grounds) -> tuple[IncidentRule, Found]:
     raise AssertionError("the last criterion (undetermined) always holds")
 
 
+def _causes(g: Grounds, rule: IncidentRule, found: Found) -> list[tuple[IncidentRule, Found]]:
+    """The decided class and every class that holds beside it as a second cause (a kill, a shadowed install), in
+    the order they are fixed."""
+    causes = [(rule, found)] + [(r, fd) for r in RULES if r is not rule and r.accompanies is not None
+                                and (fd := r.accompanies(g)) is not None]
+    return sorted(causes, key=lambda rf: rf[0].fix_order)
+
+
+def _words(g: Grounds, rule: IncidentRule) -> str:
+    return rule.says(g) if rule.says is not None else rule.words
+
+
 def decide_grounds(g: Grounds) -> Decision:
-    """The decision on ``g``: the first class whose criterion holds, its routes and steps (the setup's fix after
-    the class's own), and, for a class that says so, what the evidence lacks."""
+    """The decision on ``g``: the first class whose criterion holds, the causes beside it (each fixed in its
+    order, with its own evidence, routes and steps; the setup's fix after the steps of a class that is not the
+    install's), and, for a class that says so, what the evidence lacks."""
     rule, found = _first_that_holds(g)
+    causes = _causes(g, rule, found)
     items = list(g.items)
     missing: list[str] = []
     if rule.says_missing:
         missing = _missing(g.f)
         if missing:
             items.append(Item(key="missing", source="what the evidence lacks", fact="; ".join(missing)))
-    d = Decision(incident=rule.incident, words=rule.words, items=tuple(items), basis=found.basis,
+    several = len(causes) > 1
+    listed = tuple(Cause(incident=r.incident, words=_words(g, r), basis=fd.basis,
+                         because=r.first_because if several and i < len(causes) - 1 else "")
+                   for i, (r, fd) in enumerate(causes))
+    basis = tuple(dict.fromkeys(k for c in listed for k in c.basis)) if several else found.basis
+    d = Decision(incident=rule.incident, words="; then ".join(c.words for c in listed) if several else rule.words,
+                 items=tuple(items), basis=basis,
                  missing=tuple(missing), routes=(), steps=(), versions=g.versions, shadowed=g.shadowed,
-                 unsupported=g.unsupported, pattern=found.pattern, owner=found.owner)
-    return dataclasses.replace(d, routes=tuple(rule.routes(g, d)),
-                               steps=tuple(rule.steps(g, d) + install_steps(g, d)))
+                 unsupported=g.unsupported, pattern=found.pattern, owner=found.owner, causes=listed)
+    routes: list[Route] = []
+    steps: list[Step] = []
+    for r, fd in causes:  # each cause with its own evidence
+        view = dataclasses.replace(d, incident=r.incident, basis=fd.basis, pattern=fd.pattern, owner=fd.owner)
+        routes += r.routes(g, view)
+        steps += r.steps(g, view)
+    if not d.has_cause(IncidentClass.INSTALL):
+        steps += install_steps(g, d)
+    routes = [dataclasses.replace(x, order=i) for i, x in enumerate(routes, 1)]
+    return dataclasses.replace(d, routes=tuple(routes), steps=tuple(steps))
 
 
 def _missing(f: Facts) -> list[str]:

@@ -27,6 +27,7 @@ from ..records import record
 from ..reproduce import ReproduceResult, ReproHeader, ReproRun, gpu_lines_of, load_reproduce
 from ..views.signature import exit_explanation, signature
 from .evidence import Evidence
+from .kills import Kill, read_kill
 
 __all__ = ["Facts", "Phase", "Query", "read_facts", "parse_os_release", "pretty_os", "smi_facts", "SmiFacts", "SmiGpu",
            "xid_summary", "NVLINK_QUERY"]
@@ -139,6 +140,8 @@ class Facts:
     fleets: tuple[FleetSummary, ...] = ()
     # the core's heap (#21): who wrote past the buffer that overflowed
     heap: HeapCorruption | None = None
+    # a kill: the process stopped from outside (an OOM kill, an eviction, a failed liveness probe, a sent signal)
+    kill: Kill | None = None
     # how often
     frequency: tuple[str, ...] = ()
     first_seen: str | None = None
@@ -456,7 +459,7 @@ def read_facts(ev: Evidence) -> Facts:
         **_setup_facts(imports, mods),
         repro=repro, repro_runs=repro.runs if repro else (), fleets=tuple(fleets),
         frequency=tuple(_frequency(batches, fleets)), first_seen=_first_seen(caps, batches, a),
-        affected=tuple(_affected(caps)),
+        affected=tuple(_affected(caps)), kill=read_kill(a, caps, fleets),
     )
 
 

@@ -130,8 +130,27 @@ def _import_items(f: Facts) -> list[Item]:
     return items
 
 
+def _kill_items(f: Facts) -> list[Item]:
+    k = f.kill
+    if k is None:
+        return []
+    where = ", ".join(x for x in (f"pod {k.pod}" if k.pod else "", f"container {k.container}" if k.container else "",
+                                  f"{k.pods} pods" if k.pods else "") if x)
+    items = [Item(key="kill", source=k.source,
+                  fact=k.words + (f" ({where})" if where else "") + (f"; sender {k.sender}" if k.sender else ""))]
+    if k.memory_limit or k.memory_request or k.usage:
+        items.append(Item(key="kill.memory", source="the pod's spec and status", fact="; ".join(x for x in (
+            f"memory limit {k.memory_limit}" if k.memory_limit else "",
+            f"memory request {k.memory_request}" if k.memory_request else "", k.usage or "") if x)))
+    if k.probe is not None:
+        items.append(Item(key="kill.probe", source="the pod's spec", fact=f"liveness probe: {k.probe_words}"))
+    if k.messages:
+        items.append(Item(key="kill.events", source="the pod's events", fact="; ".join(k.messages)))
+    return items
+
+
 def _items(f: Facts, known: list[KnownMatch]) -> list[Item]:
-    items = _core_items(f)
+    items = _core_items(f) + _kill_items(f)
     for r in f.repro_runs:
         items.append(Item(key=f"repro.{r.name}", source="reproduce", fact=_run_fact(r)))
     if f.heap is not None:

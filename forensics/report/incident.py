@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..modes import ReportTemplate
 
-__all__ = ["IncidentClass", "Item", "Route", "Step", "VersionFact", "Claim", "Decision"]
+__all__ = ["IncidentClass", "Item", "Route", "Step", "VersionFact", "Claim", "Cause", "Decision"]
 
 
 class IncidentClass(enum.Enum):
@@ -23,6 +23,7 @@ class IncidentClass(enum.Enum):
     PROGRAM = "program-bug"
     OUTSIDE_NVML = "crash-outside-nvml"
     NO_CRASH = "no-crash"
+    KILL = "kill"  # stopped from outside: an OOM kill, an eviction, a failed liveness probe, a sent signal
     UNDETERMINED = "undetermined"
 
 
@@ -84,9 +85,20 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Decision:
+class Cause:
+    """One cause of the incident: its class, its words, the evidence it rests on, and (the first of two) why it is
+    fixed first."""
+
     incident: IncidentClass
-    words: str  # the class in words (its rule's)
+    words: str
+    basis: tuple[str, ...]
+    because: str = ""  # why it is fixed before the next cause ("" for the last, or the only one)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    incident: IncidentClass  # the class decided (by the rows' order): what the core or the evidence shows
+    words: str  # the incident in words: its class's, or every cause's in the order they are fixed
     items: tuple[Item, ...]  # every piece of evidence read, keyed
     basis: tuple[str, ...]  # the keys of the items the class was decided on
     missing: tuple[str, ...]  # what is missing to decide (undetermined), or to confirm
@@ -97,6 +109,10 @@ class Decision:
     unsupported: tuple[str, ...] = ()  # the setup outside what the packages declare
     pattern: bool = False  # BINDING: the calling pattern (only the Python reproducer crashes), not a binding bug
     owner: str | None = None  # PROGRAM / OUTSIDE_NVML: the frame and whose code it is
+    causes: tuple[Cause, ...] = ()  # every cause, in the order they are fixed (one: the decided class alone)
+
+    def has_cause(self, incident: IncidentClass) -> bool:
+        return any(c.incident is incident for c in self.causes)
 
     def item(self, key: str) -> Item | None:
         return next((i for i in self.items if i.key == key), None)

@@ -24,7 +24,9 @@ def make_title(template: ReportTemplate, f: Facts, c: Conclusion, form: IssueFor
     """
     prefix = (form.title_prefix if form else "[BUG] ") if template.form else ""
     d = c.decision
-    own = rule_for(d.incident).titles.get(template)
+    # the title of the cause routed to this report (the decided class's for the runbook)
+    owners = [d.incident] if not template.upstream else [k.incident for k in d.causes] or [d.incident]
+    own = next((t for k in owners if (t := rule_for(k).titles.get(template)) is not None), None)
     routed = not template.upstream or any(r.report is template for r in d.routes)
     if not routed or own is None:
         return plain(f"{prefix}not for {template.whom} ({c.words}): {failure_line(f)}{where_it_failed(f)}")

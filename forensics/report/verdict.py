@@ -8,12 +8,13 @@ the incident, its evidence, the routing and the runbook's steps are decided once
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..modes import ReportTemplate
 from .decision import decide_grounds
 from .facts import Facts
-from .grounds import read_grounds
+from .grounds import Grounds, read_grounds
 from .incident import Claim, Decision, IncidentClass
 from .known import KnownMatch, support_facts
 from .rules import rule_for
@@ -64,16 +65,31 @@ class Conclusion:
 
 def decide(f: Facts, known: list[KnownMatch]) -> Conclusion:
     """The incident decision (:func:`~.decision.decide_incident`) and its conclusion in words, claim by claim: the
-    decided class's row words it."""
+    decided class's row words it; with two causes, a first claim says them in the order they are fixed, and each
+    cause's row words its own part, on its own evidence."""
     g = read_grounds(f, known)
     d = decide_grounds(g)
     rule = rule_for(d.incident)
     upgrade = list(dict.fromkeys(sentence(s.fix) for s in support_facts(f) if s.fix))
     upgrade += [sentence(k.fix) for k in g.fixed if sentence(k.fix) not in upgrade]
-    claims = rule.claims(g, d)
+    claims = rule.claims(g, d) if len(d.causes) <= 1 else _claims_of_causes(g, d)
     evidence = [i.fact for i in d.items if i.key in d.basis]
     ask = rule.ask_nvitop(g, d) if rule.ask_nvitop else ""
     filings = tuple(Filing(order=r.order, where=r.where, report=r.report, action=r.action) for r in d.routes)
+    upgrading = any(rule_for(c.incident).upgrading for c in d.causes) or rule.upgrading
     return Conclusion(incident=d.incident, decision=d, claims=tuple(claims), evidence=tuple(evidence),
-                      unsupported=d.unsupported, upgrade=tuple(upgrade) if rule.upgrading else (),
+                      unsupported=d.unsupported, upgrade=tuple(upgrade) if upgrading else (),
                       filings=filings, ask_nvitop=ask)
+
+
+def _claims_of_causes(g: Grounds, d: Decision) -> list[Claim]:
+    """Two causes (or more): which, in the order they are fixed and why, then each cause's own claims."""
+    n = len(d.causes)
+    order = "; ".join(f"({i}) {c.words}" + (f", first because {c.because}" if c.because else "")
+                      for i, c in enumerate(d.causes, 1))
+    out = [Claim(text=f"{n} causes, to be fixed in this order: {order}.", evidence=d.basis)]
+    for c in d.causes:
+        view = d if c.incident is d.incident else dataclasses.replace(d, incident=c.incident, pattern=False,
+                                                                       owner=None)
+        out += rule_for(c.incident).claims(g, dataclasses.replace(view, basis=c.basis))
+    return out

@@ -8,7 +8,7 @@ from ...guard import default_env
 from ...reproduce import Outcome, ReproRun
 from ..facts import Facts
 from ..grounds import Grounds
-from ..incident import Claim, Decision, Step
+from ..incident import Claim, Decision, IncidentClass, Step
 from ..phrases import failing_call, failure, failure_line, process_name, query_words, where_it_failed
 
 __all__ = ["MODULE_KEYS", "has", "sentence", "who", "run_phrase", "crash_phrase", "runs_claim", "setup_claims",
@@ -80,7 +80,7 @@ def runs_claim(f: Facts, d: Decision) -> list[Claim]:
 
 def setup_claims(d: Decision, also: str) -> list[Claim]:
     out = []
-    if d.shadowed:
+    if d.shadowed and not d.has_cause(IncidentClass.INSTALL):  # (a cause of its own: its claims say it)
         out.append(Claim(text="The code that ran is not the installed distribution's: " + "; ".join(d.shadowed)
                          + f". Fix the image {also}.", evidence=has(d, *MODULE_KEYS)))
     if d.unsupported:

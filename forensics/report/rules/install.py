@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ...modes import INTERNAL_WHERE, ReportTemplate
 from ..grounds import Grounds
-from ..incident import Claim, Decision, IncidentClass, Route, Step
-from .common import runbook_title, MODULE_KEYS, crash_phrase, has, runs_claim, sentence
+from ..incident import Claim, Decision, IncidentClass, Route
+from .common import runbook_title, MODULE_KEYS, crash_phrase, has, install_steps, runs_claim, sentence
 from .row import Criterion, Found, IncidentRule
 
 __all__ = ["RULE"]
@@ -25,14 +25,17 @@ def _unsupported(g: Grounds) -> Found | None:
     return None
 
 
+def _beside(d: Decision) -> bool:
+    """A second cause beside the decided class (a driver fault), fixed first: its reports stand on their own."""
+    return d.has_cause(IncidentClass.INSTALL) and len(d.causes) > 1
+
+
 def _routes(g: Grounds, d: Decision) -> list[Route]:
-    return [Route(order=1, owner="the team", where=INTERNAL_WHERE, report=ReportTemplate.RUNBOOK,
-                  action="fix the image first; file nothing upstream until the installed code still crashes",
+    action = ("fix the image first: until it runs the installed code, no crash says what the installed releases do"
+              if _beside(d) else
+              "fix the image first; file nothing upstream until the installed code still crashes")
+    return [Route(order=1, owner="the team", where=INTERNAL_WHERE, report=ReportTemplate.RUNBOOK, action=action,
                   evidence=d.basis)]
-
-
-def _steps(g: Grounds, d: Decision) -> list[Step]:
-    return []  # the setup's own steps (common.install_steps) are this class's, and follow every class's
 
 
 def _claims(g: Grounds, d: Decision) -> list[Claim]:
@@ -45,6 +48,8 @@ def _claims(g: Grounds, d: Decision) -> list[Claim]:
     if d.unsupported:
         out.append(Claim(text="The setup is unsupported: " + "; ".join(d.unsupported) + ".",
                          evidence=has(d, "imports.requirements", "imports.support")))
+    if _beside(d):  # the other cause's claims say the crash and the runs
+        return out + [Claim(text="Fix the image first and check it with verify-imports.", evidence=keys)]
     out.append(Claim(text="Fix the image first and check it with verify-imports; nothing is filed upstream until the "
                           "supported, installed code still crashes.", evidence=keys))
     if f.has_crash:
@@ -57,5 +62,6 @@ RULE = IncidentRule(
     incident=IncidentClass.INSTALL,
     words="a shadowed or unsupported install: the code that ran is not the supported installed one",
     criteria=(Criterion(rank=20, test=_shadowed), Criterion(rank=80, test=_unsupported)),
-    routes=_routes, steps=_steps, claims=_claims, upgrading=True,
-    titles={ReportTemplate.RUNBOOK: runbook_title})
+    routes=_routes, steps=install_steps, claims=_claims, upgrading=True,
+    titles={ReportTemplate.RUNBOOK: runbook_title}, accompanies=_shadowed, fix_order=1,
+    first_because="until the image runs the installed code, what crashes is not the installed releases' code")

@@ -41,7 +41,13 @@ class IncidentRule:
     (``routes``), the runbook's steps (``steps``: the setup's fix follows them for every class), the conclusion's
     claims, what the nvitop issue asks (``ask_nvitop``), its titles (``titles``: the template -> the title of a
     report routed to it), whether its conclusion asks for the upgrades (``upgrading``) and whether it says what
-    the evidence lacks (``says_missing``)."""
+    the evidence lacks (``says_missing``).
+
+    A class that can be a second cause beside the decided one (a kill, a shadowed install) says when
+    (``accompanies``); the causes are fixed in ``fix_order`` (the lowest first: the cause that must be fixed for
+    the other to be seen), the first one saying why (``first_because``), each with its own evidence, routes and
+    steps.  ``says`` words the class for this incident (the kill's kind and limit), where its words are too
+    general."""
 
     incident: IncidentClass
     words: str
@@ -53,3 +59,7 @@ class IncidentRule:
     ask_nvitop: Callable[[Grounds, Decision], str] | None = None
     upgrading: bool = False
     says_missing: bool = False
+    accompanies: Callable[[Grounds], Found | None] | None = None
+    fix_order: int = 2
+    first_because: str = ""
+    says: Callable[[Grounds], str] | None = None
