@@ -65,7 +65,7 @@ def decide_grounds(g: Grounds) -> Decision:
                          because=r.first_because if several and i < len(causes) - 1 else "")
                    for i, (r, fd) in enumerate(causes))
     basis = tuple(dict.fromkeys(k for c in listed for k in c.basis)) if several else found.basis
-    d = Decision(incident=rule.incident, words="; then ".join(c.words for c in listed) if several else rule.words,
+    d = Decision(incident=rule.incident, words="; then ".join(c.words for c in listed) if several else listed[0].words,
                  items=tuple(items), basis=basis,
                  missing=tuple(missing), routes=(), steps=(), versions=g.versions, shadowed=g.shadowed,
                  unsupported=g.unsupported, pattern=found.pattern, owner=found.owner, causes=listed)

@@ -292,6 +292,34 @@ def test_binding_fault(sim, tmp_path, core_pattern):
     assert installed != "12.575.51"
 
 
+def test_binding_calling_pattern(sim, tmp_path, monkeypatch):
+    # GIVEN the reproducers' runs on a node where only the Python reproducer crashes: the binding (nvidia-ml-py with
+    # its count seeded one past its array, on PYTHONPATH for that run) while the C one, the same queries without
+    # it, runs clean; no core
+    python = stack_copy("incident", tmp_path)
+    seeded = seed_binding_fault(python, tmp_path / "binding", 1)
+    with monkeypatch.context() as m:
+        m.setenv("PYTHONPATH", str(seeded))
+        evidence = [reproduce(tmp_path, "--stack", "incident", "--python", python)]
+    doc = json.loads(evidence[0].read_text())
+    assert [(r["name"], r["status"]) for r in doc["runs"]] == [("python", "crashed"), ("c", "clean")], doc["runs"]
+    rep = Reports(evidence, tmp_path)
+    check_every_report(rep, "binding-fault")
+    # THEN nvitop's issue is the one to file (how the binding is called), and the runbook pins the binding away from
+    # the release that ran, and proves it (#40 item 5: a binding fault's runbook said nothing of the binding)
+    assert [f["report"] for f in rep.conclusion["filings"]] == ["nvitop"]
+    pin, prove = rep.commands()
+    assert pin == "python3 -m pip install 'nvidia-ml-py!=12.575.51'" and prove.startswith("python3 -c ")
+    step = next(x["text"] for x in rep.explain["steps"] if x["command"] == pin)
+    assert "not 12.575.51, with which the Python reproducer crashes while the C one" in step
+    (before,) = run_printed([prove], tmp_path, python=python)
+    assert before.returncode == 1 and "nvidia-ml-py 12.575.51" in before.stdout, before.stderr
+    # (every command on a node whose binding has the fault: the seeded copy first on PYTHONPATH, as it ran)
+    monkeypatch.setenv("PYTHONPATH", str(seeded))
+    ran = run_every_command(rep, sim, python)
+    assert ran[pin] == [0] and ran[prove] == [0]
+
+
 def test_shadowed_install(sim, tmp_path, core_pattern):
     # GIVEN the "fixed" image (nvitop 1.7.2 installed) whose WORKDIR still holds the stale nvitop 1.5.0 tree:
     # the exporter imports it and crashes inside NVML; verify-imports of a process started there says SHADOWED
@@ -319,18 +347,20 @@ def test_shadowed_install(sim, tmp_path, core_pattern):
     md = rep.doc["runbook"]["markdown"].replace("\\", "")
     assert "NOT ruled out" not in md and "Old source shadowing the installed packages: FOUND" in md
     assert "PYTHONSAFEPATH=1" in md and "stale tree" in md
-    # and the command that proves the fix works as printed: NOT OK now, OK once the stale trees are gone
-    (cmd,) = rep.commands()
+    # the title names the versions whose code ran, beside those installed (the nvitop issue's too: not 1.7.2 alone)
+    ran = "nvitop 1.5.0 ran, not the installed 1.7.2; nvitop-exporter 1.5.0 ran, not the installed 1.7.2"
+    assert rep.title("runbook").endswith(f": a shadowed install: {ran}"), rep.title("runbook")
+    assert f"(a shadowed install: {ran})" in rep.title("nvitop")
+    # and the runbook removes the stale trees, then proves them gone: verify-imports NOT OK before, OK after, each
+    # run as printed
+    rm, cmd = rep.commands()
+    assert rm == f"rm -rf -- {workdir / 'nvitop'} {workdir / 'nvitop_exporter'}"
     assert cmd.startswith("forensics verify-imports dir:/ --entrypoint ")
     (before,) = run_printed([cmd], tmp_path)
     assert before.returncode == EXIT_FINDINGS and "SHADOWED" in before.stdout
-    # (every other report's commands too, with the image still shadowed: the verify-imports proof says so, exit 3)
-    ran = run_every_command(rep, sim, python, fault="segv", exits={cmd: EXIT_FINDINGS})
-    assert ran[cmd] == [EXIT_FINDINGS]
-    for tree in ("nvitop", "nvitop_exporter"):
-        shutil.rmtree(workdir / tree)
-    (after,) = run_printed([cmd], tmp_path)
-    assert after.returncode == EXIT_OK, after.stdout[-2000:]
+    ran = run_every_command(rep, sim, python, fault="segv")
+    assert ran[rm] == [0] and ran[cmd] == [EXIT_OK]
+    assert not (workdir / "nvitop").exists() and not (workdir / "nvitop_exporter").exists()
 
 
 def test_programs_own_bug(sim, tmp_path, core_pattern):

@@ -41,7 +41,10 @@ def _routes(g: Grounds, d: Decision) -> list[Route]:
 def _steps(g: Grounds, d: Decision) -> list[Step]:
     if not d.pattern:
         return pin_steps(g, d, d.basis)
-    return [guard_step(g.f, d.basis)] if nvlink(g.f) else []
+    # the calling pattern: the guard stops the call; another binding release is the other way to see it go
+    return ([guard_step(g.f, d.basis)] if nvlink(g.f) else []) + pin_steps(
+        g, d, d.basis, avoid="with which the Python reproducer crashes while the C one, the same queries without "
+                             "nvidia-ml-py, runs clean")
 
 
 def _claims(g: Grounds, d: Decision) -> list[Claim]:

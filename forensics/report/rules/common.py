@@ -7,7 +7,7 @@ import shlex
 from ...guard import default_env
 from ...reproduce import Outcome, ReproRun
 from ..facts import Facts
-from ..grounds import Grounds
+from ..grounds import STACK_PACKAGES, Grounds
 from ..incident import Claim, Decision, IncidentClass, Step
 from ..phrases import failing_call, failure, failure_line, process_name, query_words, where_it_failed
 
@@ -131,13 +131,36 @@ def _verify_command(f: Facts) -> str | None:
     return None
 
 
+def stale_trees(f: Facts) -> list[tuple[str, str]]:
+    """(module, the stale tree or file) of each stack module a stale copy shadows: the package's directory, or
+    the module's file (what verify-imports calls the stale tree)."""
+    out: list[tuple[str, str]] = []
+    for rep in f.imports:
+        for m in rep.modules:
+            if m.verdict.value != "SHADOWED" or m.resolved is None or m.module not in STACK_PACKAGES.values():
+                continue
+            r = m.resolved
+            tree = r.search_locations[0] if r.kind.value == "package" and r.search_locations else r.file
+            if tree and all(tree != t for _m, t in out):
+                out.append((m.module, tree))
+    return out
+
+
 def install_steps(g: Grounds, d: Decision) -> list[Step]:
-    """The image's fix (shadowing), and the supported setup: first for an install incident, after the class's own
-    steps for any other."""
+    """The image's fix (shadowing: verify-imports' fix, the stale trees removed, then the proof that the installed
+    code imports), and the supported setup: first for an install incident, after the class's own steps for any
+    other."""
     out = []
     keys = tuple(i.key for i in d.items if i.key.startswith("imports."))
     for s in d.shadowed:
         out.append(Step(text=f"Fix the image so that the installed code runs: {s}", command=None, evidence=keys))
+    trees = stale_trees(g.f)
+    if trees:
+        ran = "; ".join(f"{tree} ({(v.package + ' ' + (v.ran or '?')) if (v := _ran(d, module)) else module})"
+                        for module, tree in trees)
+        out.append(Step(text=f"Remove the stale code that ran instead of the installed one: {ran} -- from the image "
+                             "(the COPY, or the WORKDIR that brings it in) and from where it lies now",
+                        command="rm -rf -- " + " ".join(shlex.quote(t) for _m, t in trees), evidence=keys))
     if d.shadowed:
         cmd = _verify_command(g.f)
         out.append(Step(text="Prove it: verify-imports says OK for nvitop, nvitop_exporter and pynvml"
@@ -146,6 +169,12 @@ def install_steps(g: Grounds, d: Decision) -> list[Step]:
     for u in d.unsupported:
         out.append(Step(text=f"Make the setup supported: {u}", command=None, evidence=keys))
     return out
+
+
+def _ran(d: Decision, module: str):
+    """The version fact of the stack package ``module`` belongs to."""
+    package = next((p for p, m in STACK_PACKAGES.items() if m == module), None)
+    return next((v for v in d.versions if v.package == package), None)
 
 
 def _declared_binding(f: Facts) -> str | None:
@@ -158,18 +187,19 @@ def _declared_binding(f: Facts) -> str | None:
     return declared
 
 
-def pin_steps(g: Grounds, d: Decision, evidence: tuple[str, ...]) -> list[Step]:
-    """The supported nvidia-ml-py pin (what nvitop declares, without the release whose count overflowed the
-    buffer), as the requirement line and the pip command that installs it into the image's environment, then the
-    command that proves it took: the binding that interpreter imports is not that release (exit 1 while it is)."""
+def pin_steps(g: Grounds, d: Decision, evidence: tuple[str, ...],
+              avoid: str = "whose count overflowed the buffer") -> list[Step]:
+    """The supported nvidia-ml-py pin (what nvitop declares, without the release that ran: ``avoid`` says why), as
+    the requirement line and the pip command that installs it into the image's environment, then the command that
+    proves it took: the binding that interpreter imports is not that release (exit 1 while it is)."""
     f = g.f
     ran = d.version_ran("nvidia-ml-py") or f.binding
     declared = _declared_binding(f)
     pin = (declared.split(";")[0].strip() if declared else "nvidia-ml-py")
     if ran:
         pin += ("," if any(c in pin for c in "<>=!~") else "") + f"!={ran}"
-    why = (f" (what nvitop declares, without {ran}, whose count overflowed the buffer)" if declared and ran else
-           f" (not {ran}, whose count overflowed the buffer)" if ran else "")
+    why = (f" (what nvitop declares, without {ran}, {avoid})" if declared and ran else
+           f" (not {ran}, {avoid})" if ran else "")
     out = [Step(text=f"Pin the binding in the image's requirements to `{pin}`{why}, and install it into the image's "
                      "environment (the python3 that runs the program)",
                 command=f"python3 -m pip install {shlex.quote(pin)}", evidence=evidence)]

@@ -58,10 +58,19 @@ def _claims(g: Grounds, d: Decision) -> list[Claim]:
     return out + runs_claim(f, d)
 
 
+def _says(g: Grounds) -> str:
+    """A shadowed install with the versions that ran beside those installed (the words of its titles)."""
+    if not g.shadowed:
+        return RULE.words
+    ran = [f"{v.package} {v.ran} ran, not the installed {v.installed}" for v in g.versions
+           if v.ran and v.installed and v.ran != v.installed]
+    return "a shadowed install: " + ("; ".join(ran) if ran else "the code that ran is not the installed one's")
+
+
 RULE = IncidentRule(
     incident=IncidentClass.INSTALL,
     words="a shadowed or unsupported install: the code that ran is not the supported installed one",
     criteria=(Criterion(rank=20, test=_shadowed), Criterion(rank=80, test=_unsupported)),
     routes=_routes, steps=install_steps, claims=_claims, upgrading=True,
-    titles={ReportTemplate.RUNBOOK: runbook_title}, accompanies=_shadowed, fix_order=1,
+    titles={ReportTemplate.RUNBOOK: runbook_title}, accompanies=_shadowed, fix_order=1, says=_says,
     first_because="until the image runs the installed code, what crashes is not the installed releases' code")
