@@ -348,7 +348,7 @@ def test_shadowed_install(sim, tmp_path, core_pattern):
     assert "NOT ruled out" not in md and "Old source shadowing the installed packages: FOUND" in md
     assert "PYTHONSAFEPATH=1" in md and "stale tree" in md
     # the title names the versions whose code ran, beside those installed (the nvitop issue's too: not 1.7.2 alone)
-    ran = "nvitop 1.5.0 ran, not the installed 1.7.2; nvitop-exporter 1.5.0 ran, not the installed 1.7.2"
+    ran = "nvitop 1.5.0 and nvitop-exporter 1.5.0 ran, not the installed 1.7.2"
     assert rep.title("runbook").endswith(f": a shadowed install: {ran}"), rep.title("runbook")
     assert f"(a shadowed install: {ran})" in rep.title("nvitop")
     # and the runbook removes the stale trees, then proves them gone: verify-imports NOT OK before, OK after, each
@@ -361,6 +361,55 @@ def test_shadowed_install(sim, tmp_path, core_pattern):
     ran = run_every_command(rep, sim, python, fault="segv")
     assert ran[rm] == [0] and ran[cmd] == [EXIT_OK]
     assert not (workdir / "nvitop").exists() and not (workdir / "nvitop_exporter").exists()
+
+
+def test_a_shadowed_install_and_a_driver_fault_at_once(sim, tmp_path, core_pattern):
+    # GIVEN the "fixed" image (nvitop 1.7.2 installed) whose WORKDIR still holds the stale 1.5.0 trees, the exporter
+    # importing them and killed by the driver's heap fault, the C reproducer crashing on the same driver, and
+    # verify-imports of a process started there (SHADOWED)
+    python = stack_copy("current", tmp_path)
+    old = Path(ensure_stack_venv("incident")).parent.parent
+    workdir = tmp_path / "app"
+    workdir.mkdir()
+    for tree in ("nvitop", "nvitop_exporter"):
+        shutil.copytree(next(old.glob(f"lib/python3*/site-packages/{tree}")), workdir / tree)
+    argv = [str(python), "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", "0", "--interval", "0.25"]
+    core = crash_for_core(argv, workdir, env=sim_environment(sim, fault="heap", fault_after=2), timeout=120,
+                          outputs=("nvitop", "nvitop_exporter"))
+    evidence = [analyze(core, tmp_path / "analysis.json"),
+                reproduce(tmp_path, "--sim-fault", "heap", "--stack", "incident"),
+                verify_imports(python, tmp_path, cwd=workdir)]
+    rep = Reports(evidence, tmp_path)
+    # THEN the incident is the driver's fault, and the install a cause of its own, fixed first: the image, then
+    # NVIDIA's report, then nvitop's -- each with its own evidence
+    check_every_report(rep, "driver-fault")
+    assert [c.split()[0] for c in (rep.explain["claims"][0]["text"],)] == ["2"]
+    statement = rep.conclusion["statement"]
+    assert statement.startswith("2 causes, to be fixed in this order: (1) a shadowed install: nvitop 1.5.0 and "
+                                "nvitop-exporter 1.5.0 ran, not the installed 1.7.2, first because until the image "
+                                "runs the installed code, what crashes is not the installed releases' code; (2) a "
+                                "fault of the NVIDIA driver library (libnvidia-ml.so)."), statement
+    routes = rep.explain["routes"]
+    assert [(r["order"], r["report"]) for r in routes] == [(1, "runbook"), (2, "nvml"), (3, "nvitop")]
+    assert {i["key"] for i in routes[0]["evidence"]} == {"imports.nvitop", "imports.nvitop_exporter",
+                                                          "imports.pynvml", "imports.requirements", "imports.support"}
+    assert {i["key"] for i in routes[1]["evidence"]} == {"repro.c", "heap", "core.inside_nvml"}
+    assert rep.title("runbook") == (
+        "nvitop-exporter 1.5.0 aborts with heap corruption in nvmlDeviceGetFieldValues: a shadowed install: nvitop "
+        "1.5.0 and nvitop-exporter 1.5.0 ran, not the installed 1.7.2, fixed first; then a fault of the NVIDIA driver "
+        "library (libnvidia-ml.so)"), rep.title("runbook")
+    assert rep.title("nvml").startswith("nvmlDeviceGetFieldValues (NVLink throughput")
+    assert rep.title("nvitop").startswith("[BUG] nvitop-exporter 1.5.0 crashes in nvmlDeviceGetFieldValues")
+    # and the runbook's steps, in that order, each run as printed: the stale trees removed and proved gone (NOT OK
+    # before), then the guard into the installed nvitop's site-packages
+    rm, prove, guard = rep.commands()
+    assert rm.startswith("rm -rf -- ") and prove.startswith("forensics verify-imports ")
+    assert guard.startswith("forensics guard --target nvitop.api.device:Device.nvlink_throughput")
+    (before,) = run_printed([prove], tmp_path)
+    assert before.returncode == EXIT_FINDINGS and "SHADOWED" in before.stdout
+    ran = run_every_command(rep, sim, python, fault="heap")
+    assert ran[rm] == [0] and ran[prove] == [EXIT_OK] and ran[guard] == [0]
+    assert not (workdir / "nvitop").exists()
 
 
 def test_programs_own_bug(sim, tmp_path, core_pattern):

@@ -184,3 +184,62 @@ def test_a_core_whose_signal_was_sent_names_its_sender(tmp_path, core_pattern):
     finally:
         watchdog.kill()
         watchdog.wait()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_a_binding_fault_and_a_kill_at_once(oom_killed, cluster, tmp_path, core_pattern, monkeypatch):
+    from forensics.simnvml import build_simnvml, seed_binding_fault, sim_environment
+    from tests.crashers.make_core import crash_for_core
+    from tests.integration.test_incidents import REPRO_PY, reproduce, run_every_command, stack_copy
+
+    standin, kubeconfig, node = cluster
+    # GIVEN the exporter's container OOM-killed at its 64Mi limit (the pod's evidence, as in the test above) and a
+    # core of its crash on the binding's fault (nvidia-ml-py passing count=37 for its 36-entry array), with the
+    # reproducers run on the same node (the unseeded binding: both clean)
+    container = {"name": "exporter", "image": "nvcr.io/nvidia/exporter:1.5.0",
+                 "resources": {"limits": {"memory": "64Mi"}}}
+    pod = make_pod(name="exporter-oom", namespace=NS, uid=str(uuid.uuid4()), node=node,
+                   container_id=uuid.uuid4().hex * 2, running=False)
+    pod["spec"]["containers"] = [container]
+    _kubelet_status(pod, oom_killed)
+    standin.pods[(NS, "exporter-oom")] = pod
+    standin.daemonsets[(NS, "exporter")] = make_daemonset(name="exporter", namespace=NS, container=container)
+    r = run("capture", "--kubeconfig", kubeconfig, "--core-dir", tmp_path / "cores", "-o", tmp_path / "out", "-n", NS,
+            "--pod", "exporter-oom", "--json")
+    assert r.exit_code in (0, 4), r.output
+    bundle = Path(json.loads(r.stdout)["bundle"])
+    sim = build_simnvml(tmp_path / "sim")
+    python = stack_copy("incident", tmp_path)
+    env = sim_environment(sim, fault="none", detect="call", fault_after=2)
+    env["PYTHONPATH"] = str(seed_binding_fault(python, tmp_path / "binding", 1))
+    (tmp_path / "run").mkdir()
+    core = crash_for_core([str(python), str(REPRO_PY), "--threads", "1", "--iterations", "20"], tmp_path / "run",
+                          env=env, timeout=120)
+    evidence = [analyze(core, tmp_path / "analysis.json"), reproduce(tmp_path, "--stack", "incident"), bundle]
+    rep = Reports(evidence, tmp_path)
+    # THEN the incident is the binding's fault, the kill a cause of its own, fixed first: the runbook (the kill's
+    # limit), then the binding report to NVIDIA -- each with its own evidence
+    check_every_report(rep, "binding-fault")
+    routes = rep.explain["routes"]
+    assert [(x["order"], x["report"]) for x in routes] == [(1, "runbook"), (2, "binding")]
+    assert [i["key"] for i in routes[0]["evidence"]] == ["kill", "kill.memory"]
+    assert [i["key"] for i in routes[1]["evidence"]] == ["core.inside_nvml", "repro.c", "heap"]
+    assert rep.conclusion["statement"].startswith(
+        "2 causes, to be fixed in this order: (1) a kill: OOM-killed by the kernel at its memory limit of 64Mi (exit "
+        "137, SIGKILL), first because a process that keeps being killed restarts before any fix of what else is "
+        "wrong can be seen working; (2) a fault of the binding")
+    assert rep.title("runbook").startswith("python")
+    assert ": a kill: OOM-killed by the kernel at its memory limit of 64Mi (exit 137, SIGKILL), fixed first; then a " \
+           "fault of the binding" in rep.title("runbook"), rep.title("runbook")
+    assert rep.title("binding").startswith("nvidia-ml-py 12.575.51 passes a count larger than its buffer")
+    # and every runbook step, in that order, runs as printed: the limit read, raised and proved, then the pin and
+    # its proof
+    steps = rep.commands()
+    assert [c.split()[:3] for c in steps] == [["kubectl", "get", "pod"], ["kubectl", "set", "resources"],
+                                              ["kubectl", "get", "daemonset/exporter"],
+                                              ["python3", "-m", "pip"], ["python3", "-c", "'import"]]
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)  # the stand-in's, for the kubectl steps
+    ran = run_every_command(rep, sim, python)
+    assert [ran[c] for c in steps] == [[0]] * 5
+    tmpl = standin.daemonsets[(NS, "exporter")]["spec"]["template"]["spec"]["containers"][0]
+    assert tmpl["resources"]["limits"]["memory"] == "128Mi"

@@ -214,7 +214,12 @@ def pin_steps(g: Grounds, d: Decision, evidence: tuple[str, ...],
 # ---- titles ------------------------------------------------------------------------------------------------
 
 def runbook_title(f: Facts, d: Decision) -> str:
-    """The runbook's title: the process and how it failed, where, on which driver, and the class in words."""
+    """The runbook's title: the process and how it failed, where, on which driver, and the class in words; with
+    two causes, the failure in short and the causes in the order they are fixed (a title has 256 characters)."""
+    if len(d.causes) > 1:
+        short = f"{process_name(f)} {failure(f).split(' (')[0]}" if f.has_crash else failure_line(f)
+        first, *rest = d.causes
+        return f"{short}{where_it_failed(f)}: {first.words}, fixed first; then " + "; then ".join(c.words for c in rest)
     return (f"{failure_line(f)}{where_it_failed(f)}" + (f" on driver {f.driver}" if f.driver and f.has_crash else "")
             + f": {d.words}")
 

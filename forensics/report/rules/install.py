@@ -62,9 +62,12 @@ def _says(g: Grounds) -> str:
     """A shadowed install with the versions that ran beside those installed (the words of its titles)."""
     if not g.shadowed:
         return RULE.words
-    ran = [f"{v.package} {v.ran} ran, not the installed {v.installed}" for v in g.versions
-           if v.ran and v.installed and v.ran != v.installed]
-    return "a shadowed install: " + ("; ".join(ran) if ran else "the code that ran is not the installed one's")
+    differ = [v for v in g.versions if v.ran and v.installed and v.ran != v.installed]
+    if not differ:
+        return "a shadowed install: the code that ran is not the installed one's"
+    installed = " and ".join(dict.fromkeys(str(v.installed) for v in differ))
+    return (f"a shadowed install: {' and '.join(f'{v.package} {v.ran}' for v in differ)} ran, not the installed "
+            f"{installed}")
 
 
 RULE = IncidentRule(
