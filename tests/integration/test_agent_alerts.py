@@ -23,6 +23,7 @@ import pytest
 from forensics.bundle.record import CoreState
 from forensics.capture.nodeindex import CrashEntry, NodeIndex
 from forensics.capture.serve import Agent, IndexCollector, ServeConfig
+from tests.podruntime import searchable_view
 from tests.prometheus_env import PrometheusUnavailable, prometheus_binary
 
 yaml = pytest.importorskip("yaml")
@@ -151,12 +152,17 @@ def real_scrape(core_pattern, tmp_path_factory) -> str:
     try:
         _handle(d / "cores", aborted, stand_in.pid, signal.SIGABRT)
         _handle(d / "cores", killed, stand_in.pid, signal.SIGSEGV)
+        # (its analyses run in the sandbox as an unprivileged uid: the core directory, the homes and the interpreter
+        # made reachable to it in a mount namespace of the agent's own; pytest's directories are private)
+        (d / "home").mkdir()
+        view = searchable_view(bind=[str(d / "cores")], homes=[str(d / "home"), str(d / "cache")])
         agent = subprocess.Popen(
-            [str(FORENSICS), "agent", "serve", "--core-dir", str(d / "cores"), "--node-name", "gpu-real", "--no-events",
+            [*view, str(FORENSICS), "agent", "serve", "--core-dir", str(d / "cores"), "--node-name", "gpu-real",
+             "--no-events",
              "--metrics-port", str(port), "--analysis-timeout", "120", "--upload", "s3://crash-bundles/fleet",
              "--endpoint-url", f"http://127.0.0.1:{closed}", "--region", "us-east-1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env={"PATH": os.environ["PATH"], "HOME": str(d), "AWS_ACCESS_KEY_ID": "AKIAFORENSICSTEST01",
+            env={"PATH": os.environ["PATH"], "HOME": str(d / "home"), "AWS_ACCESS_KEY_ID": "AKIAFORENSICSTEST01",
                  "AWS_SECRET_ACCESS_KEY": "forensics-test-secret-key-0123456789", "FORENSICS_CACHE": str(d / "cache")})
         deadline, text = time.monotonic() + 300, ""
         while time.monotonic() < deadline:
