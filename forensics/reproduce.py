@@ -6,7 +6,9 @@ Each run's :class:`Outcome` is read from its exit status and its ``VERDICT:`` li
 (the C reproducer prints one even when it crashes: the call in progress, the GPU,
 the time to crash and the crash rate) and, when it crashed, the analysis of its core.
 The conclusion says which crashed: both -> the driver library; only the Python one ->
-the binding or the calling pattern; neither -> no reproduction.  A reproducer that
+the binding or the calling pattern; neither -> no reproduction.  When the C reproducer's calls from worker threads
+crashed, it runs once more with the same calls from the main thread (``--threads 0``): where the fault fires
+(:attr:`ReproduceResult.main_thread`, :attr:`ReproduceResult.thread_only`).  A reproducer that
 could not start (no libnvidia-ml.so.1 to load, NVML initialization failed, no
 NVLinks) is not a crash and supports no conclusion: :class:`ReproducerNotStarted`.
 """
@@ -140,6 +142,21 @@ class ReproduceResult:
     environment: dict[str, str]  # the header of the first run that printed one
     nvml: str  # what was on LD_LIBRARY_PATH, or "the loader's default"
     sim: dict[str, str] = field(default_factory=dict)  # simulated-NVML settings, when --sim
+    # the C reproducer's same calls from the main thread, run when its calls from worker threads crashed: where the
+    # fault fires (None: not run)
+    main_thread: ReproRun | None = None
+
+    @property
+    def thread_only(self) -> bool | None:
+        """True: the fault fires only in calls from threads other than the main one (the C reproducer crashed from
+        its worker threads and ran clean from the main thread, the same calls); False: from the main thread too;
+        None: not learned."""
+        c = next((r for r in self.runs if r.name == "c"), None)
+        if c is None or self.main_thread is None or not c.failed:
+            return None
+        if self.main_thread.status is Outcome.CLEAN:
+            return True
+        return False if self.main_thread.failed else None
 
     @property
     def header(self) -> ReproHeader:
@@ -388,11 +405,24 @@ def run_reproducers(*, workdir: Path, python: str, nvml_dir: str | None, env: di
         if malloc_check:
             cmd.append("--malloc-check")
         runs["c"] = _run_one("c", cmd, base_env, runs_dir / "c", timeout, analyze, analysis_root, guest)
+    main_thread = None
+    if binary is not None and threads > 0 and runs["c"].failed:  # where it fires: the same calls, from main
+        cmd = guest_command([str(binary), "--iterations", str(iterations), "--threads", "0"] + (
+            ["--duration", str(duration)] if duration else []), arch, sysroot)
+        if malloc_check:
+            cmd.append("--malloc-check")
+        main_thread = _run_one("c", cmd, base_env, runs_dir / "c-main-thread", timeout, analyze, analysis_root, guest)
     header = next((r.environment for r in runs.values() if r.environment.get("driver")),
                   next((r.environment for r in runs.values() if r.environment), {}))
+    conclusion = conclude(runs.get("python"), runs.get("c"))
+    if main_thread is not None:
+        conclusion += ("; the same calls from the main thread " + ("ran clean: the fault fires only in calls from "
+                                                                   "threads other than the main one"
+                                                                   if main_thread.status is Outcome.CLEAN else
+                                                                   f"{main_thread.outcome} too"))
     return ReproduceResult(
-        runs=tuple(runs.values()), conclusion=conclude(runs.get("python"), runs.get("c")), environment=header,
-        nvml=nvml_dir or "the loader's default", sim=dict(sim or {}),
+        runs=tuple(runs.values()), conclusion=conclusion, environment=header,
+        nvml=nvml_dir or "the loader's default", sim=dict(sim or {}), main_thread=main_thread,
     )
 
 
@@ -436,6 +466,9 @@ def reproduce_payload(result: ReproduceResult) -> dict:
                   "calls_to_crash": r.calls_to_crash, "seconds_to_crash": r.seconds_to_crash,
                   "command": list(r.command), "gpus": gpu_lines_of(r.environment)}
                  for r in result.runs],
+        "main_thread": None if result.main_thread is None else {
+            "status": result.main_thread.status.value, "outcome": result.main_thread.outcome,
+            "command": list(result.main_thread.command), "thread_only": result.thread_only},
         "conclusion": result.conclusion,
     }
 

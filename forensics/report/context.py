@@ -82,7 +82,7 @@ class ReportContext:
     glibc_message: str
     verdicts: list[str]  # the reproducers' VERDICT lines
     # reproduction
-    snippet: str
+    snippets: list[str]  # nvitop's issue's Python snippets, each a fenced block
     commands: list[str]
     observed: list[str]
     rate: list[str]
@@ -169,16 +169,27 @@ def _cmd(argv: list[str], name: str) -> str:
     return " ".join(["./nvml_nvlink_fieldvalues", *argv[1:]])
 
 
-def _who(r: ReproRun, long: bool = False) -> str:
+def _who(r: ReproRun, long: bool = False, main: bool = False) -> str:
+    """The reproducer in words; ``main``: the C reproducer's same calls from the main thread."""
+    if main:
+        return ("C reproducer (no Python), the same calls from the main thread" if long else
+                "C reproducer from the main thread")
     if long:
         return "Python reproducer (nvidia-ml-py)" if r.name == "python" else "C reproducer (no Python)"
     return "Python reproducer" if r.name == "python" else "C reproducer"
 
 
+def _all_runs(f: Facts) -> list[tuple[ReproRun, bool]]:
+    """The reproducers' runs, each with whether it is the C reproducer's same calls from the main thread (run
+    after its calls from worker threads crashed)."""
+    runs = [(r, False) for r in f.repro_runs]
+    return runs + ([(f.main_thread_run, True)] if f.main_thread_run is not None else [])
+
+
 def _repro_output(f: Facts) -> str:
     out = []
-    for r in f.repro_runs:
-        out.append(f"== {_who(r, long=True)}")
+    for r, main in _all_runs(f):
+        out.append(f"== {_who(r, long=True, main=main)}")
         out.append(f"$ {_cmd(list(r.command), r.name)}")
         for k, v in r.environment.items():
             out.append(f"  {k}: {v}")
@@ -194,18 +205,18 @@ def _repro_output(f: Facts) -> str:
 
 def _observed(f: Facts) -> list[str]:
     out = []
-    for r in f.repro_runs:
-        line = f"{_who(r)}: {r.outcome}"
+    for r, main in _all_runs(f):
+        line = f"{_who(r, main=main)}: {r.outcome}"
         if r.status is Outcome.CRASHED and (r.verdict or "").startswith("crashed: "):
-            line = f"{_who(r)}: crashed: {(r.verdict or '').removeprefix('crashed: ')}"
+            line = f"{_who(r, main=main)}: crashed: {(r.verdict or '').removeprefix('crashed: ')}"
         out.append(line)
     return out
 
 
 def _rate(f: Facts) -> list[str]:
     out = []
-    for r in f.repro_runs:
-        who = _who(r)
+    for r, main in _all_runs(f):
+        who = _who(r, main=main)
         if not r.failed:
             if r.status is Outcome.CLEAN:
                 out.append(f"{who}: no crash in its run ({r.verdict or 'clean'})")
@@ -221,21 +232,52 @@ def _rate(f: Facts) -> list[str]:
     return out
 
 
-def _snippet(f: Facts) -> str:
+_NVLINK_CALL = "device.nvlink_throughput()  # nvmlDeviceGetFieldValues(handle, [(138, link), ..., (139, link), ...])"
+
+
+def _nvlink_main_snippet(head: str) -> str:
+    """nvitop's NVLink throughput of every GPU, from the main thread, in a loop."""
+    return (f"# {head}\n"
+            "import time\n"
+            "from nvitop import Device\n\n"
+            "devices = Device.all()\n"
+            "while True:\n"
+            "    for device in devices:\n"
+            f"        {_NVLINK_CALL}\n"
+            "    time.sleep(0.5)\n")
+
+
+def _nvlink_worker_snippet() -> str:
+    """The same calls from worker threads, as a collector's ThreadPoolExecutor makes them."""
+    return ("# what crashed: nvitop's NVLink throughput of every GPU, queried from worker threads\n"
+            "# (a ThreadPoolExecutor: the crashing thread was not the main one)\n"
+            "import time\n"
+            "from concurrent.futures import ThreadPoolExecutor\n\n"
+            "from nvitop import Device\n\n\n"
+            "def query(device):\n"
+            f"    return {_NVLINK_CALL}\n\n\n"
+            "devices = Device.all()\n"
+            "with ThreadPoolExecutor(max_workers=len(devices)) as pool:\n"
+            "    while True:\n"
+            "        list(pool.map(query, devices))\n"
+            "        time.sleep(0.5)\n")
+
+
+def _snippets(f: Facts) -> list[str]:
+    """The Python snippets of nvitop's issue, built from the evidence: the calls that crashed, made from the kind of
+    thread that crashed (an executor's worker threads when the crashing thread was not the main one; then the same
+    calls from the main thread too, saying whether they crash)."""
     if f.query and f.query.what == "NVLink throughput":
-        return ("# what nvitop-exporter does on each scrape: nvitop's NVLink throughput of every GPU\n"
-                "import time\n"
-                "from nvitop import Device\n\n"
-                "devices = Device.all()\n"
-                "while True:\n"
-                "    for device in devices:\n"
-                "        device.nvlink_throughput()  # nvmlDeviceGetFieldValues(handle, [(138, link), ..., (139, "
-                "link), ...])\n"
-                "    time.sleep(0.5)\n")
+        if f.is_main_thread is False:
+            main = ("the same calls from the main thread: they run clean (the fault fires only in calls from other "
+                    "threads)" if f.thread_only else "the same calls from the main thread")
+            return [_nvlink_worker_snippet(), _nvlink_main_snippet(main)]
+        return [_nvlink_main_snippet("what nvitop-exporter does on each scrape: nvitop's NVLink throughput of every "
+                                     "GPU")]
     if f.caller or f.api:
-        return (f"# the call on the crashing stack: {f.caller or '?'} -> {f.api or '?'}\n"
-                "# (no minimal snippet known for it; the reproducer commands below run what crashed)\n")
-    return ""
+        return [f"# the call on the crashing stack: {f.caller or '?'} -> {f.api or '?'}\n"
+                "# (no minimal snippet known for it; the reproducer commands below run what crashed)\n"]
+    return [""]
 
 
 # ---- the NVIDIA facts ----------------------------------------------------------------------
@@ -346,7 +388,7 @@ def build_context(f: Facts, template: ReportTemplate, conclusion: Conclusion, kn
         template=template, title=make_title(template, f, conclusion, form), conclusion=conclusion,
         generated_at=(now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
         tool_version=tool_version, **_environment_fields(f), **_crash_fields(f),
-        snippet=_snippet(f), commands=_commands(f), observed=_observed(f), rate=_rate(f),
+        snippets=_snippets(f), commands=_commands(f), observed=_observed(f), rate=_rate(f),
         known_issues=known, unsupported=list(conclusion.unsupported), frequency=list(f.frequency),
         ruled_out=_ruled_out(f), workaround=workaround,
         steps=[{"text": st.text, "command": st.command} for st in d.steps],
@@ -489,9 +531,9 @@ def _commands(f: Facts) -> list[str]:
     commands: list[str] = []
     if f.binding:  # the Python reproducer needs only the binding (nvitop may declare another range)
         commands.append(f"pip install nvidia-ml-py=={f.binding}   # for the Python reproducer")
-    for r in f.repro_runs:
+    for r, main in _all_runs(f):
         line = _cmd(list(r.command), r.name)
-        if r.name == "c" and line:
+        if r.name == "c" and line and not main:
             commands.append("gcc -O1 -g -o nvml_nvlink_fieldvalues nvml_nvlink_fieldvalues.c -ldl")
         if line:
             commands.append(line + f"   # {r.outcome}")

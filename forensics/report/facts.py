@@ -156,6 +156,16 @@ class Facts:
         return next((r for r in self.repro_runs if r.name == "c"), None)
 
     @property
+    def main_thread_run(self) -> ReproRun | None:
+        """The C reproducer's same calls from the main thread (run when its calls from worker threads crashed)."""
+        return self.repro.main_thread if self.repro else None
+
+    @property
+    def thread_only(self) -> bool | None:
+        """Whether the fault fires only in calls from threads other than the main one (None: not learned)."""
+        return self.repro.thread_only if self.repro else None
+
+    @property
     def heap_verdict(self) -> OverflowVerdict | None:
         return self.heap.verdict if self.heap else None
 

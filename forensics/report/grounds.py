@@ -153,6 +153,9 @@ def _items(f: Facts, known: list[KnownMatch]) -> list[Item]:
     items = _core_items(f) + _kill_items(f)
     for r in f.repro_runs:
         items.append(Item(key=f"repro.{r.name}", source="reproduce", fact=_run_fact(r)))
+    if f.main_thread_run is not None:
+        items.append(Item(key="repro.c.main", source="reproduce",
+                          fact=f"the C reproducer, the same calls from the main thread: {f.main_thread_run.outcome}"))
     if f.heap is not None:
         items.append(Item(key="heap", source="analyze (the core's heap)",
                           fact=f"the core's heap: {f.heap.verdict.value}: {f.heap.verdict_reason}"))

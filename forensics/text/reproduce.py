@@ -17,6 +17,9 @@ def format_reproduce(result: ReproduceResult, *, nvml_label: str | None = None) 
             lines.append(f"        core {r.core}: {r.signature}")
         elif r.core_note:
             lines.append(f"        {r.core_note}")
+    m = result.main_thread
+    if m is not None:
+        lines.append(f"{'c':>6}: {m.outcome} in {m.seconds:.1f}s from the main thread, the same calls  ({m.run_dir})")
     h = result.environment
     if h.get("driver"):
         lines.insert(0, f"NVML {h.get('nvml', '?')}, driver {h.get('driver', '?')}, {h.get('gpu', '?')} "

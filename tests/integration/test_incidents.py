@@ -179,7 +179,7 @@ def _expected(command: str) -> int:
 
 
 def run_every_command(rep: Reports, sim: Path | None, python: Path, *, fault: str = "none",
-                      exits: dict[str, int] | None = None) -> dict[str, list[int]]:
+                      exits: dict[str, int] | None = None, fault_thread: str = "any") -> dict[str, list[int]]:
     """Every fenced shell command of every report (nvml, binding, nvitop, runbook), run exactly as printed: an
     upstream report's beside its attachments (its Steps to reproduce run the attached reproducers) on a node with
     the incident's fault (the simulated driver on the library path, ``fault`` as the reproducers ran with), with
@@ -190,7 +190,7 @@ def run_every_command(rep: Reports, sim: Path | None, python: Path, *, fault: st
 
     :return: each command's exit statuses, in the order run
     """
-    env = sim_environment(sim, fault=fault) if sim is not None else dict(os.environ)
+    env = sim_environment(sim, fault=fault, fault_thread=fault_thread) if sim is not None else dict(os.environ)
     scratch = rep.files["runbook"].with_name("runbook-scratch")
     scratch.mkdir(exist_ok=True)
     ran: dict[str, list[int]] = {}
@@ -245,9 +245,79 @@ def test_driver_fault(sim, tmp_path, core_pattern):
     # and every command of every report runs as printed: pip and gcc succeed, both reproducers die of SIGABRT as
     # the report says they did (on a node with the fault), and the guard is written where nvitop is installed
     ran = run_every_command(rep, sim, python, fault="heap")
-    assert [ran[x][0] for x in lines] == [0, -6, 0, -6]
+    assert [ran[x][0] for x in lines] == [0, -6, 0, -6, -6]  # the C reproducer from threads, then from main: both crash
+    assert "The fault fires in calls from the main thread too: the C reproducer crashed (SIGABRT) from 2 worker " \
+           "threads (--threads 2) and crashed (SIGABRT) making the same calls from the main thread (--threads 0)." \
+           in rep.conclusion["statement"]
     assert all(len(ran[x]) >= 2 for x in lines)  # run from the NVIDIA report and from the nvitop issue alike
     assert ran[cmd] == [0] and list(site.glob("*guard*.pth"))
+
+
+COLLECTOR = """
+import time
+from concurrent.futures import ThreadPoolExecutor
+from nvitop import Device
+devices = Device.all()
+with ThreadPoolExecutor(max_workers=2) as pool:
+    while True:
+        list(pool.map(lambda device: device.nvlink_throughput(), devices))
+        time.sleep(0.1)
+"""
+
+
+def python_blocks(markdown: str) -> list[str]:
+    """Every fenced Python block of a report, as printed."""
+    return [m.group(2) for m in re.finditer(r"^(`{3,})python\n(.*?)^\1 *$", markdown, re.S | re.M)]
+
+
+def test_a_driver_fault_only_off_the_main_thread(sim, tmp_path, core_pattern):
+    # GIVEN a collector calling nvitop's nvlink_throughput() from a ThreadPoolExecutor, killed by a driver fault that
+    # fires only in calls from threads other than the main one; the reproducers on the same node (both crash from
+    # worker threads; the C one is run again from the main thread: clean)
+    python = stack_copy("incident", tmp_path)
+    (tmp_path / "collector.py").write_text(COLLECTOR)
+    (tmp_path / "run").mkdir()
+    env = sim_environment(sim, fault="heap", fault_after=2, fault_thread="non-main")
+    core = crash_for_core([str(python), str(tmp_path / "collector.py")], tmp_path / "run", env=env, timeout=120)
+    evidence = [analyze(core, tmp_path / "analysis.json"),
+                reproduce(tmp_path, "--sim-fault", "heap", "--sim-fault-thread", "non-main", "--stack", "incident")]
+    doc = json.loads(evidence[1].read_text())
+    assert doc["main_thread"]["status"] == "clean" and doc["main_thread"]["thread_only"] is True
+    rep = Reports(evidence, tmp_path)
+    check_every_report(rep, "driver-fault")
+    assert [(f["order"], f["report"]) for f in rep.conclusion["filings"]] == [(1, "nvml"), (2, "nvitop")]
+    assert rep.title("nvml").startswith("nvmlDeviceGetFieldValues (NVLink throughput")
+    # THEN NVIDIA's report says where it fires, in one sentence with both runs' results
+    body = rep.doc["nvml"]["body"]
+    assert ("The fault fires only in calls from threads other than the main one: the C reproducer crashed (SIGABRT) "
+            "from 2 worker threads (--threads 2) and ran clean making the same calls from the main thread (--threads "
+            "0).") in body.replace("\\", ""), body[:3000]
+    # and its Steps to reproduce run the C reproducer both ways, as printed: from threads it crashes, from the main
+    # thread it runs clean
+    c_lines = [c for c in fenced_commands(body) if c.startswith("./nvml_nvlink_fieldvalues")]
+    assert [c.split("   # ")[1] for c in c_lines] == ["crashed (SIGABRT)", "clean"]
+    assert "--threads 2" in c_lines[0] and "--threads 0" in c_lines[1]
+    ran = run_every_command(rep, sim, python, fault="heap", fault_thread="non-main")
+    assert [ran[c][0] for c in c_lines] == [-signal.SIGABRT, 0]
+    # and nvitop's issue's snippets, built from the evidence: the calls from an executor's worker threads (what
+    # crashed), then the same from the main thread; run exactly as printed on the faulty driver, the first crashes
+    # and the second runs clean
+    first, second = python_blocks(rep.doc["nvitop"]["body"])
+    assert "ThreadPoolExecutor" in first and "ThreadPoolExecutor" not in second
+    for i, code in enumerate((first, second)):
+        (tmp_path / f"snippet{i}.py").write_text(code)
+    run_env = dict(sim_environment(sim, fault="heap", fault_after=2, fault_thread="non-main"),
+                   PATH=f"{python.parent}{os.pathsep}{os.environ['PATH']}")
+    crashed = subprocess.run(["python3", "snippet0.py"], cwd=tmp_path, env=run_env, capture_output=True, timeout=120)
+    assert crashed.returncode == -signal.SIGABRT, crashed.stderr[-2000:]
+    clean = subprocess.Popen(["python3", "snippet1.py"], cwd=tmp_path, env=run_env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # still querying after 8 s: clean
+            clean.wait(timeout=8)
+    finally:
+        clean.kill()
+        clean.wait()
 
 
 def test_binding_fault(sim, tmp_path, core_pattern):

@@ -11,7 +11,8 @@ from ..grounds import STACK_PACKAGES, Grounds
 from ..incident import Claim, Decision, IncidentClass, Step
 from ..phrases import failing_call, failure, failure_line, process_name, query_words, where_it_failed
 
-__all__ = ["MODULE_KEYS", "has", "sentence", "who", "run_phrase", "crash_phrase", "runs_claim", "setup_claims",
+__all__ = ["MODULE_KEYS", "has", "sentence", "who", "run_phrase", "crash_phrase", "where_it_fires", "runs_claim",
+           "setup_claims",
            "nvlink", "guard_step", "install_steps", "pin_steps", "runbook_title", "nvidia_call_title",
            "binding_title", "nvitop_title", "nvitop_driver_title"]
 
@@ -53,6 +54,26 @@ def run_phrase(r: ReproRun) -> str:
     if status is Outcome.CLEAN:
         return "ran clean"
     return r.outcome
+
+
+def _threads_of(r: ReproRun) -> str | None:
+    """The ``--threads`` a reproducer ran with, as its command line says."""
+    argv = list(r.command)
+    return argv[argv.index("--threads") + 1] if "--threads" in argv[:-1] else None
+
+
+def where_it_fires(f: Facts) -> str | None:
+    """One sentence of where the fault fires, with both runs' results: the C reproducer's calls from worker threads
+    and the same calls from the main thread (None: not learned)."""
+    c, main = f.c_run, f.main_thread_run
+    if c is None or main is None or f.thread_only is None:
+        return None
+    threads = _threads_of(c) or "N"
+    head = ("The fault fires only in calls from threads other than the main one" if f.thread_only else
+            "The fault fires in calls from the main thread too")
+    did = "ran clean" if main.status is Outcome.CLEAN else main.outcome
+    return (f"{head}: the C reproducer {c.outcome} from {threads} worker thread{'s' if threads != '1' else ''} "
+            f"(--threads {threads}) and {did} making the same calls from the main thread (--threads 0).")
 
 
 def crash_phrase(f: Facts) -> str:

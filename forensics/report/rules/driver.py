@@ -9,7 +9,7 @@ from ...modes import NVIDIA_WHERE, NVITOP_WHERE, ReportTemplate
 from ..grounds import Grounds
 from ..incident import Claim, Decision, IncidentClass, Route, Step
 from .common import (crash_phrase, guard_step, has, nvidia_call_title, nvitop_driver_title, nvlink, run_phrase,
-                     runbook_title, setup_claims)
+                     runbook_title, setup_claims, where_it_fires)
 from .row import Criterion, Found, IncidentRule
 
 __all__ = ["RULE"]
@@ -62,6 +62,9 @@ def _claims(g: Grounds, d: Decision) -> list[Claim]:
         out.append(Claim(text=f"The C reproducer, which makes the same NVML calls without Python or nvidia-ml-py, "
                               f"{run_phrase(c)}" + (f"; the Python reproducer {run_phrase(py)}" if py else "") + ".",
                          evidence=has(d, "repro.c", "repro.python")))
+        where = where_it_fires(f)
+        if where is not None:
+            out.append(Claim(text=where, evidence=has(d, "repro.c", "repro.c.main")))
         if f.heap_verdict in (OverflowVerdict.DRIVER, OverflowVerdict.LIBRARY):
             out.append(Claim(text=f"The core's heap says the same: {f.heap_reason}.", evidence=has(d, "heap")))
         why = "the C reproducer's crash"
