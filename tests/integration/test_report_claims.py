@@ -189,3 +189,21 @@ def test_a_fenced_line_edited_by_hand_fails_check(template, edit, tmp_path):
     assert r.exit_code == EXIT_FINDINGS, r.stdout
     assert r.stdout.splitlines()[1:] == [
         f"  claim without evidence: {changed!r} (a fenced line report -o did not write)"], r.stdout
+
+
+def test_a_title_edit_and_a_secret_in_an_attachment_both_fire(tmp_path):
+    # GIVEN a written report whose title is edited by hand and one of whose attachments gets a planted token
+    out = written("nvml", tmp_path)
+    head, sep, body = out.read_text().partition("\n---\n")
+    title = next(line for line in head.splitlines() if line.startswith("title: "))
+    out.write_text(head.replace(title, 'title: "a driver crash observed"') + sep + body)
+    stacks = out.with_name("report-nvml.files") / "crash-stacks.txt"
+    stacks.write_text(stacks.read_text() + "token ghp_" + "Q" * 36 + "\n")
+    # WHEN it is checked
+    r = run("report", "--check", out)
+    # THEN the claims pass names the title and the secrets' pass (#37's) the attachment's line: neither hides the other
+    assert r.exit_code == EXIT_FINDINGS, r.stdout
+    problems = [x.strip() for x in r.stdout.splitlines()[1:]]
+    assert "the front matter's title is not what report -o wrote: 'a driver crash observed'" in problems, problems
+    n = len(stacks.read_text().splitlines())
+    assert any(p.startswith(f"report-nvml.files/crash-stacks.txt:{n}: a secret") for p in problems), problems
