@@ -2,8 +2,6 @@
 
 Submodules, one per step of a capture:
 
-- :mod:`.procfs`: read ``/proc/PID`` (maps, limits, mountinfo, cgroup, environ redacted) and
-  resolve paths inside a container's root without following a symlink out of it
 - :mod:`.identity`: pod, container and runtime from a cgroup path (v1 and v2; containerd,
   CRI-O, Docker naming)
 - :mod:`.pattern`: ``kernel.core_pattern`` read with core(5) semantics; where this process's
@@ -15,7 +13,10 @@ Submodules, one per step of a capture:
   nvitop / nvidia-ml-py files)
 - :mod:`.pod`: ``forensics capture --pod`` through the one kube client (:mod:`forensics.kubectl`)
 - :mod:`.agent`: the agent pod's side of ``capture --pod`` and the bundle's way back through its log
-- :mod:`.manifests`: the agent pod and the core handler's DaemonSet, as YAML
+- :mod:`.keeper`: the DaemonSet's privileged keeper: the handler installed, the previous pattern restored
+
+``/proc/PID`` is read, and paths inside a container's root resolved, by :mod:`forensics.procfs`. The node agent
+(``agent serve``) is :mod:`forensics.agent`; the manifests and the Helm chart are :mod:`forensics.deploy`.
 
 The bundle they write (its layout, records, writer and reader) is :mod:`forensics.bundle`'s.
 Importing this package imports none of them: the core handler must start fast.

@@ -23,7 +23,7 @@ from ..errors import (CoreDirectoryError, ForensicsError, LimitNotRaised, NotRoo
                       UnsafeContainerPath)
 from ..pidstat import check_still_running, check_user_process, read_pid_stat
 from ..subproc import run_bounded
-from .procfs import open_in_root
+from ..procfs import open_in_root
 
 if TYPE_CHECKING:  # imported where they are used: each command loads only what it needs
     from .identity import ContainerIdentity

@@ -120,7 +120,7 @@ def explain_destination(pattern: str, snapshot, *, core_uses_pid: int | None = N
     :param snapshot: a :class:`~forensics.capture.snapshot.Snapshot` of the process
     """
     from ..procfs import parse_mountinfo
-    from .procfs import find_mount, host_path_of_mount
+    from ..procfs import find_mount, host_path_of_mount
 
     reasons: list[str] = []
     soft = snapshot.limits.get("Max core file size", ("0", "0"))[0]
@@ -313,7 +313,7 @@ def destination_survives(d: dict) -> bool:
 
 
 def _open_dir_in_root(root: str, path: str) -> int | None:
-    from .procfs import open_in_root
+    from ..procfs import open_in_root
 
     try:
         return open_in_root(root, path, os.O_RDONLY | os.O_DIRECTORY)

@@ -25,7 +25,7 @@ from ..errors import (AgentFailed, ContainerNotRunning, ForensicsError, KubectlN
 from ..kubectl import KubeOptions, as_count, as_dict, as_list, as_str, get_json, run_kubectl
 from ..bundle.layout import LEFT_ON_NODE
 from .agent import decode_bundle
-from .manifests import agent_pod_manifest, to_yaml
+from ..deploy.manifests import agent_pod_manifest, to_yaml
 
 __all__ = ["capture_pod", "summarize_pod", "summarize_node", "extract_node_bundle", "NODE_BUNDLE_MAX_BYTES",
            "NODE_BUNDLE_MAX_FILES", "NODE_LOG_LIMIT"]

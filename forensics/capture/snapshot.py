@@ -9,7 +9,7 @@ and the nvitop / nvidia-ml-py files the interpreter would import.
 
 Mapped objects are opened through ``/proc/PID/map_files/<range>`` (the file the process
 really mapped, whatever its path now names); other files inside the container through
-:func:`~forensics.capture.procfs.open_in_root`, never following a symlink out of its root.
+:func:`~forensics.procfs.open_in_root`, never following a symlink out of its root.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from ..procfs import (
     read_proc_text,
 )
 from .identity import ContainerIdentity, parse_cgroup, read_image_name
-from .procfs import MountIndex, open_in_root
+from ..procfs import MountIndex, open_in_root
 
 __all__ = [
     "MappedObject",

@@ -82,7 +82,7 @@ def agent_manifest(core_dir, image, namespace, gpu_label, host_prefix, max_core_
     forensics agent manifest --json | jq .manifest | kubectl apply -f -     # a v1 List
     """
     from .. import __version__
-    from ..capture.manifests import AgentUpload, agent_image, agent_objects, to_yaml_documents
+    from ..deploy.manifests import AgentUpload, agent_image, agent_objects, to_yaml_documents
 
     if "=" not in gpu_label:
         raise click.BadParameter("KEY=VALUE", param_hint="--gpu-label")
@@ -132,7 +132,7 @@ def agent_chart(output, force, as_json):
     forensics agent chart -o ./forensics-agent
     helm install forensics ./forensics-agent -n forensics --set metrics.scrape=podmonitor
     """
-    from ..capture.helmchart import write_chart
+    from ..deploy.helmchart import write_chart
 
     files = write_chart(output, force=force)
     if as_json:
@@ -208,7 +208,7 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
 
     from ..kubectl import KubeOptions
     from .. import __version__
-    from ..capture.serve import ServeConfig, serve
+    from ..agent.serve import ServeConfig, serve
 
     kube = None
     if events or kubeconfig:
@@ -220,7 +220,7 @@ def agent_serve(core_dir, node_name, metrics_port, metrics_address, analysis_tim
             echo("forensics agent serve: no kubeconfig and not in a pod: no Events, pods named by UID only", err=True)
     upload = None
     if upload_url:
-        from ..capture.shipper import UploadConfig
+        from ..agent.shipper import UploadConfig
         from ..errors import ForensicsError
         from ..objstore.client import StoreOptions, parse_object_url
 

@@ -95,7 +95,7 @@ def capture(pid, core_dir, full, coredump_filter, install_handler, uninstall_han
         return
     if pod:
         from .. import __version__
-        from ..capture.manifests import agent_image as default_agent_image
+        from ..deploy.manifests import agent_image as default_agent_image
         from ..capture.pod import capture_pod
         from ..kubectl import KubeOptions
 

@@ -133,7 +133,7 @@ def _crash_places(sources: tuple[str, ...], endpoint_url, region, profile, deadl
     """fleet --bundles: where each crash's bundle lives (what a bucket did not let be read said in ``problems``)."""
     if not sources:
         return ()
-    from ..capture.crashplaces import read_crash_places
+    from ..agent.crashplaces import read_crash_places
     from ..objstore.client import StoreOptions
 
     return read_crash_places(sources, StoreOptions(endpoint_url=endpoint_url, region=region, profile=profile,

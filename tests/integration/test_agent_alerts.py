@@ -1,4 +1,4 @@
-"""The agent's Prometheus rules (forensics/capture/chart/files/forensics-alerts.yaml) against real promtool:
+"""The agent's Prometheus rules (forensics/deploy/chart/files/forensics-alerts.yaml) against real promtool:
 `promtool check rules`, then the `promtool test rules` files of the repository (tests/data/alerts/*.yaml, which show
 every alert firing and not firing), whose input series are checked against a real `agent serve`'s scrape -- a real
 crash and a real kill analyzed, their uploads failed -- name by name and label key by label key, so a rule or a test
@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 
 from forensics.bundle.record import CoreState
-from forensics.capture.nodeindex import CrashEntry, NodeIndex
-from forensics.capture.serve import Agent, IndexCollector, ServeConfig
+from forensics.agent.nodeindex import CrashEntry, NodeIndex
+from forensics.agent.serve import Agent, IndexCollector, ServeConfig
 from tests.podruntime import searchable_view
 from tests.prometheus_env import PrometheusUnavailable, prometheus_binary
 
 yaml = pytest.importorskip("yaml")
 
-RULES = Path(__file__).resolve().parents[2] / "forensics/capture/chart/files/forensics-alerts.yaml"
+RULES = Path(__file__).resolve().parents[2] / "forensics/deploy/chart/files/forensics-alerts.yaml"
 FP_OLD, FP_NEW = "0123456789ab", "ba9876543210"
 
 
@@ -62,7 +62,7 @@ def agent_registry(core_dir: str, node: str, crashes: list[CrashEntry], *, uploa
 
     cfg = None
     if upload:
-        from forensics.capture.shipper import UploadConfig
+        from forensics.agent.shipper import UploadConfig
         from forensics.objstore.client import StoreOptions, parse_object_url
 
         cfg = UploadConfig(dest=parse_object_url("s3://crash-bundles/fleet"), cluster="prod", opts=StoreOptions())
@@ -279,7 +279,7 @@ def test_every_alert_is_shown_firing_and_not_firing_and_has_its_runbook():
     alerts = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
     firing, quiet = set(), set()
     for _f, doc in _alert_tests():
-        assert doc["rule_files"] == ["../../../forensics/capture/chart/files/forensics-alerts.yaml"]
+        assert doc["rule_files"] == ["../../../forensics/deploy/chart/files/forensics-alerts.yaml"]
         for test in doc["tests"]:
             for case in test.get("alert_rule_test", []):
                 (firing if case["exp_alerts"] else quiet).add(case["alertname"])

@@ -1,4 +1,4 @@
-"""The Grafana dashboard (forensics/capture/chart/files/forensics-dashboard.json): every panel's query runs on a real
+"""The Grafana dashboard (forensics/deploy/chart/files/forensics-dashboard.json): every panel's query runs on a real
 Prometheus (Debian's, on 127.0.0.1) that scrapes two agents' real collectors served by the agent's own metrics server,
 and kube-state-metrics' node labels, with the alert rules' recording rules loaded; each answers, and the fingerprints
 and the boundary say what the series say."""
@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from forensics.capture.manifests import agent_objects
-from forensics.capture.metricsserver import MetricsServer
+from forensics.deploy.manifests import agent_objects
+from forensics.agent.metricsserver import MetricsServer
 from tests.integration.test_agent_alerts import FP_NEW, FP_OLD, RULES, agent_registry, crash_entry, old_agent
 from tests.integration.test_fleet_prometheus import Prometheus
 

@@ -237,7 +237,7 @@ def test_the_arm64_agent_serves_healthz_and_metrics_and_analyzes_the_crash(roots
     cache.mkdir()
     # agent serve's own code, its analyses unsandboxed: qemu-user refuses a guest its seccomp filter (the sandbox is
     # tested natively: test_sandbox.py, test_agent_privilege.py, and in the amd64 image, test_agent_image.py)
-    serve = ("import sys\nfrom forensics import __version__\nfrom forensics.capture.serve import ServeConfig, serve\n"
+    serve = ("import sys\nfrom forensics import __version__\nfrom forensics.agent.serve import ServeConfig, serve\n"
              "serve(ServeConfig(core_dir=sys.argv[1], node='gh200-node-1', metrics_port=int(sys.argv[2]), "
              "metrics_address='127.0.0.1', events=False, version=__version__, sandbox_uid=None))")
     cmd = sandbox_command(roots["arm64"], ["/usr/bin/env", "PYTHONHOME=/opt/forensics",

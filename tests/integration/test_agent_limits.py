@@ -126,7 +126,7 @@ def test_an_analysis_short_of_threads_inside_is_retried_then_failed_as_resources
                                                                                    tmp_path):
     """The analysis child forked (one pid to spare) but could not start a thread inside: it was recorded as
     "error" at its first attempt ("internal error: RuntimeError: can't start new thread"), for good."""
-    from forensics.capture.serve import MAX_SHORT
+    from forensics.agent.serve import MAX_SHORT
 
     core_dir = tmp_path / "cores"
     # GIVEN the agent in a cgroup with one pid to spare: the analysis forks, then cannot start a thread
@@ -168,7 +168,7 @@ def test_the_analysis_output_is_bounded_on_disk(tmp_path):
     printed without end filled the node's disk until the timeout (only the read-back was bounded)."""
     import sys
 
-    from forensics.capture.serve import ServeConfig, analyze_crash
+    from forensics.agent.serve import ServeConfig, analyze_crash
 
     # GIVEN an analysis child that prints 8 MiB, then marks that it finished, and a bound of 1 MiB
     crash = tmp_path / "crash"
@@ -376,7 +376,7 @@ def test_the_idle_agent_reads_each_bundle_once_and_again_only_when_it_changes(ke
         agent.stop()
     # and a reader kept between rounds gives what reading every bundle gives: a bundle removed at once, a change
     # the handler or the agent did not make at its next full round
-    from forensics.capture.nodeindex import IndexReader, build_index
+    from forensics.agent.nodeindex import IndexReader, build_index
 
     reader = IndexReader(str(core_dir), full_every=3600)
     reader.refresh()

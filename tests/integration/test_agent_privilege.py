@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics.capture.manifests import agent_objects
+from forensics.deploy.manifests import agent_objects
 from tests.kube_standin import StandIn, make_node, write_kubeconfig
 from tests.podruntime import PodRuntime, make_install
 

@@ -310,7 +310,7 @@ def test_analysis_runs_at_idle_priority_and_is_bounded(kernel_cores, container, 
     probe.write_text("import os, sys, time\n"
                      "open(sys.argv[-2], 'w').write(f'{os.sched_getscheduler(0)} {os.nice(0)}')\n"
                      "time.sleep(60)\n")
-    from forensics.capture.serve import ServeConfig, analyze_crash
+    from forensics.agent.serve import ServeConfig, analyze_crash
 
     (crash,) = (core_dir / "crashes").iterdir()
     cfg = ServeConfig(core_dir=str(core_dir), node="n", analysis_timeout=2, sandbox_uid=None,  # writes tmp_path

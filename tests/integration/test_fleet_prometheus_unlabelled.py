@@ -12,7 +12,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from forensics.capture.serve import NODE_LABEL
+from forensics.agent.serve import NODE_LABEL
 from forensics.cli import cli
 from forensics.fleet.prom import AGENT_NODE
 from tests.fleetgen import incident_fleet

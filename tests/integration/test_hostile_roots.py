@@ -17,7 +17,7 @@ import pytest
 import zstandard
 from click.testing import CliRunner
 
-from forensics.capture.procfs import open_in_root
+from forensics.procfs import open_in_root
 from forensics.cli import cli
 from forensics.core.files import resolve_file
 from forensics.errors import UnsafeContainerPath

@@ -774,8 +774,8 @@ def test_a_hundred_crashes_with_the_bucket_down_then_up(kernel_cores, live, tmp_
 def test_the_pending_bytes_bound_gives_up_the_oldest_and_says_so(kernel_cores, live, tmp_path, monkeypatch, capsys):
     """#29: past --upload-max-pending-bytes the oldest crashes waiting are given up (recorded, counted, on stderr,
     trimmed) until the queue's bytes fit; the ones left are still tried."""
-    from forensics.capture.nodeindex import IndexReader
-    from forensics.capture.shipper import Shipper, UploadConfig
+    from forensics.agent.nodeindex import IndexReader
+    from forensics.agent.shipper import Shipper, UploadConfig
     from forensics.capture.store import disk_usage
     from forensics.objstore.client import StoreOptions, parse_object_url
 
@@ -911,8 +911,8 @@ def test_the_same_crash_uploaded_twice_ends_uploaded_or_dropped_never_pending(s3
 def test_an_upload_failing_is_given_up_after_its_attempts_whole(kernel_cores, live, tmp_path, monkeypatch, capsys):
     """#39 item 4: an upload that keeps failing is given up after --upload-max-attempts, counted across restarts
     of the agent; the bundle is kept whole on the node."""
-    from forensics.capture.nodeindex import IndexReader
-    from forensics.capture.shipper import Shipper, UploadConfig
+    from forensics.agent.nodeindex import IndexReader
+    from forensics.agent.shipper import Shipper, UploadConfig
     from forensics.objstore.client import StoreOptions, parse_object_url
 
     # GIVEN a real crash recorded by the handler (metadata only: nothing to analyze), and a bucket nobody answers for

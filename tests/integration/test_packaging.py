@@ -55,10 +55,10 @@ def test_wheel_ships_gdb_scripts_and_analyzes_outside_the_checkout(tmp_path, cor
     assert "forensics/gdb_scripts/forensics_python.py" in names
     assert "forensics/gdb_scripts/forensics_native.py" in names
     # the agent's Helm chart, its alert rules and dashboard are package data (`forensics agent chart` copies them)
-    assert {"forensics/capture/chart/Chart.yaml", "forensics/capture/chart/templates/daemonset.yaml",
-            "forensics/capture/chart/files/forensics-alerts.yaml",
-            "forensics/capture/chart/files/forensics-dashboard.json", "forensics/capture/chart/values.schema.json",
-            "forensics/capture/chart/values-cos.yaml", "forensics/capture/chart/values-bottlerocket.yaml"} <= set(names)
+    assert {"forensics/deploy/chart/Chart.yaml", "forensics/deploy/chart/templates/daemonset.yaml",
+            "forensics/deploy/chart/files/forensics-alerts.yaml",
+            "forensics/deploy/chart/files/forensics-dashboard.json", "forensics/deploy/chart/values.schema.json",
+            "forensics/deploy/chart/values-cos.yaml", "forensics/deploy/chart/values-bottlerocket.yaml"} <= set(names)
     target = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                        capture_output=True, text=True, timeout=300)

@@ -219,7 +219,7 @@ def crash_bundle(tmp_path_factory, core_pattern):
 
 SERVE_ONE = r'''
 import json, sys
-from forensics.capture.serve import ServeConfig, analyze_crash
+from forensics.agent.serve import ServeConfig, analyze_crash
 crash, core_dir, scratch, method = sys.argv[1:5]
 cfg = ServeConfig(core_dir=core_dir, node="n", events=False, scratch=scratch,
                   analyze_argv=[sys.executable, "-m", "forensics", "analyze", "--json", "--native-method", method])

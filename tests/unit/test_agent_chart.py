@@ -8,7 +8,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from forensics.capture.helmchart import CHART_DIR, chart_files
+from forensics.deploy.helmchart import CHART_DIR, chart_files
 from forensics.cli import cli
 
 

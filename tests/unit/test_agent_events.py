@@ -1,11 +1,11 @@
-"""The agent's events.k8s.io/v1 Events (forensics/capture/events.py): which series the index wants, and that what
+"""The agent's events.k8s.io/v1 Events (forensics/agent/events.py): which series the index wants, and that what
 the sink writes passes the API server's validation of that version (tests/kube_standin.py's port of
 k8s.io/kubernetes pkg/apis/core/validation/events.go), which refuses what an older Event shape would do."""
 from __future__ import annotations
 
 from forensics.bundle.record import CoreState
-from forensics.capture.events import EventSink, crash_series, dropped_series
-from forensics.capture.nodeindex import CrashEntry, group_crashes
+from forensics.agent.events import EventSink, crash_series, dropped_series
+from forensics.agent.nodeindex import CrashEntry, group_crashes
 from tests.kube_standin import _merge, validate_group_event
 
 

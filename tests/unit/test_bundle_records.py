@@ -95,7 +95,7 @@ def test_the_agent_leaves_a_crash_the_handler_is_still_writing(tmp_path):
     the word in the core's state, where the record's own state holds it."""
     import sys
 
-    from forensics.capture.serve import Agent, ServeConfig
+    from forensics.agent.serve import Agent, ServeConfig
 
     # GIVEN a crash whose handler wrote its first record only, and an "analyzer" that leaves a mark
     first = {**DONE, "state": "in-progress", "core": {"state": "pending"}}

@@ -9,7 +9,7 @@ import pytest
 
 from forensics.capture.identity import parse_cgroup
 from forensics.capture.pattern import PAGE_SIZE, expand_pattern, explain_destination, handler_pattern
-from forensics.capture.procfs import find_mount, host_path_of_mount, open_in_root
+from forensics.procfs import find_mount, host_path_of_mount, open_in_root
 from forensics.errors import ForensicsError, UnsafeContainerPath
 from forensics.procfs import parse_limits, parse_maps, parse_mountinfo
 
@@ -289,7 +289,7 @@ def test_the_crash_loop_decision_reads_only_the_index_tail(tmp_path):
 def test_the_mount_index_answers_as_the_mount_scan_does():
     """The snapshot finds each mapped object's mount through an index (a process fills its own mountinfo: a
     scan of every mount for every object was unbounded work while the kernel waited); same answers."""
-    from forensics.capture.procfs import MountIndex
+    from forensics.procfs import MountIndex
 
     def line(mid: int, point: str, root: str = "/", dev: str = "0:50") -> str:
         return f"{mid} 1 {dev} {root} {point} rw,relatime shared:1 - tmpfs t rw\n"

@@ -9,7 +9,7 @@ import pytest
 
 from forensics.analyze.classify import classify_fault_address, is_stack_overflow, signal_origin
 from forensics.bundle.record import CoreState
-from forensics.capture.nodeindex import CrashEntry, _previous_fingerprint, group_crashes
+from forensics.agent.nodeindex import CrashEntry, _previous_fingerprint, group_crashes
 from forensics.model import CoreFile, FaultKind, Mapping, SigInfo, SignalOrigin, SignalSender
 
 PAGE = 0x1000
@@ -102,7 +102,7 @@ def test_the_agent_counts_kills_apart_and_exports_the_previous_key(tmp_path):
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from forensics.capture.serve import Agent, IndexCollector, ServeConfig
+    from forensics.agent.serve import Agent, IndexCollector, ServeConfig
 
     # GIVEN two crashes of one bug and a kill (a signal another process sent) in the agent's index
     agent = Agent(ServeConfig(core_dir=str(tmp_path / "cores"), node="gpu-a", events=False))

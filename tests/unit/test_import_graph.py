@@ -31,10 +31,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # stacks by gdb / our reader / libdw; capture bundles; glibc heap; systemd-coredump's store (its compressed
     # cores, its journal)
     ("gdb", "pyread", "bundle", "unwind", "heap", "coredumpd"),
-    ("analyze", "imports", "objstore"),  # analyze's pipeline; verify-imports' library; bundles in S3 buckets
+    # analyze's pipeline; verify-imports' library; bundles in S3 buckets; the node side's manifests and Helm chart
+    ("analyze", "imports", "objstore", "deploy"),
     # the public API; renderers; capture on nodes; gdb opened on a core for a person (forensics debug)
     ("forensics", "format", "canary", "simnvml", "capture", "debugger"),
-    ("reproduce",),  # the reproducers, and their result read back
+    ("reproduce", "agent"),  # the reproducers, and their result read back; the node agent (agent serve)
     ("report",),  # evidence -> the incident's reports
     ("text",),  # plain text for people: every command's renderers
     ("demo",),

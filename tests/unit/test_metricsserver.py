@@ -1,4 +1,4 @@
-"""The agent's metrics endpoint (forensics/capture/metricsserver.py) against real sockets on 127.0.0.1: idle,
+"""The agent's metrics endpoint (forensics/agent/metricsserver.py) against real sockets on 127.0.0.1: idle,
 dripping and oversized connections are closed, a flood makes no thread, and a scrape still answers."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from forensics.capture.metricsserver import MetricsServer
+from forensics.agent.metricsserver import MetricsServer
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_the_agent_exports_its_build_and_its_health(tmp_path):
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from forensics.capture.serve import Agent, IndexCollector, ServeConfig
+    from forensics.agent.serve import Agent, IndexCollector, ServeConfig
 
     # GIVEN an agent of a given version, its collector registered as agent serve registers it
     agent = Agent(ServeConfig(core_dir=str(tmp_path / "cores"), node="gpu-a", events=False, version="9.8.7"))

@@ -1,4 +1,4 @@
-"""The node agent's Helm chart, shipped in the package as data (``forensics/capture/chart/``), and a copy of it.
+"""The node agent's Helm chart, shipped in the package as data (``forensics/deploy/chart/``), and a copy of it.
 
 The chart renders the objects :func:`~.manifests.agent_objects` makes (``forensics agent manifest``) for the same
 settings (tests/integration/test_helm_chart.py renders both and compares them); ``files/`` holds the Prometheus

@@ -178,7 +178,7 @@ class Shipper:
     def _bound(self, index: NodeIndex, pending: dict[str, float]) -> set[str]:
         """Give up the oldest analyzed crashes of ``pending`` while it is over a bound; the ones given up (taken
         out of ``pending``)."""
-        from .store import disk_usage
+        from ..capture.store import disk_usage
 
         for path in pending:
             if path not in self.sizes:

@@ -85,7 +85,7 @@ def handler_state(core_dir: str, proc: str = "/proc") -> tuple[str, str, str | N
     :return: (a reason of :data:`HANDLER_REASONS`, the pattern now, the handler's pattern or None when none is
         recorded)
     """
-    from .pattern import read_core_pattern
+    from ..capture.pattern import read_core_pattern
 
     wanted = None
     try:
@@ -556,7 +556,7 @@ class Agent:
         changed = self.reader.refresh()
         self.index = self.reader.index
         if changed or time.monotonic() - self.stored_at > STORED_EVERY:
-            from .store import disk_usage
+            from ..capture.store import disk_usage
 
             crashes = disk_usage(os.path.join(self.cfg.core_dir, layout.CRASHES))
             self.stored = {"cores": crashes, "objects": disk_usage(os.path.join(self.cfg.core_dir, layout.OBJECTS))}
