@@ -242,7 +242,7 @@ _MEMFD = "/memfd:"  # how /proc/PID/maps names a memfd_create(2) file: memory, i
 _SPARSE_SLACK = 1 << 20  # holes a mapped file may have and still be copied (a library's file has none)
 
 
-def not_copied_why(path: str, fd: int, cfg: HandlerConfig) -> str | None:
+def _not_copied_why(path: str, fd: int, cfg: HandlerConfig) -> str | None:
     """Why a mapped object is kept by build-id and size only, not copied into the store: a memfd, a sparse file
     (one whose holes hide how large it is: a process can map terabytes of them), or one over
     ``cfg.max_object_size``; None to copy it."""
@@ -326,7 +326,7 @@ def _copy_objects(store, fds, keys: dict, warnings: list, *, build_ids: dict[str
 
     :param build_ids: the snapshot's build-id of each object (not read again); an object without one is keyed by
         the sha256 of its bytes
-    :param not_copied: filled with the objects kept by build-id and size only (:func:`not_copied_why`): neither
+    :param not_copied: filled with the objects kept by build-id and size only (:func:`_not_copied_why`): neither
         hashed nor copied
     :return: the disk the new copies take (the record's ``objects_bytes``)
     """
@@ -334,7 +334,7 @@ def _copy_objects(store, fds, keys: dict, warnings: list, *, build_ids: dict[str
     for entry, fd in fds:
         path = entry.path[: -len(" (deleted)")] if entry.deleted else entry.path
         try:
-            why = not_copied_why(path, fd, cfg)
+            why = _not_copied_why(path, fd, cfg)
             if why is not None:
                 if not_copied is not None:
                     not_copied[entry.path] = {"build_id": build_ids.get(path), "size": os.fstat(fd).st_size,

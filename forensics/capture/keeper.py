@@ -46,13 +46,13 @@ def keep(core_dir: str, *, config: dict | None = None, proc: str = "/proc", stop
             f"recorded in {installed['state']}); restored when this pod stops")
         while not stop.wait(3600):
             pass
-        return {"installed": installed["pattern"], **restore(core_dir, installed["pattern"], proc=proc, say=say)}
+        return {"installed": installed["pattern"], **_restore(core_dir, installed["pattern"], proc=proc, say=say)}
     finally:
         for s, h in previous_handlers.items():
             signal.signal(s, h)
 
 
-def restore(core_dir: str, ours: str, *, proc: str = "/proc", say: Callable[[str], None] = print) -> dict:
+def _restore(core_dir: str, ours: str, *, proc: str = "/proc", say: Callable[[str], None] = print) -> dict:
     """Write back the pattern recorded at install when ``ours`` is still the kernel's; else leave it."""
     current = read_core_pattern(proc).strip()
     if current != ours.strip():

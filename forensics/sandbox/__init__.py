@@ -26,7 +26,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-__all__ = ["Denied", "DENIED", "DEFAULT_UID", "Policy", "wrapper_argv", "confine", "landlock_abi", "seccomp_rules"]
+__all__ = ["Denied", "DENIED", "DEFAULT_UID", "Policy", "wrapper_argv", "confine", "ConfineError", "landlock_abi",
+           "seccomp_rules"]
 
 #: the uid and gid an on-node analysis drops to: no account on a node's host (distroless images' "nonroot")
 DEFAULT_UID = 65532

@@ -13,7 +13,7 @@ import ctypes
 import ctypes.util
 import errno as errno_mod
 
-__all__ = ["SeccompUnavailable", "Rule", "Filter", "build", "ACT_ALLOW", "act_errno"]
+__all__ = ["SeccompUnavailable", "Rule", "Filter", "build", "syscall_number", "ACT_ALLOW", "act_errno"]
 
 ACT_ALLOW = 0x7FFF0000
 _ACT_ERRNO = 0x00050000

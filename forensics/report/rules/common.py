@@ -152,7 +152,7 @@ def _verify_command(f: Facts) -> str | None:
     return None
 
 
-def stale_trees(f: Facts) -> list[tuple[str, str]]:
+def _stale_trees(f: Facts) -> list[tuple[str, str]]:
     """(module, the stale tree or file) of each stack module a stale copy shadows: the package's directory, or
     the module's file (what verify-imports calls the stale tree)."""
     out: list[tuple[str, str]] = []
@@ -175,7 +175,7 @@ def install_steps(g: Grounds, d: Decision) -> list[Step]:
     keys = tuple(i.key for i in d.items if i.key.startswith("imports."))
     for s in d.shadowed:
         out.append(Step(text=f"Fix the image so that the installed code runs: {s}", command=None, evidence=keys))
-    trees = stale_trees(g.f)
+    trees = _stale_trees(g.f)
     if trees:
         ran = "; ".join(f"{tree} ({(v.package + ' ' + (v.ran or '?')) if (v := _ran(d, module)) else module})"
                         for module, tree in trees)
