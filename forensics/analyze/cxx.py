@@ -18,6 +18,7 @@ whose frames run the C++ runtime's throw or terminate machinery.
 from __future__ import annotations
 
 from ..model import Arch, CxxException, NativeFrame
+from ..modes import Unwinder
 from ..views.names import RUNTIME_OBJECTS, demangle, is_runtime_frame
 
 TYPE_CHECKING = False
@@ -178,6 +179,10 @@ def scan_caller_past_runtime(mem: CoreMemory, core: CoreFile, thread: Thread, *,
     function is named (else the first such address: a stale word on the stack is likelier where nothing names it).
     """
     frames = thread.native_frames
+    if thread.native_method in (None, Unwinder.REGISTERS) and len(frames) <= 1:
+        # no unwinder ran (its program counter only): the words above the stack pointer are the runtime frames'
+        # own, stale return addresses among them (a heap abort's: libpython's insert_to_emptydict), no caller
+        return None
     sound = sound_frames(frames, core)
     if not sound or not all(is_runtime_frame(f) for f in sound):
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..model import Analysis, CrashKind, NativeStack, ProcessSnapshot
-from ..modes import HeapMode
+from ..modes import HeapMode, Unwinder
 from .classify import is_python_process
 from .findings import heap_findings, with_fingerprint
 
@@ -13,7 +13,28 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-
 if TYPE_CHECKING:
     from .reading import CoreReading
 
-__all__ = ["with_crashed_locals", "with_cxx_exception", "with_heap"]
+__all__ = ["with_crashed_locals", "with_cxx_exception", "with_named_pc", "with_heap"]
+
+
+def with_named_pc(snapshot: ProcessSnapshot, reading: CoreReading) -> ProcessSnapshot:
+    """The snapshot with the crashed thread's program counter named (its function, from the object's ``.dynsym``
+    and its debug file's ``.symtab``: :func:`forensics.core.symtab.symbol_at`) where no unwinder ran for that thread
+    (``--native-method none``; gdb asked for and missing): a memory fault's faulting function is then the one an
+    unwinder names, and so is the fingerprint's ``function:``.  The snapshot as it was otherwise."""
+    crashed = snapshot.crashed_thread
+    if crashed is None or crashed.native_method not in (None, Unwinder.REGISTERS) or len(crashed.native_frames) != 1:
+        return snapshot
+    frame = crashed.native_frames[0]
+    if frame.symbol is not None or not frame.pc:
+        return snapshot
+    from ..core.symtab import symbol_at
+
+    name, path = symbol_at(snapshot.core, frame.pc, sysroot=reading.sysroot)
+    if name is None:
+        return snapshot
+    named = dataclasses.replace(crashed, native_frames=(dataclasses.replace(frame, symbol=name,
+                                                                            library=frame.library or path),))
+    return dataclasses.replace(snapshot, threads=tuple(named if t is crashed else t for t in snapshot.threads))
 
 
 def with_cxx_exception(snapshot: ProcessSnapshot, reading: CoreReading) -> ProcessSnapshot:

@@ -39,7 +39,9 @@ strings, so a fingerprint can always be explained; ``analyze --json`` carries th
                runtimes' abort, assert, terminate and unwind machinery (libc, libstdc++, libgcc_s,
                libc++abi): the assertion's function, the code that threw, the caller of the ``free``
                glibc rejected -- found on the stack past the runtime's frames when the unwinder stops in
-               them (the crashed C library's file not here)
+               them (the crashed C library's file not here).  Where no unwinder ran (``--native-method
+               none``, gdb asked for and missing) a memory fault's function is still its program
+               counter's, named from the object's symbols; an abort's is not known (the basis is partial)
 ``caller:``    for a memory fault in the C or C++ runtime (``memcpy`` given a bad pointer), the first frame
                outside them
 ``program:``   the executable's name, for a process that is not CPython
@@ -302,17 +304,27 @@ def _function_parts(snapshot: ProcessSnapshot, thread: Thread, crash: Crash) -> 
     A memory fault's function is the one holding the faulting instruction; one in the C or C++ runtime
     (``memcpy`` given a bad pointer) is followed by its caller outside them.  An abort's is the first frame
     outside the runtimes' abort, assert, terminate and unwind machinery: the assertion's function, the code
-    that threw the C++ exception, the caller of the ``free`` glibc rejected."""
-    if thread.native_method in (None, Unwinder.REGISTERS) and len(thread.native_frames) <= 1:
-        return [], "the faulting thread's native stack was not unwound (its function is not known)"
+    that threw the C++ exception, the caller of the ``free`` glibc rejected.
+
+    Where no unwinder ran (``--native-method none``, gdb asked for and missing), the thread's program counter is
+    still a memory fault's faulting instruction (the analysis names its function: :func:`.enrich.with_named_pc`),
+    so its function is what an unwinder gives; an abort's culprit and a runtime function's caller lie further
+    down the stack, which only an unwinder walks: not known then, and said."""
+    not_unwound = "the faulting thread's native stack was not unwound (its function is not known)"
+    unwound = thread.native_method not in (None, Unwinder.REGISTERS) or len(thread.native_frames) > 1
+    if not unwound and crash.kind not in _MEMORY_FAULTS:
+        return [], not_unwound
     frames = _physical(first_fault_frames(thread, crash)[0])
     if not frames:
-        return [], None
+        return [], None if unwound else not_unwound
     out: list[str] = []
     if crash.kind in _MEMORY_FAULTS:
         out.append(f"function:{frame_name(frames[0])}")
         if not is_runtime_frame(frames[0]):
             return out, _why_unnamed(snapshot, frames[0])
+        if not unwound:
+            return out, ("the faulting thread's native stack was not unwound (the caller of the C runtime's "
+                         "function is not known)")
     culprit = next((f for f in sound_frames(frames, snapshot.core) if not is_runtime_frame(f)), None) \
         or thread.scanned_caller
     if culprit is None:

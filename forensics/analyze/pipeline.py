@@ -19,7 +19,7 @@ from ..modes import HeapMode, NativeMethod, StackMethod
 from .a64fault import with_fault_signal
 from .build import build_snapshot
 from .choose import choose_native, choose_python, compare_methods, unwind_signal_handler_threads
-from .enrich import with_crashed_locals, with_cxx_exception, with_heap
+from .enrich import with_crashed_locals, with_cxx_exception, with_heap, with_named_pc
 from .findings import analyze_snapshot
 from .native import failed_threads, native_label, plan_native
 from .reading import CoreReading
@@ -195,7 +195,7 @@ def _analyze(reading: CoreReading, *, exe: str | None, gdb: str, timeout: float,
         requested_native=native_method, native_disagreements=tuple(native_disagreements), reading=reading,
     )
     snapshot, thread_locals = with_crashed_locals(snapshot, sysroot=sysroot, reading=reading)
-    snapshot = with_cxx_exception(snapshot, reading)
+    snapshot = with_cxx_exception(with_named_pc(snapshot, reading), reading)
     # the registers libdw recovered in the crashed thread's frames: where glibc's free() kept its pointer
     registers = next((s for s in libdw_doc or () if s.frame_registers), None)
     return with_heap(analyze_snapshot(snapshot), heap, sysroot=sysroot, thread_locals=thread_locals, reading=reading,

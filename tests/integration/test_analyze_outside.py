@@ -178,7 +178,23 @@ def test_one_fingerprint_whatever_the_method(cores, newest_python, scenario):
         "no unwinder": analyze_core(core, native_method="none"),
         "no gdb": analyze_core(core, gdb="/nonexistent/gdb", native_method="gdb"),
     }
-    # THEN every method gives the one fingerprint, from the parts every method yields
-    assert len({a.fingerprint for a in got.values()}) == 1, {k: a.fingerprint_basis for k, a in got.items()}
-    assert not any(a.fingerprint_partial for a in got.values())
-    assert all(not b.startswith("native:") for b in got["libdw"].fingerprint_basis)
+    # THEN every method that unwinds the crashed thread gives the one fingerprint, whole, with the faulting function
+    # (fingerprint v4, issue #38 item 1)
+    unwound = {k: got[k] for k in ("libdw", "gdb", "direct")}
+    assert len({a.fingerprint for a in unwound.values()}) == 1, {k: a.fingerprint_basis for k, a in got.items()}
+    assert not any(a.fingerprint_partial for a in unwound.values())
+    whole = got["libdw"].fingerprint_basis
+    assert all(not b.startswith("native:") for b in whole)
+    assert [b for b in whole if b.startswith("function:")] == \
+        [f"function:libcrash.so:{'forensics_bad_write' if scenario == 'segv' else 'forensics_heap_overflow'}"]
+    for k in ("no unwinder", "no gdb"):
+        a = got[k]
+        if scenario == "segv":
+            # and so does one that unwinds nothing: the faulting function is the program counter's
+            assert (a.fingerprint, a.fingerprint_partial) == (got["libdw"].fingerprint, None), a.fingerprint_basis
+        else:
+            # an abort's culprit (the caller of the free() glibc rejected) lies past glibc's abort frames, which only
+            # an unwinder walks: without one the basis is the rest, and the fingerprint says it is partial and why
+            assert a.fingerprint_basis == tuple(b for b in whole if not b.startswith("function:"))
+            assert a.fingerprint_partial == \
+                "the faulting thread's native stack was not unwound (its function is not known)"
