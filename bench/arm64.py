@@ -11,7 +11,7 @@ Prints figures and ratios, asserts nothing.
   ``--workdir`` (default ``bench/arm64/`` in the forensics cache) and reused.
 * The command: ``forensics analyze --json --sysroot ROOT CORE`` (the defaults: libdw's native
   stacks, the direct Python reader, the heap anatomy of a heap corruption), the aarch64 core's
-  ``ROOT`` the arm64 root plus libcrash-arm64.so, the twin's its root (or none for this machine's).
+  ``ROOT`` the arm64 root plus arm64/libcrash.so, the twin's its root (or none for this machine's).
 * CPU: user + system of the process from ``wait4``; peak: its ``ru_maxrss``; median of ``--repeat``
   runs after one warm-up run (the page cache and forensics' debug-file cache are warm for both).
 * A twin needs ``kernel.core_pattern`` to write into the process's cwd (the tests' rule): otherwise its

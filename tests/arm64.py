@@ -9,7 +9,7 @@ binfmt_misc registration (machine-wide state) is needed.  qemu-user writes the g
 itself -- ``qemu_PROG_DATE-TIME_PID.core`` in the working directory, an AArch64 ELF core with
 NT_PRSTATUS per thread, NT_PRPSINFO and NT_AUXV, without NT_FILE or NT_SIGINFO --
 whatever kernel.core_pattern says; the kernel's core of qemu itself is kept to its notes and
-removed.  ``libcrash.so`` is cross-compiled with ``aarch64-linux-gnu-gcc``.
+removed.  ``libcrash.so`` is cross-compiled with ``aarch64-linux-gnu-gcc`` (into an ``arm64/`` directory).
 
 The x86_64 twin of a guest core is :func:`tests.crashers.make_core.make_core` of the same
 scenario.
@@ -24,7 +24,7 @@ The Python stacks' oracle is pystack 1.7.2's own aarch64 wheel (PyPI), unpacked 
 (:func:`pystack_wheel_dir`) and run under qemu in the suite's root, which has its C++ runtime (:data:`PYSTACK_DEPS`):
 :func:`pystack_guest_stacks` returns what tests/oracles.py's ``pystack_stacks`` does on x86_64.
 
-A guest core names ``libcrash-arm64.so`` at its host path; :func:`analysis_sysroot` makes the
+A guest core names ``arm64/libcrash.so`` at its host path; :func:`analysis_sysroot` makes the
 sysroot an analysis needs: the root hard-linked (the cache is never written) plus such files.
 
 Usable from a shell, too::
@@ -124,13 +124,15 @@ def guest_command(root: Path, argv: Sequence[str], *, cwd: Path, binds: Sequence
 
 
 def build_guest_libcrash(directory: Path) -> Path:
-    """``libcrash-arm64.so``: tests/crashers/libcrash.c cross-compiled for AArch64 into ``directory`` (once).
+    """``directory/arm64/libcrash.so``: tests/crashers/libcrash.c cross-compiled for AArch64 (once), under the x86_64
+    build's own file name, in a directory of its own: a fingerprint names the object (``function:libcrash.so:...``),
+    and one bug in one library has one fingerprint on both machines.
 
     :raises GuestUnavailable: when the cross compiler is not installed
     """
     if shutil.which(CROSS_CC) is None:
         raise GuestUnavailable(f"{CROSS_CC} is not installed (apt-get install -y gcc-aarch64-linux-gnu)")
-    return build_libcrash(directory, name="libcrash-arm64.so", cc=CROSS_CC)
+    return build_libcrash(Path(directory) / "arm64", cc=CROSS_CC)
 
 
 def make_guest_core(
@@ -145,7 +147,7 @@ def make_guest_core(
 ) -> Path:
     """Crash ``exporter.py`` (tests/crashers) under qemu-user in ``root`` and return qemu's core of it.
 
-    :param directory: where libcrash-arm64.so is built (once) and the run directory is made
+    :param directory: where arm64/libcrash.so is built (once) and the run directory is made
     :param root: an arm64 root (:func:`guest_root`)
     :param python: the interpreter inside the root (:func:`guest_python`)
     :param scenario: one of tests.crashers.make_core.SCENARIOS
@@ -282,7 +284,7 @@ def pystack_guest_stacks(root: Path, suite: str, core: Path, *, lib_dirs: Sequen
     unbound local (``PyStackRef_NULL``, whose tag bits pystack 1.7.2 strips to an object at 0), which
     forensics, as CPython's own ``locals()``, does not list.
 
-    :param lib_dirs: host directories of libraries the core names outside the root (libcrash-arm64.so's)
+    :param lib_dirs: host directories of libraries the core names outside the root (arm64/libcrash.so's)
     :param debug: the core is of the -dbg interpreter (pystack runs under the release one either way)
     :raises RuntimeError: when pystack fails (its output is in the message)
     """

@@ -384,7 +384,7 @@ class GuestCoreFactory:
         return self._cache[key]
 
     def sysroot(self, suite: str) -> Path:
-        """The sysroot an analysis of this factory's cores takes: the root plus libcrash-arm64.so."""
+        """The sysroot an analysis of this factory's cores takes: the root plus arm64/libcrash.so."""
         from tests.arm64 import analysis_sysroot, build_guest_libcrash
 
         if suite not in self._sysroots:

@@ -34,12 +34,12 @@ _SYSROOTS: dict[str, Path] = {}
 
 
 def arm64_sysroot(arm64_cores, suite: str, base: Path) -> Path:
-    """The arm64 root of ``suite`` plus libcrash-arm64.so at the host path the guest core names."""
+    """The arm64 root of ``suite`` plus arm64/libcrash.so at the host path the guest core names."""
     from tests.arm64 import analysis_sysroot
 
     if suite not in _SYSROOTS:
         core = arm64_cores.core(suite, "heap-prev")
-        lib = next(core.parent.parent.glob("libcrash-arm64.so"))
+        lib = next(core.parent.parent.glob("arm64/libcrash.so"))
         base.mkdir(parents=True, exist_ok=True)
         _SYSROOTS[suite] = analysis_sysroot(arm64_cores.root(suite), base / suite, [lib])
     return _SYSROOTS[suite]
@@ -66,7 +66,7 @@ def test_the_heap_verdict_and_the_fingerprint_are_the_twins(scenario, suite, twi
     assert a["usable_size"] == x["usable_size"] and a["overflow_past_usable"] == x["overflow_past_usable"]
     assert a["first_bytes"] == x["first_bytes"]
     assert a["freed_by"]["function"] == x["freed_by"]["function"] == "forensics_heap_overflow"
-    assert a["freed_by"]["library"].endswith("/libcrash-arm64.so")
+    assert a["freed_by"]["library"].endswith("/arm64/libcrash.so") and x["freed_by"]["library"].endswith("/libcrash.so")
     assert a["damaged"]["address"] - a["overflowed"]["address"] == x["damaged"]["address"] - x["overflowed"]["address"]
     # and one bug has one fingerprint on both machines, complete on both
     assert arm["fingerprint_basis"] == x86["fingerprint_basis"]
