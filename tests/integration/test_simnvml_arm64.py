@@ -105,11 +105,22 @@ def test_reproduce_arch_arm64_crashes_the_arm64_reproducer_and_keeps_its_guest_c
     assert run["verdict"].startswith("crashed: SIGABRT inside call #")
     assert doc["environment"]["libnvidia_ml"].endswith("simnvml-aarch64/libnvidia-ml.so.580.126.09")
     assert "aarch64" in doc["environment"]["kernel"]
-    assert doc["conclusion"] == "the C reproducer failed (the Python one did not run): suspect the driver library"
+    # and, its calls from worker threads having crashed, it ran once more making the same calls from the main thread
+    # (#40 item 3), under qemu too: the simulated heap fault fires in any thread's calls (--sim-fault-thread any, the
+    # default; the x86_64 run in test_incidents' test_driver_fault crashes from the main thread too), so that run
+    # crashed as well and the conclusion says so
+    main = doc["main_thread"]
+    assert main["command"][:3] == run["command"][:3] and main["command"][main["command"].index("--threads") + 1] == "0"
+    assert (main["status"], main["outcome"], main["thread_only"]) == ("crashed", "crashed (SIGABRT)", False)
+    assert doc["conclusion"] == ("the C reproducer failed (the Python one did not run): suspect the driver library; "
+                                 "the same calls from the main thread crashed (SIGABRT) too")
     # and the core is the one qemu wrote of the arm64 program; the emulator's own core is not left beside it
     core = Path(run["core"])
     assert core.name.startswith("qemu_nvml_nvlink_fieldvalues_") and machine(core) == "AArch64"
     assert not (core.parent / "core").exists()
+    # and so for the run from the main thread, beside it
+    (main_core,) = (core.parent.parent / "c-main-thread").glob("qemu_nvml_nvlink_fieldvalues_*.core")
+    assert machine(main_core) == "AArch64" and not (main_core.parent / "core").exists()
 
 
 def test_reproduce_another_arch_needs_a_root(tmp_path):
