@@ -31,7 +31,11 @@ def test_report_of_a_missing_file_is_no_core_pattern_matter(tmp_path):
     assert r.exit_code == EXIT_ERROR
     error, hint = error_and_hint(r)
     assert "nosuch.json: no such file or directory" in error
-    assert "core_pattern" not in hint and "--json of analyze" in hint
+    # and its hint is what report reads (the --json of analyze and the other commands, capture bundles; exactly
+    # which, test_report_inputs' test_the_hint_names_exactly_what_report_reads), not where the kernel writes cores
+    assert "core_pattern" not in hint
+    assert "`forensics analyze|" in hint and " --json`" in hint
+    assert "capture bundle" in hint
 
 
 def test_reproduce_with_a_missing_nvml_names_the_option(tmp_path):
