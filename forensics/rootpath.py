@@ -35,6 +35,7 @@ __all__ = [
     "open_in_root",
     "open_in_root_as",
     "resolve_in_root",
+    "trace_in_root",
     "lstat_in_root",
     "stat_in_root",
     "readlink_in_root",
@@ -93,9 +94,11 @@ class _Walk:
         return "/" + "/".join(self.names)
 
 
-def _walk(root_fd: int, path: str, *, follow_last: bool, max_links: int) -> _Walk:
+def _walk(root_fd: int, path: str, *, follow_last: bool, max_links: int,
+          met: list[tuple[str, str]] | None = None) -> _Walk:
     """Walk ``path`` from ``root_fd``: the returned walk's last descriptor (``O_PATH``) is what ``path``
-    names (the root itself when it names nothing else).  The caller closes the walk."""
+    names (the root itself when it names nothing else).  Each symlink followed is added to ``met``, when
+    given, as (its canonical path, its target).  The caller closes the walk."""
     walk = _Walk(root_fd)
     pending = split_in_root(path)
     pending.reverse()
@@ -121,6 +124,8 @@ def _walk(root_fd: int, path: str, *, follow_last: bool, max_links: int) -> _Wal
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
                 if not target:
                     raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+                if met is not None:
+                    met.append((walk.path.rstrip("/") + "/" + name, target))
                 if target.startswith("/"):
                     walk.to_root()
                 pending.extend(reversed(split_in_root(target)))
@@ -141,10 +146,11 @@ def _with_root(root: str | int) -> tuple[int, bool]:
 
 
 @contextlib.contextmanager
-def _resolved(root: str | int, path: str, follow_last: bool, max_links: int = MAX_SYMLINKS) -> Iterator[_Walk]:
+def _resolved(root: str | int, path: str, follow_last: bool, max_links: int = MAX_SYMLINKS,
+              met: list[tuple[str, str]] | None = None) -> Iterator[_Walk]:
     root_fd, owned = _with_root(root)
     try:
-        walk = _walk(root_fd, path, follow_last=follow_last, max_links=max_links)
+        walk = _walk(root_fd, path, follow_last=follow_last, max_links=max_links, met=met)
         try:
             yield walk
         finally:
@@ -218,6 +224,18 @@ def resolve_in_root(root: str | int, path: str, *, follow_last: bool = True, max
     """
     with _resolved(root, path, follow_last, max_links) as walk:
         return walk.path
+
+
+def trace_in_root(root: str | int, path: str) -> tuple[list[tuple[str, str]], str]:
+    """The symlinks a lookup of ``path`` inside ``root`` follows, each as (its canonical path, its target) in the
+    order met, and the canonical path it ends at: what a view of ``root`` must hold for ``path`` to name the same
+    file in it.
+
+    :raises OSError: as :func:`open_in_root`
+    """
+    met: list[tuple[str, str]] = []
+    with _resolved(root, path, True, MAX_SYMLINKS, met) as walk:
+        return met, walk.path
 
 
 def lstat_in_root(root: str | int, path: str) -> os.stat_result:

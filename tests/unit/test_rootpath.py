@@ -73,3 +73,15 @@ def test_makedirs_never_goes_through_a_link(root, tmp_path):
         with pytest.raises(OSError):
             rootpath.makedirs_in_root(str(root), bad)
     assert not (tmp_path / "x").exists() and not (root / "x").exists() and not (root / "usr/lib/x").exists()
+
+
+def test_a_trace_names_each_link_where_it_lies(root):
+    # GIVEN links through links, one back up with ..; THEN each link followed, at its canonical path, in order
+    assert rootpath.trace_in_root(str(root), "/slash/slash/lib/libc.so.6") == (
+        [("/slash", "/"), ("/slash", "/"), ("/lib", "usr/lib")], "/usr/lib/libc.so.6")
+    assert rootpath.trace_in_root(str(root), "/usr/up/lib/../lib/libc.so.6") == (
+        [("/usr/up", "../../../../../../../.."), ("/lib", "usr/lib")], "/usr/lib/libc.so.6")
+    assert rootpath.trace_in_root(str(root), "/usr/lib") == ([], "/usr/lib")
+    with pytest.raises(OSError) as e:
+        rootpath.trace_in_root(str(root), "/a")
+    assert e.value.errno == errno.ELOOP
