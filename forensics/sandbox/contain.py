@@ -108,8 +108,9 @@ def run_contained(analysis: list[str], *, read: list[str], timeout: float | None
                             raise SandboxUnavailable(f"the analysis printed more than {MAX_OUTPUT >> 20} MiB")
                     else:
                         if chunk.startswith(b"bwrap: ") and not out:
+                            line = _rest_of_line(p.stderr.fileno(), chunk)
                             p.wait()
-                            raise SandboxUnavailable(chunk.decode(errors="replace").strip().splitlines()[0])
+                            raise SandboxUnavailable(line)
                         sys.stderr.buffer.write(chunk)
                         sys.stderr.flush()
         status = p.wait()
@@ -118,3 +119,15 @@ def run_contained(analysis: list[str], *, read: list[str], timeout: float | None
         return status, bytes(out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _rest_of_line(fd: int, chunk: bytes, limit: int = 4096) -> str:
+    """bubblewrap's error line, ``chunk`` its start: it writes "bwrap: " and its message apart, so the message is
+    read up to its newline (or the end, or ``limit`` bytes)."""
+    line = bytearray(chunk)
+    while b"\n" not in line and len(line) < limit:
+        more = os.read(fd, limit)
+        if not more:
+            break
+        line += more
+    return line.decode(errors="replace").strip().splitlines()[0]
