@@ -26,34 +26,43 @@ _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "gro
 _ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHOME", "PYTHONPATH", "PYTHONNOUSERSITE", "TERM")
 
 
-def _system_binds() -> list[str]:
-    out = []
+def _system_binds() -> tuple[list[str], list[str]]:
+    """bubblewrap's arguments for the system's programs and libraries, and the paths they cover."""
+    out, covered = [], ["/usr", "/proc", "/dev"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             out += ["--symlink", os.readlink(top), top]
+            covered.append(top)
         elif os.path.isdir(top):
             out += ["--ro-bind", top, top]
+            covered.append(top)
     out += ["--ro-bind", "/usr", "/usr"]
     for name in _ETC:
         if os.path.exists(f"/etc/{name}"):
             out += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-    return out
+            covered.append(f"/etc/{name}")
+    return out, covered
 
 
-def _installation() -> list[str]:
-    """This interpreter and every directory it imports from (forensics, its dependencies)."""
-    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # forensics/, this module's package's
-    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), os.path.dirname(package)}
-    dirs |= {os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)}
-    exe = os.path.realpath(sys.executable)
-    dirs.add(os.path.dirname(exe))
+def _installation(covered: list[str]) -> list[str]:
+    """This installation (:func:`forensics.sandbox.installation.read_installation`: the interpreter, its prefixes,
+    every directory it imports from), read-only at its own paths, and each link on the way to it made again where
+    nothing bound holds it already (a venv's link to pyenv's interpreter, a link to a directory outside the
+    system's); what ``covered`` holds is in the view already. Given after /tmp's tmpfs, so that an installation
+    under /tmp is not hidden by it."""
+    from .installation import read_installation
+
+    def inside(p: str, tops: list[str]) -> bool:
+        return any(p == t or p.startswith(t.rstrip("/") + "/") for t in tops)
+
+    inst = read_installation()
+    binds = [p for p in inst.paths if not inside(p, covered)]
     out = []
-    for d in sorted(dirs):
-        if not d.startswith(("/usr/", "/proc/")) and d != "/usr":
-            out += ["--ro-bind", d, d]
-    if os.path.abspath(sys.executable) != exe:  # a venv's interpreter is a link: its own directory too
-        d = os.path.dirname(os.path.abspath(sys.executable))
-        out += ["--ro-bind", d, d]
+    for p in binds:
+        out += ["--ro-bind", p, p]
+    for link, target in inst.links:
+        if not inside(link, [*covered, *binds]):
+            out += ["--symlink", target, link]
     return out
 
 
@@ -63,9 +72,10 @@ def contained_argv(analysis: list[str], *, read: list[str], scratch: str) -> lis
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH")
+    system, covered = _system_binds()
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--uid", str(65534), "--gid", str(65534), "--die-with-parent",
-           "--new-session", "--cap-drop", "ALL", *_system_binds(), *_installation(), "--proc", "/proc", "--dev",
-           "/dev", "--tmpfs", "/tmp"]
+           "--new-session", "--cap-drop", "ALL", *system, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+           *_installation(covered)]
     for p in sorted({os.path.realpath(p) for p in read if p and os.path.exists(p)}):
         cmd += ["--ro-bind", p, p]
     cmd += ["--bind", scratch, scratch, "--chdir", "/", "--clearenv"]

@@ -295,6 +295,59 @@ def test_analyze_sandbox_without_bubblewrap_is_one_error_line(crash_bundle, tmp_
     assert p.stderr.startswith("forensics: error: --sandbox: bubblewrap (bwrap) is not on PATH\nforensics: hint: ")
 
 
+
+# -- wherever forensics is installed: its interpreter and its code, under /tmp, behind links ---------------------------
+
+def _installed_under(base: Path) -> Path:
+    """This run's forensics installed anew beneath ``base``, reached through links that lie outside every directory a
+    sandbox binds of itself: a virtual environment whose interpreter is a link to a link (in a directory of its own)
+    to this run's base interpreter, its site-packages reading this installation's (forensics and its dependencies);
+    returned: its interpreter through a link to the environment's directory (as pyenv's and pipx's are reached)."""
+    venv = base / "venv"
+    base_python = os.path.realpath(sys._base_executable)  # type: ignore[attr-defined]
+    subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120,
+                   capture_output=True)
+    (base / "links").mkdir()
+    (base / "links" / "python").symlink_to(base_python)
+    for exe in (venv / "bin").glob("python*"):
+        exe.unlink()
+    (venv / "bin" / "python").symlink_to(base / "links" / "python")
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    import site as this_site
+
+    package_parent = str(Path(__import__("forensics").__file__).resolve().parents[1])
+    (site / "this-installation.pth").write_text(
+        "".join(f"import site; site.addsitedir({d!r})\n" for d in this_site.getsitepackages()) + package_parent + "\n")
+    (base / "alias").symlink_to(venv)
+    return base / "alias" / "bin" / "python"
+
+
+def test_analyze_sandbox_runs_wherever_forensics_is_installed(crash_bundle, tmp_path):
+    # GIVEN forensics installed under /tmp (which the sandbox's view replaces by a tmpfs of its own), its interpreter
+    # reached through links in directories nothing else binds
+    base = Path(tempfile.mkdtemp(prefix="fsbx-install-", dir="/tmp"))
+    try:
+        python = _installed_under(base)
+        where = subprocess.run([str(python), "-c", "import sys, forensics; print(sys.prefix)"], capture_output=True,
+                               text=True, timeout=60, cwd="/")
+        assert where.stdout.strip() == str(base / "alias"), where.stderr
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home")}
+        plain = subprocess.run([str(FORENSICS), "analyze", "--json", str(crash_bundle)], capture_output=True,
+                               text=True, timeout=300, env=env)
+        # WHEN that installation analyzes the crash in the sandbox
+        out = tmp_path / "out.json"
+        boxed = subprocess.run([str(python), "-m", "forensics", "analyze", "--sandbox", "--json", "-o", str(out),
+                                str(crash_bundle)], capture_output=True, text=True, timeout=300, env=env, cwd="/")
+        # THEN it ran there and found what the analysis without a sandbox found, but for where its cache lies
+        assert boxed.returncode == plain.returncode, boxed.stderr
+        doc = json.loads(out.read_text())
+        cache = next(s for s in json.dumps(doc).split('"') if "/.cache/forensics/bundles/" in s).split("/bundles/")[0]
+        assert _without_cache(doc["analysis"], cache) == _without_cache(json.loads(plain.stdout)["analysis"],
+                                                                        str(tmp_path / "home/.cache/forensics"))
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
 # -- a debuginfod server for the agent: fetched beside the analysis, never by it -----------------------------------
 
 @pytest.fixture(scope="module")
