@@ -21,7 +21,7 @@ from ..bundle import layout
 from ..sandbox import Policy, wrapper_argv
 
 __all__ = ["MAX_GRANT", "Fetcher", "grant_read", "join_group", "scratch_root", "analysis_argv", "analysis_env",
-           "remove_scratch", "unreachable"]
+           "remove_scratch", "unreachable", "unreachable_installation"]
 
 MAX_GRANT = 100_000  # files and directories of one bundle given to the sandbox's group, at most
 _DEBUGINFOD_BOUNDS = ("DEBUGINFOD_TIMEOUT", "DEBUGINFOD_MAXTIME", "DEBUGINFOD_MAXSIZE")
@@ -77,11 +77,11 @@ def grant_read(crash_dir: str, core_dir: str, gid: int) -> None:
             _give(path, gid, st)
 
 
-def unreachable(path: str, gid: int) -> str | None:
-    """The first directory on the way to ``path`` that the sandbox's ids (``gid`` as uid and group) may not search,
-    or None: an analysis of a crash under it could not read its bundle."""
+def unreachable(path: str, gid: int, *, itself: bool = False) -> str | None:
+    """The first directory on the way to ``path`` (with ``itself``, ``path`` too: a directory to search) that the
+    sandbox's ids (``gid`` as uid and group) may not search, or None: an analysis could not reach ``path``."""
     parts = os.path.abspath(path).split("/")
-    for i in range(1, len(parts)):
+    for i in range(1, len(parts) + itself):
         d = "/".join(parts[:i]) or "/"
         try:
             st = os.stat(d)
@@ -91,6 +91,20 @@ def unreachable(path: str, gid: int) -> str | None:
             return d
         if not st.st_mode & 0o001 and not (st.st_gid == gid and st.st_mode & 0o010) and st.st_uid != gid:
             return d
+    return None
+
+
+def unreachable_installation(gid: int) -> tuple[str, str] | None:
+    """(the first directory the sandbox's ids may not search, the path of this installation it hides), or None when
+    an analysis can reach every path of the installation it runs (:func:`forensics.sandbox.installation.
+    read_installation`: the interpreter, each link on the way to it, the directories it imports from)."""
+    from ..sandbox.installation import read_installation
+
+    inst = read_installation()
+    for path in (*(link for link, _target in inst.links), *inst.paths):
+        blocked = unreachable(path, gid, itself=os.path.isdir(path) and not os.path.islink(path))
+        if blocked is not None:
+            return blocked, path
     return None
 
 

@@ -535,14 +535,20 @@ class Agent:
         self.beat = time.monotonic()  # when the loop last began a round (health)
         self.handler_reason = handler_state(cfg.core_dir, cfg.proc)[0]  # forensics_handler_installed's
         if cfg.sandbox_uid is not None:
-            from .sandboxed import join_group, unreachable
+            from .sandboxed import join_group, unreachable, unreachable_installation
 
             join_group(cfg.sandbox_uid)  # to give each crash's bundle to the sandbox's group (no CAP_CHOWN needed)
-            for what, path in (("the core directory", cfg.core_dir), ("the scratch directory", cfg.scratch)):
-                blocked = unreachable(path, cfg.sandbox_uid)
+            searchable = "make it searchable: chmod o+x"
+            blocks = [(what, path, unreachable(path, cfg.sandbox_uid), searchable)
+                      for what, path in (("the core directory", cfg.core_dir), ("the scratch directory", cfg.scratch))]
+            if (found := unreachable_installation(cfg.sandbox_uid)) is not None:  # the interpreter it runs, its code
+                blocks.append(("this installation (the analyses' interpreter, its code)", found[1], found[0],
+                               f"{searchable}, or install forensics where every uid may read it: the agent image's "
+                               "/opt/forensics"))
+            for what, path, blocked, fix in blocks:
                 if blocked is not None:
                     print(f"forensics agent serve: the analyses' uid {cfg.sandbox_uid} cannot search {blocked}, on the "
-                          f"way to {what} {path}: every analysis will fail (make it searchable: chmod o+x)",
+                          f"way to {what} {path}: every analysis will fail ({fix})",
                           file=sys.stderr)
         self.shipper = None
         if cfg.upload is not None:

@@ -17,6 +17,7 @@ import os
 import re
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -347,6 +348,46 @@ def test_analyze_sandbox_runs_wherever_forensics_is_installed(crash_bundle, tmp_
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
+
+AGENT_STARTS = r'''
+import sys
+from forensics.agent.serve import Agent, ServeConfig
+Agent(ServeConfig(core_dir=sys.argv[1], node="n", events=False, scratch=sys.argv[2], metrics_port=0))
+'''
+
+
+def test_agent_serve_says_at_start_when_its_analyses_cannot_reach_the_installation(tmp_path):
+    # GIVEN forensics installed beneath a directory only root may search (as an install under /root is), its
+    # dependencies, the base interpreter and the agent's directories reachable by any uid (a view of their own)
+    base = Path(tempfile.mkdtemp(prefix="fsbx-install-", dir="/tmp"))
+    dirs = Path(tempfile.mkdtemp(prefix="fsbx-agent-", dir="/tmp"))
+    try:
+        dirs.chmod(0o755)
+        (dirs / "cores").mkdir()
+        python = _installed_under(base)
+        import site
+
+        view = searchable_view(bind=[*(d for d in site.getsitepackages() if os.path.isdir(d)),
+                                     str(Path(__import__("forensics").__file__).resolve().parents[1])])
+
+        def start() -> str:
+            p = subprocess.run([*view, str(python), "-c", AGENT_STARTS, str(dirs / "cores"), str(dirs / "scratch")],
+                               capture_output=True, text=True, timeout=120, cwd="/")
+            assert p.returncode == 0, p.stderr
+            return p.stderr
+
+        # WHEN agent serve starts from it; THEN one line names the directory, what it hides, and the way out
+        assert stat.S_IMODE(base.stat().st_mode) == 0o700
+        said = start()
+        assert (f"forensics agent serve: the analyses' uid {UID} cannot search {base}, on the way to this "
+                "installation (the analyses' interpreter, its code) ") in said, said
+        assert "every analysis will fail (make it searchable: chmod o+x, or install forensics where every uid may " \
+               "read it" in said
+        # WHEN the directory is made searchable; THEN nothing is said
+        base.chmod(0o755)
+        assert start() == ""
+    finally:
+        subprocess.run(["rm", "-rf", str(base), str(dirs)], check=False)
 
 # -- a debuginfod server for the agent: fetched beside the analysis, never by it -----------------------------------
 
