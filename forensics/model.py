@@ -431,6 +431,24 @@ class CoreFile:
         i = bisect_right(starts, addr) - 1
         return mappings[i] if i >= 0 and addr < mappings[i].end else None
 
+    def read_from_file(self, addr: int, size: int) -> bytes | None:
+        """Up to ``size`` bytes at ``addr`` of a file mapping the core did not dump (a library's read-only data),
+        read from the library's file when it is the build that ran (OK or UNVERIFIED); None where it is not."""
+        import os
+
+        m = self.find_mapping(addr)
+        if m is None or not m.path:
+            return None
+        lib = next((lib for lib in self.libraries if lib.path == m.path and lib.file_path
+                    and lib.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED)), None)
+        if lib is None or lib.file_path is None:
+            return None
+        try:
+            with open(lib.file_path, "rb") as f:
+                return os.pread(f.fileno(), min(size, m.end - addr), m.offset + (addr - m.start))
+        except OSError:
+            return None
+
 
 @record
 class NativeFrame:

@@ -52,27 +52,6 @@ def runs_cxx_runtime(thread: Thread) -> bool:
     return False
 
 
-def _from_file(core: CoreFile, addr: int, size: int) -> bytes | None:
-    """Bytes of a file mapping the core did not dump (a library's read-only data: a type_info's name), read
-    from the library's file when it is the build that ran."""
-    import os
-
-    from ..model import LibraryStatus
-
-    m = core.find_mapping(addr)
-    if m is None or not m.path:
-        return None
-    lib = next((lib for lib in core.libraries if lib.path == m.path and lib.file_path
-                and lib.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED)), None)
-    if lib is None or lib.file_path is None:
-        return None
-    try:
-        with open(lib.file_path, "rb") as f:
-            return os.pread(f.fileno(), min(size, m.end - addr), m.offset + (addr - m.start))
-    except OSError:
-        return None
-
-
 def _type_name(mem: CoreMemory, core: CoreFile, tinfo: int) -> str | None:
     """The type_info's name (its second word points at it): from the core, else from its library's file."""
     try:
@@ -82,7 +61,7 @@ def _type_name(mem: CoreMemory, core: CoreFile, tinfo: int) -> str | None:
     try:
         raw = mem.read_cstring(where, 512)
     except (LookupError, ValueError, OSError):
-        raw = (_from_file(core, where, 512) or b"").split(b"\0", 1)[0]
+        raw = (core.read_from_file(where, 512) or b"").split(b"\0", 1)[0]
     name = raw.decode("ascii", "replace").lstrip("*")
     if not name or not all(c.isalnum() or c in "_$." for c in name):
         return None
@@ -206,7 +185,7 @@ def scan_caller_past_runtime(mem: CoreMemory, core: CoreFile, thread: Thread, *,
         try:
             code = mem.read(ret - 8, 8)
         except (LookupError, ValueError, OSError):
-            code = _from_file(core, ret - 8, 8) or b""
+            code = core.read_from_file(ret - 8, 8) or b""
         if not _is_call_before(code, core.arch, ret, core):  # code not read: not known to be a return address
             continue
         name, path = symbol_at(core, ret - 1, sysroot=sysroot)

@@ -20,11 +20,10 @@ a slot that is not a readable object is skipped, never guessed.
 """
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import replace
 
-from forensics.model import BufferOwner, CoreFile, CtypesObject, LibraryStatus, NativeCall, PyLocal
+from forensics.model import BufferOwner, CoreFile, CtypesObject, NativeCall, PyLocal
 from forensics.pyread.objects import BadObject, Reader
 from forensics.records import record
 
@@ -143,30 +142,13 @@ class TypeNames:
         try:
             text = _cstring(self.rd, ptr, 256)
         except BadObject:
-            raw = self._from_file(ptr, 256)
+            raw = self.core.read_from_file(ptr, 256) if self.core is not None else None
             if raw is None:
                 raise
             text = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
         if len(self.cache) < 65536:
             self.cache[tp] = text
         return text
-
-    def _from_file(self, addr: int, size: int) -> bytes | None:
-        core = self.core
-        if core is None:
-            return None
-        m = core.find_mapping(addr)
-        if m is None or not m.path:
-            return None
-        lib = next((lib for lib in core.libraries if lib.path == m.path and lib.file_path
-                    and lib.status in (LibraryStatus.OK, LibraryStatus.UNVERIFIED)), None)
-        if lib is None or lib.file_path is None:
-            return None
-        try:
-            with open(lib.file_path, "rb") as f:
-                return os.pread(f.fileno(), min(size, m.end - addr), m.offset + (addr - m.start))
-        except OSError:
-            return None
 
 
 def _type_name(rd, obj: int, names: TypeNames | None = None) -> tuple[int, str]:
