@@ -22,10 +22,14 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from forensics.core.debugfiles import find_debug_file
 from forensics.core.symtab import SymtabError, has_symtab
 from forensics.digest import sha256
+
+_T = TypeVar("_T")
 
 __all__ = ["STRUCTS", "FREE_POINTERS", "find_libc_debug_file", "read_struct_layouts",
            "cached_struct_layouts", "read_free_pointer_locations", "cached_free_pointer_locations", "DebugInfoError"]
@@ -73,15 +77,9 @@ def find_libc_debug_file(build_id: str | None, *, sysroot: str | None = None,
     return None
 
 
-def read_struct_layouts(path: str, anchor: int) -> dict[str, dict]:
-    """Member offsets and sizes of :data:`STRUCTS` from the DWARF compilation unit covering ``anchor``.
-
-    :param path: libc's debug file
-    :param anchor: a link-time code address inside ``malloc.c`` (``_int_free``'s value)
-    :return: ``{struct: {"size": n, "members": {name: {"offset": o, "size": s, "count": c}}}}``;
-        ``count`` is an array's element count (1 for a scalar); structs the unit lacks are absent
-    :raises DebugInfoError: when the file has no DWARF for that address
-    """
+def _with_malloc_cu(path: str, anchor: int, read: Callable[[Any, Any], _T]) -> _T:
+    """``read(dwarf, cu)`` on the DWARF compilation unit of ``path`` covering ``anchor``; any unreadable DWARF
+    (pyelftools' errors on a malformed file) is :class:`DebugInfoError`."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
@@ -94,10 +92,21 @@ def read_struct_layouts(path: str, anchor: int) -> dict[str, dict]:
             offset = _cu_offset(elf_file, anchor)
             if offset is None:
                 raise DebugInfoError(f"no compilation unit covers 0x{anchor:x}")
-            cu = dwarf.get_CU_at(offset)
-            return _structs_of(cu)
-    except (ELFError, ValueError, KeyError, IndexError, AttributeError, struct.error) as e:
+            return read(dwarf, dwarf.get_CU_at(offset))
+    except (ELFError, ValueError, KeyError, IndexError, AttributeError, TypeError, struct.error) as e:
         raise DebugInfoError(f"unreadable DWARF: {e}") from e
+
+
+def read_struct_layouts(path: str, anchor: int) -> dict[str, dict]:
+    """Member offsets and sizes of :data:`STRUCTS` from the DWARF compilation unit covering ``anchor``.
+
+    :param path: libc's debug file
+    :param anchor: a link-time code address inside ``malloc.c`` (``_int_free``'s value)
+    :return: ``{struct: {"size": n, "members": {name: {"offset": o, "size": s, "count": c}}}}``;
+        ``count`` is an array's element count (1 for a scalar); structs the unit lacks are absent
+    :raises DebugInfoError: when the file has no DWARF for that address
+    """
+    return _with_malloc_cu(path, anchor, lambda _dwarf, cu: _structs_of(cu))
 
 
 #: a change here (what read_struct_layouts returns) is a change of every cache entry's name
@@ -180,21 +189,7 @@ def read_free_pointer_locations(path: str, anchor: int) -> list[dict]:
         of a function has its own)
     :raises DebugInfoError: when the file has no DWARF for that address
     """
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
-    try:
-        with open(path, "rb") as f:
-            elf_file = ELFFile(f)
-            if not elf_file.has_dwarf_info():
-                raise DebugInfoError("no DWARF")
-            dwarf = elf_file.get_dwarf_info()
-            offset = _cu_offset(elf_file, anchor)
-            if offset is None:
-                raise DebugInfoError(f"no compilation unit covers 0x{anchor:x}")
-            return _free_pointers_of(dwarf, dwarf.get_CU_at(offset))
-    except (ELFError, ValueError, KeyError, IndexError, AttributeError, TypeError, struct.error) as e:
-        raise DebugInfoError(f"unreadable DWARF: {e}") from e
+    return _with_malloc_cu(path, anchor, _free_pointers_of)
 
 
 _FUNCTIONS = {f for f, _v in FREE_POINTERS}

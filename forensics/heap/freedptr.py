@@ -42,7 +42,8 @@ class FreedPointer:
         return f"{self.function}'s {self.variable} ({self.where} of frame #{self.frame}; libc's DWARF location)"
 
 
-def _uleb(data: bytes, pos: int) -> tuple[int, int]:
+def _leb128(data: bytes, pos: int, signed: bool) -> tuple[int, int]:
+    """The LEB128 number at ``pos`` and the position after it (IndexError past the end)."""
     value = shift = 0
     while True:
         byte = data[pos]
@@ -50,20 +51,17 @@ def _uleb(data: bytes, pos: int) -> tuple[int, int]:
         value |= (byte & 0x7F) << shift
         shift += 7
         if not byte & 0x80:
+            if signed and byte & 0x40:
+                value -= 1 << shift
             return value, pos
+
+
+def _uleb(data: bytes, pos: int) -> tuple[int, int]:
+    return _leb128(data, pos, False)
 
 
 def _sleb(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            if byte & 0x40:
-                value -= 1 << shift
-            return value, pos
+    return _leb128(data, pos, True)
 
 
 _CONSTS = {0x08: (1, False), 0x09: (1, True), 0x0A: (2, False), 0x0B: (2, True), 0x0C: (4, False),
