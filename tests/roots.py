@@ -367,3 +367,22 @@ if __name__ == "__main__":
     if len(_args) < 2:
         sys.exit("usage: roots.py [--arch=ARCH] SUITE PACKAGE...")
     print(build_root(_args[0], _args[1:], arch=_arch))
+
+
+# Debian roots whose glibc the heap tests read besides this machine's: suite -> (glibc, its python3)
+GLIBC_ROOTS = {"bullseye": ("2.31", "/usr/bin/python3"), "trixie": ("2.41", "/usr/bin/python3")}
+
+
+def glibc_root_of(request) -> tuple[str, Path, str, str]:
+    """An indirect fixture's root by suite (``request.param``): (suite, root, glibc, python3); "sid" is the
+    session's ``sid_root``; a root that cannot be built skips the test with the reason."""
+    import pytest
+
+    suite = request.param
+    if suite == "sid":
+        return "sid", request.getfixturevalue("sid_root"), "2.43", "/usr/bin/python3.13"
+    try:
+        root = build_root(suite, ["python3", "libc6-dbg"])
+    except RootUnavailable as e:
+        pytest.skip(f"no Debian {suite} root: {e}")
+    return suite, root, *GLIBC_ROOTS[suite]

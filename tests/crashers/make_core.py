@@ -32,6 +32,7 @@ __all__ = [
     "CoreNotWritten",
     "core_pattern_problem",
     "build_libcrash",
+    "build_stripped_libcrash",
     "build_libreporter",
     "build_thrower",
     "make_core",
@@ -86,6 +87,18 @@ def build_libcrash(directory: Path, *, cflags: Sequence[str] = (), name: str = "
     :param cc: the compiler (default: ``$CC`` or gcc); a cross compiler builds it for another machine
     """
     return _build_library(directory, LIBCRASH_C, cflags=cflags, name=name, cc=cc)
+
+
+def build_stripped_libcrash(directory: Path) -> tuple[Path, Path]:
+    """``libcrash.so`` without its DWARF (``directory/stripped/libcrash.so``) and its debug file apart
+    (``directory/libcrash.debug``), from a full build in ``directory/full``: what a debuginfod server serves."""
+    full = build_libcrash(Path(directory) / "full")
+    debug = Path(directory) / "libcrash.debug"
+    subprocess.run(["objcopy", "--only-keep-debug", str(full), str(debug)], check=True)
+    stripped = Path(directory) / "stripped" / "libcrash.so"
+    stripped.parent.mkdir(exist_ok=True)
+    subprocess.run(["objcopy", "--strip-debug", str(full), str(stripped)], check=True)
+    return stripped, debug
 
 
 def build_thrower(directory: Path) -> Path:

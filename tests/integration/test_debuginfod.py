@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from forensics.cli import cli
-from tests.crashers.make_core import CoresUnavailable, build_libcrash, make_core
+from tests.crashers.make_core import CoresUnavailable, build_stripped_libcrash, make_core
 from tests.pythons import discover_pythons
 
 pytestmark = [pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed"),
@@ -61,12 +61,7 @@ def stripped_crash(tmp_path_factory, core_pattern):
         pytest.skip("no pyenv CPython found")
     python = pythons[max(pythons, key=lambda v: tuple(map(int, v.split("."))))]
     d = tmp_path_factory.mktemp("debuginfod")
-    full = build_libcrash(d / "full")
-    debug = d / "libcrash.debug"
-    subprocess.run(["objcopy", "--only-keep-debug", str(full), str(debug)], check=True)
-    stripped = d / "stripped" / "libcrash.so"
-    stripped.parent.mkdir()
-    subprocess.run(["objcopy", "--strip-debug", str(full), str(stripped)], check=True)
+    stripped, debug = build_stripped_libcrash(d)
     try:
         core = make_core(d, python, "heap-prev", libcrash=stripped)
     except CoresUnavailable as e:

@@ -174,21 +174,11 @@ def test_a_double_free_in_tp_dealloc_under_each_interpreter(version, tmp_path, c
     assert TCACHE in messages and len(messages) == 2, messages
 
 
-ROOTS = {"bullseye": ("2.31", "/usr/bin/python3"), "trixie": ("2.41", "/usr/bin/python3")}
-
-
 @pytest.fixture(scope="module")
 def debian_root(request):
-    from tests.roots import RootUnavailable, build_root
+    from tests.roots import glibc_root_of
 
-    suite = request.param
-    if suite == "sid":
-        return "sid", request.getfixturevalue("sid_root"), "2.43", "/usr/bin/python3.13"
-    try:
-        root = build_root(suite, ["python3", "libc6-dbg"])
-    except RootUnavailable as e:
-        pytest.skip(f"no Debian {suite} root: {e}")
-    return suite, root, *ROOTS[suite]
+    return glibc_root_of(request)
 
 
 @pytest.mark.parametrize("mode", ["merged", "merged-back", "tcache"])

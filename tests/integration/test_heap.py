@@ -154,21 +154,11 @@ def test_the_summary_of_a_core_that_did_not_corrupt_its_heap(cores, newest_pytho
 
 # -- other glibc versions: Debian roots (tests/roots.py) -------------------------------------------------------
 
-ROOTS = {"bullseye": ("2.31", "/usr/bin/python3"), "trixie": ("2.41", "/usr/bin/python3")}
-
-
 @pytest.fixture(scope="session")
 def glibc_root(request):
-    from tests.roots import RootUnavailable, build_root
+    from tests.roots import glibc_root_of
 
-    suite = request.param
-    if suite == "sid":
-        return "sid", request.getfixturevalue("sid_root"), "2.43", "/usr/bin/python3.13"
-    try:
-        root = build_root(suite, ["python3", "libc6-dbg"])
-    except RootUnavailable as e:
-        pytest.skip(f"no Debian {suite} root: {e}")
-    return suite, root, *ROOTS[suite]
+    return glibc_root_of(request)
 
 
 @pytest.mark.parametrize("debug_info", [True, False], ids=["libc-debug-info", "layout-table"])

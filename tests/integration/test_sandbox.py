@@ -395,15 +395,10 @@ def test_agent_serve_says_at_start_when_its_analyses_cannot_reach_the_installati
 def stripped_bundle(tmp_path_factory, core_pattern):
     """A crash in a stripped library (its debug file kept apart), and the bundle the real handler makes of it: the
     library stored by build-id, as a live process of the same pod mapped it."""
-    from tests.crashers.make_core import CoresUnavailable, build_libcrash, make_core
+    from tests.crashers.make_core import CoresUnavailable, build_stripped_libcrash, make_core
 
     d = tmp_path_factory.mktemp("sbx-debuginfod")
-    full = build_libcrash(d / "full")
-    debug = d / "libcrash.debug"
-    subprocess.run(["objcopy", "--only-keep-debug", str(full), str(debug)], check=True)
-    stripped = d / "stripped" / "libcrash.so"
-    stripped.parent.mkdir()
-    subprocess.run(["objcopy", "--strip-debug", str(full), str(stripped)], check=True)
+    stripped, debug = build_stripped_libcrash(d)
     try:
         core = make_core(d, sys.executable, "heap-prev", libcrash=stripped)
     except CoresUnavailable as e:
