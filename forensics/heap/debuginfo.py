@@ -22,14 +22,17 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 from forensics.core.debugfiles import find_debug_file
 from forensics.core.symtab import SymtabError, has_symtab
 from forensics.digest import sha256
 
-_T = TypeVar("_T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a start-up cost of every analysis)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    _T = TypeVar("_T")
 
 __all__ = ["STRUCTS", "FREE_POINTERS", "find_libc_debug_file", "read_struct_layouts",
            "cached_struct_layouts", "read_free_pointer_locations", "cached_free_pointer_locations", "DebugInfoError"]
