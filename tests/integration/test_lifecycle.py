@@ -154,8 +154,10 @@ def test_ctrl_c_ends_every_long_command_with_130(command, black_hole, tmp_path):
         assert p.poll() is None, p.communicate()
         kids = children_of(p.pid)
         # WHEN it gets Ctrl-C (SIGINT, as a terminal sends it to the foreground process)
+        sent = time.monotonic()
         os.kill(p.pid, signal.SIGINT)
         p.wait(timeout=60)
+        took = time.monotonic() - sent
     finally:
         err = stop(p)
     left = [k for k in kids if alive(k)]
@@ -164,6 +166,28 @@ def test_ctrl_c_ends_every_long_command_with_130(command, black_hole, tmp_path):
     # THEN it ends with 130, as README's exit codes say of every command, and leaves no process behind
     assert p.returncode == EXIT_INTERRUPTED, err
     assert "Traceback" not in err and not left, err
+    # at once: not after a request's socket timeout (fleet --prometheus waited out its 30 s one, 26 s after Ctrl-C)
+    print(f"{command}: ended {took:.2f} s after SIGINT")
+    assert took < 10, f"{command} ended {took:.1f} s after Ctrl-C"
+
+
+def test_sigterm_ends_fleet_prometheus_at_once_with_its_queries_in_flight(black_hole):
+    # GIVEN fleet --prometheus asking a server that never answers: its queries in flight, in threads of their own
+    p = start_forensics("fleet", "--prometheus", f"http://127.0.0.1:{black_hole}", "--deadline", "300")
+    try:
+        time.sleep(4)
+        assert p.poll() is None, p.communicate()
+        # WHEN it is sent SIGTERM (a pod's deletion, a CI job's timeout)
+        sent = time.monotonic()
+        os.kill(p.pid, signal.SIGTERM)
+        p.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        err = stop(p)
+    # THEN it ends with 143 and its one line at once, not after the requests' 30 s socket timeout
+    print(f"fleet --prometheus: ended {took:.2f} s after SIGTERM")
+    assert p.returncode == EXIT_TERMINATED and err.endswith("forensics: terminated (SIGTERM)\n"), err
+    assert took < 10, f"ended {took:.1f} s after SIGTERM"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
