@@ -53,8 +53,10 @@ def _monitor_honors_labels() -> bool:
     return endpoint.get("honorLabels", False)
 
 
-@pytest.fixture
-def prometheus(tmp_path):
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    # one Prometheus for the module's tests: they only query it (its start and the samples increase() needs take 10 s)
+    tmp_path = tmp_path_factory.mktemp("dashboard")
     # GIVEN gpu-a (an H20 node) with two fingerprints and gpu-b (no node labels) with one, served as the agent serves;
     # gpu-a's third crash a host process's (no pod)
     gpu_a = agent_registry(str(tmp_path), "gpu-a", [crash_entry(), crash_entry(id="c2", fingerprint=FP_NEW),
