@@ -190,6 +190,17 @@ static void end_print(void)
     g_in_print = 0;
 }
 
+static void write_all(const char *s, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(STDOUT_FILENO, s, n);
+        if (w <= 0)
+            return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
 static void on_fatal(int sig, siginfo_t *info, void *uc)
 {
     (void)uc;
@@ -203,11 +214,6 @@ static void on_fatal(int sig, siginfo_t *info, void *uc)
         struct timespec ms = {0, 1000000};
         nanosleep(&ms, NULL);
     }
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, NULL);
     g_len = 0;
     put(g_checked && sig == SIGABRT ? "VERDICT: heap corruption detected: " : "VERDICT: crashed: ");
     put(signame(sig));
@@ -253,8 +259,14 @@ static void on_fatal(int sig, siginfo_t *info, void *uc)
     put_num((unsigned long long)(calls > 0 ? calls : 1));
     put(" calls");
     g_line[g_len++] = '\n';
-    ssize_t w = write(STDOUT_FILENO, g_line, g_len);
-    (void)w;
+    write_all(g_line, g_len);
+    /* Only now the default action: set before the line was out, another thread's fault during the write
+     * (a slow pipe, a tracer's stop at the write) killed the process with no line at all. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
     /* The action of sig is the default one again (above).  A fault from an instruction faults
      * again when the handler returns (with its own siginfo); a signal that was sent
      * (abort's raise) is sent again: it stays blocked until the handler returns, then
@@ -383,11 +395,19 @@ static void *query_loop(void *arg)
                 v[l->links[i] + k].scopeId = k;
             }
             if (((it == 0 && l->index <= 0) || l->trace) && begin_print()) {
-                printf("query #%ld: GPU %u (%s, %s) nvmlDeviceGetFieldValues(%u values: fieldId %d x scopeId 0-%u, "
-                       "fieldId %d x scopeId 0-%u), iteration %ld%s\n",
-                       g_calls + 1, i, g_ids[i].uuid, g_ids[i].bus, n, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-                       l->links[i] - 1, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, l->links[i] - 1, it,
-                       l->index >= 0 ? ", thread 0" : "");
+                /* one write(2) of the whole line, not stdio: a thread waiting for stdout's lock could wait
+                 * out the crash reporter's bounded wait and print after the VERDICT line */
+                char line[512], thread[32] = "";
+                if (l->index >= 0)  /* its own index (every thread prints with --trace) */
+                    snprintf(thread, sizeof thread, ", thread %d", l->index);
+                int len = snprintf(line, sizeof line,
+                                   "query #%ld: GPU %u (%s, %s) nvmlDeviceGetFieldValues(%u values: fieldId %d x "
+                                   "scopeId 0-%u, fieldId %d x scopeId 0-%u), iteration %ld%s\n",
+                                   g_calls + 1, i, g_ids[i].uuid, g_ids[i].bus, n, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                                   l->links[i] - 1, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, l->links[i] - 1, it,
+                                   thread);
+                if (len > 0)
+                    write_all(line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
                 end_print();
             }
             nvmlReturn_t r = field_values((int)i, l->dev[i], (int)n, v);
