@@ -47,6 +47,19 @@ def _into(cg: Path, pid: int, limit: int | str) -> None:
     (cg / "cgroup.procs").write_text(str(pid))
 
 
+def _steady(cg: Path, agent: AgentProcess) -> int:
+    """The agent's task count once it holds still (the same for a second): right after start or a scrape a thread
+    of its may still be ending, and a limit set from that count would leave a pid to spare once it has."""
+    seen: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(seen) < 10 or len(set(seen[-10:])) > 1:
+        assert time.monotonic() < deadline, f"the agent's task count never held still: {seen[-10:]}"
+        assert agent.proc.poll() is None, "the agent ended"
+        seen.append(int((cg / "pids.current").read_text()))
+        time.sleep(0.1)
+    return seen[-1]
+
+
 def _flood(port: int, n: int) -> list[socket.socket]:
     socks = []
     for _ in range(n):
@@ -96,8 +109,7 @@ def test_an_analysis_that_cannot_start_is_retried_not_failed(kernel_cores, conta
     agent = AgentProcess(core_dir, "node-pids", None, tmp_path)
     try:
         _into(pids_cgroup, agent.proc.pid, "max")
-        current = int((pids_cgroup / "pids.current").read_text())
-        (pids_cgroup / "pids.max").write_text(str(current))
+        (pids_cgroup / "pids.max").write_text(str(_steady(pids_cgroup, agent)))
         # WHEN a crash comes and the agent tries to analyse it for a while
         handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
         (crash,) = (core_dir / "crashes").iterdir()
@@ -133,8 +145,7 @@ def test_an_analysis_short_of_threads_inside_is_retried_then_failed_as_resources
     agent = AgentProcess(core_dir, "node-short", None, tmp_path)
     try:
         _into(pids_cgroup, agent.proc.pid, "max")
-        current = int((pids_cgroup / "pids.current").read_text())
-        (pids_cgroup / "pids.max").write_text(str(current + 1))
+        (pids_cgroup / "pids.max").write_text(str(_steady(pids_cgroup, agent) + 1))
         # WHEN a crash comes
         handle(core_dir, container["pid"], signal.SIGSEGV, kernel_cores["segv"])
         (crash,) = (core_dir / "crashes").iterdir()
