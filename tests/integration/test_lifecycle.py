@@ -78,6 +78,14 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def signal_and_wait(proc: subprocess.Popen, sig: int) -> float:
+    """Seconds from sending ``sig`` to the process's end (at most 60: TimeoutExpired past them)."""
+    sent = time.monotonic()
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=60)
+    return time.monotonic() - sent
+
+
 def stop(proc: subprocess.Popen) -> str:
     """Its standard error (killed first, with its group, if it still runs)."""
     if proc.poll() is None:
@@ -154,10 +162,7 @@ def test_ctrl_c_ends_every_long_command_with_130(command, black_hole, tmp_path):
         assert p.poll() is None, p.communicate()
         kids = children_of(p.pid)
         # WHEN it gets Ctrl-C (SIGINT, as a terminal sends it to the foreground process)
-        sent = time.monotonic()
-        os.kill(p.pid, signal.SIGINT)
-        p.wait(timeout=60)
-        took = time.monotonic() - sent
+        took = signal_and_wait(p, signal.SIGINT)
     finally:
         err = stop(p)
     left = [k for k in kids if alive(k)]
@@ -178,10 +183,7 @@ def test_sigterm_ends_fleet_prometheus_at_once_with_its_queries_in_flight(black_
         time.sleep(4)
         assert p.poll() is None, p.communicate()
         # WHEN it is sent SIGTERM (a pod's deletion, a CI job's timeout)
-        sent = time.monotonic()
-        os.kill(p.pid, signal.SIGTERM)
-        p.wait(timeout=60)
-        took = time.monotonic() - sent
+        took = signal_and_wait(p, signal.SIGTERM)
     finally:
         err = stop(p)
     # THEN it ends with 143 and its one line at once, not after the requests' 30 s socket timeout
